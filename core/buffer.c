@@ -1,0 +1,324 @@
+/* buffer.c — buffers and streams on any device, the memcpy family (including copies between two devices, direct
+ * where the backend can, staged through the host otherwise), and the live-handle set that turns a double destroy
+ * into KVHAL_INVALID_HANDLE instead of a double free. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- live-handle set: open addressing over pointers, under one mutex (create/destroy are not hot paths) ---- */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static const void **live;
+static size_t live_cap, live_count, live_tomb;
+#define TOMB ((const void *)(uintptr_t)1)
+
+static size_t hash_ptr(const void *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+static bool live_grow(void)
+{
+    size_t ncap = live_cap ? live_cap * 2 : 256;
+    const void **n = calloc(ncap, sizeof *n); /* not kvhal__calloc: bookkeeping must not be a fault point */
+    if (!n) return false;
+    for (size_t i = 0; i < live_cap; i++) {
+        if (live[i] && live[i] != TOMB) {
+            size_t j = hash_ptr(live[i]) & (ncap - 1);
+            while (n[j]) j = (j + 1) & (ncap - 1);
+            n[j] = live[i];
+        }
+    }
+    free(live);
+    live = n;
+    live_cap = ncap;
+    live_tomb = 0;
+    return true;
+}
+
+bool kvhal__handle_add(const void *p)
+{
+    pthread_mutex_lock(&live_mu);
+    bool ok = true;
+    if ((live_count + live_tomb + 1) * 2 > live_cap) ok = live_grow();
+    if (ok) {
+        size_t j = hash_ptr(p) & (live_cap - 1);
+        while (live[j] && live[j] != TOMB) j = (j + 1) & (live_cap - 1);
+        if (live[j] == TOMB) live_tomb--;
+        live[j] = p;
+        live_count++;
+    }
+    pthread_mutex_unlock(&live_mu);
+    return ok;
+}
+
+bool kvhal__handle_remove(const void *p)
+{
+    bool found = false;
+    pthread_mutex_lock(&live_mu);
+    if (live_cap) {
+        size_t j = hash_ptr(p) & (live_cap - 1);
+        while (live[j]) {
+            if (live[j] == p) {
+                live[j] = TOMB;
+                live_count--;
+                live_tomb++;
+                found = true;
+                break;
+            }
+            j = (j + 1) & (live_cap - 1);
+        }
+    }
+    pthread_mutex_unlock(&live_mu);
+    return found;
+}
+
+__attribute__((destructor)) static void live_free(void)
+{
+    free(live);
+    live = NULL;
+    live_cap = live_count = live_tomb = 0;
+}
+
+/* ---- buffers ---- */
+kvhal_status kvhal__check_buffer(const kvhal_buffer *b, const char *argname)
+{
+    if (!b) return kvhal__err(KVHAL_INVALID_ARGUMENT, "%s: NULL buffer", argname);
+    if (b->magic != KVHAL_MAGIC_BUFFER)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "%s: %p is not a live kvhal_buffer", argname, (const void *)b);
+    return KVHAL_OK;
+}
+
+static kvhal_status make_buffer(kvhal_device dev, size_t bytes, void *native, bool owned, kvhal_buffer **out)
+{
+    const kvhal_backend *bk;
+    KVHAL_TRY(kvhal__lookup(dev, "dev", &bk));
+    kvhal_buffer *b = kvhal__calloc(1, sizeof *b);
+    if (!b) return kvhal__err(KVHAL_OUT_OF_MEMORY, "buffer handle: host allocation failed");
+    kvhal_status st = KVHAL_OK;
+    if (owned) {
+        st = bk->buffer_alloc(dev.id, bytes, &native);
+    } else if (bk->buffer_wrap) {
+        st = bk->buffer_wrap(dev.id, native, bytes);
+    }
+    if (st != KVHAL_OK) {
+        free(b);
+        return st;
+    }
+    if (!kvhal__handle_add(b)) {
+        if (owned) bk->buffer_free(dev.id, native);
+        else if (bk->buffer_unwrap) bk->buffer_unwrap(dev.id, native);
+        free(b);
+        return kvhal__err(KVHAL_OUT_OF_MEMORY, "buffer handle: host allocation failed");
+    }
+    b->magic = KVHAL_MAGIC_BUFFER;
+    b->owned = owned;
+    b->device = dev;
+    b->backend = bk;
+    b->native = native;
+    b->size = bytes;
+    *out = b;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_buffer_create(kvhal_device dev, size_t bytes, kvhal_buffer **out)
+{
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    KVHAL_CHECK_ARG(bytes > 0, "bytes: 0 (a buffer must hold at least one byte)");
+    return make_buffer(dev, bytes, NULL, true, out);
+}
+
+kvhal_status kvhal_buffer_wrap(kvhal_device dev, void *native, size_t bytes, kvhal_buffer **out)
+{
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    KVHAL_CHECK_ARG(native, "native: NULL");
+    KVHAL_CHECK_ARG(bytes > 0, "bytes: 0 (a buffer must hold at least one byte)");
+    return make_buffer(dev, bytes, native, false, out);
+}
+
+kvhal_status kvhal_buffer_destroy(kvhal_buffer *b)
+{
+    if (!b) return kvhal__err(KVHAL_INVALID_ARGUMENT, "buf: NULL");
+    if (!kvhal__handle_remove(b))
+        return kvhal__err(KVHAL_INVALID_HANDLE, "buf: %p is not a live kvhal_buffer (destroyed twice?)", (void *)b);
+    kvhal_status st = KVHAL_OK;
+    if (b->owned) st = b->backend->buffer_free(b->device.id, b->native);
+    else if (b->backend->buffer_unwrap) st = b->backend->buffer_unwrap(b->device.id, b->native);
+    b->magic = KVHAL_MAGIC_DEAD;
+    free(b);
+    return st;
+}
+
+size_t kvhal_buffer_size(const kvhal_buffer *b) { return b && b->magic == KVHAL_MAGIC_BUFFER ? b->size : 0; }
+
+kvhal_device kvhal_buffer_device(const kvhal_buffer *b)
+{
+    kvhal_device none = {KVHAL_DEVICE_TYPE_COUNT, -1};
+    return b && b->magic == KVHAL_MAGIC_BUFFER ? b->device : none;
+}
+
+void *kvhal_buffer_native(const kvhal_buffer *b) { return b && b->magic == KVHAL_MAGIC_BUFFER ? b->native : NULL; }
+
+/* ---- streams ---- */
+kvhal_status kvhal__check_stream(const kvhal_stream *s, kvhal_device dev, const char *argname)
+{
+    if (!s) return KVHAL_OK;
+    if (s->magic != KVHAL_MAGIC_STREAM)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "%s: %p is not a live kvhal_stream", argname, (const void *)s);
+    if (!kvhal__device_equal(s->device, dev))
+        return kvhal__err(KVHAL_DEVICE_MISMATCH, "%s: stream is on %s:%d, the operation on %s:%d", argname,
+                          kvhal_device_type_name(s->device.type), s->device.id, kvhal_device_type_name(dev.type),
+                          dev.id);
+    return KVHAL_OK;
+}
+
+static kvhal_status make_stream(kvhal_device dev, void *native, bool owned, kvhal_stream **out)
+{
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    const kvhal_backend *bk;
+    KVHAL_TRY(kvhal__lookup(dev, "dev", &bk));
+    if (owned ? !bk->stream_create : !bk->stream_wrap)
+        return kvhal__err(KVHAL_UNSUPPORTED, "dev: the %s backend has no stream_%s", kvhal_device_type_name(dev.type),
+                          owned ? "create" : "wrap");
+    kvhal_stream *s = kvhal__calloc(1, sizeof *s);
+    if (!s) return kvhal__err(KVHAL_OUT_OF_MEMORY, "stream handle: host allocation failed");
+    kvhal_status st = owned ? bk->stream_create(dev.id, &s->bk_stream) : bk->stream_wrap(dev.id, native, &s->bk_stream);
+    if (st != KVHAL_OK) {
+        free(s);
+        return st;
+    }
+    if (!kvhal__handle_add(s)) {
+        if (bk->stream_destroy) bk->stream_destroy(dev.id, s->bk_stream);
+        free(s);
+        return kvhal__err(KVHAL_OUT_OF_MEMORY, "stream handle: host allocation failed");
+    }
+    s->magic = KVHAL_MAGIC_STREAM;
+    s->owned = owned;
+    s->device = dev;
+    s->backend = bk;
+    *out = s;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_stream_create(kvhal_device dev, kvhal_stream **out) { return make_stream(dev, NULL, true, out); }
+
+kvhal_status kvhal_stream_wrap(kvhal_device dev, void *native, kvhal_stream **out)
+{
+    KVHAL_CHECK_ARG(native, "native: NULL (pass no stream at all to use the default stream)");
+    return make_stream(dev, native, false, out);
+}
+
+kvhal_status kvhal_stream_destroy(kvhal_stream *s)
+{
+    if (!s) return kvhal__err(KVHAL_INVALID_ARGUMENT, "s: NULL");
+    if (!kvhal__handle_remove(s))
+        return kvhal__err(KVHAL_INVALID_HANDLE, "s: %p is not a live kvhal_stream (destroyed twice?)", (void *)s);
+    kvhal_status st = s->backend->stream_destroy ? s->backend->stream_destroy(s->device.id, s->bk_stream) : KVHAL_OK;
+    s->magic = KVHAL_MAGIC_DEAD;
+    free(s);
+    return st;
+}
+
+kvhal_status kvhal_stream_synchronize(kvhal_stream *s)
+{
+    if (!s) return kvhal__err(KVHAL_INVALID_ARGUMENT, "s: NULL (use kvhal_device_synchronize for the default stream)");
+    KVHAL_TRY(kvhal__check_stream(s, s->device, "s"));
+    if (!s->backend->stream_synchronize) return s->backend->synchronize(s->device.id);
+    return s->backend->stream_synchronize(s->device.id, s->bk_stream);
+}
+
+kvhal_device kvhal_stream_device(const kvhal_stream *s)
+{
+    kvhal_device none = {KVHAL_DEVICE_TYPE_COUNT, -1};
+    return s && s->magic == KVHAL_MAGIC_STREAM ? s->device : none;
+}
+
+/* ---- copies ---- */
+static kvhal_status check_range(const kvhal_buffer *b, const char *arg, size_t off, size_t bytes)
+{
+    if (off > b->size || bytes > b->size - off)
+        return kvhal__err(KVHAL_OUT_OF_RANGE, "%s: range [%zu, %zu + %zu) exceeds the buffer's %zu bytes", arg, off,
+                          off, bytes, b->size);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_memcpy_h2d(kvhal_buffer *dst, size_t dst_offset, const void *src, size_t bytes, kvhal_stream *s)
+{
+    KVHAL_TRY(kvhal__check_buffer(dst, "dst"));
+    KVHAL_CHECK_ARG(src || bytes == 0, "src: NULL");
+    KVHAL_TRY(check_range(dst, "dst", dst_offset, bytes));
+    KVHAL_TRY(kvhal__check_stream(s, dst->device, "s"));
+    if (bytes == 0) return KVHAL_OK;
+    return dst->backend->memcpy_h2d(dst->device.id, dst->native, dst_offset, src, bytes, kvhal__bk_stream(s));
+}
+
+kvhal_status kvhal_memcpy_d2h(void *dst, const kvhal_buffer *src, size_t src_offset, size_t bytes, kvhal_stream *s)
+{
+    KVHAL_TRY(kvhal__check_buffer(src, "src"));
+    KVHAL_CHECK_ARG(dst || bytes == 0, "dst: NULL");
+    KVHAL_TRY(check_range(src, "src", src_offset, bytes));
+    KVHAL_TRY(kvhal__check_stream(s, src->device, "s"));
+    if (bytes == 0) return KVHAL_OK;
+    return src->backend->memcpy_d2h(src->device.id, dst, src->native, src_offset, bytes, kvhal__bk_stream(s));
+}
+
+/* Copy between two devices without a direct path: through a bounded host bounce buffer. */
+static kvhal_status staged_copy(kvhal_buffer *dst, size_t dst_off, const kvhal_buffer *src, size_t src_off,
+                                size_t bytes, kvhal_stream *s)
+{
+    /* The caller's stream belongs to one of the two devices; use it on that side, the default on the other. */
+    void *ss = s && kvhal__device_equal(s->device, src->device) ? s->bk_stream : NULL;
+    void *ds = s && kvhal__device_equal(s->device, dst->device) ? s->bk_stream : NULL;
+    size_t chunk = bytes < ((size_t)64 << 20) ? bytes : ((size_t)64 << 20);
+    uint8_t *tmp = kvhal__malloc(chunk);
+    if (!tmp) return kvhal__err(KVHAL_OUT_OF_MEMORY, "staged copy: %zu-byte host bounce buffer", chunk);
+    kvhal_status st = KVHAL_OK;
+    for (size_t done = 0; done < bytes && st == KVHAL_OK; done += chunk) {
+        size_t n = bytes - done < chunk ? bytes - done : chunk;
+        st = src->backend->memcpy_d2h(src->device.id, tmp, src->native, src_off + done, n, ss);
+        if (st == KVHAL_OK) st = dst->backend->memcpy_h2d(dst->device.id, dst->native, dst_off + done, tmp, n, ds);
+    }
+    free(tmp);
+    return st;
+}
+
+kvhal_status kvhal_memcpy_d2d(kvhal_buffer *dst, size_t dst_offset, const kvhal_buffer *src, size_t src_offset,
+                              size_t bytes, kvhal_stream *s)
+{
+    KVHAL_TRY(kvhal__check_buffer(dst, "dst"));
+    KVHAL_TRY(kvhal__check_buffer(src, "src"));
+    KVHAL_TRY(check_range(dst, "dst", dst_offset, bytes));
+    KVHAL_TRY(check_range(src, "src", src_offset, bytes));
+    if (s && s->magic == KVHAL_MAGIC_STREAM && !kvhal__device_equal(s->device, dst->device))
+        KVHAL_TRY(kvhal__check_stream(s, src->device, "s"));
+    else
+        KVHAL_TRY(kvhal__check_stream(s, dst->device, "s"));
+    if (bytes == 0) return KVHAL_OK;
+    if (kvhal__device_equal(dst->device, src->device))
+        return dst->backend->memcpy_d2d(dst->device.id, dst->native, dst_offset, src->native, src_offset, bytes,
+                                        kvhal__bk_stream(s));
+    if (dst->device.type == src->device.type && dst->backend->memcpy_peer)
+        return dst->backend->memcpy_peer(dst->device.id, dst->native, dst_offset, src->device.id, src->native,
+                                         src_offset, bytes, kvhal__bk_stream(s));
+    return staged_copy(dst, dst_offset, src, src_offset, bytes, s);
+}
+
+kvhal_status kvhal_memset(kvhal_buffer *dst, size_t offset, int value, size_t bytes, kvhal_stream *s)
+{
+    KVHAL_TRY(kvhal__check_buffer(dst, "dst"));
+    KVHAL_TRY(check_range(dst, "dst", offset, bytes));
+    KVHAL_CHECK_ARG(value >= 0 && value <= 255, "value: %d is not a byte value (0..255)", value);
+    KVHAL_TRY(kvhal__check_stream(s, dst->device, "s"));
+    if (bytes == 0) return KVHAL_OK;
+    if (!dst->backend->memset)
+        return kvhal__err(KVHAL_UNSUPPORTED, "dst: the %s backend has no memset", kvhal_device_type_name(dst->device.type));
+    return dst->backend->memset(dst->device.id, dst->native, offset, value, bytes, kvhal__bk_stream(s));
+}

@@ -1,0 +1,104 @@
+/* device.c — device names ("cuda:1"), KVHAL_DEVICE, device info, synchronize and the device-side error check. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static const char *type_names[KVHAL_DEVICE_TYPE_COUNT] = {"cpu", "cuda", "hip", "opencl"};
+
+const char *kvhal_device_type_name(kvhal_device_type t)
+{
+    return (unsigned)t < KVHAL_DEVICE_TYPE_COUNT ? type_names[t] : "invalid";
+}
+
+bool kvhal__device_equal(kvhal_device a, kvhal_device b) { return a.type == b.type && a.id == b.id; }
+
+kvhal_status kvhal_device_parse(const char *text, kvhal_device *out)
+{
+    KVHAL_CHECK_ARG(text, "text: NULL");
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    const char *colon = strchr(text, ':');
+    size_t tlen = colon ? (size_t)(colon - text) : strlen(text);
+    int type = -1;
+    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++)
+        if (strlen(type_names[t]) == tlen && !strncmp(text, type_names[t], tlen)) type = t;
+    if (type < 0)
+        return kvhal__err(KVHAL_PARSE_ERROR, "text: \"%.64s\": unknown device type (expected cpu, cuda, hip or "
+                          "opencl, optionally followed by :<id>)", text);
+    long id = 0;
+    if (colon) {
+        const char *p = colon + 1;
+        if (!isdigit((unsigned char)*p))
+            return kvhal__err(KVHAL_PARSE_ERROR, "text: \"%.64s\": expected a device id (digits) after ':'", text);
+        char *end;
+        errno = 0;
+        id = strtol(p, &end, 10);
+        if (*end != '\0')
+            return kvhal__err(KVHAL_PARSE_ERROR, "text: \"%.64s\": trailing characters after the device id", text);
+        if (errno || id >= KVHAL_MAX_DEVICES_PER_TYPE)
+            return kvhal__err(KVHAL_PARSE_ERROR, "text: \"%.64s\": device id must be below %d", text,
+                              KVHAL_MAX_DEVICES_PER_TYPE);
+    }
+    out->type = (kvhal_device_type)type;
+    out->id = (int32_t)id;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_device_format(kvhal_device dev, char *buf, size_t buf_size)
+{
+    KVHAL_CHECK_ARG(buf && buf_size > 0, "buf: NULL or buf_size 0");
+    int n = snprintf(buf, buf_size, "%s:%d", kvhal_device_type_name(dev.type), dev.id);
+    if (n < 0 || (size_t)n >= buf_size)
+        return kvhal__err(KVHAL_OUT_OF_RANGE, "buf_size: %zu is too small for \"%s:%d\"", buf_size,
+                          kvhal_device_type_name(dev.type), dev.id);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_device_default(kvhal_device *out)
+{
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    const char *v = getenv("KVHAL_DEVICE");
+    kvhal_device d = {KVHAL_DEVICE_CPU, 0};
+    if (v && *v) {
+        kvhal_status st = kvhal_device_parse(v, &d);
+        if (st != KVHAL_OK)
+            return kvhal__err(st, "KVHAL_DEVICE=\"%.64s\": malformed (expected cpu, cuda:N, hip:N or opencl:N)", v);
+    }
+    const kvhal_backend *b;
+    if (kvhal__lookup(d, "KVHAL_DEVICE", &b) != KVHAL_OK) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s", kvhal_last_error());
+        return kvhal__err(KVHAL_NO_DEVICE, "KVHAL_DEVICE=\"%.64s\": device not present (%s)", v ? v : "", msg);
+    }
+    *out = d;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_device_get_info(kvhal_device dev, kvhal_device_info *out)
+{
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    const kvhal_backend *b;
+    KVHAL_TRY(kvhal__lookup(dev, "dev", &b));
+    memset(out, 0, sizeof *out);
+    KVHAL_TRY(b->device_info(dev.id, out));
+    out->device = dev;
+    snprintf(out->backend, sizeof out->backend, "%s", kvhal_device_type_name(dev.type));
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_device_synchronize(kvhal_device dev)
+{
+    const kvhal_backend *b;
+    KVHAL_TRY(kvhal__lookup(dev, "dev", &b));
+    return b->synchronize(dev.id);
+}
+
+kvhal_status kvhal_device_check_errors(kvhal_device dev)
+{
+    const kvhal_backend *b;
+    KVHAL_TRY(kvhal__lookup(dev, "dev", &b));
+    return b->check_errors ? b->check_errors(dev.id) : b->synchronize(dev.id);
+}

@@ -1,0 +1,87 @@
+/* error.c — status names and messages from the one table in kvhal.h, the thread-local last-error message, and the
+ * opt-in log (KVHAL_LOG=error|warn|info|debug, written to stderr only when asked). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static _Thread_local char last_error[1024];
+
+const char *kvhal_status_name(kvhal_status s)
+{
+    switch (s) {
+#define KVHAL_X_NAME(name, code, msg) case KVHAL_##name: return "KVHAL_" #name;
+        KVHAL_STATUS_MAP(KVHAL_X_NAME)
+#undef KVHAL_X_NAME
+    default: return "KVHAL_UNKNOWN_STATUS";
+    }
+}
+
+const char *kvhal_status_string(kvhal_status s)
+{
+    switch (s) {
+#define KVHAL_X_MSG(name, code, msg) case KVHAL_##name: return msg;
+        KVHAL_STATUS_MAP(KVHAL_X_MSG)
+#undef KVHAL_X_MSG
+    default: return "unknown status";
+    }
+}
+
+const char *kvhal_last_error(void) { return last_error; }
+
+void kvhal_clear_error(void) { last_error[0] = '\0'; }
+
+static kvhal_status verr(kvhal_status status, const char *fmt, va_list ap)
+{
+    int n = snprintf(last_error, sizeof last_error, "%s: ", kvhal_status_name(status));
+    if (n < 0) n = 0;
+    if ((size_t)n < sizeof last_error) vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
+    kvhal__log(3, "%s", last_error);
+    return status;
+}
+
+kvhal_status kvhal__err(kvhal_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kvhal_status r = verr(status, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+/* The same, for plugins (through kvhal_core_services). */
+kvhal_status kvhal__services_set_error(kvhal_status status, const char *fmt, ...) KVHAL_HIDDEN;
+kvhal_status kvhal__services_set_error(kvhal_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kvhal_status r = verr(status, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+static int log_level(void)
+{
+    /* Read each time: cheap next to the logging itself, and tests may change it. */
+    const char *v = getenv("KVHAL_LOG");
+    if (!v || !*v) return -1;
+    if (!strcmp(v, "error")) return 0;
+    if (!strcmp(v, "warn")) return 1;
+    if (!strcmp(v, "info")) return 2;
+    if (!strcmp(v, "debug")) return 3;
+    return 1;
+}
+
+void kvhal__log(int level, const char *fmt, ...)
+{
+    if (level > log_level()) return;
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kvhal %s: ", names[level < 0 ? 0 : level > 3 ? 3 : level]);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}

@@ -1,0 +1,57 @@
+/* faults.c — host allocations of the core, counted so that a test can make the N-th one fail
+ * (kvhal_fault_inject_alloc or KVHAL_FAULT_ALLOC=N) and walk every allocation point of a create/update path.
+ * Plugins ask kvhal__alloc_should_fail() before their own allocations, so device allocations are covered too. */
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+static atomic_llong fail_at;  /* 0 = off; else the count at which allocation fails */
+static atomic_llong counter;
+static atomic_int env_read;
+
+static void read_env(void)
+{
+    if (atomic_exchange(&env_read, 1)) return;
+    const char *v = getenv("KVHAL_FAULT_ALLOC");
+    if (v && *v) {
+        char *end;
+        long long n = strtoll(v, &end, 10);
+        if (*end == '\0' && n > 0) atomic_store(&fail_at, n);
+    }
+}
+
+void kvhal_fault_inject_alloc(int64_t n)
+{
+    atomic_store(&env_read, 1);
+    atomic_store(&counter, 0);
+    atomic_store(&fail_at, n > 0 ? n : 0);
+}
+
+int64_t kvhal_fault_alloc_count(void) { return atomic_load(&counter); }
+
+bool kvhal__alloc_should_fail(void)
+{
+    read_env();
+    long long c = atomic_fetch_add(&counter, 1) + 1;
+    long long f = atomic_load(&fail_at);
+    return f > 0 && c == f;
+}
+
+void *kvhal__malloc(size_t n)
+{
+    if (kvhal__alloc_should_fail()) return NULL;
+    return malloc(n ? n : 1);
+}
+
+void *kvhal__calloc(size_t n, size_t size)
+{
+    if (kvhal__alloc_should_fail()) return NULL;
+    return calloc(n ? n : 1, size ? size : 1);
+}
+
+void *kvhal__realloc(void *p, size_t n)
+{
+    if (kvhal__alloc_should_fail()) return NULL;
+    return realloc(p, n ? n : 1);
+}
