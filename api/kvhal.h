@@ -385,7 +385,9 @@ KVHAL_API kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t 
 KVHAL_API kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle);
 KVHAL_API kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle);
 /* Inserts tokens[0..n) (n aligned down to pages) with their pages (n/page_size entries). already_cached = the
- * length that was present before; the caller owns (and should free) pages[0..already_cached/page_size). */
+ * length that was present before; the tree keeps its own pages there, so the caller still owns its
+ * pages[0..already_cached/page_size) and frees those that are not the tree's (the ones it did not get from
+ * match). A naive cache keeps nothing: already_cached = n, every page stays the caller's. */
 KVHAL_API kvhal_status kvhal_prefix_insert(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
                                            const int32_t *pages, size_t *already_cached);
 /* Evicts unlocked leaves in LRU order until at least num_tokens tokens are freed (or nothing is evictable);
@@ -408,7 +410,9 @@ KVHAL_API kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t p
                                                   kvhal_cache_manager **out);
 KVHAL_API kvhal_status kvhal_cache_manager_destroy(kvhal_cache_manager *cm);
 KVHAL_API kvhal_prefix_cache *kvhal_cache_manager_prefix(kvhal_cache_manager *cm);
-/* match + lock. The handle must be passed to cache_finished (or release) later. */
+/* match + lock. The handle must be passed to cache_finished later (or, for a request that is dropped, to
+ * kvhal_prefix_unlock on kvhal_cache_manager_prefix(cm), after kvhal_cache_manager_free of its own pages).
+ * Use the prefix cache of a manager for queries and lock/unlock only: insert and evict go through the manager. */
 KVHAL_API kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                                  kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
                                                  size_t pages_cap);
@@ -424,6 +428,9 @@ KVHAL_API kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *c
 KVHAL_API int32_t kvhal_cache_manager_available(const kvhal_cache_manager *cm);
 KVHAL_API int32_t kvhal_cache_manager_num_free(const kvhal_cache_manager *cm);
 KVHAL_API uint64_t kvhal_cache_manager_pages_evicted(const kvhal_cache_manager *cm);
+/* Evicts at least num_tokens tokens of unlocked cached prefixes (LRU leaves first) into the free pages, or all
+ * there are; evicted = tokens freed (may be NULL). */
+KVHAL_API kvhal_status kvhal_cache_manager_evict(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted);
 /* free + evictable + protected + held by running requests == total */
 KVHAL_API kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm);
 

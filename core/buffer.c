@@ -78,6 +78,30 @@ bool kvhal__handle_remove(const void *p)
     return found;
 }
 
+bool kvhal__handle_remove_kind(const void *p, uint32_t magic)
+{
+    bool found = false;
+    pthread_mutex_lock(&live_mu);
+    if (live_cap) {
+        size_t j = hash_ptr(p) & (live_cap - 1);
+        while (live[j]) {
+            if (live[j] == p) {
+                /* Live, so its first word is readable; a handle of another kind stays live and untouched. */
+                if (*(const uint32_t *)p == magic) {
+                    live[j] = TOMB;
+                    live_count--;
+                    live_tomb++;
+                    found = true;
+                }
+                break;
+            }
+            j = (j + 1) & (live_cap - 1);
+        }
+    }
+    pthread_mutex_unlock(&live_mu);
+    return found;
+}
+
 __attribute__((destructor)) static void live_free(void)
 {
     free(live);
@@ -146,7 +170,7 @@ kvhal_status kvhal_buffer_wrap(kvhal_device dev, void *native, size_t bytes, kvh
 kvhal_status kvhal_buffer_destroy(kvhal_buffer *b)
 {
     if (!b) return kvhal__err(KVHAL_INVALID_ARGUMENT, "buf: NULL");
-    if (!kvhal__handle_remove(b))
+    if (!kvhal__handle_remove_kind(b, KVHAL_MAGIC_BUFFER))
         return kvhal__err(KVHAL_INVALID_HANDLE, "buf: %p is not a live kvhal_buffer (destroyed twice?)", (void *)b);
     kvhal_status st = KVHAL_OK;
     if (b->owned) st = b->backend->buffer_free(b->device.id, b->native);
@@ -219,7 +243,7 @@ kvhal_status kvhal_stream_wrap(kvhal_device dev, void *native, kvhal_stream **ou
 kvhal_status kvhal_stream_destroy(kvhal_stream *s)
 {
     if (!s) return kvhal__err(KVHAL_INVALID_ARGUMENT, "s: NULL");
-    if (!kvhal__handle_remove(s))
+    if (!kvhal__handle_remove_kind(s, KVHAL_MAGIC_STREAM))
         return kvhal__err(KVHAL_INVALID_HANDLE, "s: %p is not a live kvhal_stream (destroyed twice?)", (void *)s);
     kvhal_status st = s->backend->stream_destroy ? s->backend->stream_destroy(s->device.id, s->bk_stream) : KVHAL_OK;
     s->magic = KVHAL_MAGIC_DEAD;

@@ -73,6 +73,10 @@ KVHAL_HIDDEN bool kvhal__device_equal(kvhal_device a, kvhal_device b);
  * only when the set cannot grow (out of memory). */
 KVHAL_HIDDEN bool kvhal__handle_add(const void *p);
 KVHAL_HIDDEN bool kvhal__handle_remove(const void *p);
+/* Like remove, but only when the live handle's first uint32_t is magic: destroying a live handle of another kind (a
+ * stream passed as a buffer) fails with KVHAL_INVALID_HANDLE instead of freeing it as the wrong type. Every handle
+ * struct starts with its magic. */
+KVHAL_HIDDEN bool kvhal__handle_remove_kind(const void *p, uint32_t magic);
 
 /* ---- tensors (tensor.c) ---- */
 /* Validates t and names it argname in the message. */
@@ -87,6 +91,34 @@ KVHAL_HIDDEN void kvhal__to_bk_tensor(const kvhal_tensor *t, kvhal_bk_tensor *ou
 KVHAL_HIDDEN kvhal_status kvhal__desc_get_or_create(kvhal_device dev, const kvhal_backend *bk, kvhal_bk_op op,
                                                       const kvhal_desc_key *key, const void *args, void **desc);
 KVHAL_HIDDEN void kvhal__desc_cache_shutdown(void);
+/* Sets key->hash from key->op and key->words[0..nwords), for the built-in ops that fill the words directly
+ * (one hashing pass instead of one call per word). */
+KVHAL_HIDDEN void kvhal__desc_key_rehash(kvhal_desc_key *key);
+/* The descriptor cached for (dev, key) on this thread, or NULL; no stats, no allocation. */
+KVHAL_HIDDEN void *kvhal__desc_peek(kvhal_device dev, const kvhal_desc_key *key);
+
+/* ---- ops (ops.c) ---- */
+/* Two tensor copies (K and V of a static cache) that either both run or fail before either writes: all
+ * validation and descriptor allocation comes first. names: argument names of dst0, src0, dst1, src1. */
+KVHAL_HIDDEN kvhal_status kvhal__tensor_copy_pair(const kvhal_tensor *dst0, const kvhal_tensor *src0,
+                                                  const kvhal_tensor *dst1, const kvhal_tensor *src1,
+                                                  const char *const names[4], kvhal_stream *s);
+
+/* ---- block pool, prefix cache (block_pool.c, prefix.c): what the cache manager needs beyond the API ---- */
+/* Drops one reference of each listed block; all or nothing (a bad id or a block listed more often than it is
+ * referenced changes nothing). */
+KVHAL_HIDDEN kvhal_status kvhal__block_pool_release_many(kvhal_block_pool *p, const int32_t *blocks, size_t n);
+/* kvhal_prefix_insert + kvhal_prefix_unlock(handle) as one step that first checks that handle (a locked match
+ * of this request, or NULL) lies on the tokens' path and that pages[] repeats the cached pages up to it; nothing
+ * changes when a check fails. */
+KVHAL_HIDDEN kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *tokens,
+                                                      size_t num_tokens, const int32_t *pages,
+                                                      kvhal_prefix_handle handle, size_t *already_cached);
+/* Validates handle and gives the tokens from the root through it (0 for NULL). */
+KVHAL_HIDDEN kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle,
+                                                   size_t *len);
+/* Calls fn with the pages of every node (integrity checks). */
+KVHAL_HIDDEN kvhal_status kvhal__prefix_for_each_page(const kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user);
 
 /* ---- fault injection (faults.c) ---- */
 /* Every host allocation the core makes on a caller's behalf goes through these; KVHAL_FAULT_ALLOC=N (or

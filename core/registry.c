@@ -116,6 +116,21 @@ static void adopt(module *m, const kvhal_backend *t)
     device_counts[t->type] = count;
 }
 
+/* KVHAL_BACKENDS=cpu,opencl limits which modules load (e.g. valgrind runs of the CPU suites); unset = all. */
+static bool backend_wanted(const char *name)
+{
+    const char *list = getenv("KVHAL_BACKENDS");
+    if (!list || !*list) return true;
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && !strncmp(p, name, n)) return true;
+        p += len;
+        if (*p == ',') p++;
+    }
+    return false;
+}
+
 static void load_file(const char *path)
 {
     for (int32_t i = 0; i < num_modules; i++)
@@ -129,6 +144,7 @@ static void load_file(const char *path)
         memcpy(name, base + 9, len);
         name[len] = '\0';
     }
+    if (!backend_wanted(name)) return;
     module *m = new_module(name, path);
     if (!m) return;
     dlerror();

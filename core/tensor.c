@@ -49,10 +49,13 @@ size_t kvhal_tensor_span_bytes(const kvhal_tensor *t)
 bool kvhal_tensor_is_contiguous(const kvhal_tensor *t)
 {
     if (!t || t->ndim < 1 || t->ndim > KVHAL_MAX_DIMS) return false;
+    /* An empty tensor lays out nothing: contiguous, as kvhal_tensor_make with NULL strides promises. */
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] == 0) return true;
     int64_t expect = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->strides[i] != expect) return false;
-        expect *= t->shape[i];
+        if (__builtin_mul_overflow(expect, t->shape[i], &expect)) return false;
     }
     return true;
 }
@@ -76,7 +79,12 @@ kvhal_status kvhal__check_tensor(const kvhal_tensor *t, const char *arg)
     if (t->offset % es)
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "%s.offset: %zu is not a multiple of the %s element size %zu", arg,
                           t->offset, dtype_names[t->dtype], es);
-    if (kvhal_tensor_numel(t) == 0) {
+    bool empty = false;
+    for (int i = 0; i < t->ndim; i++) empty = empty || t->shape[i] == 0;
+    /* numel is 0 on overflow too: such a shape must not pass as empty. */
+    if (!empty && kvhal_tensor_numel(t) == 0)
+        return kvhal__err(KVHAL_OUT_OF_RANGE, "%s: the element count of the shape overflows 64 bits", arg);
+    if (empty) {
         if (t->offset > t->buffer->size)
             return kvhal__err(KVHAL_OUT_OF_RANGE, "%s.offset: %zu is past the buffer's %zu bytes", arg, t->offset,
                               t->buffer->size);

@@ -1,0 +1,344 @@
+/* kvhal_gpu_kernels.cuh — the device kernels of the CUDA and HIP backends: one source, built by nvcc and by hipcc
+ * (vendor names come from kvhal_gpu_runtime.h, the arithmetic from kvhal_gpu_math.h). Every kernel is bound by
+ * memory bandwidth, so each one moves 16-byte units where the layout allows (a unit is then VEC elements: the
+ * host turns element strides into unit strides), keeps several loads in flight per thread before the first store,
+ * and indexes work on gridDim.x with 64-bit offsets. The host code picks the instantiation and launch geometry
+ * once per descriptor (kvhal_gpu_backend_impl.h). */
+#ifndef KVHAL_GPU_KERNELS_CUH
+#define KVHAL_GPU_KERNELS_CUH
+
+#include <stdint.h>
+
+#include "kvhal_gpu_runtime.h"
+#include "kvhal_gpu_math.h"
+
+namespace kvhal_gpu {
+
+#define KVHAL_GPU_THREADS 256 /* threads per block of every kernel */
+#define KVHAL_GPU_UNROLL 4    /* independent units each thread loads before it stores */
+#define KVHAL_GPU_MAX_TPC 64  /* tokens per block of the paged-caching kernel, at most */
+#define KVHAL_GPU_CHUNK (32 * 1024) /* bytes one block copies per work item (copy_blocks, copy_batch) */
+#define KVHAL_GPU_BATCH_MAX 96      /* ranges per copy_batch launch: they travel as kernel parameters */
+
+/* Bits of the per-device error flag. */
+#define KVHAL_GPU_ERR_SLOT 1u  /* paged caching: a slot >= num_blocks * block_size was skipped */
+#define KVHAL_GPU_ERR_BLOCK 2u /* copy_blocks: a block id outside [0, num_blocks) was skipped */
+
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4 };
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Element transforms of the paged-caching kernel: In is what one load reads, Out what one store writes.        */
+/* ------------------------------------------------------------------------------------------------------------ */
+template <typename T> struct XCopy {
+    typedef T In;
+    typedef T Out;
+    static __device__ __forceinline__ Out apply(const In &v, float) { return v; }
+};
+
+template <int IN> __device__ __forceinline__ float load_elem(uint32_t bits)
+{
+    return IN == DT_F16 ? kvhal_gpu_f16_to_f32(bits) : kvhal_gpu_bf16_to_f32(bits);
+}
+
+/* DIV: x / s (the exact reference); otherwise x * s where s is 1/scale of a power-of-two scale (bit-identical). */
+template <int OUT, bool DIV> __device__ __forceinline__ uint32_t quant(float x, float s)
+{
+    const float y = DIV ? x / s : x * s;
+    return OUT == DT_E4M3 ? kvhal_gpu_f32_to_e4m3(y) : kvhal_gpu_f32_to_e5m2(y);
+}
+
+/* One element at a time (any dim stride). */
+template <int IN, int OUT, bool DIV> struct XFp8Scalar;
+template <int OUT, bool DIV> struct XFp8Scalar<DT_F32, OUT, DIV> {
+    typedef float In;
+    typedef uint8_t Out;
+    static __device__ __forceinline__ Out apply(const In &v, float s) { return (uint8_t)quant<OUT, DIV>(v, s); }
+};
+template <int IN, int OUT, bool DIV> struct XFp8Scalar {
+    typedef uint16_t In;
+    typedef uint8_t Out;
+    static __device__ __forceinline__ Out apply(const In &v, float s)
+    {
+        return (uint8_t)quant<OUT, DIV>(load_elem<IN>(v), s);
+    }
+};
+
+/* 16 input bytes at a time: 4 f32 -> 4 fp8 bytes, or 8 f16/bf16 -> 8 fp8 bytes. */
+template <int IN, int OUT, bool DIV> struct XFp8Vec;
+template <int OUT, bool DIV> struct XFp8Vec<DT_F32, OUT, DIV> {
+    typedef uint4 In;
+    typedef uint32_t Out;
+    static __device__ __forceinline__ Out apply(const In &v, float s)
+    {
+        return quant<OUT, DIV>(kvhal_gpu_bits_f32(v.x), s) | quant<OUT, DIV>(kvhal_gpu_bits_f32(v.y), s) << 8 |
+               quant<OUT, DIV>(kvhal_gpu_bits_f32(v.z), s) << 16 | quant<OUT, DIV>(kvhal_gpu_bits_f32(v.w), s) << 24;
+    }
+};
+template <int IN, int OUT, bool DIV> __device__ __forceinline__ uint32_t quant_pair(uint32_t w, float s)
+{
+    return quant<OUT, DIV>(load_elem<IN>(w & 0xffffu), s) | quant<OUT, DIV>(load_elem<IN>(w >> 16), s) << 8;
+}
+template <int IN, int OUT, bool DIV> struct XFp8Vec {
+    typedef uint4 In;
+    typedef uint2 Out;
+    static __device__ __forceinline__ Out apply(const In &v, float s)
+    {
+        Out o;
+        o.x = quant_pair<IN, OUT, DIV>(v.x, s) | quant_pair<IN, OUT, DIV>(v.y, s) << 16;
+        o.y = quant_pair<IN, OUT, DIV>(v.z, s) | quant_pair<IN, OUT, DIV>(v.w, s) << 16;
+        return o;
+    }
+};
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Paged caching                                                                                                */
+/* ------------------------------------------------------------------------------------------------------------ */
+/* One of K and V, in units (a unit is 1 element on the scalar path, 16 input bytes on the vector path). A token's
+ * row is heads x units_per_head units; heads that are contiguous in both tensors are folded into one. */
+struct PagedSide {
+    char *cache;                                           /* base: native + offset, per call */
+    const char *input;                                     /* base, per call */
+    int64_t block_stride, offset_stride, cache_head, cache_dim; /* units of the cache */
+    int64_t tok_outer, tok_inner, in_head, in_dim;          /* units of the input */
+    float scale;                                           /* 1/scale (multiply) or scale (divide), per call */
+    uint32_t row_units;                                    /* heads * units_per_head */
+    kvhal_fastdiv32 div_row;                               /* by row_units */
+    kvhal_fastdiv32 div_head;                              /* by units_per_head */
+};
+
+struct PagedParams {
+    PagedSide k, v;
+    const char *slots; /* base, per call */
+    int32_t *err;
+    int64_t slot_outer, slot_inner; /* elements */
+    int64_t seq_len, num_tokens, num_slots, block_size;
+    int32_t slot64; /* slots are int64 (else int32) */
+    int32_t tpc;    /* tokens per block */
+};
+
+template <class X>
+__device__ __forceinline__ void paged_side(const PagedSide &sd, const int64_t *s_cache, const int64_t *s_in,
+                                           uint32_t ntok)
+{
+    typedef typename X::In In;
+    typedef typename X::Out Out;
+    const In *in = reinterpret_cast<const In *>(sd.input);
+    Out *out = reinterpret_cast<Out *>(sd.cache);
+    const uint32_t n = ntok * sd.row_units;
+    const uint32_t uph = sd.div_head.d;
+    for (uint32_t base = threadIdx.x; base < n; base += KVHAL_GPU_UNROLL * blockDim.x) {
+        In val[KVHAL_GPU_UNROLL];
+        int64_t dst[KVHAL_GPU_UNROLL];
+#pragma unroll
+        for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
+            const uint32_t i = base + (uint32_t)u * blockDim.x;
+            dst[u] = -1;
+            if (i < n) {
+                const uint32_t t = kvhal_fastdiv32_div(i, sd.div_row);
+                const uint32_t r = i - t * sd.row_units;
+                const uint32_t h = kvhal_fastdiv32_div(r, sd.div_head);
+                const uint32_t c = r - h * uph;
+                const int64_t co = s_cache[t];
+                if (co >= 0) {
+                    dst[u] = co + (int64_t)h * sd.cache_head + (int64_t)c * sd.cache_dim;
+                    val[u] = in[s_in[t] + (int64_t)h * sd.in_head + (int64_t)c * sd.in_dim];
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < KVHAL_GPU_UNROLL; u++)
+            if (dst[u] >= 0) out[dst[u]] = X::apply(val[u], sd.scale);
+    }
+}
+
+/* Block b handles tokens [b * tpc, b * tpc + tpc): it reads their slots once into shared memory (skipping padding,
+ * flagging out-of-range slots), then all its threads stream K and then V rows of those tokens. */
+template <class XK, class XV = XK>
+__global__ void __launch_bounds__(KVHAL_GPU_THREADS) paged_caching_kernel(const PagedParams p)
+{
+    __shared__ int64_t s_ck[KVHAL_GPU_MAX_TPC], s_cv[KVHAL_GPU_MAX_TPC];
+    __shared__ int64_t s_ik[KVHAL_GPU_MAX_TPC], s_iv[KVHAL_GPU_MAX_TPC];
+    const int64_t tok0 = (int64_t)blockIdx.x * p.tpc;
+    const int64_t left = p.num_tokens - tok0;
+    const uint32_t ntok = (uint32_t)(left < p.tpc ? left : p.tpc);
+    for (uint32_t t = threadIdx.x; t < ntok; t += blockDim.x) {
+        const int64_t tok = tok0 + t;
+        const int64_t b = tok / p.seq_len, s = tok - b * p.seq_len;
+        const int64_t si = b * p.slot_outer + s * p.slot_inner;
+        const int64_t slot =
+            p.slot64 ? reinterpret_cast<const int64_t *>(p.slots)[si] : reinterpret_cast<const int32_t *>(p.slots)[si];
+        int64_t ck = -1, cv = -1;
+        if (slot >= p.num_slots) {
+            atomicOr(p.err, (int)KVHAL_GPU_ERR_SLOT);
+        } else if (slot >= 0) {
+            const int64_t blk = slot / p.block_size, off = slot - blk * p.block_size;
+            ck = blk * p.k.block_stride + off * p.k.offset_stride;
+            cv = blk * p.v.block_stride + off * p.v.offset_stride;
+        }
+        s_ck[t] = ck;
+        s_cv[t] = cv;
+        s_ik[t] = b * p.k.tok_outer + s * p.k.tok_inner;
+        s_iv[t] = b * p.v.tok_outer + s * p.v.tok_inner;
+    }
+    __syncthreads();
+    paged_side<XK>(p.k, s_ck, s_ik, ntok);
+    paged_side<XV>(p.v, s_cv, s_iv, ntok);
+}
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Byte-range copies (copy_blocks, copy_batch): the widest unit that divides both addresses and the length.     */
+/* ------------------------------------------------------------------------------------------------------------ */
+template <typename T>
+__device__ __forceinline__ void copy_units(char *dst, const char *src, uint64_t bytes)
+{
+    T *d = reinterpret_cast<T *>(dst);
+    const T *s = reinterpret_cast<const T *>(src);
+    const uint64_t n = bytes / sizeof(T);
+    for (uint64_t base = threadIdx.x; base < n; base += (uint64_t)KVHAL_GPU_UNROLL * blockDim.x) {
+        T v[KVHAL_GPU_UNROLL];
+#pragma unroll
+        for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
+            const uint64_t i = base + (uint64_t)u * blockDim.x;
+            if (i < n) v[u] = s[i];
+        }
+#pragma unroll
+        for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
+            const uint64_t i = base + (uint64_t)u * blockDim.x;
+            if (i < n) d[i] = v[u];
+        }
+    }
+}
+
+/* The branch is uniform across the block: every thread sees the same addresses. */
+__device__ __forceinline__ void copy_range(char *dst, const char *src, uint64_t bytes)
+{
+    const uint64_t a = (uint64_t)(uintptr_t)dst | (uint64_t)(uintptr_t)src | bytes;
+    if ((a & 15u) == 0) copy_units<uint4>(dst, src, bytes);
+    else if ((a & 7u) == 0) copy_units<uint2>(dst, src, bytes);
+    else if ((a & 3u) == 0) copy_units<uint32_t>(dst, src, bytes);
+    else if ((a & 1u) == 0) copy_units<uint16_t>(dst, src, bytes);
+    else copy_units<uint8_t>(dst, src, bytes);
+}
+
+/* copy_blocks: one table entry per cache, uploaded with the pairs through the descriptor's staging buffer. */
+struct CacheEntry {
+    char *base;     /* block 0 */
+    int64_t stride; /* bytes between blocks */
+    int64_t bytes;  /* bytes of one block */
+};
+
+struct CopyBlocksParams {
+    const CacheEntry *caches;
+    const int64_t *pairs; /* (src, dst) */
+    int32_t *err;
+    int64_t num_blocks;
+    int64_t chunks;      /* work items per (pair, cache): ceil(largest block / CHUNK) */
+    int64_t total;       /* num_pairs * num_caches * chunks */
+    int32_t num_caches;
+};
+
+__global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_blocks_kernel(const CopyBlocksParams p)
+{
+    for (int64_t w = blockIdx.x; w < p.total; w += gridDim.x) {
+        const int64_t item = w / p.chunks, chunk = w - item * p.chunks;
+        const int64_t pair = item / p.num_caches;
+        const int32_t c = (int32_t)(item - pair * p.num_caches);
+        const int64_t src = p.pairs[2 * pair], dst = p.pairs[2 * pair + 1];
+        if (src < 0 || src >= p.num_blocks || dst < 0 || dst >= p.num_blocks) {
+            if (threadIdx.x == 0 && chunk == 0 && c == 0) atomicOr(p.err, (int)KVHAL_GPU_ERR_BLOCK);
+            continue;
+        }
+        const CacheEntry e = p.caches[c];
+        const int64_t begin = chunk * KVHAL_GPU_CHUNK;
+        if (begin >= e.bytes) continue;
+        const int64_t len = e.bytes - begin < KVHAL_GPU_CHUNK ? e.bytes - begin : KVHAL_GPU_CHUNK;
+        copy_range(e.base + dst * e.stride + begin, e.base + src * e.stride + begin, (uint64_t)len);
+    }
+}
+
+/* copy_batch: up to KVHAL_GPU_BATCH_MAX ranges by value; range r owns chunks [first[r], first[r + 1]). */
+struct CopyBatchParams {
+    char *dst[KVHAL_GPU_BATCH_MAX];
+    const char *src[KVHAL_GPU_BATCH_MAX];
+    uint64_t bytes[KVHAL_GPU_BATCH_MAX];
+    uint32_t first[KVHAL_GPU_BATCH_MAX + 1];
+    int32_t count;
+};
+
+__global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_batch_kernel(const CopyBatchParams p)
+{
+    const uint32_t w = blockIdx.x;
+    int lo = 0, hi = p.count - 1; /* last r with first[r] <= w */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (p.first[mid] <= w) lo = mid;
+        else hi = mid - 1;
+    }
+    const uint64_t begin = (uint64_t)(w - p.first[lo]) * KVHAL_GPU_CHUNK;
+    const uint64_t left = p.bytes[lo] - begin;
+    copy_range(p.dst[lo] + begin, p.src[lo] + begin, left < KVHAL_GPU_CHUNK ? left : KVHAL_GPU_CHUNK);
+}
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* tensor_copy: dims already collapsed on the host; a unit is one element or, when the innermost dim is          */
+/* contiguous in both tensors, 2..16 bytes of it.                                                              */
+/* ------------------------------------------------------------------------------------------------------------ */
+#define KVHAL_GPU_MAX_DIMS 6
+
+struct TensorCopyParams {
+    char *dst;       /* per call */
+    const char *src; /* per call */
+    int64_t n;       /* units */
+    int64_t dstride[KVHAL_GPU_MAX_DIMS], sstride[KVHAL_GPU_MAX_DIMS]; /* units */
+    kvhal_fastdiv64 div[KVHAL_GPU_MAX_DIMS];                         /* by each dim's extent in units */
+    int32_t nd;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(KVHAL_GPU_THREADS) tensor_copy_kernel(const TensorCopyParams p)
+{
+    T *dst = reinterpret_cast<T *>(p.dst);
+    const T *src = reinterpret_cast<const T *>(p.src);
+    const uint64_t n = (uint64_t)p.n;
+    const uint64_t step = (uint64_t)blockDim.x * gridDim.x;
+    for (uint64_t base = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; base < n; base += KVHAL_GPU_UNROLL * step) {
+        T v[KVHAL_GPU_UNROLL];
+        int64_t doff[KVHAL_GPU_UNROLL];
+#pragma unroll
+        for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
+            uint64_t i = base + (uint64_t)u * step;
+            doff[u] = -1;
+            if (i < n) {
+                int64_t so = 0, d = 0;
+#pragma unroll
+                for (int k = KVHAL_GPU_MAX_DIMS - 1; k > 0; k--) {
+                    if (k < p.nd) {
+                        const uint64_t q = kvhal_fastdiv64_div(i, p.div[k]);
+                        const int64_t c = (int64_t)(i - q * p.div[k].d);
+                        so += c * p.sstride[k];
+                        d += c * p.dstride[k];
+                        i = q;
+                    }
+                }
+                so += (int64_t)i * p.sstride[0];
+                d += (int64_t)i * p.dstride[0];
+                doff[u] = d;
+                v[u] = src[so];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < KVHAL_GPU_UNROLL; u++)
+            if (doff[u] >= 0) dst[doff[u]] = v[u];
+    }
+}
+
+/* Hands the error flag to the host and clears it in one atomic step, so that a flag raised by a kernel running
+ * concurrently on another stream is never lost between the read and the clear. */
+__global__ void fetch_clear_flag_kernel(int32_t *flag)
+{
+    flag[1] = atomicExch(flag, 0);
+}
+
+} // namespace kvhal_gpu
+
+#endif /* KVHAL_GPU_KERNELS_CUH */

@@ -1,0 +1,141 @@
+/* kvhal_gpu_runtime.h — the one place where the CUDA and HIP backends differ: it maps the gpu* names used by the
+ * shared host code (kvhal_gpu_backend_impl.h) and kernels (kvhal_gpu_kernels.cuh) onto the CUDA runtime or onto
+ * HIP. Define KVHAL_GPU_HIP before including it for HIP; CUDA is the default. Only names the backends use are
+ * mapped, so a missing one shows up as a compile error on the vendor that lacks it. */
+#ifndef KVHAL_GPU_RUNTIME_H
+#define KVHAL_GPU_RUNTIME_H
+
+#if defined(KVHAL_GPU_HIP)
+#include <hip/hip_runtime.h>
+
+#define KVHAL_GPU_NAME "hip"
+#define KVHAL_GPU_RUNTIME_NAME "HIP"
+#define KVHAL_GPU_DEVICE_TYPE KVHAL_DEVICE_HIP
+
+typedef hipError_t gpuError_t;
+typedef hipStream_t gpuStream_t;
+typedef hipEvent_t gpuEvent_t;
+typedef hipDeviceProp_t gpuDeviceProp;
+#define gpuSuccess hipSuccess
+#define gpuErrorNotReady hipErrorNotReady
+#define gpuErrorMemoryAllocation hipErrorOutOfMemory
+#define gpuErrorPeerAccessAlreadyEnabled hipErrorPeerAccessAlreadyEnabled
+#define gpuMemcpyHostToDevice hipMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define gpuMemcpyDeviceToDevice hipMemcpyDeviceToDevice
+#define gpuEventDisableTiming hipEventDisableTiming
+#define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+
+#define gpuGetErrorString hipGetErrorString
+#define gpuGetErrorName hipGetErrorName
+#define gpuGetLastError hipGetLastError
+#define gpuGetDeviceCount hipGetDeviceCount
+#define gpuGetDevice hipGetDevice
+#define gpuSetDevice hipSetDevice
+#define gpuDeviceGetAttribute hipDeviceGetAttribute
+#define gpuGetDeviceProperties hipGetDeviceProperties
+#define gpuMemGetInfo hipMemGetInfo
+#define gpuRuntimeGetVersion hipRuntimeGetVersion
+#define gpuDriverGetVersion hipDriverGetVersion
+#define gpuDeviceCanAccessPeer hipDeviceCanAccessPeer
+#define gpuDeviceEnablePeerAccess hipDeviceEnablePeerAccess
+#define gpuDeviceSynchronize hipDeviceSynchronize
+#define gpuMalloc hipMalloc
+#define gpuFree hipFree
+#define gpuMallocHost(p, n) hipHostMalloc((p), (n), 0)
+#define gpuFreeHost hipHostFree
+#define gpuMemcpy hipMemcpy
+#define gpuMemcpyAsync hipMemcpyAsync
+#define gpuMemcpyPeerAsync hipMemcpyPeerAsync
+#define gpuMemsetAsync hipMemsetAsync
+#define gpuStreamCreate hipStreamCreate
+#define gpuStreamDestroy hipStreamDestroy
+#define gpuStreamSynchronize hipStreamSynchronize
+#define gpuStreamWaitEvent hipStreamWaitEvent
+#define gpuEventCreateWithFlags hipEventCreateWithFlags
+#define gpuEventDestroy hipEventDestroy
+#define gpuEventRecord hipEventRecord
+#define gpuEventQuery hipEventQuery
+#define gpuEventSynchronize hipEventSynchronize
+
+/* Whether p is device (or managed) memory, and of which device. ROCm 6 renamed memoryType to type. */
+static inline gpuError_t gpuPointerDevice(const void *p, int *dev, int *is_device)
+{
+    hipPointerAttribute_t a;
+    hipError_t e = hipPointerGetAttributes(&a, p);
+    if (e != hipSuccess) return e;
+#if HIP_VERSION_MAJOR >= 6
+    *is_device = a.type == hipMemoryTypeDevice || a.isManaged;
+#else
+    *is_device = a.memoryType == hipMemoryTypeDevice || a.isManaged;
+#endif
+    *dev = a.device;
+    return hipSuccess;
+}
+
+#else /* CUDA */
+#include <cuda_runtime.h>
+
+#define KVHAL_GPU_NAME "cuda"
+#define KVHAL_GPU_RUNTIME_NAME "CUDA"
+#define KVHAL_GPU_DEVICE_TYPE KVHAL_DEVICE_CUDA
+
+typedef cudaError_t gpuError_t;
+typedef cudaStream_t gpuStream_t;
+typedef cudaEvent_t gpuEvent_t;
+typedef cudaDeviceProp gpuDeviceProp;
+#define gpuSuccess cudaSuccess
+#define gpuErrorNotReady cudaErrorNotReady
+#define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
+#define gpuErrorPeerAccessAlreadyEnabled cudaErrorPeerAccessAlreadyEnabled
+#define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define gpuMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define gpuEventDisableTiming cudaEventDisableTiming
+#define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
+
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetErrorName cudaGetErrorName
+#define gpuGetLastError cudaGetLastError
+#define gpuGetDeviceCount cudaGetDeviceCount
+#define gpuGetDevice cudaGetDevice
+#define gpuSetDevice cudaSetDevice
+#define gpuDeviceGetAttribute cudaDeviceGetAttribute
+#define gpuGetDeviceProperties cudaGetDeviceProperties
+#define gpuMemGetInfo cudaMemGetInfo
+#define gpuRuntimeGetVersion cudaRuntimeGetVersion
+#define gpuDriverGetVersion cudaDriverGetVersion
+#define gpuDeviceCanAccessPeer cudaDeviceCanAccessPeer
+#define gpuDeviceEnablePeerAccess cudaDeviceEnablePeerAccess
+#define gpuDeviceSynchronize cudaDeviceSynchronize
+#define gpuMalloc cudaMalloc
+#define gpuFree cudaFree
+#define gpuMallocHost(p, n) cudaMallocHost((p), (n))
+#define gpuFreeHost cudaFreeHost
+#define gpuMemcpy cudaMemcpy
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemcpyPeerAsync cudaMemcpyPeerAsync
+#define gpuMemsetAsync cudaMemsetAsync
+#define gpuStreamCreate cudaStreamCreate
+#define gpuStreamDestroy cudaStreamDestroy
+#define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuStreamWaitEvent cudaStreamWaitEvent
+#define gpuEventCreateWithFlags cudaEventCreateWithFlags
+#define gpuEventDestroy cudaEventDestroy
+#define gpuEventRecord cudaEventRecord
+#define gpuEventQuery cudaEventQuery
+#define gpuEventSynchronize cudaEventSynchronize
+
+/* Whether p is device (or managed) memory, and of which device. */
+static inline gpuError_t gpuPointerDevice(const void *p, int *dev, int *is_device)
+{
+    cudaPointerAttributes a;
+    cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) return e;
+    *is_device = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+    *dev = a.device;
+    return cudaSuccess;
+}
+#endif
+
+#endif /* KVHAL_GPU_RUNTIME_H */

@@ -1,0 +1,35 @@
+/* copy_blocks.cl — copies whole blocks src -> dst in every cache, for every pair, in one launch. OpenCL 1.2 has no
+ * pointers to buffers in device memory, so a launch takes up to 16 distinct buffers as arguments (b0..b15); when
+ * the caches span more buffers the host launches once per group of 16. One uploaded buffer `meta` holds per pair
+ * two longs (src, dst block), then from meta[table_off] per cache of this launch four ulongs (argument index, byte
+ * offset of block 0, block stride, block bytes). One work-group copies one (cache, pair) block at a time. The host
+ * picks the kernel whose unit (16, 4 or 1 bytes) divides every offset, stride and block size. */
+
+#define CB_PICK(i)                                                                                              \
+    ((i) == 0 ? b0 : (i) == 1 ? b1 : (i) == 2 ? b2 : (i) == 3 ? b3 : (i) == 4 ? b4 : (i) == 5 ? b5               \
+     : (i) == 6 ? b6 : (i) == 7 ? b7 : (i) == 8 ? b8 : (i) == 9 ? b9 : (i) == 10 ? b10 : (i) == 11 ? b11       \
+     : (i) == 12 ? b12 : (i) == 13 ? b13 : (i) == 14 ? b14 : b15)
+
+#define CB_KERNEL(NAME, T, UNIT)                                                                                \
+    kernel void NAME(global uchar *b0, global uchar *b1, global uchar *b2, global uchar *b3, global uchar *b4,  \
+                     global uchar *b5, global uchar *b6, global uchar *b7, global uchar *b8, global uchar *b9,  \
+                     global uchar *b10, global uchar *b11, global uchar *b12, global uchar *b13,               \
+                     global uchar *b14, global uchar *b15, const global ulong *meta, ulong table_off,          \
+                     uint num_caches, uint num_pairs)                                                          \
+    {                                                                                                          \
+        const ulong jobs = (ulong)num_caches * num_pairs;                                                      \
+        const global long *pairs = (const global long *)meta;                                                  \
+        for (ulong g = get_group_id(0); g < jobs; g += get_num_groups(0)) {                                    \
+            uint c = (uint)(g / num_pairs), p = (uint)(g - (ulong)c * num_pairs);                              \
+            const global ulong *e = meta + table_off + 4 * (ulong)c;                                           \
+            global uchar *base = CB_PICK(e[0]) + e[1];                                                         \
+            const global T *src = (const global T *)(base + pairs[2 * p] * (long)e[2]);                        \
+            global T *dst = (global T *)(base + pairs[2 * p + 1] * (long)e[2]);                                \
+            const ulong n = e[3] / (UNIT);                                                                     \
+            for (ulong j = get_local_id(0); j < n; j += get_local_size(0)) dst[j] = src[j];                    \
+        }                                                                                                      \
+    }
+
+CB_KERNEL(copy_blocks_16, uint4, 16)
+CB_KERNEL(copy_blocks_4, uint, 4)
+CB_KERNEL(copy_blocks_1, uchar, 1)

@@ -1,0 +1,189 @@
+/* block_pool.c — O(1) allocation of block (page) ids with reference counts, so that one block can be shared by
+ * several owners (a cached prefix, a forked sequence). Free ids live on a stack: allocate pops, the last release
+ * pushes. Not thread-safe: the owner (a cache manager, an engine's scheduler) serialises calls. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define POOL_MAGIC 0x4b56424cu /* KVBL */
+
+struct kvhal_block_pool {
+    uint32_t magic;
+    int32_t num_blocks;
+    int32_t num_free;   /* free ids are free_stack[0..num_free) */
+    int32_t *free_stack;
+    int32_t *ref;       /* per block; 0 = free */
+};
+
+static kvhal_status check_pool(const kvhal_block_pool *p)
+{
+    if (!p) return kvhal__err(KVHAL_INVALID_HANDLE, "pool: NULL");
+    if (p->magic != POOL_MAGIC) return kvhal__err(KVHAL_INVALID_HANDLE, "pool: %p is not a live block pool", (const void *)p);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_block_pool_create(int32_t num_blocks, kvhal_block_pool **out)
+{
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    if (num_blocks < 1) return kvhal__err(KVHAL_INVALID_ARGUMENT, "num_blocks: %d must be >= 1", (int)num_blocks);
+    kvhal_block_pool *p = kvhal__calloc(1, sizeof *p);
+    if (!p) return kvhal__err(KVHAL_OUT_OF_MEMORY, "block pool of %d blocks: no memory for the pool", (int)num_blocks);
+    p->free_stack = kvhal__malloc((size_t)num_blocks * sizeof(int32_t));
+    p->ref = kvhal__calloc((size_t)num_blocks, sizeof(int32_t));
+    if (!p->free_stack || !p->ref) {
+        free(p->free_stack);
+        free(p->ref);
+        free(p);
+        return kvhal__err(KVHAL_OUT_OF_MEMORY, "block pool of %d blocks: no memory for %zu bytes of bookkeeping",
+                          (int)num_blocks, (size_t)num_blocks * 2 * sizeof(int32_t));
+    }
+    /* Stacked in reverse so that the first allocations hand out 0, 1, 2, ...: easier to read in traces. */
+    for (int32_t i = 0; i < num_blocks; i++) p->free_stack[i] = num_blocks - 1 - i;
+    p->num_blocks = num_blocks;
+    p->num_free = num_blocks;
+    p->magic = POOL_MAGIC;
+    *out = p;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_block_pool_destroy(kvhal_block_pool *p)
+{
+    if (!p) return KVHAL_OK;
+    KVHAL_TRY(check_pool(p));
+    p->magic = KVHAL_MAGIC_DEAD;
+    free(p->free_stack);
+    free(p->ref);
+    free(p);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_block_pool_allocate(kvhal_block_pool *p, int32_t n, int32_t *blocks)
+{
+    KVHAL_TRY(check_pool(p));
+    if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
+    if (n == 0) return KVHAL_OK;
+    KVHAL_CHECK_ARG(blocks, "blocks: NULL for %d blocks", (int)n);
+    if (n > p->num_free)
+        return kvhal__err(KVHAL_OUT_OF_MEMORY, "n: %d blocks requested, only %d of %d are free", (int)n,
+                          (int)p->num_free, (int)p->num_blocks);
+    int32_t *top = p->free_stack + p->num_free - n;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t b = top[n - 1 - i];
+        blocks[i] = b;
+        p->ref[b] = 1;
+    }
+    p->num_free -= n;
+    return KVHAL_OK;
+}
+
+static kvhal_status check_block(const kvhal_block_pool *p, int32_t block)
+{
+    if (block < 0 || block >= p->num_blocks)
+        return kvhal__err(KVHAL_OUT_OF_RANGE, "block: %d is out of range [0, %d)", (int)block, (int)p->num_blocks);
+    if (p->ref[block] == 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "block: %d is free (not allocated)", (int)block);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_block_pool_share(kvhal_block_pool *p, int32_t block)
+{
+    KVHAL_TRY(check_pool(p));
+    KVHAL_TRY(check_block(p, block));
+    if (p->ref[block] == INT32_MAX)
+        return kvhal__err(KVHAL_OUT_OF_RANGE, "block: %d already has the maximum reference count", (int)block);
+    p->ref[block]++;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_block_pool_release(kvhal_block_pool *p, int32_t block)
+{
+    KVHAL_TRY(check_pool(p));
+    KVHAL_TRY(check_block(p, block));
+    if (--p->ref[block] == 0) p->free_stack[p->num_free++] = block;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal__block_pool_release_many(kvhal_block_pool *p, const int32_t *blocks, size_t n)
+{
+    KVHAL_TRY(check_pool(p));
+    if (n == 0) return KVHAL_OK;
+    KVHAL_CHECK_ARG(blocks, "blocks: NULL for %zu blocks", n);
+    /* Validate by dropping the references first and undoing them on a bad id, so that a list naming one block
+     * more often than it is referenced fails without changing anything. */
+    size_t i = 0;
+    for (; i < n; i++) {
+        int32_t b = blocks[i];
+        if (b < 0 || b >= p->num_blocks || p->ref[b] == 0) break;
+        p->ref[b]--;
+    }
+    if (i < n) {
+        int32_t bad = blocks[i];
+        bool range = bad < 0 || bad >= p->num_blocks;
+        while (i-- > 0) p->ref[blocks[i]]++;
+        if (range)
+            return kvhal__err(KVHAL_OUT_OF_RANGE, "blocks: %d is out of range [0, %d)", (int)bad, (int)p->num_blocks);
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "blocks: %d is free (not allocated, or listed more often than it "
+                          "is referenced)", (int)bad);
+    }
+    for (i = 0; i < n; i++) {
+        int32_t b = blocks[i];
+        /* A block listed twice reaches 0 only once: push it when its count is 0 and it is not pushed yet. The
+         * sentinel -1 marks "pushed" until the loop ends. */
+        if (p->ref[b] == 0) {
+            p->free_stack[p->num_free++] = b;
+            p->ref[b] = -1;
+        }
+    }
+    for (i = 0; i < n; i++)
+        if (p->ref[blocks[i]] < 0) p->ref[blocks[i]] = 0;
+    return KVHAL_OK;
+}
+
+int32_t kvhal_block_pool_num_free(const kvhal_block_pool *p)
+{
+    return (p && p->magic == POOL_MAGIC) ? p->num_free : 0;
+}
+
+int32_t kvhal_block_pool_num_total(const kvhal_block_pool *p)
+{
+    return (p && p->magic == POOL_MAGIC) ? p->num_blocks : 0;
+}
+
+int32_t kvhal_block_pool_ref_count(const kvhal_block_pool *p, int32_t block)
+{
+    if (!p || p->magic != POOL_MAGIC || block < 0 || block >= p->num_blocks) return -1;
+    return p->ref[block];
+}
+
+kvhal_status kvhal_block_pool_check_integrity(const kvhal_block_pool *p)
+{
+    KVHAL_TRY(check_pool(p));
+    if (p->num_free < 0 || p->num_free > p->num_blocks)
+        return kvhal__err(KVHAL_INTEGRITY, "block pool: %d free of %d blocks", (int)p->num_free, (int)p->num_blocks);
+    unsigned char *seen = kvhal__calloc((size_t)p->num_blocks, 1);
+    if (!seen) return kvhal__err(KVHAL_OUT_OF_MEMORY, "block pool check: no memory for %d flags", (int)p->num_blocks);
+    kvhal_status st = KVHAL_OK;
+    for (int32_t i = 0; i < p->num_free && st == KVHAL_OK; i++) {
+        int32_t b = p->free_stack[i];
+        if (b < 0 || b >= p->num_blocks)
+            st = kvhal__err(KVHAL_INTEGRITY, "block pool: free list entry %d holds %d, out of range [0, %d)", (int)i,
+                            (int)b, (int)p->num_blocks);
+        else if (seen[b])
+            st = kvhal__err(KVHAL_INTEGRITY, "block pool: block %d is on the free list twice", (int)b);
+        else if (p->ref[b] != 0)
+            st = kvhal__err(KVHAL_INTEGRITY, "block pool: block %d is on the free list with %d references", (int)b,
+                            (int)p->ref[b]);
+        else
+            seen[b] = 1;
+    }
+    for (int32_t b = 0; b < p->num_blocks && st == KVHAL_OK; b++) {
+        if (p->ref[b] < 0)
+            st = kvhal__err(KVHAL_INTEGRITY, "block pool: block %d has %d references", (int)b, (int)p->ref[b]);
+        else if (p->ref[b] == 0 && !seen[b])
+            st = kvhal__err(KVHAL_INTEGRITY, "block pool: block %d has no references but is not on the free list "
+                            "(leaked)", (int)b);
+    }
+    free(seen);
+    return st;
+}

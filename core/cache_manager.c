@@ -1,0 +1,294 @@
+/* cache_manager.c — the pages of one paged cache, split between three owners: the free pool (a block pool), the
+ * prefix cache (finished requests' prefixes, evictable unless locked) and running requests. Allocation evicts
+ * prefixes when free pages run short; a finished request hands its pages to the prefix cache.
+ * A per-page owner byte lets every call check the pages it is given (a tree page can never be freed by a request,
+ * a free page never inserted), so a caller's bookkeeping error is reported instead of corrupting the cache.
+ * Not thread-safe: the scheduler that owns it serialises calls. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define CM_MAGIC 0x4b56434du /* KVCM */
+
+enum { PAGE_FREE = 0, PAGE_HELD = 1, PAGE_TREE = 2, PAGE_MARK = 3 };
+
+struct kvhal_cache_manager {
+    uint32_t magic;
+    int32_t total;
+    int32_t page_size;
+    kvhal_block_pool *pool;
+    kvhal_prefix_cache *pc;
+    uint8_t *state;          /* per page: PAGE_* */
+    int64_t held;            /* pages held by running requests */
+    uint64_t evicted_pages;
+    kvhal_status cb_status;  /* first error seen inside an eviction callback */
+};
+
+static kvhal_status check_cm(const kvhal_cache_manager *cm)
+{
+    if (!cm) return kvhal__err(KVHAL_INVALID_HANDLE, "cm: NULL");
+    if (cm->magic != CM_MAGIC)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "cm: %p is not a live cache manager", (const void *)cm);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t page_size, kvhal_prefix_kind kind,
+                                        kvhal_cache_manager **out)
+{
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    if (total_pages < 1) return kvhal__err(KVHAL_INVALID_ARGUMENT, "total_pages: %d must be >= 1", (int)total_pages);
+    if (page_size < 1) return kvhal__err(KVHAL_INVALID_ARGUMENT, "page_size: %d must be >= 1", (int)page_size);
+    kvhal_cache_manager *cm = kvhal__calloc(1, sizeof *cm);
+    if (!cm) return kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the manager");
+    kvhal_status st = kvhal_prefix_cache_create(kind, page_size, &cm->pc);
+    if (st == KVHAL_OK) st = kvhal_block_pool_create(total_pages, &cm->pool);
+    if (st == KVHAL_OK && !(cm->state = kvhal__calloc((size_t)total_pages, 1)))
+        st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the owner of %d pages", (int)total_pages);
+    if (st != KVHAL_OK) {
+        kvhal_block_pool_destroy(cm->pool);
+        kvhal_prefix_cache_destroy(cm->pc);
+        free(cm);
+        return st;
+    }
+    cm->total = total_pages;
+    cm->page_size = page_size;
+    cm->magic = CM_MAGIC;
+    *out = cm;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_destroy(kvhal_cache_manager *cm)
+{
+    if (!cm) return KVHAL_OK;
+    KVHAL_TRY(check_cm(cm));
+    cm->magic = KVHAL_MAGIC_DEAD;
+    kvhal_prefix_cache_destroy(cm->pc);
+    kvhal_block_pool_destroy(cm->pool);
+    free(cm->state);
+    free(cm);
+    return KVHAL_OK;
+}
+
+kvhal_prefix_cache *kvhal_cache_manager_prefix(kvhal_cache_manager *cm)
+{
+    return (cm && cm->magic == CM_MAGIC) ? cm->pc : NULL;
+}
+
+kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                       kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
+                                       size_t pages_cap)
+{
+    KVHAL_TRY(check_cm(cm));
+    kvhal_prefix_handle h = NULL;
+    KVHAL_TRY(kvhal_prefix_match(cm->pc, tokens, num_tokens, &h, cached_len, pages, pages_cap));
+    if (h) KVHAL_TRY(kvhal_prefix_lock(cm->pc, h)); /* fresh from match: only a lock-count overflow can fail */
+    if (handle) *handle = h;
+    return KVHAL_OK;
+}
+
+/* Eviction hands tree pages back to the pool. */
+static void evicted_cb(const int32_t *pages, size_t n, void *user)
+{
+    kvhal_cache_manager *cm = user;
+    for (size_t i = 0; i < n; i++) {
+        int32_t p = pages[i];
+        if (p < 0 || p >= cm->total || cm->state[p] != PAGE_TREE) {
+            if (cm->cb_status == KVHAL_OK)
+                cm->cb_status = kvhal__err(KVHAL_INTEGRITY, "cache manager: evicted page %d was not a cached page",
+                                           (int)p);
+            continue;
+        }
+        cm->state[p] = PAGE_FREE;
+        if (kvhal_block_pool_release(cm->pool, p) != KVHAL_OK && cm->cb_status == KVHAL_OK)
+            cm->cb_status = kvhal__err(KVHAL_INTEGRITY, "cache manager: evicted page %d was free in the pool", (int)p);
+    }
+    cm->evicted_pages += n;
+}
+
+static kvhal_status evict_tokens(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
+{
+    cm->cb_status = KVHAL_OK;
+    KVHAL_TRY(kvhal_prefix_evict(cm->pc, num_tokens, evicted_cb, cm, evicted));
+    return cm->cb_status;
+}
+
+kvhal_status kvhal_cache_manager_evict(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
+{
+    KVHAL_TRY(check_cm(cm));
+    if (evicted) *evicted = 0;
+    kvhal_prefix_size_info si;
+    KVHAL_TRY(kvhal_prefix_size_info_get(cm->pc, &si));
+    if (si.evictable_tokens == 0) return KVHAL_OK; /* also keeps the naive cache's evict(n > 0) error away */
+    return evict_tokens(cm, num_tokens, evicted);
+}
+
+kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, int32_t *pages)
+{
+    KVHAL_TRY(check_cm(cm));
+    if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
+    if (n == 0) return KVHAL_OK;
+    KVHAL_CHECK_ARG(pages, "pages: NULL for %d pages", (int)n);
+    int32_t nfree = kvhal_block_pool_num_free(cm->pool);
+    if (nfree < n) {
+        kvhal_prefix_size_info si;
+        KVHAL_TRY(kvhal_prefix_size_info_get(cm->pc, &si));
+        size_t evictable = si.evictable_tokens / (size_t)cm->page_size;
+        if ((size_t)nfree + evictable < (size_t)n)
+            return kvhal__err(KVHAL_OUT_OF_MEMORY, "n: %d pages requested, only %d free + %zu evictable of %d (the "
+                              "rest are locked by running requests or held by them)", (int)n, (int)nfree, evictable,
+                              (int)cm->total);
+        KVHAL_TRY(evict_tokens(cm, (size_t)(n - nfree) * (size_t)cm->page_size, NULL));
+    }
+    KVHAL_TRY(kvhal_block_pool_allocate(cm->pool, n, pages));
+    for (int32_t i = 0; i < n; i++) cm->state[pages[i]] = PAGE_HELD;
+    cm->held += n;
+    return KVHAL_OK;
+}
+
+/* Checks that pages[from..to) are distinct pages held by requests; marks them PAGE_MARK (undone on failure). */
+static kvhal_status mark_held(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++) {
+        int32_t p = pages[i];
+        const char *why = NULL;
+        if (p < 0 || p >= cm->total) why = "out of range";
+        else if (cm->state[p] == PAGE_MARK) why = "listed twice";
+        else if (cm->state[p] == PAGE_FREE) why = "free (not allocated)";
+        else if (cm->state[p] == PAGE_TREE) why = "owned by the prefix cache, not by the request";
+        if (why) {
+            size_t bad = i;
+            while (i-- > from) cm->state[pages[i]] = PAGE_HELD;
+            if (p < 0 || p >= cm->total)
+                return kvhal__err(KVHAL_OUT_OF_RANGE, "pages[%zu]: %d is out of range [0, %d)", bad, (int)p,
+                                  (int)cm->total);
+            return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: page %d is %s", bad, (int)p, why);
+        }
+        cm->state[p] = PAGE_MARK;
+    }
+    return KVHAL_OK;
+}
+
+static void unmark(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to, uint8_t state)
+{
+    for (size_t i = from; i < to; i++) cm->state[pages[i]] = state;
+}
+
+/* Pages known to be held and distinct go back to the pool. */
+static kvhal_status give_back(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to)
+{
+    if (from >= to) return KVHAL_OK;
+    unmark(cm, pages, from, to, PAGE_FREE);
+    kvhal_status st = kvhal__block_pool_release_many(cm->pool, pages + from, to - from);
+    if (st != KVHAL_OK) return kvhal__err(KVHAL_INTEGRITY, "cache manager: pool and page owners disagree: %s",
+                                          kvhal_last_error());
+    cm->held -= (int64_t)(to - from);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const int32_t *pages, int32_t n)
+{
+    KVHAL_TRY(check_cm(cm));
+    if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
+    if (n == 0) return KVHAL_OK;
+    KVHAL_CHECK_ARG(pages, "pages: NULL for %d pages", (int)n);
+    KVHAL_TRY(mark_held(cm, pages, 0, (size_t)n));
+    return give_back(cm, pages, 0, (size_t)n);
+}
+
+kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                                const int32_t *pages, kvhal_prefix_handle handle)
+{
+    KVHAL_TRY(check_cm(cm));
+    size_t ps = (size_t)cm->page_size;
+    size_t npages = (num_tokens + ps - 1) / ps;
+    KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
+    KVHAL_CHECK_ARG(pages || npages == 0, "pages: NULL for %zu pages", npages);
+    size_t matched;
+    KVHAL_TRY(kvhal__prefix_handle_len(cm->pc, handle, &matched));
+    if (matched > num_tokens)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "num_tokens: %zu, fewer than the %zu the handle matched",
+                          num_tokens, matched);
+    size_t own = matched / ps; /* pages[0..own) are the tree's, from match: insert checks them */
+    KVHAL_TRY(mark_held(cm, pages, own, npages));
+    size_t already = 0;
+    kvhal_status st = kvhal__prefix_insert_unlock(cm->pc, tokens, num_tokens, pages, handle, &already);
+    if (st != KVHAL_OK) {
+        unmark(cm, pages, own, npages, PAGE_HELD);
+        return st;
+    }
+    size_t aligned = (num_tokens / ps);
+    size_t dup_end = already / ps; /* >= own: the handle's path was on the tokens' path */
+    unmark(cm, pages, dup_end, aligned, PAGE_TREE);
+    cm->held -= (int64_t)(aligned - dup_end);
+    KVHAL_TRY(give_back(cm, pages, own, dup_end));
+    return give_back(cm, pages, aligned, npages);
+}
+
+int32_t kvhal_cache_manager_available(const kvhal_cache_manager *cm)
+{
+    if (!cm || cm->magic != CM_MAGIC) return 0;
+    kvhal_prefix_size_info si;
+    if (kvhal_prefix_size_info_get(cm->pc, &si) != KVHAL_OK) return 0;
+    return kvhal_block_pool_num_free(cm->pool) + (int32_t)(si.evictable_tokens / (size_t)cm->page_size);
+}
+
+int32_t kvhal_cache_manager_num_free(const kvhal_cache_manager *cm)
+{
+    return (cm && cm->magic == CM_MAGIC) ? kvhal_block_pool_num_free(cm->pool) : 0;
+}
+
+uint64_t kvhal_cache_manager_pages_evicted(const kvhal_cache_manager *cm)
+{
+    return (cm && cm->magic == CM_MAGIC) ? cm->evicted_pages : 0;
+}
+
+typedef struct tree_count {
+    const kvhal_cache_manager *cm;
+    size_t pages;
+    int32_t bad; /* first page not marked as the tree's, or -1 */
+} tree_count;
+
+static void count_tree_page(const int32_t *pages, size_t n, void *user)
+{
+    tree_count *tc = user;
+    for (size_t i = 0; i < n; i++) {
+        int32_t p = pages[i];
+        if (tc->bad < 0 && (p < 0 || p >= tc->cm->total || tc->cm->state[p] != PAGE_TREE)) tc->bad = p;
+    }
+    tc->pages += n;
+}
+
+kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm)
+{
+    KVHAL_TRY(check_cm(cm));
+    KVHAL_TRY(kvhal_block_pool_check_integrity(cm->pool));
+    KVHAL_TRY(kvhal_prefix_check_integrity(cm->pc));
+    int64_t count[4] = {0};
+    for (int32_t p = 0; p < cm->total; p++) {
+        uint8_t s = cm->state[p];
+        if (s > PAGE_TREE) return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d has owner %u", (int)p, s);
+        count[s]++;
+        if ((s == PAGE_FREE) != (kvhal_block_pool_ref_count(cm->pool, p) == 0))
+            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d is %s but has %d references in the pool",
+                              (int)p, s == PAGE_FREE ? "free" : "in use", (int)kvhal_block_pool_ref_count(cm->pool, p));
+    }
+    kvhal_prefix_size_info si;
+    KVHAL_TRY(kvhal_prefix_size_info_get(cm->pc, &si));
+    tree_count tc = {cm, 0, -1};
+    KVHAL_TRY(kvhal__prefix_for_each_page(cm->pc, count_tree_page, &tc));
+    if (tc.bad >= 0)
+        return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d is in the prefix cache but not marked as its own",
+                          (int)tc.bad);
+    size_t tree_pages = si.total_tokens / (size_t)cm->page_size;
+    int32_t nfree = kvhal_block_pool_num_free(cm->pool);
+    if (count[PAGE_FREE] != nfree || count[PAGE_HELD] != cm->held || (size_t)count[PAGE_TREE] != tree_pages ||
+        tc.pages != tree_pages || (int64_t)nfree + cm->held + (int64_t)tree_pages != cm->total)
+        return kvhal__err(KVHAL_INTEGRITY, "cache manager: %d free + %zu cached (%zu evictable, %zu protected) + %lld "
+                          "held by requests != %d pages (owner marks: %lld free, %lld cached, %lld held)", (int)nfree,
+                          tree_pages, si.evictable_tokens / (size_t)cm->page_size,
+                          si.protected_tokens / (size_t)cm->page_size, (long long)cm->held, (int)cm->total,
+                          (long long)count[PAGE_FREE], (long long)count[PAGE_TREE], (long long)count[PAGE_HELD]);
+    return KVHAL_OK;
+}

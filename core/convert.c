@@ -1,0 +1,124 @@
+/* convert.c — scalar conversions between f32 and the narrow float formats kvhal stores (f16, bf16, fp8 e4m3fn,
+ * fp8 e5m2). They are the host reference that every backend's kernels are tested against, so each is exact:
+ * round to nearest, ties to even, subnormals included. FP8 saturates (a finite value or an infinity beyond the
+ * largest finite code becomes that code, as CUDA's __NV_SATFINITE does) because a KV cache must never turn a large
+ * activation into inf or NaN; f16 and bf16 follow IEEE (overflow gives inf). NaN stays NaN in every format. */
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+static inline uint32_t f32_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static inline float bits_f32(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* Rounds a finite, non-negative f32 (its bit pattern a) to a binary format with m stored mantissa bits and the
+ * given exponent bias. Returns the magnitude code (biased exponent << m | mantissa); a value that rounds past the
+ * format's exponent range yields a code past its largest finite one, which the caller saturates or turns into inf.
+ * The carry of a mantissa that rounds up runs into the exponent field, which is exactly the next binade. */
+static uint32_t round_magnitude(uint32_t a, int m, int bias)
+{
+    uint32_t e8 = a >> 23;
+    uint32_t sig;
+    int e;
+    if (e8 == 0) {
+        sig = a & 0x7fffffu; /* f32 subnormal: no implicit bit */
+        e = -126;
+    } else {
+        sig = (a & 0x7fffffu) | 0x800000u;
+        e = (int)e8 - 127;
+    }
+    const int emin = 1 - bias;
+    uint32_t code;
+    int shift;
+    if (e >= emin) {
+        shift = 23 - m;
+        code = ((uint32_t)(e + bias) << m) | ((sig & 0x7fffffu) >> shift);
+    } else {
+        shift = 23 - m + (emin - e);
+        if (shift >= 32) return 0; /* far below half the smallest subnormal */
+        code = sig >> shift;
+    }
+    uint32_t rem = sig & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (code & 1u))) code++;
+    return code;
+}
+
+static uint8_t to_fp8(float x, int m, int bias, uint32_t max_code)
+{
+    uint32_t u = f32_bits(x);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu); /* NaN */
+    if (a == 0x7f800000u) return (uint8_t)(sign | max_code); /* inf saturates */
+    uint32_t code = round_magnitude(a, m, bias);
+    if (code > max_code) code = max_code;
+    return (uint8_t)(sign | code);
+}
+
+uint8_t kvhal_f32_to_fp8(float x, kvhal_dtype fp8_type)
+{
+    if (fp8_type == KVHAL_FP8_E5M2) return to_fp8(x, 2, 15, 0x7bu); /* 57344 */
+    return to_fp8(x, 3, 7, 0x7eu);                                   /* e4m3fn: 448 */
+}
+
+float kvhal_fp8_to_f32(uint8_t x, kvhal_dtype fp8_type)
+{
+    const float sign = (x & 0x80u) ? -1.0f : 1.0f;
+    const unsigned mag = x & 0x7fu;
+    if (fp8_type == KVHAL_FP8_E5M2) {
+        unsigned e = mag >> 2, f = mag & 3u;
+        if (e == 31) return f ? bits_f32((x & 0x80u ? 0x80000000u : 0u) | 0x7fc00000u) : sign * INFINITY;
+        if (e == 0) return sign * ldexpf((float)f, -16);          /* f * 2^-2 * 2^-14 */
+        return sign * ldexpf((float)(4u + f), (int)e - 15 - 2);
+    }
+    unsigned e = mag >> 3, f = mag & 7u;
+    if (mag == 0x7fu) return bits_f32((x & 0x80u ? 0x80000000u : 0u) | 0x7fc00000u);
+    if (e == 0) return sign * ldexpf((float)f, -9);                /* f * 2^-3 * 2^-6 */
+    return sign * ldexpf((float)(8u + f), (int)e - 7 - 3);
+}
+
+uint16_t kvhal_f32_to_f16(float x)
+{
+    uint32_t u = f32_bits(x);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x1ffu)); /* quiet NaN, payload kept */
+    if (a == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
+    uint32_t code = round_magnitude(a, 10, 15);
+    if (code >= 0x7c00u) code = 0x7c00u; /* overflow: inf */
+    return (uint16_t)(sign | code);
+}
+
+float kvhal_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, f = h & 0x3ffu;
+    if (e == 31) return bits_f32(sign | 0x7f800000u | (f << 13));
+    if (e == 0) {
+        float v = ldexpf((float)f, -24);
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((e + 112u) << 23) | (f << 13));
+}
+
+uint16_t kvhal_f32_to_bf16(float x)
+{
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    /* Adding 0x7fff (+1 when the kept lsb is odd) rounds to nearest even; overflow carries into inf. */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float kvhal_bf16_to_f32(uint16_t x) { return bits_f32((uint32_t)x << 16); }

@@ -1,0 +1,928 @@
+/* prefix.c — the prefix cache: which token prefixes already have K/V pages, so that a new request reuses them.
+ * Two kinds behind one handle: naive (remembers nothing) and radix (a compressed trie from token ids to page ids).
+ *
+ * Radix layout, chosen so that no operation scans the whole tree:
+ *  - every edge is a node holding a run of tokens (a multiple of page_size) and one page id per page, both in one
+ *    allocation; a split copies only the upper part and lets the lower node keep its buffer at an offset
+ *    (compacted when the dead head outgrows the live part, so memory stays bounded);
+ *  - children are found through one open-addressing table keyed by (parent, first page), so a node with
+ *    thousands of children (the root of a trace) costs the same as one with two;
+ *  - unlocked leaves sit in a binary min-heap on their last-access tick: eviction pops in LRU order in
+ *    O(log n) per leaf, and a parent joins the heap when it becomes an unlocked leaf;
+ *  - nodes come from slabs, so a stale handle still points at our memory and fails its magic check.
+ * Ticks are a per-cache counter bumped by each match and insert (deterministic, unlike a clock); every access
+ * touches a whole root path, so a parent's tick is never older than its children's.
+ * Not thread-safe: the owner serialises calls. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define PC_MAGIC 0x4b565058u   /* KVPX (KVPC is the paged cache) */
+#define NODE_MAGIC 0x4b564e44u /* KVND */
+#define SLAB_NODES 128
+
+typedef struct kvhal_prefix_node node;
+
+struct kvhal_prefix_node {
+    uint32_t magic;     /* NODE_MAGIC while live */
+    int32_t lock_ref;   /* locks whose path runs through this node */
+    int32_t heap_idx;   /* position in the LRU heap, -1 when not an unlocked leaf */
+    uint32_t nchild;
+    uint32_t id;        /* slot number, stable for the node's memory (integrity check scratch index) */
+    node *parent;       /* the free-list link while dead */
+    kvhal_prefix_cache *owner;
+    uint64_t tick;
+    uint64_t fkey;      /* key of the first page (the token itself at page size 1) */
+    size_t len;         /* tokens on this edge */
+    size_t end;         /* tokens from the root through this node */
+    int32_t *tok;       /* len tokens */
+    int32_t *pages;     /* len / page_size page ids */
+    int32_t *mem;       /* the allocation holding pages then tokens; tok/pages may start past its head */
+    size_t mem_words;   /* its size in int32 */
+};
+
+typedef struct slab {
+    struct slab *next;
+    node nodes[SLAB_NODES];
+} slab;
+
+typedef struct tab_entry {
+    uint64_t h;
+    node *n; /* NULL = empty */
+} tab_entry;
+
+typedef struct heap_entry {
+    uint64_t tick;
+    node *n;
+} heap_entry;
+
+struct kvhal_prefix_cache {
+    uint32_t magic;
+    kvhal_prefix_kind kind;
+    int32_t page_size;
+    uint64_t clock;
+    node root;
+    size_t num_nodes; /* live nodes, root excluded */
+    size_t evictable_tokens, protected_tokens;
+    slab *slabs;
+    uint32_t num_slots;
+    node *free_nodes;
+    size_t free_count;
+    tab_entry *tab;
+    size_t tab_size, tab_count; /* power of two; load kept <= 1/2 */
+    heap_entry *heap;
+    size_t heap_n, heap_cap;
+};
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* small helpers                                                                                              */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+static inline uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+static inline uint64_t page_key(const int32_t *t, int32_t ps)
+{
+    if (ps == 1) return (uint32_t)t[0];
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int32_t i = 0; i < ps; i++) h = (h ^ (uint32_t)t[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static inline uint64_t child_hash(const node *parent, uint64_t key)
+{
+    return mix64(((uint64_t)(uintptr_t)parent * 0x9e3779b97f4a7c15ULL) ^ key);
+}
+
+/* Length of the common prefix of a and b (at most n). The whole-run memcmp is the common case (a fully matched
+ * edge); only the one diverging edge per operation pays for the finer search. */
+static size_t common_len(const int32_t *a, const int32_t *b, size_t n)
+{
+    if (memcmp(a, b, n * sizeof(int32_t)) == 0) return n;
+    size_t i = 0;
+    while (i + 64 <= n && memcmp(a + i, b + i, 64 * sizeof(int32_t)) == 0) i += 64;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+static kvhal_status check_pc(const kvhal_prefix_cache *pc)
+{
+    if (!pc) return kvhal__err(KVHAL_INVALID_HANDLE, "pc: NULL");
+    if (pc->magic != PC_MAGIC)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "pc: %p is not a live prefix cache", (const void *)pc);
+    return KVHAL_OK;
+}
+
+static kvhal_status check_handle(const kvhal_prefix_cache *pc, kvhal_prefix_handle h)
+{
+    if (h->magic != NODE_MAGIC)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p is not a live node (evicted or reset?)", (void *)h);
+    if (h->owner != pc)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p belongs to another prefix cache", (void *)h);
+    return KVHAL_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* LRU heap of unlocked leaves                                                                                */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+static inline void heap_set(kvhal_prefix_cache *pc, size_t i, heap_entry e)
+{
+    pc->heap[i] = e;
+    e.n->heap_idx = (int32_t)i;
+}
+
+static void heap_sift_up(kvhal_prefix_cache *pc, size_t i)
+{
+    heap_entry e = pc->heap[i];
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (pc->heap[p].tick <= e.tick) break;
+        heap_set(pc, i, pc->heap[p]);
+        i = p;
+    }
+    heap_set(pc, i, e);
+}
+
+static void heap_sift_down(kvhal_prefix_cache *pc, size_t i)
+{
+    heap_entry e = pc->heap[i];
+    size_t n = pc->heap_n;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && pc->heap[c + 1].tick < pc->heap[c].tick) c++;
+        if (pc->heap[c].tick >= e.tick) break;
+        heap_set(pc, i, pc->heap[c]);
+        i = c;
+    }
+    heap_set(pc, i, e);
+}
+
+/* Capacity is reserved whenever a node is created (heap entries <= nodes), so a push never allocates. */
+static void heap_push(kvhal_prefix_cache *pc, node *x)
+{
+    size_t i = pc->heap_n++;
+    pc->heap[i] = (heap_entry){x->tick, x};
+    heap_sift_up(pc, i);
+}
+
+static void heap_remove(kvhal_prefix_cache *pc, node *x)
+{
+    size_t i = (size_t)x->heap_idx;
+    x->heap_idx = -1;
+    size_t last = --pc->heap_n;
+    if (i == last) return;
+    heap_entry moved = pc->heap[last];
+    heap_set(pc, i, moved);
+    if (i > 0 && pc->heap[(i - 1) / 2].tick > moved.tick)
+        heap_sift_up(pc, i);
+    else
+        heap_sift_down(pc, i);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* child table: (parent, first page) -> node, linear probing with backward-shift deletion                      */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+static node *tab_find(const kvhal_prefix_cache *pc, const node *parent, const int32_t *page)
+{
+    int32_t ps = pc->page_size;
+    uint64_t key = page_key(page, ps);
+    uint64_t h = child_hash(parent, key);
+    size_t mask = pc->tab_size - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        const tab_entry *e = &pc->tab[i];
+        if (!e->n) return NULL;
+        if (e->h == h && e->n->parent == parent && e->n->fkey == key &&
+            (ps == 1 || memcmp(e->n->tok, page, (size_t)ps * sizeof(int32_t)) == 0))
+            return e->n;
+    }
+}
+
+static void tab_put(tab_entry *tab, size_t size, uint64_t h, node *n)
+{
+    size_t mask = size - 1;
+    size_t i = h & mask;
+    while (tab[i].n) i = (i + 1) & mask;
+    tab[i] = (tab_entry){h, n};
+}
+
+static size_t tab_slot_of(const kvhal_prefix_cache *pc, const node *n)
+{
+    uint64_t h = child_hash(n->parent, n->fkey);
+    size_t mask = pc->tab_size - 1;
+    size_t i = h & mask;
+    while (pc->tab[i].n != n) i = (i + 1) & mask;
+    return i;
+}
+
+static void tab_erase_slot(kvhal_prefix_cache *pc, size_t i)
+{
+    size_t mask = pc->tab_size - 1;
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (!pc->tab[j].n) break;
+        size_t k = pc->tab[j].h & mask;
+        /* The entry at j may fill the hole at i unless its home k lies cyclically in (i, j]. */
+        bool stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
+        if (stays) continue;
+        pc->tab[i] = pc->tab[j];
+        i = j;
+    }
+    pc->tab[i].n = NULL;
+    pc->tab_count--;
+}
+
+static void tab_insert_node(kvhal_prefix_cache *pc, node *n)
+{
+    tab_put(pc->tab, pc->tab_size, child_hash(n->parent, n->fkey), n);
+    pc->tab_count++;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* capacity reservation: everything that can fail happens here, before the tree changes                        */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+static kvhal_status reserve(kvhal_prefix_cache *pc, size_t extra_nodes)
+{
+    while (pc->free_count < extra_nodes) {
+        slab *s = kvhal__malloc(sizeof *s);
+        if (!s) return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix cache: no memory for %zu more nodes", extra_nodes);
+        memset(s, 0, sizeof *s);
+        for (int i = SLAB_NODES - 1; i >= 0; i--) {
+            node *x = &s->nodes[i];
+            x->magic = KVHAL_MAGIC_DEAD;
+            x->id = pc->num_slots + (uint32_t)i;
+            x->heap_idx = -1;
+            x->parent = pc->free_nodes;
+            pc->free_nodes = x;
+        }
+        pc->num_slots += SLAB_NODES;
+        pc->free_count += SLAB_NODES;
+        s->next = pc->slabs;
+        pc->slabs = s;
+    }
+    size_t want = pc->tab_count + extra_nodes;
+    if (want * 2 > pc->tab_size) {
+        size_t size = pc->tab_size ? pc->tab_size : 64;
+        while (want * 2 > size) size *= 2;
+        tab_entry *t = kvhal__calloc(size, sizeof *t);
+        if (!t) return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix cache: no memory for a child table of %zu slots", size);
+        for (size_t i = 0; i < pc->tab_size; i++)
+            if (pc->tab[i].n) tab_put(t, size, pc->tab[i].h, pc->tab[i].n);
+        free(pc->tab);
+        pc->tab = t;
+        pc->tab_size = size;
+    }
+    if (pc->num_nodes + extra_nodes > pc->heap_cap) {
+        size_t cap = pc->heap_cap ? pc->heap_cap * 2 : 64;
+        while (cap < pc->num_nodes + extra_nodes) cap *= 2;
+        heap_entry *h = kvhal__realloc(pc->heap, cap * sizeof *h);
+        if (!h) return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix cache: no memory for an LRU heap of %zu leaves", cap);
+        pc->heap = h;
+        pc->heap_cap = cap;
+    }
+    return KVHAL_OK;
+}
+
+/* Takes a reserved node slot (reserve() guaranteed one) and makes it live. */
+static node *node_take(kvhal_prefix_cache *pc)
+{
+    node *x = pc->free_nodes;
+    pc->free_nodes = x->parent;
+    pc->free_count--;
+    uint32_t id = x->id;
+    memset(x, 0, sizeof *x);
+    x->id = id;
+    x->magic = NODE_MAGIC;
+    x->owner = pc;
+    x->heap_idx = -1;
+    pc->num_nodes++;
+    return x;
+}
+
+static void node_release(kvhal_prefix_cache *pc, node *x)
+{
+    free(x->mem);
+    x->mem = x->tok = x->pages = NULL;
+    x->magic = KVHAL_MAGIC_DEAD;
+    x->owner = NULL;
+    x->parent = pc->free_nodes;
+    pc->free_nodes = x;
+    pc->free_count++;
+    pc->num_nodes--;
+}
+
+/* One buffer for len tokens and their pages. */
+static int32_t *edge_alloc(const kvhal_prefix_cache *pc, size_t len, size_t *words)
+{
+    size_t np = len / (size_t)pc->page_size;
+    if (len > (SIZE_MAX / sizeof(int32_t)) - np) return NULL;
+    *words = np + len;
+    return kvhal__malloc(*words * sizeof(int32_t));
+}
+
+static void edge_fill(const kvhal_prefix_cache *pc, node *x, int32_t *mem, size_t words, const int32_t *tok,
+                      const int32_t *pages, size_t len)
+{
+    size_t np = len / (size_t)pc->page_size;
+    x->mem = mem;
+    x->mem_words = words;
+    x->pages = mem;
+    x->tok = mem + np;
+    x->len = len;
+    memcpy(x->pages, pages, np * sizeof(int32_t));
+    memcpy(x->tok, tok, len * sizeof(int32_t));
+    x->fkey = page_key(x->tok, pc->page_size);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* tree surgery                                                                                               */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* Splits c after m tokens (0 < m < c->len, page-aligned): a new node p takes the first m tokens and c's place
+ * under its parent; c keeps the rest, its identity (handles stay valid: they now name the lower part, whose
+ * root path covers the same tokens) and its tick. p inherits c's lock count: every lock through c runs through p.
+ * prefix_mem holds room for m tokens and their pages. */
+static node *split(kvhal_prefix_cache *pc, node *c, size_t m, int32_t *prefix_mem, size_t prefix_words)
+{
+    size_t ps = (size_t)pc->page_size;
+    node *p = node_take(pc);
+    edge_fill(pc, p, prefix_mem, prefix_words, c->tok, c->pages, m);
+    p->parent = c->parent;
+    p->end = c->end - c->len + m;
+    p->tick = c->tick;
+    p->lock_ref = c->lock_ref;
+    p->nchild = 1;
+    /* p has c's (parent, first page): it takes c's slot in the table as is. */
+    pc->tab[tab_slot_of(pc, c)].n = p;
+
+    c->tok += m;
+    c->pages += m / ps;
+    c->len -= m;
+    c->parent = p;
+    c->fkey = page_key(c->tok, pc->page_size);
+    tab_insert_node(pc, c);
+
+    /* The dead part of c's buffer (the head it gave away) may not outgrow what is live in it. */
+    size_t np = c->len / ps;
+    size_t dead = c->mem_words - (np + c->len);
+    if (dead > np + c->len) {
+        memmove(c->mem, c->pages, np * sizeof(int32_t));
+        memmove(c->mem + np, c->tok, c->len * sizeof(int32_t));
+        c->pages = c->mem;
+        c->tok = c->mem + np;
+        int32_t *shrunk = kvhal__realloc(c->mem, (np + c->len) * sizeof(int32_t));
+        if (shrunk) { /* keeping the larger block when the shrink fails is harmless */
+            c->mem = shrunk;
+            c->pages = shrunk;
+            c->tok = shrunk + np;
+            c->mem_words = np + c->len;
+        }
+    }
+    return p;
+}
+
+static void touch(kvhal_prefix_cache *pc, node *x, uint64_t now)
+{
+    if (x == &pc->root) return;
+    if (x->heap_idx >= 0) {
+        x->tick = now;
+        pc->heap[x->heap_idx].tick = now;
+        heap_sift_down(pc, (size_t)x->heap_idx); /* now is the newest tick: the entry only sinks */
+        x = x->parent;
+    }
+    for (; x != &pc->root; x = x->parent) x->tick = now;
+}
+
+/* Where tokens[0..n) leaves the tree: the deepest fully matched node, and the edge it diverges in (if any)
+ * with the matched length inside it. */
+typedef struct walk {
+    node *last;    /* deepest node whose whole edge matched (root if none) */
+    node *partial; /* child of last matched only in part (NULL if none) */
+    size_t in_partial; /* page-aligned tokens matched inside partial (> 0) */
+    size_t pos;    /* total matched tokens, page-aligned */
+} walk;
+
+static void walk_tokens(const kvhal_prefix_cache *pc, const int32_t *tokens, size_t n, walk *w)
+{
+    size_t ps = (size_t)pc->page_size;
+    node *x = (node *)&pc->root;
+    size_t pos = 0;
+    w->partial = NULL;
+    w->in_partial = 0;
+    while (pos < n && pc->tab_count) {
+        node *c = tab_find(pc, x, tokens + pos);
+        if (!c) break;
+        size_t lim = c->len < n - pos ? c->len : n - pos;
+        size_t m = common_len(c->tok, tokens + pos, lim);
+        if (m == c->len) {
+            pos += m;
+            x = c;
+            continue;
+        }
+        m -= m % ps; /* >= one page: the first page matched in the table */
+        w->partial = c;
+        w->in_partial = m;
+        pos += m;
+        break;
+    }
+    w->last = x;
+    w->pos = pos;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* public API                                                                                                 */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+kvhal_status kvhal_prefix_cache_create(kvhal_prefix_kind kind, int32_t page_size, kvhal_prefix_cache **out)
+{
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    if (kind != KVHAL_PREFIX_NAIVE && kind != KVHAL_PREFIX_RADIX)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "kind: %d is not a prefix cache kind (0 naive, 1 radix)", (int)kind);
+    if (page_size < 1) return kvhal__err(KVHAL_INVALID_ARGUMENT, "page_size: %d must be >= 1", (int)page_size);
+    kvhal_prefix_cache *pc = kvhal__calloc(1, sizeof *pc);
+    if (!pc) return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix cache: no memory for the cache");
+    pc->kind = kind;
+    pc->page_size = page_size;
+    pc->root.magic = NODE_MAGIC;
+    pc->root.owner = pc;
+    pc->root.heap_idx = -1;
+    pc->root.id = UINT32_MAX;
+    pc->magic = PC_MAGIC;
+    *out = pc;
+    return KVHAL_OK;
+}
+
+static void drop_all(kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
+{
+    size_t ps = (size_t)pc->page_size;
+    for (slab *s = pc->slabs; s; s = s->next)
+        for (int i = 0; i < SLAB_NODES; i++) {
+            node *x = &s->nodes[i];
+            if (x->magic != NODE_MAGIC) continue;
+            if (fn && x->len) fn(x->pages, x->len / ps, user);
+            node_release(pc, x);
+        }
+    if (pc->tab) memset(pc->tab, 0, pc->tab_size * sizeof *pc->tab);
+    pc->tab_count = 0;
+    pc->heap_n = 0;
+    pc->root.nchild = 0;
+    pc->evictable_tokens = pc->protected_tokens = 0;
+}
+
+kvhal_status kvhal_prefix_cache_destroy(kvhal_prefix_cache *pc)
+{
+    if (!pc) return KVHAL_OK;
+    KVHAL_TRY(check_pc(pc));
+    drop_all(pc, NULL, NULL);
+    pc->magic = KVHAL_MAGIC_DEAD;
+    pc->root.magic = KVHAL_MAGIC_DEAD;
+    for (slab *s = pc->slabs, *nx; s; s = nx) {
+        nx = s->next;
+        free(s);
+    }
+    free(pc->tab);
+    free(pc->heap);
+    free(pc);
+    return KVHAL_OK;
+}
+
+int32_t kvhal_prefix_cache_page_size(const kvhal_prefix_cache *pc)
+{
+    return (pc && pc->magic == PC_MAGIC) ? pc->page_size : 0;
+}
+
+kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+                                kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages, size_t pages_cap)
+{
+    KVHAL_TRY(check_pc(pc));
+    KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
+    KVHAL_CHECK_ARG(pages || pages_cap == 0, "pages: NULL with pages_cap %zu", pages_cap);
+    if (handle) *handle = NULL;
+    if (cached_len) *cached_len = 0;
+    if (pc->kind == KVHAL_PREFIX_NAIVE) return KVHAL_OK;
+
+    size_t ps = (size_t)pc->page_size;
+    size_t n = num_tokens - num_tokens % ps;
+    walk w;
+    walk_tokens(pc, tokens, n, &w);
+    if (w.pos / ps > pages_cap)
+        return kvhal__err(KVHAL_OUT_OF_RANGE, "pages_cap: %zu is too small for the %zu cached pages of %zu tokens",
+                          pages_cap, w.pos / ps, w.pos);
+    node *x = w.last;
+    if (w.partial) {
+        /* The handle must end exactly at the match so that lock() protects exactly what the caller uses. */
+        size_t words;
+        KVHAL_TRY(reserve(pc, 1));
+        int32_t *mem = edge_alloc(pc, w.in_partial, &words);
+        if (!mem) return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix match: no memory to split a node at %zu tokens",
+                                    w.in_partial);
+        x = split(pc, w.partial, w.in_partial, mem, words);
+    }
+    touch(pc, x, ++pc->clock);
+    for (node *y = x; y != &pc->root; y = y->parent)
+        memcpy(pages + (y->end - y->len) / ps, y->pages, y->len / ps * sizeof(int32_t));
+    if (handle) *handle = (x == &pc->root) ? NULL : x;
+    if (cached_len) *cached_len = w.pos;
+    return KVHAL_OK;
+}
+
+static void unlock_path(kvhal_prefix_cache *pc, node *handle);
+
+kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
+{
+    KVHAL_TRY(check_pc(pc));
+    if (!handle) return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: NULL (match found nothing: there is nothing to lock)");
+    if (handle == &pc->root) return KVHAL_OK;
+    if (pc->kind == KVHAL_PREFIX_NAIVE)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p, but a naive prefix cache only hands out NULL",
+                          (void *)handle);
+    KVHAL_TRY(check_handle(pc, handle));
+    node *top = handle;
+    while (top->parent != &pc->root) top = top->parent;
+    if (top->lock_ref == INT32_MAX)
+        return kvhal__err(KVHAL_OUT_OF_RANGE, "handle: %p, its path already holds %d locks", (void *)handle,
+                          (int)INT32_MAX);
+    for (node *x = handle; x != &pc->root; x = x->parent) {
+        if (x->lock_ref++ == 0) {
+            pc->evictable_tokens -= x->len;
+            pc->protected_tokens += x->len;
+            if (x->heap_idx >= 0) heap_remove(pc, x);
+        }
+    }
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
+{
+    KVHAL_TRY(check_pc(pc));
+    if (!handle) return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: NULL (match found nothing: there is nothing to unlock)");
+    if (handle == &pc->root) return KVHAL_OK;
+    if (pc->kind == KVHAL_PREFIX_NAIVE)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p, but a naive prefix cache only hands out NULL",
+                          (void *)handle);
+    KVHAL_TRY(check_handle(pc, handle));
+    if (handle->lock_ref <= 0)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: %p is not locked (unlock without a matching lock)",
+                          (void *)handle);
+    unlock_path(pc, handle);
+    return KVHAL_OK;
+}
+
+/* Insert with an optional check that `must` (a locked match of this request) lies on the tokens' path and that
+ * pages[] repeats the cached pages up to it; the cache manager uses it so that a wrong handle or page list can
+ * never put one page in two places. */
+static kvhal_status insert_impl(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+                                const int32_t *pages, kvhal_prefix_handle must, size_t *already_cached)
+{
+    size_t ps = (size_t)pc->page_size;
+    size_t n = num_tokens - num_tokens % ps;
+    walk w;
+    walk_tokens(pc, tokens, n, &w);
+
+    if (must) {
+        size_t need = must->end;
+        bool on_path = false;
+        for (node *y = w.last; y != &pc->root; y = y->parent)
+            if (y == must) {
+                on_path = true;
+                break;
+            }
+        if (!on_path)
+            return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: its %zu cached tokens are not a prefix of tokens "
+                              "(they share %zu)", need, w.pos);
+        for (node *y = must; y != &pc->root; y = y->parent) {
+            const int32_t *mine = pages + (y->end - y->len) / ps;
+            size_t np = y->len / ps;
+            if (memcmp(mine, y->pages, np * sizeof(int32_t)) != 0) {
+                size_t k = 0;
+                while (mine[k] == y->pages[k]) k++;
+                return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: %d, but the matched prefix holds page %d "
+                                  "there", (y->end - y->len) / ps + k, (int)mine[k], (int)y->pages[k]);
+            }
+        }
+    }
+
+    size_t fresh = n - w.pos; /* tokens that get a new leaf */
+    for (size_t i = w.pos / ps; i < n / ps; i++)
+        if (pages[i] < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: %d is negative", i, (int)pages[i]);
+
+    size_t need_nodes = (w.partial ? 1 : 0) + (fresh ? 1 : 0);
+    int32_t *split_mem = NULL, *leaf_mem = NULL;
+    size_t split_words = 0, leaf_words = 0;
+    if (need_nodes) {
+        KVHAL_TRY(reserve(pc, need_nodes));
+        if (w.partial && !(split_mem = edge_alloc(pc, w.in_partial, &split_words)))
+            return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix insert: no memory to split a node at %zu tokens",
+                              w.in_partial);
+        if (fresh && !(leaf_mem = edge_alloc(pc, fresh, &leaf_words))) {
+            free(split_mem);
+            return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix insert: no memory for %zu new tokens", fresh);
+        }
+    }
+
+    uint64_t now = ++pc->clock;
+    node *x = w.last;
+    if (w.partial) x = split(pc, w.partial, w.in_partial, split_mem, split_words);
+    if (fresh) {
+        node *leaf = node_take(pc);
+        edge_fill(pc, leaf, leaf_mem, leaf_words, tokens + w.pos, pages + w.pos / ps, fresh);
+        leaf->parent = x;
+        leaf->end = n;
+        leaf->tick = now;
+        tab_insert_node(pc, leaf);
+        if (x->heap_idx >= 0) heap_remove(pc, x);
+        x->nchild++;
+        pc->evictable_tokens += fresh;
+        heap_push(pc, leaf);
+        x = leaf;
+    }
+    touch(pc, x, now);
+    if (already_cached) *already_cached = w.pos;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_prefix_insert(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+                                 const int32_t *pages, size_t *already_cached)
+{
+    KVHAL_TRY(check_pc(pc));
+    size_t ps = (size_t)pc->page_size;
+    KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
+    KVHAL_CHECK_ARG(pages || num_tokens < ps, "pages: NULL for %zu pages", num_tokens / ps);
+    if (pc->kind == KVHAL_PREFIX_NAIVE) {
+        /* Keeps nothing: every page stays the caller's. */
+        if (already_cached) *already_cached = num_tokens - num_tokens % ps;
+        return KVHAL_OK;
+    }
+    return insert_impl(pc, tokens, num_tokens, pages, NULL, already_cached);
+}
+
+static void unlock_path(kvhal_prefix_cache *pc, node *handle)
+{
+    for (node *x = handle; x != &pc->root; x = x->parent) {
+        if (--x->lock_ref == 0) {
+            pc->protected_tokens -= x->len;
+            pc->evictable_tokens += x->len;
+            if (x->nchild == 0) heap_push(pc, x);
+        }
+    }
+}
+
+kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+                                         const int32_t *pages, kvhal_prefix_handle handle, size_t *already_cached)
+{
+    KVHAL_TRY(check_pc(pc));
+    size_t ps = (size_t)pc->page_size;
+    KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
+    KVHAL_CHECK_ARG(pages || num_tokens < ps, "pages: NULL for %zu pages", num_tokens / ps);
+    if (handle == &pc->root) handle = NULL;
+    if (pc->kind == KVHAL_PREFIX_NAIVE) {
+        if (handle)
+            return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p, but a naive prefix cache only hands out NULL",
+                              (void *)handle);
+        if (already_cached) *already_cached = num_tokens - num_tokens % ps;
+        return KVHAL_OK;
+    }
+    if (handle) {
+        KVHAL_TRY(check_handle(pc, handle));
+        if (handle->lock_ref <= 0)
+            return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: %p is not locked (finished twice?)", (void *)handle);
+    }
+    KVHAL_TRY(insert_impl(pc, tokens, num_tokens, pages, handle, already_cached));
+    if (handle) unlock_path(pc, handle);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle, size_t *len)
+{
+    KVHAL_TRY(check_pc(pc));
+    *len = 0;
+    if (!handle || handle == &pc->root) return KVHAL_OK;
+    if (pc->kind == KVHAL_PREFIX_NAIVE)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p, but a naive prefix cache only hands out NULL",
+                          (void *)handle);
+    KVHAL_TRY(check_handle(pc, handle));
+    *len = handle->end;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_prefix_evict(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn, void *user,
+                                size_t *evicted)
+{
+    KVHAL_TRY(check_pc(pc));
+    if (evicted) *evicted = 0;
+    if (num_tokens == 0) return KVHAL_OK;
+    if (pc->kind == KVHAL_PREFIX_NAIVE)
+        return kvhal__err(KVHAL_UNSUPPORTED, "num_tokens: %zu, but a naive prefix cache holds nothing to evict",
+                          num_tokens);
+    size_t ps = (size_t)pc->page_size;
+    size_t done = 0;
+    while (done < num_tokens && pc->heap_n) {
+        node *x = pc->heap[0].n;
+        heap_remove(pc, x);
+        node *p = x->parent;
+        if (fn) fn(x->pages, x->len / ps, user);
+        done += x->len;
+        pc->evictable_tokens -= x->len;
+        tab_erase_slot(pc, tab_slot_of(pc, x));
+        node_release(pc, x);
+        if (--p->nchild == 0 && p != &pc->root && p->lock_ref == 0) heap_push(pc, p);
+    }
+    if (evicted) *evicted = done;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_prefix_size_info_get(const kvhal_prefix_cache *pc, kvhal_prefix_size_info *out)
+{
+    KVHAL_TRY(check_pc(pc));
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    out->evictable_tokens = pc->evictable_tokens;
+    out->protected_tokens = pc->protected_tokens;
+    out->total_tokens = pc->evictable_tokens + pc->protected_tokens;
+    out->num_nodes = pc->num_nodes;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_prefix_reset(kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
+{
+    KVHAL_TRY(check_pc(pc));
+    drop_all(pc, fn, user);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal__prefix_for_each_page(const kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
+{
+    KVHAL_TRY(check_pc(pc));
+    size_t ps = (size_t)pc->page_size;
+    for (const slab *s = pc->slabs; s; s = s->next)
+        for (int i = 0; i < SLAB_NODES; i++) {
+            const node *x = &s->nodes[i];
+            if (x->magic == NODE_MAGIC && x->len) fn(x->pages, x->len / ps, user);
+        }
+    return KVHAL_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* integrity                                                                                                  */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct scratch {
+    uint32_t *children;  /* per slot id (+1 for the root at index num_slots) */
+    int64_t *lock_sum;   /* sum of the children's lock counts */
+    int32_t *pages;
+    size_t npages;
+} scratch;
+
+static kvhal_status check_node(const kvhal_prefix_cache *pc, const node *x, scratch *sc, size_t *evictable,
+                               size_t *protect, size_t *leaves)
+{
+    size_t ps = (size_t)pc->page_size;
+    const node *p = x->parent;
+    if (x->owner != pc) return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has another owner", x->id);
+    if (!p || (p != &pc->root && (p->magic != NODE_MAGIC || p->owner != pc)))
+        return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has a parent that is not a live node", x->id);
+    if (x->len == 0 || x->len % ps)
+        return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u holds %zu tokens, not a positive multiple of the "
+                          "page size %zu", x->id, x->len, ps);
+    if (x->end != p->end + x->len)
+        return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u ends at %zu, its parent at %zu, its edge is %zu long",
+                          x->id, x->end, p->end, x->len);
+    if (x->tok < x->mem || x->pages < x->mem || (size_t)(x->tok - x->mem) + x->len > x->mem_words ||
+        (size_t)(x->pages - x->mem) + x->len / ps > (size_t)(x->tok - x->mem))
+        return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has its tokens or pages outside its buffer", x->id);
+    if (x->fkey != page_key(x->tok, pc->page_size))
+        return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has a stale first-page key", x->id);
+    if (tab_find(pc, p, x->tok) != x)
+        return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u cannot be found from its parent (or a sibling "
+                          "starts with the same page)", x->id);
+    if (x->tick > pc->clock || (p != &pc->root && p->tick < x->tick))
+        return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u was used at tick %llu, after its parent (%llu)",
+                          x->id, (unsigned long long)x->tick, (unsigned long long)p->tick);
+    if (x->lock_ref < 0) return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has %d locks", x->id, x->lock_ref);
+    bool leaf_free = x->nchild == 0 && x->lock_ref == 0;
+    if (leaf_free != (x->heap_idx >= 0))
+        return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u (%u children, %d locks) is %s the LRU heap", x->id,
+                          x->nchild, x->lock_ref, x->heap_idx >= 0 ? "in" : "missing from");
+    if (x->heap_idx >= 0 && ((size_t)x->heap_idx >= pc->heap_n || pc->heap[x->heap_idx].n != x ||
+                             pc->heap[x->heap_idx].tick != x->tick))
+        return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has a wrong LRU heap entry", x->id);
+    *leaves += leaf_free;
+    if (x->lock_ref) *protect += x->len; else *evictable += x->len;
+    size_t pi = p == &pc->root ? pc->num_slots : p->id;
+    sc->children[pi]++;
+    sc->lock_sum[pi] += x->lock_ref;
+    for (size_t i = 0; i < x->len / ps; i++) {
+        if (x->pages[i] < 0)
+            return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u holds a negative page %d", x->id, x->pages[i]);
+        sc->pages[sc->npages++] = x->pages[i];
+    }
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_prefix_check_integrity(const kvhal_prefix_cache *pc)
+{
+    KVHAL_TRY(check_pc(pc));
+    if (pc->kind == KVHAL_PREFIX_NAIVE) {
+        if (pc->num_nodes || pc->evictable_tokens || pc->protected_tokens)
+            return kvhal__err(KVHAL_INTEGRITY, "naive prefix cache: holds nodes or tokens");
+        return KVHAL_OK;
+    }
+    size_t ps = (size_t)pc->page_size;
+    size_t total = pc->evictable_tokens + pc->protected_tokens;
+    scratch sc = {0};
+    sc.children = kvhal__calloc((size_t)pc->num_slots + 1, sizeof *sc.children);
+    sc.lock_sum = kvhal__calloc((size_t)pc->num_slots + 1, sizeof *sc.lock_sum);
+    sc.pages = kvhal__malloc((total / ps + 1) * sizeof *sc.pages);
+    kvhal_status st = KVHAL_OK;
+    if (!sc.children || !sc.lock_sum || !sc.pages) {
+        st = kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix cache check: no memory for the scratch of %u nodes",
+                        pc->num_slots);
+        goto done;
+    }
+    size_t live = 0, evictable = 0, protect = 0, leaves = 0, free_seen = 0;
+    for (const slab *s = pc->slabs; s && st == KVHAL_OK; s = s->next)
+        for (int i = 0; i < SLAB_NODES && st == KVHAL_OK; i++) {
+            const node *x = &s->nodes[i];
+            if (x->magic != NODE_MAGIC) continue;
+            if (++live > pc->num_nodes || (x->len / ps) > total / ps - sc.npages) {
+                st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: more nodes or pages than the counts say (%zu nodes, "
+                                "%zu tokens)", pc->num_nodes, total);
+                break;
+            }
+            st = check_node(pc, x, &sc, &evictable, &protect, &leaves);
+        }
+    if (st != KVHAL_OK) goto done;
+    for (const node *f = pc->free_nodes; f && free_seen <= pc->num_slots; f = f->parent) free_seen++;
+    if (live != pc->num_nodes || free_seen != pc->free_count || live + free_seen != pc->num_slots) {
+        st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: %zu live + %zu free nodes, expected %zu + %zu of %u slots",
+                        live, free_seen, pc->num_nodes, pc->free_count, pc->num_slots);
+        goto done;
+    }
+    if (evictable != pc->evictable_tokens || protect != pc->protected_tokens) {
+        st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: nodes hold %zu evictable + %zu protected tokens, counters say "
+                        "%zu + %zu", evictable, protect, pc->evictable_tokens, pc->protected_tokens);
+        goto done;
+    }
+    if (leaves != pc->heap_n || pc->tab_count != live) {
+        st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: %zu unlocked leaves but %zu heap entries; %zu nodes but %zu "
+                        "table entries", leaves, pc->heap_n, live, pc->tab_count);
+        goto done;
+    }
+    for (size_t i = 1; i < pc->heap_n; i++)
+        if (pc->heap[(i - 1) / 2].tick > pc->heap[i].tick) {
+            st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: LRU heap order broken at entry %zu", i);
+            goto done;
+        }
+    if (sc.children[pc->num_slots] != pc->root.nchild) {
+        st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: root child count broken");
+        goto done;
+    }
+    for (const slab *s = pc->slabs; s; s = s->next)
+        for (int i = 0; i < SLAB_NODES; i++) {
+            const node *x = &s->nodes[i];
+            if (x->magic != NODE_MAGIC) continue;
+            if (sc.children[x->id] != x->nchild) {
+                st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u counts %u children, has %u", x->id, x->nchild,
+                                sc.children[x->id]);
+                goto done;
+            }
+            if (sc.lock_sum[x->id] > x->lock_ref) {
+                st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has %d locks, fewer than its children's %lld",
+                                x->id, x->lock_ref, (long long)sc.lock_sum[x->id]);
+                goto done;
+            }
+        }
+    if (sc.npages != total / ps) {
+        st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: %zu pages for %zu tokens", sc.npages, total);
+        goto done;
+    }
+    qsort(sc.pages, sc.npages, sizeof *sc.pages, cmp_i32);
+    for (size_t i = 1; i < sc.npages; i++)
+        if (sc.pages[i] == sc.pages[i - 1]) {
+            st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: page %d is held in two places", sc.pages[i]);
+            goto done;
+        }
+done:
+    free(sc.children);
+    free(sc.lock_sum);
+    free(sc.pages);
+    return st;
+}

@@ -1,0 +1,508 @@
+/* test_cache_manager.c — the cache manager: allocation that evicts when free pages run short and fails without a
+ * partial allocation, cache_finished (insert, duplicate and tail pages freed, unlock), the page accounting that
+ * check_integrity verifies, refusal of a caller's bookkeeping errors without any change, the naive kind, and a
+ * randomized serving simulation where every page carries a shadow of the token prefix written into it, so that a
+ * prefix hit returning a wrong page is caught. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvhal.h"
+
+static kvhal_cache_manager *make(int32_t total, int32_t ps, kvhal_prefix_kind kind)
+{
+    kvhal_cache_manager *cm = NULL;
+    assert_int_equal(kvhal_cache_manager_create(total, ps, kind, &cm), KVHAL_OK);
+    assert_non_null(cm);
+    assert_non_null(kvhal_cache_manager_prefix(cm));
+    return cm;
+}
+
+static void ok(const kvhal_cache_manager *cm)
+{
+    kvhal_status st = kvhal_cache_manager_check_integrity(cm);
+    if (st != KVHAL_OK) fail_msg("%s", kvhal_last_error());
+}
+
+static kvhal_prefix_size_info info(kvhal_cache_manager *cm)
+{
+    kvhal_prefix_size_info si;
+    assert_int_equal(kvhal_prefix_size_info_get(kvhal_cache_manager_prefix(cm), &si), KVHAL_OK);
+    return si;
+}
+
+static void seq(int32_t *t, size_t n, int32_t start)
+{
+    for (size_t i = 0; i < n; i++) t[i] = start + (int32_t)i;
+}
+
+/* One request: match + lock, allocate the rest, finish. Returns the cached length it found. */
+static size_t run_request(kvhal_cache_manager *cm, const int32_t *t, size_t n)
+{
+    int32_t ps = kvhal_prefix_cache_page_size(kvhal_cache_manager_prefix(cm));
+    int32_t pages[256];
+    size_t np = (n + (size_t)ps - 1) / (size_t)ps;
+    kvhal_prefix_handle h;
+    size_t cached = 0;
+    assert_int_equal(kvhal_cache_manager_match(cm, t, n, &h, &cached, pages, 256), KVHAL_OK);
+    size_t have = cached / (size_t)ps;
+    assert_int_equal(kvhal_cache_manager_allocate(cm, (int32_t)(np - have), pages + have), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, n, pages, h), KVHAL_OK);
+    ok(cm);
+    return cached;
+}
+
+static void test_flow(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(16, 4, KVHAL_PREFIX_RADIX);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 16);
+    assert_int_equal(kvhal_cache_manager_available(cm), 16);
+    int32_t a[20];
+    seq(a, 20, 1);
+    assert_int_equal(run_request(cm, a, 20), 0);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 11);
+    assert_int_equal(kvhal_cache_manager_available(cm), 16); /* 11 free + 5 evictable */
+    assert_int_equal(info(cm).total_tokens, 20);
+
+    /* B shares 12 tokens, has 18: the matched 3 pages are reused, one new full page is cached, the tail freed */
+    int32_t b[18];
+    seq(b, 18, 1);
+    b[12] = 99;
+    kvhal_prefix_handle h;
+    size_t cached;
+    int32_t pages[8];
+    assert_int_equal(kvhal_cache_manager_match(cm, b, 18, &h, &cached, pages, 8), KVHAL_OK);
+    assert_int_equal(cached, 12);
+    assert_int_equal(info(cm).protected_tokens, 12);
+    assert_int_equal(kvhal_cache_manager_available(cm), 13); /* locked pages are not available */
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 2, pages + 3), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 9);
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, b, 18, pages, h), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 10);
+    assert_int_equal(info(cm).total_tokens, 24);
+    assert_int_equal(info(cm).protected_tokens, 0);
+    assert_int_equal(run_request(cm, b, 18), 16);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
+/* Two requests with the same new prompt run at the same time: the second to finish finds it cached and its
+ * pages go back to the free pool. */
+static void test_duplicates_freed(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(16, 2, KVHAL_PREFIX_RADIX);
+    int32_t t[8];
+    seq(t, 8, 5);
+    kvhal_prefix_handle h1, h2;
+    size_t c1, c2;
+    int32_t p1[4], p2[4];
+    assert_int_equal(kvhal_cache_manager_match(cm, t, 8, &h1, &c1, p1, 4), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_match(cm, t, 8, &h2, &c2, p2, 4), KVHAL_OK);
+    assert_int_equal(c1 + c2, 0);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 4, p1), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 4, p2), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 8);
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 8, p1, h1), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 8, p2, h2), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 12);
+    int32_t out[4];
+    kvhal_prefix_handle h;
+    size_t got;
+    assert_int_equal(kvhal_prefix_match(kvhal_cache_manager_prefix(cm), t, 8, &h, &got, out, 4), KVHAL_OK);
+    assert_memory_equal(out, p1, sizeof out); /* the first finisher's pages are the cached ones */
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
+static void test_allocate_evicts(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(10, 1, KVHAL_PREFIX_RADIX);
+    int32_t a[4], b[4], c[2];
+    seq(a, 4, 100);
+    seq(b, 4, 200);
+    seq(c, 2, 300);
+    run_request(cm, a, 4);
+    run_request(cm, b, 4);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 2);
+    /* touch a: b is now the least recently used */
+    run_request(cm, a, 4);
+    int32_t pages[10];
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 5, pages), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_pages_evicted(cm), 4);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 1);
+    int32_t out[4];
+    size_t got;
+    kvhal_prefix_handle h;
+    assert_int_equal(kvhal_prefix_match(kvhal_cache_manager_prefix(cm), a, 4, &h, &got, out, 4), KVHAL_OK);
+    assert_int_equal(got, 4);
+    assert_int_equal(kvhal_prefix_match(kvhal_cache_manager_prefix(cm), b, 4, &h, &got, out, 4), KVHAL_OK);
+    assert_int_equal(got, 0);
+
+    /* a is locked by a running request: nothing can be evicted, allocation fails and changes nothing */
+    kvhal_prefix_handle ha;
+    assert_int_equal(kvhal_cache_manager_match(cm, a, 4, &ha, &got, out, 4), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_available(cm), 1);
+    int32_t more[4] = {-1, -1, -1, -1};
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 2, more), KVHAL_OUT_OF_MEMORY);
+    assert_non_null(strstr(kvhal_last_error(), "n: 2"));
+    assert_int_equal(more[0], -1);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 1);
+    assert_int_equal(info(cm).total_tokens, 4);
+    assert_int_equal(kvhal_cache_manager_pages_evicted(cm), 4);
+    ok(cm);
+    /* freeing the running request's own pages and unlocking makes room */
+    assert_int_equal(kvhal_cache_manager_free(cm, pages, 5), KVHAL_OK);
+    assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), ha), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 10, pages), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_pages_evicted(cm), 8);
+    assert_int_equal(kvhal_cache_manager_available(cm), 0);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_free(cm, pages, 10), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
+static void test_evict_api(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(32, 4, KVHAL_PREFIX_RADIX);
+    int32_t t[16];
+    for (int r = 0; r < 4; r++) {
+        seq(t, 16, 100 * r);
+        run_request(cm, t, 16);
+    }
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 16);
+    size_t ev = 0;
+    assert_int_equal(kvhal_cache_manager_evict(cm, 20, &ev), KVHAL_OK);
+    assert_int_equal(ev, 32); /* whole leaves: two of 16 tokens */
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 24);
+    assert_int_equal(kvhal_cache_manager_pages_evicted(cm), 8);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_evict(cm, 1000, &ev), KVHAL_OK);
+    assert_int_equal(ev, 32);
+    assert_int_equal(kvhal_cache_manager_evict(cm, 1000, &ev), KVHAL_OK);
+    assert_int_equal(ev, 0);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 32);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
+/* Wrong pages, a tree page freed by a request, a handle finished twice: refused with a message, nothing changed. */
+static void test_misuse_refused(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(16, 2, KVHAL_PREFIX_RADIX);
+    int32_t t[8];
+    seq(t, 8, 1);
+    run_request(cm, t, 8);
+    kvhal_prefix_handle h;
+    size_t cached;
+    int32_t pages[6];
+    int32_t u[12];
+    seq(u, 12, 1);
+    assert_int_equal(kvhal_cache_manager_match(cm, u, 12, &h, &cached, pages, 6), KVHAL_OK);
+    assert_int_equal(cached, 8);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 2, pages + 4), KVHAL_OK);
+    ok(cm);
+    int free_before = kvhal_cache_manager_num_free(cm);
+
+    /* a request may not free pages it got from match */
+    assert_int_equal(kvhal_cache_manager_free(cm, pages, 1), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "prefix cache"));
+    /* nor a page twice, nor a free page, nor one out of range */
+    int32_t twice[2] = {pages[4], pages[4]};
+    assert_int_equal(kvhal_cache_manager_free(cm, twice, 2), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "twice"));
+    int32_t nofree[1] = {15};
+    assert_int_equal(kvhal_cache_manager_free(cm, nofree, 1), KVHAL_INVALID_ARGUMENT);
+    int32_t far[1] = {16};
+    assert_int_equal(kvhal_cache_manager_free(cm, far, 1), KVHAL_OUT_OF_RANGE);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
+    ok(cm);
+
+    /* cache_finished with a matched page swapped for another */
+    int32_t wrong[6];
+    memcpy(wrong, pages, sizeof wrong);
+    wrong[1] = pages[4];
+    wrong[4] = pages[1];
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, u, 12, wrong, h), KVHAL_INVALID_ARGUMENT);
+    ok(cm);
+    /* tokens that do not extend the handle's prefix */
+    int32_t v[12];
+    seq(v, 12, 1);
+    v[3] = 77;
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, v, 12, pages, h), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "handle"));
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, u, 6, pages, h), KVHAL_INVALID_ARGUMENT);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
+    assert_int_equal(info(cm).protected_tokens, 8); /* still locked */
+
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, u, 12, pages, h), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(info(cm).total_tokens, 12);
+    assert_int_equal(info(cm).protected_tokens, 0);
+    /* finished twice: the handle is no longer locked */
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, u, 12, pages, h), KVHAL_INVALID_ARGUMENT);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, -1, pages), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 1, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_cache_manager_allocate(NULL, 1, pages), KVHAL_INVALID_HANDLE);
+    assert_int_equal(kvhal_cache_manager_check_integrity(NULL), KVHAL_INVALID_HANDLE);
+    assert_null(kvhal_cache_manager_prefix(NULL));
+    assert_int_equal(kvhal_cache_manager_available(NULL), 0);
+    kvhal_cache_manager *bad = (kvhal_cache_manager *)0x1;
+    assert_int_equal(kvhal_cache_manager_create(0, 1, KVHAL_PREFIX_RADIX, &bad), KVHAL_INVALID_ARGUMENT);
+    assert_null(bad);
+    assert_int_equal(kvhal_cache_manager_create(4, 1, (kvhal_prefix_kind)9, &bad), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
+/* Evicting behind the manager's back (through its prefix cache) is caught by check_integrity. */
+static void test_integrity_detects_lost_pages(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(8, 1, KVHAL_PREFIX_RADIX);
+    int32_t t[4];
+    seq(t, 4, 1);
+    run_request(cm, t, 4);
+    size_t ev;
+    assert_int_equal(kvhal_prefix_evict(kvhal_cache_manager_prefix(cm), 4, NULL, NULL, &ev), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_check_integrity(cm), KVHAL_INTEGRITY);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
+static void test_naive(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(8, 2, KVHAL_PREFIX_NAIVE);
+    int32_t t[7];
+    seq(t, 7, 1);
+    assert_int_equal(run_request(cm, t, 7), 0);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 8); /* everything went back */
+    assert_int_equal(run_request(cm, t, 7), 0);             /* never matches */
+    int32_t pages[8];
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 8, pages), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 1, pages), KVHAL_OUT_OF_MEMORY);
+    size_t ev = 9;
+    assert_int_equal(kvhal_cache_manager_evict(cm, 4, &ev), KVHAL_OK);
+    assert_int_equal(ev, 0);
+    assert_int_equal(kvhal_cache_manager_free(cm, pages, 8), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
+/* Every allocation failure inside create, allocate (with eviction) and cache_finished leaves no trace. */
+static void test_fault_injection(void **state)
+{
+    (void)state;
+    for (int64_t k = 1; k <= 8; k++) {
+        kvhal_cache_manager *cm = NULL;
+        kvhal_fault_inject_alloc(k);
+        kvhal_status st = kvhal_cache_manager_create(8, 1, KVHAL_PREFIX_RADIX, &cm);
+        kvhal_fault_inject_alloc(0);
+        if (st == KVHAL_OK) {
+            assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+            break;
+        }
+        assert_int_equal(st, KVHAL_OUT_OF_MEMORY);
+        assert_null(cm);
+    }
+    for (int64_t k = 1;; k++) {
+        assert_true(k < 50);
+        kvhal_cache_manager *cm = make(64, 2, KVHAL_PREFIX_RADIX);
+        int32_t t[40];
+        seq(t, 40, 1);
+        run_request(cm, t, 40);
+        t[31] = -9;
+        kvhal_prefix_handle h;
+        size_t cached;
+        int32_t pages[20];
+        assert_int_equal(kvhal_cache_manager_match(cm, t, 40, &h, &cached, pages, 20), KVHAL_OK);
+        assert_int_equal(cached, 30);
+        assert_int_equal(kvhal_cache_manager_allocate(cm, 5, pages + 15), KVHAL_OK);
+        int free_before = kvhal_cache_manager_num_free(cm);
+        kvhal_prefix_size_info before = info(cm);
+        kvhal_fault_inject_alloc(k);
+        kvhal_status st = kvhal_cache_manager_cache_finished(cm, t, 40, pages, h);
+        kvhal_fault_inject_alloc(0);
+        ok(cm);
+        if (st == KVHAL_OK) {
+            assert_int_equal(info(cm).total_tokens, before.total_tokens + 10);
+            assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+            break;
+        }
+        assert_int_equal(st, KVHAL_OUT_OF_MEMORY);
+        assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
+        assert_int_equal(info(cm).total_tokens, before.total_tokens);
+        assert_int_equal(info(cm).protected_tokens, before.protected_tokens);
+        assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 40, pages, h), KVHAL_OK);
+        ok(cm);
+        assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* randomized serving simulation                                                                              */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s += 0x9e3779b97f4a7c15ULL;
+    uint64_t z = *s;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+#define SIM_MAXLEN 160
+#define SIM_SLOTS 6
+
+typedef struct sim_req {
+    bool active;
+    int32_t tok[SIM_MAXLEN];
+    uint64_t hash[SIM_MAXLEN]; /* hash[i] = hash of tok[0..i] */
+    size_t len, target;        /* tokens so far, tokens at finish */
+    int32_t pages[SIM_MAXLEN];
+    kvhal_prefix_handle h;
+    size_t matched;
+} sim_req;
+
+static uint64_t hash_step(uint64_t h, int32_t t)
+{
+    h ^= (uint32_t)t + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdULL;
+}
+
+static void sim_write(uint64_t *shadow, int32_t ps, const sim_req *r, size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++) shadow[(size_t)r->pages[i / (size_t)ps] * (size_t)ps + i % (size_t)ps] = r->hash[i];
+}
+
+static void run_sim(int32_t ps, int32_t total, uint64_t seed, int steps)
+{
+    kvhal_cache_manager *cm = make(total, ps, KVHAL_PREFIX_RADIX);
+    uint64_t *shadow = calloc((size_t)total * (size_t)ps, sizeof(uint64_t));
+    sim_req *req = calloc(SIM_SLOTS, sizeof(sim_req));
+    assert_non_null(shadow);
+    assert_non_null(req);
+    uint64_t rng = seed;
+    int32_t sys[4][SIM_MAXLEN];
+    for (int s = 0; s < 4; s++)
+        for (int i = 0; i < SIM_MAXLEN; i++) sys[s][i] = (int32_t)(rng_next(&rng) % 50);
+    size_t hits = 0, finished = 0, dropped = 0, verified = 0;
+    for (int step = 0; step < steps; step++) {
+        sim_req *r = &req[rng_next(&rng) % SIM_SLOTS];
+        if (!r->active) {
+            /* admit: a system prompt of one of 4 groups, a random question, a target output length */
+            int g = (int)(rng_next(&rng) % 4);
+            size_t sys_len = 8 + (size_t)(rng_next(&rng) % 64);
+            size_t q_len = (size_t)(rng_next(&rng) % 24);
+            memcpy(r->tok, sys[g], sys_len * sizeof(int32_t));
+            for (size_t i = 0; i < q_len; i++) r->tok[sys_len + i] = (int32_t)(rng_next(&rng) % 50);
+            r->len = sys_len + q_len;
+            r->target = r->len + (size_t)(rng_next(&rng) % 40);
+            for (size_t i = 0; i < r->target; i++) {
+                if (i >= r->len) r->tok[i] = (int32_t)(rng_next(&rng) % 50);
+                r->hash[i] = hash_step(i ? r->hash[i - 1] : 0, r->tok[i]);
+            }
+            size_t cached = 0;
+            assert_int_equal(kvhal_cache_manager_match(cm, r->tok, r->len, &r->h, &cached, r->pages, SIM_MAXLEN),
+                             KVHAL_OK);
+            for (size_t i = 0; i < cached; i++) {
+                uint64_t got = shadow[(size_t)r->pages[i / (size_t)ps] * (size_t)ps + i % (size_t)ps];
+                assert_true(got == r->hash[i]); /* the cached page holds exactly this prefix */
+                verified++;
+            }
+            hits += cached > 0;
+            r->matched = cached;
+            size_t have = cached / (size_t)ps, need = (r->len + (size_t)ps - 1) / (size_t)ps;
+            kvhal_status st = kvhal_cache_manager_allocate(cm, (int32_t)(need - have), r->pages + have);
+            if (st != KVHAL_OK) {
+                assert_int_equal(st, KVHAL_OUT_OF_MEMORY);
+                if (r->h) assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), r->h), KVHAL_OK);
+                dropped++;
+            } else {
+                sim_write(shadow, ps, r, cached, r->len);
+                r->active = true;
+            }
+        } else if (r->len < r->target) {
+            /* decode one token: a new page at each page boundary */
+            if (r->len % (size_t)ps == 0) {
+                kvhal_status st = kvhal_cache_manager_allocate(cm, 1, r->pages + r->len / (size_t)ps);
+                if (st != KVHAL_OK) {
+                    /* preempted: give back its own pages, drop the lock */
+                    assert_int_equal(st, KVHAL_OUT_OF_MEMORY);
+                    size_t own = r->matched / (size_t)ps, np = (r->len + (size_t)ps - 1) / (size_t)ps;
+                    assert_int_equal(kvhal_cache_manager_free(cm, r->pages + own, (int32_t)(np - own)), KVHAL_OK);
+                    if (r->h) assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), r->h), KVHAL_OK);
+                    r->active = false;
+                    dropped++;
+                    goto check;
+                }
+            }
+            sim_write(shadow, ps, r, r->len, r->len + 1);
+            r->len++;
+        } else {
+            assert_int_equal(kvhal_cache_manager_cache_finished(cm, r->tok, r->len, r->pages, r->h), KVHAL_OK);
+            r->active = false;
+            finished++;
+        }
+    check:
+        if (step % 4 == 0 || ps > 1) ok(cm);
+    }
+    for (int s = 0; s < SIM_SLOTS; s++)
+        if (req[s].active)
+            assert_int_equal(kvhal_cache_manager_cache_finished(cm, req[s].tok, req[s].len, req[s].pages, req[s].h),
+                             KVHAL_OK);
+    ok(cm);
+    assert_int_equal(info(cm).protected_tokens, 0);
+    assert_int_equal(kvhal_cache_manager_available(cm), total);
+    /* the run must have exercised what it is meant to */
+    assert_true(hits > 50);
+    assert_true(finished > 50);
+    assert_true(verified > 1000);
+    assert_true(kvhal_cache_manager_pages_evicted(cm) > 0);
+    print_message("page size %d: %zu finished, %zu dropped for lack of pages, %zu prefix hits, %zu tokens verified\n",
+                  (int)ps, finished, dropped, hits, verified);
+    free(shadow);
+    free(req);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
+static void test_simulation(void **state)
+{
+    (void)state;
+    run_sim(1, 400, 11, 20000);
+    run_sim(4, 100, 12, 20000);
+    run_sim(16, 30, 13, 20000);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_flow),
+        cmocka_unit_test(test_duplicates_freed),
+        cmocka_unit_test(test_allocate_evicts),
+        cmocka_unit_test(test_evict_api),
+        cmocka_unit_test(test_misuse_refused),
+        cmocka_unit_test(test_integrity_detects_lost_pages),
+        cmocka_unit_test(test_naive),
+        cmocka_unit_test(test_fault_injection),
+        cmocka_unit_test(test_simulation),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

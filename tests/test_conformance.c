@@ -1,0 +1,674 @@
+/* test_conformance.c — every op on every device present, against the host reference (reference.c): paged caching
+ * over all input/cache dtypes (fp8 with scales), NHD and HND, odd strides, [batch, seq] inputs, i32/i64 and padding
+ * slots, out-of-range slots (CPU: error, nothing written; device backends: skipped + KVHAL_DEVICE_FAULT), then
+ * copy_blocks and tensor_copy, plus the number-format conversions themselves. The whole device buffer is compared
+ * after each op, so a stray write anywhere is caught. Device types with no device report their tests as skipped;
+ * an op a present device does not support is a failure. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <math.h>
+
+#include "kvhal.h"
+#include "reference.h"
+
+typedef struct dev_ctx {
+    kvhal_device dev;
+    bool present;
+} dev_ctx;
+
+#define OK(expr)                                                                                                \
+    do {                                                                                                        \
+        kvhal_status st_ = (expr);                                                                              \
+        if (st_ != KVHAL_OK) fail_msg("%s: %s (%s)", #expr, kvhal_status_name(st_), kvhal_last_error());       \
+    } while (0)
+
+static kvhal_device device_of(void **state)
+{
+    dev_ctx *c = *state;
+    if (!c->present) skip();
+    return c->dev;
+}
+
+/* ---- device buffers with host mirrors ---- */
+
+typedef struct dbuf {
+    kvhal_buffer *buf;
+    uint8_t *mirror;
+    size_t size;
+} dbuf;
+
+static void dbuf_upload(dbuf *b) { OK(kvhal_memcpy_h2d(b->buf, 0, b->mirror, b->size, NULL)); }
+
+/* A buffer of random bytes (mirror == device). */
+static void dbuf_make(dbuf *b, kvhal_device dev, size_t size, ref_rng *r)
+{
+    b->size = size;
+    b->mirror = malloc(size);
+    assert_non_null(b->mirror);
+    for (size_t i = 0; i < size; i++) b->mirror[i] = (uint8_t)ref_rand(r);
+    OK(kvhal_buffer_create(dev, size, &b->buf));
+    dbuf_upload(b);
+}
+
+/* Fills the whole buffer with finite values of dtype dt (as if it were one array of dt). */
+static void dbuf_fill_values(dbuf *b, kvhal_dtype dt, ref_rng *r, float scale)
+{
+    size_t es = kvhal_dtype_size(dt), n = b->size / es;
+    for (size_t i = 0; i < n; i++) {
+        float x;
+        uint64_t pick = ref_rand_below(r, 8);
+        if (pick == 0 && (dt == KVHAL_F32 || dt == KVHAL_F16 || dt == KVHAL_BF16)) {
+            /* an exact tie between two neighbouring fp8 values (either format), times the scale */
+            kvhal_dtype f = ref_rand(r) & 1 ? KVHAL_FP8_E4M3 : KVHAL_FP8_E5M2;
+            uint8_t c = (uint8_t)ref_rand_below(r, f == KVHAL_FP8_E4M3 ? 0x7e : 0x7b);
+            x = (float)((ref_fp8_decode(c, f) + ref_fp8_decode((uint8_t)(c + 1), f)) / 2 * scale);
+            if (ref_rand(r) & 1) x = -x;
+        } else if (pick == 1) {
+            x = 0.0f;
+        } else {
+            x = ref_rand_float(r, -18, 17) * scale;
+        }
+        uint8_t *p = b->mirror + i * es;
+        if (dt == KVHAL_F32) memcpy(p, &x, 4);
+        else if (dt == KVHAL_F16) {
+            uint16_t h = ref_f16_encode(x);
+            memcpy(p, &h, 2);
+        } else if (dt == KVHAL_BF16) {
+            uint16_t h = ref_bf16_encode(x);
+            memcpy(p, &h, 2);
+        }
+    }
+    dbuf_upload(b);
+}
+
+/* The device's bytes must equal the mirror. */
+static void dbuf_expect(const dbuf *b, const char *what)
+{
+    uint8_t *got = malloc(b->size);
+    assert_non_null(got);
+    OK(kvhal_memcpy_d2h(got, b->buf, 0, b->size, NULL));
+    for (size_t i = 0; i < b->size; i++) {
+        if (got[i] != b->mirror[i]) {
+            fail_msg("%s: byte %zu of %zu is 0x%02x, the reference has 0x%02x", what, i, b->size, got[i],
+                     b->mirror[i]);
+        }
+    }
+    free(got);
+}
+
+static void dbuf_free(dbuf *b)
+{
+    if (b->buf) OK(kvhal_buffer_destroy(b->buf));
+    free(b->mirror);
+    memset(b, 0, sizeof *b);
+}
+
+static kvhal_tensor tensor(const dbuf *b, size_t offset, kvhal_dtype dt, int ndim, const int64_t *shape,
+                           const int64_t *strides)
+{
+    kvhal_tensor t;
+    OK(kvhal_tensor_make(b->buf, offset, dt, ndim, shape, strides, &t));
+    return t;
+}
+
+static void store_slot(dbuf *b, kvhal_dtype dt, int64_t elem, int64_t v)
+{
+    if (dt == KVHAL_I32) {
+        int32_t x = (int32_t)v;
+        memcpy(b->mirror + elem * 4, &x, 4);
+    } else {
+        memcpy(b->mirror + elem * 8, &v, 8);
+    }
+}
+
+/* ---- conversions (device independent; run once, on the host entry) ---- */
+
+static void test_conversions(void **state)
+{
+    (void)state;
+    static const kvhal_dtype fp8s[2] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2};
+    ref_rng r = {42};
+    for (int f = 0; f < 2; f++) {
+        kvhal_dtype t = fp8s[f];
+        for (int c = 0; c < 256; c++) {
+            double want = ref_fp8_decode((uint8_t)c, t);
+            float got = kvhal_fp8_to_f32((uint8_t)c, t);
+            if (isnan(want)) assert_true(isnan(got));
+            else if ((double)got != want) fail_msg("%s decode 0x%02x: %g, want %g", kvhal_dtype_name(t), c, got, want);
+        }
+        /* every code, the midpoints to its neighbours and the floats right around them */
+        const int max_code = t == KVHAL_FP8_E4M3 ? 0x7e : 0x7b;
+        for (int c = 0; c <= max_code; c++) {
+            double a = ref_fp8_decode((uint8_t)c, t);
+            double b = c < max_code ? ref_fp8_decode((uint8_t)(c + 1), t) : a * 1.25;
+            float pts[5] = {(float)a, (float)((a + b) / 2), nextafterf((float)((a + b) / 2), 0.0f),
+                            nextafterf((float)((a + b) / 2), INFINITY), nextafterf((float)a, INFINITY)};
+            for (int i = 0; i < 5; i++) {
+                for (int sgn = 0; sgn < 2; sgn++) {
+                    float x = sgn ? -pts[i] : pts[i];
+                    uint8_t got = kvhal_f32_to_fp8(x, t), want = ref_fp8_encode(x, t);
+                    if (got != want)
+                        fail_msg("%s encode %a: 0x%02x, want 0x%02x", kvhal_dtype_name(t), (double)x, got, want);
+                }
+            }
+        }
+        for (int i = 0; i < 200000; i++) {
+            float x = ref_rand_float(&r, -30, 20);
+            uint8_t got = kvhal_f32_to_fp8(x, t), want = ref_fp8_encode(x, t);
+            if (got != want) fail_msg("%s encode %a: 0x%02x, want 0x%02x", kvhal_dtype_name(t), (double)x, got, want);
+        }
+        /* specials: saturation (inf too), NaN keeps its sign, signed zero */
+        assert_int_equal(kvhal_f32_to_fp8(INFINITY, t), max_code);
+        assert_int_equal(kvhal_f32_to_fp8(-INFINITY, t), 0x80 | max_code);
+        assert_int_equal(kvhal_f32_to_fp8(1e30f, t), max_code);
+        assert_int_equal(kvhal_f32_to_fp8(NAN, t), 0x7f);
+        assert_int_equal(kvhal_f32_to_fp8(-NAN, t), 0xff);
+        assert_int_equal(kvhal_f32_to_fp8(-0.0f, t), 0x80);
+        assert_int_equal(kvhal_f32_to_fp8(1e-30f, t), 0x00);
+    }
+    assert_true(kvhal_fp8_to_f32(0x7e, KVHAL_FP8_E4M3) == 448.0f);
+    assert_true(kvhal_fp8_to_f32(0x7b, KVHAL_FP8_E5M2) == 57344.0f);
+    assert_true(isinf(kvhal_fp8_to_f32(0x7c, KVHAL_FP8_E5M2)));
+    assert_true(kvhal_fp8_to_f32(0x01, KVHAL_FP8_E4M3) == ldexpf(1, -9));
+    assert_true(kvhal_fp8_to_f32(0x01, KVHAL_FP8_E5M2) == ldexpf(1, -16));
+
+    /* f16 and bf16: every code decodes as defined and round-trips; random floats round as the reference */
+    for (uint32_t h = 0; h < 65536; h++) {
+        double w16 = ref_f16_decode((uint16_t)h), wb = ref_bf16_decode((uint16_t)h);
+        float g16 = kvhal_f16_to_f32((uint16_t)h), gb = kvhal_bf16_to_f32((uint16_t)h);
+        if (isnan(w16)) assert_true(isnan(g16));
+        else {
+            if ((double)g16 != w16) fail_msg("f16 decode 0x%04x: %g, want %g", h, g16, w16);
+            assert_int_equal(kvhal_f32_to_f16(g16), h);
+        }
+        if (isnan(wb)) assert_true(isnan(gb));
+        else {
+            if ((double)gb != wb) fail_msg("bf16 decode 0x%04x: %g, want %g", h, gb, wb);
+            assert_int_equal(kvhal_f32_to_bf16(gb), h);
+        }
+    }
+    for (int i = 0; i < 300000; i++) {
+        float x = ref_rand_float(&r, i % 2 ? -30 : -140, i % 2 ? 20 : 130);
+        if (i % 7 == 0) {
+            /* exact f16 / bf16 midpoints */
+            uint16_t h = (uint16_t)ref_rand_below(&r, 0x7bff);
+            x = (float)((ref_f16_decode(h) + ref_f16_decode((uint16_t)(h + 1))) / 2);
+        } else if (i % 7 == 1) {
+            uint16_t h = (uint16_t)ref_rand_below(&r, 0x7f7f);
+            x = (float)((ref_bf16_decode(h) + ref_bf16_decode((uint16_t)(h + 1))) / 2);
+        }
+        uint16_t g = kvhal_f32_to_f16(x), w = ref_f16_encode(x);
+        if (g != w) fail_msg("f16 encode %a: 0x%04x, want 0x%04x", (double)x, g, w);
+        g = kvhal_f32_to_bf16(x), w = ref_bf16_encode(x);
+        if (g != w) fail_msg("bf16 encode %a: 0x%04x, want 0x%04x", (double)x, g, w);
+    }
+    assert_int_equal(kvhal_f32_to_f16(65520.0f), 0x7c00);
+    assert_int_equal(kvhal_f32_to_f16(65519.0f), 0x7bff);
+    assert_int_equal(kvhal_f32_to_bf16(INFINITY), 0x7f80);
+    assert_true(isnan(kvhal_f16_to_f32(kvhal_f32_to_f16(NAN))));
+    assert_true(isnan(kvhal_bf16_to_f32(kvhal_f32_to_bf16(NAN))));
+}
+
+/* ---- paged caching ---- */
+
+enum { FORM_DENSE, FORM_FUSED, FORM_STRIDED_DIM, FORM_BATCH_SEQ, FORM_FLAT_2D_SLOTS, FORM_BATCH_SEQ_FLAT_SLOTS,
+       FORM_COUNT };
+static const char *const form_names[FORM_COUNT] = {"dense [T,H,D]", "fused qkv [T,3,H,D]", "dim stride 2",
+                                                   "[B,S,H,D] + [B,S] slots", "[T,H,D] + [B,S] slots",
+                                                   "[B,S,H,D] + [B*S] slots (stride 3)"};
+
+#define NB 7
+#define BS 5
+#define NH 3
+#define DK 20
+#define DV 12
+#define BATCH 2
+#define SEQ 6
+#define CACHE_PAD 64 /* bytes before the K cache, to test offsets */
+
+typedef struct pc_setup {
+    dbuf cache, kin, vin, slots;
+    kvhal_tensor kc, vc, k, v, s;
+    int64_t tokens;
+} pc_setup;
+
+/* Builds the cache views and inputs of one case. The inputs are filled later. */
+static void pc_build(pc_setup *p, kvhal_device dev, kvhal_dtype in_dt, kvhal_dtype cache_dt, kvhal_dtype slot_dt,
+                     kvhal_paged_layout layout, int form, ref_rng *r)
+{
+    memset(p, 0, sizeof *p);
+    const size_t ces = kvhal_dtype_size(cache_dt), ies = kvhal_dtype_size(in_dt), ses = kvhal_dtype_size(slot_dt);
+    const int64_t kelems = NB * BS * NH * DK, velems = NB * BS * NH * DV;
+    dbuf_make(&p->cache, dev, CACHE_PAD + (size_t)(kelems + velems) * ces + 32, r);
+    int64_t kshape[4] = {NB, BS, NH, DK}, vshape[4] = {NB, BS, NH, DV};
+    int64_t ks[4], vs[4];
+    if (layout == KVHAL_LAYOUT_NHD) {
+        int64_t a[4] = {BS * NH * DK, NH * DK, DK, 1}, b[4] = {BS * NH * DV, NH * DV, DV, 1};
+        memcpy(ks, a, sizeof a), memcpy(vs, b, sizeof b);
+    } else {
+        int64_t a[4] = {NH * BS * DK, DK, BS * DK, 1}, b[4] = {NH * BS * DV, DV, BS * DV, 1};
+        memcpy(ks, a, sizeof a), memcpy(vs, b, sizeof b);
+    }
+    p->kc = tensor(&p->cache, CACHE_PAD, cache_dt, 4, kshape, ks);
+    p->vc = tensor(&p->cache, CACHE_PAD + (size_t)kelems * ces, cache_dt, 4, vshape, vs);
+
+    const bool bs_form = form == FORM_BATCH_SEQ || form == FORM_FLAT_2D_SLOTS || form == FORM_BATCH_SEQ_FLAT_SLOTS;
+    p->tokens = bs_form ? BATCH * SEQ : 11;
+    const int64_t T = p->tokens;
+    switch (form) {
+    case FORM_DENSE:
+    case FORM_FLAT_2D_SLOTS: {
+        dbuf_make(&p->kin, dev, (size_t)(T * NH * DK) * ies, r);
+        dbuf_make(&p->vin, dev, (size_t)(T * NH * DV) * ies, r);
+        int64_t a[3] = {T, NH, DK}, b[3] = {T, NH, DV};
+        p->k = tensor(&p->kin, 0, in_dt, 3, a, NULL);
+        p->v = tensor(&p->vin, 0, in_dt, 3, b, NULL);
+        break;
+    }
+    case FORM_FUSED: {
+        /* q, k, v of one projection output [T, 3, H, D]: K and V are views with a token stride of 3*H*D */
+        dbuf_make(&p->kin, dev, (size_t)(T * 3 * NH * DK) * ies, r);
+        dbuf_make(&p->vin, dev, (size_t)(T * 3 * NH * DV) * ies, r);
+        int64_t a[3] = {T, NH, DK}, as[3] = {3 * NH * DK, DK, 1}, b[3] = {T, NH, DV}, bs[3] = {3 * NH * DV, DV, 1};
+        p->k = tensor(&p->kin, (size_t)(NH * DK) * ies, in_dt, 3, a, as);
+        p->v = tensor(&p->vin, (size_t)(2 * NH * DV) * ies, in_dt, 3, b, bs);
+        break;
+    }
+    case FORM_STRIDED_DIM: {
+        /* K with a non-unit dim stride and a padded head stride; V with heads before tokens in memory */
+        const int64_t hs = 2 * DK + 3;
+        dbuf_make(&p->kin, dev, (size_t)(T * NH * hs) * ies, r);
+        dbuf_make(&p->vin, dev, (size_t)(T * NH * DV) * ies, r);
+        int64_t a[3] = {T, NH, DK}, as[3] = {NH * hs, hs, 2}, b[3] = {T, NH, DV}, bs[3] = {DV, T * DV, 1};
+        p->k = tensor(&p->kin, 0, in_dt, 3, a, as);
+        p->v = tensor(&p->vin, 0, in_dt, 3, b, bs);
+        break;
+    }
+    case FORM_BATCH_SEQ:
+    case FORM_BATCH_SEQ_FLAT_SLOTS: {
+        dbuf_make(&p->kin, dev, (size_t)(T * NH * DK) * ies, r);
+        dbuf_make(&p->vin, dev, (size_t)(T * NH * DV) * ies + 64, r);
+        int64_t a[4] = {BATCH, SEQ, NH, DK}, b[4] = {BATCH, SEQ, NH, DV};
+        /* V's batches are padded apart */
+        int64_t bs[4] = {SEQ * NH * DV + (int64_t)(32 / ies), NH * DV, DV, 1};
+        p->k = tensor(&p->kin, 0, in_dt, 4, a, NULL);
+        p->v = tensor(&p->vin, 0, in_dt, 4, b, bs);
+        break;
+    }
+    }
+    if (form == FORM_BATCH_SEQ_FLAT_SLOTS) {
+        dbuf_make(&p->slots, dev, (size_t)(T * 3) * ses, r);
+        int64_t a[1] = {T}, as[1] = {3};
+        p->s = tensor(&p->slots, 2 * ses, slot_dt, 1, a, as);
+    } else if (bs_form) {
+        /* [B, S] slots taken from column 1 of a [B, S, 2] array */
+        dbuf_make(&p->slots, dev, (size_t)(T * 2) * ses, r);
+        int64_t a[2] = {BATCH, SEQ}, as[2] = {2 * SEQ, 2};
+        p->s = tensor(&p->slots, ses, slot_dt, 2, a, as);
+    } else {
+        dbuf_make(&p->slots, dev, (size_t)T * ses, r);
+        int64_t a[1] = {T};
+        p->s = tensor(&p->slots, 0, slot_dt, 1, a, NULL);
+    }
+}
+
+/* Distinct random slots (a slot written twice has no defined winner on a GPU), some of them padding. */
+static void pc_fill(pc_setup *p, kvhal_dtype in_dt, float ks, float vs, ref_rng *r, int64_t bad_token,
+                    int64_t bad_slot)
+{
+    dbuf_fill_values(&p->kin, in_dt, r, ks);
+    dbuf_fill_values(&p->vin, in_dt, r, vs);
+    int64_t perm[NB * BS];
+    for (int i = 0; i < NB * BS; i++) perm[i] = i;
+    for (int i = NB * BS - 1; i > 0; i--) {
+        int j = (int)ref_rand_below(r, (uint64_t)i + 1);
+        int64_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int64_t t = 0; t < p->tokens; t++) {
+        int64_t slot = perm[t];
+        if (t % 4 == 3) slot = t % 8 == 3 ? -1 : -1000; /* padding */
+        if (t == bad_token) slot = bad_slot;
+        int64_t idx[2] = {t / SEQ, t % SEQ};
+        if (p->s.ndim == 1) idx[0] = t;
+        store_slot(&p->slots, p->s.dtype, ref_elem_offset(&p->s, idx), slot);
+    }
+    dbuf_upload(&p->slots);
+}
+
+static void pc_free(pc_setup *p)
+{
+    dbuf_free(&p->cache);
+    dbuf_free(&p->kin);
+    dbuf_free(&p->vin);
+    dbuf_free(&p->slots);
+}
+
+static void pc_expect_all(pc_setup *p, const char *label)
+{
+    char what[256];
+    snprintf(what, sizeof what, "%s: cache", label);
+    dbuf_expect(&p->cache, what);
+    snprintf(what, sizeof what, "%s: k input", label);
+    dbuf_expect(&p->kin, what);
+    snprintf(what, sizeof what, "%s: v input", label);
+    dbuf_expect(&p->vin, what);
+}
+
+static void run_paged_case(kvhal_device dev, kvhal_dtype in_dt, kvhal_dtype cache_dt, kvhal_dtype slot_dt,
+                           kvhal_paged_layout layout, int form, ref_rng *r)
+{
+    char label[256];
+    snprintf(label, sizeof label, "paged_caching in=%s cache=%s slots=%s %s %s", kvhal_dtype_name(in_dt),
+             kvhal_dtype_name(cache_dt), kvhal_dtype_name(slot_dt), layout == KVHAL_LAYOUT_NHD ? "NHD" : "HND",
+             form_names[form]);
+    const bool fp8 = cache_dt == KVHAL_FP8_E4M3 || cache_dt == KVHAL_FP8_E5M2;
+    pc_setup p;
+    pc_build(&p, dev, in_dt, cache_dt, slot_dt, layout, form, r);
+    /* twice: the second call hits the descriptor cache with new data */
+    for (int rep = 0; rep < 2; rep++) {
+        float ks = fp8 ? (rep ? 0.37f : 0.5f) : 1.0f, vs = fp8 ? (rep ? 3.0f : 2.0f) : 1.0f;
+        pc_fill(&p, in_dt, ks, vs, r, -1, 0);
+        kvhal_status st = kvhal_paged_caching(&p.kc, &p.vc, &p.k, &p.v, &p.s, ks, vs, NULL);
+        if (st != KVHAL_OK) fail_msg("%s: %s (%s)", label, kvhal_status_name(st), kvhal_last_error());
+        st = kvhal_device_synchronize(dev);
+        if (st != KVHAL_OK) fail_msg("%s: synchronize: %s (%s)", label, kvhal_status_name(st), kvhal_last_error());
+        ref_paged_caching(p.cache.mirror, &p.kc, p.cache.mirror, &p.vc, p.kin.mirror, &p.k, p.vin.mirror, &p.v,
+                          p.slots.mirror, &p.s, ks, vs);
+        pc_expect_all(&p, label);
+    }
+    pc_free(&p);
+}
+
+static void test_paged_caching(void **state)
+{
+    kvhal_device dev = device_of(state);
+    ref_rng r = {1234};
+    static const kvhal_dtype ins[3] = {KVHAL_F32, KVHAL_F16, KVHAL_BF16};
+    int cases = 0;
+    for (int i = 0; i < 3; i++) {
+        kvhal_dtype outs[3] = {ins[i], KVHAL_FP8_E4M3, KVHAL_FP8_E5M2};
+        for (int o = 0; o < 3; o++) {
+            for (int layout = 0; layout < 2; layout++) {
+                for (int form = 0; form < FORM_COUNT; form++) {
+                    /* alternate the slot dtype so both meet every other parameter across the matrix */
+                    kvhal_dtype slot_dt = (form + layout + o) % 2 ? KVHAL_I32 : KVHAL_I64;
+                    run_paged_case(dev, ins[i], outs[o], slot_dt, (kvhal_paged_layout)layout, form, &r);
+                    cases++;
+                }
+            }
+        }
+    }
+    /* both slot dtypes on the densest and the most strided form of each dtype pair */
+    for (int i = 0; i < 3; i++) {
+        for (int s = 0; s < 2; s++) {
+            run_paged_case(dev, ins[i], KVHAL_FP8_E4M3, s ? KVHAL_I32 : KVHAL_I64, KVHAL_LAYOUT_HND,
+                           FORM_STRIDED_DIM, &r);
+            run_paged_case(dev, ins[i], ins[i], s ? KVHAL_I32 : KVHAL_I64, KVHAL_LAYOUT_NHD, FORM_DENSE, &r);
+            cases += 2;
+        }
+    }
+    printf("[ info     ] paged_caching: %d cases matched the reference\n", cases);
+}
+
+static void test_paged_out_of_range(void **state)
+{
+    kvhal_device dev = device_of(state);
+    ref_rng r = {99};
+    const bool host_slots = dev.type == KVHAL_DEVICE_CPU;
+    struct {
+        kvhal_dtype in, cache, slot;
+        int64_t bad;
+    } cases[] = {
+        {KVHAL_F16, KVHAL_F16, KVHAL_I64, NB * BS},            /* one past the end */
+        {KVHAL_F32, KVHAL_FP8_E4M3, KVHAL_I32, INT32_MAX},      /* far */
+        {KVHAL_BF16, KVHAL_BF16, KVHAL_I64, (int64_t)1 << 40},  /* beyond 32 bits */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int layout = 0; layout < 2; layout++) {
+            pc_setup p;
+            pc_build(&p, dev, cases[c].in, cases[c].cache, cases[c].slot, (kvhal_paged_layout)layout, FORM_DENSE,
+                     &r);
+            const int64_t bad_token = 5;
+            pc_fill(&p, cases[c].in, 1.0f, 1.0f, &r, bad_token, cases[c].bad);
+            kvhal_clear_error();
+            kvhal_status st = kvhal_paged_caching(&p.kc, &p.vc, &p.k, &p.v, &p.s, 1.0f, 1.0f, NULL);
+            if (host_slots) {
+                /* fails before writing anything; the message names the token and the slot */
+                assert_int_equal(st, KVHAL_OUT_OF_RANGE);
+                char tok[64], val[64];
+                snprintf(tok, sizeof tok, "[%lld]", (long long)bad_token);
+                snprintf(val, sizeof val, "%lld", (long long)cases[c].bad);
+                if (!strstr(kvhal_last_error(), tok) || !strstr(kvhal_last_error(), val))
+                    fail_msg("message does not name token %s and slot %s: %s", tok, val, kvhal_last_error());
+                assert_int_equal(kvhal_device_synchronize(dev), KVHAL_OK);
+            } else {
+                /* the kernel skips the slot and raises the device flag, reported (once) by synchronize */
+                if (st != KVHAL_OK) fail_msg("launch: %s (%s)", kvhal_status_name(st), kvhal_last_error());
+                assert_int_equal(kvhal_device_synchronize(dev), KVHAL_DEVICE_FAULT);
+                assert_int_equal(kvhal_device_synchronize(dev), KVHAL_OK);
+                ref_paged_caching(p.cache.mirror, &p.kc, p.cache.mirror, &p.vc, p.kin.mirror, &p.k, p.vin.mirror,
+                                  &p.v, p.slots.mirror, &p.s, 1.0f, 1.0f);
+            }
+            pc_expect_all(&p, host_slots ? "out-of-range slot (cache untouched)" : "out-of-range slot (skipped)");
+            pc_free(&p);
+        }
+    }
+}
+
+static void test_paged_edge_cases(void **state)
+{
+    kvhal_device dev = device_of(state);
+    ref_rng r = {7};
+    pc_setup p;
+    pc_build(&p, dev, KVHAL_F16, KVHAL_F16, KVHAL_I64, KVHAL_LAYOUT_NHD, FORM_DENSE, &r);
+    pc_fill(&p, KVHAL_F16, 1.0f, 1.0f, &r, -1, 0);
+    /* zero tokens: nothing happens */
+    kvhal_tensor k0, v0, s0;
+    OK(kvhal_tensor_narrow(&p.k, 0, 0, 0, &k0));
+    OK(kvhal_tensor_narrow(&p.v, 0, 0, 0, &v0));
+    OK(kvhal_tensor_narrow(&p.s, 0, 0, 0, &s0));
+    OK(kvhal_paged_caching(&p.kc, &p.vc, &k0, &v0, &s0, 1.0f, 1.0f, NULL));
+    OK(kvhal_device_synchronize(dev));
+    pc_expect_all(&p, "zero tokens");
+    /* all padding: nothing is written */
+    for (int64_t t = 0; t < p.tokens; t++) store_slot(&p.slots, KVHAL_I64, t, -1 - t);
+    dbuf_upload(&p.slots);
+    OK(kvhal_paged_caching(&p.kc, &p.vc, &p.k, &p.v, &p.s, 1.0f, 1.0f, NULL));
+    OK(kvhal_device_synchronize(dev));
+    pc_expect_all(&p, "all padding");
+    /* a cache shaped wrongly for the input is refused with the argument named */
+    kvhal_tensor kbad;
+    OK(kvhal_tensor_narrow(&p.k, 2, 0, DK - 1, &kbad));
+    kvhal_clear_error();
+    assert_int_equal(kvhal_paged_caching(&p.kc, &p.vc, &kbad, &p.v, &p.s, 1.0f, 1.0f, NULL), KVHAL_SHAPE_MISMATCH);
+    assert_non_null(strstr(kvhal_last_error(), "k.shape[2]"));
+    /* fp8 needs a positive finite scale */
+    pc_setup q;
+    pc_build(&q, dev, KVHAL_F32, KVHAL_FP8_E5M2, KVHAL_I32, KVHAL_LAYOUT_HND, FORM_DENSE, &r);
+    assert_int_equal(kvhal_paged_caching(&q.kc, &q.vc, &q.k, &q.v, &q.s, 0.0f, 1.0f, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "k_scale"));
+    assert_int_equal(kvhal_paged_caching(&q.kc, &q.vc, &q.k, &q.v, &q.s, 1.0f, NAN, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "v_scale"));
+    /* a cache dtype that is neither the input's nor fp8 */
+    kvhal_tensor kc32 = p.kc, vc32 = p.vc;
+    kc32.dtype = vc32.dtype = KVHAL_F32;
+    kc32.offset = vc32.offset = 0;
+    kc32.shape[0] = vc32.shape[0] = 1;
+    assert_int_equal(kvhal_paged_caching(&kc32, &vc32, &p.k, &p.v, &p.s, 1.0f, 1.0f, NULL), KVHAL_DTYPE_MISMATCH);
+    pc_expect_all(&p, "refused calls");
+    pc_free(&q);
+    pc_free(&p);
+}
+
+/* ---- copy_blocks ---- */
+
+static void test_copy_blocks(void **state)
+{
+    kvhal_device dev = device_of(state);
+    ref_rng r = {31};
+    dbuf a, b;
+    dbuf_make(&a, dev, 4096, &r);
+    dbuf_make(&b, dev, 1024, &r);
+    /* three caches of different dtypes and block shapes, two sharing a buffer; one has padded blocks */
+    kvhal_tensor c[3];
+    int64_t s0[4] = {6, 4, 3, 8};                        /* f16, dense: 96 elements a block */
+    int64_t s1[3] = {6, 5, 2}, st1[3] = {13, 2, 1};      /* f32, blocks 13 elements apart, 10 used */
+    int64_t s2[2] = {9, 7};                              /* fp8 */
+    c[0] = tensor(&a, 0, KVHAL_F16, 4, s0, NULL);
+    c[1] = tensor(&a, 6 * 96 * 2 + 8, KVHAL_F32, 3, s1, st1);
+    c[2] = tensor(&b, 3, KVHAL_FP8_E4M3, 2, s2, NULL);
+    uint8_t *mirrors[3] = {a.mirror, a.mirror, b.mirror};
+    /* No block is both a destination and another pair's source: devices copy the pairs in parallel. A source may
+     * repeat, and a block may be copied onto itself. The second round reuses the descriptor with new pairs. */
+    const int64_t rounds[2][8] = {{0, 3, 5, 1, 2, 2, 0, 4}, {1, 0, 3, 5, 4, 4, 1, 2}};
+    int64_t pairs[8];
+    for (int round = 0; round < 2; round++) {
+        memcpy(pairs, rounds[round], sizeof pairs);
+        OK(kvhal_copy_blocks(c, 3, pairs, 4, NULL));
+        OK(kvhal_device_synchronize(dev));
+        ref_copy_blocks(mirrors, c, 3, pairs, 4);
+        dbuf_expect(&a, "copy_blocks buffer a");
+        dbuf_expect(&b, "copy_blocks buffer b");
+    }
+    /* one cache, one pair; then none */
+    OK(kvhal_copy_blocks(&c[2], 1, (int64_t[]){8, 7}, 1, NULL));
+    ref_copy_blocks(&b.mirror, &c[2], 1, (int64_t[]){8, 7}, 1);
+    OK(kvhal_copy_blocks(c, 3, pairs, 0, NULL));
+    dbuf_expect(&b, "copy_blocks single pair");
+    /* out of range for the smallest cache (6 blocks), even though cache 2 has 9 */
+    kvhal_clear_error();
+    assert_int_equal(kvhal_copy_blocks(c, 3, (int64_t[]){0, 6}, 1, NULL), KVHAL_OUT_OF_RANGE);
+    assert_non_null(strstr(kvhal_last_error(), "pairs[1]"));
+    /* a block that is not dense (an HND view permuted to NHD order) is refused */
+    kvhal_tensor perm;
+    OK(kvhal_tensor_permute(&c[0], (int32_t[]){0, 2, 1, 3}, &perm));
+    assert_int_equal(kvhal_copy_blocks(&perm, 1, pairs, 1, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "caches[0]"));
+    dbuf_expect(&a, "copy_blocks after refused calls");
+    dbuf_free(&a);
+    dbuf_free(&b);
+}
+
+/* ---- tensor_copy ---- */
+
+static void test_tensor_copy(void **state)
+{
+    kvhal_device dev = device_of(state);
+    ref_rng r = {77};
+    static const kvhal_dtype dts[7] = {KVHAL_F32, KVHAL_F16, KVHAL_BF16, KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_I32,
+                                       KVHAL_I64};
+    for (int d = 0; d < 7; d++) {
+        const kvhal_dtype dt = dts[d];
+        const size_t es = kvhal_dtype_size(dt);
+        dbuf src, dst;
+        dbuf_make(&src, dev, 4096 * es, &r);
+        dbuf_make(&dst, dev, 4096 * es, &r);
+        struct {
+            int ndim;
+            int64_t shape[6], ss[6], ds[6];
+            size_t soff, doff;
+        } cases[] = {
+            {3, {5, 7, 3}, {21, 3, 1}, {21, 3, 1}, 0, 0},                                  /* dense */
+            {3, {5, 7, 3}, {1, 5, 35}, {21, 3, 1}, 3, 1},                                  /* transposed source */
+            {2, {9, 11}, {40, 2}, {12, 1}, 5, 7},                                          /* strided rows, narrow */
+            {4, {2, 3, 4, 5}, {60, 20, 5, 1}, {120, 40, 10, 2}, 0, 1},                     /* strided dest */
+            {6, {2, 1, 3, 2, 1, 4}, {48, 48, 16, 8, 4, 1}, {24, 24, 8, 4, 4, 1}, 100, 50}, /* 6-D, size-1 dims */
+            {1, {1}, {1}, {1}, 17, 23},                                                    /* one element */
+            {2, {3, 0}, {4, 1}, {4, 1}, 0, 0},                                             /* empty */
+            {2, {16, 16}, {0, 1}, {16, 1}, 9, 0},                                          /* broadcast source */
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            kvhal_tensor s = tensor(&src, cases[c].soff * es, dt, cases[c].ndim, cases[c].shape, cases[c].ss);
+            kvhal_tensor t = tensor(&dst, cases[c].doff * es, dt, cases[c].ndim, cases[c].shape, cases[c].ds);
+            for (int rep = 0; rep < 2; rep++) {
+                OK(kvhal_tensor_copy(&t, &s, NULL));
+                OK(kvhal_device_synchronize(dev));
+                ref_tensor_copy(dst.mirror, &t, src.mirror, &s);
+                char what[128];
+                snprintf(what, sizeof what, "tensor_copy %s case %zu", kvhal_dtype_name(dt), c);
+                dbuf_expect(&dst, what);
+                dbuf_expect(&src, what);
+                /* change the source so the repeat (a descriptor hit) must copy new values */
+                for (size_t i = 0; i < src.size; i++) src.mirror[i] = (uint8_t)ref_rand(&r);
+                dbuf_upload(&src);
+            }
+        }
+        /* mismatches are refused and write nothing */
+        int64_t sh[2] = {4, 4}, sh2[2] = {4, 5};
+        kvhal_tensor s = tensor(&src, 0, dt, 2, sh, NULL), t = tensor(&dst, 0, dt, 2, sh2, NULL);
+        assert_int_equal(kvhal_tensor_copy(&t, &s, NULL), KVHAL_SHAPE_MISMATCH);
+        kvhal_tensor t2 = tensor(&dst, 0, dt == KVHAL_F32 ? KVHAL_I32 : KVHAL_F32, 2, sh, NULL);
+        assert_int_equal(kvhal_tensor_copy(&t2, &s, NULL), KVHAL_DTYPE_MISMATCH);
+        dbuf_expect(&dst, "tensor_copy after refused calls");
+        dbuf_free(&src);
+        dbuf_free(&dst);
+    }
+}
+
+/* ---- registration over every device type ---- */
+
+typedef struct test_fn {
+    const char *name;
+    CMUnitTestFunction fn;
+} test_fn;
+
+static const test_fn device_tests[] = {
+    {"paged_caching", test_paged_caching},   {"paged_out_of_range", test_paged_out_of_range},
+    {"paged_edge_cases", test_paged_edge_cases}, {"copy_blocks", test_copy_blocks},
+    {"tensor_copy", test_tensor_copy},
+};
+#define NUM_DEVICE_TESTS (sizeof device_tests / sizeof device_tests[0])
+
+int main(void)
+{
+    static const kvhal_device_type types[] = {KVHAL_DEVICE_CPU, KVHAL_DEVICE_CUDA, KVHAL_DEVICE_HIP,
+                                              KVHAL_DEVICE_OPENCL};
+    size_t cap = 1 + 4 * KVHAL_MAX_DEVICES_PER_TYPE * NUM_DEVICE_TESTS, n = 0;
+    struct CMUnitTest *tests = calloc(cap, sizeof *tests);
+    dev_ctx *ctx = calloc(4 * KVHAL_MAX_DEVICES_PER_TYPE, sizeof *ctx);
+    if (!tests || !ctx) return 1;
+    size_t nctx = 0;
+    tests[n++] = (struct CMUnitTest){"host: conversions", test_conversions, NULL, NULL, NULL};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        int32_t count = 0;
+        if (kvhal_device_count(types[ti], &count) != KVHAL_OK) count = 0;
+        const char *tn = kvhal_device_type_name(types[ti]);
+        if (count == 0) {
+            dev_ctx *c = &ctx[nctx++];
+            c->dev = (kvhal_device){types[ti], 0};
+            c->present = false;
+            for (size_t f = 0; f < NUM_DEVICE_TESTS; f++) {
+                char *name = malloc(96);
+                snprintf(name, 96, "%s: %s (no %s device)", tn, device_tests[f].name, tn);
+                tests[n++] = (struct CMUnitTest){name, device_tests[f].fn, NULL, NULL, c};
+            }
+            continue;
+        }
+        for (int32_t id = 0; id < count && id < KVHAL_MAX_DEVICES_PER_TYPE; id++) {
+            dev_ctx *c = &ctx[nctx++];
+            c->dev = (kvhal_device){types[ti], id};
+            c->present = true;
+            kvhal_device_info info;
+            if (kvhal_device_get_info(c->dev, &info) == KVHAL_OK)
+                printf("[ device   ] %s:%d = %s (%s)\n", tn, (int)id, info.name, info.platform);
+            for (size_t f = 0; f < NUM_DEVICE_TESTS; f++) {
+                char *name = malloc(96);
+                snprintf(name, 96, "%s:%d: %s", tn, (int)id, device_tests[f].name);
+                tests[n++] = (struct CMUnitTest){name, device_tests[f].fn, NULL, NULL, c};
+            }
+        }
+    }
+    int failed = _cmocka_run_group_tests("conformance", tests, n, NULL, NULL);
+    for (size_t i = 1; i < n; i++) free((char *)tests[i].name);
+    free(tests);
+    free(ctx);
+    return failed;
+}

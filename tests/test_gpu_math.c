@@ -1,0 +1,175 @@
+/* test_gpu_math.c — checks on the host, bit for bit, the arithmetic the CUDA and HIP kernels share
+ * (backends/common/kvhal_gpu_math.h): f16/bf16 -> f32 and f32 -> fp8 against the library's reference conversions
+ * (core/convert.c), the power-of-two scale shortcut against true division, and the fastdiv divisors against '/'.
+ * The same header is compiled into the kernels, so this is what makes GPU fp8 output equal kvhal_f32_to_fp8
+ * without a GPU in CI. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "../backends/common/kvhal_gpu_math.h"
+#include "kvhal.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void)
+{
+    /* xorshift64*: deterministic, so a failure reproduces */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545f4914f6cdd1dull;
+}
+
+static void check_fp8_bits(uint32_t u)
+{
+    const float x = kvhal_gpu_bits_f32(u);
+    const uint32_t e4 = kvhal_gpu_f32_to_e4m3(x), e5 = kvhal_gpu_f32_to_e5m2(x);
+    const uint32_t r4 = kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3), r5 = kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2);
+    if (e4 != r4 || e5 != r5) {
+        print_error("f32 bits 0x%08x: e4m3 gpu 0x%02x ref 0x%02x, e5m2 gpu 0x%02x ref 0x%02x\n", (unsigned)u,
+                    (unsigned)e4, (unsigned)r4, (unsigned)e5, (unsigned)r5);
+        fail();
+    }
+}
+
+/* Every sign, exponent and top 15 mantissa bits, with low bytes at and around every rounding boundary: each fp8
+ * rounding decision (normal and subnormal, both formats) is made by mantissa bits above bit 7. */
+static void test_fp8_structured(void **state)
+{
+    (void)state;
+    static const uint32_t lows[] = {0x00, 0x01, 0x80, 0xff};
+    for (uint32_t hi = 0; hi < (1u << 24); hi++)
+        for (size_t i = 0; i < sizeof lows / sizeof lows[0]; i++) check_fp8_bits(hi << 8 | lows[i]);
+}
+
+static void test_fp8_random(void **state)
+{
+    (void)state;
+    for (int i = 0; i < (1 << 22); i++) check_fp8_bits((uint32_t)rnd());
+    /* specials: zeros, infinities, NaNs, largest finite, f32 subnormals */
+    static const uint32_t sp[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+                                  0x7f800001u, 0x7f7fffffu, 0xff7fffffu, 0x00000001u, 0x807fffffu, 0x43e00000u,
+                                  0x43f00000u, 0x47600000u, 0x47700000u, 0x3a800000u, 0x37800000u};
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) check_fp8_bits(sp[i]);
+}
+
+static void test_half_to_f32(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        const uint32_t g = kvhal_gpu_f32_bits(kvhal_gpu_f16_to_f32(h));
+        const uint32_t r = kvhal_gpu_f32_bits(kvhal_f16_to_f32((uint16_t)h));
+        if (g != r) {
+            print_error("f16 0x%04x: gpu 0x%08x ref 0x%08x\n", (unsigned)h, (unsigned)g, (unsigned)r);
+            fail();
+        }
+        const uint32_t gb = kvhal_gpu_f32_bits(kvhal_gpu_bf16_to_f32(h));
+        const uint32_t rb = kvhal_gpu_f32_bits(kvhal_bf16_to_f32((uint16_t)h));
+        if (gb != rb) {
+            print_error("bf16 0x%04x: gpu 0x%08x ref 0x%08x\n", (unsigned)h, (unsigned)gb, (unsigned)rb);
+            fail();
+        }
+    }
+}
+
+/* The kernels multiply by 1/scale instead of dividing when the scale is a power of two: the fp8 codes must be
+ * those of the true quotient. Other scales must not be taken for powers of two. */
+static void test_pow2_scale(void **state)
+{
+    (void)state;
+    assert_true(kvhal_gpu_scale_is_pow2(1.0f));
+    assert_true(kvhal_gpu_scale_is_pow2(0.5f));
+    assert_true(kvhal_gpu_scale_is_pow2(1024.0f));
+    assert_true(kvhal_gpu_scale_is_pow2(-2.0f));
+    assert_false(kvhal_gpu_scale_is_pow2(3.0f));
+    assert_false(kvhal_gpu_scale_is_pow2(0.1f));
+    assert_false(kvhal_gpu_scale_is_pow2(0.0f));
+    assert_false(kvhal_gpu_scale_is_pow2(kvhal_gpu_bits_f32(0x7f800000u))); /* inf */
+    assert_false(kvhal_gpu_scale_is_pow2(kvhal_gpu_bits_f32(0x7f000000u))); /* 2^127: 1/s is subnormal */
+    assert_false(kvhal_gpu_scale_is_pow2(kvhal_gpu_bits_f32(0x00400000u))); /* subnormal */
+    for (int k = -126; k <= 126; k++) {
+        const float s = kvhal_gpu_bits_f32((uint32_t)(k + 127) << 23);
+        assert_true(kvhal_gpu_scale_is_pow2(s));
+        const float inv = 1.0f / s;
+        for (int i = 0; i < 2000; i++) {
+            const float x = kvhal_gpu_bits_f32((uint32_t)rnd());
+            volatile float q = x / s, m = x * inv;
+            if (q != q) continue; /* NaN in, NaN out: compared by the fp8 tests */
+            if (kvhal_gpu_f32_bits(q) != kvhal_gpu_f32_bits(m)) {
+                print_error("x 0x%08x / 2^%d: quotient 0x%08x, product 0x%08x\n", (unsigned)kvhal_gpu_f32_bits(x), k,
+                            (unsigned)kvhal_gpu_f32_bits(q), (unsigned)kvhal_gpu_f32_bits(m));
+                fail();
+            }
+        }
+    }
+}
+
+static void check_div32(uint32_t n, kvhal_fastdiv32 f)
+{
+    if (kvhal_fastdiv32_div(n, f) != n / f.d) {
+        print_error("fastdiv32: %u / %u gave %u\n", (unsigned)n, (unsigned)f.d, (unsigned)kvhal_fastdiv32_div(n, f));
+        fail();
+    }
+}
+
+static void check_div64(uint64_t n, kvhal_fastdiv64 f)
+{
+    if (kvhal_fastdiv64_div(n, f) != n / f.d) {
+        print_error("fastdiv64: %llu / %llu gave %llu\n", (unsigned long long)n, (unsigned long long)f.d,
+                    (unsigned long long)kvhal_fastdiv64_div(n, f));
+        fail();
+    }
+}
+
+static void test_fastdiv(void **state)
+{
+    (void)state;
+    uint64_t ds[4096];
+    size_t nd = 0;
+    for (uint64_t d = 1; d <= 1024; d++) ds[nd++] = d;
+    for (int k = 1; k <= 31; k++) {
+        ds[nd++] = (1ull << k) - 1;
+        ds[nd++] = 1ull << k;
+        ds[nd++] = (1ull << k) + 1;
+    }
+    while (nd < sizeof ds / sizeof ds[0]) ds[nd++] = 1 + rnd() % (1ull << 31);
+    for (size_t i = 0; i < nd; i++) {
+        const uint32_t d = (uint32_t)ds[i];
+        const kvhal_fastdiv32 f = kvhal_fastdiv32_make(d);
+        const kvhal_fastdiv64 g = kvhal_fastdiv64_make(d);
+        const uint32_t edge[] = {0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, UINT32_MAX, UINT32_MAX - 1,
+                                 UINT32_MAX / d * d, UINT32_MAX / d * d - 1};
+        for (size_t j = 0; j < sizeof edge / sizeof edge[0]; j++) {
+            check_div32(edge[j], f);
+            check_div64(edge[j], g);
+        }
+        for (int j = 0; j < 200; j++) {
+            check_div32((uint32_t)rnd(), f);
+            check_div64(rnd(), g);
+        }
+    }
+    /* 64-bit divisors up to 2^63 */
+    for (int k = 32; k <= 63; k++) {
+        const uint64_t cands[] = {(1ull << k) - 1, 1ull << k, (1ull << k) + 1, (1ull << k) + (rnd() >> (64 - k))};
+        for (size_t c = 0; c < sizeof cands / sizeof cands[0]; c++) {
+            const kvhal_fastdiv64 g = kvhal_fastdiv64_make(cands[c]);
+            const uint64_t edge[] = {0, 1, cands[c] - 1, cands[c], cands[c] + 1, UINT64_MAX, UINT64_MAX - 1};
+            for (size_t j = 0; j < sizeof edge / sizeof edge[0]; j++) check_div64(edge[j], g);
+            for (int j = 0; j < 2000; j++) check_div64(rnd(), g);
+        }
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp8_structured), cmocka_unit_test(test_fp8_random),
+        cmocka_unit_test(test_half_to_f32),    cmocka_unit_test(test_pow2_scale),
+        cmocka_unit_test(test_fastdiv),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
