@@ -33,6 +33,7 @@ const char *kvhal_last_error(void) { return last_error; }
 
 void kvhal_clear_error(void) { last_error[0] = '\0'; }
 
+static kvhal_status verr(kvhal_status status, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 static kvhal_status verr(kvhal_status status, const char *fmt, va_list ap)
 {
     int n = snprintf(last_error, sizeof last_error, "%s: ", kvhal_status_name(status));
@@ -43,17 +44,6 @@ static kvhal_status verr(kvhal_status status, const char *fmt, va_list ap)
 }
 
 kvhal_status kvhal__err(kvhal_status status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    kvhal_status r = verr(status, fmt, ap);
-    va_end(ap);
-    return r;
-}
-
-/* The same, for plugins (through kvhal_core_services). */
-kvhal_status kvhal__services_set_error(kvhal_status status, const char *fmt, ...) KVHAL_HIDDEN;
-kvhal_status kvhal__services_set_error(kvhal_status status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);

@@ -382,8 +382,9 @@ static node *split(kvhal_prefix_cache *pc, node *c, size_t m, int32_t *prefix_me
         memmove(c->mem + np, c->tok, c->len * sizeof(int32_t));
         c->pages = c->mem;
         c->tok = c->mem + np;
-        int32_t *shrunk = kvhal__realloc(c->mem, (np + c->len) * sizeof(int32_t));
-        if (shrunk) { /* keeping the larger block when the shrink fails is harmless */
+        /* plain realloc, not a fault-injection point: keeping the larger block when a shrink fails is harmless */
+        int32_t *shrunk = realloc(c->mem, (np + c->len) * sizeof(int32_t));
+        if (shrunk) {
             c->mem = shrunk;
             c->pages = shrunk;
             c->tok = shrunk + np;

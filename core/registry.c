@@ -28,14 +28,11 @@ static int32_t num_modules;
 static const kvhal_backend *by_type[KVHAL_DEVICE_TYPE_COUNT];
 static int32_t device_counts[KVHAL_DEVICE_TYPE_COUNT];
 
-kvhal_status kvhal__services_set_error(kvhal_status status, const char *fmt, ...) KVHAL_HIDDEN;
-/* LEAD-TEMP weak until desc_cache.c lands */
-void kvhal__desc_cache_shutdown(void) __attribute__((weak));
 
 static const kvhal_core_services services = {
     .abi_version = KVHAL_BACKEND_ABI_VERSION,
     .struct_size = sizeof(kvhal_core_services),
-    .set_error = kvhal__services_set_error,
+    .set_error = kvhal__err,
     .log = kvhal__log,
     .alloc_should_fail = kvhal__alloc_should_fail,
 };
@@ -307,5 +304,5 @@ __attribute__((destructor)) static void registry_unload(void)
 {
     /* Descriptors of the unloading thread and of threads still alive go back to their backends while the
      * modules are still mapped. Modules stay mapped: their runtimes tear down through their own atexit hooks. */
-    if (kvhal__desc_cache_shutdown) kvhal__desc_cache_shutdown();
+    kvhal__desc_cache_shutdown();
 }

@@ -142,8 +142,9 @@ kvhal_status kvhal_tensor_narrow(const kvhal_tensor *t, int32_t dim, int64_t sta
         return kvhal__err(KVHAL_OUT_OF_RANGE, "start, length: [%lld, %lld + %lld) is outside dim %d of size %lld",
                           (long long)start, (long long)start, (long long)length, dim, (long long)t->shape[dim]);
     kvhal_tensor r = *t;
-    if (length > 0) r.offset += (size_t)start * (size_t)t->strides[dim] * dtype_sizes[t->dtype];
     r.shape[dim] = length;
+    /* An empty view keeps the offset: moving it could point past the buffer and make the view invalid. */
+    if (kvhal_tensor_numel(&r) > 0) r.offset += (size_t)start * (size_t)t->strides[dim] * dtype_sizes[t->dtype];
     *out = r;
     return KVHAL_OK;
 }
@@ -158,7 +159,7 @@ kvhal_status kvhal_tensor_select(const kvhal_tensor *t, int32_t dim, int64_t ind
         return kvhal__err(KVHAL_OUT_OF_RANGE, "index: %lld is outside [0, %lld) of dim %d", (long long)index,
                           (long long)t->shape[dim], dim);
     kvhal_tensor r = *t;
-    r.offset += (size_t)index * (size_t)t->strides[dim] * dtype_sizes[t->dtype];
+    if (kvhal_tensor_numel(t) > 0) r.offset += (size_t)index * (size_t)t->strides[dim] * dtype_sizes[t->dtype];
     for (int i = dim; i < t->ndim - 1; i++) {
         r.shape[i] = t->shape[i + 1];
         r.strides[i] = t->strides[i + 1];

@@ -1,0 +1,1258 @@
+/* kvhal-replay — drives a serving workload through the cache manager (block pool + prefix cache) and the paged
+ * cache, the way an inference engine would: per request match + lock, allocate, write K and V of every new token
+ * in every layer with the paged-caching op, decode steps appending one token at a time, cache_finished. Every
+ * prefix hit is verified by reading back sampled rows of the matched prefix: the content written for a token is
+ * a function of a rolling hash of the token ids up to it (and of layer, head and K/V), so a wrong page returned by
+ * the prefix cache is detected, not just a wrong position. --no-kv keeps only the page bookkeeping (the radix
+ * benchmark) and checks hits against a per-page shadow of the prefix hash instead.
+ * Workloads: the generated shared-prefix shape (groups x prompts, system prompt, question, output; optional zipf
+ * group popularity) or a JSONL trace {timestamp, input_length, output_length, hash_ids}. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvhal.h"
+#include "replay_trace.h"
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* options                                                                                                    */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+typedef struct model_preset {
+    const char *name;
+    int32_t layers, kv_heads, head_dim;
+    kvhal_dtype dtype;
+} model_preset;
+
+static const model_preset presets[] = {
+    {"tiny", 2, 2, 32, KVHAL_F16}, /* 512 bytes of K+V per token: the whole default run fits the CPU in seconds */
+    {"llama3-8b", 32, 8, 128, KVHAL_BF16},
+    {"llama3-70b", 80, 8, 128, KVHAL_BF16},
+    {"mistral-7b", 32, 8, 128, KVHAL_BF16},
+    {"qwen2.5-7b", 28, 4, 128, KVHAL_BF16},
+};
+
+typedef struct options {
+    bool trace_mode;
+    const char *trace_path;
+    int64_t trace_block, max_requests, vocab;
+    int64_t groups, prompts, system_len, question_len, output_len;
+    double zipf;
+    const char *model;
+    int32_t layers, kv_heads, head_dim;
+    kvhal_dtype dtype;
+    uint64_t budget;
+    int32_t page_size;
+    kvhal_prefix_kind kind;
+    kvhal_paged_layout layout;
+    kvhal_paged_order order;
+    int32_t batch, samples, chunk;
+    bool no_kv, json, quiet;
+    int64_t repeat, check_every;
+    uint64_t seed;
+} options;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvhal-replay [options]\n"
+            "Replays a serving workload through kvhal's cache manager, prefix cache and paged cache, verifying\n"
+            "every prefix hit. KVHAL_DEVICE=cuda:0 (hip:0, opencl:0) runs it on that device (default cpu).\n"
+            "\nworkload (default: generated shared prefix)\n"
+            "  --groups N          groups sharing a system prompt (64)\n"
+            "  --prompts N         prompts per group (16)\n"
+            "  --system-len N      system prompt tokens (2048)\n"
+            "  --question-len N    question tokens (128)\n"
+            "  --output-len N      output tokens, decoded one at a time (256)\n"
+            "  --zipf S            draw each request's group with popularity 1/rank^S (0: every group --prompts times)\n"
+            "  --trace FILE        JSONL trace {timestamp, input_length, output_length, hash_ids} instead\n"
+            "  --trace-block N     tokens per hash id of the trace (512)\n"
+            "  --max-requests N    replay only the first N requests (0: all)\n"
+            "  --vocab N           token ids are drawn from [0, N) (128256)\n"
+            "\nmodel and cache\n"
+            "  --model NAME        tiny (default), llama3-8b, llama3-70b, mistral-7b, qwen2.5-7b\n"
+            "  --layers N --kv-heads N --head-dim N   override the model's shape\n"
+            "  --dtype T           f32, f16, bf16, fp8_e4m3, fp8_e5m2 (the model's)\n"
+            "  --kv-budget SIZE    bytes of K and V for all layers, e.g. 2GiB, 512MiB (512MiB)\n"
+            "  --page-size N       tokens per page (16)\n"
+            "  --prefix KIND       radix (default) or naive\n"
+            "  --layout L          nhd (default) or hnd;  --order O: layer (default) or page\n"
+            "\nrun\n"
+            "  --batch N           requests decoding together (8)\n"
+            "  --no-kv             page bookkeeping only, no paged cache or K/V writes (radix benchmark)\n"
+            "  --repeat N          replay the workload N times, each on a fresh cache, for a stable figure (1)\n"
+            "  --seed S            workload seed (1)\n"
+            "  --check-every N     check_integrity every N finished requests (0: only at the end)\n"
+            "  --verify-samples N  rows (pages with --no-kv) read back per prefix hit (4; 0: off)\n"
+            "  --prefill-chunk N   tokens per paged-caching call in prefill (512)\n"
+            "  --json              print one JSON summary object on stdout\n"
+            "  --quiet             no progress output\n"
+            "  --soak              a fixed set of runs under eviction pressure with frequent integrity checks\n");
+}
+
+static int opt_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int opt_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kvhal-replay: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(" (--help for usage)\n", stderr);
+    va_end(ap);
+    return -1;
+}
+
+static int parse_int(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || errno) return opt_error("%s: '%s' is not an integer", flag, v);
+    if (x < lo || x > hi) return opt_error("%s: %lld is out of range [%lld, %lld]", flag, x, (long long)lo, (long long)hi);
+    *out = x;
+    return 0;
+}
+
+static int parse_size(const char *flag, const char *v, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || errno || !(x >= 0)) return opt_error("%s: '%s' is not a size (e.g. 2GiB, 512MiB, 1e9)", flag, v);
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"", 1},           {"B", 1},          {"K", 1024.0},     {"KiB", 1024.0},   {"KB", 1e3},
+        {"M", 1048576.0},  {"MiB", 1048576.0}, {"MB", 1e6},       {"G", 1073741824.0}, {"GiB", 1073741824.0},
+        {"GB", 1e9},       {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (!strcmp(end, units[i].suffix)) {
+            double b = x * units[i].mult;
+            if (b > 1.8e19) return opt_error("%s: '%s' is too large", flag, v);
+            *out = (uint64_t)b;
+            return 0;
+        }
+    return opt_error("%s: unknown unit '%s' in '%s' (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)", flag, end, v);
+}
+
+static int parse_dtype(const char *v, kvhal_dtype *out)
+{
+    static const struct { const char *name; kvhal_dtype dt; } names[] = {
+        {"f32", KVHAL_F32}, {"f16", KVHAL_F16}, {"bf16", KVHAL_BF16}, {"fp8_e4m3", KVHAL_FP8_E4M3},
+        {"fp8_e5m2", KVHAL_FP8_E5M2},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(v, names[i].name)) {
+            *out = names[i].dt;
+            return 0;
+        }
+    return opt_error("--dtype: '%s' is not f32, f16, bf16, fp8_e4m3 or fp8_e5m2", v);
+}
+
+static void default_options(options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->trace_block = 512;
+    o->vocab = 128256;
+    o->groups = 64;
+    o->prompts = 16;
+    o->system_len = 2048;
+    o->question_len = 128;
+    o->output_len = 256;
+    o->model = "tiny";
+    o->layers = o->kv_heads = o->head_dim = 0;
+    o->dtype = KVHAL_DTYPE_COUNT; /* the model's */
+    o->budget = 512ull << 20;
+    o->page_size = 16;
+    o->kind = KVHAL_PREFIX_RADIX;
+    o->layout = KVHAL_LAYOUT_NHD;
+    o->order = KVHAL_LAYER_FIRST;
+    o->batch = 8;
+    o->samples = 4;
+    o->chunk = 512;
+    o->repeat = 1;
+    o->seed = 1;
+}
+
+/* Returns 0, 1 for --help, 2 for --soak, -1 on a bad option. */
+static int parse_options(int argc, char **argv, options *o)
+{
+    bool soak = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t x;
+#define NEED_VALUE                                                                                              \
+    do {                                                                                                        \
+        if (!v) return opt_error("%s needs a value", a);                                                        \
+        i++;                                                                                                    \
+    } while (0)
+#define INT_OPT(flag, lo, hi, field)                                                                            \
+    if (!strcmp(a, flag)) {                                                                                     \
+        NEED_VALUE;                                                                                             \
+        if (parse_int(flag, v, lo, hi, &x)) return -1;                                                          \
+        o->field = x;                                                                                           \
+        continue;                                                                                               \
+    }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+        if (!strcmp(a, "--no-kv")) { o->no_kv = true; continue; }
+        if (!strcmp(a, "--json")) { o->json = true; continue; }
+        if (!strcmp(a, "--quiet")) { o->quiet = true; continue; }
+        if (!strcmp(a, "--soak")) { soak = true; continue; }
+        INT_OPT("--groups", 1, 1 << 20, groups)
+        INT_OPT("--prompts", 1, 1 << 20, prompts)
+        INT_OPT("--system-len", 0, 1 << 22, system_len)
+        INT_OPT("--question-len", 0, 1 << 22, question_len)
+        INT_OPT("--output-len", 0, 1 << 22, output_len)
+        INT_OPT("--trace-block", 1, 1 << 20, trace_block)
+        INT_OPT("--max-requests", 0, INT64_MAX, max_requests)
+        INT_OPT("--vocab", 2, INT32_MAX, vocab)
+        INT_OPT("--layers", 1, 1024, layers)
+        INT_OPT("--kv-heads", 1, 1024, kv_heads)
+        INT_OPT("--head-dim", 1, 4096, head_dim)
+        INT_OPT("--page-size", 1, 1 << 16, page_size)
+        INT_OPT("--batch", 1, 4096, batch)
+        INT_OPT("--repeat", 1, 1 << 20, repeat)
+        INT_OPT("--check-every", 0, INT64_MAX, check_every)
+        INT_OPT("--verify-samples", 0, 1 << 16, samples)
+        INT_OPT("--prefill-chunk", 1, 1 << 16, chunk)
+        if (!strcmp(a, "--seed")) {
+            NEED_VALUE;
+            if (parse_int(a, v, 0, INT64_MAX, &x)) return -1;
+            o->seed = (uint64_t)x;
+            continue;
+        }
+        if (!strcmp(a, "--zipf")) {
+            NEED_VALUE;
+            char *end;
+            o->zipf = strtod(v, &end);
+            if (end == v || *end || !(o->zipf >= 0) || o->zipf > 100) return opt_error("--zipf: '%s' is not a number in [0, 100]", v);
+            continue;
+        }
+        if (!strcmp(a, "--trace")) {
+            NEED_VALUE;
+            o->trace_mode = true;
+            o->trace_path = v;
+            continue;
+        }
+        if (!strcmp(a, "--model")) {
+            NEED_VALUE;
+            o->model = v;
+            continue;
+        }
+        if (!strcmp(a, "--dtype")) {
+            NEED_VALUE;
+            if (parse_dtype(v, &o->dtype)) return -1;
+            continue;
+        }
+        if (!strcmp(a, "--kv-budget")) {
+            NEED_VALUE;
+            if (parse_size(a, v, &o->budget)) return -1;
+            continue;
+        }
+        if (!strcmp(a, "--prefix")) {
+            NEED_VALUE;
+            if (!strcmp(v, "radix")) o->kind = KVHAL_PREFIX_RADIX;
+            else if (!strcmp(v, "naive")) o->kind = KVHAL_PREFIX_NAIVE;
+            else return opt_error("--prefix: '%s' is not radix or naive", v);
+            continue;
+        }
+        if (!strcmp(a, "--layout")) {
+            NEED_VALUE;
+            if (!strcmp(v, "nhd")) o->layout = KVHAL_LAYOUT_NHD;
+            else if (!strcmp(v, "hnd")) o->layout = KVHAL_LAYOUT_HND;
+            else return opt_error("--layout: '%s' is not nhd or hnd", v);
+            continue;
+        }
+        if (!strcmp(a, "--order")) {
+            NEED_VALUE;
+            if (!strcmp(v, "layer")) o->order = KVHAL_LAYER_FIRST;
+            else if (!strcmp(v, "page")) o->order = KVHAL_PAGE_FIRST;
+            else return opt_error("--order: '%s' is not layer or page", v);
+            continue;
+        }
+        return opt_error("unknown option '%s'", a);
+#undef INT_OPT
+#undef NEED_VALUE
+    }
+    const model_preset *m = NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcmp(o->model, presets[i].name)) m = &presets[i];
+    if (!m) return opt_error("--model: '%s' is not tiny, llama3-8b, llama3-70b, mistral-7b or qwen2.5-7b", o->model);
+    if (!o->layers) o->layers = m->layers;
+    if (!o->kv_heads) o->kv_heads = m->kv_heads;
+    if (!o->head_dim) o->head_dim = m->head_dim;
+    if (o->dtype == KVHAL_DTYPE_COUNT) o->dtype = m->dtype;
+    return soak ? 2 : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* workload                                                                                                   */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+static inline uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+/* The rolling hash that names a token's prefix: equal hashes <=> (almost surely) equal token prefixes. */
+static inline uint64_t hash_step(uint64_t h, int32_t tok) { return mix64(h + 0x9e3779b97f4a7c15ULL + (uint32_t)tok); }
+#define HASH_START 0x6b7668616c2d7270ULL
+
+typedef struct wreq {
+    uint32_t in_len, out_len;
+    int32_t group;   /* shared prefix: the group; trace: -1 */
+    uint32_t index;  /* shared prefix: index in the group; trace: index in the trace */
+} wreq;
+
+typedef struct workload {
+    bool trace;
+    wreq *reqs;
+    size_t n;
+    size_t max_len;
+    uint64_t total_in, total_out;
+    /* materialized tokens and prefix hashes of every request when they fit. hash[k] names the prefix through
+     * token (k+1)*hstride-1: every token (hstride 1) for K/V content, every page end with --no-kv */
+    int32_t *tok;
+    uint64_t *hash;
+    size_t *toff, *hoff;
+    size_t hstride;
+    replay_trace tr;
+    int64_t block, vocab;
+    uint64_t seed;
+    int64_t system_len, question_len;
+    char name[256];
+} workload;
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s += 0x9e3779b97f4a7c15ULL;
+    return mix64(*s);
+}
+
+static void gen_tokens(const workload *w, size_t i, int32_t *tok, uint64_t *hash)
+{
+    size_t hs = w->hstride;
+    const wreq *r = &w->reqs[i];
+    size_t n = (size_t)r->in_len + r->out_len;
+    uint64_t salt = mix64(w->seed * 0x2545f4914f6cdd1dULL + 17);
+    uint64_t req_key = mix64(salt ^ (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ULL);
+    for (size_t j = 0; j < n; j++) {
+        uint64_t k;
+        if (!w->trace) {
+            if (j < (size_t)w->system_len)
+                k = mix64(salt + (uint64_t)r->group * 0x100000001b3ULL + j * 0x9e3779b97f4a7c15ULL);
+            else
+                k = mix64(req_key + j);
+        } else {
+            const replay_trace_request *t = &w->tr.reqs[r->index];
+            size_t b = j / (size_t)w->block;
+            if (j < (size_t)r->in_len && b < t->num_ids)
+                k = mix64(mix64(w->tr.ids[t->first_id + b] + salt) + (j % (size_t)w->block));
+            else
+                k = mix64(req_key + j);
+        }
+        tok[j] = (int32_t)(k % (uint64_t)w->vocab);
+    }
+    uint64_t h = HASH_START;
+    for (size_t j = 0; j < n; j++) {
+        h = hash_step(h, tok[j]);
+        if ((j + 1) % hs == 0) hash[j / hs] = h;
+    }
+}
+
+static int workload_init(workload *w, const options *o)
+{
+    memset(w, 0, sizeof *w);
+    w->seed = o->seed;
+    w->vocab = o->vocab;
+    w->block = o->trace_block;
+    w->system_len = o->system_len;
+    w->question_len = o->question_len;
+    w->hstride = o->no_kv ? (size_t)o->page_size : 1;
+    uint64_t rng = mix64(o->seed ^ 0x7265706c6179ULL);
+    if (o->trace_mode) {
+        char err[1024];
+        if (replay_trace_load(o->trace_path, &w->tr, err, sizeof err) != 0) {
+            fprintf(stderr, "kvhal-replay: %s\n", err);
+            return -1;
+        }
+        w->trace = true;
+        w->n = w->tr.count;
+        if (o->max_requests && (size_t)o->max_requests < w->n) w->n = (size_t)o->max_requests;
+        w->reqs = calloc(w->n, sizeof *w->reqs);
+        if (!w->reqs) return -1;
+        for (size_t i = 0; i < w->n; i++) {
+            w->reqs[i].in_len = (uint32_t)w->tr.reqs[i].input_length;
+            w->reqs[i].out_len = (uint32_t)w->tr.reqs[i].output_length;
+            w->reqs[i].group = -1;
+            w->reqs[i].index = (uint32_t)i;
+        }
+        snprintf(w->name, sizeof w->name, "trace %s (%zu requests, block %lld)", o->trace_path, w->n,
+                 (long long)o->trace_block);
+    } else {
+        w->n = (size_t)(o->groups * o->prompts);
+        if (o->max_requests && (size_t)o->max_requests < w->n) w->n = (size_t)o->max_requests;
+        size_t all = (size_t)(o->groups * o->prompts);
+        w->reqs = calloc(all, sizeof *w->reqs);
+        double *cdf = o->zipf > 0 ? calloc((size_t)o->groups, sizeof *cdf) : NULL;
+        if (!w->reqs || (o->zipf > 0 && !cdf)) {
+            free(cdf);
+            return -1;
+        }
+        if (cdf) {
+            double sum = 0;
+            for (int64_t g = 0; g < o->groups; g++) cdf[g] = sum += 1.0 / pow((double)(g + 1), o->zipf);
+            for (int64_t g = 0; g < o->groups; g++) cdf[g] /= sum;
+        }
+        for (size_t i = 0; i < all; i++) {
+            wreq *r = &w->reqs[i];
+            if (cdf) {
+                double u = (double)(rng_next(&rng) >> 11) * 0x1p-53;
+                size_t lo = 0, hi = (size_t)o->groups - 1;
+                while (lo < hi) {
+                    size_t mid = (lo + hi) / 2;
+                    if (cdf[mid] < u) lo = mid + 1; else hi = mid;
+                }
+                r->group = (int32_t)lo;
+            } else {
+                r->group = (int32_t)(i / (size_t)o->prompts);
+            }
+            r->index = (uint32_t)i;
+            r->in_len = (uint32_t)(o->system_len + o->question_len);
+            r->out_len = (uint32_t)o->output_len;
+        }
+        free(cdf);
+        /* arrival order: shuffled, as a serving benchmark sends them */
+        for (size_t i = all; i > 1; i--) {
+            size_t j = (size_t)(rng_next(&rng) % i);
+            wreq t = w->reqs[i - 1];
+            w->reqs[i - 1] = w->reqs[j];
+            w->reqs[j] = t;
+        }
+        snprintf(w->name, sizeof w->name, "shared prefix: %lld groups x %lld prompts%s, system %lld, question %lld, "
+                 "output %lld", (long long)o->groups, (long long)o->prompts, o->zipf > 0 ? " (zipf)" : "",
+                 (long long)o->system_len, (long long)o->question_len, (long long)o->output_len);
+        if (o->zipf > 0) {
+            size_t len = strlen(w->name);
+            snprintf(w->name + len, sizeof w->name - len, ", zipf %g", o->zipf);
+        }
+    }
+    size_t total = 0, htotal = 0;
+    for (size_t i = 0; i < w->n; i++) {
+        size_t len = (size_t)w->reqs[i].in_len + w->reqs[i].out_len;
+        if (len > w->max_len) w->max_len = len;
+        w->total_in += w->reqs[i].in_len;
+        w->total_out += w->reqs[i].out_len;
+        total += len;
+        htotal += len / w->hstride;
+    }
+    /* Materialize up to 32M tokens (384 MiB) so that generation stays out of the measured loop; bigger traces
+     * are generated per request, with that time taken out of the figures. */
+    if (total <= ((size_t)32 << 20)) {
+        w->tok = malloc((total + 1) * sizeof *w->tok);
+        w->hash = malloc((htotal + 1) * sizeof *w->hash);
+        w->toff = malloc((w->n + 1) * sizeof *w->toff);
+        w->hoff = malloc((w->n + 1) * sizeof *w->hoff);
+        if (!w->tok || !w->hash || !w->toff || !w->hoff) {
+            free(w->tok);
+            free(w->hash);
+            free(w->toff);
+            free(w->hoff);
+            w->tok = NULL;
+            w->hash = NULL;
+            w->toff = w->hoff = NULL;
+        } else {
+            size_t off = 0, hoff = 0;
+            for (size_t i = 0; i < w->n; i++) {
+                size_t len = (size_t)w->reqs[i].in_len + w->reqs[i].out_len;
+                w->toff[i] = off;
+                w->hoff[i] = hoff;
+                gen_tokens(w, i, w->tok + off, w->hash + hoff);
+                off += len;
+                hoff += len / w->hstride;
+            }
+        }
+    }
+    return 0;
+}
+
+static void workload_free(workload *w)
+{
+    free(w->reqs);
+    free(w->tok);
+    free(w->hash);
+    free(w->toff);
+    free(w->hoff);
+    if (w->trace) replay_trace_free(&w->tr);
+    memset(w, 0, sizeof *w);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* K/V content and the paged cache                                                                            */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* The row of a token (all heads x dim of one layer, K or V) is a slice of a fixed random table, starting at an
+ * offset drawn from (prefix hash, layer, K/V): generating it is a memcpy, and any other prefix, layer or side
+ * lands elsewhere in the table. Values are small integers, exact in every cache dtype including fp8. */
+#define TABLE_N (1u << 16)
+
+typedef struct kvstate {
+    kvhal_device dev;
+    kvhal_paged_cache *cache;
+    kvhal_dtype cdt, idt;
+    size_t ces, ies;
+    int32_t layers, heads, dim, ps;
+    size_t row;               /* heads * dim elements */
+    uint8_t *tab_in, *tab_cache;
+    size_t chunk;
+    kvhal_buffer *kbuf, *vbuf, *sbuf;
+    uint8_t *khost, *vhost;
+    int64_t *shost;
+    kvhal_tensor *layer_k, *layer_v; /* views for read-back */
+    uint8_t *readbuf;
+} kvstate;
+
+static inline size_t row_offset(uint64_t hash, int32_t layer, int side)
+{
+    return (size_t)(mix64(hash ^ ((uint64_t)(layer + 1) * 0xd6e8feb86659fd93ULL) ^ ((uint64_t)(side + 1) << 56)) &
+                    (TABLE_N - 1));
+}
+
+static const char *status_msg(kvhal_status st)
+{
+    const char *m = kvhal_last_error();
+    return *m ? m : kvhal_status_name(st);
+}
+
+static int kv_init(kvstate *kv, const options *o, int64_t *num_pages)
+{
+    memset(kv, 0, sizeof *kv);
+    kvhal_status st = kvhal_device_default(&kv->dev);
+    if (st != KVHAL_OK) {
+        fprintf(stderr, "kvhal-replay: KVHAL_DEVICE: %s\n", status_msg(st));
+        return -1;
+    }
+    kvhal_paged_cache_config cfg = {0};
+    cfg.num_layers = o->layers;
+    cfg.num_heads = o->kv_heads;
+    cfg.head_dim = o->head_dim;
+    cfg.block_size = o->page_size;
+    cfg.dtype = o->dtype;
+    cfg.layout = o->layout;
+    cfg.order = o->order;
+    cfg.memory_budget = o->budget;
+    cfg.device = kv->dev;
+    st = kvhal_paged_cache_create(&cfg, &kv->cache);
+    if (st != KVHAL_OK) {
+        fprintf(stderr, "kvhal-replay: paged cache: %s\n", status_msg(st));
+        return -1;
+    }
+    *num_pages = kvhal_paged_cache_num_blocks(kv->cache);
+    kv->cdt = o->dtype;
+    kv->idt = (o->dtype == KVHAL_FP8_E4M3 || o->dtype == KVHAL_FP8_E5M2) ? KVHAL_F16 : o->dtype;
+    kv->ces = kvhal_dtype_size(kv->cdt);
+    kv->ies = kvhal_dtype_size(kv->idt);
+    kv->layers = o->layers;
+    kv->heads = o->kv_heads;
+    kv->dim = o->head_dim;
+    kv->ps = o->page_size;
+    kv->row = (size_t)o->kv_heads * (size_t)o->head_dim;
+    kv->chunk = (size_t)o->chunk;
+    size_t tab = TABLE_N + kv->row;
+    kv->tab_in = malloc(tab * kv->ies);
+    kv->tab_cache = malloc(tab * kv->ces);
+    kv->khost = malloc(kv->chunk * kv->row * kv->ies);
+    kv->vhost = malloc(kv->chunk * kv->row * kv->ies);
+    kv->shost = malloc(kv->chunk * sizeof(int64_t));
+    kv->layer_k = calloc((size_t)kv->layers, sizeof(kvhal_tensor));
+    kv->layer_v = calloc((size_t)kv->layers, sizeof(kvhal_tensor));
+    kv->readbuf = malloc(kv->row * kv->ces);
+    if (!kv->tab_in || !kv->tab_cache || !kv->khost || !kv->vhost || !kv->shost || !kv->layer_k || !kv->layer_v ||
+        !kv->readbuf) {
+        fprintf(stderr, "kvhal-replay: out of host memory for the K/V staging buffers\n");
+        return -1;
+    }
+    uint64_t rng = 0x7461626c65ULL;
+    for (size_t i = 0; i < tab; i++) {
+        float v = (float)((int)(rng_next(&rng) % 15) - 7);
+        uint8_t *in = kv->tab_in + i * kv->ies, *ca = kv->tab_cache + i * kv->ces;
+        uint16_t h16;
+        switch (kv->idt) {
+        case KVHAL_F32: memcpy(in, &v, 4); break;
+        case KVHAL_BF16: h16 = kvhal_f32_to_bf16(v); memcpy(in, &h16, 2); break;
+        default: h16 = kvhal_f32_to_f16(v); memcpy(in, &h16, 2); break;
+        }
+        if (kv->cdt == KVHAL_FP8_E4M3 || kv->cdt == KVHAL_FP8_E5M2) *ca = kvhal_f32_to_fp8(v, kv->cdt);
+        else memcpy(ca, in, kv->ces);
+    }
+    size_t kvbytes = kv->chunk * kv->row * kv->ies;
+    if ((st = kvhal_buffer_create(kv->dev, kvbytes, &kv->kbuf)) != KVHAL_OK ||
+        (st = kvhal_buffer_create(kv->dev, kvbytes, &kv->vbuf)) != KVHAL_OK ||
+        (st = kvhal_buffer_create(kv->dev, kv->chunk * sizeof(int64_t), &kv->sbuf)) != KVHAL_OK) {
+        fprintf(stderr, "kvhal-replay: staging buffers: %s\n", status_msg(st));
+        return -1;
+    }
+    for (int32_t l = 0; l < kv->layers; l++)
+        if ((st = kvhal_paged_cache_layer(kv->cache, l, &kv->layer_k[l], &kv->layer_v[l])) != KVHAL_OK) {
+            fprintf(stderr, "kvhal-replay: paged cache layer %d: %s\n", (int)l, status_msg(st));
+            return -1;
+        }
+    return 0;
+}
+
+static void kv_free(kvstate *kv)
+{
+    if (kv->kbuf) kvhal_buffer_destroy(kv->kbuf);
+    if (kv->vbuf) kvhal_buffer_destroy(kv->vbuf);
+    if (kv->sbuf) kvhal_buffer_destroy(kv->sbuf);
+    if (kv->cache) kvhal_paged_cache_destroy(kv->cache);
+    free(kv->tab_in);
+    free(kv->tab_cache);
+    free(kv->khost);
+    free(kv->vhost);
+    free(kv->shost);
+    free(kv->layer_k);
+    free(kv->layer_v);
+    free(kv->readbuf);
+    memset(kv, 0, sizeof *kv);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* the replay                                                                                                 */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct slot {
+    bool active;
+    size_t req;
+    const int32_t *tok;
+    const uint64_t *hash;
+    int32_t *tokbuf;
+    uint64_t *hashbuf;
+    int32_t *pages;
+    size_t in_len, total, len, matched;
+    size_t npages, in_page; /* pages held; tokens in the last page (len % page size), kept to avoid divisions */
+    kvhal_prefix_handle h;
+    int64_t reserve; /* pages its decode will still allocate */
+} slot;
+
+typedef struct stats {
+    uint64_t requests, skipped, in_tokens, out_tokens, hit_tokens, hit_requests;
+    uint64_t match_calls, finish_calls, bytes_written, pages_evicted, verified, mismatches;
+    uint64_t integrity_checks, integrity_failures, errors, evict_calls;
+    double t_engine, t_match, t_finish, t_write, t_wall, evict_s;
+    int64_t peak_in_use, total_pages;
+    size_t evict_cached_min;
+} stats;
+
+typedef struct replay {
+    const options *o;
+    workload *w;
+    kvstate *kv; /* NULL with --no-kv */
+    kvhal_cache_manager *cm;
+    int64_t total_pages;
+    int32_t ps;
+    slot *slots;
+    int32_t nslots;
+    int64_t reserved;
+    uint64_t *shadow;   /* --no-kv: per page, the prefix hash of its last token */
+    uint64_t rng;
+    stats st;
+    /* decode batch scratch */
+    uint64_t *bhash;
+    int64_t *bslot;
+    int32_t *newpages;
+    /* progress */
+    bool tty;
+    double last_progress, t_start;
+    size_t done_total, work_total;
+    int last_decile;
+    int64_t repeat_index;
+    double excluded; /* seconds of generation, verification and checks inside the loop, not engine work */
+} replay;
+
+static void fatal_status(replay *r, const char *what, kvhal_status st)
+{
+    fprintf(stderr, "kvhal-replay: %s: %s\n", what, status_msg(st));
+    r->st.errors++;
+}
+
+static void progress(replay *r, bool force)
+{
+    if (r->o->quiet || r->o->json) return;
+    double t = now_s();
+    if (r->tty) {
+        if (!force && t - r->last_progress < 0.1) return;
+        r->last_progress = t;
+        double frac = r->work_total ? (double)r->done_total / (double)r->work_total : 1;
+        int width = 30, fill = (int)(frac * width);
+        char bar[64];
+        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+        bar[width] = '\0';
+        double el = t - r->t_start;
+        double hit = r->st.in_tokens ? 100.0 * (double)r->st.hit_tokens / (double)r->st.in_tokens : 0;
+        fprintf(stderr, "\r[%s] %3.0f%%  %zu/%zu requests  %.0f req/s  hit %.1f%%  ", bar, 100 * frac, r->done_total,
+                r->work_total, el > 0 ? (double)r->done_total / el : 0, hit);
+        if (force) fputc('\n', stderr);
+        fflush(stderr);
+    } else {
+        int decile = r->work_total ? (int)(10 * r->done_total / r->work_total) : 10;
+        if (decile == r->last_decile) return;
+        r->last_decile = decile;
+        fprintf(stderr, "kvhal-replay: %d%% (%zu/%zu requests, %.1f s)\n", decile * 10, r->done_total, r->work_total,
+                t - r->t_start);
+    }
+}
+
+/* Writes K and V of n tokens (prefix hashes hash[i], cache slots slots[i]) in every layer. */
+static int write_kv(replay *r, const uint64_t *hash, const int64_t *slots, size_t n)
+{
+    kvstate *kv = r->kv;
+    for (size_t base = 0; base < n; base += kv->chunk) {
+        size_t m = n - base < kv->chunk ? n - base : kv->chunk;
+        kvhal_status st = kvhal_memcpy_h2d(kv->sbuf, 0, slots + base, m * sizeof(int64_t), NULL);
+        if (st != KVHAL_OK) return fatal_status(r, "slot mapping upload", st), -1;
+        int64_t kshape[3] = {(int64_t)m, kv->heads, kv->dim}, sshape[1] = {(int64_t)m};
+        kvhal_tensor kt, vt, s;
+        if ((st = kvhal_tensor_make(kv->kbuf, 0, kv->idt, 3, kshape, NULL, &kt)) != KVHAL_OK ||
+            (st = kvhal_tensor_make(kv->vbuf, 0, kv->idt, 3, kshape, NULL, &vt)) != KVHAL_OK ||
+            (st = kvhal_tensor_make(kv->sbuf, 0, KVHAL_I64, 1, sshape, NULL, &s)) != KVHAL_OK)
+            return fatal_status(r, "tensor", st), -1;
+        size_t rb = kv->row * kv->ies;
+        for (int32_t l = 0; l < kv->layers; l++) {
+            for (size_t i = 0; i < m; i++) {
+                memcpy(kv->khost + i * rb, kv->tab_in + row_offset(hash[base + i], l, 0) * kv->ies, rb);
+                memcpy(kv->vhost + i * rb, kv->tab_in + row_offset(hash[base + i], l, 1) * kv->ies, rb);
+            }
+            if ((st = kvhal_memcpy_h2d(kv->kbuf, 0, kv->khost, m * rb, NULL)) != KVHAL_OK ||
+                (st = kvhal_memcpy_h2d(kv->vbuf, 0, kv->vhost, m * rb, NULL)) != KVHAL_OK)
+                return fatal_status(r, "K/V upload", st), -1;
+            double t0 = now_s();
+            st = kvhal_paged_cache_update(kv->cache, l, &kt, &vt, &s, NULL);
+            if (st == KVHAL_OK) st = kvhal_device_synchronize(kv->dev);
+            r->st.t_write += now_s() - t0;
+            if (st != KVHAL_OK) return fatal_status(r, "paged caching", st), -1;
+        }
+        r->st.bytes_written += (uint64_t)m * kv->row * kv->ces * 2 * (uint64_t)kv->layers;
+    }
+    return 0;
+}
+
+static void report_mismatch(replay *r, const slot *s, size_t pos, int32_t layer, int side, int32_t head)
+{
+    r->st.mismatches++;
+    if (r->st.mismatches <= 10)
+        fprintf(stderr, "kvhal-replay: MISMATCH: request %zu, token %zu of its %zu-token cached prefix (page %d, "
+                "offset %zu)%s%d%s%s: the cache holds another prefix's data\n", s->req, pos, s->matched,
+                (int)s->pages[pos / (size_t)r->ps], pos % (size_t)r->ps, layer >= 0 ? ", layer " : "",
+                layer >= 0 ? (int)layer : 0, side < 0 ? "" : side ? ", V" : ", K", head >= 0 ? " (a head differs)" : "");
+}
+
+/* Reads back sampled rows of the matched prefix (first token, last token, random ones). */
+static void verify_hit(replay *r, slot *s)
+{
+    size_t n = (size_t)r->o->samples;
+    size_t ps = (size_t)r->ps;
+    for (size_t k = 0; k < n; k++) {
+        size_t pos = k == 0 ? 0 : k == 1 ? s->matched - 1 : (size_t)(rng_next(&r->rng) % s->matched);
+        if (!r->kv) {
+            size_t pi = pos / ps;
+            if (r->shadow[s->pages[pi]] != s->hash[pi]) report_mismatch(r, s, pi * ps, -1, -1, -1);
+            r->st.verified++;
+            continue;
+        }
+        kvstate *kv = r->kv;
+        int32_t layer = (int32_t)(rng_next(&r->rng) % (uint64_t)kv->layers);
+        for (int side = 0; side < 2; side++) {
+            const kvhal_tensor *t = side ? &kv->layer_v[layer] : &kv->layer_k[layer];
+            int64_t page = s->pages[pos / ps], off = (int64_t)(pos % ps);
+            const uint8_t *expect = kv->tab_cache + row_offset(s->hash[pos], layer, side) * kv->ces;
+            for (int32_t h = 0; h < kv->heads; h++) {
+                uint8_t *dst = kv->readbuf + (size_t)h * (size_t)kv->dim * kv->ces;
+                size_t el = (size_t)(page * t->strides[0] + off * t->strides[1] + h * t->strides[2]);
+                kvhal_status st;
+                if (t->strides[3] == 1) {
+                    st = kvhal_memcpy_d2h(dst, t->buffer, t->offset + el * kv->ces, (size_t)kv->dim * kv->ces, NULL);
+                } else {
+                    st = KVHAL_OK;
+                    for (int32_t d = 0; d < kv->dim && st == KVHAL_OK; d++)
+                        st = kvhal_memcpy_d2h(dst + (size_t)d * kv->ces, t->buffer,
+                                              t->offset + (el + (size_t)(d * t->strides[3])) * kv->ces, kv->ces, NULL);
+                }
+                if (st != KVHAL_OK) {
+                    fatal_status(r, "read back", st);
+                    return;
+                }
+            }
+            r->st.verified++;
+            if (memcmp(kv->readbuf, expect, kv->row * kv->ces) != 0) {
+                int32_t bad = 0;
+                while (memcmp(kv->readbuf + (size_t)bad * (size_t)kv->dim * kv->ces,
+                              expect + (size_t)bad * (size_t)kv->dim * kv->ces, (size_t)kv->dim * kv->ces) == 0)
+                    bad++;
+                report_mismatch(r, s, pos, layer, side, bad);
+            }
+        }
+    }
+}
+
+static void note_in_use(replay *r)
+{
+    int64_t used = r->total_pages - kvhal_cache_manager_num_free(r->cm);
+    if (used > r->st.peak_in_use) r->st.peak_in_use = used;
+}
+
+static void check_integrity(replay *r)
+{
+    double t0 = now_s();
+    kvhal_status st = kvhal_cache_manager_check_integrity(r->cm);
+    r->st.integrity_checks++;
+    if (st != KVHAL_OK) {
+        r->st.integrity_failures++;
+        fprintf(stderr, "kvhal-replay: INTEGRITY: %s\n", status_msg(st));
+    }
+    r->excluded += now_s() - t0;
+}
+
+static inline size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* 1 admitted, 0 no room now, -1 can never fit (skipped), -2 error. */
+static int admit(replay *r, slot *s, size_t req, int32_t running)
+{
+    const wreq *q = &r->w->reqs[req];
+    size_t ps = (size_t)r->ps;
+    s->req = req;
+    s->in_len = q->in_len;
+    s->total = (size_t)q->in_len + q->out_len;
+    if (r->w->tok) {
+        s->tok = r->w->tok + r->w->toff[req];
+        s->hash = r->w->hash + r->w->hoff[req];
+    } else {
+        double t0 = now_s();
+        gen_tokens(r->w, req, s->tokbuf, s->hashbuf);
+        s->tok = s->tokbuf;
+        s->hash = s->hashbuf;
+        r->excluded += now_s() - t0;
+    }
+    size_t cached = 0;
+    double t0 = now_s();
+    kvhal_status st = kvhal_cache_manager_match(r->cm, s->tok, s->in_len, &s->h, &cached, s->pages,
+                                                div_up(r->w->max_len, ps));
+    r->st.t_match += now_s() - t0;
+    r->st.match_calls++;
+    if (st != KVHAL_OK) return fatal_status(r, "match", st), -2;
+    int64_t have = (int64_t)(cached / ps);
+    int64_t need_now = (int64_t)div_up(s->in_len, ps) - have;
+    int64_t need_decode = (int64_t)div_up(s->total, ps) - (int64_t)div_up(s->in_len, ps);
+    if ((int64_t)kvhal_cache_manager_available(r->cm) < need_now + need_decode + r->reserved) {
+        if (s->h && (st = kvhal_prefix_unlock(kvhal_cache_manager_prefix(r->cm), s->h)) != KVHAL_OK)
+            return fatal_status(r, "unlock", st), -2;
+        s->h = NULL;
+        if (running == 0) {
+            if (r->st.skipped < 5)
+                fprintf(stderr, "kvhal-replay: request %zu needs %lld pages, more than the cache's %lld: skipped\n",
+                        req, (long long)(need_now + need_decode + have), (long long)r->total_pages);
+            r->st.skipped++;
+            return -1;
+        }
+        return 0;
+    }
+    s->matched = cached;
+    if (cached && r->o->samples) {
+        double tv = now_s();
+        verify_hit(r, s);
+        r->excluded += now_s() - tv;
+    }
+    st = kvhal_cache_manager_allocate(r->cm, (int32_t)need_now, s->pages + have);
+    if (st != KVHAL_OK) return fatal_status(r, "allocate", st), -2;
+    note_in_use(r);
+    if (r->kv) {
+        size_t n = s->in_len - cached;
+        for (size_t base = 0; base < n; base += (size_t)r->kv->chunk) {
+            size_t m = n - base < (size_t)r->kv->chunk ? n - base : (size_t)r->kv->chunk;
+            for (size_t i = 0; i < m; i++) {
+                size_t p = cached + base + i;
+                r->bslot[i] = (int64_t)s->pages[p / ps] * (int64_t)ps + (int64_t)(p % ps);
+            }
+            if (write_kv(r, s->hash + cached + base, r->bslot, m) != 0) return -2;
+        }
+    } else {
+        for (size_t pi = (size_t)have; pi < s->in_len / ps; pi++) r->shadow[s->pages[pi]] = s->hash[pi];
+    }
+    s->len = s->in_len;
+    s->npages = div_up(s->in_len, ps);
+    s->in_page = s->in_len % ps;
+    s->reserve = need_decode;
+    r->reserved += need_decode;
+    r->st.in_tokens += s->in_len;
+    r->st.hit_tokens += cached;
+    r->st.hit_requests += cached > 0;
+    s->active = true;
+    return 1;
+}
+
+/* One decode step: every running request appends one token; the new pages of the step come from one
+ * allocation for the whole batch, as an engine's scheduler does. */
+static int decode_step(replay *r)
+{
+    size_t ps = (size_t)r->ps;
+    int32_t need = 0;
+    for (int32_t i = 0; i < r->nslots; i++) {
+        const slot *s = &r->slots[i];
+        need += s->active && s->len < s->total && s->in_page == 0;
+    }
+    if (need) {
+        kvhal_status st = kvhal_cache_manager_allocate(r->cm, need, r->newpages);
+        if (st != KVHAL_OK) return fatal_status(r, "decode allocate (the reservation should have kept room)", st), -1;
+        r->reserved -= need;
+        note_in_use(r);
+    }
+    size_t b = 0;
+    int32_t k = 0;
+    for (int32_t i = 0; i < r->nslots; i++) {
+        slot *s = &r->slots[i];
+        if (!s->active || s->len >= s->total) continue;
+        if (s->in_page == 0) {
+            s->pages[s->npages++] = r->newpages[k++];
+            s->reserve--;
+        }
+        size_t pos = s->len;
+        if (r->kv) {
+            r->bhash[b] = s->hash[pos];
+            r->bslot[b] = (int64_t)s->pages[s->npages - 1] * (int64_t)ps + (int64_t)s->in_page;
+            b++;
+        }
+        s->len = pos + 1;
+        r->st.out_tokens++;
+        if (++s->in_page == ps) {
+            s->in_page = 0;
+            if (!r->kv) r->shadow[s->pages[s->npages - 1]] = s->hash[s->npages - 1];
+        }
+    }
+    if (b && write_kv(r, r->bhash, r->bslot, b) != 0) return -1;
+    return 0;
+}
+
+static int finish(replay *r, slot *s)
+{
+    double t0 = now_s();
+    kvhal_status st = kvhal_cache_manager_cache_finished(r->cm, s->tok, s->total, s->pages, s->h);
+    r->st.t_finish += now_s() - t0;
+    r->st.finish_calls++;
+    if (st != KVHAL_OK) return fatal_status(r, "cache_finished", st), -1;
+    s->active = false;
+    s->h = NULL;
+    r->reserved -= s->reserve;
+    s->reserve = 0;
+    r->st.requests++;
+    return 0;
+}
+
+/* evict(4096) timings on the full cache: a few calls while it stays within 3% of its size. */
+static void evict_bench(replay *r)
+{
+    kvhal_prefix_size_info si;
+    if (kvhal_prefix_size_info_get(kvhal_cache_manager_prefix(r->cm), &si) != KVHAL_OK) return;
+    size_t start = si.total_tokens;
+    for (int i = 0; i < 16; i++) {
+        kvhal_prefix_size_info_get(kvhal_cache_manager_prefix(r->cm), &si);
+        if (si.evictable_tokens < 2 * 4096 || si.total_tokens < start - start / 32) break;
+        size_t ev;
+        double t0 = now_s();
+        kvhal_status st = kvhal_cache_manager_evict(r->cm, 4096, &ev);
+        r->st.evict_s += now_s() - t0;
+        if (st != KVHAL_OK) {
+            fatal_status(r, "evict", st);
+            return;
+        }
+        if (r->st.evict_calls == 0 || si.total_tokens < r->st.evict_cached_min) r->st.evict_cached_min = si.total_tokens;
+        r->st.evict_calls++;
+    }
+}
+
+static int run_once(replay *r)
+{
+    kvhal_status st = kvhal_cache_manager_create((int32_t)r->total_pages, r->ps, r->o->kind, &r->cm);
+    if (st != KVHAL_OK) return fatal_status(r, "cache manager", st), -1;
+    size_t n = r->w->n, next = 0, done = 0;
+    int32_t running = 0;
+    r->reserved = 0;
+    r->excluded = 0;
+    int rc = 0;
+    double t0 = now_s();
+    while (done < n && rc == 0) {
+        while (running < r->nslots && next < n) {
+            slot *s = NULL;
+            for (int32_t i = 0; i < r->nslots; i++)
+                if (!r->slots[i].active) {
+                    s = &r->slots[i];
+                    break;
+                }
+            int a = admit(r, s, next, running);
+            if (a == 0) break;
+            if (a == -2) {
+                rc = -1;
+                break;
+            }
+            next++;
+            if (a == -1) {
+                done++;
+                r->done_total++;
+                continue;
+            }
+            running++;
+        }
+        if (rc) break;
+        if (running && decode_step(r) != 0) {
+            rc = -1;
+            break;
+        }
+        for (int32_t i = 0; i < r->nslots && rc == 0; i++) {
+            slot *s = &r->slots[i];
+            if (!s->active || s->len < s->total) continue;
+            if (finish(r, s) != 0) {
+                rc = -1;
+                break;
+            }
+            running--;
+            done++;
+            r->done_total++;
+            if (r->o->check_every && r->st.requests % (uint64_t)r->o->check_every == 0) check_integrity(r);
+            if ((r->done_total & 15) == 0) progress(r, false);
+        }
+    }
+    double el = now_s() - t0;
+    r->st.t_engine += el - r->excluded;
+    r->st.pages_evicted += kvhal_cache_manager_pages_evicted(r->cm);
+    check_integrity(r);
+    if (rc == 0 && r->o->kind == KVHAL_PREFIX_RADIX) evict_bench(r);
+    kvhal_cache_manager_destroy(r->cm);
+    r->cm = NULL;
+    return rc;
+}
+
+static void print_summary(const replay *r, const workload *w, const char *device)
+{
+    const stats *s = &r->st;
+    const options *o = r->o;
+    double eng = s->t_engine > 0 ? s->t_engine : 1e-9;
+    double rps = (double)s->requests / eng;
+    double tps = (double)(s->in_tokens + s->out_tokens) / eng;
+    double hit = s->in_tokens ? (double)s->hit_tokens / (double)s->in_tokens : 0;
+    double match_us = s->match_calls ? 1e6 * s->t_match / (double)s->match_calls : 0;
+    double insert_us = s->finish_calls ? 1e6 * s->t_finish / (double)s->finish_calls : 0;
+    double evict_us = s->evict_calls ? 1e6 * s->evict_s / (double)s->evict_calls : 0;
+    double gbps = s->t_write > 0 ? (double)s->bytes_written / s->t_write / 1e9 : 0;
+    bool ok = s->mismatches == 0 && s->integrity_failures == 0 && s->errors == 0;
+    const char *kind = o->kind == KVHAL_PREFIX_RADIX ? "radix" : "naive";
+    if (o->json) {
+        printf("{\"requests\": %llu, \"skipped\": %llu, \"repeat\": %lld, \"requests_per_s\": %.1f, "
+               "\"tokens_per_s\": %.1f, \"hit_rate\": %.6f, \"hit_requests\": %llu, \"pages_evicted\": %llu, "
+               "\"peak_pages_in_use\": %lld, \"pages_total\": %lld, \"page_size\": %d, \"bytes_written\": %llu, "
+               "\"write_gb_per_s\": %.3f, \"match_us\": %.3f, \"insert_us\": %.3f, \"evict_4096_us\": %.3f, "
+               "\"evict_calls\": %llu, \"evict_cached_tokens\": %zu, \"verified\": %llu, \"mismatches\": %llu, "
+               "\"integrity_checks\": %llu, \"integrity_failures\": %llu, \"errors\": %llu, \"ok\": %s, "
+               "\"engine_s\": %.4f, \"wall_s\": %.3f, \"mode\": \"%s\", \"prefix\": \"%s\", \"device\": \"%s\", "
+               "\"model\": \"%s\", \"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"%s\", "
+               "\"batch\": %d, \"seed\": %llu}\n",
+               (unsigned long long)s->requests, (unsigned long long)s->skipped, (long long)o->repeat, rps, tps, hit,
+               (unsigned long long)s->hit_requests, (unsigned long long)s->pages_evicted, (long long)s->peak_in_use,
+               (long long)s->total_pages, (int)o->page_size, (unsigned long long)s->bytes_written, gbps, match_us,
+               insert_us, evict_us, (unsigned long long)s->evict_calls, s->evict_cached_min,
+               (unsigned long long)s->verified, (unsigned long long)s->mismatches,
+               (unsigned long long)s->integrity_checks, (unsigned long long)s->integrity_failures,
+               (unsigned long long)s->errors, ok ? "true" : "false", s->t_engine, s->t_wall,
+               o->no_kv ? "no-kv" : "kv", kind, device, o->model, (int)o->layers, (int)o->kv_heads, (int)o->head_dim,
+               kvhal_dtype_name(o->dtype), (int)o->batch, (unsigned long long)o->seed);
+        return;
+    }
+    printf("kvhal-replay: %s\n", w->name);
+    printf("  cache        %s, %s prefix cache, page size %d, %lld pages (%s %d layers x %d kv heads x %d, %s)\n",
+           o->no_kv ? "no K/V (bookkeeping only)" : device, kind, (int)o->page_size, (long long)s->total_pages,
+           o->model, (int)o->layers, (int)o->kv_heads, (int)o->head_dim, kvhal_dtype_name(o->dtype));
+    printf("  requests     %llu in %.3f s of engine time (%lld x %zu, batch %d)%s\n", (unsigned long long)s->requests,
+           s->t_engine, (long long)o->repeat, w->n, (int)o->batch, s->skipped ? ", some skipped" : "");
+    if (s->skipped) printf("  skipped      %llu (larger than the whole cache)\n", (unsigned long long)s->skipped);
+    printf("  throughput   %.0f requests/s, %.0f tokens/s\n", rps, tps);
+    printf("  prefix hits  %.2f%% of prompt tokens (%llu of %llu requests hit)\n", 100 * hit,
+           (unsigned long long)s->hit_requests, (unsigned long long)s->requests);
+    printf("  pages        %llu evicted, peak %lld of %lld in use\n", (unsigned long long)s->pages_evicted,
+           (long long)s->peak_in_use, (long long)s->total_pages);
+    printf("  cache ops    match %.3f us, cache_finished (insert) %.3f us", match_us, insert_us);
+    if (s->evict_calls)
+        printf(", evict(4096) %.2f us (%llu calls, >= %zu tokens cached)", evict_us, (unsigned long long)s->evict_calls,
+               s->evict_cached_min);
+    printf("\n");
+    if (!o->no_kv)
+        printf("  K/V written  %.3f GB, paged caching %.2f GB/s\n", (double)s->bytes_written / 1e9, gbps);
+    printf("  verification %llu %s checked, %llu mismatches; %llu integrity checks, %llu failed: %s\n",
+           (unsigned long long)s->verified, o->no_kv ? "pages" : "rows", (unsigned long long)s->mismatches,
+           (unsigned long long)s->integrity_checks, (unsigned long long)s->integrity_failures, ok ? "PASS" : "FAIL");
+}
+
+static int run_replay(const options *o)
+{
+    double t_wall = now_s();
+    workload w;
+    if (workload_init(&w, o) != 0) {
+        fprintf(stderr, "kvhal-replay: could not build the workload\n");
+        workload_free(&w);
+        return 1;
+    }
+    replay r;
+    memset(&r, 0, sizeof r);
+    r.o = o;
+    r.w = &w;
+    r.ps = o->page_size;
+    r.nslots = o->batch;
+    r.rng = mix64(o->seed + 99);
+    r.tty = isatty(2);
+    r.last_decile = -1;
+    kvstate kv;
+    char device[32] = "none";
+    int64_t pages = 0;
+    int rc = 1;
+    if (o->no_kv) {
+        uint64_t per_token = (uint64_t)o->layers * 2 * (uint64_t)o->kv_heads * (uint64_t)o->head_dim *
+                             kvhal_dtype_size(o->dtype);
+        pages = (int64_t)(o->budget / (per_token * (uint64_t)o->page_size));
+    } else {
+        if (kv_init(&kv, o, &pages) != 0) {
+            kv_free(&kv);
+            workload_free(&w);
+            return 1;
+        }
+        r.kv = &kv;
+        kvhal_device_format(kv.dev, device, sizeof device);
+    }
+    if (pages < 1 || pages > INT32_MAX) {
+        fprintf(stderr, "kvhal-replay: --kv-budget gives %lld pages; need 1 to %d (raise --page-size or change the "
+                "budget)\n", (long long)pages, INT32_MAX);
+        goto out;
+    }
+    r.total_pages = pages;
+    r.st.total_pages = pages;
+    size_t maxp = div_up(w.max_len, (size_t)o->page_size) + 1;
+    r.slots = calloc((size_t)r.nslots, sizeof *r.slots);
+    r.bhash = malloc(((size_t)r.nslots + (size_t)o->chunk) * sizeof *r.bhash);
+    r.bslot = malloc(((size_t)r.nslots + (size_t)o->chunk) * sizeof *r.bslot);
+    r.newpages = malloc((size_t)r.nslots * sizeof *r.newpages);
+    if (o->no_kv) r.shadow = calloc((size_t)pages, sizeof *r.shadow);
+    if (!r.slots || !r.bhash || !r.bslot || !r.newpages || (o->no_kv && !r.shadow)) goto oom;
+    for (int32_t i = 0; i < r.nslots; i++) {
+        slot *s = &r.slots[i];
+        s->pages = malloc(maxp * sizeof *s->pages);
+        if (!s->pages) goto oom;
+        if (!w.tok) {
+            s->tokbuf = malloc((w.max_len + 1) * sizeof *s->tokbuf);
+            s->hashbuf = malloc((w.max_len / w.hstride + 1) * sizeof *s->hashbuf);
+            if (!s->tokbuf || !s->hashbuf) goto oom;
+        }
+    }
+    r.work_total = w.n * (size_t)o->repeat;
+    r.t_start = now_s();
+    rc = 0;
+    for (int64_t i = 0; i < o->repeat && rc == 0; i++) {
+        r.repeat_index = i;
+        if (run_once(&r) != 0) rc = 1;
+    }
+    progress(&r, true);
+    r.st.t_wall = now_s() - t_wall;
+    print_summary(&r, &w, device);
+    if (r.st.mismatches || r.st.integrity_failures || r.st.errors) rc = 1;
+    goto out;
+oom:
+    fprintf(stderr, "kvhal-replay: out of host memory\n");
+    rc = 1;
+out:
+    if (r.slots)
+        for (int32_t i = 0; i < r.nslots; i++) {
+            free(r.slots[i].pages);
+            free(r.slots[i].tokbuf);
+            free(r.slots[i].hashbuf);
+        }
+    free(r.slots);
+    free(r.bhash);
+    free(r.bslot);
+    free(r.newpages);
+    free(r.shadow);
+    if (r.kv) kv_free(&kv);
+    workload_free(&w);
+    return rc;
+}
+
+/* The CI soak: eviction pressure (the cache holds a fraction of the workload), locks held by a large batch,
+ * integrity checked every few requests, at page sizes 1, 4 and 16 and with the naive cache. */
+static int run_soak(const options *base)
+{
+    static const struct {
+        int32_t ps, batch;
+        kvhal_prefix_kind kind;
+        double zipf;
+        const char *budget;
+        kvhal_paged_layout layout;
+    } runs[] = {
+        {16, 16, KVHAL_PREFIX_RADIX, 1.1, "12MiB", KVHAL_LAYOUT_NHD},
+        {1, 8, KVHAL_PREFIX_RADIX, 0.8, "8MiB", KVHAL_LAYOUT_NHD},
+        {4, 32, KVHAL_PREFIX_RADIX, 1.3, "10MiB", KVHAL_LAYOUT_HND},
+        {4, 8, KVHAL_PREFIX_NAIVE, 0, "8MiB", KVHAL_LAYOUT_NHD},
+    };
+    int failed = 0;
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        options o = *base;
+        o.page_size = runs[i].ps;
+        o.batch = runs[i].batch;
+        o.kind = runs[i].kind;
+        o.zipf = runs[i].zipf;
+        o.layout = runs[i].layout;
+        parse_size("--kv-budget", runs[i].budget, &o.budget);
+        o.groups = 32;
+        o.prompts = 24;
+        o.system_len = 1000;
+        o.question_len = 100;
+        o.output_len = 60;
+        o.check_every = 16;
+        o.samples = 16;
+        o.repeat = 2;
+        o.seed = base->seed + i;
+        if (!o.json) printf("== soak %zu/%zu: page size %d, batch %d, %s, budget %s\n", i + 1,
+                            sizeof runs / sizeof runs[0], (int)o.page_size, (int)o.batch,
+                            o.kind == KVHAL_PREFIX_RADIX ? "radix" : "naive", runs[i].budget);
+        fflush(stdout);
+        if (run_replay(&o) != 0) failed++;
+    }
+    if (!base->json) printf("soak: %s\n", failed ? "FAIL" : "PASS");
+    return failed ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    default_options(&o);
+    int p = parse_options(argc, argv, &o);
+    if (p < 0) return 2;
+    if (p == 1) {
+        usage(stdout);
+        return 0;
+    }
+    if (p == 2) return run_soak(&o);
+    return run_replay(&o);
+}
