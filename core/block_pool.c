@@ -31,7 +31,10 @@ kvhal_status kvhal_block_pool_create(int32_t num_blocks, kvhal_block_pool **out)
     kvhal_block_pool *p = kvhal__calloc(1, sizeof *p);
     if (!p) return kvhal__err(KVHAL_OUT_OF_MEMORY, "block pool of %d blocks: no memory for the pool", (int)num_blocks);
     p->free_stack = kvhal__malloc((size_t)num_blocks * sizeof(int32_t));
-    p->ref = kvhal__calloc((size_t)num_blocks, sizeof(int32_t));
+    /* malloc + memset rather than calloc: a large calloc maps zero pages that fault one by one on first use,
+     * in the middle of allocation-heavy work; touching them here keeps that cost at create. */
+    p->ref = kvhal__malloc((size_t)num_blocks * sizeof(int32_t));
+    if (p->ref) memset(p->ref, 0, (size_t)num_blocks * sizeof(int32_t));
     if (!p->free_stack || !p->ref) {
         free(p->free_stack);
         free(p->ref);
@@ -109,9 +112,23 @@ kvhal_status kvhal__block_pool_release_many(kvhal_block_pool *p, const int32_t *
     KVHAL_TRY(check_pool(p));
     if (n == 0) return KVHAL_OK;
     KVHAL_CHECK_ARG(blocks, "blocks: NULL for %zu blocks", n);
-    /* Validate by dropping the references first and undoing them on a bad id, so that a list naming one block
-     * more often than it is referenced fails without changing anything. */
+    /* Fast path, the usual case (blocks owned once, e.g. a prefix-cache leaf going back): every count is 1.
+     * Zeroing as we go also catches a block listed twice (its second sight reads 0). */
     size_t i = 0;
+    for (; i < n; i++) {
+        int32_t b = blocks[i];
+        if (b < 0 || b >= p->num_blocks || p->ref[b] != 1) break;
+        p->ref[b] = 0;
+    }
+    if (i == n) {
+        memcpy(p->free_stack + p->num_free, blocks, n * sizeof(int32_t));
+        p->num_free += (int32_t)n;
+        return KVHAL_OK;
+    }
+    while (i-- > 0) p->ref[blocks[i]] = 1;
+    /* General case: drop the references first and undo them on a bad id, so that a list naming one block more
+     * often than it is referenced fails without changing anything. */
+    i = 0;
     for (; i < n; i++) {
         int32_t b = blocks[i];
         if (b < 0 || b >= p->num_blocks || p->ref[b] == 0) break;

@@ -57,27 +57,6 @@ bool kvhal__handle_add(const void *p)
     return ok;
 }
 
-bool kvhal__handle_remove(const void *p)
-{
-    bool found = false;
-    pthread_mutex_lock(&live_mu);
-    if (live_cap) {
-        size_t j = hash_ptr(p) & (live_cap - 1);
-        while (live[j]) {
-            if (live[j] == p) {
-                live[j] = TOMB;
-                live_count--;
-                live_tomb++;
-                found = true;
-                break;
-            }
-            j = (j + 1) & (live_cap - 1);
-        }
-    }
-    pthread_mutex_unlock(&live_mu);
-    return found;
-}
-
 bool kvhal__handle_remove_kind(const void *p, uint32_t magic)
 {
     bool found = false;

@@ -44,8 +44,9 @@ kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t page_size, 
     if (!cm) return kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the manager");
     kvhal_status st = kvhal_prefix_cache_create(kind, page_size, &cm->pc);
     if (st == KVHAL_OK) st = kvhal_block_pool_create(total_pages, &cm->pool);
-    if (st == KVHAL_OK && !(cm->state = kvhal__calloc((size_t)total_pages, 1)))
+    if (st == KVHAL_OK && !(cm->state = kvhal__malloc((size_t)total_pages)))
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the owner of %d pages", (int)total_pages);
+    if (st == KVHAL_OK) memset(cm->state, PAGE_FREE, (size_t)total_pages); /* touched now, not page by page later */
     if (st != KVHAL_OK) {
         kvhal_block_pool_destroy(cm->pool);
         kvhal_prefix_cache_destroy(cm->pc);
@@ -88,23 +89,35 @@ kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *t
     return KVHAL_OK;
 }
 
-/* Eviction hands tree pages back to the pool. */
+/* Eviction hands a leaf's tree pages back to the pool, in one call per leaf. */
 static void evicted_cb(const int32_t *pages, size_t n, void *user)
 {
     kvhal_cache_manager *cm = user;
-    for (size_t i = 0; i < n; i++) {
-        int32_t p = pages[i];
-        if (p < 0 || p >= cm->total || cm->state[p] != PAGE_TREE) {
-            if (cm->cb_status == KVHAL_OK)
-                cm->cb_status = kvhal__err(KVHAL_INTEGRITY, "cache manager: evicted page %d was not a cached page",
-                                           (int)p);
-            continue;
-        }
+    unsigned bad = 0; /* accumulated without branches: a leaf of a page-size-1 cache has one page per token */
+    size_t i = 0;
+    for (; i < n; i++) {
+        uint32_t p = (uint32_t)pages[i];
+        if (p >= (uint32_t)cm->total) break;
+        bad |= cm->state[p] ^ PAGE_TREE;
         cm->state[p] = PAGE_FREE;
-        if (kvhal_block_pool_release(cm->pool, p) != KVHAL_OK && cm->cb_status == KVHAL_OK)
-            cm->cb_status = kvhal__err(KVHAL_INTEGRITY, "cache manager: evicted page %d was free in the pool", (int)p);
     }
-    cm->evicted_pages += n;
+    if (i == n && !bad && kvhal__block_pool_release_many(cm->pool, pages, n) == KVHAL_OK) {
+        cm->evicted_pages += n;
+        return;
+    }
+    /* Something is off: free what can be freed, page by page, and report the first bad one. */
+    for (i = 0; i < n; i++) {
+        int32_t p = pages[i];
+        bool ours = p >= 0 && p < cm->total && (cm->state[p] == PAGE_TREE || cm->state[p] == PAGE_FREE);
+        if (ours && kvhal_block_pool_ref_count(cm->pool, p) > 0) {
+            cm->state[p] = PAGE_FREE;
+            kvhal_block_pool_release(cm->pool, p);
+            cm->evicted_pages++;
+        } else if (cm->cb_status == KVHAL_OK) {
+            cm->cb_status = kvhal__err(KVHAL_INTEGRITY, "cache manager: evicted page %d was not a cached page",
+                                       (int)p);
+        }
+    }
 }
 
 static kvhal_status evict_tokens(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
@@ -147,25 +160,26 @@ kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, in
     return KVHAL_OK;
 }
 
-/* Checks that pages[from..to) are distinct pages held by requests; marks them PAGE_MARK (undone on failure). */
-static kvhal_status mark_held(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to)
+/* Checks that pages[from..to) are distinct pages held by requests and gives them the owner mark (PAGE_MARK or
+ * PAGE_TREE); on failure every mark is undone. A page seen twice reads the mark the first sight left. */
+static kvhal_status mark_held(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to, uint8_t mark)
 {
     for (size_t i = from; i < to; i++) {
         int32_t p = pages[i];
-        const char *why = NULL;
-        if (p < 0 || p >= cm->total) why = "out of range";
-        else if (cm->state[p] == PAGE_MARK) why = "listed twice";
-        else if (cm->state[p] == PAGE_FREE) why = "free (not allocated)";
-        else if (cm->state[p] == PAGE_TREE) why = "owned by the prefix cache, not by the request";
-        if (why) {
-            size_t bad = i;
-            while (i-- > from) cm->state[pages[i]] = PAGE_HELD;
-            if (p < 0 || p >= cm->total)
-                return kvhal__err(KVHAL_OUT_OF_RANGE, "pages[%zu]: %d is out of range [0, %d)", bad, (int)p,
-                                  (int)cm->total);
-            return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: page %d is %s", bad, (int)p, why);
+        if ((uint32_t)p < (uint32_t)cm->total && cm->state[p] == PAGE_HELD) {
+            cm->state[p] = mark;
+            continue;
         }
-        cm->state[p] = PAGE_MARK;
+        size_t bad = i;
+        bool seen = false;
+        for (size_t j = from; j < i && !seen; j++) seen = pages[j] == p;
+        while (i-- > from) cm->state[pages[i]] = PAGE_HELD;
+        if (p < 0 || p >= cm->total)
+            return kvhal__err(KVHAL_OUT_OF_RANGE, "pages[%zu]: %d is out of range [0, %d)", bad, (int)p,
+                              (int)cm->total);
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: page %d is %s", bad, (int)p,
+                          seen ? "listed twice" : cm->state[p] == PAGE_FREE ? "free (not allocated)"
+                                                                          : "owned by the prefix cache, not by the request");
     }
     return KVHAL_OK;
 }
@@ -193,7 +207,7 @@ kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const int32_t *pa
     if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
     if (n == 0) return KVHAL_OK;
     KVHAL_CHECK_ARG(pages, "pages: NULL for %d pages", (int)n);
-    KVHAL_TRY(mark_held(cm, pages, 0, (size_t)n));
+    KVHAL_TRY(mark_held(cm, pages, 0, (size_t)n, PAGE_MARK));
     return give_back(cm, pages, 0, (size_t)n);
 }
 
@@ -211,16 +225,17 @@ kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const i
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "num_tokens: %zu, fewer than the %zu the handle matched",
                           num_tokens, matched);
     size_t own = matched / ps; /* pages[0..own) are the tree's, from match: insert checks them */
-    KVHAL_TRY(mark_held(cm, pages, own, npages));
+    /* One pass marks the request's pages as the tree's; the few that turn out duplicates or the partial tail are
+     * freed after the insert, and a failed insert puts every mark back. */
+    KVHAL_TRY(mark_held(cm, pages, own, npages, PAGE_TREE));
     size_t already = 0;
     kvhal_status st = kvhal__prefix_insert_unlock(cm->pc, tokens, num_tokens, pages, handle, &already);
     if (st != KVHAL_OK) {
         unmark(cm, pages, own, npages, PAGE_HELD);
         return st;
     }
-    size_t aligned = (num_tokens / ps);
+    size_t aligned = num_tokens / ps;
     size_t dup_end = already / ps; /* >= own: the handle's path was on the tokens' path */
-    unmark(cm, pages, dup_end, aligned, PAGE_TREE);
     cm->held -= (int64_t)(aligned - dup_end);
     KVHAL_TRY(give_back(cm, pages, own, dup_end));
     return give_back(cm, pages, aligned, npages);

@@ -2,25 +2,14 @@
  * fp8 e5m2). They are the host reference that every backend's kernels are tested against, so each is exact:
  * round to nearest, ties to even, subnormals included. FP8 saturates (a finite value or an infinity beyond the
  * largest finite code becomes that code, as CUDA's __NV_SATFINITE does) because a KV cache must never turn a large
- * activation into inf or NaN; f16 and bf16 follow IEEE (overflow gives inf). NaN stays NaN in every format. */
+ * activation into inf or NaN; f16 and bf16 follow IEEE (overflow gives inf). NaN stays NaN in every format.
+ * The conversions that inner loops need live in convert.h (shared with the CPU backend); the generic rounding
+ * below serves f16, and was used to check convert.h's fp8 encoder over all 2^32 floats. */
 #include <math.h>
 #include <string.h>
 
+#include "convert.h"
 #include "internal.h"
-
-static inline uint32_t f32_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
 
 /* Rounds a finite, non-negative f32 (its bit pattern a) to a binary format with m stored mantissa bits and the
  * given exponent bias. Returns the magnitude code (biased exponent << m | mantissa); a value that rounds past the
@@ -55,22 +44,9 @@ static uint32_t round_magnitude(uint32_t a, int m, int bias)
     return code;
 }
 
-static uint8_t to_fp8(float x, int m, int bias, uint32_t max_code)
-{
-    uint32_t u = f32_bits(x);
-    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu); /* NaN */
-    if (a == 0x7f800000u) return (uint8_t)(sign | max_code); /* inf saturates */
-    uint32_t code = round_magnitude(a, m, bias);
-    if (code > max_code) code = max_code;
-    return (uint8_t)(sign | code);
-}
-
 uint8_t kvhal_f32_to_fp8(float x, kvhal_dtype fp8_type)
 {
-    if (fp8_type == KVHAL_FP8_E5M2) return to_fp8(x, 2, 15, 0x7bu); /* 57344 */
-    return to_fp8(x, 3, 7, 0x7eu);                                   /* e4m3fn: 448 */
+    return fp8_type == KVHAL_FP8_E5M2 ? kvhal__f32_to_fp8_e5m2(x) : kvhal__f32_to_fp8_e4m3(x);
 }
 
 float kvhal_fp8_to_f32(uint8_t x, kvhal_dtype fp8_type)
@@ -79,19 +55,19 @@ float kvhal_fp8_to_f32(uint8_t x, kvhal_dtype fp8_type)
     const unsigned mag = x & 0x7fu;
     if (fp8_type == KVHAL_FP8_E5M2) {
         unsigned e = mag >> 2, f = mag & 3u;
-        if (e == 31) return f ? bits_f32((x & 0x80u ? 0x80000000u : 0u) | 0x7fc00000u) : sign * INFINITY;
+        if (e == 31) return f ? kvhal__bits_f32((x & 0x80u ? 0x80000000u : 0u) | 0x7fc00000u) : sign * INFINITY;
         if (e == 0) return sign * ldexpf((float)f, -16);          /* f * 2^-2 * 2^-14 */
         return sign * ldexpf((float)(4u + f), (int)e - 15 - 2);
     }
     unsigned e = mag >> 3, f = mag & 7u;
-    if (mag == 0x7fu) return bits_f32((x & 0x80u ? 0x80000000u : 0u) | 0x7fc00000u);
+    if (mag == 0x7fu) return kvhal__bits_f32((x & 0x80u ? 0x80000000u : 0u) | 0x7fc00000u);
     if (e == 0) return sign * ldexpf((float)f, -9);                /* f * 2^-3 * 2^-6 */
     return sign * ldexpf((float)(8u + f), (int)e - 7 - 3);
 }
 
 uint16_t kvhal_f32_to_f16(float x)
 {
-    uint32_t u = f32_bits(x);
+    uint32_t u = kvhal__f32_bits(x);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x1ffu)); /* quiet NaN, payload kept */
@@ -101,24 +77,14 @@ uint16_t kvhal_f32_to_f16(float x)
     return (uint16_t)(sign | code);
 }
 
-float kvhal_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1fu, f = h & 0x3ffu;
-    if (e == 31) return bits_f32(sign | 0x7f800000u | (f << 13));
-    if (e == 0) {
-        float v = ldexpf((float)f, -24);
-        return sign ? -v : v;
-    }
-    return bits_f32(sign | ((e + 112u) << 23) | (f << 13));
-}
+float kvhal_f16_to_f32(uint16_t h) { return kvhal__f16_to_f32(h); }
 
 uint16_t kvhal_f32_to_bf16(float x)
 {
-    uint32_t u = f32_bits(x);
+    uint32_t u = kvhal__f32_bits(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
     /* Adding 0x7fff (+1 when the kept lsb is odd) rounds to nearest even; overflow carries into inf. */
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-float kvhal_bf16_to_f32(uint16_t x) { return bits_f32((uint32_t)x << 16); }
+float kvhal_bf16_to_f32(uint16_t x) { return kvhal__bf16_to_f32(x); }

@@ -50,6 +50,8 @@ kvhal_status kvhal_device_parse(const char *text, kvhal_device *out)
 kvhal_status kvhal_device_format(kvhal_device dev, char *buf, size_t buf_size)
 {
     KVHAL_CHECK_ARG(buf && buf_size > 0, "buf: NULL or buf_size 0");
+    KVHAL_CHECK_ARG((unsigned)dev.type < KVHAL_DEVICE_TYPE_COUNT, "dev.type: %d is not a device type", (int)dev.type);
+    KVHAL_CHECK_ARG(dev.id >= 0, "dev.id: %d is negative", dev.id);
     int n = snprintf(buf, buf_size, "%s:%d", kvhal_device_type_name(dev.type), dev.id);
     if (n < 0 || (size_t)n >= buf_size)
         return kvhal__err(KVHAL_OUT_OF_RANGE, "buf_size: %zu is too small for \"%s:%d\"", buf_size,

@@ -72,8 +72,7 @@ KVHAL_HIDDEN bool kvhal__device_equal(kvhal_device a, kvhal_device b);
  * KVHAL_INVALID_HANDLE when the pointer is not live, so a double destroy never frees twice. add returns false
  * only when the set cannot grow (out of memory). */
 KVHAL_HIDDEN bool kvhal__handle_add(const void *p);
-KVHAL_HIDDEN bool kvhal__handle_remove(const void *p);
-/* Like remove, but only when the live handle's first uint32_t is magic: destroying a live handle of another kind (a
+/* Removes p from the live set, but only when the live handle's first uint32_t is magic: destroying a live handle of another kind (a
  * stream passed as a buffer) fails with KVHAL_INVALID_HANDLE instead of freeing it as the wrong type. Every handle
  * struct starts with its magic. */
 KVHAL_HIDDEN bool kvhal__handle_remove_kind(const void *p, uint32_t magic);

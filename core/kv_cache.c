@@ -206,7 +206,7 @@ kvhal_status kvhal_kv_cache_duplicate(const kvhal_kv_cache *src, int64_t seq_len
 kvhal_status kvhal_kv_cache_destroy(kvhal_kv_cache *c)
 {
     if (!c) return kvhal__err(KVHAL_INVALID_ARGUMENT, "c: NULL");
-    if (!kvhal__handle_remove(c))
+    if (!kvhal__handle_remove_kind(c, KV_MAGIC))
         return kvhal__err(KVHAL_INVALID_HANDLE, "c: %p is not a live kv cache (destroyed twice?)", (void *)c);
     c->magic = KVHAL_MAGIC_DEAD;
     free_cache(c);

@@ -95,7 +95,7 @@ kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal
 kvhal_status kvhal_paged_cache_destroy(kvhal_paged_cache *c)
 {
     if (!c) return kvhal__err(KVHAL_INVALID_ARGUMENT, "c: NULL");
-    if (!kvhal__handle_remove(c))
+    if (!kvhal__handle_remove_kind(c, PAGED_MAGIC))
         return kvhal__err(KVHAL_INVALID_HANDLE, "c: %p is not a live paged cache (destroyed twice?)", (void *)c);
     c->magic = KVHAL_MAGIC_DEAD;
     kvhal_status st = kvhal_buffer_destroy(c->buf);

@@ -617,8 +617,12 @@ static kvhal_status insert_impl(kvhal_prefix_cache *pc, const int32_t *tokens, s
     }
 
     size_t fresh = n - w.pos; /* tokens that get a new leaf */
-    for (size_t i = w.pos / ps; i < n / ps; i++)
-        if (pages[i] < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: %d is negative", i, (int)pages[i]);
+    int32_t any = 0; /* branch-free sign check: a page list is long at page size 1 */
+    for (size_t i = w.pos / ps; i < n / ps; i++) any |= pages[i];
+    if (any < 0)
+        for (size_t i = w.pos / ps; i < n / ps; i++)
+            if (pages[i] < 0)
+                return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: %d is negative", i, (int)pages[i]);
 
     size_t need_nodes = (w.partial ? 1 : 0) + (fresh ? 1 : 0);
     int32_t *split_mem = NULL, *leaf_mem = NULL;
@@ -785,6 +789,39 @@ static int cmp_i32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Every page id at most once: a bitmap when the ids are dense enough (the usual case: ids of one cache), a sort
+ * otherwise. */
+static kvhal_status check_unique(int32_t *pages, size_t n)
+{
+    int32_t max = 0;
+    for (size_t i = 0; i < n; i++)
+        if (pages[i] > max) max = pages[i];
+    size_t words = ((size_t)max >> 6) + 1;
+    if (words <= n + 4096) {
+        /* plain calloc, not a fault-injection point: when it fails the sort below does the same check */
+        uint64_t *bits = calloc(words, sizeof *bits);
+        if (bits) {
+            kvhal_status st = KVHAL_OK;
+            for (size_t i = 0; i < n; i++) {
+                uint32_t p = (uint32_t)pages[i];
+                uint64_t m = 1ull << (p & 63);
+                if (bits[p >> 6] & m) {
+                    st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: page %d is held in two places", pages[i]);
+                    break;
+                }
+                bits[p >> 6] |= m;
+            }
+            free(bits);
+            return st;
+        }
+    }
+    qsort(pages, n, sizeof *pages, cmp_i32);
+    for (size_t i = 1; i < n; i++)
+        if (pages[i] == pages[i - 1])
+            return kvhal__err(KVHAL_INTEGRITY, "prefix cache: page %d is held in two places", pages[i]);
+    return KVHAL_OK;
+}
+
 typedef struct scratch {
     uint32_t *children;  /* per slot id (+1 for the root at index num_slots) */
     int64_t *lock_sum;   /* sum of the children's lock counts */
@@ -915,12 +952,7 @@ kvhal_status kvhal_prefix_check_integrity(const kvhal_prefix_cache *pc)
         st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: %zu pages for %zu tokens", sc.npages, total);
         goto done;
     }
-    qsort(sc.pages, sc.npages, sizeof *sc.pages, cmp_i32);
-    for (size_t i = 1; i < sc.npages; i++)
-        if (sc.pages[i] == sc.pages[i - 1]) {
-            st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: page %d is held in two places", sc.pages[i]);
-            goto done;
-        }
+    st = check_unique(sc.pages, sc.npages);
 done:
     free(sc.children);
     free(sc.lock_sum);

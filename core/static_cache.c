@@ -71,7 +71,7 @@ kvhal_status kvhal_static_cache_create(const kvhal_static_cache_config *cfg, kvh
 kvhal_status kvhal_static_cache_destroy(kvhal_static_cache *c)
 {
     if (!c) return kvhal__err(KVHAL_INVALID_ARGUMENT, "c: NULL");
-    if (!kvhal__handle_remove(c))
+    if (!kvhal__handle_remove_kind(c, STATIC_MAGIC))
         return kvhal__err(KVHAL_INVALID_HANDLE, "c: %p is not a live static cache (destroyed twice?)", (void *)c);
     c->magic = KVHAL_MAGIC_DEAD;
     kvhal_status st = kvhal_buffer_destroy(c->buf);

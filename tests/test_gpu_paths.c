@@ -286,9 +286,17 @@ static void test_copy_blocks_ring(void **state)
     }
     int64_t all[ROUNDS][2 * PAIRS];
     for (int round = 0; round < ROUNDS; round++) {
-        /* sources from blocks 0..9, destinations from 10..19: no block is both in one call */
+        /* distinct sources from blocks 0..9, distinct destinations from 10..19: no block is both in one call, and
+         * no block is written twice by one call (the pairs of a call run in parallel) */
+        int64_t perm[10];
+        for (int i = 0; i < 10; i++) perm[i] = i;
+        for (int i = 9; i > 0; i--) {
+            int j = (int)ref_rand_below(&r, (uint64_t)i + 1);
+            int64_t t = perm[i];
+            perm[i] = perm[j], perm[j] = t;
+        }
         for (int p = 0; p < PAIRS; p++) {
-            all[round][2 * p] = (int64_t)ref_rand_below(&r, 10);
+            all[round][2 * p] = perm[p];
             all[round][2 * p + 1] = 10 + (int64_t)((round + p * 3) % 10);
         }
         /* later rounds read what earlier ones wrote: swap halves every other round */

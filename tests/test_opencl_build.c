@@ -47,7 +47,8 @@ static void need_device(void)
 
 static void assert_contains(const char *haystack, const char *needle)
 {
-    if (!strstr(haystack, needle)) fail_msg("\"%s\" does not contain \"%s\"", haystack, needle);
+    const char *h = haystack ? haystack : "(null)"; /* also keeps gcc's -Wformat-overflow quiet under UBSan */
+    if (!strstr(h, needle)) fail_msg("\"%s\" does not contain \"%s\"", h, needle);
 }
 
 /* ---- the paged-caching workload, checked element by element against the host conversions ---- */
@@ -390,6 +391,67 @@ static void test_model_shapes_every_dtype_pair(void **state)
     }
 }
 
+/* Every host or device allocation the module makes for a caller can fail (fault injection): the call then reports
+ * KVHAL_OUT_OF_MEMORY with a message and leaves nothing behind (ASan's leak check runs this too). */
+static kvhal_status fault_scenario(void)
+{
+    enum { CACHE = 2 * 4 * 3 * 8 }; /* elements of one [2 blocks, 4 slots, 3 heads, 8 dims] f32 cache */
+    kvhal_status st = kvhal_desc_cache_clear(dev); /* so that descriptors are created (and allocate) every time */
+    kvhal_buffer *cache = NULL, *in = NULL, *slots = NULL;
+    kvhal_stream *s = NULL;
+    kvhal_tensor kc, vc, k, ts, blocks;
+    int64_t cshape[4] = {2, 4, 3, 8}, ishape[3] = {5, 3, 8}, sshape[1] = {5}, bshape[2] = {4, CACHE / 2};
+    int32_t sl[5] = {0, 3, -1, 7, 2};
+    int64_t pairs[2] = {0, 3};
+    if (st == KVHAL_OK) st = kvhal_buffer_create(dev, 2 * CACHE * 4, &cache);
+    if (st == KVHAL_OK) st = kvhal_buffer_create(dev, 5 * 3 * 8 * 4, &in);
+    if (st == KVHAL_OK) st = kvhal_buffer_create(dev, sizeof sl, &slots);
+    if (st == KVHAL_OK) st = kvhal_stream_create(dev, &s);
+    if (st == KVHAL_OK) st = kvhal_memcpy_h2d(slots, 0, sl, sizeof sl, s);
+    if (st == KVHAL_OK) st = kvhal_tensor_make(cache, 0, KVHAL_F32, 4, cshape, NULL, &kc);
+    if (st == KVHAL_OK) st = kvhal_tensor_make(cache, CACHE * 4, KVHAL_F32, 4, cshape, NULL, &vc);
+    if (st == KVHAL_OK) st = kvhal_tensor_make(in, 0, KVHAL_F32, 3, ishape, NULL, &k);
+    if (st == KVHAL_OK) st = kvhal_tensor_make(slots, 0, KVHAL_I32, 1, sshape, NULL, &ts);
+    if (st == KVHAL_OK) st = kvhal_tensor_make(cache, 0, KVHAL_F32, 2, bshape, NULL, &blocks);
+    if (st == KVHAL_OK) st = kvhal_paged_caching(&kc, &vc, &k, &k, &ts, 1.0f, 1.0f, s);
+    if (st == KVHAL_OK) st = kvhal_copy_blocks(&blocks, 1, pairs, 1, s);
+    if (st == KVHAL_OK) st = kvhal_stream_synchronize(s);
+    if (s) {
+        kvhal_status st2 = kvhal_stream_destroy(s);
+        if (st == KVHAL_OK) st = st2;
+    }
+    if (slots) OK(kvhal_buffer_destroy(slots));
+    if (in) OK(kvhal_buffer_destroy(in));
+    if (cache) OK(kvhal_buffer_destroy(cache));
+    return st;
+}
+
+static void test_allocation_failures_are_clean(void **state)
+{
+    (void)state;
+    need_device();
+    OK(fault_scenario()); /* builds the programs once, outside the walk */
+    int64_t n = 1;
+    for (;; n++) {
+        kvhal_clear_error();
+        kvhal_fault_inject_alloc(n);
+        kvhal_status st = fault_scenario();
+        int64_t used = kvhal_fault_alloc_count();
+        kvhal_fault_inject_alloc(0);
+        if (st == KVHAL_OK) {
+            assert_true(used < n);
+            break;
+        }
+        if (st != KVHAL_OUT_OF_MEMORY)
+            fail_msg("fault at allocation %lld gave %s (%s)", (long long)n, kvhal_status_name(st), kvhal_last_error());
+        assert_true(kvhal_last_error()[0] != '\0');
+        assert_true(n < 1000);
+    }
+    assert_true(n > 8); /* buffers, stream, descriptors, kernels, copy_blocks table: all walked */
+    printf("[ info     ] %lld allocation points walked\n", (long long)(n - 1));
+    OK(kvhal_device_synchronize(dev));
+}
+
 /* ---- wrapping a caller's cl_mem and queue (OpenCL reached through dlopen: the test links no OpenCL) ---- */
 #ifdef HAVE_CL_HEADERS
 static struct {
@@ -638,6 +700,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tensor_copy_and_copy_blocks_build_once),
         cmocka_unit_test(test_failed_build_reports_its_log),
         cmocka_unit_test(test_model_shapes_every_dtype_pair),
+        cmocka_unit_test(test_allocation_failures_are_clean),
         cmocka_unit_test(test_wrap_cl_mem_and_queue),
         cmocka_unit_test(test_wrap_from_a_context_of_the_callers_own),
     };

@@ -19,7 +19,7 @@ static const kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
 /* needle NULL: any message will do (only that there is one). */
 static void assert_contains(const char *haystack, const char *needle)
 {
-    if (!haystack[0]) fail_msg("no error message");
+    if (!haystack[0]) fail_msg("%s", "no error message");
     if (needle && !strstr(haystack, needle)) fail_msg("\"%s\" does not contain \"%s\"", haystack, needle);
 }
 

@@ -29,6 +29,9 @@ struct DevState {
     int32_t *flag;  /* device ints: [0] raised by kernels, [1] where fetch_clear_flag_kernel puts it */
     int ready;      /* flag allocated (atomic; written once under g_lock) */
     int sm_count;
+    int pool_state; /* buffer pool: 0 not tried, 1 in use, -1 unavailable (atomic; decided once under g_lock) */
+    gpuMemPool_t pool;
+    int wrapped;    /* borrowed streams alive on this device (atomic) */
     signed char peer[KVHAL_MAX_DEVICES_PER_TYPE]; /* peer access to j: 0 not tried, 1 enabled, -1 unavailable */
 };
 
@@ -209,6 +212,7 @@ void gpu_shutdown()
     pthread_mutex_lock(&g_lock);
     for (int32_t i = 0; i < g_count; i++) {
         if (g_dev[i].ready && use_device(i) == gpuSuccess) (void)gpuFree(g_dev[i].flag);
+        if (g_dev[i].pool_state > 0) (void)gpuMemPoolTrimTo(g_dev[i].pool, 0); /* buffers may still be alive */
         g_dev[i].flag = NULL;
         __atomic_store_n(&g_dev[i].ready, 0, __ATOMIC_RELEASE);
     }
@@ -250,6 +254,56 @@ kvhal_status gpu_device_info(int32_t id, kvhal_device_info *out)
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Buffers and streams                                                                                          */
 /* ------------------------------------------------------------------------------------------------------------ */
+/* Buffers come from a pool of stream-ordered allocations on the device's default stream: creating and destroying
+ * one costs no device-wide synchronisation (cudaFree waits for the whole device) and a destroyed buffer's memory
+ * is reused by the next create (a duplicate is an allocation plus a copy). Destroy is ordered after the work of
+ * the default stream and of every stream kvhal created (they synchronise with it); while a borrowed stream is alive
+ * on the device, which may not, create and destroy wait for the device instead. The pool keeps up to 1/16 of the
+ * device's memory across synchronisations and returns the rest. Devices without pools use plain allocations. */
+void grant_pool_access(int32_t owner, int32_t accessor)
+{
+    gpuMemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = gpuMemLocationTypeDevice;
+    d.location.id = accessor;
+    d.flags = gpuMemAccessFlagsProtReadWrite;
+    (void)gpuMemPoolSetAccess(g_dev[owner].pool, &d, 1);
+}
+
+/* The caller has selected the device. */
+bool pool_ready(int32_t id)
+{
+    const int st = __atomic_load_n(&g_dev[id].pool_state, __ATOMIC_ACQUIRE);
+    if (st) return st > 0;
+    pthread_mutex_lock(&g_lock);
+    if (!g_dev[id].pool_state) {
+        int supported = 0, state = -1;
+        size_t fr = 0, total = 0;
+        if (gpuDeviceGetAttribute(&supported, gpuDevAttrMemoryPoolsSupported, id) == gpuSuccess && supported &&
+            gpuMemGetInfo(&fr, &total) == gpuSuccess) {
+            gpuMemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = gpuMemAllocationTypePinned;
+            props.handleTypes = gpuMemHandleTypeNone;
+            props.location.type = gpuMemLocationTypeDevice;
+            props.location.id = id;
+            gpuMemPool_t pool;
+            if (gpuMemPoolCreate(&pool, &props) == gpuSuccess) {
+                uint64_t keep = (uint64_t)total / 16;
+                (void)gpuMemPoolSetAttribute(pool, gpuMemPoolAttrReleaseThreshold, &keep);
+                g_dev[id].pool = pool;
+                state = 1;
+                for (int32_t j = 0; j < g_count; j++)
+                    if (j != id && g_dev[j].peer[id] == 1) grant_pool_access(id, j);
+            }
+        }
+        (void)gpuGetLastError();
+        __atomic_store_n(&g_dev[id].pool_state, state, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return __atomic_load_n(&g_dev[id].pool_state, __ATOMIC_ACQUIRE) > 0;
+}
+
 kvhal_status gpu_buffer_alloc(int32_t id, size_t bytes, void **native)
 {
     kvhal_status st = check_id(id);
@@ -258,7 +312,16 @@ kvhal_status gpu_buffer_alloc(int32_t id, size_t bytes, void **native)
     if (alloc_fail()) return injected(id, "buffer");
     KVHAL_GPU_SETDEV(id);
     void *p = NULL;
-    gpuError_t e = gpuMalloc(&p, bytes);
+    gpuError_t e;
+    if (pool_ready(id)) {
+        e = gpuMallocFromPoolAsync(&p, bytes, g_dev[id].pool, 0);
+        if (e == gpuSuccess && __atomic_load_n(&g_dev[id].wrapped, __ATOMIC_ACQUIRE) > 0) {
+            e = gpuStreamSynchronize(0);
+            if (e != gpuSuccess) (void)gpuFreeAsync(p, 0);
+        }
+    } else {
+        e = gpuMalloc(&p, bytes);
+    }
     if (e != gpuSuccess) {
         (void)gpuGetLastError();
         char d[160];
@@ -275,7 +338,13 @@ kvhal_status gpu_buffer_free(int32_t id, void *native)
     kvhal_status st = check_id(id);
     if (st != KVHAL_OK) return st;
     KVHAL_GPU_SETDEV(id);
-    KVHAL_GPU_TRY(gpuFree(native), id, "free");
+    if (__atomic_load_n(&g_dev[id].pool_state, __ATOMIC_ACQUIRE) > 0) {
+        if (__atomic_load_n(&g_dev[id].wrapped, __ATOMIC_ACQUIRE) > 0)
+            KVHAL_GPU_TRY(gpuDeviceSynchronize(), id, "free (wait for borrowed streams)");
+        KVHAL_GPU_TRY(gpuFreeAsync(native, 0), id, "free");
+    } else {
+        KVHAL_GPU_TRY(gpuFree(native), id, "free");
+    }
     return KVHAL_OK;
 }
 
@@ -334,7 +403,9 @@ kvhal_status gpu_stream_wrap(int32_t id, void *native, void **stream)
     if (st != KVHAL_OK) return st;
     if (!stream) return fail(KVHAL_INVALID_ARGUMENT, "stream: NULL");
     if (alloc_fail()) return injected(id, "stream wrapper");
-    return new_stream(id, static_cast<gpuStream_t>(native), false, stream);
+    st = new_stream(id, static_cast<gpuStream_t>(native), false, stream);
+    if (st == KVHAL_OK) __atomic_add_fetch(&g_dev[id].wrapped, 1, __ATOMIC_ACQ_REL);
+    return st;
 }
 
 kvhal_status gpu_stream_destroy(int32_t id, void *stream)
@@ -347,6 +418,8 @@ kvhal_status gpu_stream_destroy(int32_t id, void *stream)
     if (w->owned) {
         e = use_device(id);
         if (e == gpuSuccess) e = gpuStreamDestroy(w->s);
+    } else {
+        __atomic_sub_fetch(&g_dev[id].wrapped, 1, __ATOMIC_ACQ_REL);
     }
     free(w);
     if (e != gpuSuccess) return rt_fail(e, id, "stream destroy");
@@ -412,6 +485,8 @@ void enable_peer(int32_t a, int32_t b)
         if (gpuDeviceCanAccessPeer(&can, x, y) == gpuSuccess && can && use_device(x) == gpuSuccess) {
             gpuError_t e = gpuDeviceEnablePeerAccess(y, 0);
             if (e == gpuSuccess || e == gpuErrorPeerAccessAlreadyEnabled) state = 1;
+            /* buffers of y's pool are mapped for x only on request */
+            if (state == 1 && g_dev[y].pool_state > 0) grant_pool_access(y, x);
         }
         (void)gpuGetLastError();
         __atomic_store_n(&g_dev[x].peer[y], state, __ATOMIC_RELEASE);
@@ -490,7 +565,7 @@ typedef void (*PagedLaunch)(const PagedParams &p, uint32_t grid, uint32_t thread
 
 template <class X> void launch_paged(const PagedParams &p, uint32_t grid, uint32_t threads, gpuStream_t s)
 {
-    paged_caching_kernel<X><<<grid, threads, 0, s>>>(p);
+    paged_caching_kernel<X, X><<<grid, threads, 0, s>>>(p);
 }
 
 struct PagedDesc {
@@ -626,6 +701,7 @@ kvhal_status paged_build(int32_t id, const kvhal_bk_paged_caching *a, PagedDesc 
     base.num_slots = a->num_blocks * (int64_t)a->block_size;
     base.block_size = a->block_size;
     base.slot64 = a->slot_dtype == KVHAL_I64;
+    base.batched = a->num_tokens > a->seq_len;
     base.err = g_dev[id].flag;
     const int sm = g_dev[id].sm_count;
 

@@ -17,7 +17,8 @@ namespace kvhal_gpu {
 #define KVHAL_GPU_THREADS 256 /* threads per block of every kernel */
 #define KVHAL_GPU_UNROLL 4    /* independent units each thread loads before it stores */
 #define KVHAL_GPU_MAX_TPC 64  /* tokens per block of the paged-caching kernel, at most */
-#define KVHAL_GPU_CHUNK (32 * 1024) /* bytes one block copies per work item (copy_blocks, copy_batch) */
+#define KVHAL_GPU_PAGED_MIN_BLOCKS 3 /* resident blocks per multiprocessor the paged kernel is compiled for */
+#define KVHAL_GPU_CHUNK (16 * 1024) /* bytes one block copies per work item: one pass of 256 x 4 x 16 B */
 #define KVHAL_GPU_BATCH_MAX 96      /* ranges per copy_batch launch: they travel as kernel parameters */
 
 /* Bits of the per-device error flag. */
@@ -37,7 +38,7 @@ template <typename T> struct XCopy {
 
 template <int IN> __device__ __forceinline__ float load_elem(uint32_t bits)
 {
-    return IN == DT_F16 ? kvhal_gpu_f16_to_f32(bits) : kvhal_gpu_bf16_to_f32(bits);
+    return IN == DT_F16 ? KVHAL_GPU_HALF_TO_FLOAT(bits) : kvhal_gpu_bf16_to_f32(bits);
 }
 
 /* DIV: x / s (the exact reference); otherwise x * s where s is 1/scale of a power-of-two scale (bit-identical). */
@@ -112,77 +113,107 @@ struct PagedParams {
     int32_t *err;
     int64_t slot_outer, slot_inner; /* elements */
     int64_t seq_len, num_tokens, num_slots, block_size;
-    int32_t slot64; /* slots are int64 (else int32) */
-    int32_t tpc;    /* tokens per block */
+    int32_t slot64;  /* slots are int64 (else int32) */
+    int32_t batched; /* num_tokens > seq_len: token t is (t / seq_len, t % seq_len) */
+    int32_t tpc;     /* tokens per block (<= blockDim.x) */
 };
 
+/* Where unit i of a token block lives: token t (in the block), head h, unit c of the head. Computed twice per unit
+ * (for the load and again for the store) rather than kept live across the barrier: registers are what limits
+ * how many loads each multiprocessor keeps in flight. */
+struct UnitPos {
+    uint32_t t, h, c;
+};
+
+__device__ __forceinline__ UnitPos unit_pos(const PagedSide &sd, uint32_t i)
+{
+    UnitPos q;
+    q.t = kvhal_fastdiv32_div(i, sd.div_row);
+    const uint32_t r = i - q.t * sd.row_units;
+    q.h = kvhal_fastdiv32_div(r, sd.div_head);
+    q.c = r - q.h * sd.div_head.d;
+    return q;
+}
+
 template <class X>
-__device__ __forceinline__ void paged_side(const PagedSide &sd, const int64_t *s_cache, const int64_t *s_in,
-                                           uint32_t ntok)
+__device__ __forceinline__ void paged_load(const PagedSide &sd, const int64_t *s_in, uint32_t n, uint32_t b0,
+                                           typename X::In *val)
 {
     typedef typename X::In In;
-    typedef typename X::Out Out;
     const In *in = reinterpret_cast<const In *>(sd.input);
-    Out *out = reinterpret_cast<Out *>(sd.cache);
-    const uint32_t n = ntok * sd.row_units;
-    const uint32_t uph = sd.div_head.d;
-    for (uint32_t base = threadIdx.x; base < n; base += KVHAL_GPU_UNROLL * blockDim.x) {
-        In val[KVHAL_GPU_UNROLL];
-        int64_t dst[KVHAL_GPU_UNROLL];
 #pragma unroll
-        for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
-            const uint32_t i = base + (uint32_t)u * blockDim.x;
-            dst[u] = -1;
-            if (i < n) {
-                const uint32_t t = kvhal_fastdiv32_div(i, sd.div_row);
-                const uint32_t r = i - t * sd.row_units;
-                const uint32_t h = kvhal_fastdiv32_div(r, sd.div_head);
-                const uint32_t c = r - h * uph;
-                const int64_t co = s_cache[t];
-                if (co >= 0) {
-                    dst[u] = co + (int64_t)h * sd.cache_head + (int64_t)c * sd.cache_dim;
-                    val[u] = in[s_in[t] + (int64_t)h * sd.in_head + (int64_t)c * sd.in_dim];
-                }
-            }
+    for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
+        const uint32_t i = b0 + (uint32_t)u * blockDim.x + threadIdx.x;
+        if (i < n) {
+            const UnitPos q = unit_pos(sd, i);
+            val[u] = in[s_in[q.t] + (int64_t)q.h * sd.in_head + (int64_t)q.c * sd.in_dim];
         }
-#pragma unroll
-        for (int u = 0; u < KVHAL_GPU_UNROLL; u++)
-            if (dst[u] >= 0) out[dst[u]] = X::apply(val[u], sd.scale);
     }
 }
 
-/* Block b handles tokens [b * tpc, b * tpc + tpc): it reads their slots once into shared memory (skipping padding,
- * flagging out-of-range slots), then all its threads stream K and then V rows of those tokens. */
-template <class XK, class XV = XK>
-__global__ void __launch_bounds__(KVHAL_GPU_THREADS) paged_caching_kernel(const PagedParams p)
+template <class X>
+__device__ __forceinline__ void paged_store(const PagedSide &sd, const int64_t *s_cache, uint32_t n, uint32_t b0,
+                                            const typename X::In *val)
+{
+    typedef typename X::Out Out;
+    Out *out = reinterpret_cast<Out *>(sd.cache);
+#pragma unroll
+    for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
+        const uint32_t i = b0 + (uint32_t)u * blockDim.x + threadIdx.x;
+        if (i >= n) continue;
+        const UnitPos q = unit_pos(sd, i);
+        const int64_t co = s_cache[q.t];
+        if (co >= 0) out[co + (int64_t)q.h * sd.cache_head + (int64_t)q.c * sd.cache_dim] = X::apply(val[u], sd.scale);
+    }
+}
+
+/* Block b handles tokens [b * tpc, b * tpc + tpc). The only memory latency it waits for is its data loads: each
+ * token's slot load is issued first and consumed only after every K and V load of the first pass is in flight,
+ * then the slots become cache offsets in shared memory (padding skipped, out-of-range flagged) and the stores go. */
+template <class XK, class XV>
+__global__ void __launch_bounds__(KVHAL_GPU_THREADS, KVHAL_GPU_PAGED_MIN_BLOCKS) paged_caching_kernel(const PagedParams p)
 {
     __shared__ int64_t s_ck[KVHAL_GPU_MAX_TPC], s_cv[KVHAL_GPU_MAX_TPC];
     __shared__ int64_t s_ik[KVHAL_GPU_MAX_TPC], s_iv[KVHAL_GPU_MAX_TPC];
     const int64_t tok0 = (int64_t)blockIdx.x * p.tpc;
     const int64_t left = p.num_tokens - tok0;
     const uint32_t ntok = (uint32_t)(left < p.tpc ? left : p.tpc);
-    for (uint32_t t = threadIdx.x; t < ntok; t += blockDim.x) {
-        const int64_t tok = tok0 + t;
-        const int64_t b = tok / p.seq_len, s = tok - b * p.seq_len;
+    const uint32_t tid = threadIdx.x;
+    int64_t slot = -1;
+    if (tid < ntok) {
+        const int64_t tok = tok0 + tid;
+        const int64_t b = p.batched ? tok / p.seq_len : 0, s = tok - b * p.seq_len;
         const int64_t si = b * p.slot_outer + s * p.slot_inner;
-        const int64_t slot =
-            p.slot64 ? reinterpret_cast<const int64_t *>(p.slots)[si] : reinterpret_cast<const int32_t *>(p.slots)[si];
-        int64_t ck = -1, cv = -1;
-        if (slot >= p.num_slots) {
-            atomicOr(p.err, (int)KVHAL_GPU_ERR_SLOT);
-        } else if (slot >= 0) {
-            const int64_t blk = slot / p.block_size, off = slot - blk * p.block_size;
-            ck = blk * p.k.block_stride + off * p.k.offset_stride;
-            cv = blk * p.v.block_stride + off * p.v.offset_stride;
-        }
-        s_ck[t] = ck;
-        s_cv[t] = cv;
-        s_ik[t] = b * p.k.tok_outer + s * p.k.tok_inner;
-        s_iv[t] = b * p.v.tok_outer + s * p.v.tok_inner;
+        slot = p.slot64 ? reinterpret_cast<const int64_t *>(p.slots)[si]
+                        : (int64_t)reinterpret_cast<const int32_t *>(p.slots)[si];
+        s_ik[tid] = b * p.k.tok_outer + s * p.k.tok_inner;
+        s_iv[tid] = b * p.v.tok_outer + s * p.v.tok_inner;
     }
     __syncthreads();
-    paged_side<XK>(p.k, s_ck, s_ik, ntok);
-    paged_side<XV>(p.v, s_cv, s_iv, ntok);
+    const uint32_t nk = ntok * p.k.row_units, nv = ntok * p.v.row_units, n = nk > nv ? nk : nv;
+    for (uint32_t b0 = 0; b0 < n; b0 += KVHAL_GPU_UNROLL * blockDim.x) { /* uniform trip count */
+        typename XK::In vk[KVHAL_GPU_UNROLL];
+        typename XV::In vv[KVHAL_GPU_UNROLL];
+        paged_load<XK>(p.k, s_ik, nk, b0, vk);
+        paged_load<XV>(p.v, s_iv, nv, b0, vv);
+        if (b0 == 0) {
+            if (tid < ntok) {
+                int64_t ck = -1, cv = -1;
+                if (slot >= p.num_slots) {
+                    atomicOr(p.err, (int)KVHAL_GPU_ERR_SLOT);
+                } else if (slot >= 0) {
+                    const int64_t blk = slot / p.block_size, off = slot - blk * p.block_size;
+                    ck = blk * p.k.block_stride + off * p.k.offset_stride;
+                    cv = blk * p.v.block_stride + off * p.v.offset_stride;
+                }
+                s_ck[tid] = ck;
+                s_cv[tid] = cv;
+            }
+            __syncthreads();
+        }
+        paged_store<XK>(p.k, s_ck, nk, b0, vk);
+        paged_store<XV>(p.v, s_cv, nv, b0, vv);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -243,12 +274,12 @@ __global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_blocks_kernel(const Co
         const int64_t item = w / p.chunks, chunk = w - item * p.chunks;
         const int64_t pair = item / p.num_caches;
         const int32_t c = (int32_t)(item - pair * p.num_caches);
+        const CacheEntry e = p.caches[c]; /* loaded together with the pair, not after its check */
         const int64_t src = p.pairs[2 * pair], dst = p.pairs[2 * pair + 1];
         if (src < 0 || src >= p.num_blocks || dst < 0 || dst >= p.num_blocks) {
             if (threadIdx.x == 0 && chunk == 0 && c == 0) atomicOr(p.err, (int)KVHAL_GPU_ERR_BLOCK);
             continue;
         }
-        const CacheEntry e = p.caches[c];
         const int64_t begin = chunk * KVHAL_GPU_CHUNK;
         if (begin >= e.bytes) continue;
         const int64_t len = e.bytes - begin < KVHAL_GPU_CHUNK ? e.bytes - begin : KVHAL_GPU_CHUNK;

@@ -56,43 +56,35 @@ KVHAL_HD float kvhal_gpu_f16_to_f32(uint32_t h)
 }
 
 /* f32 -> fp8, round to nearest even, saturating to the largest finite code (infinities too), NaN -> sign|0x7f.
- * Normal results round with the integer trick (add half-1 plus the kept lsb, carry into the exponent); results
- * below the smallest normal round through one f32 addition of 2^(23 - subnormal step exponent), whose ulp is
- * exactly the fp8 subnormal step, so the hardware's round-to-nearest-even does the rounding. */
+ * Branch-free, since the kernels convert 8 values per 16-byte load and would otherwise be bound by instruction
+ * issue rather than memory: both candidate codes are computed and one is selected.
+ *  - normal results: the integer trick (add half-1 plus the kept lsb, carry into the exponent) with the exponent
+ *    re-bias folded into the same add; it wraps around for inputs below the normal range, which then take
+ *  - subnormal results: one f32 addition of 2^(23 + subnormal step exponent), whose ulp is exactly the fp8
+ *    subnormal step, so the hardware's round-to-nearest-even does the rounding;
+ *  - then saturation with a min (infinity lands far above the largest code) and NaN last. */
 KVHAL_HD uint32_t kvhal_gpu_f32_to_e4m3(float x)
 {
     const uint32_t u = kvhal_gpu_f32_bits(x);
-    const uint32_t sign = (u >> 24) & 0x80u;
     const uint32_t a = u & 0x7fffffffu;
-    uint32_t code;
-    if (a > 0x7f800000u) {
-        code = 0x7fu;
-    } else if (a >= 0x43e00000u) { /* >= 448: the largest finite */
-        code = 0x7eu;
-    } else if (a >= 0x3c800000u) { /* >= 2^-6: normal */
-        code = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
-    } else { /* subnormal step 2^-9: 2^14 has that ulp */
-        code = kvhal_gpu_f32_bits(kvhal_gpu_bits_f32(a) + 16384.0f) - 0x46800000u;
-    }
-    return sign | code;
+    const uint32_t nrm = (a + (0x7ffffu - (120u << 23)) + ((a >> 20) & 1u)) >> 20;
+    const uint32_t sub = kvhal_gpu_f32_bits(kvhal_gpu_bits_f32(a) + 16384.0f) - 0x46800000u; /* 2^14: ulp 2^-9 */
+    uint32_t code = a < 0x3c800000u ? sub : nrm; /* 2^-6: smallest normal */
+    code = code < 0x7eu ? code : 0x7eu;          /* 448 */
+    code = a > 0x7f800000u ? 0x7fu : code;
+    return ((u >> 24) & 0x80u) | code;
 }
 
 KVHAL_HD uint32_t kvhal_gpu_f32_to_e5m2(float x)
 {
     const uint32_t u = kvhal_gpu_f32_bits(x);
-    const uint32_t sign = (u >> 24) & 0x80u;
     const uint32_t a = u & 0x7fffffffu;
-    uint32_t code;
-    if (a > 0x7f800000u) {
-        code = 0x7fu;
-    } else if (a >= 0x47600000u) { /* >= 57344: the largest finite */
-        code = 0x7bu;
-    } else if (a >= 0x38800000u) { /* >= 2^-14: normal */
-        code = ((a + 0xfffffu + ((a >> 21) & 1u)) >> 21) - (112u << 2);
-    } else { /* subnormal step 2^-16: 2^7 has that ulp */
-        code = kvhal_gpu_f32_bits(kvhal_gpu_bits_f32(a) + 128.0f) - 0x43000000u;
-    }
-    return sign | code;
+    const uint32_t nrm = (a + (0xfffffu - (112u << 23)) + ((a >> 21) & 1u)) >> 21;
+    const uint32_t sub = kvhal_gpu_f32_bits(kvhal_gpu_bits_f32(a) + 128.0f) - 0x43000000u; /* 2^7: ulp 2^-16 */
+    uint32_t code = a < 0x38800000u ? sub : nrm; /* 2^-14: smallest normal */
+    code = code < 0x7bu ? code : 0x7bu;          /* 57344 */
+    code = a > 0x7f800000u ? 0x7fu : code;
+    return ((u >> 24) & 0x80u) | code;
 }
 
 /* True when dividing by s equals multiplying by 1/s for every x: s = +-2^k with 1/s a normal f32. */

@@ -6,6 +6,7 @@
 #define KVHAL_GPU_RUNTIME_H
 
 #if defined(KVHAL_GPU_HIP)
+#include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
 
 #define KVHAL_GPU_NAME "hip"
@@ -16,6 +17,21 @@ typedef hipError_t gpuError_t;
 typedef hipStream_t gpuStream_t;
 typedef hipEvent_t gpuEvent_t;
 typedef hipDeviceProp_t gpuDeviceProp;
+typedef hipMemPool_t gpuMemPool_t;
+typedef hipMemPoolProps gpuMemPoolProps;
+typedef hipMemAccessDesc gpuMemAccessDesc;
+#define gpuMemAllocationTypePinned hipMemAllocationTypePinned
+#define gpuMemHandleTypeNone hipMemHandleTypeNone
+#define gpuMemLocationTypeDevice hipMemLocationTypeDevice
+#define gpuMemAccessFlagsProtReadWrite hipMemAccessFlagsProtReadWrite
+#define gpuMemPoolAttrReleaseThreshold hipMemPoolAttrReleaseThreshold
+#define gpuDevAttrMemoryPoolsSupported hipDeviceAttributeMemoryPoolsSupported
+#define gpuMemPoolCreate hipMemPoolCreate
+#define gpuMemPoolSetAttribute hipMemPoolSetAttribute
+#define gpuMemPoolSetAccess hipMemPoolSetAccess
+#define gpuMemPoolTrimTo hipMemPoolTrimTo
+#define gpuMallocFromPoolAsync hipMallocFromPoolAsync
+#define gpuFreeAsync hipFreeAsync
 #define gpuSuccess hipSuccess
 #define gpuErrorNotReady hipErrorNotReady
 #define gpuErrorMemoryAllocation hipErrorOutOfMemory
@@ -58,6 +74,9 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuEventQuery hipEventQuery
 #define gpuEventSynchronize hipEventSynchronize
 
+/* f16 bits -> f32 with the hardware conversion (exact). */
+#define KVHAL_GPU_HALF_TO_FLOAT(bits) __half2float(__ushort_as_half((unsigned short)(bits)))
+
 /* Whether p is device (or managed) memory, and of which device. ROCm 6 renamed memoryType to type. */
 static inline gpuError_t gpuPointerDevice(const void *p, int *dev, int *is_device)
 {
@@ -74,6 +93,7 @@ static inline gpuError_t gpuPointerDevice(const void *p, int *dev, int *is_devic
 }
 
 #else /* CUDA */
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #define KVHAL_GPU_NAME "cuda"
@@ -84,6 +104,21 @@ typedef cudaError_t gpuError_t;
 typedef cudaStream_t gpuStream_t;
 typedef cudaEvent_t gpuEvent_t;
 typedef cudaDeviceProp gpuDeviceProp;
+typedef cudaMemPool_t gpuMemPool_t;
+typedef cudaMemPoolProps gpuMemPoolProps;
+typedef cudaMemAccessDesc gpuMemAccessDesc;
+#define gpuMemAllocationTypePinned cudaMemAllocationTypePinned
+#define gpuMemHandleTypeNone cudaMemHandleTypeNone
+#define gpuMemLocationTypeDevice cudaMemLocationTypeDevice
+#define gpuMemAccessFlagsProtReadWrite cudaMemAccessFlagsProtReadWrite
+#define gpuMemPoolAttrReleaseThreshold cudaMemPoolAttrReleaseThreshold
+#define gpuDevAttrMemoryPoolsSupported cudaDevAttrMemoryPoolsSupported
+#define gpuMemPoolCreate cudaMemPoolCreate
+#define gpuMemPoolSetAttribute cudaMemPoolSetAttribute
+#define gpuMemPoolSetAccess cudaMemPoolSetAccess
+#define gpuMemPoolTrimTo cudaMemPoolTrimTo
+#define gpuMallocFromPoolAsync cudaMallocFromPoolAsync
+#define gpuFreeAsync cudaFreeAsync
 #define gpuSuccess cudaSuccess
 #define gpuErrorNotReady cudaErrorNotReady
 #define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
@@ -125,6 +160,9 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuEventRecord cudaEventRecord
 #define gpuEventQuery cudaEventQuery
 #define gpuEventSynchronize cudaEventSynchronize
+
+/* f16 bits -> f32 with the hardware conversion (exact). */
+#define KVHAL_GPU_HALF_TO_FLOAT(bits) __half2float(__ushort_as_half((unsigned short)(bits)))
 
 /* Whether p is device (or managed) memory, and of which device. */
 static inline gpuError_t gpuPointerDevice(const void *p, int *dev, int *is_device)

@@ -1,10 +1,17 @@
 /* cpu_ops.c — the CPU backend's ops: paged caching, copy_blocks, tensor_copy and copy_batch on host memory.
  * Work is synchronous. Slots are host-readable here, so paged caching checks every slot before it writes anything:
  * an out-of-range slot fails the call with the cache untouched (GPU backends skip it and raise a device flag).
- * The descriptor records which copy loop fits the call's strides and dtypes, so a call does no planning. */
+ * The descriptor records which copy loop fits the call's strides and dtypes, so a call does no planning.
+ * Large writes (a prefill's worth of tokens) use non-temporal stores: they skip the read-for-ownership of every
+ * destination line, which is a third of the memory traffic of a scattered copy that does not fit the caches. */
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "convert.h"
 #include "cpu_ops.h"
 #include "internal.h"
 
@@ -47,41 +54,181 @@ kvhal_status kvhal__cpu_desc_create(int32_t id, kvhal_bk_op op, const void *args
 
 void kvhal__cpu_desc_destroy(int32_t id, kvhal_bk_op op, void *desc) { free(desc); }
 
-/* ---- element conversion ---- */
+/* ---- row copies ---- */
 
-static inline float load_float(const char *p, kvhal_dtype dt)
+/* Above this many bytes written per call, the destination will not stay in the caches anyway. */
+#define STREAM_THRESHOLD ((size_t)8 << 20)
+
+/* Copies n bytes with streaming stores where the destination is 16-byte aligned; call stream_fence() after. */
+static void copy_stream(char *dst, const char *src, size_t n)
 {
-    switch (dt) {
-    case KVHAL_F16: {
-        uint16_t h;
-        memcpy(&h, p, 2);
-        return kvhal_f16_to_f32(h);
+#if defined(__SSE2__)
+    size_t head = (size_t)(-(uintptr_t)dst & 15u);
+    if (head > n) head = n;
+    memcpy(dst, src, head);
+    dst += head, src += head, n -= head;
+    for (; n >= 64; n -= 64, dst += 64, src += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)src), b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32)), d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
     }
-    case KVHAL_BF16: {
-        uint16_t h;
-        memcpy(&h, p, 2);
-        return kvhal_bf16_to_f32(h);
-    }
-    default: {
-        float f;
-        memcpy(&f, p, 4);
-        return f;
-    }
-    }
+    for (; n >= 16; n -= 16, dst += 16, src += 16) _mm_stream_si128((__m128i *)dst, _mm_loadu_si128((const __m128i *)src));
+#endif
+    memcpy(dst, src, n);
 }
 
-/* n elements from src (input dtype, element stride ss) to fp8 dst (element stride ds), stored = value / scale. */
-static void convert_row(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in, kvhal_dtype out,
-                        float scale, int64_t n)
+/* Streaming stores are weakly ordered: make them visible before the op returns. */
+static void stream_fence(void)
 {
-    const size_t es = kvhal_dtype_size(in);
-    for (int64_t i = 0; i < n; i++)
-        dst[i * ds] = kvhal_f32_to_fp8(load_float(src + (size_t)(i * ss) * es, in) / scale, out);
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
+static inline void copy_row(char *dst, const char *src, size_t n, bool stream)
+{
+    if (stream) copy_stream(dst, src, n);
+    else memcpy(dst, src, n);
 }
 
 static void copy_strided(char *dst, int64_t ds, const char *src, int64_t ss, size_t es, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) memcpy(dst + (size_t)(i * ds) * es, src + (size_t)(i * ss) * es, es);
+    switch (es) {
+    case 1:
+        for (int64_t i = 0; i < n; i++) dst[i * ds] = src[i * ss];
+        break;
+    case 2:
+        for (int64_t i = 0; i < n; i++) memcpy(dst + i * ds * 2, src + i * ss * 2, 2);
+        break;
+    case 4:
+        for (int64_t i = 0; i < n; i++) memcpy(dst + i * ds * 4, src + i * ss * 4, 4);
+        break;
+    default:
+        for (int64_t i = 0; i < n; i++) memcpy(dst + (size_t)(i * ds) * es, src + (size_t)(i * ss) * es, es);
+        break;
+    }
+}
+
+/* ---- fp8 conversion ---- */
+
+static inline float load_f32(const char *p, int64_t i)
+{
+    float f;
+    memcpy(&f, p + i * 4, 4);
+    return f;
+}
+
+static inline float load_f16(const char *p, int64_t i)
+{
+    uint16_t h;
+    memcpy(&h, p + i * 2, 2);
+    return kvhal__f16_to_f32(h);
+}
+
+static inline float load_bf16(const char *p, int64_t i)
+{
+    uint16_t h;
+    memcpy(&h, p + i * 2, 2);
+    return kvhal__bf16_to_f32(h);
+}
+
+#if defined(__SSE2__)
+/* Four elements at a time, with the very operations of convert.h (so bit for bit the same codes). */
+static inline __m128 load4_f32(const char *p) { return _mm_loadu_ps((const float *)p); }
+
+static inline __m128 load4_bf16(const char *p)
+{
+    __m128i h = _mm_loadl_epi64((const __m128i *)p);
+    return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
+}
+
+static inline __m128i select4(__m128i mask, __m128i a, __m128i b)
+{
+    return _mm_or_si128(_mm_and_si128(mask, a), _mm_andnot_si128(mask, b));
+}
+
+static inline __m128 load4_f16(const char *p)
+{
+    __m128i h = _mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)p), _mm_setzero_si128());
+    __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
+    __m128i m = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x7fff)), 13);
+    __m128i e = _mm_and_si128(m, _mm_set1_epi32(0x0f800000));
+    __m128i normal = _mm_add_epi32(m, _mm_set1_epi32((127 - 15) << 23));
+    __m128i special = _mm_add_epi32(m, _mm_set1_epi32((255 - 31) << 23));
+    __m128 subf = _mm_sub_ps(_mm_castsi128_ps(_mm_add_epi32(m, _mm_set1_epi32((127 - 15 + 1) << 23))),
+                             _mm_castsi128_ps(_mm_set1_epi32(113 << 23)));
+    __m128i r = select4(_mm_cmpeq_epi32(e, _mm_setzero_si128()), _mm_castps_si128(subf), normal);
+    r = select4(_mm_cmpeq_epi32(e, _mm_set1_epi32(0x0f800000)), special, r);
+    return _mm_castsi128_ps(_mm_or_si128(r, sign));
+}
+
+static inline void encode4(uint8_t *dst, __m128 x, int m, int bias, uint32_t max_bits, uint32_t max_code,
+                           float magic)
+{
+    const int shift = 23 - m;
+    __m128i u = _mm_castps_si128(x);
+    __m128i sign = _mm_and_si128(_mm_srli_epi32(u, 24), _mm_set1_epi32(0x80));
+    __m128i a = _mm_and_si128(u, _mm_set1_epi32(0x7fffffff));
+    __m128i r = _mm_add_epi32(_mm_add_epi32(a, _mm_set1_epi32((1 << (shift - 1)) - 1)),
+                              _mm_and_si128(_mm_srli_epi32(a, shift), _mm_set1_epi32(1)));
+    __m128i normal = _mm_sub_epi32(_mm_srli_epi32(r, shift), _mm_set1_epi32((127 - bias) << m));
+    __m128 vm = _mm_set1_ps(magic);
+    __m128i sub = _mm_sub_epi32(_mm_castps_si128(_mm_add_ps(_mm_castsi128_ps(a), vm)), _mm_castps_si128(vm));
+    /* a < 2^31 after the sign is cleared, so signed compares order it correctly */
+    __m128i code = select4(_mm_cmplt_epi32(a, _mm_set1_epi32((127 + 1 - bias) << 23)), sub, normal);
+    code = select4(_mm_cmplt_epi32(a, _mm_set1_epi32((int)max_bits)), code, _mm_set1_epi32((int)max_code));
+    code = select4(_mm_cmpgt_epi32(a, _mm_set1_epi32(0x7f800000)), _mm_set1_epi32(0x7f), code);
+    code = _mm_or_si128(sign, _mm_and_si128(code, _mm_set1_epi32(0x7f)));
+    __m128i packed = _mm_packus_epi16(_mm_packs_epi32(code, code), _mm_setzero_si128());
+    int32_t four = _mm_cvtsi128_si32(packed);
+    memcpy(dst, &four, 4);
+}
+
+#define ENCODE4_E4M3(dst, x) encode4(dst, x, 3, 7, 0x43e00000u, 0x7eu, 16384.0f)
+#define ENCODE4_E5M2(dst, x) encode4(dst, x, 2, 15, 0x47600000u, 0x7bu, 128.0f)
+#define VECTOR_PART(LOAD4, ES, ENCODE4)                                                                         \
+    do {                                                                                                        \
+        const __m128 vs = _mm_set1_ps(scale);                                                                   \
+        for (; i + 4 <= n; i += 4) ENCODE4(dst + i, _mm_div_ps(LOAD4(src + i * (ES)), vs));                    \
+    } while (0)
+#else
+#define VECTOR_PART(LOAD4, ES, ENCODE4) (void)0
+#endif
+
+/* One loop per (input dtype, fp8 format) so that each is compiled with its conversions inlined. The value stored
+ * is round(value / scale): a division, not a multiplication by 1/scale, which would round differently. */
+#define CONVERT_LOOP(LOAD, LOAD4, ES, ENCODE, ENCODE4)                                                          \
+    do {                                                                                                        \
+        if (ds == 1 && ss == 1) {                                                                               \
+            int64_t i = 0;                                                                                      \
+            VECTOR_PART(LOAD4, ES, ENCODE4);                                                                    \
+            for (; i < n; i++) dst[i] = ENCODE(LOAD(src, i) / scale);                                           \
+        } else {                                                                                                \
+            for (int64_t i = 0; i < n; i++) dst[i * ds] = ENCODE(LOAD(src, i * ss) / scale);                    \
+        }                                                                                                       \
+    } while (0)
+
+static void convert_row(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in, kvhal_dtype out,
+                        float scale, int64_t n)
+{
+    const bool e4m3 = out == KVHAL_FP8_E4M3;
+    switch (in) {
+    case KVHAL_F32:
+        if (e4m3) CONVERT_LOOP(load_f32, load4_f32, 4, kvhal__f32_to_fp8_e4m3, ENCODE4_E4M3);
+        else CONVERT_LOOP(load_f32, load4_f32, 4, kvhal__f32_to_fp8_e5m2, ENCODE4_E5M2);
+        break;
+    case KVHAL_F16:
+        if (e4m3) CONVERT_LOOP(load_f16, load4_f16, 2, kvhal__f32_to_fp8_e4m3, ENCODE4_E4M3);
+        else CONVERT_LOOP(load_f16, load4_f16, 2, kvhal__f32_to_fp8_e5m2, ENCODE4_E5M2);
+        break;
+    default:
+        if (e4m3) CONVERT_LOOP(load_bf16, load4_bf16, 2, kvhal__f32_to_fp8_e4m3, ENCODE4_E4M3);
+        else CONVERT_LOOP(load_bf16, load4_bf16, 2, kvhal__f32_to_fp8_e5m2, ENCODE4_E5M2);
+        break;
+    }
 }
 
 /* ---- paged caching ---- */
@@ -99,7 +246,7 @@ static inline int64_t read_slot(const char *base, kvhal_dtype dt, int64_t index)
 }
 
 static void move_token(const kvhal_bk_paged_caching *a, const kvhal_bk_paged_side *s, move_kind kind, int64_t tok_elem,
-                       int64_t slot)
+                       int64_t slot, bool stream)
 {
     const size_t ies = kvhal_dtype_size(a->input_dtype), ces = kvhal_dtype_size(a->cache_dtype);
     const int64_t blk = slot / a->block_size, off = slot - blk * a->block_size;
@@ -108,12 +255,12 @@ static void move_token(const kvhal_bk_paged_caching *a, const kvhal_bk_paged_sid
     const int32_t heads = a->num_heads, hd = s->head_dim;
     switch (kind) {
     case MOVE_TOKEN:
-        memcpy(cache, in, (size_t)heads * (size_t)hd * ces);
+        copy_row(cache, in, (size_t)heads * (size_t)hd * ces, stream);
         break;
     case MOVE_ROW:
         for (int32_t h = 0; h < heads; h++)
-            memcpy(cache + (size_t)(h * s->cache_head_stride) * ces, in + (size_t)(h * s->in_head_stride) * ies,
-                   (size_t)hd * ces);
+            copy_row(cache + (size_t)(h * s->cache_head_stride) * ces, in + (size_t)(h * s->in_head_stride) * ies,
+                     (size_t)hd * ces, stream);
         break;
     case MOVE_CONVERT:
     case MOVE_GENERIC:
@@ -149,14 +296,18 @@ kvhal_status kvhal__cpu_paged_caching(int32_t id, void *desc, const kvhal_bk_pag
                                   (long long)slot, (long long)max_slot, (long long)a->num_blocks, (int)a->block_size);
         }
     }
+    const size_t written = (size_t)a->num_tokens * (size_t)a->num_heads *
+                           (size_t)(a->k.head_dim + a->v.head_dim) * kvhal_dtype_size(a->cache_dtype);
+    const bool nt = written >= STREAM_THRESHOLD;
     for (int64_t b = 0; b < outer; b++) {
         for (int64_t i = 0; i < seq; i++) {
             int64_t slot = read_slot(slots, a->slot_dtype, b * a->slot_stride_outer + i * a->slot_stride_inner);
             if (slot < 0) continue; /* padding */
-            move_token(a, &a->k, km, b * a->k.tok_stride_outer + i * a->k.tok_stride_inner, slot);
-            move_token(a, &a->v, vm, b * a->v.tok_stride_outer + i * a->v.tok_stride_inner, slot);
+            move_token(a, &a->k, km, b * a->k.tok_stride_outer + i * a->k.tok_stride_inner, slot, nt);
+            move_token(a, &a->v, vm, b * a->v.tok_stride_outer + i * a->v.tok_stride_inner, slot, nt);
         }
     }
+    if (nt) stream_fence();
     return KVHAL_OK;
 }
 
@@ -164,6 +315,9 @@ kvhal_status kvhal__cpu_paged_caching(int32_t id, void *desc, const kvhal_bk_pag
 
 kvhal_status kvhal__cpu_copy_blocks(int32_t id, void *desc, const kvhal_bk_copy_blocks *a, void *stream)
 {
+    size_t written = 0;
+    for (int32_t c = 0; c < a->num_caches; c++) written += (size_t)a->block_bytes[c] * (size_t)a->num_pairs;
+    const bool nt = written >= STREAM_THRESHOLD;
     for (int32_t c = 0; c < a->num_caches; c++) {
         char *base = (char *)a->natives[c] + a->offsets[c];
         const int64_t stride = a->block_strides[c];
@@ -171,9 +325,10 @@ kvhal_status kvhal__cpu_copy_blocks(int32_t id, void *desc, const kvhal_bk_copy_
         for (int32_t p = 0; p < a->num_pairs; p++) {
             const int64_t src = a->pairs[2 * p], dst = a->pairs[2 * p + 1];
             if (src == dst) continue;
-            memcpy(base + dst * stride, base + src * stride, bytes);
+            copy_row(base + dst * stride, base + src * stride, bytes, nt);
         }
     }
+    if (nt) stream_fence();
     return KVHAL_OK;
 }
 

@@ -2,7 +2,9 @@
  * pointers to buffers in device memory, so a launch takes up to 16 distinct buffers as arguments (b0..b15); when
  * the caches span more buffers the host launches once per group of 16. One uploaded buffer `meta` holds per pair
  * two longs (src, dst block), then from meta[table_off] per cache of this launch four ulongs (argument index, byte
- * offset of block 0, block stride, block bytes). One work-group copies one (cache, pair) block at a time. The host
+ * offset of block 0, block stride, block bytes). A job is one (cache, pair); job j is cache j / num_pairs, pair
+ * j % num_pairs; a work-item moves one unit of one job (units_per_job = the largest block of the launch in units;
+ * items past a smaller block return). A launch covers `items` work-items from job job0 on (at most 2^30). The host
  * picks the kernel whose unit (16, 4 or 1 bytes) divides every offset, stride and block size. */
 
 #define CB_PICK(i)                                                                                              \
@@ -15,19 +17,20 @@
                      global uchar *b5, global uchar *b6, global uchar *b7, global uchar *b8, global uchar *b9,  \
                      global uchar *b10, global uchar *b11, global uchar *b12, global uchar *b13,               \
                      global uchar *b14, global uchar *b15, const global ulong *meta, ulong table_off,          \
-                     uint num_caches, uint num_pairs)                                                          \
+                     uint num_pairs, uint units_per_job, ulong job0, uint items)                               \
     {                                                                                                          \
-        const ulong jobs = (ulong)num_caches * num_pairs;                                                      \
+        const uint i = (uint)get_global_id(0);                                                                 \
+        if (i >= items) return;                                                                                \
+        const ulong job = job0 + i / units_per_job;                                                            \
+        const uint u = i % units_per_job;                                                                      \
+        const ulong c = job / num_pairs, p = job - c * num_pairs;                                              \
+        const global ulong *e = meta + table_off + 4 * c;                                                      \
+        if (u >= e[3] / (UNIT)) return;                                                                        \
         const global long *pairs = (const global long *)meta;                                                  \
-        for (ulong g = get_group_id(0); g < jobs; g += get_num_groups(0)) {                                    \
-            uint c = (uint)(g / num_pairs), p = (uint)(g - (ulong)c * num_pairs);                              \
-            const global ulong *e = meta + table_off + 4 * (ulong)c;                                           \
-            global uchar *base = CB_PICK(e[0]) + e[1];                                                         \
-            const global T *src = (const global T *)(base + pairs[2 * p] * (long)e[2]);                        \
-            global T *dst = (global T *)(base + pairs[2 * p + 1] * (long)e[2]);                                \
-            const ulong n = e[3] / (UNIT);                                                                     \
-            for (ulong j = get_local_id(0); j < n; j += get_local_size(0)) dst[j] = src[j];                    \
-        }                                                                                                      \
+        global uchar *base = CB_PICK(e[0]) + e[1];                                                             \
+        const global T *src = (const global T *)(base + pairs[2 * p] * (long)e[2]);                            \
+        global T *dst = (global T *)(base + pairs[2 * p + 1] * (long)e[2]);                                    \
+        dst[u] = src[u];                                                                                       \
     }
 
 CB_KERNEL(copy_blocks_16, uint4, 16)

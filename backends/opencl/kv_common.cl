@@ -1,7 +1,9 @@
 /* kv_common.cl — what every kvhal OpenCL program starts with: dtype codes and sizes, and the conversions between
  * f32 and the stored formats (f16, bf16, fp8 e4m3fn, fp8 e5m2) written with integer operations on the bit patterns,
  * so that no kernel needs cl_khr_fp16 and every OpenCL 1.2 device runs the same code. Each conversion is bit-exact
- * with its host reference in core/convert.c (round to nearest even, subnormals kept, fp8 saturating, NaN kept). */
+ * with its host reference in core/convert.c (round to nearest even, subnormals kept, fp8 saturating, NaN kept).
+ * Helpers are plain functions, not C99 'inline' ones: an inline definition that a compiler decides not to inline
+ * has no external definition to fall back on, and device compilers inline small functions anyway. */
 
 #define KV_F32 0
 #define KV_F16 1
@@ -14,7 +16,7 @@
 
 /* A finite, non-negative f32 bit pattern rounded to a format with m mantissa bits and the given bias: the magnitude
  * code (biased exponent << m | mantissa). A mantissa carry runs into the exponent, which is the next binade. */
-inline uint kv_round_magnitude(uint a, int m, int bias)
+uint kv_round_magnitude(uint a, int m, int bias)
 {
     uint e8 = a >> 23;
     uint sig;
@@ -43,7 +45,7 @@ inline uint kv_round_magnitude(uint a, int m, int bias)
     return code;
 }
 
-inline uint kv_f32_to_fp8(float x, int m, int bias, uint max_code)
+uint kv_f32_to_fp8(float x, int m, int bias, uint max_code)
 {
     uint u = as_uint(x);
     uint sign = (u >> 24) & 0x80u;
@@ -54,7 +56,7 @@ inline uint kv_f32_to_fp8(float x, int m, int bias, uint max_code)
     return sign | min(code, max_code);
 }
 
-inline uint kv_f32_to_f16(float x)
+uint kv_f32_to_f16(float x)
 {
     uint u = as_uint(x);
     uint sign = (u >> 16) & 0x8000u;
@@ -64,14 +66,14 @@ inline uint kv_f32_to_f16(float x)
     return sign | min(kv_round_magnitude(a, 10, 15), 0x7c00u);
 }
 
-inline uint kv_f32_to_bf16(float x)
+uint kv_f32_to_bf16(float x)
 {
     uint u = as_uint(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
     return ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) & 0xffffu;
 }
 
-inline float kv_f16_to_f32(uint h)
+float kv_f16_to_f32(uint h)
 {
     uint sign = (h & 0x8000u) << 16;
     uint e = (h >> 10) & 0x1fu, f = h & 0x3ffu;
@@ -80,9 +82,9 @@ inline float kv_f16_to_f32(uint h)
     return as_float(sign | ((e + 112u) << 23) | (f << 13));
 }
 
-inline float kv_bf16_to_f32(uint b) { return as_float(b << 16); }
+float kv_bf16_to_f32(uint b) { return as_float(b << 16); }
 
-inline float kv_e4m3_to_f32(uint x)
+float kv_e4m3_to_f32(uint x)
 {
     uint sign = (x & 0x80u) << 24;
     uint mag = x & 0x7fu, e = mag >> 3, f = mag & 7u;
@@ -91,7 +93,7 @@ inline float kv_e4m3_to_f32(uint x)
     return as_float(sign | ((e + 120u) << 23) | (f << 20));
 }
 
-inline float kv_e5m2_to_f32(uint x)
+float kv_e5m2_to_f32(uint x)
 {
     uint sign = (x & 0x80u) << 24;
     uint mag = x & 0x7fu, e = mag >> 2, f = mag & 3u;
@@ -101,7 +103,7 @@ inline float kv_e5m2_to_f32(uint x)
 }
 
 /* Bits of one element of dtype dt (in the low bits of the result) -> f32, and back. */
-inline float kv_decode(uint bits, int dt)
+float kv_decode(uint bits, int dt)
 {
     switch (dt) {
     case KV_F16: return kv_f16_to_f32(bits);
@@ -112,7 +114,7 @@ inline float kv_decode(uint bits, int dt)
     }
 }
 
-inline uint kv_encode(float x, int dt)
+uint kv_encode(float x, int dt)
 {
     switch (dt) {
     case KV_F16: return kv_f32_to_f16(x);
@@ -127,7 +129,7 @@ inline uint kv_encode(float x, int dt)
  * the device supports (and the build asks for) correctly rounded division, so the quotient is refined with exact
  * fma residuals: one Newton step, then the neighbour whose residual is smaller wins (a quotient is never exactly
  * halfway between two floats, so there is no tie to break). */
-inline float kv_div(float x, float s)
+float kv_div(float x, float s)
 {
     if (s == 1.0f) return x;
     float q = x / s;
@@ -146,7 +148,7 @@ inline float kv_div(float x, float s)
  * elements is bits [8*s*(i % (4/s)), ...) of w[i / (4/s)]. */
 #define KV_WORDS(n) (((n) + 3) / 4)
 
-inline void kv_load_chunk(uint *w, const global uchar *p, int n)
+void kv_load_chunk(uint *w, const global uchar *p, int n)
 {
     if (n >= 16) {
         for (int i = 0; i < n / 16; i++) {
@@ -169,7 +171,7 @@ inline void kv_load_chunk(uint *w, const global uchar *p, int n)
     }
 }
 
-inline void kv_store_chunk(global uchar *p, const uint *w, int n)
+void kv_store_chunk(global uchar *p, const uint *w, int n)
 {
     if (n >= 16) {
         for (int i = 0; i < n / 16; i++)
@@ -186,26 +188,26 @@ inline void kv_store_chunk(global uchar *p, const uint *w, int n)
 }
 
 /* Byte-wise access for data of any alignment (the fallback kernels). */
-inline uint kv_load_bytes(const global uchar *p, int n)
+uint kv_load_bytes(const global uchar *p, int n)
 {
     uint v = 0;
     for (int i = 0; i < n; i++) v |= (uint)p[i] << (8 * i);
     return v;
 }
 
-inline void kv_store_bytes(global uchar *p, uint v, int n)
+void kv_store_bytes(global uchar *p, uint v, int n)
 {
     for (int i = 0; i < n; i++) p[i] = (uchar)(v >> (8 * i));
 }
 
-inline uint kv_get_elem(const uint *w, int i, int size)
+uint kv_get_elem(const uint *w, int i, int size)
 {
     if (size == 4) return w[i];
     if (size == 2) return (w[i >> 1] >> (16 * (i & 1))) & 0xffffu;
     return (w[i >> 2] >> (8 * (i & 3))) & 0xffu;
 }
 
-inline void kv_put_elem(uint *w, int i, int size, uint v)
+void kv_put_elem(uint *w, int i, int size, uint v)
 {
     if (size == 4) {
         w[i] = v;

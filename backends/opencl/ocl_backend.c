@@ -264,6 +264,8 @@ static bool add_device(cl_platform_id p, const char *pname, cl_device_id dv, cl_
                       (int)err);
         return false;
     }
+    cl_device_type type = 0;
+    if (clGetDeviceInfo(dv, CL_DEVICE_TYPE, sizeof type, &type, NULL) == CL_SUCCESS) d->cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
     size_t ext_size = 0;
     if (clGetDeviceInfo(dv, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_size) == CL_SUCCESS && ext_size) {
         char *ext = malloc(ext_size + 1);
@@ -575,16 +577,6 @@ kvhal_status kvhal__ocl_local_size(ocl_device *d, cl_kernel k, size_t *local)
     return KVHAL_OK;
 }
 
-size_t kvhal__ocl_global_size(const ocl_device *d, uint64_t work, size_t local)
-{
-    /* Grid-stride kernels: enough groups to fill the device a few times over, never one per item of a huge op
-     * (global sizes are size_t and 32-bit on some devices). */
-    uint64_t groups = (work + local - 1) / local;
-    uint64_t cap = (uint64_t)(d->compute_units ? d->compute_units : 1) * 32u;
-    if (groups > cap) groups = cap;
-    return (size_t)groups * local;
-}
-
 /* ---- contexts ---- */
 kvhal_status kvhal__ocl_ctx_of_mem(ocl_device *d, cl_mem mem, ocl_ctx **out)
 {
@@ -751,6 +743,10 @@ static kvhal_status ocl_buffer_alloc(int32_t id, size_t bytes, void **native)
     if (alloc_refused())
         return OCL_SET_ERROR(KVHAL_OUT_OF_MEMORY, "opencl:%d: allocation of %zu bytes failed (fault injection)", id,
                              bytes);
+    /* A 32-bit device addresses less than 4 GiB; kernels take offsets as ulong but add them to its pointers. */
+    if (d->address_bits < 64 && (uint64_t)bytes >= (uint64_t)1 << d->address_bits)
+        return OCL_SET_ERROR(KVHAL_OUT_OF_MEMORY, "bytes: %zu exceeds the %u-bit address space of opencl:%d ('%s')",
+                             bytes, d->address_bits, id, d->name);
     if (bytes > d->max_alloc)
         return OCL_SET_ERROR(KVHAL_OUT_OF_MEMORY,
                              "bytes: %zu exceeds the largest single allocation of opencl:%d ('%s'): "

@@ -39,6 +39,7 @@ typedef struct ocl_device {
     cl_uint compute_units, address_bits;
     size_t max_wg;
     bool amd_free_mem;   /* cl_amd_device_attribute_query: free memory can be asked */
+    bool cpu;            /* CL_DEVICE_TYPE_CPU: kernels are specialised for serial work-items */
     bool shared_context; /* other devices share its platform context (direct peer copies) */
     pthread_mutex_t mu;
     ocl_ctx ctxs[OCL_MAX_CTX];
@@ -78,8 +79,6 @@ OCL_HIDDEN kvhal_status kvhal__ocl_program(ocl_device *d, ocl_ctx *ce, ocl_src s
                                            cl_program *out);
 /* Work-group size for kernel k on d: 256 or the kernel's limit, a multiple of its preferred multiple. */
 OCL_HIDDEN kvhal_status kvhal__ocl_local_size(ocl_device *d, cl_kernel k, size_t *local);
-/* Global size for a grid-stride kernel over `work` items (0 < work). */
-OCL_HIDDEN size_t kvhal__ocl_global_size(const ocl_device *d, uint64_t work, size_t local);
 /* clEnqueueCopyBuffer that also handles overlapping ranges of one buffer (through a temporary buffer). */
 OCL_HIDDEN kvhal_status kvhal__ocl_copy(int32_t id, cl_command_queue q, ocl_ctx *ce, cl_mem dst, size_t dst_off,
                                         cl_mem src, size_t src_off, size_t bytes);

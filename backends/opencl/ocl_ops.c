@@ -28,7 +28,7 @@ typedef struct kset {
 /* Everything the paged-caching options are made of. */
 typedef struct pc_plan {
     int32_t empty; /* no work for any call with this metadata: nothing is built */
-    int32_t in_dt, out_dt, slot_i64, heads, block_size, hd_k, hd_v, vec_k, vec_v;
+    int32_t in_dt, out_dt, slot_i64, heads, block_size, hd_k, hd_v, vec_k, vec_v, group;
     int32_t lin_k, lout_k, lin_v, lout_v; /* alignment (bytes) the vec kernel needs of each base offset */
 } pc_plan;
 
@@ -80,11 +80,15 @@ static kvhal_status set_args(int32_t id, cl_kernel k, const char *kname, const k
     return KVHAL_OK;
 }
 
-static kvhal_status launch(int32_t id, cl_command_queue q, const kset *ks, int ki, const char *kname, uint64_t work,
+/* Work-items of one launch at most: keeps in-kernel index math in 32 bits and global sizes within every device's
+ * size_t. Larger ops are split into several launches. */
+#define MAX_ITEMS ((uint64_t)1 << 30)
+
+static kvhal_status launch(int32_t id, cl_command_queue q, const kset *ks, int ki, const char *kname, uint64_t items,
                            cl_uint nwait, const cl_event *wait, cl_event *ev)
 {
     size_t local = ks->local[ki];
-    size_t global = kvhal__ocl_global_size(kvhal__ocl_device(id), work, local);
+    size_t global = (size_t)((items + local - 1) / local) * local;
     cl_int err = clEnqueueNDRangeKernel(q, ks->k[ki], 1, NULL, &global, &local, nwait, wait, ev);
     if (err != CL_SUCCESS)
         return kvhal__ocl_fail(err, "opencl:%d: clEnqueueNDRangeKernel(%s, global %zu, local %zu)", id, kname, global,
@@ -172,6 +176,7 @@ static int32_t pc_pick_vec(const kvhal_bk_paged_side *s, int32_t in_size, int32_
 
 static kvhal_status pc_make_plan(int32_t id, const kvhal_bk_paged_caching *a, pc_plan *p)
 {
+    const ocl_device *d = kvhal__ocl_device(id);
     memset(p, 0, sizeof *p);
     if (!dt_is_float(a->input_dtype) || !dt_is_float(a->cache_dtype))
         return OCL_SET_ERROR(KVHAL_UNSUPPORTED, "opencl:%d: paged caching of dtype %d into a cache of dtype %d", id,
@@ -195,6 +200,11 @@ static kvhal_status pc_make_plan(int32_t id, const kvhal_bk_paged_caching *a, pc
          offset = a->block_size > 1;
     p->vec_k = pc_pick_vec(&a->k, in, out, outer, inner, heads, offset);
     p->vec_v = pc_pick_vec(&a->v, in, out, outer, inner, heads, offset);
+    /* CPU devices run work-items one after another: there several chunks per item amortise the index math. */
+    p->group = 1;
+    if (d->cpu && p->vec_k > 1 && p->vec_v > 1)
+        while (p->group < 8 && (p->hd_k / p->vec_k) % (2 * p->group) == 0 && (p->hd_v / p->vec_v) % (2 * p->group) == 0)
+            p->group *= 2;
     p->lin_k = p->vec_k * in < 16 ? p->vec_k * in : 16;
     p->lout_k = p->vec_k * out < 16 ? p->vec_k * out : 16;
     p->lin_v = p->vec_v * in < 16 ? p->vec_v * in : 16;
@@ -293,8 +303,9 @@ kvhal_status kvhal__ocl_desc_create(int32_t id, kvhal_bk_op op, const void *args
         desc->nk = p->empty ? 0 : 2;
         snprintf(desc->options, sizeof desc->options,
                  "-DIN_DT=%d -DOUT_DT=%d -DSLOT_I64=%d -DHEADS=%d -DBLOCK_SIZE=%d -DHD_K=%d -DHD_V=%d -DVEC_K=%d "
-                 "-DVEC_V=%d",
-                 p->in_dt, p->out_dt, p->slot_i64, p->heads, p->block_size, p->hd_k, p->hd_v, p->vec_k, p->vec_v);
+                 "-DVEC_V=%d -DGROUP=%d",
+                 p->in_dt, p->out_dt, p->slot_i64, p->heads, p->block_size, p->hd_k, p->hd_v, p->vec_k, p->vec_v,
+                 p->group);
         break;
     }
     case KVHAL_BK_OP_COPY_BLOCKS:
@@ -379,7 +390,7 @@ kvhal_status kvhal__ocl_paged_caching(int32_t id, void *desc_, const kvhal_bk_pa
                a->v.cache_offset % (size_t)p.lout_v == 0 && a->v.input_offset % (size_t)p.lin_v == 0 &&
                a->slots_offset % slot_size == 0;
     int ki = vec ? 0 : 1;
-    int64_t vk = vec ? p.vec_k : 1, vv = vec ? p.vec_v : 1;
+    int64_t vk = vec ? p.vec_k * p.group : 1, vv = vec ? p.vec_v * p.group : 1; /* elements per work-item */
 
     cl_mem kc = (cl_mem)a->k.cache, kin = (cl_mem)a->k.input, vc = (cl_mem)a->v.cache, vin = (cl_mem)a->v.input;
     cl_mem slots = (cl_mem)a->slots, err_flag = ce->err_flag;
@@ -398,8 +409,23 @@ kvhal_status kvhal__ocl_paged_caching(int32_t id, void *desc_, const kvhal_bk_pa
                          KA(slots), KA(slots_off), KA(ss), KA(err_flag), KA(num_tokens), KA(seq_len), KA(num_slots)};
     st = set_args(id, ks->k[ki], pc_knames[ki], args, (int)(sizeof args / sizeof args[0]));
     if (st != KVHAL_OK) return st;
-    uint64_t work = (uint64_t)a->num_tokens * (uint64_t)p.heads * (uint64_t)(p.hd_k / vk + p.hd_v / vv);
-    return launch(id, q, ks, ki, pc_knames[ki], work, 0, NULL, NULL);
+    const uint64_t per_tok = (uint64_t)p.heads * (uint64_t)(p.hd_k / vk + p.hd_v / vv);
+    if (per_tok > MAX_ITEMS)
+        return OCL_SET_ERROR(KVHAL_UNSUPPORTED, "opencl:%d: %llu work-items per token exceed one launch", id,
+                             (unsigned long long)per_tok);
+    const uint64_t per_launch = MAX_ITEMS / per_tok;
+    for (uint64_t t0 = 0; t0 < (uint64_t)a->num_tokens && st == KVHAL_OK; t0 += per_launch) {
+        uint64_t n = (uint64_t)a->num_tokens - t0 < per_launch ? (uint64_t)a->num_tokens - t0 : per_launch;
+        cl_ulong tok0 = t0;
+        cl_uint items = (cl_uint)(n * per_tok);
+        const karg piece[] = {KA(tok0), KA(items)};
+        for (int j = 0; j < 2 && st == KVHAL_OK; j++) {
+            cl_int err = clSetKernelArg(ks->k[ki], (cl_uint)(21 + j), piece[j].size, piece[j].ptr);
+            if (err != CL_SUCCESS) st = kvhal__ocl_fail(err, "opencl:%d: clSetKernelArg(%s, %d)", id, pc_knames[ki], 21 + j);
+        }
+        if (st == KVHAL_OK) st = launch(id, q, ks, ki, pc_knames[ki], items, 0, NULL, NULL);
+    }
+    return st;
 }
 
 /* ---- copy_blocks ---- */
@@ -502,24 +528,38 @@ kvhal_status kvhal__ocl_copy_blocks(int32_t id, void *desc_, const kvhal_bk_copy
 
     cl_event last = NULL;
     int launches = 0;
+    const uint64_t unit = ki == 0 ? 16 : ki == 1 ? 4 : 1;
     cl_uint num_pairs = (cl_uint)a->num_pairs;
     for (int32_t c0 = 0; c0 < a->num_caches && st == KVHAL_OK;) {
         int32_t c1 = cb_group(a, c0, bufs, &nb, NULL);
         for (int32_t j = nb; j < CB_NBUF; j++) bufs[j] = bufs[0];
+        uint64_t upj = 1;
+        for (int32_t c = c0; c < c1; c++)
+            if ((uint64_t)a->block_bytes[c] / unit > upj) upj = (uint64_t)a->block_bytes[c] / unit;
+        if (upj > MAX_ITEMS) {
+            st = OCL_SET_ERROR(KVHAL_UNSUPPORTED, "opencl:%d: copy_blocks: a block of %llu units exceeds one launch",
+                               id, (unsigned long long)upj);
+            break;
+        }
         cl_ulong table_off = 2 * (cl_ulong)a->num_pairs + 4 * (cl_ulong)c0;
-        cl_uint ncaches = (cl_uint)(c1 - c0);
-        const karg args[] = {KA(bufs[0]),  KA(bufs[1]),  KA(bufs[2]),  KA(bufs[3]),    KA(bufs[4]),   KA(bufs[5]),
-                             KA(bufs[6]),  KA(bufs[7]),  KA(bufs[8]),  KA(bufs[9]),    KA(bufs[10]),  KA(bufs[11]),
-                             KA(bufs[12]), KA(bufs[13]), KA(bufs[14]), KA(bufs[15]),   KA(desc->meta), KA(table_off),
-                             KA(ncaches),  KA(num_pairs)};
-        st = set_args(id, ks->k[ki], cb_knames[ki], args, (int)(sizeof args / sizeof args[0]));
-        cl_event ev = NULL;
-        if (st == KVHAL_OK)
-            st = launch(id, q, ks, ki, cb_knames[ki], (uint64_t)ncaches * num_pairs * ks->local[ki], 1, &written, &ev);
-        if (st == KVHAL_OK) {
-            if (last) clReleaseEvent(last);
-            last = ev;
-            launches++;
+        cl_uint units_per_job = (cl_uint)upj;
+        const uint64_t jobs = (uint64_t)(c1 - c0) * num_pairs, per_launch = MAX_ITEMS / upj;
+        for (uint64_t j0 = 0; j0 < jobs && st == KVHAL_OK; j0 += per_launch) {
+            cl_ulong job0 = j0;
+            cl_uint items = (cl_uint)((jobs - j0 < per_launch ? jobs - j0 : per_launch) * upj);
+            const karg args[] = {KA(bufs[0]),  KA(bufs[1]),  KA(bufs[2]),  KA(bufs[3]),     KA(bufs[4]),
+                                 KA(bufs[5]),  KA(bufs[6]),  KA(bufs[7]),  KA(bufs[8]),     KA(bufs[9]),
+                                 KA(bufs[10]), KA(bufs[11]), KA(bufs[12]), KA(bufs[13]),    KA(bufs[14]),
+                                 KA(bufs[15]), KA(desc->meta), KA(table_off), KA(num_pairs), KA(units_per_job),
+                                 KA(job0),     KA(items)};
+            st = set_args(id, ks->k[ki], cb_knames[ki], args, (int)(sizeof args / sizeof args[0]));
+            cl_event ev = NULL;
+            if (st == KVHAL_OK) st = launch(id, q, ks, ki, cb_knames[ki], items, 1, &written, &ev);
+            if (st == KVHAL_OK) {
+                if (last) clReleaseEvent(last);
+                last = ev;
+                launches++;
+            }
         }
         c0 = c1;
     }
@@ -581,10 +621,15 @@ kvhal_status kvhal__ocl_tensor_copy(int32_t id, void *desc_, const kvhal_bk_tens
     cl_mem dst = (cl_mem)a->dst.native, src = (cl_mem)a->src.native;
     cl_ulong dst_off = a->dst.offset, src_off = a->src.offset;
     cl_uint small = total <= 0xffffffffu;
-    const karg args[] = {KA(dst), KA(dst_off), KA(src), KA(src_off), KA(shape), KA(ds), KA(ss), KA(total), KA(small)};
-    st = set_args(id, ks->k[ki], tc_knames[ki], args, (int)(sizeof args / sizeof args[0]));
-    if (st != KVHAL_OK) return st;
-    return launch(id, q, ks, ki, tc_knames[ki], total, 0, NULL, NULL);
+    for (uint64_t b = 0; b < total && st == KVHAL_OK; b += MAX_ITEMS) {
+        cl_ulong base = b;
+        uint64_t items = total - b < MAX_ITEMS ? total - b : MAX_ITEMS;
+        const karg args[] = {KA(dst),  KA(dst_off), KA(src),   KA(src_off), KA(shape),
+                             KA(ds),   KA(ss),      KA(base),  KA(total),   KA(small)};
+        st = set_args(id, ks->k[ki], tc_knames[ki], args, (int)(sizeof args / sizeof args[0]));
+        if (st == KVHAL_OK) st = launch(id, q, ks, ki, tc_knames[ki], items, 0, NULL, NULL);
+    }
+    return st;
 }
 
 /* ---- copy_batch ---- */

@@ -4,7 +4,8 @@
  * tensor_copy_vec moves units of UNIT = VEC * ESIZE bytes (the innermost dim is contiguous in both tensors when
  * VEC > 1) with one typed load; shape and strides are in units and both base offsets are multiples of UNIT.
  * tensor_copy_any moves single elements byte by byte (shape and strides in elements, any offset). Index
- * arithmetic uses 32 bits when the host says every index fits (small != 0). */
+ * arithmetic uses 32 bits when the host says every index fits (small != 0). One work-item per unit, items
+ * base + get_global_id(0) < total: a launch covers at most 2^30 of them. */
 
 #if UNIT == 16
 #define TC_T uint4
@@ -22,7 +23,7 @@
  * convention of some CPU devices (PoCL warns about it). */
 #define TC_UNPACK(a, v) const ulong a[8] = {v.s0, v.s1, v.s2, v.s3, v.s4, v.s5, v.s6, v.s7}
 
-inline void tc_offsets(ulong i, const ulong *sh, const ulong *ds, const ulong *ss, uint small, ulong *dofs,
+void tc_offsets(ulong i, const ulong *sh, const ulong *ds, const ulong *ss, uint small, ulong *dofs,
                        ulong *sofs)
 {
     ulong d = 0, s = 0;
@@ -52,29 +53,27 @@ inline void tc_offsets(ulong i, const ulong *sh, const ulong *ds, const ulong *s
 }
 
 kernel void tensor_copy_vec(global uchar *dst, ulong dst_off, const global uchar *src, ulong src_off, ulong8 shape,
-                            ulong8 dstr, ulong8 sstr, ulong total, uint small)
+                            ulong8 dstr, ulong8 sstr, ulong base, ulong total, uint small)
 {
-    global TC_T *d = (global TC_T *)(dst + dst_off);
-    const global TC_T *s = (const global TC_T *)(src + src_off);
+    const ulong i = base + get_global_id(0);
+    if (i >= total) return;
     TC_UNPACK(sh, shape);
     TC_UNPACK(ds, dstr);
     TC_UNPACK(ss, sstr);
-    for (ulong i = get_global_id(0); i < total; i += get_global_size(0)) {
-        ulong di, si;
-        tc_offsets(i, sh, ds, ss, small, &di, &si);
-        d[di] = s[si];
-    }
+    ulong di, si;
+    tc_offsets(i, sh, ds, ss, small, &di, &si);
+    ((global TC_T *)(dst + dst_off))[di] = ((const global TC_T *)(src + src_off))[si];
 }
 
 kernel void tensor_copy_any(global uchar *dst, ulong dst_off, const global uchar *src, ulong src_off, ulong8 shape,
-                            ulong8 dstr, ulong8 sstr, ulong total, uint small)
+                            ulong8 dstr, ulong8 sstr, ulong base, ulong total, uint small)
 {
+    const ulong i = base + get_global_id(0);
+    if (i >= total) return;
     TC_UNPACK(sh, shape);
     TC_UNPACK(ds, dstr);
     TC_UNPACK(ss, sstr);
-    for (ulong i = get_global_id(0); i < total; i += get_global_size(0)) {
-        ulong di, si;
-        tc_offsets(i, sh, ds, ss, small, &di, &si);
-        for (int b = 0; b < ESIZE; b++) dst[dst_off + di * ESIZE + b] = src[src_off + si * ESIZE + b];
-    }
+    ulong di, si;
+    tc_offsets(i, sh, ds, ss, small, &di, &si);
+    for (int b = 0; b < ESIZE; b++) dst[dst_off + di * ESIZE + b] = src[src_off + si * ESIZE + b];
 }
