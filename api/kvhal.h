@@ -217,7 +217,8 @@ KVHAL_API kvhal_status kvhal_paged_caching(const kvhal_tensor *k_cache, const kv
 
 /* Copies whole blocks src->dst in every cache of caches[0..num_caches) (e.g. K and V of every layer) in one
  * call. Each cache has the block index as dim 0 and its other dims dense row-major (one block = one contiguous
- * byte range). pairs holds num_pairs (src, dst) block ids on the host. All caches on one device. */
+ * byte range). pairs holds num_pairs (src, dst) block ids on the host. All caches on one device. Devices copy
+ * the pairs in parallel: a destination block must not be the source or destination of another pair. */
 KVHAL_API kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num_caches, const int64_t *pairs,
                                          int32_t num_pairs, kvhal_stream *s);
 
@@ -263,8 +264,9 @@ KVHAL_API kvhal_status kvhal_desc_cache_set_capacity(kvhal_op_kind op, size_t ca
 KVHAL_API kvhal_status kvhal_desc_cache_get_capacity(kvhal_op_kind op, size_t *capacity);
 /* KVHAL_NOT_FOUND on a miss (no error message is set for a miss). */
 KVHAL_API kvhal_status kvhal_desc_cache_get(kvhal_device dev, const kvhal_desc_key *key, void **desc);
-/* Takes ownership of desc. Evicts the least recently used entry of that (device, op) when full. Replacing an
- * existing key destroys the old descriptor. */
+/* Takes ownership of desc (on an error status the caller keeps it). Evicts the least recently used entry of that
+ * (device, op) when full. Replacing an existing key destroys the old descriptor. With capacity 0 the descriptor
+ * is destroyed at once. */
 KVHAL_API kvhal_status kvhal_desc_cache_put(kvhal_device dev, const kvhal_desc_key *key, void *desc);
 typedef struct kvhal_desc_cache_stats {
     uint64_t hits, misses, evictions, inserts;

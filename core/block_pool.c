@@ -19,7 +19,8 @@ struct kvhal_block_pool {
 static kvhal_status check_pool(const kvhal_block_pool *p)
 {
     if (!p) return kvhal__err(KVHAL_INVALID_HANDLE, "pool: NULL");
-    if (p->magic != POOL_MAGIC) return kvhal__err(KVHAL_INVALID_HANDLE, "pool: %p is not a live block pool", (const void *)p);
+    if (p->magic != POOL_MAGIC)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "pool: %p is not a live block pool", (const void *)p);
     return KVHAL_OK;
 }
 
@@ -71,11 +72,14 @@ kvhal_status kvhal_block_pool_allocate(kvhal_block_pool *p, int32_t n, int32_t *
     if (n > p->num_free)
         return kvhal__err(KVHAL_OUT_OF_MEMORY, "n: %d blocks requested, only %d of %d are free", (int)n,
                           (int)p->num_free, (int)p->num_blocks);
-    int32_t *top = p->free_stack + p->num_free - n;
+    /* restrict-qualified locals: without them every store to ref[] forces a reload of the other pointers */
+    const int32_t *restrict top = p->free_stack + p->num_free - 1;
+    int32_t *restrict ref = p->ref;
+    int32_t *restrict out = blocks;
     for (int32_t i = 0; i < n; i++) {
-        int32_t b = top[n - 1 - i];
-        blocks[i] = b;
-        p->ref[b] = 1;
+        int32_t b = top[-i];
+        out[i] = b;
+        ref[b] = 1;
     }
     p->num_free -= n;
     return KVHAL_OK;
@@ -115,10 +119,12 @@ kvhal_status kvhal__block_pool_release_many(kvhal_block_pool *p, const int32_t *
     /* Fast path, the usual case (blocks owned once, e.g. a prefix-cache leaf going back): every count is 1.
      * Zeroing as we go also catches a block listed twice (its second sight reads 0). */
     size_t i = 0;
+    int32_t *restrict ref = p->ref;
+    const uint32_t nb = (uint32_t)p->num_blocks;
     for (; i < n; i++) {
-        int32_t b = blocks[i];
-        if (b < 0 || b >= p->num_blocks || p->ref[b] != 1) break;
-        p->ref[b] = 0;
+        uint32_t b = (uint32_t)blocks[i];
+        if (b >= nb || ref[b] != 1) break;
+        ref[b] = 0;
     }
     if (i == n) {
         memcpy(p->free_stack + p->num_free, blocks, n * sizeof(int32_t));

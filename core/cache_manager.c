@@ -155,7 +155,9 @@ kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, in
         KVHAL_TRY(evict_tokens(cm, (size_t)(n - nfree) * (size_t)cm->page_size, NULL));
     }
     KVHAL_TRY(kvhal_block_pool_allocate(cm->pool, n, pages));
-    for (int32_t i = 0; i < n; i++) cm->state[pages[i]] = PAGE_HELD;
+    uint8_t *restrict state = cm->state;
+    const int32_t *restrict got = pages;
+    for (int32_t i = 0; i < n; i++) state[got[i]] = PAGE_HELD;
     cm->held += n;
     return KVHAL_OK;
 }
@@ -164,10 +166,12 @@ kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, in
  * PAGE_TREE); on failure every mark is undone. A page seen twice reads the mark the first sight left. */
 static kvhal_status mark_held(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to, uint8_t mark)
 {
+    uint8_t *restrict state = cm->state;
+    const uint32_t total = (uint32_t)cm->total;
     for (size_t i = from; i < to; i++) {
         int32_t p = pages[i];
-        if ((uint32_t)p < (uint32_t)cm->total && cm->state[p] == PAGE_HELD) {
-            cm->state[p] = mark;
+        if ((uint32_t)p < total && state[p] == PAGE_HELD) {
+            state[p] = mark;
             continue;
         }
         size_t bad = i;
@@ -177,16 +181,18 @@ static kvhal_status mark_held(kvhal_cache_manager *cm, const int32_t *pages, siz
         if (p < 0 || p >= cm->total)
             return kvhal__err(KVHAL_OUT_OF_RANGE, "pages[%zu]: %d is out of range [0, %d)", bad, (int)p,
                               (int)cm->total);
-        return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: page %d is %s", bad, (int)p,
-                          seen ? "listed twice" : cm->state[p] == PAGE_FREE ? "free (not allocated)"
-                                                                          : "owned by the prefix cache, not by the request");
+        const char *why = seen                      ? "listed twice"
+                          : state[p] == PAGE_FREE ? "free (not allocated)"
+                                                  : "owned by the prefix cache, not by the request";
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: page %d is %s", bad, (int)p, why);
     }
     return KVHAL_OK;
 }
 
-static void unmark(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to, uint8_t state)
+static void unmark(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to, uint8_t mark)
 {
-    for (size_t i = from; i < to; i++) cm->state[pages[i]] = state;
+    uint8_t *restrict state = cm->state;
+    for (size_t i = from; i < to; i++) state[pages[i]] = mark;
 }
 
 /* Pages known to be held and distinct go back to the pool. */

@@ -10,7 +10,6 @@
  * doubly linked recency list: entries never move, so growth of the bucket array invalidates nothing. The 64-bit key
  * hash only picks the bucket; the full key (op, word count, words) is compared, so a collision cannot return
  * another key's descriptor. */
-#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -233,8 +232,11 @@ static bool exit_key_made;
 /* Bumped by shutdown: a thread whose cache predates it must not touch the (freed) cache again. */
 static atomic_uint generation = 1;
 
-static _Thread_local struct thread_cache *tls_cache;
-static _Thread_local unsigned tls_generation;
+/* One thread-local object, so the hot path resolves one TLS address. */
+static _Thread_local struct {
+    struct thread_cache *cache;
+    unsigned generation;
+} tls;
 
 static void destroy_desc(uint32_t op, kvhal_device dev, void *desc)
 {
@@ -403,15 +405,15 @@ static void thread_exit(void *p)
     if (tc->next) tc->next->prev = tc->prev;
     pthread_mutex_unlock(&list_lock);
     /* A destroy function that calls back into the cache gets a fresh (empty) thread cache, not this one. */
-    if (tls_cache == tc) tls_cache = NULL;
+    if (tls.cache == tc) tls.cache = NULL;
     thread_cache_destroy_all(tc, KVHAL_DEVICE_CPU, -1);
     thread_cache_free(tc);
 }
 
 static inline struct thread_cache *thread_cache_current(void)
 {
-    struct thread_cache *tc = tls_cache;
-    if (tc && tls_generation == atomic_load_explicit(&generation, memory_order_relaxed)) return tc;
+    struct thread_cache *tc = tls.cache;
+    if (tc && tls.generation == atomic_load_explicit(&generation, memory_order_relaxed)) return tc;
     return NULL;
 }
 
@@ -442,9 +444,9 @@ static struct thread_cache *thread_cache_create(void)
     tc->next = all_caches;
     if (all_caches) all_caches->prev = tc;
     all_caches = tc;
-    tls_generation = atomic_load_explicit(&generation, memory_order_relaxed);
+    tls.generation = atomic_load_explicit(&generation, memory_order_relaxed);
     pthread_mutex_unlock(&list_lock);
-    tls_cache = tc;
+    tls.cache = tc;
     return tc;
 }
 

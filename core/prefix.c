@@ -545,7 +545,8 @@ static void unlock_path(kvhal_prefix_cache *pc, node *handle);
 kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
 {
     KVHAL_TRY(check_pc(pc));
-    if (!handle) return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: NULL (match found nothing: there is nothing to lock)");
+    if (!handle)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: NULL (match found nothing: there is nothing to lock)");
     if (handle == &pc->root) return KVHAL_OK;
     if (pc->kind == KVHAL_PREFIX_NAIVE)
         return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p, but a naive prefix cache only hands out NULL",
@@ -569,7 +570,8 @@ kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handl
 kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
 {
     KVHAL_TRY(check_pc(pc));
-    if (!handle) return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: NULL (match found nothing: there is nothing to unlock)");
+    if (!handle)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: NULL (match found nothing: there is nothing to unlock)");
     if (handle == &pc->root) return KVHAL_OK;
     if (pc->kind == KVHAL_PREFIX_NAIVE)
         return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p, but a naive prefix cache only hands out NULL",

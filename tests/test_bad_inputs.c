@@ -125,7 +125,14 @@ static void test_matrix(void **state)
     CASE(kvhal_tensor_make(buf, 0, KVHAL_F32, 2, big, NULL, &t), KVHAL_OUT_OF_RANGE, "");
     CASE(kvhal_tensor_make(buf, 4, KVHAL_F32, 2, shape2, NULL, &t), KVHAL_OUT_OF_RANGE, "past the buffer");
     CASE(kvhal_tensor_make(buf, 2, KVHAL_F32, 1, shape2, NULL, &t), KVHAL_INVALID_ARGUMENT, "offset");
-    CASE(kvhal_tensor_make(dead, 0, KVHAL_F32, 1, shape2, NULL, &t), KVHAL_INVALID_HANDLE, "buf");
+    /* A stream handle passed where a buffer is expected is caught by its magic (using a destroyed buffer is
+     * undefined, as with free(); only a double destroy is detected, through the live-handle set). */
+    kvhal_stream *wrong;
+    assert_int_equal(kvhal_stream_create(cpu, &wrong), KVHAL_OK);
+    CASE(kvhal_tensor_make((kvhal_buffer *)(void *)wrong, 0, KVHAL_F32, 1, shape2, NULL, &t), KVHAL_INVALID_HANDLE,
+         "buf");
+    CASE(kvhal_buffer_destroy((kvhal_buffer *)(void *)wrong), KVHAL_INVALID_HANDLE, "buf");
+    assert_int_equal(kvhal_stream_destroy(wrong), KVHAL_OK);
     CASE(kvhal_tensor_make(buf, 0, KVHAL_F32, 2, shape2, NULL, NULL), KVHAL_INVALID_ARGUMENT, "out");
     assert_int_equal(kvhal_tensor_make(buf, 0, KVHAL_F32, 2, shape2, NULL, &t), KVHAL_OK);
     CASE(kvhal_tensor_narrow(&t, 2, 0, 1, &v), KVHAL_INVALID_ARGUMENT, "dim");

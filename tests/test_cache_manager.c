@@ -389,7 +389,8 @@ static uint64_t hash_step(uint64_t h, int32_t t)
 
 static void sim_write(uint64_t *shadow, int32_t ps, const sim_req *r, size_t from, size_t to)
 {
-    for (size_t i = from; i < to; i++) shadow[(size_t)r->pages[i / (size_t)ps] * (size_t)ps + i % (size_t)ps] = r->hash[i];
+    for (size_t i = from; i < to; i++)
+        shadow[(size_t)r->pages[i / (size_t)ps] * (size_t)ps + i % (size_t)ps] = r->hash[i];
 }
 
 static void run_sim(int32_t ps, int32_t total, uint64_t seed, int steps)

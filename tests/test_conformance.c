@@ -353,7 +353,7 @@ static void pc_free(pc_setup *p)
 
 static void pc_expect_all(pc_setup *p, const char *label)
 {
-    char what[256];
+    char what[320]; /* labels are under 256 characters */
     snprintf(what, sizeof what, "%s: cache", label);
     dbuf_expect(&p->cache, what);
     snprintf(what, sizeof what, "%s: k input", label);

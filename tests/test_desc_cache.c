@@ -53,6 +53,7 @@ static tdesc *fresh(int i)
 }
 
 static kvhal_op_kind op_a, op_b;
+static const char *self_path = "";
 
 static void key_of(kvhal_desc_key *k, kvhal_op_kind op, uint64_t a, uint64_t b)
 {
@@ -126,7 +127,8 @@ static void test_env_capacity(void **state)
     assert_true(pid >= 0);
     if (pid == 0) {
         setenv("KVHAL_DESC_CACHE_CAPACITY", "7", 1);
-        execl("/proc/self/exe", "test_desc_cache", "--env-child", (char *)NULL);
+        /* argv[0], not /proc/self/exe, which is valgrind itself when the suite runs under it */
+        execl(strchr(self_path, '/') ? self_path : "/proc/self/exe", "test_desc_cache", "--env-child", (char *)NULL);
         _exit(99);
     }
     int status = 0;
@@ -478,6 +480,7 @@ static void test_threads(void **state)
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--env-child")) return env_child();
+    self_path = argv[0];
     if (kvhal_desc_op_register("test.a", counting_destroy, NULL, &op_a) != KVHAL_OK ||
         kvhal_desc_op_register("test.b", counting_destroy, NULL, &op_b) != KVHAL_OK) {
         fprintf(stderr, "register: %s\n", kvhal_last_error());

@@ -5,6 +5,7 @@
  * (bit-exact against the host conversions), and a caller's cl_mem and command queue can be wrapped, also from a
  * cl_context of the caller's own. Tests skip when no OpenCL device (or module) is present. */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -371,6 +372,110 @@ static void test_failed_build_reports_its_log(void **state)
     assert_int_equal(build_count(), c0 + 2);
 }
 
+/* copy_blocks over more buffers than one launch takes (16), with blocks of different sizes in one launch, and
+ * with a block size that is no multiple of 4 bytes (the byte-unit kernel). */
+static void test_copy_blocks_many_buffers(void **state)
+{
+    (void)state;
+    need_device();
+    enum { NC = 21, NB = 5 };
+    kvhal_buffer *bufs[NC];
+    kvhal_tensor caches[NC];
+    uint8_t *host[NC], *got = malloc(4096);
+    size_t sizes[NC];
+    int64_t pairs[6] = {0, 4, 3, 1, 3, 2}; /* no block is both a source and a destination: no order between pairs */
+    assert_non_null(got);
+    for (int round = 0; round < 2; round++) {
+        for (int c = 0; c < NC; c++) {
+            /* round 1 makes the last cache f16 [NB, 3, 3]: 18-byte blocks */
+            bool odd = round == 1 && c == NC - 1;
+            kvhal_dtype dt = odd ? KVHAL_F16 : KVHAL_F32;
+            int64_t shape[3] = {NB, odd ? 3 : 3 + c % 3, odd ? 3 : 4};
+            size_t off = 16 * (size_t)(c % 2);
+            sizes[c] = off + (size_t)(shape[0] * shape[1] * shape[2]) * kvhal_dtype_size(dt);
+            host[c] = malloc(sizes[c]);
+            assert_non_null(host[c]);
+            for (size_t i = 0; i < sizes[c]; i++) host[c][i] = (uint8_t)(i * 7 + c * 13 + round);
+            OK(kvhal_buffer_create(dev, sizes[c], &bufs[c]));
+            OK(kvhal_memcpy_h2d(bufs[c], 0, host[c], sizes[c], NULL));
+            OK(kvhal_tensor_make(bufs[c], off, dt, 3, shape, NULL, &caches[c]));
+        }
+        OK(kvhal_copy_blocks(caches, NC, pairs, 3, NULL));
+        OK(kvhal_device_synchronize(dev));
+        for (int c = 0; c < NC; c++) {
+            size_t off = caches[c].offset, bb = (size_t)caches[c].strides[0] * kvhal_dtype_size(caches[c].dtype);
+            for (int p = 0; p < 3; p++)
+                memmove(host[c] + off + (size_t)pairs[2 * p + 1] * bb, host[c] + off + (size_t)pairs[2 * p] * bb, bb);
+            OK(kvhal_memcpy_d2h(got, bufs[c], 0, sizes[c], NULL));
+            if (memcmp(got, host[c], sizes[c])) fail_msg("round %d: cache %d differs", round, c);
+            OK(kvhal_buffer_destroy(bufs[c]));
+            free(host[c]);
+        }
+    }
+    free(got);
+}
+
+/* Threads have descriptor caches of their own; the module's program cache is shared: four threads calling with the
+ * same new metadata at once build one program between them. */
+enum { THREADS = 4 };
+typedef struct thread_job {
+    kvhal_tensor kc, vc, k, s;
+    kvhal_status st;
+} thread_job;
+
+static void *thread_main(void *p)
+{
+    thread_job *j = p;
+    j->st = kvhal_paged_caching(&j->kc, &j->vc, &j->k, &j->k, &j->s, 1.0f, 1.0f, NULL);
+    if (j->st == KVHAL_OK) j->st = kvhal_paged_caching(&j->kc, &j->vc, &j->k, &j->k, &j->s, 1.0f, 1.0f, NULL);
+    return NULL;
+}
+
+static void test_threads_share_one_build(void **state)
+{
+    (void)state;
+    need_device();
+    enum { T = 6, H = 2, D = 36, BS = 4, NB = 3, ROW = H * D };
+    float in[T * ROW], out[NB * BS * ROW], want[NB * BS * ROW];
+    int32_t slots[T] = {5, 0, -1, 11, 7, 2};
+    for (int i = 0; i < T * ROW; i++) in[i] = (float)i + 0.25f;
+    memset(want, 0, sizeof want);
+    for (int t = 0; t < T; t++)
+        if (slots[t] >= 0) memcpy(want + slots[t] * ROW, in + t * ROW, ROW * 4);
+    kvhal_buffer *bufs[THREADS][4];
+    thread_job jobs[THREADS];
+    int64_t cshape[4] = {NB, BS, H, D}, ishape[3] = {T, H, D}, sshape[1] = {T};
+    for (int j = 0; j < THREADS; j++) {
+        OK(kvhal_buffer_create(dev, sizeof out, &bufs[j][0]));
+        OK(kvhal_buffer_create(dev, sizeof out, &bufs[j][1]));
+        OK(kvhal_buffer_create(dev, sizeof in, &bufs[j][2]));
+        OK(kvhal_buffer_create(dev, sizeof slots, &bufs[j][3]));
+        OK(kvhal_memset(bufs[j][0], 0, 0, sizeof out, NULL));
+        OK(kvhal_memset(bufs[j][1], 0, 0, sizeof out, NULL));
+        OK(kvhal_memcpy_h2d(bufs[j][2], 0, in, sizeof in, NULL));
+        OK(kvhal_memcpy_h2d(bufs[j][3], 0, slots, sizeof slots, NULL));
+        OK(kvhal_tensor_make(bufs[j][0], 0, KVHAL_F32, 4, cshape, NULL, &jobs[j].kc));
+        OK(kvhal_tensor_make(bufs[j][1], 0, KVHAL_F32, 4, cshape, NULL, &jobs[j].vc));
+        OK(kvhal_tensor_make(bufs[j][2], 0, KVHAL_F32, 3, ishape, NULL, &jobs[j].k));
+        OK(kvhal_tensor_make(bufs[j][3], 0, KVHAL_I32, 1, sshape, NULL, &jobs[j].s));
+    }
+    uint64_t c0 = build_count();
+    pthread_t th[THREADS];
+    for (int j = 0; j < THREADS; j++) assert_int_equal(pthread_create(&th[j], NULL, thread_main, &jobs[j]), 0);
+    for (int j = 0; j < THREADS; j++) assert_int_equal(pthread_join(th[j], NULL), 0);
+    for (int j = 0; j < THREADS; j++)
+        if (jobs[j].st != KVHAL_OK) fail_msg("thread %d: %s", j, kvhal_status_name(jobs[j].st));
+    assert_int_equal(build_count(), c0 + 1);
+    OK(kvhal_device_synchronize(dev));
+    for (int j = 0; j < THREADS; j++) {
+        for (int b = 0; b < 2; b++) {
+            OK(kvhal_memcpy_d2h(out, bufs[j][b], 0, sizeof out, NULL));
+            assert_memory_equal(out, want, sizeof out);
+        }
+        for (int b = 0; b < 4; b++) OK(kvhal_buffer_destroy(bufs[j][b]));
+    }
+}
+
 /* Model shapes take the wide-access kernels (16-byte chunks; fp8 chunks of 16 elements); odd offsets the
  * any-alignment one. Every dtype pair the op takes, NHD and HND. */
 static void test_model_shapes_every_dtype_pair(void **state)
@@ -699,6 +804,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_repeated_calls_never_rebuild),
         cmocka_unit_test(test_tensor_copy_and_copy_blocks_build_once),
         cmocka_unit_test(test_failed_build_reports_its_log),
+        cmocka_unit_test(test_copy_blocks_many_buffers),
+        cmocka_unit_test(test_threads_share_one_build),
         cmocka_unit_test(test_model_shapes_every_dtype_pair),
         cmocka_unit_test(test_allocation_failures_are_clean),
         cmocka_unit_test(test_wrap_cl_mem_and_queue),

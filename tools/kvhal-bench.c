@@ -1,12 +1,13 @@
 /* kvhal-bench — bandwidth of kvhal's ops on the device KVHAL_DEVICE selects, each next to the same device's own
  * memcpy_d2d of the same bytes measured in the same run: paged caching (model presets, token counts, NHD/HND,
  * same-dtype and fp8 e4m3 caches), kv-cache duplicate, copy_blocks over a paged cache, the descriptor cache (ns per
- * hit), and the host time of one paged-caching call on a descriptor hit. Uses the public API only, so it runs
+ * hit), the host time of one paged-caching call on a descriptor hit, and the first call of a process (descriptor
+ * creation, an OpenCL program build) next to a cached one. Uses the public API only, so it runs
  * unchanged on cpu, cuda:N, hip:N and opencl:N.
  *
  * Bandwidth = (bytes read + bytes written) / time. The memcpy reference copies as many bytes as the op writes and
- * counts them twice (read + write). Every figure is the median of repeated timed samples after a warmup, each
- * sample ending with kvhal_device_synchronize. */
+ * counts them twice (read + write). Every figure is the median of repeated timed samples after a warmup (the
+ * best of two for calls over half a second), each sample ending with kvhal_device_synchronize. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,29 +103,65 @@ static int cmp_double(const void *a, const void *b)
 
 typedef void (*op_fn)(void *ctx);
 
-/* Median seconds per call. Small ops run several calls per sample so that a sample is long enough to time; the
- * number of samples shrinks for large ops so that the whole run stays short. */
-static double measure(op_fn fn, void *ctx)
+/* A timed function and how many calls make one sample of it. */
+typedef struct timed {
+    op_fn fn;
+    void *ctx;
+    double one; /* seconds of the warmup call */
+    long inner;
+    double samples[31];
+} timed;
+
+static double sample(timed *t)
 {
-    const double sample_target = opt.quick ? 2e-4 : 2e-3, total_target = opt.quick ? 0.03 : 0.25;
     double t0 = now();
-    fn(ctx);
+    for (long i = 0; i < t->inner; i++) t->fn(t->ctx);
     CHECK(kvhal_device_synchronize(dev));
-    double one = now() - t0; /* warmup, also the estimate */
-    if (one < 1e-7) one = 1e-7;
-    long inner = (long)(sample_target / one) + 1;
-    int reps = (int)(total_target / (one * (double)inner));
+    return (now() - t0) / (double)t->inner;
+}
+
+/* Seconds per call of a (and of b, when given), the median of repeated samples. The samples of a and b alternate,
+ * so that on a shared machine both see the same interference and their ratio stays meaningful. Small ops run
+ * several calls per sample so that a sample is long enough to time; the number of samples shrinks for large ops so
+ * that the whole run stays short. */
+static void measure_pair(op_fn a, void *actx, op_fn b, void *bctx, double *ta, double *tb)
+{
+    const double sample_target = opt.quick ? 2e-4 : 2e-3, total_target = opt.quick ? 0.03 : 0.2;
+    timed t[2] = {{.fn = a, .ctx = actx}, {.fn = b, .ctx = bctx}};
+    const int n = b ? 2 : 1;
+    double per_rep = 0, longest = 0;
+    for (int i = 0; i < n; i++) {
+        double t0 = now();
+        t[i].fn(t[i].ctx);
+        CHECK(kvhal_device_synchronize(dev));
+        t[i].one = now() - t0; /* warmup, also the estimate */
+        if (t[i].one < 1e-7) t[i].one = 1e-7;
+        t[i].inner = (long)(sample_target / t[i].one) + 1;
+        per_rep += t[i].one * (double)t[i].inner;
+        if (t[i].one > longest) longest = t[i].one;
+    }
+    int reps = (int)(total_target / per_rep), first = 0;
     if (reps < 3) reps = 3;
     if (reps > 31) reps = 31;
-    double samples[31];
-    for (int r = 0; r < reps; r++) {
-        t0 = now();
-        for (long i = 0; i < inner; i++) fn(ctx);
-        CHECK(kvhal_device_synchronize(dev));
-        samples[r] = (now() - t0) / (double)inner;
+    if (longest > total_target) {
+        /* long ops: the warmup calls count as samples (caches cannot be warm for them anyway); past half a second
+         * two samples are all the run can afford, and the faster one is the less disturbed */
+        for (int i = 0; i < n; i++) t[i].samples[0] = t[i].one;
+        first = 1;
+        reps = longest > 0.5 ? 2 : 3;
     }
-    qsort(samples, (size_t)reps, sizeof samples[0], cmp_double);
-    return samples[reps / 2];
+    for (int r = first; r < reps; r++)
+        for (int i = 0; i < n; i++) t[i].samples[r] = sample(&t[i]);
+    for (int i = 0; i < n; i++) qsort(t[i].samples, (size_t)reps, sizeof t[i].samples[0], cmp_double);
+    *ta = reps == 2 ? t[0].samples[0] : t[0].samples[reps / 2];
+    if (b) *tb = reps == 2 ? t[1].samples[0] : t[1].samples[reps / 2];
+}
+
+static double measure(op_fn fn, void *ctx)
+{
+    double t;
+    measure_pair(fn, ctx, NULL, NULL, &t, NULL);
+    return t;
 }
 
 /* ---- memcpy reference ---- */
@@ -151,8 +188,9 @@ static void release_memcpy_scratch(void)
     scratch_size = 0;
 }
 
-/* GB/s of a d2d copy of bytes (counted as 2 * bytes moved), with scratch buffers kept between calls. */
-static double memcpy_gbps(size_t bytes)
+/* Seconds per call of fn, and the GB/s of a d2d copy of bytes (counted as 2 * bytes moved) measured alongside it,
+ * with scratch buffers kept between calls. */
+static void measure_vs_memcpy(op_fn fn, void *ctx, size_t bytes, double *seconds, double *ref_gbps)
 {
     kvhal_buffer *a = scratch_a, *b = scratch_b;
     if (bytes > scratch_size) {
@@ -164,7 +202,9 @@ static double memcpy_gbps(size_t bytes)
         scratch_a = a, scratch_b = b, scratch_size = bytes;
     }
     copy_ctx c = {b, a, bytes};
-    return 2.0 * (double)bytes / measure(run_memcpy, &c) / 1e9;
+    double ref;
+    measure_pair(fn, ctx, run_memcpy, &c, seconds, &ref);
+    *ref_gbps = 2.0 * (double)bytes / ref / 1e9;
 }
 
 /* ---- paged caching ---- */
@@ -236,7 +276,6 @@ static void bench_paged(const preset *p, int64_t tokens)
         const size_t ces = kvhal_dtype_size(cdt);
         const double written = 2.0 * (double)elems * (double)ces;
         const double read = 2.0 * (double)elems * (double)ies + (double)tokens * 8;
-        const double ref = memcpy_gbps((size_t)written);
         for (int layout = 0; layout < 2; layout++) {
             int64_t nhd[4] = {nb, BLOCK, H, D}, hnd[4] = {nb, H, BLOCK, D};
             kvhal_tensor phys_k, phys_v;
@@ -251,9 +290,8 @@ static void bench_paged(const preset *p, int64_t tokens)
             }
             c.scale = ci ? 0.5f : 1.0f;
             record r = {.op = "paged_caching", .preset = p->name, .layout = layout ? "HND" : "NHD",
-                        .tokens = tokens, .dtype = p->dtype, .cache_dtype = cdt, .bytes = read + written,
-                        .memcpy_gbps = ref};
-            r.seconds = measure(run_paged, &c);
+                        .tokens = tokens, .dtype = p->dtype, .cache_dtype = cdt, .bytes = read + written};
+            measure_vs_memcpy(run_paged, &c, (size_t)written, &r.seconds, &r.memcpy_gbps);
             emit(&r);
         }
     }
@@ -285,8 +323,8 @@ static void bench_host_overhead(void)
         CHECK(kvhal_tensor_make(slots, 0, KVHAL_I64, 1, ssh, NULL, &c.s));
         run_paged(&c); /* the descriptor is now cached */
         CHECK(kvhal_device_synchronize(dev));
-        const int n = opt.quick ? 200 : 2000, reps = opt.quick ? 3 : 9;
-        double samples[9];
+        const int n = 100, reps = opt.quick ? 11 : 101;
+        double samples[101];
         for (int r = 0; r < reps; r++) {
             double t0 = now();
             for (int i = 0; i < n; i++) run_paged(&c);
@@ -302,6 +340,43 @@ static void bench_host_overhead(void)
     }
     CHECK(kvhal_buffer_destroy(in));
     CHECK(kvhal_buffer_destroy(cache));
+}
+
+/* ---- first call versus cached call ---- */
+
+/* Time to completion of the very first paged-caching call of the process (descriptor creation: on OpenCL that
+ * includes building the program) and of a call that finds its descriptor cached. Runs before anything else, so
+ * that no earlier call has built this metadata already. */
+static void bench_first_call(void)
+{
+    const preset *p = &presets[0];
+    const int64_t tokens = 256, H = p->heads, D = p->dim, nb = tokens / BLOCK;
+    const size_t es = kvhal_dtype_size(p->dtype), elems = (size_t)(tokens * H * D);
+    kvhal_buffer *in, *cache, *slots = make_slots(tokens, nb, false);
+    CHECK(kvhal_buffer_create(dev, 2 * elems * es, &in));
+    CHECK(kvhal_memset(in, 0, 0x3c, 2 * elems * es, NULL));
+    CHECK(kvhal_buffer_create(dev, 2 * elems * es, &cache));
+    pc_ctx c = {.scale = 1.0f};
+    int64_t ish[3] = {tokens, H, D}, csh[4] = {nb, BLOCK, H, D}, ssh[1] = {tokens};
+    CHECK(kvhal_tensor_make(in, 0, p->dtype, 3, ish, NULL, &c.k));
+    CHECK(kvhal_tensor_make(in, elems * es, p->dtype, 3, ish, NULL, &c.v));
+    CHECK(kvhal_tensor_make(cache, 0, p->dtype, 4, csh, NULL, &c.kc));
+    CHECK(kvhal_tensor_make(cache, elems * es, p->dtype, 4, csh, NULL, &c.vc));
+    CHECK(kvhal_tensor_make(slots, 0, KVHAL_I64, 1, ssh, NULL, &c.s));
+    CHECK(kvhal_device_synchronize(dev));
+    double t0 = now();
+    run_paged(&c);
+    CHECK(kvhal_device_synchronize(dev));
+    record first = {.op = "first_call", .preset = p->name, .layout = "NHD", .tokens = tokens, .dtype = p->dtype,
+                    .cache_dtype = p->dtype, .seconds = now() - t0};
+    emit(&first);
+    record cached = first;
+    cached.op = "cached_call";
+    cached.seconds = measure(run_paged, &c);
+    emit(&cached);
+    CHECK(kvhal_buffer_destroy(in));
+    CHECK(kvhal_buffer_destroy(cache));
+    CHECK(kvhal_buffer_destroy(slots));
 }
 
 /* ---- duplicate ---- */
@@ -329,10 +404,9 @@ static void bench_duplicate(void)
     dup_ctx c = {.len = len};
     CHECK(kvhal_kv_cache_create(&cfg, &c.src));
     const double bytes = 2.0 * layers * (double)len * heads * dim * 2; /* K and V of every layer */
-    const double ref = memcpy_gbps((size_t)bytes);
     record r = {.op = "duplicate", .preset = "32x8x128", .layout = "-", .tokens = len, .dtype = KVHAL_F16,
-                .cache_dtype = KVHAL_F16, .bytes = 2 * bytes, .memcpy_gbps = ref};
-    r.seconds = measure(run_duplicate, &c);
+                .cache_dtype = KVHAL_F16, .bytes = 2 * bytes};
+    measure_vs_memcpy(run_duplicate, &c, (size_t)bytes, &r.seconds, &r.memcpy_gbps);
     emit(&r);
     CHECK(kvhal_kv_cache_destroy(c.src));
 }
@@ -366,8 +440,8 @@ static void bench_copy_blocks(void)
         const double bytes = block_all * pairs;
         record r = {.op = "copy_blocks", .preset = order ? "page-first" : "layer-first", .layout = "NHD",
                     .tokens = (int64_t)pairs * BLOCK, .dtype = KVHAL_BF16, .cache_dtype = KVHAL_BF16,
-                    .bytes = 2 * bytes, .memcpy_gbps = memcpy_gbps((size_t)bytes)};
-        r.seconds = measure(run_copy_blocks, &c);
+                    .bytes = 2 * bytes};
+        measure_vs_memcpy(run_copy_blocks, &c, (size_t)bytes, &r.seconds, &r.memcpy_gbps);
         emit(&r);
         CHECK(kvhal_paged_cache_destroy(c.c));
     }
@@ -400,9 +474,11 @@ static void bench_desc_cache(void)
             for (uint32_t i = 0; i < other.nwords; i++) CHECK(kvhal_desc_key_add_u64(&k2, other.words[i]));
             CHECK(kvhal_desc_cache_put(dev, &k2, &token));
         }
-        const long n = opt.quick ? 200000 : 2000000;
-        double samples[7];
-        for (int r = 0; r < 7; r++) {
+        /* many short samples: on a shared machine most of them run without being preempted */
+        const long n = 20000;
+        const int reps = opt.quick ? 21 : 201;
+        double samples[201];
+        for (int r = 0; r < reps; r++) {
             double t0 = now();
             void *d = NULL;
             for (long i = 0; i < n; i++) {
@@ -413,9 +489,10 @@ static void bench_desc_cache(void)
             }
             samples[r] = (now() - t0) / (double)n;
         }
-        qsort(samples, 7, sizeof samples[0], cmp_double);
+        qsort(samples, (size_t)reps, sizeof samples[0], cmp_double);
         record rec = {.op = "desc_cache_hit", .preset = s ? "32 words" : "8 words", .layout = "-",
-                      .dtype = KVHAL_I64, .cache_dtype = KVHAL_I64, .seconds = samples[3], .ns = samples[3] * 1e9};
+                      .dtype = KVHAL_I64, .cache_dtype = KVHAL_I64, .seconds = samples[reps / 2],
+                      .ns = samples[reps / 2] * 1e9};
         emit(&rec);
     }
     CHECK(kvhal_desc_cache_clear(dev));
@@ -428,7 +505,7 @@ static void usage(void)
     printf("usage: kvhal-bench [--quick] [--json] [--preset NAME] [--tokens N[,N...]] [--op NAME]\n"
            "  --preset   llama3-8b (8 kv heads x 128, bf16), llama2-7b (32 x 128, f16), small (2 x 64, f32)\n"
            "  --tokens   paged-caching token counts (default 256,8192,65536; --quick: 256,8192)\n"
-           "  --op       paged_caching | duplicate | copy_blocks | desc_cache | host_overhead\n"
+           "  --op       paged_caching | duplicate | copy_blocks | desc_cache | host_overhead | first_call\n"
            "  --quick    fewer sizes and samples (CI smoke run)\n"
            "  --json     a JSON list of records instead of the table\n"
            "Runs on the device KVHAL_DEVICE selects (default cpu:0).\n");
@@ -466,7 +543,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    static const char *ops[] = {"paged_caching", "duplicate", "copy_blocks", "desc_cache", "host_overhead"};
+    static const char *ops[] = {"paged_caching", "duplicate", "copy_blocks", "desc_cache", "host_overhead",
+                                "first_call"};
     if (opt.op) {
         bool ok = false;
         for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) ok |= !strcmp(opt.op, ops[i]);
@@ -497,6 +575,7 @@ int main(int argc, char **argv)
     CHECK(kvhal_device_get_info(dev, &info));
     if (!opt.json) printf("kvhal-bench on %s: %s (%s)\n", dev_name, info.name, info.platform);
 
+    if (want_op("first_call")) bench_first_call(); /* first: nothing may have built its metadata yet */
     if (want_op("paged_caching"))
         for (int p = 0; p < NUM_PRESETS; p++)
             if (!opt.preset || !strcmp(opt.preset, presets[p].name))

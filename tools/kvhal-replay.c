@@ -71,7 +71,8 @@ static void usage(FILE *f)
             "  --system-len N      system prompt tokens (2048)\n"
             "  --question-len N    question tokens (128)\n"
             "  --output-len N      output tokens, decoded one at a time (256)\n"
-            "  --zipf S            draw each request's group with popularity 1/rank^S (0: every group --prompts times)\n"
+            "  --zipf S            draw each request's group with popularity 1/rank^S\n"
+            "                      (0: every group exactly --prompts times)\n"
             "  --trace FILE        JSONL trace {timestamp, input_length, output_length, hash_ids} instead\n"
             "  --trace-block N     tokens per hash id of the trace (512)\n"
             "  --max-requests N    replay only the first N requests (0: all)\n"
@@ -115,7 +116,8 @@ static int parse_int(const char *flag, const char *v, int64_t lo, int64_t hi, in
     errno = 0;
     long long x = strtoll(v, &end, 10);
     if (!*v || *end || errno) return opt_error("%s: '%s' is not an integer", flag, v);
-    if (x < lo || x > hi) return opt_error("%s: %lld is out of range [%lld, %lld]", flag, x, (long long)lo, (long long)hi);
+    if (x < lo || x > hi)
+        return opt_error("%s: %lld is out of range [%lld, %lld]", flag, x, (long long)lo, (long long)hi);
     *out = x;
     return 0;
 }
@@ -232,7 +234,8 @@ static int parse_options(int argc, char **argv, options *o)
             NEED_VALUE;
             char *end;
             o->zipf = strtod(v, &end);
-            if (end == v || *end || !(o->zipf >= 0) || o->zipf > 100) return opt_error("--zipf: '%s' is not a number in [0, 100]", v);
+            if (end == v || *end || !(o->zipf >= 0) || o->zipf > 100)
+                return opt_error("--zipf: '%s' is not a number in [0, 100]", v);
             continue;
         }
         if (!strcmp(a, "--trace")) {
@@ -690,6 +693,9 @@ typedef struct replay {
     uint64_t *bhash;
     int64_t *bslot;
     int32_t *newpages;
+    slot **dec;   /* running requests still decoding, in admission order */
+    slot **fin;   /* requests done with their tokens, waiting for cache_finished */
+    int32_t ndec, nfin;
     /* progress */
     bool tty;
     double last_progress, t_start;
@@ -773,7 +779,8 @@ static void report_mismatch(replay *r, const slot *s, size_t pos, int32_t layer,
         fprintf(stderr, "kvhal-replay: MISMATCH: request %zu, token %zu of its %zu-token cached prefix (page %d, "
                 "offset %zu)%s%d%s%s: the cache holds another prefix's data\n", s->req, pos, s->matched,
                 (int)s->pages[pos / (size_t)r->ps], pos % (size_t)r->ps, layer >= 0 ? ", layer " : "",
-                layer >= 0 ? (int)layer : 0, side < 0 ? "" : side ? ", V" : ", K", head >= 0 ? " (a head differs)" : "");
+                layer >= 0 ? (int)layer : 0, side < 0 ? "" : side ? ", V" : ", K",
+                head >= 0 ? " (a head differs)" : "");
 }
 
 /* Reads back sampled rows of the matched prefix (first token, last token, random ones). */
@@ -844,8 +851,12 @@ static void check_integrity(replay *r)
 
 static inline size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
 
+/* admit, decode_step and finish stay out of line (one call per request or step) so that a profile shows the
+ * three phases apart. */
+#define PHASE __attribute__((noinline))
+
 /* 1 admitted, 0 no room now, -1 can never fit (skipped), -2 error. */
-static int admit(replay *r, slot *s, size_t req, int32_t running)
+PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
 {
     const wreq *q = &r->w->reqs[req];
     size_t ps = (size_t)r->ps;
@@ -910,6 +921,8 @@ static int admit(replay *r, slot *s, size_t req, int32_t running)
     s->len = s->in_len;
     s->npages = div_up(s->in_len, ps);
     s->in_page = s->in_len % ps;
+    if (s->len < s->total) r->dec[r->ndec++] = s;
+    else r->fin[r->nfin++] = s;
     s->reserve = need_decode;
     r->reserved += need_decode;
     r->st.in_tokens += s->in_len;
@@ -919,49 +932,65 @@ static int admit(replay *r, slot *s, size_t req, int32_t running)
     return 1;
 }
 
-/* One decode step: every running request appends one token; the new pages of the step come from one
- * allocation for the whole batch, as an engine's scheduler does. */
-static int decode_step(replay *r)
+/* One decode step: every running request appends a token; the step's new pages come from one allocation for the
+ * whole batch, as an engine's scheduler does. With --no-kv nothing happens between page boundaries, so a step
+ * advances every request to the next event of any of them (a page boundary or a finish): the allocations and
+ * finishes happen at the same token times and in the same order as one token at a time, without the idle loop. */
+PHASE static int decode_step(replay *r)
 {
-    size_t ps = (size_t)r->ps;
-    int32_t need = 0;
-    for (int32_t i = 0; i < r->nslots; i++) {
-        const slot *s = &r->slots[i];
-        need += s->active && s->len < s->total && s->in_page == 0;
+    const size_t ps = (size_t)r->ps;
+    size_t adv = SIZE_MAX;
+    int32_t need = 0, nd = r->ndec;
+    slot **dec = r->dec;
+    if (nd == 0) return 0;
+    for (int32_t i = 0; i < nd; i++) {
+        const slot *s = dec[i];
+        size_t room = ps - s->in_page, left = s->total - s->len;
+        size_t d = room < left ? room : left;
+        if (d < adv) adv = d;
+        need += s->in_page == 0;
     }
+    if (r->kv) adv = 1;
     if (need) {
         kvhal_status st = kvhal_cache_manager_allocate(r->cm, need, r->newpages);
         if (st != KVHAL_OK) return fatal_status(r, "decode allocate (the reservation should have kept room)", st), -1;
         r->reserved -= need;
         note_in_use(r);
     }
+    const int32_t *newpages = r->newpages;
+    uint32_t *shadow = r->shadow;
     size_t b = 0;
-    int32_t k = 0;
-    for (int32_t i = 0; i < r->nslots; i++) {
-        slot *s = &r->slots[i];
-        if (!s->active || s->len >= s->total) continue;
+    int32_t k = 0, kept = 0;
+    for (int32_t i = 0; i < nd; i++) {
+        slot *s = dec[i];
+        size_t np = s->npages;
         if (s->in_page == 0) {
-            s->pages[s->npages++] = r->newpages[k++];
+            s->pages[np++] = newpages[k++];
+            s->npages = np;
             s->reserve--;
         }
-        size_t pos = s->len;
+        int32_t page = s->pages[np - 1];
         if (r->kv) {
-            r->bhash[b] = s->hash[pos];
-            r->bslot[b] = (int64_t)s->pages[s->npages - 1] * (int64_t)ps + (int64_t)s->in_page;
+            r->bhash[b] = s->hash[s->len];
+            r->bslot[b] = (int64_t)page * (int64_t)ps + (int64_t)s->in_page;
             b++;
         }
-        s->len = pos + 1;
-        r->st.out_tokens++;
-        if (++s->in_page == ps) {
+        s->len += adv;
+        s->in_page += adv;
+        if (s->in_page == ps) {
             s->in_page = 0;
-            if (!r->kv) r->shadow[s->pages[s->npages - 1]] = (uint32_t)s->hash[s->npages - 1];
+            if (!r->kv) shadow[page] = (uint32_t)s->hash[np - 1];
         }
+        if (s->len < s->total) dec[kept++] = s;
+        else r->fin[r->nfin++] = s;
     }
+    r->ndec = kept;
+    r->st.out_tokens += adv * (uint64_t)nd;
     if (b && write_kv(r, r->bhash, r->bslot, b) != 0) return -1;
     return 0;
 }
 
-static int finish(replay *r, slot *s)
+PHASE static int finish(replay *r, slot *s)
 {
     double t0 = now_s();
     kvhal_status st = kvhal_cache_manager_cache_finished(r->cm, s->tok, s->total, s->pages, s->h);
@@ -993,7 +1022,8 @@ static void evict_bench(replay *r)
             fatal_status(r, "evict", st);
             return;
         }
-        if (r->st.evict_calls == 0 || si.total_tokens < r->st.evict_cached_min) r->st.evict_cached_min = si.total_tokens;
+        if (r->st.evict_calls == 0 || si.total_tokens < r->st.evict_cached_min)
+            r->st.evict_cached_min = si.total_tokens;
         r->st.evict_calls++;
     }
 }
@@ -1006,6 +1036,7 @@ static int run_once(replay *r)
     int32_t running = 0;
     r->reserved = 0;
     r->excluded = 0;
+    r->ndec = r->nfin = 0;
     int rc = 0;
     double t0 = now_s(), c0 = cpu_s();
     while (done < n && rc == 0) {
@@ -1031,13 +1062,12 @@ static int run_once(replay *r)
             running++;
         }
         if (rc) break;
-        if (running && decode_step(r) != 0) {
+        if (decode_step(r) != 0) {
             rc = -1;
             break;
         }
-        for (int32_t i = 0; i < r->nslots && rc == 0; i++) {
-            slot *s = &r->slots[i];
-            if (!s->active || s->len < s->total) continue;
+        for (int32_t i = 0; i < r->nfin && rc == 0; i++) {
+            slot *s = r->fin[i];
             if (finish(r, s) != 0) {
                 rc = -1;
                 break;
@@ -1048,6 +1078,7 @@ static int run_once(replay *r)
             if (r->o->check_every && r->st.requests % (uint64_t)r->o->check_every == 0) check_integrity(r);
             if ((r->done_total & 15) == 0) progress(r, false);
         }
+        r->nfin = 0;
     }
     double el = now_s() - t0, cel = cpu_s() - c0;
     r->st.t_engine += el - r->excluded;
@@ -1090,7 +1121,8 @@ static void print_summary(const replay *r, const workload *w, const char *device
     const char *kind = o->kind == KVHAL_PREFIX_RADIX ? "radix" : "naive";
     if (o->json) {
         printf("{\"requests\": %llu, \"skipped\": %llu, \"repeat\": %lld, \"requests_per_s\": %.1f, "
-               "\"requests_per_cpu_s\": %.1f, \"requests_per_s_best_pass\": %.1f, \"tokens_per_s\": %.1f, \"hit_rate\": %.6f, \"hit_requests\": %llu, \"pages_evicted\": %llu, "
+               "\"requests_per_cpu_s\": %.1f, \"requests_per_s_best_pass\": %.1f, \"tokens_per_s\": %.1f, "
+               "\"hit_rate\": %.6f, \"hit_requests\": %llu, \"pages_evicted\": %llu, "
                "\"peak_pages_in_use\": %lld, \"pages_total\": %lld, \"page_size\": %d, \"bytes_written\": %llu, "
                "\"write_gb_per_s\": %.3f, \"match_us\": %.3f, \"insert_us\": %.3f, \"evict_4096_us\": %.3f, "
                "\"evict_calls\": %llu, \"evict_cached_tokens\": %zu, \"verified\": %llu, \"mismatches\": %llu, "
@@ -1098,7 +1130,8 @@ static void print_summary(const replay *r, const workload *w, const char *device
                "\"engine_s\": %.4f, \"wall_s\": %.3f, \"mode\": \"%s\", \"prefix\": \"%s\", \"device\": \"%s\", "
                "\"model\": \"%s\", \"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"%s\", "
                "\"batch\": %d, \"seed\": %llu}\n",
-               (unsigned long long)s->requests, (unsigned long long)s->skipped, (long long)o->repeat, rps, rps_cpu, s->best_pass_rps, tps, hit,
+               (unsigned long long)s->requests, (unsigned long long)s->skipped, (long long)o->repeat, rps, rps_cpu,
+               s->best_pass_rps, tps, hit,
                (unsigned long long)s->hit_requests, (unsigned long long)s->pages_evicted, (long long)s->peak_in_use,
                (long long)s->total_pages, (int)o->page_size, (unsigned long long)s->bytes_written, gbps, match_us,
                insert_us, evict_us, (unsigned long long)s->evict_calls, s->evict_cached_min,
@@ -1182,8 +1215,10 @@ static int run_replay(const options *o)
     r.bhash = malloc(((size_t)r.nslots + (size_t)o->chunk) * sizeof *r.bhash);
     r.bslot = malloc(((size_t)r.nslots + (size_t)o->chunk) * sizeof *r.bslot);
     r.newpages = malloc((size_t)r.nslots * sizeof *r.newpages);
+    r.dec = malloc((size_t)r.nslots * sizeof *r.dec);
+    r.fin = malloc((size_t)r.nslots * sizeof *r.fin);
     if (o->no_kv) r.shadow = calloc((size_t)pages, sizeof *r.shadow);
-    if (!r.slots || !r.bhash || !r.bslot || !r.newpages || (o->no_kv && !r.shadow)) goto oom;
+    if (!r.slots || !r.bhash || !r.bslot || !r.newpages || !r.dec || !r.fin || (o->no_kv && !r.shadow)) goto oom;
     for (int32_t i = 0; i < r.nslots; i++) {
         slot *s = &r.slots[i];
         s->pages = malloc(maxp * sizeof *s->pages);
@@ -1226,6 +1261,8 @@ out:
     free(r.bhash);
     free(r.bslot);
     free(r.newpages);
+    free(r.dec);
+    free(r.fin);
     free(r.shadow);
     if (r.kv) kv_free(&kv);
     workload_free(&w);
@@ -1233,7 +1270,8 @@ out:
 }
 
 /* The CI soak: eviction pressure (the cache holds a fraction of the workload), locks held by a large batch,
- * integrity checked every few requests, at page sizes 1, 4 and 16 and with the naive cache. */
+ * integrity checked every few requests, at page sizes 1, 4 and 16 and with the naive cache, three workload seeds
+ * each. */
 static int run_soak(const options *base)
 {
     static const struct {
@@ -1249,7 +1287,9 @@ static int run_soak(const options *base)
         {4, 8, KVHAL_PREFIX_NAIVE, 0, "8MiB", KVHAL_LAYOUT_NHD},
     };
     int failed = 0;
-    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+    size_t nruns = sizeof runs / sizeof runs[0];
+    for (size_t j = 0; j < 3 * nruns; j++) {
+        size_t i = j % nruns;
         options o = *base;
         o.page_size = runs[i].ps;
         o.batch = runs[i].batch;
@@ -1264,11 +1304,12 @@ static int run_soak(const options *base)
         o.output_len = 60;
         o.check_every = 16;
         o.samples = 16;
-        o.repeat = 2;
-        o.seed = base->seed + i;
-        if (!o.json) printf("== soak %zu/%zu: page size %d, batch %d, %s, budget %s\n", i + 1,
-                            sizeof runs / sizeof runs[0], (int)o.page_size, (int)o.batch,
-                            o.kind == KVHAL_PREFIX_RADIX ? "radix" : "naive", runs[i].budget);
+        o.repeat = 1;
+        o.seed = base->seed + j;
+        if (!o.json)
+            printf("== soak %zu/%zu: page size %d, batch %d, %s, budget %s, seed %llu\n", j + 1, 3 * nruns,
+                   (int)o.page_size, (int)o.batch, o.kind == KVHAL_PREFIX_RADIX ? "radix" : "naive", runs[i].budget,
+                   (unsigned long long)o.seed);
         fflush(stdout);
         if (run_replay(&o) != 0) failed++;
     }

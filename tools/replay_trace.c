@@ -79,7 +79,8 @@ static int parse_string(cursor *c, char *out, size_t out_size, const char *what)
         if (ch == '\\') {
             if (c->pos + 1 >= c->len) break;
             char e = c->s[c->pos + 1];
-            if (!strchr("\"\\/bfnrtu", e)) return fail(c, "invalid escape \\%c inside %s", e >= 32 && e < 127 ? e : '?', what);
+            if (!strchr("\"\\/bfnrtu", e))
+                return fail(c, "invalid escape \\%c inside %s", e >= 32 && e < 127 ? e : '?', what);
             if (e == 'u') {
                 for (int i = 2; i < 6; i++) {
                     if (c->pos + (size_t)i >= c->len || !strchr("0123456789abcdefABCDEF", c->s[c->pos + (size_t)i]) ||
@@ -259,7 +260,8 @@ static int parse_ids(cursor *c, int64_t **ids, size_t *num_ids, size_t *cap_ids,
 {
     if (peek(c) != '[') {
         char b[32];
-        return fail(c, "field \"hash_ids\": expected an array of integers, found \"%s\"", excerpt(c, c->pos, b, sizeof b));
+        return fail(c, "field \"hash_ids\": expected an array of integers, found \"%s\"",
+                    excerpt(c, c->pos, b, sizeof b));
     }
     c->pos++;
     skip_ws(c);
@@ -272,7 +274,8 @@ static int parse_ids(cursor *c, int64_t **ids, size_t *num_ids, size_t *cap_ids,
         skip_ws(c);
         int64_t v;
         if (parse_uint(c, "hash_ids", INT64_MAX, &v) != 0) return -1;
-        if (*count == REPLAY_TRACE_MAX_IDS) return fail(c, "field \"hash_ids\": more than %d ids", REPLAY_TRACE_MAX_IDS);
+        if (*count == REPLAY_TRACE_MAX_IDS)
+            return fail(c, "field \"hash_ids\": more than %d ids", REPLAY_TRACE_MAX_IDS);
         if (*num_ids == *cap_ids) {
             size_t cap = *cap_ids ? *cap_ids * 2 : 1024;
             int64_t *grown = realloc(*ids, cap * sizeof **ids);

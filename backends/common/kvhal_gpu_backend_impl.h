@@ -26,8 +26,9 @@ namespace {
 /* State                                                                                                        */
 /* ------------------------------------------------------------------------------------------------------------ */
 struct DevState {
-    int32_t *flag;  /* device ints: [0] raised by kernels, [1] where fetch_clear_flag_kernel puts it */
-    int ready;      /* flag allocated (atomic; written once under g_lock) */
+    uint8_t *flag;           /* error flag bytes (KVHAL_GPU_ERR_*), mapped pinned host memory */
+    volatile uint8_t *dflag; /* the same bytes as the device addresses them */
+    int ready;               /* flag allocated (atomic; written once under g_lock) */
     int sm_count;
     int pool_state; /* buffer pool: 0 not tried, 1 in use, -1 unavailable (atomic; decided once under g_lock) */
     gpuMemPool_t pool;
@@ -114,17 +115,18 @@ kvhal_status ensure_flag(int32_t id)
     kvhal_status st = KVHAL_OK;
     pthread_mutex_lock(&g_lock);
     if (!g_dev[id].ready) {
-        int32_t *f = NULL;
+        void *h = NULL, *d = NULL;
         gpuError_t e = use_device(id);
         if (e == gpuSuccess && alloc_fail()) st = injected(id, "device error flag");
-        else if (e == gpuSuccess && (e = gpuMalloc((void **)&f, 2 * sizeof(int32_t))) == gpuSuccess) {
-            e = gpuMemsetAsync(f, 0, 2 * sizeof(int32_t), 0);
-            if (e == gpuSuccess) e = gpuStreamSynchronize(0);
-            if (e != gpuSuccess) (void)gpuFree(f);
+        else if (e == gpuSuccess && (e = gpuMallocHostMapped(&h, KVHAL_GPU_ERR_BYTES)) == gpuSuccess) {
+            memset(h, 0, KVHAL_GPU_ERR_BYTES);
+            e = gpuHostGetDevicePointer(&d, h, 0);
+            if (e != gpuSuccess) (void)gpuFreeHost(h);
         }
         if (st == KVHAL_OK && e != gpuSuccess) st = rt_fail(e, id, "device error flag");
         if (st == KVHAL_OK) {
-            g_dev[id].flag = f;
+            g_dev[id].flag = static_cast<uint8_t *>(h);
+            g_dev[id].dflag = static_cast<volatile uint8_t *>(d);
             __atomic_store_n(&g_dev[id].ready, 1, __ATOMIC_RELEASE);
         }
     }
@@ -132,21 +134,19 @@ kvhal_status ensure_flag(int32_t id)
     return st;
 }
 
-/* Reads and clears the flag (stream-ordered on the legacy default stream, which waits for the device's blocking
- * streams). The caller has selected the device. */
+/* Reads and clears the flag once the device's work is done (the caller waited). Each byte is exchanged on its own,
+ * so a flag raised concurrently by another thread's kernel is reported now or at the next check, never lost. */
 kvhal_status read_flag(int32_t id)
 {
     if (!__atomic_load_n(&g_dev[id].ready, __ATOMIC_ACQUIRE)) return KVHAL_OK; /* no kernel could raise it */
-    int32_t *f = g_dev[id].flag;
-    fetch_clear_flag_kernel<<<1, 1, 0, 0>>>(f);
-    KVHAL_GPU_TRY(gpuGetLastError(), id, "launch of the error-flag read");
-    int32_t v = 0;
-    KVHAL_GPU_TRY(gpuMemcpy(&v, f + 1, sizeof v, gpuMemcpyDeviceToHost), id, "read of the device error flag");
-    if (!v) return KVHAL_OK;
-    return fail(KVHAL_DEVICE_FAULT, "%s:%d: a kernel skipped out-of-range indices (flags 0x%x:%s%s); nothing was "
-                "written for them", KVHAL_GPU_NAME, (int)id, (unsigned)v,
-                (v & KVHAL_GPU_ERR_SLOT) ? " paged_caching slot_mapping entry >= num_blocks * block_size" : "",
-                (v & KVHAL_GPU_ERR_BLOCK) ? " copy_blocks block id out of range" : "");
+    uint8_t *f = g_dev[id].flag;
+    const bool slot = __atomic_exchange_n(&f[KVHAL_GPU_ERR_SLOT], 0, __ATOMIC_ACQ_REL) != 0;
+    const bool block = __atomic_exchange_n(&f[KVHAL_GPU_ERR_BLOCK], 0, __ATOMIC_ACQ_REL) != 0;
+    if (!slot && !block) return KVHAL_OK;
+    return fail(KVHAL_DEVICE_FAULT, "%s:%d: a kernel skipped out-of-range indices, writing nothing for them:%s%s",
+                KVHAL_GPU_NAME, (int)id,
+                slot ? " paged_caching slot_mapping entries >= num_blocks * block_size;" : "",
+                block ? " copy_blocks block ids out of range;" : "");
 }
 
 size_t dtype_size(kvhal_dtype d)
@@ -211,9 +211,10 @@ void gpu_shutdown()
 {
     pthread_mutex_lock(&g_lock);
     for (int32_t i = 0; i < g_count; i++) {
-        if (g_dev[i].ready && use_device(i) == gpuSuccess) (void)gpuFree(g_dev[i].flag);
+        if (g_dev[i].ready) (void)gpuFreeHost(g_dev[i].flag);
         if (g_dev[i].pool_state > 0) (void)gpuMemPoolTrimTo(g_dev[i].pool, 0); /* buffers may still be alive */
         g_dev[i].flag = NULL;
+        g_dev[i].dflag = NULL;
         __atomic_store_n(&g_dev[i].ready, 0, __ATOMIC_RELEASE);
     }
     (void)gpuGetLastError();
@@ -288,7 +289,11 @@ bool pool_ready(int32_t id)
             props.location.type = gpuMemLocationTypeDevice;
             props.location.id = id;
             gpuMemPool_t pool;
-            if (gpuMemPoolCreate(&pool, &props) == gpuSuccess) {
+            void *probe = NULL;
+            /* a runtime may create pools and still refuse allocations from them: try one before committing */
+            if (gpuMemPoolCreate(&pool, &props) == gpuSuccess &&
+                gpuMallocFromPoolAsync(&probe, 256, pool, 0) == gpuSuccess && gpuFreeAsync(probe, 0) == gpuSuccess &&
+                gpuStreamSynchronize(0) == gpuSuccess) {
                 uint64_t keep = (uint64_t)total / 16;
                 (void)gpuMemPoolSetAttribute(pool, gpuMemPoolAttrReleaseThreshold, &keep);
                 g_dev[id].pool = pool;
@@ -550,11 +555,14 @@ kvhal_status gpu_synchronize(int32_t id)
     return read_flag(id);
 }
 
+/* Waits for work queued on the default stream and, through it, on kvhal's streams; borrowed non-blocking streams
+ * are the caller's to wait for. */
 kvhal_status gpu_check_errors(int32_t id)
 {
     kvhal_status st = check_id(id);
     if (st != KVHAL_OK) return st;
     KVHAL_GPU_SETDEV(id);
+    KVHAL_GPU_TRY(gpuStreamSynchronize(0), id, "wait for queued work");
     return read_flag(id);
 }
 
@@ -702,7 +710,7 @@ kvhal_status paged_build(int32_t id, const kvhal_bk_paged_caching *a, PagedDesc 
     base.block_size = a->block_size;
     base.slot64 = a->slot_dtype == KVHAL_I64;
     base.batched = a->num_tokens > a->seq_len;
-    base.err = g_dev[id].flag;
+    base.err = g_dev[id].dflag;
     const int sm = g_dev[id].sm_count;
 
     d->ps = base;
@@ -903,7 +911,7 @@ kvhal_status gpu_copy_blocks(int32_t id, void *desc, const kvhal_bk_copy_blocks 
     CopyBlocksParams p;
     p.caches = reinterpret_cast<const CacheEntry *>(sl->dev);
     p.pairs = reinterpret_cast<const int64_t *>(sl->dev + (size_t)a->num_caches * sizeof(CacheEntry));
-    p.err = g_dev[id].flag;
+    p.err = g_dev[id].dflag;
     p.num_blocks = a->num_blocks_min;
     p.chunks = (largest + KVHAL_GPU_CHUNK - 1) / KVHAL_GPU_CHUNK;
     p.total = (int64_t)a->num_pairs * a->num_caches * p.chunks;

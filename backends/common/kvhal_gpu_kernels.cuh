@@ -21,9 +21,12 @@ namespace kvhal_gpu {
 #define KVHAL_GPU_CHUNK (16 * 1024) /* bytes one block copies per work item: one pass of 256 x 4 x 16 B */
 #define KVHAL_GPU_BATCH_MAX 96      /* ranges per copy_batch launch: they travel as kernel parameters */
 
-/* Bits of the per-device error flag. */
-#define KVHAL_GPU_ERR_SLOT 1u  /* paged caching: a slot >= num_blocks * block_size was skipped */
-#define KVHAL_GPU_ERR_BLOCK 2u /* copy_blocks: a block id outside [0, num_blocks) was skipped */
+/* Bytes of the per-device error flag, in mapped pinned host memory: a kernel that skips an index stores 1 into its
+ * op's byte (a plain store: every writer stores the same value, so no atomics are needed and none cross the bus),
+ * and synchronize reads the flag on the host with no extra device work. */
+#define KVHAL_GPU_ERR_SLOT 0  /* paged caching: a slot >= num_blocks * block_size was skipped */
+#define KVHAL_GPU_ERR_BLOCK 1 /* copy_blocks: a block id outside [0, num_blocks) was skipped */
+#define KVHAL_GPU_ERR_BYTES 8
 
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4 };
 
@@ -110,7 +113,7 @@ struct PagedSide {
 struct PagedParams {
     PagedSide k, v;
     const char *slots; /* base, per call */
-    int32_t *err;
+    volatile uint8_t *err;
     int64_t slot_outer, slot_inner; /* elements */
     int64_t seq_len, num_tokens, num_slots, block_size;
     int32_t slot64;  /* slots are int64 (else int32) */
@@ -200,7 +203,7 @@ __global__ void __launch_bounds__(KVHAL_GPU_THREADS, KVHAL_GPU_PAGED_MIN_BLOCKS)
             if (tid < ntok) {
                 int64_t ck = -1, cv = -1;
                 if (slot >= p.num_slots) {
-                    atomicOr(p.err, (int)KVHAL_GPU_ERR_SLOT);
+                    p.err[KVHAL_GPU_ERR_SLOT] = 1;
                 } else if (slot >= 0) {
                     const int64_t blk = slot / p.block_size, off = slot - blk * p.block_size;
                     ck = blk * p.k.block_stride + off * p.k.offset_stride;
@@ -261,7 +264,7 @@ struct CacheEntry {
 struct CopyBlocksParams {
     const CacheEntry *caches;
     const int64_t *pairs; /* (src, dst) */
-    int32_t *err;
+    volatile uint8_t *err;
     int64_t num_blocks;
     int64_t chunks;      /* work items per (pair, cache): ceil(largest block / CHUNK) */
     int64_t total;       /* num_pairs * num_caches * chunks */
@@ -277,7 +280,7 @@ __global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_blocks_kernel(const Co
         const CacheEntry e = p.caches[c]; /* loaded together with the pair, not after its check */
         const int64_t src = p.pairs[2 * pair], dst = p.pairs[2 * pair + 1];
         if (src < 0 || src >= p.num_blocks || dst < 0 || dst >= p.num_blocks) {
-            if (threadIdx.x == 0 && chunk == 0 && c == 0) atomicOr(p.err, (int)KVHAL_GPU_ERR_BLOCK);
+            if (threadIdx.x == 0) p.err[KVHAL_GPU_ERR_BLOCK] = 1;
             continue;
         }
         const int64_t begin = chunk * KVHAL_GPU_CHUNK;
@@ -361,13 +364,6 @@ __global__ void __launch_bounds__(KVHAL_GPU_THREADS) tensor_copy_kernel(const Te
         for (int u = 0; u < KVHAL_GPU_UNROLL; u++)
             if (doff[u] >= 0) dst[doff[u]] = v[u];
     }
-}
-
-/* Hands the error flag to the host and clears it in one atomic step, so that a flag raised by a kernel running
- * concurrently on another stream is never lost between the read and the clear. */
-__global__ void fetch_clear_flag_kernel(int32_t *flag)
-{
-    flag[1] = atomicExch(flag, 0);
 }
 
 } // namespace kvhal_gpu

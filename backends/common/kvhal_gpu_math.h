@@ -1,4 +1,4 @@
-/* kvhal_gpu_math.h — the arithmetic the GPU kernels share with the host: exact conversions from f16/bf16 to f32,
+/* kvhal_gpu_math.h — the arithmetic the GPU kernels share with the host: exact conversions from bf16 to f32,
  * f32 to fp8 (e4m3fn, e5m2) rounding to nearest even and saturating, and division by a run-time constant through
  * a multiply (fastdiv). Written in plain integer/float code so that CUDA, HIP and a host C compiler all build the
  * same functions: tests/test_gpu_math.c checks them on the host against core/convert.c, bit for bit, which is what
@@ -11,6 +11,7 @@
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define KVHAL_HD __host__ __device__ inline __attribute__((always_inline))
 #else
+#include <math.h>
 #include <string.h>
 #define KVHAL_HD static inline
 #endif
@@ -43,48 +44,50 @@ KVHAL_HD float kvhal_gpu_bits_f32(uint32_t u)
 
 KVHAL_HD float kvhal_gpu_bf16_to_f32(uint32_t h) { return kvhal_gpu_bits_f32((h & 0xffffu) << 16); }
 
-/* Exact. Subnormal halves go through an integer-to-float conversion so that no f32 denormal is ever formed (a
- * device that flushes denormals would zero them). */
-KVHAL_HD float kvhal_gpu_f16_to_f32(uint32_t h)
+/* f32 -> fp8 magnitude code, round to nearest even, saturating (infinities too; NaN gives the largest finite
+ * code, see below). The rounding is one f32 addition: |y| (clamped to the largest finite fp8 value) plus a magic
+ * power of two whose ulp is the fp8 quantum of |y|'s binade (2^(e-3) for e4m3), or the subnormal step 2^-9 below
+ * the normal range (the magic's floor). The FPU's round-to-nearest-even then rounds onto the fp8 grid, and the
+ * code is the distance to the magic in ulps plus the binade's first code, read off the magic's exponent. Integer
+ * work is a mask, a shift and two adds: the kernels convert 8 values per 16-byte load, and on Hopper integer and
+ * compare instructions issue at half the rate of f32 arithmetic, which otherwise bounds them below memory speed.
+ * Normal codes: diff = 8 + m and (bits(magic) >> 20) = (e + 147) * 8, so code = diff + that - 1128 = (e + 7) * 8 + m;
+ * subnormal: magic = 2^14, (bits >> 20) = 1128, code = diff = k steps. e5m2 alike with 2 mantissa bits. */
+KVHAL_HD uint32_t kvhal_gpu_e4m3_mag(float y)
 {
-    const uint32_t sign = (h & 0x8000u) << 16;
-    const uint32_t em = h & 0x7fffu;
-    if (em >= 0x7c00u) return kvhal_gpu_bits_f32(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
-    if (em >= 0x0400u) return kvhal_gpu_bits_f32(sign | ((em << 13) + 0x38000000u));
-    const float mag = (float)em * 5.9604644775390625e-8f; /* em * 2^-24, exact */
-    return kvhal_gpu_bits_f32(sign | kvhal_gpu_f32_bits(mag));
+    const float yc = fminf(fabsf(y), 448.0f); /* NaN -> 448 */
+    const uint32_t e = kvhal_gpu_f32_bits(yc * 1048576.0f) & 0x7f800000u; /* 2^(e + 20) */
+    const float magic = fmaxf(kvhal_gpu_bits_f32(e), 16384.0f);          /* floor 2^14: ulp 2^-9 */
+    const uint32_t mb = kvhal_gpu_f32_bits(magic);
+    return kvhal_gpu_f32_bits(yc + magic) - mb + ((mb >> 20) - 1128u);
 }
 
-/* f32 -> fp8, round to nearest even, saturating to the largest finite code (infinities too), NaN -> sign|0x7f.
- * Branch-free, since the kernels convert 8 values per 16-byte load and would otherwise be bound by instruction
- * issue rather than memory: both candidate codes are computed and one is selected.
- *  - normal results: the integer trick (add half-1 plus the kept lsb, carry into the exponent) with the exponent
- *    re-bias folded into the same add; it wraps around for inputs below the normal range, which then take
- *  - subnormal results: one f32 addition of 2^(23 + subnormal step exponent), whose ulp is exactly the fp8
- *    subnormal step, so the hardware's round-to-nearest-even does the rounding;
- *  - then saturation with a min (infinity lands far above the largest code) and NaN last. */
+KVHAL_HD uint32_t kvhal_gpu_e5m2_mag(float y)
+{
+    const float yc = fminf(fabsf(y), 57344.0f);
+    const uint32_t e = kvhal_gpu_f32_bits(yc * 2097152.0f) & 0x7f800000u; /* 2^(e + 21) */
+    const float magic = fmaxf(kvhal_gpu_bits_f32(e), 128.0f);            /* floor 2^7: ulp 2^-16 */
+    const uint32_t mb = kvhal_gpu_f32_bits(magic);
+    return kvhal_gpu_f32_bits(yc + magic) - mb + ((mb >> 21) - 536u);
+}
+
+/* OR-ing these into a NaN's magnitude code (the largest finite) gives 0x7f, fp8's NaN. */
+#define KVHAL_GPU_E4M3_NAN_BIT 0x01u
+#define KVHAL_GPU_E5M2_NAN_BIT 0x04u
+
+/* Whole conversions: sign | magnitude, NaN -> sign | 0x7f. Exactly kvhal_f32_to_fp8. */
 KVHAL_HD uint32_t kvhal_gpu_f32_to_e4m3(float x)
 {
     const uint32_t u = kvhal_gpu_f32_bits(x);
-    const uint32_t a = u & 0x7fffffffu;
-    const uint32_t nrm = (a + (0x7ffffu - (120u << 23)) + ((a >> 20) & 1u)) >> 20;
-    const uint32_t sub = kvhal_gpu_f32_bits(kvhal_gpu_bits_f32(a) + 16384.0f) - 0x46800000u; /* 2^14: ulp 2^-9 */
-    uint32_t code = a < 0x3c800000u ? sub : nrm; /* 2^-6: smallest normal */
-    code = code < 0x7eu ? code : 0x7eu;          /* 448 */
-    code = a > 0x7f800000u ? 0x7fu : code;
-    return ((u >> 24) & 0x80u) | code;
+    const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u ? KVHAL_GPU_E4M3_NAN_BIT : 0u;
+    return ((u >> 24) & 0x80u) | kvhal_gpu_e4m3_mag(x) | nan;
 }
 
 KVHAL_HD uint32_t kvhal_gpu_f32_to_e5m2(float x)
 {
     const uint32_t u = kvhal_gpu_f32_bits(x);
-    const uint32_t a = u & 0x7fffffffu;
-    const uint32_t nrm = (a + (0xfffffu - (112u << 23)) + ((a >> 21) & 1u)) >> 21;
-    const uint32_t sub = kvhal_gpu_f32_bits(kvhal_gpu_bits_f32(a) + 128.0f) - 0x43000000u; /* 2^7: ulp 2^-16 */
-    uint32_t code = a < 0x38800000u ? sub : nrm; /* 2^-14: smallest normal */
-    code = code < 0x7bu ? code : 0x7bu;          /* 57344 */
-    code = a > 0x7f800000u ? 0x7fu : code;
-    return ((u >> 24) & 0x80u) | code;
+    const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u ? KVHAL_GPU_E5M2_NAN_BIT : 0u;
+    return ((u >> 24) & 0x80u) | kvhal_gpu_e5m2_mag(x) | nan;
 }
 
 /* True when dividing by s equals multiplying by 1/s for every x: s = +-2^k with 1/s a normal f32. */

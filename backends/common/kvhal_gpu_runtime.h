@@ -59,6 +59,8 @@ typedef hipMemAccessDesc gpuMemAccessDesc;
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
 #define gpuMallocHost(p, n) hipHostMalloc((p), (n), 0)
+#define gpuMallocHostMapped(p, n) hipHostMalloc((p), (n), hipHostMallocMapped | hipHostMallocPortable)
+#define gpuHostGetDevicePointer hipHostGetDevicePointer
 #define gpuFreeHost hipHostFree
 #define gpuMemcpy hipMemcpy
 #define gpuMemcpyAsync hipMemcpyAsync
@@ -146,6 +148,8 @@ typedef cudaMemAccessDesc gpuMemAccessDesc;
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
 #define gpuMallocHost(p, n) cudaMallocHost((p), (n))
+#define gpuMallocHostMapped(p, n) cudaHostAlloc((p), (n), cudaHostAllocMapped | cudaHostAllocPortable)
+#define gpuHostGetDevicePointer cudaHostGetDevicePointer
 #define gpuFreeHost cudaFreeHost
 #define gpuMemcpy cudaMemcpy
 #define gpuMemcpyAsync cudaMemcpyAsync

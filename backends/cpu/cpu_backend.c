@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -58,8 +59,15 @@ static kvhal_status cpu_device_info(int32_t id, kvhal_device_info *out)
 static kvhal_status cpu_buffer_alloc(int32_t id, size_t bytes, void **native)
 {
     void *p = NULL;
-    if (svc->alloc_should_fail() || posix_memalign(&p, 64, bytes) != 0)
+    /* Large caches: 2 MiB alignment plus transparent huge pages cut first-touch page faults ~500x, which is what a
+     * fresh cache (create, duplicate) spends its time on. */
+    const size_t huge = (size_t)2 << 20;
+    size_t align = bytes >= 2 * huge ? huge : 64;
+    if (svc->alloc_should_fail() || posix_memalign(&p, align, bytes) != 0)
         return svc->set_error(KVHAL_OUT_OF_MEMORY, "bytes: cannot allocate %zu bytes of host memory", bytes);
+#ifdef MADV_HUGEPAGE
+    if (align == huge) madvise(p, bytes - bytes % huge, MADV_HUGEPAGE); /* advice only: failure changes nothing */
+#endif
     *native = p;
     return KVHAL_OK;
 }

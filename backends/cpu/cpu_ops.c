@@ -246,9 +246,8 @@ static inline int64_t read_slot(const char *base, kvhal_dtype dt, int64_t index)
 }
 
 static void move_token(const kvhal_bk_paged_caching *a, const kvhal_bk_paged_side *s, move_kind kind, int64_t tok_elem,
-                       int64_t slot, bool stream)
+                       int64_t slot, size_t ies, size_t ces, bool stream)
 {
-    const size_t ies = kvhal_dtype_size(a->input_dtype), ces = kvhal_dtype_size(a->cache_dtype);
     const int64_t blk = slot / a->block_size, off = slot - blk * a->block_size;
     char *cache = (char *)s->cache + s->cache_offset + (size_t)(blk * s->block_stride + off * s->offset_stride) * ces;
     const char *in = (const char *)s->input + s->input_offset + (size_t)tok_elem * ies;
@@ -296,15 +295,15 @@ kvhal_status kvhal__cpu_paged_caching(int32_t id, void *desc, const kvhal_bk_pag
                                   (long long)slot, (long long)max_slot, (long long)a->num_blocks, (int)a->block_size);
         }
     }
-    const size_t written = (size_t)a->num_tokens * (size_t)a->num_heads *
-                           (size_t)(a->k.head_dim + a->v.head_dim) * kvhal_dtype_size(a->cache_dtype);
+    const size_t ies = kvhal_dtype_size(a->input_dtype), ces = kvhal_dtype_size(a->cache_dtype);
+    const size_t written = (size_t)a->num_tokens * (size_t)a->num_heads * (size_t)(a->k.head_dim + a->v.head_dim) * ces;
     const bool nt = written >= STREAM_THRESHOLD;
     for (int64_t b = 0; b < outer; b++) {
         for (int64_t i = 0; i < seq; i++) {
             int64_t slot = read_slot(slots, a->slot_dtype, b * a->slot_stride_outer + i * a->slot_stride_inner);
             if (slot < 0) continue; /* padding */
-            move_token(a, &a->k, km, b * a->k.tok_stride_outer + i * a->k.tok_stride_inner, slot, nt);
-            move_token(a, &a->v, vm, b * a->v.tok_stride_outer + i * a->v.tok_stride_inner, slot, nt);
+            move_token(a, &a->k, km, b * a->k.tok_stride_outer + i * a->k.tok_stride_inner, slot, ies, ces, nt);
+            move_token(a, &a->v, vm, b * a->v.tok_stride_outer + i * a->v.tok_stride_inner, slot, ies, ces, nt);
         }
     }
     if (nt) stream_fence();

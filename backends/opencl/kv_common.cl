@@ -45,14 +45,24 @@ uint kv_round_magnitude(uint a, int m, int bias)
     return code;
 }
 
+/* f32 -> fp8 (m mantissa bits, bias, largest finite code max_code), saturating. The same rounding as
+ * kv_round_magnitude with fewer branches (this runs once per element): a normal result is rounded by adding half an
+ * ulp minus one plus the kept lsb and truncating; a subnormal one by adding 2^(24 - bias - m), whose ulp is the
+ * format's smallest subnormal, so that the (correctly rounded, ties to even) float addition does the rounding.
+ * f32 subnormal inputs are far below half the smallest fp8 subnormal, so a device that flushes them still gets 0. */
 uint kv_f32_to_fp8(float x, int m, int bias, uint max_code)
 {
     uint u = as_uint(x);
     uint sign = (u >> 24) & 0x80u;
     uint a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return sign | 0x7fu;
-    if (a == 0x7f800000u) return sign | max_code;
-    uint code = kv_round_magnitude(a, m, bias);
+    uint code;
+    if (a >= (uint)(128 - bias) << 23) {
+        code = (a + ((uint)(bias - 127) << 23) + ((1u << (22 - m)) - 1u) + ((a >> (23 - m)) & 1u)) >> (23 - m);
+    } else {
+        float magic = as_float((uint)(151 - bias - m) << 23);
+        code = as_uint(as_float(a) + magic) - as_uint(magic);
+    }
     return sign | min(code, max_code);
 }
 
@@ -125,22 +135,60 @@ uint kv_encode(float x, int dt)
     }
 }
 
-/* x / s rounded to nearest even, as the host's IEEE division gives it. OpenCL's '/' may be off by 2.5 ulp unless
- * the device supports (and the build asks for) correctly rounded division, so the quotient is refined with exact
- * fma residuals: one Newton step, then the neighbour whose residual is smaller wins (a quotient is never exactly
- * halfway between two floats, so there is no tie to break). */
-float kv_div(float x, float s)
+/* x / s rounded to nearest even, as the host's IEEE division gives it, for s > 0 and inv = 1 / s rounded by the
+ * host. mode 0: s is 1. mode 1: s is a power of two, so x * inv is exact (or far below any fp8 value). mode 2: a
+ * Newton step from x * inv with exact fma residuals, then the neighbour on the residual's side wins if its residual
+ * is smaller (a quotient is never exactly halfway between two floats, so there is no tie to break). OpenCL's own
+ * '/' may be 2.5 ulp off and costs more than this. */
+float kv_div(float x, float s, float inv, uint mode)
 {
-    if (s == 1.0f) return x;
-    float q = x / s;
-    if (!isfinite(q) || q == 0.0f || !isfinite(x)) return q;
+    if (mode == 0u) return x;
+    float q = x * inv;
+    if (mode == 1u || q == 0.0f || !isfinite(q)) return q;
     float r = fma(-q, s, x);
-    q = fma(r, 1.0f / s, q);
+    q = fma(r, inv, q);
     r = fma(-q, s, x);
-    if (r == 0.0f) return q;
-    float n = ((r > 0.0f) == (s > 0.0f)) ? nextafter(q, INFINITY) : nextafter(q, -INFINITY);
-    float rn = fma(-n, s, x);
-    return fabs(rn) < fabs(r) ? n : q;
+    uint b = as_uint(q);
+    float n = as_float((r > 0.0f) == (q > 0.0f) ? b + 1u : b - 1u);
+    return fabs(fma(-n, s, x)) < fabs(r) ? n : q;
+}
+
+/* The same conversions on 8 elements at once, written with selects instead of branches, so that CPU devices run
+ * them in SIMD registers (GPUs run them per lane all the same). Bit-for-bit equal to the scalar ones above. Eight,
+ * not sixteen: 256-bit vectors are what AVX2 CPUs pass in registers. */
+float8 kv_f16_to_f32_8(uint8 h)
+{
+    uint8 sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, f = h & 0x3ffu;
+    uint8 normal = sign | ((e + 112u) << 23) | (f << 13);
+    uint8 sub = sign | as_uint8(convert_float8(f) * 0x1p-24f);
+    uint8 infnan = sign | 0x7f800000u | (f << 13);
+    return as_float8(select(select(normal, sub, e == 0u), infnan, e == 31u));
+}
+
+float8 kv_div_8(float8 x, float s, float inv, uint mode)
+{
+    if (mode == 0u) return x;
+    float8 q0 = x * inv;
+    if (mode == 1u) return q0;
+    float8 sv = (float8)s, iv = (float8)inv;
+    float8 r = fma(-q0, sv, x);
+    float8 q = fma(r, iv, q0);
+    r = fma(-q, sv, x);
+    uint8 b = as_uint8(q);
+    float8 n = as_float8(select(b - 1u, b + 1u, (r > 0.0f) == (q > 0.0f)));
+    q = select(q, n, fabs(fma(-n, sv, x)) < fabs(r));
+    return select(q, q0, (q0 == 0.0f) | !isfinite(q0));
+}
+
+uint8 kv_f32_to_fp8_8(float8 x, int m, int bias, uint max_code)
+{
+    uint8 u = as_uint8(x);
+    uint8 sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    uint8 normal = (a + ((uint)(bias - 127) << 23) + ((1u << (22 - m)) - 1u) + ((a >> (23 - m)) & 1u)) >> (23 - m);
+    float magic = as_float((uint)(151 - bias - m) << 23);
+    uint8 sub = as_uint8(as_float8(a) + magic) - as_uint(magic);
+    uint8 code = min(select(sub, normal, a >= (uint)(128 - bias) << 23), (uint8)max_code);
+    return sign | select(code, (uint8)0x7fu, a > 0x7f800000u);
 }
 
 /* Chunk movement. N bytes (a power of two) at p, aligned to min(N, 16), into / out of private 32-bit words. N < 4
@@ -207,15 +255,10 @@ uint kv_get_elem(const uint *w, int i, int size)
     return (w[i >> 2] >> (8 * (i & 3))) & 0xffu;
 }
 
+/* Element i of a chunk into words that start out zero (every element is put exactly once). */
 void kv_put_elem(uint *w, int i, int size, uint v)
 {
-    if (size == 4) {
-        w[i] = v;
-    } else if (size == 2) {
-        int s = 16 * (i & 1);
-        w[i >> 1] = (w[i >> 1] & ~(0xffffu << s)) | (v << s);
-    } else {
-        int s = 8 * (i & 3);
-        w[i >> 2] = (w[i >> 2] & ~(0xffu << s)) | (v << s);
-    }
+    if (size == 4) w[i] = v;
+    else if (size == 2) w[i >> 1] |= v << (16 * (i & 1));
+    else w[i >> 2] |= v << (8 * (i & 3));
 }

@@ -265,7 +265,8 @@ static bool add_device(cl_platform_id p, const char *pname, cl_device_id dv, cl_
         return false;
     }
     cl_device_type type = 0;
-    if (clGetDeviceInfo(dv, CL_DEVICE_TYPE, sizeof type, &type, NULL) == CL_SUCCESS) d->cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
+    if (clGetDeviceInfo(dv, CL_DEVICE_TYPE, sizeof type, &type, NULL) == CL_SUCCESS)
+        d->cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
     size_t ext_size = 0;
     if (clGetDeviceInfo(dv, CL_DEVICE_EXTENSIONS, 0, NULL, &ext_size) == CL_SUCCESS && ext_size) {
         char *ext = malloc(ext_size + 1);
@@ -484,6 +485,8 @@ kvhal_status kvhal__ocl_program(ocl_device *d, ocl_ctx *ce, ocl_src src, const c
     const size_t lens[OCL_SRC_COUNT] = {kvhal__ocl_src_paged_caching_len, kvhal__ocl_src_copy_blocks_len,
                                         kvhal__ocl_src_tensor_copy_len};
     kvhal_status st = KVHAL_OK;
+    /* The lock is held through a build: builds are rare, and two threads asking for one program must not both
+     * build it (nor may a failed build be half-inserted). */
     pthread_mutex_lock(&prog_mu);
     for (prog_entry *e = progs; e; e = e->next) {
         if (e->ctx == ce->ctx && e->dev == d->id && e->src == src && !strcmp(e->options, options) &&
@@ -797,7 +800,8 @@ static kvhal_status ocl_buffer_wrap(int32_t id, void *native, size_t bytes)
     cl_int err = clGetMemObjectInfo(m, CL_MEM_TYPE, sizeof type, &type, NULL);
     if (err == CL_SUCCESS) err = clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof size, &size, NULL);
     if (err == CL_SUCCESS) err = clGetMemObjectInfo(m, CL_MEM_CONTEXT, sizeof ctx, &ctx, NULL);
-    if (err != CL_SUCCESS) return kvhal__ocl_fail(err, "native: %p is not a usable cl_mem (clGetMemObjectInfo)", native);
+    if (err != CL_SUCCESS)
+        return kvhal__ocl_fail(err, "native: %p is not a usable cl_mem (clGetMemObjectInfo)", native);
     if (type != CL_MEM_OBJECT_BUFFER)
         return OCL_SET_ERROR(KVHAL_INVALID_ARGUMENT, "native: cl_mem %p is an image or pipe, not a buffer", native);
     if (bytes > size)
@@ -961,7 +965,8 @@ kvhal_status kvhal__ocl_copy(int32_t id, cl_command_queue q, ocl_ctx *ce, cl_mem
             return OCL_SET_ERROR(KVHAL_OUT_OF_MEMORY, "opencl:%d: temporary buffer of %zu bytes (fault injection)",
                                  id, bytes);
         cl_mem tmp = clCreateBuffer(ce->ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
-        if (err != CL_SUCCESS) return kvhal__ocl_fail(err, "opencl:%d: clCreateBuffer(temporary, %zu bytes)", id, bytes);
+        if (err != CL_SUCCESS)
+            return kvhal__ocl_fail(err, "opencl:%d: clCreateBuffer(temporary, %zu bytes)", id, bytes);
         err = clEnqueueCopyBuffer(q, src, tmp, src_off, 0, bytes, 0, NULL, NULL);
         if (err == CL_SUCCESS) err = clEnqueueCopyBuffer(q, tmp, dst, 0, dst_off, bytes, 0, NULL, NULL);
         clReleaseMemObject(tmp); /* freed once the copies are done */
@@ -1017,7 +1022,8 @@ static kvhal_status ocl_memcpy_peer(int32_t dst_id, void *dst, size_t dst_off, i
     }
     free(tmp);
     if (err != CL_SUCCESS)
-        return kvhal__ocl_fail(err, "opencl:%d -> opencl:%d: staged copy of %zu bytes: %s", src_id, dst_id, bytes, what);
+        return kvhal__ocl_fail(err, "opencl:%d -> opencl:%d: staged copy of %zu bytes: %s", src_id, dst_id, bytes,
+                               what);
     return KVHAL_OK;
 }
 

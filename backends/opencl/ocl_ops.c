@@ -4,6 +4,7 @@
  * been used in (normally just one), and the programs themselves come from the module's program cache, so two
  * descriptors with the same options share one build. Offsets that vary from call to call (buffer offsets) never
  * go into options: they pick, at run time, between the wide-access kernel and the any-alignment one of a program. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -367,6 +368,17 @@ static kvhal_status check_desc(int32_t id, const ocl_desc *desc, kvhal_bk_op op)
 }
 
 /* ---- paged caching ---- */
+/* (scale, 1 / scale) for kv_div and its mode: 0 for 1, 1 for a power of two (x * inv is then exact), 2 otherwise.
+ * The core passes 1 for non-fp8 caches and checks fp8 scales are finite and > 0. */
+static cl_uint scale_mode(float scale, cl_float2 *sc)
+{
+    sc->s[0] = scale;
+    sc->s[1] = 1.0f / scale;
+    if (scale == 1.0f) return 0;
+    int e;
+    return frexpf(scale, &e) == 0.5f ? 1 : 2;
+}
+
 kvhal_status kvhal__ocl_paged_caching(int32_t id, void *desc_, const kvhal_bk_paged_caching *a, void *stream)
 {
     ocl_desc *desc = desc_;
@@ -401,12 +413,14 @@ kvhal_status kvhal__ocl_paged_caching(int32_t id, void *desc_, const kvhal_bk_pa
     cl_long4 vcs = {.s = {a->v.block_stride, a->v.offset_stride, a->v.cache_head_stride, a->v.cache_dim_stride}};
     cl_long4 vis = {.s = {a->v.tok_stride_outer, a->v.tok_stride_inner, a->v.in_head_stride, a->v.in_dim_stride}};
     cl_long2 ss = {.s = {a->slot_stride_outer, a->slot_stride_inner}};
-    cl_float k_scale = a->k.scale, v_scale = a->v.scale;
+    cl_float2 k_sc, v_sc;
+    cl_uint modes = scale_mode(a->k.scale, &k_sc) | scale_mode(a->v.scale, &v_sc) << 2;
     cl_ulong num_tokens = (cl_ulong)a->num_tokens, seq_len = (cl_ulong)a->seq_len;
     cl_long num_slots = a->num_blocks * a->block_size;
-    const karg args[] = {KA(kc),   KA(kc_off), KA(kcs), KA(kin),       KA(ki_off),    KA(kis),       KA(k_scale),
-                         KA(vc),   KA(vc_off), KA(vcs), KA(vin),       KA(vi_off),    KA(vis),       KA(v_scale),
-                         KA(slots), KA(slots_off), KA(ss), KA(err_flag), KA(num_tokens), KA(seq_len), KA(num_slots)};
+    const karg args[] = {KA(kc),    KA(kc_off),    KA(kcs), KA(kin),      KA(ki_off),     KA(kis),     KA(k_sc),
+                         KA(vc),    KA(vc_off),    KA(vcs), KA(vin),      KA(vi_off),     KA(vis),     KA(v_sc),
+                         KA(slots), KA(slots_off), KA(ss),  KA(err_flag), KA(num_tokens), KA(seq_len), KA(num_slots),
+                         KA(modes)};
     st = set_args(id, ks->k[ki], pc_knames[ki], args, (int)(sizeof args / sizeof args[0]));
     if (st != KVHAL_OK) return st;
     const uint64_t per_tok = (uint64_t)p.heads * (uint64_t)(p.hd_k / vk + p.hd_v / vv);
@@ -420,8 +434,9 @@ kvhal_status kvhal__ocl_paged_caching(int32_t id, void *desc_, const kvhal_bk_pa
         cl_uint items = (cl_uint)(n * per_tok);
         const karg piece[] = {KA(tok0), KA(items)};
         for (int j = 0; j < 2 && st == KVHAL_OK; j++) {
-            cl_int err = clSetKernelArg(ks->k[ki], (cl_uint)(21 + j), piece[j].size, piece[j].ptr);
-            if (err != CL_SUCCESS) st = kvhal__ocl_fail(err, "opencl:%d: clSetKernelArg(%s, %d)", id, pc_knames[ki], 21 + j);
+            cl_int err = clSetKernelArg(ks->k[ki], (cl_uint)(22 + j), piece[j].size, piece[j].ptr);
+            if (err != CL_SUCCESS)
+                st = kvhal__ocl_fail(err, "opencl:%d: clSetKernelArg(%s, %d)", id, pc_knames[ki], 22 + j);
         }
         if (st == KVHAL_OK) st = launch(id, q, ks, ki, pc_knames[ki], items, 0, NULL, NULL);
     }

@@ -1,5 +1,5 @@
 /* paged_caching.cl — the paged-caching op: token t of k and v goes to cache slot slot_mapping[t]. One work-item
- * moves one chunk of VEC elements of one (token, head) row; rows of K come before those of V within a token, so
+ * moves GROUP chunks of VEC elements of one (token, head) row; rows of K come before those of V within a token, so
  * neighbouring work-items touch neighbouring bytes in both the input and an NHD cache. Built per descriptor with:
  *   IN_DT, OUT_DT   dtype codes of k/v and of the caches (kv_common.cl)
  *   SLOT_I64        1 for an i64 slot_mapping, 0 for i32
@@ -9,7 +9,8 @@
  *   GROUP           consecutive chunks per work-item in paged_caching_vec (1 on GPUs, where neighbouring work-items
  *                   should touch neighbouring bytes; more on CPU devices, where per-item index math dominates)
  * Offsets are bytes (ulong), strides elements (long4: block, offset, head, dim for a cache; token-outer,
- * token-inner, head, dim for an input; long2: outer, inner for the slots). A negative slot is padding; a slot past
+ * token-inner, head, dim for an input; long2: outer, inner for the slots). fp8 scales come as (scale, 1 / scale)
+ * with a kv_div mode each (modes: K in bits 0-1, V in bits 2-3). A negative slot is padding; a slot past
  * the cache is skipped and sets *err (read and cleared by the host at synchronize). paged_caching_vec needs every
  * base offset aligned to its chunk; paged_caching_any moves single elements byte by byte and takes any offset.
  * A launch covers `items` work-items from token tok0 on (whole tokens, at most 2^30 items: 32-bit index math);
@@ -21,16 +22,16 @@
 #define SAME_DT (IN_DT == OUT_DT)
 #define SCALED (KV_IS_FP8(OUT_DT) && !KV_IS_FP8(IN_DT))
 
-uint pc_convert(uint bits, float scale)
+uint pc_convert(uint bits, float2 sc, uint mode)
 {
     if (SAME_DT) return bits;
     float x = kv_decode(bits, IN_DT);
-    if (SCALED) x = kv_div(x, scale);
+    if (SCALED) x = kv_div(x, sc.x, sc.y, mode);
     return kv_encode(x, OUT_DT);
 }
 
 #define PC_DEFINE_MOVE(NAME, VEC)                                                                              \
-    void NAME(global uchar *dst, const global uchar *src, float scale)                                         \
+    void NAME(global uchar *dst, const global uchar *src, float2 sc, uint mode)                                \
     {                                                                                                          \
         uint wi[KV_WORDS((VEC) * IN_SIZE)];                                                                    \
         kv_load_chunk(wi, src, (VEC) * IN_SIZE);                                                               \
@@ -41,16 +42,59 @@ uint pc_convert(uint bits, float scale)
         uint wo[KV_WORDS((VEC) * OUT_SIZE)];                                                                   \
         for (int i = 0; i < KV_WORDS((VEC) * OUT_SIZE); i++) wo[i] = 0u;                                       \
         for (int i = 0; i < (VEC); i++)                                                                        \
-            kv_put_elem(wo, i, OUT_SIZE, pc_convert(kv_get_elem(wi, i, IN_SIZE), scale));                      \
+            kv_put_elem(wo, i, OUT_SIZE, pc_convert(kv_get_elem(wi, i, IN_SIZE), sc, mode));                   \
         kv_store_chunk(dst, wo, (VEC) * OUT_SIZE);                                                             \
     }
 
-PC_DEFINE_MOVE(pc_move_k, VEC_K)
-PC_DEFINE_MOVE(pc_move_v, VEC_V)
-
-void pc_move_any(global uchar *dst, const global uchar *src, float scale)
+/* The main fp8 case, 16 elements of f32, f16 or bf16 into 16 fp8 bytes, as two 8-wide vector conversions. */
+#define PC_FAST16 (KV_IS_FP8(OUT_DT) && !KV_IS_FP8(IN_DT))
+#if PC_FAST16
+uint2 pc_convert8(uint8 bits, float2 sc, uint mode)
 {
-    kv_store_bytes(dst, pc_convert(kv_load_bytes(src, IN_SIZE), scale), OUT_SIZE);
+#if IN_DT == KV_F16
+    float8 x = kv_f16_to_f32_8(bits);
+#elif IN_DT == KV_BF16
+    float8 x = as_float8(bits << 16);
+#else
+    float8 x = as_float8(bits);
+#endif
+    x = kv_div_8(x, sc.x, sc.y, mode);
+#if OUT_DT == KV_E4M3
+    return as_uint2(convert_uchar8(kv_f32_to_fp8_8(x, 3, 7, 0x7eu)));
+#else
+    return as_uint2(convert_uchar8(kv_f32_to_fp8_8(x, 2, 15, 0x7bu)));
+#endif
+}
+
+void pc_move16(global uchar *dst, const global uchar *src, float2 sc, uint mode)
+{
+    const global uint4 *p = (const global uint4 *)src;
+#if IN_SIZE == 4
+    uint2 lo = pc_convert8((uint8)(p[0], p[1]), sc, mode), hi = pc_convert8((uint8)(p[2], p[3]), sc, mode);
+#else
+    const uint8 order = (uint8)(0, 4, 1, 5, 2, 6, 3, 7); /* little-endian: the low half of a word comes first */
+    uint4 a = p[0], b = p[1];
+    uint2 lo = pc_convert8(shuffle2(a & 0xffffu, a >> 16, order), sc, mode);
+    uint2 hi = pc_convert8(shuffle2(b & 0xffffu, b >> 16, order), sc, mode);
+#endif
+    *(global uint4 *)dst = (uint4)(lo, hi);
+}
+#endif
+
+#if PC_FAST16 && VEC_K == 16
+#define pc_move_k pc_move16
+#else
+PC_DEFINE_MOVE(pc_move_k, VEC_K)
+#endif
+#if PC_FAST16 && VEC_V == 16
+#define pc_move_v pc_move16
+#else
+PC_DEFINE_MOVE(pc_move_v, VEC_V)
+#endif
+
+void pc_move_any(global uchar *dst, const global uchar *src, float2 sc, uint mode)
+{
+    kv_store_bytes(dst, pc_convert(kv_load_bytes(src, IN_SIZE), sc, mode), OUT_SIZE);
 }
 
 long pc_slot_aligned(const global uchar *p)
@@ -66,10 +110,10 @@ long pc_slot_any(const global uchar *p)
 
 #define PC_KERNEL(NAME, VK, VV, G, MOVE_K, MOVE_V, SLOT)                                                       \
     kernel void NAME(global uchar *kc, ulong kc_off, long4 kcs, const global uchar *ki, ulong ki_off, long4 kis, \
-                     float k_scale, global uchar *vc, ulong vc_off, long4 vcs, const global uchar *vi,          \
-                     ulong vi_off, long4 vis, float v_scale, const global uchar *slots, ulong slots_off,        \
+                     float2 k_sc, global uchar *vc, ulong vc_off, long4 vcs, const global uchar *vi,            \
+                     ulong vi_off, long4 vis, float2 v_sc, const global uchar *slots, ulong slots_off,          \
                      long2 ss, volatile global int *err, ulong num_tokens, ulong seq_len, long num_slots,       \
-                     ulong tok0, uint items)                                                                   \
+                     uint modes, ulong tok0, uint items)                                                       \
     {                                                                                                          \
         const uint ck = HD_K / (VK) / (G), cv = HD_V / (VV) / (G);                                             \
         const uint per_tok = HEADS * (ck + cv);                                                                \
@@ -93,13 +137,13 @@ long pc_slot_any(const global uchar *p)
             long h = r / ck, d = (long)(r % ck) * (VK) * (G);                                                  \
             global uchar *dp = kc + kc_off + (blk * kcs.s0 + off * kcs.s1 + h * kcs.s2 + d * kcs.s3) * OUT_SIZE; \
             const global uchar *sp = ki + ki_off + (to * kis.s0 + ti * kis.s1 + h * kis.s2 + d * kis.s3) * IN_SIZE; \
-            for (int g = 0; g < (G); g++) MOVE_K(dp + g * (VK) * OUT_SIZE, sp + g * (VK) * IN_SIZE, k_scale);    \
+            for (int g = 0; g < (G); g++) MOVE_K(dp + g * (VK) * OUT_SIZE, sp + g * (VK) * IN_SIZE, k_sc, modes & 3u); \
         } else {                                                                                               \
             r -= HEADS * ck;                                                                                   \
             long h = r / cv, d = (long)(r % cv) * (VV) * (G);                                                  \
             global uchar *dp = vc + vc_off + (blk * vcs.s0 + off * vcs.s1 + h * vcs.s2 + d * vcs.s3) * OUT_SIZE; \
             const global uchar *sp = vi + vi_off + (to * vis.s0 + ti * vis.s1 + h * vis.s2 + d * vis.s3) * IN_SIZE; \
-            for (int g = 0; g < (G); g++) MOVE_V(dp + g * (VV) * OUT_SIZE, sp + g * (VV) * IN_SIZE, v_scale);    \
+            for (int g = 0; g < (G); g++) MOVE_V(dp + g * (VV) * OUT_SIZE, sp + g * (VV) * IN_SIZE, v_sc, modes >> 2); \
         }                                                                                                      \
     }
 
