@@ -128,8 +128,11 @@ static bool backend_wanted(const char *name)
     return false;
 }
 
-static void load_file(const char *path)
+static void load_file(const char *given)
 {
+    /* One module reached through two folders (KVHAL_BACKEND_PATH and the build tree) is loaded once. */
+    char path[PATH_MAX];
+    if (!realpath(given, path)) snprintf(path, sizeof path, "%s", given);
     for (int32_t i = 0; i < num_modules; i++)
         if (!strcmp(modules[i].info.path, path)) return;
     const char *base = strrchr(path, '/');

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <math.h>
 
 #include "kvhal.h"
 #include "reference.h"
@@ -79,13 +80,21 @@ static kvhal_tensor tensor(const dbuf *b, size_t offset, kvhal_dtype dt, int ndi
     return t;
 }
 
-/* Finite values of dt over bytes [off, off + n*es) of the mirror; one in eight an exact fp8 tie times scale. */
+/* Values of dt over bytes [off, off + n*es) of the mirror: one in eight an exact fp8 tie times scale, one in 64 a
+ * special (NaN, infinities, values far beyond fp8's range, values below its smallest subnormal, -0), the rest
+ * spread over 2^-16..2^16 times scale. NaNs are positive: the reference decodes inputs to float, which keeps no
+ * NaN sign. */
 static void fill_values(dbuf *b, size_t off, size_t n, kvhal_dtype dt, float scale, ref_rng *r)
 {
     const size_t es = kvhal_dtype_size(dt);
+    static const float specials[] = {NAN, INFINITY, -INFINITY, 1e30f, -1e30f, 60000.0f, -458.0f, 1e-12f, -3e-7f,
+                                     -0.0f};
     for (size_t i = 0; i < n; i++) {
         float x;
-        if (ref_rand_below(r, 8) == 0) {
+        if (ref_rand_below(r, 64) == 0) {
+            x = specials[ref_rand_below(r, sizeof specials / sizeof specials[0])];
+            if (x == x && x != 0.0f && x > -1e29f && x < 1e29f) x *= scale;
+        } else if (ref_rand_below(r, 8) == 0) {
             kvhal_dtype f = ref_rand(r) & 1 ? KVHAL_FP8_E4M3 : KVHAL_FP8_E5M2;
             uint8_t c = (uint8_t)ref_rand_below(r, f == KVHAL_FP8_E4M3 ? 0x7e : 0x7b);
             x = (float)((ref_fp8_decode(c, f) + ref_fp8_decode((uint8_t)(c + 1), f)) / 2 * scale);

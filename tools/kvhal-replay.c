@@ -939,10 +939,12 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
 PHASE static int decode_step(replay *r)
 {
     const size_t ps = (size_t)r->ps;
-    size_t adv = SIZE_MAX;
-    int32_t need = 0, nd = r->ndec;
+    const bool kv = r->kv != NULL;
+    const int32_t nd = r->ndec;
     slot **dec = r->dec;
     if (nd == 0) return 0;
+    size_t adv = SIZE_MAX;
+    int32_t need = 0;
     for (int32_t i = 0; i < nd; i++) {
         const slot *s = dec[i];
         size_t room = ps - s->in_page, left = s->total - s->len;
@@ -950,43 +952,48 @@ PHASE static int decode_step(replay *r)
         if (d < adv) adv = d;
         need += s->in_page == 0;
     }
-    if (r->kv) adv = 1;
+    if (kv) adv = 1;
     if (need) {
         kvhal_status st = kvhal_cache_manager_allocate(r->cm, need, r->newpages);
         if (st != KVHAL_OK) return fatal_status(r, "decode allocate (the reservation should have kept room)", st), -1;
         r->reserved -= need;
         note_in_use(r);
     }
+    /* locals, so that the stores into the slots do not force reloads of r's fields */
     const int32_t *newpages = r->newpages;
     uint32_t *shadow = r->shadow;
-    size_t b = 0;
-    int32_t k = 0, kept = 0;
+    uint64_t *bhash = r->bhash;
+    int64_t *bslot = r->bslot;
+    slot **fin = r->fin;
+    int32_t nfin = r->nfin, k = 0, kept = 0;
     for (int32_t i = 0; i < nd; i++) {
         slot *s = dec[i];
-        size_t np = s->npages;
-        if (s->in_page == 0) {
+        size_t np = s->npages, in_page = s->in_page, len = s->len;
+        if (in_page == 0) {
             s->pages[np++] = newpages[k++];
             s->npages = np;
             s->reserve--;
         }
         int32_t page = s->pages[np - 1];
-        if (r->kv) {
-            r->bhash[b] = s->hash[s->len];
-            r->bslot[b] = (int64_t)page * (int64_t)ps + (int64_t)s->in_page;
-            b++;
+        if (kv) {
+            bhash[i] = s->hash[len];
+            bslot[i] = (int64_t)page * (int64_t)ps + (int64_t)in_page;
         }
-        s->len += adv;
-        s->in_page += adv;
-        if (s->in_page == ps) {
-            s->in_page = 0;
-            if (!r->kv) shadow[page] = (uint32_t)s->hash[np - 1];
+        len += adv;
+        in_page += adv;
+        if (in_page == ps) {
+            in_page = 0;
+            if (!kv) shadow[page] = (uint32_t)s->hash[np - 1];
         }
-        if (s->len < s->total) dec[kept++] = s;
-        else r->fin[r->nfin++] = s;
+        s->len = len;
+        s->in_page = in_page;
+        if (len < s->total) dec[kept++] = s;
+        else fin[nfin++] = s;
     }
     r->ndec = kept;
+    r->nfin = nfin;
     r->st.out_tokens += adv * (uint64_t)nd;
-    if (b && write_kv(r, r->bhash, r->bslot, b) != 0) return -1;
+    if (kv && write_kv(r, bhash, bslot, (size_t)nd) != 0) return -1;
     return 0;
 }
 

@@ -45,9 +45,17 @@ template <int IN> __device__ __forceinline__ float load_elem(uint32_t bits)
 }
 
 /* DIV: x / s (the exact reference); otherwise x * s where s is 1/scale of a power-of-two scale (bit-identical). */
-template <int OUT, bool DIV> __device__ __forceinline__ uint32_t quant(float x, float s)
+template <bool DIV> __device__ __forceinline__ float scaled(float x, float s) { return DIV ? x / s : x * s; }
+
+/* y >= 0 (or a positive NaN): the vector path converts magnitudes, scale > 0 */
+template <int OUT> __device__ __forceinline__ uint32_t fp8_mag_nonneg(float y)
 {
-    const float y = DIV ? x / s : x * s;
+    const uint32_t a = kvhal_gpu_f32_bits(y);
+    return OUT == DT_E4M3 ? kvhal_gpu_e4m3_mag_bits(a) : kvhal_gpu_e5m2_mag_bits(a);
+}
+
+template <int OUT> __device__ __forceinline__ uint32_t fp8_full(float y)
+{
     return OUT == DT_E4M3 ? kvhal_gpu_f32_to_e4m3(y) : kvhal_gpu_f32_to_e5m2(y);
 }
 
@@ -56,40 +64,71 @@ template <int IN, int OUT, bool DIV> struct XFp8Scalar;
 template <int OUT, bool DIV> struct XFp8Scalar<DT_F32, OUT, DIV> {
     typedef float In;
     typedef uint8_t Out;
-    static __device__ __forceinline__ Out apply(const In &v, float s) { return (uint8_t)quant<OUT, DIV>(v, s); }
+    static __device__ __forceinline__ Out apply(const In &v, float s) { return (uint8_t)fp8_full<OUT>(scaled<DIV>(v, s)); }
 };
 template <int IN, int OUT, bool DIV> struct XFp8Scalar {
     typedef uint16_t In;
     typedef uint8_t Out;
     static __device__ __forceinline__ Out apply(const In &v, float s)
     {
-        return (uint8_t)quant<OUT, DIV>(load_elem<IN>(v), s);
+        return (uint8_t)fp8_full<OUT>(scaled<DIV>(load_elem<IN>(v), s));
     }
 };
 
-/* 16 input bytes at a time: 4 f32 -> 4 fp8 bytes, or 8 f16/bf16 -> 8 fp8 bytes. */
+/* 16 input bytes at a time: 4 f32 -> 4 fp8 bytes, or 8 f16/bf16 -> 8 fp8 bytes. Magnitudes are converted per
+ * element; signs and NaNs are handled per 32-bit word of the input (two 16-bit lanes at once), and the bytes are
+ * gathered with byte permutes. */
 template <int IN, int OUT, bool DIV> struct XFp8Vec;
 template <int OUT, bool DIV> struct XFp8Vec<DT_F32, OUT, DIV> {
     typedef uint4 In;
     typedef uint32_t Out;
+    static __device__ __forceinline__ uint32_t one(uint32_t u, float s)
+    {
+        return fp8_full<OUT>(scaled<DIV>(kvhal_gpu_bits_f32(u), s));
+    }
     static __device__ __forceinline__ Out apply(const In &v, float s)
     {
-        return quant<OUT, DIV>(kvhal_gpu_bits_f32(v.x), s) | quant<OUT, DIV>(kvhal_gpu_bits_f32(v.y), s) << 8 |
-               quant<OUT, DIV>(kvhal_gpu_bits_f32(v.z), s) << 16 | quant<OUT, DIV>(kvhal_gpu_bits_f32(v.w), s) << 24;
+        const uint32_t lo = __byte_perm(one(v.x, s), one(v.y, s), 0x0040);
+        const uint32_t hi = __byte_perm(one(v.z, s), one(v.w, s), 0x0040);
+        return __byte_perm(lo, hi, 0x5410);
     }
 };
-template <int IN, int OUT, bool DIV> __device__ __forceinline__ uint32_t quant_pair(uint32_t w, float s)
+
+/* Two 16-bit lanes of w -> their fp8 codes in bytes 0 and 2. */
+template <int IN, int OUT, bool DIV> __device__ __forceinline__ uint32_t fp8_pair(uint32_t w, float s)
 {
-    return quant<OUT, DIV>(load_elem<IN>(w & 0xffffu), s) | quant<OUT, DIV>(load_elem<IN>(w >> 16), s) << 8;
+    /* magnitudes: with scale > 0 the scaled values stay non-negative */
+    const float lo = IN == DT_BF16 ? kvhal_gpu_bits_f32((w & 0x7fffu) << 16) : KVHAL_GPU_HALF_TO_FLOAT(w & 0x7fffu);
+    const float hi = IN == DT_BF16 ? kvhal_gpu_bits_f32(w & 0x7fff0000u) : KVHAL_GPU_HALF_TO_FLOAT((w >> 16) & 0x7fffu);
+    const uint32_t codes =
+        __byte_perm(fp8_mag_nonneg<OUT>(scaled<DIV>(lo, s)), fp8_mag_nonneg<OUT>(scaled<DIV>(hi, s)), 0x0400);
+    return codes | ((w >> 8) & 0x00800080u); /* the lanes' sign bits land on bit 7 of bytes 0 and 2 */
 }
+
+/* Lanes of w that are NaN, as bit 15 of each lane (inf is 0x7f80 in bf16, 0x7c00 in f16: anything above is NaN). */
+template <int IN> __device__ __forceinline__ uint32_t nan_lanes(uint32_t w)
+{
+    return ((w & 0x7fff7fffu) + (IN == DT_BF16 ? 0x007f007fu : 0x03ff03ffu)) & 0x80008000u;
+}
+
 template <int IN, int OUT, bool DIV> struct XFp8Vec {
     typedef uint4 In;
     typedef uint2 Out;
     static __device__ __forceinline__ Out apply(const In &v, float s)
     {
+        uint32_t c0 = fp8_pair<IN, OUT, DIV>(v.x, s), c1 = fp8_pair<IN, OUT, DIV>(v.y, s);
+        uint32_t c2 = fp8_pair<IN, OUT, DIV>(v.z, s), c3 = fp8_pair<IN, OUT, DIV>(v.w, s);
+        if (nan_lanes<IN>(v.x) | nan_lanes<IN>(v.y) | nan_lanes<IN>(v.z) | nan_lanes<IN>(v.w)) {
+            /* rare: a NaN's magnitude code is the largest finite one; this bit makes it 0x7f */
+            const uint32_t bit = OUT == DT_E4M3 ? KVHAL_GPU_E4M3_NAN_BIT : KVHAL_GPU_E5M2_NAN_BIT;
+            c0 |= (nan_lanes<IN>(v.x) >> 15) * bit;
+            c1 |= (nan_lanes<IN>(v.y) >> 15) * bit;
+            c2 |= (nan_lanes<IN>(v.z) >> 15) * bit;
+            c3 |= (nan_lanes<IN>(v.w) >> 15) * bit;
+        }
         Out o;
-        o.x = quant_pair<IN, OUT, DIV>(v.x, s) | quant_pair<IN, OUT, DIV>(v.y, s) << 16;
-        o.y = quant_pair<IN, OUT, DIV>(v.z, s) | quant_pair<IN, OUT, DIV>(v.w, s) << 16;
+        o.x = __byte_perm(c0, c1, 0x6420);
+        o.y = __byte_perm(c2, c3, 0x6420);
         return o;
     }
 };

@@ -11,7 +11,6 @@
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define KVHAL_HD __host__ __device__ inline __attribute__((always_inline))
 #else
-#include <math.h>
 #include <string.h>
 #define KVHAL_HD static inline
 #endif
@@ -49,27 +48,33 @@ KVHAL_HD float kvhal_gpu_bf16_to_f32(uint32_t h) { return kvhal_gpu_bits_f32((h 
  * power of two whose ulp is the fp8 quantum of |y|'s binade (2^(e-3) for e4m3), or the subnormal step 2^-9 below
  * the normal range (the magic's floor). The FPU's round-to-nearest-even then rounds onto the fp8 grid, and the
  * code is the distance to the magic in ulps plus the binade's first code, read off the magic's exponent. Integer
- * work is a mask, a shift and two adds: the kernels convert 8 values per 16-byte load, and on Hopper integer and
+ * work is two masks, two min/max, a shift and two adds: the kernels convert 8 values per 16-byte load, and on Hopper integer and
  * compare instructions issue at half the rate of f32 arithmetic, which otherwise bounds them below memory speed.
  * Normal codes: diff = 8 + m and (bits(magic) >> 20) = (e + 147) * 8, so code = diff + that - 1128 = (e + 7) * 8 + m;
  * subnormal: magic = 2^14, (bits >> 20) = 1128, code = diff = k steps. e5m2 alike with 2 mantissa bits. */
-KVHAL_HD uint32_t kvhal_gpu_e4m3_mag(float y)
+/* a: the bits of a non-negative float or of a positive NaN (NaN -> the largest finite code). */
+KVHAL_HD uint32_t kvhal_gpu_e4m3_mag_bits(uint32_t a)
 {
-    const float yc = fminf(fabsf(y), 448.0f); /* NaN -> 448 */
-    const uint32_t e = kvhal_gpu_f32_bits(yc * 1048576.0f) & 0x7f800000u; /* 2^(e + 20) */
-    const float magic = fmaxf(kvhal_gpu_bits_f32(e), 16384.0f);          /* floor 2^14: ulp 2^-9 */
-    const uint32_t mb = kvhal_gpu_f32_bits(magic);
-    return kvhal_gpu_f32_bits(yc + magic) - mb + ((mb >> 20) - 1128u);
+    /* the clamp is an integer min on the magnitude's bits: float min's NaN rules differ between vendors (and for
+     * signalling NaNs), while here every NaN deterministically becomes 448 */
+    a = a < 0x43e00000u ? a : 0x43e00000u; /* 448 */
+    const float yc = kvhal_gpu_bits_f32(a);
+    uint32_t mb = kvhal_gpu_f32_bits(yc * 1048576.0f) & 0x7f800000u; /* 2^(e + 20) */
+    mb = mb > 0x46800000u ? mb : 0x46800000u;                        /* floor 2^14: ulp 2^-9 */
+    return kvhal_gpu_f32_bits(yc + kvhal_gpu_bits_f32(mb)) - mb + ((mb >> 20) - 1128u);
 }
 
-KVHAL_HD uint32_t kvhal_gpu_e5m2_mag(float y)
+KVHAL_HD uint32_t kvhal_gpu_e5m2_mag_bits(uint32_t a)
 {
-    const float yc = fminf(fabsf(y), 57344.0f);
-    const uint32_t e = kvhal_gpu_f32_bits(yc * 2097152.0f) & 0x7f800000u; /* 2^(e + 21) */
-    const float magic = fmaxf(kvhal_gpu_bits_f32(e), 128.0f);            /* floor 2^7: ulp 2^-16 */
-    const uint32_t mb = kvhal_gpu_f32_bits(magic);
-    return kvhal_gpu_f32_bits(yc + magic) - mb + ((mb >> 21) - 536u);
+    a = a < 0x47600000u ? a : 0x47600000u; /* 57344 */
+    const float yc = kvhal_gpu_bits_f32(a);
+    uint32_t mb = kvhal_gpu_f32_bits(yc * 2097152.0f) & 0x7f800000u; /* 2^(e + 21) */
+    mb = mb > 0x43000000u ? mb : 0x43000000u;                        /* floor 2^7: ulp 2^-16 */
+    return kvhal_gpu_f32_bits(yc + kvhal_gpu_bits_f32(mb)) - mb + ((mb >> 21) - 536u);
 }
+
+KVHAL_HD uint32_t kvhal_gpu_e4m3_mag(float y) { return kvhal_gpu_e4m3_mag_bits(kvhal_gpu_f32_bits(y) & 0x7fffffffu); }
+KVHAL_HD uint32_t kvhal_gpu_e5m2_mag(float y) { return kvhal_gpu_e5m2_mag_bits(kvhal_gpu_f32_bits(y) & 0x7fffffffu); }
 
 /* OR-ing these into a NaN's magnitude code (the largest finite) gives 0x7f, fp8's NaN. */
 #define KVHAL_GPU_E4M3_NAN_BIT 0x01u

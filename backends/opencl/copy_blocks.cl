@@ -3,9 +3,11 @@
  * the caches span more buffers the host launches once per group of 16. One uploaded buffer `meta` holds per pair
  * two longs (src, dst block), then from meta[table_off] per cache of this launch four ulongs (argument index, byte
  * offset of block 0, block stride, block bytes). A job is one (cache, pair); job j is cache j / num_pairs, pair
- * j % num_pairs; a work-item moves one unit of one job (units_per_job = the largest block of the launch in units;
- * items past a smaller block return). A launch covers `items` work-items from job job0 on (at most 2^30). The host
- * picks the kernel whose unit (16, 4 or 1 bytes) divides every offset, stride and block size. */
+ * j % num_pairs; a work-item moves CB_GROUP consecutive units of one job (units_per_job = work-items per job, for
+ * the largest block of the launch; items past a smaller block return). CB_GROUP is 1 on GPUs (neighbouring
+ * work-items, neighbouring bytes) and larger on CPU devices, where per-item index math would dominate. A launch
+ * covers `items` work-items from job job0 on (at most 2^30). The host picks the kernel whose unit (16, 4 or 1
+ * bytes) divides every offset, stride and block size. */
 
 #define CB_PICK(i)                                                                                              \
     ((i) == 0 ? b0 : (i) == 1 ? b1 : (i) == 2 ? b2 : (i) == 3 ? b3 : (i) == 4 ? b4 : (i) == 5 ? b5               \
@@ -22,16 +24,18 @@
         const uint i = (uint)get_global_id(0);                                                                 \
         if (i >= items) return;                                                                                \
         const ulong job = job0 + i / units_per_job;                                                            \
-        const uint u = i % units_per_job;                                                                      \
+        const uint u = (i % units_per_job) * CB_GROUP;                                                         \
         /* 32-bit division whenever the job index allows (a 64-bit one costs several times more on GPUs) */    \
         const ulong c = job >> 32 ? job / num_pairs : (ulong)((uint)job / num_pairs), p = job - c * num_pairs;  \
         const global ulong *e = meta + table_off + 4 * c;                                                      \
-        if (u >= e[3] / (UNIT)) return;                                                                        \
+        const ulong n = e[3] / (UNIT);                                                                         \
+        if (u >= n) return;                                                                                    \
         const global long *pairs = (const global long *)meta;                                                  \
         global uchar *base = CB_PICK(e[0]) + e[1];                                                             \
         const global T *src = (const global T *)(base + pairs[2 * p] * (long)e[2]);                            \
         global T *dst = (global T *)(base + pairs[2 * p + 1] * (long)e[2]);                                    \
-        dst[u] = src[u];                                                                                       \
+        for (uint g = 0; g < CB_GROUP; g++)                                                                    \
+            if (u + g < n) dst[u + g] = src[u + g];                                                            \
     }
 
 CB_KERNEL(copy_blocks_16, uint4, 16)

@@ -688,9 +688,20 @@ kvhal_status kvhal__ocl_resolve(int32_t id, void *stream, cl_mem mem, cl_command
     return KVHAL_OK;
 }
 
+/* ---- process exit ---- */
+/* At exit the core's own destructor hands back the descriptors still cached, and that runs after this module's
+ * destructor, by when the OpenCL runtime (which we depend on, so it is finalised after us) may be gone: from here
+ * on only host memory is freed and no OpenCL call is made. */
+static atomic_bool finalizing;
+
+__attribute__((destructor)) static void ocl_module_fini(void) { atomic_store(&finalizing, true); }
+
+bool kvhal__ocl_finalizing(void) { return atomic_load(&finalizing); }
+
 /* ---- devices ---- */
 static void ocl_shutdown(void)
 {
+    if (kvhal__ocl_finalizing()) return;
     pthread_mutex_lock(&prog_mu);
     while (progs) {
         prog_entry *e = progs;

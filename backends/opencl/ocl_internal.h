@@ -63,6 +63,9 @@ OCL_HIDDEN const char *kvhal__ocl_err_name(cl_int err);
 OCL_HIDDEN kvhal_status kvhal__ocl_fail(cl_int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define OCL_SET_ERROR(st, ...) kvhal__ocl_services->set_error((st), __VA_ARGS__)
 
+/* True once the module's destructor ran (process exit): OpenCL objects must not be touched any more. */
+OCL_HIDDEN bool kvhal__ocl_finalizing(void);
+
 /* Host allocation on a caller's behalf (fault injection first). */
 OCL_HIDDEN void *kvhal__ocl_malloc(size_t n);
 

@@ -54,7 +54,8 @@ typedef struct ocl_desc {
         tc_plan tc;
     } plan;
     kset *sets;
-    /* copy_blocks: the device copy of pairs and cache table, reused from call to call */
+    /* copy_blocks: units per work-item, and the device copy of pairs and cache table, reused from call to call */
+    int32_t cb_group;
     cl_mem meta;
     size_t meta_cap;
     cl_context meta_ctx;
@@ -99,9 +100,11 @@ static kvhal_status launch(int32_t id, cl_command_queue q, const kset *ks, int k
 
 static void kset_free(kset *s)
 {
-    for (int i = 0; i < MAX_KERNELS; i++)
-        if (s->k[i]) clReleaseKernel(s->k[i]);
-    if (s->prog) clReleaseProgram(s->prog);
+    if (!kvhal__ocl_finalizing()) {
+        for (int i = 0; i < MAX_KERNELS; i++)
+            if (s->k[i]) clReleaseKernel(s->k[i]);
+        if (s->prog) clReleaseProgram(s->prog);
+    }
     free(s);
 }
 
@@ -313,7 +316,8 @@ kvhal_status kvhal__ocl_desc_create(int32_t id, kvhal_bk_op op, const void *args
         desc->src = OCL_SRC_COPY_BLOCKS;
         desc->knames = cb_knames;
         desc->nk = 3;
-        snprintf(desc->options, sizeof desc->options, "-DCB_NBUF=%d", CB_NBUF);
+        desc->cb_group = kvhal__ocl_device(id)->cpu ? 16 : 1;
+        snprintf(desc->options, sizeof desc->options, "-DCB_GROUP=%d", desc->cb_group);
         break;
     case KVHAL_BK_OP_TENSOR_COPY: {
         tc_layout L;
@@ -355,8 +359,10 @@ void kvhal__ocl_desc_destroy(int32_t id, kvhal_bk_op op, void *p)
         desc->sets = s->next;
         kset_free(s);
     }
-    if (desc->meta_last_use) clReleaseEvent(desc->meta_last_use);
-    if (desc->meta) clReleaseMemObject(desc->meta); /* deleted once the launches reading it are done */
+    if (!kvhal__ocl_finalizing()) {
+        if (desc->meta_last_use) clReleaseEvent(desc->meta_last_use);
+        if (desc->meta) clReleaseMemObject(desc->meta); /* deleted once the launches reading it are done */
+    }
     free(desc);
 }
 
@@ -548,12 +554,14 @@ kvhal_status kvhal__ocl_copy_blocks(int32_t id, void *desc_, const kvhal_bk_copy
     for (int32_t c0 = 0; c0 < a->num_caches && st == KVHAL_OK;) {
         int32_t c1 = cb_group(a, c0, bufs, &nb, NULL);
         for (int32_t j = nb; j < CB_NBUF; j++) bufs[j] = bufs[0];
-        uint64_t upj = 1;
-        for (int32_t c = c0; c < c1; c++)
-            if ((uint64_t)a->block_bytes[c] / unit > upj) upj = (uint64_t)a->block_bytes[c] / unit;
+        uint64_t upj = 1; /* work-items per job */
+        for (int32_t c = c0; c < c1; c++) {
+            uint64_t n = ((uint64_t)a->block_bytes[c] / unit + (uint64_t)desc->cb_group - 1) / (uint64_t)desc->cb_group;
+            if (n > upj) upj = n;
+        }
         if (upj > MAX_ITEMS) {
-            st = OCL_SET_ERROR(KVHAL_UNSUPPORTED, "opencl:%d: copy_blocks: a block of %llu units exceeds one launch",
-                               id, (unsigned long long)upj);
+            st = OCL_SET_ERROR(KVHAL_UNSUPPORTED, "opencl:%d: copy_blocks: a block of %llu work-items exceeds one "
+                               "launch", id, (unsigned long long)upj);
             break;
         }
         cl_ulong table_off = 2 * (cl_ulong)a->num_pairs + 4 * (cl_ulong)c0;
