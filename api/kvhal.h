@@ -393,7 +393,7 @@ KVHAL_API kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_
 KVHAL_API kvhal_status kvhal_prefix_insert(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
                                            const int32_t *pages, size_t *already_cached);
 /* Evicts unlocked leaves in LRU order until at least num_tokens tokens are freed (or nothing is evictable);
- * freed pages go to fn. evicted = tokens freed. */
+ * freed pages go to fn, one call per leaf (fn must not call back into the cache). evicted = tokens freed. */
 KVHAL_API kvhal_status kvhal_prefix_evict(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn, void *user,
                                           size_t *evicted);
 typedef struct kvhal_prefix_size_info {

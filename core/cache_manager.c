@@ -3,6 +3,8 @@
  * prefixes when free pages run short; a finished request hands its pages to the prefix cache.
  * A per-page owner byte lets every call check the pages it is given (a tree page can never be freed by a request,
  * a free page never inserted), so a caller's bookkeeping error is reported instead of corrupting the cache.
+ * Whether a page is free is the block pool's to say (reference count 0); the owner byte only tells the allocated
+ * ones apart (held by a request or cached), so eviction touches one array per page, not two.
  * Not thread-safe: the scheduler that owns it serialises calls. */
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,8 @@
 
 #define CM_MAGIC 0x4b56434du /* KVCM */
 
+/* PAGE_FREE is written where a request gives a page back; an evicted page keeps PAGE_TREE until it is allocated
+ * again (the pool's count says it is free), so a free page reads FREE or TREE, never HELD. */
 enum { PAGE_FREE = 0, PAGE_HELD = 1, PAGE_TREE = 2, PAGE_MARK = 3 };
 
 struct kvhal_cache_manager {
@@ -93,24 +97,15 @@ kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *t
 static void evicted_cb(const int32_t *pages, size_t n, void *user)
 {
     kvhal_cache_manager *cm = user;
-    unsigned bad = 0; /* accumulated without branches: a leaf of a page-size-1 cache has one page per token */
-    size_t i = 0;
-    for (; i < n; i++) {
-        uint32_t p = (uint32_t)pages[i];
-        if (p >= (uint32_t)cm->total) break;
-        bad |= cm->state[p] ^ PAGE_TREE;
-        cm->state[p] = PAGE_FREE;
-    }
-    if (i == n && !bad && kvhal__block_pool_release_many(cm->pool, pages, n) == KVHAL_OK) {
+    if (kvhal__block_pool_release_many(cm->pool, pages, n) == KVHAL_OK) {
         cm->evicted_pages += n;
         return;
     }
-    /* Something is off: free what can be freed, page by page, and report the first bad one. */
-    for (i = 0; i < n; i++) {
+    /* Something is off (a page free already, listed twice, or not ours): free what can be freed, page by page,
+     * and report the first bad one; check_integrity tells the rest. */
+    for (size_t i = 0; i < n; i++) {
         int32_t p = pages[i];
-        bool ours = p >= 0 && p < cm->total && (cm->state[p] == PAGE_TREE || cm->state[p] == PAGE_FREE);
-        if (ours && kvhal_block_pool_ref_count(cm->pool, p) > 0) {
-            cm->state[p] = PAGE_FREE;
+        if (p >= 0 && p < cm->total && cm->state[p] == PAGE_TREE && kvhal_block_pool_ref_count(cm->pool, p) > 0) {
             kvhal_block_pool_release(cm->pool, p);
             cm->evicted_pages++;
         } else if (cm->cb_status == KVHAL_OK) {
@@ -181,9 +176,10 @@ static kvhal_status mark_held(kvhal_cache_manager *cm, const int32_t *pages, siz
         if (p < 0 || p >= cm->total)
             return kvhal__err(KVHAL_OUT_OF_RANGE, "pages[%zu]: %d is out of range [0, %d)", bad, (int)p,
                               (int)cm->total);
-        const char *why = seen                      ? "listed twice"
-                          : state[p] == PAGE_FREE ? "free (not allocated)"
-                                                  : "owned by the prefix cache, not by the request";
+        const char *why = seen ? "listed twice"
+                          : (state[p] == PAGE_FREE || kvhal_block_pool_ref_count(cm->pool, p) == 0)
+                              ? "free (not allocated)"
+                              : "owned by the prefix cache, not by the request";
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: page %d is %s", bad, (int)p, why);
     }
     return KVHAL_OK;
@@ -276,7 +272,9 @@ static void count_tree_page(const int32_t *pages, size_t n, void *user)
     tree_count *tc = user;
     for (size_t i = 0; i < n; i++) {
         int32_t p = pages[i];
-        if (tc->bad < 0 && (p < 0 || p >= tc->cm->total || tc->cm->state[p] != PAGE_TREE)) tc->bad = p;
+        if (tc->bad < 0 && (p < 0 || p >= tc->cm->total || tc->cm->state[p] != PAGE_TREE ||
+                            kvhal_block_pool_ref_count(tc->cm->pool, p) != 1))
+            tc->bad = p;
     }
     tc->pages += n;
 }
@@ -286,14 +284,15 @@ kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm)
     KVHAL_TRY(check_cm(cm));
     KVHAL_TRY(kvhal_block_pool_check_integrity(cm->pool));
     KVHAL_TRY(kvhal_prefix_check_integrity(cm->pc));
-    int64_t count[4] = {0};
+    int64_t count[4] = {0}; /* free (by the pool), held, cached */
     for (int32_t p = 0; p < cm->total; p++) {
         uint8_t s = cm->state[p];
+        int32_t ref = kvhal_block_pool_ref_count(cm->pool, p);
         if (s > PAGE_TREE) return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d has owner %u", (int)p, s);
-        count[s]++;
-        if ((s == PAGE_FREE) != (kvhal_block_pool_ref_count(cm->pool, p) == 0))
-            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d is %s but has %d references in the pool",
-                              (int)p, s == PAGE_FREE ? "free" : "in use", (int)kvhal_block_pool_ref_count(cm->pool, p));
+        if (ref == 0 ? s == PAGE_HELD : (s == PAGE_FREE || ref != 1))
+            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d is marked %s but has %d references in the pool",
+                              (int)p, s == PAGE_FREE ? "free" : s == PAGE_HELD ? "held" : "cached", (int)ref);
+        count[ref == 0 ? PAGE_FREE : s]++;
     }
     kvhal_prefix_size_info si;
     KVHAL_TRY(kvhal_prefix_size_info_get(cm->pc, &si));
@@ -307,7 +306,7 @@ kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm)
     if (count[PAGE_FREE] != nfree || count[PAGE_HELD] != cm->held || (size_t)count[PAGE_TREE] != tree_pages ||
         tc.pages != tree_pages || (int64_t)nfree + cm->held + (int64_t)tree_pages != cm->total)
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: %d free + %zu cached (%zu evictable, %zu protected) + %lld "
-                          "held by requests != %d pages (owner marks: %lld free, %lld cached, %lld held)", (int)nfree,
+                          "held by requests != %d pages (pages seen: %lld free, %lld cached, %lld held)", (int)nfree,
                           tree_pages, si.evictable_tokens / (size_t)cm->page_size,
                           si.protected_tokens / (size_t)cm->page_size, (long long)cm->held, (int)cm->total,
                           (long long)count[PAGE_FREE], (long long)count[PAGE_TREE], (long long)count[PAGE_HELD]);

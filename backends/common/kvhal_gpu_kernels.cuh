@@ -1,6 +1,6 @@
 /* kvhal_gpu_kernels.cuh — the device kernels of the CUDA and HIP backends: one source, built by nvcc and by hipcc
- * (vendor names come from kvhal_gpu_runtime.h, the arithmetic from kvhal_gpu_math.h). Every kernel is bound by
- * memory bandwidth, so each one moves 16-byte units where the layout allows (a unit is then VEC elements: the
+ * (vendor names come from kvhal_gpu_runtime.h, the arithmetic from kvhal_gpu_math.h). Every kernel is meant to be
+ * bound by memory bandwidth, so each one moves 16-byte units where the layout allows (a unit is then VEC elements: the
  * host turns element strides into unit strides), keeps several loads in flight per thread before the first store,
  * and indexes work on gridDim.x with 64-bit offsets. The host code picks the instantiation and launch geometry
  * once per descriptor (kvhal_gpu_backend_impl.h). */

@@ -1,6 +1,7 @@
 /* cpu_backend.c — the CPU backend, compiled into the core so that kvhal works on a machine with no accelerator:
  * one device (cpu:0), host memory buffers (64-byte aligned), synchronous copies. Streams exist for API symmetry;
  * work on them completes before the call returns. Its ops live in cpu_ops.c. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,7 +64,8 @@ static kvhal_status cpu_buffer_alloc(int32_t id, size_t bytes, void **native)
      * fresh cache (create, duplicate) spends its time on. */
     const size_t huge = (size_t)2 << 20;
     size_t align = bytes >= 2 * huge ? huge : 64;
-    if (svc->alloc_should_fail() || posix_memalign(&p, align, bytes) != 0)
+    /* No object may exceed PTRDIFF_MAX; asking the allocator anyway only draws warnings from memory checkers. */
+    if (bytes > (size_t)PTRDIFF_MAX || svc->alloc_should_fail() || posix_memalign(&p, align, bytes) != 0)
         return svc->set_error(KVHAL_OUT_OF_MEMORY, "bytes: cannot allocate %zu bytes of host memory", bytes);
 #ifdef MADV_HUGEPAGE
     if (align == huge) madvise(p, bytes - bytes % huge, MADV_HUGEPAGE); /* advice only: failure changes nothing */
