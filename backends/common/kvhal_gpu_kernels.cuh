@@ -47,16 +47,47 @@ template <int IN> __device__ __forceinline__ float load_elem(uint32_t bits)
 /* DIV: x / s (the exact reference); otherwise x * s where s is 1/scale of a power-of-two scale (bit-identical). */
 template <bool DIV> __device__ __forceinline__ float scaled(float x, float s) { return DIV ? x / s : x * s; }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(__HIP_PLATFORM_AMD__)
+/* sm_89 and later convert f32 to fp8 in hardware, rounding to nearest even with saturation (cvt.rn.satfinite), which
+ * is the rounding of kvhal_f32_to_fp8. Clamping first with fminf (which returns the number when one side is NaN)
+ * gives the software path's results exactly: infinities and NaN magnitudes become the largest finite code, and the
+ * callers add sign and NaN bits as before. The instruction converts a pair; both halves get x, the low byte is kept. */
+#define KVHAL_GPU_HW_FP8 1
+template <int OUT> __device__ __forceinline__ uint32_t fp8_mag_hw(float x)
+{
+    unsigned short r;
+    if (OUT == DT_E4M3) {
+        x = fminf(x, 448.0f);
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(x), "f"(x));
+    } else {
+        x = fminf(x, 57344.0f);
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(x), "f"(x));
+    }
+    return r & 0xffu;
+}
+#endif
+
 /* y >= 0 (or a positive NaN): the vector path converts magnitudes, scale > 0 */
 template <int OUT> __device__ __forceinline__ uint32_t fp8_mag_nonneg(float y)
 {
+#ifdef KVHAL_GPU_HW_FP8
+    return fp8_mag_hw<OUT>(y);
+#else
     const uint32_t a = kvhal_gpu_f32_bits(y);
     return OUT == DT_E4M3 ? kvhal_gpu_e4m3_mag_bits(a) : kvhal_gpu_e5m2_mag_bits(a);
+#endif
 }
 
 template <int OUT> __device__ __forceinline__ uint32_t fp8_full(float y)
 {
+#ifdef KVHAL_GPU_HW_FP8
+    const uint32_t u = kvhal_gpu_f32_bits(y);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t nan_bit = OUT == DT_E4M3 ? KVHAL_GPU_E4M3_NAN_BIT : KVHAL_GPU_E5M2_NAN_BIT;
+    return ((u >> 24) & 0x80u) | fp8_mag_hw<OUT>(kvhal_gpu_bits_f32(u & 0x7fffffffu)) | (nan ? nan_bit : 0u);
+#else
     return OUT == DT_E4M3 ? kvhal_gpu_f32_to_e4m3(y) : kvhal_gpu_f32_to_e5m2(y);
+#endif
 }
 
 /* One element at a time (any dim stride). */
