@@ -13,14 +13,17 @@ for path in sys.argv[1:]:
                 continue
             t = json.loads(line)
             out = t.get("stdout") or ""
-            p = sum(int(n) for n in re.findall(r"\[  PASSED  \] (\d+) test", out))
-            fl = sum(int(n) for n in re.findall(r"\[  FAILED  \] (\d+) test", out))
-            s = sum(int(n) for n in re.findall(r"\[  SKIPPED \] (\d+) test", out))
+            # cmocka prints one line per test case on stdout ([ RUN ], [ OK ], [ SKIPPED ] name); its summary
+            # lines go to stderr, which the JSON log does not keep.
+            run = len(re.findall(r"^\[ RUN      \] ", out, re.M))
+            ok = len(re.findall(r"^\[       OK \] ", out, re.M))
+            sk = len(re.findall(r"^\[  SKIPPED \] (?!\d+ test)", out, re.M))
             res = t.get("result", "")
-            if p or fl or s:
-                passed += p; failed += fl; skipped += s
+            if run:
+                fl = run - ok - sk
                 if res not in ("OK", "EXPECTEDFAIL", "SKIP") and fl == 0:
-                    failed += 1  # crashed or timed out after its counts
+                    fl = 1  # crashed or timed out outside a test case
+                passed += ok; failed += fl; skipped += sk
             elif res in ("OK", "EXPECTEDFAIL"):
                 passed += 1
             elif res == "SKIP":

@@ -1,6 +1,7 @@
 /* block_pool.c — O(1) allocation of block (page) ids with reference counts, so that one block can be shared by
  * several owners (a cached prefix, a forked sequence). Free ids live on a stack: allocate pops, the last release
- * pushes. Not thread-safe: the owner (a cache manager, an engine's scheduler) serialises calls. */
+ * pushes (a multi-release pushes its list last first, so that the list comes back in its own order).
+ * Not thread-safe: the owner (a cache manager, an engine's scheduler) serialises calls. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,7 +64,7 @@ kvhal_status kvhal_block_pool_destroy(kvhal_block_pool *p)
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_block_pool_allocate(kvhal_block_pool *p, int32_t n, int32_t *blocks)
+static kvhal_status allocate_impl(kvhal_block_pool *p, int32_t n, int32_t *blocks, uint8_t *tags, uint8_t tag)
 {
     KVHAL_TRY(check_pool(p));
     if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
@@ -76,13 +77,70 @@ kvhal_status kvhal_block_pool_allocate(kvhal_block_pool *p, int32_t n, int32_t *
     const int32_t *restrict top = p->free_stack + p->num_free - 1;
     int32_t *restrict ref = p->ref;
     int32_t *restrict out = blocks;
-    for (int32_t i = 0; i < n; i++) {
-        int32_t b = top[-i];
-        out[i] = b;
-        ref[b] = 1;
+    /* A fresh pool hands out consecutive ids, and so does one refilled with a released run (a multi-release
+     * pushes its list so that it comes back in the same order): then the ids, counts and tags are written as
+     * ranges (vector stores) instead of one scattered store per id. The ends say whether it can be a run; one
+     * vectorized pass over the stack top (top[-i] == b0 + i) says whether it is. */
+    const uint32_t b0 = (uint32_t)top[0];
+    if ((uint32_t)top[-(n - 1)] == b0 + (uint32_t)(n - 1) && b0 + (uint32_t)(n - 1) < (uint32_t)p->num_blocks) {
+        uint32_t diff = 0;
+        for (int32_t i = 0; i < n; i++) diff |= (uint32_t)top[-i] ^ (b0 + (uint32_t)i);
+        if (diff == 0) {
+            for (int32_t i = 0; i < n; i++) out[i] = (int32_t)(b0 + (uint32_t)i);
+            for (int32_t i = 0; i < n; i++) ref[b0 + (uint32_t)i] = 1;
+            if (tags) memset(tags + b0, tag, (size_t)n);
+            p->num_free -= n;
+            return KVHAL_OK;
+        }
+    }
+    /* unrolled by hand: the loop is store-bound and runs once per page (hundreds per request at page size 1) */
+    int32_t i = 0;
+    if (tags) {
+        uint8_t *restrict tg = tags;
+        for (; i + 4 <= n; i += 4) {
+            int32_t c0 = top[-i], c1 = top[-i - 1], c2 = top[-i - 2], c3 = top[-i - 3];
+            out[i] = c0;
+            out[i + 1] = c1;
+            out[i + 2] = c2;
+            out[i + 3] = c3;
+            ref[c0] = ref[c1] = ref[c2] = ref[c3] = 1;
+            tg[c0] = tg[c1] = tg[c2] = tg[c3] = tag;
+        }
+        for (; i < n; i++) {
+            int32_t c = top[-i];
+            out[i] = c;
+            ref[c] = 1;
+            tg[c] = tag;
+        }
+    } else {
+        for (; i + 4 <= n; i += 4) {
+            int32_t c0 = top[-i], c1 = top[-i - 1], c2 = top[-i - 2], c3 = top[-i - 3];
+            out[i] = c0;
+            out[i + 1] = c1;
+            out[i + 2] = c2;
+            out[i + 3] = c3;
+            ref[c0] = ref[c1] = ref[c2] = ref[c3] = 1;
+        }
+        for (; i < n; i++) {
+            int32_t c = top[-i];
+            out[i] = c;
+            ref[c] = 1;
+        }
     }
     p->num_free -= n;
     return KVHAL_OK;
+}
+
+kvhal_status kvhal_block_pool_allocate(kvhal_block_pool *p, int32_t n, int32_t *blocks)
+{
+    return allocate_impl(p, n, blocks, NULL, 0);
+}
+
+kvhal_status kvhal__block_pool_allocate_tagged(kvhal_block_pool *p, int32_t n, int32_t *blocks, uint8_t *tags,
+                                               uint8_t tag)
+{
+    KVHAL_CHECK_ARG(tags, "tags: NULL");
+    return allocate_impl(p, n, blocks, tags, tag);
 }
 
 static kvhal_status check_block(const kvhal_block_pool *p, int32_t block)
@@ -127,7 +185,9 @@ kvhal_status kvhal__block_pool_release_many(kvhal_block_pool *p, const int32_t *
         ref[b] = 0;
     }
     if (i == n) {
-        memcpy(p->free_stack + p->num_free, blocks, n * sizeof(int32_t));
+        /* pushed last first, so that allocation hands them out again in the listed order (runs stay runs) */
+        int32_t *restrict dst = p->free_stack + p->num_free;
+        for (i = 0; i < n; i++) dst[i] = blocks[n - 1 - i];
         p->num_free += (int32_t)n;
         return KVHAL_OK;
     }
@@ -149,8 +209,8 @@ kvhal_status kvhal__block_pool_release_many(kvhal_block_pool *p, const int32_t *
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "blocks: %d is free (not allocated, or listed more often than it "
                           "is referenced)", (int)bad);
     }
-    for (i = 0; i < n; i++) {
-        int32_t b = blocks[i];
+    for (size_t k = n; k-- > 0;) {
+        int32_t b = blocks[k];
         /* A block listed twice reaches 0 only once: push it when its count is 0 and it is not pushed yet. The
          * sentinel -1 marks "pushed" until the loop ends. */
         if (p->ref[b] == 0) {

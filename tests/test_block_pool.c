@@ -119,6 +119,48 @@ static uint64_t rng_next(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+/* Allocation takes a range path when the stack top holds consecutive ids and goes id by id otherwise: both hand
+ * out the stack's LIFO order and leave the same counts. */
+static void test_allocate_runs(void **state)
+{
+    (void)state;
+    kvhal_block_pool *p;
+    assert_int_equal(kvhal_block_pool_create(64, &p), KVHAL_OK);
+    int32_t a[64];
+    assert_int_equal(kvhal_block_pool_allocate(p, 40, a), KVHAL_OK); /* fresh: 0, 1, ..., 39 */
+    for (int32_t i = 0; i < 40; i++) {
+        assert_int_equal(a[i], i);
+        assert_int_equal(kvhal_block_pool_ref_count(p, i), 1);
+    }
+    assert_int_equal(kvhal_block_pool_ref_count(p, 40), 0);
+    static const int32_t scattered[5] = {5, 30, 17, 2, 9};
+    for (int i = 0; i < 5; i++) assert_int_equal(kvhal_block_pool_release(p, scattered[i]), KVHAL_OK);
+    int32_t b[5];
+    assert_int_equal(kvhal_block_pool_allocate(p, 5, b), KVHAL_OK); /* not a run: last released first */
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(b[i], scattered[4 - i]);
+        assert_int_equal(kvhal_block_pool_ref_count(p, b[i]), 1);
+    }
+    /* the stack top now reads 33 ... 63 at its ends, but 36 and 37 are swapped: no run, id by id */
+    static const int32_t back[7] = {39, 38, 36, 37, 35, 34, 33};
+    for (int i = 0; i < 7; i++) assert_int_equal(kvhal_block_pool_release(p, back[i]), KVHAL_OK);
+    int32_t c[31];
+    assert_int_equal(kvhal_block_pool_allocate(p, 31, c), KVHAL_OK);
+    for (int i = 0; i < 7; i++) assert_int_equal(c[i], back[6 - i]);
+    for (int32_t i = 7; i < 31; i++) assert_int_equal(c[i], 40 + (i - 7));
+    assert_int_equal(kvhal_block_pool_num_free(p), 0);
+    assert_int_equal(kvhal_block_pool_allocate(p, 1, c), KVHAL_OUT_OF_MEMORY);
+    /* refilled with a descending run: comes back as an ascending one */
+    for (int32_t i = 63; i >= 40; i--) assert_int_equal(kvhal_block_pool_release(p, i), KVHAL_OK);
+    assert_int_equal(kvhal_block_pool_allocate(p, 24, c), KVHAL_OK);
+    for (int32_t i = 0; i < 24; i++) {
+        assert_int_equal(c[i], 40 + i);
+        assert_int_equal(kvhal_block_pool_ref_count(p, 40 + i), 1);
+    }
+    assert_int_equal(kvhal_block_pool_check_integrity(p), KVHAL_OK);
+    assert_int_equal(kvhal_block_pool_destroy(p), KVHAL_OK);
+}
+
 /* Random allocate/share/release against an array of expected reference counts. */
 static void test_random_against_model(void **state)
 {
@@ -173,6 +215,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allocate_release),
+        cmocka_unit_test(test_allocate_runs),
         cmocka_unit_test(test_share),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_fault_injection),

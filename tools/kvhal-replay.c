@@ -693,6 +693,7 @@ typedef struct replay {
     uint64_t *bhash;
     int64_t *bslot;
     int32_t *newpages;
+    size_t newpages_cap;
     slot **dec;   /* running requests still decoding, in admission order */
     slot **fin;   /* requests done with their tokens, waiting for cache_finished */
     int32_t ndec, nfin;
@@ -936,6 +937,8 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
  * whole batch, as an engine's scheduler does. With --no-kv nothing happens between page boundaries, so a step
  * advances every request to the next event of any of them (a page boundary or a finish): the allocations and
  * finishes happen at the same token times and in the same order as one token at a time, without the idle loop. */
+static int decode_window(replay *r);
+
 PHASE static int decode_step(replay *r)
 {
     const size_t ps = (size_t)r->ps;
@@ -943,6 +946,10 @@ PHASE static int decode_step(replay *r)
     const int32_t nd = r->ndec;
     slot **dec = r->dec;
     if (nd == 0) return 0;
+    if (!kv) {
+        int wr = decode_window(r);
+        if (wr != 0) return wr < 0 ? -1 : 0;
+    }
     size_t adv = SIZE_MAX;
     int32_t need = 0;
     for (int32_t i = 0; i < nd; i++) {
@@ -995,6 +1002,93 @@ PHASE static int decode_step(replay *r)
     r->st.out_tokens += adv * (uint64_t)nd;
     if (kv && write_kv(r, bhash, bslot, (size_t)nd) != 0) return -1;
     return 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* --no-kv: all the steps up to the next finish at once, when the pool holds every page they allocate. Then no
+ * step would evict, so one allocation of the window's pages pops the same ids in the same order as the step by
+ * step calls, and each request gets the pages it would have got: step t hands out its pages to the requests that
+ * start a page at t, in batch order. A request starts a page every page_size steps from step o = (ps - in_page)
+ * % ps: with the batch sorted by (o, batch order), the q-th request's k-th page is the window's page k * nd + q
+ * (only the last round can leave requests out, and those come last in the order). Returns 1 when done, 0 when
+ * the steps must go one by one (the pool is short: they may evict), -1 on an error. */
+static int decode_window(replay *r)
+{
+    const size_t ps = (size_t)r->ps;
+    const int32_t nd = r->ndec;
+    slot **dec = r->dec;
+    size_t w = SIZE_MAX;
+    for (int32_t i = 0; i < nd; i++) {
+        size_t left = dec[i]->total - dec[i]->len;
+        if (left < w) w = left;
+    }
+    size_t need = 0;
+    for (int32_t i = 0; i < nd; i++) need += div_up(dec[i]->len + w, ps) - dec[i]->npages;
+    if (need > (size_t)kvhal_cache_manager_num_free(r->cm)) return 0;
+    if (need > r->newpages_cap) {
+        int32_t *np = realloc(r->newpages, need * sizeof *np);
+        if (!np) return 0;
+        r->newpages = np;
+        r->newpages_cap = need;
+    }
+    if (need) {
+        kvhal_status st = kvhal_cache_manager_allocate(r->cm, (int32_t)need, r->newpages);
+        if (st != KVHAL_OK) return fatal_status(r, "decode allocate (the reservation should have kept room)", st), -1;
+        r->reserved -= (int64_t)need;
+        note_in_use(r);
+    }
+    /* keys (offset, batch index) are distinct, so the sort is stable; at page size 1 every offset is 0 */
+    uint64_t *ord = r->bhash;
+    for (int32_t i = 0; i < nd; i++) ord[i] = (uint64_t)((ps - dec[i]->in_page) % ps) << 32 | (uint32_t)i;
+    if (ps > 1) qsort(ord, (size_t)nd, sizeof *ord, cmp_u64);
+    const int32_t *restrict newpages = r->newpages;
+    uint32_t *restrict shadow = r->shadow;
+    for (int32_t q = 0; q < nd && ps == 1; q++) {
+        /* page size 1: every step fills the page it allocates; one pass places the pages and their shadows */
+        slot *s = dec[q];
+        size_t np = s->npages;
+        int32_t *restrict pages = s->pages + np;
+        const uint64_t *restrict hash = s->hash + np;
+        const int32_t *restrict from = newpages + q;
+        for (size_t k = 0; k < w; k++) {
+            int32_t b = from[k * (size_t)nd];
+            pages[k] = b;
+            shadow[b] = (uint32_t)hash[k];
+        }
+        s->npages = np + w;
+        s->reserve -= (int64_t)w;
+        s->len += w;
+    }
+    for (int32_t q = 0; q < nd && ps > 1; q++) {
+        slot *s = dec[(uint32_t)ord[q]];
+        size_t np = s->npages, len = s->len;
+        size_t k_end = div_up(len + w, ps) - np;
+        int32_t *restrict pages = s->pages + np;
+        for (size_t k = 0; k < k_end; k++) pages[k] = newpages[k * (size_t)nd + (size_t)q];
+        s->npages = np + k_end;
+        s->reserve -= (int64_t)k_end;
+        /* pages filled in the window: from the one the window starts in (or the first new one) to the last full */
+        const uint64_t *restrict hash = s->hash;
+        const int32_t *restrict all = s->pages;
+        for (size_t pi = len / ps, full = (len + w) / ps; pi < full; pi++) shadow[all[pi]] = (uint32_t)hash[pi];
+        s->len = len + w;
+        s->in_page = (s->in_page + w) % ps;
+    }
+    int32_t kept = 0, nfin = r->nfin;
+    for (int32_t i = 0; i < nd; i++) {
+        slot *s = dec[i];
+        if (s->len < s->total) dec[kept++] = s;
+        else r->fin[nfin++] = s;
+    }
+    r->ndec = kept;
+    r->nfin = nfin;
+    r->st.out_tokens += w * (uint64_t)nd;
+    return 1;
 }
 
 PHASE static int finish(replay *r, slot *s)
@@ -1222,6 +1316,7 @@ static int run_replay(const options *o)
     r.bhash = malloc(((size_t)r.nslots + (size_t)o->chunk) * sizeof *r.bhash);
     r.bslot = malloc(((size_t)r.nslots + (size_t)o->chunk) * sizeof *r.bslot);
     r.newpages = malloc((size_t)r.nslots * sizeof *r.newpages);
+    r.newpages_cap = (size_t)r.nslots;
     r.dec = malloc((size_t)r.nslots * sizeof *r.dec);
     r.fin = malloc((size_t)r.nslots * sizeof *r.fin);
     if (o->no_kv) r.shadow = calloc((size_t)pages, sizeof *r.shadow);
