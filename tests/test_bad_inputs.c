@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "kvhal.h"
+#include "replay_trace.h"
 
 static int tried, passed;
 static char failures[8192];
@@ -308,6 +309,38 @@ static void test_matrix(void **state)
     CASE(kvhal_desc_key_add_u64(&key, 1), KVHAL_OUT_OF_RANGE, "key");
     void *d;
     CASE(kvhal_desc_cache_get(bad_id, &key, &d), KVHAL_NO_DEVICE, "cpu:3");
+
+    /* ---- kvhal-replay trace lines (the tool's parser): -1 with a message naming the field or position ---- */
+    static const struct {
+        const char *line, *needle;
+    } bad_lines[] = {
+        {"{\"input_length\": -5, \"output_length\": 1, \"hash_ids\": [1]}", "input_length"},
+        {"{\"input_length\": 5, \"output_length\": \"x\", \"hash_ids\": [1]}", "output_length"},
+        {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1, }", "hash_ids"},
+        {"{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": 7}", "hash_ids"},
+        {"{\"input_length\": 99999999999999999999, \"output_length\": 1}", "input_length"},
+        {"{\"input_length\": 5, \"output_length\": 1", "column"},
+        {"[1, 2, 3]", "column"},
+        {"{\"input_length\": 5} trailing", "column"},
+        {"{\"timestamp\": nan, \"input_length\": 5}", "timestamp"},
+    };
+    for (size_t i = 0; i < sizeof bad_lines / sizeof bad_lines[0]; i++) {
+        replay_trace_request req;
+        int64_t *ids = NULL;
+        size_t nids = 0, cap = 0;
+        char err[256] = "";
+        int r = replay_trace_parse_line(bad_lines[i].line, strlen(bad_lines[i].line), &req, &ids, &nids, &cap, err,
+                                        sizeof err);
+        free(ids);
+        tried++;
+        if (r == -1 && strstr(err, bad_lines[i].needle)) {
+            passed++;
+        } else {
+            size_t len = strlen(failures);
+            snprintf(failures + len, sizeof failures - len, "trace line %zu: %s\n  got %d \"%s\", want -1 naming %s\n",
+                     i, bad_lines[i].line, r, err, bad_lines[i].needle);
+        }
+    }
 
     kvhal_buffer_destroy(cb);
     kvhal_buffer_destroy(ib);

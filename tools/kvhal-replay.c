@@ -933,12 +933,13 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
     return 1;
 }
 
+static int decode_window(replay *r);
+
 /* One decode step: every running request appends a token; the step's new pages come from one allocation for the
  * whole batch, as an engine's scheduler does. With --no-kv nothing happens between page boundaries, so a step
  * advances every request to the next event of any of them (a page boundary or a finish): the allocations and
- * finishes happen at the same token times and in the same order as one token at a time, without the idle loop. */
-static int decode_window(replay *r);
-
+ * finishes happen at the same token times and in the same order as one token at a time, without the idle loop.
+ * Better still, when the free pages cover them, all steps up to the next finish go at once (decode_window). */
 PHASE static int decode_step(replay *r)
 {
     const size_t ps = (size_t)r->ps;
