@@ -9,9 +9,7 @@
 #include <unistd.h>
 
 #include "internal.h"
-#ifdef KVHAL_HAVE_CPU_OPS
 #include "cpu_ops.h"
-#endif
 
 static const kvhal_core_services *svc;
 
@@ -144,14 +142,12 @@ static const kvhal_backend cpu_table = {
     .memset = cpu_memset,
     .synchronize = cpu_sync,
     .check_errors = cpu_sync,
-#ifdef KVHAL_HAVE_CPU_OPS
     .desc_create = kvhal__cpu_desc_create,
     .desc_destroy = kvhal__cpu_desc_destroy,
     .paged_caching = kvhal__cpu_paged_caching,
     .copy_blocks = kvhal__cpu_copy_blocks,
     .tensor_copy = kvhal__cpu_tensor_copy,
     .copy_batch = kvhal__cpu_copy_batch,
-#endif
 };
 
 const kvhal_backend *kvhal__cpu_backend(void) { return &cpu_table; }
