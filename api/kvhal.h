@@ -200,7 +200,9 @@ KVHAL_API kvhal_status kvhal_tensor_permute(const kvhal_tensor *t, const int32_t
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Ops (validate -> dispatch[type][id] -> descriptor cache -> backend). Asynchronous on GPU backends.            */
 /* ------------------------------------------------------------------------------------------------------------ */
-/* dst = src elementwise (same shape and dtype, same device, any strides). */
+/* dst = src elementwise (same shape and dtype, same device, any strides). Elements are copied in parallel on
+ * devices: dst must not overlap src (unless it is the same view) nor itself (a stride 0 of a dim longer than 1),
+ * or the result differs between backends. */
 KVHAL_API kvhal_status kvhal_tensor_copy(const kvhal_tensor *dst, const kvhal_tensor *src, kvhal_stream *s);
 
 /* The paged-caching op. Caches are 4-D in logical order [blocks, block_size, heads, dim] with any strides
@@ -218,7 +220,8 @@ KVHAL_API kvhal_status kvhal_paged_caching(const kvhal_tensor *k_cache, const kv
 /* Copies whole blocks src->dst in every cache of caches[0..num_caches) (e.g. K and V of every layer) in one
  * call. Each cache has the block index as dim 0 and its other dims dense row-major (one block = one contiguous
  * byte range). pairs holds num_pairs (src, dst) block ids on the host. All caches on one device. Devices copy
- * the pairs in parallel: a destination block must not be the source or destination of another pair. */
+ * the pairs in parallel: a destination block must not be the source or destination of another pair (checked,
+ * KVHAL_INVALID_ARGUMENT; a pair may copy a block onto itself, which writes nothing). */
 KVHAL_API kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num_caches, const int64_t *pairs,
                                          int32_t num_pairs, kvhal_stream *s);
 

@@ -7,6 +7,7 @@
  * ones apart (held by a request or cached), so eviction touches one array per page, not two.
  * Not thread-safe: the scheduler that owns it serialises calls. */
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -216,8 +217,11 @@ static kvhal_status give_back(kvhal_cache_manager *cm, const int32_t *pages, siz
     if (from >= to) return KVHAL_OK;
     unmark(cm, pages, from, to, PAGE_FREE);
     kvhal_status st = kvhal__block_pool_release_many(cm->pool, pages + from, to - from);
-    if (st != KVHAL_OK) return kvhal__err(KVHAL_INTEGRITY, "cache manager: pool and page owners disagree: %s",
-                                          kvhal_last_error());
+    if (st != KVHAL_OK) {
+        char why[512]; /* the message is rebuilt in the same thread-local buffer: copy it out first */
+        snprintf(why, sizeof why, "%s", kvhal_last_error());
+        return kvhal__err(KVHAL_INTEGRITY, "cache manager: pool and page owners disagree: %s", why);
+    }
     cm->held -= (int64_t)(to - from);
     return KVHAL_OK;
 }

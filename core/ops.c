@@ -279,7 +279,13 @@ kvhal_status kvhal_paged_caching(const kvhal_tensor *k_cache, const kvhal_tensor
 
     const kvhal_backend *bk = k_cache->buffer->backend;
     if (!bk->paged_caching) return unsupported(bk, dev, KVHAL_BK_OP_PAGED_CACHING);
-    if (num_tokens == 0 || heads == 0) return KVHAL_OK;
+    if (num_tokens == 0 || heads == 0 || (k_cache->shape[3] == 0 && v_cache->shape[3] == 0)) return KVHAL_OK;
+    /* One side without elements would need every backend to launch a half-empty kernel; no model stores that. */
+    if (k_cache->shape[3] == 0 || v_cache->shape[3] == 0)
+        return kvhal__err(KVHAL_UNSUPPORTED, "%s.shape[3]: head dim 0 beside %s head dim %lld (one side without "
+                          "elements is not supported; skip the call or pass a non-empty side)",
+                          k_cache->shape[3] == 0 ? "k_cache" : "v_cache", k_cache->shape[3] == 0 ? "v_cache's" :
+                          "k_cache's", (long long)(k_cache->shape[3] == 0 ? v_cache->shape[3] : k_cache->shape[3]));
 
     /* normalise: tokens are (outer, inner) = (t / seq_len, t % seq_len) for the inputs and the slots alike */
     kvhal_bk_paged_caching a;
@@ -360,6 +366,60 @@ kvhal_status kvhal_paged_caching(const kvhal_tensor *k_cache, const kvhal_tensor
 /* ---- copy_blocks ---- */
 
 #define STACK_CACHES 64
+#define STACK_PAIRS 64
+
+typedef struct dst_entry {
+    int64_t block;
+    int32_t pair;
+} dst_entry;
+
+static int cmp_dst(const void *a, const void *b)
+{
+    const dst_entry *x = a, *y = b;
+    if (x->block != y->block) return x->block < y->block ? -1 : 1;
+    return x->pair < y->pair ? -1 : x->pair > y->pair;
+}
+
+/* Devices copy the pairs in parallel and the CPU in order: a block that one pair writes must be neither read nor
+ * written by another pair, or the result would depend on the backend. A pair that copies a block onto itself
+ * writes nothing new, so only its use as a source is checked against the other pairs' destinations. */
+static kvhal_status check_pairs_disjoint(const int64_t *pairs, int32_t num_pairs)
+{
+    dst_entry stack[STACK_PAIRS];
+    dst_entry *d = stack;
+    if (num_pairs > STACK_PAIRS) {
+        d = kvhal__malloc((size_t)num_pairs * sizeof *d);
+        if (!d)
+            return kvhal__err(KVHAL_OUT_OF_MEMORY, "num_pairs: no host memory to check %d pairs for overlap",
+                              (int)num_pairs);
+    }
+    size_t n = 0;
+    for (int32_t p = 0; p < num_pairs; p++)
+        if (pairs[2 * p] != pairs[2 * p + 1]) d[n++] = (dst_entry){pairs[2 * p + 1], p};
+    qsort(d, n, sizeof *d, cmp_dst);
+    kvhal_status st = KVHAL_OK;
+    for (size_t i = 1; i < n && st == KVHAL_OK; i++)
+        if (d[i].block == d[i - 1].block)
+            st = kvhal__err(KVHAL_INVALID_ARGUMENT, "pairs[%d]: destination block %lld is also the destination of "
+                            "pairs[%d]; pairs run in parallel on devices", 2 * (int)d[i].pair + 1,
+                            (long long)d[i].block, 2 * (int)d[i - 1].pair + 1);
+    for (int32_t p = 0; p < num_pairs && st == KVHAL_OK; p++) {
+        dst_entry key = {pairs[2 * p], -1};
+        /* the first destination entry of that block (entries of one block are ordered by pair, -1 sorts first) */
+        size_t lo = 0, hi = n;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (cmp_dst(&d[mid], &key) < 0) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < n && d[lo].block == key.block && d[lo].pair != p)
+            st = kvhal__err(KVHAL_INVALID_ARGUMENT, "pairs[%d]: source block %lld is the destination of pairs[%d]; "
+                            "pairs run in parallel on devices", 2 * (int)p, (long long)key.block,
+                            2 * (int)d[lo].pair + 1);
+    }
+    if (d != stack) free(d);
+    return st;
+}
 
 /* Formats "caches[i]" only when a check fails, so the common path does no printf. */
 static kvhal_status check_cache_tensor(const kvhal_tensor *t, int32_t i)
@@ -408,6 +468,7 @@ kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num_caches, c
                               (int)p, p % 2 ? "destination" : "source", (long long)pairs[p], (long long)min_blocks,
                               (int)min_cache);
     }
+    KVHAL_TRY(check_pairs_disjoint(pairs, num_pairs));
     const kvhal_backend *bk = caches[0].buffer->backend;
     if (!bk->copy_blocks) return unsupported(bk, dev, KVHAL_BK_OP_COPY_BLOCKS);
     if (num_pairs == 0) return KVHAL_OK;
@@ -444,7 +505,9 @@ kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num_caches, c
         const int64_t es = (int64_t)kvhal_dtype_size(t->dtype);
         natives[c] = t->buffer->native;
         offsets[c] = t->offset;
-        strides[c] = t->strides[0] * es;
+        /* Only a non-empty cache of several blocks has its block stride bounded by the buffer; otherwise every
+         * pair copies block 0 (or nothing), and an unbounded stride must not overflow here. */
+        strides[c] = t->shape[0] > 1 && kvhal_tensor_numel(t) > 0 ? t->strides[0] * es : 0;
         int64_t elems = 1;
         for (int i = 1; i < t->ndim; i++) elems *= t->shape[i];
         bytes[c] = elems * es;

@@ -57,10 +57,15 @@ kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal
     KVHAL_TRY(kvhal__lookup(cfg->device, "cfg.device", &bk));
 
     const uint64_t es = kvhal_dtype_size(cfg->dtype);
-    const uint64_t block_elems = (uint64_t)cfg->block_size * (uint64_t)cfg->num_heads * (uint64_t)cfg->head_dim;
-    uint64_t per_block; /* one block of K and V of every layer */
-    if (__builtin_mul_overflow(block_elems * es, 2u * (uint64_t)cfg->num_layers, &per_block))
-        return kvhal__err(KVHAL_OUT_OF_RANGE, "cfg: a block of %d layers overflows 64 bits", (int)cfg->num_layers);
+    /* Each product is checked: a wrapped block size could be 0 (a division by zero below) or far too small. */
+    uint64_t block_elems, block_bytes, per_block; /* per_block: one block of K and V of every layer */
+    if (__builtin_mul_overflow((uint64_t)cfg->block_size, (uint64_t)cfg->num_heads, &block_elems) ||
+        __builtin_mul_overflow(block_elems, (uint64_t)cfg->head_dim, &block_elems) || block_elems > INT64_MAX ||
+        __builtin_mul_overflow(block_elems, es, &block_bytes) ||
+        __builtin_mul_overflow(block_bytes, 2u * (uint64_t)cfg->num_layers, &per_block))
+        return kvhal__err(KVHAL_OUT_OF_RANGE, "cfg: a block of %d tokens x %d heads x %d dims for %d layers "
+                          "overflows 64 bits", (int)cfg->block_size, (int)cfg->num_heads, (int)cfg->head_dim,
+                          (int)cfg->num_layers);
     const uint64_t num_blocks = cfg->memory_budget / per_block;
     if (num_blocks == 0)
         return kvhal__err(KVHAL_OUT_OF_MEMORY, "cfg.memory_budget: %llu bytes is not enough memory for one block "

@@ -41,9 +41,11 @@ kvhal_status kvhal_static_cache_create(const kvhal_static_cache_config *cfg, kvh
                     kvhal_dtype_name(cfg->dtype));
     const kvhal_backend *bk;
     KVHAL_TRY(kvhal__lookup(cfg->device, "cfg.device", &bk));
-    const uint64_t es = kvhal_dtype_size(cfg->dtype), per_tok = (uint64_t)cfg->batch * (uint64_t)cfg->max_len * es;
-    uint64_t kb, vb, total;
-    if (__builtin_mul_overflow(per_tok, (uint64_t)cfg->num_heads_k * (uint64_t)cfg->head_dim_k, &kb) ||
+    const uint64_t es = kvhal_dtype_size(cfg->dtype);
+    uint64_t per_tok, kb, vb, total; /* per_tok: bytes of one (head, dim) element over the batch and max_len */
+    if (__builtin_mul_overflow((uint64_t)cfg->batch, (uint64_t)cfg->max_len, &per_tok) ||
+        __builtin_mul_overflow(per_tok, es, &per_tok) ||
+        __builtin_mul_overflow(per_tok, (uint64_t)cfg->num_heads_k * (uint64_t)cfg->head_dim_k, &kb) ||
         __builtin_mul_overflow(per_tok, (uint64_t)cfg->num_heads_v * (uint64_t)cfg->head_dim_v, &vb) ||
         __builtin_add_overflow(kb, vb, &total) || __builtin_mul_overflow(total, (uint64_t)cfg->num_layers, &total) ||
         total > SIZE_MAX)

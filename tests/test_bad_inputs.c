@@ -185,6 +185,24 @@ static void test_matrix(void **state)
     CASE(kvhal_copy_blocks(NULL, 1, pairs_bad, 1, NULL), KVHAL_INVALID_ARGUMENT, "caches");
     CASE(kvhal_copy_blocks(&kc, 0, pairs_bad, 1, NULL), KVHAL_INVALID_ARGUMENT, "num_caches");
     CASE(kvhal_copy_blocks(&kc, 1, NULL, 1, NULL), KVHAL_INVALID_ARGUMENT, "pairs");
+    /* pairs that would race on a device (pairs run in parallel there, in order on the CPU) */
+    int64_t pairs_2w[4] = {0, 2, 1, 2}, pairs_rw[4] = {0, 1, 1, 3}, pairs_swap[4] = {0, 1, 1, 0};
+    int64_t pairs_self_w[4] = {3, 3, 0, 3}, pairs_ok[8] = {0, 1, 0, 2, 3, 3, 0, 0};
+    CASE(kvhal_copy_blocks(&kc, 1, pairs_2w, 2, NULL), KVHAL_INVALID_ARGUMENT, "pairs[3]");
+    CASE(kvhal_copy_blocks(&kc, 1, pairs_rw, 2, NULL), KVHAL_INVALID_ARGUMENT, "pairs[2]");
+    CASE(kvhal_copy_blocks(&kc, 1, pairs_swap, 2, NULL), KVHAL_INVALID_ARGUMENT, "pairs[0]");
+    CASE(kvhal_copy_blocks(&kc, 1, pairs_self_w, 2, NULL), KVHAL_INVALID_ARGUMENT, "pairs[0]");
+    CASE(kvhal_copy_blocks(&kc, 1, pairs_ok, 4, NULL), KVHAL_OK, NULL); /* repeated sources, self copies */
+    int64_t many[2 * 100];
+    for (int i = 0; i < 100; i++) many[2 * i] = 2, many[2 * i + 1] = 2;
+    CASE(kvhal_copy_blocks(&kc, 1, many, 100, NULL), KVHAL_OK, NULL);
+    many[2 * 70] = 1;
+    CASE(kvhal_copy_blocks(&kc, 1, many, 100, NULL), KVHAL_INVALID_ARGUMENT, "source block 2");
+    /* one block: its stride is never used, and a huge one must not overflow the byte stride (UBSan) */
+    kvhal_tensor one_block;
+    int64_t ob_shape[4] = {1, 8, 2, 16}, ob_strides[4] = {INT64_MAX - 5, 32, 16, 1};
+    assert_int_equal(kvhal_tensor_make(cb, 0, KVHAL_F16, 4, ob_shape, ob_strides, &one_block), KVHAL_OK);
+    CASE(kvhal_copy_blocks(&one_block, 1, (int64_t[]){0, 0}, 1, NULL), KVHAL_OK, NULL);
     CASE(kvhal_tensor_copy(&kin, &kin16, NULL), KVHAL_DTYPE_MISMATCH, "");
     CASE(kvhal_tensor_copy(&kc, &kin16, NULL), KVHAL_SHAPE_MISMATCH, "");
 
@@ -221,6 +239,13 @@ static void test_matrix(void **state)
                                       .device = cpu};
     scfg.batch = 0;
     CASE(kvhal_static_cache_create(&scfg, &sc), KVHAL_INVALID_ARGUMENT, "batch");
+    /* batch * max_len * element size wraps to 4: must not create a 4-byte-per-element cache */
+    scfg.batch = 4;
+    scfg.max_len = ((int64_t)1 << 62) + 1;
+    scfg.dtype = KVHAL_FP8_E4M3;
+    CASE(kvhal_static_cache_create(&scfg, &sc), KVHAL_OUT_OF_RANGE, "cfg");
+    scfg.max_len = 8;
+    scfg.dtype = KVHAL_F32;
     scfg.batch = 2;
     assert_int_equal(kvhal_static_cache_create(&scfg, &sc), KVHAL_OK);
     kvhal_tensor sk, kh, vh;
@@ -244,6 +269,13 @@ static void test_matrix(void **state)
     pcfg.memory_budget = 1 << 20;
     pcfg.block_size = 0;
     CASE(kvhal_paged_cache_create(&pcfg, &pc), KVHAL_INVALID_ARGUMENT, "block_size");
+    /* block_size * num_heads * head_dim = 2^64 wraps to 0 (was a division by zero) */
+    pcfg.block_size = 1 << 20;
+    pcfg.num_heads = 1 << 20;
+    pcfg.head_dim = 1 << 24;
+    CASE(kvhal_paged_cache_create(&pcfg, &pc), KVHAL_OUT_OF_RANGE, "overflows");
+    pcfg.num_heads = 2;
+    pcfg.head_dim = 16;
     pcfg.block_size = 8;
     pcfg.dtype = KVHAL_I32;
     CASE(kvhal_paged_cache_create(&pcfg, &pc), KVHAL_INVALID_ARGUMENT, "dtype");

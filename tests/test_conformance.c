@@ -506,6 +506,28 @@ static void test_paged_edge_cases(void **state)
     pc_expect_all(&p, "refused calls");
     pc_free(&q);
     pc_free(&p);
+    /* K of head dim 0 beside V of head dim 4: refused alike on every device, nothing written */
+    dbuf kcb, vcb, vin, sl;
+    dbuf_make(&kcb, dev, 16, &r);
+    dbuf_make(&vcb, dev, 2 * 2 * 2 * 4 * 4, &r);
+    dbuf_make(&vin, dev, 3 * 2 * 4 * 4, &r);
+    dbuf_make(&sl, dev, 3 * 8, &r);
+    int64_t kcs[4] = {2, 2, 2, 0}, vcs[4] = {2, 2, 2, 4}, ks[3] = {3, 2, 0}, vs[3] = {3, 2, 4}, ss[1] = {3};
+    kvhal_tensor kc0 = tensor(&kcb, 0, KVHAL_F32, 4, kcs, NULL), vc4 = tensor(&vcb, 0, KVHAL_F32, 4, vcs, NULL);
+    kvhal_tensor kin0 = tensor(&vin, 0, KVHAL_F32, 3, ks, NULL), vin4 = tensor(&vin, 0, KVHAL_F32, 3, vs, NULL);
+    kvhal_tensor s3 = tensor(&sl, 0, KVHAL_I64, 1, ss, NULL);
+    const int64_t slots3[3] = {3, -1, 0};
+    for (int t = 0; t < 3; t++) store_slot(&sl, KVHAL_I64, t, slots3[t]);
+    dbuf_upload(&sl);
+    assert_int_equal(kvhal_paged_caching(&kc0, &vc4, &kin0, &vin4, &s3, 1.0f, 1.0f, NULL), KVHAL_UNSUPPORTED);
+    assert_non_null(strstr(kvhal_last_error(), "k_cache.shape[3]"));
+    OK(kvhal_device_synchronize(dev));
+    dbuf_expect(&vcb, "v cache beside a k of head dim 0");
+    dbuf_expect(&kcb, "k cache of head dim 0");
+    dbuf_free(&kcb);
+    dbuf_free(&vcb);
+    dbuf_free(&vin);
+    dbuf_free(&sl);
 }
 
 /* ---- copy_blocks ---- */

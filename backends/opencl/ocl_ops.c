@@ -188,7 +188,8 @@ static kvhal_status pc_make_plan(int32_t id, const kvhal_bk_paged_caching *a, pc
     if (a->slot_dtype != KVHAL_I32 && a->slot_dtype != KVHAL_I64)
         return OCL_SET_ERROR(KVHAL_UNSUPPORTED, "opencl:%d: slot_mapping dtype %d (i32 or i64 expected)", id,
                              (int)a->slot_dtype);
-    if (a->num_heads < 1 || a->block_size < 1 || a->k.head_dim < 1 || a->v.head_dim < 1 || a->num_tokens < 1) {
+    /* One side may have head dim 0 (nothing of it to store) while the other still has work. */
+    if (a->num_heads < 1 || a->block_size < 1 || (a->k.head_dim < 1 && a->v.head_dim < 1) || a->num_tokens < 1) {
         p->empty = 1;
         return KVHAL_OK;
     }
