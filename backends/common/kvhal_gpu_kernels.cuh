@@ -65,6 +65,23 @@ template <int OUT> __device__ __forceinline__ uint32_t fp8_mag_hw(float x)
     }
     return r & 0xffu;
 }
+
+/* Two magnitudes in one instruction: x -> byte 0, y -> byte 2 (the layout fp8_pair returns). cvt's first source
+ * goes to the upper byte of the pair. */
+template <int OUT> __device__ __forceinline__ uint32_t fp8_mag_hw2(float x, float y)
+{
+    unsigned short r;
+    if (OUT == DT_E4M3) {
+        x = fminf(x, 448.0f);
+        y = fminf(y, 448.0f);
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(y), "f"(x));
+    } else {
+        x = fminf(x, 57344.0f);
+        y = fminf(y, 57344.0f);
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(y), "f"(x));
+    }
+    return ((uint32_t)r & 0xffu) | (((uint32_t)r & 0xff00u) << 8);
+}
 #endif
 
 /* y >= 0 (or a positive NaN): the vector path converts magnitudes, scale > 0 */
@@ -131,8 +148,12 @@ template <int IN, int OUT, bool DIV> __device__ __forceinline__ uint32_t fp8_pai
     /* magnitudes: with scale > 0 the scaled values stay non-negative */
     const float lo = IN == DT_BF16 ? kvhal_gpu_bits_f32((w & 0x7fffu) << 16) : KVHAL_GPU_HALF_TO_FLOAT(w & 0x7fffu);
     const float hi = IN == DT_BF16 ? kvhal_gpu_bits_f32(w & 0x7fff0000u) : KVHAL_GPU_HALF_TO_FLOAT((w >> 16) & 0x7fffu);
+#ifdef KVHAL_GPU_HW_FP8
+    const uint32_t codes = fp8_mag_hw2<OUT>(scaled<DIV>(lo, s), scaled<DIV>(hi, s));
+#else
     const uint32_t codes =
         __byte_perm(fp8_mag_nonneg<OUT>(scaled<DIV>(lo, s)), fp8_mag_nonneg<OUT>(scaled<DIV>(hi, s)), 0x0400);
+#endif
     return codes | ((w >> 8) & 0x00800080u); /* the lanes' sign bits land on bit 7 of bytes 0 and 2 */
 }
 
