@@ -571,9 +571,29 @@ static void test_permute(void **state)
     CHECK_OK(kvhal_buffer_destroy(b));
 }
 
+/* Regression of a fuzz_tensor finding: a view of an empty tensor moved its offset by index * stride, past the
+ * buffer, and the (still empty) view no longer validated. Views of empty tensors keep their offset. */
+static void test_empty_views_stay_valid(void **state)
+{
+    (void)state;
+    kvhal_buffer *b;
+    CHECK_OK(kvhal_buffer_create(cpu, 64, &b));
+    kvhal_tensor t, v;
+    const int64_t shape[2] = {0, 4}, strides[2] = {1, 1000};
+    CHECK_OK(kvhal_tensor_make(b, 8, KVHAL_F32, 2, shape, strides, &t));
+    CHECK_OK(kvhal_tensor_select(&t, 1, 3, &v));
+    assert_int_equal(v.offset, 8);
+    CHECK_OK(kvhal_tensor_validate(&v));
+    CHECK_OK(kvhal_tensor_narrow(&t, 1, 3, 1, &v));
+    assert_int_equal(v.offset, 8);
+    CHECK_OK(kvhal_tensor_validate(&v));
+    CHECK_OK(kvhal_buffer_destroy(b));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_empty_views_stay_valid),
         cmocka_unit_test(test_dtypes),         cmocka_unit_test(test_make_contiguous),
         cmocka_unit_test(test_make_strided),   cmocka_unit_test(test_make_empty),
         cmocka_unit_test(test_make_overflow),  cmocka_unit_test(test_make_bad_args),
