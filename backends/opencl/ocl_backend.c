@@ -273,6 +273,13 @@ static bool add_device(cl_platform_id p, const char *pname, cl_device_id dv, cl_
         if (ext && clGetDeviceInfo(dv, CL_DEVICE_EXTENSIONS, ext_size, ext, NULL) == CL_SUCCESS) {
             ext[ext_size] = '\0';
             d->amd_free_mem = strstr(ext, "cl_amd_device_attribute_query") != NULL;
+            if (strstr(ext, "cl_nv_device_attribute_query")) {
+                /* CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV / _MINOR_NV of cl_nv_device_attribute_query */
+                cl_uint major = 0, minor = 0;
+                if (clGetDeviceInfo(dv, 0x4000, sizeof major, &major, NULL) == CL_SUCCESS &&
+                    clGetDeviceInfo(dv, 0x4001, sizeof minor, &minor, NULL) == CL_SUCCESS)
+                    d->nv_fp8 = major * 10 + minor >= 89;
+            }
         }
         free(ext);
     }

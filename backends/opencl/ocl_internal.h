@@ -40,6 +40,7 @@ typedef struct ocl_device {
     size_t max_wg;
     bool amd_free_mem;   /* cl_amd_device_attribute_query: free memory can be asked */
     bool cpu;            /* CL_DEVICE_TYPE_CPU: kernels are specialised for serial work-items */
+    bool nv_fp8;         /* NVIDIA, compute capability >= 8.9: hardware f32 -> fp8 through inline PTX */
     bool shared_context; /* other devices share its platform context (direct peer copies) */
     pthread_mutex_t mu;
     ocl_ctx ctxs[OCL_MAX_CTX];

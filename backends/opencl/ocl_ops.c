@@ -308,9 +308,9 @@ kvhal_status kvhal__ocl_desc_create(int32_t id, kvhal_bk_op op, const void *args
         desc->nk = p->empty ? 0 : 2;
         snprintf(desc->options, sizeof desc->options,
                  "-DIN_DT=%d -DOUT_DT=%d -DSLOT_I64=%d -DHEADS=%d -DBLOCK_SIZE=%d -DHD_K=%d -DHD_V=%d -DVEC_K=%d "
-                 "-DVEC_V=%d -DGROUP=%d",
+                 "-DVEC_V=%d -DGROUP=%d -DKV_NV_HW=%d",
                  p->in_dt, p->out_dt, p->slot_i64, p->heads, p->block_size, p->hd_k, p->hd_v, p->vec_k, p->vec_v,
-                 p->group);
+                 p->group, kvhal__ocl_device(id)->nv_fp8 ? 1 : 0);
         break;
     }
     case KVHAL_BK_OP_COPY_BLOCKS:

@@ -6,6 +6,7 @@
  *   HEADS, BLOCK_SIZE, HD_K, HD_V
  *   VEC_K, VEC_V    elements per chunk; > 1 only where dim is contiguous in both input and cache and every
  *                   stride keeps the chunk aligned to min(16, chunk bytes)
+ *   KV_NV_HW        1 on NVIDIA devices of compute capability >= 8.9: fp8 conversion through PTX (see below)
  *   GROUP           consecutive chunks per work-item in paged_caching_vec (1 on GPUs, where neighbouring work-items
  *                   should touch neighbouring bytes; more on CPU devices, where per-item index math dominates)
  * Offsets are bytes (ulong), strides elements (long4: block, offset, head, dim for a cache; token-outer,
@@ -48,7 +49,52 @@ uint pc_convert(uint bits, float2 sc, uint mode)
 
 /* The main fp8 case, 16 elements of f32, f16 or bf16 into 16 fp8 bytes, as two 8-wide vector conversions. */
 #define PC_FAST16 (KV_IS_FP8(OUT_DT) && !KV_IS_FP8(IN_DT))
-#if PC_FAST16
+#if PC_FAST16 && KV_NV_HW
+/* NVIDIA devices of compute capability 8.9 and later (the host sets KV_NV_HW only there): f16 -> f32 and f32 -> fp8
+ * in hardware through inline PTX, two fp8 values per instruction (cvt.rn.satfinite: round to nearest even,
+ * saturating). Magnitudes are converted, clamped first so that infinities saturate and NaN gives the largest code,
+ * and the sign and NaN bits come from the input as on the integer path: the results are bit-identical to it. */
+float pc_nv_f16(uint h)
+{
+    float f;
+    __asm__("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((ushort)h));
+    return f;
+}
+
+uint pc_nv_fp8x2(float lo, float hi) /* lo -> byte 0, hi -> byte 1 */
+{
+    ushort r;
+#if OUT_DT == KV_E4M3
+    __asm__("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(fmin(hi, 448.0f)), "f"(fmin(lo, 448.0f)));
+#else
+    __asm__("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(fmin(hi, 57344.0f)), "f"(fmin(lo, 57344.0f)));
+#endif
+    return r;
+}
+
+uint2 pc_convert8(uint8 bits, float2 sc, uint mode)
+{
+#if IN_SIZE == 4
+    float8 x = as_float8(bits & 0x7fffffffu);
+    uint8 sign = (bits >> 24) & 0x80u;
+#else
+    uint8 m = bits & 0x7fffu;
+#if IN_DT == KV_F16
+    float8 x = (float8)(pc_nv_f16(m.s0), pc_nv_f16(m.s1), pc_nv_f16(m.s2), pc_nv_f16(m.s3), pc_nv_f16(m.s4),
+                        pc_nv_f16(m.s5), pc_nv_f16(m.s6), pc_nv_f16(m.s7));
+#else
+    float8 x = as_float8(m << 16);
+#endif
+    uint8 sign = (bits >> 8) & 0x80u;
+#endif
+    x = kv_div_8(x, sc.x, sc.y, mode);
+    uint c0 = pc_nv_fp8x2(x.s0, x.s1), c1 = pc_nv_fp8x2(x.s2, x.s3), c2 = pc_nv_fp8x2(x.s4, x.s5),
+         c3 = pc_nv_fp8x2(x.s6, x.s7);
+    uint8 code = (uint8)(c0 & 0xffu, c0 >> 8, c1 & 0xffu, c1 >> 8, c2 & 0xffu, c2 >> 8, c3 & 0xffu, c3 >> 8);
+    return as_uint2(convert_uchar8(sign | select(code, (uint8)0x7fu, isnan(x))));
+}
+#elif PC_FAST16
+/* The integer path, every device. */
 uint2 pc_convert8(uint8 bits, float2 sc, uint mode)
 {
 #if IN_DT == KV_F16
@@ -66,6 +112,9 @@ uint2 pc_convert8(uint8 bits, float2 sc, uint mode)
 #endif
 }
 
+#endif
+
+#if PC_FAST16
 void pc_move16(global uchar *dst, const global uchar *src, float2 sc, uint mode)
 {
     const global uint4 *p = (const global uint4 *)src;
