@@ -18,12 +18,7 @@
 
 #include "kvhal.h"
 #include "reference.h"
-
-#define OK(expr)                                                                                                \
-    do {                                                                                                        \
-        kvhal_status st_ = (expr);                                                                              \
-        if (st_ != KVHAL_OK) fail_msg("%s: %s (%s)", #expr, kvhal_status_name(st_), kvhal_last_error());       \
-    } while (0)
+#include "device_buffer.h"
 
 typedef struct gpu_ctx {
     kvhal_device dev;
@@ -36,48 +31,6 @@ static gpu_ctx *ctx_of(void **state)
     gpu_ctx *c = *state;
     if (!c->present) skip();
     return c;
-}
-
-typedef struct dbuf {
-    kvhal_buffer *buf;
-    uint8_t *mirror;
-    size_t size;
-} dbuf;
-
-static void dbuf_make(dbuf *b, kvhal_device dev, size_t size, ref_rng *r)
-{
-    b->size = size;
-    b->mirror = malloc(size);
-    assert_non_null(b->mirror);
-    for (size_t i = 0; i < size; i++) b->mirror[i] = (uint8_t)ref_rand(r);
-    OK(kvhal_buffer_create(dev, size, &b->buf));
-    OK(kvhal_memcpy_h2d(b->buf, 0, b->mirror, size, NULL));
-}
-
-static void dbuf_expect(const dbuf *b, const char *what)
-{
-    uint8_t *got = malloc(b->size);
-    assert_non_null(got);
-    OK(kvhal_memcpy_d2h(got, b->buf, 0, b->size, NULL));
-    for (size_t i = 0; i < b->size; i++)
-        if (got[i] != b->mirror[i])
-            fail_msg("%s: byte %zu of %zu is 0x%02x, the reference has 0x%02x", what, i, b->size, got[i], b->mirror[i]);
-    free(got);
-}
-
-static void dbuf_free(dbuf *b)
-{
-    if (b->buf) OK(kvhal_buffer_destroy(b->buf));
-    free(b->mirror);
-    memset(b, 0, sizeof *b);
-}
-
-static kvhal_tensor tensor(const dbuf *b, size_t offset, kvhal_dtype dt, int ndim, const int64_t *shape,
-                           const int64_t *strides)
-{
-    kvhal_tensor t;
-    OK(kvhal_tensor_make(b->buf, offset, dt, ndim, shape, strides, &t));
-    return t;
 }
 
 /* Values of dt over bytes [off, off + n*es) of the mirror: one in eight an exact fp8 tie times scale, one in 64 a
