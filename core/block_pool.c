@@ -49,6 +49,12 @@ kvhal_status kvhal_block_pool_create(int32_t num_blocks, kvhal_block_pool **out)
     p->num_blocks = num_blocks;
     p->num_free = num_blocks;
     p->magic = POOL_MAGIC;
+    if (!kvhal__handle_add(p)) {
+        free(p->free_stack);
+        free(p->ref);
+        free(p);
+        return kvhal__err(KVHAL_OUT_OF_MEMORY, "block pool: no memory to register the handle");
+    }
     *out = p;
     return KVHAL_OK;
 }
@@ -56,7 +62,8 @@ kvhal_status kvhal_block_pool_create(int32_t num_blocks, kvhal_block_pool **out)
 kvhal_status kvhal_block_pool_destroy(kvhal_block_pool *p)
 {
     if (!p) return KVHAL_OK;
-    KVHAL_TRY(check_pool(p));
+    if (!kvhal__handle_remove_kind(p, POOL_MAGIC))
+        return kvhal__err(KVHAL_INVALID_HANDLE, "p: %p is not a live block pool (destroyed twice?)", (void *)p);
     p->magic = KVHAL_MAGIC_DEAD;
     free(p->free_stack);
     free(p->ref);

@@ -61,6 +61,13 @@ kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t page_size, 
     cm->total = total_pages;
     cm->page_size = page_size;
     cm->magic = CM_MAGIC;
+    if (!kvhal__handle_add(cm)) {
+        kvhal_block_pool_destroy(cm->pool);
+        kvhal_prefix_cache_destroy(cm->pc);
+        free(cm->state);
+        free(cm);
+        return kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory to register the handle");
+    }
     *out = cm;
     return KVHAL_OK;
 }
@@ -68,7 +75,8 @@ kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t page_size, 
 kvhal_status kvhal_cache_manager_destroy(kvhal_cache_manager *cm)
 {
     if (!cm) return KVHAL_OK;
-    KVHAL_TRY(check_cm(cm));
+    if (!kvhal__handle_remove_kind(cm, CM_MAGIC))
+        return kvhal__err(KVHAL_INVALID_HANDLE, "cm: %p is not a live cache manager (destroyed twice?)", (void *)cm);
     cm->magic = KVHAL_MAGIC_DEAD;
     kvhal_prefix_cache_destroy(cm->pc);
     kvhal_block_pool_destroy(cm->pool);

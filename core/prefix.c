@@ -462,6 +462,10 @@ kvhal_status kvhal_prefix_cache_create(kvhal_prefix_kind kind, int32_t page_size
     pc->root.heap_idx = -1;
     pc->root.id = UINT32_MAX;
     pc->magic = PC_MAGIC;
+    if (!kvhal__handle_add(pc)) {
+        free(pc);
+        return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix cache: no memory to register the handle");
+    }
     *out = pc;
     return KVHAL_OK;
 }
@@ -486,7 +490,8 @@ static void drop_all(kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
 kvhal_status kvhal_prefix_cache_destroy(kvhal_prefix_cache *pc)
 {
     if (!pc) return KVHAL_OK;
-    KVHAL_TRY(check_pc(pc));
+    if (!kvhal__handle_remove_kind(pc, PC_MAGIC))
+        return kvhal__err(KVHAL_INVALID_HANDLE, "pc: %p is not a live prefix cache (destroyed twice?)", (void *)pc);
     drop_all(pc, NULL, NULL);
     pc->magic = KVHAL_MAGIC_DEAD;
     pc->root.magic = KVHAL_MAGIC_DEAD;

@@ -302,6 +302,7 @@ static void test_matrix(void **state)
     CASE(kvhal_block_pool_release(bp, 9), KVHAL_OUT_OF_RANGE, "block");
     CASE(kvhal_block_pool_share(bp, 0), KVHAL_INVALID_ARGUMENT, "block");
     assert_int_equal(kvhal_block_pool_destroy(bp), KVHAL_OK);
+    CASE(kvhal_block_pool_destroy(bp), KVHAL_INVALID_HANDLE, "destroyed twice");
 
     kvhal_prefix_cache *px, *naive;
     CASE(kvhal_prefix_cache_create(KVHAL_PREFIX_RADIX, 0, &px), KVHAL_INVALID_ARGUMENT, "page_size");
@@ -320,6 +321,7 @@ static void test_matrix(void **state)
     CASE(kvhal_prefix_evict(naive, 0, NULL, NULL, &ev), KVHAL_OK, NULL);
     assert_int_equal(kvhal_prefix_cache_destroy(px), KVHAL_OK);
     assert_int_equal(kvhal_prefix_cache_destroy(naive), KVHAL_OK);
+    CASE(kvhal_prefix_cache_destroy(naive), KVHAL_INVALID_HANDLE, "destroyed twice");
 
     kvhal_cache_manager *cm;
     CASE(kvhal_cache_manager_create(0, 4, KVHAL_PREFIX_RADIX, &cm), KVHAL_INVALID_ARGUMENT, "total_pages");
@@ -329,6 +331,7 @@ static void test_matrix(void **state)
     CASE(kvhal_cache_manager_allocate(cm, 3, three), KVHAL_OUT_OF_MEMORY, "");
     assert_int_equal(kvhal_cache_manager_num_free(cm), 2); /* no partial allocation */
     assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+    CASE(kvhal_cache_manager_destroy(cm), KVHAL_INVALID_HANDLE, "destroyed twice");
 
     /* ---- descriptor cache ---- */
     kvhal_desc_key key;
