@@ -305,24 +305,35 @@ static void bench_paged(const preset *p, int64_t tokens)
     CHECK(kvhal_buffer_destroy(slots));
 }
 
+/* A decode-sized call (256 tokens of the first preset, NHD) for the per-call measurements; slots set by the caller. */
+#define SMALL_TOKENS 256
+
+static void small_call_setup(pc_ctx *c, kvhal_buffer **in, kvhal_buffer **cache)
+{
+    const preset *p = &presets[0];
+    const int64_t H = p->heads, D = p->dim, nb = SMALL_TOKENS / BLOCK;
+    const size_t es = kvhal_dtype_size(p->dtype), elems = (size_t)(SMALL_TOKENS * H * D);
+    CHECK(kvhal_buffer_create(dev, 2 * elems * es, in));
+    CHECK(kvhal_memset(*in, 0, 0x3c, 2 * elems * es, NULL));
+    CHECK(kvhal_buffer_create(dev, 2 * elems * es, cache));
+    *c = (pc_ctx){.scale = 1.0f};
+    int64_t ish[3] = {SMALL_TOKENS, H, D}, csh[4] = {nb, BLOCK, H, D};
+    CHECK(kvhal_tensor_make(*in, 0, p->dtype, 3, ish, NULL, &c->k));
+    CHECK(kvhal_tensor_make(*in, elems * es, p->dtype, 3, ish, NULL, &c->v));
+    CHECK(kvhal_tensor_make(*cache, 0, p->dtype, 4, csh, NULL, &c->kc));
+    CHECK(kvhal_tensor_make(*cache, elems * es, p->dtype, 4, csh, NULL, &c->vc));
+}
+
 /* Host time of one call at 256 tokens with the descriptor cached: with real slots (on the CPU that includes the
  * copy) and with all-padding slots (validation + dispatch + launch + the slot scan). No synchronisation inside
  * the loop: on a GPU this is the launch cost. */
 static void bench_host_overhead(void)
 {
     const preset *p = &presets[0];
-    const int64_t tokens = 256, H = p->heads, D = p->dim, nb = tokens / BLOCK;
-    const size_t es = kvhal_dtype_size(p->dtype), elems = (size_t)(tokens * H * D);
+    const int64_t tokens = SMALL_TOKENS, nb = tokens / BLOCK, ssh[1] = {tokens};
     kvhal_buffer *in, *cache;
-    CHECK(kvhal_buffer_create(dev, 2 * elems * es, &in));
-    CHECK(kvhal_memset(in, 0, 0x3c, 2 * elems * es, NULL));
-    CHECK(kvhal_buffer_create(dev, 2 * elems * es, &cache));
-    pc_ctx c = {.scale = 1.0f};
-    int64_t ish[3] = {tokens, H, D}, csh[4] = {nb, BLOCK, H, D}, ssh[1] = {tokens};
-    CHECK(kvhal_tensor_make(in, 0, p->dtype, 3, ish, NULL, &c.k));
-    CHECK(kvhal_tensor_make(in, elems * es, p->dtype, 3, ish, NULL, &c.v));
-    CHECK(kvhal_tensor_make(cache, 0, p->dtype, 4, csh, NULL, &c.kc));
-    CHECK(kvhal_tensor_make(cache, elems * es, p->dtype, 4, csh, NULL, &c.vc));
+    pc_ctx c;
+    small_call_setup(&c, &in, &cache);
     for (int pad = 0; pad < 2; pad++) {
         kvhal_buffer *slots = make_slots(tokens, nb, pad);
         CHECK(kvhal_tensor_make(slots, 0, KVHAL_I64, 1, ssh, NULL, &c.s));
@@ -355,18 +366,10 @@ static void bench_host_overhead(void)
 static void bench_first_call(void)
 {
     const preset *p = &presets[0];
-    const int64_t tokens = 256, H = p->heads, D = p->dim, nb = tokens / BLOCK;
-    const size_t es = kvhal_dtype_size(p->dtype), elems = (size_t)(tokens * H * D);
-    kvhal_buffer *in, *cache, *slots = make_slots(tokens, nb, false);
-    CHECK(kvhal_buffer_create(dev, 2 * elems * es, &in));
-    CHECK(kvhal_memset(in, 0, 0x3c, 2 * elems * es, NULL));
-    CHECK(kvhal_buffer_create(dev, 2 * elems * es, &cache));
-    pc_ctx c = {.scale = 1.0f};
-    int64_t ish[3] = {tokens, H, D}, csh[4] = {nb, BLOCK, H, D}, ssh[1] = {tokens};
-    CHECK(kvhal_tensor_make(in, 0, p->dtype, 3, ish, NULL, &c.k));
-    CHECK(kvhal_tensor_make(in, elems * es, p->dtype, 3, ish, NULL, &c.v));
-    CHECK(kvhal_tensor_make(cache, 0, p->dtype, 4, csh, NULL, &c.kc));
-    CHECK(kvhal_tensor_make(cache, elems * es, p->dtype, 4, csh, NULL, &c.vc));
+    const int64_t tokens = SMALL_TOKENS, ssh[1] = {tokens};
+    kvhal_buffer *in, *cache, *slots = make_slots(tokens, tokens / BLOCK, false);
+    pc_ctx c;
+    small_call_setup(&c, &in, &cache);
     CHECK(kvhal_tensor_make(slots, 0, KVHAL_I64, 1, ssh, NULL, &c.s));
     CHECK(kvhal_device_synchronize(dev));
     double t0 = now();
