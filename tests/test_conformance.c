@@ -316,9 +316,12 @@ static void run_paged_case(kvhal_device dev, kvhal_dtype in_dt, kvhal_dtype cach
     const bool fp8 = cache_dt == KVHAL_FP8_E4M3 || cache_dt == KVHAL_FP8_E5M2;
     pc_setup p;
     pc_build(&p, dev, in_dt, cache_dt, slot_dt, layout, form, r);
-    /* twice: the second call hits the descriptor cache with new data */
-    for (int rep = 0; rep < 2; rep++) {
-        float ks = fp8 ? (rep ? 0.37f : 0.5f) : 1.0f, vs = fp8 ? (rep ? 3.0f : 2.0f) : 1.0f;
+    /* three times: the later calls hit the descriptor cache with new data and new scales. fp8 scales cover every
+     * scaling mode a backend may specialise: 1 (none), powers of two above and below 1 (exact as a multiply by
+     * 1/scale) and others (a true division). */
+    static const float fp8_scales[3][2] = {{0.5f, 2.0f}, {0.37f, 3.0f}, {1.0f, 0.25f}};
+    for (int rep = 0; rep < (fp8 ? 3 : 2); rep++) {
+        float ks = fp8 ? fp8_scales[rep][0] : 1.0f, vs = fp8 ? fp8_scales[rep][1] : 1.0f;
         pc_fill(&p, in_dt, ks, vs, r, -1, 0);
         kvhal_status st = kvhal_paged_caching(&p.kc, &p.vc, &p.k, &p.v, &p.s, ks, vs, NULL);
         if (st != KVHAL_OK) fail_msg("%s: %s (%s)", label, kvhal_status_name(st), kvhal_last_error());

@@ -40,6 +40,7 @@ static bool have_device;
 static char module_path[1024];
 static kvhal_opencl_build_count_fn build_count;
 static kvhal_opencl_test_inject_source_fn inject_source;
+static kvhal_opencl_test_gpu_plans_fn gpu_plans;
 
 static void need_device(void)
 {
@@ -496,6 +497,32 @@ static void test_model_shapes_every_dtype_pair(void **state)
     }
 }
 
+/* The kernels as planned for GPUs (several chunks per work-item, interleaved across the head dim) on whatever
+ * device this is, so that CI's PoCL checks them against the reference too; and scales of every mode. */
+static void test_gpu_shaped_plans(void **state)
+{
+    (void)state;
+    need_device();
+    OK(kvhal_desc_cache_clear(dev));
+    gpu_plans(1);
+    static const kvhal_dtype ins[3] = {KVHAL_F32, KVHAL_F16, KVHAL_BF16};
+    static const float scales[4] = {1.0f, 0.5f, 4.0f, 0.37f};
+    for (int i = 0; i < 3; i++) {
+        kvhal_dtype outs[3] = {ins[i], KVHAL_FP8_E4M3, KVHAL_FP8_E5M2};
+        for (int o = 0; o < 3; o++)
+            for (int hnd = 0; hnd < 2; hnd++)
+                for (int sc = 0; sc < (o ? 4 : 1); sc++) {
+                    pc_case c = {.heads = 3, .hd = hnd ? 64 : 128, .block_size = 16, .num_blocks = 9, .tokens = 61,
+                                 .in_dt = ins[i], .cache_dt = outs[o], .hnd = hnd, .scale = scales[sc]};
+                    kvhal_status st = run_paged(&c, NULL);
+                    if (st != KVHAL_OK) gpu_plans(0);
+                    OK(st);
+                }
+    }
+    gpu_plans(0);
+    OK(kvhal_desc_cache_clear(dev));
+}
+
 /* Every host or device allocation the module makes for a caller can fail (fault injection): the call then reports
  * KVHAL_OUT_OF_MEMORY with a message and leaves nothing behind (ASan's leak check runs this too). */
 static kvhal_status fault_scenario(void)
@@ -784,13 +811,15 @@ static int setup(void **state)
         fprintf(stderr, "dlopen(%s): %s\n", module_path, dlerror());
         return -1;
     }
-    void *p1 = dlsym(h, "kvhal_opencl_build_count"), *p2 = dlsym(h, "kvhal_opencl_test_inject_source");
-    if (!p1 || !p2) {
+    void *p1 = dlsym(h, "kvhal_opencl_build_count"), *p2 = dlsym(h, "kvhal_opencl_test_inject_source"),
+         *p3 = dlsym(h, "kvhal_opencl_test_gpu_plans");
+    if (!p1 || !p2 || !p3) {
         fprintf(stderr, "%s lacks its test hooks\n", module_path);
         return -1;
     }
     memcpy(&build_count, &p1, sizeof p1);
     memcpy(&inject_source, &p2, sizeof p2);
+    memcpy(&gpu_plans, &p3, sizeof p3);
     have_device = true;
     return 0;
 }
@@ -807,6 +836,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_copy_blocks_many_buffers),
         cmocka_unit_test(test_threads_share_one_build),
         cmocka_unit_test(test_model_shapes_every_dtype_pair),
+        cmocka_unit_test(test_gpu_shaped_plans),
         cmocka_unit_test(test_allocation_failures_are_clean),
         cmocka_unit_test(test_wrap_cl_mem_and_queue),
         cmocka_unit_test(test_wrap_from_a_context_of_the_callers_own),

@@ -666,20 +666,20 @@ bool build_side(const kvhal_bk_paged_side *s, const kvhal_bk_paged_caching *a, i
     return true;
 }
 
-/* Tokens per block: enough units per thread to keep KVHAL_GPU_UNROLL loads in flight, fewer when the call is too
+/* Tokens per block: enough units per thread to keep KVHAL_GPU_PAGED_UNROLL loads in flight, fewer when the call is too
  * small to fill every multiprocessor several times over. */
 void paged_geometry(PagedParams *p, int sm_count, uint32_t *threads)
 {
     const uint32_t row = p->k.row_units > p->v.row_units ? p->k.row_units : p->v.row_units;
-    int64_t tpc = (int64_t)(KVHAL_GPU_THREADS * KVHAL_GPU_UNROLL) / row;
+    int64_t tpc = (int64_t)(KVHAL_GPU_PAGED_THREADS * KVHAL_GPU_PAGED_UNROLL) / row;
     if (tpc < 1) tpc = 1;
     if (tpc > KVHAL_GPU_MAX_TPC) tpc = KVHAL_GPU_MAX_TPC;
     while (tpc > 1 && (p->num_tokens + tpc - 1) / tpc < 4 * (int64_t)sm_count) tpc >>= 1;
     if (tpc > p->num_tokens) tpc = p->num_tokens > 0 ? p->num_tokens : 1;
     p->tpc = (int32_t)tpc;
     const uint64_t work = (uint64_t)tpc * row;
-    uint32_t t = KVHAL_GPU_THREADS;
-    if (work < KVHAL_GPU_THREADS) t = (uint32_t)((work + 63) / 64 * 64);
+    uint32_t t = KVHAL_GPU_PAGED_THREADS;
+    if (work < KVHAL_GPU_PAGED_THREADS) t = (uint32_t)((work + 63) / 64 * 64);
     *threads = t;
 }
 

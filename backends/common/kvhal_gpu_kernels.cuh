@@ -14,10 +14,23 @@
 
 namespace kvhal_gpu {
 
+/* Tuning constants (overridable at build time with -D, for measurements of other geometries). */
+#ifndef KVHAL_GPU_THREADS
 #define KVHAL_GPU_THREADS 256 /* threads per block of every kernel */
-#define KVHAL_GPU_UNROLL 4    /* independent units each thread loads before it stores */
-#define KVHAL_GPU_MAX_TPC 64  /* tokens per block of the paged-caching kernel, at most */
-#define KVHAL_GPU_PAGED_MIN_BLOCKS 3 /* resident blocks per multiprocessor the paged kernel is compiled for */
+#endif
+#ifndef KVHAL_GPU_UNROLL
+#define KVHAL_GPU_UNROLL 4 /* independent units each thread loads before it stores */
+#endif
+#define KVHAL_GPU_MAX_TPC 64 /* tokens per block of the paged-caching kernel, at most */
+#ifndef KVHAL_GPU_PAGED_THREADS
+#define KVHAL_GPU_PAGED_THREADS 128 /* threads per block of the paged-caching kernel, at most */
+#endif
+#ifndef KVHAL_GPU_PAGED_UNROLL
+#define KVHAL_GPU_PAGED_UNROLL 2 /* units of K and of V each thread of the paged-caching kernel loads per pass */
+#endif
+#ifndef KVHAL_GPU_PAGED_MIN_BLOCKS
+#define KVHAL_GPU_PAGED_MIN_BLOCKS 12 /* resident blocks per multiprocessor the paged kernel is compiled for */
+#endif
 #define KVHAL_GPU_CHUNK (16 * 1024) /* bytes one block copies per work item: one pass of 256 x 4 x 16 B */
 #define KVHAL_GPU_BATCH_MAX 96      /* ranges per copy_batch launch: they travel as kernel parameters */
 
@@ -236,7 +249,7 @@ __device__ __forceinline__ void paged_load(const PagedSide &sd, const int64_t *s
     typedef typename X::In In;
     const In *in = reinterpret_cast<const In *>(sd.input);
 #pragma unroll
-    for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
+    for (int u = 0; u < KVHAL_GPU_PAGED_UNROLL; u++) {
         const uint32_t i = b0 + (uint32_t)u * blockDim.x + threadIdx.x;
         if (i < n) {
             const UnitPos q = unit_pos(sd, i);
@@ -252,7 +265,7 @@ __device__ __forceinline__ void paged_store(const PagedSide &sd, const int64_t *
     typedef typename X::Out Out;
     Out *out = reinterpret_cast<Out *>(sd.cache);
 #pragma unroll
-    for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
+    for (int u = 0; u < KVHAL_GPU_PAGED_UNROLL; u++) {
         const uint32_t i = b0 + (uint32_t)u * blockDim.x + threadIdx.x;
         if (i >= n) continue;
         const UnitPos q = unit_pos(sd, i);
@@ -265,7 +278,7 @@ __device__ __forceinline__ void paged_store(const PagedSide &sd, const int64_t *
  * token's slot load is issued first and consumed only after every K and V load of the first pass is in flight,
  * then the slots become cache offsets in shared memory (padding skipped, out-of-range flagged) and the stores go. */
 template <class XK, class XV>
-__global__ void __launch_bounds__(KVHAL_GPU_THREADS, KVHAL_GPU_PAGED_MIN_BLOCKS) paged_caching_kernel(const PagedParams p)
+__global__ void __launch_bounds__(KVHAL_GPU_PAGED_THREADS, KVHAL_GPU_PAGED_MIN_BLOCKS) paged_caching_kernel(const PagedParams p)
 {
     __shared__ int64_t s_ck[KVHAL_GPU_MAX_TPC], s_cv[KVHAL_GPU_MAX_TPC];
     __shared__ int64_t s_ik[KVHAL_GPU_MAX_TPC], s_iv[KVHAL_GPU_MAX_TPC];
@@ -285,9 +298,9 @@ __global__ void __launch_bounds__(KVHAL_GPU_THREADS, KVHAL_GPU_PAGED_MIN_BLOCKS)
     }
     __syncthreads();
     const uint32_t nk = ntok * p.k.row_units, nv = ntok * p.v.row_units, n = nk > nv ? nk : nv;
-    for (uint32_t b0 = 0; b0 < n; b0 += KVHAL_GPU_UNROLL * blockDim.x) { /* uniform trip count */
-        typename XK::In vk[KVHAL_GPU_UNROLL];
-        typename XV::In vv[KVHAL_GPU_UNROLL];
+    for (uint32_t b0 = 0; b0 < n; b0 += KVHAL_GPU_PAGED_UNROLL * blockDim.x) { /* uniform trip count */
+        typename XK::In vk[KVHAL_GPU_PAGED_UNROLL];
+        typename XV::In vv[KVHAL_GPU_PAGED_UNROLL];
         paged_load<XK>(p.k, s_ik, nk, b0, vk);
         paged_load<XV>(p.v, s_iv, nv, b0, vv);
         if (b0 == 0) {

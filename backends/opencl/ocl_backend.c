@@ -572,6 +572,13 @@ void kvhal_opencl_test_inject_source(const char *text)
     pthread_mutex_unlock(&prog_mu);
 }
 
+static atomic_int gpu_plans_on_cpu;
+
+void kvhal_opencl_test_gpu_plans(int on) OCL_EXPORT;
+void kvhal_opencl_test_gpu_plans(int on) { atomic_store(&gpu_plans_on_cpu, on != 0); }
+
+bool kvhal__ocl_cpu_plans(const ocl_device *d) { return d->cpu && !atomic_load(&gpu_plans_on_cpu); }
+
 kvhal_status kvhal__ocl_local_size(ocl_device *d, cl_kernel k, size_t *local)
 {
     size_t kwg = 0, mult = 0;

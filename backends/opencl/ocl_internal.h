@@ -82,7 +82,10 @@ OCL_HIDDEN kvhal_status kvhal__ocl_resolve(int32_t id, void *stream, cl_mem mem,
 OCL_HIDDEN kvhal_status kvhal__ocl_program(ocl_device *d, ocl_ctx *ce, ocl_src src, const char *options,
                                            cl_program *out);
 /* Work-group size for kernel k on d: 256 or the kernel's limit, a multiple of its preferred multiple. */
-OCL_HIDDEN kvhal_status kvhal__ocl_local_size(ocl_device *d, cl_kernel k, size_t *local);
+OCL_HIDDEN /* Whether kernels for d are planned for a CPU device (false on GPUs, and on every device while the test hook
+ * kvhal_opencl_test_gpu_plans is on). */
+OCL_HIDDEN bool kvhal__ocl_cpu_plans(const ocl_device *d);
+kvhal_status kvhal__ocl_local_size(ocl_device *d, cl_kernel k, size_t *local);
 /* clEnqueueCopyBuffer that also handles overlapping ranges of one buffer (through a temporary buffer). */
 OCL_HIDDEN kvhal_status kvhal__ocl_copy(int32_t id, cl_command_queue q, ocl_ctx *ce, cl_mem dst, size_t dst_off,
                                         cl_mem src, size_t src_off, size_t bytes);

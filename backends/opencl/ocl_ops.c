@@ -18,6 +18,10 @@ _Static_assert(KVHAL_F32 == 0 && KVHAL_F16 == 1 && KVHAL_BF16 == 2 && KVHAL_FP8_
 #define MAX_KERNELS 3
 #define CB_NBUF 16
 
+#ifndef KVHAL_OCL_GPU_GROUP
+#define KVHAL_OCL_GPU_GROUP 2 /* chunks per work-item of the paged-caching kernel on GPU devices (a power of two) */
+#endif
+
 typedef struct kset {
     ocl_ctx *ce;
     cl_program prog;
@@ -29,7 +33,7 @@ typedef struct kset {
 /* Everything the paged-caching options are made of. */
 typedef struct pc_plan {
     int32_t empty; /* no work for any call with this metadata: nothing is built */
-    int32_t in_dt, out_dt, slot_i64, heads, block_size, hd_k, hd_v, vec_k, vec_v, group;
+    int32_t in_dt, out_dt, slot_i64, heads, block_size, hd_k, hd_v, vec_k, vec_v, group, interleave;
     int32_t lin_k, lout_k, lin_v, lout_v; /* alignment (bytes) the vec kernel needs of each base offset */
 } pc_plan;
 
@@ -205,10 +209,16 @@ static kvhal_status pc_make_plan(int32_t id, const kvhal_bk_paged_caching *a, pc
          offset = a->block_size > 1;
     p->vec_k = pc_pick_vec(&a->k, in, out, outer, inner, heads, offset);
     p->vec_v = pc_pick_vec(&a->v, in, out, outer, inner, heads, offset);
-    /* CPU devices run work-items one after another: there several chunks per item amortise the index math. */
+    /* CPU devices run work-items one after another: there several neighbouring chunks per item amortise the index
+     * math. GPUs need bytes in flight: there a work-item loads KVHAL_OCL_GPU_GROUP chunks a head-dim quarter/half
+     * apart (interleaved, so that each of its loads is still coalesced with its neighbours') before it stores. */
+    const bool cpu = kvhal__ocl_cpu_plans(d);
+    const int32_t max_group = cpu ? 8 : KVHAL_OCL_GPU_GROUP;
     p->group = 1;
-    if (d->cpu && p->vec_k > 1 && p->vec_v > 1)
-        while (p->group < 8 && (p->hd_k / p->vec_k) % (2 * p->group) == 0 && (p->hd_v / p->vec_v) % (2 * p->group) == 0)
+    p->interleave = !cpu;
+    if (p->vec_k > 1 && p->vec_v > 1)
+        while (p->group < max_group && (p->hd_k / p->vec_k) % (2 * p->group) == 0 &&
+               (p->hd_v / p->vec_v) % (2 * p->group) == 0)
             p->group *= 2;
     p->lin_k = p->vec_k * in < 16 ? p->vec_k * in : 16;
     p->lout_k = p->vec_k * out < 16 ? p->vec_k * out : 16;
@@ -308,9 +318,9 @@ kvhal_status kvhal__ocl_desc_create(int32_t id, kvhal_bk_op op, const void *args
         desc->nk = p->empty ? 0 : 2;
         snprintf(desc->options, sizeof desc->options,
                  "-DIN_DT=%d -DOUT_DT=%d -DSLOT_I64=%d -DHEADS=%d -DBLOCK_SIZE=%d -DHD_K=%d -DHD_V=%d -DVEC_K=%d "
-                 "-DVEC_V=%d -DGROUP=%d -DKV_NV_HW=%d",
+                 "-DVEC_V=%d -DGROUP=%d -DINTERLEAVE=%d -DKV_NV_HW=%d",
                  p->in_dt, p->out_dt, p->slot_i64, p->heads, p->block_size, p->hd_k, p->hd_v, p->vec_k, p->vec_v,
-                 p->group, kvhal__ocl_device(id)->nv_fp8 ? 1 : 0);
+                 p->group, p->interleave, kvhal__ocl_device(id)->nv_fp8 ? 1 : 0);
         break;
     }
     case KVHAL_BK_OP_COPY_BLOCKS:

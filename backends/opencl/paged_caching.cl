@@ -7,8 +7,10 @@
  *   VEC_K, VEC_V    elements per chunk; > 1 only where dim is contiguous in both input and cache and every
  *                   stride keeps the chunk aligned to min(16, chunk bytes)
  *   KV_NV_HW        1 on NVIDIA devices of compute capability >= 8.9: fp8 conversion through PTX (see below)
- *   GROUP           consecutive chunks per work-item in paged_caching_vec (1 on GPUs, where neighbouring work-items
- *                   should touch neighbouring bytes; more on CPU devices, where per-item index math dominates)
+ *   GROUP           chunks per work-item in paged_caching_vec, all loaded before any is stored
+ *   INTERLEAVE      0: the GROUP chunks are neighbours (CPU devices, where per-item index math dominates);
+ *                   1: they are HD / GROUP elements apart, so that on a GPU each load of a work-item is coalesced
+ *                   with the same load of its neighbours
  * Offsets are bytes (ulong), strides elements (long4: block, offset, head, dim for a cache; token-outer,
  * token-inner, head, dim for an input; long2: outer, inner for the slots). fp8 scales come as (scale, 1 / scale)
  * with a kv_div mode each (modes: K in bits 0-1, V in bits 2-3). A negative slot is padding; a slot past
@@ -31,11 +33,13 @@ uint pc_convert(uint bits, float2 sc, uint mode)
     return kv_encode(x, OUT_DT);
 }
 
+/* A chunk moves in two halves: NAME_load reads it into private words before the slot is known, so that the
+ * latencies of the slot load and of the data loads overlap (a load after the slot test would wait for the slot
+ * first: the compiler may not hoist a load above a branch); NAME_store converts and writes it once the slot is. */
 #define PC_DEFINE_MOVE(NAME, VEC)                                                                              \
-    void NAME(global uchar *dst, const global uchar *src, float2 sc, uint mode)                                \
+    void NAME##_load(uint *wi, const global uchar *src) { kv_load_chunk(wi, src, (VEC) * IN_SIZE); }          \
+    void NAME##_store(global uchar *dst, const uint *wi, float2 sc, uint mode)                                 \
     {                                                                                                          \
-        uint wi[KV_WORDS((VEC) * IN_SIZE)];                                                                    \
-        kv_load_chunk(wi, src, (VEC) * IN_SIZE);                                                               \
         if (SAME_DT) {                                                                                         \
             kv_store_chunk(dst, wi, (VEC) * IN_SIZE);                                                          \
             return;                                                                                            \
@@ -71,6 +75,88 @@ uint pc_nv_fp8x2(float lo, float hi) /* lo -> byte 0, hi -> byte 1 */
 #endif
     return r;
 }
+
+#if IN_SIZE == 2
+/* 16-bit inputs, one 32-bit word (two lanes) at a time, as the CUDA kernels do: the lanes' magnitudes become fp8
+ * codes in one cvt, their sign bits move to bit 7 of the code bytes with one shift-and-mask, NaN lanes are found
+ * with one add on the word, and prmt gathers the code bytes. Far fewer instructions than the 8-wide form below,
+ * which spent its time unpacking lanes into vector elements and packing bytes back. */
+uint pc_nv_prmt(uint a, uint b, uint sel)
+{
+    uint r;
+    __asm__("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+float pc_nv_lane(uint m) /* a 15-bit magnitude in the low half of m */
+{
+#if IN_DT == KV_F16
+    return pc_nv_f16(m);
+#else
+    return as_float(m << 16);
+#endif
+}
+
+/* Lanes 0 and 1 of w -> codes in bytes 0 and 2. */
+uint pc_nv_pair(uint w, float2 sc, uint mode)
+{
+    const float lo = kv_div(pc_nv_lane(w & 0x7fffu), sc.x, sc.y, mode);
+    const float hi = kv_div(pc_nv_lane((w >> 16) & 0x7fffu), sc.x, sc.y, mode);
+    const uint r = pc_nv_fp8x2(lo, hi);
+    uint c = (r & 0xffu) | ((r & 0xff00u) << 8) | ((w >> 8) & 0x00800080u);
+    /* inf is 0x7f80 in bf16, 0x7c00 in f16: a lane above that is NaN, and the add carries into its bit 15 */
+    const uint nan = ((w & 0x7fff7fffu) + (IN_DT == KV_BF16 ? 0x007f007fu : 0x03ff03ffu)) & 0x80008000u;
+    c |= (nan >> 15) * (OUT_DT == KV_E4M3 ? 0x01u : 0x04u); /* a NaN's magnitude code is 0x7e / 0x7b: now 0x7f */
+    return c;
+}
+
+/* The four elements of words w0, w1 -> four code bytes. */
+uint pc_nv_quad(uint w0, uint w1, float2 sc, uint mode)
+{
+    return pc_nv_prmt(pc_nv_pair(w0, sc, mode), pc_nv_pair(w1, sc, mode), 0x6420u);
+}
+
+#if IN_DT == KV_F16
+/* f16 straight to fp8, two lanes per cvt and no f32 at all: the f16 -> f32 decodes of the path above are what bound
+ * it (it runs out of instruction issue before the memory runs out of bandwidth). Exact, because f16 -> f32 is exact
+ * and so rounding the f16 to fp8 directly is the same rounding; a power-of-two scale (mode 1) is one f16x2
+ * multiply, exact except where it overflows to inf, which saturates as the f32 value would (or, for e5m2 when
+ * it scales down, may land on an f16 subnormal and round: that case, like mode 2, takes the f32 path). NaN lanes
+ * get sign | 0x7f from the input bits, as everywhere. h2 is the f16 of 1/scale in both halves. */
+uint pc_nv_pair_h(uint w, uint h2, uint mode)
+{
+    uint x = w;
+    if (mode == 1u) __asm__("mul.rn.f16x2 %0, %1, %2;" : "=r"(x) : "r"(w), "r"(h2));
+    ushort r;
+#if OUT_DT == KV_E4M3
+    __asm__("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(r) : "r"(x));
+#else
+    __asm__("cvt.rn.satfinite.e5m2x2.f16x2 %0, %1;" : "=h"(r) : "r"(x));
+#endif
+    uint c = r;
+    const uint nan = ((w & 0x7fff7fffu) + 0x03ff03ffu) & 0x80008000u;
+    if (nan) {
+        const uint m = ((nan >> 15) & 1u) * 0xffu | ((nan >> 31) & 1u) * 0xff00u; /* the NaN lanes' bytes */
+        const uint sign = ((w >> 8) & 0x80u) | ((w >> 16) & 0x8000u);
+        c = (c & ~m) | (m & (0x7f7fu | sign));
+    }
+    return c;
+}
+
+/* Whether pc_nv_pair_h gives the reference's result for this scale mode and 1/scale; h2 gets the f16x2 of 1/scale. */
+bool pc_nv_half_ok(float inv, uint mode, uint *h2)
+{
+    *h2 = 0u;
+    if (mode == 0u) return true;
+    if (mode != 1u || !(inv >= 0x1p-14f && inv <= 0x1p15f)) return false; /* a normal f16: a power of two is exact */
+    if (OUT_DT == KV_E5M2 && inv < 1.0f) return false;
+    ushort h;
+    __asm__("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(inv));
+    *h2 = (uint)h | ((uint)h << 16);
+    return true;
+}
+#endif
+#endif
 
 uint2 pc_convert8(uint8 bits, float2 sc, uint mode)
 {
@@ -115,35 +201,57 @@ uint2 pc_convert8(uint8 bits, float2 sc, uint mode)
 #endif
 
 #if PC_FAST16
-void pc_move16(global uchar *dst, const global uchar *src, float2 sc, uint mode)
+/* 16 elements: IN_SIZE 16-byte words in (as 4 * IN_SIZE uints), one 16-byte word out. */
+void pc_move16_load(uint *wi, const global uchar *src) { kv_load_chunk(wi, src, 16 * IN_SIZE); }
+
+void pc_move16_store(global uchar *dst, const uint *wi, float2 sc, uint mode)
 {
-    const global uint4 *p = (const global uint4 *)src;
-#if IN_SIZE == 4
-    uint2 lo = pc_convert8((uint8)(p[0], p[1]), sc, mode), hi = pc_convert8((uint8)(p[2], p[3]), sc, mode);
+#if IN_SIZE == 2 && KV_NV_HW
+    const uint4 a = vload4(0, wi), b = vload4(1, wi);
+#if IN_DT == KV_F16
+    uint h2;
+    if (pc_nv_half_ok(sc.y, mode, &h2)) {
+        *(global uint4 *)dst =
+            (uint4)(pc_nv_prmt(pc_nv_pair_h(a.x, h2, mode), pc_nv_pair_h(a.y, h2, mode), 0x5410u),
+                    pc_nv_prmt(pc_nv_pair_h(a.z, h2, mode), pc_nv_pair_h(a.w, h2, mode), 0x5410u),
+                    pc_nv_prmt(pc_nv_pair_h(b.x, h2, mode), pc_nv_pair_h(b.y, h2, mode), 0x5410u),
+                    pc_nv_prmt(pc_nv_pair_h(b.z, h2, mode), pc_nv_pair_h(b.w, h2, mode), 0x5410u));
+        return;
+    }
+#endif
+    *(global uint4 *)dst = (uint4)(pc_nv_quad(a.x, a.y, sc, mode), pc_nv_quad(a.z, a.w, sc, mode),
+                                   pc_nv_quad(b.x, b.y, sc, mode), pc_nv_quad(b.z, b.w, sc, mode));
+#elif IN_SIZE == 4
+    uint2 lo = pc_convert8(vload8(0, wi), sc, mode), hi = pc_convert8(vload8(1, wi), sc, mode);
+    *(global uint4 *)dst = (uint4)(lo, hi);
 #else
     const uint8 order = (uint8)(0, 4, 1, 5, 2, 6, 3, 7); /* little-endian: the low half of a word comes first */
-    uint4 a = p[0], b = p[1];
+    uint4 a = vload4(0, wi), b = vload4(1, wi);
     uint2 lo = pc_convert8(shuffle2(a & 0xffffu, a >> 16, order), sc, mode);
     uint2 hi = pc_convert8(shuffle2(b & 0xffffu, b >> 16, order), sc, mode);
-#endif
     *(global uint4 *)dst = (uint4)(lo, hi);
+#endif
 }
 #endif
 
 #if PC_FAST16 && VEC_K == 16
-#define pc_move_k pc_move16
+#define pc_move_k_load pc_move16_load
+#define pc_move_k_store pc_move16_store
 #else
 PC_DEFINE_MOVE(pc_move_k, VEC_K)
 #endif
 #if PC_FAST16 && VEC_V == 16
-#define pc_move_v pc_move16
+#define pc_move_v_load pc_move16_load
+#define pc_move_v_store pc_move16_store
 #else
 PC_DEFINE_MOVE(pc_move_v, VEC_V)
 #endif
 
-void pc_move_any(global uchar *dst, const global uchar *src, float2 sc, uint mode)
+void pc_move_any_load(uint *wi, const global uchar *src) { wi[0] = kv_load_bytes(src, IN_SIZE); }
+
+void pc_move_any_store(global uchar *dst, const uint *wi, float2 sc, uint mode)
 {
-    kv_store_bytes(dst, pc_convert(kv_load_bytes(src, IN_SIZE), sc, mode), OUT_SIZE);
+    kv_store_bytes(dst, pc_convert(wi[0], sc, mode), OUT_SIZE);
 }
 
 long pc_slot_aligned(const global uchar *p)
@@ -165,6 +273,7 @@ long pc_slot_any(const global uchar *p)
                      uint modes, ulong tok0, uint items)                                                       \
     {                                                                                                          \
         const uint ck = HD_K / (VK) / (G), cv = HD_V / (VV) / (G);                                             \
+        const int wk = KV_WORDS((VK) * IN_SIZE), wv = KV_WORDS((VV) * IN_SIZE);                                \
         const uint per_tok = HEADS * (ck + cv);                                                                \
         const uint i = (uint)get_global_id(0);                                                                 \
         if (i >= items) return;                                                                                \
@@ -175,24 +284,32 @@ long pc_slot_any(const global uchar *p)
             to = (long)(t / seq_len);                                                                          \
             ti = (long)(t - (ulong)to * seq_len);                                                              \
         }                                                                                                      \
-        long slot = SLOT(slots + slots_off + (to * ss.s0 + ti * ss.s1) * SLOT_SIZE);                           \
+        const long slot = SLOT(slots + slots_off + (to * ss.s0 + ti * ss.s1) * SLOT_SIZE);                     \
+        const bool is_k = r < HEADS * ck;                                                                      \
+        if (!is_k) r -= HEADS * ck;                                                                            \
+        const long h = r / (is_k ? ck : cv), d = (long)(r % (is_k ? ck : cv)) * (is_k ? (VK) : (VV)) * (INTERLEAVE ? 1 : (G)); \
+        const long gk = INTERLEAVE ? (long)ck * (VK) : (VK), gv = INTERLEAVE ? (long)cv * (VV) : (VV); /* elements */ \
+        uint w[(G) * (KV_WORDS((VK) * IN_SIZE) > KV_WORDS((VV) * IN_SIZE) ? KV_WORDS((VK) * IN_SIZE)          \
+                                                                           : KV_WORDS((VV) * IN_SIZE))];       \
+        if (is_k) {                                                                                            \
+            const global uchar *sp = ki + ki_off + (to * kis.s0 + ti * kis.s1 + h * kis.s2 + d * kis.s3) * IN_SIZE; \
+            for (int g = 0; g < (G); g++) MOVE_K##_load(w + g * wk, sp + g * gk * IN_SIZE);                  \
+        } else {                                                                                               \
+            const global uchar *sp = vi + vi_off + (to * vis.s0 + ti * vis.s1 + h * vis.s2 + d * vis.s3) * IN_SIZE; \
+            for (int g = 0; g < (G); g++) MOVE_V##_load(w + g * wv, sp + g * gv * IN_SIZE);                  \
+        }                                                                                                      \
         if (slot < 0) return;                                                                                  \
         if (slot >= num_slots) {                                                                               \
-            if (r == 0u) atomic_or(err, 1);                                                                    \
+            if (r == 0u && is_k) atomic_or(err, 1);                                                            \
             return;                                                                                            \
         }                                                                                                      \
-        long blk = (long)((ulong)slot / BLOCK_SIZE), off = slot - blk * BLOCK_SIZE;                            \
-        if (r < HEADS * ck) {                                                                                  \
-            long h = r / ck, d = (long)(r % ck) * (VK) * (G);                                                  \
+        const long blk = (long)((ulong)slot / BLOCK_SIZE), off = slot - blk * BLOCK_SIZE;                      \
+        if (is_k) {                                                                                            \
             global uchar *dp = kc + kc_off + (blk * kcs.s0 + off * kcs.s1 + h * kcs.s2 + d * kcs.s3) * OUT_SIZE; \
-            const global uchar *sp = ki + ki_off + (to * kis.s0 + ti * kis.s1 + h * kis.s2 + d * kis.s3) * IN_SIZE; \
-            for (int g = 0; g < (G); g++) MOVE_K(dp + g * (VK) * OUT_SIZE, sp + g * (VK) * IN_SIZE, k_sc, modes & 3u); \
+            for (int g = 0; g < (G); g++) MOVE_K##_store(dp + g * gk * OUT_SIZE, w + g * wk, k_sc, modes & 3u); \
         } else {                                                                                               \
-            r -= HEADS * ck;                                                                                   \
-            long h = r / cv, d = (long)(r % cv) * (VV) * (G);                                                  \
             global uchar *dp = vc + vc_off + (blk * vcs.s0 + off * vcs.s1 + h * vcs.s2 + d * vcs.s3) * OUT_SIZE; \
-            const global uchar *sp = vi + vi_off + (to * vis.s0 + ti * vis.s1 + h * vis.s2 + d * vis.s3) * IN_SIZE; \
-            for (int g = 0; g < (G); g++) MOVE_V(dp + g * (VV) * OUT_SIZE, sp + g * (VV) * IN_SIZE, v_sc, modes >> 2); \
+            for (int g = 0; g < (G); g++) MOVE_V##_store(dp + g * gv * OUT_SIZE, w + g * wv, v_sc, modes >> 2); \
         }                                                                                                      \
     }
 
