@@ -3,12 +3,13 @@
  * free pages run short; a finished request hands its pages to the prefix cache.
  * A per-page owner byte lets every call check the pages it is given (a tree page can never be freed by a request,
  * a free page never inserted), so a caller's bookkeeping error is reported instead of corrupting the cache.
- * Free pages are a bitmap, not a stack of ids: allocation takes the next free pages after where the last one
- * stopped, so a request gets runs of consecutive ids even after eviction has returned pages in LRU order (freed
- * neighbours merge by themselves in a bitmap). Runs keep every per-page array touched downstream (owner bytes,
- * the caller's page tables) sequential instead of scattered over the whole cache. A page is never shared here,
- * so a bit is all the reference count it needs. A summary bit per bitmap word (set when the word has a free
- * page) bounds the search for the next free page to total/4096 words.
+ * Free pages are a bitmap, not a stack of ids: allocation takes the lowest free pages, so a request gets runs of
+ * consecutive ids even after eviction has returned pages in LRU order (freed neighbours merge by themselves in a
+ * bitmap), and the pages in use stay packed at the low end of the cache. Runs keep every per-page array touched
+ * downstream (owner bytes, the caller's page tables) sequential instead of scattered, and packing keeps those
+ * arrays' working set at the size of what is in use, not of the whole cache. A page is never shared here, so a
+ * bit is all the reference count it needs. A summary bit per bitmap word (set when the word has a free page) and
+ * the index of the lowest word that may have one bound the search to total/4096 words.
  * Whether a page is free is the bitmap's to say; the owner byte only tells the allocated ones apart (held by a
  * request or cached), so eviction touches the bitmap and reads the owner byte, nothing else per page.
  * Not thread-safe: the scheduler that owns it serialises calls. */
@@ -33,7 +34,7 @@ struct kvhal_cache_manager {
     uint64_t *free_bits;     /* bit p: page p is free; bits past total stay 0 */
     uint64_t *free_sum;      /* bit w: free_bits[w] != 0 */
     size_t nwords, nsum;
-    size_t cursor;           /* word where the next allocation starts looking */
+    size_t low;              /* every bitmap word below this one is 0 (no free page) */
     int64_t held;            /* pages held by running requests */
     uint64_t evicted_pages;
     kvhal_status cb_status;  /* first error seen inside an eviction callback */
@@ -61,28 +62,28 @@ static inline void page_set_free(kvhal_cache_manager *cm, uint32_t p)
     size_t w = p >> 6;
     cm->free_bits[w] |= 1ull << (p & 63);
     cm->free_sum[w >> 6] |= 1ull << (w & 63);
+    if (w < cm->low) cm->low = w;
 }
 
-/* The first word at or after `from` (cyclically) with a free page; the caller knows there is one. */
+/* The first word at or after `from` with a free page; the caller knows there is one (from <= the lowest). */
 static size_t next_free_word(const kvhal_cache_manager *cm, size_t from)
 {
-    if (from >= cm->nwords) from = 0;
     size_t si = from >> 6;
-    uint64_t m = cm->free_sum[si] & (~0ull << (from & 63));
+    uint64_t m = si < cm->nsum ? cm->free_sum[si] & (~0ull << (from & 63)) : 0;
     while (!m) {
-        si = si + 1 == cm->nsum ? 0 : si + 1;
+        si = si + 1 >= cm->nsum ? 0 : si + 1; /* wraps only if the caller was wrong: then any free word will do */
         m = cm->free_sum[si];
     }
     return (si << 6) + (size_t)__builtin_ctzll(m);
 }
 
-/* Takes n free pages (n <= nfree) in bitmap order from the cursor on, marks them held. A whole free word is a run
- * of 64 ids: written as one, without looking at its bits. */
+/* Takes the n lowest free pages (n <= nfree) and marks them held. A whole free word is a run of 64 ids: written
+ * as one, without looking at its bits. */
 static void take_pages(kvhal_cache_manager *cm, int32_t n, int32_t *restrict out)
 {
     uint64_t *restrict bits = cm->free_bits;
     uint8_t *restrict state = cm->state;
-    size_t w = cm->cursor;
+    size_t w = cm->low;
     int32_t k = 0;
     while (k < n) {
         uint64_t x = bits[w];
@@ -107,7 +108,7 @@ static void take_pages(kvhal_cache_manager *cm, int32_t n, int32_t *restrict out
         bits[w] = x;
         if (!x) cm->free_sum[w >> 6] &= ~(1ull << (w & 63));
     }
-    cm->cursor = w;
+    cm->low = w;
     cm->nfree -= n;
 }
 
@@ -278,29 +279,45 @@ static kvhal_status mark_held_slow(kvhal_cache_manager *cm, const int32_t *pages
     return KVHAL_OK;
 }
 
-/* The same, run once per page of every finished request (hundreds at page size 1), as two branch-free passes:
- * the first checks range and owner (an out-of-range id reads page 0's byte and is caught by its range bit), the
- * second marks and catches a page listed twice (its second sight reads the mark). Every page of the range was
- * HELD before the second pass, so a failure undoes it wholesale; the careful loop above then finds the page to
- * report. */
+/* The same, run once per page of every finished request (hundreds at page size 1). The range check is one
+ * vectorized pass first. Then four pages at a time: each owner byte is read just before its mark is written (so
+ * a page listed twice reads the mark at its second sight) and the four reads are checked together, one branch
+ * per four pages. On a failure the group is put back from what was read, in reverse (a duplicate restores its
+ * original value last), the earlier groups were all HELD; the careful loop above then finds the page to report. */
 static kvhal_status mark_held(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to, uint8_t mark)
 {
     const int32_t *restrict pg = pages;
-    uint8_t *restrict state = cm->state;
     const uint32_t total = (uint32_t)cm->total;
-    uint32_t bad = 0;
-    for (size_t i = from; i < to; i++) {
-        uint32_t p = (uint32_t)pg[i];
-        uint32_t out = p >= total;
-        bad |= out | (uint32_t)(state[out ? 0 : p] ^ PAGE_HELD);
+    uint32_t out_of_range = 0;
+    for (size_t i = from; i < to; i++) out_of_range |= (uint32_t)pg[i] >= total;
+    if (out_of_range) return mark_held_slow(cm, pages, from, to, mark);
+    uint8_t *state = cm->state;
+    size_t i = from;
+    for (; i + 4 <= to; i += 4) {
+        int32_t p0 = pg[i], p1 = pg[i + 1], p2 = pg[i + 2], p3 = pg[i + 3];
+        uint8_t s0 = state[p0];
+        state[p0] = mark;
+        uint8_t s1 = state[p1];
+        state[p1] = mark;
+        uint8_t s2 = state[p2];
+        state[p2] = mark;
+        uint8_t s3 = state[p3];
+        state[p3] = mark;
+        if (((s0 ^ PAGE_HELD) | (s1 ^ PAGE_HELD) | (s2 ^ PAGE_HELD) | (s3 ^ PAGE_HELD)) != 0) {
+            state[p3] = s3;
+            state[p2] = s2;
+            state[p1] = s1;
+            state[p0] = s0;
+            goto undo;
+        }
     }
-    if (bad) return mark_held_slow(cm, pages, from, to, mark);
-    for (size_t i = from; i < to; i++) {
-        bad |= (uint32_t)(state[pg[i]] ^ PAGE_HELD);
+    for (; i < to; i++) {
+        if (state[pg[i]] != PAGE_HELD) goto undo;
         state[pg[i]] = mark;
     }
-    if (!bad) return KVHAL_OK;
-    for (size_t i = from; i < to; i++) state[pg[i]] = PAGE_HELD;
+    return KVHAL_OK;
+undo:
+    while (i-- > from) state[pg[i]] = PAGE_HELD;
     return mark_held_slow(cm, pages, from, to, mark);
 }
 
@@ -401,7 +418,7 @@ static void count_tree_page(const int32_t *pages, size_t n, void *user)
     tc->pages += n;
 }
 
-/* The free set: bitmap, summary bits and count agree, no bit past the last page, the cursor inside. */
+/* The free set: bitmap, summary bits and count agree, no bit past the last page, nothing free below `low`. */
 static kvhal_status check_free_set(const kvhal_cache_manager *cm)
 {
     size_t total = (size_t)cm->total, count = 0;
@@ -415,9 +432,13 @@ static kvhal_status check_free_set(const kvhal_cache_manager *cm)
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: free bits set past the last page");
     if (cm->nwords % 64 && cm->free_sum[cm->nsum - 1] >> (cm->nwords % 64))
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: summary bits set past the last word");
-    if (count != (size_t)cm->nfree || cm->nfree < 0 || cm->cursor >= cm->nwords)
-        return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu free bits but a count of %d (cursor %zu of %zu words)",
-                          count, (int)cm->nfree, cm->cursor, cm->nwords);
+    if (count != (size_t)cm->nfree || cm->nfree < 0 || cm->low >= cm->nwords)
+        return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu free bits but a count of %d (lowest free word %zu of "
+                          "%zu)", count, (int)cm->nfree, cm->low, cm->nwords);
+    for (size_t w = 0; w < cm->low; w++)
+        if (cm->free_bits[w])
+            return kvhal__err(KVHAL_INTEGRITY, "cache manager: free pages in word %zu, below the lowest free word %zu",
+                              w, cm->low);
     return KVHAL_OK;
 }
 
