@@ -193,18 +193,43 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
 {
     kvhal_cache_manager *cm = user;
     const uint8_t *restrict state = cm->state;
+    uint64_t *restrict bits = cm->free_bits;
+    uint64_t *restrict sum = cm->free_sum;
     const uint32_t total = (uint32_t)cm->total;
+    /* A leaf's pages come in runs: the bits of one bitmap word are gathered in a register and written once. */
+    size_t cw = 0, low = cm->low;
+    uint64_t acc = 0;
     size_t freed = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t p = (uint32_t)pages[i];
-        if (p < total && state[p] == PAGE_TREE && !page_is_free(cm, p)) {
-            page_set_free(cm, p);
-            freed++;
-        } else if (cm->cb_status == KVHAL_OK) {
+        size_t w = p >> 6;
+        uint64_t bit = 1ull << (p & 63);
+        if (p < total && state[p] == PAGE_TREE) {
+            if (w != cw) {
+                if (acc) {
+                    bits[cw] |= acc;
+                    sum[cw >> 6] |= 1ull << (cw & 63);
+                    if (cw < low) low = cw;
+                }
+                cw = w;
+                acc = 0;
+            }
+            if (!((bits[w] | acc) & bit)) {
+                acc |= bit;
+                freed++;
+                continue;
+            }
+        }
+        if (cm->cb_status == KVHAL_OK)
             cm->cb_status = kvhal__err(KVHAL_INTEGRITY, "cache manager: evicted page %d was not a cached page",
                                        (int)pages[i]);
-        }
     }
+    if (acc) {
+        bits[cw] |= acc;
+        sum[cw >> 6] |= 1ull << (cw & 63);
+        if (cw < low) low = cw;
+    }
+    cm->low = low;
     cm->nfree += (int32_t)freed;
     cm->evicted_pages += freed;
 }
