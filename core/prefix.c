@@ -89,12 +89,22 @@ static inline uint64_t mix64(uint64_t x)
     return x;
 }
 
+/* Key of a page of tokens for the child table. Four independent lanes, so that a 16-token page costs four
+ * dependent multiplies, not sixteen (it is computed for every edge an operation walks into). */
 static inline uint64_t page_key(const int32_t *t, int32_t ps)
 {
     if (ps == 1) return (uint32_t)t[0];
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (int32_t i = 0; i < ps; i++) h = (h ^ (uint32_t)t[i]) * 0x100000001b3ULL;
-    return h;
+    uint64_t h0 = 0xcbf29ce484222325ULL, h1 = 0x243f6a8885a308d3ULL, h2 = 0x13198a2e03707344ULL,
+             h3 = 0xa4093822299f31d0ULL;
+    int32_t i = 0;
+    for (; i + 4 <= ps; i += 4) {
+        h0 = (h0 ^ (uint32_t)t[i]) * 0x100000001b3ULL;
+        h1 = (h1 ^ (uint32_t)t[i + 1]) * 0x100000001b3ULL;
+        h2 = (h2 ^ (uint32_t)t[i + 2]) * 0x100000001b3ULL;
+        h3 = (h3 ^ (uint32_t)t[i + 3]) * 0x100000001b3ULL;
+    }
+    for (; i < ps; i++) h0 = (h0 ^ (uint32_t)t[i]) * 0x100000001b3ULL;
+    return mix64(h0 ^ h1 * 0x9e3779b97f4a7c15ULL ^ h2 * 0xc2b2ae3d27d4eb4fULL ^ h3 * 0x165667b19e3779f9ULL);
 }
 
 static inline uint64_t child_hash(const node *parent, uint64_t key)

@@ -492,6 +492,122 @@ static void test_simulation(void **state)
     run_sim(16, 30, 13, 20000);
 }
 
+static void expect_run(const int32_t *pages, size_t n, int32_t first)
+{
+    for (size_t i = 0; i < n; i++) assert_int_equal(pages[i], first + (int32_t)i);
+}
+
+/* The free set hands out the lowest free pages, whole runs when the pages are free in a row, and freed
+ * neighbours merge again (also across the 64-page words of the bitmap and the odd tail past the last full one). */
+static void test_free_runs(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(200, 1, KVHAL_PREFIX_RADIX);
+    int32_t *all = malloc(200 * sizeof *all);
+    assert_non_null(all);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 10, all), KVHAL_OK);
+    expect_run(all, 10, 0);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 100, all + 10), KVHAL_OK);
+    expect_run(all + 10, 100, 10);
+    ok(cm);
+    /* two holes; the next allocation fills the lower one first, then splits the upper one */
+    assert_int_equal(kvhal_cache_manager_free(cm, all + 60, 10), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_free(cm, all + 20, 10), KVHAL_OK);
+    ok(cm);
+    int32_t got[15];
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 15, got), KVHAL_OK);
+    expect_run(got, 10, 20);
+    expect_run(got + 10, 5, 60);
+    ok(cm);
+    /* the rest of the upper hole, then the untouched tail */
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 8, got), KVHAL_OK);
+    expect_run(got, 5, 65);
+    expect_run(got + 5, 3, 110);
+    ok(cm);
+    /* everything back, in a scattered order: one run of all 200 again */
+    int32_t n = 200 - kvhal_cache_manager_num_free(cm);
+    int32_t held[200], k = 0;
+    for (int32_t p = 199; p >= 0; p--)
+        if (p < 113) held[k++] = p;
+    assert_int_equal(k, n);
+    for (int32_t i = 0; i < k; i += 2) assert_int_equal(kvhal_cache_manager_free(cm, held + i, 1), KVHAL_OK);
+    for (int32_t i = 1; i < k; i += 2) assert_int_equal(kvhal_cache_manager_free(cm, held + i, 1), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 200);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 200, all), KVHAL_OK);
+    expect_run(all, 200, 0);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 1, got), KVHAL_OUT_OF_MEMORY);
+    assert_int_equal(kvhal_cache_manager_free(cm, all, 200), KVHAL_OK);
+    ok(cm);
+    free(all);
+    kvhal_cache_manager_destroy(cm);
+}
+
+/* Pages that eviction hands back in LRU order of leaves merge with their neighbours: after the whole tree is
+ * evicted, the cache is one run again; and the leaves go in LRU order (the oldest request's pages first). */
+static void test_evicted_pages_merge(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(96, 1, KVHAL_PREFIX_RADIX);
+    int32_t t[3][24];
+    for (int r = 0; r < 3; r++) seq(t[r], 24, 1000 * (r + 1));
+    for (int r = 0; r < 3; r++) run_request(cm, t[r], 24);
+    run_request(cm, t[0], 24); /* request 0 is now the newest: request 1's pages (24..47) go first */
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 24);
+    int32_t got[96];
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 48, got), KVHAL_OK);
+    expect_run(got, 24, 24); /* request 1's leaf, evicted, taken back as the lowest free run */
+    expect_run(got + 24, 24, 72);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_free(cm, got, 48), KVHAL_OK);
+    size_t ev = 0;
+    assert_int_equal(kvhal_cache_manager_evict(cm, SIZE_MAX, &ev), KVHAL_OK);
+    assert_int_equal(ev, 48);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 96, got), KVHAL_OK);
+    expect_run(got, 96, 0);
+    assert_int_equal(kvhal_cache_manager_free(cm, got, 96), KVHAL_OK);
+    ok(cm);
+    kvhal_cache_manager_destroy(cm);
+}
+
+/* cache_finished checks its pages four at a time: a page listed twice inside one group of four, or a bad page
+ * after several good groups, is refused and every owner mark made before it is undone. */
+static void test_finish_bad_page_in_group(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(64, 1, KVHAL_PREFIX_RADIX);
+    int32_t t[20], cached_t[4];
+    seq(t, 20, 1);
+    seq(cached_t, 4, 500);
+    run_request(cm, cached_t, 4); /* pages 0..3 now belong to the tree */
+    for (int variant = 0; variant < 4; variant++) {
+        int32_t pages[20];
+        kvhal_prefix_handle h;
+        size_t cached;
+        assert_int_equal(kvhal_cache_manager_match(cm, t, 20, &h, &cached, pages, 20), KVHAL_OK);
+        assert_int_equal(cached, 0);
+        assert_int_equal(kvhal_cache_manager_allocate(cm, 20, pages), KVHAL_OK);
+        int32_t bad[20];
+        memcpy(bad, pages, sizeof bad);
+        switch (variant) {
+        case 0: bad[9] = bad[8]; break;    /* twice, next to each other in the third group */
+        case 1: bad[11] = bad[8]; break;   /* twice, at the ends of one group */
+        case 2: bad[13] = 2; break;        /* a tree page after three good groups */
+        default: bad[18] = bad[1]; break;  /* twice, in the scalar tail */
+        }
+        int32_t free_before = kvhal_cache_manager_num_free(cm);
+        assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 20, bad, h), KVHAL_INVALID_ARGUMENT);
+        ok(cm);
+        assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
+        assert_int_equal(info(cm).total_tokens, 4);
+        /* every page is still the request's: freeing them all works */
+        assert_int_equal(kvhal_cache_manager_free(cm, pages, 20), KVHAL_OK);
+        ok(cm);
+    }
+    kvhal_cache_manager_destroy(cm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -504,6 +620,9 @@ int main(void)
         cmocka_unit_test(test_naive),
         cmocka_unit_test(test_fault_injection),
         cmocka_unit_test(test_simulation),
+        cmocka_unit_test(test_free_runs),
+        cmocka_unit_test(test_evicted_pages_merge),
+        cmocka_unit_test(test_finish_bad_page_in_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

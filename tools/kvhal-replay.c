@@ -328,7 +328,8 @@ typedef struct workload {
     /* materialized tokens and prefix hashes of every request when they fit. hash[k] names the prefix through
      * token (k+1)*hstride-1: every token (hstride 1) for K/V content, every page end with --no-kv */
     int32_t *tok;
-    uint64_t *hash;
+    uint64_t *hash; /* K/V mode */
+    uint32_t *tag;  /* --no-kv: the 32 bits of each hash that the shadow keeps; half the memory to stream */
     size_t *toff, *hoff;
     size_t hstride;
     replay_trace tr;
@@ -344,7 +345,8 @@ static uint64_t rng_next(uint64_t *s)
     return mix64(*s);
 }
 
-static void gen_tokens(const workload *w, size_t i, int32_t *tok, uint64_t *hash)
+/* Tokens of request i, and its prefix hashes (hash) or their low 32 bits (tag), whichever is not NULL. */
+static void gen_tokens(const workload *w, size_t i, int32_t *tok, uint64_t *hash, uint32_t *tag)
 {
     size_t hs = w->hstride;
     const wreq *r = &w->reqs[i];
@@ -371,7 +373,10 @@ static void gen_tokens(const workload *w, size_t i, int32_t *tok, uint64_t *hash
     uint64_t h = HASH_START;
     for (size_t j = 0; j < n; j++) {
         h = hash_step(h, tok[j]);
-        if ((j + 1) % hs == 0) hash[j / hs] = h;
+        if ((j + 1) % hs == 0) {
+            if (hash) hash[j / hs] = h;
+            else tag[j / hs] = (uint32_t)h;
+        }
     }
 }
 
@@ -465,16 +470,19 @@ static int workload_init(workload *w, const options *o)
      * are generated per request, with that time taken out of the figures. */
     if (total <= ((size_t)32 << 20)) {
         w->tok = malloc((total + 1) * sizeof *w->tok);
-        w->hash = malloc((htotal + 1) * sizeof *w->hash);
+        if (o->no_kv) w->tag = malloc((htotal + 1) * sizeof *w->tag);
+        else w->hash = malloc((htotal + 1) * sizeof *w->hash);
         w->toff = malloc((w->n + 1) * sizeof *w->toff);
         w->hoff = malloc((w->n + 1) * sizeof *w->hoff);
-        if (!w->tok || !w->hash || !w->toff || !w->hoff) {
+        if (!w->tok || (!w->hash && !w->tag) || !w->toff || !w->hoff) {
             free(w->tok);
             free(w->hash);
+            free(w->tag);
             free(w->toff);
             free(w->hoff);
             w->tok = NULL;
             w->hash = NULL;
+            w->tag = NULL;
             w->toff = w->hoff = NULL;
         } else {
             size_t off = 0, hoff = 0;
@@ -482,7 +490,7 @@ static int workload_init(workload *w, const options *o)
                 size_t len = (size_t)w->reqs[i].in_len + w->reqs[i].out_len;
                 w->toff[i] = off;
                 w->hoff[i] = hoff;
-                gen_tokens(w, i, w->tok + off, w->hash + hoff);
+                gen_tokens(w, i, w->tok + off, w->hash ? w->hash + hoff : NULL, w->tag ? w->tag + hoff : NULL);
                 off += len;
                 hoff += len / w->hstride;
             }
@@ -496,6 +504,7 @@ static void workload_free(workload *w)
     free(w->reqs);
     free(w->tok);
     free(w->hash);
+    free(w->tag);
     free(w->toff);
     free(w->hoff);
     if (w->trace) replay_trace_free(&w->tr);
@@ -655,9 +664,11 @@ typedef struct slot {
     bool active;
     size_t req;
     const int32_t *tok;
-    const uint64_t *hash;
+    const uint64_t *hash; /* K/V mode */
+    const uint32_t *tag;  /* --no-kv */
     int32_t *tokbuf;
     uint64_t *hashbuf;
+    uint32_t *tagbuf;
     int32_t *pages;
     size_t in_len, total, len, matched;
     size_t npages, in_page; /* pages held; tokens in the last page (len % page size), kept to avoid divisions */
@@ -793,7 +804,7 @@ static void verify_hit(replay *r, slot *s)
         size_t pos = k == 0 ? 0 : k == 1 ? s->matched - 1 : (size_t)(rng_next(&r->rng) % s->matched);
         if (!r->kv) {
             size_t pi = pos / ps;
-            if (r->shadow[s->pages[pi]] != (uint32_t)s->hash[pi]) report_mismatch(r, s, pi * ps, -1, -1, -1);
+            if (r->shadow[s->pages[pi]] != s->tag[pi]) report_mismatch(r, s, pi * ps, -1, -1, -1);
             r->st.verified++;
             continue;
         }
@@ -866,12 +877,14 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
     s->total = (size_t)q->in_len + q->out_len;
     if (r->w->tok) {
         s->tok = r->w->tok + r->w->toff[req];
-        s->hash = r->w->hash + r->w->hoff[req];
+        s->hash = r->w->hash ? r->w->hash + r->w->hoff[req] : NULL;
+        s->tag = r->w->tag ? r->w->tag + r->w->hoff[req] : NULL;
     } else {
         double t0 = now_s();
-        gen_tokens(r->w, req, s->tokbuf, s->hashbuf);
+        gen_tokens(r->w, req, s->tokbuf, s->hashbuf, s->tagbuf);
         s->tok = s->tokbuf;
         s->hash = s->hashbuf;
+        s->tag = s->tagbuf;
         r->excluded += now_s() - t0;
     }
     size_t cached = 0;
@@ -917,7 +930,7 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
             if (write_kv(r, s->hash + cached + base, r->bslot, m) != 0) return -2;
         }
     } else {
-        for (size_t pi = (size_t)have; pi < s->in_len / ps; pi++) r->shadow[s->pages[pi]] = (uint32_t)s->hash[pi];
+        for (size_t pi = (size_t)have; pi < s->in_len / ps; pi++) r->shadow[s->pages[pi]] = s->tag[pi];
     }
     s->len = s->in_len;
     s->npages = div_up(s->in_len, ps);
@@ -991,7 +1004,7 @@ PHASE static int decode_step(replay *r)
         in_page += adv;
         if (in_page == ps) {
             in_page = 0;
-            if (!kv) shadow[page] = (uint32_t)s->hash[np - 1];
+            if (!kv) shadow[page] = s->tag[np - 1];
         }
         s->len = len;
         s->in_page = in_page;
@@ -1054,12 +1067,12 @@ static int decode_window(replay *r)
         slot *s = dec[q];
         size_t np = s->npages;
         int32_t *restrict pages = s->pages + np;
-        const uint64_t *restrict hash = s->hash + np;
+        const uint32_t *restrict tag = s->tag + np;
         const int32_t *restrict from = newpages + q;
         for (size_t k = 0; k < w; k++) {
             int32_t b = from[k * (size_t)nd];
             pages[k] = b;
-            shadow[b] = (uint32_t)hash[k];
+            shadow[b] = tag[k];
         }
         s->npages = np + w;
         s->reserve -= (int64_t)w;
@@ -1074,9 +1087,9 @@ static int decode_window(replay *r)
         s->npages = np + k_end;
         s->reserve -= (int64_t)k_end;
         /* pages filled in the window: from the one the window starts in (or the first new one) to the last full */
-        const uint64_t *restrict hash = s->hash;
+        const uint32_t *restrict tag = s->tag;
         const int32_t *restrict all = s->pages;
-        for (size_t pi = len / ps, full = (len + w) / ps; pi < full; pi++) shadow[all[pi]] = (uint32_t)hash[pi];
+        for (size_t pi = len / ps, full = (len + w) / ps; pi < full; pi++) shadow[all[pi]] = tag[pi];
         s->len = len + w;
         s->in_page = (s->in_page + w) % ps;
     }
@@ -1328,8 +1341,9 @@ static int run_replay(const options *o)
         if (!s->pages) goto oom;
         if (!w.tok) {
             s->tokbuf = malloc((w.max_len + 1) * sizeof *s->tokbuf);
-            s->hashbuf = malloc((w.max_len / w.hstride + 1) * sizeof *s->hashbuf);
-            if (!s->tokbuf || !s->hashbuf) goto oom;
+            if (o->no_kv) s->tagbuf = malloc((w.max_len / w.hstride + 1) * sizeof *s->tagbuf);
+            else s->hashbuf = malloc((w.max_len / w.hstride + 1) * sizeof *s->hashbuf);
+            if (!s->tokbuf || (!s->hashbuf && !s->tagbuf)) goto oom;
         }
     }
     kvhal_status cst = kvhal_cache_manager_create((int32_t)pages, r.ps, o->kind, &r.cm);
@@ -1358,6 +1372,7 @@ out:
             free(r.slots[i].pages);
             free(r.slots[i].tokbuf);
             free(r.slots[i].hashbuf);
+            free(r.slots[i].tagbuf);
         }
     free(r.slots);
     if (r.cm) kvhal_cache_manager_destroy(r.cm);
