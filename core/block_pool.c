@@ -71,7 +71,7 @@ kvhal_status kvhal_block_pool_destroy(kvhal_block_pool *p)
     return KVHAL_OK;
 }
 
-static kvhal_status allocate_impl(kvhal_block_pool *p, int32_t n, int32_t *blocks, uint8_t *tags, uint8_t tag)
+kvhal_status kvhal_block_pool_allocate(kvhal_block_pool *p, int32_t n, int32_t *blocks)
 {
     KVHAL_TRY(check_pool(p));
     if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
@@ -84,10 +84,9 @@ static kvhal_status allocate_impl(kvhal_block_pool *p, int32_t n, int32_t *block
     const int32_t *restrict top = p->free_stack + p->num_free - 1;
     int32_t *restrict ref = p->ref;
     int32_t *restrict out = blocks;
-    /* A fresh pool hands out consecutive ids, and so does one refilled with a released run (a multi-release
-     * pushes its list so that it comes back in the same order): then the ids, counts and tags are written as
-     * ranges (vector stores) instead of one scattered store per id. The ends say whether it can be a run; one
-     * vectorized pass over the stack top (top[-i] == b0 + i) says whether it is. */
+    /* A fresh pool hands out consecutive ids, and so does one refilled with a released run: then the ids and
+     * counts are written as ranges (vector stores) instead of one scattered store per id. The ends say whether it
+     * can be a run; one vectorized pass over the stack top (top[-i] == b0 + i) says whether it is. */
     const uint32_t b0 = (uint32_t)top[0];
     if ((uint32_t)top[-(n - 1)] == b0 + (uint32_t)(n - 1) && b0 + (uint32_t)(n - 1) < (uint32_t)p->num_blocks) {
         uint32_t diff = 0;
@@ -95,59 +94,27 @@ static kvhal_status allocate_impl(kvhal_block_pool *p, int32_t n, int32_t *block
         if (diff == 0) {
             for (int32_t i = 0; i < n; i++) out[i] = (int32_t)(b0 + (uint32_t)i);
             for (int32_t i = 0; i < n; i++) ref[b0 + (uint32_t)i] = 1;
-            if (tags) memset(tags + b0, tag, (size_t)n);
             p->num_free -= n;
             return KVHAL_OK;
         }
     }
-    /* unrolled by hand: the loop is store-bound and runs once per page (hundreds per request at page size 1) */
+    /* unrolled by hand: the loop is store-bound and runs once per block */
     int32_t i = 0;
-    if (tags) {
-        uint8_t *restrict tg = tags;
-        for (; i + 4 <= n; i += 4) {
-            int32_t c0 = top[-i], c1 = top[-i - 1], c2 = top[-i - 2], c3 = top[-i - 3];
-            out[i] = c0;
-            out[i + 1] = c1;
-            out[i + 2] = c2;
-            out[i + 3] = c3;
-            ref[c0] = ref[c1] = ref[c2] = ref[c3] = 1;
-            tg[c0] = tg[c1] = tg[c2] = tg[c3] = tag;
-        }
-        for (; i < n; i++) {
-            int32_t c = top[-i];
-            out[i] = c;
-            ref[c] = 1;
-            tg[c] = tag;
-        }
-    } else {
-        for (; i + 4 <= n; i += 4) {
-            int32_t c0 = top[-i], c1 = top[-i - 1], c2 = top[-i - 2], c3 = top[-i - 3];
-            out[i] = c0;
-            out[i + 1] = c1;
-            out[i + 2] = c2;
-            out[i + 3] = c3;
-            ref[c0] = ref[c1] = ref[c2] = ref[c3] = 1;
-        }
-        for (; i < n; i++) {
-            int32_t c = top[-i];
-            out[i] = c;
-            ref[c] = 1;
-        }
+    for (; i + 4 <= n; i += 4) {
+        int32_t c0 = top[-i], c1 = top[-i - 1], c2 = top[-i - 2], c3 = top[-i - 3];
+        out[i] = c0;
+        out[i + 1] = c1;
+        out[i + 2] = c2;
+        out[i + 3] = c3;
+        ref[c0] = ref[c1] = ref[c2] = ref[c3] = 1;
+    }
+    for (; i < n; i++) {
+        int32_t c = top[-i];
+        out[i] = c;
+        ref[c] = 1;
     }
     p->num_free -= n;
     return KVHAL_OK;
-}
-
-kvhal_status kvhal_block_pool_allocate(kvhal_block_pool *p, int32_t n, int32_t *blocks)
-{
-    return allocate_impl(p, n, blocks, NULL, 0);
-}
-
-kvhal_status kvhal__block_pool_allocate_tagged(kvhal_block_pool *p, int32_t n, int32_t *blocks, uint8_t *tags,
-                                               uint8_t tag)
-{
-    KVHAL_CHECK_ARG(tags, "tags: NULL");
-    return allocate_impl(p, n, blocks, tags, tag);
 }
 
 static kvhal_status check_block(const kvhal_block_pool *p, int32_t block)
@@ -173,60 +140,6 @@ kvhal_status kvhal_block_pool_release(kvhal_block_pool *p, int32_t block)
     KVHAL_TRY(check_pool(p));
     KVHAL_TRY(check_block(p, block));
     if (--p->ref[block] == 0) p->free_stack[p->num_free++] = block;
-    return KVHAL_OK;
-}
-
-kvhal_status kvhal__block_pool_release_many(kvhal_block_pool *p, const int32_t *blocks, size_t n)
-{
-    KVHAL_TRY(check_pool(p));
-    if (n == 0) return KVHAL_OK;
-    KVHAL_CHECK_ARG(blocks, "blocks: NULL for %zu blocks", n);
-    /* Fast path, the usual case (blocks owned once, e.g. a prefix-cache leaf going back): every count is 1.
-     * Zeroing as we go also catches a block listed twice (its second sight reads 0). */
-    size_t i = 0;
-    int32_t *restrict ref = p->ref;
-    const uint32_t nb = (uint32_t)p->num_blocks;
-    for (; i < n; i++) {
-        uint32_t b = (uint32_t)blocks[i];
-        if (b >= nb || ref[b] != 1) break;
-        ref[b] = 0;
-    }
-    if (i == n) {
-        /* pushed last first, so that allocation hands them out again in the listed order (runs stay runs) */
-        int32_t *restrict dst = p->free_stack + p->num_free;
-        for (i = 0; i < n; i++) dst[i] = blocks[n - 1 - i];
-        p->num_free += (int32_t)n;
-        return KVHAL_OK;
-    }
-    while (i-- > 0) p->ref[blocks[i]] = 1;
-    /* General case: drop the references first and undo them on a bad id, so that a list naming one block more
-     * often than it is referenced fails without changing anything. */
-    i = 0;
-    for (; i < n; i++) {
-        int32_t b = blocks[i];
-        if (b < 0 || b >= p->num_blocks || p->ref[b] == 0) break;
-        p->ref[b]--;
-    }
-    if (i < n) {
-        int32_t bad = blocks[i];
-        bool range = bad < 0 || bad >= p->num_blocks;
-        while (i-- > 0) p->ref[blocks[i]]++;
-        if (range)
-            return kvhal__err(KVHAL_OUT_OF_RANGE, "blocks: %d is out of range [0, %d)", (int)bad, (int)p->num_blocks);
-        return kvhal__err(KVHAL_INVALID_ARGUMENT, "blocks: %d is free (not allocated, or listed more often than it "
-                          "is referenced)", (int)bad);
-    }
-    for (size_t k = n; k-- > 0;) {
-        int32_t b = blocks[k];
-        /* A block listed twice reaches 0 only once: push it when its count is 0 and it is not pushed yet. The
-         * sentinel -1 marks "pushed" until the loop ends. */
-        if (p->ref[b] == 0) {
-            p->free_stack[p->num_free++] = b;
-            p->ref[b] = -1;
-        }
-    }
-    for (i = 0; i < n; i++)
-        if (p->ref[blocks[i]] < 0) p->ref[blocks[i]] = 0;
     return KVHAL_OK;
 }
 

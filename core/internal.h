@@ -104,13 +104,6 @@ KVHAL_HIDDEN kvhal_status kvhal__tensor_copy_pair(const kvhal_tensor *dst0, cons
                                                   const char *const names[4], kvhal_stream *s);
 
 /* ---- block pool, prefix cache (block_pool.c, prefix.c): what the cache manager needs beyond the API ---- */
-/* Drops one reference of each listed block; all or nothing (a bad id or a block listed more often than it is
- * referenced changes nothing). */
-KVHAL_HIDDEN kvhal_status kvhal__block_pool_release_many(kvhal_block_pool *p, const int32_t *blocks, size_t n);
-/* kvhal_block_pool_allocate that also sets tags[block] = tag for each block handed out (the cache manager's owner
- * byte), in the same pass. */
-KVHAL_HIDDEN kvhal_status kvhal__block_pool_allocate_tagged(kvhal_block_pool *p, int32_t n, int32_t *blocks,
-                                                            uint8_t *tags, uint8_t tag);
 /* kvhal_prefix_insert + kvhal_prefix_unlock(handle) as one step that first checks that handle (a locked match
  * of this request, or NULL) lies on the tokens' path and that pages[] repeats the cached pages up to it; nothing
  * changes when a check fails. */
