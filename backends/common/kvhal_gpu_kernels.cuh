@@ -95,6 +95,34 @@ template <int OUT> __device__ __forceinline__ uint32_t fp8_mag_hw2(float x, floa
     }
     return ((uint32_t)r & 0xffu) | (((uint32_t)r & 0xff00u) << 8);
 }
+
+/* Signed values straight into cvt.rn.satfinite (the vector paths): it rounds to nearest even and saturates +-inf
+ * and out-of-range values to +-max with their sign, as the reference does; only a NaN comes out differently (the
+ * canonical NaN code, whatever its sign), and fp8_nan_bytes finds those bytes for the caller to give sign | 0x7f.
+ * No clamp, no separate sign: half the instructions of the magnitude form. lo -> byte 0, hi -> byte 1. */
+template <int OUT> __device__ __forceinline__ uint32_t fp8_hw_x2(float lo, float hi)
+{
+    unsigned short r;
+    if (OUT == DT_E4M3)
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+/* 0xff in each byte of c that holds a NaN code: no finite result is above 0x7e (e4m3) or 0x7b (e5m2), and
+ * satfinite never gives e5m2's inf (0x7c), so a byte is NaN exactly when its low 7 bits reach 0x7f / 0x7d. */
+template <int OUT> __device__ __forceinline__ uint32_t fp8_nan_bytes(uint32_t c)
+{
+    const uint32_t m = ((c & 0x7f7f7f7fu) + (OUT == DT_E4M3 ? 0x01010101u : 0x03030303u)) & 0x80808080u;
+    return (m >> 7) * 0xffu;
+}
+
+/* NaN bytes (mask n) of c become sign | 0x7f, the sign bits (bit 7 of each byte) taken from the input. */
+__device__ __forceinline__ uint32_t fp8_fix_nan(uint32_t c, uint32_t n, uint32_t sign)
+{
+    return (c & ~n) | (n & (0x7f7f7f7fu | sign));
+}
 #endif
 
 /* y >= 0 (or a positive NaN): the vector path converts magnitudes, scale > 0 */
@@ -149,9 +177,19 @@ template <int OUT, bool DIV> struct XFp8Vec<DT_F32, OUT, DIV> {
     }
     static __device__ __forceinline__ Out apply(const In &v, float s)
     {
+#ifdef KVHAL_GPU_HW_FP8
+        const uint32_t lo = fp8_hw_x2<OUT>(scaled<DIV>(kvhal_gpu_bits_f32(v.x), s), scaled<DIV>(kvhal_gpu_bits_f32(v.y), s));
+        const uint32_t hi = fp8_hw_x2<OUT>(scaled<DIV>(kvhal_gpu_bits_f32(v.z), s), scaled<DIV>(kvhal_gpu_bits_f32(v.w), s));
+        const uint32_t c = __byte_perm(lo, hi, 0x5410), n = fp8_nan_bytes<OUT>(c);
+        if (!n) return c;
+        const uint32_t sign = ((v.x >> 24) & 0x80u) | ((v.y >> 16) & 0x8000u) | ((v.z >> 8) & 0x800000u) |
+                              (v.w & 0x80000000u);
+        return fp8_fix_nan(c, n, sign);
+#else
         const uint32_t lo = __byte_perm(one(v.x, s), one(v.y, s), 0x0040);
         const uint32_t hi = __byte_perm(one(v.z, s), one(v.w, s), 0x0040);
         return __byte_perm(lo, hi, 0x5410);
+#endif
     }
 };
 
@@ -179,6 +217,32 @@ template <int IN> __device__ __forceinline__ uint32_t nan_lanes(uint32_t w)
 template <int IN, int OUT, bool DIV> struct XFp8Vec {
     typedef uint4 In;
     typedef uint2 Out;
+#ifdef KVHAL_GPU_HW_FP8
+    static __device__ __forceinline__ float lane_lo(uint32_t w)
+    {
+        return IN == DT_BF16 ? kvhal_gpu_bits_f32(w << 16) : KVHAL_GPU_HALF_TO_FLOAT(w & 0xffffu);
+    }
+    static __device__ __forceinline__ float lane_hi(uint32_t w)
+    {
+        return IN == DT_BF16 ? kvhal_gpu_bits_f32(w & 0xffff0000u) : KVHAL_GPU_HALF_TO_FLOAT(w >> 16);
+    }
+    static __device__ __forceinline__ uint32_t word(uint32_t w, float s) /* 2 lanes -> bytes 0, 1 */
+    {
+        return fp8_hw_x2<OUT>(scaled<DIV>(lane_lo(w), s), scaled<DIV>(lane_hi(w), s));
+    }
+    static __device__ __forceinline__ Out apply(const In &v, float s)
+    {
+        Out o;
+        o.x = __byte_perm(word(v.x, s), word(v.y, s), 0x5410);
+        o.y = __byte_perm(word(v.z, s), word(v.w, s), 0x5410);
+        const uint32_t nx = fp8_nan_bytes<OUT>(o.x), ny = fp8_nan_bytes<OUT>(o.y);
+        if (nx | ny) { /* rare: the high byte of each 16-bit lane carries its sign */
+            o.x = fp8_fix_nan(o.x, nx, __byte_perm(v.x, v.y, 0x7531) & 0x80808080u);
+            o.y = fp8_fix_nan(o.y, ny, __byte_perm(v.z, v.w, 0x7531) & 0x80808080u);
+        }
+        return o;
+    }
+#else
     static __device__ __forceinline__ Out apply(const In &v, float s)
     {
         uint32_t c0 = fp8_pair<IN, OUT, DIV>(v.x, s), c1 = fp8_pair<IN, OUT, DIV>(v.y, s);
@@ -196,6 +260,7 @@ template <int IN, int OUT, bool DIV> struct XFp8Vec {
         o.y = __byte_perm(c2, c3, 0x6420);
         return o;
     }
+#endif
 };
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -223,6 +288,8 @@ struct PagedParams {
     int32_t slot64;  /* slots are int64 (else int32) */
     int32_t batched; /* num_tokens > seq_len: token t is (t / seq_len, t % seq_len) */
     int32_t tpc;     /* tokens per block (<= blockDim.x) */
+    int32_t fast32;  /* num_slots and num_tokens < 2^32, block_size and seq_len <= 2^31: divide with div_bs/div_seq */
+    kvhal_fastdiv32 div_bs, div_seq; /* by block_size, by seq_len */
 };
 
 /* Where unit i of a token block lives: token t (in the block), head h, unit c of the head. Computed twice per unit
@@ -289,7 +356,11 @@ __global__ void __launch_bounds__(KVHAL_GPU_PAGED_THREADS, KVHAL_GPU_PAGED_MIN_B
     int64_t slot = -1;
     if (tid < ntok) {
         const int64_t tok = tok0 + tid;
-        const int64_t b = p.batched ? tok / p.seq_len : 0, s = tok - b * p.seq_len;
+        /* 32-bit division by multiplication where the sizes allow: a 64-bit divide is a long dependent chain that
+         * warp 0 would run while the block's other warps wait at the barrier below */
+        const int64_t b = !p.batched ? 0
+                          : p.fast32 ? (int64_t)kvhal_fastdiv32_div((uint32_t)tok, p.div_seq) : tok / p.seq_len;
+        const int64_t s = tok - b * p.seq_len;
         const int64_t si = b * p.slot_outer + s * p.slot_inner;
         slot = p.slot64 ? reinterpret_cast<const int64_t *>(p.slots)[si]
                         : (int64_t)reinterpret_cast<const int32_t *>(p.slots)[si];
@@ -309,7 +380,9 @@ __global__ void __launch_bounds__(KVHAL_GPU_PAGED_THREADS, KVHAL_GPU_PAGED_MIN_B
                 if (slot >= p.num_slots) {
                     p.err[KVHAL_GPU_ERR_SLOT] = 1;
                 } else if (slot >= 0) {
-                    const int64_t blk = slot / p.block_size, off = slot - blk * p.block_size;
+                    const int64_t blk = p.fast32 ? (int64_t)kvhal_fastdiv32_div((uint32_t)slot, p.div_bs)
+                                                 : slot / p.block_size;
+                    const int64_t off = slot - blk * p.block_size;
                     ck = blk * p.k.block_stride + off * p.k.offset_stride;
                     cv = blk * p.v.block_stride + off * p.v.offset_stride;
                 }
