@@ -51,13 +51,13 @@ uint pc_convert(uint bits, float2 sc, uint mode)
         kv_store_chunk(dst, wo, (VEC) * OUT_SIZE);                                                             \
     }
 
-/* The main fp8 case, 16 elements of f32, f16 or bf16 into 16 fp8 bytes, as two 8-wide vector conversions. */
+/* The main fp8 case, 16 elements of f32, f16 or bf16 into 16 fp8 bytes: on NVIDIA sm_89+ one 32-bit word at a
+ * time through PTX, elsewhere as two 8-wide vector conversions. */
 #define PC_FAST16 (KV_IS_FP8(OUT_DT) && !KV_IS_FP8(IN_DT))
 #if PC_FAST16 && KV_NV_HW
 /* NVIDIA devices of compute capability 8.9 and later (the host sets KV_NV_HW only there): f16 -> f32 and f32 -> fp8
- * in hardware through inline PTX, two fp8 values per instruction (cvt.rn.satfinite: round to nearest even,
- * saturating). Magnitudes are converted, clamped first so that infinities saturate and NaN gives the largest code,
- * and the sign and NaN bits come from the input as on the integer path: the results are bit-identical to it. */
+ * in hardware through inline PTX, two fp8 values per instruction; the results are bit-identical to the integer
+ * path's. */
 float pc_nv_f16(uint h)
 {
     float f;
@@ -65,22 +65,6 @@ float pc_nv_f16(uint h)
     return f;
 }
 
-uint pc_nv_fp8x2(float lo, float hi) /* lo -> byte 0, hi -> byte 1 */
-{
-    ushort r;
-#if OUT_DT == KV_E4M3
-    __asm__("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(fmin(hi, 448.0f)), "f"(fmin(lo, 448.0f)));
-#else
-    __asm__("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(fmin(hi, 57344.0f)), "f"(fmin(lo, 57344.0f)));
-#endif
-    return r;
-}
-
-#if IN_SIZE == 2
-/* 16-bit inputs, one 32-bit word (two lanes) at a time, as the CUDA kernels do: the lanes' magnitudes become fp8
- * codes in one cvt, their sign bits move to bit 7 of the code bytes with one shift-and-mask, NaN lanes are found
- * with one add on the word, and prmt gathers the code bytes. Far fewer instructions than the 8-wide form below,
- * which spent its time unpacking lanes into vector elements and packing bytes back. */
 uint pc_nv_prmt(uint a, uint b, uint sel)
 {
     uint r;
@@ -88,32 +72,61 @@ uint pc_nv_prmt(uint a, uint b, uint sel)
     return r;
 }
 
-float pc_nv_lane(uint m) /* a 15-bit magnitude in the low half of m */
+/* Signed values straight into cvt.rn.satfinite, one 32-bit word of input at a time (as the CUDA kernels do): it
+ * rounds to nearest even and saturates +-inf and out-of-range values to +-max with their sign, as the reference
+ * does; only a NaN comes out differently (the canonical NaN code, whatever its sign), and pc_nv_fix_nan gives those
+ * bytes sign | 0x7f from the input. No clamp and no separate sign: far fewer instructions than the 8-wide form
+ * below, which is what bound this path (it ran out of instruction issue before memory ran out of bandwidth). */
+uint pc_nv_sx2(float lo, float hi) /* lo -> byte 0, hi -> byte 1 */
+{
+    ushort r;
+#if OUT_DT == KV_E4M3
+    __asm__("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+#else
+    __asm__("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+/* Bytes of the four codes c that are NaN (no finite result is above 0x7e in e4m3 or 0x7b in e5m2, and satfinite
+ * never gives e5m2's inf, 0x7c) become sign | 0x7f; sign has the inputs' sign bits at bit 7 of each byte. */
+uint pc_nv_fix_nan(uint c, uint sign)
+{
+    const uint m = ((c & 0x7f7f7f7fu) + (OUT_DT == KV_E4M3 ? 0x01010101u : 0x03030303u)) & 0x80808080u;
+    if (!m) return c;
+    const uint n = (m >> 7) * 0xffu;
+    return (c & ~n) | (n & (0x7f7f7f7fu | sign));
+}
+
+#if IN_SIZE == 2
+float pc_nv_lo(uint w) /* lane 0 of w */
 {
 #if IN_DT == KV_F16
-    return pc_nv_f16(m);
+    return pc_nv_f16(w & 0xffffu);
 #else
-    return as_float(m << 16);
+    return as_float(w << 16);
 #endif
 }
 
-/* Lanes 0 and 1 of w -> codes in bytes 0 and 2. */
-uint pc_nv_pair(uint w, float2 sc, uint mode)
+float pc_nv_hi(uint w) /* lane 1 of w */
 {
-    const float lo = kv_div(pc_nv_lane(w & 0x7fffu), sc.x, sc.y, mode);
-    const float hi = kv_div(pc_nv_lane((w >> 16) & 0x7fffu), sc.x, sc.y, mode);
-    const uint r = pc_nv_fp8x2(lo, hi);
-    uint c = (r & 0xffu) | ((r & 0xff00u) << 8) | ((w >> 8) & 0x00800080u);
-    /* inf is 0x7f80 in bf16, 0x7c00 in f16: a lane above that is NaN, and the add carries into its bit 15 */
-    const uint nan = ((w & 0x7fff7fffu) + (IN_DT == KV_BF16 ? 0x007f007fu : 0x03ff03ffu)) & 0x80008000u;
-    c |= (nan >> 15) * (OUT_DT == KV_E4M3 ? 0x01u : 0x04u); /* a NaN's magnitude code is 0x7e / 0x7b: now 0x7f */
-    return c;
+#if IN_DT == KV_F16
+    return pc_nv_f16(w >> 16);
+#else
+    return as_float(w & 0xffff0000u);
+#endif
 }
 
-/* The four elements of words w0, w1 -> four code bytes. */
+uint pc_nv_word(uint w, float2 sc, uint mode) /* both lanes of w -> bytes 0, 1 */
+{
+    return pc_nv_sx2(kv_div(pc_nv_lo(w), sc.x, sc.y, mode), kv_div(pc_nv_hi(w), sc.x, sc.y, mode));
+}
+
+/* The four elements of words w0, w1 -> four code bytes (the high byte of each 16-bit lane carries its sign). */
 uint pc_nv_quad(uint w0, uint w1, float2 sc, uint mode)
 {
-    return pc_nv_prmt(pc_nv_pair(w0, sc, mode), pc_nv_pair(w1, sc, mode), 0x6420u);
+    return pc_nv_fix_nan(pc_nv_prmt(pc_nv_word(w0, sc, mode), pc_nv_word(w1, sc, mode), 0x5410u),
+                         pc_nv_prmt(w0, w1, 0x7531u) & 0x80808080u);
 }
 
 #if IN_DT == KV_F16
@@ -156,29 +169,18 @@ bool pc_nv_half_ok(float inv, uint mode, uint *h2)
     return true;
 }
 #endif
+#else
+/* f32: four words -> four code bytes. */
+uint pc_nv_quad32(uint4 w, float2 sc, uint mode)
+{
+    const uint c = pc_nv_prmt(pc_nv_sx2(kv_div(as_float(w.x), sc.x, sc.y, mode), kv_div(as_float(w.y), sc.x, sc.y, mode)),
+                              pc_nv_sx2(kv_div(as_float(w.z), sc.x, sc.y, mode), kv_div(as_float(w.w), sc.x, sc.y, mode)),
+                              0x5410u);
+    return pc_nv_fix_nan(c, ((w.x >> 24) & 0x80u) | ((w.y >> 16) & 0x8000u) | ((w.z >> 8) & 0x800000u) |
+                                (w.w & 0x80000000u));
+}
 #endif
 
-uint2 pc_convert8(uint8 bits, float2 sc, uint mode)
-{
-#if IN_SIZE == 4
-    float8 x = as_float8(bits & 0x7fffffffu);
-    uint8 sign = (bits >> 24) & 0x80u;
-#else
-    uint8 m = bits & 0x7fffu;
-#if IN_DT == KV_F16
-    float8 x = (float8)(pc_nv_f16(m.s0), pc_nv_f16(m.s1), pc_nv_f16(m.s2), pc_nv_f16(m.s3), pc_nv_f16(m.s4),
-                        pc_nv_f16(m.s5), pc_nv_f16(m.s6), pc_nv_f16(m.s7));
-#else
-    float8 x = as_float8(m << 16);
-#endif
-    uint8 sign = (bits >> 8) & 0x80u;
-#endif
-    x = kv_div_8(x, sc.x, sc.y, mode);
-    uint c0 = pc_nv_fp8x2(x.s0, x.s1), c1 = pc_nv_fp8x2(x.s2, x.s3), c2 = pc_nv_fp8x2(x.s4, x.s5),
-         c3 = pc_nv_fp8x2(x.s6, x.s7);
-    uint8 code = (uint8)(c0 & 0xffu, c0 >> 8, c1 & 0xffu, c1 >> 8, c2 & 0xffu, c2 >> 8, c3 & 0xffu, c3 >> 8);
-    return as_uint2(convert_uchar8(sign | select(code, (uint8)0x7fu, isnan(x))));
-}
 #elif PC_FAST16
 /* The integer path, every device. */
 uint2 pc_convert8(uint8 bits, float2 sc, uint mode)
@@ -221,6 +223,9 @@ void pc_move16_store(global uchar *dst, const uint *wi, float2 sc, uint mode)
 #endif
     *(global uint4 *)dst = (uint4)(pc_nv_quad(a.x, a.y, sc, mode), pc_nv_quad(a.z, a.w, sc, mode),
                                    pc_nv_quad(b.x, b.y, sc, mode), pc_nv_quad(b.z, b.w, sc, mode));
+#elif KV_NV_HW
+    *(global uint4 *)dst = (uint4)(pc_nv_quad32(vload4(0, wi), sc, mode), pc_nv_quad32(vload4(1, wi), sc, mode),
+                                   pc_nv_quad32(vload4(2, wi), sc, mode), pc_nv_quad32(vload4(3, wi), sc, mode));
 #elif IN_SIZE == 4
     uint2 lo = pc_convert8(vload8(0, wi), sc, mode), hi = pc_convert8(vload8(1, wi), sc, mode);
     *(global uint4 *)dst = (uint4)(lo, hi);
