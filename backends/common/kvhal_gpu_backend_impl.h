@@ -710,8 +710,9 @@ kvhal_status paged_build(int32_t id, const kvhal_bk_paged_caching *a, PagedDesc 
     base.block_size = a->block_size;
     base.slot64 = a->slot_dtype == KVHAL_I64;
     base.batched = a->num_tokens > a->seq_len;
+    /* block_size is an int32_t, so within fastdiv32's divisor range (<= 2^31) */
     base.fast32 = base.num_slots <= (int64_t)UINT32_MAX && a->num_tokens <= (int64_t)UINT32_MAX &&
-                  a->block_size <= ((int64_t)1 << 31) && a->seq_len <= ((int64_t)1 << 31);
+                  a->seq_len <= ((int64_t)1 << 31);
     if (base.fast32) {
         base.div_bs = kvhal_fastdiv32_make((uint32_t)a->block_size);
         base.div_seq = kvhal_fastdiv32_make((uint32_t)a->seq_len);
