@@ -95,8 +95,10 @@ static inline gpuError_t gpuPointerDevice(const void *p, int *dev, int *is_devic
 }
 
 #else /* CUDA */
+#include <cuda.h> /* driver types only: cuLaunchKernel is looked up at run time, libcuda is not linked */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #define KVHAL_GPU_NAME "cuda"
 #define KVHAL_GPU_RUNTIME_NAME "CUDA"
