@@ -1,7 +1,7 @@
 #!/bin/bash
 # Lead's final device run: build (cpu, cuda, opencl), full test suite, kvhal-info, kvhal-bench on cuda:0 and on
 # NVIDIA OpenCL, kvhal-replay on cuda:0, radix --no-kv on the host CPU. Logs in $OUT.
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/.."
 source .devdeps/env.sh
 B=/tmp/b; rm -rf $B
 t0=$(date +%s)
@@ -26,7 +26,8 @@ timeout 60 $B/tools/kvhal-replay --quiet --no-kv --repeat 50 --page-size 16 >> $
 timeout 60 $B/tools/kvhal-replay --quiet --no-kv --repeat 20 --page-size 1 >> $OUT/replay.txt 2>&1
 cat $OUT/replay.txt
 echo "total: $(( $(date +%s) - t0 )) s"
-{ gcc -std=c11 -D_POSIX_C_SOURCE=200809L -O2 -Iapi docs/measurements/scripts/probe.c -o /tmp/probe -L$B/core -lkvhal -Wl,-rpath,$B/core && KVHAL_BACKEND_PATH=$B/backends /tmp/probe;
-  nvcc -O2 -arch=sm_90 docs/measurements/scripts/launch_probe.cu -o /tmp/lp && /tmp/lp; } > $OUT/probe.txt 2>&1
+{ gcc -std=c11 -D_POSIX_C_SOURCE=200809L -O2 -Iapi .gpu-run/probe.c -o /tmp/probe -L$B/core -lkvhal -Wl,-rpath,$B/core && KVHAL_BACKEND_PATH=$B/backends /tmp/probe;
+  nvcc -O2 -arch=sm_90 .gpu-run/launch_probe2.cu -o /tmp/lp -lcuda && /tmp/lp; } > $OUT/probe.txt 2>&1
 cat $OUT/probe.txt
-timeout 120 compute-sanitizer --tool memcheck --report-api-errors no $B/tests/test_conformance > $OUT/memcheck.txt 2>&1; echo "memcheck conformance rc=$?"; grep -E "ERROR SUMMARY" $OUT/memcheck.txt
+KVHAL_BACKENDS=cpu,cuda timeout 150 compute-sanitizer --tool memcheck --report-api-errors no $B/tests/test_conformance > $OUT/memcheck.txt 2>&1; echo "memcheck conformance rc=$?"; grep -E "ERROR SUMMARY" $OUT/memcheck.txt
+KVHAL_BACKENDS=cpu,cuda timeout 100 compute-sanitizer --tool racecheck $B/tests/test_gpu_paths > $OUT/racecheck.txt 2>&1; echo "racecheck gpu_paths rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY" $OUT/racecheck.txt
