@@ -309,10 +309,33 @@ static kvhal_status mark_held_slow(kvhal_cache_manager *cm, const int32_t *pages
  * a page listed twice reads the mark at its second sight) and the four reads are checked together, one branch
  * per four pages. On a failure the group is put back from what was read, in reverse (a duplicate restores its
  * original value last), the earlier groups were all HELD; the careful loop above then finds the page to report. */
+/* Whether pages[from..to) are the consecutive ids p0, p0 + 1, ... (all in range): lowest-first allocation hands
+ * out runs, so a request's pages mostly are one. One vectorized pass. */
+static bool page_run(const kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to)
+{
+    if (to - from < 2) return false;
+    const uint32_t p0 = (uint32_t)pages[from], n = (uint32_t)(to - from);
+    if (p0 >= (uint32_t)cm->total || (uint32_t)cm->total - p0 < n || (uint32_t)pages[to - 1] != p0 + n - 1)
+        return false;
+    uint32_t diff = 0;
+    for (uint32_t i = 0; i < n; i++) diff |= (uint32_t)pages[from + i] ^ (p0 + i);
+    return diff == 0;
+}
+
 static kvhal_status mark_held(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to, uint8_t mark)
 {
     const int32_t *restrict pg = pages;
     const uint32_t total = (uint32_t)cm->total;
+    if (page_run(cm, pages, from, to)) {
+        /* a run is distinct by construction: its owner bytes are one range to check and one to set */
+        uint8_t *st = cm->state + pages[from];
+        const size_t n = to - from;
+        uint8_t bad = 0;
+        for (size_t i = 0; i < n; i++) bad |= st[i] ^ PAGE_HELD;
+        if (bad) return mark_held_slow(cm, pages, from, to, mark);
+        memset(st, mark, n);
+        return KVHAL_OK;
+    }
     uint32_t out_of_range = 0;
     for (size_t i = from; i < to; i++) out_of_range |= (uint32_t)pg[i] >= total;
     if (out_of_range) return mark_held_slow(cm, pages, from, to, mark);

@@ -608,6 +608,49 @@ static void test_finish_bad_page_in_group(void **state)
     kvhal_cache_manager_destroy(cm);
 }
 
+/* A request's pages that are one run of consecutive ids take a range check: a run holding a page the request gave
+ * back (free) or one the tree owns is refused just the same, and nothing changes. */
+static void test_finish_bad_page_in_run(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(64, 1, KVHAL_PREFIX_RADIX);
+    int32_t t[12];
+    seq(t, 12, 1);
+    for (int variant = 0; variant < 2; variant++) {
+        int32_t pages[12];
+        kvhal_prefix_handle h;
+        size_t cached;
+        assert_int_equal(kvhal_cache_manager_match(cm, t, 12, &h, &cached, pages, 12), KVHAL_OK);
+        assert_int_equal(cached, 0);
+        assert_int_equal(kvhal_cache_manager_allocate(cm, 12, pages), KVHAL_OK);
+        for (int i = 1; i < 12; i++) assert_int_equal(pages[i], pages[0] + i); /* a fresh manager hands out a run */
+        int32_t freed = pages[7];
+        if (variant == 0) {
+            assert_int_equal(kvhal_cache_manager_free(cm, &freed, 1), KVHAL_OK); /* page 7 is free now */
+        }
+        int32_t free_before = kvhal_cache_manager_num_free(cm);
+        if (variant == 0) {
+            assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 12, pages, h), KVHAL_INVALID_ARGUMENT);
+            assert_non_null(strstr(kvhal_last_error(), "pages[7]"));
+            ok(cm);
+            assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
+            assert_int_equal(info(cm).total_tokens, 0);
+            int32_t rest[11];
+            memcpy(rest, pages, 7 * sizeof *rest);
+            memcpy(rest + 7, pages + 8, 4 * sizeof *rest);
+            assert_int_equal(kvhal_cache_manager_free(cm, rest, 11), KVHAL_OK);
+        } else {
+            /* the same run finished twice: the second time every page is the tree's */
+            assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 12, pages, h), KVHAL_OK);
+            assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 12, pages, NULL), KVHAL_INVALID_ARGUMENT);
+            ok(cm);
+            assert_int_equal(info(cm).total_tokens, 12);
+        }
+        ok(cm);
+    }
+    kvhal_cache_manager_destroy(cm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -623,6 +666,7 @@ int main(void)
         cmocka_unit_test(test_free_runs),
         cmocka_unit_test(test_evicted_pages_merge),
         cmocka_unit_test(test_finish_bad_page_in_group),
+        cmocka_unit_test(test_finish_bad_page_in_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
