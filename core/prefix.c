@@ -21,6 +21,11 @@
 #define PC_MAGIC 0x4b565058u   /* KVPX (KVPC is the paged cache) */
 #define NODE_MAGIC 0x4b564e44u /* KVND */
 #define SLAB_NODES 128
+/* Edge buffers come in size classes (16 words, then four classes per power of two: at most 25% slack) and go back
+ * to a per-cache free list when their node dies, so that a cache in steady state (leaves evicted, new ones
+ * inserted) reuses warm memory instead of going through malloc, and through the page faults of memory malloc
+ * has handed back to the system in between. Buffers of 2^32 words and more are plain allocations. */
+#define EDGE_CLASSES (1 + 28 * 4)
 
 typedef struct kvhal_prefix_node node;
 
@@ -39,7 +44,7 @@ struct kvhal_prefix_node {
     int32_t *tok;       /* len tokens */
     int32_t *pages;     /* len / page_size page ids */
     int32_t *mem;       /* the allocation holding pages then tokens; tok/pages may start past its head */
-    size_t mem_words;   /* its size in int32 */
+    size_t mem_words;   /* its size in int32 (its class's size for a pooled buffer) */
 };
 
 typedef struct slab {
@@ -73,6 +78,7 @@ struct kvhal_prefix_cache {
     size_t tab_size, tab_count; /* power of two; load kept <= 1/2 */
     heap_entry *heap;
     size_t heap_n, heap_cap;
+    void *edge_free[EDGE_CLASSES]; /* released edge buffers by size class, linked through their first word */
 };
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -321,9 +327,53 @@ static node *node_take(kvhal_prefix_cache *pc)
     return x;
 }
 
+/* The class of a buffer of `words` and its size; EDGE_CLASSES when it is too large to pool. */
+static size_t edge_class(size_t words, size_t *cap)
+{
+    if (words <= 16) {
+        *cap = 16;
+        return 0;
+    }
+    const size_t m = words - 1;
+    const unsigned b = 63u - (unsigned)__builtin_clzll((unsigned long long)m); /* m in [2^b, 2^(b+1)), b >= 4 */
+    if (b >= 32) {
+        *cap = words;
+        return EDGE_CLASSES;
+    }
+    const size_t q = m >> (b - 2); /* 4..7: the quarter of the power of two that m falls in */
+    *cap = (q + 1) << (b - 2);
+    return 1 + (size_t)(b - 4) * 4 + (q - 4);
+}
+
+static void edge_release(kvhal_prefix_cache *pc, int32_t *mem, size_t words)
+{
+    if (!mem) return;
+    size_t cap, c = edge_class(words, &cap);
+    if (c >= EDGE_CLASSES || cap != words) { /* not a pooled buffer */
+        free(mem);
+        return;
+    }
+    memcpy(mem, &pc->edge_free[c], sizeof(void *));
+    pc->edge_free[c] = mem;
+}
+
+static void edge_pool_free(kvhal_prefix_cache *pc)
+{
+    for (size_t c = 0; c < EDGE_CLASSES; c++) {
+        void *m = pc->edge_free[c];
+        while (m) {
+            void *next;
+            memcpy(&next, m, sizeof next);
+            free(m);
+            m = next;
+        }
+        pc->edge_free[c] = NULL;
+    }
+}
+
 static void node_release(kvhal_prefix_cache *pc, node *x)
 {
-    free(x->mem);
+    edge_release(pc, x->mem, x->mem_words);
     x->mem = x->tok = x->pages = NULL;
     x->magic = KVHAL_MAGIC_DEAD;
     x->owner = NULL;
@@ -333,13 +383,28 @@ static void node_release(kvhal_prefix_cache *pc, node *x)
     pc->num_nodes--;
 }
 
+/* A buffer of at least `need` words, from the pool when its class has one; *words gets its size. `optional`:
+ * the caller copes with NULL by doing without (a shrink), so the allocation is not a fault-injection point. */
+static int32_t *edge_get(kvhal_prefix_cache *pc, size_t need, size_t *words, bool optional)
+{
+    size_t cap, c = edge_class(need, &cap);
+    if (c < EDGE_CLASSES && pc->edge_free[c]) {
+        int32_t *m = pc->edge_free[c];
+        memcpy(&pc->edge_free[c], m, sizeof(void *));
+        *words = cap;
+        return m;
+    }
+    if (cap > SIZE_MAX / sizeof(int32_t)) return NULL;
+    *words = cap;
+    return optional ? malloc(cap * sizeof(int32_t)) : kvhal__malloc(cap * sizeof(int32_t));
+}
+
 /* One buffer for len tokens and their pages. */
-static int32_t *edge_alloc(const kvhal_prefix_cache *pc, size_t len, size_t *words)
+static int32_t *edge_alloc(kvhal_prefix_cache *pc, size_t len, size_t *words)
 {
     size_t np = len / (size_t)pc->page_size;
     if (len > (SIZE_MAX / sizeof(int32_t)) - np) return NULL;
-    *words = np + len;
-    return kvhal__malloc(*words * sizeof(int32_t));
+    return edge_get(pc, np + len, words, false);
 }
 
 static void edge_fill(const kvhal_prefix_cache *pc, node *x, int32_t *mem, size_t words, const int32_t *tok,
@@ -384,22 +449,20 @@ static node *split(kvhal_prefix_cache *pc, node *c, size_t m, int32_t *prefix_me
     c->fkey = page_key(c->tok, pc->page_size);
     tab_insert_node(pc, c);
 
-    /* The dead part of c's buffer (the head it gave away) may not outgrow what is live in it. */
+    /* The dead part of c's buffer (the head it gave away) may not outgrow what is live in it: c moves to a buffer
+     * of its size (keeping the larger one when there is no memory for that is harmless). */
     size_t np = c->len / ps;
     size_t dead = c->mem_words - (np + c->len);
-    if (dead > np + c->len) {
-        memmove(c->mem, c->pages, np * sizeof(int32_t));
-        memmove(c->mem + np, c->tok, c->len * sizeof(int32_t));
-        c->pages = c->mem;
-        c->tok = c->mem + np;
-        /* plain realloc, not a fault-injection point: keeping the larger block when a shrink fails is harmless */
-        int32_t *shrunk = realloc(c->mem, (np + c->len) * sizeof(int32_t));
-        if (shrunk) {
-            c->mem = shrunk;
-            c->pages = shrunk;
-            c->tok = shrunk + np;
-            c->mem_words = np + c->len;
-        }
+    size_t words;
+    int32_t *smaller;
+    if (dead > np + c->len && (smaller = edge_get(pc, np + c->len, &words, true)) != NULL) {
+        memcpy(smaller, c->pages, np * sizeof(int32_t));
+        memcpy(smaller + np, c->tok, c->len * sizeof(int32_t));
+        edge_release(pc, c->mem, c->mem_words);
+        c->mem = smaller;
+        c->mem_words = words;
+        c->pages = smaller;
+        c->tok = smaller + np;
     }
     return p;
 }
@@ -503,6 +566,7 @@ kvhal_status kvhal_prefix_cache_destroy(kvhal_prefix_cache *pc)
     if (!kvhal__handle_remove_kind(pc, PC_MAGIC))
         return kvhal__err(KVHAL_INVALID_HANDLE, "pc: %p is not a live prefix cache (destroyed twice?)", (void *)pc);
     drop_all(pc, NULL, NULL);
+    edge_pool_free(pc);
     pc->magic = KVHAL_MAGIC_DEAD;
     pc->root.magic = KVHAL_MAGIC_DEAD;
     for (slab *s = pc->slabs, *nx; s; s = nx) {
@@ -650,7 +714,7 @@ static kvhal_status insert_impl(kvhal_prefix_cache *pc, const int32_t *tokens, s
             return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix insert: no memory to split a node at %zu tokens",
                               w.in_partial);
         if (fresh && !(leaf_mem = edge_alloc(pc, fresh, &leaf_words))) {
-            free(split_mem);
+            edge_release(pc, split_mem, split_words);
             return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix insert: no memory for %zu new tokens", fresh);
         }
     }
