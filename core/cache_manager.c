@@ -305,10 +305,8 @@ static kvhal_status mark_held_slow(kvhal_cache_manager *cm, const int32_t *pages
 }
 
 /* The same, run once per page of every finished request (hundreds at page size 1). The range check is one
- * vectorized pass first. Then four pages at a time: each owner byte is read just before its mark is written (so
- * a page listed twice reads the mark at its second sight) and the four reads are checked together, one branch
- * per four pages. On a failure the group is put back from what was read, in reverse (a duplicate restores its
- * original value last), the earlier groups were all HELD; the careful loop above then finds the page to report. */
+ * vectorized pass first; a run of consecutive pages is one range check and one memset; otherwise one tight loop,
+ * and on a failure the careful loop above finds the page to report. */
 /* Whether pages[from..to) are the consecutive ids p0, p0 + 1, ... (all in range): lowest-first allocation hands
  * out runs, so a request's pages mostly are one. One vectorized pass. */
 static bool page_run(const kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to)
@@ -339,32 +337,17 @@ static kvhal_status mark_held(kvhal_cache_manager *cm, const int32_t *pages, siz
     uint32_t out_of_range = 0;
     for (size_t i = from; i < to; i++) out_of_range |= (uint32_t)pg[i] >= total;
     if (out_of_range) return mark_held_slow(cm, pages, from, to, mark);
-    uint8_t *state = cm->state;
+    /* Every page read is checked before its mark is written, so a failure leaves the pages before it marked (all
+     * were HELD: they go back to HELD) and nothing else touched; a page listed twice reads the mark at its second
+     * sight. The branch is taken only on a bad list. */
+    uint8_t *restrict state = cm->state;
     size_t i = from;
-    for (; i + 4 <= to; i += 4) {
-        int32_t p0 = pg[i], p1 = pg[i + 1], p2 = pg[i + 2], p3 = pg[i + 3];
-        uint8_t s0 = state[p0];
-        state[p0] = mark;
-        uint8_t s1 = state[p1];
-        state[p1] = mark;
-        uint8_t s2 = state[p2];
-        state[p2] = mark;
-        uint8_t s3 = state[p3];
-        state[p3] = mark;
-        if (((s0 ^ PAGE_HELD) | (s1 ^ PAGE_HELD) | (s2 ^ PAGE_HELD) | (s3 ^ PAGE_HELD)) != 0) {
-            state[p3] = s3;
-            state[p2] = s2;
-            state[p1] = s1;
-            state[p0] = s0;
-            goto undo;
-        }
-    }
     for (; i < to; i++) {
-        if (state[pg[i]] != PAGE_HELD) goto undo;
-        state[pg[i]] = mark;
+        const int32_t p = pg[i];
+        if (state[p] != PAGE_HELD) break;
+        state[p] = mark;
     }
-    return KVHAL_OK;
-undo:
+    if (i == to) return KVHAL_OK;
     while (i-- > from) state[pg[i]] = PAGE_HELD;
     return mark_held_slow(cm, pages, from, to, mark);
 }
