@@ -371,6 +371,8 @@ KVHAL_API kvhal_status kvhal_block_pool_check_integrity(const kvhal_block_pool *
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Prefix cache: naive (never matches) or radix tree of token ids -> page indices                               */
 /* ------------------------------------------------------------------------------------------------------------ */
+/* Host memory: a radix cache keeps the token and page arrays of entries it evicts (or drops in reset) for reuse by
+ * later inserts; it returns them to the system when it is destroyed. Its footprint is that of its fullest moment. */
 typedef enum kvhal_prefix_kind { KVHAL_PREFIX_NAIVE = 0, KVHAL_PREFIX_RADIX = 1 } kvhal_prefix_kind;
 typedef struct kvhal_prefix_cache kvhal_prefix_cache;
 typedef struct kvhal_prefix_node *kvhal_prefix_handle; /* a node; NULL/root means "nothing matched" */
