@@ -112,6 +112,16 @@ static void take_pages(kvhal_cache_manager *cm, int32_t n, int32_t *restrict out
     cm->nfree -= n;
 }
 
+/* What create allocated (any part may be NULL after a failed create). */
+static void free_manager(kvhal_cache_manager *cm)
+{
+    kvhal_prefix_cache_destroy(cm->pc);
+    free(cm->state);
+    free(cm->free_bits);
+    free(cm->free_sum);
+    free(cm);
+}
+
 kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t page_size, kvhal_prefix_kind kind,
                                         kvhal_cache_manager **out)
 {
@@ -147,11 +157,7 @@ kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t page_size, 
     *out = cm;
     return KVHAL_OK;
 fail:
-    kvhal_prefix_cache_destroy(cm->pc);
-    free(cm->state);
-    free(cm->free_bits);
-    free(cm->free_sum);
-    free(cm);
+    free_manager(cm);
     return st;
 }
 
@@ -161,11 +167,7 @@ kvhal_status kvhal_cache_manager_destroy(kvhal_cache_manager *cm)
     if (!kvhal__handle_remove_kind(cm, CM_MAGIC))
         return kvhal__err(KVHAL_INVALID_HANDLE, "cm: %p is not a live cache manager (destroyed twice?)", (void *)cm);
     cm->magic = KVHAL_MAGIC_DEAD;
-    kvhal_prefix_cache_destroy(cm->pc);
-    free(cm->state);
-    free(cm->free_bits);
-    free(cm->free_sum);
-    free(cm);
+    free_manager(cm);
     return KVHAL_OK;
 }
 
