@@ -122,11 +122,16 @@ uint pc_nv_word(uint w, float2 sc, uint mode) /* both lanes of w -> bytes 0, 1 *
     return pc_nv_sx2(kv_div(pc_nv_lo(w), sc.x, sc.y, mode), kv_div(pc_nv_hi(w), sc.x, sc.y, mode));
 }
 
-/* The four elements of words w0, w1 -> four code bytes (the high byte of each 16-bit lane carries its sign). */
+/* The codes c0, c1 (bytes 0 and 1 each) of the 16-bit words w0, w1 -> four code bytes; the high byte of each input
+ * lane carries its sign for the NaN fix. */
+uint pc_nv_pack(uint c0, uint c1, uint w0, uint w1)
+{
+    return pc_nv_fix_nan(pc_nv_prmt(c0, c1, 0x5410u), pc_nv_prmt(w0, w1, 0x7531u) & 0x80808080u);
+}
+
 uint pc_nv_quad(uint w0, uint w1, float2 sc, uint mode)
 {
-    return pc_nv_fix_nan(pc_nv_prmt(pc_nv_word(w0, sc, mode), pc_nv_word(w1, sc, mode), 0x5410u),
-                         pc_nv_prmt(w0, w1, 0x7531u) & 0x80808080u);
+    return pc_nv_pack(pc_nv_word(w0, sc, mode), pc_nv_word(w1, sc, mode), w0, w1);
 }
 
 #if IN_DT == KV_F16
@@ -135,8 +140,8 @@ uint pc_nv_quad(uint w0, uint w1, float2 sc, uint mode)
  * and so rounding the f16 to fp8 directly is the same rounding; a power-of-two scale (mode 1) is one f16x2
  * multiply, exact except where it overflows to inf, which saturates as the f32 value would (or, for e5m2 when
  * it scales down, may land on an f16 subnormal and round: that case, like mode 2, takes the f32 path). NaN lanes
- * get sign | 0x7f from the input bits, as everywhere. h2 is the f16 of 1/scale in both halves. */
-uint pc_nv_pair_h(uint w, uint h2, uint mode)
+ * are fixed by pc_nv_pack as on the f32 path. h2 is the f16 of 1/scale in both halves. */
+uint pc_nv_word_h(uint w, uint h2, uint mode) /* both lanes of w -> bytes 0, 1 */
 {
     uint x = w;
     if (mode == 1u) __asm__("mul.rn.f16x2 %0, %1, %2;" : "=r"(x) : "r"(w), "r"(h2));
@@ -146,17 +151,10 @@ uint pc_nv_pair_h(uint w, uint h2, uint mode)
 #else
     __asm__("cvt.rn.satfinite.e5m2x2.f16x2 %0, %1;" : "=h"(r) : "r"(x));
 #endif
-    uint c = r;
-    const uint nan = ((w & 0x7fff7fffu) + 0x03ff03ffu) & 0x80008000u;
-    if (nan) {
-        const uint m = ((nan >> 15) & 1u) * 0xffu | ((nan >> 31) & 1u) * 0xff00u; /* the NaN lanes' bytes */
-        const uint sign = ((w >> 8) & 0x80u) | ((w >> 16) & 0x8000u);
-        c = (c & ~m) | (m & (0x7f7fu | sign));
-    }
-    return c;
+    return r;
 }
 
-/* Whether pc_nv_pair_h gives the reference's result for this scale mode and 1/scale; h2 gets the f16x2 of 1/scale. */
+/* Whether pc_nv_word_h gives the reference's result for this scale mode and 1/scale; h2 gets the f16x2 of 1/scale. */
 bool pc_nv_half_ok(float inv, uint mode, uint *h2)
 {
     *h2 = 0u;
@@ -214,10 +212,10 @@ void pc_move16_store(global uchar *dst, const uint *wi, float2 sc, uint mode)
     uint h2;
     if (pc_nv_half_ok(sc.y, mode, &h2)) {
         *(global uint4 *)dst =
-            (uint4)(pc_nv_prmt(pc_nv_pair_h(a.x, h2, mode), pc_nv_pair_h(a.y, h2, mode), 0x5410u),
-                    pc_nv_prmt(pc_nv_pair_h(a.z, h2, mode), pc_nv_pair_h(a.w, h2, mode), 0x5410u),
-                    pc_nv_prmt(pc_nv_pair_h(b.x, h2, mode), pc_nv_pair_h(b.y, h2, mode), 0x5410u),
-                    pc_nv_prmt(pc_nv_pair_h(b.z, h2, mode), pc_nv_pair_h(b.w, h2, mode), 0x5410u));
+            (uint4)(pc_nv_pack(pc_nv_word_h(a.x, h2, mode), pc_nv_word_h(a.y, h2, mode), a.x, a.y),
+                    pc_nv_pack(pc_nv_word_h(a.z, h2, mode), pc_nv_word_h(a.w, h2, mode), a.z, a.w),
+                    pc_nv_pack(pc_nv_word_h(b.x, h2, mode), pc_nv_word_h(b.y, h2, mode), b.x, b.y),
+                    pc_nv_pack(pc_nv_word_h(b.z, h2, mode), pc_nv_word_h(b.w, h2, mode), b.z, b.w));
         return;
     }
 #endif
