@@ -1,17 +1,20 @@
 /* cache_manager.c — the pages of one paged cache, split between three owners: the free set, the prefix cache
  * (finished requests' prefixes, evictable unless locked) and running requests. Allocation evicts prefixes when
  * free pages run short; a finished request hands its pages to the prefix cache.
- * A per-page owner byte lets every call check the pages it is given (a tree page can never be freed by a request,
- * a free page never inserted), so a caller's bookkeeping error is reported instead of corrupting the cache.
+ * Each page's owner is two bits in two bitmaps, free and cached (the prefix cache's); a page with neither is held
+ * by a request. They let every call check the pages it is given (a tree page can never be freed by a request, a
+ * free page never inserted), so a caller's bookkeeping error is reported instead of corrupting the cache. Bits,
+ * not a byte per page: a request's decode pages are scattered (one per step, interleaved with the batch's), and at
+ * 2 bits a page the owners of a million pages (256 KiB) stay in a core's cache where bytes (1 MiB) do not.
  * Free pages are a bitmap, not a stack of ids: allocation takes the lowest free pages, so a request gets runs of
  * consecutive ids even after eviction has returned pages in LRU order (freed neighbours merge by themselves in a
  * bitmap), and the pages in use stay packed at the low end of the cache. Runs keep every per-page array touched
- * downstream (owner bytes, the caller's page tables) sequential instead of scattered, and packing keeps those
+ * downstream (owner bits, the caller's page tables) sequential instead of scattered, and packing keeps those
  * arrays' working set at the size of what is in use, not of the whole cache. A page is never shared here, so a
  * bit is all the reference count it needs. A summary bit per bitmap word (set when the word has a free page) and
  * the index of the lowest word that may have one bound the search to total/4096 words.
- * Whether a page is free is the bitmap's to say; the owner byte only tells the allocated ones apart (held by a
- * request or cached), so eviction touches the bitmap and reads the owner byte, nothing else per page.
+ * A free page is never cached (free => !cached), so allocation only clears free bits, and a run of pages (what
+ * lowest-first allocation hands out) is checked and moved between owners 64 pages to a word operation.
  * Not thread-safe: the scheduler that owns it serialises calls. */
 #include <stdlib.h>
 #include <string.h>
@@ -20,18 +23,14 @@
 
 #define CM_MAGIC 0x4b56434du /* KVCM */
 
-/* PAGE_FREE is written where a request gives a page back; an evicted page keeps PAGE_TREE until it is allocated
- * again (the bitmap says it is free), so a free page reads FREE or TREE, never HELD. */
-enum { PAGE_FREE = 0, PAGE_HELD = 1, PAGE_TREE = 2, PAGE_MARK = 3 };
-
 struct kvhal_cache_manager {
     uint32_t magic;
     int32_t total;
     int32_t page_size;
     int32_t nfree;
     kvhal_prefix_cache *pc;
-    uint8_t *state;          /* per page: PAGE_* */
     uint64_t *free_bits;     /* bit p: page p is free; bits past total stay 0 */
+    uint64_t *tree_bits;     /* bit p: page p is the prefix cache's (never with its free bit) */
     uint64_t *free_sum;      /* bit w: free_bits[w] != 0 */
     size_t nwords, nsum;
     size_t low;              /* every bitmap word below this one is 0 (no free page) */
@@ -57,12 +56,126 @@ static inline bool page_is_free(const kvhal_cache_manager *cm, uint32_t p)
     return (cm->free_bits[p >> 6] >> (p & 63)) & 1;
 }
 
-static inline void page_set_free(kvhal_cache_manager *cm, uint32_t p)
+static inline bool page_is_tree(const kvhal_cache_manager *cm, uint32_t p)
 {
-    size_t w = p >> 6;
-    cm->free_bits[w] |= 1ull << (p & 63);
+    return (cm->tree_bits[p >> 6] >> (p & 63)) & 1;
+}
+
+/* The bits of the run [p0, p0 + n) (n >= 1) that fall in bitmap word w. */
+static inline uint64_t run_mask(uint32_t p0, uint32_t n, size_t w)
+{
+    const uint64_t lo = (uint64_t)w << 6, first = p0 > lo ? p0 - lo : 0, end = (uint64_t)p0 + n - lo;
+    const uint64_t upto = end >= 64 ? ~0ull : (1ull << end) - 1;
+    return upto & (~0ull << first);
+}
+
+/* Cached pages m of word w become free. */
+static inline void tree_to_free(kvhal_cache_manager *cm, size_t w, uint64_t m)
+{
+    cm->tree_bits[w] &= ~m;
+    cm->free_bits[w] |= m;
     cm->free_sum[w >> 6] |= 1ull << (w & 63);
     if (w < cm->low) cm->low = w;
+}
+
+/* Page lists as arithmetic progressions. Lowest-first allocation hands a request runs (step 1) at admission and,
+ * at page size 1, one page per decode step interleaved with the rest of the batch: p, p + b, p + 2b, ... for a
+ * batch of b. Taken as progressions, a list is checked and moved between owners a bitmap word at a time (64 / step
+ * pages per operation) instead of a page at a time. */
+
+/* Bits 0, d, 2d, ... below 64, for a step d of 1..64. */
+static const uint64_t ap_pattern[65] = {
+    0x0000000000000000ull, 0xffffffffffffffffull, 0x5555555555555555ull, 0x9249249249249249ull,
+    0x1111111111111111ull, 0x1084210842108421ull, 0x1041041041041041ull, 0x8102040810204081ull,
+    0x0101010101010101ull, 0x8040201008040201ull, 0x1004010040100401ull, 0x0080100200400801ull,
+    0x1001001001001001ull, 0x0010008004002001ull, 0x0100040010004001ull, 0x1000200040008001ull,
+    0x0001000100010001ull, 0x0008000400020001ull, 0x0040001000040001ull, 0x0200004000080001ull,
+    0x1000010000100001ull, 0x8000040000200001ull, 0x0000100000400001ull, 0x0000400000800001ull,
+    0x0001000001000001ull, 0x0004000002000001ull, 0x0010000004000001ull, 0x0040000008000001ull,
+    0x0100000010000001ull, 0x0400000020000001ull, 0x1000000040000001ull, 0x4000000080000001ull,
+    0x0000000100000001ull, 0x0000000200000001ull, 0x0000000400000001ull, 0x0000000800000001ull,
+    0x0000001000000001ull, 0x0000002000000001ull, 0x0000004000000001ull, 0x0000008000000001ull,
+    0x0000010000000001ull, 0x0000020000000001ull, 0x0000040000000001ull, 0x0000080000000001ull,
+    0x0000100000000001ull, 0x0000200000000001ull, 0x0000400000000001ull, 0x0000800000000001ull,
+    0x0001000000000001ull, 0x0002000000000001ull, 0x0004000000000001ull, 0x0008000000000001ull,
+    0x0010000000000001ull, 0x0020000000000001ull, 0x0040000000000001ull, 0x0080000000000001ull,
+    0x0100000000000001ull, 0x0200000000000001ull, 0x0400000000000001ull, 0x0800000000000001ull,
+    0x1000000000000001ull, 0x2000000000000001ull, 0x4000000000000001ull, 0x8000000000000001ull,
+    0x0000000000000001ull
+};
+
+/* The longest progression pages[i], pages[i] + d, ... (1 <= d <= 64) from i that lies in [0, total): its length
+ * (1 for a lone page, 0 when pages[i] is out of range) and *step (1 for a lone page). */
+static inline size_t ap_at(const int32_t *pages, size_t i, size_t to, uint32_t total, uint32_t *step)
+{
+    const uint32_t p0 = (uint32_t)pages[i];
+    *step = 1;
+    if (p0 >= total) return 0;
+    if (i + 1 == to) return 1;
+    const uint32_t d = (uint32_t)pages[i + 1] - p0;
+    if (d - 1u >= 64u) return 1;
+    /* pages[j] == e: eight at a time (one vectorized compare), then one at a time */
+    size_t j = i + 1;
+    uint32_t e = p0 + d;
+    while (j + 8 < to) {
+        uint32_t diff = 0;
+        for (uint32_t k = 1; k <= 8; k++) diff |= (uint32_t)pages[j + k] ^ (e + k * d);
+        if (diff) break;
+        j += 8;
+        e += 8 * d;
+    }
+    while (j + 1 < to && (uint32_t)pages[j + 1] == e + d) {
+        j++;
+        e += d;
+    }
+    /* pages[j] is p0 + (j - i) * d modulo 2^32: the progression is the integers themselves while that stays in range */
+    size_t len = j - i + 1;
+    if ((uint64_t)p0 + (uint64_t)(len - 1) * d >= total) len = (total - 1 - p0) / d + 1;
+    *step = d;
+    return len;
+}
+
+/* Set bits of x (the POPCNT instruction is not in the x86-64 baseline, and libgcc's fallback is a call). */
+static inline uint64_t popcount64(uint64_t x)
+{
+#if defined(__POPCNT__) || !defined(__x86_64__)
+    return (uint64_t)__builtin_popcountll(x);
+#else
+    x = x - ((x >> 1) & 0x5555555555555555ull);
+    x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
+    return (x * 0x0101010101010101ull) >> 56;
+#endif
+}
+
+/* The bitmap words a progression (p0, d, len) touches, one at a time: word w, its bits in mask. */
+typedef struct ap_words {
+    size_t w, last_w;
+    uint64_t pat, b, last_mask, mask;
+    uint32_t d;
+} ap_words;
+
+static inline void apw_first(ap_words *a, uint32_t p0, uint32_t d, size_t len)
+{
+    const uint64_t last = (uint64_t)p0 + (uint64_t)(len - 1) * d;
+    a->w = p0 >> 6;
+    a->last_w = (size_t)(last >> 6);
+    a->pat = ap_pattern[d];
+    a->b = p0 & 63;
+    a->d = d;
+    a->last_mask = ~0ull >> (63 - (last & 63));
+    a->mask = (a->pat << a->b) & (a->w == a->last_w ? a->last_mask : ~0ull);
+}
+
+/* Moves to the next word; false after the last. */
+static inline bool apw_next(ap_words *a)
+{
+    if (a->w == a->last_w) return false;
+    /* the first element past this word lies (elements in this word) * d past b */
+    a->b = a->b + popcount64(a->pat << a->b) * a->d - 64;
+    a->w++;
+    a->mask = (a->pat << a->b) & (a->w == a->last_w ? a->last_mask : ~0ull);
+    return true;
 }
 
 /* The first word at or after `from` with a free page; the caller knows there is one (from <= the lowest). */
@@ -77,12 +190,11 @@ static size_t next_free_word(const kvhal_cache_manager *cm, size_t from)
     return (si << 6) + (size_t)__builtin_ctzll(m);
 }
 
-/* Takes the n lowest free pages (n <= nfree) and marks them held. A whole free word is a run of 64 ids: written
- * as one, without looking at its bits. */
+/* Takes the n lowest free pages (n <= nfree): clearing their free bits makes them held (a free page has no cached
+ * bit). A whole free word is a run of 64 ids: written as one, without looking at its bits. */
 static void take_pages(kvhal_cache_manager *cm, int32_t n, int32_t *restrict out)
 {
     uint64_t *restrict bits = cm->free_bits;
-    uint8_t *restrict state = cm->state;
     size_t w = cm->low;
     int32_t k = 0;
     while (k < n) {
@@ -94,7 +206,6 @@ static void take_pages(kvhal_cache_manager *cm, int32_t n, int32_t *restrict out
         uint32_t base = (uint32_t)(w << 6);
         if (x == ~0ull && n - k >= 64) {
             for (uint32_t i = 0; i < 64; i++) out[k + (int32_t)i] = (int32_t)(base + i);
-            memset(state + base, PAGE_HELD, 64);
             k += 64;
             x = 0;
         } else {
@@ -102,7 +213,6 @@ static void take_pages(kvhal_cache_manager *cm, int32_t n, int32_t *restrict out
                 uint32_t p = base + (uint32_t)__builtin_ctzll(x);
                 x &= x - 1;
                 out[k++] = (int32_t)p;
-                state[p] = PAGE_HELD;
             } while (x && k < n);
         }
         bits[w] = x;
@@ -116,7 +226,7 @@ static void take_pages(kvhal_cache_manager *cm, int32_t n, int32_t *restrict out
 static void free_manager(kvhal_cache_manager *cm)
 {
     kvhal_prefix_cache_destroy(cm->pc);
-    free(cm->state);
+    free(cm->tree_bits);
     free(cm->free_bits);
     free(cm->free_sum);
     free(cm);
@@ -135,13 +245,13 @@ kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t page_size, 
     cm->nwords = (total + 63) / 64;
     cm->nsum = (cm->nwords + 63) / 64;
     kvhal_status st = kvhal_prefix_cache_create(kind, page_size, &cm->pc);
-    if (st == KVHAL_OK && (!(cm->state = kvhal__malloc(total)) ||
+    if (st == KVHAL_OK && (!(cm->tree_bits = kvhal__malloc(cm->nwords * sizeof *cm->tree_bits)) ||
                            !(cm->free_bits = kvhal__malloc(cm->nwords * sizeof *cm->free_bits)) ||
                            !(cm->free_sum = kvhal__malloc(cm->nsum * sizeof *cm->free_sum))))
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the owners of %d pages", (int)total_pages);
     if (st != KVHAL_OK) goto fail;
     /* written now (malloc, not calloc), so that first use does not fault the pages in one by one */
-    memset(cm->state, PAGE_FREE, total);
+    memset(cm->tree_bits, 0, cm->nwords * sizeof *cm->tree_bits);
     memset(cm->free_bits, 0xff, cm->nwords * sizeof *cm->free_bits);
     if (total % 64) cm->free_bits[cm->nwords - 1] = (1ull << (total % 64)) - 1;
     memset(cm->free_sum, 0xff, cm->nsum * sizeof *cm->free_sum);
@@ -188,50 +298,46 @@ kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *t
     return KVHAL_OK;
 }
 
-/* Eviction hands a leaf's tree pages back, in one call per leaf. Each page must be cached (owner byte TREE) and
- * not free already: a page listed twice finds its bit set at the second sight. A bad page is reported and
- * skipped, the good ones are freed all the same (the leaf is gone either way); check_integrity tells the rest. */
+/* Eviction hands a leaf's tree pages back, in one call per leaf. Each page must be cached: a page listed twice
+ * finds its cached bit cleared at the second sight. A bad page is reported and skipped, the good ones are freed
+ * all the same (the leaf is gone either way); check_integrity tells the rest. */
 static void evicted_cb(const int32_t *pages, size_t n, void *user)
 {
     kvhal_cache_manager *cm = user;
-    const uint8_t *restrict state = cm->state;
-    uint64_t *restrict bits = cm->free_bits;
-    uint64_t *restrict sum = cm->free_sum;
+    const uint64_t *restrict tree = cm->tree_bits;
     const uint32_t total = (uint32_t)cm->total;
-    /* A leaf's pages come in runs: the bits of one bitmap word are gathered in a register and written once. */
-    size_t cw = 0, low = cm->low;
-    uint64_t acc = 0;
     size_t freed = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t p = (uint32_t)pages[i];
-        size_t w = p >> 6;
-        uint64_t bit = 1ull << (p & 63);
-        if (p < total && state[p] == PAGE_TREE) {
-            if (w != cw) {
-                if (acc) {
-                    bits[cw] |= acc;
-                    sum[cw >> 6] |= 1ull << (cw & 63);
-                    if (cw < low) low = cw;
-                }
-                cw = w;
-                acc = 0;
-            }
-            if (!((bits[w] | acc) & bit)) {
-                acc |= bit;
-                freed++;
+    for (size_t i = 0; i < n;) {
+        uint32_t d;
+        const size_t len = ap_at(pages, i, n, total, &d);
+        if (len) {
+            ap_words a;
+            uint64_t missing = 0;
+            apw_first(&a, (uint32_t)pages[i], d, len);
+            do missing |= a.mask & ~tree[a.w];
+            while (apw_next(&a));
+            if (!missing) {
+                apw_first(&a, (uint32_t)pages[i], d, len);
+                do tree_to_free(cm, a.w, a.mask);
+                while (apw_next(&a));
+                freed += len;
+                i += len;
                 continue;
             }
         }
-        if (cm->cb_status == KVHAL_OK)
-            cm->cb_status = kvhal__err(KVHAL_INTEGRITY, "cache manager: evicted page %d was not a cached page",
-                                       (int)pages[i]);
+        /* a page out of range, not cached, or listed twice (its bit went with the first sight): page by page */
+        const size_t end = len ? i + len : i + 1;
+        for (; i < end; i++) {
+            const uint32_t p = (uint32_t)pages[i];
+            if (p < total && page_is_tree(cm, p)) {
+                tree_to_free(cm, p >> 6, 1ull << (p & 63));
+                freed++;
+            } else if (cm->cb_status == KVHAL_OK) {
+                cm->cb_status = kvhal__err(KVHAL_INTEGRITY, "cache manager: evicted page %d was not a cached page",
+                                           (int)pages[i]);
+            }
+        }
     }
-    if (acc) {
-        bits[cw] |= acc;
-        sum[cw >> 6] |= 1ull << (cw & 63);
-        if (cw < low) low = cw;
-    }
-    cm->low = low;
     cm->nfree += (int32_t)freed;
     cm->evicted_pages += freed;
 }
@@ -278,96 +384,95 @@ kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, in
     return KVHAL_OK;
 }
 
-/* Checks that pages[from..to) are distinct pages held by requests and gives them the owner mark (PAGE_MARK or
- * PAGE_TREE); on failure every mark is undone. A page seen twice reads the mark the first sight left. */
-static kvhal_status mark_held_slow(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to,
-                                   uint8_t mark)
+/* Cached pages[from..to) (distinct, all set) go back to held. */
+static void unmark(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to)
 {
-    uint8_t *restrict state = cm->state;
+    uint64_t *restrict tree = cm->tree_bits;
+    for (size_t i = from; i < to; i++) {
+        const uint32_t p = (uint32_t)pages[i];
+        tree[p >> 6] &= ~(1ull << (p & 63));
+    }
+}
+
+/* Checks that pages[from..to) are distinct pages held by requests and marks them cached; on failure every mark is
+ * undone. A page seen twice reads the mark the first sight left. */
+static kvhal_status mark_tree_slow(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to)
+{
     const uint32_t total = (uint32_t)cm->total;
     for (size_t i = from; i < to; i++) {
-        int32_t p = pages[i];
-        if ((uint32_t)p < total && state[p] == PAGE_HELD) {
-            state[p] = mark;
+        const int32_t p = pages[i];
+        if ((uint32_t)p < total && !page_is_free(cm, (uint32_t)p) && !page_is_tree(cm, (uint32_t)p)) {
+            cm->tree_bits[(uint32_t)p >> 6] |= 1ull << ((uint32_t)p & 63);
             continue;
         }
-        size_t bad = i;
         bool seen = false;
         for (size_t j = from; j < i && !seen; j++) seen = pages[j] == p;
-        while (i-- > from) cm->state[pages[i]] = PAGE_HELD;
+        unmark(cm, pages, from, i);
         if (p < 0 || p >= cm->total)
-            return kvhal__err(KVHAL_OUT_OF_RANGE, "pages[%zu]: %d is out of range [0, %d)", bad, (int)p,
+            return kvhal__err(KVHAL_OUT_OF_RANGE, "pages[%zu]: %d is out of range [0, %d)", i, (int)p,
                               (int)cm->total);
         const char *why = seen ? "listed twice"
                           : page_is_free(cm, (uint32_t)p) ? "free (not allocated)"
                           : "owned by the prefix cache, not by the request";
-        return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: page %d is %s", bad, (int)p, why);
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: page %d is %s", i, (int)p, why);
     }
     return KVHAL_OK;
 }
 
-/* The same, run once per page of every finished request (hundreds at page size 1). The range check is one
- * vectorized pass first; a run of consecutive pages is one range check and one memset; otherwise one tight loop,
- * and on a failure the careful loop above finds the page to report. */
-/* Whether pages[from..to) are the consecutive ids p0, p0 + 1, ... (all in range): lowest-first allocation hands
- * out runs, so a request's pages mostly are one. One vectorized pass. */
-static bool page_run(const kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to)
+/* The same, run over every page a finished request hands over (hundreds at page size 1), a progression at a time:
+ * all its words checked, then all marked. A progression's pages are distinct; a page listed again later finds the
+ * mark the earlier one left. On a failure the marks made so far are undone and the careful loop above finds the
+ * page to report. */
+static kvhal_status mark_tree(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to)
 {
-    if (to - from < 2) return false;
-    const uint32_t p0 = (uint32_t)pages[from], n = (uint32_t)(to - from);
-    if (p0 >= (uint32_t)cm->total || (uint32_t)cm->total - p0 < n || (uint32_t)pages[to - 1] != p0 + n - 1)
-        return false;
-    uint32_t diff = 0;
-    for (uint32_t i = 0; i < n; i++) diff |= (uint32_t)pages[from + i] ^ (p0 + i);
-    return diff == 0;
-}
-
-static kvhal_status mark_held(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to, uint8_t mark)
-{
-    const int32_t *restrict pg = pages;
+    uint64_t *restrict tree = cm->tree_bits;
+    const uint64_t *restrict fr = cm->free_bits;
     const uint32_t total = (uint32_t)cm->total;
-    if (page_run(cm, pages, from, to)) {
-        /* a run is distinct by construction: its owner bytes are one range to check and one to set */
-        uint8_t *st = cm->state + pages[from];
-        const size_t n = to - from;
-        uint8_t bad = 0;
-        for (size_t i = 0; i < n; i++) bad |= st[i] ^ PAGE_HELD;
-        if (bad) return mark_held_slow(cm, pages, from, to, mark);
-        memset(st, mark, n);
-        return KVHAL_OK;
+    for (size_t i = from; i < to;) {
+        uint32_t d;
+        const size_t len = ap_at(pages, i, to, total, &d);
+        ap_words a;
+        bool ok = len != 0;
+        if (ok) {
+            apw_first(&a, (uint32_t)pages[i], d, len);
+            do {
+                if ((fr[a.w] | tree[a.w]) & a.mask) { /* taken only on a bad list */
+                    ok = false;
+                    break;
+                }
+                tree[a.w] |= a.mask;
+            } while (apw_next(&a));
+        }
+        if (!ok) {
+            /* undo: this progression's words before the failing one, then the progressions before it */
+            if (len) {
+                const size_t bad_w = a.w;
+                apw_first(&a, (uint32_t)pages[i], d, len);
+                while (a.w != bad_w) {
+                    tree[a.w] &= ~a.mask;
+                    apw_next(&a);
+                }
+            }
+            unmark(cm, pages, from, i);
+            return mark_tree_slow(cm, pages, from, to);
+        }
+        i += len;
     }
-    uint32_t out_of_range = 0;
-    for (size_t i = from; i < to; i++) out_of_range |= (uint32_t)pg[i] >= total;
-    if (out_of_range) return mark_held_slow(cm, pages, from, to, mark);
-    /* Every page read is checked before its mark is written, so a failure leaves the pages before it marked (all
-     * were HELD: they go back to HELD) and nothing else touched; a page listed twice reads the mark at its second
-     * sight. The branch is taken only on a bad list. */
-    uint8_t *restrict state = cm->state;
-    size_t i = from;
-    for (; i < to; i++) {
-        const int32_t p = pg[i];
-        if (state[p] != PAGE_HELD) break;
-        state[p] = mark;
-    }
-    if (i == to) return KVHAL_OK;
-    while (i-- > from) state[pg[i]] = PAGE_HELD;
-    return mark_held_slow(cm, pages, from, to, mark);
+    return KVHAL_OK;
 }
 
-static void unmark(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to, uint8_t mark)
-{
-    uint8_t *restrict state = cm->state;
-    for (size_t i = from; i < to; i++) state[pages[i]] = mark;
-}
-
-/* Pages known to be held and distinct become free. */
+/* Pages just marked cached by mark_tree (held by a request until then) become free. */
 static void give_back(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to)
 {
-    uint8_t *restrict state = cm->state;
-    for (size_t i = from; i < to; i++) {
-        uint32_t p = (uint32_t)pages[i];
-        state[p] = PAGE_FREE;
-        page_set_free(cm, p);
+    const uint32_t total = (uint32_t)cm->total;
+    for (size_t i = from; i < to;) {
+        uint32_t d;
+        const size_t len = ap_at(pages, i, to, total, &d); /* >= 1: mark_tree checked the range */
+        ap_words a;
+        apw_first(&a, (uint32_t)pages[i], d, len);
+        do tree_to_free(cm, a.w, a.mask);
+        while (apw_next(&a));
+        i += len;
     }
     cm->nfree += (int32_t)(to - from);
     cm->held -= (int64_t)(to - from);
@@ -379,7 +484,7 @@ kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const int32_t *pa
     if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
     if (n == 0) return KVHAL_OK;
     KVHAL_CHECK_ARG(pages, "pages: NULL for %d pages", (int)n);
-    KVHAL_TRY(mark_held(cm, pages, 0, (size_t)n, PAGE_MARK));
+    KVHAL_TRY(mark_tree(cm, pages, 0, (size_t)n)); /* checks them; the marks go with the pages */
     give_back(cm, pages, 0, (size_t)n);
     return KVHAL_OK;
 }
@@ -400,11 +505,11 @@ kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const i
     size_t own = matched / ps; /* pages[0..own) are the tree's, from match: insert checks them */
     /* One pass marks the request's pages as the tree's; the few that turn out duplicates or the partial tail are
      * freed after the insert, and a failed insert puts every mark back. */
-    KVHAL_TRY(mark_held(cm, pages, own, npages, PAGE_TREE));
+    KVHAL_TRY(mark_tree(cm, pages, own, npages));
     size_t already = 0;
     kvhal_status st = kvhal__prefix_insert_unlock(cm->pc, tokens, num_tokens, pages, handle, &already);
     if (st != KVHAL_OK) {
-        unmark(cm, pages, own, npages, PAGE_HELD);
+        unmark(cm, pages, own, npages);
         return st;
     }
     size_t aligned = num_tokens / ps;
@@ -444,8 +549,7 @@ static void count_tree_page(const int32_t *pages, size_t n, void *user)
     tree_count *tc = user;
     for (size_t i = 0; i < n; i++) {
         int32_t p = pages[i];
-        if (tc->bad < 0 && (p < 0 || p >= tc->cm->total || tc->cm->state[p] != PAGE_TREE ||
-                            page_is_free(tc->cm, (uint32_t)p)))
+        if (tc->bad < 0 && (p < 0 || p >= tc->cm->total || !page_is_tree(tc->cm, (uint32_t)p)))
             tc->bad = p;
     }
     tc->pages += n;
@@ -480,16 +584,17 @@ kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm)
     KVHAL_TRY(check_cm(cm));
     KVHAL_TRY(check_free_set(cm));
     KVHAL_TRY(kvhal_prefix_check_integrity(cm->pc));
-    int64_t count[3] = {0}; /* free (by the bitmap), held, cached */
-    for (int32_t p = 0; p < cm->total; p++) {
-        uint8_t s = cm->state[p];
-        bool is_free = page_is_free(cm, (uint32_t)p);
-        if (s > PAGE_TREE) return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d has owner %u", (int)p, s);
-        if (is_free ? s == PAGE_HELD : s == PAGE_FREE)
-            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d is marked %s but is %s", (int)p,
-                              s == PAGE_FREE ? "free" : "held", is_free ? "free" : "allocated");
-        count[is_free ? PAGE_FREE : s]++;
+    int64_t cached = 0;
+    for (size_t w = 0; w < cm->nwords; w++) {
+        const uint64_t both = cm->free_bits[w] & cm->tree_bits[w];
+        if (both)
+            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %zu is both free and cached",
+                              (w << 6) + (size_t)__builtin_ctzll(both));
+        cached += __builtin_popcountll(cm->tree_bits[w]);
     }
+    if (cm->total % 64 && cm->tree_bits[cm->nwords - 1] >> (cm->total % 64))
+        return kvhal__err(KVHAL_INTEGRITY, "cache manager: cached bits set past the last page");
+    const int64_t held = (int64_t)cm->total - cm->nfree - cached; /* neither bit */
     kvhal_prefix_size_info si;
     KVHAL_TRY(kvhal_prefix_size_info_get(cm->pc, &si));
     tree_count tc = {cm, 0, -1};
@@ -499,12 +604,12 @@ kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm)
                           (int)tc.bad);
     size_t tree_pages = si.total_tokens / (size_t)cm->page_size;
     int32_t nfree = cm->nfree;
-    if (count[PAGE_FREE] != nfree || count[PAGE_HELD] != cm->held || (size_t)count[PAGE_TREE] != tree_pages ||
-        tc.pages != tree_pages || (int64_t)nfree + cm->held + (int64_t)tree_pages != cm->total)
+    if (held != cm->held || (size_t)cached != tree_pages || tc.pages != tree_pages ||
+        (int64_t)nfree + cm->held + (int64_t)tree_pages != cm->total)
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: %d free + %zu cached (%zu evictable, %zu protected) + %lld "
-                          "held by requests != %d pages (pages seen: %lld free, %lld cached, %lld held)", (int)nfree,
+                          "held by requests != %d pages (pages seen: %d free, %lld cached, %lld held)", (int)nfree,
                           tree_pages, si.evictable_tokens / (size_t)cm->page_size,
                           si.protected_tokens / (size_t)cm->page_size, (long long)cm->held, (int)cm->total,
-                          (long long)count[PAGE_FREE], (long long)count[PAGE_TREE], (long long)count[PAGE_HELD]);
+                          (int)nfree, (long long)cached, (long long)held);
     return KVHAL_OK;
 }

@@ -106,7 +106,8 @@ KVHAL_HIDDEN kvhal_status kvhal__tensor_copy_pair(const kvhal_tensor *dst0, cons
 /* ---- block pool, prefix cache (block_pool.c, prefix.c): what the cache manager needs beyond the API ---- */
 /* kvhal_prefix_insert + kvhal_prefix_unlock(handle) as one step that first checks that handle (a locked match
  * of this request, or NULL) lies on the tokens' path and that pages[] repeats the cached pages up to it; nothing
- * changes when a check fails. */
+ * changes when a check fails. The pages past the handle's are the caller's to have checked (the cache manager
+ * has: each one is a page its request holds). */
 KVHAL_HIDDEN kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *tokens,
                                                       size_t num_tokens, const int32_t *pages,
                                                       kvhal_prefix_handle handle, size_t *already_cached);

@@ -3,8 +3,9 @@
  *
  * Radix layout, chosen so that no operation scans the whole tree:
  *  - every edge is a node holding a run of tokens (a multiple of page_size) and one page id per page, both in one
- *    allocation; a split copies only the upper part and lets the lower node keep its buffer at an offset
- *    (compacted when the dead head outgrows the live part, so memory stays bounded);
+ *    allocation; a split copies only the smaller part into a new buffer and leaves the larger one where it is
+ *    (the node keeping the old buffer moves out when its dead part outgrows its live part, so memory stays
+ *    bounded);
  *  - children are found through one open-addressing table keyed by (parent, first page), so a node with
  *    thousands of children (the root of a trace) costs the same as one with two;
  *  - unlocked leaves sit in a binary min-heap on their last-access tick: eviction pops in LRU order in
@@ -425,45 +426,65 @@ static void edge_fill(const kvhal_prefix_cache *pc, node *x, int32_t *mem, size_
 /* tree surgery                                                                                               */
 /* ---------------------------------------------------------------------------------------------------------- */
 
+/* Tokens of the part of c that a split after m tokens copies into a new buffer: the smaller one. */
+static size_t split_copy_len(const node *c, size_t m)
+{
+    return m <= c->len - m ? m : c->len - m;
+}
+
+/* A node that shares a buffer with dead parts (what a split gave away) moves to one of its size when the dead
+ * part outgrows the live one (keeping the larger one when there is no memory for that is harmless). */
+static void compact(kvhal_prefix_cache *pc, node *x)
+{
+    size_t np = x->len / (size_t)pc->page_size, live = np + x->len;
+    size_t words;
+    int32_t *smaller;
+    if (x->mem_words - live <= live || (smaller = edge_get(pc, live, &words, true)) == NULL) return;
+    memcpy(smaller, x->pages, np * sizeof(int32_t));
+    memcpy(smaller + np, x->tok, x->len * sizeof(int32_t));
+    edge_release(pc, x->mem, x->mem_words);
+    x->mem = smaller;
+    x->mem_words = words;
+    x->pages = smaller;
+    x->tok = smaller + np;
+}
+
 /* Splits c after m tokens (0 < m < c->len, page-aligned): a new node p takes the first m tokens and c's place
  * under its parent; c keeps the rest, its identity (handles stay valid: they now name the lower part, whose
  * root path covers the same tokens) and its tick. p inherits c's lock count: every lock through c runs through p.
- * prefix_mem holds room for m tokens and their pages. */
-static node *split(kvhal_prefix_cache *pc, node *c, size_t m, int32_t *prefix_mem, size_t prefix_words)
+ * mem holds room for split_copy_len(c, m) tokens and their pages: the smaller part is copied there, the larger
+ * one stays in c's buffer, which goes to whichever node has it. */
+static node *split(kvhal_prefix_cache *pc, node *c, size_t m, int32_t *mem, size_t words)
 {
     size_t ps = (size_t)pc->page_size;
+    const size_t slot = tab_slot_of(pc, c), rest = c->len - m;
     node *p = node_take(pc);
-    edge_fill(pc, p, prefix_mem, prefix_words, c->tok, c->pages, m);
+    if (m <= rest) {
+        edge_fill(pc, p, mem, words, c->tok, c->pages, m);
+        c->tok += m;
+        c->pages += m / ps;
+        c->len = rest;
+    } else {
+        /* p takes the buffer with the upper part at its head; c's part moves out */
+        p->mem = c->mem;
+        p->mem_words = c->mem_words;
+        p->pages = c->pages;
+        p->tok = c->tok;
+        p->len = m;
+        p->fkey = c->fkey;
+        edge_fill(pc, c, mem, words, c->tok + m, c->pages + m / ps, rest);
+    }
     p->parent = c->parent;
-    p->end = c->end - c->len + m;
+    p->end = c->end - rest;
     p->tick = c->tick;
     p->lock_ref = c->lock_ref;
     p->nchild = 1;
     /* p has c's (parent, first page): it takes c's slot in the table as is. */
-    pc->tab[tab_slot_of(pc, c)].n = p;
-
-    c->tok += m;
-    c->pages += m / ps;
-    c->len -= m;
+    pc->tab[slot].n = p;
     c->parent = p;
     c->fkey = page_key(c->tok, pc->page_size);
     tab_insert_node(pc, c);
-
-    /* The dead part of c's buffer (the head it gave away) may not outgrow what is live in it: c moves to a buffer
-     * of its size (keeping the larger one when there is no memory for that is harmless). */
-    size_t np = c->len / ps;
-    size_t dead = c->mem_words - (np + c->len);
-    size_t words;
-    int32_t *smaller;
-    if (dead > np + c->len && (smaller = edge_get(pc, np + c->len, &words, true)) != NULL) {
-        memcpy(smaller, c->pages, np * sizeof(int32_t));
-        memcpy(smaller + np, c->tok, c->len * sizeof(int32_t));
-        edge_release(pc, c->mem, c->mem_words);
-        c->mem = smaller;
-        c->mem_words = words;
-        c->pages = smaller;
-        c->tok = smaller + np;
-    }
+    compact(pc, m <= rest ? c : p);
     return p;
 }
 
@@ -606,7 +627,7 @@ kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, s
         /* The handle must end exactly at the match so that lock() protects exactly what the caller uses. */
         size_t words;
         KVHAL_TRY(reserve(pc, 1));
-        int32_t *mem = edge_alloc(pc, w.in_partial, &words);
+        int32_t *mem = edge_alloc(pc, split_copy_len(w.partial, w.in_partial), &words);
         if (!mem) return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix match: no memory to split a node at %zu tokens",
                                     w.in_partial);
         x = split(pc, w.partial, w.in_partial, mem, words);
@@ -665,9 +686,11 @@ kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle han
 
 /* Insert with an optional check that `must` (a locked match of this request) lies on the tokens' path and that
  * pages[] repeats the cached pages up to it; the cache manager uses it so that a wrong handle or page list can
- * never put one page in two places. */
+ * never put one page in two places. pages_checked: the caller has checked the pages past `must`'s (the cache
+ * manager checks each as a page its request holds), so the sign check here would read them again. */
 static kvhal_status insert_impl(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
-                                const int32_t *pages, kvhal_prefix_handle must, size_t *already_cached)
+                                const int32_t *pages, kvhal_prefix_handle must, bool pages_checked,
+                                size_t *already_cached)
 {
     size_t ps = (size_t)pc->page_size;
     size_t n = num_tokens - num_tokens % ps;
@@ -699,7 +722,8 @@ static kvhal_status insert_impl(kvhal_prefix_cache *pc, const int32_t *tokens, s
 
     size_t fresh = n - w.pos; /* tokens that get a new leaf */
     int32_t any = 0; /* branch-free sign check: a page list is long at page size 1 */
-    for (size_t i = w.pos / ps; i < n / ps; i++) any |= pages[i];
+    if (!pages_checked)
+        for (size_t i = w.pos / ps; i < n / ps; i++) any |= pages[i];
     if (any < 0)
         for (size_t i = w.pos / ps; i < n / ps; i++)
             if (pages[i] < 0)
@@ -710,7 +734,7 @@ static kvhal_status insert_impl(kvhal_prefix_cache *pc, const int32_t *tokens, s
     size_t split_words = 0, leaf_words = 0;
     if (need_nodes) {
         KVHAL_TRY(reserve(pc, need_nodes));
-        if (w.partial && !(split_mem = edge_alloc(pc, w.in_partial, &split_words)))
+        if (w.partial && !(split_mem = edge_alloc(pc, split_copy_len(w.partial, w.in_partial), &split_words)))
             return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix insert: no memory to split a node at %zu tokens",
                               w.in_partial);
         if (fresh && !(leaf_mem = edge_alloc(pc, fresh, &leaf_words))) {
@@ -752,7 +776,7 @@ kvhal_status kvhal_prefix_insert(kvhal_prefix_cache *pc, const int32_t *tokens, 
         if (already_cached) *already_cached = num_tokens - num_tokens % ps;
         return KVHAL_OK;
     }
-    return insert_impl(pc, tokens, num_tokens, pages, NULL, already_cached);
+    return insert_impl(pc, tokens, num_tokens, pages, NULL, false, already_cached);
 }
 
 static void unlock_path(kvhal_prefix_cache *pc, node *handle)
@@ -786,7 +810,7 @@ kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *
         if (handle->lock_ref <= 0)
             return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: %p is not locked (finished twice?)", (void *)handle);
     }
-    KVHAL_TRY(insert_impl(pc, tokens, num_tokens, pages, handle, already_cached));
+    KVHAL_TRY(insert_impl(pc, tokens, num_tokens, pages, handle, true, already_cached));
     if (handle) unlock_path(pc, handle);
     return KVHAL_OK;
 }

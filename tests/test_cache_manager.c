@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -571,8 +572,8 @@ static void test_evicted_pages_merge(void **state)
     kvhal_cache_manager_destroy(cm);
 }
 
-/* cache_finished checks its pages four at a time: a page listed twice inside one group of four, or a bad page
- * after several good groups, is refused and every owner mark made before it is undone. */
+/* A page listed twice next to itself or a few places later, a tree page after several good ones, or a page
+ * listed twice at the end is refused, and every owner mark made before it is undone. */
 static void test_finish_bad_page_in_group(void **state)
 {
     (void)state;
@@ -651,6 +652,131 @@ static void test_finish_bad_page_in_run(void **state)
     kvhal_cache_manager_destroy(cm);
 }
 
+/* A request whose pages are an arithmetic progression of the ids (a decode step's pages interleave with the rest
+ * of the batch's: p, p + b, p + 2b, ...), for steps within a bitmap word (2..64) and beyond it (65, 100): the
+ * pages are checked and marked a word at a time, inserted, evicted back to free; the pages between them stay the
+ * other requests' throughout. Then free() of the same shapes. */
+static void test_strided_pages(void **state)
+{
+    (void)state;
+    static const int32_t steps[] = {2, 3, 7, 8, 63, 64, 65, 100};
+    enum { TOTAL = 3000, N = 24 };
+    for (size_t si = 0; si < sizeof steps / sizeof steps[0]; si++) {
+        const int32_t d = steps[si];
+        kvhal_cache_manager *cm = make(TOTAL, 1, KVHAL_PREFIX_RADIX);
+        int32_t *all = malloc(TOTAL * sizeof *all);
+        assert_non_null(all);
+        const int32_t used = d * N + 5;
+        bool *cached_page = calloc(TOTAL, sizeof *cached_page);
+        assert_non_null(cached_page);
+        assert_int_equal(kvhal_cache_manager_allocate(cm, used, all), KVHAL_OK);
+        expect_run(all, used, 0);
+        for (int32_t off = 0; off < 2; off++) {
+            /* request `off` holds pages off + 3, off + 3 + d, ...: progressions that start inside a word */
+            int32_t t[N], pages[N];
+            seq(t, N, 10000 * (off + 1));
+            for (int32_t i = 0; i < N; i++) cached_page[pages[i] = off + 3 + i * d] = true;
+            kvhal_prefix_handle h;
+            size_t cached;
+            int32_t dummy[N];
+            assert_int_equal(kvhal_cache_manager_match(cm, t, N, &h, &cached, dummy, N), KVHAL_OK);
+            assert_int_equal(cached, 0);
+            assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, N, pages, h), KVHAL_OK);
+            ok(cm);
+            assert_int_equal(info(cm).total_tokens, (size_t)(off + 1) * N);
+            /* a hit hands the same pages back */
+            assert_int_equal(kvhal_cache_manager_match(cm, t, N, &h, &cached, dummy, N), KVHAL_OK);
+            assert_int_equal(cached, N);
+            assert_memory_equal(dummy, pages, sizeof pages);
+            assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h), KVHAL_OK);
+        }
+        /* the tree's pages go back to free; the rest are still held */
+        size_t ev = 0;
+        assert_int_equal(kvhal_cache_manager_evict(cm, SIZE_MAX, &ev), KVHAL_OK);
+        assert_int_equal(ev, 2 * N);
+        ok(cm);
+        assert_int_equal(kvhal_cache_manager_num_free(cm), TOTAL - used + 2 * N);
+        /* free the held rest in two strided passes: every d-th from page 1, then what is left */
+        int32_t k = 0, *rest = malloc(TOTAL * sizeof *rest);
+        assert_non_null(rest);
+        for (int32_t p = 1; p < used; p += d)
+            if (!cached_page[p]) {
+                rest[k++] = p;
+                cached_page[p] = true; /* gone now too */
+            }
+        assert_int_equal(kvhal_cache_manager_free(cm, rest, k), KVHAL_OK);
+        ok(cm);
+        int32_t k2 = 0;
+        for (int32_t p = 0; p < used; p++)
+            if (!cached_page[p]) rest[k2++] = p;
+        assert_int_equal(kvhal_cache_manager_free(cm, rest, k2), KVHAL_OK);
+        ok(cm);
+        assert_int_equal(kvhal_cache_manager_num_free(cm), TOTAL);
+        assert_int_equal(kvhal_cache_manager_allocate(cm, TOTAL, all), KVHAL_OK);
+        expect_run(all, TOTAL, 0);
+        free(cached_page);
+        free(rest);
+        free(all);
+        kvhal_cache_manager_destroy(cm);
+    }
+}
+
+/* Bad pages inside and between progressions: nothing changes, the message names the first bad entry. */
+static void test_strided_bad_pages(void **state)
+{
+    (void)state;
+    enum { TOTAL = 200 };
+    kvhal_cache_manager *cm = make(TOTAL, 1, KVHAL_PREFIX_RADIX);
+    int32_t tree_t[4];
+    seq(tree_t, 4, 900);
+    run_request(cm, tree_t, 4); /* pages 0..3 are the tree's */
+    int32_t held[TOTAL];
+    const int32_t nheld = TOTAL - 4;
+    assert_int_equal(kvhal_cache_manager_allocate(cm, nheld, held), KVHAL_OK); /* 4..199 */
+    kvhal_cache_manager_free(cm, &held[100], 1);                                  /* page 104 free again */
+    static const struct {
+        int32_t n;
+        int32_t pages[8];
+        kvhal_status st;
+        int bad;
+        const char *why;
+    } cases[] = {
+        {6, {10, 12, 14, 16, 18, 14}, KVHAL_INVALID_ARGUMENT, 5, "listed twice"},  /* after its progression */
+        {7, {10, 12, 14, 11, 13, 15, 12}, KVHAL_INVALID_ARGUMENT, 6, "listed twice"}, /* across progressions */
+        {5, {96, 100, 104, 108, 112}, KVHAL_INVALID_ARGUMENT, 2, "free"},              /* inside a stride of 4 */
+        {5, {9, 6, 3, 0, 20}, KVHAL_INVALID_ARGUMENT, 2, "prefix cache"},            /* a tree page */
+        {4, {193, 195, 197, 199 + 2}, KVHAL_OUT_OF_RANGE, 3, "out of range"},         /* runs past the end */
+        {3, {-3, -1, 1}, KVHAL_OUT_OF_RANGE, 0, "out of range"},                       /* negative */
+        {4, {130, 194, 258, 322}, KVHAL_OUT_OF_RANGE, 2, "out of range"},             /* a step of 64 */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int32_t t[8];
+        seq(t, 8, 3000 + 10 * (int32_t)c);
+        int32_t free_before = kvhal_cache_manager_num_free(cm);
+        kvhal_status st = kvhal_cache_manager_cache_finished(cm, t, (size_t)cases[c].n, cases[c].pages, NULL);
+        assert_int_equal(st, cases[c].st);
+        char want[32];
+        snprintf(want, sizeof want, "pages[%d]", cases[c].bad);
+        if (!strstr(kvhal_last_error(), want) || !strstr(kvhal_last_error(), cases[c].why))
+            fail_msg("case %zu: %s", c, kvhal_last_error());
+        ok(cm);
+        assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
+        assert_int_equal(info(cm).total_tokens, 4);
+        /* free() refuses the same lists the same way */
+        assert_int_equal(kvhal_cache_manager_free(cm, cases[c].pages, cases[c].n), cases[c].st);
+        ok(cm);
+        assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
+    }
+    /* every held page is still the requests': all go back */
+    int32_t k = 0, rest[TOTAL];
+    for (int32_t i = 0; i < nheld; i++)
+        if (i != 100) rest[k++] = held[i];
+    assert_int_equal(kvhal_cache_manager_free(cm, rest, k), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), TOTAL - 4);
+    kvhal_cache_manager_destroy(cm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -667,6 +793,8 @@ int main(void)
         cmocka_unit_test(test_evicted_pages_merge),
         cmocka_unit_test(test_finish_bad_page_in_group),
         cmocka_unit_test(test_finish_bad_page_in_run),
+        cmocka_unit_test(test_strided_pages),
+        cmocka_unit_test(test_strided_bad_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
