@@ -431,6 +431,14 @@ KVHAL_API kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const i
 KVHAL_API kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const int32_t *tokens,
                                                           size_t num_tokens, const int32_t *pages,
                                                           kvhal_prefix_handle handle);
+/* The same, given only what follows the match: tokens[0..n) and their pages (ceil(n/page_size) of them) are the
+ * request's tokens past the handle's cached length (0 for a NULL handle), inserted below the handle. The cached
+ * prefix is the handle's by construction, so nothing of it is passed or compared again: what cache_finished
+ * spends re-reading and checking the matched prefix (its tokens and pages), this one does not. Every page passed
+ * is still checked as one the caller's requests hold. */
+KVHAL_API kvhal_status kvhal_cache_manager_cache_finished_suffix(kvhal_cache_manager *cm,
+                                                                 kvhal_prefix_handle handle, const int32_t *tokens,
+                                                                 size_t num_tokens, const int32_t *pages);
 /* free + evictable pages */
 KVHAL_API int32_t kvhal_cache_manager_available(const kvhal_cache_manager *cm);
 KVHAL_API int32_t kvhal_cache_manager_num_free(const kvhal_cache_manager *cm);

@@ -489,8 +489,10 @@ kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const int32_t *pa
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
-                                                const int32_t *pages, kvhal_prefix_handle handle)
+/* cache_finished and cache_finished_suffix: suffix says whether tokens and pages start at the handle's cached
+ * length or at 0. */
+static kvhal_status finish_impl(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                const int32_t *pages, kvhal_prefix_handle handle, bool suffix)
 {
     KVHAL_TRY(check_cm(cm));
     size_t ps = (size_t)cm->page_size;
@@ -499,15 +501,16 @@ kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const i
     KVHAL_CHECK_ARG(pages || npages == 0, "pages: NULL for %zu pages", npages);
     size_t matched;
     KVHAL_TRY(kvhal__prefix_handle_len(cm->pc, handle, &matched));
-    if (matched > num_tokens)
+    if (!suffix && matched > num_tokens)
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "num_tokens: %zu, fewer than the %zu the handle matched",
                           num_tokens, matched);
-    size_t own = matched / ps; /* pages[0..own) are the tree's, from match: insert checks them */
+    /* pages[0..own) are the tree's, from match: insert checks them (none are passed with a suffix) */
+    size_t own = suffix ? 0 : matched / ps;
     /* One pass marks the request's pages as the tree's; the few that turn out duplicates or the partial tail are
      * freed after the insert, and a failed insert puts every mark back. */
     KVHAL_TRY(mark_tree(cm, pages, own, npages));
     size_t already = 0;
-    kvhal_status st = kvhal__prefix_insert_unlock(cm->pc, tokens, num_tokens, pages, handle, &already);
+    kvhal_status st = kvhal__prefix_insert_unlock(cm->pc, tokens, num_tokens, pages, handle, suffix, &already);
     if (st != KVHAL_OK) {
         unmark(cm, pages, own, npages);
         return st;
@@ -518,6 +521,19 @@ kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const i
     give_back(cm, pages, own, dup_end);
     give_back(cm, pages, aligned, npages);
     return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                                const int32_t *pages, kvhal_prefix_handle handle)
+{
+    return finish_impl(cm, tokens, num_tokens, pages, handle, false);
+}
+
+kvhal_status kvhal_cache_manager_cache_finished_suffix(kvhal_cache_manager *cm, kvhal_prefix_handle handle,
+                                                       const int32_t *tokens, size_t num_tokens,
+                                                       const int32_t *pages)
+{
+    return finish_impl(cm, tokens, num_tokens, pages, handle, true);
 }
 
 int32_t kvhal_cache_manager_available(const kvhal_cache_manager *cm)

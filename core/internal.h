@@ -104,13 +104,15 @@ KVHAL_HIDDEN kvhal_status kvhal__tensor_copy_pair(const kvhal_tensor *dst0, cons
                                                   const char *const names[4], kvhal_stream *s);
 
 /* ---- block pool, prefix cache (block_pool.c, prefix.c): what the cache manager needs beyond the API ---- */
-/* kvhal_prefix_insert + kvhal_prefix_unlock(handle) as one step that first checks that handle (a locked match
- * of this request, or NULL) lies on the tokens' path and that pages[] repeats the cached pages up to it; nothing
- * changes when a check fails. The pages past the handle's are the caller's to have checked (the cache manager
- * has: each one is a page its request holds). */
+/* kvhal_prefix_insert + kvhal_prefix_unlock(handle) as one step. suffix false: tokens and pages are the whole
+ * request's, and it first checks that handle (a locked match of this request, or NULL) lies on the tokens' path and
+ * that pages[] repeats the cached pages up to it; nothing changes when a check fails. suffix true: they are what
+ * follows the handle's cached prefix, inserted below it (already_cached then counts from there too). The pages past
+ * the handle's are the caller's to have checked (the cache manager has: each one is a page its request holds). */
 KVHAL_HIDDEN kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *tokens,
                                                       size_t num_tokens, const int32_t *pages,
-                                                      kvhal_prefix_handle handle, size_t *already_cached);
+                                                      kvhal_prefix_handle handle, bool suffix,
+                                                      size_t *already_cached);
 /* Validates handle and gives the tokens from the root through it (0 for NULL). */
 KVHAL_HIDDEN kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle,
                                                    size_t *len);

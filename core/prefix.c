@@ -23,9 +23,12 @@
 #define NODE_MAGIC 0x4b564e44u /* KVND */
 #define SLAB_NODES 128
 /* Edge buffers come in size classes (16 words, then four classes per power of two: at most 25% slack) and go back
- * to a per-cache free list when their node dies, so that a cache in steady state (leaves evicted, new ones
- * inserted) reuses warm memory instead of going through malloc, and through the page faults of memory malloc
- * has handed back to the system in between. Buffers of 2^32 words and more are plain allocations. */
+ * to a per-cache free stack when their node dies, so that a cache in steady state (leaves evicted, new ones
+ * inserted) reuses its memory instead of going through malloc, and through the page faults of memory malloc
+ * has handed back to the system in between. The stacks hold pointers, not links inside the buffers: a released
+ * buffer is cold (an evicted leaf is the least recently used memory of the cache), and neither its release nor
+ * its reuse should wait for a cache miss on it before the copy into it starts. Buffers of 2^32 words and more are
+ * plain allocations. */
 #define EDGE_CLASSES (1 + 28 * 4)
 
 typedef struct kvhal_prefix_node node;
@@ -58,6 +61,11 @@ typedef struct tab_entry {
     node *n; /* NULL = empty */
 } tab_entry;
 
+typedef struct edge_stack {
+    void **v;
+    size_t n, cap;
+} edge_stack;
+
 typedef struct heap_entry {
     uint64_t tick;
     node *n;
@@ -79,7 +87,7 @@ struct kvhal_prefix_cache {
     size_t tab_size, tab_count; /* power of two; load kept <= 1/2 */
     heap_entry *heap;
     size_t heap_n, heap_cap;
-    void *edge_free[EDGE_CLASSES]; /* released edge buffers by size class, linked through their first word */
+    edge_stack edge_free[EDGE_CLASSES]; /* released edge buffers by size class */
 };
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -354,21 +362,28 @@ static void edge_release(kvhal_prefix_cache *pc, int32_t *mem, size_t words)
         free(mem);
         return;
     }
-    memcpy(mem, &pc->edge_free[c], sizeof(void *));
-    pc->edge_free[c] = mem;
+    edge_stack *st = &pc->edge_free[c];
+    if (st->n == st->cap) {
+        /* plain realloc, not a fault-injection point: without room the buffer simply goes back to malloc */
+        size_t room = st->cap ? 2 * st->cap : 16;
+        void **v = room <= SIZE_MAX / sizeof *v ? realloc(st->v, room * sizeof *v) : NULL;
+        if (!v) {
+            free(mem);
+            return;
+        }
+        st->v = v;
+        st->cap = room;
+    }
+    st->v[st->n++] = mem;
 }
 
 static void edge_pool_free(kvhal_prefix_cache *pc)
 {
     for (size_t c = 0; c < EDGE_CLASSES; c++) {
-        void *m = pc->edge_free[c];
-        while (m) {
-            void *next;
-            memcpy(&next, m, sizeof next);
-            free(m);
-            m = next;
-        }
-        pc->edge_free[c] = NULL;
+        edge_stack *st = &pc->edge_free[c];
+        while (st->n) free(st->v[--st->n]);
+        free(st->v);
+        *st = (edge_stack){0};
     }
 }
 
@@ -389,11 +404,9 @@ static void node_release(kvhal_prefix_cache *pc, node *x)
 static int32_t *edge_get(kvhal_prefix_cache *pc, size_t need, size_t *words, bool optional)
 {
     size_t cap, c = edge_class(need, &cap);
-    if (c < EDGE_CLASSES && pc->edge_free[c]) {
-        int32_t *m = pc->edge_free[c];
-        memcpy(&pc->edge_free[c], m, sizeof(void *));
+    if (c < EDGE_CLASSES && pc->edge_free[c].n) {
         *words = cap;
-        return m;
+        return pc->edge_free[c].v[--pc->edge_free[c].n];
     }
     if (cap > SIZE_MAX / sizeof(int32_t)) return NULL;
     *words = cap;
@@ -500,8 +513,8 @@ static void touch(kvhal_prefix_cache *pc, node *x, uint64_t now)
     for (; x != &pc->root; x = x->parent) x->tick = now;
 }
 
-/* Where tokens[0..n) leaves the tree: the deepest fully matched node, and the edge it diverges in (if any)
- * with the matched length inside it. */
+/* Where tokens[0..n), read from node `start` down, leave the tree: the deepest fully matched node, and the edge it
+ * diverges in (if any) with the matched length inside it. Positions count from start. */
 typedef struct walk {
     node *last;    /* deepest node whose whole edge matched (root if none) */
     node *partial; /* child of last matched only in part (NULL if none) */
@@ -509,10 +522,10 @@ typedef struct walk {
     size_t pos;    /* total matched tokens, page-aligned */
 } walk;
 
-static void walk_tokens(const kvhal_prefix_cache *pc, const int32_t *tokens, size_t n, walk *w)
+static void walk_tokens(const kvhal_prefix_cache *pc, node *start, const int32_t *tokens, size_t n, walk *w)
 {
     size_t ps = (size_t)pc->page_size;
-    node *x = (node *)&pc->root;
+    node *x = start;
     size_t pos = 0;
     w->partial = NULL;
     w->in_partial = 0;
@@ -618,7 +631,7 @@ kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, s
     size_t ps = (size_t)pc->page_size;
     size_t n = num_tokens - num_tokens % ps;
     walk w;
-    walk_tokens(pc, tokens, n, &w);
+    walk_tokens(pc, &pc->root, tokens, n, &w);
     if (w.pos / ps > pages_cap)
         return kvhal__err(KVHAL_OUT_OF_RANGE, "pages_cap: %zu is too small for the %zu cached pages of %zu tokens",
                           pages_cap, w.pos / ps, w.pos);
@@ -684,18 +697,20 @@ kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle han
     return KVHAL_OK;
 }
 
-/* Insert with an optional check that `must` (a locked match of this request) lies on the tokens' path and that
- * pages[] repeats the cached pages up to it; the cache manager uses it so that a wrong handle or page list can
- * never put one page in two places. pages_checked: the caller has checked the pages past `must`'s (the cache
- * manager checks each as a page its request holds), so the sign check here would read them again. */
-static kvhal_status insert_impl(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+/* Inserts tokens[0..n) and their pages below node `start` (the root, or a locked handle whose cached prefix the
+ * tokens continue). With start at the root, an optional check that `must` (a locked match of this request) lies on
+ * the tokens' path and that pages[] repeats the cached pages up to it; the cache manager uses it so that a wrong
+ * handle or page list can never put one page in two places. pages_checked: the caller has checked the pages past
+ * `must`'s (the cache manager checks each as a page its request holds), so the sign check here would read them
+ * again. *already_cached counts from start. */
+static kvhal_status insert_impl(kvhal_prefix_cache *pc, node *start, const int32_t *tokens, size_t num_tokens,
                                 const int32_t *pages, kvhal_prefix_handle must, bool pages_checked,
                                 size_t *already_cached)
 {
     size_t ps = (size_t)pc->page_size;
     size_t n = num_tokens - num_tokens % ps;
     walk w;
-    walk_tokens(pc, tokens, n, &w);
+    walk_tokens(pc, start, tokens, n, &w);
 
     if (must) {
         size_t need = must->end;
@@ -750,7 +765,7 @@ static kvhal_status insert_impl(kvhal_prefix_cache *pc, const int32_t *tokens, s
         node *leaf = node_take(pc);
         edge_fill(pc, leaf, leaf_mem, leaf_words, tokens + w.pos, pages + w.pos / ps, fresh);
         leaf->parent = x;
-        leaf->end = n;
+        leaf->end = start->end + n;
         leaf->tick = now;
         tab_insert_node(pc, leaf);
         if (x->heap_idx >= 0) heap_remove(pc, x);
@@ -776,7 +791,7 @@ kvhal_status kvhal_prefix_insert(kvhal_prefix_cache *pc, const int32_t *tokens, 
         if (already_cached) *already_cached = num_tokens - num_tokens % ps;
         return KVHAL_OK;
     }
-    return insert_impl(pc, tokens, num_tokens, pages, NULL, false, already_cached);
+    return insert_impl(pc, &pc->root, tokens, num_tokens, pages, NULL, false, already_cached);
 }
 
 static void unlock_path(kvhal_prefix_cache *pc, node *handle)
@@ -791,7 +806,8 @@ static void unlock_path(kvhal_prefix_cache *pc, node *handle)
 }
 
 kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
-                                         const int32_t *pages, kvhal_prefix_handle handle, size_t *already_cached)
+                                         const int32_t *pages, kvhal_prefix_handle handle, bool suffix,
+                                         size_t *already_cached)
 {
     KVHAL_TRY(check_pc(pc));
     size_t ps = (size_t)pc->page_size;
@@ -810,7 +826,10 @@ kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *
         if (handle->lock_ref <= 0)
             return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: %p is not locked (finished twice?)", (void *)handle);
     }
-    KVHAL_TRY(insert_impl(pc, tokens, num_tokens, pages, handle, true, already_cached));
+    if (suffix)
+        KVHAL_TRY(insert_impl(pc, handle ? handle : &pc->root, tokens, num_tokens, pages, NULL, true, already_cached));
+    else
+        KVHAL_TRY(insert_impl(pc, &pc->root, tokens, num_tokens, pages, handle, true, already_cached));
     if (handle) unlock_path(pc, handle);
     return KVHAL_OK;
 }

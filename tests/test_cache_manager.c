@@ -459,7 +459,14 @@ static void run_sim(int32_t ps, int32_t total, uint64_t seed, int steps)
             sim_write(shadow, ps, r, r->len, r->len + 1);
             r->len++;
         } else {
-            assert_int_equal(kvhal_cache_manager_cache_finished(cm, r->tok, r->len, r->pages, r->h), KVHAL_OK);
+            /* both ways of finishing: the whole request, or what follows its match */
+            const size_t own = r->matched / (size_t)ps;
+            if (rng_next(&rng) & 1)
+                assert_int_equal(kvhal_cache_manager_cache_finished(cm, r->tok, r->len, r->pages, r->h), KVHAL_OK);
+            else
+                assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, r->h, r->tok + r->matched,
+                                                                           r->len - r->matched, r->pages + own),
+                                 KVHAL_OK);
             r->active = false;
             finished++;
         }
@@ -777,6 +784,103 @@ static void test_strided_bad_pages(void **state)
     kvhal_cache_manager_destroy(cm);
 }
 
+/* cache_finished_suffix: the tokens and pages after the match, inserted below the handle; the same outcome as
+ * cache_finished (cached tokens, freed tail and duplicate pages, unlock), and the same refusals of pages a request
+ * does not hold, a handle finished twice, a naive cache's handle. */
+static void test_finish_suffix(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(32, 4, KVHAL_PREFIX_RADIX);
+    int32_t a[20];
+    seq(a, 20, 1);
+    assert_int_equal(run_request(cm, a, 20), 0);
+    /* B shares 12 tokens, has 18: 3 pages matched, one new full page cached, the tail page freed */
+    int32_t b[18];
+    seq(b, 18, 1);
+    b[12] = 99;
+    kvhal_prefix_handle h;
+    size_t cached;
+    int32_t pages[8];
+    assert_int_equal(kvhal_cache_manager_match(cm, b, 18, &h, &cached, pages, 8), KVHAL_OK);
+    assert_int_equal(cached, 12);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 2, pages + 3), KVHAL_OK);
+    int32_t free_before = kvhal_cache_manager_num_free(cm);
+    /* a page of the match passed as one of the request's own: refused, nothing changed */
+    int32_t wrong[2] = {pages[4], pages[0]};
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h, b + 12, 6, wrong), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "pages[1]"));
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
+    assert_int_equal(info(cm).protected_tokens, 12);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h, NULL, 6, pages + 3), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h, b + 12, 6, pages + 3), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), free_before + 1); /* the tail page */
+    assert_int_equal(info(cm).total_tokens, 24);
+    assert_int_equal(info(cm).protected_tokens, 0);
+    /* finished twice: the handle is no longer locked */
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h, b + 12, 6, pages + 3), KVHAL_INVALID_ARGUMENT);
+    ok(cm);
+    /* the whole of B is found again, with its pages */
+    int32_t again[8];
+    assert_int_equal(kvhal_cache_manager_match(cm, b, 18, &h, &cached, again, 8), KVHAL_OK);
+    assert_int_equal(cached, 16);
+    assert_memory_equal(again, pages, 4 * sizeof *pages);
+    assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h), KVHAL_OK);
+
+    /* two requests behind the same match finish with the same continuation: the second one's pages are duplicates
+     * and go back; meanwhile a third request's match split the handle's edge (the handle stays valid) */
+    int32_t c[16];
+    seq(c, 16, 1);
+    c[8] = 500;
+    kvhal_prefix_handle h1, h2, h3;
+    size_t c1, c2, c3;
+    int32_t p1[4], p2[4], p3[4];
+    assert_int_equal(kvhal_cache_manager_match(cm, c, 16, &h1, &c1, p1, 4), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_match(cm, c, 16, &h2, &c2, p2, 4), KVHAL_OK);
+    assert_int_equal(c1, 8);
+    assert_int_equal(c2, 8);
+    int32_t d[8];
+    seq(d, 8, 1);
+    d[4] = 600; /* diverges inside the first page-aligned edge: splits it at 4 */
+    assert_int_equal(kvhal_cache_manager_match(cm, d, 8, &h3, &c3, p3, 4), KVHAL_OK);
+    assert_int_equal(c3, 4);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 2, p1 + 2), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 2, p2 + 2), KVHAL_OK);
+    free_before = kvhal_cache_manager_num_free(cm);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h1, c + 8, 8, p1 + 2), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h2, c + 8, 8, p2 + 2), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), free_before + 2);
+    assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h3), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_match(cm, c, 16, &h, &cached, again, 8), KVHAL_OK);
+    assert_int_equal(cached, 16);
+    assert_memory_equal(again, p1, sizeof p1); /* the first finisher's pages */
+    assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h), KVHAL_OK);
+    /* a NULL handle: the suffix is the whole request */
+    int32_t e[4], pe[1];
+    seq(e, 4, 700);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 1, pe), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, NULL, e, 4, pe), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_match(cm, e, 4, &h, &cached, again, 8), KVHAL_OK);
+    assert_int_equal(cached, 4);
+    assert_int_equal(again[0], pe[0]);
+    assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+
+    /* naive: keeps nothing, every page goes back; a handle other than NULL is refused */
+    cm = make(8, 2, KVHAL_PREFIX_NAIVE);
+    int32_t pn[2];
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 2, pn), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, (kvhal_prefix_handle)pn, e, 4, pn),
+                     KVHAL_INVALID_HANDLE);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, NULL, e, 4, pn), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 8);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -795,6 +899,7 @@ int main(void)
         cmocka_unit_test(test_finish_bad_page_in_run),
         cmocka_unit_test(test_strided_pages),
         cmocka_unit_test(test_strided_bad_pages),
+        cmocka_unit_test(test_finish_suffix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -55,7 +55,7 @@ typedef struct options {
     kvhal_paged_layout layout;
     kvhal_paged_order order;
     int32_t batch, samples, chunk;
-    bool no_kv, json, quiet, cold_tokens;
+    bool no_kv, json, quiet, cold_tokens, finish_whole;
     int64_t repeat, check_every;
     uint64_t seed;
 } options;
@@ -91,6 +91,8 @@ static void usage(FILE *f)
             "  --no-kv             page bookkeeping only, no paged cache or K/V writes (radix benchmark)\n"
             "  --cold-tokens       leave each request's tokens where the pre-generated workload has them (by default\n"
             "                      they are read once ahead of the request, unmeasured, as a tokenizer leaves them)\n"
+            "  --finish-whole      finish requests with cache_finished (the whole request's tokens and pages, the\n"
+            "                      matched prefix compared again) instead of cache_finished_suffix (what follows it)\n"
             "  --repeat N          replay the workload N times, each on a fresh cache, for a stable figure (1)\n"
             "  --seed S            workload seed (1)\n"
             "  --check-every N     check_integrity every N finished requests (0: only at the end)\n"
@@ -208,6 +210,7 @@ static int parse_options(int argc, char **argv, options *o)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
         if (!strcmp(a, "--no-kv")) { o->no_kv = true; continue; }
         if (!strcmp(a, "--cold-tokens")) { o->cold_tokens = true; continue; }
+        if (!strcmp(a, "--finish-whole")) { o->finish_whole = true; continue; }
         if (!strcmp(a, "--json")) { o->json = true; continue; }
         if (!strcmp(a, "--quiet")) { o->quiet = true; continue; }
         if (!strcmp(a, "--soak")) { soak = true; continue; }
@@ -1125,7 +1128,12 @@ PHASE static int finish(replay *r, slot *s)
         atomic_thread_fence(memory_order_seq_cst);
     }
     double t1 = now_s();
-    kvhal_status st = kvhal_cache_manager_cache_finished(r->cm, s->tok, s->total, s->pages, s->h);
+    /* what an engine knows at the end of a request: its handle and what it generated after the match */
+    const size_t own = s->matched / (size_t)r->ps;
+    kvhal_status st = r->o->finish_whole
+                          ? kvhal_cache_manager_cache_finished(r->cm, s->tok, s->total, s->pages, s->h)
+                          : kvhal_cache_manager_cache_finished_suffix(r->cm, s->h, s->tok + s->matched,
+                                                                      s->total - s->matched, s->pages + own);
     r->excluded += t1 - t0;
     r->st.t_finish += now_s() - t1;
     r->st.finish_calls++;
@@ -1263,7 +1271,7 @@ static void print_summary(const replay *r, const workload *w, const char *device
                "\"integrity_checks\": %llu, \"integrity_failures\": %llu, \"errors\": %llu, \"ok\": %s, "
                "\"engine_s\": %.4f, \"wall_s\": %.3f, \"mode\": \"%s\", \"prefix\": \"%s\", \"device\": \"%s\", "
                "\"model\": \"%s\", \"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"%s\", "
-               "\"batch\": %d, \"seed\": %llu}\n",
+               "\"batch\": %d, \"finish\": \"%s\", \"seed\": %llu}\n",
                (unsigned long long)s->requests, (unsigned long long)s->skipped, (long long)o->repeat, rps, rps_cpu,
                s->best_pass_rps, tps, hit,
                (unsigned long long)s->hit_requests, (unsigned long long)s->pages_evicted, (long long)s->peak_in_use,
@@ -1273,7 +1281,8 @@ static void print_summary(const replay *r, const workload *w, const char *device
                (unsigned long long)s->integrity_checks, (unsigned long long)s->integrity_failures,
                (unsigned long long)s->errors, ok ? "true" : "false", s->t_engine, s->t_wall,
                o->no_kv ? "no-kv" : "kv", kind, device, o->model, (int)o->layers, (int)o->kv_heads, (int)o->head_dim,
-               kvhal_dtype_name(o->dtype), (int)o->batch, (unsigned long long)o->seed);
+               kvhal_dtype_name(o->dtype), (int)o->batch, o->finish_whole ? "whole" : "suffix",
+               (unsigned long long)o->seed);
         return;
     }
     printf("kvhal-replay: %s\n", w->name);
@@ -1290,7 +1299,8 @@ static void print_summary(const replay *r, const workload *w, const char *device
            (unsigned long long)s->hit_requests, (unsigned long long)s->requests);
     printf("  pages        %llu evicted, peak %lld of %lld in use\n", (unsigned long long)s->pages_evicted,
            (long long)s->peak_in_use, (long long)s->total_pages);
-    printf("  cache ops    match %.3f us, cache_finished (insert) %.3f us", match_us, insert_us);
+    printf("  cache ops    match %.3f us, %s (insert) %.3f us", match_us,
+           o->finish_whole ? "cache_finished" : "cache_finished_suffix", insert_us);
     if (s->evict_calls)
         printf(", evict(4096) %.2f us (%llu calls, >= %zu tokens cached)", evict_us, (unsigned long long)s->evict_calls,
                s->evict_cached_min);
