@@ -83,25 +83,34 @@ static inline void tree_to_free(kvhal_cache_manager *cm, size_t w, uint64_t m)
  * batch of b. Taken as progressions, a list is checked and moved between owners a bitmap word at a time (64 / step
  * pages per operation) instead of a page at a time. */
 
-/* Bits 0, d, 2d, ... below 64, for a step d of 1..64. */
-static const uint64_t ap_pattern[65] = {
-    0x0000000000000000ull, 0xffffffffffffffffull, 0x5555555555555555ull, 0x9249249249249249ull,
-    0x1111111111111111ull, 0x1084210842108421ull, 0x1041041041041041ull, 0x8102040810204081ull,
-    0x0101010101010101ull, 0x8040201008040201ull, 0x1004010040100401ull, 0x0080100200400801ull,
-    0x1001001001001001ull, 0x0010008004002001ull, 0x0100040010004001ull, 0x1000200040008001ull,
-    0x0001000100010001ull, 0x0008000400020001ull, 0x0040001000040001ull, 0x0200004000080001ull,
-    0x1000010000100001ull, 0x8000040000200001ull, 0x0000100000400001ull, 0x0000400000800001ull,
-    0x0001000001000001ull, 0x0004000002000001ull, 0x0010000004000001ull, 0x0040000008000001ull,
-    0x0100000010000001ull, 0x0400000020000001ull, 0x1000000040000001ull, 0x4000000080000001ull,
-    0x0000000100000001ull, 0x0000000200000001ull, 0x0000000400000001ull, 0x0000000800000001ull,
-    0x0000001000000001ull, 0x0000002000000001ull, 0x0000004000000001ull, 0x0000008000000001ull,
-    0x0000010000000001ull, 0x0000020000000001ull, 0x0000040000000001ull, 0x0000080000000001ull,
-    0x0000100000000001ull, 0x0000200000000001ull, 0x0000400000000001ull, 0x0000800000000001ull,
-    0x0001000000000001ull, 0x0002000000000001ull, 0x0004000000000001ull, 0x0008000000000001ull,
-    0x0010000000000001ull, 0x0020000000000001ull, 0x0040000000000001ull, 0x0080000000000001ull,
-    0x0100000000000001ull, 0x0200000000000001ull, 0x0400000000000001ull, 0x0800000000000001ull,
-    0x1000000000000001ull, 0x2000000000000001ull, 0x4000000000000001ull, 0x8000000000000001ull,
-    0x0000000000000001ull
+/* For a step d of 1..64: bits 0, d, 2d, ... below 64, and 64 % d (how much closer to its word's start each
+ * word's first element lies than the previous word's). */
+static const struct {
+    uint64_t pattern;
+    uint32_t rem;
+} ap_step[65] = {
+    {0x0000000000000000ull, 0}, {0xffffffffffffffffull, 0}, {0x5555555555555555ull, 0},
+    {0x9249249249249249ull, 1}, {0x1111111111111111ull, 0}, {0x1084210842108421ull, 4},
+    {0x1041041041041041ull, 4}, {0x8102040810204081ull, 1}, {0x0101010101010101ull, 0},
+    {0x8040201008040201ull, 1}, {0x1004010040100401ull, 4}, {0x0080100200400801ull, 9},
+    {0x1001001001001001ull, 4}, {0x0010008004002001ull, 12}, {0x0100040010004001ull, 8},
+    {0x1000200040008001ull, 4}, {0x0001000100010001ull, 0}, {0x0008000400020001ull, 13},
+    {0x0040001000040001ull, 10}, {0x0200004000080001ull, 7}, {0x1000010000100001ull, 4},
+    {0x8000040000200001ull, 1}, {0x0000100000400001ull, 20}, {0x0000400000800001ull, 18},
+    {0x0001000001000001ull, 16}, {0x0004000002000001ull, 14}, {0x0010000004000001ull, 12},
+    {0x0040000008000001ull, 10}, {0x0100000010000001ull, 8}, {0x0400000020000001ull, 6},
+    {0x1000000040000001ull, 4}, {0x4000000080000001ull, 2}, {0x0000000100000001ull, 0},
+    {0x0000000200000001ull, 31}, {0x0000000400000001ull, 30}, {0x0000000800000001ull, 29},
+    {0x0000001000000001ull, 28}, {0x0000002000000001ull, 27}, {0x0000004000000001ull, 26},
+    {0x0000008000000001ull, 25}, {0x0000010000000001ull, 24}, {0x0000020000000001ull, 23},
+    {0x0000040000000001ull, 22}, {0x0000080000000001ull, 21}, {0x0000100000000001ull, 20},
+    {0x0000200000000001ull, 19}, {0x0000400000000001ull, 18}, {0x0000800000000001ull, 17},
+    {0x0001000000000001ull, 16}, {0x0002000000000001ull, 15}, {0x0004000000000001ull, 14},
+    {0x0008000000000001ull, 13}, {0x0010000000000001ull, 12}, {0x0020000000000001ull, 11},
+    {0x0040000000000001ull, 10}, {0x0080000000000001ull, 9}, {0x0100000000000001ull, 8},
+    {0x0200000000000001ull, 7}, {0x0400000000000001ull, 6}, {0x0800000000000001ull, 5},
+    {0x1000000000000001ull, 4}, {0x2000000000000001ull, 3}, {0x4000000000000001ull, 2},
+    {0x8000000000000001ull, 1}, {0x0000000000000001ull, 0}
 };
 
 /* The longest progression pages[i], pages[i] + d, ... (1 <= d <= 64) from i that lies in [0, total): its length
@@ -148,11 +157,13 @@ static inline uint64_t popcount64(uint64_t x)
 #endif
 }
 
-/* The bitmap words a progression (p0, d, len) touches, one at a time: word w, its bits in mask. */
+/* The bitmap words a progression (p0, d, len) touches, one at a time: word w, its bits in mask. The offset of
+ * the first element in each next word follows from the last one by subtracting 64 % d (mod d): no division and
+ * no bit count per word. */
 typedef struct ap_words {
     size_t w, last_w;
-    uint64_t pat, b, last_mask, mask;
-    uint32_t d;
+    uint64_t pat, b, next_b, last_mask, mask;
+    uint32_t d, rem;
 } ap_words;
 
 static inline void apw_first(ap_words *a, uint32_t p0, uint32_t d, size_t len)
@@ -160,9 +171,12 @@ static inline void apw_first(ap_words *a, uint32_t p0, uint32_t d, size_t len)
     const uint64_t last = (uint64_t)p0 + (uint64_t)(len - 1) * d;
     a->w = p0 >> 6;
     a->last_w = (size_t)(last >> 6);
-    a->pat = ap_pattern[d];
+    a->pat = ap_step[d].pattern;
+    a->rem = ap_step[d].rem;
     a->b = p0 & 63;
     a->d = d;
+    /* the first word may start anywhere (b >= d too); from the second on, b < d */
+    a->next_b = a->b + popcount64(a->pat << a->b) * d - 64;
     a->last_mask = ~0ull >> (63 - (last & 63));
     a->mask = (a->pat << a->b) & (a->w == a->last_w ? a->last_mask : ~0ull);
 }
@@ -171,10 +185,11 @@ static inline void apw_first(ap_words *a, uint32_t p0, uint32_t d, size_t len)
 static inline bool apw_next(ap_words *a)
 {
     if (a->w == a->last_w) return false;
-    /* the first element past this word lies (elements in this word) * d past b */
-    a->b = a->b + popcount64(a->pat << a->b) * a->d - 64;
+    const uint64_t b = a->next_b;
+    a->b = b;
+    a->next_b = b >= a->rem ? b - a->rem : b + a->d - a->rem;
     a->w++;
-    a->mask = (a->pat << a->b) & (a->w == a->last_w ? a->last_mask : ~0ull);
+    a->mask = (a->pat << b) & (a->w == a->last_w ? a->last_mask : ~0ull);
     return true;
 }
 

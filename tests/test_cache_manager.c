@@ -784,6 +784,55 @@ static void test_strided_bad_pages(void **state)
     kvhal_cache_manager_destroy(cm);
 }
 
+/* Random page lists made of progressions (steps 1..70 from anywhere in a word, lengths 1..40, lone pages between)
+ * freed against a plain model of which pages are held: after every free the free set is exactly the model's, as
+ * the lowest-first allocation shows page by page. */
+static void test_progressions_random(void **state)
+{
+    (void)state;
+    enum { TOTAL = 4096 };
+    kvhal_cache_manager *cm = make(TOTAL, 1, KVHAL_PREFIX_RADIX);
+    int32_t *list = malloc(TOTAL * sizeof *list), *got = malloc(TOTAL * sizeof *got);
+    bool *held = malloc(TOTAL * sizeof *held), *in_list = calloc(TOTAL, sizeof *in_list);
+    assert_non_null(list);
+    assert_non_null(got);
+    assert_non_null(held);
+    assert_non_null(in_list);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, TOTAL, got), KVHAL_OK);
+    for (int32_t p = 0; p < TOTAL; p++) held[p] = true;
+    uint64_t rng = 77;
+    for (int round = 0; round < 300; round++) {
+        int32_t n = 0;
+        for (int part = 0; part < 4; part++) {
+            int32_t p = (int32_t)(rng_next(&rng) % TOTAL), d = 1 + (int32_t)(rng_next(&rng) % 70);
+            int32_t len = 1 + (int32_t)(rng_next(&rng) % 40);
+            for (int32_t k = 0; k < len && p < TOTAL; k++, p += d)
+                if (held[p] && !in_list[p]) in_list[list[n++] = p] = true;
+        }
+        if (n == 0) continue;
+        assert_int_equal(kvhal_cache_manager_free(cm, list, n), KVHAL_OK);
+        for (int32_t i = 0; i < n; i++) held[list[i]] = in_list[list[i]] = false;
+        ok(cm);
+        if (round % 10 == 9) {
+            /* take all free pages back: they come lowest first, and must be exactly the model's free ones */
+            int32_t nfree = kvhal_cache_manager_num_free(cm), k = 0;
+            assert_int_equal(kvhal_cache_manager_allocate(cm, nfree, got), KVHAL_OK);
+            for (int32_t p = 0; p < TOTAL; p++)
+                if (!held[p]) {
+                    assert_int_equal(got[k++], p);
+                    held[p] = true;
+                }
+            assert_int_equal(k, nfree);
+            ok(cm);
+        }
+    }
+    free(list);
+    free(got);
+    free(held);
+    free(in_list);
+    kvhal_cache_manager_destroy(cm);
+}
+
 /* cache_finished_suffix: the tokens and pages after the match, inserted below the handle; the same outcome as
  * cache_finished (cached tokens, freed tail and duplicate pages, unlock), and the same refusals of pages a request
  * does not hold, a handle finished twice, a naive cache's handle. */
@@ -900,6 +949,7 @@ int main(void)
         cmocka_unit_test(test_strided_pages),
         cmocka_unit_test(test_strided_bad_pages),
         cmocka_unit_test(test_finish_suffix),
+        cmocka_unit_test(test_progressions_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
