@@ -659,6 +659,40 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Timestamps for the per-request timings inside the engine loop (match, cache_finished, the stretches that are
+ * not engine work), several per request: clock_gettime costs ~30 ns on a VM, which would be a tenth of a
+ * request's time at page size 1. Where the kernel itself keeps time with the TSC (so it runs at a constant rate
+ * on every core), tick() reads it directly (after an lfence, as the kernel does), and run_once converts ticks to
+ * seconds per pass against CLOCK_MONOTONIC; elsewhere a tick is a nanosecond of CLOCK_MONOTONIC. */
+static bool use_tsc;
+
+static void tick_init(void)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    char cs[32] = "";
+    FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+    if (f) {
+        if (!fgets(cs, sizeof cs, f)) cs[0] = '\0';
+        fclose(f);
+    }
+    use_tsc = strcmp(cs, "tsc\n") == 0;
+#endif
+}
+
+static inline uint64_t tick(void)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (use_tsc) {
+        /* ordered as the kernel's own reads are: the work before it has finished */
+        __builtin_ia32_lfence();
+        return __builtin_ia32_rdtsc();
+    }
+#endif
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* CPU time of the process: on a shared machine the wall clock also counts other programs' turns. */
 static double cpu_s(void)
 {
@@ -721,7 +755,8 @@ typedef struct replay {
     size_t done_total, work_total;
     int last_decile;
     int64_t repeat_index;
-    double excluded; /* seconds of generation, verification and checks inside the loop, not engine work */
+    uint64_t excluded; /* ticks of generation, verification and checks inside the pass, not engine work */
+    uint64_t match_ticks, finish_ticks; /* in the pass */
     uint32_t sink;   /* what reading a request's tokens ahead of it summed up (kept so that the read stays) */
 } replay;
 
@@ -859,14 +894,14 @@ static void note_in_use(replay *r)
 
 static void check_integrity(replay *r)
 {
-    double t0 = now_s();
+    uint64_t t0 = tick();
     kvhal_status st = kvhal_cache_manager_check_integrity(r->cm);
     r->st.integrity_checks++;
     if (st != KVHAL_OK) {
         r->st.integrity_failures++;
         fprintf(stderr, "kvhal-replay: INTEGRITY: %s\n", status_msg(st));
     }
-    r->excluded += now_s() - t0;
+    r->excluded += tick() - t0;
 }
 
 static inline size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -904,18 +939,18 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
         s->hash = r->w->hash ? r->w->hash + r->w->hoff[req] : NULL;
         s->tag = r->w->tag ? r->w->tag + r->w->hoff[req] : NULL;
     } else {
-        double t0 = now_s();
+        uint64_t t0 = tick();
         gen_tokens(r->w, req, s->tokbuf, s->hashbuf, s->tagbuf);
         s->tok = s->tokbuf;
         s->hash = s->hashbuf;
         s->tag = s->tagbuf;
-        r->excluded += now_s() - t0;
+        r->excluded += tick() - t0;
     }
     size_t cached = 0;
-    double t0 = now_s();
+    uint64_t t0 = tick();
     kvhal_status st = kvhal_cache_manager_match(r->cm, s->tok, s->in_len, &s->h, &cached, s->pages,
                                                 div_up(r->w->max_len, ps));
-    r->st.t_match += now_s() - t0;
+    r->match_ticks += tick() - t0;
     r->st.match_calls++;
     if (st != KVHAL_OK) return fatal_status(r, "match", st), -2;
     int64_t have = (int64_t)(cached / ps);
@@ -939,10 +974,10 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
     if (st != KVHAL_OK) return fatal_status(r, "allocate", st), -2;
     note_in_use(r);
     /* not engine work: the check of the hit and the next request's tokens */
-    double tv = now_s();
+    uint64_t tv = tick();
     if (cached && r->o->samples) verify_hit(r, s);
     stage_tokens(r, req + 1);
-    r->excluded += now_s() - tv;
+    r->excluded += tick() - tv;
     if (r->kv) {
         size_t n = s->in_len - cached;
         for (size_t base = 0; base < n; base += (size_t)r->kv->chunk) {
@@ -1115,7 +1150,7 @@ static int decode_window(replay *r)
 
 PHASE static int finish(replay *r, slot *s)
 {
-    double t0 = now_s();
+    uint64_t t0 = tick();
     if (!r->kv) {
         /* --no-kv: the shadow learns what the request's full pages hold (the prefix hash of each one's last token)
          * before they join the tree; verification, not engine work, so outside the measured time */
@@ -1127,7 +1162,7 @@ PHASE static int finish(replay *r, slot *s)
         /* those stores miss the cache: drain them here, not inside the measured call that follows */
         atomic_thread_fence(memory_order_seq_cst);
     }
-    double t1 = now_s();
+    uint64_t t1 = tick();
     /* what an engine knows at the end of a request: its handle and what it generated after the match */
     const size_t own = s->matched / (size_t)r->ps;
     kvhal_status st = r->o->finish_whole
@@ -1135,7 +1170,7 @@ PHASE static int finish(replay *r, slot *s)
                           : kvhal_cache_manager_cache_finished_suffix(r->cm, s->h, s->tok + s->matched,
                                                                       s->total - s->matched, s->pages + own);
     r->excluded += t1 - t0;
-    r->st.t_finish += now_s() - t1;
+    r->finish_ticks += tick() - t1;
     r->st.finish_calls++;
     if (st != KVHAL_OK) return fatal_status(r, "cache_finished", st), -1;
     s->active = false;
@@ -1176,11 +1211,12 @@ static int run_once(replay *r)
     size_t n = r->w->n, next = 0, done = 0;
     int32_t running = 0;
     r->reserved = 0;
-    r->excluded = 0;
+    r->excluded = r->match_ticks = r->finish_ticks = 0;
     r->ndec = r->nfin = 0;
     int rc = 0;
     stage_tokens(r, 0);
     double t0 = now_s(), c0 = cpu_s();
+    uint64_t k0 = tick();
     while (done < n && rc == 0) {
         while (running < r->nslots && next < n) {
             slot *s = NULL;
@@ -1222,14 +1258,19 @@ static int run_once(replay *r)
         }
         r->nfin = 0;
     }
+    uint64_t kel = tick() - k0;
     double el = now_s() - t0, cel = cpu_s() - c0;
-    r->st.t_engine += el - r->excluded;
-    if (rc == 0 && el - r->excluded > 0) {
-        double pass_rps = (double)(r->st.requests - requests_before) / (el - r->excluded);
+    const double spt = kel ? el / (double)kel : 0; /* seconds per tick, in this pass */
+    const double excluded = (double)r->excluded * spt;
+    r->st.t_match += (double)r->match_ticks * spt;
+    r->st.t_finish += (double)r->finish_ticks * spt;
+    r->st.t_engine += el - excluded;
+    if (rc == 0 && el - excluded > 0) {
+        double pass_rps = (double)(r->st.requests - requests_before) / (el - excluded);
         if (pass_rps > r->st.best_pass_rps) r->st.best_pass_rps = pass_rps;
     }
     /* the excluded parts were timed on the wall clock: an upper bound of their CPU time */
-    r->st.t_engine_cpu += cel - r->excluded > 0 ? cel - r->excluded : 0;
+    r->st.t_engine_cpu += cel - excluded > 0 ? cel - excluded : 0;
     r->st.pages_evicted += kvhal_cache_manager_pages_evicted(r->cm) - evicted_before;
     check_integrity(r);
     if (rc == 0 && r->o->kind == KVHAL_PREFIX_RADIX) evict_bench(r);
@@ -1315,6 +1356,7 @@ static void print_summary(const replay *r, const workload *w, const char *device
 static int run_replay(const options *o)
 {
     double t_wall = now_s();
+    tick_init();
     workload w;
     if (workload_init(&w, o) != 0) {
         fprintf(stderr, "kvhal-replay: could not build the workload\n");
