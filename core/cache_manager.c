@@ -61,14 +61,6 @@ static inline bool page_is_tree(const kvhal_cache_manager *cm, uint32_t p)
     return (cm->tree_bits[p >> 6] >> (p & 63)) & 1;
 }
 
-/* The bits of the run [p0, p0 + n) (n >= 1) that fall in bitmap word w. */
-static inline uint64_t run_mask(uint32_t p0, uint32_t n, size_t w)
-{
-    const uint64_t lo = (uint64_t)w << 6, first = p0 > lo ? p0 - lo : 0, end = (uint64_t)p0 + n - lo;
-    const uint64_t upto = end >= 64 ? ~0ull : (1ull << end) - 1;
-    return upto & (~0ull << first);
-}
-
 /* Cached pages m of word w become free. */
 static inline void tree_to_free(kvhal_cache_manager *cm, size_t w, uint64_t m)
 {

@@ -5,6 +5,7 @@
  * change; and injected allocation failures. After every operation both caches must pass check_integrity, and
  * every prefix hit must return pages whose shadow content (the hash of the token prefix written there) is exactly
  * the requester's: a wrong page, not just a wrong count, aborts. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,10 +145,19 @@ static void op_decode(state *s, input *in, req *q)
     q->len++;
 }
 
-static void op_finish(state *s, req *q)
+/* Finishes the request whole or by what follows its match (cache_finished_suffix), as the input says. */
+static kvhal_status finish_req(state *s, const req *q, const int32_t *pages, bool suffix)
+{
+    if (!suffix) return kvhal_cache_manager_cache_finished(s->cm, q->tok, q->len, pages, q->h);
+    const size_t own = q->matched / (size_t)s->ps;
+    return kvhal_cache_manager_cache_finished_suffix(s->cm, q->h, q->tok + q->matched, q->len - q->matched,
+                                                      pages + own);
+}
+
+static void op_finish(state *s, input *in, req *q)
 {
     if (!q->active) return;
-    kvhal_status st = kvhal_cache_manager_cache_finished(s->cm, q->tok, q->len, q->pages, q->h);
+    kvhal_status st = finish_req(s, q, q->pages, next(in) & 1);
     if (!ok_or_fault(st)) return; /* nothing changed, the request still runs */
     q->active = 0;
 }
@@ -158,9 +168,13 @@ static void op_finish(state *s, req *q)
 static void op_misuse(state *s, input *in, req *q)
 {
     if (!q->active || q->npages == 0) return;
+    const bool suffix = next(in) & 1;
+    const size_t own = q->matched / (size_t)s->ps;
+    if (suffix && own == q->npages) return; /* nothing of its own to get wrong */
     int32_t wrong[MAXTOK];
     memcpy(wrong, q->pages, q->npages * sizeof(int32_t));
-    size_t i = next(in) % q->npages;
+    /* the suffix form is given only the request's own pages */
+    size_t i = suffix ? own + next(in) % (q->npages - own) : next(in) % q->npages;
     wrong[i] = (int32_t)(next(in) % (unsigned)s->total);
     if (wrong[i] == q->pages[i]) return;
     for (int k = 0; k < SLOTS; k++) {
@@ -172,7 +186,7 @@ static void op_misuse(state *s, input *in, req *q)
     int32_t before = kvhal_cache_manager_num_free(s->cm);
     kvhal_prefix_size_info si0, si1;
     check(kvhal_prefix_size_info_get(kvhal_cache_manager_prefix(s->cm), &si0));
-    kvhal_status st = kvhal_cache_manager_cache_finished(s->cm, q->tok, q->len, wrong, q->h);
+    kvhal_status st = finish_req(s, q, wrong, suffix);
     if (st == KVHAL_OK || (st == KVHAL_OUT_OF_MEMORY && !fault_active)) abort();
     check(kvhal_prefix_size_info_get(kvhal_cache_manager_prefix(s->cm), &si1));
     if (kvhal_cache_manager_num_free(s->cm) != before || si0.total_tokens != si1.total_tokens ||
@@ -278,7 +292,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         switch (op % 9) {
         case 0: case 1: op_start(s, &in, q); break;
         case 2: case 3: op_decode(s, &in, q); break;
-        case 4: op_finish(s, q); break;
+        case 4: op_finish(s, &in, q); break;
         case 5: if (q->active) drop(s, q); break;
         case 6: {
             size_t ev;

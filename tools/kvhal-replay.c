@@ -1495,10 +1495,11 @@ static int run_soak(const options *base)
         o.samples = 16;
         o.repeat = 1;
         o.seed = base->seed + j;
+        o.finish_whole = j / nruns == 1; /* the second round finishes requests the other way */
         if (!o.json)
-            printf("== soak %zu/%zu: page size %d, batch %d, %s, budget %s, seed %llu\n", j + 1, 3 * nruns,
+            printf("== soak %zu/%zu: page size %d, batch %d, %s, budget %s, %s, seed %llu\n", j + 1, 3 * nruns,
                    (int)o.page_size, (int)o.batch, o.kind == KVHAL_PREFIX_RADIX ? "radix" : "naive", runs[i].budget,
-                   (unsigned long long)o.seed);
+                   o.finish_whole ? "cache_finished" : "cache_finished_suffix", (unsigned long long)o.seed);
         fflush(stdout);
         if (run_replay(&o) != 0) failed++;
     }
