@@ -39,6 +39,7 @@ struct kvhal_prefix_node {
     int32_t heap_idx;   /* position in the LRU heap, -1 when not an unlocked leaf */
     uint32_t nchild;
     uint32_t id;        /* slot number, stable for the node's memory (integrity check scratch index) */
+    int32_t own_locks;  /* of those, the locks taken with this node as the handle: what unlock may give back */
     node *parent;       /* the free-list link while dead */
     kvhal_prefix_cache *owner;
     uint64_t tick;
@@ -670,6 +671,7 @@ kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handl
     if (top->lock_ref == INT32_MAX)
         return kvhal__err(KVHAL_OUT_OF_RANGE, "handle: %p, its path already holds %d locks", (void *)handle,
                           (int)INT32_MAX);
+    handle->own_locks++; /* <= its lock_ref: no overflow past the check above */
     for (node *x = handle; x != &pc->root; x = x->parent) {
         if (x->lock_ref++ == 0) {
             pc->evictable_tokens -= x->len;
@@ -690,7 +692,8 @@ kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle han
         return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p, but a naive prefix cache only hands out NULL",
                           (void *)handle);
     KVHAL_TRY(check_handle(pc, handle));
-    if (handle->lock_ref <= 0)
+    /* own_locks, not lock_ref: a lock through this node by a longer handle is not this handle's to give back */
+    if (handle->own_locks <= 0)
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: %p is not locked (unlock without a matching lock)",
                           (void *)handle);
     unlock_path(pc, handle);
@@ -796,6 +799,7 @@ kvhal_status kvhal_prefix_insert(kvhal_prefix_cache *pc, const int32_t *tokens, 
 
 static void unlock_path(kvhal_prefix_cache *pc, node *handle)
 {
+    handle->own_locks--;
     for (node *x = handle; x != &pc->root; x = x->parent) {
         if (--x->lock_ref == 0) {
             pc->protected_tokens -= x->len;
@@ -823,7 +827,7 @@ kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *
     }
     if (handle) {
         KVHAL_TRY(check_handle(pc, handle));
-        if (handle->lock_ref <= 0)
+        if (handle->own_locks <= 0)
             return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: %p is not locked (finished twice?)", (void *)handle);
     }
     if (suffix)
@@ -978,7 +982,9 @@ static kvhal_status check_node(const kvhal_prefix_cache *pc, const node *x, scra
     if (x->tick > pc->clock || (p != &pc->root && p->tick < x->tick))
         return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u was used at tick %llu, after its parent (%llu)",
                           x->id, (unsigned long long)x->tick, (unsigned long long)p->tick);
-    if (x->lock_ref < 0) return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has %d locks", x->id, x->lock_ref);
+    if (x->lock_ref < 0 || x->own_locks < 0 || x->own_locks > x->lock_ref)
+        return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has %d locks, %d of them its own", x->id,
+                          x->lock_ref, x->own_locks);
     bool leaf_free = x->nchild == 0 && x->lock_ref == 0;
     if (leaf_free != (x->heap_idx >= 0))
         return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u (%u children, %d locks) is %s the LRU heap", x->id,
@@ -1066,9 +1072,9 @@ kvhal_status kvhal_prefix_check_integrity(const kvhal_prefix_cache *pc)
                                 sc.children[x->id]);
                 goto done;
             }
-            if (sc.lock_sum[x->id] > x->lock_ref) {
-                st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has %d locks, fewer than its children's %lld",
-                                x->id, x->lock_ref, (long long)sc.lock_sum[x->id]);
+            if (sc.lock_sum[x->id] + x->own_locks != x->lock_ref) {
+                st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has %d locks, not its own %d plus its "
+                                "children's %lld", x->id, x->lock_ref, x->own_locks, (long long)sc.lock_sum[x->id]);
                 goto done;
             }
         }

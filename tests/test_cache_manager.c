@@ -906,6 +906,21 @@ static void test_finish_suffix(void **state)
     assert_int_equal(cached, 16);
     assert_memory_equal(again, p1, sizeof p1); /* the first finisher's pages */
     assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h), KVHAL_OK);
+    /* finished twice with nothing of its own (an empty suffix, or the whole request no longer than its match): the
+     * second is refused even while a longer handle's lock runs through the same node */
+    kvhal_prefix_handle h_short, h_long;
+    assert_int_equal(kvhal_cache_manager_match(cm, c, 8, &h_short, &c1, p1, 4), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_match(cm, c, 16, &h_long, &c2, p2, 4), KVHAL_OK);
+    assert_int_equal(c1, 8);
+    assert_int_equal(c2, 16);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h_short, NULL, 0, NULL), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h_short, NULL, 0, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, c, 8, p1, h_short), KVHAL_INVALID_ARGUMENT);
+    ok(cm);
+    assert_int_equal(info(cm).protected_tokens, 16);
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, c, 16, p2, h_long), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(info(cm).protected_tokens, 0);
     /* a NULL handle: the suffix is the whole request */
     int32_t e[4], pe[1];
     seq(e, 4, 700);

@@ -216,6 +216,33 @@ static void test_lock_protects(void **state)
     assert_int_equal(kvhal_prefix_cache_destroy(pc), KVHAL_OK);
 }
 
+/* A handle gives back only the locks taken with it: a shorter handle whose node lies on a longer handle's path
+ * cannot unlock that path's other lock by being unlocked once too often. */
+static void test_unlock_only_own_locks(void **state)
+{
+    (void)state;
+    kvhal_prefix_cache *pc = make(KVHAL_PREFIX_RADIX, 1);
+    int32_t a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, pa[8] = {0, 1, 2, 3, 4, 5, 6, 7}, out[8];
+    insert(pc, a, 8, pa);
+    int32_t a4[5] = {1, 2, 3, 4, 99};
+    kvhal_prefix_handle h_short, h_long;
+    assert_int_equal(match(pc, a4, 5, &h_short, out, 8), 4); /* splits [1..8] at 4 */
+    assert_int_equal(match(pc, a, 8, &h_long, out, 8), 8);
+    assert_ptr_not_equal(h_short, h_long);
+    assert_int_equal(kvhal_prefix_lock(pc, h_short), KVHAL_OK);
+    assert_int_equal(kvhal_prefix_lock(pc, h_long), KVHAL_OK);
+    assert_int_equal(kvhal_prefix_unlock(pc, h_short), KVHAL_OK);
+    /* h_short's node still counts h_long's lock, but none of its own is left */
+    assert_int_equal(kvhal_prefix_unlock(pc, h_short), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "not locked"));
+    assert_int_equal(kvhal_prefix_check_integrity(pc), KVHAL_OK);
+    assert_int_equal(info(pc).protected_tokens, 8);
+    assert_int_equal(kvhal_prefix_unlock(pc, h_long), KVHAL_OK);
+    assert_int_equal(info(pc).protected_tokens, 0);
+    assert_int_equal(kvhal_prefix_check_integrity(pc), KVHAL_OK);
+    assert_int_equal(kvhal_prefix_cache_destroy(pc), KVHAL_OK);
+}
+
 /* Leaves go in LRU order; a parent becomes a candidate once its last child is gone; evict stops at whole leaves
  * once enough tokens are freed. */
 static void test_evict_order(void **state)
@@ -845,6 +872,7 @@ int main(void)
         cmocka_unit_test(test_split_on_partial_match),
         cmocka_unit_test(test_split_on_insert_keeps_handles),
         cmocka_unit_test(test_lock_protects),
+        cmocka_unit_test(test_unlock_only_own_locks),
         cmocka_unit_test(test_evict_order),
         cmocka_unit_test(test_page_alignment),
         cmocka_unit_test(test_many_children),

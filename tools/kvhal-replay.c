@@ -662,8 +662,8 @@ static double now_s(void)
 /* Timestamps for the per-request timings inside the engine loop (match, cache_finished, the stretches that are
  * not engine work), several per request: clock_gettime costs ~30 ns on a VM, which would be a tenth of a
  * request's time at page size 1. Where the kernel itself keeps time with the TSC (so it runs at a constant rate
- * on every core), tick() reads it directly (after an lfence, as the kernel does), and run_once converts ticks to
- * seconds per pass against CLOCK_MONOTONIC; elsewhere a tick is a nanosecond of CLOCK_MONOTONIC. */
+ * on every core), tick() reads it directly (between two lfences), and run_once converts ticks to seconds per pass
+ * against CLOCK_MONOTONIC; elsewhere a tick is a nanosecond of CLOCK_MONOTONIC. */
 static bool use_tsc;
 
 static void tick_init(void)
@@ -683,9 +683,12 @@ static inline uint64_t tick(void)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     if (use_tsc) {
-        /* ordered as the kernel's own reads are: the work before it has finished */
+        /* ordered: the work before it has finished before the counter is read, and the work after it starts
+         * after */
         __builtin_ia32_lfence();
-        return __builtin_ia32_rdtsc();
+        const uint64_t t = __builtin_ia32_rdtsc();
+        __builtin_ia32_lfence();
+        return t;
     }
 #endif
     struct timespec ts;
@@ -830,12 +833,15 @@ static int write_kv(replay *r, const uint64_t *hash, const int64_t *slots, size_
 static void report_mismatch(replay *r, const slot *s, size_t pos, int32_t layer, int side, int32_t head)
 {
     r->st.mismatches++;
-    if (r->st.mismatches <= 10)
+    if (r->st.mismatches <= 10) {
+        char where[48] = ""; /* K/V mode: which row of which layer */
+        if (layer >= 0)
+            snprintf(where, sizeof where, ", layer %d, %s%s", (int)layer, side ? "V" : "K",
+                     head >= 0 ? " (a head differs)" : "");
         fprintf(stderr, "kvhal-replay: MISMATCH: request %zu, token %zu of its %zu-token cached prefix (page %d, "
-                "offset %zu)%s%d%s%s: the cache holds another prefix's data\n", s->req, pos, s->matched,
-                (int)s->pages[pos / (size_t)r->ps], pos % (size_t)r->ps, layer >= 0 ? ", layer " : "",
-                layer >= 0 ? (int)layer : 0, side < 0 ? "" : side ? ", V" : ", K",
-                head >= 0 ? " (a head differs)" : "");
+                "offset %zu)%s: the cache holds another prefix's data\n", s->req, pos, s->matched,
+                (int)s->pages[pos / (size_t)r->ps], pos % (size_t)r->ps, where);
+    }
 }
 
 /* Reads back sampled rows of the matched prefix (first token, last token, random ones). */
@@ -973,8 +979,11 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
     st = kvhal_cache_manager_allocate(r->cm, (int32_t)need_now, s->pages + have);
     if (st != KVHAL_OK) return fatal_status(r, "allocate", st), -2;
     note_in_use(r);
-    /* not engine work: the check of the hit and the next request's tokens */
+    /* not engine work: the shadow of the prompt's full pages (--no-kv), the check of the hit, the next request's
+     * tokens */
     uint64_t tv = tick();
+    if (!r->kv)
+        for (size_t pi = (size_t)have; pi < s->in_len / ps; pi++) r->shadow[s->pages[pi]] = s->tag[pi];
     if (cached && r->o->samples) verify_hit(r, s);
     stage_tokens(r, req + 1);
     r->excluded += tick() - tv;
@@ -1150,29 +1159,31 @@ static int decode_window(replay *r)
 
 PHASE static int finish(replay *r, slot *s)
 {
-    uint64_t t0 = tick();
-    if (!r->kv) {
-        /* --no-kv: the shadow learns what the request's full pages hold (the prefix hash of each one's last token)
-         * before they join the tree; verification, not engine work, so outside the measured time */
-        const size_t ps = (size_t)r->ps;
-        const int32_t *restrict pages = s->pages;
-        const uint32_t *restrict tag = s->tag;
-        uint32_t *restrict shadow = r->shadow;
-        for (size_t pi = s->matched / ps, full = s->total / ps; pi < full; pi++) shadow[pages[pi]] = tag[pi];
-        /* those stores miss the cache: drain them here, not inside the measured call that follows */
-        atomic_thread_fence(memory_order_seq_cst);
-    }
-    uint64_t t1 = tick();
+    const size_t ps = (size_t)r->ps;
     /* what an engine knows at the end of a request: its handle and what it generated after the match */
-    const size_t own = s->matched / (size_t)r->ps;
+    const size_t own = s->matched / ps;
+    uint64_t t1 = tick();
     kvhal_status st = r->o->finish_whole
                           ? kvhal_cache_manager_cache_finished(r->cm, s->tok, s->total, s->pages, s->h)
                           : kvhal_cache_manager_cache_finished_suffix(r->cm, s->h, s->tok + s->matched,
                                                                       s->total - s->matched, s->pages + own);
-    r->excluded += t1 - t0;
-    r->finish_ticks += tick() - t1;
+    /* the call's stores are its cost: drained before its time is read */
+    atomic_thread_fence(memory_order_seq_cst);
+    uint64_t t2 = tick();
+    r->finish_ticks += t2 - t1;
     r->st.finish_calls++;
     if (st != KVHAL_OK) return fatal_status(r, "cache_finished", st), -1;
+    if (!r->kv) {
+        /* --no-kv: the shadow learns what the pages filled while decoding hold (the prefix hash of each one's last
+         * token; the prompt's full pages were recorded at admission), before any later request can match them.
+         * Verification, not engine work: outside the measured time, its store misses drained here too. */
+        const int32_t *restrict pages = s->pages;
+        const uint32_t *restrict tag = s->tag;
+        uint32_t *restrict shadow = r->shadow;
+        for (size_t pi = s->in_len / ps, full = s->total / ps; pi < full; pi++) shadow[pages[pi]] = tag[pi];
+        atomic_thread_fence(memory_order_seq_cst);
+        r->excluded += tick() - t2;
+    }
     s->active = false;
     s->h = NULL;
     r->reserved -= s->reserve;
@@ -1235,6 +1246,9 @@ static int run_once(replay *r)
             if (a == -1) {
                 done++;
                 r->done_total++;
+                uint64_t t = tick();
+                stage_tokens(r, next); /* admit stages the next request only for one it admits */
+                r->excluded += tick() - t;
                 continue;
             }
             running++;
