@@ -774,6 +774,28 @@ static void test_strided_bad_pages(void **state)
         ok(cm);
         assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
     }
+    /* a run over three bitmap words (10..130) whose second word holds the free page 104: the first word's marks
+     * are undone, and the message names that entry */
+    {
+        int32_t run[121], t[121];
+        for (int32_t i = 0; i < 121; i++) run[i] = 10 + i;
+        seq(t, 121, 5000);
+        int32_t free_before = kvhal_cache_manager_num_free(cm);
+        assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 121, run, NULL), KVHAL_INVALID_ARGUMENT);
+        if (!strstr(kvhal_last_error(), "pages[94]") || !strstr(kvhal_last_error(), "free"))
+            fail_msg("%s", kvhal_last_error());
+        ok(cm);
+        assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
+        assert_int_equal(info(cm).total_tokens, 4);
+        /* a stride-3 progression from 105 that runs past the last page (201 at entry 32): its in-range part spans
+         * three words and is marked, then undone when the next entry is out of range */
+        int32_t prog[40];
+        for (int32_t i = 0; i < 40; i++) prog[i] = 105 + 3 * i;
+        assert_int_equal(kvhal_cache_manager_free(cm, prog, 40), KVHAL_OUT_OF_RANGE);
+        assert_non_null(strstr(kvhal_last_error(), "pages[32]"));
+        ok(cm);
+        assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
+    }
     /* every held page is still the requests': all go back */
     int32_t k = 0, rest[TOTAL];
     for (int32_t i = 0; i < nheld; i++)
