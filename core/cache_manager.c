@@ -136,19 +136,6 @@ static inline size_t ap_at(const int32_t *pages, size_t i, size_t to, uint32_t t
     return len;
 }
 
-/* Set bits of x (the POPCNT instruction is not in the x86-64 baseline, and libgcc's fallback is a call). */
-static inline uint64_t popcount64(uint64_t x)
-{
-#if defined(__POPCNT__) || !defined(__x86_64__)
-    return (uint64_t)__builtin_popcountll(x);
-#else
-    x = x - ((x >> 1) & 0x5555555555555555ull);
-    x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
-    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
-    return (x * 0x0101010101010101ull) >> 56;
-#endif
-}
-
 /* The bitmap words a progression (p0, d, len) touches, one at a time: word w, its bits in mask. The offset of
  * the first element in each next word follows from the last one by subtracting 64 % d (mod d): no division and
  * no bit count per word. */
@@ -168,7 +155,7 @@ static inline void apw_first(ap_words *a, uint32_t p0, uint32_t d, size_t len)
     a->b = p0 & 63;
     a->d = d;
     /* the first word may start anywhere (b >= d too); from the second on, b < d */
-    a->next_b = a->b + popcount64(a->pat << a->b) * d - 64;
+    a->next_b = a->b + (uint64_t)__builtin_popcountll(a->pat << a->b) * d - 64;
     a->last_mask = ~0ull >> (63 - (last & 63));
     a->mask = (a->pat << a->b) & (a->w == a->last_w ? a->last_mask : ~0ull);
 }
@@ -427,9 +414,9 @@ static kvhal_status mark_tree_slow(kvhal_cache_manager *cm, const int32_t *pages
 }
 
 /* The same, run over every page a finished request hands over (hundreds at page size 1), a progression at a time:
- * all its words checked, then all marked. A progression's pages are distinct; a page listed again later finds the
- * mark the earlier one left. On a failure the marks made so far are undone and the careful loop above finds the
- * page to report. */
+ * its words checked, then marked. A progression's pages are distinct; a page listed again later finds the mark
+ * the earlier one left. On a failure the marks of the progressions before are undone and the careful loop above
+ * finds the page to report. */
 static kvhal_status mark_tree(kvhal_cache_manager *cm, const int32_t *pages, size_t from, size_t to)
 {
     uint64_t *restrict tree = cm->tree_bits;
@@ -439,30 +426,19 @@ static kvhal_status mark_tree(kvhal_cache_manager *cm, const int32_t *pages, siz
         uint32_t d;
         const size_t len = ap_at(pages, i, to, total, &d);
         ap_words a;
-        bool ok = len != 0;
-        if (ok) {
+        uint64_t busy = len ? 0 : 1;
+        if (len) {
             apw_first(&a, (uint32_t)pages[i], d, len);
-            do {
-                if ((fr[a.w] | tree[a.w]) & a.mask) { /* taken only on a bad list */
-                    ok = false;
-                    break;
-                }
-                tree[a.w] |= a.mask;
-            } while (apw_next(&a));
+            do busy |= (fr[a.w] | tree[a.w]) & a.mask;
+            while (apw_next(&a));
         }
-        if (!ok) {
-            /* undo: this progression's words before the failing one, then the progressions before it */
-            if (len) {
-                const size_t bad_w = a.w;
-                apw_first(&a, (uint32_t)pages[i], d, len);
-                while (a.w != bad_w) {
-                    tree[a.w] &= ~a.mask;
-                    apw_next(&a);
-                }
-            }
+        if (busy) { /* taken only on a bad list */
             unmark(cm, pages, from, i);
             return mark_tree_slow(cm, pages, from, to);
         }
+        apw_first(&a, (uint32_t)pages[i], d, len);
+        do tree[a.w] |= a.mask;
+        while (apw_next(&a));
         i += len;
     }
     return KVHAL_OK;

@@ -59,6 +59,26 @@ static size_t run_request(kvhal_cache_manager *cm, const int32_t *t, size_t n)
     return cached;
 }
 
+/* The flow of test_flow and test_finish_suffix: request A (tokens 1..20, page size 4) runs and is cached. */
+static void cache_a(kvhal_cache_manager *cm)
+{
+    int32_t a[20];
+    seq(a, 20, 1);
+    assert_int_equal(run_request(cm, a, 20), 0);
+}
+
+/* Then B shares 12 tokens with A and has 18: its match finds A's first 3 pages (pages[0..3)) and locks them. */
+static kvhal_prefix_handle match_b(kvhal_cache_manager *cm, int32_t b[18], int32_t pages[8])
+{
+    seq(b, 18, 1);
+    b[12] = 99;
+    kvhal_prefix_handle h;
+    size_t cached;
+    assert_int_equal(kvhal_cache_manager_match(cm, b, 18, &h, &cached, pages, 8), KVHAL_OK);
+    assert_int_equal(cached, 12);
+    return h;
+}
+
 static void test_flow(void **state)
 {
     (void)state;
@@ -66,22 +86,14 @@ static void test_flow(void **state)
     ok(cm);
     assert_int_equal(kvhal_cache_manager_num_free(cm), 16);
     assert_int_equal(kvhal_cache_manager_available(cm), 16);
-    int32_t a[20];
-    seq(a, 20, 1);
-    assert_int_equal(run_request(cm, a, 20), 0);
+    cache_a(cm);
     assert_int_equal(kvhal_cache_manager_num_free(cm), 11);
     assert_int_equal(kvhal_cache_manager_available(cm), 16); /* 11 free + 5 evictable */
     assert_int_equal(info(cm).total_tokens, 20);
 
-    /* B shares 12 tokens, has 18: the matched 3 pages are reused, one new full page is cached, the tail freed */
-    int32_t b[18];
-    seq(b, 18, 1);
-    b[12] = 99;
-    kvhal_prefix_handle h;
-    size_t cached;
-    int32_t pages[8];
-    assert_int_equal(kvhal_cache_manager_match(cm, b, 18, &h, &cached, pages, 8), KVHAL_OK);
-    assert_int_equal(cached, 12);
+    /* B: the matched 3 pages are reused, one new full page is cached, the tail freed */
+    int32_t b[18], pages[8];
+    kvhal_prefix_handle h = match_b(cm, b, pages);
     assert_int_equal(info(cm).protected_tokens, 12);
     assert_int_equal(kvhal_cache_manager_available(cm), 13); /* locked pages are not available */
     assert_int_equal(kvhal_cache_manager_allocate(cm, 2, pages + 3), KVHAL_OK);
@@ -862,18 +874,11 @@ static void test_finish_suffix(void **state)
 {
     (void)state;
     kvhal_cache_manager *cm = make(32, 4, KVHAL_PREFIX_RADIX);
-    int32_t a[20];
-    seq(a, 20, 1);
-    assert_int_equal(run_request(cm, a, 20), 0);
-    /* B shares 12 tokens, has 18: 3 pages matched, one new full page cached, the tail page freed */
-    int32_t b[18];
-    seq(b, 18, 1);
-    b[12] = 99;
-    kvhal_prefix_handle h;
+    cache_a(cm);
+    /* B: 3 pages matched, one new full page cached, the tail page freed */
+    int32_t b[18], pages[8];
+    kvhal_prefix_handle h = match_b(cm, b, pages);
     size_t cached;
-    int32_t pages[8];
-    assert_int_equal(kvhal_cache_manager_match(cm, b, 18, &h, &cached, pages, 8), KVHAL_OK);
-    assert_int_equal(cached, 12);
     assert_int_equal(kvhal_cache_manager_allocate(cm, 2, pages + 3), KVHAL_OK);
     int32_t free_before = kvhal_cache_manager_num_free(cm);
     /* a page of the match passed as one of the request's own: refused, nothing changed */
