@@ -66,15 +66,21 @@ KVHAL_API void kvhal_clear_error(void);
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Devices                                                                                                      */
 /* ------------------------------------------------------------------------------------------------------------ */
+/* Device types. The four built-in names keep these ids whether or not their module is loaded; a module serving
+ * another name ("npu") is given the next free id when it loads (kvhal_device_type_find looks it up). */
 typedef enum kvhal_device_type {
     KVHAL_DEVICE_CPU = 0,
     KVHAL_DEVICE_CUDA = 1,
     KVHAL_DEVICE_HIP = 2,
     KVHAL_DEVICE_OPENCL = 3,
-    KVHAL_DEVICE_TYPE_COUNT
+    KVHAL_DEVICE_BUILTIN_TYPE_COUNT = 4
 } kvhal_device_type;
 
+/* Bounds: type ids are below KVHAL_MAX_DEVICE_TYPES (a module past it is listed as not loaded, with that reason),
+ * device ids below KVHAL_MAX_DEVICES_PER_TYPE, type names shorter than KVHAL_DEVICE_TYPE_NAME_MAX. */
+#define KVHAL_MAX_DEVICE_TYPES 16
 #define KVHAL_MAX_DEVICES_PER_TYPE 64
+#define KVHAL_DEVICE_TYPE_NAME_MAX 16
 
 typedef struct kvhal_device {
     kvhal_device_type type;
@@ -84,7 +90,7 @@ typedef struct kvhal_device {
 typedef struct kvhal_device_info {
     kvhal_device device;
     char name[256];       /* "NVIDIA H100 80GB HBM3", "pthread-AMD EPYC..." */
-    char backend[16];     /* "cpu", "cuda", "hip", "opencl" */
+    char backend[KVHAL_DEVICE_TYPE_NAME_MAX]; /* the device type's name: "cpu", "cuda", "npu" */
     char platform[128];   /* OpenCL platform name; runtime name otherwise */
     uint64_t total_memory; /* bytes */
     uint64_t free_memory;  /* bytes, 0 when the runtime cannot tell */
@@ -92,15 +98,20 @@ typedef struct kvhal_device_info {
     bool peer_access;      /* can copy directly to other devices of its type */
 } kvhal_device_info;
 
-/* "cpu" | "cpu:0" | "cuda" | "cuda:1" | "hip:0" | "opencl:2". A missing id means 0. Only syntax is checked. */
+/* "cpu" | "cpu:0" | "cuda" | "cuda:1" | "opencl:2" | "npu:0": a registered device type name, optionally followed
+ * by :<id> (a missing id means 0). The type must be registered (built in, or served by a loaded module); whether
+ * the device is present is not checked (kvhal_device_count tells). Loads the backend modules on first use. */
 KVHAL_API kvhal_status kvhal_device_parse(const char *text, kvhal_device *out);
 /* Writes "cuda:1" into buf (always NUL-terminated). */
 KVHAL_API kvhal_status kvhal_device_format(kvhal_device dev, char *buf, size_t buf_size);
+/* "cuda"; the name a module registered for types past the built-in ones; "invalid" for an unregistered id. */
 KVHAL_API const char *kvhal_device_type_name(kvhal_device_type t);
+/* The id of a registered type name; KVHAL_NOT_FOUND (naming the registered ones) otherwise. */
+KVHAL_API kvhal_status kvhal_device_type_find(const char *name, kvhal_device_type *out);
 /* The device KVHAL_DEVICE names (unset or empty = cpu:0). A malformed value or a device that is not present
  * is an error; there is no silent fallback. */
 KVHAL_API kvhal_status kvhal_device_default(kvhal_device *out);
-/* Number of present devices of a type (0 when the backend is not loaded). */
+/* Number of present devices of a type (0 when no loaded module serves it). */
 KVHAL_API kvhal_status kvhal_device_count(kvhal_device_type type, int32_t *count);
 KVHAL_API kvhal_status kvhal_device_get_info(kvhal_device dev, kvhal_device_info *out);
 /* Waits for all work on the device and reports (and clears) its device-side error flag: KVHAL_DEVICE_FAULT
@@ -111,7 +122,9 @@ KVHAL_API kvhal_status kvhal_device_check_errors(kvhal_device dev);
 
 /* Backend modules the registry found (for kvhal-info). Index 0..count-1. The CPU backend is built in. */
 typedef struct kvhal_backend_module_info {
-    char name[16];        /* "cpu", "cuda", ... */
+    char name[32];        /* the module's own name ("cuda", "acme-npu"), else taken from its file name */
+    char device_type[KVHAL_DEVICE_TYPE_NAME_MAX]; /* the type it serves ("" if it never said) */
+    int32_t type_id;      /* the id that type was given; -1 when the module is not loaded */
     char path[1024];      /* file loaded, "(built in)" for cpu */
     uint32_t abi_version; /* the table's version, 0 if it never loaded */
     bool loaded;
@@ -120,6 +133,14 @@ typedef struct kvhal_backend_module_info {
 } kvhal_backend_module_info;
 KVHAL_API kvhal_status kvhal_backend_module_count(int32_t *count);
 KVHAL_API kvhal_status kvhal_backend_module_get(int32_t index, kvhal_backend_module_info *out);
+/* Loads one more backend module by path after discovery (a vendor runtime registering its plugin itself). OK when
+ * it loaded; otherwise KVHAL_LOAD_FAILED (no such file, no entry symbol, bad table, init failed, its type name is
+ * taken or the type bound is reached) or KVHAL_ABI_MISMATCH, with the reason, and the module is listed as not
+ * loaded. Loading the same file twice returns OK the second time without loading it again. */
+KVHAL_API kvhal_status kvhal_backend_load(const char *path);
+/* A backend-specific extra that the module serving type exports by name (kvhal_backend.h, get_proc_address):
+ * KVHAL_NOT_FOUND when it has none of that name, KVHAL_BACKEND_UNAVAILABLE when no module serves type. */
+KVHAL_API kvhal_status kvhal_backend_get_proc_address(kvhal_device_type type, const char *name, void **out);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Streams and buffers                                                                                           */

@@ -1,7 +1,20 @@
-/* kvhal_backend.h — the plugin interface: what a backend module implements and what the core gives it.
- * A module exports one symbol, kvhal_backend_entry, and links nothing of the core. The table starts with its ABI
- * version and size; entries are only ever appended, so a module built against an older header keeps loading:
- * the core treats every slot past the module's struct_size as NULL, and a NULL slot means "not supported". */
+/* kvhal_backend.h — the plugin interface (ABI 2): what a backend module implements and what the core gives it.
+ *
+ * A module is a shared object named libkvhal-<anything>.so that exports exactly one symbol, kvhal_backend_entry,
+ * and links nothing of the core. It serves one device type, which it names itself (device_type: "cuda", "npu"):
+ * the registry assigns the type id at load (the built-in names keep cpu 0, cuda 1, hip 2, opencl 3), so a vendor
+ * adds a device type without a kvhal release. Everything else a module offers comes through get_proc_address.
+ *
+ * Layout rules (ABI 2 and later): the table and each of its two groups (device and memory functions, op
+ * functions) start with their own size and are only ever appended to, so a module built against an older
+ * header of the same major ABI keeps loading: the core copies each group full-size and treats every slot past the
+ * module's size as NULL. A NULL slot means "not supported" and the core says so (KVHAL_UNSUPPORTED) instead of
+ * calling it. The op functions end with one slot per op of KVHAL_BK_OP_LIST, in its order: new ops are appended
+ * to that list, and new non-op entries go to the device group (or a new group appended to the table).
+ *
+ * Every call gets back the context pointer the module's init returned, so a module keeps no global state of its
+ * own (it may be loaded once per process only, but a vendor's runtime often wraps several instances).
+ * Calls may come from any thread at once; a module makes its own entries thread-safe. */
 #ifndef KVHAL_BACKEND_H
 #define KVHAL_BACKEND_H
 
@@ -11,11 +24,29 @@
 extern "C" {
 #endif
 
-#define KVHAL_BACKEND_ABI_VERSION 1
-/* Oldest table version this core accepts. */
-#define KVHAL_BACKEND_ABI_MIN 1
+#define KVHAL_BACKEND_ABI_VERSION 2
+/* Oldest table version this core accepts: ABI 2 changed the table's layout, so version 1 modules are refused. */
+#define KVHAL_BACKEND_ABI_MIN 2
 
-/* Services the core hands a module at load. */
+/* ------------------------------------------------------------------------------------------------------------ */
+/* The op list: one entry per op a backend runs with a descriptor. Each entry is                                 */
+/*   X(ENUM_SUFFIX, name, argument struct)                                                                       */
+/* and generates the op enum, the op names, the descriptor-cache op kinds, the op slots of the table below and,   */
+/* in the backends that use it, their kernel-source and function tables. Append only.                            */
+/* ------------------------------------------------------------------------------------------------------------ */
+#define KVHAL_BK_OP_LIST(X)                                                                                     \
+    X(PAGED_CACHING, paged_caching, kvhal_bk_paged_caching)                                                     \
+    X(COPY_BLOCKS, copy_blocks, kvhal_bk_copy_blocks)                                                           \
+    X(TENSOR_COPY, tensor_copy, kvhal_bk_tensor_copy)
+
+typedef enum kvhal_bk_op {
+#define KVHAL_BK_X_ENUM(E, name, T) KVHAL_BK_OP_##E,
+    KVHAL_BK_OP_LIST(KVHAL_BK_X_ENUM)
+#undef KVHAL_BK_X_ENUM
+    KVHAL_BK_OP_COUNT
+} kvhal_bk_op;
+
+/* Services the core hands a module at init. */
 typedef struct kvhal_core_services {
     uint32_t abi_version;
     uint32_t struct_size;
@@ -34,13 +65,9 @@ typedef struct kvhal_core_services {
     /* Test hook: returns true when the current allocation should fail (fault injection); modules call it before
      * every device or host allocation they make on behalf of a caller. */
     bool (*alloc_should_fail)(void);
+    /* "cuda" for type 1: the name of a registered device type ("invalid" otherwise), for messages. */
+    const char *(*device_type_name)(kvhal_device_type type);
 } kvhal_core_services;
-
-/* A backend's native memory: host pointer, device pointer or cl_mem, plus its size. Offsets are in bytes. */
-typedef struct kvhal_bk_mem {
-    void *native;
-    size_t size;
-} kvhal_bk_mem;
 
 /* A tensor as the backend sees it: native memory + byte offset + metadata. */
 typedef struct kvhal_bk_tensor {
@@ -52,20 +79,21 @@ typedef struct kvhal_bk_tensor {
     int64_t strides[KVHAL_MAX_DIMS];
 } kvhal_bk_tensor;
 
-/* The paged-caching op, normalised by the core. Every stride is in elements of its tensor's dtype.
+/* The paged-caching op, validated and normalised by the core. Every stride is in elements of its tensor's dtype.
  * Input token t (0..num_tokens) lives at  (t / seq_len) * tok_stride_outer + (t % seq_len) * tok_stride_inner
  * + head * head_stride + d * dim_stride.  Cache slot s lives at  (s / block_size) * block_stride
  * + (s % block_size) * offset_stride + head * head_stride + d * dim_stride.  slot_mapping[t] lives at
- * (t / seq_len) * slot_stride_outer + (t % seq_len) * slot_stride_inner. */
+ * (t / seq_len) * slot_stride_outer + (t % seq_len) * slot_stride_inner. A slot outside [0, num_slots) is skipped
+ * (negative: padding; past the end: the backend raises its device-side error flag, see synchronize). */
 typedef struct kvhal_bk_paged_side {
-    void *cache;        /* native memory of the cache */
+    void *cache;         /* native memory of the cache */
     size_t cache_offset; /* bytes */
     int64_t block_stride, offset_stride, cache_head_stride, cache_dim_stride;
     void *input;
     size_t input_offset;
     int64_t tok_stride_outer, tok_stride_inner, in_head_stride, in_dim_stride;
-    int32_t head_dim;
-    float scale;        /* fp8 only: stored = round(value / scale) */
+    int32_t head_dim;    /* >= 1 */
+    float scale;         /* fp8 caches: stored = round(value / scale); 1 otherwise */
 } kvhal_bk_paged_side;
 
 typedef struct kvhal_bk_paged_caching {
@@ -77,10 +105,15 @@ typedef struct kvhal_bk_paged_caching {
     void *slots;
     size_t slots_offset;
     int64_t slot_stride_outer, slot_stride_inner;
+    /* Derived by the core; backends use them as given instead of deriving them again. */
+    int64_t num_slots; /* num_blocks * block_size (fits in 64 bits: checked) */
+    bool batched;      /* seq_len < num_tokens: tokens come as [batch, seq] */
+    bool fp8;          /* cache_dtype is fp8_e4m3 or fp8_e5m2 */
 } kvhal_bk_paged_caching;
 
-/* copy_blocks: for every cache c and pair p, copy block_bytes from base[c]+pairs[p].src*block_stride[c] to
- * base[c]+pairs[p].dst*block_stride[c]. Strides and sizes in bytes; pairs on the host. */
+/* copy_blocks: for every cache c and pair p, copy block_bytes[c] from base[c] + pairs[p].src * block_strides[c] to
+ * base[c] + pairs[p].dst * block_strides[c]. Strides and sizes in bytes; pairs on the host, in range and disjoint
+ * (no block written by one pair is read or written by another: checked by the core). */
 typedef struct kvhal_bk_copy_blocks {
     int32_t num_caches;
     void *const *natives;       /* cl_mem / device pointer per cache */
@@ -102,65 +135,99 @@ typedef struct kvhal_bk_copy_batch {
     const size_t *bytes;
 } kvhal_bk_copy_batch;
 
-/* tensor_copy: dst and src have the same shape and dtype. */
+/* tensor_copy: dst and src have the same shape and dtype, at least one element. */
 typedef struct kvhal_bk_tensor_copy {
     kvhal_bk_tensor dst, src;
 } kvhal_bk_tensor_copy;
 
-/* Ops with descriptors. */
-typedef enum kvhal_bk_op {
-    KVHAL_BK_OP_PAGED_CACHING = 0,
-    KVHAL_BK_OP_COPY_BLOCKS = 1,
-    KVHAL_BK_OP_TENSOR_COPY = 2,
-    KVHAL_BK_OP_COUNT
-} kvhal_bk_op;
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Device and memory functions. id: the device index within the module, 0 .. device_count-1 (checked by the     */
+/* core). stream: NULL = the device's default stream; otherwise what stream_create/stream_wrap returned.        */
+/* ------------------------------------------------------------------------------------------------------------ */
+typedef struct kvhal_backend_device_fns {
+    uint32_t struct_size; /* sizeof(kvhal_backend_device_fns) the module was built with */
+    /* Required. The core fills out->device and out->backend. */
+    kvhal_status (*device_info)(void *ctx, int32_t id, kvhal_device_info *out);
+    /* Required. */
+    kvhal_status (*buffer_alloc)(void *ctx, int32_t id, size_t bytes, void **native);
+    kvhal_status (*buffer_free)(void *ctx, int32_t id, void *native);
+    /* NULL: a wrapped native pointer is used as is. */
+    kvhal_status (*buffer_wrap)(void *ctx, int32_t id, void *native, size_t bytes);
+    kvhal_status (*buffer_unwrap)(void *ctx, int32_t id, void *native);
+    /* NULL stream_create / stream_wrap: kvhal_stream_create / _wrap return KVHAL_UNSUPPORTED. */
+    kvhal_status (*stream_create)(void *ctx, int32_t id, void **stream);
+    kvhal_status (*stream_wrap)(void *ctx, int32_t id, void *native, void **stream);
+    kvhal_status (*stream_destroy)(void *ctx, int32_t id, void *stream); /* frees wrappers, destroys owned ones */
+    kvhal_status (*stream_synchronize)(void *ctx, int32_t id, void *stream); /* NULL: synchronize(id) */
+    /* Required. */
+    kvhal_status (*memcpy_h2d)(void *ctx, int32_t id, void *dst, size_t dst_off, const void *src, size_t bytes,
+                               void *stream);
+    kvhal_status (*memcpy_d2h)(void *ctx, int32_t id, void *dst, const void *src, size_t src_off, size_t bytes,
+                               void *stream);
+    kvhal_status (*memcpy_d2d)(void *ctx, int32_t id, void *dst, size_t dst_off, const void *src, size_t src_off,
+                               size_t bytes, void *stream);
+    /* Between two devices of this module. NULL: the core stages through the host. */
+    kvhal_status (*memcpy_peer)(void *ctx, int32_t dst_id, void *dst, size_t dst_off, int32_t src_id,
+                                const void *src, size_t src_off, size_t bytes, void *stream);
+    kvhal_status (*memset)(void *ctx, int32_t id, void *dst, size_t off, int value, size_t bytes, void *stream);
+    /* Required. Waits for the device; returns KVHAL_DEVICE_FAULT (and clears the flag) if a kernel raised it. */
+    kvhal_status (*synchronize)(void *ctx, int32_t id);
+    /* Reads the device-side error flag after the work already queued. NULL: synchronize. */
+    kvhal_status (*check_errors)(void *ctx, int32_t id);
+    /* Append new entries here only. */
+} kvhal_backend_device_fns;
 
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Op functions.                                                                                                 */
+/* ------------------------------------------------------------------------------------------------------------ */
+typedef struct kvhal_backend_op_fns {
+    uint32_t struct_size; /* sizeof(kvhal_backend_op_fns) the module was built with */
+    /* Capability query. NULL: every op whose slot is set runs for every valid argument. Otherwise returns true
+     * when the op can run with these arguments (metadata only matters: memory pointers may be anything) and false
+     * with a reason ("fp8_e5m2 caches are not supported") written into reason, which the core passes on in its
+     * KVHAL_UNSUPPORTED message. The core asks once per descriptor (on a descriptor-cache miss) and before every
+     * call it cannot cache, never on a hit; it never calls desc_create or the op after a refusal. */
+    bool (*supports)(void *ctx, int32_t id, kvhal_bk_op op, const void *args, char *reason, size_t reason_size);
+    /* Descriptors: created from the first call's arguments (metadata only matters), cached by the core per thread
+     * and device under the exact metadata, destroyed on eviction. NULL desc_create: ops get desc NULL. */
+    kvhal_status (*desc_create)(void *ctx, int32_t id, kvhal_bk_op op, const void *args, void **desc);
+    void (*desc_destroy)(void *ctx, int32_t id, kvhal_bk_op op, void *desc);
+    /* Batched byte-range copies. NULL: the core issues count memcpy_d2d calls. */
+    kvhal_status (*copy_batch)(void *ctx, int32_t id, const kvhal_bk_copy_batch *args, void *stream);
+    /* One slot per op of KVHAL_BK_OP_LIST, in its order, e.g.
+     *   kvhal_status (*paged_caching)(void *ctx, int32_t id, void *desc, const kvhal_bk_paged_caching *args,
+     *                                 void *stream);
+     * NULL: the op is not supported on this device type. */
+#define KVHAL_BK_X_SLOT(E, name, T) \
+    kvhal_status (*name)(void *ctx, int32_t id, void *desc, const T *args, void *stream);
+    KVHAL_BK_OP_LIST(KVHAL_BK_X_SLOT)
+#undef KVHAL_BK_X_SLOT
+    /* Ops are appended to KVHAL_BK_OP_LIST, never inserted; nothing else follows the op slots. */
+} kvhal_backend_op_fns;
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* The table a module's entry point returns.                                                                     */
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Device type names: a lowercase identifier, [a-z][a-z0-9_]*, 1 to KVHAL_DEVICE_TYPE_NAME_MAX - 1 characters. */
 typedef struct kvhal_backend kvhal_backend;
 struct kvhal_backend {
-    uint32_t abi_version; /* KVHAL_BACKEND_ABI_VERSION the module was built with */
-    uint32_t struct_size; /* sizeof(kvhal_backend) the module was built with */
-    const char *name;     /* "cuda" */
-    kvhal_device_type type;
-
-    /* Called once after load. Returns OK with *device_count (possibly 0, with reason filled) or an error. */
-    kvhal_status (*init)(const kvhal_core_services *services, int32_t *device_count, char *reason,
+    uint32_t abi_version;    /* KVHAL_BACKEND_ABI_VERSION the module was built with */
+    uint32_t struct_size;    /* sizeof(kvhal_backend) the module was built with */
+    const char *name;        /* the module's name, for kvhal-info and messages: "cuda", "acme-npu" */
+    const char *device_type; /* the device type it serves: "cuda", "npu" */
+    /* Required. Called once after load. Sets *ctx (passed back to every call; may stay NULL) and *device_count
+     * (possibly 0, with reason filled: "no CUDA driver") and returns OK, or returns an error with reason. */
+    kvhal_status (*init)(const kvhal_core_services *services, void **ctx, int32_t *device_count, char *reason,
                          size_t reason_size);
-    void (*shutdown)(void);
-    kvhal_status (*device_info)(int32_t id, kvhal_device_info *out);
-
-    kvhal_status (*buffer_alloc)(int32_t id, size_t bytes, void **native);
-    kvhal_status (*buffer_free)(int32_t id, void *native);
-    /* NULL: the native pointer is used as is. */
-    kvhal_status (*buffer_wrap)(int32_t id, void *native, size_t bytes);
-    kvhal_status (*buffer_unwrap)(int32_t id, void *native);
-
-    /* stream: NULL = default stream; otherwise a value from stream_create/stream_wrap. */
-    kvhal_status (*stream_create)(int32_t id, void **stream);
-    kvhal_status (*stream_wrap)(int32_t id, void *native, void **stream);
-    kvhal_status (*stream_destroy)(int32_t id, void *stream); /* frees wrappers, destroys only owned ones */
-    kvhal_status (*stream_synchronize)(int32_t id, void *stream);
-
-    kvhal_status (*memcpy_h2d)(int32_t id, void *dst, size_t dst_off, const void *src, size_t bytes, void *stream);
-    kvhal_status (*memcpy_d2h)(int32_t id, void *dst, const void *src, size_t src_off, size_t bytes, void *stream);
-    kvhal_status (*memcpy_d2d)(int32_t id, void *dst, size_t dst_off, const void *src, size_t src_off, size_t bytes,
-                               void *stream);
-    /* Between two devices of this backend. NULL: the core stages through the host. */
-    kvhal_status (*memcpy_peer)(int32_t dst_id, void *dst, size_t dst_off, int32_t src_id, const void *src,
-                                size_t src_off, size_t bytes, void *stream);
-    kvhal_status (*memset)(int32_t id, void *dst, size_t off, int value, size_t bytes, void *stream);
-    /* Waits for the device; returns KVHAL_DEVICE_FAULT (and clears the flag) if a kernel raised it. */
-    kvhal_status (*synchronize)(int32_t id);
-    kvhal_status (*check_errors)(int32_t id);
-
-    /* Descriptors: created from the first call's arguments (metadata only matters), cached by the core per
-     * thread and device under the exact tensor metadata, destroyed on eviction. */
-    kvhal_status (*desc_create)(int32_t id, kvhal_bk_op op, const void *args, void **desc);
-    void (*desc_destroy)(int32_t id, kvhal_bk_op op, void *desc);
-    kvhal_status (*paged_caching)(int32_t id, void *desc, const kvhal_bk_paged_caching *args, void *stream);
-    kvhal_status (*copy_blocks)(int32_t id, void *desc, const kvhal_bk_copy_blocks *args, void *stream);
-    kvhal_status (*tensor_copy)(int32_t id, void *desc, const kvhal_bk_tensor_copy *args, void *stream);
-    /* NULL: the core issues count memcpy_d2d calls. */
-    kvhal_status (*copy_batch)(int32_t id, const kvhal_bk_copy_batch *args, void *stream);
+    /* Frees the context. This core keeps modules loaded until the process exits and never calls it (a module's
+     * runtime tears down through its own exit hooks); it is part of ABI 2 for a core or a test host that unloads
+     * modules. May be NULL. */
+    void (*shutdown)(void *ctx);
+    /* Backend-specific extras by name (test hooks, native handles); NULL when the module has none of that name.
+     * Reached through kvhal_backend_get_proc_address(). May be NULL. */
+    void *(*get_proc_address)(void *ctx, const char *name);
+    const kvhal_backend_device_fns *device; /* required */
+    const kvhal_backend_op_fns *ops;        /* NULL: no ops (memory only) */
     /* Append new entries here only. */
 };
 

@@ -99,23 +99,23 @@ kvhal_status kvhal__check_buffer(const kvhal_buffer *b, const char *argname)
 
 static kvhal_status make_buffer(kvhal_device dev, size_t bytes, void *native, bool owned, kvhal_buffer **out)
 {
-    const kvhal_backend *bk;
+    const kvhal__bk *bk;
     KVHAL_TRY(kvhal__lookup(dev, "dev", &bk));
     kvhal_buffer *b = kvhal__calloc(1, sizeof *b);
     if (!b) return kvhal__err(KVHAL_OUT_OF_MEMORY, "buffer handle: host allocation failed");
     kvhal_status st = KVHAL_OK;
     if (owned) {
-        st = bk->buffer_alloc(dev.id, bytes, &native);
-    } else if (bk->buffer_wrap) {
-        st = bk->buffer_wrap(dev.id, native, bytes);
+        st = bk->dev.buffer_alloc(bk->ctx, dev.id, bytes, &native);
+    } else if (bk->dev.buffer_wrap) {
+        st = bk->dev.buffer_wrap(bk->ctx, dev.id, native, bytes);
     }
     if (st != KVHAL_OK) {
         free(b);
         return st;
     }
     if (!kvhal__handle_add(b)) {
-        if (owned) bk->buffer_free(dev.id, native);
-        else if (bk->buffer_unwrap) bk->buffer_unwrap(dev.id, native);
+        if (owned) bk->dev.buffer_free(bk->ctx, dev.id, native);
+        else if (bk->dev.buffer_unwrap) bk->dev.buffer_unwrap(bk->ctx, dev.id, native);
         free(b);
         return kvhal__err(KVHAL_OUT_OF_MEMORY, "buffer handle: host allocation failed");
     }
@@ -148,12 +148,13 @@ kvhal_status kvhal_buffer_wrap(kvhal_device dev, void *native, size_t bytes, kvh
 
 kvhal_status kvhal_buffer_destroy(kvhal_buffer *b)
 {
-    if (!b) return kvhal__err(KVHAL_INVALID_ARGUMENT, "buf: NULL");
+    if (!b) return KVHAL_OK; /* like free(NULL) */
     if (!kvhal__handle_remove_kind(b, KVHAL_MAGIC_BUFFER))
         return kvhal__err(KVHAL_INVALID_HANDLE, "buf: %p is not a live kvhal_buffer (destroyed twice?)", (void *)b);
     kvhal_status st = KVHAL_OK;
-    if (b->owned) st = b->backend->buffer_free(b->device.id, b->native);
-    else if (b->backend->buffer_unwrap) st = b->backend->buffer_unwrap(b->device.id, b->native);
+    const kvhal__bk *bk = b->backend;
+    if (b->owned) st = bk->dev.buffer_free(bk->ctx, b->device.id, b->native);
+    else if (bk->dev.buffer_unwrap) st = bk->dev.buffer_unwrap(bk->ctx, b->device.id, b->native);
     b->magic = KVHAL_MAGIC_DEAD;
     free(b);
     return st;
@@ -163,7 +164,7 @@ size_t kvhal_buffer_size(const kvhal_buffer *b) { return b && b->magic == KVHAL_
 
 kvhal_device kvhal_buffer_device(const kvhal_buffer *b)
 {
-    kvhal_device none = {KVHAL_DEVICE_TYPE_COUNT, -1};
+    kvhal_device none = {(kvhal_device_type)KVHAL_MAX_DEVICE_TYPES, -1};
     return b && b->magic == KVHAL_MAGIC_BUFFER ? b->device : none;
 }
 
@@ -186,20 +187,21 @@ static kvhal_status make_stream(kvhal_device dev, void *native, bool owned, kvha
 {
     KVHAL_CHECK_ARG(out, "out: NULL");
     *out = NULL;
-    const kvhal_backend *bk;
+    const kvhal__bk *bk;
     KVHAL_TRY(kvhal__lookup(dev, "dev", &bk));
-    if (owned ? !bk->stream_create : !bk->stream_wrap)
+    if (owned ? !bk->dev.stream_create : !bk->dev.stream_wrap)
         return kvhal__err(KVHAL_UNSUPPORTED, "dev: the %s backend has no stream_%s", kvhal_device_type_name(dev.type),
                           owned ? "create" : "wrap");
     kvhal_stream *s = kvhal__calloc(1, sizeof *s);
     if (!s) return kvhal__err(KVHAL_OUT_OF_MEMORY, "stream handle: host allocation failed");
-    kvhal_status st = owned ? bk->stream_create(dev.id, &s->bk_stream) : bk->stream_wrap(dev.id, native, &s->bk_stream);
+    kvhal_status st = owned ? bk->dev.stream_create(bk->ctx, dev.id, &s->bk_stream)
+                            : bk->dev.stream_wrap(bk->ctx, dev.id, native, &s->bk_stream);
     if (st != KVHAL_OK) {
         free(s);
         return st;
     }
     if (!kvhal__handle_add(s)) {
-        if (bk->stream_destroy) bk->stream_destroy(dev.id, s->bk_stream);
+        if (bk->dev.stream_destroy) bk->dev.stream_destroy(bk->ctx, dev.id, s->bk_stream);
         free(s);
         return kvhal__err(KVHAL_OUT_OF_MEMORY, "stream handle: host allocation failed");
     }
@@ -221,10 +223,11 @@ kvhal_status kvhal_stream_wrap(kvhal_device dev, void *native, kvhal_stream **ou
 
 kvhal_status kvhal_stream_destroy(kvhal_stream *s)
 {
-    if (!s) return kvhal__err(KVHAL_INVALID_ARGUMENT, "s: NULL");
+    if (!s) return KVHAL_OK; /* like free(NULL) */
     if (!kvhal__handle_remove_kind(s, KVHAL_MAGIC_STREAM))
         return kvhal__err(KVHAL_INVALID_HANDLE, "s: %p is not a live kvhal_stream (destroyed twice?)", (void *)s);
-    kvhal_status st = s->backend->stream_destroy ? s->backend->stream_destroy(s->device.id, s->bk_stream) : KVHAL_OK;
+    const kvhal__bk *bk = s->backend;
+    kvhal_status st = bk->dev.stream_destroy ? bk->dev.stream_destroy(bk->ctx, s->device.id, s->bk_stream) : KVHAL_OK;
     s->magic = KVHAL_MAGIC_DEAD;
     free(s);
     return st;
@@ -234,13 +237,14 @@ kvhal_status kvhal_stream_synchronize(kvhal_stream *s)
 {
     if (!s) return kvhal__err(KVHAL_INVALID_ARGUMENT, "s: NULL (use kvhal_device_synchronize for the default stream)");
     KVHAL_TRY(kvhal__check_stream(s, s->device, "s"));
-    if (!s->backend->stream_synchronize) return s->backend->synchronize(s->device.id);
-    return s->backend->stream_synchronize(s->device.id, s->bk_stream);
+    const kvhal__bk *bk = s->backend;
+    if (!bk->dev.stream_synchronize) return bk->dev.synchronize(bk->ctx, s->device.id);
+    return bk->dev.stream_synchronize(bk->ctx, s->device.id, s->bk_stream);
 }
 
 kvhal_device kvhal_stream_device(const kvhal_stream *s)
 {
-    kvhal_device none = {KVHAL_DEVICE_TYPE_COUNT, -1};
+    kvhal_device none = {(kvhal_device_type)KVHAL_MAX_DEVICE_TYPES, -1};
     return s && s->magic == KVHAL_MAGIC_STREAM ? s->device : none;
 }
 
@@ -260,7 +264,8 @@ kvhal_status kvhal_memcpy_h2d(kvhal_buffer *dst, size_t dst_offset, const void *
     KVHAL_TRY(check_range(dst, "dst", dst_offset, bytes));
     KVHAL_TRY(kvhal__check_stream(s, dst->device, "s"));
     if (bytes == 0) return KVHAL_OK;
-    return dst->backend->memcpy_h2d(dst->device.id, dst->native, dst_offset, src, bytes, kvhal__bk_stream(s));
+    const kvhal__bk *bk = dst->backend;
+    return bk->dev.memcpy_h2d(bk->ctx, dst->device.id, dst->native, dst_offset, src, bytes, kvhal__bk_stream(s));
 }
 
 kvhal_status kvhal_memcpy_d2h(void *dst, const kvhal_buffer *src, size_t src_offset, size_t bytes, kvhal_stream *s)
@@ -270,7 +275,8 @@ kvhal_status kvhal_memcpy_d2h(void *dst, const kvhal_buffer *src, size_t src_off
     KVHAL_TRY(check_range(src, "src", src_offset, bytes));
     KVHAL_TRY(kvhal__check_stream(s, src->device, "s"));
     if (bytes == 0) return KVHAL_OK;
-    return src->backend->memcpy_d2h(src->device.id, dst, src->native, src_offset, bytes, kvhal__bk_stream(s));
+    const kvhal__bk *bk = src->backend;
+    return bk->dev.memcpy_d2h(bk->ctx, src->device.id, dst, src->native, src_offset, bytes, kvhal__bk_stream(s));
 }
 
 /* Copy between two devices without a direct path: through a bounded host bounce buffer. */
@@ -286,8 +292,10 @@ static kvhal_status staged_copy(kvhal_buffer *dst, size_t dst_off, const kvhal_b
     kvhal_status st = KVHAL_OK;
     for (size_t done = 0; done < bytes && st == KVHAL_OK; done += chunk) {
         size_t n = bytes - done < chunk ? bytes - done : chunk;
-        st = src->backend->memcpy_d2h(src->device.id, tmp, src->native, src_off + done, n, ss);
-        if (st == KVHAL_OK) st = dst->backend->memcpy_h2d(dst->device.id, dst->native, dst_off + done, tmp, n, ds);
+        st = src->backend->dev.memcpy_d2h(src->backend->ctx, src->device.id, tmp, src->native, src_off + done, n, ss);
+        if (st == KVHAL_OK)
+            st = dst->backend->dev.memcpy_h2d(dst->backend->ctx, dst->device.id, dst->native, dst_off + done, tmp, n,
+                                              ds);
     }
     free(tmp);
     return st;
@@ -306,11 +314,11 @@ kvhal_status kvhal_memcpy_d2d(kvhal_buffer *dst, size_t dst_offset, const kvhal_
         KVHAL_TRY(kvhal__check_stream(s, dst->device, "s"));
     if (bytes == 0) return KVHAL_OK;
     if (kvhal__device_equal(dst->device, src->device))
-        return dst->backend->memcpy_d2d(dst->device.id, dst->native, dst_offset, src->native, src_offset, bytes,
-                                        kvhal__bk_stream(s));
-    if (dst->device.type == src->device.type && dst->backend->memcpy_peer)
-        return dst->backend->memcpy_peer(dst->device.id, dst->native, dst_offset, src->device.id, src->native,
-                                         src_offset, bytes, kvhal__bk_stream(s));
+        return dst->backend->dev.memcpy_d2d(dst->backend->ctx, dst->device.id, dst->native, dst_offset, src->native,
+                                            src_offset, bytes, kvhal__bk_stream(s));
+    if (dst->device.type == src->device.type && dst->backend->dev.memcpy_peer)
+        return dst->backend->dev.memcpy_peer(dst->backend->ctx, dst->device.id, dst->native, dst_offset,
+                                             src->device.id, src->native, src_offset, bytes, kvhal__bk_stream(s));
     return staged_copy(dst, dst_offset, src, src_offset, bytes, s);
 }
 
@@ -321,7 +329,7 @@ kvhal_status kvhal_memset(kvhal_buffer *dst, size_t offset, int value, size_t by
     KVHAL_CHECK_ARG(value >= 0 && value <= 255, "value: %d is not a byte value (0..255)", value);
     KVHAL_TRY(kvhal__check_stream(s, dst->device, "s"));
     if (bytes == 0) return KVHAL_OK;
-    if (!dst->backend->memset)
-        return kvhal__err(KVHAL_UNSUPPORTED, "dst: the %s backend has no memset", kvhal_device_type_name(dst->device.type));
-    return dst->backend->memset(dst->device.id, dst->native, offset, value, bytes, kvhal__bk_stream(s));
+    const kvhal__bk *bk = dst->backend;
+    if (!bk->dev.memset) return kvhal__err(KVHAL_UNSUPPORTED, "dst: the %s backend has no memset", bk->name);
+    return bk->dev.memset(bk->ctx, dst->device.id, dst->native, offset, value, bytes, kvhal__bk_stream(s));
 }

@@ -3,12 +3,12 @@
  * round to nearest, ties to even, subnormals included. FP8 saturates (a finite value or an infinity beyond the
  * largest finite code becomes that code, as CUDA's __NV_SATFINITE does) because a KV cache must never turn a large
  * activation into inf or NaN; f16 and bf16 follow IEEE (overflow gives inf). NaN stays NaN in every format.
- * The conversions that inner loops need live in convert.h (shared with the CPU backend); the generic rounding
- * below serves f16, and was used to check convert.h's fp8 encoder over all 2^32 floats. */
+ * The conversions that inner loops need live in backends/cpu/cpu_convert.h (the CPU backend's, self-contained); the generic rounding
+ * below serves f16, and was used to check cpu_convert.h's fp8 encoder over all 2^32 floats. */
 #include <math.h>
 #include <string.h>
 
-#include "convert.h"
+#include "cpu_convert.h"
 #include "internal.h"
 
 /* Rounds a finite, non-negative f32 (its bit pattern a) to a binary format with m stored mantissa bits and the

@@ -12,6 +12,7 @@
  * another key's descriptor. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,12 +39,6 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t registry_once = PTHREAD_ONCE_INIT;
 static size_t default_capacity = 100;
 
-static void builtin_destroy(void *desc, kvhal_device dev, void *user)
-{
-    const kvhal_backend *bk = kvhal__backend(dev);
-    if (bk && bk->desc_destroy) bk->desc_destroy(dev.id, (kvhal_bk_op)(intptr_t)user, desc);
-}
-
 static void registry_init(void)
 {
     const char *env = getenv("KVHAL_DESC_CACHE_CAPACITY");
@@ -54,11 +49,10 @@ static void registry_init(void)
         else kvhal__log(1, "KVHAL_DESC_CACHE_CAPACITY: '%s' is not a count in [0, %zu]; using %zu", env,
                         MAX_CAPACITY, default_capacity);
     }
-    static const char *const builtin_names[KVHAL_BK_OP_COUNT] = {"paged_caching", "copy_blocks", "tensor_copy"};
+    /* The built-in kinds: one per op of KVHAL_BK_OP_LIST, under its id. Their descriptors go back to the backend
+     * that made them (struct lru's owner), so they need no destroy function here. */
     for (int i = 0; i < KVHAL_BK_OP_COUNT; i++) {
-        strcpy(op_kinds[i].name, builtin_names[i]);
-        op_kinds[i].destroy = builtin_destroy;
-        op_kinds[i].user = (void *)(intptr_t)i;
+        snprintf(op_kinds[i].name, sizeof op_kinds[i].name, "%s", kvhal__op_name((kvhal_bk_op)i));
         atomic_store_explicit(&op_kinds[i].capacity, default_capacity, memory_order_relaxed);
     }
     atomic_store_explicit(&op_count, KVHAL_BK_OP_COUNT, memory_order_release);
@@ -212,6 +206,7 @@ struct lru {
     struct entry *head, *tail; /* most / least recently used */
     size_t size;
     void *transient;          /* capacity 0: the last created descriptor, destroyed at the next miss or clear */
+    const kvhal__bk *owner;   /* built-in op kinds: the backend whose desc_create made the descriptors */
     bool has_transient;
     uint64_t hits, misses, evictions, inserts;
 };
@@ -221,7 +216,7 @@ struct dev_cache {
 };
 
 struct thread_cache {
-    struct dev_cache *devs[KVHAL_DEVICE_TYPE_COUNT][KVHAL_MAX_DEVICES_PER_TYPE];
+    struct dev_cache *devs[KVHAL_MAX_DEVICE_TYPES][KVHAL_MAX_DEVICES_PER_TYPE];
     struct thread_cache *prev, *next; /* all_caches list, under list_lock */
 };
 
@@ -238,8 +233,15 @@ static _Thread_local struct {
     unsigned generation;
 } tls;
 
-static void destroy_desc(uint32_t op, kvhal_device dev, void *desc)
+/* Each LRU destroys its own descriptors: a built-in op's go back to the backend that made them (the LRU's owner,
+ * so no registry lookup happens here), a registered kind's to the function it was registered with. */
+static void destroy_desc(const struct lru *l, uint32_t op, kvhal_device dev, void *desc)
 {
+    if (op < KVHAL_BK_OP_COUNT) {
+        const kvhal__bk *bk = l->owner;
+        if (bk && bk->ops.desc_destroy) bk->ops.desc_destroy(bk->ctx, dev.id, (kvhal_bk_op)op, desc);
+        return;
+    }
     kvhal_desc_destroy_fn fn = op_kinds[op].destroy;
     if (fn) fn(desc, dev, op_kinds[op].user);
 }
@@ -308,7 +310,7 @@ static void lru_trim(struct lru *l, uint32_t op, kvhal_device dev, size_t keep)
     while (l->size > keep && l->tail) {
         void *d = lru_remove(l, l->tail);
         l->evictions++;
-        destroy_desc(op, dev, d);
+        destroy_desc(l, op, dev, d);
     }
 }
 
@@ -318,12 +320,12 @@ static void lru_drop_transient(struct lru *l, uint32_t op, kvhal_device dev)
     void *d = l->transient;
     l->transient = NULL;
     l->has_transient = false;
-    destroy_desc(op, dev, d);
+    destroy_desc(l, op, dev, d);
 }
 
 static void lru_clear(struct lru *l, uint32_t op, kvhal_device dev)
 {
-    while (l->head) destroy_desc(op, dev, lru_remove(l, l->head));
+    while (l->head) destroy_desc(l, op, dev, lru_remove(l, l->head));
     lru_drop_transient(l, op, dev);
 }
 
@@ -368,7 +370,7 @@ static kvhal_status lru_insert(struct lru *l, uint32_t op, kvhal_device dev, con
 
 static void thread_cache_destroy_all(struct thread_cache *tc, kvhal_device_type only_type, int32_t only_id)
 {
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++) {
+    for (int t = 0; t < KVHAL_MAX_DEVICE_TYPES; t++) {
         for (int id = 0; id < KVHAL_MAX_DEVICES_PER_TYPE; id++) {
             if (only_id >= 0 && (t != (int)only_type || id != only_id)) continue;
             struct dev_cache *dc = tc->devs[t][id];
@@ -382,7 +384,7 @@ static void thread_cache_destroy_all(struct thread_cache *tc, kvhal_device_type 
 
 static void thread_cache_free(struct thread_cache *tc)
 {
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++) {
+    for (int t = 0; t < KVHAL_MAX_DEVICE_TYPES; t++) {
         for (int id = 0; id < KVHAL_MAX_DEVICES_PER_TYPE; id++) {
             struct dev_cache *dc = tc->devs[t][id];
             if (!dc) continue;
@@ -452,7 +454,7 @@ static struct thread_cache *thread_cache_create(void)
 
 static inline bool device_in_range(kvhal_device dev)
 {
-    return (unsigned)dev.type < KVHAL_DEVICE_TYPE_COUNT && (unsigned)dev.id < KVHAL_MAX_DEVICES_PER_TYPE;
+    return (unsigned)dev.type < KVHAL_MAX_DEVICE_TYPES && (unsigned)dev.id < KVHAL_MAX_DEVICES_PER_TYPE;
 }
 
 static struct lru *lru_create_slow(kvhal_device dev, uint32_t op)
@@ -499,7 +501,7 @@ static inline size_t op_capacity(uint32_t op)
 static kvhal_status check_key_dev(kvhal_device dev, const kvhal_desc_key *key)
 {
     if (!key) return kvhal__err(KVHAL_INVALID_ARGUMENT, "key: NULL");
-    const kvhal_backend *bk;
+    const kvhal__bk *bk;
     KVHAL_TRY(kvhal__lookup(dev, "dev", &bk));
     if (!device_in_range(dev))
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "dev: type %d id %d is not a device", (int)dev.type, (int)dev.id);
@@ -529,6 +531,10 @@ kvhal_status kvhal_desc_cache_get(kvhal_device dev, const kvhal_desc_key *key, v
 kvhal_status kvhal_desc_cache_put(kvhal_device dev, const kvhal_desc_key *key, void *desc)
 {
     KVHAL_TRY(check_key_dev(dev, key));
+    if (key->op < KVHAL_BK_OP_COUNT)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "key.op: %u (%s) is a built-in op kind, whose descriptors only its "
+                          "backend makes; register a kind of your own with kvhal_desc_op_register", key->op,
+                          op_kinds[key->op].name);
     struct lru *l = lru_get(dev, key->op);
     if (!l) return KVHAL_OUT_OF_MEMORY;
     struct entry *e = lru_find(l, key);
@@ -537,20 +543,20 @@ kvhal_status kvhal_desc_cache_put(kvhal_device dev, const kvhal_desc_key *key, v
         e->desc = desc;
         touch(l, e);
         l->inserts++;
-        if (old != desc) destroy_desc(key->op, dev, old);
+        if (old != desc) destroy_desc(l, key->op, dev, old);
         return KVHAL_OK;
     }
     size_t cap = op_capacity(key->op);
     if (cap == 0) {
         /* Caching is off for this op: the cache owns desc and has nowhere to keep it. */
         lru_trim(l, key->op, dev, 0);
-        destroy_desc(key->op, dev, desc);
+        destroy_desc(l, key->op, dev, desc);
         return KVHAL_OK;
     }
     return lru_insert(l, key->op, dev, key, desc, cap);
 }
 
-kvhal_status kvhal__desc_get_or_create(kvhal_device dev, const kvhal_backend *bk, kvhal_bk_op op,
+kvhal_status kvhal__desc_get_or_create(kvhal_device dev, const kvhal__bk *bk, kvhal_bk_op op,
                                        const kvhal_desc_key *key, const void *args, void **desc)
 {
     /* dev comes from a validated buffer and op from the core, so only the LRU lookup remains on a hit. */
@@ -564,12 +570,18 @@ kvhal_status kvhal__desc_get_or_create(kvhal_device dev, const kvhal_backend *bk
         return KVHAL_OK;
     }
     l->misses++;
-    if (!bk->desc_create) {
+    l->owner = bk;
+    if (bk->ops.supports) {
+        char reason[256] = "";
+        if (!bk->ops.supports(bk->ctx, dev.id, op, args, reason, sizeof reason))
+            return kvhal__unsupported(bk, dev, op, reason);
+    }
+    if (!bk->ops.desc_create) {
         *desc = NULL;
         return KVHAL_OK;
     }
     void *d = NULL;
-    KVHAL_TRY(bk->desc_create(dev.id, op, args, &d));
+    KVHAL_TRY(bk->ops.desc_create(bk->ctx, dev.id, op, args, &d));
     size_t cap = op_capacity((uint32_t)op);
     if (cap == 0) {
         /* Not cached, but it must outlive this call's launch: keep it until the next miss (or clear/exit). */
@@ -582,7 +594,7 @@ kvhal_status kvhal__desc_get_or_create(kvhal_device dev, const kvhal_backend *bk
     }
     kvhal_status st = lru_insert(l, (uint32_t)op, dev, key, d, cap);
     if (st != KVHAL_OK) {
-        destroy_desc((uint32_t)op, dev, d);
+        destroy_desc(l, (uint32_t)op, dev, d);
         return st;
     }
     *desc = d;
@@ -609,7 +621,7 @@ kvhal_status kvhal_desc_cache_set_capacity(kvhal_op_kind op, size_t capacity)
      * destroy, and the hot path takes no lock). */
     struct thread_cache *tc = thread_cache_current();
     if (!tc) return KVHAL_OK;
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++) {
+    for (int t = 0; t < KVHAL_MAX_DEVICE_TYPES; t++) {
         for (int id = 0; id < KVHAL_MAX_DEVICES_PER_TYPE; id++) {
             struct dev_cache *dc = tc->devs[t][id];
             if (dc && dc->ops[op]) lru_trim(dc->ops[op], (uint32_t)op, (kvhal_device){(kvhal_device_type)t, id},

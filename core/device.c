@@ -7,13 +7,6 @@
 
 #include "internal.h"
 
-static const char *type_names[KVHAL_DEVICE_TYPE_COUNT] = {"cpu", "cuda", "hip", "opencl"};
-
-const char *kvhal_device_type_name(kvhal_device_type t)
-{
-    return (unsigned)t < KVHAL_DEVICE_TYPE_COUNT ? type_names[t] : "invalid";
-}
-
 bool kvhal__device_equal(kvhal_device a, kvhal_device b) { return a.type == b.type && a.id == b.id; }
 
 kvhal_status kvhal_device_parse(const char *text, kvhal_device *out)
@@ -22,12 +15,8 @@ kvhal_status kvhal_device_parse(const char *text, kvhal_device *out)
     KVHAL_CHECK_ARG(out, "out: NULL");
     const char *colon = strchr(text, ':');
     size_t tlen = colon ? (size_t)(colon - text) : strlen(text);
-    int type = -1;
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++)
-        if (strlen(type_names[t]) == tlen && !strncmp(text, type_names[t], tlen)) type = t;
-    if (type < 0)
-        return kvhal__err(KVHAL_PARSE_ERROR, "text: \"%.64s\": unknown device type (expected cpu, cuda, hip or "
-                          "opencl, optionally followed by :<id>)", text);
+    int type = kvhal__find_type(text, tlen);
+    if (type < 0) return kvhal__type_error(KVHAL_PARSE_ERROR, "text", text, tlen);
     long id = 0;
     if (colon) {
         const char *p = colon + 1;
@@ -50,7 +39,8 @@ kvhal_status kvhal_device_parse(const char *text, kvhal_device *out)
 kvhal_status kvhal_device_format(kvhal_device dev, char *buf, size_t buf_size)
 {
     KVHAL_CHECK_ARG(buf && buf_size > 0, "buf: NULL or buf_size 0");
-    KVHAL_CHECK_ARG((unsigned)dev.type < KVHAL_DEVICE_TYPE_COUNT, "dev.type: %d is not a device type", (int)dev.type);
+    KVHAL_CHECK_ARG(strcmp(kvhal_device_type_name(dev.type), "invalid") != 0,
+                    "dev.type: %d is not a registered device type", (int)dev.type);
     KVHAL_CHECK_ARG(dev.id >= 0, "dev.id: %d is negative", dev.id);
     int n = snprintf(buf, buf_size, "%s:%d", kvhal_device_type_name(dev.type), dev.id);
     if (n < 0 || (size_t)n >= buf_size)
@@ -66,10 +56,14 @@ kvhal_status kvhal_device_default(kvhal_device *out)
     kvhal_device d = {KVHAL_DEVICE_CPU, 0};
     if (v && *v) {
         kvhal_status st = kvhal_device_parse(v, &d);
-        if (st != KVHAL_OK)
-            return kvhal__err(st, "KVHAL_DEVICE=\"%.64s\": malformed (expected cpu, cuda:N, hip:N or opencl:N)", v);
+        if (st != KVHAL_OK) {
+            char msg[600];
+            snprintf(msg, sizeof msg, "%s", kvhal_last_error());
+            return kvhal__err(st, "KVHAL_DEVICE=\"%.64s\": malformed or unknown (expected <type>[:<id>]): %s", v,
+                              msg);
+        }
     }
-    const kvhal_backend *b;
+    const kvhal__bk *b;
     if (kvhal__lookup(d, "KVHAL_DEVICE", &b) != KVHAL_OK) {
         char msg[600];
         snprintf(msg, sizeof msg, "%s", kvhal_last_error());
@@ -82,10 +76,10 @@ kvhal_status kvhal_device_default(kvhal_device *out)
 kvhal_status kvhal_device_get_info(kvhal_device dev, kvhal_device_info *out)
 {
     KVHAL_CHECK_ARG(out, "out: NULL");
-    const kvhal_backend *b;
+    const kvhal__bk *b;
     KVHAL_TRY(kvhal__lookup(dev, "dev", &b));
     memset(out, 0, sizeof *out);
-    KVHAL_TRY(b->device_info(dev.id, out));
+    KVHAL_TRY(b->dev.device_info(b->ctx, dev.id, out));
     out->device = dev;
     snprintf(out->backend, sizeof out->backend, "%s", kvhal_device_type_name(dev.type));
     return KVHAL_OK;
@@ -93,14 +87,14 @@ kvhal_status kvhal_device_get_info(kvhal_device dev, kvhal_device_info *out)
 
 kvhal_status kvhal_device_synchronize(kvhal_device dev)
 {
-    const kvhal_backend *b;
+    const kvhal__bk *b;
     KVHAL_TRY(kvhal__lookup(dev, "dev", &b));
-    return b->synchronize(dev.id);
+    return b->dev.synchronize(b->ctx, dev.id);
 }
 
 kvhal_status kvhal_device_check_errors(kvhal_device dev)
 {
-    const kvhal_backend *b;
+    const kvhal__bk *b;
     KVHAL_TRY(kvhal__lookup(dev, "dev", &b));
-    return b->check_errors ? b->check_errors(dev.id) : b->synchronize(dev.id);
+    return b->dev.check_errors ? b->dev.check_errors(b->ctx, dev.id) : b->dev.synchronize(b->ctx, dev.id);
 }

@@ -1,5 +1,6 @@
-/* internal.h — what core files share with each other and nothing else: the buffer and stream structs, error
- * helpers, the dispatch lookup, the descriptor-cache hook used by the built-in ops, and test hooks. */
+/* internal.h — what core files share with each other and nothing else: the loaded-backend struct, the buffer and
+ * stream structs, error helpers, the dispatch lookup, the descriptor-cache hook used by the built-in ops, and the
+ * fault-injection hooks. Backends never include it: they see kvhal_backend.h only. */
 #ifndef KVHAL_CORE_INTERNAL_H
 #define KVHAL_CORE_INTERNAL_H
 
@@ -9,18 +10,32 @@
 #define KVHAL_HIDDEN __attribute__((visibility("hidden")))
 
 /* Handle magics: checked on every use; cleared on destroy so that a double destroy is caught while the memory is
- * still ours (buffers and caches are kept in a live-handle set, see handles.c). */
+ * still ours (buffers, streams and caches are kept in a live-handle set, see buffer.c). */
 enum {
     KVHAL_MAGIC_BUFFER = 0x4b564246,  /* KVBF */
     KVHAL_MAGIC_STREAM = 0x4b565354,  /* KVST */
     KVHAL_MAGIC_DEAD = 0x44454144,
 };
 
+/* A loaded backend module as the core calls it: its two function groups copied full-size (slots past the module's
+ * struct_size are NULL), the context its init returned, and the type id the registry gave its device type. Never
+ * freed or moved once published (modules stay loaded), so buffers and streams keep a plain pointer to it. */
+typedef struct kvhal__bk {
+    kvhal_backend_device_fns dev;
+    kvhal_backend_op_fns ops;
+    void *ctx;
+    kvhal_device_type type;
+    int32_t device_count;
+    char type_name[KVHAL_DEVICE_TYPE_NAME_MAX];
+    char name[32];
+    void *(*get_proc_address)(void *ctx, const char *name);
+} kvhal__bk;
+
 struct kvhal_buffer {
     uint32_t magic;
     bool owned;              /* created by kvhal (freed on destroy) or wrapped (borrowed) */
     kvhal_device device;
-    const kvhal_backend *backend;
+    const kvhal__bk *backend;
     void *native;
     size_t size;
 };
@@ -29,7 +44,7 @@ struct kvhal_stream {
     uint32_t magic;
     bool owned;
     kvhal_device device;
-    const kvhal_backend *backend;
+    const kvhal__bk *backend;
     void *bk_stream;         /* what the backend's stream_create/stream_wrap returned */
 };
 
@@ -51,15 +66,20 @@ KVHAL_HIDDEN void kvhal__log(int level, const char *fmt, ...) __attribute__((for
     } while (0)
 
 /* ---- registry (registry.c) ---- */
-/* The backend serving (type, id), or NULL with an error set (unknown type, backend not loaded, id out of range).
- * O(1): an array index after the one-time load. The returned table is full-size: slots the module did not
- * provide are NULL. */
-KVHAL_HIDDEN const kvhal_backend *kvhal__backend(kvhal_device dev);
-/* The same, returning the status; the message names the argument arg ("k_cache.device"). */
-KVHAL_HIDDEN kvhal_status kvhal__lookup(kvhal_device dev, const char *arg, const kvhal_backend **out);
-KVHAL_HIDDEN const kvhal_core_services *kvhal__services(void);
-/* The CPU backend's table (backends/cpu), compiled into the core. */
-KVHAL_HIDDEN const kvhal_backend *kvhal__cpu_backend(void);
+/* The backend serving dev, with the status; the message names the argument arg ("k_cache.device"): not a
+ * registered type, no module loaded for it, id out of range. O(1): an array index (the one-time discovery aside). */
+KVHAL_HIDDEN kvhal_status kvhal__lookup(kvhal_device dev, const char *arg, const kvhal__bk **out);
+/* The CPU backend's entry point (backends/cpu), compiled into the core but reached like any module's. */
+KVHAL_HIDDEN const kvhal_backend *kvhal__cpu_backend_entry(uint32_t core_abi_version);
+/* "the npu backend (device npu:0) does not implement copy_blocks" */
+KVHAL_HIDDEN kvhal_status kvhal__unsupported(const kvhal__bk *bk, kvhal_device dev, kvhal_bk_op op,
+                                             const char *reason);
+/* "paged_caching" */
+KVHAL_HIDDEN const char *kvhal__op_name(kvhal_bk_op op);
+/* The id of the registered type name[0..len), or -1 (loads the modules first). */
+KVHAL_HIDDEN int kvhal__find_type(const char *name, size_t len);
+/* "<arg>: "npu" is not a registered device type (registered: cpu, cuda, ...)" with status st. */
+KVHAL_HIDDEN kvhal_status kvhal__type_error(kvhal_status st, const char *arg, const char *text, size_t len);
 
 /* ---- handles (buffer.c) ---- */
 /* Validates a buffer handle (non-NULL, live magic); the message names argname. */
@@ -83,12 +103,12 @@ KVHAL_HIDDEN kvhal_status kvhal__check_tensor(const kvhal_tensor *t, const char 
 KVHAL_HIDDEN void kvhal__to_bk_tensor(const kvhal_tensor *t, kvhal_bk_tensor *out);
 
 /* ---- descriptor cache (desc_cache.c) ---- */
-/* Built-in op kinds, registered at first use under these ids (0..KVHAL_BK_OP_COUNT-1); their destroy function
- * calls the owning backend's desc_destroy. */
-/* Returns a cached descriptor for (dev, key) or creates one with backend->desc_create(args) and caches it.
- * *desc may be NULL for backends without desc_create. */
-KVHAL_HIDDEN kvhal_status kvhal__desc_get_or_create(kvhal_device dev, const kvhal_backend *bk, kvhal_bk_op op,
-                                                      const kvhal_desc_key *key, const void *args, void **desc);
+/* The built-in op kinds are the ops of KVHAL_BK_OP_LIST, registered under their ids and names. Returns the
+ * descriptor cached for (dev, key), or asks bk whether it supports the op (KVHAL_UNSUPPORTED with its reason if
+ * not), creates one with bk's desc_create(args) and caches it; the entry remembers bk, so that its eviction calls
+ * bk's desc_destroy without asking the registry. *desc may be NULL for backends without desc_create. */
+KVHAL_HIDDEN kvhal_status kvhal__desc_get_or_create(kvhal_device dev, const kvhal__bk *bk, kvhal_bk_op op,
+                                                    const kvhal_desc_key *key, const void *args, void **desc);
 KVHAL_HIDDEN void kvhal__desc_cache_shutdown(void);
 /* Sets key->hash from key->op and key->words[0..nwords), for the built-in ops that fill the words directly
  * (one hashing pass instead of one call per word). */
@@ -96,7 +116,7 @@ KVHAL_HIDDEN void kvhal__desc_key_rehash(kvhal_desc_key *key);
 /* The descriptor cached for (dev, key) on this thread, or NULL; no stats, no allocation. */
 KVHAL_HIDDEN void *kvhal__desc_peek(kvhal_device dev, const kvhal_desc_key *key);
 
-/* ---- ops (ops.c) ---- */
+/* ---- ops (core/ops/: dispatch.c and one file per op) ---- */
 /* Two tensor copies (K and V of a static cache) that either both run or fail before either writes: all
  * validation and descriptor allocation comes first. names: argument names of dst0, src0, dst1, src1. */
 KVHAL_HIDDEN kvhal_status kvhal__tensor_copy_pair(const kvhal_tensor *dst0, const kvhal_tensor *src0,

@@ -58,7 +58,7 @@ static kvhal_status validate(const kvhal_kv_cache_config *cfg, size_t *k_bytes, 
                     (int)cfg->num_devices);
     for (int32_t i = 0; i < cfg->num_devices; i++) {
         char arg[32];
-        const kvhal_backend *bk;
+        const kvhal__bk *bk;
         snprintf(arg, sizeof arg, "cfg.devices[%d]", (int)i);
         KVHAL_TRY(kvhal__lookup(cfg->devices[i], arg, &bk));
         for (int32_t j = 0; j < i; j++)
@@ -134,9 +134,9 @@ static kvhal_status duplicate_device(const kvhal_kv_cache *src, kvhal_kv_cache *
     const size_t vn = (size_t)seq_len * heads * (size_t)src->cfg.head_dim_v * es;
     const kvhal_buffer *sb = src->bufs[di];
     kvhal_buffer *db = dst->bufs[di];
-    const kvhal_backend *bk = db->backend;
+    const kvhal__bk *bk = db->backend;
     const int32_t layers = src->cfg.num_layers, n = 2 * layers;
-    if (!bk->copy_batch) {
+    if (!bk->ops.copy_batch) {
         for (int32_t l = 0; l < layers; l++) {
             size_t base = (size_t)l * (src->k_bytes + src->v_bytes);
             KVHAL_TRY(kvhal_memcpy_d2d(db, base, sb, base, kn, NULL));
@@ -161,7 +161,7 @@ static kvhal_status duplicate_device(const kvhal_kv_cache *src, kvhal_kv_cache *
     }
     kvhal_bk_copy_batch batch = {.count = n, .dst = dsts, .dst_offsets = doffs, .src = srcs, .src_offsets = soffs,
                                  .bytes = bytes};
-    kvhal_status st = bk->copy_batch(db->device.id, &batch, NULL);
+    kvhal_status st = bk->ops.copy_batch(bk->ctx, db->device.id, &batch, NULL);
     free(mem);
     return st;
 }
@@ -205,7 +205,7 @@ kvhal_status kvhal_kv_cache_duplicate(const kvhal_kv_cache *src, int64_t seq_len
 
 kvhal_status kvhal_kv_cache_destroy(kvhal_kv_cache *c)
 {
-    if (!c) return kvhal__err(KVHAL_INVALID_ARGUMENT, "c: NULL");
+    if (!c) return KVHAL_OK; /* like free(NULL) */
     if (!kvhal__handle_remove_kind(c, KV_MAGIC))
         return kvhal__err(KVHAL_INVALID_HANDLE, "c: %p is not a live kv cache (destroyed twice?)", (void *)c);
     c->magic = KVHAL_MAGIC_DEAD;

@@ -53,7 +53,7 @@ kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal
                     "cfg.order: %d is not KVHAL_LAYER_FIRST or KVHAL_PAGE_FIRST", (int)cfg->order);
     KVHAL_TRY(check_scale(cfg->k_scale, "cfg.k_scale"));
     KVHAL_TRY(check_scale(cfg->v_scale, "cfg.v_scale"));
-    const kvhal_backend *bk;
+    const kvhal__bk *bk;
     KVHAL_TRY(kvhal__lookup(cfg->device, "cfg.device", &bk));
 
     const uint64_t es = kvhal_dtype_size(cfg->dtype);
@@ -99,7 +99,7 @@ kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal
 
 kvhal_status kvhal_paged_cache_destroy(kvhal_paged_cache *c)
 {
-    if (!c) return kvhal__err(KVHAL_INVALID_ARGUMENT, "c: NULL");
+    if (!c) return KVHAL_OK; /* like free(NULL) */
     if (!kvhal__handle_remove_kind(c, PAGED_MAGIC))
         return kvhal__err(KVHAL_INVALID_HANDLE, "c: %p is not a live paged cache (destroyed twice?)", (void *)c);
     c->magic = KVHAL_MAGIC_DEAD;

@@ -1,33 +1,47 @@
-/* registry.c — backend discovery and the OpDispatcher. Discovery runs once (pthread_once): the built-in CPU
- * backend, then every libkvhal-*.so module in KVHAL_BACKEND_PATH (colon-separated, first), the build tree beside
- * this library, and the install's lib/kvhal/. A module that fails (dlopen error, no entry symbol, ABI too old or
- * too new, missing required entries, init error) is recorded with its reason and skipped; the first module to
- * serve a device type wins. Afterwards dispatch[type][id] is a plain array lookup with no locks. */
+/* registry.c — backend discovery, device-type names and the dispatcher.
+ *
+ * Discovery runs once (pthread_once): the built-in CPU backend, then every libkvhal-*.so module in
+ * KVHAL_BACKEND_PATH (colon-separated, first), the build tree beside this library, and the install's lib/kvhal/.
+ * kvhal_backend_load() adds one more module later. A module that fails (dlopen error, no entry symbol, ABI outside
+ * this core's range, a bad table, a bad or taken device-type name, the type bound, init error) is recorded with its
+ * reason and skipped.
+ *
+ * Device types are names. The built-in names keep their ids (cpu 0, cuda 1, hip 2, opencl 3) whether or not their
+ * module loads; another name is given the next free id below KVHAL_MAX_DEVICE_TYPES when its module loads. The
+ * first module to serve a name wins. Afterwards by_type[type] is a plain array lookup with no lock: a slot is
+ * written once (release) and never changes, because modules are never unloaded. */
 #define _GNU_SOURCE /* dladdr */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 
-#define MAX_MODULES 32
+#define MAX_MODULES 64
 
 typedef struct module {
     kvhal_backend_module_info info;
-    kvhal_backend table; /* full-size copy; slots past the module's struct_size stay NULL */
+    kvhal__bk bk;
     void *handle;
 } module;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+/* Held while a module is added (discovery, kvhal_backend_load) and while the module list is read. */
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static module modules[MAX_MODULES];
 static int32_t num_modules;
-static const kvhal_backend *by_type[KVHAL_DEVICE_TYPE_COUNT];
-static int32_t device_counts[KVHAL_DEVICE_TYPE_COUNT];
+static _Atomic(const kvhal__bk *) by_type[KVHAL_MAX_DEVICE_TYPES];
+/* Type names: [0, num_types) are written before num_types is raised (release); built-in names from the start. */
+static char type_names[KVHAL_MAX_DEVICE_TYPES][KVHAL_DEVICE_TYPE_NAME_MAX] = {"cpu", "cuda", "hip", "opencl"};
+static atomic_int num_types = KVHAL_DEVICE_BUILTIN_TYPE_COUNT;
 
+static const char *services_type_name(kvhal_device_type t) { return kvhal_device_type_name(t); }
 
 static const kvhal_core_services services = {
     .abi_version = KVHAL_BACKEND_ABI_VERSION,
@@ -35,23 +49,112 @@ static const kvhal_core_services services = {
     .set_error = kvhal__err,
     .log = kvhal__log,
     .alloc_should_fail = kvhal__alloc_should_fail,
+    .device_type_name = services_type_name,
 };
 
-const kvhal_core_services *kvhal__services(void) { return &services; }
+static const char *const op_names[KVHAL_BK_OP_COUNT] = {
+#define X(E, name, T) #name,
+    KVHAL_BK_OP_LIST(X)
+#undef X
+};
 
-static const char *type_names[KVHAL_DEVICE_TYPE_COUNT] = {"cpu", "cuda", "hip", "opencl"};
+const char *kvhal__op_name(kvhal_bk_op op) { return (unsigned)op < KVHAL_BK_OP_COUNT ? op_names[op] : "invalid op"; }
+
+kvhal_status kvhal__unsupported(const kvhal__bk *bk, kvhal_device dev, kvhal_bk_op op, const char *reason)
+{
+    if (reason)
+        return kvhal__err(KVHAL_UNSUPPORTED, "the %s backend (device %s:%d) does not support this %s call: %s",
+                          bk->name, bk->type_name, (int)dev.id, kvhal__op_name(op), reason[0] ? reason : "refused");
+    return kvhal__err(KVHAL_UNSUPPORTED, "the %s backend (device %s:%d) does not implement %s", bk->name,
+                      bk->type_name, (int)dev.id, kvhal__op_name(op));
+}
+
+/* ---- type names ---- */
+
+const char *kvhal_device_type_name(kvhal_device_type t)
+{
+    int n = atomic_load_explicit(&num_types, memory_order_acquire);
+    return (int)t >= 0 && (int)t < n ? type_names[t] : "invalid";
+}
+
+/* [a-z][a-z0-9_]*, shorter than KVHAL_DEVICE_TYPE_NAME_MAX. NULL when valid, else what is wrong. */
+static const char *name_problem(const char *name)
+{
+    if (!name) return "NULL";
+    size_t n = strlen(name);
+    if (n == 0) return "empty";
+    if (n >= KVHAL_DEVICE_TYPE_NAME_MAX) return "longer than 15 characters";
+    if (!(name[0] >= 'a' && name[0] <= 'z')) return "does not start with a lowercase letter";
+    for (size_t i = 1; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'))
+            return "not a lowercase identifier ([a-z][a-z0-9_]*)";
+    }
+    return NULL;
+}
+
+/* The id of a registered name (length len, not NUL-terminated), or -1. */
+static int find_type(const char *name, size_t len)
+{
+    int n = atomic_load_explicit(&num_types, memory_order_acquire);
+    for (int t = 0; t < n; t++)
+        if (strlen(type_names[t]) == len && !strncmp(type_names[t], name, len)) return t;
+    return -1;
+}
+
+static void ensure_loaded(void);
+
+int kvhal__find_type(const char *name, size_t len)
+{
+    ensure_loaded();
+    return find_type(name, len);
+}
+
+/* "cpu, cuda, hip, opencl, npu" */
+static void list_types(char *buf, size_t size)
+{
+    int n = atomic_load_explicit(&num_types, memory_order_acquire);
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int t = 0; t < n && used < size; t++) {
+        int w = snprintf(buf + used, size - used, "%s%s", t ? ", " : "", type_names[t]);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+}
+
+kvhal_status kvhal__type_error(kvhal_status st, const char *arg, const char *text, size_t len)
+{
+    char known[KVHAL_MAX_DEVICE_TYPES * (KVHAL_DEVICE_TYPE_NAME_MAX + 2)];
+    list_types(known, sizeof known);
+    return kvhal__err(st, "%s: \"%.*s\" is not a registered device type (registered: %s; a vendor type is "
+                      "registered when its module loads, see kvhal-info)", arg, (int)(len > 64 ? 64 : len), text,
+                      known);
+}
+
+kvhal_status kvhal_device_type_find(const char *name, kvhal_device_type *out)
+{
+    KVHAL_CHECK_ARG(name, "name: NULL");
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    int t = kvhal__find_type(name, strlen(name));
+    if (t < 0) return kvhal__type_error(KVHAL_NOT_FOUND, "name", name, strlen(name));
+    *out = (kvhal_device_type)t;
+    return KVHAL_OK;
+}
+
+/* ---- loading ---- */
 
 /* Entries without which a backend cannot serve anything. */
-static const char *missing_required(const kvhal_backend *t)
+static const char *missing_required(const kvhal_backend *t, const kvhal_backend_device_fns *d)
 {
     if (!t->init) return "init";
-    if (!t->device_info) return "device_info";
-    if (!t->buffer_alloc) return "buffer_alloc";
-    if (!t->buffer_free) return "buffer_free";
-    if (!t->memcpy_h2d) return "memcpy_h2d";
-    if (!t->memcpy_d2h) return "memcpy_d2h";
-    if (!t->memcpy_d2d) return "memcpy_d2d";
-    if (!t->synchronize) return "synchronize";
+    if (!d->device_info) return "device.device_info";
+    if (!d->buffer_alloc) return "device.buffer_alloc";
+    if (!d->buffer_free) return "device.buffer_free";
+    if (!d->memcpy_h2d) return "device.memcpy_h2d";
+    if (!d->memcpy_d2h) return "device.memcpy_d2h";
+    if (!d->memcpy_d2d) return "device.memcpy_d2d";
+    if (!d->synchronize) return "device.synchronize";
     return NULL;
 }
 
@@ -60,57 +163,120 @@ static module *new_module(const char *name, const char *path)
     if (num_modules >= MAX_MODULES) return NULL;
     module *m = &modules[num_modules++];
     memset(m, 0, sizeof *m);
+    m->info.type_id = -1;
     snprintf(m->info.name, sizeof m->info.name, "%s", name);
     snprintf(m->info.path, sizeof m->info.path, "%s", path);
     return m;
 }
 
-/* Takes a module's table: checks version and size, copies it full-size, runs init, registers its devices. */
-static void adopt(module *m, const kvhal_backend *t)
+/* A module's reason (truncated to fit, on purpose: it is a message). */
+__attribute__((format(printf, 2, 3))) static void set_reason(module *m, const char *fmt, ...)
 {
-    if (t->abi_version < KVHAL_BACKEND_ABI_MIN || t->abi_version > KVHAL_BACKEND_ABI_VERSION) {
-        m->info.abi_version = t->abi_version;
-        snprintf(m->info.reason, sizeof m->info.reason, "ABI version %u not supported (this core takes %d..%d)",
-                 t->abi_version, KVHAL_BACKEND_ABI_MIN, KVHAL_BACKEND_ABI_VERSION);
-        return;
-    }
-    size_t n = t->struct_size < sizeof(kvhal_backend) ? t->struct_size : sizeof(kvhal_backend);
-    if (n < offsetof(kvhal_backend, synchronize) + sizeof(void *)) {
-        snprintf(m->info.reason, sizeof m->info.reason, "table size %u too small", t->struct_size);
-        return;
-    }
-    memcpy(&m->table, t, n);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->info.reason, sizeof m->info.reason, fmt, ap);
+    va_end(ap);
+}
+#define REASON set_reason
+
+/* Copies a group that starts with its own size, full-size: slots past the module's size stay zero. */
+static bool copy_group(void *dst, size_t dst_size, const void *src, size_t min_size)
+{
+    uint32_t n;
+    memcpy(&n, src, sizeof n);
+    if (n < min_size) return false;
+    memcpy(dst, src, n < dst_size ? n : dst_size);
+    return true;
+}
+
+/* Takes a module's table: checks version, sizes, names and required entries, picks the type id, runs init,
+ * publishes the backend. Called with load_lock held. Returns the status kvhal_backend_load reports. */
+static kvhal_status adopt(module *m, const kvhal_backend *t)
+{
     m->info.abi_version = t->abi_version;
-    if (t->name) snprintf(m->info.name, sizeof m->info.name, "%s", t->name);
-    if ((int)t->type < 0 || t->type >= KVHAL_DEVICE_TYPE_COUNT) {
-        snprintf(m->info.reason, sizeof m->info.reason, "unknown device type %d", (int)t->type);
-        return;
+    if (t->abi_version < KVHAL_BACKEND_ABI_MIN || t->abi_version > KVHAL_BACKEND_ABI_VERSION) {
+        REASON(m, "ABI version %u not supported: the module was built for plugin ABI %u, this core takes ABI %d%s%s",
+               t->abi_version, t->abi_version, KVHAL_BACKEND_ABI_VERSION,
+               t->abi_version < KVHAL_BACKEND_ABI_MIN ? " (rebuild it against this release's kvhal_backend.h)" : "",
+               t->abi_version > KVHAL_BACKEND_ABI_VERSION ? " (it needs a newer kvhal)" : "");
+        return KVHAL_ABI_MISMATCH;
     }
-    const char *missing = missing_required(&m->table);
+    if (t->struct_size < offsetof(kvhal_backend, ops) + sizeof(void *)) {
+        REASON(m, "table size %u too small (ABI %u tables are at least %zu bytes)", t->struct_size, t->abi_version,
+               offsetof(kvhal_backend, ops) + sizeof(void *));
+        return KVHAL_LOAD_FAILED;
+    }
+    if (t->name && *t->name) snprintf(m->info.name, sizeof m->info.name, "%.31s", t->name);
+    const char *bad = name_problem(t->device_type);
+    if (t->device_type) snprintf(m->info.device_type, sizeof m->info.device_type, "%.15s", t->device_type);
+    if (bad) {
+        REASON(m, "device type name \"%.64s\" is invalid: %s", t->device_type ? t->device_type : "(null)", bad);
+        return KVHAL_LOAD_FAILED;
+    }
+    if (!t->device) {
+        REASON(m, "table lacks the required entry 'device'");
+        return KVHAL_LOAD_FAILED;
+    }
+    kvhal__bk *bk = &m->bk;
+    if (!copy_group(&bk->dev, sizeof bk->dev, t->device, offsetof(kvhal_backend_device_fns, buffer_alloc))) {
+        REASON(m, "device functions: struct_size too small");
+        return KVHAL_LOAD_FAILED;
+    }
+    if (t->ops && !copy_group(&bk->ops, sizeof bk->ops, t->ops, sizeof(uint32_t))) {
+        REASON(m, "op functions: struct_size too small");
+        return KVHAL_LOAD_FAILED;
+    }
+    const char *missing = missing_required(t, &bk->dev);
     if (missing) {
-        snprintf(m->info.reason, sizeof m->info.reason, "table lacks the required entry '%s'", missing);
-        return;
+        REASON(m, "table lacks the required entry '%s'", missing);
+        return KVHAL_LOAD_FAILED;
     }
-    if (by_type[t->type]) {
-        snprintf(m->info.reason, sizeof m->info.reason, "skipped: %s devices are already served by another module",
-                 type_names[t->type]);
-        return;
+    int type = find_type(t->device_type, strlen(t->device_type));
+    if (type >= 0 && atomic_load_explicit(&by_type[type], memory_order_relaxed)) {
+        const char *owner = "another module";
+        for (int32_t i = 0; i < num_modules; i++)
+            if (modules[i].info.loaded && modules[i].info.type_id == type) owner = modules[i].info.path;
+        REASON(m, "skipped: %s devices are already served by %s (the first module to serve a type wins)",
+               t->device_type, owner);
+        return KVHAL_LOAD_FAILED;
+    }
+    bool new_type = type < 0;
+    if (new_type) {
+        type = atomic_load_explicit(&num_types, memory_order_relaxed);
+        if (type >= KVHAL_MAX_DEVICE_TYPES) {
+            REASON(m, "device type \"%s\" not registered: all %d device type ids are taken (KVHAL_MAX_DEVICE_TYPES)",
+                   t->device_type, KVHAL_MAX_DEVICE_TYPES);
+            return KVHAL_LOAD_FAILED;
+        }
     }
     int32_t count = 0;
+    void *ctx = NULL;
     char reason[sizeof m->info.reason] = "";
-    kvhal_status st = m->table.init(&services, &count, reason, sizeof reason);
+    kvhal_clear_error();
+    kvhal_status st = t->init(&services, &ctx, &count, reason, sizeof reason);
     if (st != KVHAL_OK) {
-        snprintf(m->info.reason, sizeof m->info.reason, "init failed: %s%s%s", kvhal_status_name(st),
-                 reason[0] ? ": " : "", reason[0] ? reason : kvhal_last_error());
-        return;
+        REASON(m, "init failed: %s%s%s", kvhal_status_name(st), reason[0] || kvhal_last_error()[0] ? ": " : "",
+               reason[0] ? reason : kvhal_last_error());
+        return KVHAL_LOAD_FAILED;
     }
     if (count < 0) count = 0;
     if (count > KVHAL_MAX_DEVICES_PER_TYPE) count = KVHAL_MAX_DEVICES_PER_TYPE;
+    bk->ctx = ctx;
+    bk->type = (kvhal_device_type)type;
+    bk->device_count = count;
+    bk->get_proc_address = t->get_proc_address;
+    snprintf(bk->name, sizeof bk->name, "%s", m->info.name);
+    snprintf(bk->type_name, sizeof bk->type_name, "%s", t->device_type);
+    if (new_type) {
+        snprintf(type_names[type], sizeof type_names[type], "%s", t->device_type);
+        atomic_store_explicit(&num_types, type + 1, memory_order_release);
+    }
     m->info.loaded = true;
     m->info.device_count = count;
-    snprintf(m->info.reason, sizeof m->info.reason, "%s", reason);
-    by_type[t->type] = &m->table;
-    device_counts[t->type] = count;
+    m->info.type_id = type;
+    REASON(m, "%s", reason);
+    atomic_store_explicit(&by_type[type], bk, memory_order_release);
+    return KVHAL_OK;
 }
 
 /* KVHAL_BACKENDS=cpu,opencl limits which modules load (e.g. valgrind runs of the CPU suites); unset = all. */
@@ -128,53 +294,55 @@ static bool backend_wanted(const char *name)
     return false;
 }
 
-static void load_file(const char *given)
+/* Loads one file (load_lock held). explicit: asked for by kvhal_backend_load, so KVHAL_BACKENDS does not filter
+ * it. Returns the status for kvhal_backend_load; a module already loaded from the same path is OK. */
+static kvhal_status load_file(const char *given, bool explicit)
 {
     /* One module reached through two folders (KVHAL_BACKEND_PATH and the build tree) is loaded once. */
     char path[PATH_MAX];
     if (!realpath(given, path)) snprintf(path, sizeof path, "%s", given);
     for (int32_t i = 0; i < num_modules; i++)
-        if (!strcmp(modules[i].info.path, path)) return;
+        if (!strcmp(modules[i].info.path, path)) {
+            if (modules[i].info.loaded) return KVHAL_OK;
+            if (!explicit) return KVHAL_LOAD_FAILED;
+            return kvhal__err(KVHAL_LOAD_FAILED, "path: %s was tried before and not loaded: %s", path,
+                              modules[i].info.reason);
+        }
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    char name[16] = "";
+    char name[32] = "";
     if (!strncmp(base, "libkvhal-", 9)) {
         size_t len = strcspn(base + 9, ".");
         if (len >= sizeof name) len = sizeof name - 1;
         memcpy(name, base + 9, len);
         name[len] = '\0';
+    } else {
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(base, "."), base);
     }
-    if (!backend_wanted(name)) return;
+    if (!explicit && !backend_wanted(name)) return KVHAL_OK;
     module *m = new_module(name, path);
-    if (!m) return;
+    if (!m) return kvhal__err(KVHAL_LOAD_FAILED, "path: %s: the registry lists at most %d modules", path, MAX_MODULES);
+    kvhal_status st = KVHAL_LOAD_FAILED;
     dlerror();
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
-        snprintf(m->info.reason, sizeof m->info.reason, "dlopen failed: %s", e ? e : "unknown error");
-        return;
+        REASON(m, "dlopen failed: %s", e ? e : "unknown error");
+    } else {
+        kvhal_backend_entry_fn entry;
+        void *sym = dlsym(h, KVHAL_BACKEND_ENTRY_SYMBOL);
+        memcpy(&entry, &sym, sizeof entry); /* object pointer to function pointer, without a pedantic cast */
+        const kvhal_backend *t = sym ? entry(KVHAL_BACKEND_ABI_VERSION) : NULL;
+        if (!sym) REASON(m, "no '%s' symbol", KVHAL_BACKEND_ENTRY_SYMBOL);
+        else if (!t)
+            REASON(m, "%s(%d) returned NULL (module refuses this core)", KVHAL_BACKEND_ENTRY_SYMBOL,
+                   KVHAL_BACKEND_ABI_VERSION);
+        else st = adopt(m, t);
+        if (st == KVHAL_OK) m->handle = h;
+        else dlclose(h);
     }
-    kvhal_backend_entry_fn entry;
-    void *sym = dlsym(h, KVHAL_BACKEND_ENTRY_SYMBOL);
-    memcpy(&entry, &sym, sizeof entry); /* object pointer to function pointer, without a pedantic cast */
-    if (!sym) {
-        snprintf(m->info.reason, sizeof m->info.reason, "no '%s' symbol", KVHAL_BACKEND_ENTRY_SYMBOL);
-        dlclose(h);
-        return;
-    }
-    const kvhal_backend *t = entry(KVHAL_BACKEND_ABI_VERSION);
-    if (!t) {
-        snprintf(m->info.reason, sizeof m->info.reason, "%s(%d) returned NULL (module refuses this core)",
-                 KVHAL_BACKEND_ENTRY_SYMBOL, KVHAL_BACKEND_ABI_VERSION);
-        dlclose(h);
-        return;
-    }
-    adopt(m, t);
-    if (!m->info.loaded) {
-        dlclose(h);
-        return;
-    }
-    m->handle = h;
+    if (st != KVHAL_OK && explicit) return kvhal__err(st, "path: %s not loaded: %s", path, m->info.reason);
+    return st;
 }
 
 static int has_suffix(const char *s, const char *suffix)
@@ -183,53 +351,49 @@ static int has_suffix(const char *s, const char *suffix)
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
-/* Loads dir/libkvhal-*.so and dir/<backend>/libkvhal-<backend>.so (the build tree's layout). */
-static void scan_dir(const char *dir)
+static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Loads dir/libkvhal-*.so and dir/<sub>/libkvhal-*.so one level down (the build tree keeps each backend in a
+ * folder of its own), in name order. */
+static void scan_dir(const char *dir, int depth)
 {
     DIR *d = opendir(dir);
     if (!d) return;
-    char path[PATH_MAX];
-    /* Deterministic order: collect, sort, load. */
-    char names[64][NAME_MAX + 1];
+    char *names[128];
     int n = 0;
     struct dirent *e;
-    while ((e = readdir(d)) && n < 64) {
-        if (!strncmp(e->d_name, "libkvhal-", 9) && has_suffix(e->d_name, ".so"))
-            snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+    while ((e = readdir(d)) && n < 128) {
+        if (e->d_name[0] == '.') continue;
+        bool module_file = !strncmp(e->d_name, "libkvhal-", 9) && has_suffix(e->d_name, ".so");
+        if (!module_file && depth == 0 && e->d_type != DT_DIR && e->d_type != DT_UNKNOWN) continue;
+        if (!module_file && depth > 0) continue;
+        char *copy = strdup(e->d_name);
+        if (copy) names[n++] = copy;
     }
     closedir(d);
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
-            char tmp[NAME_MAX + 1];
-            memcpy(tmp, names[j], sizeof tmp);
-            memcpy(names[j], names[j - 1], sizeof tmp);
-            memcpy(names[j - 1], tmp, sizeof tmp);
-        }
+    qsort(names, (size_t)n, sizeof names[0], cmp_names);
+    char path[PATH_MAX];
     for (int i = 0; i < n; i++) {
-        if (snprintf(path, sizeof path, "%s/%s", dir, names[i]) < (int)sizeof path) load_file(path);
-    }
-    for (int t = 1; t < KVHAL_DEVICE_TYPE_COUNT; t++) {
-        if (snprintf(path, sizeof path, "%s/%s/libkvhal-%s.so", dir, type_names[t], type_names[t]) >= (int)sizeof path)
-            continue;
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            fclose(f);
-            load_file(path);
+        if (snprintf(path, sizeof path, "%s/%s", dir, names[i]) < (int)sizeof path) {
+            if (!strncmp(names[i], "libkvhal-", 9) && has_suffix(names[i], ".so")) load_file(path, false);
+            else scan_dir(path, depth + 1);
         }
+        free(names[i]);
     }
 }
 
 static void load_all(void)
 {
+    pthread_mutex_lock(&load_lock);
     module *cpu = new_module("cpu", "(built in)");
-    adopt(cpu, kvhal__cpu_backend());
+    adopt(cpu, kvhal__cpu_backend_entry(KVHAL_BACKEND_ABI_VERSION));
 
     const char *env = getenv("KVHAL_BACKEND_PATH");
     if (env && *env) {
         char buf[4096];
         snprintf(buf, sizeof buf, "%s", env);
         char *save = NULL;
-        for (char *p = strtok_r(buf, ":", &save); p; p = strtok_r(NULL, ":", &save)) scan_dir(p);
+        for (char *p = strtok_r(buf, ":", &save); p; p = strtok_r(NULL, ":", &save)) scan_dir(p, 0);
     }
     /* Beside this library: <libdir>/kvhal (installed) and <builddir>/backends (build tree: lib is in core/). */
     Dl_info di;
@@ -240,48 +404,77 @@ static void load_all(void)
         if (slash) {
             *slash = '\0';
             char p[PATH_MAX + 32];
-            if (snprintf(p, sizeof p, "%s/kvhal", dir) < (int)sizeof p) scan_dir(p);
-            if (snprintf(p, sizeof p, "%s/../backends", dir) < (int)sizeof p) scan_dir(p);
+            if (snprintf(p, sizeof p, "%s/kvhal", dir) < (int)sizeof p) scan_dir(p, 0);
+            if (snprintf(p, sizeof p, "%s/../backends", dir) < (int)sizeof p) scan_dir(p, 0);
         }
     }
 #ifdef KVHAL_MODULE_DIR
-    scan_dir(KVHAL_MODULE_DIR);
+    scan_dir(KVHAL_MODULE_DIR, 0);
 #endif
+    pthread_mutex_unlock(&load_lock);
 }
 
-static inline void ensure_loaded(void) { pthread_once(&once, load_all); }
+static void ensure_loaded(void) { pthread_once(&once, load_all); }
 
-kvhal_status kvhal__lookup(kvhal_device dev, const char *arg, const kvhal_backend **out)
+kvhal_status kvhal_backend_load(const char *path)
+{
+    KVHAL_CHECK_ARG(path && *path, "path: NULL or empty");
+    ensure_loaded();
+    pthread_mutex_lock(&load_lock);
+    kvhal_status st = load_file(path, true);
+    pthread_mutex_unlock(&load_lock);
+    return st;
+}
+
+/* ---- dispatch ---- */
+
+kvhal_status kvhal__lookup(kvhal_device dev, const char *arg, const kvhal__bk **out)
 {
     ensure_loaded();
     *out = NULL;
-    if ((unsigned)dev.type >= KVHAL_DEVICE_TYPE_COUNT)
-        return kvhal__err(KVHAL_INVALID_ARGUMENT, "%s.type: %d is not a device type", arg, (int)dev.type);
-    const kvhal_backend *b = by_type[dev.type];
+    if ((unsigned)dev.type >= KVHAL_MAX_DEVICE_TYPES ||
+        (int)dev.type >= atomic_load_explicit(&num_types, memory_order_acquire))
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "%s.type: %d is not a registered device type", arg, (int)dev.type);
+    const kvhal__bk *b = atomic_load_explicit(&by_type[dev.type], memory_order_acquire);
     if (!b)
         return kvhal__err(KVHAL_BACKEND_UNAVAILABLE, "%s: %s:%d: the %s backend is not loaded (see kvhal-info)", arg,
                           type_names[dev.type], dev.id, type_names[dev.type]);
-    if (dev.id < 0 || dev.id >= device_counts[dev.type])
+    if (dev.id < 0 || dev.id >= b->device_count)
         return kvhal__err(KVHAL_NO_DEVICE, "%s: %s:%d: id out of range (%d %s device%s present)", arg,
-                          type_names[dev.type], dev.id, device_counts[dev.type], type_names[dev.type],
-                          device_counts[dev.type] == 1 ? "" : "s");
+                          b->type_name, dev.id, b->device_count, b->type_name, b->device_count == 1 ? "" : "s");
     *out = b;
     return KVHAL_OK;
-}
-
-const kvhal_backend *kvhal__backend(kvhal_device dev)
-{
-    const kvhal_backend *b;
-    kvhal__lookup(dev, "device", &b);
-    return b;
 }
 
 kvhal_status kvhal_device_count(kvhal_device_type type, int32_t *count)
 {
     KVHAL_CHECK_ARG(count, "count: NULL");
-    KVHAL_CHECK_ARG((unsigned)type < KVHAL_DEVICE_TYPE_COUNT, "type: %d is not a device type", (int)type);
     ensure_loaded();
-    *count = by_type[type] ? device_counts[type] : 0;
+    KVHAL_CHECK_ARG((unsigned)type < KVHAL_MAX_DEVICE_TYPES &&
+                        (int)type < atomic_load_explicit(&num_types, memory_order_acquire),
+                    "type: %d is not a registered device type", (int)type);
+    const kvhal__bk *b = atomic_load_explicit(&by_type[type], memory_order_acquire);
+    *count = b ? b->device_count : 0;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_backend_get_proc_address(kvhal_device_type type, const char *name, void **out)
+{
+    KVHAL_CHECK_ARG(name, "name: NULL");
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    ensure_loaded();
+    KVHAL_CHECK_ARG((unsigned)type < KVHAL_MAX_DEVICE_TYPES &&
+                        (int)type < atomic_load_explicit(&num_types, memory_order_acquire),
+                    "type: %d is not a registered device type", (int)type);
+    const kvhal__bk *b = atomic_load_explicit(&by_type[type], memory_order_acquire);
+    if (!b)
+        return kvhal__err(KVHAL_BACKEND_UNAVAILABLE, "type: %s is served by no loaded module (see kvhal-info)",
+                          kvhal_device_type_name(type));
+    void *p = b->get_proc_address ? b->get_proc_address(b->ctx, name) : NULL;
+    if (!p)
+        return kvhal__err(KVHAL_NOT_FOUND, "name: the %s backend has no extra named \"%.80s\"", b->name, name);
+    *out = p;
     return KVHAL_OK;
 }
 
@@ -289,7 +482,9 @@ kvhal_status kvhal_backend_module_count(int32_t *count)
 {
     KVHAL_CHECK_ARG(count, "count: NULL");
     ensure_loaded();
+    pthread_mutex_lock(&load_lock);
     *count = num_modules;
+    pthread_mutex_unlock(&load_lock);
     return KVHAL_OK;
 }
 
@@ -297,9 +492,12 @@ kvhal_status kvhal_backend_module_get(int32_t index, kvhal_backend_module_info *
 {
     KVHAL_CHECK_ARG(out, "out: NULL");
     ensure_loaded();
-    if (index < 0 || index >= num_modules)
-        return kvhal__err(KVHAL_OUT_OF_RANGE, "index: %d is out of range [0, %d)", index, num_modules);
-    *out = modules[index].info;
+    pthread_mutex_lock(&load_lock);
+    int32_t n = num_modules;
+    if (index >= 0 && index < n) *out = modules[index].info;
+    pthread_mutex_unlock(&load_lock);
+    if (index < 0 || index >= n)
+        return kvhal__err(KVHAL_OUT_OF_RANGE, "index: %d is out of range [0, %d)", index, n);
     return KVHAL_OK;
 }
 

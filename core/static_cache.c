@@ -39,7 +39,7 @@ kvhal_status kvhal_static_cache_create(const kvhal_static_cache_config *cfg, kvh
                         cfg->dtype == KVHAL_FP8_E4M3 || cfg->dtype == KVHAL_FP8_E5M2,
                     "cfg.dtype: %s is not a cache dtype (f32, f16, bf16, fp8_e4m3, fp8_e5m2)",
                     kvhal_dtype_name(cfg->dtype));
-    const kvhal_backend *bk;
+    const kvhal__bk *bk;
     KVHAL_TRY(kvhal__lookup(cfg->device, "cfg.device", &bk));
     const uint64_t es = kvhal_dtype_size(cfg->dtype);
     uint64_t per_tok, kb, vb, total; /* per_tok: bytes of one (head, dim) element over the batch and max_len */
@@ -72,7 +72,7 @@ kvhal_status kvhal_static_cache_create(const kvhal_static_cache_config *cfg, kvh
 
 kvhal_status kvhal_static_cache_destroy(kvhal_static_cache *c)
 {
-    if (!c) return kvhal__err(KVHAL_INVALID_ARGUMENT, "c: NULL");
+    if (!c) return KVHAL_OK; /* like free(NULL) */
     if (!kvhal__handle_remove_kind(c, STATIC_MAGIC))
         return kvhal__err(KVHAL_INVALID_HANDLE, "c: %p is not a live static cache (destroyed twice?)", (void *)c);
     c->magic = KVHAL_MAGIC_DEAD;

@@ -22,7 +22,7 @@ typedef struct dev_case {
     bool present;
 } dev_case;
 
-static kvhal_device all_devs[KVHAL_DEVICE_TYPE_COUNT * KVHAL_MAX_DEVICES_PER_TYPE];
+static kvhal_device all_devs[KVHAL_DEVICE_BUILTIN_TYPE_COUNT * KVHAL_MAX_DEVICES_PER_TYPE];
 static int num_devs;
 
 static void assert_contains(const char *haystack, const char *needle)
@@ -366,8 +366,8 @@ static void test_null_args(void **state)
     /* Accessors on NULL. */
     assert_int_equal(kvhal_buffer_size(NULL), 0);
     assert_null(kvhal_buffer_native(NULL));
-    assert_int_equal(kvhal_buffer_device(NULL).type, KVHAL_DEVICE_TYPE_COUNT);
-    assert_int_equal(kvhal_stream_device(NULL).type, KVHAL_DEVICE_TYPE_COUNT);
+    assert_int_equal(kvhal_buffer_device(NULL).type, KVHAL_MAX_DEVICE_TYPES);
+    assert_int_equal(kvhal_stream_device(NULL).type, KVHAL_MAX_DEVICE_TYPES);
     CHECK_ST(kvhal_stream_create(dev, NULL), KVHAL_INVALID_ARGUMENT);
     CHECK_ST(kvhal_stream_synchronize(NULL), KVHAL_INVALID_ARGUMENT);
     CHECK_ST(kvhal_stream_destroy(NULL), KVHAL_INVALID_ARGUMENT);
@@ -637,9 +637,9 @@ static const named_test per_device[] = {
 
 int main(void)
 {
-    static dev_case cases[KVHAL_DEVICE_TYPE_COUNT * KVHAL_MAX_DEVICES_PER_TYPE];
+    static dev_case cases[KVHAL_DEVICE_BUILTIN_TYPE_COUNT * KVHAL_MAX_DEVICES_PER_TYPE];
     int ncases = 0;
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++) {
+    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) {
         int32_t n = 0;
         if (kvhal_device_count((kvhal_device_type)t, &n) != KVHAL_OK) {
             fprintf(stderr, "kvhal_device_count(%d): %s\n", t, kvhal_last_error());

@@ -13,7 +13,7 @@
 
 #include "kvhal.h"
 
-static const char *type_names[KVHAL_DEVICE_TYPE_COUNT] = {"cpu", "cuda", "hip", "opencl"};
+static const char *type_names[KVHAL_DEVICE_BUILTIN_TYPE_COUNT] = {"cpu", "cuda", "hip", "opencl"};
 
 static void assert_contains(const char *haystack, const char *needle)
 {
@@ -44,7 +44,7 @@ static void test_parse_good(void **state)
         {"cpu:5", KVHAL_DEVICE_CPU, 5},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kvhal_device d = {KVHAL_DEVICE_TYPE_COUNT, -99};
+        kvhal_device d = {(kvhal_device_type)KVHAL_MAX_DEVICE_TYPES, -99};
         kvhal_status st = kvhal_device_parse(cases[i].text, &d);
         if (st != KVHAL_OK) fail_msg("\"%s\": %s (%s)", cases[i].text, kvhal_status_name(st), kvhal_last_error());
         assert_int_equal(d.type, cases[i].type);
@@ -127,7 +127,7 @@ static void test_format(void **state)
     assert_int_equal(kvhal_device_format((kvhal_device){KVHAL_DEVICE_CPU, 0}, buf, sizeof buf), KVHAL_OK);
     assert_string_equal(buf, "cpu:0");
     /* Round trip for every type and id. */
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++) {
+    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) {
         for (int32_t id = 0; id < KVHAL_MAX_DEVICES_PER_TYPE; id++) {
             kvhal_device d = {(kvhal_device_type)t, id}, back;
             assert_int_equal(kvhal_device_format(d, buf, sizeof buf), KVHAL_OK);
@@ -161,13 +161,13 @@ static void test_format(void **state)
 static void test_type_names(void **state)
 {
     (void)state;
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++)
+    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++)
         assert_string_equal(kvhal_device_type_name((kvhal_device_type)t), type_names[t]);
-    const int bad[] = {-1, KVHAL_DEVICE_TYPE_COUNT, 99, INT_MAX};
+    const int bad[] = {-1, KVHAL_MAX_DEVICE_TYPES, 99, INT_MAX};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *n = kvhal_device_type_name((kvhal_device_type)bad[i]);
         assert_non_null(n);
-        for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++) assert_string_not_equal(n, type_names[t]);
+        for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) assert_string_not_equal(n, type_names[t]);
     }
 }
 
@@ -196,7 +196,7 @@ static void expect_default(const char *env, kvhal_device_type type, int32_t id)
 {
     if (env) setenv("KVHAL_DEVICE", env, 1);
     else unsetenv("KVHAL_DEVICE");
-    kvhal_device d = {KVHAL_DEVICE_TYPE_COUNT, -1};
+    kvhal_device d = {(kvhal_device_type)KVHAL_MAX_DEVICE_TYPES, -1};
     kvhal_status st = kvhal_device_default(&d);
     if (st != KVHAL_OK) fail_msg("KVHAL_DEVICE=%s: %s (%s)", env ? env : "(unset)", kvhal_status_name(st),
                                  kvhal_last_error());
@@ -231,7 +231,7 @@ static void test_default_unset_or_empty(void **state)
 static void test_default_every_present_device(void **state)
 {
     (void)state;
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++) {
+    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) {
         int32_t n = count_of((kvhal_device_type)t);
         for (int32_t id = 0; id < n; id++) {
             char text[32];
@@ -264,7 +264,7 @@ static void test_default_missing_device(void **state)
     }
     expect_default_fails("cpu:1", KVHAL_NO_DEVICE);
     assert_contains(kvhal_last_error(), "cpu:1");
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++) {
+    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) {
         int32_t n = count_of((kvhal_device_type)t);
         if (n >= KVHAL_MAX_DEVICES_PER_TYPE) continue;
         snprintf(text, sizeof text, "%s:%d", type_names[t], n);
@@ -278,7 +278,7 @@ static void test_count_and_info(void **state)
 {
     (void)state;
     assert_int_equal(count_of(KVHAL_DEVICE_CPU), 1);
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++) {
+    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) {
         int32_t n = count_of((kvhal_device_type)t);
         assert_in_range(n, 0, KVHAL_MAX_DEVICES_PER_TYPE);
         for (int32_t id = 0; id < n; id++) {
@@ -307,7 +307,7 @@ static void test_count_and_info(void **state)
     }
     int32_t n;
     assert_int_equal(kvhal_device_count(KVHAL_DEVICE_CPU, NULL), KVHAL_INVALID_ARGUMENT);
-    assert_int_equal(kvhal_device_count(KVHAL_DEVICE_TYPE_COUNT, &n), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_device_count((kvhal_device_type)KVHAL_MAX_DEVICE_TYPES, &n), KVHAL_INVALID_ARGUMENT);
     assert_int_equal(kvhal_device_count((kvhal_device_type)-1, &n), KVHAL_INVALID_ARGUMENT);
     assert_int_equal(kvhal_device_get_info((kvhal_device){KVHAL_DEVICE_CPU, 0}, NULL), KVHAL_INVALID_ARGUMENT);
 }
@@ -330,7 +330,7 @@ static void test_synchronize(void **state)
     kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
     assert_int_equal(kvhal_device_synchronize(cpu), KVHAL_OK);
     assert_int_equal(kvhal_device_check_errors(cpu), KVHAL_OK);
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++) {
+    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) {
         int32_t n = count_of((kvhal_device_type)t);
         for (int32_t id = 0; id < n; id++) {
             kvhal_device d = {(kvhal_device_type)t, id};
@@ -343,11 +343,11 @@ static void test_synchronize(void **state)
 static void test_synchronize_missing(void **state)
 {
     (void)state;
-    kvhal_device missing[4 + KVHAL_DEVICE_TYPE_COUNT] = {
+    kvhal_device missing[4 + KVHAL_DEVICE_BUILTIN_TYPE_COUNT] = {
         {KVHAL_DEVICE_CPU, 1}, {KVHAL_DEVICE_CPU, -1}, {(kvhal_device_type)99, 0}, {KVHAL_DEVICE_CPU, INT32_MIN},
     };
     int nm = 4;
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++) missing[nm++] = (kvhal_device){(kvhal_device_type)t,
+    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) missing[nm++] = (kvhal_device){(kvhal_device_type)t,
                                                                                     count_of((kvhal_device_type)t)};
     for (int i = 0; i < nm; i++) {
         kvhal_clear_error();

@@ -23,7 +23,8 @@ static void usage(void)
 {
     printf("usage: kvhal-info [--json]\n"
            "Lists backend modules, devices and the device selected by KVHAL_DEVICE.\n"
-           "Environment: KVHAL_DEVICE (cpu, cuda:N, hip:N, opencl:N), KVHAL_BACKEND_PATH (extra module folders),\n"
+           "Environment: KVHAL_DEVICE (<type>[:N]: cpu, cuda:N, hip:N, opencl:N or a type a module registers),\n"
+           "KVHAL_BACKEND_PATH (extra module folders),\n"
            "KVHAL_LOG (error|warn|info|debug).\n");
 }
 
@@ -57,7 +58,9 @@ int main(int argc, char **argv)
         if (json) {
             printf("%s{\"name\":", i ? "," : "");
             json_str(mi.name);
-            printf(",\"path\":");
+            printf(",\"device_type\":");
+            json_str(mi.device_type);
+            printf(",\"type_id\":%d,\"path\":", (int)mi.type_id);
             json_str(mi.path);
             printf(",\"abi_version\":%u,\"loaded\":%s,\"devices\":%d,\"reason\":", mi.abi_version,
                    mi.loaded ? "true" : "false", mi.device_count);
@@ -65,6 +68,7 @@ int main(int argc, char **argv)
             printf("}");
         } else {
             printf("  %-7s %s\n          ABI %u, %s", mi.name, mi.path, mi.abi_version, mi.loaded ? "loaded" : "NOT loaded");
+            if (mi.loaded) printf(", device type %s (id %d)", mi.device_type, (int)mi.type_id);
             if (mi.loaded) printf(", %d device%s", mi.device_count, mi.device_count == 1 ? "" : "s");
             if (mi.reason[0]) printf(" (%s)", mi.reason);
             printf("\n");
@@ -73,9 +77,9 @@ int main(int argc, char **argv)
     if (json) printf("],\"devices\":[");
     else printf("\nDevices:\n");
     int first = 1;
-    for (int t = 0; t < KVHAL_DEVICE_TYPE_COUNT; t++) {
+    for (int t = 0; t < KVHAL_MAX_DEVICE_TYPES; t++) {
         int32_t n = 0;
-        kvhal_device_count((kvhal_device_type)t, &n);
+        if (kvhal_device_count((kvhal_device_type)t, &n) != KVHAL_OK) break; /* past the registered types */
         for (int32_t id = 0; id < n; id++) {
             kvhal_device d = {(kvhal_device_type)t, id};
             kvhal_device_info info;

@@ -1,6 +1,10 @@
 /* cpu_backend.c — the CPU backend, compiled into the core so that kvhal works on a machine with no accelerator:
  * one device (cpu:0), host memory buffers (64-byte aligned), synchronous copies. Streams exist for API symmetry;
- * work on them completes before the call returns. Its ops live in cpu_ops.c. */
+ * work on them completes before the call returns. Its ops live in cpu_ops.c.
+ *
+ * It is the reference plugin: it uses kvhal_backend.h and the services table only, as a loadable module does, and
+ * the registry reaches it through its entry point like any other; only the entry's name differs (a module's is
+ * kvhal_backend_entry, exported; this one is hidden inside libkvhal). */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,14 +12,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "internal.h"
 #include "cpu_ops.h"
 
-static const kvhal_core_services *svc;
-
-static kvhal_status cpu_init(const kvhal_core_services *s, int32_t *count, char *reason, size_t reason_size)
+static kvhal_status cpu_init(const kvhal_core_services *s, void **ctx, int32_t *count, char *reason,
+                             size_t reason_size)
 {
-    svc = s;
+    cpu_ctx *c = malloc(sizeof *c); /* the module's own, not a caller's: no fault injection here */
+    if (!c) return s->set_error(KVHAL_OUT_OF_MEMORY, "cpu: cannot allocate the backend's context");
+    c->svc = s;
+    *ctx = c;
     *count = 1;
     if (reason_size) reason[0] = '\0';
     return KVHAL_OK;
@@ -42,7 +47,7 @@ static void cpu_name(char *buf, size_t n)
     fclose(f);
 }
 
-static kvhal_status cpu_device_info(int32_t id, kvhal_device_info *out)
+static kvhal_status cpu_device_info(void *ctx, int32_t id, kvhal_device_info *out)
 {
     cpu_name(out->name, sizeof out->name);
     snprintf(out->platform, sizeof out->platform, "host");
@@ -55,7 +60,7 @@ static kvhal_status cpu_device_info(int32_t id, kvhal_device_info *out)
     return KVHAL_OK;
 }
 
-static kvhal_status cpu_buffer_alloc(int32_t id, size_t bytes, void **native)
+static kvhal_status cpu_buffer_alloc(void *ctx, int32_t id, size_t bytes, void **native)
 {
     void *p = NULL;
     /* Large caches: 2 MiB alignment plus transparent huge pages cut first-touch page faults ~500x, which is what a
@@ -63,6 +68,7 @@ static kvhal_status cpu_buffer_alloc(int32_t id, size_t bytes, void **native)
     const size_t huge = (size_t)2 << 20;
     size_t align = bytes >= 2 * huge ? huge : 64;
     /* No object may exceed PTRDIFF_MAX; asking the allocator anyway only draws warnings from memory checkers. */
+    const kvhal_core_services *svc = ((const cpu_ctx *)ctx)->svc;
     if (bytes > (size_t)PTRDIFF_MAX || svc->alloc_should_fail() || posix_memalign(&p, align, bytes) != 0)
         return svc->set_error(KVHAL_OUT_OF_MEMORY, "bytes: cannot allocate %zu bytes of host memory", bytes);
 #ifdef MADV_HUGEPAGE
@@ -72,7 +78,7 @@ static kvhal_status cpu_buffer_alloc(int32_t id, size_t bytes, void **native)
     return KVHAL_OK;
 }
 
-static kvhal_status cpu_buffer_free(int32_t id, void *native)
+static kvhal_status cpu_buffer_free(void *ctx, int32_t id, void *native)
 {
     free(native);
     return KVHAL_OK;
@@ -81,54 +87,52 @@ static kvhal_status cpu_buffer_free(int32_t id, void *native)
 /* A CPU stream is a token: work is done when the call returns. */
 static char cpu_stream_token;
 
-static kvhal_status cpu_stream_create(int32_t id, void **stream)
+static kvhal_status cpu_stream_create(void *ctx, int32_t id, void **stream)
 {
     *stream = &cpu_stream_token;
     return KVHAL_OK;
 }
 
-static kvhal_status cpu_stream_wrap(int32_t id, void *native, void **stream)
+static kvhal_status cpu_stream_wrap(void *ctx, int32_t id, void *native, void **stream)
 {
     *stream = native;
     return KVHAL_OK;
 }
 
-static kvhal_status cpu_stream_destroy(int32_t id, void *stream) { return KVHAL_OK; }
+static kvhal_status cpu_stream_destroy(void *ctx, int32_t id, void *stream) { return KVHAL_OK; }
 
-static kvhal_status cpu_sync(int32_t id) { return KVHAL_OK; }
+static kvhal_status cpu_sync(void *ctx, int32_t id) { return KVHAL_OK; }
 
-static kvhal_status cpu_stream_sync(int32_t id, void *stream) { return KVHAL_OK; }
+static kvhal_status cpu_stream_sync(void *ctx, int32_t id, void *stream) { return KVHAL_OK; }
 
-static kvhal_status cpu_h2d(int32_t id, void *dst, size_t off, const void *src, size_t n, void *s)
+static kvhal_status cpu_h2d(void *ctx, int32_t id, void *dst, size_t off, const void *src, size_t n, void *s)
 {
     memmove((char *)dst + off, src, n);
     return KVHAL_OK;
 }
 
-static kvhal_status cpu_d2h(int32_t id, void *dst, const void *src, size_t off, size_t n, void *s)
+static kvhal_status cpu_d2h(void *ctx, int32_t id, void *dst, const void *src, size_t off, size_t n, void *s)
 {
     memmove(dst, (const char *)src + off, n);
     return KVHAL_OK;
 }
 
-static kvhal_status cpu_d2d(int32_t id, void *dst, size_t doff, const void *src, size_t soff, size_t n, void *s)
+static kvhal_status cpu_d2d(void *ctx, int32_t id, void *dst, size_t doff, const void *src, size_t soff, size_t n, void *s)
 {
     memmove((char *)dst + doff, (const char *)src + soff, n);
     return KVHAL_OK;
 }
 
-static kvhal_status cpu_memset(int32_t id, void *dst, size_t off, int value, size_t n, void *s)
+static kvhal_status cpu_memset(void *ctx, int32_t id, void *dst, size_t off, int value, size_t n, void *s)
 {
     memset((char *)dst + off, value, n);
     return KVHAL_OK;
 }
 
-static const kvhal_backend cpu_table = {
-    .abi_version = KVHAL_BACKEND_ABI_VERSION,
-    .struct_size = sizeof(kvhal_backend),
-    .name = "cpu",
-    .type = KVHAL_DEVICE_CPU,
-    .init = cpu_init,
+static void cpu_shutdown(void *ctx) { free(ctx); }
+
+static const kvhal_backend_device_fns cpu_device_fns = {
+    .struct_size = sizeof(kvhal_backend_device_fns),
     .device_info = cpu_device_info,
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_free = cpu_buffer_free,
@@ -142,12 +146,35 @@ static const kvhal_backend cpu_table = {
     .memset = cpu_memset,
     .synchronize = cpu_sync,
     .check_errors = cpu_sync,
-    .desc_create = kvhal__cpu_desc_create,
-    .desc_destroy = kvhal__cpu_desc_destroy,
-    .paged_caching = kvhal__cpu_paged_caching,
-    .copy_blocks = kvhal__cpu_copy_blocks,
-    .tensor_copy = kvhal__cpu_tensor_copy,
-    .copy_batch = kvhal__cpu_copy_batch,
 };
 
-const kvhal_backend *kvhal__cpu_backend(void) { return &cpu_table; }
+static const kvhal_backend_op_fns cpu_op_fns = {
+    .struct_size = sizeof(kvhal_backend_op_fns),
+    .supports = NULL, /* every valid call runs on the host */
+    .desc_create = cpu_desc_create,
+    .desc_destroy = cpu_desc_destroy,
+    .copy_batch = cpu_copy_batch,
+#define X(E, name, T) .name = cpu_##name,
+    KVHAL_BK_OP_LIST(X)
+#undef X
+};
+
+static const kvhal_backend cpu_table = {
+    .abi_version = KVHAL_BACKEND_ABI_VERSION,
+    .struct_size = sizeof(kvhal_backend),
+    .name = "cpu",
+    .device_type = "cpu",
+    .init = cpu_init,
+    .shutdown = cpu_shutdown,
+    .get_proc_address = NULL,
+    .device = &cpu_device_fns,
+    .ops = &cpu_op_fns,
+};
+
+/* The registry's way in (declared in core/internal.h); a loadable module exports kvhal_backend_entry instead. */
+__attribute__((visibility("hidden"))) const kvhal_backend *kvhal__cpu_backend_entry(uint32_t core_abi_version);
+const kvhal_backend *kvhal__cpu_backend_entry(uint32_t core_abi_version)
+{
+    (void)core_abi_version;
+    return &cpu_table;
+}

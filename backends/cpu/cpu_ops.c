@@ -11,9 +11,8 @@
 #include <emmintrin.h>
 #endif
 
-#include "convert.h"
+#include "cpu_convert.h"
 #include "cpu_ops.h"
-#include "internal.h"
 
 /* How one side (K or V) of a paged-caching call moves a token. */
 typedef enum {
@@ -37,10 +36,11 @@ static move_kind plan_side(const kvhal_bk_paged_side *s, kvhal_dtype in, kvhal_d
     return MOVE_ROW;
 }
 
-kvhal_status kvhal__cpu_desc_create(int32_t id, kvhal_bk_op op, const void *args, void **desc)
+kvhal_status cpu_desc_create(void *ctx, int32_t id, kvhal_bk_op op, const void *args, void **desc)
 {
-    cpu_desc *d = kvhal__malloc(sizeof *d);
-    if (!d) return kvhal__err(KVHAL_OUT_OF_MEMORY, "cpu: cannot allocate a descriptor");
+    const kvhal_core_services *svc = ((const cpu_ctx *)ctx)->svc;
+    cpu_desc *d = svc->alloc_should_fail() ? NULL : malloc(sizeof *d);
+    if (!d) return svc->set_error(KVHAL_OUT_OF_MEMORY, "cpu: cannot allocate a descriptor");
     d->op = op;
     d->k_move = d->v_move = MOVE_GENERIC;
     if (op == KVHAL_BK_OP_PAGED_CACHING) {
@@ -52,7 +52,7 @@ kvhal_status kvhal__cpu_desc_create(int32_t id, kvhal_bk_op op, const void *args
     return KVHAL_OK;
 }
 
-void kvhal__cpu_desc_destroy(int32_t id, kvhal_bk_op op, void *desc) { free(desc); }
+void cpu_desc_destroy(void *ctx, int32_t id, kvhal_bk_op op, void *desc) { free(desc); }
 
 /* ---- row copies ---- */
 
@@ -276,13 +276,13 @@ static void move_token(const kvhal_bk_paged_caching *a, const kvhal_bk_paged_sid
     }
 }
 
-kvhal_status kvhal__cpu_paged_caching(int32_t id, void *desc, const kvhal_bk_paged_caching *a, void *stream)
+kvhal_status cpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk_paged_caching *a, void *stream)
 {
     const cpu_desc *d = desc;
     move_kind km = d ? d->k_move : plan_side(&a->k, a->input_dtype, a->cache_dtype, a->num_heads);
     move_kind vm = d ? d->v_move : plan_side(&a->v, a->input_dtype, a->cache_dtype, a->num_heads);
     const char *slots = (const char *)a->slots + a->slots_offset;
-    const int64_t max_slot = a->num_blocks * a->block_size;
+    const int64_t max_slot = a->num_slots;
     const int64_t seq = a->seq_len, outer = a->num_tokens / seq;
 
     /* Every slot first: a bad one must leave the cache as it was. */
@@ -290,12 +290,12 @@ kvhal_status kvhal__cpu_paged_caching(int32_t id, void *desc, const kvhal_bk_pag
         for (int64_t i = 0; i < seq; i++) {
             int64_t slot = read_slot(slots, a->slot_dtype, b * a->slot_stride_outer + i * a->slot_stride_inner);
             if (slot >= max_slot)
-                return kvhal__err(KVHAL_OUT_OF_RANGE, "slot_mapping[%lld]: slot %lld is out of range [0, %lld) "
+                return ((const cpu_ctx *)ctx)->svc->set_error(KVHAL_OUT_OF_RANGE, "slot_mapping[%lld]: slot %lld is out of range [0, %lld) "
                                   "(%lld blocks of %d); nothing was written", (long long)(b * seq + i),
                                   (long long)slot, (long long)max_slot, (long long)a->num_blocks, (int)a->block_size);
         }
     }
-    const size_t ies = kvhal_dtype_size(a->input_dtype), ces = kvhal_dtype_size(a->cache_dtype);
+    const size_t ies = cpu_dtype_size(a->input_dtype), ces = cpu_dtype_size(a->cache_dtype);
     const size_t written = (size_t)a->num_tokens * (size_t)a->num_heads * (size_t)(a->k.head_dim + a->v.head_dim) * ces;
     const bool nt = written >= STREAM_THRESHOLD;
     for (int64_t b = 0; b < outer; b++) {
@@ -312,7 +312,7 @@ kvhal_status kvhal__cpu_paged_caching(int32_t id, void *desc, const kvhal_bk_pag
 
 /* ---- copy_blocks ---- */
 
-kvhal_status kvhal__cpu_copy_blocks(int32_t id, void *desc, const kvhal_bk_copy_blocks *a, void *stream)
+kvhal_status cpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_copy_blocks *a, void *stream)
 {
     size_t written = 0;
     for (int32_t c = 0; c < a->num_caches; c++) written += (size_t)a->block_bytes[c] * (size_t)a->num_pairs;
@@ -359,13 +359,13 @@ static int collapse(const kvhal_bk_tensor_copy *a, int64_t *shape, int64_t *ds, 
     return n;
 }
 
-kvhal_status kvhal__cpu_tensor_copy(int32_t id, void *desc, const kvhal_bk_tensor_copy *a, void *stream)
+kvhal_status cpu_tensor_copy(void *ctx, int32_t id, void *desc, const kvhal_bk_tensor_copy *a, void *stream)
 {
     int64_t shape[KVHAL_MAX_DIMS], ds[KVHAL_MAX_DIMS], ss[KVHAL_MAX_DIMS];
     for (int i = 0; i < a->dst.ndim; i++)
         if (a->dst.shape[i] == 0) return KVHAL_OK;
     const int n = collapse(a, shape, ds, ss);
-    const size_t es = kvhal_dtype_size(a->dst.dtype);
+    const size_t es = cpu_dtype_size(a->dst.dtype);
     char *dst = (char *)a->dst.native + a->dst.offset;
     const char *src = (const char *)a->src.native + a->src.offset;
     const int last = n - 1;
@@ -386,7 +386,7 @@ kvhal_status kvhal__cpu_tensor_copy(int32_t id, void *desc, const kvhal_bk_tenso
     return KVHAL_OK;
 }
 
-kvhal_status kvhal__cpu_copy_batch(int32_t id, const kvhal_bk_copy_batch *a, void *stream)
+kvhal_status cpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a, void *stream)
 {
     for (int32_t i = 0; i < a->count; i++)
         memmove((char *)a->dst[i] + a->dst_offsets[i], (const char *)a->src[i] + a->src_offsets[i], a->bytes[i]);

@@ -1,17 +1,32 @@
-/* cpu_ops.h — the CPU backend's ops (cpu_ops.c), referenced from its table in cpu_backend.c. */
+/* cpu_ops.h — what the two files of the CPU backend share: its context and its ops (cpu_ops.c), referenced from
+ * its table in cpu_backend.c. Like any module, the CPU backend sees kvhal_backend.h and the services table only. */
 #ifndef KVHAL_CPU_OPS_H
 #define KVHAL_CPU_OPS_H
 #include "kvhal_backend.h"
 
-kvhal_status kvhal__cpu_desc_create(int32_t id, kvhal_bk_op op, const void *args, void **desc)
-    __attribute__((visibility("hidden")));
-void kvhal__cpu_desc_destroy(int32_t id, kvhal_bk_op op, void *desc) __attribute__((visibility("hidden")));
-kvhal_status kvhal__cpu_paged_caching(int32_t id, void *desc, const kvhal_bk_paged_caching *args, void *stream)
-    __attribute__((visibility("hidden")));
-kvhal_status kvhal__cpu_copy_blocks(int32_t id, void *desc, const kvhal_bk_copy_blocks *args, void *stream)
-    __attribute__((visibility("hidden")));
-kvhal_status kvhal__cpu_tensor_copy(int32_t id, void *desc, const kvhal_bk_tensor_copy *args, void *stream)
-    __attribute__((visibility("hidden")));
-kvhal_status kvhal__cpu_copy_batch(int32_t id, const kvhal_bk_copy_batch *args, void *stream)
-    __attribute__((visibility("hidden")));
+#define CPU_HIDDEN __attribute__((visibility("hidden")))
+
+/* The module's context: what init was given. */
+typedef struct cpu_ctx {
+    const kvhal_core_services *svc;
+} cpu_ctx;
+
+static inline size_t cpu_dtype_size(kvhal_dtype dt)
+{
+    switch (dt) {
+    case KVHAL_F32: case KVHAL_I32: return 4;
+    case KVHAL_F16: case KVHAL_BF16: return 2;
+    case KVHAL_FP8_E4M3: case KVHAL_FP8_E5M2: return 1;
+    case KVHAL_I64: return 8;
+    default: return 0;
+    }
+}
+
+CPU_HIDDEN kvhal_status cpu_desc_create(void *ctx, int32_t id, kvhal_bk_op op, const void *args, void **desc);
+CPU_HIDDEN void cpu_desc_destroy(void *ctx, int32_t id, kvhal_bk_op op, void *desc);
+CPU_HIDDEN kvhal_status cpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *args, void *stream);
+/* One function per op of KVHAL_BK_OP_LIST: cpu_paged_caching, cpu_copy_blocks, cpu_tensor_copy. */
+#define X(E, name, T) CPU_HIDDEN kvhal_status cpu_##name(void *ctx, int32_t id, void *desc, const T *args, void *stream);
+KVHAL_BK_OP_LIST(X)
+#undef X
 #endif

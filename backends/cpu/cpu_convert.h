@@ -1,12 +1,12 @@
-/* convert.h — the inner-loop number conversions (f16/bf16 -> f32, f32 -> fp8) as static inline functions, so that
- * the public scalar functions in convert.c and the CPU backend's conversion loops are one implementation.
+/* cpu_convert.h — the inner-loop number conversions (f16/bf16 -> f32, f32 -> fp8) as static inline functions, so that
+ * the core's public scalar functions (core/convert.c) and the CPU backend's conversion loops are one implementation.
  * FP8 encoding is round to nearest even, saturating to the largest finite value (inf too), NaN -> 0x7f | sign.
  * The rounding of normal values is integer arithmetic on the f32 bits (the carry of a rounded-up mantissa runs
  * into the exponent); subnormal results are rounded by the FPU itself: adding 2^k, whose ulp is the fp8 subnormal
  * quantum, leaves |x| rounded to nearest even in the low bits. This needs the default rounding mode, which kvhal
  * never changes. */
-#ifndef KVHAL_CORE_CONVERT_H
-#define KVHAL_CORE_CONVERT_H
+#ifndef KVHAL_CPU_CONVERT_H
+#define KVHAL_CPU_CONVERT_H
 
 #include <stdint.h>
 #include <string.h>

@@ -1,0 +1,62 @@
+/* ops.h — what the op files of core/ops share: the dispatch from a validated, normalised call to its backend
+ * (descriptor lookup, capability query, the op's slot) and the common argument checks. Inline, so that the op
+ * each caller passes is a constant and the slot selection folds away. */
+#ifndef KVHAL_CORE_OPS_H
+#define KVHAL_CORE_OPS_H
+
+#include "internal.h"
+
+/* Whether bk's table has a slot for op. */
+static inline bool kvhal__op_implemented(const kvhal__bk *bk, kvhal_bk_op op)
+{
+    switch (op) {
+#define X(E, name, T) \
+    case KVHAL_BK_OP_##E: return bk->ops.name != NULL;
+        KVHAL_BK_OP_LIST(X)
+#undef X
+    default: return false;
+    }
+}
+
+/* Calls op's slot with args of its struct type. */
+static inline kvhal_status kvhal__op_run(const kvhal__bk *bk, int32_t id, kvhal_bk_op op, void *desc, const void *args,
+                                         void *stream)
+{
+    switch (op) {
+#define X(E, name, T) \
+    case KVHAL_BK_OP_##E: return bk->ops.name(bk->ctx, id, desc, (const T *)args, stream);
+        KVHAL_BK_OP_LIST(X)
+#undef X
+    default: return kvhal__err(KVHAL_INTERNAL, "op: %d is not an op", (int)op);
+    }
+}
+
+/* A descriptor for this call only (no cache): asks supports first, then desc_create (desc NULL without one). */
+KVHAL_HIDDEN kvhal_status kvhal__op_desc_once(const kvhal__bk *bk, kvhal_device dev, kvhal_bk_op op, const void *args,
+                                              void **desc);
+/* Gives back a descriptor from kvhal__op_desc_once. */
+KVHAL_HIDDEN void kvhal__op_desc_release(const kvhal__bk *bk, kvhal_device dev, kvhal_bk_op op, void *desc);
+
+/* Runs a validated, normalised call: the descriptor comes from this thread's cache under key (made on a miss, after
+ * the backend's supports agreed), or, with key NULL (a key that does not fit), is made for this call only. */
+static inline kvhal_status kvhal__op_dispatch(kvhal_device dev, const kvhal__bk *bk, kvhal_bk_op op,
+                                              const kvhal_desc_key *key, const void *args, const kvhal_stream *s)
+{
+    void *desc = NULL;
+    if (key) {
+        KVHAL_TRY(kvhal__desc_get_or_create(dev, bk, op, key, args, &desc));
+        return kvhal__op_run(bk, dev.id, op, desc, args, kvhal__bk_stream(s));
+    }
+    KVHAL_TRY(kvhal__op_desc_once(bk, dev, op, args, &desc));
+    kvhal_status st = kvhal__op_run(bk, dev.id, op, desc, args, kvhal__bk_stream(s));
+    kvhal__op_desc_release(bk, dev, op, desc);
+    return st;
+}
+
+/* "arg: is on cuda:1 but ref is on cuda:0" */
+KVHAL_HIDDEN kvhal_status kvhal__device_mismatch(const char *arg, kvhal_device got, const char *ref, kvhal_device want);
+
+static inline bool kvhal__is_float_input(kvhal_dtype d) { return d == KVHAL_F32 || d == KVHAL_F16 || d == KVHAL_BF16; }
+static inline bool kvhal__is_fp8(kvhal_dtype d) { return d == KVHAL_FP8_E4M3 || d == KVHAL_FP8_E5M2; }
+
+#endif
