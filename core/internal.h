@@ -78,7 +78,8 @@ KVHAL_HIDDEN kvhal_status kvhal__unsupported(const kvhal__bk *bk, kvhal_device d
 KVHAL_HIDDEN const char *kvhal__op_name(kvhal_bk_op op);
 /* The id of the registered type name[0..len), or -1 (loads the modules first). */
 KVHAL_HIDDEN int kvhal__find_type(const char *name, size_t len);
-/* "<arg>: "npu" is not a registered device type (registered: cpu, cuda, ...)" with status st. */
+/* "<arg>: "npu:0": "npu" is not a registered device type (registered: cpu, cuda, ...)" with status st; text[0..len)
+ * is the type name within the NUL-terminated text. */
 KVHAL_HIDDEN kvhal_status kvhal__type_error(kvhal_status st, const char *arg, const char *text, size_t len);
 
 /* ---- handles (buffer.c) ---- */

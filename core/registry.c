@@ -127,9 +127,12 @@ kvhal_status kvhal__type_error(kvhal_status st, const char *arg, const char *tex
 {
     char known[KVHAL_MAX_DEVICE_TYPES * (KVHAL_DEVICE_TYPE_NAME_MAX + 2)];
     list_types(known, sizeof known);
-    return kvhal__err(st, "%s: \"%.*s\" is not a registered device type (registered: %s; a vendor type is "
-                      "registered when its module loads, see kvhal-info)", arg, (int)(len > 64 ? 64 : len), text,
-                      known);
+    if (text[len] != '\0')
+        return kvhal__err(st, "%s: \"%.64s\": \"%.*s\" is not a registered device type (registered: %s; a vendor "
+                          "type is registered when its module loads, see kvhal-info)", arg, text,
+                          (int)(len > 64 ? 64 : len), text, known);
+    return kvhal__err(st, "%s: \"%.64s\" is not a registered device type (registered: %s; a vendor type is "
+                      "registered when its module loads, see kvhal-info)", arg, text, known);
 }
 
 kvhal_status kvhal_device_type_find(const char *name, kvhal_device_type *out)

@@ -91,7 +91,7 @@ static void test_matrix(void **state)
     CASE(kvhal_buffer_create(cpu, SIZE_MAX, &b2), KVHAL_OUT_OF_MEMORY, "bytes");
     CASE(kvhal_buffer_wrap(cpu, NULL, 16, &b2), KVHAL_INVALID_ARGUMENT, "native");
     CASE(kvhal_buffer_wrap(cpu, host, 0, &b2), KVHAL_INVALID_ARGUMENT, "bytes");
-    CASE(kvhal_buffer_destroy(NULL), KVHAL_INVALID_ARGUMENT, "buf");
+    CASE(kvhal_buffer_destroy(NULL), KVHAL_OK, ""); /* like free(NULL) */
     CASE(kvhal_buffer_destroy(dead), KVHAL_INVALID_HANDLE, "destroyed");
     CASE(kvhal_memcpy_h2d(NULL, 0, host, 1, NULL), KVHAL_INVALID_ARGUMENT, "dst");
     CASE(kvhal_memcpy_h2d(buf, 0, NULL, 1, NULL), KVHAL_INVALID_ARGUMENT, "src");
@@ -107,7 +107,7 @@ static void test_matrix(void **state)
     CASE(kvhal_stream_create(bad_id, &st), KVHAL_NO_DEVICE, "cpu:3");
     CASE(kvhal_stream_create(cpu, NULL), KVHAL_INVALID_ARGUMENT, "out");
     CASE(kvhal_stream_wrap(cpu, NULL, &st), KVHAL_INVALID_ARGUMENT, "native");
-    CASE(kvhal_stream_destroy(NULL), KVHAL_INVALID_ARGUMENT, "s");
+    CASE(kvhal_stream_destroy(NULL), KVHAL_OK, "");
     CASE(kvhal_stream_synchronize(NULL), KVHAL_INVALID_ARGUMENT, "s");
     assert_int_equal(kvhal_stream_create(cpu, &st), KVHAL_OK);
     assert_int_equal(kvhal_stream_destroy(st), KVHAL_OK);
@@ -231,7 +231,13 @@ static void test_matrix(void **state)
     CASE(kvhal_kv_cache_layer(kv, 1, 0, &t, &v), KVHAL_OUT_OF_RANGE, "device_index");
     assert_int_equal(kvhal_kv_cache_destroy(kv), KVHAL_OK);
     CASE(kvhal_kv_cache_destroy(kv), KVHAL_INVALID_HANDLE, "");
-    CASE(kvhal_kv_cache_destroy(NULL), KVHAL_INVALID_ARGUMENT, "");
+    CASE(kvhal_kv_cache_destroy(NULL), KVHAL_OK, "");
+    /* Every destroy takes NULL like free(NULL). */
+    CASE(kvhal_static_cache_destroy(NULL), KVHAL_OK, "");
+    CASE(kvhal_paged_cache_destroy(NULL), KVHAL_OK, "");
+    CASE(kvhal_block_pool_destroy(NULL), KVHAL_OK, "");
+    CASE(kvhal_prefix_cache_destroy(NULL), KVHAL_OK, "");
+    CASE(kvhal_cache_manager_destroy(NULL), KVHAL_OK, "");
 
     kvhal_static_cache *sc;
     kvhal_static_cache_config scfg = {.num_layers = 2, .batch = 2, .num_heads_k = 2, .num_heads_v = 2,

@@ -358,7 +358,7 @@ static void test_wrap_and_memset(void **state)
 static void test_peer_copy(void **state)
 {
     gpu_ctx *c = ctx_of(state);
-    if (c->peer.type == KVHAL_DEVICE_TYPE_COUNT) skip();
+    if (c->peer.type == (kvhal_device_type)KVHAL_MAX_DEVICE_TYPES) skip();
     ref_rng r = {77};
     dbuf a, b;
     const size_t n = (size_t)3 << 20;
@@ -412,7 +412,7 @@ int main(void)
             c->dev = (kvhal_device){types[ti], id};
             c->present = count > 0;
             c->peer = count > 1 ? (kvhal_device){types[ti], (id + 1) % count}
-                                : (kvhal_device){KVHAL_DEVICE_TYPE_COUNT, -1};
+                                : (kvhal_device){(kvhal_device_type)KVHAL_MAX_DEVICE_TYPES, -1};
             for (size_t f = 0; f < NUM_GPU_TESTS; f++) {
                 if (count > 0) snprintf(names[n], sizeof names[n], "%s:%d: %s", tn, (int)id, gpu_tests[f].name);
                 else snprintf(names[n], sizeof names[n], "%s: %s (no %s device)", tn, gpu_tests[f].name, tn);

@@ -1,0 +1,190 @@
+/* test_plugin.c — one small backend module, compiled many times with different -D options into the test modules
+ * of the registry suites (tests/plugins/meson.build lists them):
+ *   TP_NAME "x"        the module's name (default: the device type)
+ *   TP_TYPE "x"        the device type it serves (TP_TYPE_NULL: none at all)
+ *   TP_ABI n           the ABI version its table claims (default: this header's)
+ *   TP_NO_ENTRY        exports no kvhal_backend_entry
+ *   TP_MISSING         its device group lacks buffer_alloc
+ *   TP_INIT_FAIL       its init fails with a reason of its own
+ *   TP_DEVICES n       devices it reports (default 1)
+ *   TP_REFUSE          its supports() refuses tensor_copy of f32 tensors, with a reason
+ * A working module is host memory with tensor_copy as its one op (paged_caching and copy_blocks slots are NULL).
+ * Entries that a refused module must never reach return KVHAL_INTERNAL, so a core that called them fails a test. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvhal_backend.h"
+
+#ifndef TP_TYPE
+#define TP_TYPE "tp"
+#endif
+#ifndef TP_NAME
+#define TP_NAME TP_TYPE
+#endif
+#ifndef TP_ABI
+#define TP_ABI KVHAL_BACKEND_ABI_VERSION
+#endif
+#ifndef TP_DEVICES
+#define TP_DEVICES 1
+#endif
+
+typedef struct tp_ctx {
+    const kvhal_core_services *svc;
+    int32_t devices;
+} tp_ctx;
+
+static kvhal_status tp_init(const kvhal_core_services *svc, void **ctx, int32_t *count, char *reason,
+                            size_t reason_size)
+{
+    *count = TP_DEVICES;
+#ifdef TP_INIT_FAIL
+    snprintf(reason, reason_size, "%s: simulated driver failure", TP_NAME);
+    return KVHAL_BACKEND_ERROR;
+#else
+    tp_ctx *c = malloc(sizeof *c);
+    if (!c) return svc->set_error(KVHAL_OUT_OF_MEMORY, "tp: no memory for the context");
+    c->svc = svc;
+    c->devices = TP_DEVICES;
+    *ctx = c;
+    if (reason_size) reason[0] = '\0';
+    return KVHAL_OK;
+#endif
+}
+
+static void tp_shutdown(void *ctx) { free(ctx); }
+
+static kvhal_status tp_info(void *ctx, int32_t id, kvhal_device_info *out)
+{
+    snprintf(out->name, sizeof out->name, "%s test device %d", TP_NAME, (int)id);
+    snprintf(out->platform, sizeof out->platform, "host memory");
+    out->compute_units = 1;
+    return ctx ? KVHAL_OK : KVHAL_INTERNAL;
+}
+
+__attribute__((unused)) static kvhal_status tp_alloc(void *ctx, int32_t id, size_t bytes, void **native)
+{
+    tp_ctx *c = ctx;
+    if (!c) return KVHAL_INTERNAL;
+    *native = bytes ? malloc(bytes) : malloc(1);
+    return *native ? KVHAL_OK : c->svc->set_error(KVHAL_OUT_OF_MEMORY, "bytes: %zu do not fit", bytes);
+}
+
+static kvhal_status tp_free(void *ctx, int32_t id, void *native)
+{
+    free(native);
+    return ctx ? KVHAL_OK : KVHAL_INTERNAL;
+}
+
+static kvhal_status tp_h2d(void *ctx, int32_t id, void *dst, size_t off, const void *src, size_t n, void *s)
+{
+    memmove((char *)dst + off, src, n);
+    return ctx ? KVHAL_OK : KVHAL_INTERNAL;
+}
+
+static kvhal_status tp_d2h(void *ctx, int32_t id, void *dst, const void *src, size_t off, size_t n, void *s)
+{
+    memmove(dst, (const char *)src + off, n);
+    return ctx ? KVHAL_OK : KVHAL_INTERNAL;
+}
+
+static kvhal_status tp_d2d(void *ctx, int32_t id, void *dst, size_t doff, const void *src, size_t soff, size_t n,
+                           void *s)
+{
+    memmove((char *)dst + doff, (const char *)src + soff, n);
+    return ctx ? KVHAL_OK : KVHAL_INTERNAL;
+}
+
+static kvhal_status tp_sync(void *ctx, int32_t id) { return ctx ? KVHAL_OK : KVHAL_INTERNAL; }
+
+static size_t tp_esize(kvhal_dtype dt)
+{
+    switch (dt) {
+    case KVHAL_F32: case KVHAL_I32: return 4;
+    case KVHAL_F16: case KVHAL_BF16: return 2;
+    case KVHAL_I64: return 8;
+    default: return 1;
+    }
+}
+
+static bool tp_supports(void *ctx, int32_t id, kvhal_bk_op op, const void *args, char *reason, size_t reason_size)
+{
+#ifdef TP_REFUSE
+    if (op == KVHAL_BK_OP_TENSOR_COPY && ((const kvhal_bk_tensor_copy *)args)->dst.dtype == KVHAL_F32) {
+        snprintf(reason, reason_size, "the %s device copies 16-bit and 8-bit data only", TP_TYPE);
+        return false;
+    }
+#endif
+    return true;
+}
+
+/* Element by element over any strides: the index is split into coordinates, last dimension fastest. */
+static kvhal_status tp_tensor_copy(void *ctx, int32_t id, void *desc, const kvhal_bk_tensor_copy *a, void *stream)
+{
+    const size_t es = tp_esize(a->dst.dtype);
+    int64_t n = 1;
+    for (int d = 0; d < a->dst.ndim; d++) n *= a->dst.shape[d];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rest = i, doff = 0, soff = 0;
+        for (int d = a->dst.ndim - 1; d >= 0; d--) {
+            int64_t c = rest % a->dst.shape[d];
+            rest /= a->dst.shape[d];
+            doff += c * a->dst.strides[d];
+            soff += c * a->src.strides[d];
+        }
+        memcpy((char *)a->dst.native + a->dst.offset + (size_t)doff * es,
+               (const char *)a->src.native + a->src.offset + (size_t)soff * es, es);
+    }
+    return ctx ? KVHAL_OK : KVHAL_INTERNAL;
+}
+
+static int tp_magic = 42;
+static void *tp_proc(void *ctx, const char *name) { return !strcmp(name, "tp_magic") ? &tp_magic : NULL; }
+
+static const kvhal_backend_device_fns tp_device = {
+    .struct_size = sizeof(kvhal_backend_device_fns),
+    .device_info = tp_info,
+#ifndef TP_MISSING
+    .buffer_alloc = tp_alloc,
+#endif
+    .buffer_free = tp_free,
+    .memcpy_h2d = tp_h2d,
+    .memcpy_d2h = tp_d2h,
+    .memcpy_d2d = tp_d2d,
+    .synchronize = tp_sync,
+};
+
+static const kvhal_backend_op_fns tp_ops = {
+    .struct_size = sizeof(kvhal_backend_op_fns),
+    .supports = tp_supports,
+    .tensor_copy = tp_tensor_copy,
+};
+
+static const kvhal_backend tp_table = {
+    .abi_version = TP_ABI,
+    .struct_size = sizeof(kvhal_backend),
+    .name = TP_NAME,
+#ifdef TP_TYPE_NULL
+    .device_type = NULL,
+#else
+    .device_type = TP_TYPE,
+#endif
+    .init = tp_init,
+    .shutdown = tp_shutdown,
+    .get_proc_address = tp_proc,
+    .device = &tp_device,
+    .ops = &tp_ops,
+};
+
+#ifndef TP_NO_ENTRY
+KVHAL_API const kvhal_backend *kvhal_backend_entry(uint32_t core_abi_version);
+const kvhal_backend *kvhal_backend_entry(uint32_t core_abi_version)
+{
+    (void)core_abi_version;
+    return &tp_table;
+}
+#else
+/* Without the entry nothing references the table; keep the compiler quiet about it. */
+KVHAL_API const void *kvhal_not_the_entry(void);
+const void *kvhal_not_the_entry(void) { return &tp_table; }
+#endif
