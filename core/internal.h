@@ -124,7 +124,7 @@ KVHAL_HIDDEN kvhal_status kvhal__tensor_copy_pair(const kvhal_tensor *dst0, cons
                                                   const kvhal_tensor *dst1, const kvhal_tensor *src1,
                                                   const char *const names[4], kvhal_stream *s);
 
-/* ---- block pool, prefix cache (block_pool.c, prefix.c): what the cache manager needs beyond the API ---- */
+/* ---- prefix cache (prefix.c): what the cache manager needs beyond the API ---- */
 /* kvhal_prefix_insert + kvhal_prefix_unlock(handle) as one step. suffix false: tokens and pages are the whole
  * request's, and it first checks that handle (a locked match of this request, or NULL) lies on the tokens' path and
  * that pages[] repeats the cached pages up to it; nothing changes when a check fails. suffix true: they are what

@@ -805,16 +805,12 @@ static int setup(void **state)
         }
     }
     if (n < 1 || !module_path[0]) return 0;
-    /* The module the library loaded (RTLD_NOLOAD: the same instance, never a second copy). */
-    void *h = dlopen(module_path, RTLD_NOW | RTLD_NOLOAD);
-    if (!h) {
-        fprintf(stderr, "dlopen(%s): %s\n", module_path, dlerror());
-        return -1;
-    }
-    void *p1 = dlsym(h, "kvhal_opencl_build_count"), *p2 = dlsym(h, "kvhal_opencl_test_inject_source"),
-         *p3 = dlsym(h, "kvhal_opencl_test_gpu_plans");
-    if (!p1 || !p2 || !p3) {
-        fprintf(stderr, "%s lacks its test hooks\n", module_path);
+    /* The hooks of the module the library loaded, by name through its get_proc_address. */
+    void *p1 = NULL, *p2 = NULL, *p3 = NULL;
+    if (kvhal_backend_get_proc_address(KVHAL_DEVICE_OPENCL, "kvhal_opencl_build_count", &p1) != KVHAL_OK ||
+        kvhal_backend_get_proc_address(KVHAL_DEVICE_OPENCL, "kvhal_opencl_test_inject_source", &p2) != KVHAL_OK ||
+        kvhal_backend_get_proc_address(KVHAL_DEVICE_OPENCL, "kvhal_opencl_test_gpu_plans", &p3) != KVHAL_OK) {
+        fprintf(stderr, "%s lacks its test hooks: %s\n", module_path, kvhal_last_error());
         return -1;
     }
     memcpy(&build_count, &p1, sizeof p1);

@@ -1,8 +1,12 @@
-/* kvhal_opencl_test.h — test hooks the OpenCL module (libkvhal-opencl.so) exports besides kvhal_backend_entry.
- * They are not part of the kvhal API: tests find them with dlsym on the loaded module, by these names.
+/* kvhal_opencl_test.h — test hooks of the OpenCL module (libkvhal-opencl.so). They are not part of the kvhal API
+ * and not exported symbols (the module exports kvhal_backend_entry only): the module's get_proc_address serves
+ * them by these names, so tests reach them with
+ *     void *p; kvhal_backend_get_proc_address(KVHAL_DEVICE_OPENCL, "kvhal_opencl_build_count", &p);
+ * and call them through the types below. They act on the module's instance that was initialised last (the one
+ * the library loaded).
  *
  *   uint64_t kvhal_opencl_build_count(void)
- *       Number of clBuildProgram calls the module has made since it was loaded (successful or not). A program is
+ *       Number of clBuildProgram calls the module has made since it was initialised (successful or not). A program is
  *       built once per (context, device, program, options) and reused afterwards, so repeated ops with the same
  *       metadata leave this count unchanged.
  *
