@@ -1,9 +1,10 @@
-/* test_conformance.c — every op on every device present, against the host reference (reference.c): paged caching
+/* test_conformance.c — every op on every device present, of every registered device type (built in, or
+ * registered by a loaded module such as examples/vendor-plugin's npu), against the host reference (reference.c): paged caching
  * over all input/cache dtypes (fp8 with scales), NHD and HND, odd strides, [batch, seq] inputs, i32/i64 and padding
  * slots, out-of-range slots (CPU: error, nothing written; device backends: skipped + KVHAL_DEVICE_FAULT), then
  * copy_blocks and tensor_copy, plus the number-format conversions themselves. The whole device buffer is compared
  * after each op, so a stray write anywhere is caught. Device types with no device report their tests as skipped;
- * an op a present device does not support is a failure. */
+ * an op a present device does not support is a failure. KVHAL_TEST_DEVICE=<type>:<id> runs one device only. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,13 +22,13 @@
 
 typedef struct dev_ctx {
     kvhal_device dev;
-    bool present;
+    bool run; /* present, and selected by KVHAL_TEST_DEVICE if that is set */
 } dev_ctx;
 
 static kvhal_device device_of(void **state)
 {
     dev_ctx *c = *state;
-    if (!c->present) skip();
+    if (!c->run) skip();
     return c->dev;
 }
 
@@ -596,43 +597,69 @@ static const test_fn device_tests[] = {
 };
 #define NUM_DEVICE_TESTS (sizeof device_tests / sizeof device_tests[0])
 
+/* One test per device test function on c's device; c->run == false lists them as skipped, with why in the name. */
+static size_t add_device_tests(struct CMUnitTest *tests, size_t n, dev_ctx *c, const char *why)
+{
+    char dev[KVHAL_DEVICE_TYPE_NAME_MAX + 16];
+    kvhal_device_format(c->dev, dev, sizeof dev);
+    for (size_t f = 0; f < NUM_DEVICE_TESTS; f++) {
+        char *name = malloc(160);
+        if (!name) abort();
+        snprintf(name, 160, "%s: %s%s", dev, device_tests[f].name, why);
+        tests[n++] = (struct CMUnitTest){name, device_tests[f].fn, NULL, NULL, c};
+    }
+    return n;
+}
+
+/* Every registered device type (the built-in ones and those the loaded modules registered) and all its devices.
+ * KVHAL_TEST_DEVICE=npu:0 runs that device only and lists the others as skipped; naming a device that is not
+ * present fails the suite, so a module that did not load cannot pass for one that was tested. */
 int main(void)
 {
-    static const kvhal_device_type types[] = {KVHAL_DEVICE_CPU, KVHAL_DEVICE_CUDA, KVHAL_DEVICE_HIP,
-                                              KVHAL_DEVICE_OPENCL};
-    size_t cap = 1 + 4 * KVHAL_MAX_DEVICES_PER_TYPE * NUM_DEVICE_TESTS, n = 0;
+    const char *only_env = getenv("KVHAL_TEST_DEVICE");
+    const bool filter = only_env && *only_env;
+    kvhal_device only = {KVHAL_DEVICE_CPU, 0};
+    int32_t nmod = 0;
+    kvhal_backend_module_count(&nmod); /* loads the modules, so that their device types are registered */
+    if (filter) {
+        int32_t count = 0;
+        if (kvhal_device_parse(only_env, &only) != KVHAL_OK) {
+            fprintf(stderr, "KVHAL_TEST_DEVICE=%s: %s\n", only_env, kvhal_last_error());
+            return 1;
+        }
+        if (kvhal_device_count(only.type, &count) != KVHAL_OK || only.id >= count) {
+            fprintf(stderr, "KVHAL_TEST_DEVICE=%s: not present (%d %s device%s; see kvhal-info)\n", only_env,
+                    (int)count, kvhal_device_type_name(only.type), count == 1 ? "" : "s");
+            return 1;
+        }
+    }
+    size_t cap = 1 + (size_t)KVHAL_MAX_DEVICE_TYPES * KVHAL_MAX_DEVICES_PER_TYPE * NUM_DEVICE_TESTS, n = 0;
     struct CMUnitTest *tests = calloc(cap, sizeof *tests);
-    dev_ctx *ctx = calloc(4 * KVHAL_MAX_DEVICES_PER_TYPE, sizeof *ctx);
+    dev_ctx *ctx = calloc((size_t)KVHAL_MAX_DEVICE_TYPES * KVHAL_MAX_DEVICES_PER_TYPE, sizeof *ctx);
     if (!tests || !ctx) return 1;
     size_t nctx = 0;
     tests[n++] = (struct CMUnitTest){"host: conversions", test_conversions, NULL, NULL, NULL};
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    for (int t = 0; t < KVHAL_MAX_DEVICE_TYPES; t++) {
+        const kvhal_device_type type = (kvhal_device_type)t;
+        const char *tn = kvhal_device_type_name(type);
+        if (!strcmp(tn, "invalid")) continue;
         int32_t count = 0;
-        if (kvhal_device_count(types[ti], &count) != KVHAL_OK) count = 0;
-        const char *tn = kvhal_device_type_name(types[ti]);
+        if (kvhal_device_count(type, &count) != KVHAL_OK) count = 0;
         if (count == 0) {
+            char why[64];
+            snprintf(why, sizeof why, " (no %s device)", tn);
             dev_ctx *c = &ctx[nctx++];
-            c->dev = (kvhal_device){types[ti], 0};
-            c->present = false;
-            for (size_t f = 0; f < NUM_DEVICE_TESTS; f++) {
-                char *name = malloc(96);
-                snprintf(name, 96, "%s: %s (no %s device)", tn, device_tests[f].name, tn);
-                tests[n++] = (struct CMUnitTest){name, device_tests[f].fn, NULL, NULL, c};
-            }
+            *c = (dev_ctx){{type, 0}, false};
+            n = add_device_tests(tests, n, c, why);
             continue;
         }
         for (int32_t id = 0; id < count && id < KVHAL_MAX_DEVICES_PER_TYPE; id++) {
             dev_ctx *c = &ctx[nctx++];
-            c->dev = (kvhal_device){types[ti], id};
-            c->present = true;
+            *c = (dev_ctx){{type, id}, !filter || (only.type == type && only.id == id)};
             kvhal_device_info info;
-            if (kvhal_device_get_info(c->dev, &info) == KVHAL_OK)
+            if (c->run && kvhal_device_get_info(c->dev, &info) == KVHAL_OK)
                 printf("[ device   ] %s:%d = %s (%s)\n", tn, (int)id, info.name, info.platform);
-            for (size_t f = 0; f < NUM_DEVICE_TESTS; f++) {
-                char *name = malloc(96);
-                snprintf(name, 96, "%s:%d: %s", tn, (int)id, device_tests[f].name);
-                tests[n++] = (struct CMUnitTest){name, device_tests[f].fn, NULL, NULL, c};
-            }
+            n = add_device_tests(tests, n, c, c->run ? "" : " (not KVHAL_TEST_DEVICE)");
         }
     }
     int failed = _cmocka_run_group_tests("conformance", tests, n, NULL, NULL);

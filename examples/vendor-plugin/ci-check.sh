@@ -1,0 +1,75 @@
+#!/bin/sh
+# ci-check.sh <install-root> <build-dir>
+# Proves that a vendor can build and test a backend module outside the kvhal tree: builds this example with its
+# Makefile against the kvhal installed under <install-root> (a `meson install --destdir <install-root>` tree, found
+# through its kvhal.pc with PKG_CONFIG_SYSROOT_DIR, so every -I points into that tree), checks the module exports
+# kvhal_backend_entry only and needs no libkvhal, then runs <build-dir>'s conformance suite on npu:0 with only this
+# module on KVHAL_BACKEND_PATH, and kvhal-info (the installed one) listing the module and its devices.
+set -eu
+
+if [ $# -ne 2 ]; then
+  echo "usage: $0 <install-root> <build-dir>" >&2
+  exit 2
+fi
+root=$(cd "$1" && pwd -P)
+build=$(cd "$2" && pwd -P)
+here=$(cd "$(dirname "$0")" && pwd -P)
+out="$build/vendor-plugin-ci"
+
+# ---- the installed kvhal.pc: lib/<arch>/pkgconfig or lib/pkgconfig under any prefix of the install tree ----
+pcdirs=$(find "$root" -name kvhal.pc -path '*/pkgconfig/*' -exec dirname {} \; | sort -u | tr '\n' ':')
+if [ -z "$pcdirs" ]; then
+  echo "ci-check: no kvhal.pc under $root (run: meson install -C <build> --destdir $root)" >&2
+  exit 1
+fi
+# PKG_CONFIG_LIBDIR (not _PATH): only the install tree is searched, never a kvhal installed on this machine.
+PKG_CONFIG_LIBDIR=${pcdirs%:}
+PKG_CONFIG_SYSROOT_DIR=$root
+export PKG_CONFIG_LIBDIR PKG_CONFIG_SYSROOT_DIR
+cflags=$(pkg-config --cflags kvhal)
+echo "ci-check: pkg-config --cflags kvhal = $cflags"
+case "$cflags" in
+  *"-I$root/"*) ;;
+  *) echo "ci-check: the include path does not point into $root" >&2; exit 1 ;;
+esac
+
+# ---- build from a copy of this folder outside the tree, so nothing can reach into kvhal's sources ----
+rm -rf "$out"
+mkdir -p "$out/src"
+cp "$here/Makefile" "$here"/*.c "$here"/*.h "$out/src/"
+make -C "$out/src" O="$out" EXTRA_CFLAGS=-Werror
+module="$out/libkvhal-npu.so"
+
+exports=$(nm -D --defined-only "$module" | awk '$2 ~ /^[TDBRVWiu]$/ {print $3}')
+if [ "$exports" != "kvhal_backend_entry" ]; then
+  echo "ci-check: $module exports more or less than kvhal_backend_entry:" >&2
+  echo "$exports" >&2
+  exit 1
+fi
+if readelf -d "$module" | grep -q 'NEEDED.*libkvhal'; then
+  echo "ci-check: $module links libkvhal; a module must not" >&2
+  exit 1
+fi
+echo "ci-check: $module exports kvhal_backend_entry only and links no libkvhal"
+
+# ---- run: the conformance suite on npu:0, with this module the only one on the path ----
+KVHAL_BACKEND_PATH="$out" KVHAL_TEST_DEVICE=npu:0 CMOCKA_MESSAGE_OUTPUT=stdout "$build/tests/test_conformance"
+
+# ---- kvhal-info from the install tree (its libkvhal too), showing the module loaded from $out ----
+# pkgconf may or may not put the sysroot in front of a variable: take it off, then put it on.
+in_root() { echo "$root$(pkg-config --variable="$1" kvhal | sed "s|^$root||")"; }
+info="$(in_root prefix)/bin/kvhal-info"
+libdir=$(in_root libdir)
+if [ ! -x "$info" ]; then
+  echo "ci-check: $info not installed; using the build's" >&2
+  info="$build/tools/kvhal-info"
+fi
+# KVHAL_DEVICE=npu:1: kvhal-info fails unless the module's second device is there.
+status=0
+listing=$(KVHAL_BACKEND_PATH="$out" LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  KVHAL_DEVICE=npu:1 "$info") || status=$?
+echo "$listing"
+[ "$status" -eq 0 ] || { echo "ci-check: $info failed ($status)" >&2; exit 1; }
+echo "$listing" | grep -q "example-npu $module" || { echo "ci-check: kvhal-info does not list $module" >&2; exit 1; }
+echo "$listing" | grep -q "ABI 2, loaded, device type npu" || { echo "ci-check: the module did not load" >&2; exit 1; }
+echo "ci-check: ok"
