@@ -1,5 +1,5 @@
 /* test_gpu_math.c — checks on the host, bit for bit, the arithmetic the CUDA and HIP kernels share
- * (backends/common/kvhal_gpu_math.h): bf16 -> f32 and f32 -> fp8 against the library's reference conversions
+ * (backends/gpu/kvhal_gpu_math.h): bf16 -> f32 and f32 -> fp8 against the library's reference conversions
  * (core/convert.c), the power-of-two scale shortcut against true division, and the fastdiv divisors against '/'.
  * The same header is compiled into the kernels, so this is what makes GPU fp8 output equal kvhal_f32_to_fp8
  * without a GPU in CI. */
@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "../backends/common/kvhal_gpu_math.h"
+#include "../backends/gpu/kvhal_gpu_math.h"
 #include "kvhal.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;

@@ -1,9 +1,14 @@
 /* kvhal_gpu_runtime.h — the one place where the CUDA and HIP backends differ: it maps the gpu* names used by the
- * shared host code (kvhal_gpu_backend_impl.h) and kernels (kvhal_gpu_kernels.cuh) onto the CUDA runtime or onto
- * HIP. Define KVHAL_GPU_HIP before including it for HIP; CUDA is the default. Only names the backends use are
- * mapped, so a missing one shows up as a compile error on the vendor that lacks it. */
+ * shared host code (gpu_*.cu, gpu_private.h) and kernels (kvhal_gpu_kernels.cuh) onto the CUDA runtime or onto HIP.
+ * The same sources build both: hipcc -x hip compiles them for HIP (clang defines __HIP__, which selects HIP here,
+ * as does defining KVHAL_GPU_HIP), nvcc for CUDA, the default. Only names the backends use are mapped, so a
+ * missing one shows up as a compile error on the vendor that lacks it. */
 #ifndef KVHAL_GPU_RUNTIME_H
 #define KVHAL_GPU_RUNTIME_H
+
+#if defined(__HIP__) && !defined(KVHAL_GPU_HIP)
+#define KVHAL_GPU_HIP 1
+#endif
 
 #if defined(KVHAL_GPU_HIP)
 #include <hip/hip_fp16.h>
@@ -11,7 +16,6 @@
 
 #define KVHAL_GPU_NAME "hip"
 #define KVHAL_GPU_RUNTIME_NAME "HIP"
-#define KVHAL_GPU_DEVICE_TYPE KVHAL_DEVICE_HIP
 
 typedef hipError_t gpuError_t;
 typedef hipStream_t gpuStream_t;
@@ -102,7 +106,6 @@ static inline gpuError_t gpuPointerDevice(const void *p, int *dev, int *is_devic
 
 #define KVHAL_GPU_NAME "cuda"
 #define KVHAL_GPU_RUNTIME_NAME "CUDA"
-#define KVHAL_GPU_DEVICE_TYPE KVHAL_DEVICE_CUDA
 
 typedef cudaError_t gpuError_t;
 typedef cudaStream_t gpuStream_t;

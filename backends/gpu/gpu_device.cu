@@ -1,0 +1,252 @@
+/* gpu_device.cu — the GPU backends' devices: init (which allocates the context), shutdown (which frees it),
+ * device info, the error helpers every file uses, the per-device error flag, and get_proc_address. */
+#include "gpu_private.h"
+
+namespace kvhal_gpu {
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Errors                                                                                                       */
+/* ------------------------------------------------------------------------------------------------------------ */
+kvhal_status fail(const Ctx *c, kvhal_status st, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (c && c->svc && c->svc->set_error) return c->svc->set_error(st, "%s", buf);
+    return st;
+}
+
+void describe(gpuError_t e, char *buf, size_t size)
+{
+    const char *str = gpuGetErrorString(e), *name = gpuGetErrorName(e);
+    if (!str) str = "unknown error";
+    if (!name || !strcmp(str, name)) snprintf(buf, size, "%s (code %d)", str, (int)e);
+    else snprintf(buf, size, "%s (%s, code %d)", str, name, (int)e);
+}
+
+kvhal_status rt_fail(const Ctx *c, gpuError_t e, int32_t id, const char *what)
+{
+    (void)gpuGetLastError(); /* so that a later launch check does not report this error again */
+    const kvhal_status st = e == gpuErrorMemoryAllocation ? KVHAL_OUT_OF_MEMORY : KVHAL_BACKEND_ERROR;
+    char d[160];
+    describe(e, d, sizeof d);
+    return fail(c, st, "%s:%d: %s: %s", KVHAL_GPU_NAME, (int)id, what, d);
+}
+
+bool alloc_fail(const Ctx *c)
+{
+    const kvhal_core_services *svc = c->svc;
+    return svc && svc->struct_size >= offsetof(kvhal_core_services, alloc_should_fail) + sizeof(void *) &&
+           svc->alloc_should_fail && svc->alloc_should_fail();
+}
+
+kvhal_status injected(const Ctx *c, int32_t id, const char *what)
+{
+    return fail(c, KVHAL_OUT_OF_MEMORY, "%s:%d: %s: allocation failed (fault injection)", KVHAL_GPU_NAME, (int)id,
+                what);
+}
+
+kvhal_status host_alloc(const Ctx *c, int32_t id, size_t bytes, const char *what, void **out)
+{
+    if (alloc_fail(c)) return injected(c, id, what);
+    void *p = calloc(1, bytes);
+    if (!p) return fail(c, KVHAL_OUT_OF_MEMORY, "%s:%d: %s: host allocation failed", KVHAL_GPU_NAME, (int)id, what);
+    *out = p;
+    return KVHAL_OK;
+}
+
+kvhal_status check_id(const Ctx *c, int32_t id)
+{
+    if (id < 0 || id >= c->count)
+        return fail(c, KVHAL_NO_DEVICE, "id: %s:%d is not present (%d %s devices)", KVHAL_GPU_NAME, (int)id,
+                    (int)c->count, KVHAL_GPU_NAME);
+    return KVHAL_OK;
+}
+
+bool refuse(char *reason, size_t reason_size, const char *fmt, ...)
+{
+    if (reason && reason_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(reason, reason_size, fmt, ap);
+        va_end(ap);
+    }
+    return false;
+}
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* The device error flag                                                                                        */
+/* ------------------------------------------------------------------------------------------------------------ */
+kvhal_status ensure_flag(Ctx *c, int32_t id)
+{
+    DevState *ds = &c->dev[id];
+    if (__atomic_load_n(&ds->ready, __ATOMIC_ACQUIRE)) return KVHAL_OK;
+    kvhal_status st = KVHAL_OK;
+    pthread_mutex_lock(&c->lock);
+    if (!ds->ready) {
+        void *h = NULL, *d = NULL;
+        gpuError_t e = use_device(id);
+        if (e == gpuSuccess && alloc_fail(c)) st = injected(c, id, "device error flag");
+        else if (e == gpuSuccess && (e = gpuMallocHostMapped(&h, KVHAL_GPU_ERR_BYTES)) == gpuSuccess) {
+            memset(h, 0, KVHAL_GPU_ERR_BYTES);
+            e = gpuHostGetDevicePointer(&d, h, 0);
+            if (e != gpuSuccess) (void)gpuFreeHost(h);
+        }
+        if (st == KVHAL_OK && e != gpuSuccess) st = rt_fail(c, e, id, "device error flag");
+        if (st == KVHAL_OK) {
+            ds->flag = static_cast<uint8_t *>(h);
+            ds->dflag = static_cast<volatile uint8_t *>(d);
+            __atomic_store_n(&ds->ready, 1, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* The caller waited for the device's work. Each byte is exchanged on its own, so a flag raised concurrently by
+ * another thread's kernel is reported now or at the next check, never lost. */
+kvhal_status read_flag(const Ctx *c, int32_t id)
+{
+    const DevState *ds = &c->dev[id];
+    if (!__atomic_load_n(&ds->ready, __ATOMIC_ACQUIRE)) return KVHAL_OK; /* no kernel could raise it */
+    uint8_t *f = ds->flag;
+    const bool slot = __atomic_exchange_n(&f[KVHAL_GPU_ERR_SLOT], 0, __ATOMIC_ACQ_REL) != 0;
+    const bool block = __atomic_exchange_n(&f[KVHAL_GPU_ERR_BLOCK], 0, __ATOMIC_ACQ_REL) != 0;
+    if (!slot && !block) return KVHAL_OK;
+    return fail(c, KVHAL_DEVICE_FAULT, "%s:%d: a kernel skipped out-of-range indices, writing nothing for them:%s%s",
+                KVHAL_GPU_NAME, (int)id,
+                slot ? " paged_caching slot_mapping entries >= num_blocks * block_size;" : "",
+                block ? " copy_blocks block ids out of range;" : "");
+}
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Devices                                                                                                      */
+/* ------------------------------------------------------------------------------------------------------------ */
+namespace {
+
+#if !defined(KVHAL_GPU_HIP)
+void resolve_driver_entry_points(Ctx *c)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!h) return;
+    void *launch = dlsym(h, "cuLaunchKernel"), *name = dlsym(h, "cuGetErrorName");
+    memcpy(&c->cu_launch, &launch, sizeof launch);
+    memcpy(&c->cu_error_name, &name, sizeof name);
+}
+#endif
+
+} // namespace
+
+/* The context is allocated whatever the device count, so that every later entry has the core's services. */
+kvhal_status gpu_init(const kvhal_core_services *services, void **ctx, int32_t *device_count, char *reason,
+                      size_t reason_size)
+{
+    if (reason && reason_size) reason[0] = '\0';
+    if (!ctx || !device_count) {
+        const char *what = !ctx ? "ctx: NULL" : "device_count: NULL";
+        if (reason && reason_size) snprintf(reason, reason_size, "%s", what);
+        if (services && services->set_error) return services->set_error(KVHAL_INVALID_ARGUMENT, "%s", what);
+        return KVHAL_INVALID_ARGUMENT;
+    }
+    *ctx = NULL;
+    *device_count = 0;
+    Ctx *c = static_cast<Ctx *>(calloc(1, sizeof(Ctx)));
+    if (!c) {
+        if (reason && reason_size) snprintf(reason, reason_size, "%s context: host allocation failed", KVHAL_GPU_NAME);
+        return KVHAL_OUT_OF_MEMORY;
+    }
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(c);
+        if (reason && reason_size) snprintf(reason, reason_size, "%s context: mutex init failed", KVHAL_GPU_NAME);
+        return KVHAL_BACKEND_ERROR;
+    }
+    c->svc = services;
+    *ctx = c;
+    int n = 0;
+    gpuError_t e = gpuGetDeviceCount(&n);
+    if (e != gpuSuccess) {
+        char d[160];
+        describe(e, d, sizeof d);
+        if (reason && reason_size) snprintf(reason, reason_size, "%sGetDeviceCount: %s", KVHAL_GPU_NAME, d);
+        (void)gpuGetLastError();
+        return KVHAL_OK;
+    }
+    if (n <= 0) {
+        if (reason && reason_size) snprintf(reason, reason_size, "no %s device found", KVHAL_GPU_RUNTIME_NAME);
+        return KVHAL_OK;
+    }
+    if (n > KVHAL_MAX_DEVICES_PER_TYPE) {
+        if (reason && reason_size)
+            snprintf(reason, reason_size, "%d devices present, the first %d are used", n, KVHAL_MAX_DEVICES_PER_TYPE);
+        n = KVHAL_MAX_DEVICES_PER_TYPE;
+    }
+    for (int i = 0; i < n; i++) {
+        int sm = 0;
+        if (gpuDeviceGetAttribute(&sm, gpuDevAttrMultiProcessorCount, i) != gpuSuccess || sm < 1) sm = 1;
+        c->dev[i].sm_count = sm;
+    }
+    (void)gpuGetLastError();
+#if !defined(KVHAL_GPU_HIP)
+    resolve_driver_entry_points(c);
+#endif
+    c->count = n;
+    *device_count = n;
+    return KVHAL_OK;
+}
+
+/* Buffers may outlive the module's use (the core calls this at unload): pools are trimmed, not destroyed. */
+void gpu_shutdown(void *ctx)
+{
+    Ctx *c = ctx_of(ctx);
+    if (!c) return;
+    pthread_mutex_lock(&c->lock);
+    for (int32_t i = 0; i < c->count; i++) {
+        if (c->dev[i].ready) (void)gpuFreeHost(c->dev[i].flag);
+        if (c->dev[i].pool_state > 0) (void)gpuMemPoolTrimTo(c->dev[i].pool, 0);
+    }
+    (void)gpuGetLastError();
+    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+/* The module has no extras. */
+void *gpu_get_proc_address(void *ctx, const char *name)
+{
+    (void)ctx;
+    (void)name;
+    return NULL;
+}
+
+kvhal_status gpu_device_info(void *ctx, int32_t id, kvhal_device_info *out)
+{
+    const Ctx *c = ctx_of(ctx);
+    if (!out) return fail(c, KVHAL_INVALID_ARGUMENT, "out: NULL");
+    kvhal_status st = check_id(c, id);
+    if (st != KVHAL_OK) return st;
+    gpuDeviceProp prop;
+    KVHAL_GPU_TRY(c, gpuGetDeviceProperties(&prop, id), id, "device properties");
+    snprintf(out->name, sizeof out->name, "%s", prop.name);
+    int rt = 0, drv = 0;
+    (void)gpuRuntimeGetVersion(&rt);
+    (void)gpuDriverGetVersion(&drv);
+    snprintf(out->platform, sizeof out->platform, "%s runtime %d.%d, driver %d.%d", KVHAL_GPU_RUNTIME_NAME,
+             rt / 1000, (rt % 1000) / 10, drv / 1000, (drv % 1000) / 10);
+    out->total_memory = (uint64_t)prop.totalGlobalMem;
+    out->free_memory = 0;
+    KVHAL_GPU_SETDEV(c, id);
+    size_t fr = 0, tot = 0;
+    if (gpuMemGetInfo(&fr, &tot) == gpuSuccess) out->free_memory = (uint64_t)fr;
+    out->compute_units = prop.multiProcessorCount;
+    out->peer_access = false;
+    for (int32_t j = 0; j < c->count; j++) {
+        int can = 0;
+        if (j != id && gpuDeviceCanAccessPeer(&can, id, j) == gpuSuccess && can) out->peer_access = true;
+    }
+    (void)gpuGetLastError();
+    return KVHAL_OK;
+}
+
+} // namespace kvhal_gpu

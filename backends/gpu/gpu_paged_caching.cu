@@ -1,0 +1,309 @@
+/* gpu_paged_caching.cu — the paged-caching op of the GPU backends: what the kernels support, the descriptor (the
+ * kernel instantiations, unit strides, divisors and launch geometry of the vector and scalar paths) and the launch.
+ * The kernels are paged_caching_kernel's instantiations in kvhal_gpu_kernels.cuh, all of them launched from here. */
+#include "gpu_private.h"
+
+namespace kvhal_gpu {
+namespace {
+
+template <class X> void launch_paged(const PagedParams &p, uint32_t grid, uint32_t threads, gpuStream_t s)
+{
+    paged_caching_kernel<X, X><<<grid, threads, 0, s>>>(p);
+}
+
+/* One instantiation of the paged kernel: its runtime launch, its symbol, and (CUDA, once resolved for the
+ * descriptor's device) its driver function, launched through cuLaunchKernel: the runtime's launch path costs
+ * about 0.3 us more per call on the H200 VM (docs/measurements/h200-launch-probe.txt). */
+struct PagedLaunch {
+    void (*run)(const PagedParams &p, uint32_t grid, uint32_t threads, gpuStream_t s);
+    const void *sym;
+    void *fn;
+};
+
+template <class X> PagedLaunch paged_launcher()
+{
+    PagedLaunch l = {launch_paged<X>, reinterpret_cast<const void *>(paged_caching_kernel<X, X>), nullptr};
+    return l;
+}
+
+/* l->fn: the driver function of l's kernel on device id, or NULL (HIP, or not resolvable: the runtime launches). */
+void resolve_driver_fn(const Ctx *c, int32_t id, PagedLaunch *l)
+{
+    l->fn = nullptr;
+#if !defined(KVHAL_GPU_HIP)
+    cudaFunction_t f;
+    if (c->cu_launch && use_device(id) == cudaSuccess && cudaGetFuncBySymbol(&f, l->sym) == cudaSuccess)
+        l->fn = static_cast<void *>(f);
+    (void)cudaGetLastError();
+#else
+    (void)c;
+    (void)id;
+#endif
+}
+
+struct PagedDesc {
+    PagedParams pv, ps;                           /* vector and scalar templates (unit strides, divisors) */
+    PagedLaunch vec_mul, vec_div, sc_mul, sc_div;
+    uint32_t threads_v, threads_s;
+    uint32_t out_align; /* bytes the cache bases need on the vector path (inputs need 16) */
+    bool vec_ok, fp8;   /* fp8: the kernels convert to the fp8 cache with the call's scales */
+};
+
+int kdt(kvhal_dtype d)
+{
+    switch (d) {
+    case KVHAL_F32: return DT_F32;
+    case KVHAL_F16: return DT_F16;
+    case KVHAL_BF16: return DT_BF16;
+    case KVHAL_FP8_E4M3: return DT_E4M3;
+    case KVHAL_FP8_E5M2: return DT_E5M2;
+    default: return -1;
+    }
+}
+
+template <int IN, int OUT, bool DIV> PagedLaunch fp8_launcher(bool vec)
+{
+    return vec ? paged_launcher<XFp8Vec<IN, OUT, DIV>>() : paged_launcher<XFp8Scalar<IN, OUT, DIV>>();
+}
+
+template <int IN, bool DIV> PagedLaunch fp8_launcher_out(int out, bool vec)
+{
+    return out == DT_E4M3 ? fp8_launcher<IN, DT_E4M3, DIV>(vec) : fp8_launcher<IN, DT_E5M2, DIV>(vec);
+}
+
+template <bool DIV> PagedLaunch fp8_launcher_in(int in, int out, bool vec)
+{
+    switch (in) {
+    case DT_F32: return fp8_launcher_out<DT_F32, DIV>(out, vec);
+    case DT_F16: return fp8_launcher_out<DT_F16, DIV>(out, vec);
+    default: return fp8_launcher_out<DT_BF16, DIV>(out, vec);
+    }
+}
+
+PagedLaunch copy_launcher(size_t es, bool vec)
+{
+    if (vec) return paged_launcher<XCopy<uint4>>();
+    switch (es) {
+    case 1: return paged_launcher<XCopy<uint8_t>>();
+    case 2: return paged_launcher<XCopy<uint16_t>>();
+    default: return paged_launcher<XCopy<uint32_t>>();
+    }
+}
+
+/* One side in units of n elements (n = 1: scalar path). Strides that cannot matter for this call (a dim of extent
+ * 1) are zeroed, so they neither block the vector path nor move an address. False when the path is impossible for
+ * this side (for n = 1: a token row too large for the kernel's 32-bit unit indices). */
+bool build_side(const kvhal_bk_paged_side *s, const kvhal_bk_paged_caching *a, int64_t n, PagedSide *o)
+{
+    const int64_t heads = a->num_heads, hd = s->head_dim;
+    const bool fold = heads == 1 || (s->in_head_stride == hd * s->in_dim_stride &&
+                                     s->cache_head_stride == hd * s->cache_dim_stride);
+    const int64_t eh = fold ? 1 : heads, ed = fold ? heads * hd : hd; /* heads and elements per head, as walked */
+    int64_t tok_outer = a->batched ? s->tok_stride_outer : 0;
+    int64_t tok_inner = (a->seq_len > 1 && a->num_tokens > 1) ? s->tok_stride_inner : 0;
+    int64_t in_head = eh > 1 ? s->in_head_stride : 0, cache_head = eh > 1 ? s->cache_head_stride : 0;
+    int64_t block_stride = a->num_blocks > 1 ? s->block_stride : 0;
+    int64_t offset_stride = a->block_size > 1 ? s->offset_stride : 0;
+    int64_t in_dim = ed > 1 ? s->in_dim_stride : 0, cache_dim = ed > 1 ? s->cache_dim_stride : 0;
+    if (n > 1) {
+        if (ed % n || in_dim != 1 || cache_dim != 1) return false;
+        if (tok_outer % n || tok_inner % n || in_head % n || cache_head % n || block_stride % n || offset_stride % n)
+            return false;
+        tok_outer /= n, tok_inner /= n, in_head /= n, cache_head /= n, block_stride /= n, offset_stride /= n;
+        in_dim = cache_dim = 1;
+    }
+    const int64_t uph = ed / n, row = eh * uph;
+    if (uph < 1 || row > (int64_t)(1u << 31) / KVHAL_GPU_MAX_TPC) return false;
+    o->cache = NULL;
+    o->input = NULL;
+    o->block_stride = block_stride;
+    o->offset_stride = offset_stride;
+    o->cache_head = cache_head;
+    o->cache_dim = cache_dim;
+    o->tok_outer = tok_outer;
+    o->tok_inner = tok_inner;
+    o->in_head = in_head;
+    o->in_dim = in_dim;
+    o->scale = 1.0f;
+    o->row_units = (uint32_t)row;
+    o->div_row = kvhal_fastdiv32_make((uint32_t)row);
+    o->div_head = kvhal_fastdiv32_make((uint32_t)uph);
+    return true;
+}
+
+/* Tokens per block: enough units per thread to keep KVHAL_GPU_PAGED_UNROLL loads in flight, fewer when the call is too
+ * small to fill every multiprocessor several times over. */
+void paged_geometry(PagedParams *p, int sm_count, uint32_t *threads)
+{
+    const uint32_t row = p->k.row_units > p->v.row_units ? p->k.row_units : p->v.row_units;
+    int64_t tpc = (int64_t)(KVHAL_GPU_PAGED_THREADS * KVHAL_GPU_PAGED_UNROLL) / row;
+    if (tpc < 1) tpc = 1;
+    if (tpc > KVHAL_GPU_MAX_TPC) tpc = KVHAL_GPU_MAX_TPC;
+    while (tpc > 1 && (p->num_tokens + tpc - 1) / tpc < 4 * (int64_t)sm_count) tpc >>= 1;
+    if (tpc > p->num_tokens) tpc = p->num_tokens > 0 ? p->num_tokens : 1;
+    p->tpc = (int32_t)tpc;
+    const uint64_t work = (uint64_t)tpc * row;
+    uint32_t t = KVHAL_GPU_PAGED_THREADS;
+    if (work < KVHAL_GPU_PAGED_THREADS) t = (uint32_t)((work + 63) / 64 * 64);
+    *threads = t;
+}
+
+/* a passed paged_caching_supports, so the scalar path always builds; the vector path may not. The caller has
+ * allocated the device's error flag. */
+void paged_build(const Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, PagedDesc *d)
+{
+    const int in = kdt(a->input_dtype), out = kdt(a->cache_dtype);
+    const size_t es = dtype_size(a->input_dtype), out_es = dtype_size(a->cache_dtype);
+    const bool same = a->input_dtype == a->cache_dtype;
+    memset(d, 0, sizeof *d);
+    d->fp8 = !same;
+    PagedParams base;
+    memset(&base, 0, sizeof base);
+    base.slot_outer = a->batched ? a->slot_stride_outer : 0;
+    base.slot_inner = a->slot_stride_inner;
+    base.seq_len = a->seq_len;
+    base.num_tokens = a->num_tokens;
+    base.num_slots = a->num_slots;
+    base.block_size = a->block_size;
+    base.slot64 = a->slot_dtype == KVHAL_I64;
+    base.batched = a->batched;
+    /* block_size is an int32_t, so within fastdiv32's divisor range (<= 2^31) */
+    base.fast32 = base.num_slots <= (int64_t)UINT32_MAX && a->num_tokens <= (int64_t)UINT32_MAX &&
+                  a->seq_len <= ((int64_t)1 << 31);
+    if (base.fast32) {
+        base.div_bs = kvhal_fastdiv32_make((uint32_t)a->block_size);
+        base.div_seq = kvhal_fastdiv32_make((uint32_t)a->seq_len);
+    }
+    base.err = c->dev[id].dflag;
+    const int sm = c->dev[id].sm_count;
+
+    d->ps = base;
+    (void)build_side(&a->k, a, 1, &d->ps.k);
+    (void)build_side(&a->v, a, 1, &d->ps.v);
+    paged_geometry(&d->ps, sm, &d->threads_s);
+
+    const int64_t vec = 16 / (int64_t)es; /* elements per 16 input bytes */
+    d->pv = base;
+    d->vec_ok = build_side(&a->k, a, vec, &d->pv.k) && build_side(&a->v, a, vec, &d->pv.v);
+    if (d->vec_ok) paged_geometry(&d->pv, sm, &d->threads_v);
+    d->out_align = (uint32_t)(vec * (int64_t)out_es);
+
+    if (same) {
+        d->sc_mul = d->sc_div = copy_launcher(es, false);
+        d->vec_mul = d->vec_div = copy_launcher(es, true);
+    } else {
+        d->sc_mul = fp8_launcher_in<false>(in, out, false);
+        d->sc_div = fp8_launcher_in<true>(in, out, false);
+        d->vec_mul = fp8_launcher_in<false>(in, out, true);
+        d->vec_div = fp8_launcher_in<true>(in, out, true);
+    }
+    resolve_driver_fn(c, id, &d->vec_mul);
+    resolve_driver_fn(c, id, &d->vec_div);
+    resolve_driver_fn(c, id, &d->sc_mul);
+    resolve_driver_fn(c, id, &d->sc_div);
+}
+
+} // namespace
+
+/* The kernels copy a cache of the input's dtype (1, 2 or 4 bytes) or convert f32/f16/bf16 to fp8, with i32 or i64
+ * slots and a token row of at most 2^31 / KVHAL_GPU_MAX_TPC elements. */
+bool paged_caching_supports(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, char *reason, size_t reason_size)
+{
+    (void)c;
+    (void)id;
+    const int in = kdt(a->input_dtype), out = kdt(a->cache_dtype);
+    if (in < 0 || out < 0 || (a->input_dtype != a->cache_dtype && (in > DT_BF16 || !a->fp8)))
+        return refuse(reason, reason_size, "the cache must have the input's dtype, or be fp8 with f32/f16/bf16 "
+                      "input (input dtype %d, cache dtype %d)", (int)a->input_dtype, (int)a->cache_dtype);
+    if (a->slot_dtype != KVHAL_I32 && a->slot_dtype != KVHAL_I64)
+        return refuse(reason, reason_size, "slot_mapping dtype %d is not i32 or i64", (int)a->slot_dtype);
+    if (a->num_heads < 1 || a->k.head_dim < 1 || a->v.head_dim < 1 || a->block_size < 1 || a->seq_len < 1)
+        return refuse(reason, reason_size, "heads %d, head dims %d/%d, block size %d, seq_len %lld must all be >= 1",
+                      (int)a->num_heads, (int)a->k.head_dim, (int)a->v.head_dim, (int)a->block_size,
+                      (long long)a->seq_len);
+    PagedSide scratch;
+    if (!build_side(&a->k, a, 1, &scratch) || !build_side(&a->v, a, 1, &scratch))
+        return refuse(reason, reason_size, "a token row of %d heads x %d/%d dims is too large for the kernel",
+                      (int)a->num_heads, (int)a->k.head_dim, (int)a->v.head_dim);
+    return true;
+}
+
+kvhal_status paged_caching_desc_create(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, void **desc)
+{
+    kvhal_status st = ensure_flag(c, id);
+    if (st != KVHAL_OK) return st;
+    void *d = NULL;
+    st = host_alloc(c, id, sizeof(PagedDesc), "paged caching descriptor", &d);
+    if (st != KVHAL_OK) return st;
+    paged_build(c, id, a, static_cast<PagedDesc *>(d));
+    *desc = d;
+    return KVHAL_OK;
+}
+
+void paged_caching_desc_destroy(Ctx *c, int32_t id, void *desc)
+{
+    (void)c;
+    (void)id;
+    free(desc);
+}
+
+kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk_paged_caching *a, void *stream)
+{
+    Ctx *c = ctx_of(ctx);
+    PagedDesc local;
+    const PagedDesc *d = static_cast<const PagedDesc *>(desc);
+    if (!d) {
+        kvhal_status st = check_id(c, id);
+        if (st == KVHAL_OK) st = ensure_flag(c, id);
+        if (st != KVHAL_OK) return st;
+        paged_build(c, id, a, &local);
+        d = &local;
+    }
+    if (a->num_tokens <= 0) return KVHAL_OK;
+    KVHAL_GPU_SETDEV(c, id);
+    char *kc = static_cast<char *>(a->k.cache) + a->k.cache_offset;
+    char *vc = static_cast<char *>(a->v.cache) + a->v.cache_offset;
+    const char *ki = static_cast<const char *>(a->k.input) + a->k.input_offset;
+    const char *vi = static_cast<const char *>(a->v.input) + a->v.input_offset;
+    const bool vec = d->vec_ok && (((uintptr_t)ki | (uintptr_t)vi) & 15u) == 0 &&
+                     (((uintptr_t)kc | (uintptr_t)vc) % d->out_align) == 0;
+    const bool div = d->fp8 && !(kvhal_gpu_scale_is_pow2(a->k.scale) && kvhal_gpu_scale_is_pow2(a->v.scale));
+    PagedParams p = vec ? d->pv : d->ps;
+    p.k.cache = kc;
+    p.v.cache = vc;
+    p.k.input = ki;
+    p.v.input = vi;
+    if (d->fp8) {
+        p.k.scale = div ? a->k.scale : 1.0f / a->k.scale;
+        p.v.scale = div ? a->v.scale : 1.0f / a->v.scale;
+    }
+    p.slots = static_cast<const char *>(a->slots) + a->slots_offset;
+    p.num_tokens = a->num_tokens;
+    /* depends on the path (tokens per block), which depends on the call's addresses: checked here, not in
+     * paged_caching_supports */
+    const int64_t grid = (a->num_tokens + p.tpc - 1) / p.tpc;
+    if (grid > 0x7fffffff)
+        return fail(c, KVHAL_UNSUPPORTED, "num_tokens: %lld is too many for one launch", (long long)a->num_tokens);
+    const PagedLaunch &run = vec ? (div ? d->vec_div : d->vec_mul) : (div ? d->sc_div : d->sc_mul);
+    const uint32_t threads = vec ? d->threads_v : d->threads_s;
+#if !defined(KVHAL_GPU_HIP)
+    if (run.fn) {
+        void *args[] = {static_cast<void *>(&p)};
+        const CUresult r = c->cu_launch(static_cast<CUfunction>(run.fn), (unsigned)grid, 1, 1, threads, 1, 1, 0,
+                                        native_stream(stream), args, nullptr);
+        if (r == CUDA_SUCCESS) return KVHAL_OK;
+        /* a thread that has not used the runtime yet has no current context: the runtime's launch makes one */
+        if (r != CUDA_ERROR_INVALID_CONTEXT) {
+            const char *name = nullptr;
+            if (!c->cu_error_name || c->cu_error_name(r, &name) != CUDA_SUCCESS || !name) name = "unknown error";
+            return fail(c, KVHAL_BACKEND_ERROR, "cuda:%d: paged caching launch: cuLaunchKernel: %s (%d)", (int)id,
+                        name, (int)r);
+        }
+    }
+#endif
+    run.run(p, (uint32_t)grid, threads, native_stream(stream));
+    KVHAL_GPU_TRY(c, gpuGetLastError(), id, "paged caching launch");
+    return KVHAL_OK;
+}
+
+} // namespace kvhal_gpu

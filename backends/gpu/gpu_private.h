@@ -1,0 +1,179 @@
+/* gpu_private.h — what the sources of the CUDA and HIP backend modules share; private to backends/gpu.
+ *
+ * The host code is split by concern into compilation units, each compiled by nvcc for CUDA and by hipcc -x hip for
+ * HIP from the same source (vendor names come from kvhal_gpu_runtime.h, kernels from kvhal_gpu_kernels.cuh):
+ *   gpu_device.cu   init, shutdown, the context, device info, error helpers, the device error flag,
+ *                   get_proc_address
+ *   gpu_memory.cu   buffers (and their pool), streams, copies (host, device, peer), memset, synchronize,
+ *                   check_errors
+ *   gpu_<op>.cu     one per entry of KVHAL_BK_OP_LIST: <op>_supports, <op>_desc_create, <op>_desc_destroy and
+ *                   gpu_<op>, declared below from the list itself (gpu_copy_blocks.cu also holds copy_batch)
+ *   gpu_table.cu    the plugin table, generated from the same list, and kvhal_backend_entry
+ * So an op appended to KVHAL_BK_OP_LIST (and to kvhal_ops in the top-level meson.build) needs one new file,
+ * gpu_<op>.cu, and nothing else in this backend. Helpers that only one file uses stay in that file's anonymous
+ * namespace; kernels that are not templates live in the one file that launches them.
+ *
+ * State: the module keeps none of its own. init allocates a Ctx, the core passes it back to every entry, and
+ * shutdown frees it; only constant tables are static.
+ *
+ * Hot-path rules: descriptors (<op>_desc_create) hold everything that depends on tensor metadata only (the kernel
+ * instantiation, unit strides, divisors, launch geometry), so a call on a descriptor-cache hit fills pointers,
+ * launches once and checks the launch; it never allocates, never synchronizes and never reads the device error
+ * flag (synchronize / check_errors do). Every entry point selects its device first (cheap when already current). */
+#ifndef KVHAL_GPU_PRIVATE_H
+#define KVHAL_GPU_PRIVATE_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvhal_backend.h"
+#include "kvhal_gpu_kernels.cuh"
+
+namespace kvhal_gpu {
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* The context                                                                                                  */
+/* ------------------------------------------------------------------------------------------------------------ */
+struct DevState {
+    uint8_t *flag;           /* error flag bytes (KVHAL_GPU_ERR_*), mapped pinned host memory */
+    volatile uint8_t *dflag; /* the same bytes as the device addresses them */
+    int ready;               /* flag allocated (atomic; written once under Ctx::lock) */
+    int sm_count;
+    int pool_state; /* buffer pool: 0 not tried, 1 in use, -1 unavailable (atomic; decided once under Ctx::lock) */
+    gpuMemPool_t pool;
+    int wrapped;    /* borrowed streams alive on this device (atomic) */
+    signed char peer[KVHAL_MAX_DEVICES_PER_TYPE]; /* peer access to j: 0 not tried, 1 enabled, -1 unavailable */
+};
+
+#if !defined(KVHAL_GPU_HIP)
+/* The driver's launch and error-name entry points, taken from the libcuda the runtime has loaded (so the module
+ * still links no libcuda); NULL when that fails, and launches then go through the runtime. */
+typedef CUresult (*CuLaunchKernelFn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                     CUstream, void **, void **);
+typedef CUresult (*CuGetErrorNameFn)(CUresult, const char **);
+#endif
+
+/* What init allocates and every entry gets back as its ctx. */
+struct Ctx {
+    const kvhal_core_services *svc;
+    int32_t count;        /* devices in use */
+    pthread_mutex_t lock; /* one-time set-ups: error flags, buffer pools, peer access */
+#if !defined(KVHAL_GPU_HIP)
+    CuLaunchKernelFn cu_launch;
+    CuGetErrorNameFn cu_error_name;
+#endif
+    DevState dev[KVHAL_MAX_DEVICES_PER_TYPE];
+};
+
+inline Ctx *ctx_of(void *ctx) { return static_cast<Ctx *>(ctx); }
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Errors and shared helpers (gpu_device.cu)                                                                    */
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Sets the thread's error message through the core and returns st. */
+kvhal_status fail(const Ctx *c, kvhal_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* "out of memory (cudaErrorMemoryAllocation, code 2)"; HIP's string often is the name, which is then given once. */
+void describe(gpuError_t e, char *buf, size_t size);
+/* A runtime error of device id while doing what; also resets the runtime's last-error slot. */
+kvhal_status rt_fail(const Ctx *c, gpuError_t e, int32_t id, const char *what);
+/* Fault injection: whether the core wants the next allocation to fail, and the error to return then. */
+bool alloc_fail(const Ctx *c);
+kvhal_status injected(const Ctx *c, int32_t id, const char *what);
+/* Zeroed host memory for what (a descriptor) on behalf of a caller: fault injection first, then the allocation. */
+kvhal_status host_alloc(const Ctx *c, int32_t id, size_t bytes, const char *what, void **out);
+kvhal_status check_id(const Ctx *c, int32_t id);
+/* For <op>_supports: writes the reason for a refusal and returns false. */
+bool refuse(char *reason, size_t reason_size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The per-device error flag: allocated by the first descriptor of an op that can raise it; read and cleared by
+ * synchronize and check_errors once the device's work is done. */
+kvhal_status ensure_flag(Ctx *c, int32_t id);
+kvhal_status read_flag(const Ctx *c, int32_t id);
+
+inline gpuError_t use_device(int32_t id)
+{
+    int cur = -1;
+    if (gpuGetDevice(&cur) == gpuSuccess && cur == id) return gpuSuccess;
+    return gpuSetDevice(id);
+}
+
+#define KVHAL_GPU_TRY(c, call, id, what)                                                                        \
+    do {                                                                                                        \
+        gpuError_t kvhal_e_ = (call);                                                                           \
+        if (kvhal_e_ != gpuSuccess) return ::kvhal_gpu::rt_fail((c), kvhal_e_, (id), (what));                  \
+    } while (0)
+
+#define KVHAL_GPU_SETDEV(c, id) KVHAL_GPU_TRY((c), ::kvhal_gpu::use_device(id), (id), "select device")
+
+inline size_t dtype_size(kvhal_dtype d)
+{
+    switch (d) {
+    case KVHAL_F32: case KVHAL_I32: return 4;
+    case KVHAL_F16: case KVHAL_BF16: return 2;
+    case KVHAL_FP8_E4M3: case KVHAL_FP8_E5M2: return 1;
+    case KVHAL_I64: return 8;
+    default: return 0;
+    }
+}
+
+/* What stream_create / stream_wrap hand out. */
+struct Stream {
+    gpuStream_t s;
+    int32_t dev;
+    bool owned;
+};
+
+inline gpuStream_t native_stream(void *stream) { return stream ? static_cast<Stream *>(stream)->s : (gpuStream_t)0; }
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Entries of the table (gpu_table.cu)                                                                          */
+/* ------------------------------------------------------------------------------------------------------------ */
+/* gpu_device.cu */
+kvhal_status gpu_init(const kvhal_core_services *services, void **ctx, int32_t *device_count, char *reason,
+                      size_t reason_size);
+void gpu_shutdown(void *ctx);
+void *gpu_get_proc_address(void *ctx, const char *name);
+kvhal_status gpu_device_info(void *ctx, int32_t id, kvhal_device_info *out);
+
+/* gpu_memory.cu */
+kvhal_status gpu_buffer_alloc(void *ctx, int32_t id, size_t bytes, void **native);
+kvhal_status gpu_buffer_free(void *ctx, int32_t id, void *native);
+kvhal_status gpu_buffer_wrap(void *ctx, int32_t id, void *native, size_t bytes);
+kvhal_status gpu_buffer_unwrap(void *ctx, int32_t id, void *native);
+kvhal_status gpu_stream_create(void *ctx, int32_t id, void **stream);
+kvhal_status gpu_stream_wrap(void *ctx, int32_t id, void *native, void **stream);
+kvhal_status gpu_stream_destroy(void *ctx, int32_t id, void *stream);
+kvhal_status gpu_stream_synchronize(void *ctx, int32_t id, void *stream);
+kvhal_status gpu_memcpy_h2d(void *ctx, int32_t id, void *dst, size_t dst_off, const void *src, size_t bytes,
+                            void *stream);
+kvhal_status gpu_memcpy_d2h(void *ctx, int32_t id, void *dst, const void *src, size_t src_off, size_t bytes,
+                            void *stream);
+kvhal_status gpu_memcpy_d2d(void *ctx, int32_t id, void *dst, size_t dst_off, const void *src, size_t src_off,
+                            size_t bytes, void *stream);
+kvhal_status gpu_memcpy_peer(void *ctx, int32_t dst_id, void *dst, size_t dst_off, int32_t src_id, const void *src,
+                             size_t src_off, size_t bytes, void *stream);
+kvhal_status gpu_memset(void *ctx, int32_t id, void *dst, size_t off, int value, size_t bytes, void *stream);
+kvhal_status gpu_synchronize(void *ctx, int32_t id);
+kvhal_status gpu_check_errors(void *ctx, int32_t id);
+
+/* gpu_<op>.cu, one per op. <op>_supports: whether the kernels can run these arguments (metadata only), else false
+ * with the reason; the core asks before every descriptor it creates (cached or for one call), so neither
+ * <op>_desc_create nor gpu_<op> checks again. gpu_<op> also accepts desc NULL (building a descriptor for that call
+ * only), which the core passes only to modules without desc_create. */
+#define KVHAL_GPU_X_OP_DECL(E, name, T)                                                                         \
+    bool name##_supports(Ctx *c, int32_t id, const T *a, char *reason, size_t reason_size);                     \
+    kvhal_status name##_desc_create(Ctx *c, int32_t id, const T *a, void **desc);                               \
+    void name##_desc_destroy(Ctx *c, int32_t id, void *desc);                                                   \
+    kvhal_status gpu_##name(void *ctx, int32_t id, void *desc, const T *a, void *stream);
+KVHAL_BK_OP_LIST(KVHAL_GPU_X_OP_DECL)
+#undef KVHAL_GPU_X_OP_DECL
+
+/* gpu_copy_blocks.cu: the batched byte-range copies behind kv_cache_duplicate. */
+kvhal_status gpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a, void *stream);
+
+} // namespace kvhal_gpu
+
+#endif /* KVHAL_GPU_PRIVATE_H */

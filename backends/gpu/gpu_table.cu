@@ -1,0 +1,101 @@
+/* gpu_table.cu — the plugin table of the CUDA and HIP backend modules (api/kvhal_backend.h, ABI 2) and their one
+ * exported symbol. The op slots and the supports / desc_create / desc_destroy dispatch come from KVHAL_BK_OP_LIST:
+ * op <name> is served by gpu_<name>, <name>_supports, <name>_desc_create and <name>_desc_destroy of
+ * gpu_<name>.cu. */
+#include "gpu_private.h"
+
+namespace kvhal_gpu {
+namespace {
+
+bool gpu_supports(void *ctx, int32_t id, kvhal_bk_op op, const void *args, char *reason, size_t reason_size)
+{
+    Ctx *c = ctx_of(ctx);
+    switch (op) {
+#define KVHAL_GPU_X_SUPPORTS(E, name, T)                                                                        \
+    case KVHAL_BK_OP_##E: return name##_supports(c, id, static_cast<const T *>(args), reason, reason_size);
+        KVHAL_BK_OP_LIST(KVHAL_GPU_X_SUPPORTS)
+#undef KVHAL_GPU_X_SUPPORTS
+    default: return refuse(reason, reason_size, "op %d is not a %s op", (int)op, KVHAL_GPU_NAME);
+    }
+}
+
+kvhal_status gpu_desc_create(void *ctx, int32_t id, kvhal_bk_op op, const void *args, void **desc)
+{
+    Ctx *c = ctx_of(ctx);
+    kvhal_status st = check_id(c, id);
+    if (st != KVHAL_OK) return st;
+    if (!args || !desc) return fail(c, KVHAL_INVALID_ARGUMENT, "desc_create: NULL %s", args ? "desc" : "args");
+    switch (op) {
+#define KVHAL_GPU_X_CREATE(E, name, T)                                                                          \
+    case KVHAL_BK_OP_##E: return name##_desc_create(c, id, static_cast<const T *>(args), desc);
+        KVHAL_BK_OP_LIST(KVHAL_GPU_X_CREATE)
+#undef KVHAL_GPU_X_CREATE
+    default: return fail(c, KVHAL_UNSUPPORTED, "op: %d is not a %s op", (int)op, KVHAL_GPU_NAME);
+    }
+}
+
+void gpu_desc_destroy(void *ctx, int32_t id, kvhal_bk_op op, void *desc)
+{
+    if (!desc) return;
+    Ctx *c = ctx_of(ctx);
+    switch (op) {
+#define KVHAL_GPU_X_DESTROY(E, name, T)                                                                         \
+    case KVHAL_BK_OP_##E: name##_desc_destroy(c, id, desc); break;
+        KVHAL_BK_OP_LIST(KVHAL_GPU_X_DESTROY)
+#undef KVHAL_GPU_X_DESTROY
+    default: break;
+    }
+}
+
+const kvhal_backend_device_fns g_device = {
+    .struct_size = sizeof(kvhal_backend_device_fns),
+    .device_info = gpu_device_info,
+    .buffer_alloc = gpu_buffer_alloc,
+    .buffer_free = gpu_buffer_free,
+    .buffer_wrap = gpu_buffer_wrap,
+    .buffer_unwrap = gpu_buffer_unwrap,
+    .stream_create = gpu_stream_create,
+    .stream_wrap = gpu_stream_wrap,
+    .stream_destroy = gpu_stream_destroy,
+    .stream_synchronize = gpu_stream_synchronize,
+    .memcpy_h2d = gpu_memcpy_h2d,
+    .memcpy_d2h = gpu_memcpy_d2h,
+    .memcpy_d2d = gpu_memcpy_d2d,
+    .memcpy_peer = gpu_memcpy_peer,
+    .memset = gpu_memset,
+    .synchronize = gpu_synchronize,
+    .check_errors = gpu_check_errors,
+};
+
+const kvhal_backend_op_fns g_ops = {
+    .struct_size = sizeof(kvhal_backend_op_fns),
+    .supports = gpu_supports,
+    .desc_create = gpu_desc_create,
+    .desc_destroy = gpu_desc_destroy,
+    .copy_batch = gpu_copy_batch,
+#define KVHAL_GPU_X_SLOT(E, name, T) .name = gpu_##name,
+    KVHAL_BK_OP_LIST(KVHAL_GPU_X_SLOT)
+#undef KVHAL_GPU_X_SLOT
+};
+
+const kvhal_backend g_table = {
+    .abi_version = KVHAL_BACKEND_ABI_VERSION,
+    .struct_size = sizeof(kvhal_backend),
+    .name = KVHAL_GPU_NAME,
+    .device_type = KVHAL_GPU_NAME,
+    .init = gpu_init,
+    .shutdown = gpu_shutdown,
+    .get_proc_address = gpu_get_proc_address,
+    .device = &g_device,
+    .ops = &g_ops,
+};
+
+} // namespace
+} // namespace kvhal_gpu
+
+/* The module's one exported symbol. */
+extern "C" __attribute__((visibility("default"))) const kvhal_backend *kvhal_backend_entry(uint32_t core_abi_version)
+{
+    (void)core_abi_version; /* the core checks the table's version against its own range */
+    return &kvhal_gpu::g_table;
+}
