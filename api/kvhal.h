@@ -219,7 +219,7 @@ KVHAL_API kvhal_status kvhal_tensor_select(const kvhal_tensor *t, int32_t dim, i
 KVHAL_API kvhal_status kvhal_tensor_permute(const kvhal_tensor *t, const int32_t *perm, kvhal_tensor *out);
 
 /* ------------------------------------------------------------------------------------------------------------ */
-/* Ops (validate -> dispatch[type][id] -> descriptor cache -> backend). Asynchronous on GPU backends.            */
+/* Ops (validate -> the device's backend -> descriptor cache -> backend call). Asynchronous on GPU backends.     */
 /* ------------------------------------------------------------------------------------------------------------ */
 /* dst = src elementwise (same shape and dtype, same device, any strides). Elements are copied in parallel on
  * devices: dst must not overlap src (unless it is the same view) nor itself (a stride 0 of a dim longer than 1),
@@ -375,6 +375,8 @@ KVHAL_API kvhal_status kvhal_paged_cache_copy_blocks(kvhal_paged_cache *c, const
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Block pool: O(1) allocate/free of block ids with reference counts                                             */
 /* ------------------------------------------------------------------------------------------------------------ */
+/* For engines that keep their own block tables (vLLM-style): shared prefixes and copy-on-write by reference count.
+ * The cache manager does not use it (it tracks page owners in bitmaps); it stands on its own. */
 typedef struct kvhal_block_pool kvhal_block_pool;
 KVHAL_API kvhal_status kvhal_block_pool_create(int32_t num_blocks, kvhal_block_pool **out);
 KVHAL_API kvhal_status kvhal_block_pool_destroy(kvhal_block_pool *p);
