@@ -435,10 +435,13 @@ kvhal_status kvhal__lookup(kvhal_device dev, const char *arg, const kvhal__bk **
 {
     ensure_loaded();
     *out = NULL;
-    if ((unsigned)dev.type >= KVHAL_MAX_DEVICE_TYPES ||
-        (int)dev.type >= atomic_load_explicit(&num_types, memory_order_acquire))
+    /* The hot path is one bounds check and one load: an unregistered type has no backend either, and which of
+     * the two it is matters only for the message. */
+    const kvhal__bk *b = (unsigned)dev.type < KVHAL_MAX_DEVICE_TYPES
+                             ? atomic_load_explicit(&by_type[dev.type], memory_order_acquire) : NULL;
+    if (__builtin_expect(!b, 0) && ((unsigned)dev.type >= KVHAL_MAX_DEVICE_TYPES ||
+                                    (int)dev.type >= atomic_load_explicit(&num_types, memory_order_acquire)))
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "%s.type: %d is not a registered device type", arg, (int)dev.type);
-    const kvhal__bk *b = atomic_load_explicit(&by_type[dev.type], memory_order_acquire);
     if (!b)
         return kvhal__err(KVHAL_BACKEND_UNAVAILABLE, "%s: %s:%d: the %s backend is not loaded (see kvhal-info)", arg,
                           type_names[dev.type], dev.id, type_names[dev.type]);
