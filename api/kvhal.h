@@ -66,6 +66,19 @@ KVHAL_API void kvhal_clear_error(void);
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Devices                                                                                                      */
 /* ------------------------------------------------------------------------------------------------------------ */
+/* The device and registry calls below (parse through get_proc_address):
+ * - Threads: any of them may be called from several threads at once. Module discovery runs once, on the first call
+ *   that needs it; kvhal_backend_load is serialised with it; lookups afterwards take no lock.
+ * - GPU graphs: none of them enqueues device work, so none is recorded in a graph. The first call of the process
+ *   initialises the device runtimes (discovery), so make it before a capture starts. kvhal_device_synchronize and
+ *   kvhal_device_check_errors wait for the device and must not be called while one of its streams is captured.
+ * - Ownership: they take nothing from the caller (strings are read during the call) and hand out no memory the
+ *   caller frees. Registered names, module infos and extras stay valid for the life of the process (modules are
+ *   never unloaded).
+ * - Bad input: a NULL out pointer or string is KVHAL_INVALID_ARGUMENT naming the argument; an unregistered type
+ *   is KVHAL_INVALID_ARGUMENT (by id) or KVHAL_PARSE_ERROR / KVHAL_NOT_FOUND (by name); a registered type that no
+ *   loaded module serves is KVHAL_BACKEND_UNAVAILABLE; an id out of range is KVHAL_NO_DEVICE. */
+
 /* Device types. The four built-in names keep these ids whether or not their module is loaded; a module serving
  * another name ("npu") is given the next free id when it loads (kvhal_device_type_find looks it up). */
 typedef enum kvhal_device_type {
@@ -133,13 +146,15 @@ typedef struct kvhal_backend_module_info {
 } kvhal_backend_module_info;
 KVHAL_API kvhal_status kvhal_backend_module_count(int32_t *count);
 KVHAL_API kvhal_status kvhal_backend_module_get(int32_t index, kvhal_backend_module_info *out);
-/* Loads one more backend module by path after discovery (a vendor runtime registering its plugin itself). OK when
+/* Loads one more backend module by path after discovery (a vendor runtime registering its plugin itself); the
+ * module stays loaded until the process exits. Not filtered by KVHAL_BACKENDS. OK when
  * it loaded; otherwise KVHAL_LOAD_FAILED (no such file, no entry symbol, bad table, init failed, its type name is
  * taken or the type bound is reached) or KVHAL_ABI_MISMATCH, with the reason, and the module is listed as not
  * loaded. Loading the same file twice returns OK the second time without loading it again. */
 KVHAL_API kvhal_status kvhal_backend_load(const char *path);
 /* A backend-specific extra that the module serving type exports by name (kvhal_backend.h, get_proc_address):
- * KVHAL_NOT_FOUND when it has none of that name, KVHAL_BACKEND_UNAVAILABLE when no module serves type. */
+ * KVHAL_NOT_FOUND when it has none of that name, KVHAL_BACKEND_UNAVAILABLE when no module serves type. *out is
+ * the module's (a function or object of the type its documentation gives), valid while the process runs. */
 KVHAL_API kvhal_status kvhal_backend_get_proc_address(kvhal_device_type type, const char *name, void **out);
 
 /* ------------------------------------------------------------------------------------------------------------ */

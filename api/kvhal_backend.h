@@ -18,6 +18,9 @@
 #ifndef KVHAL_BACKEND_H
 #define KVHAL_BACKEND_H
 
+#include <stdarg.h>
+#include <stdio.h>
+
 #include "kvhal.h"
 
 #ifdef __cplusplus
@@ -65,9 +68,53 @@ typedef struct kvhal_core_services {
     /* Test hook: returns true when the current allocation should fail (fault injection); modules call it before
      * every device or host allocation they make on behalf of a caller. */
     bool (*alloc_should_fail)(void);
-    /* "cuda" for type 1: the name of a registered device type ("invalid" otherwise), for messages. */
-    const char *(*device_type_name)(kvhal_device_type type);
 } kvhal_core_services;
+
+/* Header-only helpers for module authors (a module links nothing of the core, so these are inline). */
+
+/* Bytes of one element of dt; 0 for a value that is not a dtype. The same sizes as kvhal_dtype_size(). */
+static inline size_t kvhal_bk_dtype_size(kvhal_dtype dt)
+{
+    switch (dt) {
+    case KVHAL_F32: case KVHAL_I32: return 4;
+    case KVHAL_F16: case KVHAL_BF16: return 2;
+    case KVHAL_FP8_E4M3: case KVHAL_FP8_E5M2: return 1;
+    case KVHAL_I64: return 8;
+    default: return 0;
+    }
+}
+
+/* "bf16"; "invalid" for a value that is not a dtype. The same names as kvhal_dtype_name(). */
+static inline const char *kvhal_bk_dtype_name(kvhal_dtype dt)
+{
+    switch (dt) {
+    case KVHAL_F32: return "f32";
+    case KVHAL_F16: return "f16";
+    case KVHAL_BF16: return "bf16";
+    case KVHAL_FP8_E4M3: return "fp8_e4m3";
+    case KVHAL_FP8_E5M2: return "fp8_e5m2";
+    case KVHAL_I32: return "i32";
+    case KVHAL_I64: return "i64";
+    default: return "invalid";
+    }
+}
+
+/* For supports(): writes the reason (printf-style, truncated to fit; reason may be NULL) and returns false. */
+static inline bool kvhal_bk_refuse(char *reason, size_t reason_size, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static inline bool kvhal_bk_refuse(char *reason, size_t reason_size, const char *fmt, ...)
+{
+    if (reason && reason_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(reason, reason_size, fmt, ap);
+        va_end(ap);
+    }
+    return false;
+}
 
 /* A tensor as the backend sees it: native memory + byte offset + metadata. */
 typedef struct kvhal_bk_tensor {

@@ -556,6 +556,23 @@ kvhal_status kvhal_desc_cache_put(kvhal_device dev, const kvhal_desc_key *key, v
     return lru_insert(l, key->op, dev, key, desc, cap);
 }
 
+kvhal_status kvhal__desc_make(const kvhal__bk *bk, kvhal_device dev, kvhal_bk_op op, const void *args, void **desc)
+{
+    *desc = NULL;
+    if (bk->ops.supports) {
+        char reason[256] = "";
+        if (!bk->ops.supports(bk->ctx, dev.id, op, args, reason, sizeof reason))
+            return kvhal__unsupported(bk, dev, op, reason);
+    }
+    if (bk->ops.desc_create) KVHAL_TRY(bk->ops.desc_create(bk->ctx, dev.id, op, args, desc));
+    return KVHAL_OK;
+}
+
+void kvhal__desc_release(const kvhal__bk *bk, kvhal_device dev, kvhal_bk_op op, void *desc)
+{
+    if (bk->ops.desc_create && bk->ops.desc_destroy) bk->ops.desc_destroy(bk->ctx, dev.id, op, desc);
+}
+
 kvhal_status kvhal__desc_get_or_create(kvhal_device dev, const kvhal__bk *bk, kvhal_bk_op op,
                                        const kvhal_desc_key *key, const void *args, void **desc)
 {
@@ -571,17 +588,12 @@ kvhal_status kvhal__desc_get_or_create(kvhal_device dev, const kvhal__bk *bk, kv
     }
     l->misses++;
     l->owner = bk;
-    if (bk->ops.supports) {
-        char reason[256] = "";
-        if (!bk->ops.supports(bk->ctx, dev.id, op, args, reason, sizeof reason))
-            return kvhal__unsupported(bk, dev, op, reason);
-    }
+    void *d = NULL;
+    KVHAL_TRY(kvhal__desc_make(bk, dev, op, args, &d));
     if (!bk->ops.desc_create) {
         *desc = NULL;
         return KVHAL_OK;
     }
-    void *d = NULL;
-    KVHAL_TRY(bk->ops.desc_create(bk->ctx, dev.id, op, args, &d));
     size_t cap = op_capacity((uint32_t)op);
     if (cap == 0) {
         /* Not cached, but it must outlive this call's launch: keep it until the next miss (or clear/exit). */

@@ -39,8 +39,7 @@ kvhal_status kvhal_device_parse(const char *text, kvhal_device *out)
 kvhal_status kvhal_device_format(kvhal_device dev, char *buf, size_t buf_size)
 {
     KVHAL_CHECK_ARG(buf && buf_size > 0, "buf: NULL or buf_size 0");
-    KVHAL_CHECK_ARG(strcmp(kvhal_device_type_name(dev.type), "invalid") != 0,
-                    "dev.type: %d is not a registered device type", (int)dev.type);
+    KVHAL_CHECK_ARG(kvhal__type_registered(dev.type), "dev.type: %d is not a registered device type", (int)dev.type);
     KVHAL_CHECK_ARG(dev.id >= 0, "dev.id: %d is negative", dev.id);
     int n = snprintf(buf, buf_size, "%s:%d", kvhal_device_type_name(dev.type), dev.id);
     if (n < 0 || (size_t)n >= buf_size)

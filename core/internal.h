@@ -76,6 +76,8 @@ KVHAL_HIDDEN kvhal_status kvhal__unsupported(const kvhal__bk *bk, kvhal_device d
                                              const char *reason);
 /* "paged_caching" */
 KVHAL_HIDDEN const char *kvhal__op_name(kvhal_bk_op op);
+/* Whether t is a registered type id (built in, or given to a loaded module's name). */
+KVHAL_HIDDEN bool kvhal__type_registered(kvhal_device_type t);
 /* The id of the registered type name[0..len), or -1 (loads the modules first). */
 KVHAL_HIDDEN int kvhal__find_type(const char *name, size_t len);
 /* "<arg>: "npu:0": "npu" is not a registered device type (registered: cpu, cuda, ...)" with status st; text[0..len)
@@ -110,6 +112,11 @@ KVHAL_HIDDEN void kvhal__to_bk_tensor(const kvhal_tensor *t, kvhal_bk_tensor *ou
  * bk's desc_destroy without asking the registry. *desc may be NULL for backends without desc_create. */
 KVHAL_HIDDEN kvhal_status kvhal__desc_get_or_create(kvhal_device dev, const kvhal__bk *bk, kvhal_bk_op op,
                                                     const kvhal_desc_key *key, const void *args, void **desc);
+/* A descriptor outside the cache (for one call): asks bk's supports first (KVHAL_UNSUPPORTED with its reason), then
+ * its desc_create (*desc NULL without one). kvhal__desc_release gives it back. */
+KVHAL_HIDDEN kvhal_status kvhal__desc_make(const kvhal__bk *bk, kvhal_device dev, kvhal_bk_op op, const void *args,
+                                           void **desc);
+KVHAL_HIDDEN void kvhal__desc_release(const kvhal__bk *bk, kvhal_device dev, kvhal_bk_op op, void *desc);
 KVHAL_HIDDEN void kvhal__desc_cache_shutdown(void);
 /* Sets key->hash from key->op and key->words[0..nwords), for the built-in ops that fill the words directly
  * (one hashing pass instead of one call per word). */

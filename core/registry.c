@@ -41,15 +41,12 @@ static _Atomic(const kvhal__bk *) by_type[KVHAL_MAX_DEVICE_TYPES];
 static char type_names[KVHAL_MAX_DEVICE_TYPES][KVHAL_DEVICE_TYPE_NAME_MAX] = {"cpu", "cuda", "hip", "opencl"};
 static atomic_int num_types = KVHAL_DEVICE_BUILTIN_TYPE_COUNT;
 
-static const char *services_type_name(kvhal_device_type t) { return kvhal_device_type_name(t); }
-
 static const kvhal_core_services services = {
     .abi_version = KVHAL_BACKEND_ABI_VERSION,
     .struct_size = sizeof(kvhal_core_services),
     .set_error = kvhal__err,
     .log = kvhal__log,
     .alloc_should_fail = kvhal__alloc_should_fail,
-    .device_type_name = services_type_name,
 };
 
 static const char *const op_names[KVHAL_BK_OP_COUNT] = {
@@ -71,11 +68,12 @@ kvhal_status kvhal__unsupported(const kvhal__bk *bk, kvhal_device dev, kvhal_bk_
 
 /* ---- type names ---- */
 
-const char *kvhal_device_type_name(kvhal_device_type t)
+bool kvhal__type_registered(kvhal_device_type t)
 {
-    int n = atomic_load_explicit(&num_types, memory_order_acquire);
-    return (int)t >= 0 && (int)t < n ? type_names[t] : "invalid";
+    return (int)t >= 0 && (int)t < atomic_load_explicit(&num_types, memory_order_acquire);
 }
+
+const char *kvhal_device_type_name(kvhal_device_type t) { return kvhal__type_registered(t) ? type_names[t] : "invalid"; }
 
 /* [a-z][a-z0-9_]*, shorter than KVHAL_DEVICE_TYPE_NAME_MAX. NULL when valid, else what is wrong. */
 static const char *name_problem(const char *name)
@@ -439,8 +437,7 @@ kvhal_status kvhal__lookup(kvhal_device dev, const char *arg, const kvhal__bk **
      * the two it is matters only for the message. */
     const kvhal__bk *b = (unsigned)dev.type < KVHAL_MAX_DEVICE_TYPES
                              ? atomic_load_explicit(&by_type[dev.type], memory_order_acquire) : NULL;
-    if (__builtin_expect(!b, 0) && ((unsigned)dev.type >= KVHAL_MAX_DEVICE_TYPES ||
-                                    (int)dev.type >= atomic_load_explicit(&num_types, memory_order_acquire)))
+    if (__builtin_expect(!b, 0) && !kvhal__type_registered(dev.type))
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "%s.type: %d is not a registered device type", arg, (int)dev.type);
     if (!b)
         return kvhal__err(KVHAL_BACKEND_UNAVAILABLE, "%s: %s:%d: the %s backend is not loaded (see kvhal-info)", arg,
@@ -456,9 +453,7 @@ kvhal_status kvhal_device_count(kvhal_device_type type, int32_t *count)
 {
     KVHAL_CHECK_ARG(count, "count: NULL");
     ensure_loaded();
-    KVHAL_CHECK_ARG((unsigned)type < KVHAL_MAX_DEVICE_TYPES &&
-                        (int)type < atomic_load_explicit(&num_types, memory_order_acquire),
-                    "type: %d is not a registered device type", (int)type);
+    KVHAL_CHECK_ARG(kvhal__type_registered(type), "type: %d is not a registered device type", (int)type);
     const kvhal__bk *b = atomic_load_explicit(&by_type[type], memory_order_acquire);
     *count = b ? b->device_count : 0;
     return KVHAL_OK;
@@ -470,9 +465,7 @@ kvhal_status kvhal_backend_get_proc_address(kvhal_device_type type, const char *
     KVHAL_CHECK_ARG(out, "out: NULL");
     *out = NULL;
     ensure_loaded();
-    KVHAL_CHECK_ARG((unsigned)type < KVHAL_MAX_DEVICE_TYPES &&
-                        (int)type < atomic_load_explicit(&num_types, memory_order_acquire),
-                    "type: %d is not a registered device type", (int)type);
+    KVHAL_CHECK_ARG(kvhal__type_registered(type), "type: %d is not a registered device type", (int)type);
     const kvhal__bk *b = atomic_load_explicit(&by_type[type], memory_order_acquire);
     if (!b)
         return kvhal__err(KVHAL_BACKEND_UNAVAILABLE, "type: %s is served by no loaded module (see kvhal-info)",

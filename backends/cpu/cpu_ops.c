@@ -295,7 +295,7 @@ kvhal_status cpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
                                   (long long)slot, (long long)max_slot, (long long)a->num_blocks, (int)a->block_size);
         }
     }
-    const size_t ies = cpu_dtype_size(a->input_dtype), ces = cpu_dtype_size(a->cache_dtype);
+    const size_t ies = kvhal_bk_dtype_size(a->input_dtype), ces = kvhal_bk_dtype_size(a->cache_dtype);
     const size_t written = (size_t)a->num_tokens * (size_t)a->num_heads * (size_t)(a->k.head_dim + a->v.head_dim) * ces;
     const bool nt = written >= STREAM_THRESHOLD;
     for (int64_t b = 0; b < outer; b++) {
@@ -365,7 +365,7 @@ kvhal_status cpu_tensor_copy(void *ctx, int32_t id, void *desc, const kvhal_bk_t
     for (int i = 0; i < a->dst.ndim; i++)
         if (a->dst.shape[i] == 0) return KVHAL_OK;
     const int n = collapse(a, shape, ds, ss);
-    const size_t es = cpu_dtype_size(a->dst.dtype);
+    const size_t es = kvhal_bk_dtype_size(a->dst.dtype);
     char *dst = (char *)a->dst.native + a->dst.offset;
     const char *src = (const char *)a->src.native + a->src.offset;
     const int last = n - 1;

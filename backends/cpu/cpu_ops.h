@@ -11,17 +11,6 @@ typedef struct cpu_ctx {
     const kvhal_core_services *svc;
 } cpu_ctx;
 
-static inline size_t cpu_dtype_size(kvhal_dtype dt)
-{
-    switch (dt) {
-    case KVHAL_F32: case KVHAL_I32: return 4;
-    case KVHAL_F16: case KVHAL_BF16: return 2;
-    case KVHAL_FP8_E4M3: case KVHAL_FP8_E5M2: return 1;
-    case KVHAL_I64: return 8;
-    default: return 0;
-    }
-}
-
 CPU_HIDDEN kvhal_status cpu_desc_create(void *ctx, int32_t id, kvhal_bk_op op, const void *args, void **desc);
 CPU_HIDDEN void cpu_desc_destroy(void *ctx, int32_t id, kvhal_bk_op op, void *desc);
 CPU_HIDDEN kvhal_status cpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *args, void *stream);

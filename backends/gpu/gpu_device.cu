@@ -65,17 +65,6 @@ kvhal_status check_id(const Ctx *c, int32_t id)
     return KVHAL_OK;
 }
 
-bool refuse(char *reason, size_t reason_size, const char *fmt, ...)
-{
-    if (reason && reason_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(reason, reason_size, fmt, ap);
-        va_end(ap);
-    }
-    return false;
-}
-
 /* ------------------------------------------------------------------------------------------------------------ */
 /* The device error flag                                                                                        */
 /* ------------------------------------------------------------------------------------------------------------ */

@@ -153,7 +153,7 @@ void paged_geometry(PagedParams *p, int sm_count, uint32_t *threads)
 void paged_build(const Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, PagedDesc *d)
 {
     const int in = kdt(a->input_dtype), out = kdt(a->cache_dtype);
-    const size_t es = dtype_size(a->input_dtype), out_es = dtype_size(a->cache_dtype);
+    const size_t es = kvhal_bk_dtype_size(a->input_dtype), out_es = kvhal_bk_dtype_size(a->cache_dtype);
     const bool same = a->input_dtype == a->cache_dtype;
     memset(d, 0, sizeof *d);
     d->fp8 = !same;
@@ -213,17 +213,17 @@ bool paged_caching_supports(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a,
     (void)id;
     const int in = kdt(a->input_dtype), out = kdt(a->cache_dtype);
     if (in < 0 || out < 0 || (a->input_dtype != a->cache_dtype && (in > DT_BF16 || !a->fp8)))
-        return refuse(reason, reason_size, "the cache must have the input's dtype, or be fp8 with f32/f16/bf16 "
-                      "input (input dtype %d, cache dtype %d)", (int)a->input_dtype, (int)a->cache_dtype);
+        return kvhal_bk_refuse(reason, reason_size, "the cache must have the input's dtype, or be fp8 with f32/f16/bf16 "
+                      "input (input %s, cache %s)", kvhal_bk_dtype_name(a->input_dtype), kvhal_bk_dtype_name(a->cache_dtype));
     if (a->slot_dtype != KVHAL_I32 && a->slot_dtype != KVHAL_I64)
-        return refuse(reason, reason_size, "slot_mapping dtype %d is not i32 or i64", (int)a->slot_dtype);
+        return kvhal_bk_refuse(reason, reason_size, "slot_mapping dtype %s is not i32 or i64", kvhal_bk_dtype_name(a->slot_dtype));
     if (a->num_heads < 1 || a->k.head_dim < 1 || a->v.head_dim < 1 || a->block_size < 1 || a->seq_len < 1)
-        return refuse(reason, reason_size, "heads %d, head dims %d/%d, block size %d, seq_len %lld must all be >= 1",
+        return kvhal_bk_refuse(reason, reason_size, "heads %d, head dims %d/%d, block size %d, seq_len %lld must all be >= 1",
                       (int)a->num_heads, (int)a->k.head_dim, (int)a->v.head_dim, (int)a->block_size,
                       (long long)a->seq_len);
     PagedSide scratch;
     if (!build_side(&a->k, a, 1, &scratch) || !build_side(&a->v, a, 1, &scratch))
-        return refuse(reason, reason_size, "a token row of %d heads x %d/%d dims is too large for the kernel",
+        return kvhal_bk_refuse(reason, reason_size, "a token row of %d heads x %d/%d dims is too large for the kernel",
                       (int)a->num_heads, (int)a->k.head_dim, (int)a->v.head_dim);
     return true;
 }

@@ -86,8 +86,6 @@ kvhal_status injected(const Ctx *c, int32_t id, const char *what);
 /* Zeroed host memory for what (a descriptor) on behalf of a caller: fault injection first, then the allocation. */
 kvhal_status host_alloc(const Ctx *c, int32_t id, size_t bytes, const char *what, void **out);
 kvhal_status check_id(const Ctx *c, int32_t id);
-/* For <op>_supports: writes the reason for a refusal and returns false. */
-bool refuse(char *reason, size_t reason_size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* The per-device error flag: allocated by the first descriptor of an op that can raise it; read and cleared by
  * synchronize and check_errors once the device's work is done. */
 kvhal_status ensure_flag(Ctx *c, int32_t id);
@@ -107,17 +105,6 @@ inline gpuError_t use_device(int32_t id)
     } while (0)
 
 #define KVHAL_GPU_SETDEV(c, id) KVHAL_GPU_TRY((c), ::kvhal_gpu::use_device(id), (id), "select device")
-
-inline size_t dtype_size(kvhal_dtype d)
-{
-    switch (d) {
-    case KVHAL_F32: case KVHAL_I32: return 4;
-    case KVHAL_F16: case KVHAL_BF16: return 2;
-    case KVHAL_FP8_E4M3: case KVHAL_FP8_E5M2: return 1;
-    case KVHAL_I64: return 8;
-    default: return 0;
-    }
-}
 
 /* What stream_create / stream_wrap hand out. */
 struct Stream {

@@ -15,7 +15,7 @@ bool gpu_supports(void *ctx, int32_t id, kvhal_bk_op op, const void *args, char 
     case KVHAL_BK_OP_##E: return name##_supports(c, id, static_cast<const T *>(args), reason, reason_size);
         KVHAL_BK_OP_LIST(KVHAL_GPU_X_SUPPORTS)
 #undef KVHAL_GPU_X_SUPPORTS
-    default: return refuse(reason, reason_size, "op %d is not a %s op", (int)op, KVHAL_GPU_NAME);
+    default: return kvhal_bk_refuse(reason, reason_size, "op %d is not a %s op", (int)op, KVHAL_GPU_NAME);
     }
 }
 

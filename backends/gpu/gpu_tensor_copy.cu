@@ -30,7 +30,7 @@ struct TensorCopyDesc {
  * tensor_copy_supports. */
 void tensor_copy_build(const Ctx *c, int32_t id, const kvhal_bk_tensor_copy *a, TensorCopyDesc *d)
 {
-    const size_t es = dtype_size(a->dst.dtype);
+    const size_t es = kvhal_bk_dtype_size(a->dst.dtype);
     int64_t shape[KVHAL_GPU_MAX_DIMS], ds[KVHAL_GPU_MAX_DIMS], ss[KVHAL_GPU_MAX_DIMS];
     int nd = 0;
     int64_t numel = 1;
@@ -91,10 +91,10 @@ bool tensor_copy_supports(Ctx *c, int32_t id, const kvhal_bk_tensor_copy *a, cha
 {
     (void)c;
     (void)id;
-    if (!dtype_size(a->dst.dtype) || a->src.dtype != a->dst.dtype || a->src.ndim != a->dst.ndim || a->dst.ndim < 1 ||
+    if (!kvhal_bk_dtype_size(a->dst.dtype) || a->src.dtype != a->dst.dtype || a->src.ndim != a->dst.ndim || a->dst.ndim < 1 ||
         a->dst.ndim > KVHAL_GPU_MAX_DIMS)
-        return refuse(reason, reason_size, "dtypes %d/%d, ndims %d/%d: the kernel copies one dtype with 1 to %d "
-                      "dims on both sides", (int)a->dst.dtype, (int)a->src.dtype, (int)a->dst.ndim, (int)a->src.ndim,
+        return kvhal_bk_refuse(reason, reason_size, "dtypes %s/%s, ndims %d/%d: the kernel copies one dtype with 1 to %d "
+                      "dims on both sides", kvhal_bk_dtype_name(a->dst.dtype), kvhal_bk_dtype_name(a->src.dtype), (int)a->dst.ndim, (int)a->src.ndim,
                       KVHAL_GPU_MAX_DIMS);
     return true;
 }

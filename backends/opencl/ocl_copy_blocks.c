@@ -39,7 +39,7 @@ static int widest_kernel(uint64_t align) { return align % 16 == 0 ? 0 : align % 
 bool ocl_copy_blocks_supports(const ocl_device *d, const kvhal_bk_copy_blocks *a, char *reason, size_t reason_size)
 {
     if (a->num_caches < 0 || a->num_pairs < 0)
-        return kvhal__ocl_refuse(reason, reason_size, "copy_blocks of %d caches and %d pairs", (int)a->num_caches,
+        return kvhal_bk_refuse(reason, reason_size, "copy_blocks of %d caches and %d pairs", (int)a->num_caches,
                                  (int)a->num_pairs);
     const int32_t group = d->cpu ? 16 : 1;
     uint64_t align = 0;
@@ -48,7 +48,7 @@ bool ocl_copy_blocks_supports(const ocl_device *d, const kvhal_bk_copy_blocks *a
     for (int32_t c = 0; c < a->num_caches; c++) {
         uint64_t n = block_items((uint64_t)a->block_bytes[c], cb_units[ki], group);
         if (n > OCL_MAX_ITEMS)
-            return kvhal__ocl_refuse(reason, reason_size, "copy_blocks: a block of %lld bytes takes %llu work-items, "
+            return kvhal_bk_refuse(reason, reason_size, "copy_blocks: a block of %lld bytes takes %llu work-items, "
                                      "more than one launch (%llu) on '%s'", (long long)a->block_bytes[c],
                                      (unsigned long long)n, (unsigned long long)OCL_MAX_ITEMS, d->name);
     }

@@ -203,10 +203,7 @@ OCL_HIDDEN kvhal_status kvhal__ocl_set_args(ocl_device *d, cl_kernel k, const ch
 OCL_HIDDEN kvhal_status kvhal__ocl_launch(ocl_device *d, cl_command_queue q, const ocl_kset *ks, int ki,
                                           const char *kname, uint64_t items, cl_uint nwait, const cl_event *wait,
                                           cl_event *ev);
-OCL_HIDDEN int32_t kvhal__ocl_dt_size(kvhal_dtype dt);
 /* Writes a refusal into reason (printf-style) and returns false, for supports(). */
-OCL_HIDDEN bool kvhal__ocl_refuse(char *reason, size_t reason_size, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 /* ---- ocl_<op>.c: per op `name` of KVHAL_BK_OP_LIST with argument struct T ----
  *   ocl_<name>_supports     whether d can run it (false with the reason); ocl_table.c's desc_create asks it first

@@ -75,7 +75,7 @@ static int32_t pick_vec(const kvhal_bk_paged_side *s, int32_t in_size, int32_t o
 static void make_plan(const ocl_device *d, const kvhal_bk_paged_caching *a, pc_plan *p)
 {
     memset(p, 0, sizeof *p);
-    int32_t in = kvhal__ocl_dt_size(a->input_dtype), out = kvhal__ocl_dt_size(a->cache_dtype);
+    int32_t in = (int32_t)kvhal_bk_dtype_size(a->input_dtype), out = (int32_t)kvhal_bk_dtype_size(a->cache_dtype);
     p->in_dt = (int32_t)a->input_dtype;
     p->out_dt = (int32_t)a->cache_dtype;
     p->slot_i64 = a->slot_dtype == KVHAL_I64;
@@ -113,13 +113,13 @@ bool ocl_paged_caching_supports(const ocl_device *d, const kvhal_bk_paged_cachin
                                 size_t reason_size)
 {
     if (!dt_is_float(a->input_dtype) || !dt_is_float(a->cache_dtype))
-        return kvhal__ocl_refuse(reason, reason_size, "paged caching of dtype %d into a cache of dtype %d",
-                                 (int)a->input_dtype, (int)a->cache_dtype);
+        return kvhal_bk_refuse(reason, reason_size, "paged caching of %s into a cache of %s",
+                                 kvhal_bk_dtype_name(a->input_dtype), kvhal_bk_dtype_name(a->cache_dtype));
     if (a->slot_dtype != KVHAL_I32 && a->slot_dtype != KVHAL_I64)
-        return kvhal__ocl_refuse(reason, reason_size, "slot_mapping dtype %d (i32 or i64 expected)",
-                                 (int)a->slot_dtype);
+        return kvhal_bk_refuse(reason, reason_size, "slot_mapping dtype %s (i32 or i64 expected)",
+                                 kvhal_bk_dtype_name(a->slot_dtype));
     if (a->num_heads < 1 || a->block_size < 1 || a->k.head_dim < 1 || a->v.head_dim < 1 || a->num_tokens < 1)
-        return kvhal__ocl_refuse(reason, reason_size, "paged caching without elements (%d heads, head dims %d/%d, "
+        return kvhal_bk_refuse(reason, reason_size, "paged caching without elements (%d heads, head dims %d/%d, "
                                  "%lld tokens)", (int)a->num_heads, (int)a->k.head_dim, (int)a->v.head_dim,
                                  (long long)a->num_tokens);
     /* The wide kernel's work-items of one token must fit one launch (the any-alignment kernel's are checked per
@@ -127,7 +127,7 @@ bool ocl_paged_caching_supports(const ocl_device *d, const kvhal_bk_paged_cachin
     pc_plan p;
     make_plan(d, a, &p);
     if (p.per_launch[PC_VEC] == 0)
-        return kvhal__ocl_refuse(reason, reason_size, "%llu work-items per token exceed one launch (%llu) on '%s'",
+        return kvhal_bk_refuse(reason, reason_size, "%llu work-items per token exceed one launch (%llu) on '%s'",
                                  (unsigned long long)p.per_tok[PC_VEC], (unsigned long long)OCL_MAX_ITEMS, d->name);
     return true;
 }

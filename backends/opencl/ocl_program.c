@@ -285,29 +285,3 @@ kvhal_status kvhal__ocl_launch(ocl_device *d, cl_command_queue q, const ocl_kset
                                kname, global, local);
     return KVHAL_OK;
 }
-
-/* ---- shared by the ops ---- */
-int32_t kvhal__ocl_dt_size(kvhal_dtype dt)
-{
-    switch (dt) {
-    case KVHAL_F32:
-    case KVHAL_I32: return 4;
-    case KVHAL_F16:
-    case KVHAL_BF16: return 2;
-    case KVHAL_FP8_E4M3:
-    case KVHAL_FP8_E5M2: return 1;
-    case KVHAL_I64: return 8;
-    default: return 0;
-    }
-}
-
-bool kvhal__ocl_refuse(char *reason, size_t reason_size, const char *fmt, ...)
-{
-    if (reason && reason_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(reason, reason_size, fmt, ap);
-        va_end(ap);
-    }
-    return false;
-}

@@ -10,13 +10,13 @@
 static bool ocl_supports(void *ctx, int32_t id, kvhal_bk_op op, const void *args, char *reason, size_t reason_size)
 {
     const ocl_device *d = kvhal__ocl_device(ctx, id);
-    if (!d) return kvhal__ocl_refuse(reason, reason_size, "opencl:%d: no such device", (int)id);
+    if (!d) return kvhal_bk_refuse(reason, reason_size, "opencl:%d: no such device", (int)id);
     switch (op) {
 #define OCL_X_SUPPORTS(E, name, T)                                                                              \
     case KVHAL_BK_OP_##E: return ocl_##name##_supports(d, (const T *)args, reason, reason_size);
         KVHAL_BK_OP_LIST(OCL_X_SUPPORTS)
 #undef OCL_X_SUPPORTS
-    default: return kvhal__ocl_refuse(reason, reason_size, "op %d is not an op of this module", (int)op);
+    default: return kvhal_bk_refuse(reason, reason_size, "op %d is not an op of this module", (int)op);
     }
 }
 

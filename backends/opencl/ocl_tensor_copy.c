@@ -66,14 +66,14 @@ static void coalesce(const kvhal_bk_tensor_copy *a, tc_layout *L)
 bool ocl_tensor_copy_supports(const ocl_device *d, const kvhal_bk_tensor_copy *a, char *reason, size_t reason_size)
 {
     (void)d;
-    if (kvhal__ocl_dt_size(a->dst.dtype) == 0 || a->dst.dtype != a->src.dtype || a->dst.ndim != a->src.ndim ||
+    if ((int32_t)kvhal_bk_dtype_size(a->dst.dtype) == 0 || a->dst.dtype != a->src.dtype || a->dst.ndim != a->src.ndim ||
         a->dst.ndim < 0 || a->dst.ndim > KVHAL_MAX_DIMS)
-        return kvhal__ocl_refuse(reason, reason_size, "tensor_copy of dtype %d/%d, ndim %d/%d", (int)a->dst.dtype,
-                                 (int)a->src.dtype, a->dst.ndim, a->src.ndim);
+        return kvhal_bk_refuse(reason, reason_size, "tensor_copy of dtype %s/%s, ndim %d/%d",
+                                 kvhal_bk_dtype_name(a->dst.dtype), kvhal_bk_dtype_name(a->src.dtype), a->dst.ndim, a->src.ndim);
     for (int32_t i = 0; i < a->dst.ndim; i++)
         if (a->dst.shape[i] != a->src.shape[i] || a->dst.shape[i] < 0 || a->dst.strides[i] < 0 ||
             a->src.strides[i] < 0)
-            return kvhal__ocl_refuse(reason, reason_size, "tensor_copy dim %d: shape %lld/%lld, strides %lld/%lld",
+            return kvhal_bk_refuse(reason, reason_size, "tensor_copy dim %d: shape %lld/%lld, strides %lld/%lld",
                                      i, (long long)a->dst.shape[i], (long long)a->src.shape[i],
                                      (long long)a->dst.strides[i], (long long)a->src.strides[i]);
     return true;
@@ -101,7 +101,7 @@ kvhal_status ocl_tensor_copy_desc_create(ocl_device *d, const kvhal_bk_tensor_co
     if (st != KVHAL_OK) return st;
     tc_layout L;
     coalesce(a, &L);
-    td->esize = kvhal__ocl_dt_size(a->dst.dtype);
+    td->esize = (int32_t)kvhal_bk_dtype_size(a->dst.dtype);
     td->ndim = L.ndim;
     if (L.ndim > 0) {
         int32_t n = L.ndim;

@@ -31,12 +31,6 @@ static inline kvhal_status kvhal__op_run(const kvhal__bk *bk, int32_t id, kvhal_
     }
 }
 
-/* A descriptor for this call only (no cache): asks supports first, then desc_create (desc NULL without one). */
-KVHAL_HIDDEN kvhal_status kvhal__op_desc_once(const kvhal__bk *bk, kvhal_device dev, kvhal_bk_op op, const void *args,
-                                              void **desc);
-/* Gives back a descriptor from kvhal__op_desc_once. */
-KVHAL_HIDDEN void kvhal__op_desc_release(const kvhal__bk *bk, kvhal_device dev, kvhal_bk_op op, void *desc);
-
 /* Runs a validated, normalised call: the descriptor comes from this thread's cache under key (made on a miss, after
  * the backend's supports agreed), or, with key NULL (a key that does not fit), is made for this call only. */
 static inline kvhal_status kvhal__op_dispatch(kvhal_device dev, const kvhal__bk *bk, kvhal_bk_op op,
@@ -47,9 +41,9 @@ static inline kvhal_status kvhal__op_dispatch(kvhal_device dev, const kvhal__bk 
         KVHAL_TRY(kvhal__desc_get_or_create(dev, bk, op, key, args, &desc));
         return kvhal__op_run(bk, dev.id, op, desc, args, kvhal__bk_stream(s));
     }
-    KVHAL_TRY(kvhal__op_desc_once(bk, dev, op, args, &desc));
+    KVHAL_TRY(kvhal__desc_make(bk, dev, op, args, &desc));
     kvhal_status st = kvhal__op_run(bk, dev.id, op, desc, args, kvhal__bk_stream(s));
-    kvhal__op_desc_release(bk, dev, op, desc);
+    kvhal__desc_release(bk, dev, op, desc);
     return st;
 }
 

@@ -81,14 +81,14 @@ kvhal_status kvhal__tensor_copy_pair(const kvhal_tensor *dst0, const kvhal_tenso
     } else {
         KVHAL_TRY(kvhal__desc_get_or_create(v1, b1, KVHAL_BK_OP_TENSOR_COPY, &k1, &a1, &d1));
         if (kvhal__desc_peek(v0, &k0) != d0 || d0 == NULL) {
-            KVHAL_TRY(kvhal__op_desc_once(b0, v0, KVHAL_BK_OP_TENSOR_COPY, &a0, &d0));
-            kvhal_status st = kvhal__op_desc_once(b1, v1, KVHAL_BK_OP_TENSOR_COPY, &a1, &d1);
+            KVHAL_TRY(kvhal__desc_make(b0, v0, KVHAL_BK_OP_TENSOR_COPY, &a0, &d0));
+            kvhal_status st = kvhal__desc_make(b1, v1, KVHAL_BK_OP_TENSOR_COPY, &a1, &d1);
             if (st == KVHAL_OK) {
                 st = b0->ops.tensor_copy(b0->ctx, v0.id, d0, &a0, stream);
                 if (st == KVHAL_OK) st = b1->ops.tensor_copy(b1->ctx, v1.id, d1, &a1, stream);
-                kvhal__op_desc_release(b1, v1, KVHAL_BK_OP_TENSOR_COPY, d1);
+                kvhal__desc_release(b1, v1, KVHAL_BK_OP_TENSOR_COPY, d1);
             }
-            kvhal__op_desc_release(b0, v0, KVHAL_BK_OP_TENSOR_COPY, d0);
+            kvhal__desc_release(b0, v0, KVHAL_BK_OP_TENSOR_COPY, d0);
             return st;
         }
     }

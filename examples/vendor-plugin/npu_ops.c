@@ -78,17 +78,6 @@ static uint8_t f32_to_fp8(float x, fp8_format f)
     return sign | (uint8_t)code;
 }
 
-static size_t dtype_size(kvhal_dtype d)
-{
-    switch (d) {
-    case KVHAL_F32: case KVHAL_I32: return 4;
-    case KVHAL_F16: case KVHAL_BF16: return 2;
-    case KVHAL_FP8_E4M3: case KVHAL_FP8_E5M2: return 1;
-    case KVHAL_I64: return 8;
-    default: return 0;
-    }
-}
-
 static float load_float(const unsigned char *p, kvhal_dtype dt)
 {
     if (dt == KVHAL_F32) {
@@ -129,16 +118,16 @@ typedef struct npu_desc {
 static void plan_paged(const kvhal_bk_paged_caching *a, paged_plan *p)
 {
     p->in_dtype = a->input_dtype;
-    p->in_size = dtype_size(a->input_dtype);
-    p->cache_size = dtype_size(a->cache_dtype);
-    p->slot_size = dtype_size(a->slot_dtype);
+    p->in_size = kvhal_bk_dtype_size(a->input_dtype);
+    p->cache_size = kvhal_bk_dtype_size(a->cache_dtype);
+    p->slot_size = kvhal_bk_dtype_size(a->slot_dtype);
     p->convert = a->input_dtype != a->cache_dtype;
     p->fp8 = a->cache_dtype == KVHAL_FP8_E5M2 ? fp8_e5m2 : fp8_e4m3;
 }
 
 static void plan_copy(const kvhal_bk_tensor_copy *a, copy_plan *p)
 {
-    p->elem = dtype_size(a->dst.dtype);
+    p->elem = kvhal_bk_dtype_size(a->dst.dtype);
     p->ndim = 0;
     for (int32_t i = 0; i < a->dst.ndim; i++) {
         const int64_t n = a->dst.shape[i], ds = a->dst.strides[i], ss = a->src.strides[i];

@@ -97,16 +97,6 @@ static kvhal_status tp_d2d(void *ctx, int32_t id, void *dst, size_t doff, const 
 
 static kvhal_status tp_sync(void *ctx, int32_t id) { return ctx ? KVHAL_OK : KVHAL_INTERNAL; }
 
-static size_t tp_esize(kvhal_dtype dt)
-{
-    switch (dt) {
-    case KVHAL_F32: case KVHAL_I32: return 4;
-    case KVHAL_F16: case KVHAL_BF16: return 2;
-    case KVHAL_I64: return 8;
-    default: return 1;
-    }
-}
-
 static bool tp_supports(void *ctx, int32_t id, kvhal_bk_op op, const void *args, char *reason, size_t reason_size)
 {
 #ifdef TP_REFUSE
@@ -121,7 +111,7 @@ static bool tp_supports(void *ctx, int32_t id, kvhal_bk_op op, const void *args,
 /* Element by element over any strides: the index is split into coordinates, last dimension fastest. */
 static kvhal_status tp_tensor_copy(void *ctx, int32_t id, void *desc, const kvhal_bk_tensor_copy *a, void *stream)
 {
-    const size_t es = tp_esize(a->dst.dtype);
+    const size_t es = kvhal_bk_dtype_size(a->dst.dtype);
     int64_t n = 1;
     for (int d = 0; d < a->dst.ndim; d++) n *= a->dst.shape[d];
     for (int64_t i = 0; i < n; i++) {
