@@ -413,21 +413,47 @@ KVHAL_API kvhal_status kvhal_block_pool_check_integrity(const kvhal_block_pool *
  * later inserts; it returns them to the system when it is destroyed. Its footprint is that of its fullest moment. */
 typedef enum kvhal_prefix_kind { KVHAL_PREFIX_NAIVE = 0, KVHAL_PREFIX_RADIX = 1 } kvhal_prefix_kind;
 typedef struct kvhal_prefix_cache kvhal_prefix_cache;
-typedef struct kvhal_prefix_node *kvhal_prefix_handle; /* a node; NULL/root means "nothing matched" */
+/** A prefix-cache handle: an opaque 64-bit value, 0 meaning "nothing matched". Either a node handle (from
+ * kvhal_prefix_match: the node's slot and the slot's generation) or a request handle (from
+ * kvhal_cache_manager_match: a lock of its own, consumed by the request's finish or unlock). A stale handle (its
+ * node evicted or reset, its request finished or unlocked) is always refused with KVHAL_INVALID_HANDLE, however
+ * the memory was reused since. Another cache's handle is refused unless its slot and generation both happen to
+ * name a live entry here (generations start at a different place per cache: about 1 in 2^31). */
+typedef uint64_t kvhal_prefix_handle;
 /* Receives freed page indices during evict/reset. */
 typedef void (*kvhal_pages_fn)(const int32_t *pages, size_t n, void *user);
 
 KVHAL_API kvhal_status kvhal_prefix_cache_create(kvhal_prefix_kind kind, int32_t page_size,
                                                  kvhal_prefix_cache **out);
+/** Destroys a prefix cache; every handle of it is gone with it.
+ * @param pc a cache from kvhal_prefix_cache_create (NULL: KVHAL_OK).
+ * @return KVHAL_OK; KVHAL_INVALID_HANDLE when pc is not a live prefix cache; KVHAL_INVALID_ARGUMENT when pc belongs
+ *         to a cache manager (kvhal_cache_manager_prefix): only kvhal_cache_manager_destroy frees it. */
 KVHAL_API kvhal_status kvhal_prefix_cache_destroy(kvhal_prefix_cache *pc);
 KVHAL_API int32_t kvhal_prefix_cache_page_size(const kvhal_prefix_cache *pc);
-/* Longest cached prefix of tokens, aligned down to whole pages. Writes cached_len/page_size page indices to
- * pages (if pages_cap is too small: KVHAL_OUT_OF_RANGE, nothing written). handle = deepest matched node. */
+/** Longest cached prefix of tokens, aligned down to whole pages.
+ * @param pc the cache (borrowed for the call).
+ * @param tokens num_tokens token ids (read during the call; NULL only with num_tokens 0).
+ * @param handle out (may be NULL): the node handle of the deepest matched node, 0 when nothing matched.
+ * @param cached_len out (may be NULL): the matched length in tokens.
+ * @param pages out: cached_len/page_size page indices; pages_cap entries room.
+ * @return KVHAL_OK; KVHAL_OUT_OF_RANGE when pages_cap is too small (then nothing is written: not pages, handle
+ *         nor cached_len); KVHAL_INVALID_HANDLE for a pc that is not live; KVHAL_INVALID_ARGUMENT for NULL arrays;
+ *         KVHAL_OUT_OF_MEMORY when a node split cannot allocate.
+ * Thread safety: pc is single-owner (see the cache manager section). */
 KVHAL_API kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
                                           kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
                                           size_t pages_cap);
-/* Protects the path from handle to the root from eviction (counted; unlock undoes one lock). */
+/** Protects the path from handle to the root from eviction (counted; unlock undoes one lock).
+ * @param pc the cache. @param handle a node handle from match (or a request handle: its node is locked once more).
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for 0; KVHAL_INVALID_HANDLE for a stale or foreign handle;
+ *         KVHAL_OUT_OF_RANGE when the path holds INT32_MAX locks. */
 KVHAL_API kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle);
+/** Gives back one lock. A request handle (kvhal_cache_manager_match) is consumed: its lock goes back and the handle
+ * is stale from then on (a dropped request is released this way).
+ * @param pc the cache. @param handle a locked node handle or a live request handle.
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for 0 or a node with no lock of its own left (the locks request
+ *         handles hold are theirs to give back); KVHAL_INVALID_HANDLE for a stale or foreign handle. */
 KVHAL_API kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle);
 /* Inserts tokens[0..n) (n aligned down to pages) with their pages (n/page_size entries). already_cached = the
  * length that was present before; the tree keeps its own pages there, so the caller still owns its
@@ -455,22 +481,35 @@ KVHAL_API kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t p
                                                   kvhal_cache_manager **out);
 KVHAL_API kvhal_status kvhal_cache_manager_destroy(kvhal_cache_manager *cm);
 KVHAL_API kvhal_prefix_cache *kvhal_cache_manager_prefix(kvhal_cache_manager *cm);
-/* match + lock. The handle must be passed to cache_finished later (or, for a request that is dropped, to
- * kvhal_prefix_unlock on kvhal_cache_manager_prefix(cm), after kvhal_cache_manager_free of its own pages).
- * Use the prefix cache of a manager for queries and lock/unlock only: insert and evict go through the manager. */
+/** match + lock, with a request handle of its own (never 0, even when nothing matched).
+ * The handle must be passed to cache_finished or cache_finished_suffix once (a second finish is
+ * KVHAL_INVALID_HANDLE, so no request can ever insert pages another request holds now), or, for a request that
+ * is dropped, to kvhal_prefix_unlock on kvhal_cache_manager_prefix(cm), after kvhal_cache_manager_free of its own
+ * pages. Use the prefix cache of a manager for queries and lock/unlock only: insert and evict go through the
+ * manager, and it cannot be destroyed on its own.
+ * @param cm the manager. @param tokens num_tokens ids (read during the call).
+ * @param handle out, required: the request handle. @param cached_len out (may be NULL).
+ * @param pages out: the cached pages, pages_cap entries room.
+ * @return as kvhal_prefix_match (nothing is written on a refusal), and KVHAL_INVALID_ARGUMENT for a NULL handle;
+ *         KVHAL_OUT_OF_MEMORY when no request handle can be allocated. */
 KVHAL_API kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                                  kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
                                                  size_t pages_cap);
 /* n pages, evicting when free pages run short; all or nothing (KVHAL_OUT_OF_MEMORY). */
 KVHAL_API kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, int32_t *pages);
 KVHAL_API kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const int32_t *pages, int32_t n);
-/* A request finished: tokens[0..n) with pages covering ceil(n/page_size) pages (the first ones from match).
- * Inserts the page-aligned part, frees duplicate pages and the partial tail page, unlocks handle. */
+/** A request finished: tokens[0..n) with pages covering ceil(n/page_size) pages (the first ones from match).
+ * Inserts the page-aligned part, frees duplicate pages and the partial tail page, consumes handle.
+ * @param cm the manager. @param tokens, num_tokens, pages the request's (read during the call).
+ * @param handle the request handle its kvhal_cache_manager_match gave.
+ * @return KVHAL_OK; KVHAL_INVALID_HANDLE when handle is not a live request handle of cm (0, a node handle,
+ *         finished or unlocked already, or stale after a reset); KVHAL_INVALID_ARGUMENT for pages not held or not
+ *         repeating the matched ones; KVHAL_OUT_OF_MEMORY. Nothing changes on a refusal. */
 KVHAL_API kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const int32_t *tokens,
                                                           size_t num_tokens, const int32_t *pages,
                                                           kvhal_prefix_handle handle);
-/* The same, given only what follows the match: tokens[0..n) and their pages (ceil(n/page_size) of them) are the
- * request's tokens past the handle's cached length (0 for a NULL handle), inserted below the handle. The cached
+/** The same, given only what follows the match: tokens[0..n) and their pages (ceil(n/page_size) of them) are the
+ * request's tokens past the handle's cached length, inserted below the handle; handle as for cache_finished. The cached
  * prefix is the handle's by construction, so nothing of it is passed or compared again: what cache_finished
  * spends re-reading and checking the matched prefix (its tokens and pages), this one does not. Every page passed
  * is still checked as one the caller's requests hold. */

@@ -81,6 +81,21 @@ bool kvhal__handle_remove_kind(const void *p, uint32_t magic)
     return found;
 }
 
+bool kvhal__handle_live(const void *p, uint32_t magic)
+{
+    bool found = false;
+    pthread_mutex_lock(&live_mu);
+    if (live_cap) {
+        for (size_t j = hash_ptr(p) & (live_cap - 1); live[j]; j = (j + 1) & (live_cap - 1))
+            if (live[j] == p) {
+                found = *(const uint32_t *)p == magic;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&live_mu);
+    return found;
+}
+
 __attribute__((destructor)) static void live_free(void)
 {
     free(live);

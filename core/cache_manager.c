@@ -219,7 +219,7 @@ static void take_pages(kvhal_cache_manager *cm, int32_t n, int32_t *restrict out
 /* What create allocated (any part may be NULL after a failed create). */
 static void free_manager(kvhal_cache_manager *cm)
 {
-    kvhal_prefix_cache_destroy(cm->pc);
+    if (kvhal__prefix_set_manager_owned(cm->pc, false)) kvhal_prefix_cache_destroy(cm->pc);
     free(cm->tree_bits);
     free(cm->free_bits);
     free(cm->free_sum);
@@ -239,6 +239,7 @@ kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t page_size, 
     cm->nwords = (total + 63) / 64;
     cm->nsum = (cm->nwords + 63) / 64;
     kvhal_status st = kvhal_prefix_cache_create(kind, page_size, &cm->pc);
+    if (st == KVHAL_OK) kvhal__prefix_set_manager_owned(cm->pc, true);
     if (st == KVHAL_OK && (!(cm->tree_bits = kvhal__malloc(cm->nwords * sizeof *cm->tree_bits)) ||
                            !(cm->free_bits = kvhal__malloc(cm->nwords * sizeof *cm->free_bits)) ||
                            !(cm->free_sum = kvhal__malloc(cm->nsum * sizeof *cm->free_sum))))
@@ -285,10 +286,14 @@ kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *t
                                        size_t pages_cap)
 {
     KVHAL_TRY(check_cm(cm));
-    kvhal_prefix_handle h = NULL;
-    KVHAL_TRY(kvhal_prefix_match(cm->pc, tokens, num_tokens, &h, cached_len, pages, pages_cap));
-    if (h) KVHAL_TRY(kvhal_prefix_lock(cm->pc, h)); /* fresh from match: only a lock-count overflow can fail */
-    if (handle) *handle = h;
+    KVHAL_CHECK_ARG(handle, "handle: NULL (the request's handle is needed to finish it)");
+    kvhal_prefix_handle h = 0, ticket = 0;
+    size_t len = 0;
+    KVHAL_TRY(kvhal_prefix_match(cm->pc, tokens, num_tokens, &h, &len, pages, pages_cap));
+    /* a request handle of its own, even for an empty match: finishing it twice is refused */
+    KVHAL_TRY(kvhal__prefix_ticket(cm->pc, h, &ticket));
+    *handle = ticket;
+    if (cached_len) *cached_len = len;
     return KVHAL_OK;
 }
 
@@ -482,6 +487,10 @@ static kvhal_status finish_impl(kvhal_cache_manager *cm, const int32_t *tokens, 
     size_t npages = (num_tokens + ps - 1) / ps;
     KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
     KVHAL_CHECK_ARG(pages || npages == 0, "pages: NULL for %zu pages", npages);
+    if (!(handle >> 63))
+        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: 0x%016llx is not a request handle: pass the one "
+                          "kvhal_cache_manager_match gave this request (each request finishes once)",
+                          (unsigned long long)handle);
     size_t matched;
     KVHAL_TRY(kvhal__prefix_handle_len(cm->pc, handle, &matched));
     if (!suffix && matched > num_tokens)

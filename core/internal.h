@@ -99,6 +99,8 @@ KVHAL_HIDDEN bool kvhal__handle_add(const void *p);
  * stream passed as a buffer) fails with KVHAL_INVALID_HANDLE instead of freeing it as the wrong type. Every handle
  * struct starts with its magic. */
 KVHAL_HIDDEN bool kvhal__handle_remove_kind(const void *p, uint32_t magic);
+/* Whether p is in the live set with magic as its first word (nothing of p is read otherwise). */
+KVHAL_HIDDEN bool kvhal__handle_live(const void *p, uint32_t magic);
 
 /* ---- tensors (tensor.c) ---- */
 /* Validates t and names it argname in the message. */
@@ -144,6 +146,13 @@ KVHAL_HIDDEN kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, co
 /* Validates handle and gives the tokens from the root through it (0 for NULL). */
 KVHAL_HIDDEN kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle,
                                                    size_t *len);
+/* Locks the node a handle from kvhal_prefix_match names (0: the root, which needs no lock) and gives a request
+ * handle (a ticket) for that lock: the cache manager's match hands it out, and finishing or unlocking it consumes
+ * it, so that a second finish of one request is KVHAL_INVALID_HANDLE. */
+KVHAL_HIDDEN kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h,
+                                               kvhal_prefix_handle *out);
+/* Marks pc as a cache manager's (kvhal_prefix_cache_destroy refuses it) or not; false if pc is not live. */
+KVHAL_HIDDEN bool kvhal__prefix_set_manager_owned(kvhal_prefix_cache *pc, bool owned);
 /* Calls fn with the pages of every node (integrity checks). */
 KVHAL_HIDDEN kvhal_status kvhal__prefix_for_each_page(const kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user);
 

@@ -10,7 +10,11 @@
  *    thousands of children (the root of a trace) costs the same as one with two;
  *  - unlocked leaves sit in a binary min-heap on their last-access tick: eviction pops in LRU order in
  *    O(log n) per leaf, and a parent joins the heap when it becomes an unlocked leaf;
- *  - nodes come from slabs, so a stale handle still points at our memory and fails its magic check.
+ *  - nodes come from slabs, reached by slot id through an array of slabs; a handle is a 64-bit value (slot id and
+ *    the slot's generation, bumped each time the slot dies), so a stale handle names a dead generation and is
+ *    refused however the slot was reused since (a slot whose generation would wrap is retired, never reused);
+ *  - a cache manager's match hands out a ticket instead (a lock of its own, one per request, consumed by the
+ *    request's finish or unlock), so that a request finishing twice is refused even when its node still lives.
  * Ticks are a per-cache counter bumped by each match and insert (deterministic, unlike a clock); every access
  * touches a whole root path, so a parent's tick is never older than its children's.
  * Not thread-safe: the owner serialises calls. */
@@ -39,7 +43,9 @@ struct kvhal_prefix_node {
     int32_t heap_idx;   /* position in the LRU heap, -1 when not an unlocked leaf */
     uint32_t nchild;
     uint32_t id;        /* slot number, stable for the node's memory (integrity check scratch index) */
+    uint32_t gen;       /* the slot's generation: part of every handle to it, bumped when the node dies */
     int32_t own_locks;  /* of those, the locks taken with this node as the handle: what unlock may give back */
+    int32_t ticket_locks; /* of those, the ones request handles (tickets) hold: only the ticket gives them back */
     node *parent;       /* the free-list link while dead */
     kvhal_prefix_cache *owner;
     uint64_t tick;
@@ -67,6 +73,15 @@ typedef struct edge_stack {
     size_t n, cap;
 } edge_stack;
 
+/* A lock taken for one request (kvhal__prefix_ticket): the node it locks (by slot id and generation; UINT32_MAX
+ * for the root) and the ticket slot's own generation. */
+typedef struct ticket {
+    uint32_t node_id, node_gen;
+    uint32_t gen;       /* bumped when the ticket is consumed */
+    uint32_t next_free; /* free-list link (index + 1, 0 = end) while free */
+    bool live;
+} ticket;
+
 typedef struct heap_entry {
     uint64_t tick;
     node *n;
@@ -81,7 +96,14 @@ struct kvhal_prefix_cache {
     size_t num_nodes; /* live nodes, root excluded */
     size_t evictable_tokens, protected_tokens;
     slab *slabs;
+    slab **slab_at;     /* slab_at[id / SLAB_NODES] holds slot id */
+    size_t slab_at_cap;
     uint32_t num_slots;
+    uint32_t retired;   /* slots whose generation ran out: never reused */
+    uint32_t gen_base;  /* first generation of this cache's slots and tickets (differs between caches) */
+    bool manager_owned; /* created by a cache manager: only the manager destroys it */
+    ticket *tickets;
+    uint32_t num_tickets, tickets_cap, ticket_free, tickets_live;
     node *free_nodes;
     size_t free_count;
     tab_entry *tab;
@@ -147,13 +169,75 @@ static kvhal_status check_pc(const kvhal_prefix_cache *pc)
     return KVHAL_OK;
 }
 
-static kvhal_status check_handle(const kvhal_prefix_cache *pc, kvhal_prefix_handle h)
+/* ---- handles: (generation << 32) | (slot + 1), bit 63 set for a ticket; 0 = nothing matched (the root) ---- */
+#define H_TICKET (1ull << 63)
+#define GEN_MASK 0x7fffffffu
+#define ROOT_ID UINT32_MAX
+
+static inline kvhal_prefix_handle node_handle(const kvhal_prefix_cache *pc, const node *x)
 {
-    if (h->magic != NODE_MAGIC)
-        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p is not a live node (evicted or reset?)", (void *)h);
-    if (h->owner != pc)
-        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p belongs to another prefix cache", (void *)h);
+    return x == &pc->root ? 0 : ((uint64_t)x->gen << 32) | ((uint64_t)x->id + 1);
+}
+
+static inline node *node_at(const kvhal_prefix_cache *pc, uint32_t id)
+{
+    return &pc->slab_at[id / SLAB_NODES]->nodes[id % SLAB_NODES];
+}
+
+/* The next generation of a slot; false when it would come back to the cache's first one (the slot is retired). */
+static inline bool gen_next(const kvhal_prefix_cache *pc, uint32_t *gen)
+{
+    *gen = (*gen + 1) & GEN_MASK;
+    if (*gen == 0) *gen = 1;
+    return *gen != pc->gen_base;
+}
+
+/* The live node a node handle names (never the root: 0 is the caller's to treat). */
+static kvhal_status resolve_node(const kvhal_prefix_cache *pc, uint64_t h, node **out)
+{
+    uint32_t id = (uint32_t)h - 1, gen = (uint32_t)(h >> 32) & GEN_MASK;
+    if ((uint32_t)h == 0 || id >= pc->num_slots)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: 0x%016llx names no node of this prefix cache",
+                          (unsigned long long)h);
+    node *x = node_at(pc, id);
+    if (x->magic != NODE_MAGIC || x->gen != gen)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: 0x%016llx is stale (its node was evicted or reset) or "
+                          "another prefix cache's", (unsigned long long)h);
+    *out = x;
     return KVHAL_OK;
+}
+
+/* The live ticket a ticket handle names. */
+static kvhal_status resolve_ticket(const kvhal_prefix_cache *pc, uint64_t h, ticket **out)
+{
+    uint32_t slot = (uint32_t)h - 1, gen = (uint32_t)(h >> 32) & GEN_MASK;
+    if ((uint32_t)h == 0 || slot >= pc->num_tickets || !pc->tickets[slot].live || pc->tickets[slot].gen != gen)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: 0x%016llx is not a live request handle of this prefix cache "
+                          "(finished or unlocked already, reset, or another cache's)", (unsigned long long)h);
+    *out = &pc->tickets[slot];
+    return KVHAL_OK;
+}
+
+/* The node a handle of either kind stands for: the root for 0 and for a ticket of an empty match. */
+static kvhal_status resolve(const kvhal_prefix_cache *pc, kvhal_prefix_handle h, node **out)
+{
+    if (h == 0) {
+        *out = (node *)&pc->root;
+        return KVHAL_OK;
+    }
+    if (h & H_TICKET) {
+        ticket *t = NULL;
+        KVHAL_TRY(resolve_ticket(pc, h, &t));
+        if (t->node_id == ROOT_ID) {
+            *out = (node *)&pc->root;
+            return KVHAL_OK;
+        }
+        return resolve_node(pc, ((uint64_t)t->node_gen << 32) | ((uint64_t)t->node_id + 1), out);
+    }
+    if (pc->kind == KVHAL_PREFIX_NAIVE)
+        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: 0x%016llx, but a naive prefix cache only hands out 0 (and "
+                          "request handles)", (unsigned long long)h);
+    return resolve_node(pc, h, out);
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -282,12 +366,25 @@ static void tab_insert_node(kvhal_prefix_cache *pc, node *n)
 static kvhal_status reserve(kvhal_prefix_cache *pc, size_t extra_nodes)
 {
     while (pc->free_count < extra_nodes) {
+        if (pc->num_slots > UINT32_MAX - 2 * SLAB_NODES)
+            return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix cache: %u node slots, the most a handle can name",
+                              pc->num_slots);
+        size_t si = pc->num_slots / SLAB_NODES;
+        if (si == pc->slab_at_cap) {
+            size_t cap = pc->slab_at_cap ? 2 * pc->slab_at_cap : 16;
+            slab **a = kvhal__realloc(pc->slab_at, cap * sizeof *a);
+            if (!a) return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix cache: no memory for %zu more nodes", extra_nodes);
+            pc->slab_at = a;
+            pc->slab_at_cap = cap;
+        }
         slab *s = kvhal__malloc(sizeof *s);
         if (!s) return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix cache: no memory for %zu more nodes", extra_nodes);
         memset(s, 0, sizeof *s);
+        pc->slab_at[si] = s;
         for (int i = SLAB_NODES - 1; i >= 0; i--) {
             node *x = &s->nodes[i];
             x->magic = KVHAL_MAGIC_DEAD;
+            x->gen = pc->gen_base;
             x->id = pc->num_slots + (uint32_t)i;
             x->heap_idx = -1;
             x->parent = pc->free_nodes;
@@ -327,9 +424,10 @@ static node *node_take(kvhal_prefix_cache *pc)
     node *x = pc->free_nodes;
     pc->free_nodes = x->parent;
     pc->free_count--;
-    uint32_t id = x->id;
+    uint32_t id = x->id, gen = x->gen;
     memset(x, 0, sizeof *x);
     x->id = id;
+    x->gen = gen;
     x->magic = NODE_MAGIC;
     x->owner = pc;
     x->heap_idx = -1;
@@ -394,10 +492,16 @@ static void node_release(kvhal_prefix_cache *pc, node *x)
     x->mem = x->tok = x->pages = NULL;
     x->magic = KVHAL_MAGIC_DEAD;
     x->owner = NULL;
+    x->parent = NULL;
+    pc->num_nodes--;
+    /* every handle to it is stale from now on; a slot whose generation came full circle is never reused */
+    if (!gen_next(pc, &x->gen)) {
+        pc->retired++;
+        return;
+    }
     x->parent = pc->free_nodes;
     pc->free_nodes = x;
     pc->free_count++;
-    pc->num_nodes--;
 }
 
 /* A buffer of at least `need` words, from the pool when its class has one; *words gets its size. `optional`:
@@ -568,7 +672,12 @@ kvhal_status kvhal_prefix_cache_create(kvhal_prefix_kind kind, int32_t page_size
     pc->root.magic = NODE_MAGIC;
     pc->root.owner = pc;
     pc->root.heap_idx = -1;
-    pc->root.id = UINT32_MAX;
+    pc->root.id = ROOT_ID;
+    /* generations start at a different place in every cache, so that another cache's handle rarely names a live
+     * node here (it is refused unless slot and generation both happen to match) */
+    static _Atomic uint32_t serial;
+    pc->gen_base = (uint32_t)(mix64(++serial) & GEN_MASK);
+    if (pc->gen_base == 0) pc->gen_base = 1;
     pc->magic = PC_MAGIC;
     if (!kvhal__handle_add(pc)) {
         free(pc);
@@ -593,11 +702,32 @@ static void drop_all(kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
     pc->heap_n = 0;
     pc->root.nchild = 0;
     pc->evictable_tokens = pc->protected_tokens = 0;
+    /* the locks are gone, and with them every request handle */
+    for (uint32_t i = 0; i < pc->num_tickets; i++) {
+        ticket *t = &pc->tickets[i];
+        if (!t->live) continue;
+        t->live = false;
+        if (!gen_next(pc, &t->gen)) continue; /* retired: left off the free list */
+        t->next_free = pc->ticket_free;
+        pc->ticket_free = i + 1;
+    }
+    pc->tickets_live = 0;
+}
+
+bool kvhal__prefix_set_manager_owned(kvhal_prefix_cache *pc, bool owned)
+{
+    if (!pc || pc->magic != PC_MAGIC) return false;
+    pc->manager_owned = owned;
+    return true;
 }
 
 kvhal_status kvhal_prefix_cache_destroy(kvhal_prefix_cache *pc)
 {
     if (!pc) return KVHAL_OK;
+    /* manager_owned is read only once the live set says the memory is a live prefix cache */
+    if (kvhal__handle_live(pc, PC_MAGIC) && pc->manager_owned)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "pc: %p belongs to a cache manager; destroy the manager instead "
+                          "(kvhal_cache_manager_destroy)", (void *)pc);
     if (!kvhal__handle_remove_kind(pc, PC_MAGIC))
         return kvhal__err(KVHAL_INVALID_HANDLE, "pc: %p is not a live prefix cache (destroyed twice?)", (void *)pc);
     drop_all(pc, NULL, NULL);
@@ -608,6 +738,8 @@ kvhal_status kvhal_prefix_cache_destroy(kvhal_prefix_cache *pc)
         nx = s->next;
         free(s);
     }
+    free(pc->slab_at);
+    free(pc->tickets);
     free(pc->tab);
     free(pc->heap);
     free(pc);
@@ -625,9 +757,11 @@ kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, s
     KVHAL_TRY(check_pc(pc));
     KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
     KVHAL_CHECK_ARG(pages || pages_cap == 0, "pages: NULL with pages_cap %zu", pages_cap);
-    if (handle) *handle = NULL;
-    if (cached_len) *cached_len = 0;
-    if (pc->kind == KVHAL_PREFIX_NAIVE) return KVHAL_OK;
+    if (pc->kind == KVHAL_PREFIX_NAIVE) {
+        if (handle) *handle = 0;
+        if (cached_len) *cached_len = 0;
+        return KVHAL_OK;
+    }
 
     size_t ps = (size_t)pc->page_size;
     size_t n = num_tokens - num_tokens % ps;
@@ -649,28 +783,22 @@ kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, s
     touch(pc, x, ++pc->clock);
     for (node *y = x; y != &pc->root; y = y->parent)
         memcpy(pages + (y->end - y->len) / ps, y->pages, y->len / ps * sizeof(int32_t));
-    if (handle) *handle = (x == &pc->root) ? NULL : x;
+    if (handle) *handle = node_handle(pc, x);
     if (cached_len) *cached_len = w.pos;
     return KVHAL_OK;
 }
 
 static void unlock_path(kvhal_prefix_cache *pc, node *handle);
+static kvhal_status insert_impl(kvhal_prefix_cache *pc, node *start, const int32_t *tokens, size_t num_tokens,
+                                const int32_t *pages, node *must, bool pages_checked, size_t *already_cached);
 
-kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
+static kvhal_status lock_node(kvhal_prefix_cache *pc, node *handle)
 {
-    KVHAL_TRY(check_pc(pc));
-    if (!handle)
-        return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: NULL (match found nothing: there is nothing to lock)");
-    if (handle == &pc->root) return KVHAL_OK;
-    if (pc->kind == KVHAL_PREFIX_NAIVE)
-        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p, but a naive prefix cache only hands out NULL",
-                          (void *)handle);
-    KVHAL_TRY(check_handle(pc, handle));
     node *top = handle;
     while (top->parent != &pc->root) top = top->parent;
     if (top->lock_ref == INT32_MAX)
-        return kvhal__err(KVHAL_OUT_OF_RANGE, "handle: %p, its path already holds %d locks", (void *)handle,
-                          (int)INT32_MAX);
+        return kvhal__err(KVHAL_OUT_OF_RANGE, "handle: 0x%016llx, its path already holds %d locks",
+                          (unsigned long long)node_handle(pc, handle), (int)INT32_MAX);
     handle->own_locks++; /* <= its lock_ref: no overflow past the check above */
     for (node *x = handle; x != &pc->root; x = x->parent) {
         if (x->lock_ref++ == 0) {
@@ -682,21 +810,85 @@ kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handl
     return KVHAL_OK;
 }
 
+kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
+{
+    KVHAL_TRY(check_pc(pc));
+    if (!handle)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: 0 (match found nothing: there is nothing to lock)");
+    node *x;
+    KVHAL_TRY(resolve(pc, handle, &x));
+    if (x == &pc->root) return KVHAL_OK;
+    return lock_node(pc, x);
+}
+
+/* Consumes a live ticket: its lock goes back, the handle is stale from now on. */
+static void ticket_release(kvhal_prefix_cache *pc, ticket *t, node *x)
+{
+    if (x != &pc->root) {
+        x->ticket_locks--;
+        unlock_path(pc, x);
+    }
+    uint32_t slot = (uint32_t)(t - pc->tickets);
+    t->live = false;
+    pc->tickets_live--;
+    if (!gen_next(pc, &t->gen)) return; /* retired */
+    t->next_free = pc->ticket_free;
+    pc->ticket_free = slot + 1;
+}
+
 kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
 {
     KVHAL_TRY(check_pc(pc));
     if (!handle)
-        return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: NULL (match found nothing: there is nothing to unlock)");
-    if (handle == &pc->root) return KVHAL_OK;
-    if (pc->kind == KVHAL_PREFIX_NAIVE)
-        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p, but a naive prefix cache only hands out NULL",
-                          (void *)handle);
-    KVHAL_TRY(check_handle(pc, handle));
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: 0 (match found nothing: there is nothing to unlock)");
+    node *x;
+    KVHAL_TRY(resolve(pc, handle, &x));
+    if (handle & H_TICKET) {
+        ticket_release(pc, &pc->tickets[(uint32_t)handle - 1], x);
+        return KVHAL_OK;
+    }
+    if (x == &pc->root) return KVHAL_OK;
     /* own_locks, not lock_ref: a lock through this node by a longer handle is not this handle's to give back */
-    if (handle->own_locks <= 0)
-        return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: %p is not locked (unlock without a matching lock)",
-                          (void *)handle);
-    unlock_path(pc, handle);
+    if (x->own_locks - x->ticket_locks <= 0)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: 0x%016llx is not locked (unlock without a matching lock%s)",
+                          (unsigned long long)handle,
+                          x->ticket_locks ? "; the locks it has are request handles', given back by those" : "");
+    unlock_path(pc, x);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h, kvhal_prefix_handle *out)
+{
+    KVHAL_TRY(check_pc(pc));
+    node *x;
+    KVHAL_TRY(resolve(pc, node_h, &x));
+    if (!pc->ticket_free) {
+        if (pc->num_tickets == pc->tickets_cap) {
+            if (pc->tickets_cap >= (UINT32_MAX >> 2))
+                return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix cache: %u request handles live, the most there can be",
+                                  pc->tickets_live);
+            uint32_t cap = pc->tickets_cap ? 2 * pc->tickets_cap : 64;
+            ticket *t = kvhal__realloc(pc->tickets, (size_t)cap * sizeof *t);
+            if (!t) return kvhal__err(KVHAL_OUT_OF_MEMORY, "prefix cache: no memory for %u request handles", cap);
+            pc->tickets = t;
+            pc->tickets_cap = cap;
+        }
+        pc->tickets[pc->num_tickets] = (ticket){.gen = pc->gen_base};
+        pc->ticket_free = ++pc->num_tickets;
+    }
+    if (x != &pc->root) {
+        KVHAL_TRY(lock_node(pc, x));
+        x->ticket_locks++;
+    }
+    uint32_t slot = pc->ticket_free - 1;
+    ticket *t = &pc->tickets[slot];
+    pc->ticket_free = t->next_free;
+    t->next_free = 0;
+    t->live = true;
+    t->node_id = x == &pc->root ? ROOT_ID : x->id;
+    t->node_gen = x == &pc->root ? 0 : x->gen;
+    pc->tickets_live++;
+    *out = H_TICKET | ((uint64_t)t->gen << 32) | ((uint64_t)slot + 1);
     return KVHAL_OK;
 }
 
@@ -707,8 +899,7 @@ kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle han
  * `must`'s (the cache manager checks each as a page its request holds), so the sign check here would read them
  * again. *already_cached counts from start. */
 static kvhal_status insert_impl(kvhal_prefix_cache *pc, node *start, const int32_t *tokens, size_t num_tokens,
-                                const int32_t *pages, kvhal_prefix_handle must, bool pages_checked,
-                                size_t *already_cached)
+                                const int32_t *pages, node *must, bool pages_checked, size_t *already_cached)
 {
     size_t ps = (size_t)pc->page_size;
     size_t n = num_tokens - num_tokens % ps;
@@ -817,24 +1008,22 @@ kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *
     size_t ps = (size_t)pc->page_size;
     KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
     KVHAL_CHECK_ARG(pages || num_tokens < ps, "pages: NULL for %zu pages", num_tokens / ps);
-    if (handle == &pc->root) handle = NULL;
+    node *x;
+    KVHAL_TRY(resolve(pc, handle, &x));
+    ticket *t = (handle & H_TICKET) ? &pc->tickets[(uint32_t)handle - 1] : NULL;
+    if (!t && x != &pc->root && x->own_locks - x->ticket_locks <= 0)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: 0x%016llx is not locked (finished twice?)",
+                          (unsigned long long)handle);
     if (pc->kind == KVHAL_PREFIX_NAIVE) {
-        if (handle)
-            return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p, but a naive prefix cache only hands out NULL",
-                              (void *)handle);
         if (already_cached) *already_cached = num_tokens - num_tokens % ps;
-        return KVHAL_OK;
+    } else if (suffix) {
+        KVHAL_TRY(insert_impl(pc, x, tokens, num_tokens, pages, NULL, true, already_cached));
+    } else {
+        KVHAL_TRY(insert_impl(pc, &pc->root, tokens, num_tokens, pages, x == &pc->root ? NULL : x, true,
+                              already_cached));
     }
-    if (handle) {
-        KVHAL_TRY(check_handle(pc, handle));
-        if (handle->own_locks <= 0)
-            return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: %p is not locked (finished twice?)", (void *)handle);
-    }
-    if (suffix)
-        KVHAL_TRY(insert_impl(pc, handle ? handle : &pc->root, tokens, num_tokens, pages, NULL, true, already_cached));
-    else
-        KVHAL_TRY(insert_impl(pc, &pc->root, tokens, num_tokens, pages, handle, true, already_cached));
-    if (handle) unlock_path(pc, handle);
+    if (t) ticket_release(pc, t, x);
+    else if (x != &pc->root) unlock_path(pc, x);
     return KVHAL_OK;
 }
 
@@ -842,12 +1031,9 @@ kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix
 {
     KVHAL_TRY(check_pc(pc));
     *len = 0;
-    if (!handle || handle == &pc->root) return KVHAL_OK;
-    if (pc->kind == KVHAL_PREFIX_NAIVE)
-        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: %p, but a naive prefix cache only hands out NULL",
-                          (void *)handle);
-    KVHAL_TRY(check_handle(pc, handle));
-    *len = handle->end;
+    node *x;
+    KVHAL_TRY(resolve(pc, handle, &x));
+    *len = x->end;
     return KVHAL_OK;
 }
 
@@ -982,9 +1168,10 @@ static kvhal_status check_node(const kvhal_prefix_cache *pc, const node *x, scra
     if (x->tick > pc->clock || (p != &pc->root && p->tick < x->tick))
         return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u was used at tick %llu, after its parent (%llu)",
                           x->id, (unsigned long long)x->tick, (unsigned long long)p->tick);
-    if (x->lock_ref < 0 || x->own_locks < 0 || x->own_locks > x->lock_ref)
-        return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has %d locks, %d of them its own", x->id,
-                          x->lock_ref, x->own_locks);
+    if (x->lock_ref < 0 || x->own_locks < 0 || x->own_locks > x->lock_ref || x->ticket_locks < 0 ||
+        x->ticket_locks > x->own_locks)
+        return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u has %d locks, %d of them its own, %d of those "
+                          "request handles'", x->id, x->lock_ref, x->own_locks, x->ticket_locks);
     bool leaf_free = x->nchild == 0 && x->lock_ref == 0;
     if (leaf_free != (x->heap_idx >= 0))
         return kvhal__err(KVHAL_INTEGRITY, "prefix cache: node %u (%u children, %d locks) is %s the LRU heap", x->id,
@@ -1039,9 +1226,9 @@ kvhal_status kvhal_prefix_check_integrity(const kvhal_prefix_cache *pc)
         }
     if (st != KVHAL_OK) goto done;
     for (const node *f = pc->free_nodes; f && free_seen <= pc->num_slots; f = f->parent) free_seen++;
-    if (live != pc->num_nodes || free_seen != pc->free_count || live + free_seen != pc->num_slots) {
-        st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: %zu live + %zu free nodes, expected %zu + %zu of %u slots",
-                        live, free_seen, pc->num_nodes, pc->free_count, pc->num_slots);
+    if (live != pc->num_nodes || free_seen != pc->free_count || live + free_seen + pc->retired != pc->num_slots) {
+        st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: %zu live + %zu free + %u retired nodes, expected %zu + %zu of "
+                        "%u slots", live, free_seen, pc->retired, pc->num_nodes, pc->free_count, pc->num_slots);
         goto done;
     }
     if (evictable != pc->evictable_tokens || protect != pc->protected_tokens) {
@@ -1078,6 +1265,30 @@ kvhal_status kvhal_prefix_check_integrity(const kvhal_prefix_cache *pc)
                 goto done;
             }
         }
+    {
+        /* every live request handle locks a live node (or the root), as many as the nodes count */
+        size_t tickets_live = 0, node_tickets = 0, ticket_locks = 0;
+        for (uint32_t i = 0; i < pc->num_tickets; i++) {
+            const ticket *t = &pc->tickets[i];
+            if (!t->live) continue;
+            tickets_live++;
+            if (t->node_id == ROOT_ID) continue;
+            node_tickets++;
+            const node *x = t->node_id < pc->num_slots ? node_at(pc, t->node_id) : NULL;
+            if (!x || x->magic != NODE_MAGIC || x->gen != t->node_gen) {
+                st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: request handle %u locks a node that is gone", i);
+                goto done;
+            }
+        }
+        for (const slab *s = pc->slabs; s; s = s->next)
+            for (int i = 0; i < SLAB_NODES; i++)
+                if (s->nodes[i].magic == NODE_MAGIC) ticket_locks += (size_t)s->nodes[i].ticket_locks;
+        if (tickets_live != pc->tickets_live || node_tickets != ticket_locks) {
+            st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: %zu live request handles (%zu on nodes), counted %u and "
+                            "%zu", tickets_live, node_tickets, pc->tickets_live, ticket_locks);
+            goto done;
+        }
+    }
     if (sc.npages != total / ps) {
         st = kvhal__err(KVHAL_INTEGRITY, "prefix cache: %zu pages for %zu tokens", sc.npages, total);
         goto done;

@@ -2,7 +2,9 @@
  * The input picks a page size, a cache size and the prefix kind, then a stream of operations: requests that match,
  * allocate, decode, finish or are dropped; direct insert/match/lock/unlock/evict/reset on a second, standalone
  * radix cache; deliberate misuse (a wrong page list, a stale or unlocked handle) that must be refused without
- * change; and injected allocation failures. After every operation both caches must pass check_integrity, and
+ * change; stale handles (a request finishing again after its finish or drop, while its pages may be another
+ * request's by now; node handles of a standalone cache that was reset since) that must be refused with
+ * KVHAL_INVALID_HANDLE and change nothing; and injected allocation failures. After every operation both caches must pass check_integrity, and
  * every prefix hit must return pages whose shadow content (the hash of the token prefix written there) is exactly
  * the requester's: a wrong page, not just a wrong count, aborts. */
 #include <stdbool.h>
@@ -40,6 +42,7 @@ typedef struct req {
     int32_t pages[MAXTOK];
     size_t npages;
     kvhal_prefix_handle h;
+    kvhal_prefix_handle done_h; /* the handle of its last finish or drop: stale for ever */
 } req;
 
 static int fault_active; /* an allocation failure is injected into the current operation */
@@ -84,6 +87,8 @@ typedef struct state {
     req r[SLOTS];
     kvhal_prefix_handle held[HELD];
     int nheld;
+    kvhal_prefix_handle dead[HELD]; /* node handles of the standalone cache from before its last reset */
+    int ndead;
     int32_t next_page;       /* ids for the standalone cache */
 } state;
 
@@ -98,6 +103,7 @@ static void drop(state *s, req *q)
     size_t own = q->matched / (size_t)s->ps;
     check(kvhal_cache_manager_free(s->cm, q->pages + own, (int32_t)(q->npages - own)));
     if (q->h) check(kvhal_prefix_unlock(kvhal_cache_manager_prefix(s->cm), q->h));
+    q->done_h = q->h;
     q->active = 0;
 }
 
@@ -146,12 +152,17 @@ static void op_decode(state *s, input *in, req *q)
 }
 
 /* Finishes the request whole or by what follows its match (cache_finished_suffix), as the input says. */
+static kvhal_status finish_with(state *s, const req *q, const int32_t *pages, bool suffix, kvhal_prefix_handle h)
+{
+    if (!suffix) return kvhal_cache_manager_cache_finished(s->cm, q->tok, q->len, pages, h);
+    const size_t own = q->matched / (size_t)s->ps;
+    return kvhal_cache_manager_cache_finished_suffix(s->cm, h, q->tok + q->matched, q->len - q->matched,
+                                                      pages + own);
+}
+
 static kvhal_status finish_req(state *s, const req *q, const int32_t *pages, bool suffix)
 {
-    if (!suffix) return kvhal_cache_manager_cache_finished(s->cm, q->tok, q->len, pages, q->h);
-    const size_t own = q->matched / (size_t)s->ps;
-    return kvhal_cache_manager_cache_finished_suffix(s->cm, q->h, q->tok + q->matched, q->len - q->matched,
-                                                      pages + own);
+    return finish_with(s, q, pages, suffix, q->h);
 }
 
 static void op_finish(state *s, input *in, req *q)
@@ -159,7 +170,35 @@ static void op_finish(state *s, input *in, req *q)
     if (!q->active) return;
     kvhal_status st = finish_req(s, q, q->pages, next(in) & 1);
     if (!ok_or_fault(st)) return; /* nothing changed, the request still runs */
+    q->done_h = q->h;
     q->active = 0;
+}
+
+/* Stale handles: the request finishes again with the handle of its last finish or drop (its pages may be held by
+ * another request by now, or cached, or free), or a node handle from before a reset of the standalone cache is
+ * locked or unlocked. Each must be KVHAL_INVALID_HANDLE and change nothing. */
+static void op_stale(state *s, input *in, req *q)
+{
+    if (q->done_h && q->npages) {
+        int32_t before = kvhal_cache_manager_num_free(s->cm);
+        kvhal_prefix_size_info si0, si1;
+        check(kvhal_prefix_size_info_get(kvhal_cache_manager_prefix(s->cm), &si0));
+        if (finish_with(s, q, q->pages, next(in) & 1, q->done_h) != KVHAL_INVALID_HANDLE) abort();
+        if (kvhal_prefix_unlock(kvhal_cache_manager_prefix(s->cm), q->done_h) != KVHAL_INVALID_HANDLE) abort();
+        check(kvhal_prefix_size_info_get(kvhal_cache_manager_prefix(s->cm), &si1));
+        if (kvhal_cache_manager_num_free(s->cm) != before || si0.total_tokens != si1.total_tokens ||
+            si0.protected_tokens != si1.protected_tokens)
+            abort();
+    }
+    if (s->ndead) {
+        kvhal_prefix_handle d = s->dead[next(in) % (unsigned)s->ndead];
+        kvhal_prefix_size_info si0, si1;
+        check(kvhal_prefix_size_info_get(s->pc, &si0));
+        if (kvhal_prefix_lock(s->pc, d) != KVHAL_INVALID_HANDLE) abort();
+        if (kvhal_prefix_unlock(s->pc, d) != KVHAL_INVALID_HANDLE) abort();
+        check(kvhal_prefix_size_info_get(s->pc, &si1));
+        if (si0.protected_tokens != si1.protected_tokens) abort();
+    }
 }
 
 /* Misuse: a page list with one page swapped for one the request does not own (free, cached, or its own listed
@@ -213,7 +252,7 @@ static void op_standalone(state *s, input *in)
     uint64_t h[MAXTOK];
     unsigned what = next(in) % 6;
     size_t n = gen_tokens(in, t, h, MAXTOK);
-    kvhal_prefix_handle hd = NULL;
+    kvhal_prefix_handle hd = 0;
     size_t got = 0;
     int32_t pages[MAXTOK];
     kvhal_prefix_size_info si;
@@ -259,6 +298,8 @@ static void op_standalone(state *s, input *in)
             size_t count = 0;
             check(kvhal_prefix_reset(s->pc, collect, &count));
             if (count * (size_t)s->ps != si.total_tokens) abort();
+            /* every handle from before is stale now, the held ones first */
+            for (int k = 0; k < s->nheld && s->ndead < HELD; k++) s->dead[s->ndead++] = s->held[k];
             s->nheld = 0;
         }
         break;
@@ -289,7 +330,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         req *q = &s->r[(op >> 4) % SLOTS];
         fault_active = fault != 0;
         if (fault) kvhal_fault_inject_alloc(fault);
-        switch (op % 9) {
+        switch (op % 10) {
         case 0: case 1: op_start(s, &in, q); break;
         case 2: case 3: op_decode(s, &in, q); break;
         case 4: op_finish(s, &in, q); break;
@@ -300,11 +341,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             break;
         }
         case 7: op_misuse(s, &in, q); break;
+        case 9: op_stale(s, &in, q); break;
         default: op_standalone(s, &in); break;
         }
         kvhal_fault_inject_alloc(0);
         fault_active = 0;
-        fault = (op % 9 == 8 && (op & 0x40)) ? 1 + (int)(next(&in) % 4) : 0;
+        fault = (op % 10 == 8 && (op & 0x40)) ? 1 + (int)(next(&in) % 4) : 0;
         check(kvhal_cache_manager_check_integrity(s->cm));
         check(kvhal_prefix_check_integrity(s->pc));
         kvhal_prefix_size_info si;

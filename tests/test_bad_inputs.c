@@ -322,7 +322,7 @@ static void test_matrix(void **state)
     CASE(kvhal_prefix_insert(px, toks, 8, NULL, &already), KVHAL_INVALID_ARGUMENT, "pages");
     assert_int_equal(kvhal_prefix_insert(px, toks, 8, pg, &already), KVHAL_OK);
     CASE(kvhal_prefix_match(px, toks, 8, &h, &cached, out, 1), KVHAL_OUT_OF_RANGE, "pages_cap");
-    CASE(kvhal_prefix_unlock(px, NULL), KVHAL_INVALID_ARGUMENT, "handle");
+    CASE(kvhal_prefix_unlock(px, 0), KVHAL_INVALID_ARGUMENT, "handle");
     CASE(kvhal_prefix_evict(naive, 1, NULL, NULL, &ev), KVHAL_UNSUPPORTED, "naive");
     CASE(kvhal_prefix_evict(naive, 0, NULL, NULL, &ev), KVHAL_OK, NULL);
     assert_int_equal(kvhal_prefix_cache_destroy(px), KVHAL_OK);

@@ -37,6 +37,15 @@ static kvhal_prefix_size_info info(kvhal_cache_manager *cm)
     return si;
 }
 
+/* A request handle for a request that matched nothing (finishing needs one from match). */
+static kvhal_prefix_handle nomatch(kvhal_cache_manager *cm)
+{
+    kvhal_prefix_handle h = 0;
+    assert_int_equal(kvhal_cache_manager_match(cm, NULL, 0, &h, NULL, NULL, 0), KVHAL_OK);
+    assert_true(h != 0);
+    return h;
+}
+
 static void seq(int32_t *t, size_t n, int32_t start)
 {
     for (size_t i = 0; i < n; i++) t[i] = start + (int32_t)i;
@@ -268,8 +277,8 @@ static void test_misuse_refused(void **state)
     ok(cm);
     assert_int_equal(info(cm).total_tokens, 12);
     assert_int_equal(info(cm).protected_tokens, 0);
-    /* finished twice: the handle is no longer locked */
-    assert_int_equal(kvhal_cache_manager_cache_finished(cm, u, 12, pages, h), KVHAL_INVALID_ARGUMENT);
+    /* finished twice: the request handle was consumed */
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, u, 12, pages, h), KVHAL_INVALID_HANDLE);
     ok(cm);
     assert_int_equal(kvhal_cache_manager_allocate(cm, -1, pages), KVHAL_INVALID_ARGUMENT);
     assert_int_equal(kvhal_cache_manager_allocate(cm, 1, NULL), KVHAL_INVALID_ARGUMENT);
@@ -662,7 +671,7 @@ static void test_finish_bad_page_in_run(void **state)
         } else {
             /* the same run finished twice: the second time every page is the tree's */
             assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 12, pages, h), KVHAL_OK);
-            assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 12, pages, NULL), KVHAL_INVALID_ARGUMENT);
+            assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 12, pages, h), KVHAL_INVALID_HANDLE);
             ok(cm);
             assert_int_equal(info(cm).total_tokens, 12);
         }
@@ -772,7 +781,7 @@ static void test_strided_bad_pages(void **state)
         int32_t t[8];
         seq(t, 8, 3000 + 10 * (int32_t)c);
         int32_t free_before = kvhal_cache_manager_num_free(cm);
-        kvhal_status st = kvhal_cache_manager_cache_finished(cm, t, (size_t)cases[c].n, cases[c].pages, NULL);
+        kvhal_status st = kvhal_cache_manager_cache_finished(cm, t, (size_t)cases[c].n, cases[c].pages, nomatch(cm));
         assert_int_equal(st, cases[c].st);
         char want[32];
         snprintf(want, sizeof want, "pages[%d]", cases[c].bad);
@@ -793,7 +802,7 @@ static void test_strided_bad_pages(void **state)
         for (int32_t i = 0; i < 121; i++) run[i] = 10 + i;
         seq(t, 121, 5000);
         int32_t free_before = kvhal_cache_manager_num_free(cm);
-        assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 121, run, NULL), KVHAL_INVALID_ARGUMENT);
+        assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 121, run, nomatch(cm)), KVHAL_INVALID_ARGUMENT);
         if (!strstr(kvhal_last_error(), "pages[94]") || !strstr(kvhal_last_error(), "free"))
             fail_msg("%s", kvhal_last_error());
         ok(cm);
@@ -894,8 +903,8 @@ static void test_finish_suffix(void **state)
     assert_int_equal(kvhal_cache_manager_num_free(cm), free_before + 1); /* the tail page */
     assert_int_equal(info(cm).total_tokens, 24);
     assert_int_equal(info(cm).protected_tokens, 0);
-    /* finished twice: the handle is no longer locked */
-    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h, b + 12, 6, pages + 3), KVHAL_INVALID_ARGUMENT);
+    /* finished twice: the request handle was consumed */
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h, b + 12, 6, pages + 3), KVHAL_INVALID_HANDLE);
     ok(cm);
     /* the whole of B is found again, with its pages */
     int32_t again[8];
@@ -941,18 +950,18 @@ static void test_finish_suffix(void **state)
     assert_int_equal(c1, 8);
     assert_int_equal(c2, 16);
     assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h_short, NULL, 0, NULL), KVHAL_OK);
-    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h_short, NULL, 0, NULL), KVHAL_INVALID_ARGUMENT);
-    assert_int_equal(kvhal_cache_manager_cache_finished(cm, c, 8, p1, h_short), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h_short, NULL, 0, NULL), KVHAL_INVALID_HANDLE);
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, c, 8, p1, h_short), KVHAL_INVALID_HANDLE);
     ok(cm);
     assert_int_equal(info(cm).protected_tokens, 16);
     assert_int_equal(kvhal_cache_manager_cache_finished(cm, c, 16, p2, h_long), KVHAL_OK);
     ok(cm);
     assert_int_equal(info(cm).protected_tokens, 0);
-    /* a NULL handle: the suffix is the whole request */
+    /* a request that matched nothing: the suffix is the whole request */
     int32_t e[4], pe[1];
     seq(e, 4, 700);
     assert_int_equal(kvhal_cache_manager_allocate(cm, 1, pe), KVHAL_OK);
-    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, NULL, e, 4, pe), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, nomatch(cm), e, 4, pe), KVHAL_OK);
     ok(cm);
     assert_int_equal(kvhal_cache_manager_match(cm, e, 4, &h, &cached, again, 8), KVHAL_OK);
     assert_int_equal(cached, 4);
@@ -960,13 +969,13 @@ static void test_finish_suffix(void **state)
     assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h), KVHAL_OK);
     assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
 
-    /* naive: keeps nothing, every page goes back; a handle other than NULL is refused */
+    /* naive: keeps nothing, every page goes back; a handle other than a request handle is refused */
     cm = make(8, 2, KVHAL_PREFIX_NAIVE);
     int32_t pn[2];
     assert_int_equal(kvhal_cache_manager_allocate(cm, 2, pn), KVHAL_OK);
-    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, (kvhal_prefix_handle)pn, e, 4, pn),
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, (kvhal_prefix_handle)(uintptr_t)pn, e, 4, pn),
                      KVHAL_INVALID_HANDLE);
-    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, NULL, e, 4, pn), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, nomatch(cm), e, 4, pn), KVHAL_OK);
     ok(cm);
     assert_int_equal(kvhal_cache_manager_num_free(cm), 8);
     assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);

@@ -965,7 +965,7 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
     if ((int64_t)kvhal_cache_manager_available(r->cm) < need_now + need_decode + r->reserved) {
         if (s->h && (st = kvhal_prefix_unlock(kvhal_cache_manager_prefix(r->cm), s->h)) != KVHAL_OK)
             return fatal_status(r, "unlock", st), -2;
-        s->h = NULL;
+        s->h = 0;
         if (running == 0) {
             if (r->st.skipped < 5)
                 fprintf(stderr, "kvhal-replay: request %zu needs %lld pages, more than the cache's %lld: skipped\n",
@@ -1185,7 +1185,7 @@ PHASE static int finish(replay *r, slot *s)
         r->excluded += tick() - t2;
     }
     s->active = false;
-    s->h = NULL;
+    s->h = 0;
     r->reserved -= s->reserve;
     s->reserve = 0;
     r->st.requests++;
