@@ -189,6 +189,8 @@ bool kvhal_desc_key_equal(const kvhal_desc_key *a, const kvhal_desc_key *b)
     return memcmp(a->words, b->words, a->nwords * sizeof(uint64_t)) == 0;
 }
 
+static inline size_t op_capacity(uint32_t op);
+
 /* ---- per-thread caches ---- */
 
 struct entry {
@@ -208,6 +210,8 @@ struct lru {
     void *transient;          /* capacity 0: the last created descriptor, destroyed at the next miss or clear */
     const kvhal__bk *owner;   /* built-in op kinds: the backend whose desc_create made the descriptors */
     bool has_transient;
+    int32_t in_destroy;       /* destroy functions of this LRU running: their puts never evict */
+    size_t room;              /* while in_destroy: the size up to which their puts are cached */
     uint64_t hits, misses, evictions, inserts;
 };
 
@@ -231,11 +235,13 @@ static atomic_uint generation = 1;
 static _Thread_local struct {
     struct thread_cache *cache;
     unsigned generation;
+    bool tearing_down; /* this thread destroys a whole thread cache (its exit, or shutdown): puts are refused */
 } tls;
 
 /* Each LRU destroys its own descriptors: a built-in op's go back to the backend that made them (the LRU's owner,
  * so no registry lookup happens here), a registered kind's to the function it was registered with. */
-static void destroy_desc(const struct lru *l, uint32_t op, kvhal_device dev, void *desc)
+/* room: the LRU size up to which a put from the destroy function is cached (what its caller leaves free). */
+static void destroy_desc(struct lru *l, uint32_t op, kvhal_device dev, void *desc, size_t room)
 {
     if (op < KVHAL_BK_OP_COUNT) {
         const kvhal__bk *bk = l->owner;
@@ -243,7 +249,15 @@ static void destroy_desc(const struct lru *l, uint32_t op, kvhal_device dev, voi
         return;
     }
     kvhal_desc_destroy_fn fn = op_kinds[op].destroy;
-    if (fn) fn(desc, dev, op_kinds[op].user);
+    if (!fn) return;
+    /* re-entry is allowed, but a put from fn never evicts (evicting would run fn again, and a fn that puts once per
+     * call would never let the chain end): it is cached while there is room, refused with KVHAL_BUSY otherwise */
+    size_t saved = l->room;
+    l->room = room;
+    l->in_destroy++;
+    fn(desc, dev, op_kinds[op].user);
+    l->in_destroy--;
+    l->room = saved;
 }
 
 static inline size_t bucket_of(const struct lru *l, uint64_t hash)
@@ -305,12 +319,14 @@ static void *lru_remove(struct lru *l, struct entry *e)
     return desc;
 }
 
+/* Evicts what is over keep now, and no more: a destroy function that puts a descriptor back (re-entry is allowed)
+ * cannot keep the loop going. */
 static void lru_trim(struct lru *l, uint32_t op, kvhal_device dev, size_t keep)
 {
-    while (l->size > keep && l->tail) {
+    for (size_t over = l->size > keep ? l->size - keep : 0; over > 0 && l->tail; over--) {
         void *d = lru_remove(l, l->tail);
         l->evictions++;
-        destroy_desc(l, op, dev, d);
+        destroy_desc(l, op, dev, d, keep);
     }
 }
 
@@ -320,12 +336,24 @@ static void lru_drop_transient(struct lru *l, uint32_t op, kvhal_device dev)
     void *d = l->transient;
     l->transient = NULL;
     l->has_transient = false;
-    destroy_desc(l, op, dev, d);
+    destroy_desc(l, op, dev, d, 0);
 }
 
+/* Detaches every entry first, then destroys them: what a destroy function puts back meanwhile stays cached (a
+ * clear) or is refused (teardown, tls.tearing_down), so the loop ends. */
 static void lru_clear(struct lru *l, uint32_t op, kvhal_device dev)
 {
-    while (l->head) destroy_desc(l, op, dev, lru_remove(l, l->head));
+    struct entry *e = l->head;
+    l->head = l->tail = NULL;
+    l->size = 0;
+    memset(l->buckets, 0, (l->mask + 1) * sizeof *l->buckets);
+    while (e) {
+        struct entry *next = e->next;
+        void *d = e->desc;
+        free(e);
+        destroy_desc(l, op, dev, d, op_capacity(op));
+        e = next;
+    }
     lru_drop_transient(l, op, dev);
 }
 
@@ -358,6 +386,17 @@ static kvhal_status lru_insert(struct lru *l, uint32_t op, kvhal_device dev, con
     e->nwords = key->nwords;
     memcpy(e->words, key->words, key->nwords * sizeof(uint64_t));
     lru_trim(l, op, dev, capacity - 1);
+    /* a destroy function run by the trim may have put this very key: replace its descriptor */
+    struct entry *dup = lru_find(l, key);
+    if (dup) {
+        free(e);
+        void *old = dup->desc;
+        dup->desc = desc;
+        touch(l, dup);
+        l->inserts++;
+        if (old != desc) destroy_desc(l, op, dev, old, capacity);
+        return KVHAL_OK;
+    }
     size_t i = bucket_of(l, e->hash);
     e->hnext = l->buckets[i];
     l->buckets[i] = e;
@@ -406,9 +445,12 @@ static void thread_exit(void *p)
     else all_caches = tc->next;
     if (tc->next) tc->next->prev = tc->prev;
     pthread_mutex_unlock(&list_lock);
-    /* A destroy function that calls back into the cache gets a fresh (empty) thread cache, not this one. */
+    /* A destroy function that calls back into the cache does not reach this one; its puts are refused. */
     if (tls.cache == tc) tls.cache = NULL;
+    bool was = tls.tearing_down;
+    tls.tearing_down = true;
     thread_cache_destroy_all(tc, KVHAL_DEVICE_CPU, -1);
+    tls.tearing_down = was;
     thread_cache_free(tc);
 }
 
@@ -535,6 +577,9 @@ kvhal_status kvhal_desc_cache_put(kvhal_device dev, const kvhal_desc_key *key, v
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "key.op: %u (%s) is a built-in op kind, whose descriptors only its "
                           "backend makes; register a kind of your own with kvhal_desc_op_register", key->op,
                           op_kinds[key->op].name);
+    if (tls.tearing_down)
+        return kvhal__err(KVHAL_BUSY, "desc: not cached, the caller keeps it: this thread's descriptor caches are "
+                          "being destroyed (a destroy function putting a descriptor at thread exit or unload)");
     struct lru *l = lru_get(dev, key->op);
     if (!l) return KVHAL_OUT_OF_MEMORY;
     struct entry *e = lru_find(l, key);
@@ -543,14 +588,18 @@ kvhal_status kvhal_desc_cache_put(kvhal_device dev, const kvhal_desc_key *key, v
         e->desc = desc;
         touch(l, e);
         l->inserts++;
-        if (old != desc) destroy_desc(l, key->op, dev, old);
+        if (old != desc) destroy_desc(l, key->op, dev, old, op_capacity(key->op));
         return KVHAL_OK;
     }
     size_t cap = op_capacity(key->op);
+    if (l->in_destroy && l->size >= (l->room < cap ? l->room : cap))
+        return kvhal__err(KVHAL_BUSY, "desc: not cached, the caller keeps it: put from a destroy function of the same "
+                          "op kind while its LRU has no room (%zu of %zu); evicting would run the destroy function "
+                          "again", l->size, cap);
     if (cap == 0) {
         /* Caching is off for this op: the cache owns desc and has nowhere to keep it. */
         lru_trim(l, key->op, dev, 0);
-        destroy_desc(l, key->op, dev, desc);
+        destroy_desc(l, key->op, dev, desc, 0);
         return KVHAL_OK;
     }
     return lru_insert(l, key->op, dev, key, desc, cap);
@@ -606,7 +655,7 @@ kvhal_status kvhal__desc_get_or_create(kvhal_device dev, const kvhal__bk *bk, kv
     }
     kvhal_status st = lru_insert(l, (uint32_t)op, dev, key, d, cap);
     if (st != KVHAL_OK) {
-        destroy_desc(l, (uint32_t)op, dev, d);
+        destroy_desc(l, (uint32_t)op, dev, d, 0);
         return st;
     }
     *desc = d;
@@ -692,10 +741,12 @@ void kvhal__desc_cache_shutdown(void)
     struct thread_cache *list = all_caches;
     all_caches = NULL;
     pthread_mutex_unlock(&list_lock);
+    tls.tearing_down = true;
     while (list) {
         struct thread_cache *next = list->next;
         thread_cache_destroy_all(list, KVHAL_DEVICE_CPU, -1);
         thread_cache_free(list);
         list = next;
     }
+    tls.tearing_down = false;
 }

@@ -1,6 +1,7 @@
 /* faults.c — host allocations of the core, counted so that a test can make the N-th one fail
  * (kvhal_fault_inject_alloc or KVHAL_FAULT_ALLOC=N) and walk every allocation point of a create/update path.
  * Plugins ask kvhal__alloc_should_fail() before their own allocations, so device allocations are covered too. */
+#define _GNU_SOURCE /* secure_getenv: a set-user-id program ignores KVHAL_FAULT_ALLOC */
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -13,7 +14,7 @@ static atomic_int env_read;
 static void read_env(void)
 {
     if (atomic_exchange(&env_read, 1)) return;
-    const char *v = getenv("KVHAL_FAULT_ALLOC");
+    const char *v = secure_getenv("KVHAL_FAULT_ALLOC");
     if (v && *v) {
         char *end;
         long long n = strtoll(v, &end, 10);

@@ -69,6 +69,10 @@ KVHAL_HIDDEN void kvhal__log(int level, const char *fmt, ...) __attribute__((for
 /* The backend serving dev, with the status; the message names the argument arg ("k_cache.device"): not a
  * registered type, no module loaded for it, id out of range. O(1): an array index (the one-time discovery aside). */
 KVHAL_HIDDEN kvhal_status kvhal__lookup(kvhal_device dev, const char *arg, const kvhal__bk **out);
+/* Whether a module file may be loaded: a regular file (looked at without opening it otherwise, then opened with
+ * O_NONBLOCK), it and its folder owned by root or the effective user and not group- or other-writable. true: *fd is
+ * the file opened (the caller closes it); false: why holds the reason ("refused: ..."). */
+KVHAL_HIDDEN bool kvhal__module_file_check(const char *path, int *fd, char *why, size_t n);
 /* The CPU backend's entry point (backends/cpu), compiled into the core but reached like any module's. */
 KVHAL_HIDDEN const kvhal_backend *kvhal__cpu_backend_entry(uint32_t core_abi_version);
 /* "the npu backend (device npu:0) does not implement copy_blocks" */

@@ -6,13 +6,22 @@
  * this core's range, a bad table, a bad or taken device-type name, the type bound, init error) is recorded with its
  * reason and skipped.
  *
+ * Module files and folders (see kvhal__module_file_check): under secure execution (setuid, setgid, capabilities)
+ * KVHAL_BACKEND_PATH and KVHAL_BACKENDS are ignored (secure_getenv). A module file is opened without blocking and
+ * must be a regular file; it and its folder must be owned by root or this process's effective user and writable by
+ * nobody else (no group or other write bit), as the dynamic loader requires of what it loads for a setuid program;
+ * so nobody else can swap the file between the check and dlopen.
+ * There is no limit on the number of modules or folder entries listed; a refused file is listed with its reason.
+ *
  * Device types are names. The built-in names keep their ids (cpu 0, cuda 1, hip 2, opencl 3) whether or not their
  * module loads; another name is given the next free id below KVHAL_MAX_DEVICE_TYPES when its module loads. The
  * first module to serve a name wins. Afterwards by_type[type] is a plain array lookup with no lock: a slot is
  * written once (release) and never changes, because modules are never unloaded. */
-#define _GNU_SOURCE /* dladdr */
+#define _GNU_SOURCE /* dladdr, secure_getenv */
 #include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -20,10 +29,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "internal.h"
-
-#define MAX_MODULES 64
 
 typedef struct module {
     kvhal_backend_module_info info;
@@ -34,8 +43,9 @@ typedef struct module {
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 /* Held while a module is added (discovery, kvhal_backend_load) and while the module list is read. */
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
-static module modules[MAX_MODULES];
-static int32_t num_modules;
+/* Each module is allocated once and never freed or moved (by_type points into it); the array of pointers grows. */
+static module **modules;
+static int32_t num_modules, cap_modules;
 static _Atomic(const kvhal__bk *) by_type[KVHAL_MAX_DEVICE_TYPES];
 /* Type names: [0, num_types) are written before num_types is raised (release); built-in names from the start. */
 static char type_names[KVHAL_MAX_DEVICE_TYPES][KVHAL_DEVICE_TYPE_NAME_MAX] = {"cpu", "cuda", "hip", "opencl"};
@@ -79,7 +89,7 @@ const char *kvhal_device_type_name(kvhal_device_type t) { return kvhal__type_reg
 static const char *name_problem(const char *name)
 {
     if (!name) return "NULL";
-    size_t n = strlen(name);
+    size_t n = strnlen(name, KVHAL_DEVICE_TYPE_NAME_MAX);
     if (n == 0) return "empty";
     if (n >= KVHAL_DEVICE_TYPE_NAME_MAX) return "longer than 15 characters";
     if (!(name[0] >= 'a' && name[0] <= 'z')) return "does not start with a lowercase letter";
@@ -161,9 +171,17 @@ static const char *missing_required(const kvhal_backend *t, const kvhal_backend_
 
 static module *new_module(const char *name, const char *path)
 {
-    if (num_modules >= MAX_MODULES) return NULL;
-    module *m = &modules[num_modules++];
-    memset(m, 0, sizeof *m);
+    if (num_modules == cap_modules) {
+        int32_t cap = cap_modules ? 2 * cap_modules : 16;
+        /* plain allocations, not fault points: the registry is process state, not a caller's object */
+        module **a = cap_modules < INT32_MAX / 2 ? realloc(modules, (size_t)cap * sizeof *a) : NULL;
+        if (!a) return NULL;
+        modules = a;
+        cap_modules = cap;
+    }
+    module *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    modules[num_modules++] = m;
     m->info.type_id = -1;
     snprintf(m->info.name, sizeof m->info.name, "%s", name);
     snprintf(m->info.path, sizeof m->info.path, "%s", path);
@@ -207,7 +225,7 @@ static kvhal_status adopt(module *m, const kvhal_backend *t)
                offsetof(kvhal_backend, ops) + sizeof(void *));
         return KVHAL_LOAD_FAILED;
     }
-    if (t->name && *t->name) snprintf(m->info.name, sizeof m->info.name, "%.31s", t->name);
+    if (t->name && *t->name) snprintf(m->info.name, sizeof m->info.name, "%.31s", t->name); /* reads <= 31 */
     const char *bad = name_problem(t->device_type);
     if (t->device_type) snprintf(m->info.device_type, sizeof m->info.device_type, "%.15s", t->device_type);
     if (bad) {
@@ -236,7 +254,7 @@ static kvhal_status adopt(module *m, const kvhal_backend *t)
     if (type >= 0 && atomic_load_explicit(&by_type[type], memory_order_relaxed)) {
         const char *owner = "another module";
         for (int32_t i = 0; i < num_modules; i++)
-            if (modules[i].info.loaded && modules[i].info.type_id == type) owner = modules[i].info.path;
+            if (modules[i]->info.loaded && modules[i]->info.type_id == type) owner = modules[i]->info.path;
         REASON(m, "skipped: %s devices are already served by %s (the first module to serve a type wins)",
                t->device_type, owner);
         return KVHAL_LOAD_FAILED;
@@ -255,6 +273,7 @@ static kvhal_status adopt(module *m, const kvhal_backend *t)
     char reason[sizeof m->info.reason] = "";
     kvhal_clear_error();
     kvhal_status st = t->init(&services, &ctx, &count, reason, sizeof reason);
+    reason[sizeof reason - 1] = '\0'; /* a module that fills the buffer without a terminator is cut, not over-read */
     if (st != KVHAL_OK) {
         REASON(m, "init failed: %s%s%s", kvhal_status_name(st), reason[0] || kvhal_last_error()[0] ? ": " : "",
                reason[0] ? reason : kvhal_last_error());
@@ -283,7 +302,7 @@ static kvhal_status adopt(module *m, const kvhal_backend *t)
 /* KVHAL_BACKENDS=cpu,opencl limits which modules load (e.g. valgrind runs of the CPU suites); unset = all. */
 static bool backend_wanted(const char *name)
 {
-    const char *list = getenv("KVHAL_BACKENDS");
+    const char *list = secure_getenv("KVHAL_BACKENDS");
     if (!list || !*list) return true;
     size_t n = strlen(name);
     for (const char *p = list; *p;) {
@@ -295,6 +314,69 @@ static bool backend_wanted(const char *name)
     return false;
 }
 
+/* Owner root or the effective user, and no group or other write bit. */
+static bool owner_mode_safe(const struct stat *st, const char *what, const char *path, char *why, size_t n)
+{
+    uid_t me = geteuid();
+    if (st->st_uid != 0 && st->st_uid != me) {
+        snprintf(why, n, "refused: %s %.900s is owned by uid %u, neither root nor this process's effective user (%u)",
+                 what, path, (unsigned)st->st_uid, (unsigned)me);
+        return false;
+    }
+    if (st->st_mode & (S_IWGRP | S_IWOTH)) {
+        snprintf(why, n, "refused: %s %.900s is writable by %s (mode %04o); a module and its folder must be "
+                 "writable by their owner (root or this user) only", what, path,
+                 (st->st_mode & S_IWOTH) ? "everyone" : "its group", (unsigned)(st->st_mode & 07777));
+        return false;
+    }
+    return true;
+}
+
+bool kvhal__module_file_check(const char *path, int *fd_out, char *why, size_t n)
+{
+    *fd_out = -1;
+    struct stat st, fst;
+    /* stat first, so that a FIFO or a device is never opened; then open without blocking and check that the file
+     * opened is the one looked at */
+    if (stat(path, &st) != 0) {
+        snprintf(why, n, "cannot stat %.900s: %s", path, strerror(errno));
+        return false;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(why, n, "refused: %.900s is not a regular file (a FIFO, device or folder is never opened as a module)",
+                 path);
+        return false;
+    }
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        snprintf(why, n, "refused: cannot open %.900s: %s", path, strerror(errno));
+        return false;
+    }
+    if (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_dev != st.st_dev || fst.st_ino != st.st_ino) {
+        snprintf(why, n, "refused: %.900s changed while it was checked", path);
+        close(fd);
+        return false;
+    }
+    if (!owner_mode_safe(&fst, "module file", path, why, n)) {
+        close(fd);
+        return false;
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    struct stat dst;
+    if (stat(dir, &dst) != 0 || !owner_mode_safe(&dst, "module folder", dir, why, n)) {
+        if (why[0] == '\0') snprintf(why, n, "refused: cannot stat the folder %.900s", dir);
+        close(fd);
+        return false;
+    }
+    *fd_out = fd;
+    return true;
+}
+
 /* Loads one file (load_lock held). explicit: asked for by kvhal_backend_load, so KVHAL_BACKENDS does not filter
  * it. Returns the status for kvhal_backend_load; a module already loaded from the same path is OK. */
 static kvhal_status load_file(const char *given, bool explicit)
@@ -303,11 +385,11 @@ static kvhal_status load_file(const char *given, bool explicit)
     char path[PATH_MAX];
     if (!realpath(given, path)) snprintf(path, sizeof path, "%s", given);
     for (int32_t i = 0; i < num_modules; i++)
-        if (!strcmp(modules[i].info.path, path)) {
-            if (modules[i].info.loaded) return KVHAL_OK;
+        if (!strcmp(modules[i]->info.path, path)) {
+            if (modules[i]->info.loaded) return KVHAL_OK;
             if (!explicit) return KVHAL_LOAD_FAILED;
             return kvhal__err(KVHAL_LOAD_FAILED, "path: %s was tried before and not loaded: %s", path,
-                              modules[i].info.reason);
+                              modules[i]->info.reason);
         }
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
@@ -322,8 +404,18 @@ static kvhal_status load_file(const char *given, bool explicit)
     }
     if (!explicit && !backend_wanted(name)) return KVHAL_OK;
     module *m = new_module(name, path);
-    if (!m) return kvhal__err(KVHAL_LOAD_FAILED, "path: %s: the registry lists at most %d modules", path, MAX_MODULES);
+    if (!m) return kvhal__err(KVHAL_OUT_OF_MEMORY, "path: %s: no memory to list the module", path);
     kvhal_status st = KVHAL_LOAD_FAILED;
+    int fd;
+    m->info.reason[0] = '\0';
+    if (!kvhal__module_file_check(path, &fd, m->info.reason, sizeof m->info.reason)) {
+        kvhal__log(1, "backend module %s: %s", path, m->info.reason);
+        if (explicit) return kvhal__err(st, "path: %s not loaded: %s", path, m->info.reason);
+        return st;
+    }
+    /* by path: the file cannot be swapped in between by anyone but its folder's owner (checked above); not through
+     * /proc/self/fd/N, whose name the loader would take for a module loaded earlier through the same number */
+    close(fd);
     dlerror();
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
@@ -360,36 +452,46 @@ static void scan_dir(const char *dir, int depth)
 {
     DIR *d = opendir(dir);
     if (!d) return;
-    char *names[128];
-    int n = 0;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
     struct dirent *e;
-    while ((e = readdir(d)) && n < 128) {
+    while ((e = readdir(d))) {
         if (e->d_name[0] == '.') continue;
         bool module_file = !strncmp(e->d_name, "libkvhal-", 9) && has_suffix(e->d_name, ".so");
         if (!module_file && depth == 0 && e->d_type != DT_DIR && e->d_type != DT_UNKNOWN) continue;
         if (!module_file && depth > 0) continue;
+        if (n == cap) { /* no limit: every entry is looked at (a failed growth is logged, not silent) */
+            char **a = cap < SIZE_MAX / 4 / sizeof *a ? realloc(names, (cap ? 2 * cap : 64) * sizeof *a) : NULL;
+            if (!a) {
+                kvhal__log(0, "backend folder %s: out of memory after %zu entries; the rest are not looked at", dir, n);
+                break;
+            }
+            names = a;
+            cap = cap ? 2 * cap : 64;
+        }
         char *copy = strdup(e->d_name);
         if (copy) names[n++] = copy;
     }
     closedir(d);
-    qsort(names, (size_t)n, sizeof names[0], cmp_names);
+    if (n) qsort(names, n, sizeof names[0], cmp_names);
     char path[PATH_MAX];
-    for (int i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++) {
         if (snprintf(path, sizeof path, "%s/%s", dir, names[i]) < (int)sizeof path) {
             if (!strncmp(names[i], "libkvhal-", 9) && has_suffix(names[i], ".so")) load_file(path, false);
             else scan_dir(path, depth + 1);
         }
         free(names[i]);
     }
+    free(names);
 }
 
 static void load_all(void)
 {
     pthread_mutex_lock(&load_lock);
     module *cpu = new_module("cpu", "(built in)");
-    adopt(cpu, kvhal__cpu_backend_entry(KVHAL_BACKEND_ABI_VERSION));
+    if (cpu) adopt(cpu, kvhal__cpu_backend_entry(KVHAL_BACKEND_ABI_VERSION));
 
-    const char *env = getenv("KVHAL_BACKEND_PATH");
+    const char *env = secure_getenv("KVHAL_BACKEND_PATH");
     if (env && *env) {
         char buf[4096];
         snprintf(buf, sizeof buf, "%s", env);
@@ -493,7 +595,7 @@ kvhal_status kvhal_backend_module_get(int32_t index, kvhal_backend_module_info *
     ensure_loaded();
     pthread_mutex_lock(&load_lock);
     int32_t n = num_modules;
-    if (index >= 0 && index < n) *out = modules[index].info;
+    if (index >= 0 && index < n) *out = modules[index]->info;
     pthread_mutex_unlock(&load_lock);
     if (index < 0 || index >= n)
         return kvhal__err(KVHAL_OUT_OF_RANGE, "index: %d is out of range [0, %d)", index, n);

@@ -269,7 +269,7 @@ static void test_device_env_before_and_after_load(void **state)
     /* Loading errors: a path that is not there, a module refused at discovery. */
     assert_int_equal(kvhal_backend_load(NULL), KVHAL_INVALID_ARGUMENT);
     assert_int_equal(kvhal_backend_load(RT_PLUGIN_DIR "/libkvhal-absent.so"), KVHAL_LOAD_FAILED);
-    assert_contains(kvhal_last_error(), "dlopen failed");
+    assert_contains(kvhal_last_error(), "No such file");
     assert_int_equal(kvhal_backend_load(BAD_PLUGIN_DIR "/libkvhal-initfail.so"), KVHAL_LOAD_FAILED);
     assert_contains(kvhal_last_error(), "simulated driver failure");
 }

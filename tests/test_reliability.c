@@ -11,8 +11,21 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "kvhal.h"
+
+#ifndef KVHAL_TEST_BUILD_ROOT
+#define KVHAL_TEST_BUILD_ROOT "."
+#endif
+/* A module folder as an attacker leaves it (made by main before the first kvhal call, first in KVHAL_BACKEND_PATH):
+ * 80 junk files named like modules (more than the old 64-module table), a FIFO named like one, a copy of a real
+ * module that its group may write, and a world-writable folder holding another copy. */
+#define HOSTILE_DIR KVHAL_TEST_BUILD_ROOT "/tests/hostile-modules"
+#define NPU_MODULE KVHAL_TEST_BUILD_ROOT "/examples/vendor-plugin/libkvhal-npu.so"
+#define JUNK_FILES 80
 
 static kvhal_cache_manager *make_cm(int32_t total, int32_t ps)
 {
@@ -195,14 +208,202 @@ static void test_d9_refused_match_writes_nothing(void **state)
     assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
 }
 
+/* Defect 4: a destroy function that puts a new descriptor of its own kind (re-entry is allowed). */
+static kvhal_op_kind d4_op = -1;
+static int d4_created, d4_destroyed, d4_refused;
+static _Thread_local int d4_depth;
+
+static void d4_put_new(void)
+{
+    kvhal_desc_key key;
+    assert_int_equal(kvhal_desc_key_init(&key, d4_op), KVHAL_OK);
+    assert_int_equal(kvhal_desc_key_add_u64(&key, (uint64_t)(1000000 + d4_created)), KVHAL_OK);
+    int *d = malloc(sizeof *d);
+    assert_non_null(d);
+    d4_created++;
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    kvhal_status st = kvhal_desc_cache_put(cpu, &key, d);
+    if (st != KVHAL_OK) { /* refused (full LRU from a destroy function, or teardown): the caller keeps it */
+        assert_int_equal(st, KVHAL_BUSY);
+        d4_refused++;
+        free(d);
+    }
+}
+
+static void d4_destroy(void *desc, kvhal_device dev, void *user)
+{
+    (void)dev;
+    (void)user;
+    free(desc);
+    d4_destroyed++;
+    if (d4_depth < 100000) { /* every destroy puts one back */
+        d4_depth++;
+        d4_put_new();
+        d4_depth--;
+    }
+}
+
+static void *d4_thread(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 20; i++) d4_put_new();
+    return NULL; /* thread exit destroys this thread's cache: each destroy puts again */
+}
+
+static void test_d4_desc_destroy_reentry_terminates(void **state)
+{
+    (void)state;
+    alarm(60); /* the old loop never ended: fail instead of hanging */
+    assert_int_equal(kvhal_desc_op_register("issue21_reentrant", d4_destroy, NULL, &d4_op), KVHAL_OK);
+    assert_int_equal(kvhal_desc_cache_set_capacity(d4_op, 4), KVHAL_OK);
+    for (int i = 0; i < 50; i++) d4_put_new(); /* evicting puts */
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    kvhal_desc_cache_stats st;
+    assert_int_equal(kvhal_desc_cache_get_stats(cpu, d4_op, &st), KVHAL_OK);
+    if (st.size > 4) fail_msg("size %zu", st.size); /* at most one over capacity, from the puts of destroy functions */
+    assert_int_equal(kvhal_desc_cache_clear(cpu), KVHAL_OK); /* what destroy puts back during a clear stays */
+    assert_int_equal(kvhal_desc_cache_get_stats(cpu, d4_op, &st), KVHAL_OK);
+    assert_true(st.size <= 4);
+    assert_true(d4_refused > 0); /* puts from destroy functions into a full LRU: KVHAL_BUSY, the caller keeps it */
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, d4_thread, NULL), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(d4_created - d4_refused - d4_destroyed, 0 + (int)st.size); /* the rest is cached here */
+    assert_int_equal(kvhal_desc_cache_set_capacity(d4_op, 0), KVHAL_OK);
+    assert_int_equal(kvhal_desc_cache_clear(cpu), KVHAL_OK);
+    alarm(0);
+}
+
+static const kvhal_backend_module_info *find_module(const char *name, kvhal_backend_module_info *buf)
+{
+    int32_t n = 0;
+    assert_int_equal(kvhal_backend_module_count(&n), KVHAL_OK);
+    for (int32_t i = 0; i < n; i++) {
+        assert_int_equal(kvhal_backend_module_get(i, buf), KVHAL_OK);
+        if (!strcmp(buf->name, name)) return buf;
+    }
+    return NULL;
+}
+
+/* Defect 6: a FIFO named like a module is refused without being opened for reading (discovery used to block in
+ * dlopen for ever); 80 junk modules do not keep the real ones from loading (no limit), each is listed. */
+static void test_d6_module_folder_fifo_and_junk(void **state)
+{
+    (void)state;
+    kvhal_backend_module_info mi;
+    for (int i = 0; i < JUNK_FILES; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "aa%02d", i);
+        const kvhal_backend_module_info *j = find_module(name, &mi);
+        if (!j) fail_msg("junk module %s is not listed", name);
+        assert_false(j->loaded);
+    }
+    /* the real modules after them still load */
+    kvhal_device_type npu;
+    assert_int_equal(kvhal_device_type_find("npu", &npu), KVHAL_OK);
+    int32_t count = 0;
+    assert_int_equal(kvhal_device_count(npu, &count), KVHAL_OK);
+    assert_true(count > 0);
+    const kvhal_backend_module_info *ocl = find_module("opencl", &mi);
+    if (ocl) assert_true(ocl->loaded);
+    const kvhal_backend_module_info *fifo = find_module("fifo", &mi);
+    assert_non_null(fifo);
+    assert_false(fifo->loaded);
+    assert_non_null(strstr(fifo->reason, "not a regular file"));
+}
+
+/* Defect 1: module files and folders that others than their owner (or root) may write are refused, with the
+ * reason listed (a setuid program would otherwise run what an unprivileged user put there). */
+static void test_d1_unsafe_module_permissions_refused(void **state)
+{
+    (void)state;
+    kvhal_backend_module_info mi;
+    const kvhal_backend_module_info *gw = find_module("groupwritable", &mi);
+    assert_non_null(gw);
+    assert_false(gw->loaded);
+    if (!strstr(gw->reason, "writable by its group")) fail_msg("%s", gw->reason);
+    const kvhal_backend_module_info *ww = find_module("inopenfolder", &mi);
+    assert_non_null(ww);
+    assert_false(ww->loaded);
+    if (!strstr(ww->reason, "module folder") || !strstr(ww->reason, "everyone")) fail_msg("%s", ww->reason);
+    /* the same by kvhal_backend_load */
+    assert_int_equal(kvhal_backend_load(HOSTILE_DIR "/open/libkvhal-inopenfolder.so"), KVHAL_LOAD_FAILED);
+    assert_non_null(strstr(kvhal_last_error(), "writable"));
+}
+
+/* Defect 6: a module whose init fills its reason buffer with no terminator is listed with a bounded reason (the
+ * registry used to read past the buffer on its stack: an ASan stack-buffer-overflow). */
+static void test_d6_unterminated_module_reason_bounded(void **state)
+{
+    (void)state;
+    assert_int_equal(kvhal_backend_load(KVHAL_TEST_BUILD_ROOT "/tests/plugins_rt/libkvhal-badreason.so"),
+                     KVHAL_LOAD_FAILED);
+    kvhal_backend_module_info mi;
+    const kvhal_backend_module_info *m = find_module("badreason", &mi);
+    assert_non_null(m);
+    assert_false(m->loaded);
+    assert_true(strnlen(m->reason, sizeof m->reason) < sizeof m->reason);
+    assert_non_null(strstr(m->reason, "init failed"));
+    assert_non_null(strstr(m->reason, "xxxx"));
+}
+
+static int copy_file(const char *from, const char *to, mode_t mode)
+{
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    int ok = in && out;
+    char buf[65536];
+    size_t n;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
+    if (in) fclose(in);
+    if (out && fclose(out) != 0) ok = 0;
+    return ok && chmod(to, mode) == 0 ? 0 : -1;
+}
+
+/* The hostile folder; 0 when made (KVHAL_TEST_HOSTILE=fifo,junk,perm picks parts: for runs against older trees). */
+static int make_hostile_dir(void)
+{
+    const char *parts = getenv("KVHAL_TEST_HOSTILE");
+    if (!parts) parts = "fifo,junk,perm";
+    if (system("rm -rf '" HOSTILE_DIR "'") != 0 || mkdir(HOSTILE_DIR, 0755) != 0 ||
+        chmod(HOSTILE_DIR, 0755) != 0)
+        return -1;
+    if (strstr(parts, "junk"))
+        for (int i = 0; i < JUNK_FILES; i++) {
+            char path[512];
+            snprintf(path, sizeof path, HOSTILE_DIR "/libkvhal-aa%02d.so", i);
+            FILE *f = fopen(path, "w");
+            if (!f) return -1;
+            fputs("not an ELF file\n", f);
+            fclose(f);
+        }
+    if (strstr(parts, "fifo") && mkfifo(HOSTILE_DIR "/libkvhal-fifo.so", 0644) != 0) return -1;
+    if (strstr(parts, "perm")) {
+        if (copy_file(NPU_MODULE, HOSTILE_DIR "/libkvhal-groupwritable.so", 0775) != 0) return -1;
+        if (mkdir(HOSTILE_DIR "/open", 0777) != 0 || chmod(HOSTILE_DIR "/open", 0777) != 0) return -1;
+        if (copy_file(NPU_MODULE, HOSTILE_DIR "/open/libkvhal-inopenfolder.so", 0755) != 0) return -1;
+    }
+    const char *old = getenv("KVHAL_BACKEND_PATH");
+    static char path_env[8192];
+    snprintf(path_env, sizeof path_env, "%s%s%s", HOSTILE_DIR, old && *old ? ":" : "", old ? old : "");
+    return setenv("KVHAL_BACKEND_PATH", path_env, 1);
+}
+
 int main(void)
 {
+    if (make_hostile_dir() != 0) {
+        fprintf(stderr, "cannot make %s\n", HOSTILE_DIR);
+        return 1;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_d2_stale_prefix_handle_refused),
         cmocka_unit_test(test_d2_double_finish_suffix_refused),
         cmocka_unit_test(test_d2_double_finish_empty_match_refused),
         cmocka_unit_test(test_d3_manager_prefix_destroy_refused),
         cmocka_unit_test(test_d9_refused_match_writes_nothing),
+        cmocka_unit_test(test_d6_module_folder_fifo_and_junk),
+        cmocka_unit_test(test_d1_unsafe_module_permissions_refused),
+        cmocka_unit_test(test_d6_unterminated_module_reason_bounded),
+        cmocka_unit_test(test_d4_desc_destroy_reentry_terminates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

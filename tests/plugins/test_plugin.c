@@ -8,6 +8,7 @@
  *   TP_INIT_FAIL       its init fails with a reason of its own
  *   TP_DEVICES n       devices it reports (default 1)
  *   TP_REFUSE          its supports() refuses tensor_copy of f32 tensors, with a reason
+ *   TP_REASON_UNTERMINATED its init fails and fills the whole reason buffer with no terminating NUL
  * A working module is host memory with tensor_copy as its one op (paged_caching and copy_blocks slots are NULL).
  * Entries that a refused module must never reach return KVHAL_INTERNAL, so a core that called them fails a test. */
 #include <stdio.h>
@@ -38,7 +39,10 @@ static kvhal_status tp_init(const kvhal_core_services *svc, void **ctx, int32_t 
                             size_t reason_size)
 {
     *count = TP_DEVICES;
-#ifdef TP_INIT_FAIL
+#if defined(TP_REASON_UNTERMINATED)
+    memset(reason, 'x', reason_size);
+    return KVHAL_BACKEND_ERROR;
+#elif defined(TP_INIT_FAIL)
     snprintf(reason, reason_size, "%s: simulated driver failure", TP_NAME);
     return KVHAL_BACKEND_ERROR;
 #else
