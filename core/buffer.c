@@ -22,9 +22,14 @@ static size_t hash_ptr(const void *p)
     return (size_t)x;
 }
 
-static bool live_grow(void)
+#define LIVE_MIN_CAP 256
+
+/* Rehashes into a table sized for what is live (tombstones dropped): load at most 1/4 after, so that the table
+ * follows the live count both ways instead of doubling whenever tombstones pile up. */
+static bool live_rehash(size_t live_now)
 {
-    size_t ncap = live_cap ? live_cap * 2 : 256;
+    size_t ncap = LIVE_MIN_CAP;
+    while (ncap < 4 * (live_now + 1)) ncap *= 2;
     const void **n = calloc(ncap, sizeof *n); /* not kvhal__calloc: bookkeeping must not be a fault point */
     if (!n) return false;
     for (size_t i = 0; i < live_cap; i++) {
@@ -45,7 +50,7 @@ bool kvhal__handle_add(const void *p)
 {
     pthread_mutex_lock(&live_mu);
     bool ok = true;
-    if ((live_count + live_tomb + 1) * 2 > live_cap) ok = live_grow();
+    if ((live_count + live_tomb + 1) * 2 > live_cap) ok = live_rehash(live_count + 1);
     if (ok) {
         size_t j = hash_ptr(p) & (live_cap - 1);
         while (live[j] && live[j] != TOMB) j = (j + 1) & (live_cap - 1);
@@ -76,9 +81,19 @@ bool kvhal__handle_remove_kind(const void *p, uint32_t magic)
             }
             j = (j + 1) & (live_cap - 1);
         }
+        /* shrinks when at most 1/16 is live (a failed shrink keeps the larger table: still correct) */
+        if (found && live_cap > LIVE_MIN_CAP && live_count * 16 <= live_cap) (void)live_rehash(live_count);
     }
     pthread_mutex_unlock(&live_mu);
     return found;
+}
+
+size_t kvhal__handle_table_slots(void)
+{
+    pthread_mutex_lock(&live_mu);
+    size_t n = live_cap;
+    pthread_mutex_unlock(&live_mu);
+    return n;
 }
 
 bool kvhal__handle_live(const void *p, uint32_t magic)

@@ -103,6 +103,8 @@ KVHAL_HIDDEN bool kvhal__handle_add(const void *p);
  * stream passed as a buffer) fails with KVHAL_INVALID_HANDLE instead of freeing it as the wrong type. Every handle
  * struct starts with its magic. */
 KVHAL_HIDDEN bool kvhal__handle_remove_kind(const void *p, uint32_t magic);
+/* The live set's table size in slots (tests: it follows the live count both ways). */
+KVHAL_HIDDEN size_t kvhal__handle_table_slots(void);
 /* Whether p is in the live set with magic as its first word (nothing of p is read otherwise). */
 KVHAL_HIDDEN bool kvhal__handle_live(const void *p, uint32_t magic);
 

@@ -274,6 +274,39 @@ static void test_d4_desc_destroy_reentry_terminates(void **state)
     alarm(0);
 }
 
+/* Defect 5: the live-handle table follows what is live: after many create/destroy pairs with nothing else live, it
+ * is back at its smallest size (it held 2^20 slots, 8 MiB, after 10^6 pairs). The test's own small allocations in
+ * between (a ring of varied sizes) make the handles land at ever new addresses, as in a program; a burst of 20000
+ * live handles first grows the table, and destroying them must shrink it. kvhal__handle_table_slots is internal. */
+size_t kvhal__handle_table_slots(void);
+
+static void test_d5_live_handle_table_shrinks(void **state)
+{
+    (void)state;
+    enum { PAIRS = 300000, RING = 512, BURST = 20000 };
+    kvhal_block_pool **burst = calloc(BURST, sizeof *burst);
+    assert_non_null(burst);
+    for (int i = 0; i < BURST; i++) assert_int_equal(kvhal_block_pool_create(1, &burst[i]), KVHAL_OK);
+    size_t grown = kvhal__handle_table_slots();
+    assert_true(grown >= 2 * BURST);
+    for (int i = 0; i < BURST; i++) assert_int_equal(kvhal_block_pool_destroy(burst[i]), KVHAL_OK);
+    free(burst);
+    if (kvhal__handle_table_slots() > 1024) fail_msg("%zu slots with nothing live", kvhal__handle_table_slots());
+    void **ring = calloc(RING, sizeof *ring);
+    assert_non_null(ring);
+    for (int i = 0; i < PAIRS; i++) {
+        free(ring[i % RING]);
+        ring[i % RING] = malloc(16 + (size_t)(i * 37 % 2000));
+        kvhal_block_pool *p = NULL;
+        assert_int_equal(kvhal_block_pool_create(1, &p), KVHAL_OK);
+        assert_int_equal(kvhal_block_pool_destroy(p), KVHAL_OK);
+    }
+    for (int i = 0; i < RING; i++) free(ring[i]);
+    free(ring);
+    if (kvhal__handle_table_slots() > 1024)
+        fail_msg("%zu slots after %d create/destroy pairs with nothing live", kvhal__handle_table_slots(), (int)PAIRS);
+}
+
 static const kvhal_backend_module_info *find_module(const char *name, kvhal_backend_module_info *buf)
 {
     int32_t n = 0;
@@ -404,6 +437,7 @@ int main(void)
         cmocka_unit_test(test_d1_unsafe_module_permissions_refused),
         cmocka_unit_test(test_d6_unterminated_module_reason_bounded),
         cmocka_unit_test(test_d4_desc_destroy_reentry_terminates),
+        cmocka_unit_test(test_d5_live_handle_table_shrinks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
