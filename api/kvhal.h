@@ -64,6 +64,33 @@ KVHAL_API const char *kvhal_last_error(void);
 KVHAL_API void kvhal_clear_error(void);
 
 /* ------------------------------------------------------------------------------------------------------------ */
+/* Threads, owners and destroyed handles (what holds for every object below)                                    */
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Thread safety, per object:
+ * - Thread-safe (any thread, at once): the device and registry calls; the ops (kvhal_tensor_copy,
+ *   kvhal_paged_caching, kvhal_copy_blocks), the memcpy family and kvhal_memset on memory that no two of the calls
+ *   write at once, on the default stream (NULL) or each thread on streams of its own; buffer and stream queries; tensor views (plain values); the descriptor cache (each
+ *   thread has its own caches; op registration and capacities are global and locked); the conversions; errors
+ *   (kvhal_last_error is per thread); fault injection (process-wide).
+ * - Single-owner (one thread at a time; the caller serialises every call on the object, queries included, and a
+ *   destroy must not race with any use): a stream (kvhal_stream_synchronize and the calls that enqueue on it), the
+ *   caches (kvhal_kv_cache, kvhal_static_cache, kvhal_paged_cache), the block pool, the prefix cache and the cache
+ *   manager. Different objects may be used from different threads at once.
+ * - Detected: a status-returning call on a prefix cache or a cache manager while another call on the same object
+ *   is running (another thread, or a callback such as kvhal_prefix_evict's calling back in) returns KVHAL_BUSY,
+ *   naming the object, and changes nothing: a cheap atomic flag per call. It makes misuse visible, not safe. The
+ *   queries that return a value instead of a status (kvhal_cache_manager_available, _num_free, _pages_evicted,
+ *   kvhal_prefix_cache_page_size) are not covered, nor are the other single-owner objects.
+ * Destroyed handles:
+ * - Prefix-cache handles (kvhal_prefix_handle) carry a generation: a stale one is always KVHAL_INVALID_HANDLE.
+ * - Object pointers (buffers, streams, caches, block pools, prefix caches, cache managers) are looked up in a set of
+ *   live objects by *_destroy, and by every status-returning call of the prefix cache and the cache manager: a
+ *   destroyed one is KVHAL_INVALID_HANDLE there, without its memory being read, unless a new object of the same
+ *   kind has since been created at the same address (a pointer cannot tell the two apart: it then names the new
+ *   object). Every other call with a destroyed buffer, stream, cache or block pool is undefined, as with freed
+ *   memory: checking each use against the set would put a lock on every op's path. */
+
+/* ------------------------------------------------------------------------------------------------------------ */
 /* Devices                                                                                                      */
 /* ------------------------------------------------------------------------------------------------------------ */
 /* The device and registry calls below (parse through get_proc_address):
@@ -226,7 +253,10 @@ KVHAL_API kvhal_status kvhal_tensor_make(kvhal_buffer *buf, size_t offset, kvhal
 KVHAL_API kvhal_status kvhal_tensor_validate(const kvhal_tensor *t);
 KVHAL_API int64_t kvhal_tensor_numel(const kvhal_tensor *t);
 KVHAL_API bool kvhal_tensor_is_contiguous(const kvhal_tensor *t);
-/* Bytes from the first to one past the last element (0 for an empty tensor). */
+/** Bytes from the first to one past the last element.
+ * @param t a tensor value (read during the call; its buffer is not looked at).
+ * @return the span; 0 for an empty tensor, a NULL t or an ndim outside [1, KVHAL_MAX_DIMS]; SIZE_MAX when the span
+ *         does not fit in 64 bits (shape and strides overflow) or a shape or stride is negative. */
 KVHAL_API size_t kvhal_tensor_span_bytes(const kvhal_tensor *t);
 KVHAL_API kvhal_status kvhal_tensor_narrow(const kvhal_tensor *t, int32_t dim, int64_t start, int64_t length,
                                            kvhal_tensor *out);

@@ -25,6 +25,7 @@
 
 struct kvhal_cache_manager {
     uint32_t magic;
+    atomic_bool in_use;      /* KVHAL_OWNER_ENTER / LEAVE */
     int32_t total;
     int32_t page_size;
     int32_t nfree;
@@ -39,12 +40,22 @@ struct kvhal_cache_manager {
     kvhal_status cb_status;  /* first error seen inside an eviction callback */
 };
 
-static kvhal_status check_cm(const kvhal_cache_manager *cm)
+static kvhal_status check_cm_magic(const kvhal_cache_manager *cm)
 {
     if (!cm) return kvhal__err(KVHAL_INVALID_HANDLE, "cm: NULL");
     if (cm->magic != CM_MAGIC)
         return kvhal__err(KVHAL_INVALID_HANDLE, "cm: %p is not a live cache manager", (const void *)cm);
     return KVHAL_OK;
+}
+
+/* The entry points' check: the live-handle set first, so that a destroyed cache manager is refused without its memory
+ * being read (unless a new object of this kind was created at the same address since: see kvhal.h); the calls
+ * behind them use the magic check only. */
+static kvhal_status check_cm(const kvhal_cache_manager *cm)
+{
+    if (cm && !kvhal__handle_live(cm, CM_MAGIC))
+        return kvhal__err(KVHAL_INVALID_HANDLE, "cm: %p is not a live cache manager (destroyed?)", (const void *)cm);
+    return check_cm_magic(cm);
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -278,14 +289,14 @@ kvhal_status kvhal_cache_manager_destroy(kvhal_cache_manager *cm)
 
 kvhal_prefix_cache *kvhal_cache_manager_prefix(kvhal_cache_manager *cm)
 {
-    return (cm && cm->magic == CM_MAGIC) ? cm->pc : NULL;
+    return (cm && kvhal__handle_live(cm, CM_MAGIC)) ? cm->pc : NULL;
 }
 
-kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+static kvhal_status kvhal_cache_manager_match__body(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                        kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
                                        size_t pages_cap)
 {
-    KVHAL_TRY(check_cm(cm));
+    KVHAL_TRY(check_cm_magic(cm));
     KVHAL_CHECK_ARG(handle, "handle: NULL (the request's handle is needed to finish it)");
     kvhal_prefix_handle h = 0, ticket = 0;
     size_t len = 0;
@@ -348,9 +359,9 @@ static kvhal_status evict_tokens(kvhal_cache_manager *cm, size_t num_tokens, siz
     return cm->cb_status;
 }
 
-kvhal_status kvhal_cache_manager_evict(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
+static kvhal_status kvhal_cache_manager_evict__body(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
 {
-    KVHAL_TRY(check_cm(cm));
+    KVHAL_TRY(check_cm_magic(cm));
     if (evicted) *evicted = 0;
     kvhal_prefix_size_info si;
     KVHAL_TRY(kvhal_prefix_size_info_get(cm->pc, &si));
@@ -358,9 +369,9 @@ kvhal_status kvhal_cache_manager_evict(kvhal_cache_manager *cm, size_t num_token
     return evict_tokens(cm, num_tokens, evicted);
 }
 
-kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, int32_t *pages)
+static kvhal_status kvhal_cache_manager_allocate__body(kvhal_cache_manager *cm, int32_t n, int32_t *pages)
 {
-    KVHAL_TRY(check_cm(cm));
+    KVHAL_TRY(check_cm_magic(cm));
     if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
     if (n == 0) return KVHAL_OK;
     KVHAL_CHECK_ARG(pages, "pages: NULL for %d pages", (int)n);
@@ -466,9 +477,9 @@ static void give_back(kvhal_cache_manager *cm, const int32_t *pages, size_t from
     cm->held -= (int64_t)(to - from);
 }
 
-kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const int32_t *pages, int32_t n)
+static kvhal_status kvhal_cache_manager_free__body(kvhal_cache_manager *cm, const int32_t *pages, int32_t n)
 {
-    KVHAL_TRY(check_cm(cm));
+    KVHAL_TRY(check_cm_magic(cm));
     if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
     if (n == 0) return KVHAL_OK;
     KVHAL_CHECK_ARG(pages, "pages: NULL for %d pages", (int)n);
@@ -482,7 +493,7 @@ kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const int32_t *pa
 static kvhal_status finish_impl(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                 const int32_t *pages, kvhal_prefix_handle handle, bool suffix)
 {
-    KVHAL_TRY(check_cm(cm));
+    KVHAL_TRY(check_cm_magic(cm));
     size_t ps = (size_t)cm->page_size;
     size_t npages = (num_tokens + ps - 1) / ps;
     KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
@@ -515,13 +526,13 @@ static kvhal_status finish_impl(kvhal_cache_manager *cm, const int32_t *tokens, 
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+static kvhal_status kvhal_cache_manager_cache_finished__body(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                                 const int32_t *pages, kvhal_prefix_handle handle)
 {
     return finish_impl(cm, tokens, num_tokens, pages, handle, false);
 }
 
-kvhal_status kvhal_cache_manager_cache_finished_suffix(kvhal_cache_manager *cm, kvhal_prefix_handle handle,
+static kvhal_status kvhal_cache_manager_cache_finished_suffix__body(kvhal_cache_manager *cm, kvhal_prefix_handle handle,
                                                        const int32_t *tokens, size_t num_tokens,
                                                        const int32_t *pages)
 {
@@ -530,7 +541,7 @@ kvhal_status kvhal_cache_manager_cache_finished_suffix(kvhal_cache_manager *cm, 
 
 int32_t kvhal_cache_manager_available(const kvhal_cache_manager *cm)
 {
-    if (!cm || cm->magic != CM_MAGIC) return 0;
+    if (!cm || !kvhal__handle_live(cm, CM_MAGIC)) return 0;
     kvhal_prefix_size_info si;
     if (kvhal_prefix_size_info_get(cm->pc, &si) != KVHAL_OK) return 0;
     return cm->nfree + (int32_t)(si.evictable_tokens / (size_t)cm->page_size);
@@ -538,12 +549,12 @@ int32_t kvhal_cache_manager_available(const kvhal_cache_manager *cm)
 
 int32_t kvhal_cache_manager_num_free(const kvhal_cache_manager *cm)
 {
-    return (cm && cm->magic == CM_MAGIC) ? cm->nfree : 0;
+    return (cm && kvhal__handle_live(cm, CM_MAGIC)) ? cm->nfree : 0;
 }
 
 uint64_t kvhal_cache_manager_pages_evicted(const kvhal_cache_manager *cm)
 {
-    return (cm && cm->magic == CM_MAGIC) ? cm->evicted_pages : 0;
+    return (cm && kvhal__handle_live(cm, CM_MAGIC)) ? cm->evicted_pages : 0;
 }
 
 typedef struct tree_count {
@@ -587,9 +598,9 @@ static kvhal_status check_free_set(const kvhal_cache_manager *cm)
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm)
+static kvhal_status kvhal_cache_manager_check_integrity__body(const kvhal_cache_manager *cm)
 {
-    KVHAL_TRY(check_cm(cm));
+    KVHAL_TRY(check_cm_magic(cm));
     KVHAL_TRY(check_free_set(cm));
     KVHAL_TRY(kvhal_prefix_check_integrity(cm->pc));
     int64_t cached = 0;
@@ -620,4 +631,79 @@ kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm)
                           si.protected_tokens / (size_t)cm->page_size, (long long)cm->held, (int)cm->total,
                           (int)nfree, (long long)cached, (long long)held);
     return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                       kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
+                                       size_t pages_cap)
+{
+    KVHAL_TRY(check_cm(cm));
+    kvhal_cache_manager *o = cm;
+    KVHAL_OWNER_ENTER(o, "cm");
+    kvhal_status st = kvhal_cache_manager_match__body(cm, tokens, num_tokens, handle, cached_len, pages, pages_cap);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_cache_manager_evict(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
+{
+    KVHAL_TRY(check_cm(cm));
+    kvhal_cache_manager *o = cm;
+    KVHAL_OWNER_ENTER(o, "cm");
+    kvhal_status st = kvhal_cache_manager_evict__body(cm, num_tokens, evicted);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, int32_t *pages)
+{
+    KVHAL_TRY(check_cm(cm));
+    kvhal_cache_manager *o = cm;
+    KVHAL_OWNER_ENTER(o, "cm");
+    kvhal_status st = kvhal_cache_manager_allocate__body(cm, n, pages);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const int32_t *pages, int32_t n)
+{
+    KVHAL_TRY(check_cm(cm));
+    kvhal_cache_manager *o = cm;
+    KVHAL_OWNER_ENTER(o, "cm");
+    kvhal_status st = kvhal_cache_manager_free__body(cm, pages, n);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                                const int32_t *pages, kvhal_prefix_handle handle)
+{
+    KVHAL_TRY(check_cm(cm));
+    kvhal_cache_manager *o = cm;
+    KVHAL_OWNER_ENTER(o, "cm");
+    kvhal_status st = kvhal_cache_manager_cache_finished__body(cm, tokens, num_tokens, pages, handle);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_cache_manager_cache_finished_suffix(kvhal_cache_manager *cm, kvhal_prefix_handle handle,
+                                                       const int32_t *tokens, size_t num_tokens,
+                                                       const int32_t *pages)
+{
+    KVHAL_TRY(check_cm(cm));
+    kvhal_cache_manager *o = cm;
+    KVHAL_OWNER_ENTER(o, "cm");
+    kvhal_status st = kvhal_cache_manager_cache_finished_suffix__body(cm, handle, tokens, num_tokens, pages);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm)
+{
+    KVHAL_TRY(check_cm(cm));
+    kvhal_cache_manager *o = (kvhal_cache_manager *)cm;
+    KVHAL_OWNER_ENTER(o, "cm");
+    kvhal_status st = kvhal_cache_manager_check_integrity__body(cm);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
 }

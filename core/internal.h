@@ -4,6 +4,8 @@
 #ifndef KVHAL_CORE_INTERNAL_H
 #define KVHAL_CORE_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include "kvhal.h"
 #include "kvhal_backend.h"
 
@@ -64,6 +66,19 @@ KVHAL_HIDDEN void kvhal__log(int level, const char *fmt, ...) __attribute__((for
     do {                                                                                                        \
         if (!(cond)) return kvhal__err(KVHAL_INVALID_ARGUMENT, __VA_ARGS__);                                    \
     } while (0)
+
+/* ---- single-owner objects (prefix cache, cache manager): a cheap detector of concurrent use ----
+ * Each such object has an atomic_bool in_use; a status-returning call sets it on entry and clears it on exit. A
+ * call that finds it set (another thread inside a call on the same object, or a callback calling back in) returns
+ * KVHAL_BUSY with a message naming the object, having touched nothing. It does not make sharing safe: the caller
+ * serialises; it turns what used to hang or corrupt the object into a refusal. */
+#define KVHAL_OWNER_ENTER(obj, what)                                                                            \
+    do {                                                                                                        \
+        if (atomic_exchange_explicit(&(obj)->in_use, true, memory_order_acquire))                               \
+            return kvhal__err(KVHAL_BUSY, "%s: %p is in use by another call (another thread, or a callback calling " \
+                              "back in); it is single-owner: serialise the calls on it", what, (const void *)(obj)); \
+    } while (0)
+#define KVHAL_OWNER_LEAVE(obj) atomic_store_explicit(&(obj)->in_use, false, memory_order_release)
 
 /* ---- registry (registry.c) ---- */
 /* The backend serving dev, with the status; the message names the argument arg ("k_cache.device"): not a

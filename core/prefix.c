@@ -17,7 +17,7 @@
  *    request's finish or unlock), so that a request finishing twice is refused even when its node still lives.
  * Ticks are a per-cache counter bumped by each match and insert (deterministic, unlike a clock); every access
  * touches a whole root path, so a parent's tick is never older than its children's.
- * Not thread-safe: the owner serialises calls. */
+ * Not thread-safe: the owner serialises calls; every status-returning call detects a concurrent one (KVHAL_BUSY). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,6 +89,7 @@ typedef struct heap_entry {
 
 struct kvhal_prefix_cache {
     uint32_t magic;
+    atomic_bool in_use; /* KVHAL_OWNER_ENTER / LEAVE */
     kvhal_prefix_kind kind;
     int32_t page_size;
     uint64_t clock;
@@ -161,12 +162,22 @@ static size_t common_len(const int32_t *a, const int32_t *b, size_t n)
     return i;
 }
 
-static kvhal_status check_pc(const kvhal_prefix_cache *pc)
+static kvhal_status check_pc_magic(const kvhal_prefix_cache *pc)
 {
     if (!pc) return kvhal__err(KVHAL_INVALID_HANDLE, "pc: NULL");
     if (pc->magic != PC_MAGIC)
         return kvhal__err(KVHAL_INVALID_HANDLE, "pc: %p is not a live prefix cache", (const void *)pc);
     return KVHAL_OK;
+}
+
+/* The entry points' check: the live-handle set first, so that a destroyed prefix cache is refused without its memory
+ * being read (unless a new object of this kind was created at the same address since: see kvhal.h); the calls
+ * behind them use the magic check only. */
+static kvhal_status check_pc(const kvhal_prefix_cache *pc)
+{
+    if (pc && !kvhal__handle_live(pc, PC_MAGIC))
+        return kvhal__err(KVHAL_INVALID_HANDLE, "pc: %p is not a live prefix cache (destroyed?)", (const void *)pc);
+    return check_pc_magic(pc);
 }
 
 /* ---- handles: (generation << 32) | (slot + 1), bit 63 set for a ticket; 0 = nothing matched (the root) ---- */
@@ -748,13 +759,13 @@ kvhal_status kvhal_prefix_cache_destroy(kvhal_prefix_cache *pc)
 
 int32_t kvhal_prefix_cache_page_size(const kvhal_prefix_cache *pc)
 {
-    return (pc && pc->magic == PC_MAGIC) ? pc->page_size : 0;
+    return (pc && kvhal__handle_live(pc, PC_MAGIC)) ? pc->page_size : 0;
 }
 
-kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+static kvhal_status kvhal_prefix_match__body(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
                                 kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages, size_t pages_cap)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc));
     KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
     KVHAL_CHECK_ARG(pages || pages_cap == 0, "pages: NULL with pages_cap %zu", pages_cap);
     if (pc->kind == KVHAL_PREFIX_NAIVE) {
@@ -810,9 +821,9 @@ static kvhal_status lock_node(kvhal_prefix_cache *pc, node *handle)
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
+static kvhal_status kvhal_prefix_lock__body(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc));
     if (!handle)
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: 0 (match found nothing: there is nothing to lock)");
     node *x;
@@ -836,9 +847,9 @@ static void ticket_release(kvhal_prefix_cache *pc, ticket *t, node *x)
     pc->ticket_free = slot + 1;
 }
 
-kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
+static kvhal_status kvhal_prefix_unlock__body(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc));
     if (!handle)
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "handle: 0 (match found nothing: there is nothing to unlock)");
     node *x;
@@ -857,9 +868,9 @@ kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle han
     return KVHAL_OK;
 }
 
-kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h, kvhal_prefix_handle *out)
+static kvhal_status kvhal__prefix_ticket__body(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h, kvhal_prefix_handle *out)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc));
     node *x;
     KVHAL_TRY(resolve(pc, node_h, &x));
     if (!pc->ticket_free) {
@@ -973,10 +984,10 @@ static kvhal_status insert_impl(kvhal_prefix_cache *pc, node *start, const int32
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_prefix_insert(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+static kvhal_status kvhal_prefix_insert__body(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
                                  const int32_t *pages, size_t *already_cached)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc));
     size_t ps = (size_t)pc->page_size;
     KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
     KVHAL_CHECK_ARG(pages || num_tokens < ps, "pages: NULL for %zu pages", num_tokens / ps);
@@ -1000,11 +1011,11 @@ static void unlock_path(kvhal_prefix_cache *pc, node *handle)
     }
 }
 
-kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+static kvhal_status kvhal__prefix_insert_unlock__body(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
                                          const int32_t *pages, kvhal_prefix_handle handle, bool suffix,
                                          size_t *already_cached)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc));
     size_t ps = (size_t)pc->page_size;
     KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
     KVHAL_CHECK_ARG(pages || num_tokens < ps, "pages: NULL for %zu pages", num_tokens / ps);
@@ -1027,9 +1038,9 @@ kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *
     return KVHAL_OK;
 }
 
-kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle, size_t *len)
+static kvhal_status kvhal__prefix_handle_len__body(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle, size_t *len)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc));
     *len = 0;
     node *x;
     KVHAL_TRY(resolve(pc, handle, &x));
@@ -1037,10 +1048,10 @@ kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_prefix_evict(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn, void *user,
+static kvhal_status kvhal_prefix_evict__body(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn, void *user,
                                 size_t *evicted)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc));
     if (evicted) *evicted = 0;
     if (num_tokens == 0) return KVHAL_OK;
     if (pc->kind == KVHAL_PREFIX_NAIVE)
@@ -1063,9 +1074,9 @@ kvhal_status kvhal_prefix_evict(kvhal_prefix_cache *pc, size_t num_tokens, kvhal
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_prefix_size_info_get(const kvhal_prefix_cache *pc, kvhal_prefix_size_info *out)
+static kvhal_status kvhal_prefix_size_info_get__body(const kvhal_prefix_cache *pc, kvhal_prefix_size_info *out)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc));
     KVHAL_CHECK_ARG(out, "out: NULL");
     out->evictable_tokens = pc->evictable_tokens;
     out->protected_tokens = pc->protected_tokens;
@@ -1074,16 +1085,16 @@ kvhal_status kvhal_prefix_size_info_get(const kvhal_prefix_cache *pc, kvhal_pref
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_prefix_reset(kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
+static kvhal_status kvhal_prefix_reset__body(kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc));
     drop_all(pc, fn, user);
     return KVHAL_OK;
 }
 
-kvhal_status kvhal__prefix_for_each_page(const kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
+static kvhal_status kvhal__prefix_for_each_page__body(const kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc));
     size_t ps = (size_t)pc->page_size;
     for (const slab *s = pc->slabs; s; s = s->next)
         for (int i = 0; i < SLAB_NODES; i++) {
@@ -1192,9 +1203,9 @@ static kvhal_status check_node(const kvhal_prefix_cache *pc, const node *x, scra
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_prefix_check_integrity(const kvhal_prefix_cache *pc)
+static kvhal_status kvhal_prefix_check_integrity__body(const kvhal_prefix_cache *pc)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc));
     if (pc->kind == KVHAL_PREFIX_NAIVE) {
         if (pc->num_nodes || pc->evictable_tokens || pc->protected_tokens)
             return kvhal__err(KVHAL_INTEGRITY, "naive prefix cache: holds nodes or tokens");
@@ -1298,5 +1309,130 @@ done:
     free(sc.children);
     free(sc.lock_sum);
     free(sc.pages);
+    return st;
+}
+
+kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens, kvhal_prefix_handle *handle,
+                                size_t *cached_len, int32_t *pages, size_t pages_cap)
+{
+    KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal_prefix_match__body(pc, tokens, num_tokens, handle, cached_len, pages, pages_cap);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
+{
+    KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal_prefix_lock__body(pc, handle);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
+{
+    KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal_prefix_unlock__body(pc, handle);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h, kvhal_prefix_handle *out)
+{
+    KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal__prefix_ticket__body(pc, node_h, out);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_prefix_insert(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens, const int32_t *pages,
+                                 size_t *already_cached)
+{
+    KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal_prefix_insert__body(pc, tokens, num_tokens, pages, already_cached);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+                                         const int32_t *pages, kvhal_prefix_handle handle, bool suffix,
+                                         size_t *already_cached)
+{
+    KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal__prefix_insert_unlock__body(pc, tokens, num_tokens, pages, handle, suffix, already_cached);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle, size_t *len)
+{
+    KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal__prefix_handle_len__body(pc, handle, len);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_prefix_evict(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn, void *user,
+                                size_t *evicted)
+{
+    KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal_prefix_evict__body(pc, num_tokens, fn, user, evicted);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_prefix_size_info_get(const kvhal_prefix_cache *pc, kvhal_prefix_size_info *out)
+{
+    KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal_prefix_size_info_get__body(pc, out);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_prefix_reset(kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
+{
+    KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal_prefix_reset__body(pc, fn, user);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal__prefix_for_each_page(const kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
+{
+    KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal__prefix_for_each_page__body(pc, fn, user);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal_prefix_check_integrity(const kvhal_prefix_cache *pc)
+{
+    KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal_prefix_check_integrity__body(pc);
+    KVHAL_OWNER_LEAVE(o);
     return st;
 }

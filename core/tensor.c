@@ -41,9 +41,20 @@ int64_t kvhal_tensor_numel(const kvhal_tensor *t)
 
 size_t kvhal_tensor_span_bytes(const kvhal_tensor *t)
 {
-    uint64_t last;
-    if (!t || kvhal_tensor_numel(t) == 0 || !last_element(t, &last)) return 0;
-    return (size_t)((last + 1) * kvhal_dtype_size(t->dtype));
+    if (!t || t->ndim < 1 || t->ndim > KVHAL_MAX_DIMS) return 0;
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] < 0 || t->strides[i] < 0) return SIZE_MAX; /* not a valid tensor: no span */
+    uint64_t last, bytes;
+    if (kvhal_tensor_numel(t) == 0) {
+        bool empty = false;
+        for (int i = 0; i < t->ndim; i++) empty = empty || t->shape[i] == 0;
+        return empty ? 0 : SIZE_MAX; /* numel is 0 on overflow too */
+    }
+    if (!last_element(t, &last) || last == UINT64_MAX ||
+        __builtin_mul_overflow(last + 1, (uint64_t)kvhal_dtype_size(t->dtype), &bytes) ||
+        bytes > SIZE_MAX)
+        return SIZE_MAX;
+    return (size_t)bytes;
 }
 
 bool kvhal_tensor_is_contiguous(const kvhal_tensor *t)
@@ -91,7 +102,7 @@ kvhal_status kvhal__check_tensor(const kvhal_tensor *t, const char *arg)
         return KVHAL_OK;
     }
     uint64_t last, end;
-    if (!last_element(t, &last) || __builtin_mul_overflow(last + 1, (uint64_t)es, &end) ||
+    if (!last_element(t, &last) || last == UINT64_MAX || __builtin_mul_overflow(last + 1, (uint64_t)es, &end) ||
         __builtin_add_overflow(end, (uint64_t)t->offset, &end))
         return kvhal__err(KVHAL_OUT_OF_RANGE, "%s: shape and strides overflow 64-bit byte offsets", arg);
     if (end > t->buffer->size)

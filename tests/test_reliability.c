@@ -153,6 +153,29 @@ static void test_d2_double_finish_empty_match_refused(void **state)
     assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
 }
 
+/* Defect 2: calls with a destroyed prefix cache or cache manager are refused through the live-handle set, without
+ * the freed memory being read (on b783e89 each was an ASan heap-use-after-free; a plain build read freed memory). */
+static void test_d2_destroyed_prefix_cache_and_manager_refused(void **state)
+{
+    (void)state;
+    kvhal_prefix_cache *pc = NULL;
+    assert_int_equal(kvhal_prefix_cache_create(KVHAL_PREFIX_RADIX, 1, &pc), KVHAL_OK);
+    assert_int_equal(kvhal_prefix_cache_destroy(pc), KVHAL_OK);
+    int32_t out[2];
+    size_t cached, already;
+    kvhal_prefix_handle h;
+    assert_int_equal(kvhal_prefix_match(pc, (int32_t[]){1, 2}, 2, &h, &cached, out, 2), KVHAL_INVALID_HANDLE);
+    assert_int_equal(kvhal_prefix_insert(pc, (int32_t[]){1, 2}, 2, (int32_t[]){0, 1}, &already), KVHAL_INVALID_HANDLE);
+    assert_int_equal(kvhal_prefix_check_integrity(pc), KVHAL_INVALID_HANDLE);
+    assert_int_equal(kvhal_prefix_cache_page_size(pc), 0);
+    kvhal_cache_manager *cm = make_cm(4, 1);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_allocate(cm, 1, out), KVHAL_INVALID_HANDLE);
+    assert_int_equal(kvhal_cache_manager_check_integrity(cm), KVHAL_INVALID_HANDLE);
+    assert_int_equal(kvhal_cache_manager_available(cm), 0);
+    assert_null(kvhal_cache_manager_prefix(cm));
+}
+
 /* Defect 3: the prefix cache a manager owns cannot be destroyed on its own; the manager keeps working. */
 static void test_d3_manager_prefix_destroy_refused(void **state)
 {
@@ -307,6 +330,162 @@ static void test_d5_live_handle_table_shrinks(void **state)
         fail_msg("%zu slots after %d create/destroy pairs with nothing live", kvhal__handle_table_slots(), (int)PAIRS);
 }
 
+/* Defect 7: kvhal_tensor_span_bytes of a hand-built tensor whose span does not fit (stride 2^62, 2 elements of 4
+ * bytes) is SIZE_MAX, not a wrapped 4; validation refuses it. */
+static void test_d7_span_bytes_does_not_wrap(void **state)
+{
+    (void)state;
+    kvhal_buffer *buf = NULL;
+    assert_int_equal(kvhal_buffer_create((kvhal_device){KVHAL_DEVICE_CPU, 0}, 64, &buf), KVHAL_OK);
+    kvhal_tensor t = {.buffer = buf, .dtype = KVHAL_F32, .ndim = 1, .shape = {2}, .strides = {(int64_t)1 << 62}};
+    assert_true(kvhal_tensor_span_bytes(&t) == SIZE_MAX);
+    assert_int_equal(kvhal_tensor_validate(&t), KVHAL_OUT_OF_RANGE);
+    /* (shape - 1) * stride = 2^64 - 1 exactly: one past it wraps to 0 */
+    kvhal_tensor u = {.buffer = buf, .dtype = KVHAL_I32, .ndim = 1, .shape = {4},
+                      .strides = {(int64_t)6148914691236517205LL}};
+    assert_true(kvhal_tensor_span_bytes(&u) == SIZE_MAX);
+    assert_int_equal(kvhal_tensor_validate(&u), KVHAL_OUT_OF_RANGE);
+    kvhal_tensor neg = {.buffer = buf, .dtype = KVHAL_F32, .ndim = 1, .shape = {2}, .strides = {-1}};
+    assert_true(kvhal_tensor_span_bytes(&neg) == SIZE_MAX);
+    kvhal_tensor ok = {.buffer = buf, .dtype = KVHAL_F32, .ndim = 2, .shape = {2, 3}, .strides = {3, 1}};
+    assert_int_equal(kvhal_tensor_span_bytes(&ok), 24);
+    ok.shape[0] = 0;
+    assert_int_equal(kvhal_tensor_span_bytes(&ok), 0);
+    assert_int_equal(kvhal_buffer_destroy(buf), KVHAL_OK);
+}
+
+/* Defect 7: paged caching on the CPU with stride-0 views and K and V head dims of INT32_MAX (every slot padding):
+ * the CPU backend summed the two head dims in int (signed overflow: UBSan, halt_on_error in CI, stops the test). */
+static void test_d7_cpu_paged_caching_huge_head_dim_no_overflow(void **state)
+{
+    (void)state;
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    kvhal_buffer *buf = NULL, *sb = NULL;
+    assert_int_equal(kvhal_buffer_create(cpu, 64, &buf), KVHAL_OK);
+    assert_int_equal(kvhal_buffer_create(cpu, 8, &sb), KVHAL_OK);
+    const int64_t zero4[4] = {0, 0, 0, 0}, zero3[3] = {0, 0, 0};
+    const int64_t cshape[4] = {1, 1, 1, INT32_MAX}, ishape[3] = {1, 1, INT32_MAX}, one = 1;
+    kvhal_tensor kc, vc, k, v, slots;
+    assert_int_equal(kvhal_tensor_make(buf, 0, KVHAL_F32, 4, cshape, zero4, &kc), KVHAL_OK);
+    assert_int_equal(kvhal_tensor_make(buf, 16, KVHAL_F32, 4, cshape, zero4, &vc), KVHAL_OK);
+    assert_int_equal(kvhal_tensor_make(buf, 32, KVHAL_F32, 3, ishape, zero3, &k), KVHAL_OK);
+    assert_int_equal(kvhal_tensor_make(buf, 48, KVHAL_F32, 3, ishape, zero3, &v), KVHAL_OK);
+    int64_t pad = -1;
+    assert_int_equal(kvhal_memcpy_h2d(sb, 0, &pad, sizeof pad, NULL), KVHAL_OK);
+    assert_int_equal(kvhal_tensor_make(sb, 0, KVHAL_I64, 1, &one, NULL, &slots), KVHAL_OK);
+    kvhal_status st = kvhal_paged_caching(&kc, &vc, &k, &v, &slots, 1.0f, 1.0f, NULL);
+    /* it runs (every slot is padding), and without undefined behaviour */
+    if (st != KVHAL_OK) fail_msg("%s", kvhal_last_error());
+    assert_int_equal(kvhal_buffer_destroy(sb), KVHAL_OK);
+    assert_int_equal(kvhal_buffer_destroy(buf), KVHAL_OK);
+}
+
+/* Defect 8: concurrent use of a single-owner object is detected: a call on a prefix cache while another thread is
+ * inside a call on it (here: held inside an evict callback until the other thread has tried), and a callback that
+ * calls back into its cache, get KVHAL_BUSY and change nothing. Then two threads share one cache manager, retrying
+ * on KVHAL_BUSY: no hang, no corruption (TSan-clean: the flag orders the calls). */
+typedef struct d8_state {
+    kvhal_prefix_cache *pc;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int phase; /* 1: A is inside the callback; 2: B has tried */
+    kvhal_status b_status, reentry_status;
+} d8_state;
+
+static void d8_evict_cb(const int32_t *pages, size_t n, void *user)
+{
+    (void)pages;
+    (void)n;
+    d8_state *s = user;
+    kvhal_prefix_size_info si;
+    s->reentry_status = kvhal_prefix_size_info_get(s->pc, &si); /* calling back in */
+    pthread_mutex_lock(&s->mu);
+    s->phase = 1;
+    pthread_cond_broadcast(&s->cv);
+    while (s->phase != 2) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void *d8_other(void *arg)
+{
+    d8_state *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (s->phase != 1) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    size_t already;
+    s->b_status = kvhal_prefix_insert(s->pc, (int32_t[]){9, 9}, 2, (int32_t[]){7, 8}, &already);
+    pthread_mutex_lock(&s->mu);
+    s->phase = 2;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+typedef struct d8_worker {
+    kvhal_cache_manager *cm;
+    int32_t base;
+    long busy;
+} d8_worker;
+
+#define D8_RETRY(w, call)                                                                                       \
+    do {                                                                                                        \
+        kvhal_status st_;                                                                                       \
+        while ((st_ = (call)) == KVHAL_BUSY) (w)->busy++;                                                       \
+        assert_int_equal(st_, KVHAL_OK);                                                                        \
+    } while (0)
+
+static void *d8_worker_fn(void *arg)
+{
+    d8_worker *w = arg;
+    for (int i = 0; i < 10000; i++) {
+        int32_t tok[8], pages[8];
+        for (int j = 0; j < 8; j++) tok[j] = w->base + (i % 13) * 8 + j;
+        kvhal_prefix_handle h;
+        size_t cached = 0;
+        D8_RETRY(w, kvhal_cache_manager_match(w->cm, tok, 8, &h, &cached, pages, 8));
+        kvhal_status st;
+        while ((st = kvhal_cache_manager_allocate(w->cm, 8 - (int32_t)cached, pages + cached)) == KVHAL_BUSY) w->busy++;
+        if (st == KVHAL_OUT_OF_MEMORY) { /* the other worker holds the rest: drop this request */
+            D8_RETRY(w, kvhal_prefix_unlock(kvhal_cache_manager_prefix(w->cm), h));
+            continue;
+        }
+        assert_int_equal(st, KVHAL_OK);
+        D8_RETRY(w, kvhal_cache_manager_cache_finished(w->cm, tok, 8, pages, h));
+    }
+    return NULL;
+}
+
+static void test_d8_concurrent_use_detected(void **state)
+{
+    (void)state;
+    d8_state s = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(kvhal_prefix_cache_create(KVHAL_PREFIX_RADIX, 1, &s.pc), KVHAL_OK);
+    size_t already, ev = 0;
+    assert_int_equal(kvhal_prefix_insert(s.pc, (int32_t[]){1, 2}, 2, (int32_t[]){0, 1}, &already), KVHAL_OK);
+    pthread_t b;
+    assert_int_equal(pthread_create(&b, NULL, d8_other, &s), 0);
+    assert_int_equal(kvhal_prefix_evict(s.pc, 2, d8_evict_cb, &s, &ev), KVHAL_OK);
+    assert_int_equal(pthread_join(b, NULL), 0);
+    assert_int_equal(ev, 2);
+    assert_int_equal(s.reentry_status, KVHAL_BUSY);
+    assert_int_equal(s.b_status, KVHAL_BUSY);
+    kvhal_prefix_size_info si;
+    assert_int_equal(kvhal_prefix_size_info_get(s.pc, &si), KVHAL_OK);
+    assert_int_equal(si.total_tokens, 0); /* B's refused insert changed nothing */
+    assert_int_equal(kvhal_prefix_check_integrity(s.pc), KVHAL_OK);
+    assert_int_equal(kvhal_prefix_cache_destroy(s.pc), KVHAL_OK);
+
+    kvhal_cache_manager *cm = make_cm(64, 1);
+    d8_worker w[2] = {{cm, 0, 0}, {cm, 100000, 0}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&t[i], NULL, d8_worker_fn, &w[i]), 0);
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+    cm_ok(cm);
+    assert_int_equal(kvhal_cache_manager_available(cm), 64); /* nothing held, nothing locked */
+    printf("d8: %ld + %ld calls refused with KVHAL_BUSY while the other thread was inside\n", w[0].busy, w[1].busy);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
 static const kvhal_backend_module_info *find_module(const char *name, kvhal_backend_module_info *buf)
 {
     int32_t n = 0;
@@ -431,6 +610,7 @@ int main(void)
         cmocka_unit_test(test_d2_stale_prefix_handle_refused),
         cmocka_unit_test(test_d2_double_finish_suffix_refused),
         cmocka_unit_test(test_d2_double_finish_empty_match_refused),
+        cmocka_unit_test(test_d2_destroyed_prefix_cache_and_manager_refused),
         cmocka_unit_test(test_d3_manager_prefix_destroy_refused),
         cmocka_unit_test(test_d9_refused_match_writes_nothing),
         cmocka_unit_test(test_d6_module_folder_fifo_and_junk),
@@ -438,6 +618,9 @@ int main(void)
         cmocka_unit_test(test_d6_unterminated_module_reason_bounded),
         cmocka_unit_test(test_d4_desc_destroy_reentry_terminates),
         cmocka_unit_test(test_d5_live_handle_table_shrinks),
+        cmocka_unit_test(test_d7_span_bytes_does_not_wrap),
+        cmocka_unit_test(test_d7_cpu_paged_caching_huge_head_dim_no_overflow),
+        cmocka_unit_test(test_d8_concurrent_use_detected),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

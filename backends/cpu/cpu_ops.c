@@ -296,7 +296,10 @@ kvhal_status cpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
         }
     }
     const size_t ies = kvhal_bk_dtype_size(a->input_dtype), ces = kvhal_bk_dtype_size(a->cache_dtype);
-    const size_t written = (size_t)a->num_tokens * (size_t)a->num_heads * (size_t)(a->k.head_dim + a->v.head_dim) * ces;
+    /* each factor widened first: two head dims near INT32_MAX must not overflow an int (stride-0 views let such a
+     * call through); the product may wrap, it only picks the store kind */
+    const size_t written =
+        (size_t)a->num_tokens * (size_t)a->num_heads * ((size_t)a->k.head_dim + (size_t)a->v.head_dim) * ces;
     const bool nt = written >= STREAM_THRESHOLD;
     for (int64_t b = 0; b < outer; b++) {
         for (int64_t i = 0; i < seq; i++) {
