@@ -220,6 +220,104 @@ static void test_load_files(void **state)
     }
 }
 
+/* Issue 21 (trace replay): JSON key names are compared decoded, so an escaped spelling of a known field is a
+ * duplicate; strings (skipped ones too) must be well-formed UTF-8 with paired surrogates. */
+static void test_trace_json_keys_decoded_utf8_checked(void **state)
+{
+    (void)state;
+    expect_error("{\"input_length\": 5, \"input\\u005flength\": 6, \"output_length\": 1, \"hash_ids\": [1]}",
+                 "appears twice");
+    expect_error("{\"x\": \"a\xff\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "invalid UTF-8");
+    expect_error("{\"x\": \"\xc0\xaf\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "invalid UTF-8");
+    expect_error("{\"x\": \"\xed\xa0\x80\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}",
+                 "invalid UTF-8"); /* an encoded surrogate */
+    expect_error("{\"x\": \"\\udc00\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "low surrogate");
+    expect_error("{\"x\": \"\\ud800x\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "high surrogate");
+    /* a NUL escaped into a name is equal to no known name (not "input_length" cut at the NUL) */
+    parsed p = parse("{\"input_length\\u0000x\": 7, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}");
+    assert_int_equal(p.rc, 1);
+    assert_int_equal(p.r.input_length, 5);
+    free(p.ids);
+    p = parse("{\"x\": \"\\ud83d\\ude00 \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\", \"output\\u005flength\": 1, "
+              "\"input_length\": 5, \"hash_ids\": [1]}");
+    assert_int_equal(p.rc, 1);
+    assert_int_equal(p.r.output_length, 1);
+    free(p.ids);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Issue 21 (trace replay): hash_ids must be ceil(input_length / block) ids; zero-length requests are not requests;
+ * timestamps going back are counted and can be sorted (stably). */
+static void test_trace_ids_count_empty_and_timestamps(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/kvhal-trace-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    replay_trace t;
+    char err[1024];
+    write_file(path, "{\"input_length\": 1000, \"output_length\": 2, \"hash_ids\": [1]}\n");
+    assert_int_equal(replay_trace_load_block(path, 512, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, ":1: field \"hash_ids\": 1 ids for input_length 1000"));
+    write_file(path, "{\"input_length\": 1000, \"output_length\": 2, \"hash_ids\": [1, 2, 3]}\n");
+    assert_int_equal(replay_trace_load_block(path, 512, &t, err, sizeof err), -1);
+    write_file(path, "{\"input_length\": 1024, \"output_length\": 2, \"hash_ids\": [1, 2]}\n"
+                     "{\"timestamp\": 5, \"input_length\": 0, \"output_length\": 9, \"hash_ids\": []}\n"
+                     "{\"timestamp\": 9, \"input_length\": 1025, \"output_length\": 2, \"hash_ids\": [1, 2, 3]}\n"
+                     "{\"timestamp\": 3, \"input_length\": 1, \"output_length\": 2, \"hash_ids\": [7]}\n"
+                     "{\"timestamp\": 3, \"input_length\": 2, \"output_length\": 2, \"hash_ids\": [8]}\n");
+    assert_int_equal(replay_trace_load_block(path, 512, &t, err, sizeof err), 0);
+    assert_int_equal(t.count, 4);
+    assert_int_equal(t.empty, 1);
+    assert_int_equal(t.ts_regressions, 1);
+    assert_int_equal(t.first_regression_line, 4);
+    replay_trace_sort_by_time(&t);
+    assert_int_equal(t.reqs[0].line, 1); /* timestamp 0 (absent) */
+    assert_int_equal(t.reqs[1].line, 4); /* 3, first in the file */
+    assert_int_equal(t.reqs[2].line, 5);
+    assert_int_equal(t.reqs[3].line, 3);
+    assert_int_equal(t.ids[t.reqs[1].first_id], 7); /* ids follow their request */
+    replay_trace_free(&t);
+    write_file(path, "{\"input_length\": 0, \"output_length\": 2, \"hash_ids\": []}\n");
+    assert_int_equal(replay_trace_load_block(path, 512, &t, err, sizeof err), -1);
+    assert_non_null(strstr(err, "only zero-length"));
+    unlink(path);
+    assert_int_equal(replay_match_len(0), 0);
+    assert_int_equal(replay_match_len(1), 0);
+    assert_int_equal(replay_match_len(1000), 999);
+}
+
+/* Issue 21 (trace replay): a line past REPLAY_TRACE_MAX_LINE is refused without being read whole. */
+static void test_trace_line_length_bounded(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/kvhal-trace-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    assert_non_null(f);
+    fputs("{\"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}\n{\"pad\": \"", f);
+    static char chunk[1 << 16];
+    memset(chunk, 'a', sizeof chunk);
+    for (size_t done = 0; done <= REPLAY_TRACE_MAX_LINE; done += sizeof chunk) fwrite(chunk, 1, sizeof chunk, f);
+    fputs("\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}\n", f);
+    fclose(f);
+    replay_trace t;
+    char err[1024];
+    assert_int_equal(replay_trace_load(path, &t, err, sizeof err), -1);
+    if (!strstr(err, ":2: line longer than")) fail_msg("%s", err);
+    assert_null(t.reqs);
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -227,6 +325,9 @@ int main(void)
         cmocka_unit_test(test_malformed_lines),
         cmocka_unit_test(test_mutations),
         cmocka_unit_test(test_load_files),
+        cmocka_unit_test(test_trace_json_keys_decoded_utf8_checked),
+        cmocka_unit_test(test_trace_ids_count_empty_and_timestamps),
+        cmocka_unit_test(test_trace_line_length_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -56,6 +56,7 @@ typedef struct options {
     kvhal_paged_order order;
     int32_t batch, samples, chunk;
     bool no_kv, json, quiet, cold_tokens, finish_whole;
+    bool trace_by_time;      /* --trace-order timestamp */
     int64_t repeat, check_every;
     uint64_t seed;
 } options;
@@ -75,7 +76,8 @@ static void usage(FILE *f)
             "  --zipf S            draw each request's group with popularity 1/rank^S\n"
             "                      (0: every group exactly --prompts times)\n"
             "  --trace FILE        JSONL trace {timestamp, input_length, output_length, hash_ids} instead\n"
-            "  --trace-block N     tokens per hash id of the trace (512)\n"
+            "  --trace-block N     tokens per hash id of the trace (512); a line must carry ceil(input_length / N)\n"
+            "  --trace-order O     file (default) or timestamp (a stable sort by timestamp)\n"
             "  --max-requests N    replay only the first N requests (0: all)\n"
             "  --vocab N           token ids are drawn from [0, N) (128256)\n"
             "\nmodel and cache\n"
@@ -251,6 +253,13 @@ static int parse_options(int argc, char **argv, options *o)
             o->trace_path = v;
             continue;
         }
+        if (!strcmp(a, "--trace-order")) {
+            NEED_VALUE;
+            if (!strcmp(v, "timestamp")) o->trace_by_time = true;
+            else if (!strcmp(v, "file")) o->trace_by_time = false;
+            else return opt_error("--trace-order: '%s' is not file or timestamp", v);
+            continue;
+        }
         if (!strcmp(a, "--model")) {
             NEED_VALUE;
             o->model = v;
@@ -399,10 +408,18 @@ static int workload_init(workload *w, const options *o)
     uint64_t rng = mix64(o->seed ^ 0x7265706c6179ULL);
     if (o->trace_mode) {
         char err[1024];
-        if (replay_trace_load(o->trace_path, &w->tr, err, sizeof err) != 0) {
+        if (replay_trace_load_block(o->trace_path, o->trace_block, &w->tr, err, sizeof err) != 0) {
             fprintf(stderr, "kvhal-replay: %s\n", err);
             return -1;
         }
+        if (w->tr.empty)
+            fprintf(stderr, "kvhal-replay: %zu zero-length requests in the trace are not requests: left out (counted as "
+                    "skipped_empty)\n", w->tr.empty);
+        if (w->tr.ts_regressions)
+            fprintf(stderr, "kvhal-replay: warning: timestamps go back %zu times (first at line %zu); replayed in %s "
+                    "order\n", w->tr.ts_regressions, w->tr.first_regression_line,
+                    o->trace_by_time ? "timestamp" : "file (--trace-order timestamp sorts them)");
+        if (o->trace_by_time) replay_trace_sort_by_time(&w->tr);
         w->trace = true;
         w->n = w->tr.count;
         if (o->max_requests && (size_t)o->max_requests < w->n) w->n = (size_t)o->max_requests;
@@ -954,7 +971,8 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
     }
     size_t cached = 0;
     uint64_t t0 = tick();
-    kvhal_status st = kvhal_cache_manager_match(r->cm, s->tok, s->in_len, &s->h, &cached, s->pages,
+    /* at most all but the last prompt token, as engines match (replay_match_len) */
+    kvhal_status st = kvhal_cache_manager_match(r->cm, s->tok, replay_match_len(s->in_len), &s->h, &cached, s->pages,
                                                 div_up(r->w->max_len, ps));
     r->match_ticks += tick() - t0;
     r->st.match_calls++;
@@ -1314,10 +1332,11 @@ static void print_summary(const replay *r, const workload *w, const char *device
     double insert_us = s->finish_calls ? 1e6 * s->t_finish / (double)s->finish_calls : 0;
     double evict_us = s->evict_calls ? 1e6 * s->evict_s / (double)s->evict_calls : 0;
     double gbps = s->t_write > 0 ? (double)s->bytes_written / s->t_write / 1e9 : 0;
-    bool ok = s->mismatches == 0 && s->integrity_failures == 0 && s->errors == 0;
+    /* a run that skipped requests (each larger than the whole cache) did not replay the workload: not ok */
+    bool ok = s->mismatches == 0 && s->integrity_failures == 0 && s->errors == 0 && s->skipped == 0;
     const char *kind = o->kind == KVHAL_PREFIX_RADIX ? "radix" : "naive";
     if (o->json) {
-        printf("{\"requests\": %llu, \"skipped\": %llu, \"repeat\": %lld, \"requests_per_s\": %.1f, "
+        printf("{\"requests\": %llu, \"skipped\": %llu, \"skipped_empty\": %zu, \"repeat\": %lld, \"requests_per_s\": %.1f, "
                "\"requests_per_cpu_s\": %.1f, \"requests_per_s_best_pass\": %.1f, \"tokens_per_s\": %.1f, "
                "\"hit_rate\": %.6f, \"hit_requests\": %llu, \"pages_evicted\": %llu, "
                "\"peak_pages_in_use\": %lld, \"pages_total\": %lld, \"page_size\": %d, \"bytes_written\": %llu, "
@@ -1327,8 +1346,8 @@ static void print_summary(const replay *r, const workload *w, const char *device
                "\"engine_s\": %.4f, \"wall_s\": %.3f, \"mode\": \"%s\", \"prefix\": \"%s\", \"device\": \"%s\", "
                "\"model\": \"%s\", \"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"%s\", "
                "\"batch\": %d, \"finish\": \"%s\", \"seed\": %llu}\n",
-               (unsigned long long)s->requests, (unsigned long long)s->skipped, (long long)o->repeat, rps, rps_cpu,
-               s->best_pass_rps, tps, hit,
+               (unsigned long long)s->requests, (unsigned long long)s->skipped, w->tr.empty, (long long)o->repeat, rps,
+               rps_cpu, s->best_pass_rps, tps, hit,
                (unsigned long long)s->hit_requests, (unsigned long long)s->pages_evicted, (long long)s->peak_in_use,
                (long long)s->total_pages, (int)o->page_size, (unsigned long long)s->bytes_written, gbps, match_us,
                insert_us, evict_us, (unsigned long long)s->evict_calls, s->evict_cached_min,
@@ -1346,7 +1365,10 @@ static void print_summary(const replay *r, const workload *w, const char *device
            o->model, (int)o->layers, (int)o->kv_heads, (int)o->head_dim, kvhal_dtype_name(o->dtype));
     printf("  requests     %llu in %.3f s of engine time (%lld x %zu, batch %d)%s\n", (unsigned long long)s->requests,
            s->t_engine, (long long)o->repeat, w->n, (int)o->batch, s->skipped ? ", some skipped" : "");
-    if (s->skipped) printf("  skipped      %llu (larger than the whole cache)\n", (unsigned long long)s->skipped);
+    if (s->skipped)
+        printf("  skipped      %llu (larger than the whole cache): the run FAILS, the workload was not replayed\n",
+               (unsigned long long)s->skipped);
+    if (w->tr.empty) printf("  skipped      %zu zero-length lines of the trace (not requests)\n", w->tr.empty);
     printf("  throughput   %.0f requests/s, %.0f tokens/s (%.0f requests per CPU second", rps, tps, rps_cpu);
     if (o->repeat > 1) printf("; best pass %.0f requests/s", s->best_pass_rps);
     printf(")\n");
@@ -1446,7 +1468,7 @@ static int run_replay(const options *o)
     progress(&r, true);
     r.st.t_wall = now_s() - t_wall;
     print_summary(&r, &w, device);
-    if (r.st.mismatches || r.st.integrity_failures || r.st.errors) rc = 1;
+    if (r.st.mismatches || r.st.integrity_failures || r.st.errors || r.st.skipped) rc = 1;
     goto out;
 oom:
     fprintf(stderr, "kvhal-replay: out of host memory\n");

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,46 +61,133 @@ static const char *excerpt(const cursor *c, size_t pos, char *buf, size_t size)
     return buf;
 }
 
-/* A JSON string; its content (escapes kept as written, enough to compare ASCII keys) goes to out when given. */
-static int parse_string(cursor *c, char *out, size_t out_size, const char *what)
+/* The four hex digits at s (known to be in the line); -1 if they are not hex. */
+static long hex4(const char *s)
+{
+    long v = 0;
+    for (int i = 0; i < 4; i++) {
+        char h = s[i];
+        int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* Length of the well-formed UTF-8 sequence at s[0..n) (RFC 3629: no overlong forms, no surrogates, <= U+10FFFF),
+ * 0 if it is not one. */
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
+    unsigned char b = s[0];
+    size_t k;
+    uint32_t cp;
+    if (b < 0x80) return 1;
+    if (b >= 0xc2 && b <= 0xdf) k = 2, cp = b & 0x1f;
+    else if (b >= 0xe0 && b <= 0xef) k = 3, cp = b & 0x0f;
+    else if (b >= 0xf0 && b <= 0xf4) k = 4, cp = b & 0x07;
+    else return 0;
+    if (n < k) return 0;
+    for (size_t i = 1; i < k; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (s[i] & 0x3f);
+    }
+    if ((k == 3 && cp < 0x800) || (k == 4 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return k;
+}
+
+/* Appends code point cp as UTF-8 to out (n bytes so far, out_size room; *cut set when it does not fit). */
+static void put_utf8(char *out, size_t out_size, size_t *n, uint32_t cp, bool *cut)
+{
+    char b[4];
+    size_t k;
+    if (cp < 0x80) b[0] = (char)cp, k = 1;
+    else if (cp < 0x800) b[0] = (char)(0xc0 | cp >> 6), b[1] = (char)(0x80 | (cp & 0x3f)), k = 2;
+    else if (cp < 0x10000)
+        b[0] = (char)(0xe0 | cp >> 12), b[1] = (char)(0x80 | ((cp >> 6) & 0x3f)), b[2] = (char)(0x80 | (cp & 0x3f)), k = 3;
+    else
+        b[0] = (char)(0xf0 | cp >> 18), b[1] = (char)(0x80 | ((cp >> 12) & 0x3f)), b[2] = (char)(0x80 | ((cp >> 6) & 0x3f)),
+        b[3] = (char)(0x80 | (cp & 0x3f)), k = 4;
+    if (*n + k >= out_size) {
+        *cut = true;
+        return;
+    }
+    memcpy(out + *n, b, k);
+    *n += k;
+}
+
+/* A JSON string (RFC 8259): raw bytes must be well-formed UTF-8, escapes are checked (a \\u surrogate must be a
+ * high one followed by a low one). Its decoded content goes to out when given; *cut (when given) tells that it did
+ * not fit in out_size - 1 bytes (such a string is never equal to a shorter name). */
+static int parse_string_cut(cursor *c, char *out, size_t out_size, const char *what, bool *cut_out)
 {
     if (peek(c) != '"') {
         char b[32];
         return fail(c, "expected %s (a string in double quotes), found \"%s\"", what, excerpt(c, c->pos, b, sizeof b));
     }
     size_t start = ++c->pos, n = 0;
+    bool cut = false;
     while (c->pos < c->len) {
         unsigned char ch = (unsigned char)c->s[c->pos];
         if (ch == '"') {
             c->pos++;
-            if (out) out[n < out_size ? n : out_size - 1] = '\0';
+            if (out) out[n] = '\0';
+            if (cut_out) *cut_out = cut;
             return 0;
         }
         if (ch < 0x20) return fail(c, "control character 0x%02x inside %s", ch, what);
         if (ch == '\\') {
             if (c->pos + 1 >= c->len) break;
             char e = c->s[c->pos + 1];
-            if (!strchr("\"\\/bfnrtu", e))
+            if (!strchr("\"\\/bfnrtu", e) || e == '\0')
                 return fail(c, "invalid escape \\%c inside %s", e >= 32 && e < 127 ? e : '?', what);
+            uint32_t cp = 0;
+            size_t adv = 2;
             if (e == 'u') {
-                for (int i = 2; i < 6; i++) {
-                    if (c->pos + (size_t)i >= c->len || !strchr("0123456789abcdefABCDEF", c->s[c->pos + (size_t)i]) ||
-                        c->s[c->pos + (size_t)i] == '\0')
-                        return fail(c, "invalid \\u escape inside %s", what);
+                long v = c->pos + 6 <= c->len ? hex4(c->s + c->pos + 2) : -1;
+                if (v < 0) return fail(c, "invalid \\u escape inside %s", what);
+                cp = (uint32_t)v;
+                adv = 6;
+                if (cp >= 0xdc00 && cp <= 0xdfff)
+                    return fail(c, "\\u%04x inside %s: a low surrogate without a high one before it", (unsigned)cp, what);
+                if (cp >= 0xd800 && cp <= 0xdbff) {
+                    long lo = c->pos + 12 <= c->len && c->s[c->pos + 6] == '\\' && c->s[c->pos + 7] == 'u'
+                                  ? hex4(c->s + c->pos + 8) : -1;
+                    if (lo < 0xdc00 || lo > 0xdfff)
+                        return fail(c, "\\u%04x inside %s: a high surrogate not followed by a low one", (unsigned)cp,
+                                    what);
+                    cp = 0x10000 + ((cp - 0xd800) << 10) + (uint32_t)(lo - 0xdc00);
+                    adv = 12;
                 }
+            } else {
+                cp = (uint32_t)(e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t' : e);
             }
-            if (out && n + 2 < out_size) {
-                out[n++] = '\\';
-                out[n++] = e;
+            if (out) {
+                if (cp == 0) cut = true; /* a NUL in a name: equal to no name */
+                else put_utf8(out, out_size, &n, cp, &cut);
             }
-            c->pos += e == 'u' ? 6 : 2;
+            c->pos += adv;
             continue;
         }
-        if (out && n + 1 < out_size) out[n++] = (char)ch;
-        c->pos++;
+        size_t k = utf8_len((const unsigned char *)c->s + c->pos, c->len - c->pos);
+        if (k == 0) return fail(c, "invalid UTF-8 (byte 0x%02x) inside %s", ch, what);
+        if (out) {
+            if (n + k < out_size) {
+                memcpy(out + n, c->s + c->pos, k);
+                n += k;
+            } else {
+                cut = true;
+            }
+        }
+        c->pos += k;
     }
     c->pos = start - 1;
     return fail(c, "unterminated %s", what);
+}
+
+static int parse_string(cursor *c, char *out, size_t out_size, const char *what)
+{
+    return parse_string_cut(c, out, out_size, what, NULL);
 }
 
 /* Scans a JSON number; [start, end) is its text. */
@@ -327,7 +415,9 @@ int replay_trace_parse_line(const char *line, size_t len, replay_trace_request *
             skip_ws(&c);
             char key[64];
             size_t key_pos = c.pos;
-            if (parse_string(&c, key, sizeof key, "a field name") != 0) goto bad;
+            bool key_cut = false;
+            if (parse_string_cut(&c, key, sizeof key, "a field name", &key_cut) != 0) goto bad;
+            if (key_cut) key[0] = '\0'; /* longer than any known name (and escapes decoded): an unknown field */
             skip_ws(&c);
             if (peek(&c) != ':') {
                 fail(&c, "expected ':' after field \"%s\"", key);
@@ -395,7 +485,31 @@ bad:
     return -1;
 }
 
-int replay_trace_load(const char *path, replay_trace *out, char *err, size_t err_size)
+/* One line into *buf (grown as needed, the newline dropped), read byte by byte up to max bytes: 1 a line, 0 the end
+ * of the file, -1 a line longer than max (the rest of it is not read), -2 out of memory. */
+static int read_line(FILE *f, char **buf, size_t *cap, size_t max, size_t *len)
+{
+    size_t n = 0;
+    int ch;
+    while ((ch = getc_unlocked(f)) != EOF) {
+        if (ch == '\n') break;
+        if (n == max) return -1;
+        if (n + 1 >= *cap) {
+            size_t ncap = *cap ? *cap * 2 : 4096;
+            if (ncap > max + 1) ncap = max + 1;
+            char *g = realloc(*buf, ncap);
+            if (!g) return -2;
+            *buf = g;
+            *cap = ncap;
+        }
+        (*buf)[n++] = (char)ch;
+    }
+    if (ch == EOF && n == 0) return 0;
+    *len = n;
+    return 1;
+}
+
+int replay_trace_load_block(const char *path, int64_t block, replay_trace *out, char *err, size_t err_size)
 {
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "rb");
@@ -404,14 +518,25 @@ int replay_trace_load(const char *path, replay_trace *out, char *err, size_t err
         return -1;
     }
     char *line = NULL;
-    size_t line_cap = 0, cap_reqs = 0, cap_ids = 0, lineno = 0;
-    ssize_t n;
+    size_t line_cap = 0, cap_reqs = 0, cap_ids = 0, lineno = 0, n = 0;
     char msg[512];
-    int rc = 0;
-    while ((n = getline(&line, &line_cap, f)) >= 0) {
+    int rc = 0, got_line;
+    double last_ts = 0;
+    bool have_ts = false;
+    while ((got_line = read_line(f, &line, &line_cap, REPLAY_TRACE_MAX_LINE, &n)) != 0) {
         lineno++;
+        if (got_line < 0) {
+            if (got_line == -1)
+                snprintf(err, err_size, "%s:%zu: line longer than %zu bytes (REPLAY_TRACE_MAX_LINE); refused unread",
+                         path, lineno, REPLAY_TRACE_MAX_LINE);
+            else
+                snprintf(err, err_size, "%s:%zu: out of memory for the line", path, lineno);
+            rc = -1;
+            break;
+        }
         replay_trace_request r;
-        int got = replay_trace_parse_line(line, (size_t)n, &r, &out->ids, &out->num_ids, &cap_ids, msg, sizeof msg);
+        size_t ids_before = out->num_ids;
+        int got = replay_trace_parse_line(line, n, &r, &out->ids, &out->num_ids, &cap_ids, msg, sizeof msg);
         if (got < 0) {
             snprintf(err, err_size, "%s:%zu: %s", path, lineno, msg);
             rc = -1;
@@ -419,6 +544,25 @@ int replay_trace_load(const char *path, replay_trace *out, char *err, size_t err
         }
         if (got == 0) continue;
         r.line = lineno;
+        if (block > 0) {
+            /* one id per block of the prompt, the last one partial */
+            size_t want = (size_t)((r.input_length + block - 1) / block);
+            if (r.num_ids != want) {
+                snprintf(err, err_size, "%s:%zu: field \"hash_ids\": %zu ids for input_length %lld; the trace's block "
+                         "of %lld tokens needs ceil(%lld / %lld) = %zu", path, lineno, r.num_ids,
+                         (long long)r.input_length, (long long)block, (long long)r.input_length, (long long)block, want);
+                rc = -1;
+                break;
+            }
+        }
+        if (r.input_length == 0) { /* nothing to match, cache or compute: not a request */
+            out->num_ids = ids_before;
+            out->empty++;
+            continue;
+        }
+        if (have_ts && r.timestamp < last_ts && out->ts_regressions++ == 0) out->first_regression_line = lineno;
+        last_ts = r.timestamp;
+        have_ts = true;
         if (out->count == cap_reqs) {
             size_t cap = cap_reqs ? cap_reqs * 2 : 256;
             replay_trace_request *grown = realloc(out->reqs, cap * sizeof *grown);
@@ -437,13 +581,30 @@ int replay_trace_load(const char *path, replay_trace *out, char *err, size_t err
         rc = -1;
     }
     if (rc == 0 && out->count == 0) {
-        snprintf(err, err_size, "%s: no requests in the trace", path);
+        snprintf(err, err_size, "%s: no requests in the trace%s", path, out->empty ? " (only zero-length ones)" : "");
         rc = -1;
     }
     free(line);
     fclose(f);
     if (rc != 0) replay_trace_free(out);
     return rc;
+}
+
+int replay_trace_load(const char *path, replay_trace *out, char *err, size_t err_size)
+{
+    return replay_trace_load_block(path, 0, out, err, err_size);
+}
+
+static int by_time(const void *a, const void *b)
+{
+    const replay_trace_request *x = a, *y = b;
+    if (x->timestamp != y->timestamp) return x->timestamp < y->timestamp ? -1 : 1;
+    return (x->line > y->line) - (x->line < y->line); /* stable: file order among equals */
+}
+
+void replay_trace_sort_by_time(replay_trace *t)
+{
+    if (t->count > 1) qsort(t->reqs, t->count, sizeof *t->reqs, by_time);
 }
 
 void replay_trace_free(replay_trace *t)
