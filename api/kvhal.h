@@ -277,7 +277,10 @@ KVHAL_API kvhal_status kvhal_tensor_copy(const kvhal_tensor *dst, const kvhal_te
  * caches' device. Token t goes to block slot/block_size, offset slot%block_size; slot < 0 is padding.
  * A slot >= blocks*block_size is never written: with host-readable slots (cpu) the call fails before writing;
  * on GPUs the kernel skips it and sets the device error flag that kvhal_device_synchronize reports.
- * Cache dtype may be FP8 while k/v are f32/f16/bf16: value/scale is rounded to nearest even, saturating. */
+ * Cache dtype may be FP8 while k/v are f32/f16/bf16: value/scale is rounded to nearest even, saturating.
+ * k_cache and v_cache should not share elements (interleaved element ranges are fine, as in KVHAL_PAGE_FIRST):
+ * aliased or overlapping caches are not refused (the tests pass one cache as both on purpose) and what a shared
+ * element holds afterwards is undefined (the CPU writes V after K; GPUs write both in parallel). */
 KVHAL_API kvhal_status kvhal_paged_caching(const kvhal_tensor *k_cache, const kvhal_tensor *v_cache,
                                            const kvhal_tensor *k, const kvhal_tensor *v,
                                            const kvhal_tensor *slot_mapping, float k_scale, float v_scale,
@@ -287,7 +290,8 @@ KVHAL_API kvhal_status kvhal_paged_caching(const kvhal_tensor *k_cache, const kv
  * call. Each cache has the block index as dim 0 and its other dims dense row-major (one block = one contiguous
  * byte range). pairs holds num_pairs (src, dst) block ids on the host. All caches on one device. Devices copy
  * the pairs in parallel: a destination block must not be the source or destination of another pair (checked,
- * KVHAL_INVALID_ARGUMENT; a pair may copy a block onto itself, which writes nothing). */
+ * KVHAL_INVALID_ARGUMENT; a pair may copy a block onto itself, which writes nothing). The caches must not overlap
+ * each other (not checked: the copies run in parallel, so overlapping caches give undefined contents). */
 KVHAL_API kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num_caches, const int64_t *pairs,
                                          int32_t num_pairs, kvhal_stream *s);
 

@@ -33,12 +33,31 @@ const char *kvhal_last_error(void) { return last_error; }
 
 void kvhal_clear_error(void) { last_error[0] = '\0'; }
 
+static void cut_utf8(char *s, size_t len);
+void kvhal__utf8_trim(char *s) { cut_utf8(s, strlen(s)); }
+
+/* A message cut to fit its buffer (len bytes, NUL-terminated) ends on a whole UTF-8 character: an incomplete
+ * sequence at the end (a caller's path or name cut in two) is dropped. */
+static void cut_utf8(char *s, size_t len)
+{
+    size_t i = len, cont = 0;
+    while (i > 0 && cont < 4 && ((unsigned char)s[i - 1] & 0xc0) == 0x80) i--, cont++;
+    if (i == 0) return;
+    unsigned char lead = (unsigned char)s[i - 1];
+    size_t need = lead >= 0xf0 ? 3 : lead >= 0xe0 ? 2 : lead >= 0xc0 ? 1 : 0;
+    if (lead >= 0xc0 && cont < need) s[i - 1] = '\0';
+}
+
 static kvhal_status verr(kvhal_status status, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+
 static kvhal_status verr(kvhal_status status, const char *fmt, va_list ap)
 {
     int n = snprintf(last_error, sizeof last_error, "%s: ", kvhal_status_name(status));
     if (n < 0) n = 0;
-    if ((size_t)n < sizeof last_error) vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
+    if ((size_t)n < sizeof last_error) {
+        int m = vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
+        if (m >= 0 && (size_t)n + (size_t)m >= sizeof last_error) cut_utf8(last_error, sizeof last_error - 1);
+    }
     kvhal__log(3, "%s", last_error);
     return status;
 }
@@ -61,6 +80,13 @@ static int log_level(void)
     if (!strcmp(v, "warn")) return 1;
     if (!strcmp(v, "info")) return 2;
     if (!strcmp(v, "debug")) return 3;
+    /* logging was asked for, with a value that is none of the four: warn (once per value seen) and log warnings */
+    static _Thread_local char warned[64];
+    if (strncmp(warned, v, sizeof warned - 1) != 0) {
+        snprintf(warned, sizeof warned, "%s", v);
+        fprintf(stderr, "kvhal warn: KVHAL_LOG: \"%.40s\" is not error, warn, info or debug; logging warnings and "
+                "errors\n", v);
+    }
     return 1;
 }
 

@@ -54,6 +54,8 @@ struct kvhal_stream {
 /* Sets this thread's message and returns status. */
 KVHAL_HIDDEN kvhal_status kvhal__err(kvhal_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 KVHAL_HIDDEN void kvhal__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Drops an incomplete UTF-8 sequence at the end of s (what snprintf leaves when it cuts a name in two). */
+KVHAL_HIDDEN void kvhal__utf8_trim(char *s);
 
 /* Propagate: if (st != KVHAL_OK) return st; (message already set by the callee) */
 #define KVHAL_TRY(expr)                                                                                         \

@@ -185,6 +185,8 @@ static module *new_module(const char *name, const char *path)
     m->info.type_id = -1;
     snprintf(m->info.name, sizeof m->info.name, "%s", name);
     snprintf(m->info.path, sizeof m->info.path, "%s", path);
+    kvhal__utf8_trim(m->info.name);
+    kvhal__utf8_trim(m->info.path);
     return m;
 }
 
@@ -195,6 +197,7 @@ __attribute__((format(printf, 2, 3))) static void set_reason(module *m, const ch
     va_start(ap, fmt);
     vsnprintf(m->info.reason, sizeof m->info.reason, fmt, ap);
     va_end(ap);
+    kvhal__utf8_trim(m->info.reason);
 }
 #define REASON set_reason
 
@@ -409,6 +412,7 @@ static kvhal_status load_file(const char *given, bool explicit)
     int fd;
     m->info.reason[0] = '\0';
     if (!kvhal__module_file_check(path, &fd, m->info.reason, sizeof m->info.reason)) {
+        kvhal__utf8_trim(m->info.reason);
         kvhal__log(1, "backend module %s: %s", path, m->info.reason);
         if (explicit) return kvhal__err(st, "path: %s not loaded: %s", path, m->info.reason);
         return st;

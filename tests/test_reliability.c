@@ -486,6 +486,38 @@ static void test_d8_concurrent_use_detected(void **state)
     assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
 }
 
+/* Defect 10: a message cut to fit its buffer ends on a whole UTF-8 character (it was cut mid-character). */
+static bool valid_utf8(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        size_t k = *p < 0x80 ? 1 : (*p & 0xe0) == 0xc0 ? 2 : (*p & 0xf0) == 0xe0 ? 3 : (*p & 0xf8) == 0xf0 ? 4 : 0;
+        if (!k) return false;
+        for (size_t i = 1; i < k; i++)
+            if ((p[i] & 0xc0) != 0x80) return false;
+        p += k;
+    }
+    return true;
+}
+
+static void test_d10_messages_cut_on_utf8_boundaries(void **state)
+{
+    (void)state;
+    for (int shift = 0; shift < 3; shift++) {
+        char path[2048];
+        int n = snprintf(path, sizeof path, "/nonexistent%.*s/", shift, "xx");
+        while (n + 4 < (int)sizeof path - 16) n += snprintf(path + n, sizeof path - (size_t)n, "\xe2\x82\xac"); /* euro */
+        snprintf(path + n, sizeof path - (size_t)n, "/libkvhal-x.so");
+        assert_int_equal(kvhal_backend_load(path), KVHAL_LOAD_FAILED);
+        if (!valid_utf8(kvhal_last_error())) fail_msg("shift %d: the message ends mid-character", shift);
+        kvhal_backend_module_info mi;
+        int32_t count;
+        assert_int_equal(kvhal_backend_module_count(&count), KVHAL_OK);
+        assert_int_equal(kvhal_backend_module_get(count - 1, &mi), KVHAL_OK);
+        assert_true(valid_utf8(mi.path) && valid_utf8(mi.reason));
+    }
+}
+
 static const kvhal_backend_module_info *find_module(const char *name, kvhal_backend_module_info *buf)
 {
     int32_t n = 0;
@@ -621,6 +653,7 @@ int main(void)
         cmocka_unit_test(test_d7_span_bytes_does_not_wrap),
         cmocka_unit_test(test_d7_cpu_paged_caching_huge_head_dim_no_overflow),
         cmocka_unit_test(test_d8_concurrent_use_detected),
+        cmocka_unit_test(test_d10_messages_cut_on_utf8_boundaries),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
