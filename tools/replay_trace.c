@@ -392,7 +392,7 @@ int replay_trace_parse_line(const char *line, size_t len, replay_trace_request *
 {
     cursor c = {line, len, 0, err, err_size};
     if (err_size) err[0] = '\0';
-    if (memchr(line, '\0', len)) {
+    if (len && memchr(line, '\0', len)) {
         c.pos = (size_t)((const char *)memchr(line, '\0', len) - line);
         return fail(&c, "NUL byte in the line");
     }
