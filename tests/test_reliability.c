@@ -626,6 +626,15 @@ static int make_hostile_dir(void)
         if (mkdir(HOSTILE_DIR "/open", 0777) != 0 || chmod(HOSTILE_DIR "/open", 0777) != 0) return -1;
         if (copy_file(NPU_MODULE, HOSTILE_DIR "/open/libkvhal-inopenfolder.so", 0755) != 0) return -1;
     }
+    /* a run limited to some backends (KVHAL_BACKENDS=cpu under valgrind) still discovers this folder's modules */
+    const char *only = getenv("KVHAL_BACKENDS");
+    if (only && *only) {
+        static char list[4096];
+        int n = snprintf(list, sizeof list, "%s,npu,fifo,groupwritable,inopenfolder", only);
+        for (int i = 0; i < JUNK_FILES && n > 0 && (size_t)n < sizeof list; i++)
+            n += snprintf(list + n, sizeof list - (size_t)n, ",aa%02d", i);
+        if (setenv("KVHAL_BACKENDS", list, 1) != 0) return -1;
+    }
     const char *old = getenv("KVHAL_BACKEND_PATH");
     static char path_env[8192];
     snprintf(path_env, sizeof path_env, "%s%s%s", HOSTILE_DIR, old && *old ? ":" : "", old ? old : "");
