@@ -468,9 +468,11 @@ KVHAL_API int32_t kvhal_prefix_cache_page_size(const kvhal_prefix_cache *pc);
 /** Longest cached prefix of tokens, aligned down to whole pages.
  * @param pc the cache (borrowed for the call).
  * @param tokens num_tokens token ids (read during the call; NULL only with num_tokens 0).
+ * @param num_tokens their count.
  * @param handle out (may be NULL): the node handle of the deepest matched node, 0 when nothing matched.
  * @param cached_len out (may be NULL): the matched length in tokens.
- * @param pages out: cached_len/page_size page indices; pages_cap entries room.
+ * @param pages out: cached_len/page_size page indices.
+ * @param pages_cap entries of room in pages.
  * @return KVHAL_OK; KVHAL_OUT_OF_RANGE when pages_cap is too small (then nothing is written: not pages, handle
  *         nor cached_len); KVHAL_INVALID_HANDLE for a pc that is not live; KVHAL_INVALID_ARGUMENT for NULL arrays;
  *         KVHAL_OUT_OF_MEMORY when a node split cannot allocate.
@@ -479,13 +481,15 @@ KVHAL_API kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t 
                                           kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
                                           size_t pages_cap);
 /** Protects the path from handle to the root from eviction (counted; unlock undoes one lock).
- * @param pc the cache. @param handle a node handle from match (or a request handle: its node is locked once more).
+ * @param pc the cache.
+ * @param handle a node handle from match (or a request handle: its node is locked once more).
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for 0; KVHAL_INVALID_HANDLE for a stale or foreign handle;
  *         KVHAL_OUT_OF_RANGE when the path holds INT32_MAX locks. */
 KVHAL_API kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle);
 /** Gives back one lock. A request handle (kvhal_cache_manager_match) is consumed: its lock goes back and the handle
  * is stale from then on (a dropped request is released this way).
- * @param pc the cache. @param handle a locked node handle or a live request handle.
+ * @param pc the cache.
+ * @param handle a locked node handle or a live request handle.
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for 0 or a node with no lock of its own left (the locks request
  *         handles hold are theirs to give back); KVHAL_INVALID_HANDLE for a stale or foreign handle. */
 KVHAL_API kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle);
@@ -521,9 +525,13 @@ KVHAL_API kvhal_prefix_cache *kvhal_cache_manager_prefix(kvhal_cache_manager *cm
  * is dropped, to kvhal_prefix_unlock on kvhal_cache_manager_prefix(cm), after kvhal_cache_manager_free of its own
  * pages. Use the prefix cache of a manager for queries and lock/unlock only: insert and evict go through the
  * manager, and it cannot be destroyed on its own.
- * @param cm the manager. @param tokens num_tokens ids (read during the call).
- * @param handle out, required: the request handle. @param cached_len out (may be NULL).
- * @param pages out: the cached pages, pages_cap entries room.
+ * @param cm the manager (single-owner: concurrent calls get KVHAL_BUSY).
+ * @param tokens num_tokens ids (read during the call).
+ * @param num_tokens their count (an engine passes all but the last prompt token).
+ * @param handle out, required: the request handle.
+ * @param cached_len out (may be NULL).
+ * @param pages out: the cached pages.
+ * @param pages_cap entries of room in pages.
  * @return as kvhal_prefix_match (nothing is written on a refusal), and KVHAL_INVALID_ARGUMENT for a NULL handle;
  *         KVHAL_OUT_OF_MEMORY when no request handle can be allocated. */
 KVHAL_API kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
@@ -534,8 +542,11 @@ KVHAL_API kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int
 KVHAL_API kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const int32_t *pages, int32_t n);
 /** A request finished: tokens[0..n) with pages covering ceil(n/page_size) pages (the first ones from match).
  * Inserts the page-aligned part, frees duplicate pages and the partial tail page, consumes handle.
- * @param cm the manager. @param tokens, num_tokens, pages the request's (read during the call).
- * @param handle the request handle its kvhal_cache_manager_match gave.
+ * @param cm the manager (single-owner: concurrent calls get KVHAL_BUSY).
+ * @param tokens the request's num_tokens tokens (read during the call).
+ * @param num_tokens their count.
+ * @param pages its ceil(num_tokens / page_size) pages, the matched ones first (read during the call).
+ * @param handle the request handle its kvhal_cache_manager_match gave; consumed on success.
  * @return KVHAL_OK; KVHAL_INVALID_HANDLE when handle is not a live request handle of cm (0, a node handle,
  *         finished or unlocked already, or stale after a reset); KVHAL_INVALID_ARGUMENT for pages not held or not
  *         repeating the matched ones; KVHAL_OUT_OF_MEMORY. Nothing changes on a refusal. */
@@ -543,10 +554,16 @@ KVHAL_API kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *c
                                                           size_t num_tokens, const int32_t *pages,
                                                           kvhal_prefix_handle handle);
 /** The same, given only what follows the match: tokens[0..n) and their pages (ceil(n/page_size) of them) are the
- * request's tokens past the handle's cached length, inserted below the handle; handle as for cache_finished. The cached
- * prefix is the handle's by construction, so nothing of it is passed or compared again: what cache_finished
- * spends re-reading and checking the matched prefix (its tokens and pages), this one does not. Every page passed
- * is still checked as one the caller's requests hold. */
+ * request's tokens past the handle's cached length, inserted below the handle. The cached prefix is the handle's
+ * by construction, so nothing of it is passed or compared again: what cache_finished spends re-reading and
+ * checking the matched prefix (its tokens and pages), this one does not. Every page passed is still checked as one
+ * the caller's requests hold.
+ * @param cm the manager (single-owner: concurrent calls get KVHAL_BUSY).
+ * @param handle the request handle its kvhal_cache_manager_match gave; consumed on success.
+ * @param tokens the num_tokens tokens past the match (read during the call; NULL only with num_tokens 0).
+ * @param num_tokens their count.
+ * @param pages their ceil(num_tokens / page_size) pages, each one the request holds (read during the call).
+ * @return as kvhal_cache_manager_cache_finished. Thread safety: cm is single-owner. */
 KVHAL_API kvhal_status kvhal_cache_manager_cache_finished_suffix(kvhal_cache_manager *cm,
                                                                  kvhal_prefix_handle handle, const int32_t *tokens,
                                                                  size_t num_tokens, const int32_t *pages);
