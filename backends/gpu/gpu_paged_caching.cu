@@ -43,7 +43,7 @@ void resolve_driver_fn(const Ctx *c, int32_t id, PagedLaunch *l)
 
 struct PagedDesc {
     PagedParams pv, ps;                           /* vector and scalar templates (unit strides, divisors) */
-    PagedLaunch vec_mul, vec_div, sc_mul, sc_div;
+    PagedLaunch vec[3], sc[3];                    /* by scale mode (SM_MUL, SM_RCP, SM_DIV); one for copies */
     uint32_t threads_v, threads_s;
     uint32_t out_align; /* bytes the cache bases need on the vector path (inputs need 16) */
     bool vec_ok, fp8;   /* fp8: the kernels convert to the fp8 cache with the call's scales */
@@ -61,22 +61,22 @@ int kdt(kvhal_dtype d)
     }
 }
 
-template <int IN, int OUT, bool DIV> PagedLaunch fp8_launcher(bool vec)
+template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher(bool vec)
 {
-    return vec ? paged_launcher<XFp8Vec<IN, OUT, DIV>>() : paged_launcher<XFp8Scalar<IN, OUT, DIV>>();
+    return vec ? paged_launcher<XFp8Vec<IN, OUT, MODE>>() : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
-template <int IN, bool DIV> PagedLaunch fp8_launcher_out(int out, bool vec)
+template <int IN, int MODE> PagedLaunch fp8_launcher_out(int out, bool vec)
 {
-    return out == DT_E4M3 ? fp8_launcher<IN, DT_E4M3, DIV>(vec) : fp8_launcher<IN, DT_E5M2, DIV>(vec);
+    return out == DT_E4M3 ? fp8_launcher<IN, DT_E4M3, MODE>(vec) : fp8_launcher<IN, DT_E5M2, MODE>(vec);
 }
 
-template <bool DIV> PagedLaunch fp8_launcher_in(int in, int out, bool vec)
+template <int MODE> PagedLaunch fp8_launcher_in(int in, int out, bool vec)
 {
     switch (in) {
-    case DT_F32: return fp8_launcher_out<DT_F32, DIV>(out, vec);
-    case DT_F16: return fp8_launcher_out<DT_F16, DIV>(out, vec);
-    default: return fp8_launcher_out<DT_BF16, DIV>(out, vec);
+    case DT_F32: return fp8_launcher_out<DT_F32, MODE>(out, vec);
+    case DT_F16: return fp8_launcher_out<DT_F16, MODE>(out, vec);
+    default: return fp8_launcher_out<DT_BF16, MODE>(out, vec);
     }
 }
 
@@ -125,6 +125,7 @@ bool build_side(const kvhal_bk_paged_side *s, const kvhal_bk_paged_caching *a, i
     o->in_head = in_head;
     o->in_dim = in_dim;
     o->scale = 1.0f;
+    o->inv = 1.0f;
     o->row_units = (uint32_t)row;
     o->div_row = kvhal_fastdiv32_make((uint32_t)row);
     o->div_head = kvhal_fastdiv32_make((uint32_t)uph);
@@ -189,18 +190,20 @@ void paged_build(const Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Page
     d->out_align = (uint32_t)(vec * (int64_t)out_es);
 
     if (same) {
-        d->sc_mul = d->sc_div = copy_launcher(es, false);
-        d->vec_mul = d->vec_div = copy_launcher(es, true);
+        d->sc[SM_MUL] = copy_launcher(es, false);
+        d->vec[SM_MUL] = copy_launcher(es, true);
     } else {
-        d->sc_mul = fp8_launcher_in<false>(in, out, false);
-        d->sc_div = fp8_launcher_in<true>(in, out, false);
-        d->vec_mul = fp8_launcher_in<false>(in, out, true);
-        d->vec_div = fp8_launcher_in<true>(in, out, true);
+        d->sc[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, false);
+        d->sc[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, false);
+        d->sc[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, false);
+        d->vec[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, true);
+        d->vec[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, true);
+        d->vec[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, true);
     }
-    resolve_driver_fn(c, id, &d->vec_mul);
-    resolve_driver_fn(c, id, &d->vec_div);
-    resolve_driver_fn(c, id, &d->sc_mul);
-    resolve_driver_fn(c, id, &d->sc_div);
+    for (int m = 0; m < (same ? 1 : 3); m++) {
+        resolve_driver_fn(c, id, &d->vec[m]);
+        resolve_driver_fn(c, id, &d->sc[m]);
+    }
 }
 
 } // namespace
@@ -267,15 +270,17 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     const char *vi = static_cast<const char *>(a->v.input) + a->v.input_offset;
     const bool vec = d->vec_ok && (((uintptr_t)ki | (uintptr_t)vi) & 15u) == 0 &&
                      (((uintptr_t)kc | (uintptr_t)vc) % d->out_align) == 0;
-    const bool div = d->fp8 && !(kvhal_gpu_scale_is_pow2(a->k.scale) && kvhal_gpu_scale_is_pow2(a->v.scale));
+    const int mode = d->fp8 ? kvhal_gpu_scale_mode(a->k.scale, a->v.scale) : SM_MUL;
     PagedParams p = vec ? d->pv : d->ps;
     p.k.cache = kc;
     p.v.cache = vc;
     p.k.input = ki;
     p.v.input = vi;
     if (d->fp8) {
-        p.k.scale = div ? a->k.scale : 1.0f / a->k.scale;
-        p.v.scale = div ? a->v.scale : 1.0f / a->v.scale;
+        p.k.scale = a->k.scale;
+        p.k.inv = 1.0f / a->k.scale;
+        p.v.scale = a->v.scale;
+        p.v.inv = 1.0f / a->v.scale;
     }
     p.slots = static_cast<const char *>(a->slots) + a->slots_offset;
     p.num_tokens = a->num_tokens;
@@ -284,7 +289,7 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     const int64_t grid = (a->num_tokens + p.tpc - 1) / p.tpc;
     if (grid > 0x7fffffff)
         return fail(c, KVHAL_UNSUPPORTED, "num_tokens: %lld is too many for one launch", (long long)a->num_tokens);
-    const PagedLaunch &run = vec ? (div ? d->vec_div : d->vec_mul) : (div ? d->sc_div : d->sc_mul);
+    const PagedLaunch &run = vec ? d->vec[mode] : d->sc[mode];
     const uint32_t threads = vec ? d->threads_v : d->threads_s;
 #if !defined(KVHAL_GPU_HIP)
     if (run.fn) {

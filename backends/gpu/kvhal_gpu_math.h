@@ -11,6 +11,7 @@
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define KVHAL_HD __host__ __device__ inline __attribute__((always_inline))
 #else
+#include <math.h>
 #include <string.h>
 #define KVHAL_HD static inline
 #endif
@@ -101,6 +102,46 @@ KVHAL_HD int kvhal_gpu_scale_is_pow2(float s)
     const uint32_t u = kvhal_gpu_f32_bits(s);
     const uint32_t e = (u >> 23) & 0xffu;
     return (u & 0x7fffffu) == 0 && e >= 1u && e <= 253u;
+}
+
+/* ---- x / s for a calibrated (non power-of-two) scale, without a division ----
+ * y = x * inv (inv = 1/s rounded to nearest by the host) is within 1.5 ulp of x / s; one Newton correction with the
+ * exact fma residual r = y*s - x then gives the correctly rounded quotient, the same bits as the IEEE division
+ * x / s (Markstein's correction), wherever no intermediate underflows. That holds for every x whose quotient
+ * matters to fp8 when s lies in [2^-64, 2^64] (kvhal_gpu_scale_rcp_ok): a residual that underflows belongs to an
+ * |x| below 2^-102, whose quotient (below 2^-38) rounds to a zero of either fp8 format either way. Proved on all
+ * 2^32 inputs for a set of scales by tools/kvhal-fp8-check (the fp8 codes, against kvhal_f32_to_fp8(x / s)), and on
+ * random scales by tests/test_gpu_math.c.
+ * Specials: the residual is formed as y*s - x and subtracted (not x - y*s and added) so that x = -0 gives -0;
+ * a y that is +-inf (x infinite, or the quotient overflows) gives NaN, which the callers map to the saturated code
+ * (an input NaN stays NaN), so no select is needed on the common path. */
+KVHAL_HD float kvhal_gpu_quot_rcp(float x, float s, float inv)
+{
+#ifdef KVHAL_GPU_DEVICE_PASS
+    const float y = x * inv;
+    const float r = __fmaf_rn(y, s, -x);
+    return __fmaf_rn(-r, inv, y);
+#else
+    const float y = x * inv;
+    const float r = fmaf(y, s, -x);
+    return fmaf(-r, inv, y);
+#endif
+}
+
+/* True when kvhal_gpu_quot_rcp is exact (for fp8) for scale s: 2^-64 <= s <= 2^64. */
+KVHAL_HD int kvhal_gpu_scale_rcp_ok(float s)
+{
+    const uint32_t u = kvhal_gpu_f32_bits(s);
+    return u >= 0x1f800000u && u <= 0x5f800000u;
+}
+
+/* How the kernels divide by the scales: 0 multiply by the exact 1/s (both scales powers of two), 1 the reciprocal
+ * with its correction (both in rcp range), 2 the IEEE division. */
+KVHAL_HD int kvhal_gpu_scale_mode(float k_scale, float v_scale)
+{
+    if (kvhal_gpu_scale_is_pow2(k_scale) && kvhal_gpu_scale_is_pow2(v_scale)) return 0;
+    if (kvhal_gpu_scale_rcp_ok(k_scale) && kvhal_gpu_scale_rcp_ok(v_scale)) return 1;
+    return 2;
 }
 
 /* ---- division by a run-time constant (Granlund-Montgomery, round-up variant with the 33rd/65th bit handled by
