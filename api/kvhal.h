@@ -202,6 +202,12 @@ typedef enum kvhal_dtype {
     KVHAL_FP8_E5M2 = 4,
     KVHAL_I32 = 5,
     KVHAL_I64 = 6,
+    /** AMD's fp8 e4m3 "fnuz" (MI300-class GPUs): exponent bias 8, largest finite 240, no infinities, no negative
+     *  zero, one NaN (0x80). A cache dtype like the other fp8 formats. */
+    KVHAL_FP8_E4M3FNUZ = 7,
+    /** AMD's fp8 e5m2 "fnuz": exponent bias 16, largest finite 57344, no infinities, no negative zero, one NaN
+     *  (0x80). */
+    KVHAL_FP8_E5M2FNUZ = 8,
     KVHAL_DTYPE_COUNT
 } kvhal_dtype;
 
@@ -264,7 +270,18 @@ KVHAL_API kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num
 /* ------------------------------------------------------------------------------------------------------------ */
 /* FP8 helpers (the host reference of the conversion the kernels do)                                            */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** Rounds x to an fp8 code: round to nearest, ties to even, saturating (a finite value or infinity beyond the
+ *  largest finite magnitude gives that magnitude with x's sign).
+ *  @param x        any f32 (NaN included)
+ *  @param fp8_type KVHAL_FP8_E4M3 (e4m3fn: NaN 0x7f|sign), KVHAL_FP8_E5M2 (NaN 0x7f|sign), KVHAL_FP8_E4M3FNUZ or
+ *                  KVHAL_FP8_E5M2FNUZ (NaN 0x80; a result that rounds to zero is 0x00 whatever x's sign, since
+ *                  0x80 is the NaN); any other value is taken as KVHAL_FP8_E4M3
+ *  @return the code. Thread safety: pure function. Graph capture: host only, enqueues nothing. */
 KVHAL_API uint8_t kvhal_f32_to_fp8(float x, kvhal_dtype fp8_type);
+/** The value of an fp8 code (exact).
+ *  @param x        the code
+ *  @param fp8_type as for kvhal_f32_to_fp8 (an fnuz code 0x80 is NaN; e5m2's 0x7c/0xfc are +-inf)
+ *  @return the value as f32. Thread safety: pure function. Graph capture: host only, enqueues nothing. */
 KVHAL_API float kvhal_fp8_to_f32(uint8_t x, kvhal_dtype fp8_type);
 KVHAL_API uint16_t kvhal_f32_to_f16(float x);
 KVHAL_API float kvhal_f16_to_f32(uint16_t x);

@@ -78,7 +78,7 @@ static inline size_t kvhal_bk_dtype_size(kvhal_dtype dt)
     switch (dt) {
     case KVHAL_F32: case KVHAL_I32: return 4;
     case KVHAL_F16: case KVHAL_BF16: return 2;
-    case KVHAL_FP8_E4M3: case KVHAL_FP8_E5M2: return 1;
+    case KVHAL_FP8_E4M3: case KVHAL_FP8_E5M2: case KVHAL_FP8_E4M3FNUZ: case KVHAL_FP8_E5M2FNUZ: return 1;
     case KVHAL_I64: return 8;
     default: return 0;
     }
@@ -93,6 +93,8 @@ static inline const char *kvhal_bk_dtype_name(kvhal_dtype dt)
     case KVHAL_BF16: return "bf16";
     case KVHAL_FP8_E4M3: return "fp8_e4m3";
     case KVHAL_FP8_E5M2: return "fp8_e5m2";
+    case KVHAL_FP8_E4M3FNUZ: return "fp8_e4m3fnuz";
+    case KVHAL_FP8_E5M2FNUZ: return "fp8_e5m2fnuz";
     case KVHAL_I32: return "i32";
     case KVHAL_I64: return "i64";
     default: return "invalid";

@@ -41,8 +41,11 @@ static void dbuf_fill_values(dbuf *b, kvhal_dtype dt, ref_rng *r, float scale)
         uint64_t pick = ref_rand_below(r, 8);
         if (pick == 0 && (dt == KVHAL_F32 || dt == KVHAL_F16 || dt == KVHAL_BF16)) {
             /* an exact tie between two neighbouring fp8 values (either format), times the scale */
-            kvhal_dtype f = ref_rand(r) & 1 ? KVHAL_FP8_E4M3 : KVHAL_FP8_E5M2;
-            uint8_t c = (uint8_t)ref_rand_below(r, f == KVHAL_FP8_E4M3 ? 0x7e : 0x7b);
+            static const kvhal_dtype fs[4] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
+            static const uint8_t maxc[4] = {0x7e, 0x7b, 0x7f, 0x7f};
+            const int fi = (int)ref_rand_below(r, 4);
+            kvhal_dtype f = fs[fi];
+            uint8_t c = (uint8_t)ref_rand_below(r, maxc[fi]);
             x = (float)((ref_fp8_decode(c, f) + ref_fp8_decode((uint8_t)(c + 1), f)) / 2 * scale);
             if (ref_rand(r) & 1) x = -x;
         } else if (pick == 1) {
@@ -78,10 +81,11 @@ static void store_slot(dbuf *b, kvhal_dtype dt, int64_t elem, int64_t v)
 static void test_conversions(void **state)
 {
     (void)state;
-    static const kvhal_dtype fp8s[2] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2};
+    static const kvhal_dtype fp8s[4] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
     ref_rng r = {42};
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 4; f++) {
         kvhal_dtype t = fp8s[f];
+        const bool fnuz = f >= 2;
         for (int c = 0; c < 256; c++) {
             double want = ref_fp8_decode((uint8_t)c, t);
             float got = kvhal_fp8_to_f32((uint8_t)c, t);
@@ -89,7 +93,7 @@ static void test_conversions(void **state)
             else if ((double)got != want) fail_msg("%s decode 0x%02x: %g, want %g", kvhal_dtype_name(t), c, got, want);
         }
         /* every code, the midpoints to its neighbours and the floats right around them */
-        const int max_code = t == KVHAL_FP8_E4M3 ? 0x7e : 0x7b;
+        const int max_code = fnuz ? 0x7f : t == KVHAL_FP8_E4M3 ? 0x7e : 0x7b;
         for (int c = 0; c <= max_code; c++) {
             double a = ref_fp8_decode((uint8_t)c, t);
             double b = c < max_code ? ref_fp8_decode((uint8_t)(c + 1), t) : a * 1.25;
@@ -113,11 +117,24 @@ static void test_conversions(void **state)
         assert_int_equal(kvhal_f32_to_fp8(INFINITY, t), max_code);
         assert_int_equal(kvhal_f32_to_fp8(-INFINITY, t), 0x80 | max_code);
         assert_int_equal(kvhal_f32_to_fp8(1e30f, t), max_code);
-        assert_int_equal(kvhal_f32_to_fp8(NAN, t), 0x7f);
-        assert_int_equal(kvhal_f32_to_fp8(-NAN, t), 0xff);
-        assert_int_equal(kvhal_f32_to_fp8(-0.0f, t), 0x80);
+        assert_int_equal(kvhal_f32_to_fp8(NAN, t), fnuz ? 0x80 : 0x7f);
+        assert_int_equal(kvhal_f32_to_fp8(-NAN, t), fnuz ? 0x80 : 0xff);
+        assert_int_equal(kvhal_f32_to_fp8(-0.0f, t), fnuz ? 0x00 : 0x80); /* fnuz: no negative zero */
+        assert_int_equal(kvhal_f32_to_fp8(-1e-30f, t), fnuz ? 0x00 : 0x80);
         assert_int_equal(kvhal_f32_to_fp8(1e-30f, t), 0x00);
     }
+    /* the fnuz formats' definitions: largest 240 / 57344, smallest 2^-10 / 2^-17, 0x80 the one NaN, no infinity */
+    assert_true(kvhal_fp8_to_f32(0x7f, KVHAL_FP8_E4M3FNUZ) == 240.0f);
+    assert_true(kvhal_fp8_to_f32(0x7f, KVHAL_FP8_E5M2FNUZ) == 57344.0f);
+    assert_true(kvhal_fp8_to_f32(0x01, KVHAL_FP8_E4M3FNUZ) == ldexpf(1, -10));
+    assert_true(kvhal_fp8_to_f32(0x01, KVHAL_FP8_E5M2FNUZ) == ldexpf(1, -17));
+    assert_true(kvhal_fp8_to_f32(0x40, KVHAL_FP8_E4M3FNUZ) == 1.0f);
+    assert_true(kvhal_fp8_to_f32(0x40, KVHAL_FP8_E5M2FNUZ) == 1.0f);
+    assert_true(isnan(kvhal_fp8_to_f32(0x80, KVHAL_FP8_E4M3FNUZ)));
+    assert_true(isnan(kvhal_fp8_to_f32(0x80, KVHAL_FP8_E5M2FNUZ)));
+    assert_true(kvhal_fp8_to_f32(0xff, KVHAL_FP8_E4M3FNUZ) == -240.0f);
+    assert_int_equal(kvhal_f32_to_fp8(INFINITY, KVHAL_FP8_E4M3FNUZ), 0x7f);
+    assert_int_equal(kvhal_f32_to_fp8(-300.0f, KVHAL_FP8_E4M3FNUZ), 0xff);
     assert_true(kvhal_fp8_to_f32(0x7e, KVHAL_FP8_E4M3) == 448.0f);
     assert_true(kvhal_fp8_to_f32(0x7b, KVHAL_FP8_E5M2) == 57344.0f);
     assert_true(isinf(kvhal_fp8_to_f32(0x7c, KVHAL_FP8_E5M2)));
@@ -314,14 +331,17 @@ static void run_paged_case(kvhal_device dev, kvhal_dtype in_dt, kvhal_dtype cach
     snprintf(label, sizeof label, "paged_caching in=%s cache=%s slots=%s %s %s", kvhal_dtype_name(in_dt),
              kvhal_dtype_name(cache_dt), kvhal_dtype_name(slot_dt), layout == KVHAL_LAYOUT_NHD ? "NHD" : "HND",
              form_names[form]);
-    const bool fp8 = cache_dt == KVHAL_FP8_E4M3 || cache_dt == KVHAL_FP8_E5M2;
+    const bool fp8 = cache_dt == KVHAL_FP8_E4M3 || cache_dt == KVHAL_FP8_E5M2 || cache_dt == KVHAL_FP8_E4M3FNUZ ||
+                     cache_dt == KVHAL_FP8_E5M2FNUZ;
     pc_setup p;
     pc_build(&p, dev, in_dt, cache_dt, slot_dt, layout, form, r);
-    /* three times: the later calls hit the descriptor cache with new data and new scales. fp8 scales cover every
+    /* several times: the later calls hit the descriptor cache with new data and new scales. fp8 scales cover every
      * scaling mode a backend may specialise: 1 (none), powers of two above and below 1 (exact as a multiply by
-     * 1/scale) and others (a true division). */
-    static const float fp8_scales[3][2] = {{0.5f, 2.0f}, {0.37f, 3.0f}, {1.0f, 0.25f}};
-    for (int rep = 0; rep < (fp8 ? 3 : 2); rep++) {
+     * 1/scale), calibrated ones (0.37, 0.0123: a reciprocal with a correction on GPUs), one calibrated scale with a
+     * power of two, and scales outside the reciprocal's range (1e-30, 3e30: a true division). */
+    static const float fp8_scales[6][2] = {{0.5f, 2.0f}, {0.37f, 3.0f}, {1.0f, 0.25f}, {0.0123f, 0.37f},
+                                           {0.37f, 0.5f}, {1e-30f, 3e30f}};
+    for (int rep = 0; rep < (fp8 ? 6 : 2); rep++) {
         float ks = fp8 ? fp8_scales[rep][0] : 1.0f, vs = fp8 ? fp8_scales[rep][1] : 1.0f;
         pc_fill(&p, in_dt, ks, vs, r, -1, 0);
         kvhal_status st = kvhal_paged_caching(&p.kc, &p.vc, &p.k, &p.v, &p.s, ks, vs, NULL);
@@ -342,8 +362,8 @@ static void test_paged_caching(void **state)
     static const kvhal_dtype ins[3] = {KVHAL_F32, KVHAL_F16, KVHAL_BF16};
     int cases = 0;
     for (int i = 0; i < 3; i++) {
-        kvhal_dtype outs[3] = {ins[i], KVHAL_FP8_E4M3, KVHAL_FP8_E5M2};
-        for (int o = 0; o < 3; o++) {
+        kvhal_dtype outs[5] = {ins[i], KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
+        for (int o = 0; o < 5; o++) {
             for (int layout = 0; layout < 2; layout++) {
                 for (int form = 0; form < FORM_COUNT; form++) {
                     /* alternate the slot dtype so both meet every other parameter across the matrix */
@@ -533,9 +553,9 @@ static void test_tensor_copy(void **state)
 {
     kvhal_device dev = device_of(state);
     ref_rng r = {77};
-    static const kvhal_dtype dts[7] = {KVHAL_F32, KVHAL_F16, KVHAL_BF16, KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_I32,
-                                       KVHAL_I64};
-    for (int d = 0; d < 7; d++) {
+    static const kvhal_dtype dts[9] = {KVHAL_F32, KVHAL_F16, KVHAL_BF16, KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_I32,
+                                       KVHAL_I64, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
+    for (int d = 0; d < 9; d++) {
         const kvhal_dtype dt = dts[d];
         const size_t es = kvhal_dtype_size(dt);
         dbuf src, dst;

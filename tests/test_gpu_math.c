@@ -29,6 +29,13 @@ static void check_fp8_bits(uint32_t u)
     const float x = kvhal_gpu_bits_f32(u);
     const uint32_t e4 = kvhal_gpu_f32_to_e4m3(x), e5 = kvhal_gpu_f32_to_e5m2(x);
     const uint32_t r4 = kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3), r5 = kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2);
+    const uint32_t z4 = kvhal_gpu_f32_to_e4m3fnuz(x), z5 = kvhal_gpu_f32_to_e5m2fnuz(x);
+    const uint32_t q4 = kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3FNUZ), q5 = kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2FNUZ);
+    if (z4 != q4 || z5 != q5) {
+        print_error("f32 bits 0x%08x: e4m3fnuz gpu 0x%02x ref 0x%02x, e5m2fnuz gpu 0x%02x ref 0x%02x\n", (unsigned)u,
+                    (unsigned)z4, (unsigned)q4, (unsigned)z5, (unsigned)q5);
+        fail();
+    }
     if (e4 != r4 || e5 != r5) {
         print_error("f32 bits 0x%08x: e4m3 gpu 0x%02x ref 0x%02x, e5m2 gpu 0x%02x ref 0x%02x\n", (unsigned)u,
                     (unsigned)e4, (unsigned)r4, (unsigned)e5, (unsigned)r5);
@@ -120,8 +127,9 @@ static bool check_quot(float x, float s, int mode)
     const float inv = 1.0f / s;
     volatile float e = x / s;
     const float q = kernel_quot(x, s, inv, mode);
-    for (int f = 0; f < 2; f++) {
-        const kvhal_dtype fmt = f ? KVHAL_FP8_E5M2 : KVHAL_FP8_E4M3;
+    static const kvhal_dtype fmts[4] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
+    for (int f = 0; f < 4; f++) {
+        const kvhal_dtype fmt = fmts[f];
         if (kvhal_f32_to_fp8(q, fmt) != kvhal_f32_to_fp8(e, fmt)) {
             print_error("%s: x 0x%08x / scale %a (mode %d): got 0x%02x, x / s gives 0x%02x\n", kvhal_dtype_name(fmt),
                         (unsigned)kvhal_gpu_f32_bits(x), (double)s, mode, kvhal_f32_to_fp8(q, fmt),
@@ -165,8 +173,9 @@ static void test_rcp_scale(void **state)
         assert_int_equal(kvhal_gpu_scale_mode(s, s), 1);
         for (size_t j = 0; j < sizeof sp / sizeof sp[0]; j++) assert_false(check_quot(kvhal_gpu_bits_f32(sp[j]), s, 1));
         /* x = fp8 midpoints and largest values times s: quotients on (or next to) rounding ties and saturation */
-        for (int f = 0; f < 2; f++) {
-            const kvhal_dtype fmt = f ? KVHAL_FP8_E5M2 : KVHAL_FP8_E4M3;
+        for (int f = 0; f < 4; f++) {
+            static const kvhal_dtype fmts[4] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
+            const kvhal_dtype fmt = fmts[f];
             for (uint32_t c = 0; c < 0x7f; c++) {
                 const float lo = kvhal_fp8_to_f32((uint8_t)c, fmt), hi = kvhal_fp8_to_f32((uint8_t)(c + 1), fmt);
                 if (hi != hi || lo != lo) continue;

@@ -57,6 +57,8 @@ int kdt(kvhal_dtype d)
     case KVHAL_BF16: return DT_BF16;
     case KVHAL_FP8_E4M3: return DT_E4M3;
     case KVHAL_FP8_E5M2: return DT_E5M2;
+    case KVHAL_FP8_E4M3FNUZ: return DT_E4M3FNUZ;
+    case KVHAL_FP8_E5M2FNUZ: return DT_E5M2FNUZ;
     default: return -1;
     }
 }
@@ -66,9 +68,19 @@ template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher(bool vec)
     return vec ? paged_launcher<XFp8Vec<IN, OUT, MODE>>() : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
+template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher_sw(bool vec)
+{
+    return vec ? paged_launcher<XFp8VecSw<IN, OUT, MODE>>() : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
+}
+
 template <int IN, int MODE> PagedLaunch fp8_launcher_out(int out, bool vec)
 {
-    return out == DT_E4M3 ? fp8_launcher<IN, DT_E4M3, MODE>(vec) : fp8_launcher<IN, DT_E5M2, MODE>(vec);
+    switch (out) {
+    case DT_E4M3: return fp8_launcher<IN, DT_E4M3, MODE>(vec);
+    case DT_E5M2: return fp8_launcher<IN, DT_E5M2, MODE>(vec);
+    case DT_E4M3FNUZ: return fp8_launcher_sw<IN, DT_E4M3FNUZ, MODE>(vec);
+    default: return fp8_launcher_sw<IN, DT_E5M2FNUZ, MODE>(vec);
+    }
 }
 
 template <int MODE> PagedLaunch fp8_launcher_in(int in, int out, bool vec)

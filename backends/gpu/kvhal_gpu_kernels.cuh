@@ -46,7 +46,8 @@ namespace kvhal_gpu {
 #define KVHAL_GPU_ERR_BLOCK 1 /* copy_blocks: a block id outside [0, num_blocks) was skipped */
 #define KVHAL_GPU_ERR_BYTES 8
 
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4 };
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4, DT_E4M3FNUZ = 5, DT_E5M2FNUZ = 6 };
+#define KVHAL_GPU_FNUZ(OUT) ((OUT) == DT_E4M3FNUZ || (OUT) == DT_E5M2FNUZ)
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Element transforms of the paged-caching kernel: In is what one load reads, Out what one store writes.        */
@@ -129,7 +130,10 @@ __device__ __forceinline__ uint32_t fp8_fix_nan(uint32_t c, uint32_t n, uint32_t
 template <int OUT> __device__ __forceinline__ uint32_t fp8_mag_nonneg(float y)
 {
     const uint32_t a = kvhal_gpu_f32_bits(y);
-    return OUT == DT_E4M3 ? kvhal_gpu_e4m3_mag_bits(a) : kvhal_gpu_e5m2_mag_bits(a);
+    return OUT == DT_E4M3       ? kvhal_gpu_e4m3_mag_bits(a)
+           : OUT == DT_E5M2     ? kvhal_gpu_e5m2_mag_bits(a)
+           : OUT == DT_E4M3FNUZ ? kvhal_gpu_e4m3fnuz_mag_bits(a)
+                                : kvhal_gpu_e5m2fnuz_mag_bits(a);
 }
 
 /* The code of x / s: sign and NaN from x (s > 0), the magnitude from |x| / s. A NaN quotient of a non-NaN |x| (an
@@ -140,6 +144,7 @@ template <int OUT, int MODE> __device__ __forceinline__ uint32_t fp8_full(float 
     const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
     const uint32_t nan_bit = OUT == DT_E4M3 ? KVHAL_GPU_E4M3_NAN_BIT : KVHAL_GPU_E5M2_NAN_BIT;
     const float q = scaled<MODE>(kvhal_gpu_bits_f32(u & 0x7fffffffu), s, inv);
+    if (KVHAL_GPU_FNUZ(OUT)) return kvhal_gpu_fnuz_finish(u, fp8_mag_nonneg<OUT>(q)); /* no NVIDIA hardware for fnuz */
 #ifdef KVHAL_GPU_HW_FP8
     const uint32_t mag = fp8_mag_hw<OUT>(q);
 #else
@@ -279,6 +284,37 @@ template <int IN, int OUT, int MODE> struct XFp8Vec {
         return o;
     }
 #endif
+};
+
+/* 16 input bytes at a time, one element after another in software: AMD's fnuz formats, which NVIDIA's conversion
+ * instructions do not produce. */
+template <int IN, int OUT, int MODE> struct XFp8VecSw;
+template <int OUT, int MODE> struct XFp8VecSw<DT_F32, OUT, MODE> {
+    typedef uint4 In;
+    typedef uint32_t Out;
+    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
+    {
+        return fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.x), s, inv) |
+               fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.y), s, inv) << 8 |
+               fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.z), s, inv) << 16 |
+               fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.w), s, inv) << 24;
+    }
+};
+template <int IN, int OUT, int MODE> struct XFp8VecSw {
+    typedef uint4 In;
+    typedef uint2 Out;
+    static __device__ __forceinline__ uint32_t word(uint32_t w, float s, float inv) /* 2 lanes -> bytes 0, 1 */
+    {
+        return fp8_full<OUT, MODE>(load_elem<IN>(w & 0xffffu), s, inv) |
+               fp8_full<OUT, MODE>(load_elem<IN>(w >> 16), s, inv) << 8;
+    }
+    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
+    {
+        Out o;
+        o.x = word(v.x, s, inv) | word(v.y, s, inv) << 16;
+        o.y = word(v.z, s, inv) | word(v.w, s, inv) << 16;
+        return o;
+    }
 };
 
 /* ------------------------------------------------------------------------------------------------------------ */

@@ -11,7 +11,8 @@
 #include "ocl_internal.h"
 
 /* The .cl files use kvhal_dtype's numbering for dtypes (KV_F32 = KVHAL_F32, ...). */
-_Static_assert(KVHAL_F32 == 0 && KVHAL_F16 == 1 && KVHAL_BF16 == 2 && KVHAL_FP8_E4M3 == 3 && KVHAL_FP8_E5M2 == 4,
+_Static_assert(KVHAL_F32 == 0 && KVHAL_F16 == 1 && KVHAL_BF16 == 2 && KVHAL_FP8_E4M3 == 3 && KVHAL_FP8_E5M2 == 4 &&
+                   KVHAL_FP8_E4M3FNUZ == 7 && KVHAL_FP8_E5M2FNUZ == 8,
                "kv_common.cl dtype codes");
 
 #ifndef KVHAL_OCL_GPU_GROUP
@@ -48,7 +49,10 @@ typedef struct pc_desc {
     cl_long num_slots;
 } pc_desc;
 
-static bool dt_is_float(kvhal_dtype dt) { return dt >= KVHAL_F32 && dt <= KVHAL_FP8_E5M2; }
+static bool dt_is_float(kvhal_dtype dt)
+{
+    return (dt >= KVHAL_F32 && dt <= KVHAL_FP8_E5M2) || dt == KVHAL_FP8_E4M3FNUZ || dt == KVHAL_FP8_E5M2FNUZ;
+}
 
 static bool multiple(int64_t v, int64_t m) { return v % m == 0; }
 
@@ -132,15 +136,17 @@ bool ocl_paged_caching_supports(const ocl_device *d, const kvhal_bk_paged_cachin
     return true;
 }
 
-/* (scale, 1 / scale) for kv_div and its mode: 0 for 1, 1 for a power of two (x * inv is then exact), 2 otherwise.
- * The core passes 1 for non-fp8 caches and checks fp8 scales are finite and > 0. */
+/* (scale, 1 / scale) for kv_div and its mode: 0 for 1, 1 for a power of two (x * inv is then exact), 2 for another
+ * scale in [2^-64, 2^64] (the reciprocal with one correction), 3 otherwise. The core passes 1 for non-fp8 caches and
+ * checks fp8 scales are finite and > 0. */
 static cl_uint scale_mode(float scale, cl_float2 *sc)
 {
     sc->s[0] = scale;
     sc->s[1] = 1.0f / scale;
     if (scale == 1.0f) return 0;
     int e;
-    return frexpf(scale, &e) == 0.5f ? 1 : 2;
+    if (frexpf(scale, &e) == 0.5f) return 1;
+    return scale >= 0x1p-64f && scale <= 0x1p64f ? 2 : 3;
 }
 
 /* The arguments the metadata fixes, on both kernels of a new kernel set; without fp8 the scales too (1). */

@@ -57,7 +57,7 @@ static kvhal_status validate(const kvhal_tensor *k_cache, const kvhal_tensor *v_
         return kvhal__err(KVHAL_DTYPE_MISMATCH, "v.dtype: %s differs from k.dtype %s", kvhal_dtype_name(v->dtype),
                           kvhal_dtype_name(in_dt));
     if (cache_dt != in_dt && !kvhal__is_fp8(cache_dt))
-        return kvhal__err(KVHAL_DTYPE_MISMATCH, "k_cache.dtype: %s must be k's dtype %s or fp8_e4m3/fp8_e5m2",
+        return kvhal__err(KVHAL_DTYPE_MISMATCH, "k_cache.dtype: %s must be k's dtype %s or an fp8 format (fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz, fp8_e5m2fnuz)",
                           kvhal_dtype_name(cache_dt), kvhal_dtype_name(in_dt));
     if (v_cache->dtype != cache_dt)
         return kvhal__err(KVHAL_DTYPE_MISMATCH, "v_cache.dtype: %s differs from k_cache.dtype %s",
