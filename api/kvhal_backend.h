@@ -145,6 +145,10 @@ typedef struct kvhal_bk_paged_side {
     float scale;         /* fp8 caches: stored = round(value / scale); 1 otherwise */
 } kvhal_bk_paged_side;
 
+/* Descriptors by shape class: the core keys paged-caching descriptors by everything here except memory, offsets,
+ * scales, num_tokens and (for a flat call, batched false) seq_len and the outer token and slot strides; a batched
+ * call's batch size (num_tokens / seq_len) is not in the key either. So desc_create must make a descriptor that
+ * serves every token count: whatever depends on num_tokens is decided per call. */
 typedef struct kvhal_bk_paged_caching {
     kvhal_bk_paged_side k, v;
     kvhal_dtype input_dtype, cache_dtype, slot_dtype;

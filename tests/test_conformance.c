@@ -610,10 +610,94 @@ typedef struct test_fn {
     CMUnitTestFunction fn;
 } test_fn;
 
+/* Descriptors by shape class: token counts that change on every call ([tokens, heads, dim], then [batch, seq, heads,
+ * dim] with the batch size changing) on one cache, each call checked against the reference, and the descriptors
+ * this thread created for the device counted: one per class (flat; batched with seq 8; a batch of 1 is flat). */
+static void run_shape_class_case(kvhal_device dev, kvhal_dtype in_dt, kvhal_dtype cache_dt, float ks, float vs)
+{
+    enum { SC_H = 4, SC_D = 64, SC_BS = 16, SC_NB = 64, SC_MAXT = 300, SC_SEQ = 8 };
+    ref_rng r = {4242 + (uint64_t)cache_dt};
+    const size_t ies = kvhal_dtype_size(in_dt), ces = kvhal_dtype_size(cache_dt);
+    dbuf kc, vc, kin, vin, sl;
+    dbuf_make(&kc, dev, (size_t)SC_NB * SC_BS * SC_H * SC_D * ces, &r);
+    dbuf_make(&vc, dev, (size_t)SC_NB * SC_BS * SC_H * SC_D * ces, &r);
+    dbuf_make(&kin, dev, (size_t)SC_MAXT * SC_H * SC_D * ies, &r);
+    dbuf_make(&vin, dev, (size_t)SC_MAXT * SC_H * SC_D * ies, &r);
+    dbuf_make(&sl, dev, (size_t)SC_MAXT * 4, &r);
+    const int64_t cshape[4] = {SC_NB, SC_BS, SC_H, SC_D};
+    const kvhal_tensor tkc = tensor(&kc, 0, cache_dt, 4, cshape, NULL), tvc = tensor(&vc, 0, cache_dt, 4, cshape, NULL);
+    kvhal_op_kind op;
+    OK(kvhal_desc_op_find("paged_caching", &op));
+    kvhal_desc_cache_stats s0, s1;
+    OK(kvhal_desc_cache_clear(dev));
+    OK(kvhal_desc_cache_get_stats(dev, op, &s0));
+    /* flat calls, then batched ones (batch 1 is a flat call of SC_SEQ tokens) */
+    static const int64_t flat[] = {1, 2, 3, 7, 16, 31, 64, 100, 257, 300, 5, 1, 128};
+    static const int64_t batches[] = {2, 3, 1, 5, 4, 2};
+    const size_t nflat = sizeof flat / sizeof flat[0], nb = sizeof batches / sizeof batches[0];
+    for (size_t c = 0; c < nflat + nb; c++) {
+        const bool batched = c >= nflat;
+        const int64_t n = batched ? batches[c - nflat] * SC_SEQ : flat[c];
+        /* distinct random slots, a tenth of them padding */
+        int32_t *slots = (int32_t *)sl.mirror;
+        for (int64_t t = 0; t < n; t++) {
+            int32_t v;
+            bool dup;
+            do {
+                v = ref_rand_below(&r, 10) == 0 ? -1 : (int32_t)ref_rand_below(&r, SC_NB * SC_BS);
+                dup = false;
+                for (int64_t u = 0; u < t && v >= 0; u++) dup |= slots[u] == v;
+            } while (dup);
+            slots[t] = v;
+        }
+        dbuf_upload(&sl);
+        kvhal_tensor tk, tv, ts;
+        if (batched) {
+            const int64_t b = n / SC_SEQ, ishape[4] = {b, SC_SEQ, SC_H, SC_D}, sshape[2] = {b, SC_SEQ};
+            tk = tensor(&kin, 0, in_dt, 4, ishape, NULL);
+            tv = tensor(&vin, 0, in_dt, 4, ishape, NULL);
+            ts = tensor(&sl, 0, KVHAL_I32, 2, sshape, NULL);
+        } else {
+            const int64_t ishape[3] = {n, SC_H, SC_D}, sshape[1] = {n};
+            tk = tensor(&kin, 0, in_dt, 3, ishape, NULL);
+            tv = tensor(&vin, 0, in_dt, 3, ishape, NULL);
+            ts = tensor(&sl, 0, KVHAL_I32, 1, sshape, NULL);
+        }
+        OK(kvhal_paged_caching(&tkc, &tvc, &tk, &tv, &ts, ks, vs, NULL));
+        OK(kvhal_device_synchronize(dev));
+        ref_paged_caching(kc.mirror, &tkc, vc.mirror, &tvc, kin.mirror, &tk, vin.mirror, &tv, sl.mirror, &ts, ks, vs);
+        char what[128];
+        snprintf(what, sizeof what, "shape class %s -> %s, %s call of %lld tokens: k cache", kvhal_dtype_name(in_dt),
+                 kvhal_dtype_name(cache_dt), batched ? "batched" : "flat", (long long)n);
+        dbuf_expect(&kc, what);
+        snprintf(what, sizeof what, "shape class %s -> %s, %s call of %lld tokens: v cache", kvhal_dtype_name(in_dt),
+                 kvhal_dtype_name(cache_dt), batched ? "batched" : "flat", (long long)n);
+        dbuf_expect(&vc, what);
+    }
+    OK(kvhal_desc_cache_get_stats(dev, op, &s1));
+    if (s1.inserts - s0.inserts != 2 || s1.misses - s0.misses != 2)
+        fail_msg("%s -> %s: %llu descriptors created (%llu misses) for %zu calls of 2 shape classes",
+                 kvhal_dtype_name(in_dt), kvhal_dtype_name(cache_dt), (unsigned long long)(s1.inserts - s0.inserts),
+                 (unsigned long long)(s1.misses - s0.misses), nflat + nb);
+    dbuf_free(&kc);
+    dbuf_free(&vc);
+    dbuf_free(&kin);
+    dbuf_free(&vin);
+    dbuf_free(&sl);
+}
+
+static void test_paged_shape_class(void **state)
+{
+    kvhal_device dev = device_of(state);
+    run_shape_class_case(dev, KVHAL_BF16, KVHAL_BF16, 1.0f, 1.0f);
+    run_shape_class_case(dev, KVHAL_F16, KVHAL_FP8_E4M3, 0.37f, 0.5f);
+    run_shape_class_case(dev, KVHAL_F32, KVHAL_FP8_E5M2FNUZ, 0.0123f, 3.0f);
+}
+
 static const test_fn device_tests[] = {
     {"paged_caching", test_paged_caching},   {"paged_out_of_range", test_paged_out_of_range},
     {"paged_edge_cases", test_paged_edge_cases}, {"copy_blocks", test_copy_blocks},
-    {"tensor_copy", test_tensor_copy},
+    {"tensor_copy", test_tensor_copy},       {"paged_shape_class", test_paged_shape_class},
 };
 #define NUM_DEVICE_TESTS (sizeof device_tests / sizeof device_tests[0])
 

@@ -43,8 +43,8 @@ void resolve_driver_fn(const Ctx *c, int32_t id, PagedLaunch *l)
 
 struct PagedDesc {
     PagedParams pv, ps;                           /* vector and scalar templates (unit strides, divisors) */
+    bool fast32_shape; /* num_slots and seq_len allow 32-bit divisions; the token count decides per call */
     PagedLaunch vec[3], sc[3];                    /* by scale mode (SM_MUL, SM_RCP, SM_DIV); one for copies */
-    uint32_t threads_v, threads_s;
     uint32_t out_align; /* bytes the cache bases need on the vector path (inputs need 16) */
     bool vec_ok, fp8;   /* fp8: the kernels convert to the fp8 cache with the call's scales */
 };
@@ -112,7 +112,8 @@ bool build_side(const kvhal_bk_paged_side *s, const kvhal_bk_paged_caching *a, i
                                      s->cache_head_stride == hd * s->cache_dim_stride);
     const int64_t eh = fold ? 1 : heads, ed = fold ? heads * hd : hd; /* heads and elements per head, as walked */
     int64_t tok_outer = a->batched ? s->tok_stride_outer : 0;
-    int64_t tok_inner = (a->seq_len > 1 && a->num_tokens > 1) ? s->tok_stride_inner : 0;
+    /* count-independent (the descriptor serves every token count): a flat call's inner stride always counts */
+    int64_t tok_inner = (!a->batched || a->seq_len > 1) ? s->tok_stride_inner : 0;
     int64_t in_head = eh > 1 ? s->in_head_stride : 0, cache_head = eh > 1 ? s->cache_head_stride : 0;
     int64_t block_stride = a->num_blocks > 1 ? s->block_stride : 0;
     int64_t offset_stride = a->block_size > 1 ? s->offset_stride : 0;
@@ -181,24 +182,21 @@ void paged_build(const Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Page
     base.slot64 = a->slot_dtype == KVHAL_I64;
     base.batched = a->batched;
     /* block_size is an int32_t, so within fastdiv32's divisor range (<= 2^31) */
-    base.fast32 = base.num_slots <= (int64_t)UINT32_MAX && a->num_tokens <= (int64_t)UINT32_MAX &&
-                  a->seq_len <= ((int64_t)1 << 31);
-    if (base.fast32) {
+    /* a flat call's seq_len is its token count, which the kernel never divides by (batched is 0) */
+    d->fast32_shape = base.num_slots <= (int64_t)UINT32_MAX && (!a->batched || a->seq_len <= ((int64_t)1 << 31));
+    if (d->fast32_shape) {
         base.div_bs = kvhal_fastdiv32_make((uint32_t)a->block_size);
-        base.div_seq = kvhal_fastdiv32_make((uint32_t)a->seq_len);
+        base.div_seq = kvhal_fastdiv32_make(a->batched ? (uint32_t)a->seq_len : 1u);
     }
     base.err = c->dev[id].dflag;
-    const int sm = c->dev[id].sm_count;
 
     d->ps = base;
     (void)build_side(&a->k, a, 1, &d->ps.k);
     (void)build_side(&a->v, a, 1, &d->ps.v);
-    paged_geometry(&d->ps, sm, &d->threads_s);
 
     const int64_t vec = 16 / (int64_t)es; /* elements per 16 input bytes */
     d->pv = base;
     d->vec_ok = build_side(&a->k, a, vec, &d->pv.k) && build_side(&a->v, a, vec, &d->pv.v);
-    if (d->vec_ok) paged_geometry(&d->pv, sm, &d->threads_v);
     d->out_align = (uint32_t)(vec * (int64_t)out_es);
 
     if (same) {
@@ -296,13 +294,16 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     }
     p.slots = static_cast<const char *>(a->slots) + a->slots_offset;
     p.num_tokens = a->num_tokens;
+    p.seq_len = a->seq_len;
+    p.fast32 = d->fast32_shape && a->num_tokens <= (int64_t)UINT32_MAX;
+    uint32_t threads;
+    paged_geometry(&p, c->dev[id].sm_count, &threads); /* tokens per block follow the call's token count */
     /* depends on the path (tokens per block), which depends on the call's addresses: checked here, not in
      * paged_caching_supports */
     const int64_t grid = (a->num_tokens + p.tpc - 1) / p.tpc;
     if (grid > 0x7fffffff)
         return fail(c, KVHAL_UNSUPPORTED, "num_tokens: %lld is too many for one launch", (long long)a->num_tokens);
     const PagedLaunch &run = vec ? d->vec[mode] : d->sc[mode];
-    const uint32_t threads = vec ? d->threads_v : d->threads_s;
 #if !defined(KVHAL_GPU_HIP)
     if (run.fn) {
         void *args[] = {static_cast<void *>(&p)};

@@ -145,17 +145,22 @@ static kvhal_bk_paged_side side_of(const kvhal_tensor *cache, const kvhal_tensor
         .head_dim = (int32_t)cache->shape[3], .scale = scale};
 }
 
-/* The key: all the metadata of the normalised call (everything but memory and scales). */
+/* The key: the call's shape class, all the metadata of the normalised call except memory, scales and counts. The
+ * token count (and so the slot count) is a call argument, and so is the batch size of a [batch, seq] call: a serving
+ * loop whose token count changes every step reuses one descriptor per (layout, dtypes, heads, head dims, strides).
+ * Only a batched call's seq_len and outer strides (token-outer, slot-outer) are part of the class; a flat call's
+ * outer strides (seq_len times the inner one) are not used by any backend. Backends make descriptors that hold for
+ * every count (kvhal_backend.h, kvhal_bk_paged_caching). */
 static void key_of(const kvhal_bk_paged_caching *a, kvhal_desc_key *key)
 {
     key->op = KVHAL_BK_OP_PAGED_CACHING;
     uint64_t *w = key->words;
-    *w++ = (uint64_t)a->input_dtype | (uint64_t)a->cache_dtype << 8 | (uint64_t)a->slot_dtype << 16;
-    *w++ = (uint64_t)a->num_tokens;
-    *w++ = (uint64_t)a->seq_len;
+    *w++ = (uint64_t)a->input_dtype | (uint64_t)a->cache_dtype << 8 | (uint64_t)a->slot_dtype << 16 |
+           (uint64_t)a->batched << 24;
+    *w++ = a->batched ? (uint64_t)a->seq_len : 0;
     *w++ = (uint64_t)a->num_heads | (uint64_t)a->block_size << 32;
     *w++ = (uint64_t)a->num_blocks;
-    *w++ = (uint64_t)a->slot_stride_outer;
+    *w++ = a->batched ? (uint64_t)a->slot_stride_outer : 0;
     *w++ = (uint64_t)a->slot_stride_inner;
     const kvhal_bk_paged_side *sides[2] = {&a->k, &a->v};
     for (int i = 0; i < 2; i++) {
@@ -165,7 +170,7 @@ static void key_of(const kvhal_bk_paged_caching *a, kvhal_desc_key *key)
         *w++ = (uint64_t)p->offset_stride;
         *w++ = (uint64_t)p->cache_head_stride;
         *w++ = (uint64_t)p->cache_dim_stride;
-        *w++ = (uint64_t)p->tok_stride_outer;
+        *w++ = a->batched ? (uint64_t)p->tok_stride_outer : 0;
         *w++ = (uint64_t)p->tok_stride_inner;
         *w++ = (uint64_t)p->in_head_stride;
         *w++ = (uint64_t)p->in_dim_stride;
