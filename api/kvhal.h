@@ -512,6 +512,37 @@ KVHAL_API void kvhal_fault_inject_alloc(int64_t n);
 /* Allocations counted since the last kvhal_fault_inject_alloc call (to walk every allocation point). */
 KVHAL_API int64_t kvhal_fault_alloc_count(void);
 
+/* ------------------------------------------------------------------------------------------------------------ */
+/* MLA caches (multi-head latent attention): one latent vector per token and no V side                           */
+/* ------------------------------------------------------------------------------------------------------------ */
+/** Paged caching of an MLA cache (DeepSeek-style multi-head latent attention, vLLM's concat_and_cache_mla): each
+ *  token's row of kv_cache (e.g. 512 latent + 64 rotary dims) is written from kv_c and k_pe, or, K-only, from kv_c
+ *  alone; there is no V cache. Token t goes to block slot / block_size, offset slot % block_size; a slot < 0 is
+ *  padding; a slot past the cache is handled as in kvhal_paged_caching. An fp8 cache stores round(value / scale),
+ *  nearest even, saturating, exactly as kvhal_paged_caching. Runs as one paged-caching launch on every device
+ *  (the row's two column ranges are its two sides), with descriptors by shape class (token counts are call
+ *  arguments).
+ *  @param kv_cache     [blocks, block_size, dim] or [blocks, block_size, 1, dim], any strides; f32/f16/bf16 (the
+ *                      input's dtype) or an fp8 dtype. Borrowed for the call; written on s.
+ *  @param kv_c         [tokens, dim_c] or [tokens, 1, dim_c], f32/f16/bf16, any strides (a view into a fused
+ *                      projection is fine); with k_pe NULL, dim_c is the whole row (the K-only form)
+ *  @param k_pe         [tokens, dim_pe] or [tokens, 1, dim_pe] of kv_c's dtype, written after kv_c in the row
+ *                      (dim_c + dim_pe = dim); NULL for the K-only form
+ *  @param slot_mapping i32 or i64 [tokens], on the cache's device
+ *  @param scale        fp8 caches: finite and > 0; ignored otherwise
+ *  @param s            stream, NULL for the device's default
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL or invalid tensor, ranks, bad scale), KVHAL_SHAPE_MISMATCH (more
+ *          than one head, dims that do not add up to the row, token counts), KVHAL_DTYPE_MISMATCH,
+ *          KVHAL_DEVICE_MISMATCH, KVHAL_UNSUPPORTED (a part of 0 dims, a K-only row of 1 element, or the backend's
+ *          refusal), KVHAL_OUT_OF_RANGE (a slot past the cache, host-readable slots), KVHAL_BACKEND_ERROR; the
+ *          message names the argument.
+ *  Thread safety: any thread; calls on one stream are ordered. Graph capture: may be captured like
+ *  kvhal_paged_caching once its descriptor exists (the first call of a shape class creates it: make that call
+ *  before capturing). Stream: asynchronous on s. */
+KVHAL_API kvhal_status kvhal_paged_caching_mla(const kvhal_tensor *kv_cache, const kvhal_tensor *kv_c,
+                                               const kvhal_tensor *k_pe, const kvhal_tensor *slot_mapping,
+                                               float scale, kvhal_stream *s);
+
 #ifdef __cplusplus
 }
 #endif

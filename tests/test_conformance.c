@@ -694,10 +694,119 @@ static void test_paged_shape_class(void **state)
     run_shape_class_case(dev, KVHAL_F32, KVHAL_FP8_E5M2FNUZ, 0.0123f, 3.0f);
 }
 
+/* MLA caches: rows of 576 (512 latent + 64 rotary) written from two inputs (kv_c a view of a wider fused
+ * projection, k_pe its own tensor) and K-only from one, into bf16, fp8 e4m3 (calibrated scale) and e5m2fnuz caches,
+ * with token counts changing between calls; each call checked against a direct host loop. Then bad shapes. */
+static void mla_expect_row(uint8_t *cm, kvhal_dtype cdt, int64_t slot, int64_t row, int64_t col0, const uint8_t *im,
+                           kvhal_dtype idt, int64_t elem0, int64_t n, float scale)
+{
+    const size_t ces = kvhal_dtype_size(cdt), ies = kvhal_dtype_size(idt);
+    for (int64_t d = 0; d < n; d++) {
+        uint8_t *dst = cm + (size_t)(slot * row + col0 + d) * ces;
+        if (cdt == idt) memcpy(dst, im + (size_t)(elem0 + d) * ies, ies);
+        else *dst = ref_fp8_encode(ref_load(im, idt, elem0 + d) / scale, cdt);
+    }
+}
+
+static void run_mla_case(kvhal_device dev, kvhal_dtype in_dt, kvhal_dtype cache_dt, float scale, bool k_only)
+{
+    enum { M_LAT = 512, M_PE = 64, M_ROW = 576, M_FUSED = 640, M_BS = 16, M_NB = 24, M_MAXT = 200 };
+    ref_rng r = {99 + (uint64_t)cache_dt * 2 + k_only};
+    const size_t ies = kvhal_dtype_size(in_dt), ces = kvhal_dtype_size(cache_dt);
+    dbuf cache, fused, pe, sl;
+    dbuf_make(&cache, dev, (size_t)M_NB * M_BS * M_ROW * ces, &r);
+    dbuf_make(&fused, dev, (size_t)M_MAXT * M_FUSED * ies, &r); /* [T, 640]: kv_c is its first 512 columns */
+    dbuf_make(&pe, dev, (size_t)M_MAXT * M_PE * ies, &r);
+    dbuf_make(&sl, dev, (size_t)M_MAXT * 8, &r);
+    const int64_t cshape[3] = {M_NB, M_BS, M_ROW};
+    const kvhal_tensor tc = tensor(&cache, 0, cache_dt, 3, cshape, NULL);
+    static const int64_t counts[] = {1, 7, 64, 200, 3};
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+        const int64_t n = counts[c];
+        int64_t *slots = (int64_t *)sl.mirror;
+        for (int64_t t = 0; t < n; t++) {
+            int64_t v;
+            bool dup;
+            do {
+                v = ref_rand_below(&r, 8) == 0 ? -1 : (int64_t)ref_rand_below(&r, M_NB * M_BS);
+                dup = false;
+                for (int64_t u = 0; u < t && v >= 0; u++) dup |= slots[u] == v;
+            } while (dup);
+            slots[t] = v;
+        }
+        dbuf_upload(&sl);
+        const int64_t sshape[1] = {n};
+        const kvhal_tensor ts = tensor(&sl, 0, KVHAL_I64, 1, sshape, NULL);
+        if (k_only) {
+            const int64_t ish[2] = {n, M_ROW}, ist[2] = {M_FUSED, 1};
+            const kvhal_tensor kv = tensor(&fused, 0, in_dt, 2, ish, ist);
+            OK(kvhal_paged_caching_mla(&tc, &kv, NULL, &ts, scale, NULL));
+            for (int64_t t = 0; t < n; t++)
+                if (slots[t] >= 0)
+                    mla_expect_row(cache.mirror, cache_dt, slots[t], M_ROW, 0, fused.mirror, in_dt, t * M_FUSED, M_ROW,
+                                   scale);
+        } else {
+            const int64_t csh[2] = {n, M_LAT}, cst[2] = {M_FUSED, 1}, psh[3] = {n, 1, M_PE};
+            const kvhal_tensor kvc = tensor(&fused, 0, in_dt, 2, csh, cst);
+            const kvhal_tensor kpe = tensor(&pe, 0, in_dt, 3, psh, NULL);
+            OK(kvhal_paged_caching_mla(&tc, &kvc, &kpe, &ts, scale, NULL));
+            for (int64_t t = 0; t < n; t++) {
+                if (slots[t] < 0) continue;
+                mla_expect_row(cache.mirror, cache_dt, slots[t], M_ROW, 0, fused.mirror, in_dt, t * M_FUSED, M_LAT,
+                               scale);
+                mla_expect_row(cache.mirror, cache_dt, slots[t], M_ROW, M_LAT, pe.mirror, in_dt, t * M_PE, M_PE, scale);
+            }
+        }
+        OK(kvhal_device_synchronize(dev));
+        char what[128];
+        snprintf(what, sizeof what, "mla %s %s -> %s, %lld tokens", k_only ? "K-only" : "two-part",
+                 kvhal_dtype_name(in_dt), kvhal_dtype_name(cache_dt), (long long)n);
+        dbuf_expect(&cache, what);
+    }
+    dbuf_free(&cache);
+    dbuf_free(&fused);
+    dbuf_free(&pe);
+    dbuf_free(&sl);
+}
+
+static void test_paged_mla(void **state)
+{
+    kvhal_device dev = device_of(state);
+    for (int k_only = 0; k_only < 2; k_only++) {
+        run_mla_case(dev, KVHAL_BF16, KVHAL_BF16, 1.0f, k_only);
+        run_mla_case(dev, KVHAL_BF16, KVHAL_FP8_E4M3, 0.37f, k_only);
+        run_mla_case(dev, KVHAL_F16, KVHAL_FP8_E5M2FNUZ, 0.0123f, k_only);
+    }
+    /* bad input: more than one head, dims that do not add up, dtypes, a one-element K-only row */
+    ref_rng r = {5};
+    dbuf b;
+    dbuf_make(&b, dev, 1 << 16, &r);
+    const int64_t c3[3] = {4, 4, 64}, c4h2[4] = {4, 4, 2, 32}, in2[2] = {8, 48}, pe2[2] = {8, 16}, pe9[2] = {8, 17};
+    const int64_t s1[1] = {8}, c1[3] = {4, 4, 1}, in1[2] = {8, 1};
+    const kvhal_tensor cache = tensor(&b, 0, KVHAL_BF16, 3, c3, NULL), cache2 = tensor(&b, 0, KVHAL_BF16, 4, c4h2, NULL);
+    const kvhal_tensor kvc = tensor(&b, 0, KVHAL_BF16, 2, in2, NULL), kpe = tensor(&b, 0, KVHAL_BF16, 2, pe2, NULL);
+    const kvhal_tensor kpe9 = tensor(&b, 0, KVHAL_BF16, 2, pe9, NULL), kpe_f16 = tensor(&b, 0, KVHAL_F16, 2, pe2, NULL);
+    const kvhal_tensor slots = tensor(&b, 0, KVHAL_I32, 1, s1, NULL);
+    const kvhal_tensor cache1 = tensor(&b, 0, KVHAL_BF16, 3, c1, NULL), kv1 = tensor(&b, 0, KVHAL_BF16, 2, in1, NULL);
+    assert_int_equal(kvhal_paged_caching_mla(&cache2, &kvc, &kpe, &slots, 1.0f, NULL), KVHAL_SHAPE_MISMATCH);
+    assert_non_null(strstr(kvhal_last_error(), "kv_cache.shape[2]"));
+    assert_int_equal(kvhal_paged_caching_mla(&cache, &kvc, &kpe9, &slots, 1.0f, NULL), KVHAL_SHAPE_MISMATCH);
+    assert_non_null(strstr(kvhal_last_error(), "k_pe"));
+    assert_int_equal(kvhal_paged_caching_mla(&cache, &kvc, NULL, &slots, 1.0f, NULL), KVHAL_SHAPE_MISMATCH);
+    assert_non_null(strstr(kvhal_last_error(), "kv_c"));
+    assert_int_equal(kvhal_paged_caching_mla(&cache, &kvc, &kpe_f16, &slots, 1.0f, NULL), KVHAL_DTYPE_MISMATCH);
+    assert_non_null(strstr(kvhal_last_error(), "k_pe.dtype"));
+    assert_int_equal(kvhal_paged_caching_mla(&cache1, &kv1, NULL, &slots, 1.0f, NULL), KVHAL_UNSUPPORTED);
+    assert_int_equal(kvhal_paged_caching_mla(NULL, &kvc, &kpe, &slots, 1.0f, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "kv_cache"));
+    dbuf_free(&b);
+}
+
 static const test_fn device_tests[] = {
     {"paged_caching", test_paged_caching},   {"paged_out_of_range", test_paged_out_of_range},
     {"paged_edge_cases", test_paged_edge_cases}, {"copy_blocks", test_copy_blocks},
     {"tensor_copy", test_tensor_copy},       {"paged_shape_class", test_paged_shape_class},
+    {"paged_mla", test_paged_mla},
 };
 #define NUM_DEVICE_TESTS (sizeof device_tests / sizeof device_tests[0])
 
