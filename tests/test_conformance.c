@@ -610,6 +610,21 @@ typedef struct test_fn {
     CMUnitTestFunction fn;
 } test_fn;
 
+/* n distinct random slots in [0, range), about a tenth of them padding (-1). */
+static void fill_distinct_slots(ref_rng *r, int64_t *out, int64_t n, int64_t range)
+{
+    for (int64_t t = 0; t < n; t++) {
+        int64_t v;
+        bool dup;
+        do {
+            v = ref_rand_below(r, 10) == 0 ? -1 : (int64_t)ref_rand_below(r, (uint64_t)range);
+            dup = false;
+            for (int64_t u = 0; u < t && v >= 0; u++) dup |= out[u] == v;
+        } while (dup);
+        out[t] = v;
+    }
+}
+
 /* Descriptors by shape class: token counts that change on every call ([tokens, heads, dim], then [batch, seq, heads,
  * dim] with the batch size changing) on one cache, each call checked against the reference, and the descriptors
  * this thread created for the device counted: one per class (flat; batched with seq 8; a batch of 1 is flat). */
@@ -638,18 +653,10 @@ static void run_shape_class_case(kvhal_device dev, kvhal_dtype in_dt, kvhal_dtyp
     for (size_t c = 0; c < nflat + nb; c++) {
         const bool batched = c >= nflat;
         const int64_t n = batched ? batches[c - nflat] * SC_SEQ : flat[c];
-        /* distinct random slots, a tenth of them padding */
+        int64_t drawn[SC_MAXT];
+        fill_distinct_slots(&r, drawn, n, SC_NB * SC_BS);
         int32_t *slots = (int32_t *)sl.mirror;
-        for (int64_t t = 0; t < n; t++) {
-            int32_t v;
-            bool dup;
-            do {
-                v = ref_rand_below(&r, 10) == 0 ? -1 : (int32_t)ref_rand_below(&r, SC_NB * SC_BS);
-                dup = false;
-                for (int64_t u = 0; u < t && v >= 0; u++) dup |= slots[u] == v;
-            } while (dup);
-            slots[t] = v;
-        }
+        for (int64_t t = 0; t < n; t++) slots[t] = (int32_t)drawn[t];
         dbuf_upload(&sl);
         kvhal_tensor tk, tv, ts;
         if (batched) {
@@ -724,16 +731,7 @@ static void run_mla_case(kvhal_device dev, kvhal_dtype in_dt, kvhal_dtype cache_
     for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
         const int64_t n = counts[c];
         int64_t *slots = (int64_t *)sl.mirror;
-        for (int64_t t = 0; t < n; t++) {
-            int64_t v;
-            bool dup;
-            do {
-                v = ref_rand_below(&r, 8) == 0 ? -1 : (int64_t)ref_rand_below(&r, M_NB * M_BS);
-                dup = false;
-                for (int64_t u = 0; u < t && v >= 0; u++) dup |= slots[u] == v;
-            } while (dup);
-            slots[t] = v;
-        }
+        fill_distinct_slots(&r, slots, n, M_NB * M_BS);
         dbuf_upload(&sl);
         const int64_t sshape[1] = {n};
         const kvhal_tensor ts = tensor(&sl, 0, KVHAL_I64, 1, sshape, NULL);
