@@ -40,6 +40,7 @@ static struct {
     int threads;
     int chunk_log2;
     uint64_t limit; /* inputs checked: 2^32 unless --limit (a quick run) */
+    uint64_t start; /* the first input's bits (--start; 0) */
     const char *device;
 } opt;
 
@@ -64,7 +65,8 @@ static void usage(void)
            "  --formats=F,F,...    fp8 formats by dtype name (default: every fp8 format)\n"
            "  --threads=N          host threads (default: the online CPUs)\n"
            "  --chunk-log2=N       inputs per device call, as a power of two (default 24)\n"
-           "  --limit=N            check only the first N inputs of the 2^32 (a quick run; not a proof)\n"
+           "  --limit=N            check only N inputs of the 2^32 (a quick run; not a proof)\n"
+           "  --start=BITS         the first input's f32 bits with --limit (decimal or 0x...; default 0)\n"
            "  --help, --version\n",
            (int)(sizeof default_scales / sizeof default_scales[0]));
 }
@@ -179,7 +181,7 @@ static int check_math(void)
             proto.fmt = opt.formats[f];
             uint64_t bad = 0, diff = 0;
             const double t0 = now_s();
-            run_range(proto, 0, opt.limit, &bad, &diff);
+            run_range(proto, opt.start, opt.start + opt.limit, &bad, &diff);
             printf("math %-12s scale %-14a (%-10g) %-16s: %llu inputs, %llu fp8 mismatches (%llu f32 quotients "
                    "differ from x / s where |x / s| is in [2^-20, 2^17)), %.1f s\n",
                    kvhal_dtype_name(proto.fmt), (double)s, (double)s, mode_name(proto.mode),
@@ -240,7 +242,7 @@ static int check_device(void)
     kvhal_tensor tin, tslots;
     TRY(kvhal_tensor_make(in, 0, KVHAL_F32, 3, in_shape, NULL, &tin));
     TRY(kvhal_tensor_make(slots, 0, KVHAL_I32, 1, slot_shape, NULL, &tslots));
-    for (uint64_t c = 0; c < opt.limit; c += chunk) {
+    for (uint64_t c = opt.start; c < opt.start + opt.limit; c += chunk) {
         for (uint64_t i = 0; i < chunk; i++) host_in[i] = (uint32_t)(c + i);
         TRY(kvhal_memcpy_h2d(in, 0, host_in, chunk * 4, NULL));
         for (int f = 0; f < opt.nformats; f++) {
@@ -262,7 +264,7 @@ static int check_device(void)
                 proto.got_v = got_v;
                 proto.base = c;
                 uint64_t diff = 0;
-                const uint64_t end = c + chunk < opt.limit ? c + chunk : opt.limit;
+                const uint64_t last = opt.start + opt.limit, end = c + chunk < last ? c + chunk : last;
                 run_range(proto, c, end, &bad[f][i], &diff);
             }
         }
@@ -315,12 +317,12 @@ static bool parse_list(const char *text, bool scales)
 
 int main(int argc, char **argv)
 {
-    enum { O_MATH = 256, O_NAIVE, O_DEVICE, O_SCALES, O_FORMATS, O_THREADS, O_CHUNK, O_LIMIT, O_HELP, O_VERSION };
+    enum { O_MATH = 256, O_NAIVE, O_DEVICE, O_SCALES, O_FORMATS, O_THREADS, O_CHUNK, O_LIMIT, O_START, O_HELP, O_VERSION };
     static const struct option longs[] = {
         {"math", no_argument, NULL, O_MATH},          {"naive", no_argument, NULL, O_NAIVE},          {"device", required_argument, NULL, O_DEVICE},
         {"scales", required_argument, NULL, O_SCALES}, {"formats", required_argument, NULL, O_FORMATS},
         {"threads", required_argument, NULL, O_THREADS}, {"chunk-log2", required_argument, NULL, O_CHUNK},
-        {"limit", required_argument, NULL, O_LIMIT},  {"help", no_argument, NULL, O_HELP},
+        {"limit", required_argument, NULL, O_LIMIT},  {"start", required_argument, NULL, O_START},  {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, O_VERSION},    {NULL, 0, NULL, 0}};
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     opt.threads = n > 0 ? (n > 256 ? 256 : (int)n) : 1;
@@ -356,6 +358,12 @@ int main(int argc, char **argv)
             opt.limit = v;
             break;
         }
+        case O_START: {
+            unsigned long long v = strtoull(optarg, &end, 0);
+            if (*end || v >= (1ull << 32)) return USAGE_ERROR("--start: '%s' is not a 32-bit pattern", optarg);
+            opt.start = v;
+            break;
+        }
         case O_HELP: usage(); return 0;
         case O_VERSION: printf(TOOL " %s\n", KVHAL_PROJECT_VERSION); return 0;
         default: return USAGE_ERROR("unknown option or missing value: '%s'", argv[optind - 1]);
@@ -369,6 +377,10 @@ int main(int argc, char **argv)
         for (int d = 0; d < 32; d++)
             if (kvhal_dtype_size((kvhal_dtype)d) == 1 && opt.nformats < MAX_FORMATS)
                 opt.formats[opt.nformats++] = (kvhal_dtype)d;
+    if (opt.start + opt.limit > (1ull << 32))
+        return USAGE_ERROR("--start + --limit: past the last f32 pattern (start %s)", "");
+    if (!opt.math && opt.start % ((uint64_t)1 << opt.chunk_log2))
+        return USAGE_ERROR("--start: must be a multiple of the chunk for the device check%s", "");
     if (opt.naive && !opt.math) return USAGE_ERROR("--naive needs --math%s", "");
     if (!opt.math && opt.limit % ((uint64_t)1 << opt.chunk_log2))
         return USAGE_ERROR("--limit: must be a multiple of the chunk (2^--chunk-log2) for the device check%s", "");
