@@ -263,8 +263,18 @@ kvhal_status ocl_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a,
     cl_command_queue q;
     ocl_ctx *ce;
     kvhal_status st = kvhal__ocl_resolve(d, stream, (cl_mem)a->dst[0], &q, &ce);
-    for (int32_t i = 0; i < a->count && st == KVHAL_OK; i++)
-        st = kvhal__ocl_copy(d, q, ce, (cl_mem)a->dst[i], a->dst_offsets[i], (cl_mem)a->src[i], a->src_offsets[i],
-                             a->bytes[i]);
+    /* Ranges that continue the previous one in both buffers go out as one copy: each clEnqueueCopyBuffer costs
+     * microseconds of its own on GPU runtimes, and a full-length duplicate (every layer's K and V back to back) is
+     * then a single copy of the whole cache instead of 2 x layers small ones. */
+    for (int32_t i = 0; i < a->count && st == KVHAL_OK;) {
+        size_t n = a->bytes[i];
+        int32_t j = i + 1;
+        while (j < a->count && a->dst[j] == a->dst[i] && a->src[j] == a->src[i] &&
+               a->dst_offsets[j] == a->dst_offsets[i] + n && a->src_offsets[j] == a->src_offsets[i] + n &&
+               (a->dst[i] != a->src[i] || a->dst_offsets[i] == a->src_offsets[i])) /* no merged overlap */
+            n += a->bytes[j++];
+        st = kvhal__ocl_copy(d, q, ce, (cl_mem)a->dst[i], a->dst_offsets[i], (cl_mem)a->src[i], a->src_offsets[i], n);
+        i = j;
+    }
     return st;
 }
