@@ -61,6 +61,8 @@ static struct {
     int64_t tokens[8];
     int ntokens;
     int cache_factor;
+    bool block_slots; /* --slots=blocks: whole blocks in random order, filled from their start (an engine's usual
+                         assignment) instead of a permutation of single slots */
     float scale; /* the calibrated scale of the fp8 rows */
 } opt = {.cache_factor = 4, .scale = 0.37f};
 
@@ -502,6 +504,15 @@ static kvhal_buffer *make_slots(int64_t tokens, int64_t num_slots, bool padding)
         int64_t j = (int64_t)(rnd() % (uint64_t)(i + 1)), t = all[i];
         all[i] = all[j], all[j] = t;
     }
+    if (opt.block_slots) { /* the blocks in a random order, each filled from its start */
+        const int64_t nb = num_slots / BLOCK;
+        for (int64_t i = 0; i < nb; i++) all[i] = i;
+        for (int64_t i = nb - 1; i > 0; i--) {
+            int64_t j = (int64_t)(rnd() % (uint64_t)(i + 1)), t = all[i];
+            all[i] = all[j], all[j] = t;
+        }
+        for (int64_t t = tokens - 1; t >= 0; t--) all[t] = all[t / BLOCK] * BLOCK + t % BLOCK;
+    }
     if (padding)
         for (int64_t t = 0; t < tokens; t++) all[t] = -1;
     kvhal_buffer *b;
@@ -872,6 +883,8 @@ static void usage(void)
            "  --tokens=N[,N...]     paged-caching token counts (default 256,8192,65536; --quick: 256,8192)\n"
            "  --scale=S             the calibrated fp8 scale of the fp8 rows (default 0.37; 0.5 rows always run)\n"
            "  --cache-factor=N      cache slots per token of the paged rows, slots a random permutation (default 4)\n"
+           "  --slots=KIND          permutation (default: single slots drawn over the whole cache) or blocks\n"
+           "                        (whole blocks in random order, each filled from its start)\n"
            "  --no-cold             skip the cold column (L2 flushed before each op; never measured on the CPU)\n"
            "  --quick               fewer sizes, formats and samples (CI smoke run)\n"
            "  --json                one JSON object (figures not measured are null)\n"
@@ -883,13 +896,13 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    enum { O_QUICK = 256, O_JSON, O_PRESET, O_OP, O_TOKENS, O_DEVICE, O_SCALE, O_FACTOR, O_NO_COLD, O_HELP, O_VERSION };
+    enum { O_QUICK = 256, O_JSON, O_PRESET, O_OP, O_TOKENS, O_DEVICE, O_SCALE, O_FACTOR, O_SLOTS, O_NO_COLD, O_HELP, O_VERSION };
     static const struct option longs[] = {
         {"quick", no_argument, NULL, O_QUICK},         {"json", no_argument, NULL, O_JSON},
         {"preset", required_argument, NULL, O_PRESET}, {"op", required_argument, NULL, O_OP},
         {"tokens", required_argument, NULL, O_TOKENS}, {"device", required_argument, NULL, O_DEVICE},
         {"scale", required_argument, NULL, O_SCALE},   {"cache-factor", required_argument, NULL, O_FACTOR},
-        {"no-cold", no_argument, NULL, O_NO_COLD},     {"help", no_argument, NULL, O_HELP},
+        {"no-cold", no_argument, NULL, O_NO_COLD},     {"slots", required_argument, NULL, O_SLOTS},     {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, O_VERSION},     {NULL, 0, NULL, 0}};
     static const char *ops[] = {"paged_caching", "mla", "serving_loop", "decode", "duplicate", "copy_blocks",
                                 "desc_cache", "first_call"};
@@ -928,6 +941,11 @@ int main(int argc, char **argv)
             opt.cache_factor = (int)f;
             break;
         }
+        case O_SLOTS:
+            if (strcmp(optarg, "permutation") && strcmp(optarg, "blocks"))
+                return USAGE_ERROR("--slots: '%s' is not permutation or blocks", optarg);
+            opt.block_slots = !strcmp(optarg, "blocks");
+            break;
         case O_TOKENS: {
             const char *s = optarg;
             opt.ntokens = 0;

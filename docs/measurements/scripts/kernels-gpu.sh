@@ -64,6 +64,16 @@ EOF
 }
 echo "bench cuda: $(elapsed) s"
 
+# 2b. where the cold gap comes from (8 heads x 128, 8192 tokens): the flush alone (whole blocks, cache = tokens)
+#     against scattered single slots over 1x and 4x caches
+budget 60 "cold-gap diagnosis" && for v in "blocks 1" "blocks 4" "permutation 1" "permutation 4"; do
+  set -- $v
+  echo "== slots=$1 cache-factor=$2"
+  timeout 30 $B/tools/kvhal-bench --device=cuda:0 --op=paged_caching --preset=llama3-8b --tokens=8192 --quick \
+    --slots=$1 --cache-factor=$2 || fail "cold-gap run $v"
+done > "$OUT/bench-cold-gap.txt" 2>&1
+cat "$OUT/bench-cold-gap.txt"
+
 # 3. the exhaustive fp8 check on cuda:0: all 2^32 inputs through the kernel, every fp8 format
 budget 120 "kvhal-fp8-check cuda:0" && {
   timeout 150 $B/tools/kvhal-fp8-check --device=cuda:0 --chunk-log2=26 --scales=0.37,1e-5,3e30,0x1.5p-64,0.5 \
