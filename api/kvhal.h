@@ -229,6 +229,12 @@ typedef enum kvhal_dtype {
     KVHAL_FP8_E5M2 = 4,
     KVHAL_I32 = 5,
     KVHAL_I64 = 6,
+    /** AMD's fp8 e4m3 "fnuz" (MI300-class GPUs): exponent bias 8, largest finite 240, no infinities, no negative
+     *  zero, one NaN (0x80). A cache dtype like the other fp8 formats. */
+    KVHAL_FP8_E4M3FNUZ = 7,
+    /** AMD's fp8 e5m2 "fnuz": exponent bias 16, largest finite 57344, no infinities, no negative zero, one NaN
+     *  (0x80). */
+    KVHAL_FP8_E5M2FNUZ = 8,
     KVHAL_DTYPE_COUNT
 } kvhal_dtype;
 
@@ -298,7 +304,18 @@ KVHAL_API kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num
 /* ------------------------------------------------------------------------------------------------------------ */
 /* FP8 helpers (the host reference of the conversion the kernels do)                                            */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** Rounds x to an fp8 code: round to nearest, ties to even, saturating (a finite value or infinity beyond the
+ *  largest finite magnitude gives that magnitude with x's sign).
+ *  @param x        any f32 (NaN included)
+ *  @param fp8_type KVHAL_FP8_E4M3 (e4m3fn: NaN 0x7f|sign), KVHAL_FP8_E5M2 (NaN 0x7f|sign), KVHAL_FP8_E4M3FNUZ or
+ *                  KVHAL_FP8_E5M2FNUZ (NaN 0x80; a result that rounds to zero is 0x00 whatever x's sign, since
+ *                  0x80 is the NaN); any other value is taken as KVHAL_FP8_E4M3
+ *  @return the code. Thread safety: pure function. Graph capture: host only, enqueues nothing. */
 KVHAL_API uint8_t kvhal_f32_to_fp8(float x, kvhal_dtype fp8_type);
+/** The value of an fp8 code (exact).
+ *  @param x        the code
+ *  @param fp8_type as for kvhal_f32_to_fp8 (an fnuz code 0x80 is NaN; e5m2's 0x7c/0xfc are +-inf)
+ *  @return the value as f32. Thread safety: pure function. Graph capture: host only, enqueues nothing. */
 KVHAL_API float kvhal_fp8_to_f32(uint8_t x, kvhal_dtype fp8_type);
 KVHAL_API uint16_t kvhal_f32_to_f16(float x);
 KVHAL_API float kvhal_f16_to_f32(uint16_t x);
@@ -584,6 +601,37 @@ KVHAL_API kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_man
 KVHAL_API void kvhal_fault_inject_alloc(int64_t n);
 /* Allocations counted since the last kvhal_fault_inject_alloc call (to walk every allocation point). */
 KVHAL_API int64_t kvhal_fault_alloc_count(void);
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* MLA caches (multi-head latent attention): one latent vector per token and no V side                           */
+/* ------------------------------------------------------------------------------------------------------------ */
+/** Paged caching of an MLA cache (DeepSeek-style multi-head latent attention, vLLM's concat_and_cache_mla): each
+ *  token's row of kv_cache (e.g. 512 latent + 64 rotary dims) is written from kv_c and k_pe, or, K-only, from kv_c
+ *  alone; there is no V cache. Token t goes to block slot / block_size, offset slot % block_size; a slot < 0 is
+ *  padding; a slot past the cache is handled as in kvhal_paged_caching. An fp8 cache stores round(value / scale),
+ *  nearest even, saturating, exactly as kvhal_paged_caching. Runs as one paged-caching launch on every device
+ *  (the row's two column ranges are its two sides), with descriptors by shape class (token counts are call
+ *  arguments).
+ *  @param kv_cache     [blocks, block_size, dim] or [blocks, block_size, 1, dim], any strides; f32/f16/bf16 (the
+ *                      input's dtype) or an fp8 dtype. Borrowed for the call; written on s.
+ *  @param kv_c         [tokens, dim_c] or [tokens, 1, dim_c], f32/f16/bf16, any strides (a view into a fused
+ *                      projection is fine); with k_pe NULL, dim_c is the whole row (the K-only form)
+ *  @param k_pe         [tokens, dim_pe] or [tokens, 1, dim_pe] of kv_c's dtype, written after kv_c in the row
+ *                      (dim_c + dim_pe = dim); NULL for the K-only form
+ *  @param slot_mapping i32 or i64 [tokens], on the cache's device
+ *  @param scale        fp8 caches: finite and > 0; ignored otherwise
+ *  @param s            stream, NULL for the device's default
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL or invalid tensor, ranks, bad scale), KVHAL_SHAPE_MISMATCH (more
+ *          than one head, dims that do not add up to the row, token counts), KVHAL_DTYPE_MISMATCH,
+ *          KVHAL_DEVICE_MISMATCH, KVHAL_UNSUPPORTED (a part of 0 dims, a K-only row of 1 element, or the backend's
+ *          refusal), KVHAL_OUT_OF_RANGE (a slot past the cache, host-readable slots), KVHAL_BACKEND_ERROR; the
+ *          message names the argument.
+ *  Thread safety: any thread; calls on one stream are ordered. Graph capture: may be captured like
+ *  kvhal_paged_caching once its descriptor exists (the first call of a shape class creates it: make that call
+ *  before capturing). Stream: asynchronous on s. */
+KVHAL_API kvhal_status kvhal_paged_caching_mla(const kvhal_tensor *kv_cache, const kvhal_tensor *kv_c,
+                                               const kvhal_tensor *k_pe, const kvhal_tensor *slot_mapping,
+                                               float scale, kvhal_stream *s);
 
 #ifdef __cplusplus
 }

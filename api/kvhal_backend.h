@@ -78,7 +78,7 @@ static inline size_t kvhal_bk_dtype_size(kvhal_dtype dt)
     switch (dt) {
     case KVHAL_F32: case KVHAL_I32: return 4;
     case KVHAL_F16: case KVHAL_BF16: return 2;
-    case KVHAL_FP8_E4M3: case KVHAL_FP8_E5M2: return 1;
+    case KVHAL_FP8_E4M3: case KVHAL_FP8_E5M2: case KVHAL_FP8_E4M3FNUZ: case KVHAL_FP8_E5M2FNUZ: return 1;
     case KVHAL_I64: return 8;
     default: return 0;
     }
@@ -93,6 +93,8 @@ static inline const char *kvhal_bk_dtype_name(kvhal_dtype dt)
     case KVHAL_BF16: return "bf16";
     case KVHAL_FP8_E4M3: return "fp8_e4m3";
     case KVHAL_FP8_E5M2: return "fp8_e5m2";
+    case KVHAL_FP8_E4M3FNUZ: return "fp8_e4m3fnuz";
+    case KVHAL_FP8_E5M2FNUZ: return "fp8_e5m2fnuz";
     case KVHAL_I32: return "i32";
     case KVHAL_I64: return "i64";
     default: return "invalid";
@@ -143,6 +145,10 @@ typedef struct kvhal_bk_paged_side {
     float scale;         /* fp8 caches: stored = round(value / scale); 1 otherwise */
 } kvhal_bk_paged_side;
 
+/* Descriptors by shape class: the core keys paged-caching descriptors by everything here except memory, offsets,
+ * scales, num_tokens and (for a flat call, batched false) seq_len and the outer token and slot strides; a batched
+ * call's batch size (num_tokens / seq_len) is not in the key either. So desc_create must make a descriptor that
+ * serves every token count: whatever depends on num_tokens is decided per call. */
 typedef struct kvhal_bk_paged_caching {
     kvhal_bk_paged_side k, v;
     kvhal_dtype input_dtype, cache_dtype, slot_dtype;

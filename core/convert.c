@@ -46,11 +46,26 @@ static uint32_t round_magnitude(uint32_t a, int m, int bias)
 
 uint8_t kvhal_f32_to_fp8(float x, kvhal_dtype fp8_type)
 {
-    return fp8_type == KVHAL_FP8_E5M2 ? kvhal__f32_to_fp8_e5m2(x) : kvhal__f32_to_fp8_e4m3(x);
+    switch (fp8_type) {
+    case KVHAL_FP8_E5M2: return kvhal__f32_to_fp8_e5m2(x);
+    case KVHAL_FP8_E4M3FNUZ: return kvhal__f32_to_fp8_e4m3fnuz(x);
+    case KVHAL_FP8_E5M2FNUZ: return kvhal__f32_to_fp8_e5m2fnuz(x);
+    default: return kvhal__f32_to_fp8_e4m3(x);
+    }
 }
 
 float kvhal_fp8_to_f32(uint8_t x, kvhal_dtype fp8_type)
 {
+    if (fp8_type == KVHAL_FP8_E4M3FNUZ || fp8_type == KVHAL_FP8_E5M2FNUZ) {
+        /* no infinities, 0x80 the one NaN; bias 8 (e4m3) or 16 (e5m2) */
+        if (x == 0x80u) return NAN;
+        const float sign = (x & 0x80u) ? -1.0f : 1.0f;
+        const unsigned mag = x & 0x7fu, mb = fp8_type == KVHAL_FP8_E4M3FNUZ ? 3u : 2u;
+        const int bias = fp8_type == KVHAL_FP8_E4M3FNUZ ? 8 : 16;
+        const unsigned e = mag >> mb, f = mag & ((1u << mb) - 1u);
+        if (e == 0) return sign * ldexpf((float)f, 1 - bias - (int)mb);
+        return sign * ldexpf((float)((1u << mb) + f), (int)e - bias - (int)mb);
+    }
     const float sign = (x & 0x80u) ? -1.0f : 1.0f;
     const unsigned mag = x & 0x7fu;
     if (fp8_type == KVHAL_FP8_E5M2) {

@@ -28,7 +28,8 @@ static kvhal_status check_cache(const kvhal_kv_cache *c, const char *arg)
 
 static bool is_cache_dtype(kvhal_dtype d)
 {
-    return d == KVHAL_F32 || d == KVHAL_F16 || d == KVHAL_BF16 || d == KVHAL_FP8_E4M3 || d == KVHAL_FP8_E5M2;
+    return d == KVHAL_F32 || d == KVHAL_F16 || d == KVHAL_BF16 || d == KVHAL_FP8_E4M3 || d == KVHAL_FP8_E5M2 ||
+           d == KVHAL_FP8_E4M3FNUZ || d == KVHAL_FP8_E5M2FNUZ;
 }
 
 static void free_cache(kvhal_kv_cache *c)

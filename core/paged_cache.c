@@ -44,7 +44,8 @@ kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal
     KVHAL_CHECK_ARG(cfg->head_dim >= 1, "cfg.head_dim: %d must be >= 1", (int)cfg->head_dim);
     KVHAL_CHECK_ARG(cfg->block_size >= 1, "cfg.block_size: %d must be >= 1", (int)cfg->block_size);
     KVHAL_CHECK_ARG(cfg->dtype == KVHAL_F32 || cfg->dtype == KVHAL_F16 || cfg->dtype == KVHAL_BF16 ||
-                        cfg->dtype == KVHAL_FP8_E4M3 || cfg->dtype == KVHAL_FP8_E5M2,
+                        cfg->dtype == KVHAL_FP8_E4M3 || cfg->dtype == KVHAL_FP8_E5M2 ||
+                            cfg->dtype == KVHAL_FP8_E4M3FNUZ || cfg->dtype == KVHAL_FP8_E5M2FNUZ,
                     "cfg.dtype: %s is not a cache dtype (f32, f16, bf16, fp8_e4m3, fp8_e5m2)",
                     kvhal_dtype_name(cfg->dtype));
     KVHAL_CHECK_ARG(cfg->layout == KVHAL_LAYOUT_NHD || cfg->layout == KVHAL_LAYOUT_HND,

@@ -36,7 +36,8 @@ kvhal_status kvhal_static_cache_create(const kvhal_static_cache_config *cfg, kvh
     KVHAL_CHECK_ARG(cfg->head_dim_v >= 1, "cfg.head_dim_v: %d must be >= 1", (int)cfg->head_dim_v);
     KVHAL_CHECK_ARG(cfg->max_len >= 1, "cfg.max_len: %lld must be >= 1", (long long)cfg->max_len);
     KVHAL_CHECK_ARG(cfg->dtype == KVHAL_F32 || cfg->dtype == KVHAL_F16 || cfg->dtype == KVHAL_BF16 ||
-                        cfg->dtype == KVHAL_FP8_E4M3 || cfg->dtype == KVHAL_FP8_E5M2,
+                        cfg->dtype == KVHAL_FP8_E4M3 || cfg->dtype == KVHAL_FP8_E5M2 ||
+                            cfg->dtype == KVHAL_FP8_E4M3FNUZ || cfg->dtype == KVHAL_FP8_E5M2FNUZ,
                     "cfg.dtype: %s is not a cache dtype (f32, f16, bf16, fp8_e4m3, fp8_e5m2)",
                     kvhal_dtype_name(cfg->dtype));
     const kvhal__bk *bk;

@@ -5,8 +5,9 @@
 
 #include "internal.h"
 
-static const size_t dtype_sizes[KVHAL_DTYPE_COUNT] = {4, 2, 2, 1, 1, 4, 8};
-static const char *dtype_names[KVHAL_DTYPE_COUNT] = {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "i32", "i64"};
+static const size_t dtype_sizes[KVHAL_DTYPE_COUNT] = {4, 2, 2, 1, 1, 4, 8, 1, 1};
+static const char *dtype_names[KVHAL_DTYPE_COUNT] = {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "i32", "i64",
+                                                     "fp8_e4m3fnuz", "fp8_e5m2fnuz"};
 
 size_t kvhal_dtype_size(kvhal_dtype dt) { return (unsigned)dt < KVHAL_DTYPE_COUNT ? dtype_sizes[dt] : 0; }
 

@@ -51,7 +51,13 @@ double ref_fp8_decode(uint8_t code, kvhal_dtype fp8)
 {
     int s = code >> 7;
     double v;
-    if (fp8 == KVHAL_FP8_E4M3) {
+    if (fp8 == KVHAL_FP8_E4M3FNUZ || fp8 == KVHAL_FP8_E5M2FNUZ) {
+        /* AMD's fnuz formats, from their definition: bias 8 / 16, no infinities, 0x80 the one NaN */
+        if (code == 0x80) return NAN;
+        const int mb = fp8 == KVHAL_FP8_E4M3FNUZ ? 3 : 2, bias = fp8 == KVHAL_FP8_E4M3FNUZ ? 8 : 16;
+        const int e = (code & 0x7f) >> mb, f = code & ((1 << mb) - 1);
+        v = e == 0 ? ldexp(f, 1 - bias - mb) : ldexp((1 << mb) + f, e - bias - mb);
+    } else if (fp8 == KVHAL_FP8_E4M3) {
         int e = (code >> 3) & 15, f = code & 7;
         if (e == 15 && f == 7) return NAN;
         v = e == 0 ? ldexp(f, -9) : ldexp(8 + f, e - 10);
@@ -69,9 +75,10 @@ double ref_fp8_decode(uint8_t code, kvhal_dtype fp8)
 
 uint8_t ref_fp8_encode(float x, kvhal_dtype fp8)
 {
-    const int max_code = fp8 == KVHAL_FP8_E4M3 ? 0x7e : 0x7b;
+    const bool fnuz = fp8 == KVHAL_FP8_E4M3FNUZ || fp8 == KVHAL_FP8_E5M2FNUZ;
+    const int max_code = fnuz ? 0x7f : fp8 == KVHAL_FP8_E4M3 ? 0x7e : 0x7b;
     const uint8_t sign = signbit(x) ? 0x80 : 0;
-    if (isnan(x)) return sign | 0x7f;
+    if (isnan(x)) return fnuz ? 0x80 : sign | 0x7f;
     double a = fabs((double)x);
     if (a >= ref_fp8_decode((uint8_t)max_code, fp8)) return sign | (uint8_t)max_code;
     int best = 0;
@@ -83,6 +90,7 @@ uint8_t ref_fp8_encode(float x, kvhal_dtype fp8)
             best_d = d;
         }
     }
+    if (fnuz && best == 0) return 0; /* no negative zero: 0x80 is the NaN */
     return sign | (uint8_t)best;
 }
 

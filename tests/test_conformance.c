@@ -41,8 +41,11 @@ static void dbuf_fill_values(dbuf *b, kvhal_dtype dt, ref_rng *r, float scale)
         uint64_t pick = ref_rand_below(r, 8);
         if (pick == 0 && (dt == KVHAL_F32 || dt == KVHAL_F16 || dt == KVHAL_BF16)) {
             /* an exact tie between two neighbouring fp8 values (either format), times the scale */
-            kvhal_dtype f = ref_rand(r) & 1 ? KVHAL_FP8_E4M3 : KVHAL_FP8_E5M2;
-            uint8_t c = (uint8_t)ref_rand_below(r, f == KVHAL_FP8_E4M3 ? 0x7e : 0x7b);
+            static const kvhal_dtype fs[4] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
+            static const uint8_t maxc[4] = {0x7e, 0x7b, 0x7f, 0x7f};
+            const int fi = (int)ref_rand_below(r, 4);
+            kvhal_dtype f = fs[fi];
+            uint8_t c = (uint8_t)ref_rand_below(r, maxc[fi]);
             x = (float)((ref_fp8_decode(c, f) + ref_fp8_decode((uint8_t)(c + 1), f)) / 2 * scale);
             if (ref_rand(r) & 1) x = -x;
         } else if (pick == 1) {
@@ -78,10 +81,11 @@ static void store_slot(dbuf *b, kvhal_dtype dt, int64_t elem, int64_t v)
 static void test_conversions(void **state)
 {
     (void)state;
-    static const kvhal_dtype fp8s[2] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2};
+    static const kvhal_dtype fp8s[4] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
     ref_rng r = {42};
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 4; f++) {
         kvhal_dtype t = fp8s[f];
+        const bool fnuz = f >= 2;
         for (int c = 0; c < 256; c++) {
             double want = ref_fp8_decode((uint8_t)c, t);
             float got = kvhal_fp8_to_f32((uint8_t)c, t);
@@ -89,7 +93,7 @@ static void test_conversions(void **state)
             else if ((double)got != want) fail_msg("%s decode 0x%02x: %g, want %g", kvhal_dtype_name(t), c, got, want);
         }
         /* every code, the midpoints to its neighbours and the floats right around them */
-        const int max_code = t == KVHAL_FP8_E4M3 ? 0x7e : 0x7b;
+        const int max_code = fnuz ? 0x7f : t == KVHAL_FP8_E4M3 ? 0x7e : 0x7b;
         for (int c = 0; c <= max_code; c++) {
             double a = ref_fp8_decode((uint8_t)c, t);
             double b = c < max_code ? ref_fp8_decode((uint8_t)(c + 1), t) : a * 1.25;
@@ -113,11 +117,24 @@ static void test_conversions(void **state)
         assert_int_equal(kvhal_f32_to_fp8(INFINITY, t), max_code);
         assert_int_equal(kvhal_f32_to_fp8(-INFINITY, t), 0x80 | max_code);
         assert_int_equal(kvhal_f32_to_fp8(1e30f, t), max_code);
-        assert_int_equal(kvhal_f32_to_fp8(NAN, t), 0x7f);
-        assert_int_equal(kvhal_f32_to_fp8(-NAN, t), 0xff);
-        assert_int_equal(kvhal_f32_to_fp8(-0.0f, t), 0x80);
+        assert_int_equal(kvhal_f32_to_fp8(NAN, t), fnuz ? 0x80 : 0x7f);
+        assert_int_equal(kvhal_f32_to_fp8(-NAN, t), fnuz ? 0x80 : 0xff);
+        assert_int_equal(kvhal_f32_to_fp8(-0.0f, t), fnuz ? 0x00 : 0x80); /* fnuz: no negative zero */
+        assert_int_equal(kvhal_f32_to_fp8(-1e-30f, t), fnuz ? 0x00 : 0x80);
         assert_int_equal(kvhal_f32_to_fp8(1e-30f, t), 0x00);
     }
+    /* the fnuz formats' definitions: largest 240 / 57344, smallest 2^-10 / 2^-17, 0x80 the one NaN, no infinity */
+    assert_true(kvhal_fp8_to_f32(0x7f, KVHAL_FP8_E4M3FNUZ) == 240.0f);
+    assert_true(kvhal_fp8_to_f32(0x7f, KVHAL_FP8_E5M2FNUZ) == 57344.0f);
+    assert_true(kvhal_fp8_to_f32(0x01, KVHAL_FP8_E4M3FNUZ) == ldexpf(1, -10));
+    assert_true(kvhal_fp8_to_f32(0x01, KVHAL_FP8_E5M2FNUZ) == ldexpf(1, -17));
+    assert_true(kvhal_fp8_to_f32(0x40, KVHAL_FP8_E4M3FNUZ) == 1.0f);
+    assert_true(kvhal_fp8_to_f32(0x40, KVHAL_FP8_E5M2FNUZ) == 1.0f);
+    assert_true(isnan(kvhal_fp8_to_f32(0x80, KVHAL_FP8_E4M3FNUZ)));
+    assert_true(isnan(kvhal_fp8_to_f32(0x80, KVHAL_FP8_E5M2FNUZ)));
+    assert_true(kvhal_fp8_to_f32(0xff, KVHAL_FP8_E4M3FNUZ) == -240.0f);
+    assert_int_equal(kvhal_f32_to_fp8(INFINITY, KVHAL_FP8_E4M3FNUZ), 0x7f);
+    assert_int_equal(kvhal_f32_to_fp8(-300.0f, KVHAL_FP8_E4M3FNUZ), 0xff);
     assert_true(kvhal_fp8_to_f32(0x7e, KVHAL_FP8_E4M3) == 448.0f);
     assert_true(kvhal_fp8_to_f32(0x7b, KVHAL_FP8_E5M2) == 57344.0f);
     assert_true(isinf(kvhal_fp8_to_f32(0x7c, KVHAL_FP8_E5M2)));
@@ -314,14 +331,17 @@ static void run_paged_case(kvhal_device dev, kvhal_dtype in_dt, kvhal_dtype cach
     snprintf(label, sizeof label, "paged_caching in=%s cache=%s slots=%s %s %s", kvhal_dtype_name(in_dt),
              kvhal_dtype_name(cache_dt), kvhal_dtype_name(slot_dt), layout == KVHAL_LAYOUT_NHD ? "NHD" : "HND",
              form_names[form]);
-    const bool fp8 = cache_dt == KVHAL_FP8_E4M3 || cache_dt == KVHAL_FP8_E5M2;
+    const bool fp8 = cache_dt == KVHAL_FP8_E4M3 || cache_dt == KVHAL_FP8_E5M2 || cache_dt == KVHAL_FP8_E4M3FNUZ ||
+                     cache_dt == KVHAL_FP8_E5M2FNUZ;
     pc_setup p;
     pc_build(&p, dev, in_dt, cache_dt, slot_dt, layout, form, r);
-    /* three times: the later calls hit the descriptor cache with new data and new scales. fp8 scales cover every
+    /* several times: the later calls hit the descriptor cache with new data and new scales. fp8 scales cover every
      * scaling mode a backend may specialise: 1 (none), powers of two above and below 1 (exact as a multiply by
-     * 1/scale) and others (a true division). */
-    static const float fp8_scales[3][2] = {{0.5f, 2.0f}, {0.37f, 3.0f}, {1.0f, 0.25f}};
-    for (int rep = 0; rep < (fp8 ? 3 : 2); rep++) {
+     * 1/scale), calibrated ones (0.37, 0.0123: a reciprocal with a correction on GPUs), one calibrated scale with a
+     * power of two, and scales outside the reciprocal's range (1e-30, 3e30: a true division). */
+    static const float fp8_scales[6][2] = {{0.5f, 2.0f}, {0.37f, 3.0f}, {1.0f, 0.25f}, {0.0123f, 0.37f},
+                                           {0.37f, 0.5f}, {1e-30f, 3e30f}};
+    for (int rep = 0; rep < (fp8 ? 6 : 2); rep++) {
         float ks = fp8 ? fp8_scales[rep][0] : 1.0f, vs = fp8 ? fp8_scales[rep][1] : 1.0f;
         pc_fill(&p, in_dt, ks, vs, r, -1, 0);
         kvhal_status st = kvhal_paged_caching(&p.kc, &p.vc, &p.k, &p.v, &p.s, ks, vs, NULL);
@@ -342,8 +362,8 @@ static void test_paged_caching(void **state)
     static const kvhal_dtype ins[3] = {KVHAL_F32, KVHAL_F16, KVHAL_BF16};
     int cases = 0;
     for (int i = 0; i < 3; i++) {
-        kvhal_dtype outs[3] = {ins[i], KVHAL_FP8_E4M3, KVHAL_FP8_E5M2};
-        for (int o = 0; o < 3; o++) {
+        kvhal_dtype outs[5] = {ins[i], KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
+        for (int o = 0; o < 5; o++) {
             for (int layout = 0; layout < 2; layout++) {
                 for (int form = 0; form < FORM_COUNT; form++) {
                     /* alternate the slot dtype so both meet every other parameter across the matrix */
@@ -533,9 +553,9 @@ static void test_tensor_copy(void **state)
 {
     kvhal_device dev = device_of(state);
     ref_rng r = {77};
-    static const kvhal_dtype dts[7] = {KVHAL_F32, KVHAL_F16, KVHAL_BF16, KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_I32,
-                                       KVHAL_I64};
-    for (int d = 0; d < 7; d++) {
+    static const kvhal_dtype dts[9] = {KVHAL_F32, KVHAL_F16, KVHAL_BF16, KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_I32,
+                                       KVHAL_I64, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
+    for (int d = 0; d < 9; d++) {
         const kvhal_dtype dt = dts[d];
         const size_t es = kvhal_dtype_size(dt);
         dbuf src, dst;
@@ -590,10 +610,201 @@ typedef struct test_fn {
     CMUnitTestFunction fn;
 } test_fn;
 
+/* n distinct random slots in [0, range), about a tenth of them padding (-1). */
+static void fill_distinct_slots(ref_rng *r, int64_t *out, int64_t n, int64_t range)
+{
+    for (int64_t t = 0; t < n; t++) {
+        int64_t v;
+        bool dup;
+        do {
+            v = ref_rand_below(r, 10) == 0 ? -1 : (int64_t)ref_rand_below(r, (uint64_t)range);
+            dup = false;
+            for (int64_t u = 0; u < t && v >= 0; u++) dup |= out[u] == v;
+        } while (dup);
+        out[t] = v;
+    }
+}
+
+/* Descriptors by shape class: token counts that change on every call ([tokens, heads, dim], then [batch, seq, heads,
+ * dim] with the batch size changing) on one cache, each call checked against the reference, and the descriptors
+ * this thread created for the device counted: one per class (flat; batched with seq 8; a batch of 1 is flat). */
+static void run_shape_class_case(kvhal_device dev, kvhal_dtype in_dt, kvhal_dtype cache_dt, float ks, float vs)
+{
+    enum { SC_H = 4, SC_D = 64, SC_BS = 16, SC_NB = 64, SC_MAXT = 300, SC_SEQ = 8 };
+    ref_rng r = {4242 + (uint64_t)cache_dt};
+    const size_t ies = kvhal_dtype_size(in_dt), ces = kvhal_dtype_size(cache_dt);
+    dbuf kc, vc, kin, vin, sl;
+    dbuf_make(&kc, dev, (size_t)SC_NB * SC_BS * SC_H * SC_D * ces, &r);
+    dbuf_make(&vc, dev, (size_t)SC_NB * SC_BS * SC_H * SC_D * ces, &r);
+    dbuf_make(&kin, dev, (size_t)SC_MAXT * SC_H * SC_D * ies, &r);
+    dbuf_make(&vin, dev, (size_t)SC_MAXT * SC_H * SC_D * ies, &r);
+    dbuf_make(&sl, dev, (size_t)SC_MAXT * 4, &r);
+    const int64_t cshape[4] = {SC_NB, SC_BS, SC_H, SC_D};
+    const kvhal_tensor tkc = tensor(&kc, 0, cache_dt, 4, cshape, NULL), tvc = tensor(&vc, 0, cache_dt, 4, cshape, NULL);
+    kvhal_op_kind op;
+    OK(kvhal_desc_op_find("paged_caching", &op));
+    kvhal_desc_cache_stats s0, s1;
+    OK(kvhal_desc_cache_clear(dev));
+    OK(kvhal_desc_cache_get_stats(dev, op, &s0));
+    /* flat calls, then batched ones (batch 1 is a flat call of SC_SEQ tokens) */
+    static const int64_t flat[] = {1, 2, 3, 7, 16, 31, 64, 100, 257, 300, 5, 1, 128};
+    static const int64_t batches[] = {2, 3, 1, 5, 4, 2};
+    const size_t nflat = sizeof flat / sizeof flat[0], nb = sizeof batches / sizeof batches[0];
+    for (size_t c = 0; c < nflat + nb; c++) {
+        const bool batched = c >= nflat;
+        const int64_t n = batched ? batches[c - nflat] * SC_SEQ : flat[c];
+        int64_t drawn[SC_MAXT];
+        fill_distinct_slots(&r, drawn, n, SC_NB * SC_BS);
+        int32_t *slots = (int32_t *)sl.mirror;
+        for (int64_t t = 0; t < n; t++) slots[t] = (int32_t)drawn[t];
+        dbuf_upload(&sl);
+        kvhal_tensor tk, tv, ts;
+        if (batched) {
+            const int64_t b = n / SC_SEQ, ishape[4] = {b, SC_SEQ, SC_H, SC_D}, sshape[2] = {b, SC_SEQ};
+            tk = tensor(&kin, 0, in_dt, 4, ishape, NULL);
+            tv = tensor(&vin, 0, in_dt, 4, ishape, NULL);
+            ts = tensor(&sl, 0, KVHAL_I32, 2, sshape, NULL);
+        } else {
+            const int64_t ishape[3] = {n, SC_H, SC_D}, sshape[1] = {n};
+            tk = tensor(&kin, 0, in_dt, 3, ishape, NULL);
+            tv = tensor(&vin, 0, in_dt, 3, ishape, NULL);
+            ts = tensor(&sl, 0, KVHAL_I32, 1, sshape, NULL);
+        }
+        OK(kvhal_paged_caching(&tkc, &tvc, &tk, &tv, &ts, ks, vs, NULL));
+        OK(kvhal_device_synchronize(dev));
+        ref_paged_caching(kc.mirror, &tkc, vc.mirror, &tvc, kin.mirror, &tk, vin.mirror, &tv, sl.mirror, &ts, ks, vs);
+        char what[128];
+        snprintf(what, sizeof what, "shape class %s -> %s, %s call of %lld tokens: k cache", kvhal_dtype_name(in_dt),
+                 kvhal_dtype_name(cache_dt), batched ? "batched" : "flat", (long long)n);
+        dbuf_expect(&kc, what);
+        snprintf(what, sizeof what, "shape class %s -> %s, %s call of %lld tokens: v cache", kvhal_dtype_name(in_dt),
+                 kvhal_dtype_name(cache_dt), batched ? "batched" : "flat", (long long)n);
+        dbuf_expect(&vc, what);
+    }
+    OK(kvhal_desc_cache_get_stats(dev, op, &s1));
+    if (s1.inserts - s0.inserts != 2 || s1.misses - s0.misses != 2)
+        fail_msg("%s -> %s: %llu descriptors created (%llu misses) for %zu calls of 2 shape classes",
+                 kvhal_dtype_name(in_dt), kvhal_dtype_name(cache_dt), (unsigned long long)(s1.inserts - s0.inserts),
+                 (unsigned long long)(s1.misses - s0.misses), nflat + nb);
+    dbuf_free(&kc);
+    dbuf_free(&vc);
+    dbuf_free(&kin);
+    dbuf_free(&vin);
+    dbuf_free(&sl);
+}
+
+static void test_paged_shape_class(void **state)
+{
+    kvhal_device dev = device_of(state);
+    run_shape_class_case(dev, KVHAL_BF16, KVHAL_BF16, 1.0f, 1.0f);
+    run_shape_class_case(dev, KVHAL_F16, KVHAL_FP8_E4M3, 0.37f, 0.5f);
+    run_shape_class_case(dev, KVHAL_F32, KVHAL_FP8_E5M2FNUZ, 0.0123f, 3.0f);
+}
+
+/* MLA caches: rows of 576 (512 latent + 64 rotary) written from two inputs (kv_c a view of a wider fused
+ * projection, k_pe its own tensor) and K-only from one, into bf16, fp8 e4m3 (calibrated scale) and e5m2fnuz caches,
+ * with token counts changing between calls; each call checked against a direct host loop. Then bad shapes. */
+static void mla_expect_row(uint8_t *cm, kvhal_dtype cdt, int64_t slot, int64_t row, int64_t col0, const uint8_t *im,
+                           kvhal_dtype idt, int64_t elem0, int64_t n, float scale)
+{
+    const size_t ces = kvhal_dtype_size(cdt), ies = kvhal_dtype_size(idt);
+    for (int64_t d = 0; d < n; d++) {
+        uint8_t *dst = cm + (size_t)(slot * row + col0 + d) * ces;
+        if (cdt == idt) memcpy(dst, im + (size_t)(elem0 + d) * ies, ies);
+        else *dst = ref_fp8_encode(ref_load(im, idt, elem0 + d) / scale, cdt);
+    }
+}
+
+static void run_mla_case(kvhal_device dev, kvhal_dtype in_dt, kvhal_dtype cache_dt, float scale, bool k_only)
+{
+    enum { M_LAT = 512, M_PE = 64, M_ROW = 576, M_FUSED = 640, M_BS = 16, M_NB = 24, M_MAXT = 200 };
+    ref_rng r = {99 + (uint64_t)cache_dt * 2 + k_only};
+    const size_t ies = kvhal_dtype_size(in_dt), ces = kvhal_dtype_size(cache_dt);
+    dbuf cache, fused, pe, sl;
+    dbuf_make(&cache, dev, (size_t)M_NB * M_BS * M_ROW * ces, &r);
+    dbuf_make(&fused, dev, (size_t)M_MAXT * M_FUSED * ies, &r); /* [T, 640]: kv_c is its first 512 columns */
+    dbuf_make(&pe, dev, (size_t)M_MAXT * M_PE * ies, &r);
+    dbuf_make(&sl, dev, (size_t)M_MAXT * 8, &r);
+    const int64_t cshape[3] = {M_NB, M_BS, M_ROW};
+    const kvhal_tensor tc = tensor(&cache, 0, cache_dt, 3, cshape, NULL);
+    static const int64_t counts[] = {1, 7, 64, 200, 3};
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+        const int64_t n = counts[c];
+        int64_t *slots = (int64_t *)sl.mirror;
+        fill_distinct_slots(&r, slots, n, M_NB * M_BS);
+        dbuf_upload(&sl);
+        const int64_t sshape[1] = {n};
+        const kvhal_tensor ts = tensor(&sl, 0, KVHAL_I64, 1, sshape, NULL);
+        if (k_only) {
+            const int64_t ish[2] = {n, M_ROW}, ist[2] = {M_FUSED, 1};
+            const kvhal_tensor kv = tensor(&fused, 0, in_dt, 2, ish, ist);
+            OK(kvhal_paged_caching_mla(&tc, &kv, NULL, &ts, scale, NULL));
+            for (int64_t t = 0; t < n; t++)
+                if (slots[t] >= 0)
+                    mla_expect_row(cache.mirror, cache_dt, slots[t], M_ROW, 0, fused.mirror, in_dt, t * M_FUSED, M_ROW,
+                                   scale);
+        } else {
+            const int64_t csh[2] = {n, M_LAT}, cst[2] = {M_FUSED, 1}, psh[3] = {n, 1, M_PE};
+            const kvhal_tensor kvc = tensor(&fused, 0, in_dt, 2, csh, cst);
+            const kvhal_tensor kpe = tensor(&pe, 0, in_dt, 3, psh, NULL);
+            OK(kvhal_paged_caching_mla(&tc, &kvc, &kpe, &ts, scale, NULL));
+            for (int64_t t = 0; t < n; t++) {
+                if (slots[t] < 0) continue;
+                mla_expect_row(cache.mirror, cache_dt, slots[t], M_ROW, 0, fused.mirror, in_dt, t * M_FUSED, M_LAT,
+                               scale);
+                mla_expect_row(cache.mirror, cache_dt, slots[t], M_ROW, M_LAT, pe.mirror, in_dt, t * M_PE, M_PE, scale);
+            }
+        }
+        OK(kvhal_device_synchronize(dev));
+        char what[128];
+        snprintf(what, sizeof what, "mla %s %s -> %s, %lld tokens", k_only ? "K-only" : "two-part",
+                 kvhal_dtype_name(in_dt), kvhal_dtype_name(cache_dt), (long long)n);
+        dbuf_expect(&cache, what);
+    }
+    dbuf_free(&cache);
+    dbuf_free(&fused);
+    dbuf_free(&pe);
+    dbuf_free(&sl);
+}
+
+static void test_paged_mla(void **state)
+{
+    kvhal_device dev = device_of(state);
+    for (int k_only = 0; k_only < 2; k_only++) {
+        run_mla_case(dev, KVHAL_BF16, KVHAL_BF16, 1.0f, k_only);
+        run_mla_case(dev, KVHAL_BF16, KVHAL_FP8_E4M3, 0.37f, k_only);
+        run_mla_case(dev, KVHAL_F16, KVHAL_FP8_E5M2FNUZ, 0.0123f, k_only);
+    }
+    /* bad input: more than one head, dims that do not add up, dtypes, a one-element K-only row */
+    ref_rng r = {5};
+    dbuf b;
+    dbuf_make(&b, dev, 1 << 16, &r);
+    const int64_t c3[3] = {4, 4, 64}, c4h2[4] = {4, 4, 2, 32}, in2[2] = {8, 48}, pe2[2] = {8, 16}, pe9[2] = {8, 17};
+    const int64_t s1[1] = {8}, c1[3] = {4, 4, 1}, in1[2] = {8, 1};
+    const kvhal_tensor cache = tensor(&b, 0, KVHAL_BF16, 3, c3, NULL), cache2 = tensor(&b, 0, KVHAL_BF16, 4, c4h2, NULL);
+    const kvhal_tensor kvc = tensor(&b, 0, KVHAL_BF16, 2, in2, NULL), kpe = tensor(&b, 0, KVHAL_BF16, 2, pe2, NULL);
+    const kvhal_tensor kpe9 = tensor(&b, 0, KVHAL_BF16, 2, pe9, NULL), kpe_f16 = tensor(&b, 0, KVHAL_F16, 2, pe2, NULL);
+    const kvhal_tensor slots = tensor(&b, 0, KVHAL_I32, 1, s1, NULL);
+    const kvhal_tensor cache1 = tensor(&b, 0, KVHAL_BF16, 3, c1, NULL), kv1 = tensor(&b, 0, KVHAL_BF16, 2, in1, NULL);
+    assert_int_equal(kvhal_paged_caching_mla(&cache2, &kvc, &kpe, &slots, 1.0f, NULL), KVHAL_SHAPE_MISMATCH);
+    assert_non_null(strstr(kvhal_last_error(), "kv_cache.shape[2]"));
+    assert_int_equal(kvhal_paged_caching_mla(&cache, &kvc, &kpe9, &slots, 1.0f, NULL), KVHAL_SHAPE_MISMATCH);
+    assert_non_null(strstr(kvhal_last_error(), "k_pe"));
+    assert_int_equal(kvhal_paged_caching_mla(&cache, &kvc, NULL, &slots, 1.0f, NULL), KVHAL_SHAPE_MISMATCH);
+    assert_non_null(strstr(kvhal_last_error(), "kv_c"));
+    assert_int_equal(kvhal_paged_caching_mla(&cache, &kvc, &kpe_f16, &slots, 1.0f, NULL), KVHAL_DTYPE_MISMATCH);
+    assert_non_null(strstr(kvhal_last_error(), "k_pe.dtype"));
+    assert_int_equal(kvhal_paged_caching_mla(&cache1, &kv1, NULL, &slots, 1.0f, NULL), KVHAL_UNSUPPORTED);
+    assert_int_equal(kvhal_paged_caching_mla(NULL, &kvc, &kpe, &slots, 1.0f, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "kv_cache"));
+    dbuf_free(&b);
+}
+
 static const test_fn device_tests[] = {
     {"paged_caching", test_paged_caching},   {"paged_out_of_range", test_paged_out_of_range},
     {"paged_edge_cases", test_paged_edge_cases}, {"copy_blocks", test_copy_blocks},
-    {"tensor_copy", test_tensor_copy},
+    {"tensor_copy", test_tensor_copy},       {"paged_shape_class", test_paged_shape_class},
+    {"paged_mla", test_paged_mla},
 };
 #define NUM_DEVICE_TESTS (sizeof device_tests / sizeof device_tests[0])
 

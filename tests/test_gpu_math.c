@@ -29,6 +29,13 @@ static void check_fp8_bits(uint32_t u)
     const float x = kvhal_gpu_bits_f32(u);
     const uint32_t e4 = kvhal_gpu_f32_to_e4m3(x), e5 = kvhal_gpu_f32_to_e5m2(x);
     const uint32_t r4 = kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3), r5 = kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2);
+    const uint32_t z4 = kvhal_gpu_f32_to_e4m3fnuz(x), z5 = kvhal_gpu_f32_to_e5m2fnuz(x);
+    const uint32_t q4 = kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3FNUZ), q5 = kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2FNUZ);
+    if (z4 != q4 || z5 != q5) {
+        print_error("f32 bits 0x%08x: e4m3fnuz gpu 0x%02x ref 0x%02x, e5m2fnuz gpu 0x%02x ref 0x%02x\n", (unsigned)u,
+                    (unsigned)z4, (unsigned)q4, (unsigned)z5, (unsigned)q5);
+        fail();
+    }
     if (e4 != r4 || e5 != r5) {
         print_error("f32 bits 0x%08x: e4m3 gpu 0x%02x ref 0x%02x, e5m2 gpu 0x%02x ref 0x%02x\n", (unsigned)u,
                     (unsigned)e4, (unsigned)r4, (unsigned)e5, (unsigned)r5);
@@ -103,6 +110,114 @@ static void test_pow2_scale(void **state)
     }
 }
 
+/* The kernels' quotient for a scale mode (SM_MUL 0, SM_RCP 1, SM_DIV 2), with their mapping of a NaN quotient of a
+ * non-NaN input to the saturated code (an infinity of the input's sign converts to it). */
+static float kernel_quot(float x, float s, float inv, int mode)
+{
+    if (x != x) return x; /* the kernels take a NaN's sign and NaN-ness from the input */
+    float q = mode == 0 ? x * inv : mode == 1 ? kvhal_gpu_quot_rcp(x, s, inv) : x / s;
+    if (q != q) q = kvhal_gpu_bits_f32((kvhal_gpu_f32_bits(x) & 0x80000000u) | 0x7f800000u);
+    return q;
+}
+
+/* One x at scale s: the fp8 codes of both formats must be those of x / s; returns whether the f32 quotients differ
+ * where an fp8 format could tell them apart (|x / s| in [2^-20, 2^17)). */
+static bool check_quot(float x, float s, int mode)
+{
+    const float inv = 1.0f / s;
+    volatile float e = x / s;
+    const float q = kernel_quot(x, s, inv, mode);
+    static const kvhal_dtype fmts[4] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
+    for (int f = 0; f < 4; f++) {
+        const kvhal_dtype fmt = fmts[f];
+        if (kvhal_f32_to_fp8(q, fmt) != kvhal_f32_to_fp8(e, fmt)) {
+            print_error("%s: x 0x%08x / scale %a (mode %d): got 0x%02x, x / s gives 0x%02x\n", kvhal_dtype_name(fmt),
+                        (unsigned)kvhal_gpu_f32_bits(x), (double)s, mode, kvhal_f32_to_fp8(q, fmt),
+                        kvhal_f32_to_fp8(e, fmt));
+            fail();
+        }
+    }
+    const float ae = e < 0 ? -e : e;
+    return kvhal_gpu_f32_bits(q) != kvhal_gpu_f32_bits(e) && ae >= 0x1p-20f && ae < 0x1p17f;
+}
+
+/* The scale modes: powers of two multiply, [2^-64, 2^64] takes the reciprocal, the rest divides. */
+static void test_scale_mode(void **state)
+{
+    (void)state;
+    assert_int_equal(kvhal_gpu_scale_mode(0.5f, 2.0f), 0);
+    assert_int_equal(kvhal_gpu_scale_mode(0.5f, 0.37f), 1);
+    assert_int_equal(kvhal_gpu_scale_mode(0.37f, 0.37f), 1);
+    assert_int_equal(kvhal_gpu_scale_mode(0x1p-64f, 0x1p64f), 0);
+    assert_int_equal(kvhal_gpu_scale_mode(0x1.8p-64f, 0x1.8p63f), 1);
+    assert_int_equal(kvhal_gpu_scale_mode(0x1.8p-65f, 0.37f), 2);
+    assert_int_equal(kvhal_gpu_scale_mode(0.37f, 0x1.8p64f), 2);
+    assert_int_equal(kvhal_gpu_scale_mode(1e-30f, 1e-30f), 2);
+    assert_int_equal(kvhal_gpu_scale_mode(0x1p-100f, 0.37f), 2);
+}
+
+/* Calibrated scales without a division: specials, saturation and exact rounding ties at fixed scales, then random
+ * scales over the reciprocal's whole range with inputs drawn around their quotients' fp8 range. (The proof over all
+ * 2^32 inputs per scale is tools/kvhal-fp8-check --math.) The plain product x * (1/s) must differ somewhere, or
+ * this test could not tell the correction from none. */
+static void test_rcp_scale(void **state)
+{
+    (void)state;
+    static const float scales[] = {0.37f, 0.1f, 1.0f / 3.0f, 0.7f, 1.7f, 17.3f, 1e-5f, 4567.89f, 0x1.5p-64f,
+                                   0x1.fffffep63f, 0.99999994f, 1.00000012f};
+    static const uint32_t sp[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+                                  0x7f7fffffu, 0xff7fffffu, 0x00000001u, 0x807fffffu, 0x00800000u, 0x80800000u};
+    uint64_t naive_diffs = 0;
+    for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
+        const float s = scales[i];
+        assert_int_equal(kvhal_gpu_scale_mode(s, s), 1);
+        for (size_t j = 0; j < sizeof sp / sizeof sp[0]; j++) assert_false(check_quot(kvhal_gpu_bits_f32(sp[j]), s, 1));
+        /* x = fp8 midpoints and largest values times s: quotients on (or next to) rounding ties and saturation */
+        for (int f = 0; f < 4; f++) {
+            static const kvhal_dtype fmts[4] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
+            const kvhal_dtype fmt = fmts[f];
+            for (uint32_t c = 0; c < 0x7f; c++) {
+                const float lo = kvhal_fp8_to_f32((uint8_t)c, fmt), hi = kvhal_fp8_to_f32((uint8_t)(c + 1), fmt);
+                if (hi != hi || lo != lo) continue;
+                const float mid = (lo + hi) * 0.5f;
+                for (int d = -2; d <= 2; d++) {
+                    const float x = kvhal_gpu_bits_f32(kvhal_gpu_f32_bits(mid * s) + (uint32_t)d);
+                    assert_false(check_quot(x, s, 1));
+                    assert_false(check_quot(-x, s, 1));
+                    volatile float e = x / s, m = x * (1.0f / s);
+                    if (kvhal_f32_to_fp8(e, fmt) != kvhal_f32_to_fp8(m, fmt)) naive_diffs++;
+                }
+            }
+        }
+    }
+    /* exact ties: x / s lands exactly on a midpoint (0.5 * 2^-k scales keep the products exact) */
+    assert_int_equal(kvhal_f32_to_fp8(kernel_quot(0.0625f * 3.0f, 3.0f, 1.0f / 3.0f, 1), KVHAL_FP8_E4M3),
+                     kvhal_f32_to_fp8(0.0625f, KVHAL_FP8_E4M3));
+    assert_int_equal(kvhal_f32_to_fp8(kernel_quot(1.0625f * 3.0f, 3.0f, 1.0f / 3.0f, 1), KVHAL_FP8_E4M3), 0x38);
+    assert_int_equal(kvhal_f32_to_fp8(kernel_quot(1.1875f * 3.0f, 3.0f, 1.0f / 3.0f, 1), KVHAL_FP8_E4M3), 0x3a);
+    /* saturation: far past the largest value, and an overflowing quotient */
+    assert_int_equal(kvhal_f32_to_fp8(kernel_quot(1e38f, 1e-5f, 1e5f, 1), KVHAL_FP8_E4M3), 0x7e);
+    assert_int_equal(kvhal_f32_to_fp8(kernel_quot(-1e38f, 1e-5f, 1e5f, 1), KVHAL_FP8_E5M2), 0xfb);
+    assert_true(naive_diffs > 0);
+    for (int i = 0; i < 512; i++) {
+        const uint32_t sb = 0x1f800000u + (uint32_t)(rnd() % (0x5f800000u - 0x1f800000u + 1));
+        const float s = kvhal_gpu_bits_f32(sb);
+        const int mode = kvhal_gpu_scale_mode(s, s);
+        assert_true(mode == 0 || mode == 1);
+        for (int j = 0; j < 4096; j++) {
+            /* |x / s| in about [2^-24, 2^20]: x's exponent is s's plus -24..20 */
+            const int32_t ex = (int32_t)((sb >> 23) & 0xff) + (int32_t)(rnd() % 45) - 24;
+            if (ex < 1 || ex > 254) continue;
+            const float x = kvhal_gpu_bits_f32((uint32_t)(rnd() & 0x807fffffu) | (uint32_t)ex << 23);
+            if (check_quot(x, s, mode)) {
+                print_error("x 0x%08x / scale %a: the f32 quotient differs from x / s\n",
+                            (unsigned)kvhal_gpu_f32_bits(x), (double)s);
+                fail();
+            }
+        }
+    }
+}
+
 static void check_div32(uint32_t n, kvhal_fastdiv32 f)
 {
     if (kvhal_fastdiv32_div(n, f) != n / f.d) {
@@ -164,7 +279,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp8_structured), cmocka_unit_test(test_fp8_random),
         cmocka_unit_test(test_bf16_to_f32),    cmocka_unit_test(test_pow2_scale),
-        cmocka_unit_test(test_fastdiv),
+        cmocka_unit_test(test_fastdiv),        cmocka_unit_test(test_scale_mode),
+        cmocka_unit_test(test_rcp_scale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

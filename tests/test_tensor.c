@@ -98,7 +98,8 @@ static void test_dtypes(void **state)
     } cases[] = {
         {KVHAL_F32, 4, "f32"},           {KVHAL_F16, 2, "f16"},           {KVHAL_BF16, 2, "bf16"},
         {KVHAL_FP8_E4M3, 1, "fp8_e4m3"}, {KVHAL_FP8_E5M2, 1, "fp8_e5m2"}, {KVHAL_I32, 4, "i32"},
-        {KVHAL_I64, 8, "i64"},
+        {KVHAL_I64, 8, "i64"},           {KVHAL_FP8_E4M3FNUZ, 1, "fp8_e4m3fnuz"},
+        {KVHAL_FP8_E5M2FNUZ, 1, "fp8_e5m2fnuz"},
     };
     assert_int_equal(sizeof cases / sizeof cases[0], KVHAL_DTYPE_COUNT);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -1,20 +1,42 @@
-/* kvhal-bench — bandwidth of kvhal's ops on the device KVHAL_DEVICE selects, each next to the same device's own
- * memcpy_d2d of the same bytes measured in the same run: paged caching (model presets, token counts, NHD/HND,
- * same-dtype and fp8 e4m3 caches), kv-cache duplicate, copy_blocks over a paged cache, the descriptor cache (ns per
- * hit), the host time of one paged-caching call on a descriptor hit, and the first call of a process (descriptor
- * creation, an OpenCL program build) next to a cached one. Uses the public API only, so it runs
- * unchanged on cpu, cuda:N, hip:N and opencl:N.
+/* kvhal-bench — bandwidth of kvhal's ops on the device KVHAL_DEVICE (or --device) selects, each next to the same
+ * device's own memcpy_d2d of the same bytes measured in the same rounds: paged caching (model presets, token
+ * counts, NHD/HND, same-dtype caches and every fp8 format at a power-of-two and a calibrated scale), MLA caching
+ * (576-dim latent rows), a serving loop whose token count changes on every call (host time per call, descriptors
+ * created) beside a fixed-count loop, decode-sized calls (host time per call and GPU time per call separately),
+ * kv-cache duplicate, copy_blocks, the descriptor cache (ns per hit), the host time of a call on a descriptor hit,
+ * and the first call of a process next to a cached one. Public API only, so it runs on cpu, cuda:N, hip:N,
+ * opencl:N and any vendor's device.
  *
- * Bandwidth = (bytes read + bytes written) / time. The memcpy reference moves the same bytes: it copies half of
- * (read + written), counted twice (read + write); for a same-dtype op that is the bytes the op writes, for an fp8
- * cache (2-4 bytes read per byte written) a larger copy, so that both sides touch the same amount of memory. Every figure is the median of repeated timed samples after a warmup (the
- * best of two for calls over half a second), each sample ending with kvhal_device_synchronize. */
+ * How it measures (as an outside harness would):
+ * - cold (the headline column on devices other than the CPU): the L2 is flushed before every timed op by a memset
+ *   of a buffer larger than any GPU's L2 (256 MiB), and paged-caching slots are a random permutation of the slots
+ *   of a cache --cache-factor (4) times the token count, so the writes scatter over a large cache. The public API
+ *   has no device events, so the time of an op is measured as the difference of two back-to-back sequences on
+ *   the device's stream, N x (flush, op) and N x (flush), each closed by one synchronize: launch costs overlap
+ *   with the device's work as they do in a serving loop, and the flush's own time cancels. The memcpy reference
+ *   is measured the same way in the same rounds.
+ * - warm: the same op repeated back to back (inputs and cache in L2 where they fit), timed over many calls.
+ * - samples: every figure is the median (p50) of repeated samples, with p90, p99 and the spread (p90 - p10) / p50;
+ *   ops shorter than 20 us take more samples until the median moves by less than 0.5% (at most 101).
+ * Bandwidth = (bytes read + bytes written) / time; the memcpy of the same device moves the same total.
+ *
+ * Output: a table, or with --json one object {"tool", "version", "ok", "device", "records": [...]} where every
+ * figure not measured is null; on failure {"ok": false, "error": {"status", "message"}} (exit status 1). */
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "kvhal.h"
+
+/* The library has no kvhal_version() yet: the tools print the meson project version they were built with. */
+#ifndef KVHAL_PROJECT_VERSION
+#define KVHAL_PROJECT_VERSION "unknown"
+#endif
+#define TOOL "kvhal-bench"
 
 /* ---- options and output ---- */
 
@@ -32,60 +54,206 @@ static const preset presets[] = {
 #define NUM_PRESETS (int)(sizeof presets / sizeof presets[0])
 
 static struct {
-    bool quick, json;
+    bool quick, json, no_cold, warm_only_set;
     const char *preset; /* NULL = all */
     const char *op;     /* NULL = all */
+    const char *device; /* NULL = KVHAL_DEVICE */
     int64_t tokens[8];
     int ntokens;
-} opt;
+    int cache_factor;
+    bool block_slots; /* --slots=blocks: whole blocks in random order, filled from their start (an engine's usual
+                         assignment) instead of a permutation of single slots */
+    float scale; /* the calibrated scale of the fp8 rows */
+} opt = {.cache_factor = 4, .scale = 0.37f};
 
 static kvhal_device dev;
 static char dev_name[32];
+static bool cold_on; /* cold rows are measured (not on the CPU device, not with --no-cold) */
+
+/* JSON records accumulate here and are printed at the end, so that a failure prints one error object instead. */
+static char *jbuf;
+static size_t jlen, jcap;
 static int nrecords;
 
-typedef struct record {
-    const char *op, *preset, *layout;
-    int64_t tokens;
-    kvhal_dtype dtype, cache_dtype;
-    double seconds, bytes, memcpy_gbps; /* bytes moved per call; memcpy_gbps 0 = no reference */
-    double ns;                          /* for per-call figures, else 0 */
-} record;
-
-static void emit(const record *r)
+static void jprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void jprintf(const char *fmt, ...)
 {
-    double gbps = r->bytes > 0 ? r->bytes / r->seconds / 1e9 : 0;
-    double ratio = r->memcpy_gbps > 0 ? gbps / r->memcpy_gbps : 0;
-    if (opt.json) {
-        printf("%s\n  {\"device\": \"%s\", \"op\": \"%s\", \"preset\": \"%s\", \"tokens\": %lld, \"layout\": \"%s\", "
-               "\"dtype\": \"%s\", \"cache_dtype\": \"%s\", \"us\": %.3f, \"gbps\": %.3f, \"memcpy_gbps\": %.3f, "
-               "\"ratio_to_memcpy\": %.4f, \"ns\": %.2f}",
-               nrecords ? "," : "[", dev_name, r->op, r->preset, (long long)r->tokens, r->layout,
-               kvhal_dtype_name(r->dtype), kvhal_dtype_name(r->cache_dtype), r->seconds * 1e6, gbps, r->memcpy_gbps,
-               ratio, r->ns);
-    } else {
-        if (nrecords == 0)
-            printf("%-14s %-10s %7s %-6s %-5s %-9s %12s %9s %9s %7s\n", "op", "preset", "tokens", "layout", "dtype",
-                   "cache", "time", "GB/s", "memcpy", "ratio");
-        char t[32];
-        if (r->ns > 0) snprintf(t, sizeof t, "%.1f ns", r->ns);
-        else snprintf(t, sizeof t, "%.1f us", r->seconds * 1e6);
-        printf("%-14s %-10s %7lld %-6s %-5s %-9s %12s", r->op, r->preset, (long long)r->tokens, r->layout,
-               kvhal_dtype_name(r->dtype), kvhal_dtype_name(r->cache_dtype), t);
-        if (r->bytes > 0) printf(" %9.2f %9.2f %7.3f", gbps, r->memcpy_gbps, ratio);
-        printf("\n");
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (jlen + (size_t)n + 1 > jcap) {
+        size_t cap = jcap ? jcap : 4096;
+        while (cap < jlen + (size_t)n + 1) cap *= 2;
+        char *nb = realloc(jbuf, cap);
+        if (!nb) {
+            fprintf(stderr, TOOL ": error: out of host memory for the JSON output\n");
+            exit(1);
+        }
+        jbuf = nb, jcap = cap;
     }
-    fflush(stdout);
-    nrecords++;
+    va_start(ap, fmt);
+    vsnprintf(jbuf + jlen, jcap - jlen, fmt, ap);
+    va_end(ap);
+    jlen += (size_t)n;
+}
+
+/* A failed call: the message on stderr, the error object on stdout with --json, exit status 1. */
+static void fail_run(kvhal_status st, const char *what, const char *msg)
+{
+    fprintf(stderr, TOOL ": error: %s: %s (%s)\n", what, msg, kvhal_status_name(st));
+    if (opt.json) {
+        printf("{\"tool\": \"" TOOL "\", \"version\": \"%s\", \"ok\": false, \"error\": {\"status\": \"%s\", "
+               "\"message\": \"",
+               KVHAL_PROJECT_VERSION, kvhal_status_name(st));
+        for (const char *p = what; *p; p++) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+        printf(": ");
+        for (const char *p = msg; *p; p++)
+            if ((unsigned char)*p >= 0x20) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+        printf("\"}}\n");
+    }
+    exit(1);
 }
 
 #define CHECK(expr)                                                                                             \
     do {                                                                                                        \
         kvhal_status st_ = (expr);                                                                              \
-        if (st_ != KVHAL_OK) {                                                                                  \
-            fprintf(stderr, "kvhal-bench: %s failed: %s\n", #expr, kvhal_last_error());                         \
-            exit(1);                                                                                            \
-        }                                                                                                       \
+        if (st_ != KVHAL_OK) fail_run(st_, #expr, kvhal_last_error());                                          \
     } while (0)
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) fail_run(KVHAL_OUT_OF_MEMORY, "malloc", "out of host memory");
+    return p;
+}
+
+/* One measured column: p50 / p90 / p99 seconds per call, spread, GB/s and the memcpy's GB/s. */
+typedef struct meas {
+    bool valid;
+    double p50, p90, p99, spread, gbps, memcpy_gbps, ratio;
+} meas;
+
+typedef struct record {
+    const char *op, *preset, *layout;
+    int64_t tokens;
+    kvhal_dtype dtype, cache_dtype;
+    float scale;   /* fp8 scale; 0 = not fp8 (null) */
+    double bytes;  /* read + written per call; 0 for per-call figures */
+    meas cold, warm;
+    double host_us, gpu_us, ns; /* < 0: not measured (null) */
+    int64_t descriptors_created; /* < 0: null */
+} record;
+
+static record rec_init(const char *op, const char *preset_name, const char *layout, int64_t tokens, kvhal_dtype dt,
+                       kvhal_dtype cdt)
+{
+    record r = {.op = op, .preset = preset_name, .layout = layout, .tokens = tokens, .dtype = dt, .cache_dtype = cdt,
+                .host_us = -1, .gpu_us = -1, .ns = -1, .descriptors_created = -1};
+    return r;
+}
+
+/* "key": v with prec decimals (prec < 0: 9 significant digits), or null. */
+static void jnum(const char *key, double v, bool valid, int prec)
+{
+    jprintf("\"%s\": ", key);
+    if (!valid || !isfinite(v)) jprintf("null");
+    else if (prec < 0) jprintf("%.9g", v);
+    else jprintf("%.*f", prec, v);
+}
+
+static void jmeas(const char *key, const meas *m)
+{
+    jprintf("\"%s\": ", key);
+    if (!m->valid) {
+        jprintf("null");
+        return;
+    }
+    jprintf("{");
+    jnum("us_p50", m->p50 * 1e6, true, 3);
+    jprintf(", ");
+    jnum("us_p90", m->p90 * 1e6, true, 3);
+    jprintf(", ");
+    jnum("us_p99", m->p99 * 1e6, true, 3);
+    jprintf(", ");
+    jnum("spread", m->spread, true, 4);
+    jprintf(", ");
+    jnum("gbps", m->gbps, m->gbps > 0, 3);
+    jprintf(", ");
+    jnum("memcpy_gbps", m->memcpy_gbps, m->memcpy_gbps > 0, 3);
+    jprintf(", ");
+    jnum("ratio_to_memcpy", m->ratio, m->ratio > 0, 4);
+    jprintf("}");
+}
+
+static void fill_bw(meas *m, double bytes)
+{
+    if (!m->valid || bytes <= 0) return;
+    m->gbps = bytes / m->p50 / 1e9;
+    m->ratio = m->memcpy_gbps > 0 ? m->gbps / m->memcpy_gbps : 0;
+}
+
+static void table_meas(const meas *m)
+{
+    if (!m->valid) {
+        printf(" %10s %8s %6s", "-", "-", "-");
+        return;
+    }
+    printf(" %8.1fus", m->p50 * 1e6);
+    if (m->gbps > 0) printf(" %8.1f %6.3f", m->gbps, m->ratio);
+    else printf(" %8s %6s", "-", "-");
+}
+
+static void emit(record *r)
+{
+    fill_bw(&r->cold, r->bytes);
+    fill_bw(&r->warm, r->bytes);
+    if (opt.json) {
+        jprintf("%s\n    {\"op\": \"%s\", \"preset\": \"%s\", \"tokens\": %lld, \"layout\": \"%s\", \"dtype\": \"%s\", "
+                "\"cache_dtype\": \"%s\", ",
+                nrecords ? "," : "", r->op, r->preset, (long long)r->tokens, r->layout, kvhal_dtype_name(r->dtype),
+                kvhal_dtype_name(r->cache_dtype));
+        jnum("scale", r->scale, r->scale > 0, -1);
+        jprintf(", ");
+        jnum("bytes", r->bytes, r->bytes > 0, 0);
+        jprintf(", ");
+        jmeas("cold", &r->cold);
+        jprintf(", ");
+        jmeas("warm", &r->warm);
+        jprintf(", ");
+        jnum("host_us", r->host_us, r->host_us >= 0, 3);
+        jprintf(", ");
+        jnum("gpu_us", r->gpu_us, r->gpu_us >= 0, 3);
+        jprintf(", ");
+        jnum("ns", r->ns, r->ns >= 0, 2);
+        jprintf(", ");
+        jnum("descriptors_created", (double)r->descriptors_created, r->descriptors_created >= 0, 0);
+        jprintf("}");
+    } else {
+        if (nrecords == 0)
+            printf("%-17s %-11s %7s %-6s %-5s %-12s %6s | %10s %8s %6s | %10s %8s %6s %7s | %s\n", "op", "preset",
+                   "tokens", "layout", "dtype", "cache", "scale", "cold p50", "GB/s", "ratio", "warm p50", "GB/s",
+                   "ratio", "spread", "other");
+        char sc[16] = "-";
+        if (r->scale > 0) snprintf(sc, sizeof sc, "%g", (double)r->scale);
+        printf("%-17s %-11s %7lld %-6s %-5s %-12s %6s |", r->op, r->preset, (long long)r->tokens, r->layout,
+               kvhal_dtype_name(r->dtype), kvhal_dtype_name(r->cache_dtype), sc);
+        table_meas(&r->cold);
+        printf(" |");
+        table_meas(&r->warm);
+        if (r->warm.valid) printf(" %7.3f", r->warm.spread);
+        else printf(" %7s", "-");
+        printf(" |");
+        if (r->host_us >= 0) printf(" host %.2f us", r->host_us);
+        if (r->gpu_us >= 0) printf(" gpu %.2f us", r->gpu_us);
+        if (r->ns >= 0) printf(" %.1f ns", r->ns);
+        if (r->descriptors_created >= 0) printf(" descriptors %lld", (long long)r->descriptors_created);
+        printf("\n");
+        fflush(stdout);
+    }
+    nrecords++;
+}
 
 /* ---- timing ---- */
 
@@ -104,13 +272,37 @@ static int cmp_double(const void *a, const void *b)
 
 typedef void (*op_fn)(void *ctx);
 
-/* A timed function and how many calls make one sample of it. */
+#define MAX_SAMPLES 101
+
+/* p50 / p90 / p99 and (p90 - p10) / p50 of n samples (sorted here). */
+static meas stats_of(double *v, int n)
+{
+    meas m = {.valid = n > 0};
+    if (n <= 0) return m;
+    qsort(v, (size_t)n, sizeof v[0], cmp_double);
+    const int i10 = (int)floor(0.1 * (n - 1)), i90 = (int)ceil(0.9 * (n - 1)), i99 = (int)ceil(0.99 * (n - 1));
+    m.p50 = v[n / 2];
+    m.p90 = v[i90];
+    m.p99 = v[i99];
+    m.spread = m.p50 > 0 ? (v[i90] - v[i10]) / m.p50 : 0;
+    return m;
+}
+
+static double median_of(const double *v, int n)
+{
+    double tmp[MAX_SAMPLES];
+    memcpy(tmp, v, (size_t)n * sizeof *v);
+    qsort(tmp, (size_t)n, sizeof tmp[0], cmp_double);
+    return tmp[n / 2];
+}
+
+/* A timed function and how many back-to-back calls make one sample of it. */
 typedef struct timed {
     op_fn fn;
     void *ctx;
     double one; /* seconds of the warmup call */
     long inner;
-    double samples[31];
+    double samples[MAX_SAMPLES];
 } timed;
 
 static double sample(timed *t)
@@ -121,52 +313,110 @@ static double sample(timed *t)
     return (now() - t0) / (double)t->inner;
 }
 
-/* Seconds per call of a (and of b, when given), the median of repeated samples. The samples of a and b alternate,
- * so that on a shared machine both see the same interference and their ratio stays meaningful. Small ops run
- * several calls per sample so that a sample is long enough to time; the number of samples shrinks for large ops so
- * that the whole run stays short. */
-static void measure_pair(op_fn a, void *actx, op_fn b, void *bctx, double *ta, double *tb)
+/* Warm: seconds per call of a (and of b), samples of the two alternating so that on a shared machine both see the
+ * same interference. Short ops run several calls per sample; ops under 20 us take samples until the median is
+ * stable (moves < 0.5% over five more samples). */
+static void measure_warm_pair(op_fn a, void *actx, op_fn b, void *bctx, meas *ma, meas *mb)
 {
     const double sample_target = opt.quick ? 2e-4 : 2e-3, total_target = opt.quick ? 0.03 : 0.2;
-    timed t[2] = {{.fn = a, .ctx = actx}, {.fn = b, .ctx = bctx}};
+    static timed t[2];
+    t[0] = (timed){.fn = a, .ctx = actx};
+    t[1] = (timed){.fn = b, .ctx = bctx};
     const int n = b ? 2 : 1;
-    double per_rep = 0, longest = 0;
+    double per_rep = 0, longest = 0, shortest = 1e30;
     for (int i = 0; i < n; i++) {
         /* an untimed first call absorbs one-time costs (descriptor creation, an OpenCL program build, lazy
-         * allocation by the driver), which would otherwise make a fast op look like a long one */
+         * allocation by the driver) */
         t[i].fn(t[i].ctx);
         CHECK(kvhal_device_synchronize(dev));
         double t0 = now();
         t[i].fn(t[i].ctx);
         CHECK(kvhal_device_synchronize(dev));
-        t[i].one = now() - t0; /* warmup, also the estimate */
+        t[i].one = now() - t0;
         if (t[i].one < 1e-7) t[i].one = 1e-7;
         t[i].inner = (long)(sample_target / t[i].one) + 1;
         per_rep += t[i].one * (double)t[i].inner;
         if (t[i].one > longest) longest = t[i].one;
+        if (t[i].one < shortest) shortest = t[i].one;
     }
     int reps = (int)(total_target / per_rep), first = 0;
-    if (reps < 3) reps = 3;
+    if (reps < 5) reps = 5;
     if (reps > 31) reps = 31;
     if (longest > total_target) {
-        /* long ops: the warmup calls count as samples (caches cannot be warm for them anyway); past half a second
-         * two samples are all the run can afford, and the faster one is the less disturbed */
+        /* long ops: the warmup calls count as samples; past half a second three samples are all the run affords */
         for (int i = 0; i < n; i++) t[i].samples[0] = t[i].one;
         first = 1;
-        reps = longest > 0.5 ? 2 : 3;
+        reps = 3;
     }
     for (int r = first; r < reps; r++)
         for (int i = 0; i < n; i++) t[i].samples[r] = sample(&t[i]);
-    for (int i = 0; i < n; i++) qsort(t[i].samples, (size_t)reps, sizeof t[i].samples[0], cmp_double);
-    *ta = reps == 2 ? t[0].samples[0] : t[0].samples[reps / 2];
-    if (b) *tb = reps == 2 ? t[1].samples[0] : t[1].samples[reps / 2];
+    if (shortest < 20e-6) {
+        double prev = median_of(t[0].samples, reps);
+        while (reps + 5 <= MAX_SAMPLES) {
+            for (int r = reps; r < reps + 5; r++)
+                for (int i = 0; i < n; i++) t[i].samples[r] = sample(&t[i]);
+            reps += 5;
+            const double cur = median_of(t[0].samples, reps);
+            if (fabs(cur - prev) <= 0.005 * cur) break;
+            prev = cur;
+        }
+    }
+    *ma = stats_of(t[0].samples, reps);
+    if (b) *mb = stats_of(t[1].samples, reps);
 }
 
-static double measure(op_fn fn, void *ctx)
+/* ---- cold: the L2 flushed before every timed op ---- */
+
+#define FLUSH_BYTES ((size_t)256 << 20)
+static kvhal_buffer *flush_buf;
+static unsigned flush_value;
+
+static void run_flush(void)
 {
-    double t;
-    measure_pair(fn, ctx, NULL, NULL, &t, NULL);
-    return t;
+    CHECK(kvhal_memset(flush_buf, 0, (int)(++flush_value & 0xff), FLUSH_BYTES, NULL));
+}
+
+/* Seconds of n x (flush, fn) back to back, one synchronize at the end (fn NULL: n flushes). */
+static double flushed_run(op_fn fn, void *ctx, long n)
+{
+    CHECK(kvhal_device_synchronize(dev));
+    double t0 = now();
+    for (long i = 0; i < n; i++) {
+        run_flush();
+        if (fn) fn(ctx);
+    }
+    CHECK(kvhal_device_synchronize(dev));
+    return now() - t0;
+}
+
+/* Cold: per round, N x (flush, a), N x (flush), N x (flush, b); an op's sample is its sequence minus the flushes',
+ * over N. N makes a sequence last about a millisecond (at least 1, at most 64). */
+static void measure_cold_pair(op_fn a, void *actx, op_fn b, void *bctx, meas *ma, meas *mb)
+{
+    if (!flush_buf) {
+        CHECK(kvhal_buffer_create(dev, FLUSH_BYTES, &flush_buf));
+        run_flush();
+    }
+    a(actx);
+    if (b) b(bctx);
+    const double tf = flushed_run(NULL, NULL, 1), ta = flushed_run(a, actx, 1) - tf;
+    double tb = b ? flushed_run(b, bctx, 1) - tf : 0;
+    double per = tf + (ta > tb ? ta : tb);
+    long n = (long)(1e-3 / (per > 1e-7 ? per : 1e-7));
+    if (n < 1) n = 1;
+    if (n > 64) n = 64;
+    const int rounds = opt.quick ? 5 : (per > 0.05 ? 5 : 15);
+    double sa[MAX_SAMPLES], sb[MAX_SAMPLES];
+    for (int r = 0; r < rounds; r++) {
+        const double xa = flushed_run(a, actx, n), xf = flushed_run(NULL, NULL, n);
+        const double xb = b ? flushed_run(b, bctx, n) : 0;
+        sa[r] = (xa - xf) / (double)n;
+        sb[r] = (xb - xf) / (double)n;
+        if (sa[r] < 1e-9) sa[r] = 1e-9; /* noise larger than the op: a floor rather than a negative time */
+        if (sb[r] < 1e-9) sb[r] = 1e-9;
+    }
+    *ma = stats_of(sa, rounds);
+    if (b) *mb = stats_of(sb, rounds);
 }
 
 /* ---- memcpy reference ---- */
@@ -185,7 +435,7 @@ static void run_memcpy(void *p)
 static kvhal_buffer *scratch_a, *scratch_b;
 static size_t scratch_size;
 
-static void release_memcpy_scratch(void)
+static void release_scratch(void)
 {
     if (scratch_a) CHECK(kvhal_buffer_destroy(scratch_a));
     if (scratch_b) CHECK(kvhal_buffer_destroy(scratch_b));
@@ -193,23 +443,27 @@ static void release_memcpy_scratch(void)
     scratch_size = 0;
 }
 
-/* Seconds per call of fn, and the GB/s of a d2d copy of bytes (counted as 2 * bytes moved) measured alongside it,
- * with scratch buffers kept between calls. */
-static void measure_vs_memcpy(op_fn fn, void *ctx, size_t bytes, double *seconds, double *ref_gbps)
+/* r->cold and r->warm of fn, each beside a d2d copy of half of r->bytes (read + written = r->bytes) measured in the
+ * same rounds the same way. */
+static void measure_vs_memcpy(op_fn fn, void *ctx, record *r)
 {
-    kvhal_buffer *a = scratch_a, *b = scratch_b;
+    const size_t bytes = (size_t)(r->bytes / 2);
     if (bytes > scratch_size) {
-        release_memcpy_scratch();
-        CHECK(kvhal_buffer_create(dev, bytes, &a));
-        CHECK(kvhal_buffer_create(dev, bytes, &b));
-        CHECK(kvhal_memset(a, 0, 0x3c, bytes, NULL));
-        CHECK(kvhal_memset(b, 0, 0, bytes, NULL));
-        scratch_a = a, scratch_b = b, scratch_size = bytes;
+        release_scratch();
+        CHECK(kvhal_buffer_create(dev, bytes, &scratch_a));
+        CHECK(kvhal_buffer_create(dev, bytes, &scratch_b));
+        CHECK(kvhal_memset(scratch_a, 0, 0x3c, bytes, NULL));
+        CHECK(kvhal_memset(scratch_b, 0, 0, bytes, NULL));
+        scratch_size = bytes;
     }
-    copy_ctx c = {b, a, bytes};
-    double ref;
-    measure_pair(fn, ctx, run_memcpy, &c, seconds, &ref);
-    *ref_gbps = 2.0 * (double)bytes / ref / 1e9;
+    copy_ctx c = {scratch_b, scratch_a, bytes};
+    meas ref;
+    if (cold_on) {
+        measure_cold_pair(fn, ctx, run_memcpy, &c, &r->cold, &ref);
+        r->cold.memcpy_gbps = 2.0 * (double)bytes / ref.p50 / 1e9;
+    }
+    measure_warm_pair(fn, ctx, run_memcpy, &c, &r->warm, &ref);
+    r->warm.memcpy_gbps = 2.0 * (double)bytes / ref.p50 / 1e9;
 }
 
 /* ---- paged caching ---- */
@@ -219,12 +473,14 @@ static void measure_vs_memcpy(op_fn fn, void *ctx, size_t bytes, double *seconds
 typedef struct pc_ctx {
     kvhal_tensor kc, vc, k, v, s;
     float scale;
+    bool mla; /* kvhal_paged_caching_mla(kc, k, v, s): k = kv_c, v = k_pe */
 } pc_ctx;
 
 static void run_paged(void *p)
 {
     pc_ctx *c = p;
-    CHECK(kvhal_paged_caching(&c->kc, &c->vc, &c->k, &c->v, &c->s, c->scale, c->scale, NULL));
+    if (c->mla) CHECK(kvhal_paged_caching_mla(&c->kc, &c->k, &c->v, &c->s, c->scale, NULL));
+    else CHECK(kvhal_paged_caching(&c->kc, &c->vc, &c->k, &c->v, &c->s, c->scale, c->scale, NULL));
 }
 
 static bool want_op(const char *name) { return !opt.op || !strcmp(opt.op, name); }
@@ -238,46 +494,74 @@ static uint64_t rnd(void)
     return rng_state;
 }
 
-/* Slots: the blocks in a random order, each filled from its start, as a serving engine assigns them. */
-static kvhal_buffer *make_slots(int64_t tokens, int64_t num_blocks, bool padding)
+/* i64 slots for `tokens` tokens: a random permutation of all num_slots slots of the cache, its first `tokens`
+ * (an outside harness's worst case: every token lands somewhere else in a large cache); all -1 with padding. */
+static kvhal_buffer *make_slots(int64_t tokens, int64_t num_slots, bool padding)
 {
-    int64_t *blocks = malloc((size_t)num_blocks * sizeof *blocks), *slots = malloc((size_t)tokens * sizeof *slots);
-    if (!blocks || !slots) {
-        fprintf(stderr, "kvhal-bench: out of host memory\n");
-        exit(1);
+    int64_t *all = xmalloc((size_t)num_slots * sizeof *all);
+    for (int64_t i = 0; i < num_slots; i++) all[i] = i;
+    for (int64_t i = num_slots - 1; i > 0; i--) {
+        int64_t j = (int64_t)(rnd() % (uint64_t)(i + 1)), t = all[i];
+        all[i] = all[j], all[j] = t;
     }
-    for (int64_t i = 0; i < num_blocks; i++) blocks[i] = i;
-    for (int64_t i = num_blocks - 1; i > 0; i--) {
-        int64_t j = (int64_t)(rnd() % (uint64_t)(i + 1)), t = blocks[i];
-        blocks[i] = blocks[j], blocks[j] = t;
+    if (opt.block_slots) { /* the blocks in a random order, each filled from its start */
+        const int64_t nb = num_slots / BLOCK;
+        for (int64_t i = 0; i < nb; i++) all[i] = i;
+        for (int64_t i = nb - 1; i > 0; i--) {
+            int64_t j = (int64_t)(rnd() % (uint64_t)(i + 1)), t = all[i];
+            all[i] = all[j], all[j] = t;
+        }
+        for (int64_t t = tokens - 1; t >= 0; t--) all[t] = all[t / BLOCK] * BLOCK + t % BLOCK;
     }
-    for (int64_t t = 0; t < tokens; t++) slots[t] = padding ? -1 : blocks[t / BLOCK] * BLOCK + t % BLOCK;
+    if (padding)
+        for (int64_t t = 0; t < tokens; t++) all[t] = -1;
     kvhal_buffer *b;
-    CHECK(kvhal_buffer_create(dev, (size_t)tokens * sizeof *slots, &b));
-    CHECK(kvhal_memcpy_h2d(b, 0, slots, (size_t)tokens * sizeof *slots, NULL));
-    free(blocks);
-    free(slots);
+    CHECK(kvhal_buffer_create(dev, (size_t)tokens * sizeof *all, &b));
+    CHECK(kvhal_memcpy_h2d(b, 0, all, (size_t)tokens * sizeof *all, NULL));
+    free(all);
     return b;
+}
+
+/* The cache dtypes and scales of a preset's rows: its own dtype, then every fp8 format at the calibrated scale,
+ * and e4m3 at a power of two too (the fast case of a multiply). */
+typedef struct cache_case {
+    kvhal_dtype dt;
+    float scale; /* 0: the input's dtype */
+} cache_case;
+
+static int cache_cases(kvhal_dtype in, cache_case *out)
+{
+    int n = 0;
+    out[n++] = (cache_case){in, 0};
+    out[n++] = (cache_case){KVHAL_FP8_E4M3, 0.5f};
+    out[n++] = (cache_case){KVHAL_FP8_E4M3, opt.scale};
+    if (!opt.quick) {
+        out[n++] = (cache_case){KVHAL_FP8_E5M2, opt.scale};
+        out[n++] = (cache_case){KVHAL_FP8_E4M3FNUZ, opt.scale};
+        out[n++] = (cache_case){KVHAL_FP8_E5M2FNUZ, opt.scale};
+    }
+    return n;
 }
 
 static void bench_paged(const preset *p, int64_t tokens)
 {
-    const int64_t H = p->heads, D = p->dim, nb = (tokens + BLOCK - 1) / BLOCK;
+    const int64_t H = p->heads, D = p->dim, nb = (tokens + BLOCK - 1) / BLOCK * opt.cache_factor;
     const size_t ies = kvhal_dtype_size(p->dtype), elems = (size_t)(tokens * H * D);
-    kvhal_buffer *in, *cache, *slots = make_slots(tokens, nb, false);
+    kvhal_buffer *in, *cache, *slots = make_slots(tokens, nb * BLOCK, false);
     CHECK(kvhal_buffer_create(dev, 2 * elems * ies, &in));
     CHECK(kvhal_memset(in, 0, 0x3c, 2 * elems * ies, NULL)); /* finite normal values in every float format */
     const size_t cache_elems = (size_t)(nb * BLOCK * H * D);
     CHECK(kvhal_buffer_create(dev, 2 * cache_elems * ies, &cache));
     CHECK(kvhal_memset(cache, 0, 0, 2 * cache_elems * ies, NULL));
-    pc_ctx c;
+    pc_ctx c = {0};
     int64_t ish[3] = {tokens, H, D}, ssh[1] = {tokens};
     CHECK(kvhal_tensor_make(in, 0, p->dtype, 3, ish, NULL, &c.k));
     CHECK(kvhal_tensor_make(in, elems * ies, p->dtype, 3, ish, NULL, &c.v));
     CHECK(kvhal_tensor_make(slots, 0, KVHAL_I64, 1, ssh, NULL, &c.s));
-    const kvhal_dtype cdts[2] = {p->dtype, KVHAL_FP8_E4M3};
-    for (int ci = 0; ci < 2; ci++) {
-        const kvhal_dtype cdt = cdts[ci];
+    cache_case cc[8];
+    const int ncc = cache_cases(p->dtype, cc);
+    for (int ci = 0; ci < ncc; ci++) {
+        const kvhal_dtype cdt = cc[ci].dt;
         const size_t ces = kvhal_dtype_size(cdt);
         const double written = 2.0 * (double)elems * (double)ces;
         const double read = 2.0 * (double)elems * (double)ies + (double)tokens * 8;
@@ -293,12 +577,43 @@ static void bench_paged(const preset *p, int64_t tokens)
             } else {
                 c.kc = phys_k, c.vc = phys_v;
             }
-            c.scale = ci ? 0.5f : 1.0f;
-            record r = {.op = "paged_caching", .preset = p->name, .layout = layout ? "HND" : "NHD",
-                        .tokens = tokens, .dtype = p->dtype, .cache_dtype = cdt, .bytes = read + written};
-            measure_vs_memcpy(run_paged, &c, (size_t)((read + written) / 2), &r.seconds, &r.memcpy_gbps);
+            c.scale = cc[ci].scale > 0 ? cc[ci].scale : 1.0f;
+            record r = rec_init("paged_caching", p->name, layout ? "HND" : "NHD", tokens, p->dtype, cdt);
+            r.scale = cc[ci].scale;
+            r.bytes = read + written;
+            measure_vs_memcpy(run_paged, &c, &r);
             emit(&r);
         }
+    }
+    CHECK(kvhal_buffer_destroy(in));
+    CHECK(kvhal_buffer_destroy(cache));
+    CHECK(kvhal_buffer_destroy(slots));
+}
+
+/* MLA rows: 512 latent + 64 rotary dims per token (DeepSeek-V3), bf16 input, kv_c and k_pe as two tensors, into a
+ * bf16 cache and an fp8 e4m3 cache at the calibrated scale. */
+static void bench_mla(int64_t tokens)
+{
+    const int64_t lat = 512, pe = 64, row = lat + pe, nb = (tokens + BLOCK - 1) / BLOCK * opt.cache_factor;
+    kvhal_buffer *in, *cache, *slots = make_slots(tokens, nb * BLOCK, false);
+    CHECK(kvhal_buffer_create(dev, (size_t)(tokens * row) * 2, &in));
+    CHECK(kvhal_memset(in, 0, 0x3c, (size_t)(tokens * row) * 2, NULL));
+    CHECK(kvhal_buffer_create(dev, (size_t)(nb * BLOCK * row) * 2, &cache));
+    CHECK(kvhal_memset(cache, 0, 0, (size_t)(nb * BLOCK * row) * 2, NULL));
+    pc_ctx c = {.mla = true};
+    const int64_t csh[2] = {tokens, lat}, psh[2] = {tokens, pe}, ssh[1] = {tokens}, ksh[3] = {nb, BLOCK, row};
+    CHECK(kvhal_tensor_make(in, 0, KVHAL_BF16, 2, csh, NULL, &c.k));
+    CHECK(kvhal_tensor_make(in, (size_t)(tokens * lat) * 2, KVHAL_BF16, 2, psh, NULL, &c.v));
+    CHECK(kvhal_tensor_make(slots, 0, KVHAL_I64, 1, ssh, NULL, &c.s));
+    const cache_case cc[2] = {{KVHAL_BF16, 0}, {KVHAL_FP8_E4M3, opt.scale}};
+    for (int ci = 0; ci < 2; ci++) {
+        CHECK(kvhal_tensor_make(cache, 0, cc[ci].dt, 3, ksh, NULL, &c.kc));
+        c.scale = cc[ci].scale > 0 ? cc[ci].scale : 1.0f;
+        record r = rec_init("paged_caching_mla", "deepseek-mla", "NHD", tokens, KVHAL_BF16, cc[ci].dt);
+        r.scale = cc[ci].scale;
+        r.bytes = (double)(tokens * row) * (2.0 + (double)kvhal_dtype_size(cc[ci].dt)) + (double)tokens * 8;
+        measure_vs_memcpy(run_paged, &c, &r);
+        emit(&r);
     }
     CHECK(kvhal_buffer_destroy(in));
     CHECK(kvhal_buffer_destroy(cache));
@@ -308,49 +623,51 @@ static void bench_paged(const preset *p, int64_t tokens)
 /* A decode-sized call (256 tokens of the first preset, NHD) for the per-call measurements; slots set by the caller. */
 #define SMALL_TOKENS 256
 
-static void small_call_setup(pc_ctx *c, kvhal_buffer **in, kvhal_buffer **cache)
+static void small_call_setup(pc_ctx *c, kvhal_buffer **in, kvhal_buffer **cache, int64_t tokens, int64_t nb)
 {
     const preset *p = &presets[0];
-    const int64_t H = p->heads, D = p->dim, nb = SMALL_TOKENS / BLOCK;
-    const size_t es = kvhal_dtype_size(p->dtype), elems = (size_t)(SMALL_TOKENS * H * D);
+    const int64_t H = p->heads, D = p->dim;
+    const size_t es = kvhal_dtype_size(p->dtype), elems = (size_t)(tokens * H * D), celems = (size_t)(nb * BLOCK * H * D);
     CHECK(kvhal_buffer_create(dev, 2 * elems * es, in));
     CHECK(kvhal_memset(*in, 0, 0x3c, 2 * elems * es, NULL));
-    CHECK(kvhal_buffer_create(dev, 2 * elems * es, cache));
+    CHECK(kvhal_buffer_create(dev, 2 * celems * es, cache));
     *c = (pc_ctx){.scale = 1.0f};
-    int64_t ish[3] = {SMALL_TOKENS, H, D}, csh[4] = {nb, BLOCK, H, D};
+    int64_t ish[3] = {tokens, H, D}, csh[4] = {nb, BLOCK, H, D};
     CHECK(kvhal_tensor_make(*in, 0, p->dtype, 3, ish, NULL, &c->k));
     CHECK(kvhal_tensor_make(*in, elems * es, p->dtype, 3, ish, NULL, &c->v));
     CHECK(kvhal_tensor_make(*cache, 0, p->dtype, 4, csh, NULL, &c->kc));
-    CHECK(kvhal_tensor_make(*cache, elems * es, p->dtype, 4, csh, NULL, &c->vc));
+    CHECK(kvhal_tensor_make(*cache, celems * es, p->dtype, 4, csh, NULL, &c->vc));
 }
 
-/* Host time of one call at 256 tokens with the descriptor cached: with real slots (on the CPU that includes the
- * copy) and with all-padding slots (validation + dispatch + launch + the slot scan). No synchronisation inside
- * the loop: on a GPU this is the launch cost. */
+/* Decode-sized calls: host time per call (the enqueue, no synchronisation in the loop) and GPU time per call (a
+ * long back-to-back run closed by one synchronize, minus nothing: on a GPU the launches overlap the kernels, so
+ * this is the device's time per call once the queue is full), with real slots; then the host time with all-padding
+ * slots (validation + dispatch + launch + the slot scan). */
 static void bench_host_overhead(void)
 {
     const preset *p = &presets[0];
-    const int64_t tokens = SMALL_TOKENS, nb = tokens / BLOCK, ssh[1] = {tokens};
+    const int64_t tokens = SMALL_TOKENS, nb = tokens / BLOCK * opt.cache_factor, ssh[1] = {tokens};
     kvhal_buffer *in, *cache;
     pc_ctx c;
-    small_call_setup(&c, &in, &cache);
+    small_call_setup(&c, &in, &cache, tokens, nb);
     for (int pad = 0; pad < 2; pad++) {
-        kvhal_buffer *slots = make_slots(tokens, nb, pad);
+        kvhal_buffer *slots = make_slots(tokens, nb * BLOCK, pad);
         CHECK(kvhal_tensor_make(slots, 0, KVHAL_I64, 1, ssh, NULL, &c.s));
         run_paged(&c); /* the descriptor is now cached */
         CHECK(kvhal_device_synchronize(dev));
         const int n = 100, reps = opt.quick ? 11 : 101;
-        double samples[101];
+        double host[MAX_SAMPLES], gpu[MAX_SAMPLES];
         for (int r = 0; r < reps; r++) {
             double t0 = now();
             for (int i = 0; i < n; i++) run_paged(&c);
-            samples[r] = (now() - t0) / n;
+            host[r] = (now() - t0) / n;
             CHECK(kvhal_device_synchronize(dev));
+            gpu[r] = (now() - t0) / n;
         }
-        qsort(samples, (size_t)reps, sizeof samples[0], cmp_double);
-        record rec = {.op = pad ? "host_overhead" : "host_call", .preset = p->name, .layout = "NHD",
-                      .tokens = tokens, .dtype = p->dtype, .cache_dtype = p->dtype, .seconds = samples[reps / 2]};
-        rec.ns = rec.seconds * 1e9;
+        record rec = rec_init(pad ? "host_overhead" : "decode", p->name, "NHD", tokens, p->dtype, p->dtype);
+        const meas h = stats_of(host, reps), g = stats_of(gpu, reps);
+        rec.host_us = h.p50 * 1e6;
+        if (!pad && dev.type != KVHAL_DEVICE_CPU) rec.gpu_us = g.p50 * 1e6;
         emit(&rec);
         CHECK(kvhal_buffer_destroy(slots));
     }
@@ -358,6 +675,56 @@ static void bench_host_overhead(void)
     CHECK(kvhal_buffer_destroy(cache));
 }
 
+/* The serving loop: 512 calls whose token count changes on every call (uniform in 1..512, a fixed sequence) on one
+ * cache, against 512 calls of a fixed count (256): host time per call (enqueue only) and the descriptors the loop
+ * created (descriptor-cache misses of this thread). With descriptors by shape class the changing loop creates one
+ * (its first call) and costs the same per call as the fixed one. */
+static void bench_serving_loop(void)
+{
+    const preset *p = &presets[0];
+    const int64_t maxt = 512, nb = maxt / BLOCK * opt.cache_factor;
+    kvhal_buffer *in, *cache, *slots = make_slots(maxt, nb * BLOCK, false);
+    pc_ctx base;
+    small_call_setup(&base, &in, &cache, maxt, nb);
+    kvhal_op_kind op;
+    CHECK(kvhal_desc_op_find("paged_caching", &op));
+    const int calls = 512, rounds = opt.quick ? 3 : 11;
+    int64_t counts[512];
+    for (int i = 0; i < calls; i++) counts[i] = 1 + (int64_t)(rnd() % (uint64_t)maxt);
+    const preset *pr = p;
+    const size_t es = kvhal_dtype_size(pr->dtype), half = (size_t)(maxt * pr->heads * pr->dim) * es;
+    for (int fixed = 0; fixed < 2; fixed++) {
+        double host[MAX_SAMPLES];
+        kvhal_desc_cache_stats s0, s1;
+        CHECK(kvhal_desc_cache_clear(dev));
+        CHECK(kvhal_device_synchronize(dev));
+        CHECK(kvhal_desc_cache_get_stats(dev, op, &s0));
+        for (int r = 0; r < rounds; r++) {
+            double t = 0;
+            for (int i = 0; i < calls; i++) {
+                const int64_t n = fixed ? 256 : counts[i], ish[3] = {n, pr->heads, pr->dim}, ssh[1] = {n};
+                pc_ctx c = base;
+                double t0 = now();
+                CHECK(kvhal_tensor_make(in, 0, pr->dtype, 3, ish, NULL, &c.k));
+                CHECK(kvhal_tensor_make(in, half, pr->dtype, 3, ish, NULL, &c.v));
+                CHECK(kvhal_tensor_make(slots, 0, KVHAL_I64, 1, ssh, NULL, &c.s));
+                run_paged(&c);
+                t += now() - t0;
+            }
+            CHECK(kvhal_device_synchronize(dev));
+            host[r] = t / calls;
+        }
+        CHECK(kvhal_desc_cache_get_stats(dev, op, &s1));
+        record rec = rec_init(fixed ? "fixed_loop" : "serving_loop", pr->name, "NHD", fixed ? 256 : maxt, pr->dtype,
+                              pr->dtype);
+        rec.host_us = stats_of(host, rounds).p50 * 1e6;
+        rec.descriptors_created = (int64_t)(s1.misses - s0.misses);
+        emit(&rec);
+    }
+    CHECK(kvhal_buffer_destroy(in));
+    CHECK(kvhal_buffer_destroy(cache));
+    CHECK(kvhal_buffer_destroy(slots));
+}
 /* ---- first call versus cached call ---- */
 
 /* Time to completion of the very first paged-caching call of the process (descriptor creation: on OpenCL that
@@ -367,20 +734,19 @@ static void bench_first_call(void)
 {
     const preset *p = &presets[0];
     const int64_t tokens = SMALL_TOKENS, ssh[1] = {tokens};
-    kvhal_buffer *in, *cache, *slots = make_slots(tokens, tokens / BLOCK, false);
+    kvhal_buffer *in, *cache, *slots = make_slots(tokens, tokens, false);
     pc_ctx c;
-    small_call_setup(&c, &in, &cache);
+    small_call_setup(&c, &in, &cache, tokens, tokens / BLOCK);
     CHECK(kvhal_tensor_make(slots, 0, KVHAL_I64, 1, ssh, NULL, &c.s));
     CHECK(kvhal_device_synchronize(dev));
     double t0 = now();
     run_paged(&c);
     CHECK(kvhal_device_synchronize(dev));
-    record first = {.op = "first_call", .preset = p->name, .layout = "NHD", .tokens = tokens, .dtype = p->dtype,
-                    .cache_dtype = p->dtype, .seconds = now() - t0};
+    record first = rec_init("first_call", p->name, "NHD", tokens, p->dtype, p->dtype);
+    first.host_us = (now() - t0) * 1e6; /* to completion */
     emit(&first);
-    record cached = first;
-    cached.op = "cached_call";
-    cached.seconds = measure(run_paged, &c);
+    record cached = rec_init("cached_call", p->name, "NHD", tokens, p->dtype, p->dtype);
+    measure_warm_pair(run_paged, &c, NULL, NULL, &cached.warm, NULL);
     emit(&cached);
     CHECK(kvhal_buffer_destroy(in));
     CHECK(kvhal_buffer_destroy(cache));
@@ -412,9 +778,9 @@ static void bench_duplicate(void)
     dup_ctx c = {.len = len};
     CHECK(kvhal_kv_cache_create(&cfg, &c.src));
     const double bytes = 2.0 * layers * (double)len * heads * dim * 2; /* K and V of every layer */
-    record r = {.op = "duplicate", .preset = "32x8x128", .layout = "-", .tokens = len, .dtype = KVHAL_F16,
-                .cache_dtype = KVHAL_F16, .bytes = 2 * bytes};
-    measure_vs_memcpy(run_duplicate, &c, (size_t)bytes, &r.seconds, &r.memcpy_gbps);
+    record r = rec_init("duplicate", "32x8x128", "-", len, KVHAL_F16, KVHAL_F16);
+    r.bytes = 2 * bytes;
+    measure_vs_memcpy(run_duplicate, &c, &r);
     emit(&r);
     CHECK(kvhal_kv_cache_destroy(c.src));
 }
@@ -446,10 +812,10 @@ static void bench_copy_blocks(void)
         CHECK(kvhal_paged_cache_create(&cfg, &c.c));
         for (int32_t i = 0; i < pairs; i++) c.pairs[2 * i] = 2 * i, c.pairs[2 * i + 1] = 2 * i + 1;
         const double bytes = block_all * pairs;
-        record r = {.op = "copy_blocks", .preset = order ? "page-first" : "layer-first", .layout = "NHD",
-                    .tokens = (int64_t)pairs * BLOCK, .dtype = KVHAL_BF16, .cache_dtype = KVHAL_BF16,
-                    .bytes = 2 * bytes};
-        measure_vs_memcpy(run_copy_blocks, &c, (size_t)bytes, &r.seconds, &r.memcpy_gbps);
+        record r = rec_init("copy_blocks", order ? "page-first" : "layer-first", "NHD", (int64_t)pairs * BLOCK,
+                            KVHAL_BF16, KVHAL_BF16);
+        r.bytes = 2 * bytes;
+        measure_vs_memcpy(run_copy_blocks, &c, &r);
         emit(&r);
         CHECK(kvhal_paged_cache_destroy(c.c));
     }
@@ -491,16 +857,13 @@ static void bench_desc_cache(void)
             void *d = NULL;
             for (long i = 0; i < n; i++) {
                 if (kvhal_desc_cache_get(dev, &key, &d) != KVHAL_OK || d != &token) {
-                    fprintf(stderr, "kvhal-bench: descriptor cache miss on a cached key\n");
-                    exit(1);
+                    fail_run(KVHAL_INTERNAL, "kvhal_desc_cache_get", "a miss on a cached key");
                 }
             }
             samples[r] = (now() - t0) / (double)n;
         }
-        qsort(samples, (size_t)reps, sizeof samples[0], cmp_double);
-        record rec = {.op = "desc_cache_hit", .preset = s ? "32 words" : "8 words", .layout = "-",
-                      .dtype = KVHAL_I64, .cache_dtype = KVHAL_I64, .seconds = samples[reps / 2],
-                      .ns = samples[reps / 2] * 1e9};
+        record rec = rec_init("desc_cache_hit", s ? "32 words" : "8 words", "-", 0, KVHAL_I64, KVHAL_I64);
+        rec.ns = stats_of(samples, reps).p50 * 1e9;
         emit(&rec);
     }
     CHECK(kvhal_desc_cache_clear(dev));
@@ -510,89 +873,132 @@ static void bench_desc_cache(void)
 
 static void usage(void)
 {
-    printf("usage: kvhal-bench [--quick] [--json] [--preset NAME] [--tokens N[,N...]] [--op NAME]\n"
-           "  --preset   llama3-8b (8 kv heads x 128, bf16), llama2-7b (32 x 128, f16), small (2 x 64, f32)\n"
-           "  --tokens   paged-caching token counts (default 256,8192,65536; --quick: 256,8192)\n"
-           "  --op       paged_caching | duplicate | copy_blocks | desc_cache | host_overhead | first_call\n"
-           "  --quick    fewer sizes and samples (CI smoke run)\n"
-           "  --json     a JSON list of records instead of the table\n"
-           "Runs on the device KVHAL_DEVICE selects (default cpu:0).\n");
+    printf("usage: " TOOL " [options]\n"
+           "Bandwidth of kvhal's ops against the same device's memcpy, on the device KVHAL_DEVICE (or --device)\n"
+           "selects (default cpu:0).\n"
+           "  --device=DEV          cpu, cuda:0, opencl:1, ... (default: KVHAL_DEVICE)\n"
+           "  --op=NAME             paged_caching | mla | serving_loop | decode | duplicate | copy_blocks |\n"
+           "                        desc_cache | first_call (default: all)\n"
+           "  --preset=NAME         llama3-8b (8 kv heads x 128, bf16), llama2-7b (32 x 128, f16), small (2 x 64, f32)\n"
+           "  --tokens=N[,N...]     paged-caching token counts (default 256,8192,65536; --quick: 256,8192)\n"
+           "  --scale=S             the calibrated fp8 scale of the fp8 rows (default 0.37; 0.5 rows always run)\n"
+           "  --cache-factor=N      cache slots per token of the paged rows, slots a random permutation (default 4)\n"
+           "  --slots=KIND          permutation (default: single slots drawn over the whole cache) or blocks\n"
+           "                        (whole blocks in random order, each filled from its start)\n"
+           "  --no-cold             skip the cold column (L2 flushed before each op; never measured on the CPU)\n"
+           "  --quick               fewer sizes, formats and samples (CI smoke run)\n"
+           "  --json                one JSON object (figures not measured are null)\n"
+           "  --help, --version\n"
+           "Exit status: 0 done, 1 a call failed, 2 usage error.\n");
 }
+
+#define USAGE_ERROR(fmt, arg) (fprintf(stderr, TOOL ": error: " fmt " (see --help)\n", arg), 2)
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--quick")) opt.quick = true;
-        else if (!strcmp(a, "--json")) opt.json = true;
-        else if (!strcmp(a, "--preset") && i + 1 < argc) opt.preset = argv[++i];
-        else if (!strcmp(a, "--op") && i + 1 < argc) opt.op = argv[++i];
-        else if (!strcmp(a, "--tokens") && i + 1 < argc) {
-            char *s = argv[++i], *end;
-            while (*s && opt.ntokens < 8) {
+    enum { O_QUICK = 256, O_JSON, O_PRESET, O_OP, O_TOKENS, O_DEVICE, O_SCALE, O_FACTOR, O_SLOTS, O_NO_COLD, O_HELP, O_VERSION };
+    static const struct option longs[] = {
+        {"quick", no_argument, NULL, O_QUICK},         {"json", no_argument, NULL, O_JSON},
+        {"preset", required_argument, NULL, O_PRESET}, {"op", required_argument, NULL, O_OP},
+        {"tokens", required_argument, NULL, O_TOKENS}, {"device", required_argument, NULL, O_DEVICE},
+        {"scale", required_argument, NULL, O_SCALE},   {"cache-factor", required_argument, NULL, O_FACTOR},
+        {"no-cold", no_argument, NULL, O_NO_COLD},     {"slots", required_argument, NULL, O_SLOTS},     {"help", no_argument, NULL, O_HELP},
+        {"version", no_argument, NULL, O_VERSION},     {NULL, 0, NULL, 0}};
+    static const char *ops[] = {"paged_caching", "mla", "serving_loop", "decode", "duplicate", "copy_blocks",
+                                "desc_cache", "first_call"};
+    int c;
+    char *end;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+        switch (c) {
+        case O_QUICK: opt.quick = true; break;
+        case O_JSON: opt.json = true; break;
+        case O_NO_COLD: opt.no_cold = true; break;
+        case O_DEVICE: opt.device = optarg; break;
+        case O_PRESET: {
+            bool ok = false;
+            for (int i = 0; i < NUM_PRESETS; i++) ok |= !strcmp(optarg, presets[i].name);
+            if (!ok) return USAGE_ERROR("--preset: unknown preset '%s'", optarg);
+            opt.preset = optarg;
+            break;
+        }
+        case O_OP: {
+            bool ok = false;
+            for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) ok |= !strcmp(optarg, ops[i]);
+            if (!ok) return USAGE_ERROR("--op: unknown op '%s'", optarg);
+            opt.op = optarg;
+            break;
+        }
+        case O_SCALE: {
+            const float s = strtof(optarg, &end);
+            if (*end || !(s > 0.0f) || !isfinite(s)) return USAGE_ERROR("--scale: '%s' is not a finite scale > 0", optarg);
+            opt.scale = s;
+            break;
+        }
+        case O_FACTOR: {
+            const long f = strtol(optarg, &end, 10);
+            if (*end || f < 1 || f > 64) return USAGE_ERROR("--cache-factor: '%s' is not in 1..64", optarg);
+            opt.cache_factor = (int)f;
+            break;
+        }
+        case O_SLOTS:
+            if (strcmp(optarg, "permutation") && strcmp(optarg, "blocks"))
+                return USAGE_ERROR("--slots: '%s' is not permutation or blocks", optarg);
+            opt.block_slots = !strcmp(optarg, "blocks");
+            break;
+        case O_TOKENS: {
+            const char *s = optarg;
+            opt.ntokens = 0;
+            while (*s) {
                 long long v = strtoll(s, &end, 10);
-                if (end == s || v < 1 || v > ((int64_t)1 << 30)) {
-                    fprintf(stderr, "kvhal-bench: --tokens: '%s' is not a list of counts in [1, 2^30]\n", argv[i]);
-                    return 2;
-                }
+                if (end == s || v < 1 || v > ((int64_t)1 << 30) || opt.ntokens == 8 || (*end && *end != ','))
+                    return USAGE_ERROR("--tokens: '%s' is not a list of up to 8 counts in [1, 2^30]", optarg);
                 opt.tokens[opt.ntokens++] = v;
                 s = *end == ',' ? end + 1 : end;
-                if (*end && *end != ',') {
-                    fprintf(stderr, "kvhal-bench: --tokens: unexpected '%s'\n", end);
-                    return 2;
-                }
             }
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
-            return 0;
-        } else {
-            fprintf(stderr, "kvhal-bench: unknown or incomplete argument '%s'\n", a);
-            usage();
-            return 2;
+            if (opt.ntokens == 0) return USAGE_ERROR("--tokens: '%s' is empty", optarg);
+            break;
+        }
+        case O_HELP: usage(); return 0;
+        case O_VERSION: printf(TOOL " %s\n", KVHAL_PROJECT_VERSION); return 0;
+        default: return USAGE_ERROR("unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
-    static const char *ops[] = {"paged_caching", "duplicate", "copy_blocks", "desc_cache", "host_overhead",
-                                "first_call"};
-    if (opt.op) {
-        bool ok = false;
-        for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) ok |= !strcmp(opt.op, ops[i]);
-        if (!ok) {
-            fprintf(stderr, "kvhal-bench: --op: unknown op '%s'\n", opt.op);
-            return 2;
-        }
-    }
-    if (opt.preset) {
-        bool ok = false;
-        for (int i = 0; i < NUM_PRESETS; i++) ok |= !strcmp(opt.preset, presets[i].name);
-        if (!ok) {
-            fprintf(stderr, "kvhal-bench: --preset: unknown preset '%s'\n", opt.preset);
-            return 2;
-        }
-    }
+    if (optind < argc) return USAGE_ERROR("unexpected argument '%s'", argv[optind]);
     if (opt.ntokens == 0) {
         opt.tokens[opt.ntokens++] = 256;
         opt.tokens[opt.ntokens++] = 8192;
         if (!opt.quick) opt.tokens[opt.ntokens++] = 65536;
     }
-    if (kvhal_device_default(&dev) != KVHAL_OK) {
-        fprintf(stderr, "kvhal-bench: KVHAL_DEVICE: %s\n", kvhal_last_error());
-        return 1;
-    }
+    if (opt.device) CHECK(kvhal_device_parse(opt.device, &dev));
+    else CHECK(kvhal_device_default(&dev));
     CHECK(kvhal_device_format(dev, dev_name, sizeof dev_name));
     kvhal_device_info info;
     CHECK(kvhal_device_get_info(dev, &info));
-    if (!opt.json) printf("kvhal-bench on %s: %s (%s)\n", dev_name, info.name, info.platform);
+    cold_on = !opt.no_cold && dev.type != KVHAL_DEVICE_CPU;
+    if (!opt.json) printf(TOOL " %s on %s: %s (%s)\n", KVHAL_PROJECT_VERSION, dev_name, info.name, info.platform);
 
     if (want_op("first_call")) bench_first_call(); /* first: nothing may have built its metadata yet */
     if (want_op("paged_caching"))
         for (int p = 0; p < NUM_PRESETS; p++)
             if (!opt.preset || !strcmp(opt.preset, presets[p].name))
                 for (int t = 0; t < opt.ntokens; t++) bench_paged(&presets[p], opt.tokens[t]);
-    if (want_op("host_overhead")) bench_host_overhead();
+    if (want_op("mla"))
+        for (int t = 0; t < opt.ntokens; t++) bench_mla(opt.tokens[t]);
+    if (want_op("serving_loop")) bench_serving_loop();
+    if (want_op("decode")) bench_host_overhead();
     if (want_op("duplicate")) bench_duplicate();
     if (want_op("copy_blocks")) bench_copy_blocks();
     if (want_op("desc_cache")) bench_desc_cache();
-    release_memcpy_scratch();
-    if (opt.json) printf("%s\n", nrecords ? "\n]" : "[]");
+    release_scratch();
+    if (flush_buf) CHECK(kvhal_buffer_destroy(flush_buf));
+    if (opt.json) {
+        printf("{\"tool\": \"" TOOL "\", \"version\": \"%s\", \"ok\": true, \"device\": \"%s\", \"device_name\": \"",
+               KVHAL_PROJECT_VERSION, dev_name);
+        for (const char *p = info.name; *p; p++)
+            if ((unsigned char)*p >= 0x20) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+        printf("\", \"cold_measured\": %s, \"records\": [%s\n]}\n", cold_on ? "true" : "false", jbuf ? jbuf : "");
+    }
+    free(jbuf);
     return 0;
 }

@@ -74,4 +74,23 @@ static inline uint8_t kvhal__f32_to_fp8_e5m2(float x)
     return kvhal__f32_to_fp8_impl(x, 2, 15, 0x47600000u /* 57344 */, 0x7bu, 128.0f);
 }
 
+/* AMD's fnuz formats: bias one more, the largest finite code 0x7f, 0x80 is the one NaN and there is no negative
+ * zero (a result that rounds to zero is 0x00). */
+static inline uint8_t kvhal__f32_to_fp8_fnuz(float x, int m, int bias, uint32_t max_bits, float magic)
+{
+    const uint32_t a = kvhal__f32_bits(x) & 0x7fffffffu;
+    const uint8_t c = kvhal__f32_to_fp8_impl(x, m, bias, max_bits, 0x7fu, magic);
+    return a > 0x7f800000u ? 0x80u : (c & 0x7fu) == 0 ? 0u : c;
+}
+
+static inline uint8_t kvhal__f32_to_fp8_e4m3fnuz(float x)
+{
+    return kvhal__f32_to_fp8_fnuz(x, 3, 8, 0x43700000u /* 240 */, 8192.0f);
+}
+
+static inline uint8_t kvhal__f32_to_fp8_e5m2fnuz(float x)
+{
+    return kvhal__f32_to_fp8_fnuz(x, 2, 16, 0x47600000u /* 57344 */, 64.0f);
+}
+
 #endif

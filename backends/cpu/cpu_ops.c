@@ -211,9 +211,38 @@ static inline void encode4(uint8_t *dst, __m128 x, int m, int bias, uint32_t max
         }                                                                                                       \
     } while (0)
 
+/* AMD's fnuz formats: the scalar loop (the SSE encoder knows the OCP formats only). */
+#define CONVERT_LOOP_SCALAR(LOAD, ENCODE)                                                                       \
+    do {                                                                                                        \
+        for (int64_t i = 0; i < n; i++) dst[i * ds] = ENCODE(LOAD(src, i * ss) / scale);                        \
+    } while (0)
+
+static void convert_row_fnuz(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in, bool e4m3,
+                             float scale, int64_t n)
+{
+    switch (in) {
+    case KVHAL_F32:
+        if (e4m3) CONVERT_LOOP_SCALAR(load_f32, kvhal__f32_to_fp8_e4m3fnuz);
+        else CONVERT_LOOP_SCALAR(load_f32, kvhal__f32_to_fp8_e5m2fnuz);
+        break;
+    case KVHAL_F16:
+        if (e4m3) CONVERT_LOOP_SCALAR(load_f16, kvhal__f32_to_fp8_e4m3fnuz);
+        else CONVERT_LOOP_SCALAR(load_f16, kvhal__f32_to_fp8_e5m2fnuz);
+        break;
+    default:
+        if (e4m3) CONVERT_LOOP_SCALAR(load_bf16, kvhal__f32_to_fp8_e4m3fnuz);
+        else CONVERT_LOOP_SCALAR(load_bf16, kvhal__f32_to_fp8_e5m2fnuz);
+        break;
+    }
+}
+
 static void convert_row(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in, kvhal_dtype out,
                         float scale, int64_t n)
 {
+    if (out == KVHAL_FP8_E4M3FNUZ || out == KVHAL_FP8_E5M2FNUZ) {
+        convert_row_fnuz(dst, ds, src, ss, in, out == KVHAL_FP8_E4M3FNUZ, scale, n);
+        return;
+    }
     const bool e4m3 = out == KVHAL_FP8_E4M3;
     switch (in) {
     case KVHAL_F32:

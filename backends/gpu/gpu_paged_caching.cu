@@ -43,8 +43,8 @@ void resolve_driver_fn(const Ctx *c, int32_t id, PagedLaunch *l)
 
 struct PagedDesc {
     PagedParams pv, ps;                           /* vector and scalar templates (unit strides, divisors) */
-    PagedLaunch vec_mul, vec_div, sc_mul, sc_div;
-    uint32_t threads_v, threads_s;
+    bool fast32_shape; /* num_slots and seq_len allow 32-bit divisions; the token count decides per call */
+    PagedLaunch vec[3], sc[3];                    /* by scale mode (SM_MUL, SM_RCP, SM_DIV); one for copies */
     uint32_t out_align; /* bytes the cache bases need on the vector path (inputs need 16) */
     bool vec_ok, fp8;   /* fp8: the kernels convert to the fp8 cache with the call's scales */
 };
@@ -57,26 +57,38 @@ int kdt(kvhal_dtype d)
     case KVHAL_BF16: return DT_BF16;
     case KVHAL_FP8_E4M3: return DT_E4M3;
     case KVHAL_FP8_E5M2: return DT_E5M2;
+    case KVHAL_FP8_E4M3FNUZ: return DT_E4M3FNUZ;
+    case KVHAL_FP8_E5M2FNUZ: return DT_E5M2FNUZ;
     default: return -1;
     }
 }
 
-template <int IN, int OUT, bool DIV> PagedLaunch fp8_launcher(bool vec)
+template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher(bool vec)
 {
-    return vec ? paged_launcher<XFp8Vec<IN, OUT, DIV>>() : paged_launcher<XFp8Scalar<IN, OUT, DIV>>();
+    return vec ? paged_launcher<XFp8Vec<IN, OUT, MODE>>() : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
-template <int IN, bool DIV> PagedLaunch fp8_launcher_out(int out, bool vec)
+template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher_sw(bool vec)
 {
-    return out == DT_E4M3 ? fp8_launcher<IN, DT_E4M3, DIV>(vec) : fp8_launcher<IN, DT_E5M2, DIV>(vec);
+    return vec ? paged_launcher<XFp8VecSw<IN, OUT, MODE>>() : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
-template <bool DIV> PagedLaunch fp8_launcher_in(int in, int out, bool vec)
+template <int IN, int MODE> PagedLaunch fp8_launcher_out(int out, bool vec)
+{
+    switch (out) {
+    case DT_E4M3: return fp8_launcher<IN, DT_E4M3, MODE>(vec);
+    case DT_E5M2: return fp8_launcher<IN, DT_E5M2, MODE>(vec);
+    case DT_E4M3FNUZ: return fp8_launcher_sw<IN, DT_E4M3FNUZ, MODE>(vec);
+    default: return fp8_launcher_sw<IN, DT_E5M2FNUZ, MODE>(vec);
+    }
+}
+
+template <int MODE> PagedLaunch fp8_launcher_in(int in, int out, bool vec)
 {
     switch (in) {
-    case DT_F32: return fp8_launcher_out<DT_F32, DIV>(out, vec);
-    case DT_F16: return fp8_launcher_out<DT_F16, DIV>(out, vec);
-    default: return fp8_launcher_out<DT_BF16, DIV>(out, vec);
+    case DT_F32: return fp8_launcher_out<DT_F32, MODE>(out, vec);
+    case DT_F16: return fp8_launcher_out<DT_F16, MODE>(out, vec);
+    default: return fp8_launcher_out<DT_BF16, MODE>(out, vec);
     }
 }
 
@@ -100,7 +112,8 @@ bool build_side(const kvhal_bk_paged_side *s, const kvhal_bk_paged_caching *a, i
                                      s->cache_head_stride == hd * s->cache_dim_stride);
     const int64_t eh = fold ? 1 : heads, ed = fold ? heads * hd : hd; /* heads and elements per head, as walked */
     int64_t tok_outer = a->batched ? s->tok_stride_outer : 0;
-    int64_t tok_inner = (a->seq_len > 1 && a->num_tokens > 1) ? s->tok_stride_inner : 0;
+    /* count-independent (the descriptor serves every token count): a flat call's inner stride always counts */
+    int64_t tok_inner = (!a->batched || a->seq_len > 1) ? s->tok_stride_inner : 0;
     int64_t in_head = eh > 1 ? s->in_head_stride : 0, cache_head = eh > 1 ? s->cache_head_stride : 0;
     int64_t block_stride = a->num_blocks > 1 ? s->block_stride : 0;
     int64_t offset_stride = a->block_size > 1 ? s->offset_stride : 0;
@@ -125,6 +138,7 @@ bool build_side(const kvhal_bk_paged_side *s, const kvhal_bk_paged_caching *a, i
     o->in_head = in_head;
     o->in_dim = in_dim;
     o->scale = 1.0f;
+    o->inv = 1.0f;
     o->row_units = (uint32_t)row;
     o->div_row = kvhal_fastdiv32_make((uint32_t)row);
     o->div_head = kvhal_fastdiv32_make((uint32_t)uph);
@@ -168,39 +182,38 @@ void paged_build(const Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Page
     base.slot64 = a->slot_dtype == KVHAL_I64;
     base.batched = a->batched;
     /* block_size is an int32_t, so within fastdiv32's divisor range (<= 2^31) */
-    base.fast32 = base.num_slots <= (int64_t)UINT32_MAX && a->num_tokens <= (int64_t)UINT32_MAX &&
-                  a->seq_len <= ((int64_t)1 << 31);
-    if (base.fast32) {
+    /* a flat call's seq_len is its token count, which the kernel never divides by (batched is 0) */
+    d->fast32_shape = base.num_slots <= (int64_t)UINT32_MAX && (!a->batched || a->seq_len <= ((int64_t)1 << 31));
+    if (d->fast32_shape) {
         base.div_bs = kvhal_fastdiv32_make((uint32_t)a->block_size);
-        base.div_seq = kvhal_fastdiv32_make((uint32_t)a->seq_len);
+        base.div_seq = kvhal_fastdiv32_make(a->batched ? (uint32_t)a->seq_len : 1u);
     }
     base.err = c->dev[id].dflag;
-    const int sm = c->dev[id].sm_count;
 
     d->ps = base;
     (void)build_side(&a->k, a, 1, &d->ps.k);
     (void)build_side(&a->v, a, 1, &d->ps.v);
-    paged_geometry(&d->ps, sm, &d->threads_s);
 
     const int64_t vec = 16 / (int64_t)es; /* elements per 16 input bytes */
     d->pv = base;
     d->vec_ok = build_side(&a->k, a, vec, &d->pv.k) && build_side(&a->v, a, vec, &d->pv.v);
-    if (d->vec_ok) paged_geometry(&d->pv, sm, &d->threads_v);
     d->out_align = (uint32_t)(vec * (int64_t)out_es);
 
     if (same) {
-        d->sc_mul = d->sc_div = copy_launcher(es, false);
-        d->vec_mul = d->vec_div = copy_launcher(es, true);
+        d->sc[SM_MUL] = copy_launcher(es, false);
+        d->vec[SM_MUL] = copy_launcher(es, true);
     } else {
-        d->sc_mul = fp8_launcher_in<false>(in, out, false);
-        d->sc_div = fp8_launcher_in<true>(in, out, false);
-        d->vec_mul = fp8_launcher_in<false>(in, out, true);
-        d->vec_div = fp8_launcher_in<true>(in, out, true);
+        d->sc[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, false);
+        d->sc[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, false);
+        d->sc[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, false);
+        d->vec[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, true);
+        d->vec[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, true);
+        d->vec[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, true);
     }
-    resolve_driver_fn(c, id, &d->vec_mul);
-    resolve_driver_fn(c, id, &d->vec_div);
-    resolve_driver_fn(c, id, &d->sc_mul);
-    resolve_driver_fn(c, id, &d->sc_div);
+    for (int m = 0; m < (same ? 1 : 3); m++) {
+        resolve_driver_fn(c, id, &d->vec[m]);
+        resolve_driver_fn(c, id, &d->sc[m]);
+    }
 }
 
 } // namespace
@@ -267,25 +280,30 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     const char *vi = static_cast<const char *>(a->v.input) + a->v.input_offset;
     const bool vec = d->vec_ok && (((uintptr_t)ki | (uintptr_t)vi) & 15u) == 0 &&
                      (((uintptr_t)kc | (uintptr_t)vc) % d->out_align) == 0;
-    const bool div = d->fp8 && !(kvhal_gpu_scale_is_pow2(a->k.scale) && kvhal_gpu_scale_is_pow2(a->v.scale));
+    const int mode = d->fp8 ? kvhal_gpu_scale_mode(a->k.scale, a->v.scale) : SM_MUL;
     PagedParams p = vec ? d->pv : d->ps;
     p.k.cache = kc;
     p.v.cache = vc;
     p.k.input = ki;
     p.v.input = vi;
     if (d->fp8) {
-        p.k.scale = div ? a->k.scale : 1.0f / a->k.scale;
-        p.v.scale = div ? a->v.scale : 1.0f / a->v.scale;
+        p.k.scale = a->k.scale;
+        p.k.inv = 1.0f / a->k.scale;
+        p.v.scale = a->v.scale;
+        p.v.inv = 1.0f / a->v.scale;
     }
     p.slots = static_cast<const char *>(a->slots) + a->slots_offset;
     p.num_tokens = a->num_tokens;
+    p.seq_len = a->seq_len;
+    p.fast32 = d->fast32_shape && a->num_tokens <= (int64_t)UINT32_MAX;
+    uint32_t threads;
+    paged_geometry(&p, c->dev[id].sm_count, &threads); /* tokens per block follow the call's token count */
     /* depends on the path (tokens per block), which depends on the call's addresses: checked here, not in
      * paged_caching_supports */
     const int64_t grid = (a->num_tokens + p.tpc - 1) / p.tpc;
     if (grid > 0x7fffffff)
         return fail(c, KVHAL_UNSUPPORTED, "num_tokens: %lld is too many for one launch", (long long)a->num_tokens);
-    const PagedLaunch &run = vec ? (div ? d->vec_div : d->vec_mul) : (div ? d->sc_div : d->sc_mul);
-    const uint32_t threads = vec ? d->threads_v : d->threads_s;
+    const PagedLaunch &run = vec ? d->vec[mode] : d->sc[mode];
 #if !defined(KVHAL_GPU_HIP)
     if (run.fn) {
         void *args[] = {static_cast<void *>(&p)};

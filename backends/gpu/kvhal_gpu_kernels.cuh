@@ -46,7 +46,8 @@ namespace kvhal_gpu {
 #define KVHAL_GPU_ERR_BLOCK 1 /* copy_blocks: a block id outside [0, num_blocks) was skipped */
 #define KVHAL_GPU_ERR_BYTES 8
 
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4 };
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4, DT_E4M3FNUZ = 5, DT_E5M2FNUZ = 6 };
+#define KVHAL_GPU_FNUZ(OUT) ((OUT) == DT_E4M3FNUZ || (OUT) == DT_E5M2FNUZ)
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Element transforms of the paged-caching kernel: In is what one load reads, Out what one store writes.        */
@@ -54,7 +55,7 @@ enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4 };
 template <typename T> struct XCopy {
     typedef T In;
     typedef T Out;
-    static __device__ __forceinline__ Out apply(const In &v, float) { return v; }
+    static __device__ __forceinline__ Out apply(const In &v, float, float) { return v; }
 };
 
 template <int IN> __device__ __forceinline__ float load_elem(uint32_t bits)
@@ -62,8 +63,15 @@ template <int IN> __device__ __forceinline__ float load_elem(uint32_t bits)
     return IN == DT_F16 ? KVHAL_GPU_HALF_TO_FLOAT(bits) : kvhal_gpu_bf16_to_f32(bits);
 }
 
-/* DIV: x / s (the exact reference); otherwise x * s where s is 1/scale of a power-of-two scale (bit-identical). */
-template <bool DIV> __device__ __forceinline__ float scaled(float x, float s) { return DIV ? x / s : x * s; }
+/* The quotient x / s as the reference's IEEE division gives it, inv = 1/s rounded by the host. MODE (per call, from
+ * kvhal_gpu_scale_mode): SM_MUL x * inv, exact for a power-of-two s; SM_RCP the reciprocal with one fma correction
+ * (kvhal_gpu_quot_rcp: the same bits for every quotient fp8 can tell apart, a NaN where the quotient overflows, which
+ * the callers saturate); SM_DIV the division itself, for scales outside the reciprocal's proven range. */
+enum { SM_MUL = 0, SM_RCP = 1, SM_DIV = 2 };
+template <int MODE> __device__ __forceinline__ float scaled(float x, float s, float inv)
+{
+    return MODE == SM_MUL ? x * inv : MODE == SM_RCP ? kvhal_gpu_quot_rcp(x, s, inv) : x / s;
+}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(__HIP_PLATFORM_AMD__)
 /* sm_89 and later convert f32 to fp8 in hardware, rounding to nearest even with saturation (cvt.rn.satfinite), which
@@ -107,10 +115,14 @@ template <int OUT> __device__ __forceinline__ uint32_t fp8_nan_bytes(uint32_t c)
     return (m >> 7) * 0xffu;
 }
 
-/* NaN bytes (mask n) of c become sign | 0x7f, the sign bits (bit 7 of each byte) taken from the input. */
-__device__ __forceinline__ uint32_t fp8_fix_nan(uint32_t c, uint32_t n, uint32_t sign)
+/* NaN bytes (mask n) of c become sign | 0x7f where the input was NaN (mask in_nan), else sign | the largest finite
+ * code (a quotient that overflowed to NaN in SM_RCP: it saturates); the sign bits (bit 7 of each byte) come from
+ * the input. */
+template <int OUT>
+__device__ __forceinline__ uint32_t fp8_fix_nan(uint32_t c, uint32_t n, uint32_t sign, uint32_t in_nan)
 {
-    return (c & ~n) | (n & (0x7f7f7f7fu | sign));
+    const uint32_t max4 = OUT == DT_E4M3 ? 0x7e7e7e7eu : 0x7b7b7b7bu;
+    return (c & ~n) | (n & in_nan & (0x7f7f7f7fu | sign)) | (n & ~in_nan & (max4 | sign));
 }
 #endif
 
@@ -118,34 +130,45 @@ __device__ __forceinline__ uint32_t fp8_fix_nan(uint32_t c, uint32_t n, uint32_t
 template <int OUT> __device__ __forceinline__ uint32_t fp8_mag_nonneg(float y)
 {
     const uint32_t a = kvhal_gpu_f32_bits(y);
-    return OUT == DT_E4M3 ? kvhal_gpu_e4m3_mag_bits(a) : kvhal_gpu_e5m2_mag_bits(a);
+    return OUT == DT_E4M3       ? kvhal_gpu_e4m3_mag_bits(a)
+           : OUT == DT_E5M2     ? kvhal_gpu_e5m2_mag_bits(a)
+           : OUT == DT_E4M3FNUZ ? kvhal_gpu_e4m3fnuz_mag_bits(a)
+                                : kvhal_gpu_e5m2fnuz_mag_bits(a);
 }
 
-template <int OUT> __device__ __forceinline__ uint32_t fp8_full(float y)
+/* The code of x / s: sign and NaN from x (s > 0), the magnitude from |x| / s. A NaN quotient of a non-NaN |x| (an
+ * overflow in SM_RCP) becomes the largest finite code, as both magnitude conversions clamp NaN. */
+template <int OUT, int MODE> __device__ __forceinline__ uint32_t fp8_full(float x, float s, float inv)
 {
-#ifdef KVHAL_GPU_HW_FP8
-    const uint32_t u = kvhal_gpu_f32_bits(y);
+    const uint32_t u = kvhal_gpu_f32_bits(x);
     const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
     const uint32_t nan_bit = OUT == DT_E4M3 ? KVHAL_GPU_E4M3_NAN_BIT : KVHAL_GPU_E5M2_NAN_BIT;
-    return ((u >> 24) & 0x80u) | fp8_mag_hw<OUT>(kvhal_gpu_bits_f32(u & 0x7fffffffu)) | (nan ? nan_bit : 0u);
+    const float q = scaled<MODE>(kvhal_gpu_bits_f32(u & 0x7fffffffu), s, inv);
+    if (KVHAL_GPU_FNUZ(OUT)) return kvhal_gpu_fnuz_finish(u, fp8_mag_nonneg<OUT>(q)); /* no NVIDIA hardware for fnuz */
+#ifdef KVHAL_GPU_HW_FP8
+    const uint32_t mag = fp8_mag_hw<OUT>(q);
 #else
-    return OUT == DT_E4M3 ? kvhal_gpu_f32_to_e4m3(y) : kvhal_gpu_f32_to_e5m2(y);
+    const uint32_t mag = fp8_mag_nonneg<OUT>(q);
 #endif
+    return ((u >> 24) & 0x80u) | mag | (nan ? nan_bit : 0u);
 }
 
 /* One element at a time (any dim stride). */
-template <int IN, int OUT, bool DIV> struct XFp8Scalar;
-template <int OUT, bool DIV> struct XFp8Scalar<DT_F32, OUT, DIV> {
+template <int IN, int OUT, int MODE> struct XFp8Scalar;
+template <int OUT, int MODE> struct XFp8Scalar<DT_F32, OUT, MODE> {
     typedef float In;
     typedef uint8_t Out;
-    static __device__ __forceinline__ Out apply(const In &v, float s) { return (uint8_t)fp8_full<OUT>(scaled<DIV>(v, s)); }
+    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
+    {
+        return (uint8_t)fp8_full<OUT, MODE>(v, s, inv);
+    }
 };
-template <int IN, int OUT, bool DIV> struct XFp8Scalar {
+template <int IN, int OUT, int MODE> struct XFp8Scalar {
     typedef uint16_t In;
     typedef uint8_t Out;
-    static __device__ __forceinline__ Out apply(const In &v, float s)
+    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
     {
-        return (uint8_t)fp8_full<OUT>(scaled<DIV>(load_elem<IN>(v), s));
+        return (uint8_t)fp8_full<OUT, MODE>(load_elem<IN>(v), s, inv);
     }
 };
 
@@ -154,40 +177,49 @@ template <int IN, int OUT, bool DIV> struct XFp8Scalar {
  * bytes are patched afterwards (this path is bound by instruction issue, not memory, when it has more work per
  * byte: it went from 0.78 to 0.89 of a device copy at 8192 tokens on an H200). Elsewhere magnitudes are converted
  * per element in software, with signs and NaNs handled per 32-bit word of the input (two 16-bit lanes at once). */
-template <int IN, int OUT, bool DIV> struct XFp8Vec;
-template <int OUT, bool DIV> struct XFp8Vec<DT_F32, OUT, DIV> {
+template <int IN, int OUT, int MODE> struct XFp8Vec;
+template <int OUT, int MODE> struct XFp8Vec<DT_F32, OUT, MODE> {
     typedef uint4 In;
     typedef uint32_t Out;
-    static __device__ __forceinline__ uint32_t one(uint32_t u, float s)
+    static __device__ __forceinline__ uint32_t one(uint32_t u, float s, float inv)
     {
-        return fp8_full<OUT>(scaled<DIV>(kvhal_gpu_bits_f32(u), s));
+        return fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(u), s, inv);
     }
-    static __device__ __forceinline__ Out apply(const In &v, float s)
+    static __device__ __forceinline__ uint32_t nan_byte(uint32_t u, uint32_t byte)
+    {
+        return (u & 0x7fffffffu) > 0x7f800000u ? byte : 0u;
+    }
+    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
     {
 #ifdef KVHAL_GPU_HW_FP8
-        const uint32_t lo = fp8_hw_x2<OUT>(scaled<DIV>(kvhal_gpu_bits_f32(v.x), s), scaled<DIV>(kvhal_gpu_bits_f32(v.y), s));
-        const uint32_t hi = fp8_hw_x2<OUT>(scaled<DIV>(kvhal_gpu_bits_f32(v.z), s), scaled<DIV>(kvhal_gpu_bits_f32(v.w), s));
+        const uint32_t lo = fp8_hw_x2<OUT>(scaled<MODE>(kvhal_gpu_bits_f32(v.x), s, inv),
+                                           scaled<MODE>(kvhal_gpu_bits_f32(v.y), s, inv));
+        const uint32_t hi = fp8_hw_x2<OUT>(scaled<MODE>(kvhal_gpu_bits_f32(v.z), s, inv),
+                                           scaled<MODE>(kvhal_gpu_bits_f32(v.w), s, inv));
         const uint32_t c = __byte_perm(lo, hi, 0x5410), n = fp8_nan_bytes<OUT>(c);
         if (!n) return c;
         const uint32_t sign = ((v.x >> 24) & 0x80u) | ((v.y >> 16) & 0x8000u) | ((v.z >> 8) & 0x800000u) |
                               (v.w & 0x80000000u);
-        return fp8_fix_nan(c, n, sign);
+        const uint32_t in_nan = nan_byte(v.x, 0xffu) | nan_byte(v.y, 0xff00u) | nan_byte(v.z, 0xff0000u) |
+                                nan_byte(v.w, 0xff000000u);
+        return fp8_fix_nan<OUT>(c, n, sign, in_nan);
 #else
-        const uint32_t lo = __byte_perm(one(v.x, s), one(v.y, s), 0x0040);
-        const uint32_t hi = __byte_perm(one(v.z, s), one(v.w, s), 0x0040);
+        const uint32_t lo = __byte_perm(one(v.x, s, inv), one(v.y, s, inv), 0x0040);
+        const uint32_t hi = __byte_perm(one(v.z, s, inv), one(v.w, s, inv), 0x0040);
         return __byte_perm(lo, hi, 0x5410);
 #endif
     }
 };
 
 /* Two 16-bit lanes of w -> their fp8 codes in bytes 0 and 2 (the software path). */
-template <int IN, int OUT, bool DIV> __device__ __forceinline__ uint32_t fp8_pair(uint32_t w, float s)
+template <int IN, int OUT, int MODE> __device__ __forceinline__ uint32_t fp8_pair(uint32_t w, float s, float inv)
 {
     /* magnitudes: with scale > 0 the scaled values stay non-negative */
     const float lo = IN == DT_BF16 ? kvhal_gpu_bits_f32((w & 0x7fffu) << 16) : KVHAL_GPU_HALF_TO_FLOAT(w & 0x7fffu);
     const float hi = IN == DT_BF16 ? kvhal_gpu_bits_f32(w & 0x7fff0000u) : KVHAL_GPU_HALF_TO_FLOAT((w >> 16) & 0x7fffu);
     const uint32_t codes =
-        __byte_perm(fp8_mag_nonneg<OUT>(scaled<DIV>(lo, s)), fp8_mag_nonneg<OUT>(scaled<DIV>(hi, s)), 0x0400);
+        __byte_perm(fp8_mag_nonneg<OUT>(scaled<MODE>(lo, s, inv)), fp8_mag_nonneg<OUT>(scaled<MODE>(hi, s, inv)),
+                    0x0400);
     return codes | ((w >> 8) & 0x00800080u); /* the lanes' sign bits land on bit 7 of bytes 0 and 2 */
 }
 
@@ -197,7 +229,15 @@ template <int IN> __device__ __forceinline__ uint32_t nan_lanes(uint32_t w)
     return ((w & 0x7fff7fffu) + (IN == DT_BF16 ? 0x007f007fu : 0x03ff03ffu)) & 0x80008000u;
 }
 
-template <int IN, int OUT, bool DIV> struct XFp8Vec {
+/* Input NaN lanes of w0 (bytes 0, 1) and w1 (bytes 2, 3) as 0xff bytes. */
+template <int IN> __device__ __forceinline__ uint32_t nan_lane_bytes(uint32_t w0, uint32_t w1)
+{
+    const uint32_t m0 = nan_lanes<IN>(w0), m1 = nan_lanes<IN>(w1);
+    return ((m0 >> 15) & 1u) * 0xffu | ((m0 >> 31) & 1u) * 0xff00u | ((m1 >> 15) & 1u) * 0xff0000u |
+           ((m1 >> 31) & 1u) * 0xff000000u;
+}
+
+template <int IN, int OUT, int MODE> struct XFp8Vec {
     typedef uint4 In;
     typedef uint2 Out;
 #ifdef KVHAL_GPU_HW_FP8
@@ -209,27 +249,27 @@ template <int IN, int OUT, bool DIV> struct XFp8Vec {
     {
         return IN == DT_BF16 ? kvhal_gpu_bits_f32(w & 0xffff0000u) : KVHAL_GPU_HALF_TO_FLOAT(w >> 16);
     }
-    static __device__ __forceinline__ uint32_t word(uint32_t w, float s) /* 2 lanes -> bytes 0, 1 */
+    static __device__ __forceinline__ uint32_t word(uint32_t w, float s, float inv) /* 2 lanes -> bytes 0, 1 */
     {
-        return fp8_hw_x2<OUT>(scaled<DIV>(lane_lo(w), s), scaled<DIV>(lane_hi(w), s));
+        return fp8_hw_x2<OUT>(scaled<MODE>(lane_lo(w), s, inv), scaled<MODE>(lane_hi(w), s, inv));
     }
-    static __device__ __forceinline__ Out apply(const In &v, float s)
+    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
     {
         Out o;
-        o.x = __byte_perm(word(v.x, s), word(v.y, s), 0x5410);
-        o.y = __byte_perm(word(v.z, s), word(v.w, s), 0x5410);
+        o.x = __byte_perm(word(v.x, s, inv), word(v.y, s, inv), 0x5410);
+        o.y = __byte_perm(word(v.z, s, inv), word(v.w, s, inv), 0x5410);
         const uint32_t nx = fp8_nan_bytes<OUT>(o.x), ny = fp8_nan_bytes<OUT>(o.y);
         if (nx | ny) { /* rare: the high byte of each 16-bit lane carries its sign */
-            o.x = fp8_fix_nan(o.x, nx, __byte_perm(v.x, v.y, 0x7531) & 0x80808080u);
-            o.y = fp8_fix_nan(o.y, ny, __byte_perm(v.z, v.w, 0x7531) & 0x80808080u);
+            o.x = fp8_fix_nan<OUT>(o.x, nx, __byte_perm(v.x, v.y, 0x7531) & 0x80808080u, nan_lane_bytes<IN>(v.x, v.y));
+            o.y = fp8_fix_nan<OUT>(o.y, ny, __byte_perm(v.z, v.w, 0x7531) & 0x80808080u, nan_lane_bytes<IN>(v.z, v.w));
         }
         return o;
     }
 #else
-    static __device__ __forceinline__ Out apply(const In &v, float s)
+    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
     {
-        uint32_t c0 = fp8_pair<IN, OUT, DIV>(v.x, s), c1 = fp8_pair<IN, OUT, DIV>(v.y, s);
-        uint32_t c2 = fp8_pair<IN, OUT, DIV>(v.z, s), c3 = fp8_pair<IN, OUT, DIV>(v.w, s);
+        uint32_t c0 = fp8_pair<IN, OUT, MODE>(v.x, s, inv), c1 = fp8_pair<IN, OUT, MODE>(v.y, s, inv);
+        uint32_t c2 = fp8_pair<IN, OUT, MODE>(v.z, s, inv), c3 = fp8_pair<IN, OUT, MODE>(v.w, s, inv);
         if (nan_lanes<IN>(v.x) | nan_lanes<IN>(v.y) | nan_lanes<IN>(v.z) | nan_lanes<IN>(v.w)) {
             /* rare: a NaN's magnitude code is the largest finite one; this bit makes it 0x7f */
             const uint32_t bit = OUT == DT_E4M3 ? KVHAL_GPU_E4M3_NAN_BIT : KVHAL_GPU_E5M2_NAN_BIT;
@@ -246,6 +286,37 @@ template <int IN, int OUT, bool DIV> struct XFp8Vec {
 #endif
 };
 
+/* 16 input bytes at a time, one element after another in software: AMD's fnuz formats, which NVIDIA's conversion
+ * instructions do not produce. */
+template <int IN, int OUT, int MODE> struct XFp8VecSw;
+template <int OUT, int MODE> struct XFp8VecSw<DT_F32, OUT, MODE> {
+    typedef uint4 In;
+    typedef uint32_t Out;
+    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
+    {
+        return fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.x), s, inv) |
+               fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.y), s, inv) << 8 |
+               fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.z), s, inv) << 16 |
+               fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.w), s, inv) << 24;
+    }
+};
+template <int IN, int OUT, int MODE> struct XFp8VecSw {
+    typedef uint4 In;
+    typedef uint2 Out;
+    static __device__ __forceinline__ uint32_t word(uint32_t w, float s, float inv) /* 2 lanes -> bytes 0, 1 */
+    {
+        return fp8_full<OUT, MODE>(load_elem<IN>(w & 0xffffu), s, inv) |
+               fp8_full<OUT, MODE>(load_elem<IN>(w >> 16), s, inv) << 8;
+    }
+    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
+    {
+        Out o;
+        o.x = word(v.x, s, inv) | word(v.y, s, inv) << 16;
+        o.y = word(v.z, s, inv) | word(v.w, s, inv) << 16;
+        return o;
+    }
+};
+
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Paged caching                                                                                                */
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -256,7 +327,7 @@ struct PagedSide {
     const char *input;                                     /* base, per call */
     int64_t block_stride, offset_stride, cache_head, cache_dim; /* units of the cache */
     int64_t tok_outer, tok_inner, in_head, in_dim;          /* units of the input */
-    float scale;                                           /* 1/scale (multiply) or scale (divide), per call */
+    float scale, inv;                                      /* scale and 1/scale rounded, per call */
     uint32_t row_units;                                    /* heads * units_per_head */
     kvhal_fastdiv32 div_row;                               /* by row_units */
     kvhal_fastdiv32 div_head;                              /* by units_per_head */
@@ -320,7 +391,7 @@ __device__ __forceinline__ void paged_store(const PagedSide &sd, const int64_t *
         if (i >= n) continue;
         const UnitPos q = unit_pos(sd, i);
         const int64_t co = s_cache[q.t];
-        if (co >= 0) out[co + (int64_t)q.h * sd.cache_head + (int64_t)q.c * sd.cache_dim] = X::apply(val[u], sd.scale);
+        if (co >= 0) out[co + (int64_t)q.h * sd.cache_head + (int64_t)q.c * sd.cache_dim] = X::apply(val[u], sd.scale, sd.inv);
     }
 }
 

@@ -11,6 +11,7 @@
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define KVHAL_HD __host__ __device__ inline __attribute__((always_inline))
 #else
+#include <math.h>
 #include <string.h>
 #define KVHAL_HD static inline
 #endif
@@ -52,25 +53,48 @@ KVHAL_HD float kvhal_gpu_bf16_to_f32(uint32_t h) { return kvhal_gpu_bits_f32((h 
  * compare instructions issue at half the rate of f32 arithmetic, which otherwise bounds them below memory speed.
  * Normal codes: diff = 8 + m and (bits(magic) >> 20) = (e + 147) * 8, so code = diff + that - 1128 = (e + 7) * 8 + m;
  * subnormal: magic = 2^14, (bits >> 20) = 1128, code = diff = k steps. e5m2 alike with 2 mantissa bits. */
-/* a: the bits of a non-negative float or of a positive NaN (NaN -> the largest finite code). */
-KVHAL_HD uint32_t kvhal_gpu_e4m3_mag_bits(uint32_t a)
+/* a: the bits of a non-negative float or of a positive NaN (NaN -> the largest finite code). The four formats
+ * differ only in constants: max_bits the largest finite value's bits, to_magic 2^(23 - m) (y * to_magic has the
+ * exponent of the magic), floor_bits the magic of the subnormal step, and the code offset read off the magic's
+ * exponent bits (>> shift = 23 - m). */
+KVHAL_HD uint32_t kvhal_gpu_fp8_mag(uint32_t a, uint32_t max_bits, float to_magic, uint32_t floor_bits,
+                                    uint32_t shift, uint32_t offset)
 {
     /* the clamp is an integer min on the magnitude's bits: float min's NaN rules differ between vendors (and for
-     * signalling NaNs), while here every NaN deterministically becomes 448 */
-    a = a < 0x43e00000u ? a : 0x43e00000u; /* 448 */
+     * signalling NaNs), while here every NaN deterministically becomes the largest value */
+    a = a < max_bits ? a : max_bits;
     const float yc = kvhal_gpu_bits_f32(a);
-    uint32_t mb = kvhal_gpu_f32_bits(yc * 1048576.0f) & 0x7f800000u; /* 2^(e + 20) */
-    mb = mb > 0x46800000u ? mb : 0x46800000u;                        /* floor 2^14: ulp 2^-9 */
-    return kvhal_gpu_f32_bits(yc + kvhal_gpu_bits_f32(mb)) - mb + ((mb >> 20) - 1128u);
+    uint32_t mb = kvhal_gpu_f32_bits(yc * to_magic) & 0x7f800000u; /* 2^(e + 23 - m) */
+    mb = mb > floor_bits ? mb : floor_bits;
+    return kvhal_gpu_f32_bits(yc + kvhal_gpu_bits_f32(mb)) - mb + ((mb >> shift) - offset);
 }
 
-KVHAL_HD uint32_t kvhal_gpu_e5m2_mag_bits(uint32_t a)
+/* e4m3fn: 448, floor 2^14 (ulp 2^-9) */
+KVHAL_HD uint32_t kvhal_gpu_e4m3_mag_bits(uint32_t a) { return kvhal_gpu_fp8_mag(a, 0x43e00000u, 1048576.0f, 0x46800000u, 20, 1128u); }
+/* e5m2: 57344, floor 2^7 (ulp 2^-16) */
+KVHAL_HD uint32_t kvhal_gpu_e5m2_mag_bits(uint32_t a) { return kvhal_gpu_fp8_mag(a, 0x47600000u, 2097152.0f, 0x43000000u, 21, 536u); }
+/* AMD's fnuz formats: e4m3fnuz (bias 8, largest 240 = code 0x7f, subnormal step 2^-10: floor 2^13, offset 1120)
+ * and e5m2fnuz (bias 16, largest 57344 = 0x7f, step 2^-17: floor 2^6, offset 532). */
+KVHAL_HD uint32_t kvhal_gpu_e4m3fnuz_mag_bits(uint32_t a) { return kvhal_gpu_fp8_mag(a, 0x43700000u, 1048576.0f, 0x46000000u, 20, 1120u); }
+KVHAL_HD uint32_t kvhal_gpu_e5m2fnuz_mag_bits(uint32_t a) { return kvhal_gpu_fp8_mag(a, 0x47600000u, 2097152.0f, 0x42800000u, 21, 532u); }
+
+/* Whole fnuz conversions: NaN -> 0x80 (the one NaN), a zero magnitude -> 0x00 (no negative zero), else sign | mag.
+ * Exactly kvhal_f32_to_fp8 with KVHAL_FP8_E4M3FNUZ / KVHAL_FP8_E5M2FNUZ. */
+KVHAL_HD uint32_t kvhal_gpu_fnuz_finish(uint32_t u, uint32_t mag)
 {
-    a = a < 0x47600000u ? a : 0x47600000u; /* 57344 */
-    const float yc = kvhal_gpu_bits_f32(a);
-    uint32_t mb = kvhal_gpu_f32_bits(yc * 2097152.0f) & 0x7f800000u; /* 2^(e + 21) */
-    mb = mb > 0x43000000u ? mb : 0x43000000u;                        /* floor 2^7: ulp 2^-16 */
-    return kvhal_gpu_f32_bits(yc + kvhal_gpu_bits_f32(mb)) - mb + ((mb >> 21) - 536u);
+    return (u & 0x7fffffffu) > 0x7f800000u ? 0x80u : mag ? ((u >> 24) & 0x80u) | mag : 0u;
+}
+
+KVHAL_HD uint32_t kvhal_gpu_f32_to_e4m3fnuz(float x)
+{
+    const uint32_t u = kvhal_gpu_f32_bits(x);
+    return kvhal_gpu_fnuz_finish(u, kvhal_gpu_e4m3fnuz_mag_bits(u & 0x7fffffffu));
+}
+
+KVHAL_HD uint32_t kvhal_gpu_f32_to_e5m2fnuz(float x)
+{
+    const uint32_t u = kvhal_gpu_f32_bits(x);
+    return kvhal_gpu_fnuz_finish(u, kvhal_gpu_e5m2fnuz_mag_bits(u & 0x7fffffffu));
 }
 
 KVHAL_HD uint32_t kvhal_gpu_e4m3_mag(float y) { return kvhal_gpu_e4m3_mag_bits(kvhal_gpu_f32_bits(y) & 0x7fffffffu); }
@@ -101,6 +125,46 @@ KVHAL_HD int kvhal_gpu_scale_is_pow2(float s)
     const uint32_t u = kvhal_gpu_f32_bits(s);
     const uint32_t e = (u >> 23) & 0xffu;
     return (u & 0x7fffffu) == 0 && e >= 1u && e <= 253u;
+}
+
+/* ---- x / s for a calibrated (non power-of-two) scale, without a division ----
+ * y = x * inv (inv = 1/s rounded to nearest by the host) is within 1.5 ulp of x / s; one Newton correction with the
+ * exact fma residual r = y*s - x then gives the correctly rounded quotient, the same bits as the IEEE division
+ * x / s (Markstein's correction), wherever no intermediate underflows. That holds for every x whose quotient
+ * matters to fp8 when s lies in [2^-64, 2^64] (kvhal_gpu_scale_rcp_ok): a residual that underflows belongs to an
+ * |x| below 2^-102, whose quotient (below 2^-38) rounds to a zero of either fp8 format either way. Proved on all
+ * 2^32 inputs for a set of scales by tools/kvhal-fp8-check (the fp8 codes, against kvhal_f32_to_fp8(x / s)), and on
+ * random scales by tests/test_gpu_math.c.
+ * Specials: the residual is formed as y*s - x and subtracted (not x - y*s and added) so that x = -0 gives -0;
+ * a y that is +-inf (x infinite, or the quotient overflows) gives NaN, which the callers map to the saturated code
+ * (an input NaN stays NaN), so no select is needed on the common path. */
+KVHAL_HD float kvhal_gpu_quot_rcp(float x, float s, float inv)
+{
+#ifdef KVHAL_GPU_DEVICE_PASS
+    const float y = x * inv;
+    const float r = __fmaf_rn(y, s, -x);
+    return __fmaf_rn(-r, inv, y);
+#else
+    const float y = x * inv;
+    const float r = fmaf(y, s, -x);
+    return fmaf(-r, inv, y);
+#endif
+}
+
+/* True when kvhal_gpu_quot_rcp is exact (for fp8) for scale s: 2^-64 <= s <= 2^64. */
+KVHAL_HD int kvhal_gpu_scale_rcp_ok(float s)
+{
+    const uint32_t u = kvhal_gpu_f32_bits(s);
+    return u >= 0x1f800000u && u <= 0x5f800000u;
+}
+
+/* How the kernels divide by the scales: 0 multiply by the exact 1/s (both scales powers of two), 1 the reciprocal
+ * with its correction (both in rcp range), 2 the IEEE division. */
+KVHAL_HD int kvhal_gpu_scale_mode(float k_scale, float v_scale)
+{
+    if (kvhal_gpu_scale_is_pow2(k_scale) && kvhal_gpu_scale_is_pow2(v_scale)) return 0;
+    if (kvhal_gpu_scale_rcp_ok(k_scale) && kvhal_gpu_scale_rcp_ok(v_scale)) return 1;
+    return 2;
 }
 
 /* ---- division by a run-time constant (Granlund-Montgomery, round-up variant with the 33rd/65th bit handled by

@@ -3,9 +3,11 @@
  * the caches span more buffers the host launches once per group of 16. One uploaded buffer `meta` holds per pair
  * two longs (src, dst block), then from meta[table_off] per cache of this launch four ulongs (argument index, byte
  * offset of block 0, block stride, block bytes). A job is one (cache, pair); job j is cache j / num_pairs, pair
- * j % num_pairs; a work-item moves CB_GROUP consecutive units of one job (units_per_job = work-items per job, for
- * the largest block of the launch; items past a smaller block return). CB_GROUP is 1 on GPUs (neighbouring
- * work-items, neighbouring bytes) and larger on CPU devices, where per-item index math would dominate. A launch
+ * j % num_pairs; a work-item moves CB_GROUP units of one job (units_per_job = work-items per job, for the largest
+ * block of the launch; units past a smaller block are skipped): consecutive ones on CPU devices (CB_INTERLEAVE 0),
+ * where per-item index math would dominate, and units_per_job apart on GPUs (CB_INTERLEAVE 1), so that each of a
+ * work-item's loads is coalesced with its neighbours' and all CB_GROUP loads are in flight before the first store
+ * (one 16-byte unit per work-item left a GPU waiting on the table loads of every 16 bytes). A launch
  * covers `items` work-items from job job0 on (at most 2^30). The host picks the kernel whose unit (16, 4 or 1
  * bytes) divides every offset, stride and block size. */
 
@@ -29,13 +31,22 @@
         const ulong c = job >> 32 ? job / num_pairs : (ulong)((uint)job / num_pairs), p = job - c * num_pairs;  \
         const global ulong *e = meta + table_off + 4 * c;                                                      \
         const ulong n = e[3] / (UNIT);                                                                         \
-        if (u >= n) return;                                                                                    \
+        if (!CB_INTERLEAVE && u >= n) return;                                                                  \
         const global long *pairs = (const global long *)meta;                                                  \
         global uchar *base = CB_PICK(e[0]) + e[1];                                                             \
         const global T *src = (const global T *)(base + pairs[2 * p] * (long)e[2]);                            \
         global T *dst = (global T *)(base + pairs[2 * p + 1] * (long)e[2]);                                    \
-        for (uint g = 0; g < CB_GROUP; g++)                                                                    \
-            if (u + g < n) dst[u + g] = src[u + g];                                                            \
+        if (CB_INTERLEAVE) {                                                                                   \
+            const ulong k = i % units_per_job;                                                                 \
+            T v[CB_GROUP];                                                                                     \
+            for (uint g = 0; g < CB_GROUP; g++)                                                                \
+                if (k + (ulong)g * units_per_job < n) v[g] = src[k + (ulong)g * units_per_job];                \
+            for (uint g = 0; g < CB_GROUP; g++)                                                                \
+                if (k + (ulong)g * units_per_job < n) dst[k + (ulong)g * units_per_job] = v[g];                \
+        } else {                                                                                               \
+            for (uint g = 0; g < CB_GROUP; g++)                                                                \
+                if (u + g < n) dst[u + g] = src[u + g];                                                        \
+        }                                                                                                      \
     }
 
 CB_KERNEL(copy_blocks_16, uint4, 16)

@@ -10,9 +10,12 @@
 #define KV_BF16 2
 #define KV_E4M3 3
 #define KV_E5M2 4
+#define KV_E4M3FNUZ 7
+#define KV_E5M2FNUZ 8
 
 #define KV_DT_SIZE(dt) ((dt) == KV_F32 ? 4 : ((dt) == KV_F16 || (dt) == KV_BF16) ? 2 : 1)
-#define KV_IS_FP8(dt) ((dt) == KV_E4M3 || (dt) == KV_E5M2)
+#define KV_IS_FNUZ(dt) ((dt) == KV_E4M3FNUZ || (dt) == KV_E5M2FNUZ)
+#define KV_IS_FP8(dt) ((dt) == KV_E4M3 || (dt) == KV_E5M2 || KV_IS_FNUZ(dt))
 
 /* A finite, non-negative f32 bit pattern rounded to a format with m mantissa bits and the given bias: the magnitude
  * code (biased exponent << m | mantissa). A mantissa carry runs into the exponent, which is the next binade. */
@@ -112,6 +115,26 @@ float kv_e5m2_to_f32(uint x)
     return as_float(sign | ((e + 112u) << 23) | (f << 21));
 }
 
+/* AMD's fnuz formats (m mantissa bits, bias 8 or 16): no infinities, 0x80 the one NaN, no negative zero. */
+float kv_fnuz_to_f32(uint x, uint m, int bias)
+{
+    if (x == 0x80u) return as_float(0x7fc00000u);
+    uint sign = (x & 0x80u) << 24;
+    uint mag = x & 0x7fu, e = mag >> m, f = mag & ((1u << m) - 1u);
+    if (e == 0u) return as_float(sign | as_uint((float)f * as_float((uint)(127 + 1 - bias - (int)m) << 23)));
+    return as_float(sign | ((e + (uint)(127 - bias)) << 23) | (f << (23u - m)));
+}
+
+uint kv_f32_to_fp8(float x, int m, int bias, uint max_code);
+
+uint kv_f32_to_fnuz(float x, int m, int bias)
+{
+    uint a = as_uint(x) & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x80u;
+    uint c = kv_f32_to_fp8(x, m, bias, 0x7fu);
+    return (c & 0x7fu) ? c : 0u;
+}
+
 /* Bits of one element of dtype dt (in the low bits of the result) -> f32, and back. */
 float kv_decode(uint bits, int dt)
 {
@@ -120,6 +143,8 @@ float kv_decode(uint bits, int dt)
     case KV_BF16: return kv_bf16_to_f32(bits);
     case KV_E4M3: return kv_e4m3_to_f32(bits);
     case KV_E5M2: return kv_e5m2_to_f32(bits);
+    case KV_E4M3FNUZ: return kv_fnuz_to_f32(bits, 3u, 8);
+    case KV_E5M2FNUZ: return kv_fnuz_to_f32(bits, 2u, 16);
     default: return as_float(bits);
     }
 }
@@ -131,20 +156,27 @@ uint kv_encode(float x, int dt)
     case KV_BF16: return kv_f32_to_bf16(x);
     case KV_E4M3: return kv_f32_to_fp8(x, 3, 7, 0x7eu);
     case KV_E5M2: return kv_f32_to_fp8(x, 2, 15, 0x7bu);
+    case KV_E4M3FNUZ: return kv_f32_to_fnuz(x, 3, 8);
+    case KV_E5M2FNUZ: return kv_f32_to_fnuz(x, 2, 16);
     default: return as_uint(x);
     }
 }
 
 /* x / s rounded to nearest even, as the host's IEEE division gives it, for s > 0 and inv = 1 / s rounded by the
- * host. mode 0: s is 1. mode 1: s is a power of two, so x * inv is exact (or far below any fp8 value). mode 2: a
- * Newton step from x * inv with exact fma residuals, then the neighbour on the residual's side wins if its residual
- * is smaller (a quotient is never exactly halfway between two floats, so there is no tie to break). OpenCL's own
- * '/' may be 2.5 ulp off and costs more than this. */
+ * host. mode 0: s is 1. mode 1: s is a power of two, so x * inv is exact (or far below any fp8 value). mode 2: s in
+ * [2^-64, 2^64]: one Markstein correction of x * inv with the exact fma residual q*s - x, the same bits as the
+ * division wherever fp8 can tell quotients apart (the CUDA kernels' kvhal_gpu_quot_rcp, proved over all 2^32 inputs
+ * per scale by kvhal-fp8-check); an infinite product is kept (it saturates; the correction would make it NaN).
+ * mode 3 (other scales): a Newton step with exact fma residuals, then the neighbour on the residual's side wins if
+ * its residual is smaller (a quotient is never exactly halfway between two floats, so there is no tie to break).
+ * OpenCL's own '/' may be 2.5 ulp off and costs more than this. */
 float kv_div(float x, float s, float inv, uint mode)
 {
     if (mode == 0u) return x;
     float q = x * inv;
-    if (mode == 1u || q == 0.0f || !isfinite(q)) return q;
+    if (mode == 1u || !isfinite(q)) return q;
+    if (mode == 2u) return fma(-fma(q, s, -x), inv, q);
+    if (q == 0.0f) return q;
     float r = fma(-q, s, x);
     q = fma(r, inv, q);
     r = fma(-q, s, x);
@@ -171,6 +203,7 @@ float8 kv_div_8(float8 x, float s, float inv, uint mode)
     float8 q0 = x * inv;
     if (mode == 1u) return q0;
     float8 sv = (float8)s, iv = (float8)inv;
+    if (mode == 2u) return select(fma(-fma(q0, sv, -x), iv, q0), q0, isinf(q0));
     float8 r = fma(-q0, sv, x);
     float8 q = fma(r, iv, q0);
     r = fma(-q, sv, x);

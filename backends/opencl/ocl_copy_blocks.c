@@ -33,6 +33,9 @@ static uint64_t block_items(uint64_t block_bytes, uint64_t unit, int32_t group)
     return (block_bytes / unit + (uint64_t)group - 1) / (uint64_t)group;
 }
 
+/* Units per work-item: 16 consecutive ones on CPU devices, 4 interleaved ones on GPUs (copy_blocks.cl). */
+static int32_t cb_group_of(const ocl_device *d) { return kvhal__ocl_cpu_plans(d) ? 16 : 4; }
+
 /* The widest unit kernel the block strides and sizes allow (offsets may narrow it further per call). */
 static int widest_kernel(uint64_t align) { return align % 16 == 0 ? 0 : align % 4 == 0 ? 1 : 2; }
 
@@ -41,7 +44,7 @@ bool ocl_copy_blocks_supports(const ocl_device *d, const kvhal_bk_copy_blocks *a
     if (a->num_caches < 0 || a->num_pairs < 0)
         return kvhal_bk_refuse(reason, reason_size, "copy_blocks of %d caches and %d pairs", (int)a->num_caches,
                                  (int)a->num_pairs);
-    const int32_t group = d->cpu ? 16 : 1;
+    const int32_t group = cb_group_of(d);
     uint64_t align = 0;
     for (int32_t c = 0; c < a->num_caches; c++) align |= (uint64_t)a->block_strides[c] | (uint64_t)a->block_bytes[c];
     const int ki = widest_kernel(align);
@@ -62,7 +65,7 @@ kvhal_status ocl_copy_blocks_desc_create(ocl_device *d, const kvhal_bk_copy_bloc
     if (st != KVHAL_OK) return st;
     const size_t nc = a->num_caches > 0 ? (size_t)a->num_caches : 0;
     cd->num_caches = a->num_caches;
-    cd->group = d->cpu ? 16 : 1;
+    cd->group = cb_group_of(d);
     cd->table = kvhal__ocl_malloc(d->m, 4 * nc * sizeof *cd->table);
     cd->items = kvhal__ocl_malloc(d->m, CB_NK * nc * sizeof *cd->items);
     if (!cd->table || !cd->items) {
@@ -79,7 +82,8 @@ kvhal_status ocl_copy_blocks_desc_create(ocl_device *d, const kvhal_bk_copy_bloc
     }
     cd->base.knames = cb_knames;
     cd->base.nk = CB_NK;
-    snprintf(cd->base.options, sizeof cd->base.options, "-DCB_GROUP=%d", cd->group);
+    snprintf(cd->base.options, sizeof cd->base.options, "-DCB_GROUP=%d -DCB_INTERLEAVE=%d", cd->group,
+             kvhal__ocl_cpu_plans(d) ? 0 : 1);
     cl_mem first = a->num_caches > 0 && a->natives ? (cl_mem)a->natives[0] : NULL;
     return kvhal__ocl_desc_build(d, &cd->base, first, ocl_copy_blocks_desc_destroy, out);
 }
@@ -263,8 +267,18 @@ kvhal_status ocl_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a,
     cl_command_queue q;
     ocl_ctx *ce;
     kvhal_status st = kvhal__ocl_resolve(d, stream, (cl_mem)a->dst[0], &q, &ce);
-    for (int32_t i = 0; i < a->count && st == KVHAL_OK; i++)
-        st = kvhal__ocl_copy(d, q, ce, (cl_mem)a->dst[i], a->dst_offsets[i], (cl_mem)a->src[i], a->src_offsets[i],
-                             a->bytes[i]);
+    /* Ranges that continue the previous one in both buffers go out as one copy: each clEnqueueCopyBuffer costs
+     * microseconds of its own on GPU runtimes, and a full-length duplicate (every layer's K and V back to back) is
+     * then a single copy of the whole cache instead of 2 x layers small ones. */
+    for (int32_t i = 0; i < a->count && st == KVHAL_OK;) {
+        size_t n = a->bytes[i];
+        int32_t j = i + 1;
+        while (j < a->count && a->dst[j] == a->dst[i] && a->src[j] == a->src[i] &&
+               a->dst_offsets[j] == a->dst_offsets[i] + n && a->src_offsets[j] == a->src_offsets[i] + n &&
+               (a->dst[i] != a->src[i] || a->dst_offsets[i] == a->src_offsets[i])) /* no merged overlap */
+            n += a->bytes[j++];
+        st = kvhal__ocl_copy(d, q, ce, (cl_mem)a->dst[i], a->dst_offsets[i], (cl_mem)a->src[i], a->src_offsets[i], n);
+        i = j;
+    }
     return st;
 }

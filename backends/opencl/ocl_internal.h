@@ -156,6 +156,9 @@ typedef struct ocl_kset {
     cl_program prog;
     cl_kernel k[OCL_MAX_KERNELS];
     size_t local[OCL_MAX_KERNELS];
+    /* Per kernel, what the op last set of its per-call arguments (0 after creation), so that an unchanged value is
+     * not set again: descriptors serve every token count, and a serving loop's count changes every step. */
+    uint64_t call_state[OCL_MAX_KERNELS];
     struct ocl_kset *next;
 } ocl_kset;
 

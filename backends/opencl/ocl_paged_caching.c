@@ -11,7 +11,8 @@
 #include "ocl_internal.h"
 
 /* The .cl files use kvhal_dtype's numbering for dtypes (KV_F32 = KVHAL_F32, ...). */
-_Static_assert(KVHAL_F32 == 0 && KVHAL_F16 == 1 && KVHAL_BF16 == 2 && KVHAL_FP8_E4M3 == 3 && KVHAL_FP8_E5M2 == 4,
+_Static_assert(KVHAL_F32 == 0 && KVHAL_F16 == 1 && KVHAL_BF16 == 2 && KVHAL_FP8_E4M3 == 3 && KVHAL_FP8_E5M2 == 4 &&
+                   KVHAL_FP8_E4M3FNUZ == 7 && KVHAL_FP8_E5M2FNUZ == 8,
                "kv_common.cl dtype codes");
 
 #ifndef KVHAL_OCL_GPU_GROUP
@@ -41,14 +42,19 @@ typedef struct pc_desc {
     ocl_desc base;
     pc_plan p;
     bool fp8;
-    /* the metadata arguments, set once per kernel set */
+    /* the metadata arguments, set once per kernel set. The kernels take a token as (t / seq_len, t % seq_len) only
+     * where seq_len != num_tokens: a flat call (not batched) passes 0 for both, and its outer strides as 0, so
+     * that a descriptor serves every token count; a batched one passes its seq_len and num_tokens 0. */
     cl_long4 kcs, kis, vcs, vis;
     cl_long2 ss;
     cl_ulong num_tokens, seq_len;
     cl_long num_slots;
 } pc_desc;
 
-static bool dt_is_float(kvhal_dtype dt) { return dt >= KVHAL_F32 && dt <= KVHAL_FP8_E5M2; }
+static bool dt_is_float(kvhal_dtype dt)
+{
+    return (dt >= KVHAL_F32 && dt <= KVHAL_FP8_E5M2) || dt == KVHAL_FP8_E4M3FNUZ || dt == KVHAL_FP8_E5M2FNUZ;
+}
 
 static bool multiple(int64_t v, int64_t m) { return v % m == 0; }
 
@@ -83,7 +89,7 @@ static void make_plan(const ocl_device *d, const kvhal_bk_paged_caching *a, pc_p
     p->block_size = a->block_size;
     p->hd_k = a->k.head_dim;
     p->hd_v = a->v.head_dim;
-    bool inner = a->seq_len > 1, heads = a->num_heads > 1, offset = a->block_size > 1;
+    bool inner = !a->batched || a->seq_len > 1, heads = a->num_heads > 1, offset = a->block_size > 1;
     p->vec_k = pick_vec(&a->k, in, out, a->batched, inner, heads, offset);
     p->vec_v = pick_vec(&a->v, in, out, a->batched, inner, heads, offset);
     /* CPU devices run work-items one after another: there several neighbouring chunks per item amortise the index
@@ -132,15 +138,17 @@ bool ocl_paged_caching_supports(const ocl_device *d, const kvhal_bk_paged_cachin
     return true;
 }
 
-/* (scale, 1 / scale) for kv_div and its mode: 0 for 1, 1 for a power of two (x * inv is then exact), 2 otherwise.
- * The core passes 1 for non-fp8 caches and checks fp8 scales are finite and > 0. */
+/* (scale, 1 / scale) for kv_div and its mode: 0 for 1, 1 for a power of two (x * inv is then exact), 2 for another
+ * scale in [2^-64, 2^64] (the reciprocal with one correction), 3 otherwise. The core passes 1 for non-fp8 caches and
+ * checks fp8 scales are finite and > 0. */
 static cl_uint scale_mode(float scale, cl_float2 *sc)
 {
     sc->s[0] = scale;
     sc->s[1] = 1.0f / scale;
     if (scale == 1.0f) return 0;
     int e;
-    return frexpf(scale, &e) == 0.5f ? 1 : 2;
+    if (frexpf(scale, &e) == 0.5f) return 1;
+    return scale >= 0x1p-64f && scale <= 0x1p64f ? 2 : 3;
 }
 
 /* The arguments the metadata fixes, on both kernels of a new kernel set; without fp8 the scales too (1). */
@@ -167,13 +175,6 @@ static kvhal_status pc_preset(ocl_device *d, const ocl_desc *base, ocl_kset *ks)
             if (st == KVHAL_OK) st = kvhal__ocl_set_args(d, ks->k[ki], pc_knames[ki], PC_ARG_V_SC, &sc[0], 1);
             if (st == KVHAL_OK) st = kvhal__ocl_set_args(d, ks->k[ki], pc_knames[ki], PC_ARG_MODES, &sc[1], 1);
         }
-        /* One launch covers every token: its piece arguments never change either. */
-        if (st == KVHAL_OK && pd->p.per_launch[ki] >= pd->num_tokens) {
-            cl_ulong tok0 = 0;
-            cl_uint items = (cl_uint)(pd->num_tokens * pd->p.per_tok[ki]);
-            const ocl_karg piece[] = {OCL_KA(tok0), OCL_KA(items)};
-            st = kvhal__ocl_set_args(d, ks->k[ki], pc_knames[ki], PC_ARG_TOK0, piece, 2);
-        }
     }
     return st;
 }
@@ -187,12 +188,15 @@ kvhal_status ocl_paged_caching_desc_create(ocl_device *d, const kvhal_bk_paged_c
     make_plan(d, a, p);
     pd->fp8 = a->fp8;
     pd->kcs = (cl_long4){.s = {a->k.block_stride, a->k.offset_stride, a->k.cache_head_stride, a->k.cache_dim_stride}};
-    pd->kis = (cl_long4){.s = {a->k.tok_stride_outer, a->k.tok_stride_inner, a->k.in_head_stride, a->k.in_dim_stride}};
+    const bool b = a->batched;
+    pd->kis = (cl_long4){.s = {b ? a->k.tok_stride_outer : 0, a->k.tok_stride_inner, a->k.in_head_stride,
+                               a->k.in_dim_stride}};
     pd->vcs = (cl_long4){.s = {a->v.block_stride, a->v.offset_stride, a->v.cache_head_stride, a->v.cache_dim_stride}};
-    pd->vis = (cl_long4){.s = {a->v.tok_stride_outer, a->v.tok_stride_inner, a->v.in_head_stride, a->v.in_dim_stride}};
-    pd->ss = (cl_long2){.s = {a->slot_stride_outer, a->slot_stride_inner}};
-    pd->num_tokens = (cl_ulong)a->num_tokens;
-    pd->seq_len = (cl_ulong)a->seq_len;
+    pd->vis = (cl_long4){.s = {b ? a->v.tok_stride_outer : 0, a->v.tok_stride_inner, a->v.in_head_stride,
+                               a->v.in_dim_stride}};
+    pd->ss = (cl_long2){.s = {b ? a->slot_stride_outer : 0, a->slot_stride_inner}};
+    pd->num_tokens = 0;
+    pd->seq_len = b ? (cl_ulong)a->seq_len : 0;
     pd->num_slots = a->num_slots;
     pd->base.knames = pc_knames;
     pd->base.nk = PC_NK;
@@ -257,8 +261,20 @@ kvhal_status ocl_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
         if (st == KVHAL_OK) st = kvhal__ocl_set_args(d, k, kname, PC_ARG_MODES, &sc[2], 1);
     }
     if (st != KVHAL_OK) return st;
-    const uint64_t per_tok = p->per_tok[ki], per_launch = p->per_launch[ki], tokens = pd->num_tokens;
-    if (per_launch >= tokens) return kvhal__ocl_launch(d, q, ks, ki, kname, tokens * per_tok, 0, NULL, NULL);
+    const uint64_t per_tok = p->per_tok[ki], per_launch = p->per_launch[ki], tokens = (uint64_t)a->num_tokens;
+    if (per_launch >= tokens) {
+        /* one launch: (tok0 0, items) set only when the token count differs from the last call's */
+        const cl_uint items = (cl_uint)(tokens * per_tok);
+        if (ks->call_state[ki] != items) {
+            cl_ulong tok0 = 0;
+            const ocl_karg piece[] = {OCL_KA(tok0), OCL_KA(items)};
+            st = kvhal__ocl_set_args(d, k, kname, PC_ARG_TOK0, piece, 2);
+            if (st != KVHAL_OK) return st;
+            ks->call_state[ki] = items;
+        }
+        return kvhal__ocl_launch(d, q, ks, ki, kname, tokens * per_tok, 0, NULL, NULL);
+    }
+    ks->call_state[ki] = 0; /* the pieces below change tok0 and items */
     for (uint64_t t0 = 0; t0 < tokens && st == KVHAL_OK; t0 += per_launch) {
         uint64_t n = tokens - t0 < per_launch ? tokens - t0 : per_launch;
         cl_ulong tok0 = t0;

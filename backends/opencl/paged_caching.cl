@@ -53,7 +53,7 @@ uint pc_convert(uint bits, float2 sc, uint mode)
 
 /* The main fp8 case, 16 elements of f32, f16 or bf16 into 16 fp8 bytes: on NVIDIA sm_89+ one 32-bit word at a
  * time through PTX, elsewhere as two 8-wide vector conversions. */
-#define PC_FAST16 (KV_IS_FP8(OUT_DT) && !KV_IS_FP8(IN_DT))
+#define PC_FAST16 (KV_IS_FP8(OUT_DT) && !KV_IS_FNUZ(OUT_DT) && !KV_IS_FP8(IN_DT)) /* fnuz: element by element */
 #if PC_FAST16 && KV_NV_HW
 /* NVIDIA devices of compute capability 8.9 and later (the host sets KV_NV_HW only there): f16 -> f32 and f32 -> fp8
  * in hardware through inline PTX, two fp8 values per instruction; the results are bit-identical to the integer

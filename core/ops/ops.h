@@ -51,6 +51,9 @@ static inline kvhal_status kvhal__op_dispatch(kvhal_device dev, const kvhal__bk 
 KVHAL_HIDDEN kvhal_status kvhal__device_mismatch(const char *arg, kvhal_device got, const char *ref, kvhal_device want);
 
 static inline bool kvhal__is_float_input(kvhal_dtype d) { return d == KVHAL_F32 || d == KVHAL_F16 || d == KVHAL_BF16; }
-static inline bool kvhal__is_fp8(kvhal_dtype d) { return d == KVHAL_FP8_E4M3 || d == KVHAL_FP8_E5M2; }
+static inline bool kvhal__is_fp8(kvhal_dtype d)
+{
+    return d == KVHAL_FP8_E4M3 || d == KVHAL_FP8_E5M2 || d == KVHAL_FP8_E4M3FNUZ || d == KVHAL_FP8_E5M2FNUZ;
+}
 
 #endif

@@ -57,7 +57,7 @@ static kvhal_status validate(const kvhal_tensor *k_cache, const kvhal_tensor *v_
         return kvhal__err(KVHAL_DTYPE_MISMATCH, "v.dtype: %s differs from k.dtype %s", kvhal_dtype_name(v->dtype),
                           kvhal_dtype_name(in_dt));
     if (cache_dt != in_dt && !kvhal__is_fp8(cache_dt))
-        return kvhal__err(KVHAL_DTYPE_MISMATCH, "k_cache.dtype: %s must be k's dtype %s or fp8_e4m3/fp8_e5m2",
+        return kvhal__err(KVHAL_DTYPE_MISMATCH, "k_cache.dtype: %s must be k's dtype %s or an fp8 format (fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz, fp8_e5m2fnuz)",
                           kvhal_dtype_name(cache_dt), kvhal_dtype_name(in_dt));
     if (v_cache->dtype != cache_dt)
         return kvhal__err(KVHAL_DTYPE_MISMATCH, "v_cache.dtype: %s differs from k_cache.dtype %s",
@@ -145,17 +145,22 @@ static kvhal_bk_paged_side side_of(const kvhal_tensor *cache, const kvhal_tensor
         .head_dim = (int32_t)cache->shape[3], .scale = scale};
 }
 
-/* The key: all the metadata of the normalised call (everything but memory and scales). */
+/* The key: the call's shape class, all the metadata of the normalised call except memory, scales and counts. The
+ * token count (and so the slot count) is a call argument, and so is the batch size of a [batch, seq] call: a serving
+ * loop whose token count changes every step reuses one descriptor per (layout, dtypes, heads, head dims, strides).
+ * Only a batched call's seq_len and outer strides (token-outer, slot-outer) are part of the class; a flat call's
+ * outer strides (seq_len times the inner one) are not used by any backend. Backends make descriptors that hold for
+ * every count (kvhal_backend.h, kvhal_bk_paged_caching). */
 static void key_of(const kvhal_bk_paged_caching *a, kvhal_desc_key *key)
 {
     key->op = KVHAL_BK_OP_PAGED_CACHING;
     uint64_t *w = key->words;
-    *w++ = (uint64_t)a->input_dtype | (uint64_t)a->cache_dtype << 8 | (uint64_t)a->slot_dtype << 16;
-    *w++ = (uint64_t)a->num_tokens;
-    *w++ = (uint64_t)a->seq_len;
+    *w++ = (uint64_t)a->input_dtype | (uint64_t)a->cache_dtype << 8 | (uint64_t)a->slot_dtype << 16 |
+           (uint64_t)a->batched << 24;
+    *w++ = a->batched ? (uint64_t)a->seq_len : 0;
     *w++ = (uint64_t)a->num_heads | (uint64_t)a->block_size << 32;
     *w++ = (uint64_t)a->num_blocks;
-    *w++ = (uint64_t)a->slot_stride_outer;
+    *w++ = a->batched ? (uint64_t)a->slot_stride_outer : 0;
     *w++ = (uint64_t)a->slot_stride_inner;
     const kvhal_bk_paged_side *sides[2] = {&a->k, &a->v};
     for (int i = 0; i < 2; i++) {
@@ -165,7 +170,7 @@ static void key_of(const kvhal_bk_paged_caching *a, kvhal_desc_key *key)
         *w++ = (uint64_t)p->offset_stride;
         *w++ = (uint64_t)p->cache_head_stride;
         *w++ = (uint64_t)p->cache_dim_stride;
-        *w++ = (uint64_t)p->tok_stride_outer;
+        *w++ = a->batched ? (uint64_t)p->tok_stride_outer : 0;
         *w++ = (uint64_t)p->tok_stride_inner;
         *w++ = (uint64_t)p->in_head_stride;
         *w++ = (uint64_t)p->in_dim_stride;
@@ -221,4 +226,87 @@ kvhal_status kvhal_paged_caching(const kvhal_tensor *k_cache, const kvhal_tensor
     kvhal_desc_key key;
     key_of(&a, &key);
     return kvhal__op_dispatch(dev, bk, KVHAL_BK_OP_PAGED_CACHING, &key, &a, s);
+}
+
+/* ---- MLA: one latent vector per token (DeepSeek's multi-head latent attention, vLLM's concat_and_cache_mla) ---- */
+
+/* t as [tokens, 1, dim]: t is [tokens, dim] or [tokens, 1, dim]. */
+static kvhal_status mla_input(const kvhal_tensor *t, const char *name, kvhal_tensor *out)
+{
+    KVHAL_TRY(kvhal__check_tensor(t, name));
+    if (t->ndim == 3 && t->shape[1] != 1)
+        return kvhal__err(KVHAL_SHAPE_MISMATCH, "%s.shape[1]: %lld heads; an MLA input has one ([tokens, 1, dim])",
+                          name, (long long)t->shape[1]);
+    if (t->ndim != 2 && t->ndim != 3)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "%s.ndim: %d, expected 2 ([tokens, dim]) or 3 ([tokens, 1, dim])",
+                          name, t->ndim);
+    *out = *t;
+    if (t->ndim == 2) {
+        out->ndim = 3;
+        out->shape[2] = t->shape[1], out->strides[2] = t->strides[1];
+        out->shape[1] = 1, out->strides[1] = t->shape[1] * t->strides[1];
+    }
+    return KVHAL_OK;
+}
+
+/* The MLA forms run as the paged-caching op on two column ranges of the one cache row: the two parts of the
+ * vector (or, K-only, its two halves) are the op's K and V sides, written by one launch, in every backend. */
+kvhal_status kvhal_paged_caching_mla(const kvhal_tensor *kv_cache, const kvhal_tensor *kv_c, const kvhal_tensor *k_pe,
+                                     const kvhal_tensor *slot_mapping, float scale, kvhal_stream *s)
+{
+    KVHAL_TRY(kvhal__check_tensor(kv_cache, "kv_cache"));
+    if (kv_cache->ndim == 4 && kv_cache->shape[2] != 1)
+        return kvhal__err(KVHAL_SHAPE_MISMATCH, "kv_cache.shape[2]: %lld heads; an MLA cache has one ([blocks, "
+                          "block_size, 1, dim])", (long long)kv_cache->shape[2]);
+    if (kv_cache->ndim != 3 && kv_cache->ndim != 4)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "kv_cache.ndim: %d, expected 3 ([blocks, block_size, dim]) or 4 "
+                          "([blocks, block_size, 1, dim])", kv_cache->ndim);
+    kvhal_tensor c4 = *kv_cache;
+    if (kv_cache->ndim == 3) {
+        c4.ndim = 4;
+        c4.shape[3] = kv_cache->shape[2], c4.strides[3] = kv_cache->strides[2];
+        c4.shape[2] = 1, c4.strides[2] = kv_cache->shape[2] * kv_cache->strides[2];
+    }
+    kvhal_tensor a, b;
+    KVHAL_TRY(mla_input(kv_c, "kv_c", &a));
+    const int64_t row = c4.shape[3], first = a.shape[2];
+    int64_t split;
+    if (k_pe) {
+        KVHAL_TRY(mla_input(k_pe, "k_pe", &b));
+        if (!kvhal__device_equal(k_pe->buffer->device, kv_c->buffer->device))
+            return kvhal__device_mismatch("k_pe", k_pe->buffer->device, "kv_c", kv_c->buffer->device);
+        if (b.dtype != a.dtype)
+            return kvhal__err(KVHAL_DTYPE_MISMATCH, "k_pe.dtype: %s differs from kv_c.dtype %s",
+                              kvhal_dtype_name(b.dtype), kvhal_dtype_name(a.dtype));
+        if (b.shape[0] != a.shape[0])
+            return kvhal__err(KVHAL_SHAPE_MISMATCH, "k_pe.shape[0]: %lld tokens differs from kv_c's %lld",
+                              (long long)b.shape[0], (long long)a.shape[0]);
+        if (first + b.shape[2] != row)
+            return kvhal__err(KVHAL_SHAPE_MISMATCH, "kv_c and k_pe: %lld + %lld dims differ from kv_cache's row of "
+                              "%lld", (long long)first, (long long)b.shape[2], (long long)row);
+        if (first < 1 || b.shape[2] < 1)
+            return kvhal__err(KVHAL_UNSUPPORTED, "%s: a part of 0 dims (pass the whole row as kv_c with k_pe NULL)",
+                              first < 1 ? "kv_c" : "k_pe");
+        split = first;
+    } else {
+        if (first != row)
+            return kvhal__err(KVHAL_SHAPE_MISMATCH, "kv_c.shape[-1]: %lld dims differ from kv_cache's row of %lld",
+                              (long long)first, (long long)row);
+        if (row == 1)
+            return kvhal__err(KVHAL_UNSUPPORTED, "kv_cache: a row of 1 element (the K-only form splits the row)");
+        /* two halves, the first a multiple of 16 elements where the row allows (16-byte units for every dtype) */
+        split = (row / 2) & ~(int64_t)15;
+        if (split == 0) split = row / 2;
+        b = a;
+    }
+    kvhal_tensor kc, vc, k, v;
+    KVHAL_TRY(kvhal_tensor_narrow(&c4, 3, 0, split, &kc));
+    KVHAL_TRY(kvhal_tensor_narrow(&c4, 3, split, row - split, &vc));
+    if (k_pe) {
+        k = a, v = b;
+    } else {
+        KVHAL_TRY(kvhal_tensor_narrow(&a, 2, 0, split, &k));
+        KVHAL_TRY(kvhal_tensor_narrow(&a, 2, split, row - split, &v));
+    }
+    return kvhal_paged_caching(&kc, &vc, &k, &v, slot_mapping, scale, scale, s);
 }

@@ -42,16 +42,30 @@ static float f16_to_f32(uint16_t h)
 
 static float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
-/* An fp8 format: m stored mantissa bits, exponent bias, code of the largest finite magnitude. */
+/* An fp8 format: m stored mantissa bits, exponent bias, code of the largest finite magnitude, and fnuz (AMD's
+ * formats: 0x80 is the one NaN, no negative zero). */
 typedef struct fp8_format {
     int m, bias;
     uint32_t max_code;
+    bool fnuz;
 } fp8_format;
 
-static const fp8_format fp8_e4m3 = {3, 7, 0x7e};  /* largest finite 448, 0x7f is NaN */
-static const fp8_format fp8_e5m2 = {2, 15, 0x7b}; /* largest finite 57344, 0x7c inf, above NaN */
+static const fp8_format fp8_e4m3 = {3, 7, 0x7e, false};  /* largest finite 448, 0x7f is NaN */
+static const fp8_format fp8_e5m2 = {2, 15, 0x7b, false}; /* largest finite 57344, 0x7c inf, above NaN */
+static const fp8_format fp8_e4m3fnuz = {3, 8, 0x7f, true}; /* largest finite 240 */
+static const fp8_format fp8_e5m2fnuz = {2, 16, 0x7f, true}; /* largest finite 57344 */
+
+static uint8_t f32_to_fp8_ocp(float x, fp8_format f);
 
 static uint8_t f32_to_fp8(float x, fp8_format f)
+{
+    const uint8_t c = f32_to_fp8_ocp(x, f);
+    if (!f.fnuz) return c;
+    if ((f32_bits(x) & 0x7fffffffu) > 0x7f800000u) return 0x80u; /* the one NaN */
+    return (c & 0x7fu) ? c : 0u;                                   /* no negative zero */
+}
+
+static uint8_t f32_to_fp8_ocp(float x, fp8_format f)
 {
     const uint32_t u = f32_bits(x);
     const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
@@ -122,7 +136,10 @@ static void plan_paged(const kvhal_bk_paged_caching *a, paged_plan *p)
     p->cache_size = kvhal_bk_dtype_size(a->cache_dtype);
     p->slot_size = kvhal_bk_dtype_size(a->slot_dtype);
     p->convert = a->input_dtype != a->cache_dtype;
-    p->fp8 = a->cache_dtype == KVHAL_FP8_E5M2 ? fp8_e5m2 : fp8_e4m3;
+    p->fp8 = a->cache_dtype == KVHAL_FP8_E5M2       ? fp8_e5m2
+             : a->cache_dtype == KVHAL_FP8_E4M3FNUZ ? fp8_e4m3fnuz
+             : a->cache_dtype == KVHAL_FP8_E5M2FNUZ ? fp8_e5m2fnuz
+                                                    : fp8_e4m3;
 }
 
 static void plan_copy(const kvhal_bk_tensor_copy *a, copy_plan *p)
