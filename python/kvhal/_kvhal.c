@@ -298,7 +298,15 @@ static int type_unversioned(PyTypeObject *tp)
 
 /* stream_int: the consumer's stream as the DLPack stream protocol numbers it (1 legacy default, 2 per-thread,
  * other values a handle), passed to GPU producers; ignored for other devices. */
+static int import_any(PyObject *obj, const char *arg, int writable, intptr_t stream_int, int raw, imp_t *out);
+
 static int import_dlpack(PyObject *obj, const char *arg, int writable, intptr_t stream_int, imp_t *out)
+{
+    return import_any(obj, arg, writable, stream_int, 0, out);
+}
+
+/* raw: host copies move bytes, so any dtype of 1, 2, 4 or 8 bytes is taken as a kvhal dtype of that size. */
+static int import_any(PyObject *obj, const char *arg, int writable, intptr_t stream_int, int raw, imp_t *out)
 {
     memset(out, 0, sizeof *out);
     if (PyObject_TypeCheck(obj, &TensorType)) {
@@ -411,7 +419,12 @@ static int import_dlpack(PyObject *obj, const char *arg, int writable, intptr_t 
         return -1;
     }
     kvhal_dtype dt;
-    if (dl_to_kvhal(dl->dtype, &dt) != 0) {
+    const kvhal_dtype by_size[9] = {KVHAL_DTYPE_COUNT, KVHAL_FP8_E4M3, KVHAL_F16, KVHAL_DTYPE_COUNT, KVHAL_I32,
+                                    KVHAL_DTYPE_COUNT, KVHAL_DTYPE_COUNT, KVHAL_DTYPE_COUNT, KVHAL_I64};
+    if (dl_to_kvhal(dl->dtype, &dt) != 0 && raw && dl->dtype.lanes == 1 && dl->dtype.bits % 8 == 0 &&
+        dl->dtype.bits <= 64 && by_size[dl->dtype.bits / 8] != KVHAL_DTYPE_COUNT)
+        dt = by_size[dl->dtype.bits / 8];
+    else if (dl_to_kvhal(dl->dtype, &dt) != 0) {
         taken_release(&out->taken);
         bad_arg("%s: DLPack dtype (code %u, %u bits, %u lanes) is not one kvhal has (f32, f16, bf16, fp8_e4m3fn, "
                 "fp8_e5m2, int32, int64)",
@@ -795,7 +808,7 @@ static PyObject *tensor_host_copy(TensorObject *self, PyObject *host, int to_hos
 {
     if (!kvhal_tensor_is_contiguous(&self->t)) return bad_arg("self: copy_%s needs a contiguous tensor", to_host ? "to" : "from");
     imp_t h;
-    if (import_dlpack(host, to_host ? "dst" : "src", to_host, 0, &h) != 0) return NULL;
+    if (import_any(host, to_host ? "dst" : "src", to_host, 0, 1, &h) != 0) return NULL;
     PyObject *ret = NULL;
     const size_t n = (size_t)kvhal_tensor_numel(&self->t) * kvhal_dtype_size(self->t.dtype);
     const kvhal_device hd = kvhal_buffer_device(h.t.buffer);
