@@ -318,39 +318,27 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
         out->t = t->t;
         return 0;
     }
-    PyObject *dv = PyObject_CallMethodNoArgs(obj, s_dlpack_device);
-    if (!dv) {
-        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            PyErr_Clear();
-            bad_arg("%s: a %s is not a DLPack array (no __dlpack_device__)", arg, Py_TYPE(obj)->tp_name);
-        }
-        return -1;
-    }
-    long dl_type = -1, dl_id = -1;
-    if (PyTuple_Check(dv) && PyTuple_GET_SIZE(dv) == 2) {
-        dl_type = PyLong_AsLong(PyTuple_GET_ITEM(dv, 0));
-        dl_id = PyLong_AsLong(PyTuple_GET_ITEM(dv, 1));
-    }
-    Py_DECREF(dv);
-    if (PyErr_Occurred()) return -1;
-    kvhal_device dev;
-    if (dl_id < 0 || dl_device_to_kvhal((int)dl_type, (int)dl_id, &dev) != 0) {
-        bad_arg("%s: DLPack device (%ld, %ld) is not a device type kvhal has", arg, dl_type, dl_id);
-        return -1;
-    }
-
-    /* __dlpack__(stream=..., max_version=(1, 0)); GPU producers get the consumer's stream */
+    /* No __dlpack_device__ call on the way in (it costs PyTorch microseconds): the capsule carries the device.
+     * The consumer's stream goes to the producer only when the caller gave one (stream_int != 0 means given; the
+     * protocol's default for None is the legacy stream, which is also ours). A producer that refuses a stream
+     * (NumPy: host arrays take none) is asked again without it once __dlpack_device__ says it is not a GPU's. */
     PyObject *kwargs = NULL, *cap = NULL;
-    const int gpu = dl_type == kDLCUDA || dl_type == kDLROCM;
     const int try_versioned = !type_unversioned(Py_TYPE(obj));
     PyObject *callargs[3] = {NULL, NULL, NULL};
     PyObject *fn = PyObject_GetAttr(obj, s_dlpack);
-    if (!fn) return -1;
+    if (!fn) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            bad_arg("%s: a %s is not a DLPack array (no __dlpack__)", arg, Py_TYPE(obj)->tp_name);
+        }
+        return -1;
+    }
+    int with_stream = stream_int != 0;
     for (int attempt = try_versioned ? 0 : 1; attempt < 2 && !cap; attempt++) {
         Py_ssize_t nk = 0;
         PyObject *names[2];
         PyObject *stream_obj = NULL;
-        if (gpu) {
+        if (with_stream) {
             stream_obj = PyLong_FromSsize_t((Py_ssize_t)stream_int);
             if (!stream_obj) break;
             callargs[nk] = stream_obj;
@@ -374,6 +362,25 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
                 Py_INCREF(Py_TYPE(obj));
                 g_no_versioned[g_no_versioned_n++] = Py_TYPE(obj);
             }
+        } else if (!cap && with_stream) {
+            /* refused the stream: fine for a host array, an error for a GPU one */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyObject *dv = PyObject_CallMethodNoArgs(obj, s_dlpack_device);
+            long dl_type = -1;
+            if (dv && PyTuple_Check(dv) && PyTuple_GET_SIZE(dv) == 2) dl_type = PyLong_AsLong(PyTuple_GET_ITEM(dv, 0));
+            Py_XDECREF(dv);
+            if (dl_type == kDLCUDA || dl_type == kDLROCM || dl_type < 0) {
+                PyErr_Clear();
+                PyErr_Restore(type, value, tb);
+                break;
+            }
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            PyErr_Clear();
+            with_stream = 0;
+            attempt--; /* the same attempt again, without the stream */
         } else if (!cap) {
             break;
         }
@@ -412,6 +419,13 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
         return -1;
     }
     Py_DECREF(cap); /* renamed: its destructor leaves the tensor to us */
+    kvhal_device dev;
+    if (dl->device.device_id < 0 || dl_device_to_kvhal((int)dl->device.device_type, (int)dl->device.device_id, &dev)) {
+        const int dt_ = (int)dl->device.device_type, di_ = (int)dl->device.device_id;
+        taken_release(&out->taken);
+        bad_arg("%s: DLPack device (%d, %d) is not a device type kvhal has", arg, dt_, di_);
+        return -1;
+    }
 
     if (writable && (flags & DLPACK_FLAG_BITMASK_READ_ONLY)) {
         taken_release(&out->taken);
@@ -584,8 +598,13 @@ static int stream_for(PyObject *o, intptr_t native, kvhal_device dev, kvhal_stre
     return 0;
 }
 
-/* DLPack numbers the legacy default stream 1 (0 is ambiguous there). */
-static intptr_t dlpack_stream_number(intptr_t native) { return native == 0 ? 1 : native; }
+/* The stream to hand a producer: 0 when the caller gave none (the producer then assumes the legacy default stream,
+ * which is what kvhal uses); DLPack numbers the legacy default stream 1 (0 is ambiguous there). */
+static intptr_t dlpack_stream_number(PyObject *arg, intptr_t native)
+{
+    if (!arg || arg == Py_None) return 0;
+    return native == 0 ? 1 : native;
+}
 
 static int stream_init(StreamObject *self, PyObject *args, PyObject *kw)
 {
@@ -969,7 +988,7 @@ static PyObject *py_from_dlpack(PyObject *mod, PyObject *obj)
         return obj;
     }
     imp_t a;
-    if (import_dlpack(obj, "array", 0, 1, &a) != 0) return NULL;
+    if (import_dlpack(obj, "array", 0, 0, &a) != 0) return NULL;
     TensorObject *t = PyObject_New(TensorObject, &TensorType);
     if (!t) {
         imp_release(&a);
@@ -1012,7 +1031,7 @@ static PyObject *py_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize
     if (as_scale(a[5], "k_scale", &ks) != 0 || as_scale(a[6], "v_scale", &vs) != 0) return NULL;
     intptr_t native;
     if (stream_int_of(a[7], &native) != 0) return NULL;
-    const intptr_t dls = dlpack_stream_number(native);
+    const intptr_t dls = dlpack_stream_number(a[7], native);
     imp_t t[5];
     int n = 0;
     PyObject *ret = NULL;
@@ -1044,7 +1063,7 @@ static PyObject *py_tensor_copy(PyObject *mod, PyObject *const *args, Py_ssize_t
     int n = 0;
     PyObject *ret = NULL;
     for (; n < 2; n++)
-        if (import_dlpack(a[n], names[n], n == 0, dlpack_stream_number(native), &t[n]) != 0) goto out;
+        if (import_dlpack(a[n], names[n], n == 0, dlpack_stream_number(a[2], native), &t[n]) != 0) goto out;
     kvhal_stream *s;
     if (stream_for(a[2], native, kvhal_buffer_device(t[0].t.buffer), &s) != 0) goto out;
     kvhal_status st = kvhal_tensor_copy(&t[0].t, &t[1].t, s);
@@ -1259,7 +1278,7 @@ static PyObject *py_copy_blocks(PyObject *mod, PyObject *const *args, Py_ssize_t
     for (; n < nc; n++) {
         char arg[32];
         snprintf(arg, sizeof arg, "caches[%zd]", n);
-        if (import_dlpack(PySequence_Fast_GET_ITEM(seq, n), arg, 1, dlpack_stream_number(native), &t[n]) != 0)
+        if (import_dlpack(PySequence_Fast_GET_ITEM(seq, n), arg, 1, dlpack_stream_number(a[2], native), &t[n]) != 0)
             goto out;
         ts[n] = t[n].t;
     }
