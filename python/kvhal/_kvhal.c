@@ -1772,17 +1772,16 @@ static PyObject *manager_free(ManagerObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-static PyObject *manager_finished(ManagerObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+/* cache_finished (suffix 0: the whole request's tokens and pages) and cache_finished_suffix (suffix 1: only what
+ * follows the match). */
+static PyObject *finish_common(ManagerObject *self, PyObject *handle, PyObject *tokens, PyObject *pages, int suffix)
 {
-    static const char *const names[] = {"tokens", "pages", "handle"};
-    PyObject *a[3];
-    if (parse_fast("cache_finished", args, nargs, kwnames, names, 3, 3, a) != 0) return NULL;
     if (manager_live(self) != 0) return NULL;
     HANDLE_T h;
-    if (get_handle(a[2], (PyObject *)self, NULL, &h) != 0) return NULL;
+    if (get_handle(handle, (PyObject *)self, NULL, &h) != 0) return NULL;
     intarr tk, pg;
-    if (get_ints(a[0], "tokens", 4, &tk) != 0) return NULL;
-    if (get_ints(a[1], "pages", 4, &pg) != 0) {
+    if (get_ints(tokens, "tokens", 4, &tk) != 0) return NULL;
+    if (get_ints(pages, "pages", 4, &pg) != 0) {
         intarr_release(&tk);
         return NULL;
     }
@@ -1790,7 +1789,8 @@ static PyObject *manager_finished(ManagerObject *self, PyObject *const *args, Py
     const size_t need = (tk.n + (size_t)self->page_size - 1) / (size_t)self->page_size;
     if (pg.n < need) bad_arg("pages: %zu pages for %zu tokens needs %zu", pg.n, tk.n, need);
     else {
-        kvhal_status st = kvhal_cache_manager_cache_finished(self->cm, tk.data, tk.n, pg.data, h);
+        kvhal_status st = suffix ? kvhal_cache_manager_cache_finished_suffix(self->cm, h, tk.data, tk.n, pg.data)
+                                 : kvhal_cache_manager_cache_finished(self->cm, tk.data, tk.n, pg.data, h);
         if (st != KVHAL_OK) raise_status(st);
         else {
             Py_INCREF(Py_None);
@@ -1802,35 +1802,21 @@ static PyObject *manager_finished(ManagerObject *self, PyObject *const *args, Py
     return ret;
 }
 
+static PyObject *manager_finished(ManagerObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"tokens", "pages", "handle"};
+    PyObject *a[3];
+    if (parse_fast("cache_finished", args, nargs, kwnames, names, 3, 3, a) != 0) return NULL;
+    return finish_common(self, a[2], a[0], a[1], 0);
+}
+
 static PyObject *manager_finished_suffix(ManagerObject *self, PyObject *const *args, Py_ssize_t nargs,
                                          PyObject *kwnames)
 {
     static const char *const names[] = {"handle", "tokens", "pages"};
     PyObject *a[3];
     if (parse_fast("cache_finished_suffix", args, nargs, kwnames, names, 3, 3, a) != 0) return NULL;
-    if (manager_live(self) != 0) return NULL;
-    HANDLE_T h;
-    if (get_handle(a[0], (PyObject *)self, NULL, &h) != 0) return NULL;
-    intarr tk, pg;
-    if (get_ints(a[1], "tokens", 4, &tk) != 0) return NULL;
-    if (get_ints(a[2], "pages", 4, &pg) != 0) {
-        intarr_release(&tk);
-        return NULL;
-    }
-    PyObject *ret = NULL;
-    const size_t need = (tk.n + (size_t)self->page_size - 1) / (size_t)self->page_size;
-    if (pg.n < need) bad_arg("pages: %zu pages for %zu tokens needs %zu", pg.n, tk.n, need);
-    else {
-        kvhal_status st = kvhal_cache_manager_cache_finished_suffix(self->cm, h, tk.data, tk.n, pg.data);
-        if (st != KVHAL_OK) raise_status(st);
-        else {
-            Py_INCREF(Py_None);
-            ret = Py_None;
-        }
-    }
-    intarr_release(&tk);
-    intarr_release(&pg);
-    return ret;
+    return finish_common(self, a[0], a[1], a[2], 1);
 }
 
 static PyObject *manager_lock_common(ManagerObject *self, PyObject *h, int lock)

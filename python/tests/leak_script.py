@@ -38,11 +38,12 @@ def once(i):
 
 
 def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 500  # fewer under valgrind
     for i in range(50):
         once(i)
     gc.collect()
     before = len(gc.get_objects())
-    for i in range(500):
+    for i in range(rounds):
         once(i)
     gc.collect()
     after = len(gc.get_objects())
