@@ -70,6 +70,7 @@ static void camel(const char *upper, char *out, size_t size)
 /* ------------------------------------------------------------------------------------------------------------ */
 static PyObject *s_dlpack, *s_dlpack_device, *s_stream, *s_max_version, *s_cuda_stream_proto, *s_cuda_stream_attr;
 static PyObject *g_max_version; /* (1, 0) */
+static PyObject *g_kw_stream, *g_kw_max, *g_kw_stream_max; /* keyword-name tuples for __dlpack__ */
 static PyObject *g_array_type;  /* array.array */
 
 /* Fills out[0..n) from positional args and keywords named names[0..n); missing ones stay NULL. */
@@ -324,15 +325,7 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
      * (NumPy: host arrays take none) is asked again without it once __dlpack_device__ says it is not a GPU's. */
     PyObject *kwargs = NULL, *cap = NULL;
     const int try_versioned = !type_unversioned(Py_TYPE(obj));
-    PyObject *callargs[3] = {NULL, NULL, NULL};
-    PyObject *fn = PyObject_GetAttr(obj, s_dlpack);
-    if (!fn) {
-        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            PyErr_Clear();
-            bad_arg("%s: a %s is not a DLPack array (no __dlpack__)", arg, Py_TYPE(obj)->tp_name);
-        }
-        return -1;
-    }
+    PyObject *callargs[3] = {obj, NULL, NULL}; /* self, then the keyword values */
     int with_stream = stream_int != 0;
     for (int attempt = try_versioned ? 0 : 1; attempt < 2 && !cap; attempt++) {
         Py_ssize_t nk = 0;
@@ -341,21 +334,21 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
         if (with_stream) {
             stream_obj = PyLong_FromSsize_t((Py_ssize_t)stream_int);
             if (!stream_obj) break;
-            callargs[nk] = stream_obj;
+            callargs[1 + nk] = stream_obj;
             names[nk++] = s_stream;
         }
         if (attempt == 0) {
-            callargs[nk] = g_max_version;
+            callargs[1 + nk] = g_max_version;
             names[nk++] = s_max_version;
         }
-        kwargs = nk ? PyTuple_New(nk) : NULL;
-        for (Py_ssize_t i = 0; i < nk; i++) {
-            Py_INCREF(names[i]);
-            PyTuple_SET_ITEM(kwargs, i, names[i]);
-        }
-        cap = PyObject_Vectorcall(fn, callargs, 0, kwargs);
-        Py_XDECREF(kwargs);
+        kwargs = nk ? (nk == 2 ? g_kw_stream_max : nk == 1 && names[0] == s_stream ? g_kw_stream : g_kw_max) : NULL;
+        cap = PyObject_VectorcallMethod(s_dlpack, callargs, 1, kwargs); /* no bound method made */
         Py_XDECREF(stream_obj);
+        if (!cap && PyErr_ExceptionMatches(PyExc_AttributeError) && !PyObject_HasAttr(obj, s_dlpack)) {
+            PyErr_Clear();
+            bad_arg("%s: a %s is not a DLPack array (no __dlpack__)", arg, Py_TYPE(obj)->tp_name);
+            return -1;
+        }
         if (!cap && attempt == 0 && PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear(); /* a pre-1.0 producer: no max_version keyword */
             if (g_no_versioned_n < NO_VERSIONED_MAX) {
@@ -385,7 +378,6 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
             break;
         }
     }
-    Py_DECREF(fn);
     if (!cap) return -1;
 
     DLTensor *dl = NULL;
@@ -1039,7 +1031,15 @@ static PyObject *py_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize
         if (import_dlpack(a[n], names[n], n < 2, dls, &t[n]) != 0) goto out;
     kvhal_stream *s;
     if (stream_for(a[7], native, kvhal_buffer_device(t[0].t.buffer), &s) != 0) goto out;
-    kvhal_status st = kvhal_paged_caching(&t[0].t, &t[1].t, &t[2].t, &t[3].t, &t[4].t, ks, vs, s);
+    kvhal_status st;
+    if (kvhal_buffer_device(t[0].t.buffer).type == KVHAL_DEVICE_CPU && kvhal_tensor_numel(&t[2].t) >= (1 << 16)) {
+        /* the CPU copies in the call: other Python threads run meanwhile (kvhal calls are thread-safe) */
+        Py_BEGIN_ALLOW_THREADS
+        st = kvhal_paged_caching(&t[0].t, &t[1].t, &t[2].t, &t[3].t, &t[4].t, ks, vs, s);
+        Py_END_ALLOW_THREADS
+    } else {
+        st = kvhal_paged_caching(&t[0].t, &t[1].t, &t[2].t, &t[3].t, &t[4].t, ks, vs, s);
+    }
     if (st != KVHAL_OK) {
         raise_status(st);
         goto out;
@@ -1967,6 +1967,9 @@ PyMODINIT_FUNC PyInit__kvhal(void)
     INTERN(s_cuda_stream_proto, "__cuda_stream__");
     INTERN(s_cuda_stream_attr, "cuda_stream");
     if (!(g_max_version = Py_BuildValue("(ii)", KVHAL_PY_DLPACK_MAJOR, KVHAL_PY_DLPACK_MINOR))) return NULL;
+    if (!(g_kw_stream = PyTuple_Pack(1, s_stream)) || !(g_kw_max = PyTuple_Pack(1, s_max_version)) ||
+        !(g_kw_stream_max = PyTuple_Pack(2, s_stream, s_max_version)))
+        return NULL;
     PyObject *arr = PyImport_ImportModule("array");
     if (!arr) return NULL;
     g_array_type = PyObject_GetAttrString(arr, "array");

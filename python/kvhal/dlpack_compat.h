@@ -5,8 +5,62 @@
 #ifndef KVHAL_PY_DLPACK_COMPAT_H
 #define KVHAL_PY_DLPACK_COMPAT_H
 
-#include <dlpack/dlpack.h>
 #include <stdint.h>
+
+#if !defined(KVHAL_PY_OWN_DLPACK)
+#include <dlpack/dlpack.h>
+#else
+/* No dlpack/dlpack.h on this machine (meson says so): the stable C ABI of the DLPack specification, declared here
+ * (device and data-type codes, DLTensor, DLManagedTensor), as the specification lays them out. */
+typedef enum {
+    kDLCPU = 1,
+    kDLCUDA = 2,
+    kDLCUDAHost = 3,
+    kDLOpenCL = 4,
+    kDLVulkan = 7,
+    kDLMetal = 8,
+    kDLVPI = 9,
+    kDLROCM = 10,
+    kDLROCMHost = 11,
+    kDLExtDev = 12,
+} DLDeviceType;
+
+typedef struct {
+    DLDeviceType device_type;
+    int32_t device_id;
+} DLDevice;
+
+typedef enum {
+    kDLInt = 0U,
+    kDLUInt = 1U,
+    kDLFloat = 2U,
+    kDLOpaqueHandle = 3U,
+    kDLBfloat = 4U,
+    kDLComplex = 5U,
+} DLDataTypeCode;
+
+typedef struct {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+} DLTensor;
+
+typedef struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+#endif
 
 #if !defined(DLPACK_MAJOR_VERSION)
 typedef struct {
