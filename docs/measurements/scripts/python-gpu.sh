@@ -10,14 +10,16 @@ export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
 fail=0
 nvidia-smi -L > "$OUT/gpu.txt" 2>&1
 B=/tmp/bpy
-meson setup $B -Dbackends=cpu,cuda,opencl -Dwerror=true -Dnvcc_arch=90 -Dpython=enabled > "$OUT/build.txt" 2>&1 && ninja -C $B >> "$OUT/build.txt" 2>&1 ||
+# werror off here: the venv's Python headers are not the ones CI builds against (CI here builds with -Dwerror=true)
+meson setup $B -Dbackends=cpu,cuda,opencl -Dnvcc_arch=90 -Dpython=enabled > "$OUT/build.txt" 2>&1 && ninja -C $B >> "$OUT/build.txt" 2>&1 ||
   { echo BUILD FAILED; tail -40 "$OUT/build.txt"; exit 1; }
 export KVHAL_BACKEND_PATH=$B/backends PYTHONPATH=$B/python
 meson test -C $B --print-errorlogs --suite ops --suite foundation --suite python > "$OUT/tests.txt" 2>&1 || fail=1
 grep -E "^(Ok|Fail|Skipped|Timeout)" "$OUT/tests.txt"
-# the Python tests again with CUDA tensors
-python3 -m pytest -q -p no:cacheprovider python/tests/test_gpu_torch.py > "$OUT/pytest-cuda.txt" 2>&1 || fail=1
-tail -3 "$OUT/pytest-cuda.txt"
+python3 -c 'import pytest, numpy' 2>/dev/null || echo "NOTE: pytest or numpy missing in this Python: the python suite (CPU, OpenCL and cuda devices) did not run"
+# CUDA tensors from PyTorch (runs without pytest)
+python3 python/tests/test_gpu_torch.py > "$OUT/test-gpu-torch.txt" 2>&1 || fail=1
+cat "$OUT/test-gpu-torch.txt"
 # the C capture check
 gcc -std=c11 -O2 tests/gpu/graph_capture.c -Iapi -I/usr/local/cuda/include -L$B/core -lkvhal \
   -L/usr/local/cuda/lib64 -lcudart -Wl,-rpath,$B/core -Wl,-rpath,/usr/local/cuda/lib64 -o /tmp/graph_capture &&
