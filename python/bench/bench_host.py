@@ -55,7 +55,7 @@ def main():
     py_torch = time_calls(lambda: kvhal.paged_caching(kc, vc, k, v, slots, stream=stream), a.reps)
     py_torch_kw = time_calls(lambda: kvhal.paged_caching(kc, vc, k, v, slots, 1.0, 1.0, stream), a.reps)
     res = {"version": kvhal.__version__, "device": a.device, "shape": "llama3-8b bf16 256 tokens, padding slots",
-           "python_torch_ns": py_torch, "python_torch_positional_ns": py_torch_kw}
+           "torch": torch.__version__, "python_torch_ns": py_torch, "python_torch_positional_ns": py_torch_kw}
     if dev == "cpu":
         import numpy as np
         nkc = np.zeros((nb, block, heads, dim), np.float16)
@@ -69,6 +69,9 @@ def main():
         tv = kvhal.from_dlpack(v)
         ts = kvhal.from_dlpack(slots)
         res["python_kvhal_tensor_ns"] = time_calls(lambda: kvhal.paged_caching(tkc, tvc, tk, tv, ts), a.reps)
+        # an eager engine: caches imported once (kvhal.from_dlpack), each step's k, v, slots passed as torch tensors
+        res["python_cache_views_torch_inputs_ns"] = time_calls(lambda: kvhal.paged_caching(tkc, tvc, k, v, slots),
+                                                                a.reps)
     try:
         c_pad, c_call = c_overhead(a.bench, a.device)
     except (OSError, subprocess.CalledProcessError, ValueError, KeyError) as e:
