@@ -127,12 +127,23 @@ KVHAL_API kvhal_status kvhal_device_default(kvhal_device *out);
 /* Number of present devices of a type (0 when no loaded module serves it). */
 KVHAL_API kvhal_status kvhal_device_count(kvhal_device_type type, int32_t *count);
 KVHAL_API kvhal_status kvhal_device_get_info(kvhal_device dev, kvhal_device_info *out);
-/* Waits for all work on the device and reports (and clears) its device-side error flag: KVHAL_DEVICE_FAULT
- * when a kernel skipped an out-of-range index since the last check. Not while capturing. */
+/**
+ * Waits for all work on the device, then reports and clears its device-side error flag.
+ * @param dev the device.
+ * @return KVHAL_OK; KVHAL_DEVICE_FAULT when a kernel skipped an out-of-range index since the last check (the message
+ *         names the op); KVHAL_NO_DEVICE / KVHAL_BACKEND_UNAVAILABLE / KVHAL_INVALID_ARGUMENT (dev);
+ *         KVHAL_BACKEND_ERROR (the runtime failed to wait).
+ * Thread safety: any thread. Graph capture: no (it waits for the device). Stream: every stream of the device.
+ */
 KVHAL_API kvhal_status kvhal_device_synchronize(kvhal_device dev);
-/* Like synchronize, but only reads the device-side error flag (it waits for work already queued on the default
- * stream and, through it, kvhal's own streams; a borrowed non-blocking stream's work is checked by
- * kvhal_stream_check_errors). Not while capturing. */
+/**
+ * Reports and clears the device-side error flag after the work queued on the default stream.
+ * It waits for the default stream and, through it, kvhal's own streams; a borrowed non-blocking stream's work is
+ * checked by kvhal_stream_check_errors (a device-wide wait is kvhal_device_synchronize).
+ * @param dev the device.
+ * @return as kvhal_device_synchronize.
+ * Thread safety: any thread. Graph capture: no (it waits). Stream: the default stream.
+ */
 KVHAL_API kvhal_status kvhal_device_check_errors(kvhal_device dev);
 
 /* Backend modules the registry found (for kvhal-info). Index 0..count-1. The CPU backend is built in. */
@@ -179,9 +190,12 @@ typedef struct kvhal_buffer kvhal_buffer;
  *   device's, not the stream's: a fault of any stream's finished kernel is reported by whichever check comes first.
  * - The CPU backend checks slots on the host before writing and returns KVHAL_OUT_OF_RANGE from the op itself. */
 
-/* Native handles of the default streams, for kvhal_stream_wrap: the same values as CUDA's cudaStreamLegacy and
- * cudaStreamPerThread. A NULL native handle is the legacy default stream too. */
+/** Native handle of the legacy default stream for kvhal_stream_wrap (the value of CUDA's cudaStreamLegacy; NULL
+ *  means the same). OpenCL and CPU: the device's default queue. */
 #define KVHAL_STREAM_LEGACY ((void *)0x1)
+/** Native handle of the per-thread default stream for kvhal_stream_wrap (the value of CUDA's cudaStreamPerThread,
+ *  HIP's hipStreamPerThread): work goes to the default stream of whichever thread enqueues it. OpenCL and CPU: the
+ *  device's default queue. */
 #define KVHAL_STREAM_PER_THREAD ((void *)0x2)
 
 /* Thread safety: every stream call may be made from several threads, each on its own handles; one handle may be

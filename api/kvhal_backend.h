@@ -223,9 +223,9 @@ typedef struct kvhal_backend_device_fns {
     kvhal_status (*synchronize)(void *ctx, int32_t id);
     /* Reads the device-side error flag after the work already queued. NULL: synchronize. */
     kvhal_status (*check_errors)(void *ctx, int32_t id);
-    /* Appended (issue 14). Waits for the work queued on one stream (NULL: the default stream) and nothing else,
-     * then reads and clears the device-side error flag (KVHAL_DEVICE_FAULT when set). NULL: the core calls
-     * stream_synchronize (or synchronize) and then check_errors. Never called while the stream is captured. */
+    /** Appended (issue 14). Waits for the work queued on one stream (NULL: the default stream) and nothing else,
+     *  then reads and clears the device-side error flag (KVHAL_DEVICE_FAULT when set). NULL: the core calls
+     *  stream_synchronize (or synchronize) and then check_errors. Never called while the stream is captured. */
     kvhal_status (*stream_check_errors)(void *ctx, int32_t id, void *stream);
     /* Append new entries here only. */
 } kvhal_backend_device_fns;
