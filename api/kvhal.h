@@ -154,10 +154,23 @@ KVHAL_API kvhal_status kvhal_device_default(kvhal_device *out);
 /* Number of present devices of a type (0 when no loaded module serves it). */
 KVHAL_API kvhal_status kvhal_device_count(kvhal_device_type type, int32_t *count);
 KVHAL_API kvhal_status kvhal_device_get_info(kvhal_device dev, kvhal_device_info *out);
-/* Waits for all work on the device and reports (and clears) its device-side error flag: KVHAL_DEVICE_FAULT
- * when a kernel skipped an out-of-range index since the last check. */
+/**
+ * Waits for all work on the device, then reports and clears its device-side error flag.
+ * @param dev the device.
+ * @return KVHAL_OK; KVHAL_DEVICE_FAULT when a kernel skipped an out-of-range index since the last check (the message
+ *         names the op); KVHAL_NO_DEVICE / KVHAL_BACKEND_UNAVAILABLE / KVHAL_INVALID_ARGUMENT (dev);
+ *         KVHAL_BACKEND_ERROR (the runtime failed to wait).
+ * Thread safety: any thread. Graph capture: no (it waits for the device). Stream: every stream of the device.
+ */
 KVHAL_API kvhal_status kvhal_device_synchronize(kvhal_device dev);
-/* Like synchronize, but only reads the device-side error flag (it waits for work already queued). */
+/**
+ * Reports and clears the device-side error flag after the work queued on the default stream.
+ * It waits for the default stream and, through it, kvhal's own streams; a borrowed non-blocking stream's work is
+ * checked by kvhal_stream_check_errors (a device-wide wait is kvhal_device_synchronize).
+ * @param dev the device.
+ * @return as kvhal_device_synchronize.
+ * Thread safety: any thread. Graph capture: no (it waits). Stream: the default stream.
+ */
 KVHAL_API kvhal_status kvhal_device_check_errors(kvhal_device dev);
 
 /* Backend modules the registry found (for kvhal-info). Index 0..count-1. The CPU backend is built in. */
@@ -190,12 +203,65 @@ KVHAL_API kvhal_status kvhal_backend_get_proc_address(kvhal_device_type type, co
 typedef struct kvhal_stream kvhal_stream; /* NULL everywhere means the device's default stream */
 typedef struct kvhal_buffer kvhal_buffer;
 
+/* Current device. No kvhal call changes the calling thread's current device (cudaGetDevice / hipGetDevice): a call
+ * on another device selects it and selects the caller's again before it returns (only where they differ).
+ *
+ * Asynchronous error model (GPU backends; OpenCL alike):
+ * - A call returns every error it can see on the host (bad arguments, launch failures) as its status, at once.
+ * - Ops are asynchronous on their stream. A check the device makes while running a kernel (a slot_mapping entry or
+ *   block id out of range: nothing is written for it) sets the device's error flag; the call that launched the
+ *   kernel has already returned KVHAL_OK.
+ * - The flag is reported (KVHAL_DEVICE_FAULT, naming the op) and cleared by the first of kvhal_stream_check_errors
+ *   (waits for one stream), kvhal_device_check_errors (waits for the default stream and kvhal's streams) or
+ *   kvhal_device_synchronize (waits for the device) that runs after the faulting kernel finished. The flag is the
+ *   device's, not the stream's: a fault of any stream's finished kernel is reported by whichever check comes first.
+ * - The CPU backend checks slots on the host before writing and returns KVHAL_OUT_OF_RANGE from the op itself. */
+
+/** Native handle of the legacy default stream for kvhal_stream_wrap (the value of CUDA's cudaStreamLegacy; NULL
+ *  means the same). OpenCL and CPU: the device's default queue. */
+#define KVHAL_STREAM_LEGACY ((void *)0x1)
+/** Native handle of the per-thread default stream for kvhal_stream_wrap (the value of CUDA's cudaStreamPerThread,
+ *  HIP's hipStreamPerThread): work goes to the default stream of whichever thread enqueues it. OpenCL and CPU: the
+ *  device's default queue. */
+#define KVHAL_STREAM_PER_THREAD ((void *)0x2)
+
+/* Thread safety: every stream call may be made from several threads, each on its own handles; one handle may be
+ * used by several threads at once for ops (kvhal does not serialise a native stream: its order is the runtime's).
+ * Destroying a handle while another thread uses it is the caller's race. Graph capture: create, wrap, destroy and
+ * kvhal_stream_device enqueue nothing and may be called while a stream is being captured; synchronize and
+ * check_errors wait and must not be. */
 KVHAL_API kvhal_status kvhal_stream_create(kvhal_device dev, kvhal_stream **out);
-/* Borrows a native cudaStream_t / hipStream_t / cl_command_queue; never destroyed by kvhal. */
+/**
+ * Borrows a native stream: a cudaStream_t / hipStream_t / cl_command_queue, or one of the default streams.
+ * @param dev the device the stream belongs to (opened here: its per-device state is made now, so that ops on the
+ *        stream allocate nothing and may be captured into a graph).
+ * @param native the native stream, borrowed for the handle's life and never destroyed by kvhal. NULL or
+ *        KVHAL_STREAM_LEGACY: the legacy default stream; KVHAL_STREAM_PER_THREAD: the per-thread default stream of
+ *        whichever thread enqueues (CUDA, HIP). On OpenCL and CPU these three wrap the device's default queue.
+ * @param out receives the handle; release it with kvhal_stream_destroy.
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (out NULL, or an OpenCL handle that is not a queue);
+ *         KVHAL_DEVICE_MISMATCH (an OpenCL queue of another device); KVHAL_NO_DEVICE / KVHAL_BACKEND_UNAVAILABLE
+ *         (dev); KVHAL_UNSUPPORTED (the backend cannot wrap streams); KVHAL_OUT_OF_MEMORY.
+ * Thread safety: any thread. Graph capture: may be called while this thread captures (it enqueues nothing; the
+ * per-device state is made in the runtime's relaxed capture mode). Stream: none is used.
+ */
 KVHAL_API kvhal_status kvhal_stream_wrap(kvhal_device dev, void *native, kvhal_stream **out);
 KVHAL_API kvhal_status kvhal_stream_destroy(kvhal_stream *s);
 KVHAL_API kvhal_status kvhal_stream_synchronize(kvhal_stream *s);
 KVHAL_API kvhal_device kvhal_stream_device(const kvhal_stream *s);
+/**
+ * Reports device-side faults after the work queued on one stream, without a device-wide wait.
+ * Waits for the work already queued on s (nothing else), then reads and clears its device's error flag (see the
+ * asynchronous error model above).
+ * @param s a live stream handle (borrowed for the call).
+ * @return KVHAL_OK; KVHAL_DEVICE_FAULT when a kernel skipped out-of-range indices since the last check (the
+ *         message names the op); KVHAL_INVALID_ARGUMENT (s NULL: use kvhal_device_check_errors for the default
+ *         stream, or wrap it with KVHAL_STREAM_LEGACY); KVHAL_INVALID_HANDLE (s destroyed or not a stream);
+ *         KVHAL_BACKEND_ERROR (the runtime failed to wait, e.g. an earlier kernel crashed).
+ * Thread safety: any thread; two threads checking at once each see a fault at most once between them.
+ * Graph capture: no (it waits); call it after replaying a graph. Stream: waits for s only.
+ */
+KVHAL_API kvhal_status kvhal_stream_check_errors(kvhal_stream *s);
 
 KVHAL_API kvhal_status kvhal_buffer_create(kvhal_device dev, size_t bytes, kvhal_buffer **out);
 /* Borrows memory the caller owns, without copying: a host pointer (cpu), a device pointer (cuda, hip) or a
@@ -272,21 +338,41 @@ KVHAL_API kvhal_status kvhal_tensor_permute(const kvhal_tensor *t, const int32_t
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Ops (validate -> the device's backend -> descriptor cache -> backend call). Asynchronous on GPU backends.     */
 /* ------------------------------------------------------------------------------------------------------------ */
+/* Thread safety of the ops: any thread, at once, on any tensors (descriptor caches are per thread); two calls that
+ * write the same memory concurrently race as any two kernels would.
+ * Graph capture (CUDA/HIP): kvhal_tensor_copy and kvhal_paged_caching may be recorded into a graph on a captured
+ * stream, the process's first call included (they allocate nothing: per-device state is made when a buffer or
+ * stream is made or wrapped on the device, which may itself happen inside the capture). A replay reads the tensors'
+ * memory at replay time (same addresses, new contents) and uses the scales of the captured call. kvhal_copy_blocks
+ * stages its pairs through host memory and may not be captured (KVHAL_BACKEND_ERROR from the runtime). */
 /* dst = src elementwise (same shape and dtype, same device, any strides). Elements are copied in parallel on
  * devices: dst must not overlap src (unless it is the same view) nor itself (a stride 0 of a dim longer than 1),
  * or the result differs between backends. */
 KVHAL_API kvhal_status kvhal_tensor_copy(const kvhal_tensor *dst, const kvhal_tensor *src, kvhal_stream *s);
 
-/* The paged-caching op. Caches are 4-D in logical order [blocks, block_size, heads, dim] with any strides
- * (NHD: contiguous; HND: a view permuted from [blocks, heads, block_size, dim]). k, v are [tokens, heads, dim]
- * or [batch, seq, heads, dim] with any strides. slot_mapping is i32 or i64 [tokens] (or [batch, seq]), on the
- * caches' device. Token t goes to block slot/block_size, offset slot%block_size; slot < 0 is padding.
- * A slot >= blocks*block_size is never written: with host-readable slots (cpu) the call fails before writing;
- * on GPUs the kernel skips it and sets the device error flag that kvhal_device_synchronize reports.
- * Cache dtype may be FP8 while k/v are f32/f16/bf16: value/scale is rounded to nearest even, saturating.
- * k_cache and v_cache should not share elements (interleaved element ranges are fine, as in KVHAL_PAGE_FIRST):
- * aliased or overlapping caches are not refused (the tests pass one cache as both on purpose) and what a shared
- * element holds afterwards is undefined (the CPU writes V after K; GPUs write both in parallel). */
+/**
+ * The paged-caching op: writes k and v into the caches at the slots of slot_mapping.
+ * Caches are 4-D in logical order [blocks, block_size, heads, dim] with any strides (NHD: contiguous; HND: a view
+ * permuted from [blocks, heads, block_size, dim]). k, v are [tokens, heads, dim] or [batch, seq, heads, dim] with
+ * any strides. slot_mapping is i32 or i64 [tokens] (or [batch, seq]), on the caches' device. Token t goes to block
+ * slot/block_size, offset slot%block_size; slot < 0 is padding. A slot >= blocks*block_size is never written: with
+ * host-readable slots (cpu) the call fails before writing; on GPUs and OpenCL the kernel skips it and sets the
+ * device error flag (the asynchronous error model above: kvhal_stream_check_errors reports it). Cache dtype may be
+ * FP8 while k/v are f32/f16/bf16: value/scale is rounded to nearest even, saturating. k_cache and v_cache should
+ * not share elements (interleaved element ranges are fine, as in KVHAL_PAGE_FIRST): aliased or overlapping caches
+ * are not refused and what a shared element holds afterwards is undefined (the CPU writes V after K; GPUs write
+ * both in parallel).
+ * @param k_cache, v_cache the caches, written in place (borrowed for the call).
+ * @param k, v the new keys and values (read; borrowed for the call, read by the device until the work is done).
+ * @param slot_mapping the slots (read by the device).
+ * @param k_scale, v_scale fp8 scales (> 0, finite); ignored for other cache dtypes.
+ * @param s the stream, or NULL for the device's default stream.
+ * @return KVHAL_OK (the work is queued); KVHAL_INVALID_ARGUMENT / KVHAL_SHAPE_MISMATCH / KVHAL_DTYPE_MISMATCH /
+ *         KVHAL_DEVICE_MISMATCH naming the argument; KVHAL_OUT_OF_RANGE (cpu: a slot past the cache);
+ *         KVHAL_UNSUPPORTED (the backend refused the layout, naming why); KVHAL_BACKEND_ERROR (launch failed).
+ * Thread safety: any thread. Graph capture: yes, the process's first call included. Stream: enqueued on s; the
+ * caller's current device is left as it was.
+ */
 KVHAL_API kvhal_status kvhal_paged_caching(const kvhal_tensor *k_cache, const kvhal_tensor *v_cache,
                                            const kvhal_tensor *k, const kvhal_tensor *v,
                                            const kvhal_tensor *slot_mapping, float k_scale, float v_scale,

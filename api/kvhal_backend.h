@@ -209,6 +209,8 @@ typedef struct kvhal_backend_device_fns {
     kvhal_status (*buffer_unwrap)(void *ctx, int32_t id, void *native);
     /* NULL stream_create / stream_wrap: kvhal_stream_create / _wrap return KVHAL_UNSUPPORTED. */
     kvhal_status (*stream_create)(void *ctx, int32_t id, void **stream);
+    /* native may be NULL, KVHAL_STREAM_LEGACY or KVHAL_STREAM_PER_THREAD (the default streams, kvhal.h); a
+     * module without such streams serves them with its default stream. */
     kvhal_status (*stream_wrap)(void *ctx, int32_t id, void *native, void **stream);
     kvhal_status (*stream_destroy)(void *ctx, int32_t id, void *stream); /* frees wrappers, destroys owned ones */
     kvhal_status (*stream_synchronize)(void *ctx, int32_t id, void *stream); /* NULL: synchronize(id) */
@@ -227,6 +229,10 @@ typedef struct kvhal_backend_device_fns {
     kvhal_status (*synchronize)(void *ctx, int32_t id);
     /* Reads the device-side error flag after the work already queued. NULL: synchronize. */
     kvhal_status (*check_errors)(void *ctx, int32_t id);
+    /** Appended (issue 14). Waits for the work queued on one stream (NULL: the default stream) and nothing else,
+     *  then reads and clears the device-side error flag (KVHAL_DEVICE_FAULT when set). NULL: the core calls
+     *  stream_synchronize (or synchronize) and then check_errors. Never called while the stream is captured. */
+    kvhal_status (*stream_check_errors)(void *ctx, int32_t id, void *stream);
     /* Append new entries here only. */
 } kvhal_backend_device_fns;
 

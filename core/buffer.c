@@ -245,9 +245,9 @@ static kvhal_status make_stream(kvhal_device dev, void *native, bool owned, kvha
 
 kvhal_status kvhal_stream_create(kvhal_device dev, kvhal_stream **out) { return make_stream(dev, NULL, true, out); }
 
+/* native NULL, KVHAL_STREAM_LEGACY, KVHAL_STREAM_PER_THREAD: the default streams; the backend maps them. */
 kvhal_status kvhal_stream_wrap(kvhal_device dev, void *native, kvhal_stream **out)
 {
-    KVHAL_CHECK_ARG(native, "native: NULL (pass no stream at all to use the default stream)");
     return make_stream(dev, native, false, out);
 }
 
@@ -270,6 +270,20 @@ kvhal_status kvhal_stream_synchronize(kvhal_stream *s)
     const kvhal__bk *bk = s->backend;
     if (!bk->dev.stream_synchronize) return bk->dev.synchronize(bk->ctx, s->device.id);
     return bk->dev.stream_synchronize(bk->ctx, s->device.id, s->bk_stream);
+}
+
+kvhal_status kvhal_stream_check_errors(kvhal_stream *s)
+{
+    if (!s)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "s: NULL (use kvhal_device_check_errors for the default stream, or "
+                                                  "wrap it with KVHAL_STREAM_LEGACY)");
+    KVHAL_TRY(kvhal__check_stream(s, s->device, "s"));
+    const kvhal__bk *bk = s->backend;
+    if (bk->dev.stream_check_errors) return bk->dev.stream_check_errors(bk->ctx, s->device.id, s->bk_stream);
+    kvhal_status st = bk->dev.stream_synchronize ? bk->dev.stream_synchronize(bk->ctx, s->device.id, s->bk_stream)
+                                                 : bk->dev.synchronize(bk->ctx, s->device.id);
+    if (st != KVHAL_OK) return st;
+    return bk->dev.check_errors ? bk->dev.check_errors(bk->ctx, s->device.id) : bk->dev.synchronize(bk->ctx, s->device.id);
 }
 
 kvhal_device kvhal_stream_device(const kvhal_stream *s)

@@ -106,7 +106,8 @@ static void test_matrix(void **state)
     CASE(kvhal_memset(buf, 4090, 0, 7, NULL), KVHAL_OUT_OF_RANGE, "dst");
     CASE(kvhal_stream_create(bad_id, &st), KVHAL_NO_DEVICE, "cpu:3");
     CASE(kvhal_stream_create(cpu, NULL), KVHAL_INVALID_ARGUMENT, "out");
-    CASE(kvhal_stream_wrap(cpu, NULL, &st), KVHAL_INVALID_ARGUMENT, "native");
+    CASE(kvhal_stream_wrap(cpu, NULL, NULL), KVHAL_INVALID_ARGUMENT, "out");
+    CASE(kvhal_stream_check_errors(NULL), KVHAL_INVALID_ARGUMENT, "s");
     CASE(kvhal_stream_destroy(NULL), KVHAL_OK, "");
     CASE(kvhal_stream_synchronize(NULL), KVHAL_INVALID_ARGUMENT, "s");
     assert_int_equal(kvhal_stream_create(cpu, &st), KVHAL_OK);

@@ -371,9 +371,10 @@ static void test_null_args(void **state)
     CHECK_ST(kvhal_stream_create(dev, NULL), KVHAL_INVALID_ARGUMENT);
     CHECK_ST(kvhal_stream_synchronize(NULL), KVHAL_INVALID_ARGUMENT);
     CHECK_ST(kvhal_stream_destroy(NULL), KVHAL_OK);
-    kvhal_stream *s = (kvhal_stream *)&s;
-    CHECK_ST(kvhal_stream_wrap(dev, NULL, &s), KVHAL_INVALID_ARGUMENT);
-    assert_contains(kvhal_last_error(), "native");
+    CHECK_ST(kvhal_stream_wrap(dev, NULL, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_contains(kvhal_last_error(), "out");
+    CHECK_ST(kvhal_stream_check_errors(NULL), KVHAL_INVALID_ARGUMENT);
+    assert_contains(kvhal_last_error(), "s: NULL");
     mirrored_check(&m, "after rejected NULL-argument calls");
     mirrored_destroy(&m);
 }
@@ -528,6 +529,25 @@ static void test_streams(void **state)
     mirrored_destroy(&b);
     CHECK_OK(kvhal_stream_destroy(s2));
     CHECK_OK(kvhal_stream_destroy(s1));
+
+    /* The default streams wrap (NULL = legacy, KVHAL_STREAM_LEGACY, KVHAL_STREAM_PER_THREAD); work on them is
+     * ordered like work on NULL, and the per-stream check waits for it. */
+    void *const defaults[3] = {NULL, KVHAL_STREAM_LEGACY, KVHAL_STREAM_PER_THREAD};
+    for (int i = 0; i < 3; i++) {
+        kvhal_stream *w = NULL;
+        CHECK_OK(kvhal_stream_wrap(dev, defaults[i], &w));
+        assert_non_null(w);
+        assert_int_equal(kvhal_stream_device(w).id, dev.id);
+        mirrored c = mirrored_create(dev, 4096 + i);
+        CHECK_OK(kvhal_memset(c.buf, 7, 0x40 + i, 1000, w));
+        memset(c.mirror + 7, 0x40 + i, 1000);
+        CHECK_OK(kvhal_stream_check_errors(w));
+        mirrored_check(&c, "after work on a wrapped default stream");
+        /* a live handle of another kind is refused, not used */
+        CHECK_ST(kvhal_stream_check_errors((kvhal_stream *)c.buf), KVHAL_INVALID_HANDLE);
+        mirrored_destroy(&c);
+        CHECK_OK(kvhal_stream_destroy(w));
+    }
 
     /* Streams on missing devices. */
     kvhal_stream *s = (kvhal_stream *)&s;

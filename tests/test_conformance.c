@@ -407,7 +407,10 @@ static void test_paged_out_of_range(void **state)
             const int64_t bad_token = 5;
             pc_fill(&p, cases[c].in, 1.0f, 1.0f, &r, bad_token, cases[c].bad);
             kvhal_clear_error();
-            kvhal_status st = kvhal_paged_caching(&p.kc, &p.vc, &p.k, &p.v, &p.s, 1.0f, 1.0f, NULL);
+            /* HND runs on a stream of its own, whose check reports the fault without a device-wide wait */
+            kvhal_stream *cs = NULL;
+            if (layout == 1) assert_int_equal(kvhal_stream_create(dev, &cs), KVHAL_OK);
+            kvhal_status st = kvhal_paged_caching(&p.kc, &p.vc, &p.k, &p.v, &p.s, 1.0f, 1.0f, cs);
             if (host_slots) {
                 /* fails before writing anything; the message names the token and the slot */
                 assert_int_equal(st, KVHAL_OUT_OF_RANGE);
@@ -420,11 +423,20 @@ static void test_paged_out_of_range(void **state)
             } else {
                 /* the kernel skips the slot and raises the device flag, reported (once) by synchronize */
                 if (st != KVHAL_OK) fail_msg("launch: %s (%s)", kvhal_status_name(st), kvhal_last_error());
-                assert_int_equal(kvhal_device_synchronize(dev), KVHAL_DEVICE_FAULT);
+                if (cs) {
+                    assert_int_equal(kvhal_stream_check_errors(cs), KVHAL_DEVICE_FAULT);
+                    if (!strstr(kvhal_last_error(), "slot"))
+                        fail_msg("stream check does not name the slot fault: %s", kvhal_last_error());
+                    assert_int_equal(kvhal_stream_check_errors(cs), KVHAL_OK);
+                } else {
+                    assert_int_equal(kvhal_device_synchronize(dev), KVHAL_DEVICE_FAULT);
+                }
                 assert_int_equal(kvhal_device_synchronize(dev), KVHAL_OK);
                 ref_paged_caching(p.cache.mirror, &p.kc, p.cache.mirror, &p.vc, p.kin.mirror, &p.k, p.vin.mirror,
                                   &p.v, p.slots.mirror, &p.s, 1.0f, 1.0f);
             }
+            if (cs) assert_int_equal(kvhal_stream_check_errors(cs), KVHAL_OK);
+            assert_int_equal(kvhal_stream_destroy(cs), KVHAL_OK);
             pc_expect_all(&p, host_slots ? "out-of-range slot (cache untouched)" : "out-of-range slot (skipped)");
             pc_free(&p);
         }

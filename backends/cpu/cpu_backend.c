@@ -95,7 +95,7 @@ static kvhal_status cpu_stream_create(void *ctx, int32_t id, void **stream)
 
 static kvhal_status cpu_stream_wrap(void *ctx, int32_t id, void *native, void **stream)
 {
-    *stream = native;
+    *stream = native ? native : &cpu_stream_token; /* NULL: the default stream, a token like the others */
     return KVHAL_OK;
 }
 

@@ -134,7 +134,8 @@ void slot_release(StagingSlot *s)
 
 void copy_blocks_destroy(CopyBlocksDesc *d)
 {
-    if (use_device(d->id) == gpuSuccess)
+    const DeviceGuard guard;
+    if (guard.select(d->id) == gpuSuccess)
         for (int i = 0; i < KVHAL_GPU_RING; i++) slot_release(&d->ring[i]);
     (void)gpuGetLastError();
     free(d);
@@ -177,7 +178,8 @@ kvhal_status copy_blocks_create(const Ctx *c, int32_t id, const kvhal_bk_copy_bl
     if (st != KVHAL_OK) return st;
     CopyBlocksDesc *d = static_cast<CopyBlocksDesc *>(mem);
     d->id = id;
-    gpuError_t e = use_device(id);
+    const DeviceGuard guard;
+    gpuError_t e = guard.select(id);
     for (int i = 0; i < KVHAL_GPU_RING && e == gpuSuccess; i++) {
         e = gpuEventCreateWithFlags(&d->ring[i].ev, gpuEventDisableTiming);
         d->ring[i].has_ev = e == gpuSuccess;
@@ -212,7 +214,7 @@ bool copy_blocks_supports(Ctx *c, int32_t id, const kvhal_bk_copy_blocks *a, cha
 
 kvhal_status copy_blocks_desc_create(Ctx *c, int32_t id, const kvhal_bk_copy_blocks *a, void **desc)
 {
-    kvhal_status st = ensure_flag(c, id);
+    kvhal_status st = open_device(c, id);
     if (st != KVHAL_OK) return st;
     CopyBlocksDesc *d = NULL;
     st = copy_blocks_create(c, id, a, &d);
@@ -234,7 +236,7 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
     CopyBlocksDesc *d = static_cast<CopyBlocksDesc *>(desc);
     if (!d) { /* a one-off descriptor */
         kvhal_status st = check_id(c, id);
-        if (st == KVHAL_OK) st = ensure_flag(c, id);
+        if (st == KVHAL_OK) st = open_device(c, id);
         if (st == KVHAL_OK) st = copy_blocks_create(c, id, a, &d);
         if (st != KVHAL_OK) return st;
         st = gpu_copy_blocks(ctx, id, d, a, stream);

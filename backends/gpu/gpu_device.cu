@@ -73,10 +73,11 @@ kvhal_status ensure_flag(Ctx *c, int32_t id)
     DevState *ds = &c->dev[id];
     if (__atomic_load_n(&ds->ready, __ATOMIC_ACQUIRE)) return KVHAL_OK;
     kvhal_status st = KVHAL_OK;
+    const DeviceGuard guard;
     pthread_mutex_lock(&c->lock);
     if (!ds->ready) {
         void *h = NULL, *d = NULL;
-        gpuError_t e = use_device(id);
+        gpuError_t e = guard.select(id);
         if (e == gpuSuccess && alloc_fail(c)) st = injected(c, id, "device error flag");
         else if (e == gpuSuccess && (e = gpuMallocHostMapped(&h, KVHAL_GPU_ERR_BYTES)) == gpuSuccess) {
             memset(h, 0, KVHAL_GPU_ERR_BYTES);
@@ -91,6 +92,19 @@ kvhal_status ensure_flag(Ctx *c, int32_t id)
         }
     }
     pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+kvhal_status open_device(Ctx *c, int32_t id)
+{
+    if (__atomic_load_n(&c->dev[id].ready, __ATOMIC_ACQUIRE)) return KVHAL_OK;
+    /* Relaxed: this thread may be capturing (a caller's first kvhal call inside cudaStreamBeginCapture or
+     * torch.cuda.graph); the pinned allocation enqueues nothing, so it is safe to make during a capture. */
+    gpuStreamCaptureMode_t mode = gpuStreamCaptureModeRelaxed;
+    const bool exchanged = gpuThreadExchangeStreamCaptureMode(&mode) == gpuSuccess;
+    if (!exchanged) (void)gpuGetLastError();
+    const kvhal_status st = ensure_flag(c, id);
+    if (exchanged) (void)gpuThreadExchangeStreamCaptureMode(&mode);
     return st;
 }
 

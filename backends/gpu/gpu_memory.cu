@@ -74,6 +74,8 @@ kvhal_status gpu_buffer_alloc(void *ctx, int32_t id, size_t bytes, void **native
     if (!native) return fail(c, KVHAL_INVALID_ARGUMENT, "native: NULL");
     if (alloc_fail(c)) return injected(c, id, "buffer");
     KVHAL_GPU_SETDEV(c, id);
+    st = open_device(c, id);
+    if (st != KVHAL_OK) return st;
     void *p = NULL;
     gpuError_t e;
     if (pool_ready(c, id)) {
@@ -116,7 +118,7 @@ kvhal_status gpu_buffer_free(void *ctx, int32_t id, void *native)
  * illegal address inside a later kernel. */
 kvhal_status gpu_buffer_wrap(void *ctx, int32_t id, void *native, size_t bytes)
 {
-    const Ctx *c = ctx_of(ctx);
+    Ctx *c = ctx_of(ctx);
     kvhal_status st = check_id(c, id);
     if (st != KVHAL_OK) return st;
     int dev = -1, is_device = 0;
@@ -128,7 +130,7 @@ kvhal_status gpu_buffer_wrap(void *ctx, int32_t id, void *native, size_t bytes)
     if (dev != id)
         return fail(c, KVHAL_DEVICE_MISMATCH, "native: %p is memory of %s:%d, not of %s:%d", native, KVHAL_GPU_NAME,
                     dev, KVHAL_GPU_NAME, (int)id);
-    return KVHAL_OK;
+    return open_device(c, id);
 }
 
 kvhal_status gpu_buffer_unwrap(void *ctx, int32_t id, void *native)
@@ -142,7 +144,7 @@ kvhal_status gpu_buffer_unwrap(void *ctx, int32_t id, void *native)
 /* ------------------------------------------------------------------------------------------------------------ */
 namespace {
 
-kvhal_status new_stream(const Ctx *c, int32_t id, gpuStream_t s, bool owned, void **out)
+kvhal_status new_stream(const Ctx *c, int32_t id, gpuStream_t s, bool owned, bool counted, void **out)
 {
     Stream *w = static_cast<Stream *>(malloc(sizeof(Stream)));
     if (!w)
@@ -150,6 +152,7 @@ kvhal_status new_stream(const Ctx *c, int32_t id, gpuStream_t s, bool owned, voi
     w->s = s;
     w->dev = id;
     w->owned = owned;
+    w->counted = counted;
     *out = w;
     return KVHAL_OK;
 }
@@ -158,15 +161,17 @@ kvhal_status new_stream(const Ctx *c, int32_t id, gpuStream_t s, bool owned, voi
 
 kvhal_status gpu_stream_create(void *ctx, int32_t id, void **stream)
 {
-    const Ctx *c = ctx_of(ctx);
+    Ctx *c = ctx_of(ctx);
     kvhal_status st = check_id(c, id);
     if (st != KVHAL_OK) return st;
     if (!stream) return fail(c, KVHAL_INVALID_ARGUMENT, "stream: NULL");
     if (alloc_fail(c)) return injected(c, id, "stream");
     KVHAL_GPU_SETDEV(c, id);
+    st = open_device(c, id);
+    if (st != KVHAL_OK) return st;
     gpuStream_t s;
     KVHAL_GPU_TRY(c, gpuStreamCreate(&s), id, "stream create");
-    st = new_stream(c, id, s, true, stream);
+    st = new_stream(c, id, s, true, false, stream);
     if (st != KVHAL_OK) (void)gpuStreamDestroy(s);
     return st;
 }
@@ -178,8 +183,22 @@ kvhal_status gpu_stream_wrap(void *ctx, int32_t id, void *native, void **stream)
     if (st != KVHAL_OK) return st;
     if (!stream) return fail(c, KVHAL_INVALID_ARGUMENT, "stream: NULL");
     if (alloc_fail(c)) return injected(c, id, "stream wrapper");
-    st = new_stream(c, id, static_cast<gpuStream_t>(native), false, stream);
-    if (st == KVHAL_OK) __atomic_add_fetch(&c->dev[id].wrapped, 1, __ATOMIC_ACQ_REL);
+    st = open_device(c, id);
+    if (st != KVHAL_OK) return st;
+    /* NULL and KVHAL_STREAM_LEGACY: the legacy default stream; KVHAL_STREAM_PER_THREAD: the calling thread's
+     * per-thread default stream (the handle stands for whichever thread enqueues). Both synchronise with the legacy
+     * default stream on which buffers are allocated and freed, so they need no waits there (not counted). */
+    gpuStream_t s = static_cast<gpuStream_t>(native);
+    bool counted = true;
+    if (!native || native == KVHAL_STREAM_LEGACY) {
+        s = gpuStreamLegacyHandle;
+        counted = false;
+    } else if (native == KVHAL_STREAM_PER_THREAD) {
+        s = gpuStreamPerThreadHandle;
+        counted = false;
+    }
+    st = new_stream(c, id, s, false, counted, stream);
+    if (st == KVHAL_OK && counted) __atomic_add_fetch(&c->dev[id].wrapped, 1, __ATOMIC_ACQ_REL);
     return st;
 }
 
@@ -191,10 +210,11 @@ kvhal_status gpu_stream_destroy(void *ctx, int32_t id, void *stream)
     Stream *w = static_cast<Stream *>(stream);
     if (!w) return KVHAL_OK;
     gpuError_t e = gpuSuccess;
+    const DeviceGuard guard;
     if (w->owned) {
-        e = use_device(id);
+        e = guard.select(id);
         if (e == gpuSuccess) e = gpuStreamDestroy(w->s);
-    } else {
+    } else if (w->counted) {
         __atomic_sub_fetch(&c->dev[id].wrapped, 1, __ATOMIC_ACQ_REL);
     }
     free(w);
@@ -304,6 +324,7 @@ kvhal_status gpu_memcpy_peer(void *ctx, int32_t dst_id, void *dst, size_t dst_of
     if (st != KVHAL_OK) return st;
     if (!bytes) return KVHAL_OK;
     if (dst_id == src_id) return gpu_memcpy_d2d(ctx, dst_id, dst, dst_off, src, src_off, bytes, stream);
+    const DeviceGuard guard; /* enable_peer and order_after switch devices */
     enable_peer(c, dst_id, src_id);
     char *d = static_cast<char *>(dst) + dst_off;
     const char *s = static_cast<const char *>(src) + src_off;
@@ -352,6 +373,18 @@ kvhal_status gpu_check_errors(void *ctx, int32_t id)
     if (st != KVHAL_OK) return st;
     KVHAL_GPU_SETDEV(c, id);
     KVHAL_GPU_TRY(c, gpuStreamSynchronize(0), id, "wait for queued work");
+    return read_flag(c, id);
+}
+
+/* Waits for the work queued on one stream only (no device-wide wait), then reads and clears the device's flag. The
+ * flag is the device's: a fault raised by a kernel of another stream that has finished is reported here too. */
+kvhal_status gpu_stream_check_errors(void *ctx, int32_t id, void *stream)
+{
+    const Ctx *c = ctx_of(ctx);
+    kvhal_status st = check_id(c, id);
+    if (st != KVHAL_OK) return st;
+    KVHAL_GPU_SETDEV(c, id);
+    KVHAL_GPU_TRY(c, gpuStreamSynchronize(native_stream(stream)), id, "wait for the stream's queued work");
     return read_flag(c, id);
 }
 

@@ -32,7 +32,8 @@ void resolve_driver_fn(const Ctx *c, int32_t id, PagedLaunch *l)
     l->fn = nullptr;
 #if !defined(KVHAL_GPU_HIP)
     cudaFunction_t f;
-    if (c->cu_launch && use_device(id) == cudaSuccess && cudaGetFuncBySymbol(&f, l->sym) == cudaSuccess)
+    const DeviceGuard guard;
+    if (c->cu_launch && guard.select(id) == cudaSuccess && cudaGetFuncBySymbol(&f, l->sym) == cudaSuccess)
         l->fn = static_cast<void *>(f);
     (void)cudaGetLastError();
 #else
@@ -243,7 +244,7 @@ bool paged_caching_supports(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a,
 
 kvhal_status paged_caching_desc_create(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, void **desc)
 {
-    kvhal_status st = ensure_flag(c, id);
+    kvhal_status st = open_device(c, id);
     if (st != KVHAL_OK) return st;
     void *d = NULL;
     st = host_alloc(c, id, sizeof(PagedDesc), "paged caching descriptor", &d);
@@ -267,7 +268,7 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     const PagedDesc *d = static_cast<const PagedDesc *>(desc);
     if (!d) {
         kvhal_status st = check_id(c, id);
-        if (st == KVHAL_OK) st = ensure_flag(c, id);
+        if (st == KVHAL_OK) st = open_device(c, id);
         if (st != KVHAL_OK) return st;
         paged_build(c, id, a, &local);
         d = &local;

@@ -19,7 +19,12 @@
  * Hot-path rules: descriptors (<op>_desc_create) hold everything that depends on tensor metadata only (the kernel
  * instantiation, unit strides, divisors, launch geometry), so a call on a descriptor-cache hit fills pointers,
  * launches once and checks the launch; it never allocates, never synchronizes and never reads the device error
- * flag (synchronize / check_errors do). Every entry point selects its device first (cheap when already current). */
+ * flag (synchronize / check_errors do). Every entry point selects its device through a DeviceGuard, which gives
+ * the caller's current device back on return (a get per call; a set only where it differed).
+ *
+ * Graph capture: per-device state (the error flag) is made when the device is opened, i.e. by the first buffer or
+ * stream made or wrapped on it (open_device), in the runtime's relaxed capture mode, so that no op allocates and
+ * the process's first op may be recorded into a CUDA/HIP graph. */
 #ifndef KVHAL_GPU_PRIVATE_H
 #define KVHAL_GPU_PRIVATE_H
 
@@ -86,9 +91,13 @@ kvhal_status injected(const Ctx *c, int32_t id, const char *what);
 /* Zeroed host memory for what (a descriptor) on behalf of a caller: fault injection first, then the allocation. */
 kvhal_status host_alloc(const Ctx *c, int32_t id, size_t bytes, const char *what, void **out);
 kvhal_status check_id(const Ctx *c, int32_t id);
-/* The per-device error flag: allocated by the first descriptor of an op that can raise it; read and cleared by
- * synchronize and check_errors once the device's work is done. */
+/* The per-device error flag: allocated when the device is opened (open_device, from the first buffer or stream made
+ * or wrapped on it); ops only check that it is there. Read and cleared by synchronize, check_errors and
+ * stream_check_errors once the work they wait for is done. */
 kvhal_status ensure_flag(Ctx *c, int32_t id);
+/* Opens device id: its per-device state, made once, in relaxed capture mode so that it also succeeds while a
+ * stream of this thread is being captured into a graph. */
+kvhal_status open_device(Ctx *c, int32_t id);
 kvhal_status read_flag(const Ctx *c, int32_t id);
 
 inline gpuError_t use_device(int32_t id)
@@ -98,19 +107,47 @@ inline gpuError_t use_device(int32_t id)
     return gpuSetDevice(id);
 }
 
+/* The caller's current device, saved when an entry point starts and set again when it returns if anything inside
+ * changed it (so kvhal never moves the caller's, e.g. PyTorch's, current device). */
+class DeviceGuard {
+  public:
+    DeviceGuard()
+    {
+        if (gpuGetDevice(&orig_) != gpuSuccess) {
+            orig_ = -1;
+            (void)gpuGetLastError();
+        }
+    }
+    ~DeviceGuard()
+    {
+        int cur = -1;
+        if (orig_ >= 0 && gpuGetDevice(&cur) == gpuSuccess && cur != orig_) (void)gpuSetDevice(orig_);
+    }
+    DeviceGuard(const DeviceGuard &) = delete;
+    DeviceGuard &operator=(const DeviceGuard &) = delete;
+    gpuError_t select(int32_t id) const { return orig_ == id ? gpuSuccess : gpuSetDevice(id); }
+
+  private:
+    int orig_ = -1;
+};
+
 #define KVHAL_GPU_TRY(c, call, id, what)                                                                        \
     do {                                                                                                        \
         gpuError_t kvhal_e_ = (call);                                                                           \
         if (kvhal_e_ != gpuSuccess) return ::kvhal_gpu::rt_fail((c), kvhal_e_, (id), (what));                  \
     } while (0)
 
-#define KVHAL_GPU_SETDEV(c, id) KVHAL_GPU_TRY((c), ::kvhal_gpu::use_device(id), (id), "select device")
+/* Declares the scope's DeviceGuard and selects id (returns the runtime's error if it cannot). */
+#define KVHAL_GPU_SETDEV(c, id)                                                                                 \
+    const ::kvhal_gpu::DeviceGuard kvhal_dev_guard_;                                                            \
+    KVHAL_GPU_TRY((c), kvhal_dev_guard_.select(id), (id), "select device")
 
 /* What stream_create / stream_wrap hand out. */
 struct Stream {
     gpuStream_t s;
     int32_t dev;
     bool owned;
+    bool counted; /* a borrowed stream that is not a default stream: counted in DevState::wrapped */
 };
 
 inline gpuStream_t native_stream(void *stream) { return stream ? static_cast<Stream *>(stream)->s : (gpuStream_t)0; }
@@ -145,6 +182,7 @@ kvhal_status gpu_memcpy_peer(void *ctx, int32_t dst_id, void *dst, size_t dst_of
 kvhal_status gpu_memset(void *ctx, int32_t id, void *dst, size_t off, int value, size_t bytes, void *stream);
 kvhal_status gpu_synchronize(void *ctx, int32_t id);
 kvhal_status gpu_check_errors(void *ctx, int32_t id);
+kvhal_status gpu_stream_check_errors(void *ctx, int32_t id, void *stream);
 
 /* gpu_<op>.cu, one per op. <op>_supports: whether the kernels can run these arguments (metadata only), else false
  * with the reason; the core asks before every descriptor it creates (cached or for one call), so neither

@@ -65,6 +65,7 @@ const kvhal_backend_device_fns g_device = {
     .memset = gpu_memset,
     .synchronize = gpu_synchronize,
     .check_errors = gpu_check_errors,
+    .stream_check_errors = gpu_stream_check_errors,
 };
 
 const kvhal_backend_op_fns g_ops = {

@@ -71,6 +71,11 @@ typedef hipMemAccessDesc gpuMemAccessDesc;
 #define gpuMemcpyPeerAsync hipMemcpyPeerAsync
 #define gpuMemsetAsync hipMemsetAsync
 #define gpuStreamCreate hipStreamCreate
+#define gpuStreamLegacyHandle ((hipStream_t)0) /* HIP's null stream is its legacy default */
+#define gpuStreamPerThreadHandle hipStreamPerThread
+#define gpuStreamCaptureMode_t hipStreamCaptureMode
+#define gpuStreamCaptureModeRelaxed hipStreamCaptureModeRelaxed
+#define gpuThreadExchangeStreamCaptureMode hipThreadExchangeStreamCaptureMode
 #define gpuStreamDestroy hipStreamDestroy
 #define gpuStreamSynchronize hipStreamSynchronize
 #define gpuStreamWaitEvent hipStreamWaitEvent
@@ -161,6 +166,11 @@ typedef cudaMemAccessDesc gpuMemAccessDesc;
 #define gpuMemcpyPeerAsync cudaMemcpyPeerAsync
 #define gpuMemsetAsync cudaMemsetAsync
 #define gpuStreamCreate cudaStreamCreate
+#define gpuStreamLegacyHandle cudaStreamLegacy
+#define gpuStreamPerThreadHandle cudaStreamPerThread
+#define gpuStreamCaptureMode_t cudaStreamCaptureMode
+#define gpuStreamCaptureModeRelaxed cudaStreamCaptureModeRelaxed
+#define gpuThreadExchangeStreamCaptureMode cudaThreadExchangeStreamCaptureMode
 #define gpuStreamDestroy cudaStreamDestroy
 #define gpuStreamSynchronize cudaStreamSynchronize
 #define gpuStreamWaitEvent cudaStreamWaitEvent

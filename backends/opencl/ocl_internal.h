@@ -146,6 +146,7 @@ OCL_HIDDEN kvhal_status kvhal__ocl_memset(void *ctx, int32_t id, void *dst, size
                                           void *stream);
 OCL_HIDDEN kvhal_status kvhal__ocl_synchronize(void *ctx, int32_t id);
 OCL_HIDDEN kvhal_status kvhal__ocl_check_errors(void *ctx, int32_t id);
+OCL_HIDDEN kvhal_status kvhal__ocl_stream_check_errors(void *ctx, int32_t id, void *stream);
 
 /* ---- ocl_program.c ---- */
 #define OCL_MAX_KERNELS 3

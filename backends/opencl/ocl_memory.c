@@ -264,6 +264,8 @@ kvhal_status kvhal__ocl_stream_create(void *ctx, int32_t id, void **stream)
 kvhal_status kvhal__ocl_stream_wrap(void *ctx, int32_t id, void *native, void **stream)
 {
     OCL_GET_DEVICE(ctx, id, d);
+    /* The default streams (NULL, KVHAL_STREAM_LEGACY, KVHAL_STREAM_PER_THREAD) are the device's default queue. */
+    if (!native || native == KVHAL_STREAM_LEGACY || native == KVHAL_STREAM_PER_THREAD) native = d->ctxs[0].queue;
     cl_command_queue q = (cl_command_queue)native;
     cl_device_id qd;
     cl_context qc;
@@ -491,6 +493,15 @@ kvhal_status kvhal__ocl_synchronize(void *ctx, int32_t id)
 {
     OCL_GET_DEVICE(ctx, id, d);
     kvhal_status st = finish_all(d);
+    if (st != KVHAL_OK) return st;
+    return read_and_clear_flags(d);
+}
+
+/* Finishes one queue only; the flags are read through the default queues once that queue's kernels are done. */
+kvhal_status kvhal__ocl_stream_check_errors(void *ctx, int32_t id, void *stream)
+{
+    OCL_GET_DEVICE(ctx, id, d);
+    kvhal_status st = kvhal__ocl_stream_synchronize(ctx, id, stream);
     if (st != KVHAL_OK) return st;
     return read_and_clear_flags(d);
 }

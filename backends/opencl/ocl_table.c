@@ -68,6 +68,7 @@ static const kvhal_backend_device_fns device_fns = {
     .memset = kvhal__ocl_memset,
     .synchronize = kvhal__ocl_synchronize,
     .check_errors = kvhal__ocl_check_errors,
+    .stream_check_errors = kvhal__ocl_stream_check_errors,
 };
 
 static const kvhal_backend_op_fns op_fns = {

@@ -1,0 +1,186 @@
+"""Requests per second of a radix-cache scheduler loop in Python over kvhal.CacheManager against a pure-Python radix
+cache (written here as the comparison, page size 1, LRU leaf eviction, lock counts, like mini-sglang's), on the
+generated shared-prefix workload with kvhal-replay's default shape: 64 groups x 16 prompts, a 2048-token system
+prompt per group, a 128-token question and 256 output tokens per request, groups interleaved. The token values
+come from Python's random with a fixed seed (the same shape as kvhal-replay's generator, not the same ids).
+
+Per request both loops do what a scheduler does: match (and lock) the prompt, allocate the uncached part plus the
+output, and at the end insert the whole sequence and unlock (cache_finished). Only bookkeeping is timed; no K/V.
+
+usage: bench_prefix.py [--groups N] [--prompts N] [--system-len N] [--question-len N] [--output-len N]
+                       [--pages N] [--json]"""
+import argparse
+import json
+import random
+import sys
+import time
+
+import kvhal
+
+
+def workload(groups, prompts, system_len, question_len, output_len, seed=14):
+    rng = random.Random(seed)
+    systems = [[rng.randrange(128256) for _ in range(system_len)] for _ in range(groups)]
+    reqs = []
+    for p in range(prompts):
+        for g in range(groups):
+            q = [rng.randrange(128256) for _ in range(question_len + output_len)]
+            reqs.append((systems[g] + q[:question_len], q[question_len:]))
+    return reqs
+
+
+class Node:
+    __slots__ = ("children", "parent", "key", "value", "lock", "last")
+
+    def __init__(self, parent=None, key=(), value=()):
+        self.children = {}
+        self.parent = parent
+        self.key = key
+        self.value = value
+        self.lock = 0
+        self.last = 0.0
+
+
+class PyRadix:
+    """A plain radix cache of token ids -> page ids (page size 1), LRU leaf eviction, lock counts."""
+
+    def __init__(self, total):
+        self.root = Node()
+        self.free = list(range(total))
+        self.evictable = 0
+        self.clock = 0
+
+    def _split(self, node, n):
+        child = Node(node.parent, node.key[:n], node.value[:n])
+        child.lock = node.lock
+        child.children = {node.key[n]: node}
+        node.parent.children[node.key[0]] = child
+        node.parent = child
+        node.key = node.key[n:]
+        node.value = node.value[n:]
+        return child
+
+    def match(self, tokens):
+        node, i, pages = self.root, 0, []
+        self.clock += 1
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                break
+            child.last = self.clock
+            k = child.key
+            n = 0
+            while n < len(k) and i + n < len(tokens) and k[n] == tokens[i + n]:
+                n += 1
+            if n < len(k):
+                child = self._split(child, n)
+            pages.extend(child.value)
+            i += n
+            node = child
+        return node, i, pages
+
+    def lock(self, node, d):
+        while node is not self.root:
+            if node.lock == 0 and d > 0:
+                self.evictable -= len(node.key)
+            node.lock += d
+            if node.lock == 0:
+                self.evictable += len(node.key)
+            node = node.parent
+
+    def insert(self, tokens, pages):
+        node, i, _ = self.match(tokens)
+        dup = pages[len(_):i] if i > len(_) else []
+        if i < len(tokens):
+            new = Node(node, tuple(tokens[i:]), tuple(pages[i:]))
+            new.last = self.clock
+            node.children[tokens[i]] = new
+            self.evictable += len(new.key)
+        return i
+
+    def evict(self, need):
+        leaves = []
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
+            if not n.children and n is not self.root and n.lock == 0:
+                leaves.append(n)
+            stack.extend(n.children.values())
+        leaves.sort(key=lambda n: n.last)
+        freed = 0
+        while freed < need and leaves:
+            n = leaves.pop(0)
+            self.free.extend(n.value)
+            freed += len(n.key)
+            self.evictable -= len(n.key)
+            p = n.parent
+            del p.children[n.key[0]]
+            if not p.children and p is not self.root and p.lock == 0:
+                leaves.append(p)
+                leaves.sort(key=lambda x: x.last)
+        return freed
+
+    def allocate(self, n):
+        if len(self.free) < n:
+            self.evict(n - len(self.free))
+        if len(self.free) < n:
+            raise MemoryError
+        out = self.free[-n:]
+        del self.free[-n:]
+        return out
+
+
+def run_python(reqs, pages):
+    c = PyRadix(pages)
+    t0 = time.perf_counter()
+    for prompt, out in reqs:
+        node, n, got = c.match(prompt)
+        c.lock(node, 1)
+        own = c.allocate(len(prompt) - n + len(out))
+        seq = prompt + out
+        allp = got + own
+        before = c.insert(seq, allp)
+        c.free.extend(allp[n:before])  # pages of tokens another request cached meanwhile
+        c.lock(node, -1)
+    return len(reqs) / (time.perf_counter() - t0)
+
+
+def run_kvhal(reqs, pages):
+    cm = kvhal.CacheManager(pages, 1, "radix")
+    from array import array
+    arrs = [(array("i", p), array("i", p + o), len(o)) for p, o in reqs]  # the tokenizer's output, in arrays
+    t0 = time.perf_counter()
+    for prompt, seq, nout in arrs:
+        h, n, got = cm.match(prompt)
+        own = cm.allocate(len(prompt) - n + nout)
+        cm.cache_finished_suffix(h, seq[n:], own)
+    rps = len(reqs) / (time.perf_counter() - t0)
+    cm.check_integrity()
+    return rps
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--groups", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--system-len", type=int, default=2048)
+    ap.add_argument("--question-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--pages", type=int, default=1 << 20)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    reqs = workload(a.groups, a.prompts, a.system_len, a.question_len, a.output_len)
+    py = run_python(reqs, a.pages)
+    kv = run_kvhal(reqs, a.pages)
+    res = {"version": kvhal.__version__, "requests": len(reqs), "page_size": 1, "pages": a.pages,
+           "python_radix_rps": py, "kvhal_rps": kv, "ratio": kv / py}
+    if a.json:
+        print(json.dumps(res, indent=1))
+    else:
+        for k, v in res.items():
+            print(f"{k:18s} {v:.1f}" if isinstance(v, float) else f"{k:18s} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

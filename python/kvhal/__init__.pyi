@@ -1,0 +1,163 @@
+"""Type stubs of the kvhal package (the C extension kvhal._kvhal)."""
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from array import array
+
+ArrayLike = Any  # any object with __dlpack__ / __dlpack_device__
+StreamLike = Union[None, int, "Stream", Any]  # int handle, __cuda_stream__ or .cuda_stream objects
+IntArray = Union[array, Sequence[int], Any]  # anything with the buffer protocol of integers, or a sequence
+
+__version__: str
+STREAM_LEGACY: int
+STREAM_PER_THREAD: int
+STATUS_ERRORS: Dict[str, type]
+
+class Error(Exception):
+    """A kvhal call failed; .status is the status name, the message is kvhal_last_error()."""
+    status: Optional[str]
+
+class InvalidArgument(Error, ValueError):
+    status: str
+    code: int
+
+class OutOfRange(Error, IndexError):
+    status: str
+    code: int
+
+class OutOfMemory(Error, MemoryError):
+    status: str
+    code: int
+
+class NoDevice(Error):
+    status: str
+    code: int
+
+class BackendUnavailable(Error):
+    status: str
+    code: int
+
+class Unsupported(Error):
+    status: str
+    code: int
+
+class DeviceMismatch(Error):
+    status: str
+    code: int
+
+class ShapeMismatch(Error):
+    status: str
+    code: int
+
+class DtypeMismatch(Error):
+    status: str
+    code: int
+
+class BackendError(Error):
+    status: str
+    code: int
+
+class DeviceFault(Error):
+    status: str
+    code: int
+
+class NotFound(Error):
+    status: str
+    code: int
+
+class Busy(Error):
+    status: str
+    code: int
+
+class AbiMismatch(Error):
+    status: str
+    code: int
+
+class LoadFailed(Error):
+    status: str
+    code: int
+
+class InvalidHandle(Error):
+    status: str
+    code: int
+
+class Integrity(Error):
+    status: str
+    code: int
+
+class ParseError(Error):
+    status: str
+    code: int
+
+class Internal(Error):
+    status: str
+    code: int
+
+
+class Tensor:
+    """A kvhal tensor: kvhal.empty (kvhal owns the memory) or kvhal.from_dlpack (a zero-copy view)."""
+    shape: Tuple[int, ...]
+    strides: Tuple[int, ...]
+    dtype: str
+    device: str
+    offset: int
+    def __dlpack__(self, *, stream: Optional[int] = None, max_version: Optional[Tuple[int, int]] = None,
+                   dl_device: Optional[Tuple[int, int]] = None, copy: Optional[bool] = None) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def copy_from(self, src: ArrayLike) -> None:
+        """Copies a contiguous host array of the same byte size into this contiguous tensor."""
+    def copy_to(self, dst: ArrayLike) -> None:
+        """Copies this contiguous tensor into a contiguous writable host array of the same byte size."""
+
+class Stream:
+    """Borrows a native stream of a device (never destroyed by kvhal)."""
+    device: str
+    native: int
+    def __init__(self, device: str, native: Any = 0) -> None: ...
+    def check_errors(self) -> None:
+        """Waits for this stream only; raises DeviceFault if a kernel skipped out-of-range indices."""
+    def synchronize(self) -> None: ...
+    def __cuda_stream__(self) -> Tuple[int, int]: ...
+
+class PrefixHandle:
+    """The deepest node a match reached; valid with the cache that made it."""
+
+class PrefixCache:
+    page_size: int
+    def __init__(self, kind: str = "radix", page_size: int = 1) -> None: ...
+    def match(self, tokens: IntArray) -> Tuple[PrefixHandle, int, array]: ...
+    def lock(self, handle: Optional[PrefixHandle]) -> None: ...
+    def unlock(self, handle: Optional[PrefixHandle]) -> None: ...
+    def insert(self, tokens: IntArray, pages: IntArray) -> int: ...
+    def evict(self, num_tokens: int) -> array: ...
+    def reset(self) -> array: ...
+    def size_info(self) -> Dict[str, int]: ...
+    def check_integrity(self) -> None: ...
+
+class CacheManager:
+    available: int
+    num_free: int
+    pages_evicted: int
+    page_size: int
+    prefix: PrefixCache
+    def __init__(self, total_pages: int, page_size: int = 1, kind: str = "radix") -> None: ...
+    def match(self, tokens: IntArray) -> Tuple[PrefixHandle, int, array]: ...
+    def lock(self, handle: Optional[PrefixHandle]) -> None: ...
+    def unlock(self, handle: Optional[PrefixHandle]) -> None: ...
+    def allocate(self, n: int) -> array: ...
+    def free(self, pages: IntArray) -> None: ...
+    def cache_finished(self, tokens: IntArray, pages: IntArray, handle: Optional[PrefixHandle]) -> None: ...
+    def cache_finished_suffix(self, handle: Optional[PrefixHandle], tokens: IntArray, pages: IntArray) -> None: ...
+    def evict(self, num_tokens: int) -> int: ...
+    def check_integrity(self) -> None: ...
+
+def paged_caching(k_cache: ArrayLike, v_cache: ArrayLike, k: ArrayLike, v: ArrayLike, slot_mapping: ArrayLike,
+                  k_scale: Union[float, ArrayLike] = 1.0, v_scale: Union[float, ArrayLike] = 1.0,
+                  stream: StreamLike = None) -> None: ...
+def copy_blocks(caches: Sequence[ArrayLike], pairs: Union[IntArray, Sequence[Tuple[int, int]]],
+                stream: StreamLike = None) -> None: ...
+def tensor_copy(dst: ArrayLike, src: ArrayLike, stream: StreamLike = None) -> None: ...
+def empty(shape: Sequence[int], dtype: str = "f32", device: str = "cpu:0") -> Tensor: ...
+def from_dlpack(array: ArrayLike) -> Tensor: ...
+def devices() -> List[Dict[str, Any]]: ...
+def synchronize(device: str = "cpu:0") -> None: ...
+def check_errors(device: str = "cpu:0", stream: StreamLike = None) -> None: ...
+def last_error() -> str: ...

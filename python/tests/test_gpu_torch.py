@@ -1,0 +1,142 @@
+"""The package with CUDA tensors from PyTorch (GPU machine; skipped without CUDA): ops against torch indexing for
+every dtype and every way of naming a stream, DLPack in and out with the stream protocol, out-of-range slots per
+stream, copy_blocks, tensor_copy, a torch.cuda.graph capture replayed with new slots, errors. Runs under pytest or
+alone (`python3 test_gpu_torch.py`) where pytest is not installed."""
+import contextlib
+import sys
+
+import torch
+
+import kvhal
+
+HAVE_CUDA = torch.cuda.is_available()
+if __name__ != "__main__":
+    import pytest
+
+    if not HAVE_CUDA:
+        pytest.skip("no CUDA device", allow_module_level=True)
+
+
+@contextlib.contextmanager
+def raises(cls):
+    try:
+        yield
+    except cls:
+        return
+    raise AssertionError(f"{cls.__name__} was not raised")
+
+
+def expect_paged(kc, vc, k, v, s):
+    heads, dim = kc.shape[2], kc.shape[3]
+    ek, ev = torch.zeros_like(kc).view(-1, heads, dim), torch.zeros_like(vc).view(-1, heads, dim)
+    keep = s >= 0
+    ek[s[keep]] = k[keep]
+    ev[s[keep]] = v[keep]
+    assert torch.equal(kc.view(-1, heads, dim), ek) and torch.equal(vc.view(-1, heads, dim), ev)
+
+
+def test_paged_caching_cuda_every_dtype_and_stream():
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        for name in ("none", "current", "side", "kvhal", "legacy", "per_thread", "int"):
+            kc = torch.zeros(32, 16, 8, 128, dtype=dt, device="cuda")
+            vc = torch.zeros_like(kc)
+            k = torch.randn(64, 8, 128, device="cuda").to(dt)
+            v = torch.randn(64, 8, 128, device="cuda").to(dt)
+            s = torch.randperm(32 * 16, device="cuda")[:64]
+            s[5] = -1
+            side = torch.cuda.Stream()
+            st = {"none": None, "current": torch.cuda.current_stream(), "side": side,
+                  "kvhal": kvhal.Stream("cuda:0", side), "legacy": kvhal.STREAM_LEGACY,
+                  "per_thread": kvhal.STREAM_PER_THREAD, "int": side.cuda_stream}[name]
+            side.wait_stream(torch.cuda.current_stream())
+            kvhal.paged_caching(kc, vc, k, v, s, stream=st)
+            torch.cuda.synchronize()
+            expect_paged(kc, vc, k, v, s)
+
+
+def test_strided_views_and_hnd_cache_cuda():
+    store = torch.zeros(16, 8, 16, 64, device="cuda", dtype=torch.float16)  # HND storage
+    kc = store.permute(0, 2, 1, 3)
+    vc = torch.zeros(16, 16, 8, 64, device="cuda", dtype=torch.float16)
+    big = torch.randn(40, 8, 128, device="cuda").half()
+    k, v = big[3:35, :, ::2], big[4:36, :, 1::2]
+    s = torch.randperm(256, device="cuda")[:32]
+    kvhal.paged_caching(kc, vc, k, v, s, stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    expect_paged(kc.contiguous(), vc, k, v, s)
+
+
+def test_out_of_range_slot_reported_on_the_stream():
+    kc = torch.zeros(4, 16, 2, 64, device="cuda")
+    k = torch.ones(2, 2, 64, device="cuda")
+    ks = kvhal.Stream("cuda:0", torch.cuda.Stream())
+    kvhal.paged_caching(kc, kc, k, k, torch.tensor([0, 64], device="cuda"), stream=ks)
+    with raises(kvhal.DeviceFault):
+        ks.check_errors()
+    ks.check_errors()
+
+
+def test_copy_blocks_tensor_copy_and_dlpack_out_cuda():
+    caches = [torch.randn(8, 16, 2, 64, device="cuda") for _ in range(2)]
+    ref = [c.clone() for c in caches]
+    kvhal.copy_blocks(caches, [(0, 5), (1, 6)])
+    torch.cuda.synchronize()
+    for c, r in zip(caches, ref):
+        r[5], r[6] = r[0].clone(), r[1].clone()
+        assert torch.equal(c, r)
+    a = torch.randn(5, 7, device="cuda")
+    b = torch.empty(7, 5, device="cuda").t()
+    kvhal.tensor_copy(b, a)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+    t = kvhal.empty((3, 4), "f32", "cuda:0")
+    tt = torch.from_dlpack(t)  # kvhal -> torch on the GPU, zero copies
+    assert tt.device.type == "cuda" and tt.shape == (3, 4)
+    tt.fill_(2.0)
+    back = torch.empty(3, 4, device="cuda")
+    kvhal.tensor_copy(back, t)
+    torch.cuda.synchronize()
+    assert torch.equal(back, tt)
+
+
+def test_graph_capture_replays_with_new_slots():
+    kc = torch.zeros(64, 16, 8, 128, dtype=torch.float16, device="cuda")
+    vc = torch.zeros_like(kc)
+    k = torch.zeros(32, 8, 128, dtype=torch.float16, device="cuda")
+    v = torch.zeros_like(k)
+    s = torch.zeros(32, dtype=torch.int64, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        kvhal.paged_caching(kc, vc, k, v, s, stream=torch.cuda.current_stream())
+    ek = torch.zeros_like(kc).view(-1, 8, 128)
+    for rep in range(10):
+        ns = torch.randperm(64 * 16, device="cuda")[:32]
+        s.copy_(ns)
+        k.copy_(torch.randn_like(k))
+        v.copy_(torch.randn_like(v))
+        g.replay()
+        torch.cuda.synchronize()
+        ek[ns] = k
+        assert torch.equal(kc.view(-1, 8, 128), ek), f"replay {rep}"
+
+
+def test_errors_cuda():
+    kc = torch.zeros(4, 16, 2, 64, device="cuda")
+    with raises(kvhal.DeviceMismatch):
+        kvhal.paged_caching(kc, kc, torch.ones(1, 2, 64), torch.ones(1, 2, 64), torch.tensor([0]))
+
+
+if __name__ == "__main__":
+    if not HAVE_CUDA:
+        print("test_gpu_torch: no CUDA device")
+        sys.exit(1)
+    failed = 0
+    for name, fn in list(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            try:
+                fn()
+                print("ok  ", name)
+            except Exception as e:  # noqa: BLE001 — report every test, then fail
+                failed += 1
+                print("FAIL", name, type(e).__name__, e)
+    sys.exit(1 if failed else 0)
