@@ -874,12 +874,11 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
         p = calloc(1, sizeof *p);
         if (!p) snprintf(reason, sizeof reason, "out of memory");
     }
-    if (p) {
-        ep_params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-        ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-        ep_params.err_handler.cb = ep_error_cb;
-        ep_params.err_handler.arg = p;
-    }
+    /* the same error handling as every other endpoint (UCX refuses asymmetric ones), also for a refusal's */
+    ep_params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep_params.err_handler.cb = ep_error_cb;
+    ep_params.err_handler.arg = p; /* NULL for a refusal: nothing to report */
     ucp_ep_h ep = NULL;
     ucs_status_t us = ep_create(a, &ep_params, &ep);
     if (us != UCS_OK) {
@@ -922,6 +921,7 @@ static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     (void)ep;
     kvhal_xfer_peer *p = arg;
+    if (!p) return;
     p->ep_error = true; /* handled in pump */
     p->ep_status = status;
 }
@@ -965,7 +965,10 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     kvhal_xfer_peer *p = find_session(a, c.dest_session);
     if (!p || p->state != P_CONNECTED) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK; /* unknown session: dropped */
     switch (c.type) {
-    case XW_DATA: return on_data(a, p, header, header_length, data, length, param);
+    case XW_DATA: { /* an eager frame's handler must return OK: UCX takes an error only for rendezvous */
+        ucs_status_t r = on_data(a, p, header, header_length, data, length, param);
+        return rndv ? r : UCS_OK;
+    }
     case XW_GRANT: on_grant(a, p, header, header_length, data, length, rndv); break;
     case XW_ACK:
         if (rndv) peer_fail(p, KVHAL_PEER_FAILED, true, "ACK frame with rendezvous data");
@@ -1149,7 +1152,8 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
         if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "the agent was destroyed");
     /* let UCX finish or cancel what it holds (bounded: force-closed endpoints complete their requests) */
     const uint64_t until = now_ns() + 2000000000ull;
-    while ((a->rframes || a->closing) && now_ns() < until) pump(a);
+    pump(a); /* the BYEs */
+    while ((a->rframes || a->closing || a->msgs) && now_ns() < until) pump(a);
     for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) { /* whatever is left: UCX is going away, give pages back */
         nx = x->next;
         if (!x->finished) {
@@ -1363,6 +1367,7 @@ kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
     if (p->magic != PEER_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
     kvhal_xfer_agent *a = p->agent;
     if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "disconnected by %s", a->name);
+    flush_msgs(a); /* the BYE, and the endpoint's close */
     for (kvhal_xfer *x = a->xfers; x; x = x->next)
         if (x->peer == p) x->peer = NULL;
     scrub_events(a, p, NULL);
