@@ -331,16 +331,22 @@ static void test_transfer_every_device(void **state)
     (void)state;
     kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
     transfer_on(cpu, cpu);
-    int32_t n = 0;
-    kvhal_device_count(KVHAL_DEVICE_OPENCL, &n);
-    if (n > 0) { /* staged through host memory on both sides, and mixed */
-        kvhal_device cl = {KVHAL_DEVICE_OPENCL, 0};
-        transfer_on(cl, cl);
-        transfer_on(cpu, cl);
-        transfer_on(cl, cpu);
-    } else {
-        printf("# no OpenCL device: the staged path ran on no device here\n");
+    int ran = 0;
+    const kvhal_device_type types[] = {KVHAL_DEVICE_OPENCL, KVHAL_DEVICE_CUDA, KVHAL_DEVICE_HIP};
+    for (int t = 0; t < 3; t++) {
+        int32_t n = 0;
+        kvhal_device_count(types[t], &n);
+        if (n <= 0) continue;
+        /* staged through host memory on one side, on both, and between two devices of the type */
+        kvhal_device d0 = {types[t], 0}, d1 = {types[t], n > 1 ? 1 : 0};
+        transfer_on(d0, d0);
+        transfer_on(cpu, d0);
+        transfer_on(d1, cpu);
+        transfer_on(d1, d0);
+        printf("# %s: %d device(s), staged transfers verified\n", kvhal_device_type_name(types[t]), (int)n);
+        ran++;
     }
+    if (!ran) printf("# no device besides the CPU: the staged path ran on none here\n");
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */

@@ -470,19 +470,34 @@ static ucp_dt_iov_t *build_iov(const kvhal_xfer_agent *a, const int32_t *pages, 
 }
 
 /* Device caches: chunks between the cache and a contiguous host buffer in wire order. */
+static kvhal_status stage_run(kvhal_xfer_agent *a, bool to_host, uint8_t *host, size_t co, size_t len)
+{
+    return to_host ? kvhal_memcpy_d2h(host, a->cache_buf, co, len, NULL)
+                   : kvhal_memcpy_h2d(a->cache_buf, co, host, len, NULL);
+}
+
+/* One copy per run of chunks that are adjacent in the cache too (a page-first cache: a page's layers). */
 static kvhal_status stage(kvhal_xfer_agent *a, bool to_host, uint8_t *host, const int32_t *pages, int32_t n,
                           int32_t l0, int32_t nl)
 {
-    size_t o = 0;
+    size_t o = 0, run_host = 0, run_dev = 0, run_len = 0;
     for (int32_t i = 0; i < n; i++)
         for (int32_t l = l0; l < l0 + nl; l++)
             for (int s = 0; s < 2; s++, o += a->g.chunk_bytes) {
                 const size_t co = chunk_off(a, l, s, pages[i]);
-                kvhal_status st = to_host ? kvhal_memcpy_d2h(host + o, a->cache_buf, co, a->g.chunk_bytes, NULL)
-                                          : kvhal_memcpy_h2d(a->cache_buf, co, host + o, a->g.chunk_bytes, NULL);
-                if (st != KVHAL_OK) return st;
+                if (run_len && run_dev + run_len == co) {
+                    run_len += a->g.chunk_bytes;
+                    continue;
+                }
+                if (run_len) {
+                    kvhal_status st = stage_run(a, to_host, host + run_host, run_dev, run_len);
+                    if (st != KVHAL_OK) return st;
+                }
+                run_host = o;
+                run_dev = co;
+                run_len = a->g.chunk_bytes;
             }
-    return KVHAL_OK;
+    return run_len ? stage_run(a, to_host, host + run_host, run_dev, run_len) : KVHAL_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
