@@ -10,6 +10,7 @@
  *                 bandwidth, time per transfer (p50/p99), content verified.
  * The two sides may sit on other devices (--send-device cuda:0 --recv-device cuda:1): their pages are then staged
  * through host memory. */
+#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@ static struct {
     int nsizes;
     int iters, window;
     uint32_t timeout_ms;
+    const char *listen_file, *connect_file; /* the two sides as separate processes (other namespaces or hosts) */
 } opt = {.send_dev = "cpu", .recv_dev = "cpu", .layers = 4, .heads = 8, .dim = 128, .block = 16, .dtype = KVHAL_BF16,
          .iters = 40, .window = 4, .timeout_ms = 10000};
 
@@ -272,13 +274,22 @@ static int decode_start(decode *d, const char *transports, bool bench)
                                     1024 * page_bytes();
     TRY("decode: paged cache", side_open(&d->s, opt.recv_dev, budget, KVHAL_PAGE_FIRST));
     TRY("decode: cache manager", kvhal_cache_manager_create((int32_t)d->s.blocks, opt.block, KVHAL_PREFIX_RADIX, &d->cm));
-    /* fork before UCX starts in this process: a UCX context must not cross a fork */
-    int fds[2];
-    if (pipe(fds) != 0) return failed("decode: pipe", KVHAL_INTERNAL);
+    /* fork before UCX starts in this process: a UCX context must not cross a fork. With --listen the prefill side
+     * is another process started by the user (kvhal-xfer --connect), the blob goes to a file. */
+    int fds[2] = {-1, -1};
+    if (opt.listen_file) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", opt.listen_file);
+        fds[1] = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fds[1] < 0) return failed("decode: --listen file", KVHAL_INVALID_ARGUMENT);
+        d->child = -1;
+    } else if (pipe(fds) != 0) {
+        return failed("decode: pipe", KVHAL_INTERNAL);
+    }
     fflush(stdout);
     fflush(stderr);
-    d->child = fork();
-    if (d->child < 0) return failed("decode: fork", KVHAL_INTERNAL);
+    if (!opt.listen_file) d->child = fork();
+    if (d->child < 0 && !opt.listen_file) return failed("decode: fork", KVHAL_INTERNAL);
     if (d->child == 0) {
         close(fds[1]);
         int rc = prefill(transports, fds[0], bench);
@@ -286,7 +297,7 @@ static int decode_start(decode *d, const char *transports, bool bench)
         fflush(stderr);
         _exit(rc);
     }
-    close(fds[0]);
+    if (fds[0] >= 0) close(fds[0]);
     kvhal_xfer_config cfg = {.name = "decode", .token = "kvhal-xfer-selftest", .timeout_ms = opt.timeout_ms,
                              .transports = transports};
     TRY("decode: agent", kvhal_xfer_agent_create(&cfg, &d->ag));
@@ -301,6 +312,11 @@ static int decode_start(decode *d, const char *transports, bool bench)
     close(fds[1]);
     free(blob);
     if (!ok) return failed("decode: handing the address to the prefill process", KVHAL_INTERNAL);
+    if (opt.listen_file) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", opt.listen_file);
+        if (rename(tmp, opt.listen_file) != 0) return failed("decode: --listen file", KVHAL_INVALID_ARGUMENT);
+    }
     const double until = now_s() + opt.timeout_ms / 1000.0;
     while (!d->peer) {
         kvhal_xfer_event ev;
@@ -573,6 +589,9 @@ static void usage(void)
            "  --layers=N --heads=N --dim=N --block=N   cache geometry (default 4 x 8 x 128, 16-token pages, bf16)\n"
            "  --send-device=DEV --recv-device=DEV      the two caches' devices (default cpu)\n"
            "  --timeout-ms=N         agent timeout (default 10000)\n"
+           "  --listen=FILE          decode side only: write the address to FILE, wait for a --connect process\n"
+           "  --connect=FILE         prefill side only: connect to the decode process whose address is in FILE\n"
+           "                         (same --self-test, sizes, geometry and --transport on both sides)\n"
            "  --json, --quiet, --help, --version\n"
            "Exit: 0 success, 1 a run or a verification failed, 2 usage error.\n");
 }
@@ -606,7 +625,8 @@ int main(int argc, char **argv)
         {"block", required_argument, 0, 'B'}, {"send-device", required_argument, 0, 'S'},
         {"recv-device", required_argument, 0, 'R'}, {"timeout-ms", required_argument, 0, 'T'},
         {"json", no_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'},
-        {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+        {"version", no_argument, 0, 'V'}, {"listen", required_argument, 0, 'l'},
+        {"connect", required_argument, 0, 'c'}, {0, 0, 0, 0}};
     int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -645,6 +665,8 @@ int main(int argc, char **argv)
         case 'R': opt.recv_dev = optarg; break;
         case 'T': opt.timeout_ms = (uint32_t)v; break;
         case 'j': opt.json = true; break;
+        case 'l': opt.listen_file = optarg; break;
+        case 'c': opt.connect_file = optarg; break;
         case 'q': opt.quiet = true; break;
         case 'h': usage(); return 0;
         case 'V': printf(TOOL " %d.%d.%d\n", KVHAL_VERSION_MAJOR, KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH); return 0;
@@ -663,10 +685,22 @@ int main(int argc, char **argv)
         opt.nsizes = 4;
     }
     signal(SIGPIPE, SIG_IGN);
+    if (opt.listen_file && opt.connect_file) return usage_error("--listen and --connect are the two sides:", "both");
+    if ((opt.listen_file || opt.connect_file) && opt.ntransports > 1)
+        opt.ntransports = 1; /* one run between two separately started processes */
     int rc = 0;
-    if (opt.self_test) {
-        /* small pages: 3 layers x 2 heads x 16 dims x 16 tokens f16 = 6 KiB a page */
+    if (opt.self_test) /* small pages: 3 layers x 2 heads x 16 dims x 16 tokens f16 = 6 KiB a page */
         opt.layers = 3, opt.heads = 2, opt.dim = 16, opt.dtype = KVHAL_F16;
+    if (opt.connect_file) { /* the prefill side of a --listen decode process: wait for its address file */
+        int fd = -1;
+        const double until = now_s() + opt.timeout_ms / 1000.0;
+        while ((fd = open(opt.connect_file, O_RDONLY)) < 0 && now_s() < until) usleep(10000);
+        if (fd < 0) return failed("--connect: no address file", KVHAL_TIMEOUT);
+        rc = prefill(opt.transports[0], fd, !opt.self_test);
+        close(fd);
+        return rc ? 1 : 0;
+    }
+    if (opt.self_test) {
         for (int t = 0; t < opt.ntransports; t++) rc |= self_test_one(opt.transports[t]);
         if (opt.json && !rc)
             printf("{\"version\": \"%d.%d.%d\", \"ok\": true, \"self_test\": \"passed\"}\n", KVHAL_VERSION_MAJOR,
