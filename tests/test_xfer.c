@@ -705,8 +705,140 @@ static void test_stalled_peer(void **state)
     pthread_mutex_lock(&s.mu);
     kvhal_xfer_release(x);
     pthread_mutex_unlock(&s.mu);
+    /* the other way: the server sends to the raw peer, which never acknowledges; the send fails with
+     * KVHAL_TIMEOUT and the peer is dropped (its endpoint force-closed, which releases the source pages) */
+    const int32_t src[2] = {1, 2}, dst[2] = {0, 1};
+    kvhal_xfer *tx;
+    pthread_mutex_lock(&s.mu);
+    assert_int_equal(kvhal_xfer_send_pages(s.evs[e].peer, 8, src, dst, 2, 0, L, &tx), KVHAL_OK);
+    pthread_mutex_unlock(&s.mu);
+    const double t1 = now_s();
+    raw_progress(&r, 0.05); /* take the frame, say nothing */
+    assert_int_equal(wait_recv(&s, tx, 10, msg, sizeof msg), KVHAL_TIMEOUT);
+    assert_true(now_s() - t1 < TIMEOUT_MS / 1000.0 + 2.0);
+    assert_contains(msg, "stalled");
+    int f = wait_event(&s, KVHAL_XFER_EVENT_PEER_FAILED, e, 5);
+    assert_contains(s.evs[f].message, "stalled");
+    pthread_mutex_lock(&s.mu);
+    kvhal_xfer_release(tx);
+    pthread_mutex_unlock(&s.mu);
     raw_close(&r);
     check_cache(&s, NULL, 0);
+    server_stop(&s);
+}
+
+/* Several senders into one receiver at once, each with its own requests in flight; then a connection past
+ * cfg.max_peers is refused. */
+static void test_many_peers(void **state)
+{
+    (void)state;
+    enum { NP = 3, NR = 2 };
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    server s;
+    memset(&s, 0, sizeof s);
+    /* a server that takes NP peers at most */
+    s.cache = make_cache(cpu, HEADS, PAGES, KVHAL_PAGE_FIRST);
+    s.buf = cache_buffer(s.cache);
+    s.bytes = kvhal_buffer_size(s.buf);
+    s.canary = malloc(s.bytes);
+    assert_non_null(s.canary);
+    fill_pattern(s.canary, s.bytes, 99);
+    assert_int_equal(kvhal_memcpy_h2d(s.buf, 0, s.canary, s.bytes, NULL), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_create(PAGES, BLOCK, KVHAL_PREFIX_RADIX, &s.cm), KVHAL_OK);
+    kvhal_xfer_config cfg = {.name = "decode", .token = TOKEN, .timeout_ms = 5000, .transports = tls,
+                             .max_peers = NP};
+    assert_int_equal(kvhal_xfer_agent_create(&cfg, &s.ag), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_register_paged_cache(s.ag, s.cache), KVHAL_OK);
+    pthread_mutex_init(&s.mu, NULL);
+    assert_int_equal(pthread_create(&s.th, NULL, serve, &s), 0);
+    uint8_t blob[4096];
+    size_t len = server_blob(&s, blob, sizeof blob);
+
+    kvhal_paged_cache *sc[NP];
+    kvhal_xfer_agent *a[NP];
+    kvhal_xfer_peer *pa[NP], *pb[NP];
+    for (int i = 0; i < NP; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "prefill%d", i);
+        sc[i] = make_cache(cpu, HEADS, 16, KVHAL_LAYER_FIRST);
+        kvhal_xfer_config c = {.name = name, .token = TOKEN, .timeout_ms = 5000, .transports = tls};
+        assert_int_equal(kvhal_xfer_agent_create(&c, &a[i]), KVHAL_OK);
+        assert_int_equal(kvhal_xfer_register_paged_cache(a[i], sc[i]), KVHAL_OK);
+        /* each sender's pages: its index in every byte of layer l's K (l*2) and V (l*2+1) */
+        for (int32_t p = 0; p < 16; p++)
+            for (int32_t l = 0; l < L; l++)
+                for (int kv = 0; kv < 2; kv++) {
+                    uint8_t v[CHUNK];
+                    memset(v, 0x10 * (i + 1) + l * 2 + kv, CHUNK);
+                    assert_int_equal(kvhal_memcpy_h2d(cache_buffer(sc[i]), chunk_at(sc[i], l, kv, p), v, CHUNK, NULL),
+                                     KVHAL_OK);
+                }
+        assert_int_equal(kvhal_xfer_connect(a[i], blob, len, TOKEN, &pa[i]), KVHAL_OK);
+    }
+    for (int i = 0, from = 0; i < NP; i++) {
+        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, from, 5);
+        from = e + 1;
+        const char *nm = kvhal_xfer_peer_name(s.evs[e].peer);
+        assert_true(nm[0] == 'p');
+        pb[nm[7] - '0'] = s.evs[e].peer;
+    }
+    /* one more: refused, too many peers */
+    {
+        kvhal_paged_cache *xc = make_cache(cpu, HEADS, 4, KVHAL_LAYER_FIRST);
+        kvhal_xfer_config c = {.name = "extra", .token = TOKEN, .timeout_ms = 5000, .transports = tls};
+        kvhal_xfer_agent *xa;
+        kvhal_xfer_peer *xp;
+        assert_int_equal(kvhal_xfer_agent_create(&c, &xa), KVHAL_OK);
+        assert_int_equal(kvhal_xfer_register_paged_cache(xa, xc), KVHAL_OK);
+        assert_int_equal(kvhal_xfer_connect(xa, blob, len, TOKEN, &xp), KVHAL_PEER_FAILED);
+        assert_contains(kvhal_last_error(), "too many peers");
+        assert_int_equal(kvhal_xfer_agent_destroy(xa), KVHAL_OK);
+        kvhal_paged_cache_destroy(xc);
+    }
+    /* NR requests per peer, all granted before any is sent (request ids repeat across peers: they are per peer) */
+    int32_t pages[NP][NR][3];
+    kvhal_xfer *rx[NP][NR];
+    for (int i = 0; i < NP; i++)
+        for (int r = 0; r < NR; r++) assert_int_equal(grant(&s, pb[i], (uint64_t)r, 3, pages[i][r], &rx[i][r]), KVHAL_OK);
+    kvhal_xfer *tx[NP][NR] = {{0}};
+    int got = 0;
+    const double until = now_s() + 10;
+    while (got < NP * NR && now_s() < until)
+        for (int i = 0; i < NP; i++) {
+            kvhal_xfer_event ev;
+            assert_int_equal(kvhal_xfer_progress(a[i], 1, &ev), KVHAL_OK);
+            if (ev.type != KVHAL_XFER_EVENT_GRANT) continue;
+            const int32_t src[3] = {(int32_t)ev.request_id * 3, (int32_t)ev.request_id * 3 + 1, 15};
+            assert_int_equal(kvhal_xfer_send_pages(pa[i], ev.request_id, src, ev.pages, 3, 0, L, &tx[i][ev.request_id]),
+                             KVHAL_OK);
+            got++;
+        }
+    assert_int_equal(got, NP * NR);
+    for (int i = 0; i < NP; i++)
+        for (int r = 0; r < NR; r++) {
+            assert_int_equal(kvhal_xfer_wait(tx[i][r], 5000), KVHAL_OK);
+            char msg[512];
+            assert_int_equal(wait_recv(&s, rx[i][r], 5, msg, sizeof msg), KVHAL_OK);
+            for (int k = 0; k < 3; k++)
+                for (int32_t l = 0; l < L; l++)
+                    for (int kv = 0; kv < 2; kv++) {
+                        uint8_t v[CHUNK], w[CHUNK];
+                        memset(w, 0x10 * (i + 1) + l * 2 + kv, CHUNK);
+                        assert_int_equal(kvhal_memcpy_d2h(v, s.buf, chunk_at(s.cache, l, kv, pages[i][r][k]), CHUNK, NULL),
+                                         KVHAL_OK);
+                        assert_memory_equal(v, w, CHUNK);
+                    }
+            pthread_mutex_lock(&s.mu);
+            kvhal_xfer_release(rx[i][r]);
+            assert_int_equal(kvhal_cache_manager_free(s.cm, pages[i][r], 3), KVHAL_OK);
+            pthread_mutex_unlock(&s.mu);
+            kvhal_xfer_release(tx[i][r]);
+        }
+    all_pages_free(&s);
+    for (int i = 0; i < NP; i++) {
+        assert_int_equal(kvhal_xfer_agent_destroy(a[i]), KVHAL_OK);
+        kvhal_paged_cache_destroy(sc[i]);
+    }
     server_stop(&s);
 }
 
@@ -926,6 +1058,7 @@ int main(void)
         cmocka_unit_test(test_cancel_and_duplicates),
         cmocka_unit_test(test_stalled_peer),
         cmocka_unit_test(test_peer_killed_mid_transfer),
+        cmocka_unit_test(test_many_peers),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_destroy_in_flight),
     };
