@@ -54,7 +54,9 @@ typedef enum kvhal_xfer_event_type {
     KVHAL_XFER_EVENT_NONE = 0,           /**< nothing happened within the timeout */
     KVHAL_XFER_EVENT_PEER_CONNECTED = 1, /**< a peer connected to this agent with the right token (peer set) */
     KVHAL_XFER_EVENT_PEER_REJECTED = 2,  /**< a connection was refused (wrong token, geometry, too many peers) */
-    KVHAL_XFER_EVENT_PEER_FAILED = 3,    /**< a peer died, stalled, closed or broke the protocol (peer set) */
+    KVHAL_XFER_EVENT_PEER_FAILED = 3,    /**< a peer died, stalled, closed or broke the protocol (peer set; it
+                                              stays allocated, refusing calls with the reason, until
+                                              kvhal_xfer_disconnect frees it) */
     KVHAL_XFER_EVENT_GRANT = 4,          /**< the peer granted pages for request_id: send into pages[0..num_pages) */
     KVHAL_XFER_EVENT_RECV_DONE = 5,      /**< a posted receive finished (status OK or why not; xfer set) */
     KVHAL_XFER_EVENT_SEND_DONE = 6       /**< a send finished (status OK or why not; xfer set) */

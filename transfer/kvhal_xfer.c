@@ -612,8 +612,7 @@ static ucs_status_t on_data(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void 
             }
         }
         /* each (page, layer) at most once, in this frame and across frames: claim, or undo and refuse */
-        int32_t claimed_upto = 0;
-        for (int32_t i = 0; i < h.n_pages && !bad; i++, claimed_upto = i)
+        for (int32_t i = 0; i < h.n_pages && !bad; i++)
             for (int32_t l = h.first_layer; l < h.first_layer + h.num_layers; l++)
                 if (x->claimed[(size_t)idx[i] * (size_t)L + (size_t)l]) {
                     snprintf(why, sizeof why, "page %d layer %d was already sent", (int)pages[i], (int)l);
@@ -626,7 +625,6 @@ static ucs_status_t on_data(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void 
                 } else {
                     x->claimed[(size_t)idx[i] * (size_t)L + (size_t)l] = 1;
                 }
-        (void)claimed_upto;
     }
     if (bad) {
         peer_fail(p, KVHAL_PEER_FAILED, true, "refused DATA frame for request %llu: %s",
@@ -740,7 +738,8 @@ static void recv_frame_done(kvhal_xfer_agent *a, recv_frame *f)
         xfer_settle(x); /* may free x */
     } else {
         free(f);
-        xfer_finish(x, st, "%s", reason); /* may free x */
+        if (!x->failing) xfer_finish(x, st, "%s", reason); /* settles: may free x */
+        else xfer_settle(x);                                 /* already failing: this may have been the last frame */
     }
 }
 
@@ -1027,16 +1026,20 @@ static void pump(kvhal_xfer_agent *a)
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->state == P_CONNECTING && now > p->deadline_ns)
             peer_fail(p, KVHAL_TIMEOUT, false, "no answer to the connection within %u ms", (unsigned)a->timeout_ms);
-    for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) {
-        nx = x->next;
+again: /* failing one transfer may free others (released ones of the same peer): start over after each */
+    for (kvhal_xfer *x = a->xfers; x; x = x->next) {
         if (x->failing || x->finished || now <= x->deadline_ns) continue;
         if (x->is_recv && x->inflight == 0) {
             xfer_finish(x, KVHAL_TIMEOUT, "request %llu: no data from peer %s within %u ms",
                         (unsigned long long)x->request_id, x->peer ? x->peer->name : "?", (unsigned)a->timeout_ms);
-        } else if (x->peer) { /* a stalled peer holds our buffers: drop it, which releases them */
+            goto again;
+        }
+        if (x->peer) { /* a stalled peer holds our buffers: drop it, which releases them */
             peer_fail(x->peer, KVHAL_TIMEOUT, false, "stalled: request %llu made no progress within %u ms",
                       (unsigned long long)x->request_id, (unsigned)a->timeout_ms);
+            goto again;
         }
+        x->deadline_ns = UINT64_MAX; /* no peer left to blame: it settles when UCX lets go */
     }
     for (closing_ep **pp = &a->closing; *pp;) {
         closing_ep *c = *pp;
@@ -1486,11 +1489,12 @@ static void send_cb(void *request, ucs_status_t status, void *user_data)
     kvhal_xfer *x = f->x;
     f->in_flight = false;
     x->sends_inflight--;
-    if (status != UCS_OK && !x->failing)
+    ucp_request_free(request);
+    if (status != UCS_OK && !x->failing) /* settles: may free x */
         xfer_finish(x, KVHAL_PEER_FAILED, "sending frame to peer %s failed: %s", x->peer ? x->peer->name : "?",
                     ucs_status_string(status));
-    xfer_settle(x);
-    ucp_request_free(request);
+    else
+        xfer_settle(x);
 }
 
 kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, const int32_t *src_pages,
