@@ -29,8 +29,9 @@
 extern "C" {
 #endif
 
-/** Longest token (without the NUL) and agent name accepted. */
+/** Longest token accepted (characters, without the NUL). */
 #define KVHAL_XFER_TOKEN_MAX 63
+/** Longest agent name accepted (characters, without the NUL). */
 #define KVHAL_XFER_NAME_MAX 31
 
 /** An agent: one UCX worker, one registered paged cache, its peers and transfers. */

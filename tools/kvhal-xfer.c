@@ -25,9 +25,12 @@
 
 #define TOOL "kvhal-xfer"
 
+static int g_argc;
+static char **g_argv;
+
 static struct {
     bool self_test, json, quiet;
-    const char *transports[4];
+    const char *transports[8];
     int ntransports;
     const char *send_dev, *recv_dev;
     int32_t layers, heads, dim, block;
@@ -266,6 +269,7 @@ typedef struct decode {
     kvhal_cache_manager *cm;
     pid_t child;
     uint8_t *host, *want;
+    char blob_path[256];
 } decode;
 
 static int decode_start(decode *d, const char *transports, bool bench)
@@ -274,30 +278,39 @@ static int decode_start(decode *d, const char *transports, bool bench)
                                     1024 * page_bytes();
     TRY("decode: paged cache", side_open(&d->s, opt.recv_dev, budget, KVHAL_PAGE_FIRST));
     TRY("decode: cache manager", kvhal_cache_manager_create((int32_t)d->s.blocks, opt.block, KVHAL_PREFIX_RADIX, &d->cm));
-    /* fork before UCX starts in this process: a UCX context must not cross a fork. With --listen the prefill side
-     * is another process started by the user (kvhal-xfer --connect), the blob goes to a file. */
-    int fds[2] = {-1, -1};
-    if (opt.listen_file) {
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp", opt.listen_file);
-        fds[1] = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fds[1] < 0) return failed("decode: --listen file", KVHAL_INVALID_ARGUMENT);
-        d->child = -1;
-    } else if (pipe(fds) != 0) {
-        return failed("decode: pipe", KVHAL_INTERNAL);
-    }
-    fflush(stdout);
-    fflush(stderr);
-    if (!opt.listen_file) d->child = fork();
-    if (d->child < 0 && !opt.listen_file) return failed("decode: fork", KVHAL_INTERNAL);
-    if (d->child == 0) {
-        close(fds[1]);
-        int rc = prefill(transports, fds[0], bench);
+    /* The prefill side is a new process: this one (kvhal-xfer --connect=FILE, exec'd, so that no UCX context or
+     * device runtime crosses a fork), or one the user started (--listen). The address blob goes through FILE. */
+    const char *file = opt.listen_file;
+    d->child = -1;
+    if (!file) {
+        snprintf(d->blob_path, sizeof d->blob_path, "/tmp/kvhal-xfer-%d-%s.blob", (int)getpid(), transports);
+        unlink(d->blob_path);
+        file = d->blob_path;
         fflush(stdout);
         fflush(stderr);
-        _exit(rc);
+        d->child = fork();
+        if (d->child < 0) return failed("decode: fork", KVHAL_INTERNAL);
+        if (d->child == 0) {
+            char conn[300], tls[200];
+            snprintf(conn, sizeof conn, "--connect=%s", d->blob_path);
+            snprintf(tls, sizeof tls, "--transport=%s", transports);
+            char **av = calloc((size_t)g_argc + 3, sizeof *av);
+            if (!av) _exit(1);
+            for (int i = 0; i < g_argc; i++) av[i] = g_argv[i];
+            av[g_argc] = conn;
+            av[g_argc + 1] = tls;
+            execv("/proc/self/exe", av);
+            fprintf(stderr, TOOL ": error: cannot start the prefill process\n");
+            _exit(1);
+        }
     }
-    if (fds[0] >= 0) close(fds[0]);
+    int fds[2] = {-1, -1};
+    {
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", file);
+        fds[1] = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fds[1] < 0) return failed("decode: the address file", KVHAL_INVALID_ARGUMENT);
+    }
     kvhal_xfer_config cfg = {.name = "decode", .token = "kvhal-xfer-selftest", .timeout_ms = opt.timeout_ms,
                              .transports = transports};
     TRY("decode: agent", kvhal_xfer_agent_create(&cfg, &d->ag));
@@ -312,10 +325,10 @@ static int decode_start(decode *d, const char *transports, bool bench)
     close(fds[1]);
     free(blob);
     if (!ok) return failed("decode: handing the address to the prefill process", KVHAL_INTERNAL);
-    if (opt.listen_file) {
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp", opt.listen_file);
-        if (rename(tmp, opt.listen_file) != 0) return failed("decode: --listen file", KVHAL_INVALID_ARGUMENT);
+    {
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", file);
+        if (rename(tmp, file) != 0) return failed("decode: the address file", KVHAL_INVALID_ARGUMENT);
     }
     const double until = now_s() + opt.timeout_ms / 1000.0;
     while (!d->peer) {
@@ -358,6 +371,7 @@ static int decode_finish(decode *d)
             rc = 1;
         }
     }
+    if (d->blob_path[0]) unlink(d->blob_path);
     kvhal_xfer_agent_destroy(d->ag);
     kvhal_cache_manager_destroy(d->cm);
     side_close(&d->s);
@@ -386,6 +400,46 @@ static int verify(decode *d, uint64_t req, const int32_t *pages, int32_t n)
     return 0;
 }
 
+/* Decoding goes on from received pages: one new token's K/V of every layer written into page (slot 0) with
+ * kvhal_paged_cache_update, then read back. */
+static int decode_step(decode *d, int32_t page, uint64_t seed)
+{
+    kvhal_device dev = kvhal_buffer_device(d->s.buf);
+    const size_t tok = (size_t)opt.heads * (size_t)opt.dim * kvhal_dtype_size(opt.dtype);
+    kvhal_buffer *kb = NULL, *vb = NULL, *sb = NULL;
+    kvhal_tensor k, v, sm;
+    const int64_t shape[3] = {1, opt.heads, opt.dim}, one = 1;
+    const int64_t slot = (int64_t)page * opt.block;
+    int rc = 0;
+    kvhal_status st = kvhal_buffer_create(dev, tok, &kb);
+    if (st == KVHAL_OK) st = kvhal_buffer_create(dev, tok, &vb);
+    if (st == KVHAL_OK) st = kvhal_buffer_create(dev, sizeof slot, &sb);
+    if (st == KVHAL_OK) st = kvhal_tensor_make(kb, 0, opt.dtype, 3, shape, NULL, &k);
+    if (st == KVHAL_OK) st = kvhal_tensor_make(vb, 0, opt.dtype, 3, shape, NULL, &v);
+    if (st == KVHAL_OK) st = kvhal_tensor_make(sb, 0, KVHAL_I64, 1, &one, NULL, &sm);
+    if (st == KVHAL_OK) st = kvhal_memcpy_h2d(sb, 0, &slot, sizeof slot, NULL);
+    for (int32_t l = 0; l < opt.layers && st == KVHAL_OK && !rc; l++) {
+        pattern(d->want, tok, seed, -1, l, 0);
+        pattern(d->want + tok, tok, seed, -1, l, 1);
+        st = kvhal_memcpy_h2d(kb, 0, d->want, tok, NULL);
+        if (st == KVHAL_OK) st = kvhal_memcpy_h2d(vb, 0, d->want + tok, tok, NULL);
+        if (st == KVHAL_OK) st = kvhal_paged_cache_update(d->s.cache, l, &k, &v, &sm, NULL);
+        for (int kv = 0; kv < 2 && st == KVHAL_OK; kv++) { /* NHD: token 0 is the block's first heads x dim */
+            st = kvhal_memcpy_d2h(d->host, d->s.buf, chunk_at(&d->s, l, kv, page), tok, NULL);
+            if (st == KVHAL_OK && memcmp(d->host, d->want + (size_t)kv * tok, tok)) {
+                fprintf(stderr, TOOL ": error: decode step: layer %d %s of page %d reads back wrong\n", (int)l,
+                        kv ? "V" : "K", (int)page);
+                rc = 1;
+            }
+        }
+    }
+    if (st != KVHAL_OK) rc = failed("decode step", st);
+    kvhal_buffer_destroy(kb);
+    kvhal_buffer_destroy(vb);
+    kvhal_buffer_destroy(sb);
+    return rc;
+}
+
 /* ---- --self-test on one transport ---- */
 static int self_test_one(const char *transports)
 {
@@ -393,6 +447,7 @@ static int self_test_one(const char *transports)
     int rc = decode_start(&d, transports, false);
     if (rc) {
         if (d.child > 0) kill(d.child, SIGKILL), waitpid(d.child, NULL, 0);
+        if (d.blob_path[0]) unlink(d.blob_path);
         return rc;
     }
     const int32_t total = (int32_t)d.s.blocks;
@@ -446,6 +501,13 @@ static int self_test_one(const char *transports)
                                                                               pages[r], NULL));
         free(toks);
         kvhal_xfer_release(x[r]);
+        if (!rc) { /* the next token goes into a new page */
+            int32_t np;
+            TRY("decode: allocate", kvhal_cache_manager_allocate(d.cm, 1, &np));
+            granted[np] = true;
+            rc = decode_step(&d, np, (uint64_t)r + 1000);
+            TRY("decode: free", kvhal_cache_manager_free(d.cm, &np, 1));
+        }
     }
     /* pages never granted still hold the canary */
     memset(d.want, 0xA5, d.s.chunk);
@@ -473,7 +535,7 @@ static int self_test_one(const char *transports)
     free(granted);
     rc |= decode_finish(&d);
     if (!opt.quiet && !opt.json)
-        printf("self-test %-4s: %s (%d requests, %lld bytes verified, scattered pages on both sides)\n", transports,
+        printf("self-test %-4s: %s (%d requests, %lld bytes verified, scattered pages on both sides, a decode step after each)\n", transports,
                rc ? "FAILED" : "ok", NREQ, (long long)bytes);
     return rc;
 }
@@ -491,6 +553,7 @@ static int bench_one(const char *transports, bool *first)
     int rc = decode_start(&d, transports, true);
     if (rc) {
         if (d.child > 0) kill(d.child, SIGKILL), waitpid(d.child, NULL, 0);
+        if (d.blob_path[0]) unlink(d.blob_path);
         return rc;
     }
     const uint64_t pb = page_bytes();
@@ -629,6 +692,8 @@ int main(int argc, char **argv)
         {"connect", required_argument, 0, 'c'}, {0, 0, 0, 0}};
     int c;
     opterr = 0;
+    g_argc = argc;
+    g_argv = argv;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         long v = 0;
         char *end = NULL;
@@ -639,7 +704,7 @@ int main(int argc, char **argv)
         switch (c) {
         case 's': opt.self_test = true; break;
         case 't':
-            if (opt.ntransports == 4) return usage_error("at most 4 --transport values", optarg);
+            if (opt.ntransports == 8) return usage_error("at most 8 --transport values", optarg);
             opt.transports[opt.ntransports++] = optarg;
             break;
         case 'z': {
@@ -686,8 +751,7 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     if (opt.listen_file && opt.connect_file) return usage_error("--listen and --connect are the two sides:", "both");
-    if ((opt.listen_file || opt.connect_file) && opt.ntransports > 1)
-        opt.ntransports = 1; /* one run between two separately started processes */
+    if (opt.listen_file && opt.ntransports > 1) opt.ntransports = 1; /* one run with a separately started process */
     int rc = 0;
     if (opt.self_test) /* small pages: 3 layers x 2 heads x 16 dims x 16 tokens f16 = 6 KiB a page */
         opt.layers = 3, opt.heads = 2, opt.dim = 16, opt.dtype = KVHAL_F16;
@@ -696,7 +760,7 @@ int main(int argc, char **argv)
         const double until = now_s() + opt.timeout_ms / 1000.0;
         while ((fd = open(opt.connect_file, O_RDONLY)) < 0 && now_s() < until) usleep(10000);
         if (fd < 0) return failed("--connect: no address file", KVHAL_TIMEOUT);
-        rc = prefill(opt.transports[0], fd, !opt.self_test);
+        rc = prefill(opt.transports[opt.ntransports - 1], fd, !opt.self_test); /* the last one given */
         close(fd);
         return rc ? 1 : 0;
     }

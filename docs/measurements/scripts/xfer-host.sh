@@ -15,15 +15,17 @@ port=$((20000 + RANDOM % 20000))
 {
   echo "# $(date -u +%FT%TZ) $(uname -n) $(lscpu | grep 'Model name' | sed 's/  */ /g')  nproc=$(nproc)"
   echo "# $(ucx_info -v | head -1)"
+  echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$OUT/env.txt"
-perftest() { # transport size -> GB/s (bytes / s, one direction)
-  local tls=$1 size=$2
+perftest() { # transport size [window] -> GB/s (bytes / s, one direction); iterations: 640 MiB (at least 40)
+  local tls=$1 size=$2 win=${3:-}
+  local n=$(( 671088640 / size )); [ $n -lt $ITERS ] && n=$ITERS
   port=$((port + 1))
   UCX_TLS=$tls ucx_perftest -p $port > /dev/null 2>&1 &
   local srv=$!
   sleep 0.3
   local line
-  line=$(UCX_TLS=$tls timeout 120 ucx_perftest 127.0.0.1 -p $port -t ucp_am_bw -s "$size" -n "$ITERS" -w 4 -O 4 2>&1 | grep -E "^Final:" || true)
+  line=$(UCX_TLS=$tls timeout 120 ucx_perftest 127.0.0.1 -p $port -t ucp_am_bw -s "$size" -n "$n" -w 4 ${win:+-O $win} 2>&1 | grep -E "^Final:" || true)
   wait $srv 2>/dev/null
   # Final: iters typ avg overall bw(avg MB/s) bw(overall MB/s) ... -> column 6: bandwidth overall in MB/s (2^20)
   echo "$line" | awk '{ if (NF >= 7) printf "%.3f\n", $7 * 1048576 / 1e9; else print "nan" }'
@@ -33,14 +35,17 @@ for r in $(seq 1 "$ROUNDS"); do
   for tls in tcp shm; do
     "$B"/tools/kvhal-xfer --transport=$tls --iters "$ITERS" --window 4 --json > "$OUT/kvhal-$tls-$r.json" 2> "$OUT/kvhal-$tls-$r.err" || { echo "kvhal-xfer $tls round $r failed"; cat "$OUT/kvhal-$tls-$r.err"; rc=1; }
     for s in "${SIZES[@]}"; do
-      echo "$tls $s $(perftest $tls $s)" >> "$OUT/perftest-$r.txt"
+      echo "$tls $s $(perftest $tls $s) $(perftest $tls $s 4)" >> "$OUT/perftest-$r.txt"
     done
   done
 done
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/env.txt"
+cat "$OUT/env.txt"
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, sys, statistics, collections
 out, rounds = sys.argv[1], int(sys.argv[2])
-k = collections.defaultdict(list); p = collections.defaultdict(list); lat = collections.defaultdict(list)
+k = collections.defaultdict(list); p = collections.defaultdict(list); p4 = collections.defaultdict(list)
+lat = collections.defaultdict(list)
 for r in range(1, rounds + 1):
     for tls in ("tcp", "shm"):
         try: d = json.load(open(f"{out}/kvhal-{tls}-{r}.json"))
@@ -48,13 +53,16 @@ for r in range(1, rounds + 1):
         for x in d.get("results", []):
             k[(tls, int(x["bytes"]))].append(x["gbps"]); lat[(tls, int(x["bytes"]))].append((x["p50_us"], x["p99_us"]))
     for line in open(f"{out}/perftest-{r}.txt"):
-        tls, size, v = line.split()
+        tls, size, v, v4 = line.split()
         if v != "nan": p[(tls, int(size))].append(float(v))
-print("| transport | batch | pages | kvhal-xfer GB/s (median of %d) | ucx_perftest ucp_am_bw GB/s | ratio | p50 us | p99 us |" % rounds)
+        if v4 != "nan": p4[(tls, int(size))].append(float(v4))
+print("| transport | batch | pages | kvhal-xfer GB/s, window 4 (median of %d; min-max) | ucx_perftest ucp_am_bw GB/s, default window / -O 4 | ratio to the better | p50 us | p99 us |" % rounds)
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for key in sorted(k):
     km = statistics.median(k[key]); pm = statistics.median(p[key]) if p[key] else float("nan")
+    pm4 = statistics.median(p4[key]) if p4[key] else float("nan")
+    best = max(x for x in (pm, pm4) if x == x) if (pm == pm or pm4 == pm4) else float("nan")
     l50 = statistics.median(a for a, b in lat[key]); l99 = statistics.median(b for a, b in lat[key])
-    print(f"| {key[0]} | {key[1] >> 10} KiB | {key[1] // 262144} | {km:.3f} | {pm:.3f} | {km / pm:.2f} | {l50:.0f} | {l99:.0f} |")
+    print(f"| {key[0]} | {key[1] >> 10} KiB | {key[1] // 262144} | {km:.3f} ({min(k[key]):.3f}-{max(k[key]):.3f}) | {pm:.3f} / {pm4:.3f} | {km / best:.2f} | {l50:.0f} | {l99:.0f} |")
 PY
 exit $rc
