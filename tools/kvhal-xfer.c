@@ -1,5 +1,5 @@
 /* kvhal-xfer — prefill/decode disaggregation over libkvhal-xfer: a decode process (the receiver) and a prefill
- * process (the sender, forked) each hold a paged cache; the decode side grants pages (scattered, from its cache
+ * process (the sender, exec'd by it, or started apart: --listen / --connect) each hold a paged cache; the decode side grants pages (scattered, from its cache
  * manager) for each request, the prefill side writes the prompt's K/V into its own scattered pages and sends them,
  * the decode side verifies every byte, publishes the pages to its cache manager (cache_finished) and goes on.
  *
@@ -40,6 +40,7 @@ static struct {
     int iters, window;
     uint32_t timeout_ms;
     const char *listen_file, *connect_file; /* the two sides as separate processes (other namespaces or hosts) */
+    bool child;                             /* started by a decode process: no JSON of its own */
 } opt = {.send_dev = "cpu", .recv_dev = "cpu", .layers = 4, .heads = 8, .dim = 128, .block = 16, .dtype = KVHAL_BF16,
          .iters = 40, .window = 4, .timeout_ms = 10000};
 
@@ -50,9 +51,13 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static bool json_error_done;
+static FILE *json_results; /* the benchmark's rows, printed only when the whole run succeeded */
+
 static void fail_json(const char *status, const char *msg)
 {
-    if (!opt.json) return;
+    if (!opt.json || json_error_done) return;
+    json_error_done = true;
     printf("{\"version\": \"%d.%d.%d\", \"ok\": false, \"error\": {\"status\": \"%s\", \"message\": \"", KVHAL_VERSION_MAJOR,
            KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH, status);
     for (const char *c = msg; *c; c++) {
@@ -176,7 +181,7 @@ static bool read_all(int fd, void *p, size_t n)
     return true;
 }
 
-/* ================================ the prefill side (the forked sender) ================================= */
+/* ================================ the prefill side (the sender) ======================================== */
 /* Connects, then for every GRANT picks its own scattered source pages, writes the request's K/V into them and
  * sends them (odd requests layer by layer), until the decode side closes the connection. */
 static int prefill(const char *transports, int fd, bool bench)
@@ -291,14 +296,15 @@ static int decode_start(decode *d, const char *transports, bool bench)
         d->child = fork();
         if (d->child < 0) return failed("decode: fork", KVHAL_INTERNAL);
         if (d->child == 0) {
-            char conn[300], tls[200];
+            char conn[300], tls[200], child[] = "--child";
             snprintf(conn, sizeof conn, "--connect=%s", d->blob_path);
             snprintf(tls, sizeof tls, "--transport=%s", transports);
-            char **av = calloc((size_t)g_argc + 3, sizeof *av);
+            char **av = calloc((size_t)g_argc + 4, sizeof *av);
             if (!av) _exit(1);
             for (int i = 0; i < g_argc; i++) av[i] = g_argv[i];
             av[g_argc] = conn;
             av[g_argc + 1] = tls;
+            av[g_argc + 2] = child; /* its errors go to stderr only: the JSON on stdout is this process's */
             execv("/proc/self/exe", av);
             fprintf(stderr, TOOL ": error: cannot start the prefill process\n");
             _exit(1);
@@ -621,7 +627,7 @@ static int bench_one(const char *transports, bool *first)
             const double gbps = bytes * opt.iters / elapsed / 1e9;
             const double p50 = lat[opt.iters / 2] * 1e6, p99 = lat[(opt.iters * 99) / 100 < opt.iters ? (opt.iters * 99) / 100 : opt.iters - 1] * 1e6;
             if (opt.json)
-                printf("%s\n  {\"transport\": \"%s\", \"bytes\": %.0f, \"pages\": %d, \"page_bytes\": %llu, "
+                fprintf(json_results, "%s\n  {\"transport\": \"%s\", \"bytes\": %.0f, \"pages\": %d, \"page_bytes\": %llu, "
                        "\"window\": %d, \"iters\": %d, \"gbps\": %.3f, \"us_per_transfer\": %.1f, \"p50_us\": %.1f, "
                        "\"p99_us\": %.1f, \"send_device\": \"%s\", \"recv_device\": \"%s\", \"path\": \"%s\"}",
                        *first ? "" : ",", transports, bytes, (int)n, (unsigned long long)pb, W, opt.iters, gbps,
@@ -644,7 +650,7 @@ static int bench_one(const char *transports, bool *first)
 static void usage(void)
 {
     printf("usage: " TOOL " [--self-test] [options]\n"
-           "Runs a decode process and a forked prefill process that sends it requests' K/V pages over UCX.\n"
+           "Runs a decode process and a prefill process that sends it requests' K/V pages over UCX.\n"
            "  --self-test            loopback over tcp and shm, CPU caches, every byte verified; exit 0 only if all holds\n"
            "  --transport=LIST       UCX transports, repeatable (default: tcp and shm; any UCX_TLS value)\n"
            "  --sizes=LIST           benchmark batch sizes (default 256KiB,1MiB,4MiB,16MiB)\n"
@@ -689,7 +695,7 @@ int main(int argc, char **argv)
         {"recv-device", required_argument, 0, 'R'}, {"timeout-ms", required_argument, 0, 'T'},
         {"json", no_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'}, {"listen", required_argument, 0, 'l'},
-        {"connect", required_argument, 0, 'c'}, {0, 0, 0, 0}};
+        {"connect", required_argument, 0, 'c'}, {"child", no_argument, 0, 'C'}, {0, 0, 0, 0}};
     int c;
     opterr = 0;
     g_argc = argc;
@@ -732,6 +738,7 @@ int main(int argc, char **argv)
         case 'j': opt.json = true; break;
         case 'l': opt.listen_file = optarg; break;
         case 'c': opt.connect_file = optarg; break;
+        case 'C': opt.child = true; break;
         case 'q': opt.quiet = true; break;
         case 'h': usage(); return 0;
         case 'V': printf(TOOL " %d.%d.%d\n", KVHAL_VERSION_MAJOR, KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH); return 0;
@@ -751,6 +758,14 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     if (opt.listen_file && opt.connect_file) return usage_error("--listen and --connect are the two sides:", "both");
+    if (opt.child) opt.json = false;
+    if (!opt.self_test)
+        for (int i = 0; i < opt.nsizes; i++)
+            if (opt.sizes[i] < page_bytes()) {
+                char b[64];
+                snprintf(b, sizeof b, "%llu < %llu", (unsigned long long)opt.sizes[i], (unsigned long long)page_bytes());
+                return usage_error("a --sizes entry is smaller than one page of the cache geometry:", b);
+            }
     if (opt.listen_file && opt.ntransports > 1) opt.ntransports = 1; /* one run with a separately started process */
     int rc = 0;
     if (opt.self_test) /* small pages: 3 layers x 2 heads x 16 dims x 16 tokens f16 = 6 KiB a page */
@@ -769,12 +784,22 @@ int main(int argc, char **argv)
         if (opt.json && !rc)
             printf("{\"version\": \"%d.%d.%d\", \"ok\": true, \"self_test\": \"passed\"}\n", KVHAL_VERSION_MAJOR,
                    KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH);
+        if (rc) fail_json("KVHAL_INTEGRITY", "the self-test failed (see stderr)");
         return rc ? 1 : 0;
     }
-    if (opt.json) printf("{\"version\": \"%d.%d.%d\", \"ok\": true, \"results\": [", KVHAL_VERSION_MAJOR,
-                         KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH);
+    char *rows = NULL;
+    size_t rows_len = 0;
+    if (opt.json && !(json_results = open_memstream(&rows, &rows_len))) return failed("json", KVHAL_OUT_OF_MEMORY);
     bool first = true;
     for (int t = 0; t < opt.ntransports && !rc; t++) rc |= bench_one(opt.transports[t], &first);
-    if (opt.json) printf("\n]}\n");
+    if (opt.json) {
+        fclose(json_results);
+        if (!rc)
+            printf("{\"version\": \"%d.%d.%d\", \"ok\": true, \"results\": [%s\n]}\n", KVHAL_VERSION_MAJOR,
+                   KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH, rows ? rows : "");
+        else
+            fail_json(rc == 2 ? "KVHAL_INVALID_ARGUMENT" : "KVHAL_INTEGRITY", "the benchmark failed (see stderr)");
+        free(rows);
+    }
     return rc == 2 ? 2 : rc ? 1 : 0;
 }

@@ -1,8 +1,10 @@
 #!/bin/bash
-# KV transfer between two processes on one host, host memory: kvhal-xfer's benchmark (decode process + forked
-# prefill process, 16-token pages scattered on both sides, 4 transfers in flight, content of the last transfer of
-# each size verified) next to ucx_perftest ucp_am_bw (the same UCX active messages, one contiguous buffer, the
-# same message sizes and window), over TCP loopback and over shared memory, interleaved in the same run.
+# KV transfer between two processes on one host, host memory: kvhal-xfer's benchmark (a decode process and the
+# prefill process it starts, 16-token pages of 256 KiB (4 layers x 8 heads x 128 bf16) scattered on both sides, 4
+# transfers in flight, each one granted by the decode side first, the content of the last transfer of each size
+# verified) next to ucx_perftest ucp_am_bw (the same UCX active messages, one contiguous buffer, the same message
+# sizes, at its default window and at 4), over TCP loopback and over shared memory, interleaved in the same run;
+# 640 MiB (at least ITERS messages) per size and tool.
 # Usage: docs/measurements/scripts/xfer-host.sh [BUILD_DIR] [ROUNDS]   (writes to $OUT, default /tmp/xfer-host)
 set -uo pipefail
 B=${1:-build-x}
@@ -33,8 +35,9 @@ perftest() { # transport size [window] -> GB/s (bytes / s, one direction); itera
 rc=0
 for r in $(seq 1 "$ROUNDS"); do
   for tls in tcp shm; do
-    "$B"/tools/kvhal-xfer --transport=$tls --iters "$ITERS" --window 4 --json > "$OUT/kvhal-$tls-$r.json" 2> "$OUT/kvhal-$tls-$r.err" || { echo "kvhal-xfer $tls round $r failed"; cat "$OUT/kvhal-$tls-$r.err"; rc=1; }
     for s in "${SIZES[@]}"; do
+      n=$(( 671088640 / s )); [ $n -lt $ITERS ] && n=$ITERS
+      "$B"/tools/kvhal-xfer --transport=$tls --sizes=$s --iters $n --window 4 --json > "$OUT/kvhal-$tls-$r-$s.json" 2> "$OUT/kvhal-$tls-$r-$s.err" || { echo "kvhal-xfer $tls $s round $r failed"; cat "$OUT/kvhal-$tls-$r-$s.err"; rc=1; }
       echo "$tls $s $(perftest $tls $s) $(perftest $tls $s 4)" >> "$OUT/perftest-$r.txt"
     done
   done
@@ -47,10 +50,12 @@ out, rounds = sys.argv[1], int(sys.argv[2])
 k = collections.defaultdict(list); p = collections.defaultdict(list); p4 = collections.defaultdict(list)
 lat = collections.defaultdict(list)
 for r in range(1, rounds + 1):
-    for tls in ("tcp", "shm"):
-        try: d = json.load(open(f"{out}/kvhal-{tls}-{r}.json"))
+    import glob
+    for f in glob.glob(f"{out}/kvhal-*-{r}-*.json"):
+        try: d = json.load(open(f))
         except Exception: continue
         for x in d.get("results", []):
+            tls = x["transport"]
             k[(tls, int(x["bytes"]))].append(x["gbps"]); lat[(tls, int(x["bytes"]))].append((x["p50_us"], x["p99_us"]))
     for line in open(f"{out}/perftest-{r}.txt"):
         tls, size, v, v4 = line.split()
