@@ -45,7 +45,10 @@ extern "C" {
     X(INVALID_HANDLE, 16, "handle is NULL, destroyed or of the wrong kind")                                     \
     X(INTEGRITY, 17, "internal consistency check failed")                                                       \
     X(PARSE_ERROR, 18, "malformed input text")                                                                  \
-    X(INTERNAL, 19, "internal error")
+    X(INTERNAL, 19, "internal error")                                                                           \
+    X(TIMEOUT, 20, "timed out")                                                                                 \
+    X(PEER_FAILED, 21, "the remote peer failed, closed or broke the protocol")                                \
+    X(CANCELED, 22, "canceled")
 
 typedef enum kvhal_status {
 #define KVHAL_X_ENUM(name, code, msg) KVHAL_##name = code,
@@ -62,6 +65,19 @@ KVHAL_API const char *kvhal_status_string(kvhal_status s);
  * Never NULL; "" when no call failed yet. Valid until the next kvhal call on this thread. */
 KVHAL_API const char *kvhal_last_error(void);
 KVHAL_API void kvhal_clear_error(void);
+/**
+ * Sets this thread's last-error message, as kvhal's own calls do ("KVHAL_<NAME>: " then the formatted text), for
+ * kvhal's companion libraries (libkvhal-xfer) so that their errors read like the core's.
+ * @param status  the status the caller is about to return.
+ * @param fmt     printf format (NULL = ""), read during the call.
+ * @return status, unchanged.
+ * Thread safety: writes only the calling thread's message.
+ */
+KVHAL_API kvhal_status kvhal_error_set(kvhal_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Threads, owners and destroyed handles (what holds for every object below)                                    */

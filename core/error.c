@@ -101,3 +101,13 @@ void kvhal__log(int level, const char *fmt, ...)
     fputc('\n', stderr);
     va_end(ap);
 }
+
+kvhal_status kvhal_error_set(kvhal_status status, const char *fmt, ...)
+{
+    if (!fmt) fmt = "";
+    va_list ap;
+    va_start(ap, fmt);
+    kvhal_status r = verr(status, fmt, ap);
+    va_end(ap);
+    return r;
+}

@@ -1,0 +1,246 @@
+/* kvhal_xfer.h — KV transfer between processes and hosts (prefill/decode disaggregation) over UCX.
+ *
+ * libkvhal-xfer.so, built when meson finds UCX (-Dtransfer=auto|ucx); libkvhal itself keeps no UCX dependency.
+ *
+ * Model. Each process makes one agent for one paged cache. The decode side (the receiver) hands its address blob
+ * to the prefill side (the sender) out of band; the sender connects with the token the receiver was configured
+ * with. The receiver chooses the pages a request's K/V goes into (e.g. from kvhal_cache_manager_allocate) and posts
+ * them with kvhal_xfer_post_receive; the sender learns them from a GRANT event and sends its own pages into them
+ * with kvhal_xfer_send_pages (all layers, K and V; pages scattered on both sides). Both sides complete a transfer
+ * handle: the receiver when every granted page of every layer has arrived, the sender when the receiver
+ * acknowledged every byte. Many transfers may be in flight on many peers.
+ *
+ * Safety. Remote peers are bad input: a peer that does not present the token is refused; every size, page id and
+ * layer index in a frame is checked against the receiver's own grant and cache before anything is written (each
+ * (page, layer) at most once); a peer that breaks the protocol is dropped. A page is the caller's again only when
+ * its transfer completed; on failure, timeout or cancel the receiver's granted pages go back to the cache manager
+ * given to kvhal_xfer_post_receive. A peer that dies or stalls fails its transfers within the agent's timeout.
+ *
+ * Threads: an agent and everything made from it (peers, transfers) are used by one thread at a time.
+ * Graph capture: no call here may be made while a CUDA/HIP stream of the cache's device is capturing (caches on a
+ * GPU are staged through host memory with blocking copies).
+ * Stream: the default stream of the cache's device; copies are complete when a call returns. */
+#ifndef KVHAL_XFER_H
+#define KVHAL_XFER_H
+
+#include "kvhal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Longest token accepted (characters, without the NUL). */
+#define KVHAL_XFER_TOKEN_MAX 63
+/** Longest agent name accepted (characters, without the NUL). */
+#define KVHAL_XFER_NAME_MAX 31
+
+/** An agent: one UCX worker, one registered paged cache, its peers and transfers. */
+typedef struct kvhal_xfer_agent kvhal_xfer_agent;
+/** A connection to another agent (either side of it). Owned by the agent. */
+typedef struct kvhal_xfer_peer kvhal_xfer_peer;
+/** One transfer: pages being sent, or pages granted and being received. Owned by the caller until released. */
+typedef struct kvhal_xfer kvhal_xfer;
+
+/** Agent configuration. Strings are copied during kvhal_xfer_agent_create. */
+typedef struct kvhal_xfer_config {
+    const char *name;       /**< this agent's name in peers' messages (NULL = "kvhal"), at most KVHAL_XFER_NAME_MAX */
+    const char *token;      /**< the token a connecting peer must present: 1..KVHAL_XFER_TOKEN_MAX characters */
+    uint32_t timeout_ms;    /**< connect, stalled transfer and silent-peer limit; 0 = 10000 */
+    const char *transports; /**< UCX transports (UCX_TLS syntax: "tcp", "shm", "posix,cma"); NULL = UCX's choice */
+    int32_t max_peers;      /**< live peers at most (a connection past it is refused); 0 = 64 */
+} kvhal_xfer_config;
+
+/** What kvhal_xfer_progress reports. */
+typedef enum kvhal_xfer_event_type {
+    KVHAL_XFER_EVENT_NONE = 0,           /**< nothing happened within the timeout */
+    KVHAL_XFER_EVENT_PEER_CONNECTED = 1, /**< a peer connected to this agent with the right token (peer set) */
+    KVHAL_XFER_EVENT_PEER_REJECTED = 2,  /**< a connection was refused (wrong token, geometry, too many peers) */
+    KVHAL_XFER_EVENT_PEER_FAILED = 3,    /**< a peer died, stalled, closed or broke the protocol (peer set; it
+                                              stays allocated, refusing calls with the reason, until
+                                              kvhal_xfer_disconnect frees it) */
+    KVHAL_XFER_EVENT_GRANT = 4,          /**< the peer granted pages for request_id: send into pages[0..num_pages) */
+    KVHAL_XFER_EVENT_RECV_DONE = 5,      /**< a posted receive finished (status OK or why not; xfer set) */
+    KVHAL_XFER_EVENT_SEND_DONE = 6       /**< a send finished (status OK or why not; xfer set) */
+} kvhal_xfer_event_type;
+
+/** One notification. pages and message stay valid until the next kvhal_xfer_progress call on the agent. */
+typedef struct kvhal_xfer_event {
+    kvhal_xfer_event_type type;
+    kvhal_xfer_peer *peer;   /**< the peer concerned (NULL for a refused connection) */
+    kvhal_xfer *xfer;        /**< RECV_DONE, SEND_DONE: the transfer (still the caller's to release) */
+    uint64_t request_id;     /**< GRANT, RECV_DONE, SEND_DONE */
+    kvhal_status status;     /**< RECV_DONE, SEND_DONE, PEER_FAILED, PEER_REJECTED */
+    int32_t num_pages;       /**< GRANT */
+    const int32_t *pages;    /**< GRANT: the receiver's page ids, in the receiver's order */
+    char message[256];       /**< what happened, for logs ("" when nothing to say) */
+} kvhal_xfer_event;
+
+/** Progress of one transfer. */
+typedef struct kvhal_xfer_info {
+    uint64_t request_id;
+    uint64_t bytes_total;    /**< K and V of every page and layer of the transfer */
+    uint64_t bytes_done;     /**< received (receiver) or acknowledged by the receiver (sender) */
+    kvhal_status status;     /**< KVHAL_BUSY while in flight, then the final status */
+    bool is_receive;
+} kvhal_xfer_info;
+
+/**
+ * Creates an agent (a UCX context and worker).
+ * @param cfg  read during the call only; cfg->token is required.
+ * @param out  receives the agent (destroy with kvhal_xfer_agent_destroy); NULL on failure.
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (a NULL argument, an empty or too long token or name, a bad max_peers)
+ *         naming the field; KVHAL_BACKEND_ERROR when UCX cannot start (the message has UCX's reason, e.g. an
+ *         unknown transport); KVHAL_OUT_OF_MEMORY.
+ * Thread safety: agents are independent of each other.
+ */
+KVHAL_API kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out);
+
+/**
+ * Destroys an agent: closes every peer, fails every transfer still in flight (granted pages go back to their cache
+ * manager), and frees every peer and every transfer handle it made (handles are invalid afterwards).
+ * @param agent  NULL is OK (like free(NULL)).
+ * @return KVHAL_OK; KVHAL_INVALID_HANDLE for a pointer that is not an agent.
+ */
+KVHAL_API kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *agent);
+
+/**
+ * Registers the paged cache whose pages this agent sends and receives (all layers, K and V). One cache per agent,
+ * registered before connecting; the cache must outlive the agent. Two connected agents' caches must have the same
+ * num_layers, num_heads, head_dim, block_size, dtype and layout (order, page count and device may differ).
+ * Host caches are read and written in place (UCX registers them); caches on other devices are staged through host
+ * memory with kvhal_memcpy_d2h / kvhal_memcpy_h2d.
+ * @param agent  the agent.
+ * @param cache  borrowed; not destroyed by the agent.
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, a second cache); KVHAL_BACKEND_ERROR (UCX could not register it).
+ */
+KVHAL_API kvhal_status kvhal_xfer_register_paged_cache(kvhal_xfer_agent *agent, kvhal_paged_cache *cache);
+
+/**
+ * Writes the agent's address blob (opaque bytes, to hand to peers out of band).
+ * @param agent  the agent.
+ * @param blob   receives up to cap bytes; may be NULL with cap 0 to ask the size.
+ * @param cap    capacity of blob.
+ * @param len    receives the blob's size.
+ * @return KVHAL_OK; KVHAL_OUT_OF_RANGE when cap is smaller than the blob (*len tells the size, nothing written).
+ */
+KVHAL_API kvhal_status kvhal_xfer_local_address(kvhal_xfer_agent *agent, void *blob, size_t cap, size_t *len);
+
+/**
+ * Connects to the agent whose address blob is given, presenting token, and waits (progressing this agent) until
+ * the peer accepts or refuses, at most the agent's timeout.
+ * @param agent     the agent (a cache registered).
+ * @param blob      the peer's address blob (read during the call), len bytes.
+ * @param token     the token the peer was configured with.
+ * @param out       receives the peer, owned by the agent (kvhal_xfer_disconnect frees it earlier).
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, a malformed blob, no cache registered); KVHAL_PEER_FAILED (the
+ *         peer refused: wrong token, different cache geometry, too many peers; or it is unreachable);
+ *         KVHAL_TIMEOUT (no answer within the timeout).
+ */
+KVHAL_API kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *agent, const void *blob, size_t len, const char *token,
+                                          kvhal_xfer_peer **out);
+
+/**
+ * Closes a peer (telling it) and frees it: its transfers in flight fail with KVHAL_CANCELED (their handles stay
+ * the caller's to release).
+ * @param peer  NULL is OK.
+ * @return KVHAL_OK.
+ */
+KVHAL_API kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *peer);
+
+/**
+ * The name the peer's agent was configured with ("" when unknown). Valid while the peer lives.
+ * @param peer  the peer.
+ * @return the name; "" for NULL.
+ */
+KVHAL_API const char *kvhal_xfer_peer_name(const kvhal_xfer_peer *peer);
+
+/**
+ * Receiver: grants pages for a request to a peer and tells it (a GRANT event on the sender). The pages receive K
+ * and V of every layer; the transfer completes when every (page, layer) has arrived. Until then the pages are the
+ * agent's: on failure, timeout (the agent's timeout without any data), peer loss or cancel they are given back
+ * with kvhal_cache_manager_free(cm, pages, n) when cm is not NULL.
+ * @param peer        a connected peer.
+ * @param request_id  the caller's id for the request (unique among this peer's pending receives).
+ * @param pages       n page ids of the registered cache, distinct, copied during the call.
+ * @param n           1..65536.
+ * @param cm          the cache manager the pages came from, or NULL (then the caller frees them on failure).
+ * @param out         receives the transfer (release with kvhal_xfer_release).
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT / KVHAL_OUT_OF_RANGE (a page past the cache, a repeated page, a
+ *         request id already pending) naming the argument; KVHAL_PEER_FAILED (the peer is gone).
+ */
+KVHAL_API kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *peer, uint64_t request_id, const int32_t *pages,
+                                               int32_t n, kvhal_cache_manager *cm, kvhal_xfer **out);
+
+/**
+ * Sender: sends layers [first_layer, first_layer + num_layers) of K and V of src_pages (this agent's cache) into
+ * the peer's dst_pages (from its GRANT for request_id), split into frames as needed. The source pages must not
+ * change until the transfer completes.
+ * @param peer         a connected peer.
+ * @param request_id   the receiver's request id (from the GRANT event).
+ * @param src_pages    n page ids of this agent's cache, copied during the call.
+ * @param dst_pages    n page ids of the peer's cache, copied during the call.
+ * @param n            >= 1.
+ * @param first_layer  first layer to send (0 for all).
+ * @param num_layers   layers to send (the cache's num_layers for all).
+ * @param out          receives the transfer (release with kvhal_xfer_release).
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT / KVHAL_OUT_OF_RANGE naming the argument (pages past either cache,
+ *         layers out of range); KVHAL_PEER_FAILED (the peer is gone); KVHAL_BACKEND_ERROR (UCX refused the send).
+ */
+KVHAL_API kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *peer, uint64_t request_id, const int32_t *src_pages,
+                                             const int32_t *dst_pages, int32_t n, int32_t first_layer,
+                                             int32_t num_layers, kvhal_xfer **out);
+
+/**
+ * Progresses the agent and returns the next event, waiting up to timeout_ms for one.
+ * @param agent       the agent.
+ * @param timeout_ms  0 = only what is ready now.
+ * @param ev          receives the event (type KVHAL_XFER_EVENT_NONE when none came).
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for NULL.
+ */
+KVHAL_API kvhal_status kvhal_xfer_progress(kvhal_xfer_agent *agent, uint32_t timeout_ms, kvhal_xfer_event *ev);
+
+/**
+ * The transfer's state without waiting (progresses the agent once).
+ * @param xfer  the transfer.
+ * @return KVHAL_BUSY while in flight; KVHAL_OK when complete; otherwise why it failed (KVHAL_PEER_FAILED,
+ *         KVHAL_TIMEOUT, KVHAL_CANCELED, KVHAL_OUT_OF_RANGE for a frame the receiver refused, ...) with the message.
+ */
+KVHAL_API kvhal_status kvhal_xfer_test(kvhal_xfer *xfer);
+
+/**
+ * Waits for the transfer, progressing its agent, at most timeout_ms (events that arrive meanwhile are queued
+ * for kvhal_xfer_progress).
+ * @param xfer        the transfer.
+ * @param timeout_ms  how long to wait.
+ * @return as kvhal_xfer_test; KVHAL_BUSY when it is still in flight after timeout_ms.
+ */
+KVHAL_API kvhal_status kvhal_xfer_wait(kvhal_xfer *xfer, uint32_t timeout_ms);
+
+/**
+ * Cancels a transfer in flight. A receive stops accepting frames, and its pages go back to the cache manager
+ * once no frame is being written into them; a send stops sending frames not yet handed to UCX. The transfer
+ * then completes with KVHAL_CANCELED (wait for it before reusing source pages). A finished transfer is unchanged.
+ * @param xfer  the transfer.
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for NULL.
+ */
+KVHAL_API kvhal_status kvhal_xfer_cancel(kvhal_xfer *xfer);
+
+/**
+ * Releases a transfer handle (cancelling it first if it is in flight; the agent finishes the cancel by itself).
+ * @param xfer  NULL is OK.
+ * @return KVHAL_OK.
+ */
+KVHAL_API kvhal_status kvhal_xfer_release(kvhal_xfer *xfer);
+
+/**
+ * Reports a transfer's progress.
+ * @param xfer  the transfer.
+ * @param out   receives the state.
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for NULL.
+ */
+KVHAL_API kvhal_status kvhal_xfer_get_info(const kvhal_xfer *xfer, kvhal_xfer_info *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVHAL_XFER_H */

@@ -1,0 +1,60 @@
+#!/bin/bash
+# KV transfer between two processes on two GPUs of one host (issue 18), run on a 2-GPU machine by the device tool
+# from the repository root with .devdeps carried (UCX added to it by xfer-devdeps.sh). Logs go to $OUT.
+#  1. build cpu + cuda + opencl with libkvhal-xfer, in a fresh folder
+#  2. the transfer suite: byte-exact transfers between cuda:0 and cuda:1 (and cpu, NVIDIA OpenCL) through UCX,
+#     hostile frames, stalled and killed peers, over tcp and shm; kvhal-xfer --self-test
+#  3. kvhal-xfer: a decode process on cuda:1 receiving from a prefill process on cuda:0, 16-token pages scattered
+#     on both sides, 256 KiB .. 16 MiB batches, content of the last transfer of each size verified, over shm and
+#     tcp, next to cudaMemcpyPeer of the same bytes between the same GPUs (xfer_peer_bw.cu) in the same run.
+# Path used: the CUDA caches are staged through host memory with kvhal_memcpy_d2h / kvhal_memcpy_h2d on each side
+# and the host bytes move over UCX (no CUDA IPC in the plugin table yet; Debian's UCX has no CUDA transports,
+# ucx_info -d below records what this UCX has).
+set -uo pipefail
+source .devdeps/env.sh
+export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
+OUT=${OUT:-/tmp/xfer-2gpu}
+mkdir -p "$OUT"
+fail=0
+nvidia-smi -L > "$OUT/gpu.txt" 2>&1; nvidia-smi topo -m >> "$OUT/gpu.txt" 2>&1
+lscpu | grep 'Model name' >> "$OUT/gpu.txt"
+pkg-config --modversion ucx > "$OUT/ucx.txt" 2>&1 || { echo "UCX not found: run xfer-devdeps.sh on the dev machine into .devdeps first"; exit 1; }
+ucx_info -d 2>/dev/null | grep -E "Transport|Memory domain" | sort -u >> "$OUT/ucx.txt"
+B=/tmp/bx2
+rm -rf $B
+meson setup $B -Dbackends=cpu,cuda,opencl -Dtransfer=ucx -Dwerror=true -Dnvcc_arch=90 > "$OUT/build.txt" 2>&1 &&
+  ninja -C $B >> "$OUT/build.txt" 2>&1 || { echo BUILD FAILED; tail -40 "$OUT/build.txt"; exit 1; }
+$B/tools/kvhal-info > "$OUT/info.txt" 2>&1
+meson test -C $B --suite transfer --print-errorlogs --num-processes 1 > "$OUT/tests.txt" 2>&1 || fail=1
+grep -E "^(Ok|Fail|Skipped|Timeout)|^#" "$OUT/tests.txt" $B/meson-logs/testlog.txt | head -30
+nvcc -O2 -o /tmp/xfer_peer_bw docs/measurements/scripts/xfer_peer_bw.cu > "$OUT/peer-build.txt" 2>&1 || { echo PEER BUILD FAILED; fail=1; }
+for r in 1 2 3; do
+  /tmp/xfer_peer_bw 0 1 40 > "$OUT/peer-$r.txt" 2>&1 || fail=1
+  for tls in shm tcp; do
+    timeout 120 $B/tools/kvhal-xfer --send-device=cuda:0 --recv-device=cuda:1 --transport=$tls --iters 40 --json \
+      > "$OUT/xfer-$tls-$r.json" 2> "$OUT/xfer-$tls-$r.err" || { echo "kvhal-xfer $tls round $r failed"; cat "$OUT/xfer-$tls-$r.err"; fail=1; }
+  done
+done
+python3 - "$OUT" <<'PY'
+import json, sys, statistics, collections
+out = sys.argv[1]
+x = collections.defaultdict(list); p = collections.defaultdict(list); lat = collections.defaultdict(list)
+for r in (1, 2, 3):
+    for tls in ("shm", "tcp"):
+        try: d = json.load(open(f"{out}/xfer-{tls}-{r}.json"))
+        except Exception: continue
+        for e in d.get("results", []):
+            x[(tls, int(e["bytes"]))].append(e["gbps"]); lat[(tls, int(e["bytes"]))].append((e["p50_us"], e["p99_us"]))
+    try:
+        for line in open(f"{out}/peer-{r}.txt"):
+            f = line.split()
+            if f and f[0] == "peer": p[int(f[1])].append(float(f[2]))
+    except Exception: pass
+print("| transport | batch | kvhal-xfer cuda:0 -> cuda:1 GB/s | cudaMemcpyPeer GB/s | ratio | p50 us | p99 us |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for k in sorted(x):
+    km = statistics.median(x[k]); pm = statistics.median(p[k[1]]) if p[k[1]] else float("nan")
+    print(f"| {k[0]} | {k[1] >> 10} KiB | {km:.3f} | {pm:.3f} | {km / pm:.3f} | {statistics.median(a for a, b in lat[k]):.0f} | {statistics.median(b for a, b in lat[k]):.0f} |")
+PY
+echo "path: staged through host memory (kvhal_memcpy_d2h/h2d) + UCX host transport"
+exit $fail

@@ -1,0 +1,805 @@
+/* kvhal-xfer — prefill/decode disaggregation over libkvhal-xfer: a decode process (the receiver) and a prefill
+ * process (the sender, exec'd by it, or started apart: --listen / --connect) each hold a paged cache; the decode side grants pages (scattered, from its cache
+ * manager) for each request, the prefill side writes the prompt's K/V into its own scattered pages and sends them,
+ * the decode side verifies every byte, publishes the pages to its cache manager (cache_finished) and goes on.
+ *
+ *   --self-test   both sides on loopback over TCP and over shared memory with CPU caches: eager and rendezvous
+ *                 frames, a request split into frames, layer-by-layer sends, many requests in flight; every byte
+ *                 verified, pages never granted untouched, no page left in use. Exit 0 only if all of it holds.
+ *   (default)     the benchmark: batches of 16-token pages of --sizes bytes, a window of transfers in flight;
+ *                 bandwidth, time per transfer (p50/p99), content verified.
+ * The two sides may sit on other devices (--send-device cuda:0 --recv-device cuda:1): their pages are then staged
+ * through host memory. */
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvhal.h"
+#include "kvhal_xfer.h"
+
+#define TOOL "kvhal-xfer"
+
+static int g_argc;
+static char **g_argv;
+
+static struct {
+    bool self_test, json, quiet;
+    const char *transports[8];
+    int ntransports;
+    const char *send_dev, *recv_dev;
+    int32_t layers, heads, dim, block;
+    kvhal_dtype dtype;
+    uint64_t sizes[16];
+    int nsizes;
+    int iters, window;
+    uint32_t timeout_ms;
+    const char *listen_file, *connect_file; /* the two sides as separate processes (other namespaces or hosts) */
+    bool child;                             /* started by a decode process: no JSON of its own */
+} opt = {.send_dev = "cpu", .recv_dev = "cpu", .layers = 4, .heads = 8, .dim = 128, .block = 16, .dtype = KVHAL_BF16,
+         .iters = 40, .window = 4, .timeout_ms = 10000};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static bool json_error_done;
+static FILE *json_results; /* the benchmark's rows, printed only when the whole run succeeded */
+
+static void fail_json(const char *status, const char *msg)
+{
+    if (!opt.json || json_error_done) return;
+    json_error_done = true;
+    printf("{\"version\": \"%d.%d.%d\", \"ok\": false, \"error\": {\"status\": \"%s\", \"message\": \"", KVHAL_VERSION_MAJOR,
+           KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH, status);
+    for (const char *c = msg; *c; c++) {
+        if (*c == '"' || *c == '\\') putchar('\\');
+        if ((unsigned char)*c >= 0x20) putchar(*c);
+    }
+    printf("\"}}\n");
+}
+
+/* Prints the failing call and returns 1 (the exit code of a failed run). */
+static int failed(const char *what, kvhal_status st)
+{
+    char msg[1400];
+    snprintf(msg, sizeof msg, "%s: %s (%s)", what, kvhal_status_name(st), kvhal_last_error());
+    fprintf(stderr, TOOL ": error: %s\n", msg);
+    fail_json(kvhal_status_name(st), msg);
+    return 1;
+}
+
+#define TRY(what, expr)                                                                                         \
+    do {                                                                                                        \
+        kvhal_status st_ = (expr);                                                                              \
+        if (st_ != KVHAL_OK) return failed(what, st_);                                                          \
+    } while (0)
+
+/* ---- the content of a request's pages: a byte stream per (request, page index, layer, K|V) ---- */
+static void pattern(uint8_t *out, size_t n, uint64_t req, int32_t i, int32_t l, int s)
+{
+    uint64_t x = (req + 1) * 0x9e3779b97f4a7c15ull ^ ((uint64_t)i << 20) ^ ((uint64_t)l << 8) ^ (uint64_t)s;
+    for (size_t o = 0; o < n; o++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out[o] = (uint8_t)(x >> 24);
+    }
+}
+
+typedef struct side {
+    kvhal_paged_cache *cache;
+    kvhal_buffer *buf;
+    size_t chunk;           /* bytes of one block of one layer's K or V */
+    size_t *koff, *voff, stride;
+    int64_t blocks;
+} side;
+
+static kvhal_status side_open(side *s, const char *devname, uint64_t budget, kvhal_paged_order order)
+{
+    kvhal_device dev;
+    kvhal_status st = kvhal_device_parse(devname, &dev);
+    if (st != KVHAL_OK) return st;
+    kvhal_paged_cache_config c = {.num_layers = opt.layers, .num_heads = opt.heads, .head_dim = opt.dim,
+                                  .block_size = opt.block, .dtype = opt.dtype, .layout = KVHAL_LAYOUT_NHD,
+                                  .order = order, .memory_budget = budget, .device = dev};
+    if ((st = kvhal_paged_cache_create(&c, &s->cache)) != KVHAL_OK) return st;
+    s->blocks = kvhal_paged_cache_num_blocks(s->cache);
+    s->koff = calloc((size_t)opt.layers, sizeof *s->koff);
+    s->voff = calloc((size_t)opt.layers, sizeof *s->voff);
+    if (!s->koff || !s->voff) return KVHAL_OUT_OF_MEMORY;
+    for (int32_t l = 0; l < opt.layers; l++) {
+        kvhal_tensor k, v;
+        if ((st = kvhal_paged_cache_layer(s->cache, l, &k, &v)) != KVHAL_OK) return st;
+        s->koff[l] = k.offset;
+        s->voff[l] = v.offset;
+        s->buf = k.buffer;
+        s->stride = (size_t)k.strides[0] * kvhal_dtype_size(opt.dtype);
+    }
+    s->chunk = (size_t)opt.block * (size_t)opt.heads * (size_t)opt.dim * kvhal_dtype_size(opt.dtype);
+    return KVHAL_OK;
+}
+
+static void side_close(side *s)
+{
+    kvhal_paged_cache_destroy(s->cache);
+    free(s->koff);
+    free(s->voff);
+}
+
+static size_t chunk_at(const side *s, int32_t l, int k_or_v, int32_t page)
+{
+    return (k_or_v ? s->voff[l] : s->koff[l]) + (size_t)page * s->stride;
+}
+
+static uint64_t page_bytes(void)
+{
+    return 2ull * (uint64_t)opt.layers * (uint64_t)opt.block * (uint64_t)opt.heads * (uint64_t)opt.dim *
+           kvhal_dtype_size(opt.dtype);
+}
+
+static void shuffle(int32_t *a, int32_t n, uint64_t *seed)
+{
+    for (int32_t i = n - 1; i > 0; i--) {
+        *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+        int32_t j = (int32_t)((*seed >> 33) % (uint64_t)(i + 1));
+        int32_t t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+static bool write_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t w = write(fd, b, n);
+        if (w <= 0) return false;
+        b += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+static bool read_all(int fd, void *p, size_t n)
+{
+    uint8_t *b = p;
+    while (n) {
+        ssize_t r = read(fd, b, n);
+        if (r <= 0) return false;
+        b += r;
+        n -= (size_t)r;
+    }
+    return true;
+}
+
+/* ================================ the prefill side (the sender) ======================================== */
+/* Connects, then for every GRANT picks its own scattered source pages, writes the request's K/V into them and
+ * sends them (odd requests layer by layer), until the decode side closes the connection. */
+static int prefill(const char *transports, int fd, bool bench)
+{
+    uint32_t len = 0;
+    static uint8_t blob[70000];
+    if (!read_all(fd, &len, sizeof len) || len > sizeof blob || !read_all(fd, blob, len)) {
+        fprintf(stderr, TOOL ": error: prefill: no address from the decode side\n");
+        return 1;
+    }
+    side s = {0};
+    const uint64_t budget = bench ? (uint64_t)opt.window * opt.sizes[opt.nsizes - 1] + 4 * page_bytes() :
+                                    1100 * page_bytes();
+    TRY("prefill: paged cache", side_open(&s, opt.send_dev, budget, KVHAL_LAYER_FIRST));
+    kvhal_xfer_config cfg = {.name = "prefill", .token = "kvhal-xfer-selftest", .timeout_ms = opt.timeout_ms,
+                             .transports = transports};
+    kvhal_xfer_agent *ag;
+    TRY("prefill: agent", kvhal_xfer_agent_create(&cfg, &ag));
+    TRY("prefill: register", kvhal_xfer_register_paged_cache(ag, s.cache));
+    kvhal_xfer_peer *peer;
+    TRY("prefill: connect", kvhal_xfer_connect(ag, blob, len, "kvhal-xfer-selftest", &peer));
+    int32_t *order = malloc((size_t)s.blocks * sizeof *order);
+    uint8_t *host = malloc(s.chunk);
+    enum { MAXQ = 4096 };
+    kvhal_xfer **inflight = calloc(MAXQ, sizeof *inflight);
+    if (!order || !host || !inflight) return failed("prefill", KVHAL_OUT_OF_MEMORY);
+    for (int32_t i = 0; i < (int32_t)s.blocks; i++) order[i] = i;
+    uint64_t seed = 7;
+    int32_t cursor = (int32_t)s.blocks; /* next unused source page in order[] */
+    int rc = 0;
+    for (;;) {
+        kvhal_xfer_event ev;
+        TRY("prefill: progress", kvhal_xfer_progress(ag, 1000, &ev));
+        if (ev.type == KVHAL_XFER_EVENT_PEER_FAILED) break; /* the decode side closed: done */
+        if (ev.type == KVHAL_XFER_EVENT_SEND_DONE) {
+            if (ev.status != KVHAL_OK) {
+                fprintf(stderr, TOOL ": error: prefill: request %llu: %s\n", (unsigned long long)ev.request_id,
+                        ev.message);
+                rc = 1;
+            }
+            for (int q = 0; q < MAXQ; q++)
+                if (inflight[q] == ev.xfer) {
+                    kvhal_xfer_release(ev.xfer);
+                    inflight[q] = NULL;
+                }
+            continue;
+        }
+        if (ev.type != KVHAL_XFER_EVENT_GRANT) continue;
+        const int32_t n = ev.num_pages;
+        if (n > (int32_t)s.blocks) return failed("prefill: grant larger than the cache", KVHAL_OUT_OF_RANGE);
+        if (cursor + n > (int32_t)s.blocks) { /* new scattered source pages */
+            shuffle(order, (int32_t)s.blocks, &seed);
+            cursor = 0;
+        }
+        const int32_t *src = order + cursor;
+        cursor += n;
+        if (!bench || ev.request_id == (uint64_t)opt.iters + 3) /* the prompt's K/V (bench: the last transfer's), written through kvhal into the scattered source pages */
+            for (int32_t i = 0; i < n; i++)
+                for (int32_t l = 0; l < opt.layers; l++)
+                    for (int kv = 0; kv < 2; kv++) {
+                        pattern(host, s.chunk, ev.request_id, i, l, kv);
+                        TRY("prefill: write K/V", kvhal_memcpy_h2d(s.buf, chunk_at(&s, l, kv, src[i]), host, s.chunk,
+                                                                   NULL));
+                    }
+        const bool by_layer = !bench && (ev.request_id & 1);
+        for (int32_t l0 = 0; l0 < opt.layers; l0 += by_layer ? 1 : opt.layers) {
+            kvhal_xfer *x;
+            TRY("prefill: send", kvhal_xfer_send_pages(peer, ev.request_id, src, ev.pages, n, l0,
+                                                       by_layer ? 1 : opt.layers, &x));
+            int q = 0;
+            while (q < MAXQ && inflight[q]) q++;
+            if (q == MAXQ) return failed("prefill: too many transfers in flight", KVHAL_OUT_OF_RANGE);
+            inflight[q] = x;
+        }
+    }
+    for (int q = 0; q < MAXQ; q++) kvhal_xfer_release(inflight[q]);
+    free(inflight);
+    free(order);
+    free(host);
+    kvhal_xfer_agent_destroy(ag);
+    side_close(&s);
+    return rc;
+}
+
+/* ================================ the decode side (this process) ======================================= */
+typedef struct decode {
+    side s;
+    kvhal_xfer_agent *ag;
+    kvhal_xfer_peer *peer;
+    kvhal_cache_manager *cm;
+    pid_t child;
+    uint8_t *host, *want;
+    char blob_path[256];
+} decode;
+
+static int decode_start(decode *d, const char *transports, bool bench)
+{
+    const uint64_t budget = bench ? (uint64_t)opt.window * opt.sizes[opt.nsizes - 1] + 4 * page_bytes() :
+                                    1024 * page_bytes();
+    TRY("decode: paged cache", side_open(&d->s, opt.recv_dev, budget, KVHAL_PAGE_FIRST));
+    TRY("decode: cache manager", kvhal_cache_manager_create((int32_t)d->s.blocks, opt.block, KVHAL_PREFIX_RADIX, &d->cm));
+    /* The prefill side is a new process: this one (kvhal-xfer --connect=FILE, exec'd, so that no UCX context or
+     * device runtime crosses a fork), or one the user started (--listen). The address blob goes through FILE. */
+    const char *file = opt.listen_file;
+    d->child = -1;
+    if (!file) {
+        snprintf(d->blob_path, sizeof d->blob_path, "/tmp/kvhal-xfer-%d-%s.blob", (int)getpid(), transports);
+        unlink(d->blob_path);
+        file = d->blob_path;
+        fflush(stdout);
+        fflush(stderr);
+        d->child = fork();
+        if (d->child < 0) return failed("decode: fork", KVHAL_INTERNAL);
+        if (d->child == 0) {
+            char conn[300], tls[200], child[] = "--child";
+            snprintf(conn, sizeof conn, "--connect=%s", d->blob_path);
+            snprintf(tls, sizeof tls, "--transport=%s", transports);
+            char **av = calloc((size_t)g_argc + 4, sizeof *av);
+            if (!av) _exit(1);
+            for (int i = 0; i < g_argc; i++) av[i] = g_argv[i];
+            av[g_argc] = conn;
+            av[g_argc + 1] = tls;
+            av[g_argc + 2] = child; /* its errors go to stderr only: the JSON on stdout is this process's */
+            execv("/proc/self/exe", av);
+            fprintf(stderr, TOOL ": error: cannot start the prefill process\n");
+            _exit(1);
+        }
+    }
+    int fds[2] = {-1, -1};
+    {
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", file);
+        fds[1] = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fds[1] < 0) return failed("decode: the address file", KVHAL_INVALID_ARGUMENT);
+    }
+    kvhal_xfer_config cfg = {.name = "decode", .token = "kvhal-xfer-selftest", .timeout_ms = opt.timeout_ms,
+                             .transports = transports};
+    TRY("decode: agent", kvhal_xfer_agent_create(&cfg, &d->ag));
+    TRY("decode: register", kvhal_xfer_register_paged_cache(d->ag, d->s.cache));
+    size_t len = 0;
+    kvhal_xfer_local_address(d->ag, NULL, 0, &len);
+    uint8_t *blob = malloc(len);
+    if (!blob) return failed("decode", KVHAL_OUT_OF_MEMORY);
+    TRY("decode: address", kvhal_xfer_local_address(d->ag, blob, len, &len));
+    uint32_t l32 = (uint32_t)len;
+    bool ok = write_all(fds[1], &l32, sizeof l32) && write_all(fds[1], blob, len);
+    close(fds[1]);
+    free(blob);
+    if (!ok) return failed("decode: handing the address to the prefill process", KVHAL_INTERNAL);
+    {
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", file);
+        if (rename(tmp, file) != 0) return failed("decode: the address file", KVHAL_INVALID_ARGUMENT);
+    }
+    const double until = now_s() + opt.timeout_ms / 1000.0;
+    while (!d->peer) {
+        kvhal_xfer_event ev;
+        TRY("decode: progress", kvhal_xfer_progress(d->ag, 100, &ev));
+        if (ev.type == KVHAL_XFER_EVENT_PEER_CONNECTED) d->peer = ev.peer;
+        else if (ev.type == KVHAL_XFER_EVENT_PEER_REJECTED) {
+            fprintf(stderr, TOOL ": error: %s\n", ev.message);
+            return 1;
+        }
+        if (now_s() > until) return failed("decode: the prefill process did not connect", KVHAL_TIMEOUT);
+    }
+    d->host = malloc(d->s.chunk);
+    d->want = malloc(d->s.chunk);
+    if (!d->host || !d->want) return failed("decode", KVHAL_OUT_OF_MEMORY);
+    return 0;
+}
+
+/* Closes the connection (the prefill side then exits) and reaps the prefill process: 1 if it failed. */
+static int decode_finish(decode *d)
+{
+    int rc = 0;
+    if (d->peer) kvhal_xfer_disconnect(d->peer);
+    d->peer = NULL;
+    if (d->child > 0) {
+        int status = 0;
+        const double until = now_s() + opt.timeout_ms / 1000.0 + 5;
+        pid_t w;
+        while ((w = waitpid(d->child, &status, WNOHANG)) == 0 && now_s() < until) {
+            kvhal_xfer_event ev;
+            kvhal_xfer_progress(d->ag, 10, &ev);
+        }
+        if (w == 0) {
+            kill(d->child, SIGKILL);
+            waitpid(d->child, &status, 0);
+            fprintf(stderr, TOOL ": error: the prefill process did not exit\n");
+            rc = 1;
+        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, TOOL ": error: the prefill process failed (status %d)\n", status);
+            rc = 1;
+        }
+    }
+    if (d->blob_path[0]) unlink(d->blob_path);
+    kvhal_xfer_agent_destroy(d->ag);
+    kvhal_cache_manager_destroy(d->cm);
+    side_close(&d->s);
+    free(d->host);
+    free(d->want);
+    return rc;
+}
+
+/* Every byte of a received request against the pattern the prefill side wrote. */
+static int verify(decode *d, uint64_t req, const int32_t *pages, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t l = 0; l < opt.layers; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                TRY("decode: read back", kvhal_memcpy_d2h(d->host, d->s.buf, chunk_at(&d->s, l, kv, pages[i]),
+                                                          d->s.chunk, NULL));
+                pattern(d->want, d->s.chunk, req, i, l, kv);
+                if (memcmp(d->host, d->want, d->s.chunk) != 0) {
+                    fprintf(stderr, TOOL ": error: request %llu page %d (index %d) layer %d %s differs from what "
+                            "the prefill side wrote\n", (unsigned long long)req, (int)pages[i], (int)i, (int)l,
+                            kv ? "V" : "K");
+                    fail_json("KVHAL_INTEGRITY", "received K/V differs from what was sent");
+                    return 1;
+                }
+            }
+    return 0;
+}
+
+/* Decoding goes on from received pages: one new token's K/V of every layer written into page (slot 0) with
+ * kvhal_paged_cache_update, then read back. */
+static int decode_step(decode *d, int32_t page, uint64_t seed)
+{
+    kvhal_device dev = kvhal_buffer_device(d->s.buf);
+    const size_t tok = (size_t)opt.heads * (size_t)opt.dim * kvhal_dtype_size(opt.dtype);
+    kvhal_buffer *kb = NULL, *vb = NULL, *sb = NULL;
+    kvhal_tensor k, v, sm;
+    const int64_t shape[3] = {1, opt.heads, opt.dim}, one = 1;
+    const int64_t slot = (int64_t)page * opt.block;
+    int rc = 0;
+    kvhal_status st = kvhal_buffer_create(dev, tok, &kb);
+    if (st == KVHAL_OK) st = kvhal_buffer_create(dev, tok, &vb);
+    if (st == KVHAL_OK) st = kvhal_buffer_create(dev, sizeof slot, &sb);
+    if (st == KVHAL_OK) st = kvhal_tensor_make(kb, 0, opt.dtype, 3, shape, NULL, &k);
+    if (st == KVHAL_OK) st = kvhal_tensor_make(vb, 0, opt.dtype, 3, shape, NULL, &v);
+    if (st == KVHAL_OK) st = kvhal_tensor_make(sb, 0, KVHAL_I64, 1, &one, NULL, &sm);
+    if (st == KVHAL_OK) st = kvhal_memcpy_h2d(sb, 0, &slot, sizeof slot, NULL);
+    for (int32_t l = 0; l < opt.layers && st == KVHAL_OK && !rc; l++) {
+        pattern(d->want, tok, seed, -1, l, 0);
+        pattern(d->want + tok, tok, seed, -1, l, 1);
+        st = kvhal_memcpy_h2d(kb, 0, d->want, tok, NULL);
+        if (st == KVHAL_OK) st = kvhal_memcpy_h2d(vb, 0, d->want + tok, tok, NULL);
+        if (st == KVHAL_OK) st = kvhal_paged_cache_update(d->s.cache, l, &k, &v, &sm, NULL);
+        for (int kv = 0; kv < 2 && st == KVHAL_OK; kv++) { /* NHD: token 0 is the block's first heads x dim */
+            st = kvhal_memcpy_d2h(d->host, d->s.buf, chunk_at(&d->s, l, kv, page), tok, NULL);
+            if (st == KVHAL_OK && memcmp(d->host, d->want + (size_t)kv * tok, tok)) {
+                fprintf(stderr, TOOL ": error: decode step: layer %d %s of page %d reads back wrong\n", (int)l,
+                        kv ? "V" : "K", (int)page);
+                rc = 1;
+            }
+        }
+    }
+    if (st != KVHAL_OK) rc = failed("decode step", st);
+    kvhal_buffer_destroy(kb);
+    kvhal_buffer_destroy(vb);
+    kvhal_buffer_destroy(sb);
+    return rc;
+}
+
+/* ---- --self-test on one transport ---- */
+static int self_test_one(const char *transports)
+{
+    decode d = {0};
+    int rc = decode_start(&d, transports, false);
+    if (rc) {
+        if (d.child > 0) kill(d.child, SIGKILL), waitpid(d.child, NULL, 0);
+        if (d.blob_path[0]) unlink(d.blob_path);
+        return rc;
+    }
+    const int32_t total = (int32_t)d.s.blocks;
+    /* canary in every page; scattered free pages: take all, give back a shuffled half */
+    memset(d.host, 0xA5, d.s.chunk);
+    for (int32_t p = 0; p < total; p++)
+        for (int32_t l = 0; l < opt.layers; l++)
+            for (int kv = 0; kv < 2; kv++)
+                TRY("decode: canary", kvhal_memcpy_h2d(d.s.buf, chunk_at(&d.s, l, kv, p), d.host, d.s.chunk, NULL));
+    int32_t *all = malloc((size_t)total * sizeof *all);
+    bool *granted = calloc((size_t)total, sizeof *granted);
+    if (!all || !granted) return failed("decode", KVHAL_OUT_OF_MEMORY);
+    TRY("decode: allocate", kvhal_cache_manager_allocate(d.cm, total, all));
+    uint64_t seed = 42;
+    shuffle(all, total, &seed);
+    TRY("decode: free", kvhal_cache_manager_free(d.cm, all, total / 2 + 100));
+    /* requests: small ones (eager frames), one past a frame's 256 pages (rendezvous, two frames), layer-by-layer
+     * ones (odd ids); all granted before any arrives */
+    enum { NREQ = 13 };
+    int32_t sizes[NREQ] = {1, 3, 7, 16, 2, 33, 5, 300, 9, 12, 1, 24, 40};
+    int32_t *pages[NREQ];
+    kvhal_xfer *x[NREQ];
+    for (int r = 0; r < NREQ; r++) {
+        pages[r] = malloc((size_t)sizes[r] * sizeof(int32_t));
+        if (!pages[r]) return failed("decode", KVHAL_OUT_OF_MEMORY);
+        TRY("decode: allocate request pages", kvhal_cache_manager_allocate(d.cm, sizes[r], pages[r]));
+        for (int32_t i = 0; i < sizes[r]; i++) granted[pages[r][i]] = true;
+        TRY("decode: post_receive", kvhal_xfer_post_receive(d.peer, (uint64_t)r, pages[r], sizes[r], d.cm, &x[r]));
+    }
+    int64_t bytes = 0;
+    for (int r = 0; r < NREQ && !rc; r++) {
+        kvhal_status st = kvhal_xfer_wait(x[r], opt.timeout_ms * 2);
+        if (st != KVHAL_OK) {
+            rc = failed("decode: receive", st);
+            break;
+        }
+        kvhal_xfer_info info;
+        kvhal_xfer_get_info(x[r], &info);
+        if (info.bytes_done != info.bytes_total || info.bytes_total != (uint64_t)sizes[r] * page_bytes()) {
+            fprintf(stderr, TOOL ": error: request %d: %llu of %llu bytes\n", r, (unsigned long long)info.bytes_done,
+                    (unsigned long long)info.bytes_total);
+            rc = 1;
+        }
+        bytes += (int64_t)info.bytes_done;
+        rc = rc ? rc : verify(&d, (uint64_t)r, pages[r], sizes[r]);
+        /* decode goes on: the request's pages are the cache manager's now (published through the prefix cache) */
+        int32_t *toks = malloc((size_t)sizes[r] * (size_t)opt.block * sizeof *toks);
+        if (!toks) return failed("decode", KVHAL_OUT_OF_MEMORY);
+        for (int32_t t = 0; t < sizes[r] * opt.block; t++) toks[t] = r * 1000003 + t;
+        if (!rc) TRY("decode: cache_finished", kvhal_cache_manager_cache_finished(d.cm, toks, (size_t)sizes[r] * (size_t)opt.block,
+                                                                              pages[r], NULL));
+        free(toks);
+        kvhal_xfer_release(x[r]);
+        if (!rc) { /* the next token goes into a new page */
+            int32_t np;
+            TRY("decode: allocate", kvhal_cache_manager_allocate(d.cm, 1, &np));
+            granted[np] = true;
+            rc = decode_step(&d, np, (uint64_t)r + 1000);
+            TRY("decode: free", kvhal_cache_manager_free(d.cm, &np, 1));
+        }
+    }
+    /* pages never granted still hold the canary */
+    memset(d.want, 0xA5, d.s.chunk);
+    for (int32_t p = 0; p < total && !rc; p++)
+        if (!granted[p])
+            for (int32_t l = 0; l < opt.layers && !rc; l++)
+                for (int kv = 0; kv < 2 && !rc; kv++) {
+                    TRY("decode: read back", kvhal_memcpy_d2h(d.host, d.s.buf, chunk_at(&d.s, l, kv, p), d.s.chunk, NULL));
+                    if (memcmp(d.host, d.want, d.s.chunk)) {
+                        fprintf(stderr, TOOL ": error: page %d was never granted but was written\n", (int)p);
+                        rc = 1;
+                    }
+                }
+    /* nothing left in use: free what the test still holds, evict the rest, every page free */
+    TRY("decode: free", kvhal_cache_manager_free(d.cm, all + total / 2 + 100, total - (total / 2 + 100)));
+    kvhal_cache_manager_evict(d.cm, SIZE_MAX, NULL);
+    TRY("decode: integrity", kvhal_cache_manager_check_integrity(d.cm));
+    if (!rc && kvhal_cache_manager_num_free(d.cm) != total) {
+        fprintf(stderr, TOOL ": error: %d of %d pages free at the end\n", (int)kvhal_cache_manager_num_free(d.cm),
+                (int)total);
+        rc = 1;
+    }
+    for (int r = 0; r < NREQ; r++) free(pages[r]);
+    free(all);
+    free(granted);
+    rc |= decode_finish(&d);
+    if (!opt.quiet && !opt.json)
+        printf("self-test %-4s: %s (%d requests, %lld bytes verified, scattered pages on both sides, a decode step after each)\n", transports,
+               rc ? "FAILED" : "ok", NREQ, (long long)bytes);
+    return rc;
+}
+
+/* ---- the benchmark on one transport ---- */
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int bench_one(const char *transports, bool *first)
+{
+    decode d = {0};
+    int rc = decode_start(&d, transports, true);
+    if (rc) {
+        if (d.child > 0) kill(d.child, SIGKILL), waitpid(d.child, NULL, 0);
+        if (d.blob_path[0]) unlink(d.blob_path);
+        return rc;
+    }
+    const uint64_t pb = page_bytes();
+    for (int si = 0; si < opt.nsizes && !rc; si++) {
+        const int32_t n = (int32_t)(opt.sizes[si] / pb);
+        if (n < 1) {
+            fprintf(stderr, TOOL ": error: --sizes %llu is smaller than one page (%llu bytes)\n",
+                    (unsigned long long)opt.sizes[si], (unsigned long long)pb);
+            rc = 2;
+            break;
+        }
+        const int W = opt.window;
+        int32_t *pg = malloc((size_t)W * (size_t)n * sizeof *pg);
+        double *lat = malloc((size_t)opt.iters * sizeof *lat);
+        kvhal_xfer **xs = calloc((size_t)W, sizeof *xs);
+        double *t0 = calloc((size_t)W, sizeof *t0);
+        if (!pg || !lat || !xs || !t0) return failed("bench", KVHAL_OUT_OF_MEMORY);
+        /* W disjoint scattered page sets */
+        int32_t total = (int32_t)d.s.blocks;
+        int32_t *all = malloc((size_t)total * sizeof *all);
+        if (!all) return failed("bench", KVHAL_OUT_OF_MEMORY);
+        for (int32_t i = 0; i < total; i++) all[i] = i;
+        uint64_t seed = 99 + (uint64_t)si;
+        shuffle(all, total, &seed);
+        memcpy(pg, all, (size_t)W * (size_t)n * sizeof *pg);
+        free(all);
+        const int warm = 4;
+        int posted = 0, done = 0;
+        double start = 0;
+        while (done < opt.iters + warm && !rc) {
+            for (int w = 0; w < W && posted < opt.iters + warm; w++)
+                if (!xs[w]) {
+                    t0[w] = now_s();
+                    kvhal_status st = kvhal_xfer_post_receive(d.peer, (uint64_t)posted, pg + (size_t)w * n, n, NULL, &xs[w]);
+                    if (st != KVHAL_OK) return failed("bench: post_receive", st);
+                    posted++;
+                }
+            kvhal_xfer_event ev;
+            TRY("bench: progress", kvhal_xfer_progress(d.ag, 1000, &ev));
+            if (ev.type == KVHAL_XFER_EVENT_PEER_FAILED) return failed("bench: peer", ev.status);
+            if (ev.type != KVHAL_XFER_EVENT_RECV_DONE) continue;
+            int w = 0;
+            while (w < W && xs[w] != ev.xfer) w++;
+            if (w == W) continue;
+            if (ev.status != KVHAL_OK) {
+                fprintf(stderr, TOOL ": error: bench: %s\n", ev.message);
+                rc = 1;
+                break;
+            }
+            const double t = now_s();
+            if (ev.request_id == (uint64_t)opt.iters + warm - 1 && (rc = verify(&d, ev.request_id, pg + (size_t)w * n, n)))
+                break;
+            if (done >= warm) lat[done - warm] = t - t0[w];
+            if (done == warm - 1) start = t;
+            done++;
+            kvhal_xfer_release(xs[w]);
+            xs[w] = NULL;
+        }
+        const double elapsed = now_s() - start;
+        for (int w = 0; w < W; w++) kvhal_xfer_release(xs[w]);
+        if (!rc) {
+            qsort(lat, (size_t)opt.iters, sizeof *lat, cmp_double);
+            const double bytes = (double)n * (double)pb;
+            /* iters transfers completed after the warm-up ones, W at a time */
+            const double gbps = bytes * opt.iters / elapsed / 1e9;
+            const double p50 = lat[opt.iters / 2] * 1e6, p99 = lat[(opt.iters * 99) / 100 < opt.iters ? (opt.iters * 99) / 100 : opt.iters - 1] * 1e6;
+            if (opt.json)
+                fprintf(json_results, "%s\n  {\"transport\": \"%s\", \"bytes\": %.0f, \"pages\": %d, \"page_bytes\": %llu, "
+                       "\"window\": %d, \"iters\": %d, \"gbps\": %.3f, \"us_per_transfer\": %.1f, \"p50_us\": %.1f, "
+                       "\"p99_us\": %.1f, \"send_device\": \"%s\", \"recv_device\": \"%s\", \"path\": \"%s\"}",
+                       *first ? "" : ",", transports, bytes, (int)n, (unsigned long long)pb, W, opt.iters, gbps,
+                       elapsed / opt.iters * 1e6, p50, p99, opt.send_dev, opt.recv_dev,
+                       strncmp(opt.send_dev, "cpu", 3) || strncmp(opt.recv_dev, "cpu", 3) ? "staged-host" : "in-place");
+            else
+                printf("%-8s %9.0f KiB  %4d pages  %8.3f GB/s  %9.1f us/transfer  p50 %9.1f us  p99 %9.1f us\n",
+                       transports, bytes / 1024, (int)n, gbps, elapsed / opt.iters * 1e6, p50, p99);
+            *first = false;
+        }
+        free(pg);
+        free(lat);
+        free(xs);
+        free(t0);
+    }
+    rc |= decode_finish(&d);
+    return rc;
+}
+
+static void usage(void)
+{
+    printf("usage: " TOOL " [--self-test] [options]\n"
+           "Runs a decode process and a prefill process that sends it requests' K/V pages over UCX.\n"
+           "  --self-test            loopback over tcp and shm, CPU caches, every byte verified; exit 0 only if all holds\n"
+           "  --transport=LIST       UCX transports, repeatable (default: tcp and shm; any UCX_TLS value)\n"
+           "  --sizes=LIST           benchmark batch sizes (default 256KiB,1MiB,4MiB,16MiB)\n"
+           "  --iters=N              timed transfers per size (default 40), --window=N in flight (default 4)\n"
+           "  --layers=N --heads=N --dim=N --block=N   cache geometry (default 4 x 8 x 128, 16-token pages, bf16)\n"
+           "  --send-device=DEV --recv-device=DEV      the two caches' devices (default cpu)\n"
+           "  --timeout-ms=N         agent timeout (default 10000)\n"
+           "  --listen=FILE          decode side only: write the address to FILE, wait for a --connect process\n"
+           "  --connect=FILE         prefill side only: connect to the decode process whose address is in FILE\n"
+           "                         (same --self-test, sizes, geometry and --transport on both sides)\n"
+           "  --json, --quiet, --help, --version\n"
+           "Exit: 0 success, 1 a run or a verification failed, 2 usage error.\n");
+}
+
+static bool parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s) return false;
+    if (!strcmp(end, "KiB") || !strcmp(end, "K")) v <<= 10;
+    else if (!strcmp(end, "MiB") || !strcmp(end, "M")) v <<= 20;
+    else if (!strcmp(end, "GiB") || !strcmp(end, "G")) v <<= 30;
+    else if (*end) return false;
+    *out = v;
+    return v > 0;
+}
+
+static int usage_error(const char *msg, const char *arg)
+{
+    fprintf(stderr, TOOL ": error: %s '%s' (see --help)\n", msg, arg ? arg : "");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        {"self-test", no_argument, 0, 's'}, {"transport", required_argument, 0, 't'},
+        {"sizes", required_argument, 0, 'z'}, {"iters", required_argument, 0, 'i'},
+        {"window", required_argument, 0, 'w'}, {"layers", required_argument, 0, 'L'},
+        {"heads", required_argument, 0, 'H'}, {"dim", required_argument, 0, 'D'},
+        {"block", required_argument, 0, 'B'}, {"send-device", required_argument, 0, 'S'},
+        {"recv-device", required_argument, 0, 'R'}, {"timeout-ms", required_argument, 0, 'T'},
+        {"json", no_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'},
+        {"version", no_argument, 0, 'V'}, {"listen", required_argument, 0, 'l'},
+        {"connect", required_argument, 0, 'c'}, {"child", no_argument, 0, 'C'}, {0, 0, 0, 0}};
+    int c;
+    opterr = 0;
+    g_argc = argc;
+    g_argv = argv;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        long v = 0;
+        char *end = NULL;
+        if (strchr("iwLHDBT", c)) {
+            v = strtol(optarg, &end, 10);
+            if (*end || v < 1 || v > 100000000) return usage_error("not a positive number:", optarg);
+        }
+        switch (c) {
+        case 's': opt.self_test = true; break;
+        case 't':
+            if (opt.ntransports == 8) return usage_error("at most 8 --transport values", optarg);
+            opt.transports[opt.ntransports++] = optarg;
+            break;
+        case 'z': {
+            opt.nsizes = 0;
+            char *dup = strdup(optarg), *save = NULL;
+            for (char *tok = strtok_r(dup, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+                if (opt.nsizes == 16 || !parse_size(tok, &opt.sizes[opt.nsizes])) {
+                    free(dup);
+                    return usage_error("bad --sizes entry", tok);
+                }
+                opt.nsizes++;
+            }
+            free(dup);
+            break;
+        }
+        case 'i': opt.iters = (int)v; break;
+        case 'w': opt.window = v > 64 ? 64 : (int)v; break;
+        case 'L': opt.layers = (int32_t)v; break;
+        case 'H': opt.heads = (int32_t)v; break;
+        case 'D': opt.dim = (int32_t)v; break;
+        case 'B': opt.block = (int32_t)v; break;
+        case 'S': opt.send_dev = optarg; break;
+        case 'R': opt.recv_dev = optarg; break;
+        case 'T': opt.timeout_ms = (uint32_t)v; break;
+        case 'j': opt.json = true; break;
+        case 'l': opt.listen_file = optarg; break;
+        case 'c': opt.connect_file = optarg; break;
+        case 'C': opt.child = true; break;
+        case 'q': opt.quiet = true; break;
+        case 'h': usage(); return 0;
+        case 'V': printf(TOOL " %d.%d.%d\n", KVHAL_VERSION_MAJOR, KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH); return 0;
+        default: return usage_error("unknown or incomplete option", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return usage_error("unexpected argument", argv[optind]);
+    if (!opt.ntransports) {
+        opt.transports[0] = "tcp";
+        opt.transports[1] = "shm";
+        opt.ntransports = 2;
+    }
+    if (!opt.nsizes) {
+        const uint64_t d[] = {256 << 10, 1 << 20, 4 << 20, 16 << 20};
+        memcpy(opt.sizes, d, sizeof d);
+        opt.nsizes = 4;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    if (opt.listen_file && opt.connect_file) return usage_error("--listen and --connect are the two sides:", "both");
+    if (opt.child) opt.json = false;
+    if (!opt.self_test)
+        for (int i = 0; i < opt.nsizes; i++)
+            if (opt.sizes[i] < page_bytes()) {
+                char b[64];
+                snprintf(b, sizeof b, "%llu < %llu", (unsigned long long)opt.sizes[i], (unsigned long long)page_bytes());
+                return usage_error("a --sizes entry is smaller than one page of the cache geometry:", b);
+            }
+    if (opt.listen_file && opt.ntransports > 1) opt.ntransports = 1; /* one run with a separately started process */
+    int rc = 0;
+    if (opt.self_test) /* small pages: 3 layers x 2 heads x 16 dims x 16 tokens f16 = 6 KiB a page */
+        opt.layers = 3, opt.heads = 2, opt.dim = 16, opt.dtype = KVHAL_F16;
+    if (opt.connect_file) { /* the prefill side of a --listen decode process: wait for its address file */
+        int fd = -1;
+        const double until = now_s() + opt.timeout_ms / 1000.0;
+        while ((fd = open(opt.connect_file, O_RDONLY)) < 0 && now_s() < until) usleep(10000);
+        if (fd < 0) return failed("--connect: no address file", KVHAL_TIMEOUT);
+        rc = prefill(opt.transports[opt.ntransports - 1], fd, !opt.self_test); /* the last one given */
+        close(fd);
+        return rc ? 1 : 0;
+    }
+    if (opt.self_test) {
+        for (int t = 0; t < opt.ntransports; t++) rc |= self_test_one(opt.transports[t]);
+        if (opt.json && !rc)
+            printf("{\"version\": \"%d.%d.%d\", \"ok\": true, \"self_test\": \"passed\"}\n", KVHAL_VERSION_MAJOR,
+                   KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH);
+        if (rc) fail_json("KVHAL_INTEGRITY", "the self-test failed (see stderr)");
+        return rc ? 1 : 0;
+    }
+    char *rows = NULL;
+    size_t rows_len = 0;
+    if (opt.json && !(json_results = open_memstream(&rows, &rows_len))) return failed("json", KVHAL_OUT_OF_MEMORY);
+    bool first = true;
+    for (int t = 0; t < opt.ntransports && !rc; t++) rc |= bench_one(opt.transports[t], &first);
+    if (opt.json) {
+        fclose(json_results);
+        if (!rc)
+            printf("{\"version\": \"%d.%d.%d\", \"ok\": true, \"results\": [%s\n]}\n", KVHAL_VERSION_MAJOR,
+                   KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH, rows ? rows : "");
+        else
+            fail_json(rc == 2 ? "KVHAL_INVALID_ARGUMENT" : "KVHAL_INTEGRITY", "the benchmark failed (see stderr)");
+        free(rows);
+    }
+    return rc == 2 ? 2 : rc ? 1 : 0;
+}

@@ -1,0 +1,1689 @@
+/* kvhal_xfer.c — the transfer agent (api/kvhal_xfer.h): one UCX context and worker per agent, active messages for
+ * everything (xfer_wire.h), so that the receiver itself writes every byte into its pages after checking the frame
+ * against its own grant. Large frames arrive by UCX rendezvous straight into the granted pages (an IOV of K/V
+ * chunks) for host caches, or into a host staging buffer copied to the device with kvhal_memcpy_h2d otherwise.
+ *
+ * Everything runs on the caller's thread inside pump(): UCX callbacks only record (frames, completions, errors);
+ * connection set-up, acknowledgements and deadlines are handled after ucp_worker_progress returns. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include <ucp/api/ucp.h>
+
+#include "kvhal_xfer.h"
+#include "xfer_wire.h"
+
+#define AGENT_MAGIC 0x4b584147u /* KXAG */
+#define PEER_MAGIC 0x4b585045u  /* KXPE */
+#define XFER_MAGIC 0x4b585846u  /* KXXF */
+#define DEAD_MAGIC 0x44454144u
+#define MAX_EVENTS 65536
+#define MAX_FRAME_PAGES 256
+
+#define ERR(st, ...) kvhal_error_set((st), __VA_ARGS__)
+#define CHECK_ARG(cond, ...)                                                                                    \
+    do {                                                                                                        \
+        if (!(cond)) return ERR(KVHAL_INVALID_ARGUMENT, __VA_ARGS__);                                           \
+    } while (0)
+
+typedef enum { P_CONNECTING, P_CONNECTED, P_FAILED } peer_state;
+
+typedef struct closing_ep {
+    void *req; /* the ucp_ep_close_nbx request still in progress */
+    struct closing_ep *next;
+} closing_ep;
+
+struct kvhal_xfer_peer {
+    uint32_t magic;
+    kvhal_xfer_agent *agent;
+    ucp_ep_h ep;
+    peer_state state;
+    bool ep_error;          /* UCX reported the endpoint failed (from its error callback) */
+    ucs_status_t ep_status;
+    bool accepted_side;     /* made by an incoming HELLO (vs kvhal_xfer_connect) */
+    uint64_t my_session;    /* dest_session of frames to us */
+    uint64_t their_session; /* dest_session of frames we send */
+    char name[XW_NAME_LEN];
+    xw_geometry g;          /* the peer's */
+    kvhal_status fail_status;
+    char fail_msg[256];
+    uint64_t deadline_ns;   /* connecting only */
+    kvhal_xfer_peer *next;
+};
+
+typedef struct send_frame {
+    kvhal_xfer *x;
+    xw_data *hdr;           /* kept until the send completes */
+    size_t hdr_len;
+    ucp_dt_iov_t *iov;
+    size_t iov_count;
+    void *staging;
+    uint64_t bytes;
+    bool in_flight;
+} send_frame;
+
+typedef struct recv_frame {
+    kvhal_xfer *x;
+    uint64_t xfer_id;
+    uint32_t frame;
+    ucp_dt_iov_t *iov;
+    size_t iov_count;
+    void *staging;          /* device caches: received here, then copied chunk by chunk */
+    uint64_t bytes;
+    ucs_status_t done_status;
+    bool done;
+    struct recv_frame *next;
+} recv_frame;
+
+struct kvhal_xfer {
+    uint32_t magic;
+    kvhal_xfer_agent *agent;
+    kvhal_xfer_peer *peer;
+    bool is_recv, released, finished, failing;
+    kvhal_status status;    /* BUSY while in flight */
+    char message[256];
+    uint64_t request_id, xfer_id;
+    uint64_t bytes_total, bytes_done;
+    uint64_t deadline_ns;
+    int32_t n;
+    /* receive */
+    int32_t *pages;         /* the grant, in the caller's order */
+    int32_t *sorted;        /* (page, index) pairs sorted by page, for lookups */
+    uint8_t *claimed;       /* n x num_layers: a frame was accepted for (page, layer) */
+    int64_t claimed_count;
+    int inflight;           /* frames being written into the pages */
+    kvhal_cache_manager *cm;
+    /* send */
+    send_frame *frames;
+    int32_t num_frames, frames_acked, sends_inflight;
+    kvhal_xfer *next;
+};
+
+typedef struct pending_msg { /* a frame to send from pump(), not from a UCX callback */
+    kvhal_xfer_peer *peer;
+    ucp_ep_h ep;            /* a refusal goes on its own endpoint, closed afterwards */
+    void *buf;
+    size_t len;
+    const void *data;
+    size_t data_len;
+    void *data_owned;
+    bool close_after, force;
+    struct pending_msg *next;
+} pending_msg;
+
+typedef struct pending_hello {
+    xw_hello h;
+    void *addr;
+    struct pending_hello *next;
+} pending_hello;
+
+typedef struct event_item {
+    kvhal_xfer_event ev;
+    int32_t *pages_owned;
+} event_item;
+
+struct kvhal_xfer_agent {
+    uint32_t magic;
+    char name[XW_NAME_LEN];
+    char token[XW_TOKEN_LEN];
+    uint32_t timeout_ms;
+    int32_t max_peers;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_address_t *addr;
+    size_t addr_len;
+    size_t max_am_header;
+    bool no_peer_errors;    /* the transports have no peer-failure handling (UCX shared memory) */
+    /* the cache */
+    kvhal_paged_cache *cache;
+    kvhal_buffer *cache_buf;
+    bool host;              /* in-place (host memory) or staged */
+    uint8_t *host_base;
+    ucp_mem_h memh;
+    xw_geometry g;
+    size_t *k_off, *v_off;  /* byte offset of block 0 of each layer's K and V */
+    size_t block_stride;    /* bytes between blocks */
+    /* state */
+    kvhal_xfer_peer *peers;
+    int32_t live_peers;
+    kvhal_xfer *xfers;
+    uint64_t next_xfer_id;
+    pending_hello *hellos;
+    pending_msg *msgs, *msgs_tail;
+    closing_ep *closing;
+    recv_frame *rframes;
+    event_item *events;     /* a ring */
+    size_t ev_head, ev_count, ev_cap;
+    uint64_t events_dropped;
+    int32_t *last_pages;    /* the pages of the event handed out last */
+    char last_message[256];
+};
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* small helpers                                                                                              */
+/* ---------------------------------------------------------------------------------------------------------- */
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t random_session(void)
+{
+    uint64_t v = 0;
+    while (v == 0) {
+        if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) v = now_ns() * 0x9e3779b97f4a7c15ull;
+    }
+    return v;
+}
+
+static void copy_name(char *dst, size_t cap, const char *src)
+{
+    size_t i = 0;
+    for (; src && src[i] && i + 1 < cap; i++) dst[i] = (src[i] >= 0x20 && src[i] < 0x7f) ? src[i] : '?';
+    dst[i] = '\0';
+}
+
+static uint64_t deadline_from_now(const kvhal_xfer_agent *a) { return now_ns() + (uint64_t)a->timeout_ms * 1000000ull; }
+
+static void push_event(kvhal_xfer_agent *a, kvhal_xfer_event_type type, kvhal_xfer_peer *p, kvhal_xfer *x,
+                       uint64_t request_id, kvhal_status st, int32_t *pages_owned, int32_t n, const char *fmt, ...)
+    __attribute__((format(printf, 9, 10)));
+static void push_event(kvhal_xfer_agent *a, kvhal_xfer_event_type type, kvhal_xfer_peer *p, kvhal_xfer *x,
+                       uint64_t request_id, kvhal_status st, int32_t *pages_owned, int32_t n, const char *fmt, ...)
+{
+    if (a->ev_count == a->ev_cap) {
+        size_t cap = a->ev_cap ? a->ev_cap * 2 : 64;
+        event_item *ne = cap <= MAX_EVENTS ? malloc(cap * sizeof *ne) : NULL;
+        if (!ne) {
+            a->events_dropped++;
+            free(pages_owned);
+            return;
+        }
+        for (size_t i = 0; i < a->ev_count; i++) ne[i] = a->events[(a->ev_head + i) % a->ev_cap];
+        free(a->events);
+        a->events = ne;
+        a->ev_cap = cap;
+        a->ev_head = 0;
+    }
+    event_item *it = &a->events[(a->ev_head + a->ev_count) % a->ev_cap];
+    memset(it, 0, sizeof *it);
+    it->ev.type = type;
+    it->ev.peer = p;
+    it->ev.xfer = x;
+    it->ev.request_id = request_id;
+    it->ev.status = st;
+    it->ev.num_pages = n;
+    it->pages_owned = pages_owned;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(it->ev.message, sizeof it->ev.message, fmt, ap);
+    va_end(ap);
+    a->ev_count++;
+}
+
+/* Forgets queued events that name p or x (both about to be freed). */
+static void scrub_events(kvhal_xfer_agent *a, const kvhal_xfer_peer *p, const kvhal_xfer *x)
+{
+    for (size_t i = 0; i < a->ev_count; i++) {
+        event_item *it = &a->events[(a->ev_head + i) % a->ev_cap];
+        if (p && it->ev.peer == p) it->ev.peer = NULL;
+        if (x && it->ev.xfer == x) it->ev.xfer = NULL;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* sending small frames (queued, sent from pump)                                                               */
+/* ---------------------------------------------------------------------------------------------------------- */
+static void free_request_cb(void *request, ucs_status_t status, void *user_data)
+{
+    (void)status;
+    (void)user_data;
+    ucp_request_free(request);
+}
+
+static void queue_msg(kvhal_xfer_agent *a, kvhal_xfer_peer *p, ucp_ep_h ep, const void *hdr, size_t len,
+                      const void *data, size_t data_len, bool close_after)
+{
+    pending_msg *m = calloc(1, sizeof *m);
+    void *b = malloc(len ? len : 1);
+    void *d = data_len ? malloc(data_len) : NULL;
+    if (!m || !b || (data_len && !d)) {
+        free(m);
+        free(b);
+        free(d);
+        if (close_after && ep) {
+            ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+            void *r = ucp_ep_close_nbx(ep, &prm);
+            if (r && UCS_PTR_IS_PTR(r)) {
+                closing_ep *c = malloc(sizeof *c);
+                if (c) {
+                    c->req = r;
+                    c->next = a->closing;
+                    a->closing = c;
+                } else {
+                    while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(a->worker);
+                    ucp_request_free(r);
+                }
+            }
+        }
+        return;
+    }
+    if (len) memcpy(b, hdr, len);
+    if (data_len) memcpy(d, data, data_len);
+    m->peer = p;
+    m->ep = ep;
+    m->buf = b;
+    m->len = len;
+    m->data = d;
+    m->data_len = data_len;
+    m->data_owned = d;
+    m->close_after = close_after;
+    if (a->msgs_tail) a->msgs_tail->next = m;
+    else a->msgs = m;
+    a->msgs_tail = m;
+}
+
+static void close_ep(kvhal_xfer_agent *a, ucp_ep_h ep, bool force)
+{
+    if (!ep) return;
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+    void *r = ucp_ep_close_nbx(ep, &prm);
+    if (!r || !UCS_PTR_IS_PTR(r)) return;
+    closing_ep *c = malloc(sizeof *c);
+    if (!c) { /* cannot track it: finish it here */
+        while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(a->worker);
+        ucp_request_free(r);
+        return;
+    }
+    c->req = r;
+    c->next = a->closing;
+    a->closing = c;
+}
+
+static void flush_msgs(kvhal_xfer_agent *a)
+{
+    while (a->msgs) {
+        pending_msg *m = a->msgs;
+        a->msgs = m->next;
+        if (!a->msgs) a->msgs_tail = NULL;
+        ucp_ep_h ep = m->ep ? m->ep : (m->peer && m->peer->state != P_FAILED ? m->peer->ep : NULL);
+        if (ep && m->len) {
+            ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS,
+                                       .cb.send = free_request_cb, .flags = UCP_AM_SEND_FLAG_EAGER};
+            /* UCX copies a frame of this size before returning or keeps it in the request; data_owned stays alive
+             * until the request completes only for eager sends, which these are (small and flagged EAGER). */
+            void *r = ucp_am_send_nbx(ep, XW_AM_ID, m->buf, m->len, m->data, m->data_len, &prm);
+            if (r && UCS_PTR_IS_PTR(r)) {
+                /* wait for it: these are small eager frames, done in a few progress calls */
+                while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(a->worker);
+            }
+        }
+        if (ep && m->close_after) close_ep(a, ep, m->force);
+        free(m->buf);
+        free(m->data_owned);
+        free(m);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* transfers                                                                                                   */
+/* ---------------------------------------------------------------------------------------------------------- */
+static void xfer_free(kvhal_xfer *x)
+{
+    kvhal_xfer_agent *a = x->agent;
+    for (kvhal_xfer **pp = &a->xfers; *pp; pp = &(*pp)->next)
+        if (*pp == x) {
+            *pp = x->next;
+            break;
+        }
+    scrub_events(a, NULL, x);
+    if (x->frames) {
+        for (int32_t i = 0; i < x->num_frames; i++) {
+            free(x->frames[i].hdr);
+            free(x->frames[i].iov);
+            free(x->frames[i].staging);
+        }
+        free(x->frames);
+    }
+    free(x->pages);
+    free(x->sorted);
+    free(x->claimed);
+    x->magic = DEAD_MAGIC;
+    free(x);
+}
+
+/* The transfer is over when nothing UCX holds points into its pages any more: then the pages go back (receive,
+ * failed) and the completion event is queued. */
+static void xfer_settle(kvhal_xfer *x)
+{
+    if (x->finished || !x->failing) return;
+    if (x->is_recv ? x->inflight > 0 : x->sends_inflight > 0) return;
+    x->finished = true;
+    if (x->is_recv && x->status != KVHAL_OK && x->cm) {
+        kvhal_status st = kvhal_cache_manager_free(x->cm, x->pages, x->n);
+        if (st != KVHAL_OK)
+            snprintf(x->message + strlen(x->message), sizeof x->message - strlen(x->message),
+                     " (returning its pages failed: %s)", kvhal_last_error());
+    }
+    if (x->released) {
+        xfer_free(x);
+        return;
+    }
+    push_event(x->agent, x->is_recv ? KVHAL_XFER_EVENT_RECV_DONE : KVHAL_XFER_EVENT_SEND_DONE, x->peer, x,
+               x->request_id, x->status, NULL, 0, "%s", x->message);
+}
+
+static void xfer_finish(kvhal_xfer *x, kvhal_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void xfer_finish(kvhal_xfer *x, kvhal_status st, const char *fmt, ...)
+{
+    if (x->failing || x->finished) return;
+    x->failing = true; /* "settling": final status known, waiting for UCX to let go */
+    x->status = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(x->message, sizeof x->message, fmt, ap);
+    va_end(ap);
+    xfer_settle(x);
+}
+
+static void peer_fail(kvhal_xfer_peer *p, kvhal_status st, bool tell, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void peer_fail(kvhal_xfer_peer *p, kvhal_status st, bool tell, const char *fmt, ...)
+{
+    if (p->state == P_FAILED) return;
+    kvhal_xfer_agent *a = p->agent;
+    const bool was_connected = p->state == P_CONNECTED;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->fail_msg, sizeof p->fail_msg, fmt, ap);
+    va_end(ap);
+    p->fail_status = st;
+    p->state = P_FAILED;
+    a->live_peers--;
+    for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) {
+        nx = x->next;
+        if (x->peer == p) xfer_finish(x, st, "peer %s: %s", p->name, p->fail_msg);
+    }
+    /* The endpoint is closed from pump (never from a UCX callback): after a BYE when the peer is to be told,
+     * otherwise forcibly, which completes every send still on it with an error and releases its buffers. */
+    ucp_ep_h ep = p->ep;
+    p->ep = NULL;
+    if (ep) {
+        xw_common bye = {XW_MAGIC, XW_VERSION, XW_BYE, p->their_session};
+        const bool say = tell && was_connected && !p->ep_error;
+        queue_msg(a, NULL, ep, &bye, say ? sizeof bye : 0, NULL, 0, true);
+        if (a->msgs_tail && a->msgs_tail->ep == ep) a->msgs_tail->force = true;
+    }
+    if (was_connected)
+        push_event(a, KVHAL_XFER_EVENT_PEER_FAILED, p, NULL, 0, st, NULL, 0, "peer %s: %s", p->name, p->fail_msg);
+}
+
+static kvhal_xfer *find_xfer_id(kvhal_xfer_agent *a, uint64_t id)
+{
+    for (kvhal_xfer *x = a->xfers; x; x = x->next)
+        if (x->xfer_id == id) return x;
+    return NULL;
+}
+
+static kvhal_xfer_peer *find_session(kvhal_xfer_agent *a, uint64_t s)
+{
+    if (s == 0) return NULL;
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->my_session == s && p->state != P_FAILED) return p;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* the cache: chunk addresses                                                                                 */
+/* ---------------------------------------------------------------------------------------------------------- */
+static size_t chunk_off(const kvhal_xfer_agent *a, int32_t layer, int side, int32_t page)
+{
+    return (side ? a->v_off[layer] : a->k_off[layer]) + (size_t)page * a->block_stride;
+}
+
+/* IOV over pages x layers x {K, V} in wire order, adjacent chunks merged. */
+static ucp_dt_iov_t *build_iov(const kvhal_xfer_agent *a, const int32_t *pages, int32_t n, int32_t l0, int32_t nl,
+                               size_t *count)
+{
+    const size_t max = (size_t)n * (size_t)nl * 2;
+    ucp_dt_iov_t *iov = malloc(max * sizeof *iov);
+    if (!iov) return NULL;
+    size_t c = 0;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t l = l0; l < l0 + nl; l++)
+            for (int s = 0; s < 2; s++) {
+                uint8_t *p = a->host_base + chunk_off(a, l, s, pages[i]);
+                if (c && (uint8_t *)iov[c - 1].buffer + iov[c - 1].length == p)
+                    iov[c - 1].length += a->g.chunk_bytes;
+                else
+                    iov[c++] = (ucp_dt_iov_t){p, a->g.chunk_bytes};
+            }
+    *count = c;
+    return iov;
+}
+
+/* Device caches: chunks between the cache and a contiguous host buffer in wire order. */
+static kvhal_status stage_run(kvhal_xfer_agent *a, bool to_host, uint8_t *host, size_t co, size_t len)
+{
+    return to_host ? kvhal_memcpy_d2h(host, a->cache_buf, co, len, NULL)
+                   : kvhal_memcpy_h2d(a->cache_buf, co, host, len, NULL);
+}
+
+/* One copy per run of chunks that are adjacent in the cache too (a page-first cache: a page's layers). */
+static kvhal_status stage(kvhal_xfer_agent *a, bool to_host, uint8_t *host, const int32_t *pages, int32_t n,
+                          int32_t l0, int32_t nl)
+{
+    size_t o = 0, run_host = 0, run_dev = 0, run_len = 0;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t l = l0; l < l0 + nl; l++)
+            for (int s = 0; s < 2; s++, o += a->g.chunk_bytes) {
+                const size_t co = chunk_off(a, l, s, pages[i]);
+                if (run_len && run_dev + run_len == co) {
+                    run_len += a->g.chunk_bytes;
+                    continue;
+                }
+                if (run_len) {
+                    kvhal_status st = stage_run(a, to_host, host + run_host, run_dev, run_len);
+                    if (st != KVHAL_OK) return st;
+                }
+                run_host = o;
+                run_dev = co;
+                run_len = a->g.chunk_bytes;
+            }
+    return run_len ? stage_run(a, to_host, host + run_host, run_dev, run_len) : KVHAL_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* incoming frames                                                                                             */
+/* ---------------------------------------------------------------------------------------------------------- */
+static void send_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t xfer_id, uint32_t frame, kvhal_status st,
+                     uint64_t bytes, const char *reason)
+{
+    xw_ack ack;
+    memset(&ack, 0, sizeof ack);
+    ack.c = (xw_common){XW_MAGIC, XW_VERSION, XW_ACK, p->their_session};
+    ack.xfer_id = xfer_id;
+    ack.frame = frame;
+    ack.status = (int32_t)st;
+    ack.bytes = bytes;
+    copy_name(ack.reason, sizeof ack.reason, reason);
+    queue_msg(a, p, NULL, &ack, sizeof ack, NULL, 0, false);
+}
+
+static int cmp_pair(const void *x, const void *y)
+{
+    const int32_t *a = x, *b = y;
+    return (a[0] > b[0]) - (a[0] < b[0]);
+}
+
+/* Index of page in the grant, or -1. */
+static int32_t grant_index(const kvhal_xfer *x, int32_t page)
+{
+    int32_t lo = 0, hi = x->n - 1;
+    while (lo <= hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        const int32_t v = x->sorted[2 * mid];
+        if (v == page) return x->sorted[2 * mid + 1];
+        if (v < page) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+static kvhal_xfer *find_grant(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t request_id)
+{
+    for (kvhal_xfer *x = a->xfers; x; x = x->next)
+        if (x->is_recv && x->peer == p && x->request_id == request_id && !x->failing && !x->finished) return x;
+    return NULL;
+}
+
+static void recv_frame_done(kvhal_xfer_agent *a, recv_frame *f);
+
+static void recv_data_cb(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    (void)length;
+    recv_frame *f = user_data;
+    f->done = true;
+    f->done_status = status;
+    ucp_request_free(request);
+}
+
+/* A DATA frame from peer p: everything checked before one byte is written. Returns the UCS status for the
+ * handler (an error status refuses a rendezvous frame, which fails the sender's send with it). */
+static ucs_status_t on_data(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length,
+                            void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+    xw_data h;
+    if (header_length < sizeof h) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "truncated DATA frame: header of %zu bytes, at least %zu expected",
+                  header_length, sizeof h);
+        return UCS_ERR_INVALID_PARAM;
+    }
+    memcpy(&h, header, sizeof h);
+    if (h.n_pages < 1 || h.n_pages > MAX_FRAME_PAGES ||
+        header_length != sizeof h + (size_t)h.n_pages * sizeof(int32_t)) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "malformed DATA frame: n_pages %d with a header of %zu bytes",
+                  (int)h.n_pages, header_length);
+        return UCS_ERR_INVALID_PARAM;
+    }
+    kvhal_xfer *x = find_grant(a, p, h.request_id);
+    if (!x) { /* a cancelled or timed-out grant is not the peer's fault: refuse the frame, keep the peer */
+        char r[XW_REASON_LEN];
+        snprintf(r, sizeof r, "request %llu has no pending grant from %s", (unsigned long long)h.request_id, a->name);
+        send_ack(a, p, h.xfer_id, h.frame, KVHAL_NOT_FOUND, 0, r);
+        return UCS_ERR_NO_ELEM;
+    }
+    const int32_t L = a->g.num_layers;
+    const char *bad = NULL;
+    char why[200];
+    if (h.chunk_bytes != a->g.chunk_bytes) {
+        snprintf(why, sizeof why, "chunk_bytes %llu, this cache's is %llu", (unsigned long long)h.chunk_bytes,
+                 (unsigned long long)a->g.chunk_bytes);
+        bad = why;
+    } else if (h.first_layer < 0 || h.num_layers < 1 || h.first_layer > L - h.num_layers) {
+        snprintf(why, sizeof why, "layers [%d, %d+%d) outside [0, %d)", (int)h.first_layer, (int)h.first_layer,
+                 (int)h.num_layers, (int)L);
+        bad = why;
+    } else if (length != (uint64_t)h.n_pages * (uint64_t)h.num_layers * 2u * h.chunk_bytes) {
+        snprintf(why, sizeof why, "%zu data bytes, %d pages x %d layers x K,V x %llu bytes expected", length,
+                 (int)h.n_pages, (int)h.num_layers, (unsigned long long)h.chunk_bytes);
+        bad = why;
+    }
+    int32_t pages[MAX_FRAME_PAGES], idx[MAX_FRAME_PAGES];
+    if (!bad) {
+        memcpy(pages, (const uint8_t *)header + sizeof h, (size_t)h.n_pages * sizeof(int32_t));
+        for (int32_t i = 0; i < h.n_pages && !bad; i++) {
+            if (pages[i] < 0 || pages[i] >= a->g.num_blocks) {
+                snprintf(why, sizeof why, "page %d is out of range [0, %lld)", (int)pages[i],
+                         (long long)a->g.num_blocks);
+                bad = why;
+            } else if ((idx[i] = grant_index(x, pages[i])) < 0) {
+                snprintf(why, sizeof why, "page %d is not granted to request %llu", (int)pages[i],
+                         (unsigned long long)h.request_id);
+                bad = why;
+            }
+        }
+        /* each (page, layer) at most once, in this frame and across frames: claim, or undo and refuse */
+        for (int32_t i = 0; i < h.n_pages && !bad; i++)
+            for (int32_t l = h.first_layer; l < h.first_layer + h.num_layers; l++)
+                if (x->claimed[(size_t)idx[i] * (size_t)L + (size_t)l]) {
+                    snprintf(why, sizeof why, "page %d layer %d was already sent", (int)pages[i], (int)l);
+                    bad = why;
+                    for (int32_t j = 0; j < i; j++)
+                        for (int32_t m = h.first_layer; m < h.first_layer + h.num_layers; m++)
+                            x->claimed[(size_t)idx[j] * (size_t)L + (size_t)m] = 0;
+                    for (int32_t m = h.first_layer; m < l; m++) x->claimed[(size_t)idx[i] * (size_t)L + (size_t)m] = 0;
+                    break;
+                } else {
+                    x->claimed[(size_t)idx[i] * (size_t)L + (size_t)l] = 1;
+                }
+    }
+    if (bad) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "refused DATA frame for request %llu: %s",
+                  (unsigned long long)h.request_id, bad);
+        return UCS_ERR_INVALID_PARAM;
+    }
+    x->claimed_count += (int64_t)h.n_pages * h.num_layers;
+    x->deadline_ns = deadline_from_now(a);
+
+    recv_frame *f = calloc(1, sizeof *f);
+    if (!f) goto nomem;
+    f->x = x;
+    f->xfer_id = h.xfer_id;
+    f->frame = h.frame;
+    f->bytes = length;
+    if (!a->host) {
+        f->staging = malloc(length);
+        f->iov = malloc(sizeof *f->iov + (size_t)h.n_pages * sizeof(int32_t) + 2 * sizeof(int32_t));
+        if (!f->staging || !f->iov) goto nomem;
+        /* keep the page list and layers for the copy to the device after the data is in */
+        int32_t *keep = (int32_t *)(f->iov + 1);
+        keep[0] = h.first_layer;
+        keep[1] = h.num_layers;
+        memcpy(keep + 2, pages, (size_t)h.n_pages * sizeof(int32_t));
+        f->iov[0] = (ucp_dt_iov_t){f->staging, length};
+        f->iov_count = (size_t)h.n_pages; /* for the staged case: the number of pages kept */
+    } else {
+        f->iov = build_iov(a, pages, h.n_pages, h.first_layer, h.num_layers, &f->iov_count);
+        if (!f->iov) goto nomem;
+    }
+    x->inflight++;
+    f->next = a->rframes;
+    a->rframes = f;
+    if (!rndv) { /* eager: the data is here */
+        if (a->host) {
+            const uint8_t *src = data;
+            for (size_t i = 0; i < f->iov_count; i++) {
+                memcpy(f->iov[i].buffer, src, f->iov[i].length);
+                src += f->iov[i].length;
+            }
+        } else {
+            memcpy(f->staging, data, length);
+        }
+        f->done = true;
+        f->done_status = UCS_OK;
+        return UCS_OK;
+    }
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                               UCP_OP_ATTR_FIELD_DATATYPE,
+                               .cb.recv_am = recv_data_cb, .user_data = f};
+    void *buf;
+    size_t count;
+    if (a->host) {
+        prm.datatype = ucp_dt_make_iov();
+        buf = f->iov;
+        count = f->iov_count;
+    } else {
+        prm.datatype = ucp_dt_make_contig(1);
+        buf = f->staging;
+        count = length;
+    }
+    void *r = ucp_am_recv_data_nbx(a->worker, data, buf, count, &prm);
+    if (r == NULL) {
+        f->done = true;
+        f->done_status = UCS_OK;
+    } else if (UCS_PTR_IS_ERR(r)) {
+        f->done = true;
+        f->done_status = UCS_PTR_STATUS(r);
+    }
+    return UCS_INPROGRESS;
+nomem:
+    if (f) {
+        free(f->iov);
+        free(f->staging);
+        free(f);
+    }
+    for (int32_t i = 0; i < h.n_pages; i++)
+        for (int32_t l = h.first_layer; l < h.first_layer + h.num_layers; l++)
+            x->claimed[(size_t)idx[i] * (size_t)L + (size_t)l] = 0;
+    x->claimed_count -= (int64_t)h.n_pages * h.num_layers;
+    send_ack(a, p, h.xfer_id, h.frame, KVHAL_OUT_OF_MEMORY, 0, "receiver out of host memory");
+    return UCS_ERR_NO_MEMORY;
+}
+
+/* A finished receive frame (from pump): copy staged data to the device, account, acknowledge. */
+static void recv_frame_done(kvhal_xfer_agent *a, recv_frame *f)
+{
+    kvhal_xfer *x = f->x;
+    kvhal_status st = KVHAL_OK;
+    char reason[XW_REASON_LEN] = "";
+    if (f->done_status != UCS_OK) {
+        st = KVHAL_PEER_FAILED;
+        snprintf(reason, sizeof reason, "receiving the frame failed: %s", ucs_status_string(f->done_status));
+    } else if (!a->host && !x->failing) {
+        const int32_t *keep = (const int32_t *)(f->iov + 1);
+        st = stage(a, false, f->staging, keep + 2, (int32_t)f->iov_count, keep[0], keep[1]);
+        if (st != KVHAL_OK) snprintf(reason, sizeof reason, "copy to the device failed: %s", kvhal_last_error());
+    }
+    x->inflight--;
+    if (x->peer && x->peer->state == P_CONNECTED) send_ack(a, x->peer, f->xfer_id, f->frame, st, f->bytes, reason);
+    free(f->iov);
+    free(f->staging);
+    if (st == KVHAL_OK) {
+        x->bytes_done += f->bytes;
+        free(f);
+        if (!x->failing && x->claimed_count == (int64_t)x->n * a->g.num_layers && x->inflight == 0) {
+            x->failing = true; /* final */
+            x->status = KVHAL_OK;
+            x->message[0] = '\0';
+        }
+        xfer_settle(x); /* may free x */
+    } else {
+        free(f);
+        if (!x->failing) xfer_finish(x, st, "%s", reason); /* settles: may free x */
+        else xfer_settle(x);                                 /* already failing: this may have been the last frame */
+    }
+}
+
+static void on_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length)
+{
+    xw_ack k;
+    if (header_length != sizeof k) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "malformed ACK frame (%zu bytes)", header_length);
+        return;
+    }
+    memcpy(&k, header, sizeof k);
+    k.reason[sizeof k.reason - 1] = '\0';
+    kvhal_xfer *x = find_xfer_id(a, k.xfer_id);
+    if (!x || x->is_recv || x->peer != p || k.frame >= (uint32_t)x->num_frames || x->finished) return; /* stale */
+    send_frame *f = &x->frames[k.frame];
+    if (k.status != KVHAL_OK) {
+        kvhal_status st = (k.status > 0 && k.status < KVHAL_STATUS_COUNT) ? (kvhal_status)k.status : KVHAL_PEER_FAILED;
+        xfer_finish(x, st, "peer %s refused frame %u: %s", p->name, (unsigned)k.frame, k.reason);
+        return;
+    }
+    if (k.bytes != f->bytes) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "ACK of frame %u says %llu bytes, %llu were sent", (unsigned)k.frame,
+                  (unsigned long long)k.bytes, (unsigned long long)f->bytes);
+        return;
+    }
+    x->frames_acked++;
+    x->bytes_done += f->bytes;
+    x->deadline_ns = deadline_from_now(a);
+    if (x->frames_acked == x->num_frames && !x->failing) {
+        x->failing = true;
+        x->status = KVHAL_OK;
+        xfer_settle(x);
+    }
+}
+
+static void on_grant(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length,
+                     const void *data, size_t length, bool rndv)
+{
+    xw_grant g;
+    if (header_length != sizeof g || rndv) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "malformed GRANT frame (%zu header bytes)", header_length);
+        return;
+    }
+    memcpy(&g, header, sizeof g);
+    if (g.n_pages < 1 || g.n_pages > XW_MAX_GRANT || length != (size_t)g.n_pages * sizeof(int32_t)) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "malformed GRANT frame: %d pages in %zu bytes", (int)g.n_pages, length);
+        return;
+    }
+    int32_t *pages = malloc(length);
+    if (!pages) {
+        a->events_dropped++;
+        return;
+    }
+    memcpy(pages, data, length);
+    for (int32_t i = 0; i < g.n_pages; i++)
+        if (pages[i] < 0 || pages[i] >= p->g.num_blocks) {
+            peer_fail(p, KVHAL_PEER_FAILED, true, "GRANT for request %llu names page %d, outside the peer's [0, %lld)",
+                      (unsigned long long)g.request_id, (int)pages[i], (long long)p->g.num_blocks);
+            free(pages);
+            return;
+        }
+    push_event(a, KVHAL_XFER_EVENT_GRANT, p, NULL, g.request_id, KVHAL_OK, pages, g.n_pages,
+               "peer %s granted %d pages for request %llu", p->name, (int)g.n_pages, (unsigned long long)g.request_id);
+}
+
+static void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length, uint64_t dest)
+{
+    xw_hello_ack k;
+    kvhal_xfer_peer *p = NULL;
+    for (kvhal_xfer_peer *q = a->peers; q; q = q->next)
+        if (q->my_session == dest && q->state == P_CONNECTING) p = q;
+    if (!p) return; /* not for a connect in progress: ignore */
+    if (header_length != sizeof k) {
+        peer_fail(p, KVHAL_PEER_FAILED, false, "malformed HELLO_ACK (%zu bytes)", header_length);
+        return;
+    }
+    memcpy(&k, header, sizeof k);
+    k.reason[sizeof k.reason - 1] = '\0';
+    k.name[sizeof k.name - 1] = '\0';
+    copy_name(p->name, sizeof p->name, k.name);
+    if (k.status != 0) {
+        peer_fail(p, KVHAL_PEER_FAILED, false, "refused the connection: %s", k.reason);
+        return;
+    }
+    if (k.src_session == 0 || k.g.num_blocks < 1) {
+        peer_fail(p, KVHAL_PEER_FAILED, false, "malformed HELLO_ACK (session 0 or no pages)");
+        return;
+    }
+    p->their_session = k.src_session;
+    p->g = k.g;
+    p->state = P_CONNECTED;
+}
+
+static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
+
+/* An endpoint that reports peer failure where the transports can (tcp); shared-memory transports of UCX 1.13 have
+ * no peer-failure handling, so there the endpoint goes without it and the agent's timeouts alone detect a dead or
+ * stalled peer. */
+static ucs_status_t ep_create(kvhal_xfer_agent *a, ucp_ep_params_t *prm, ucp_ep_h *ep)
+{
+    ucs_status_t us = UCS_ERR_UNREACHABLE;
+    if (!a->no_peer_errors) us = ucp_ep_create(a->worker, prm, ep);
+    if (us == UCS_ERR_UNREACHABLE && (prm->field_mask & UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE)) {
+        ucp_ep_params_t q = *prm;
+        q.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        us = ucp_ep_create(a->worker, &q, ep);
+        if (us == UCS_OK) a->no_peer_errors = true; /* the transports cannot: do not ask (and log) again */
+    }
+    return us;
+}
+
+static bool same_geometry(const xw_geometry *x, const xw_geometry *y)
+{
+    return x->num_layers == y->num_layers && x->num_heads == y->num_heads && x->head_dim == y->head_dim &&
+           x->block_size == y->block_size && x->dtype == y->dtype && x->layout == y->layout &&
+           x->chunk_bytes == y->chunk_bytes;
+}
+
+/* A HELLO (from pump): token, bounds, geometry; then an endpoint back to the connector and the answer. */
+static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
+{
+    xw_hello *h = &ph->h;
+    h->name[sizeof h->name - 1] = '\0';
+    char name[XW_NAME_LEN];
+    copy_name(name, sizeof name, h->name);
+    char reason[XW_REASON_LEN] = "";
+    /* constant-time token comparison over the whole field */
+    unsigned diff = 0;
+    h->token[sizeof h->token - 1] = '\0';
+    for (size_t i = 0; i < XW_TOKEN_LEN; i++) diff |= (unsigned)(uint8_t)(h->token[i] ^ a->token[i]);
+    if (diff) snprintf(reason, sizeof reason, "wrong token");
+    else if (!a->cache) snprintf(reason, sizeof reason, "no paged cache registered");
+    else if (!same_geometry(&h->g, &a->g))
+        snprintf(reason, sizeof reason, "cache geometry differs (layers %d/%d heads %d/%d dim %d/%d block %d/%d "
+                 "dtype %d/%d layout %d/%d)", (int)h->g.num_layers, (int)a->g.num_layers, (int)h->g.num_heads,
+                 (int)a->g.num_heads, (int)h->g.head_dim, (int)a->g.head_dim, (int)h->g.block_size,
+                 (int)a->g.block_size, (int)h->g.dtype, (int)a->g.dtype, (int)h->g.layout, (int)a->g.layout);
+    else if (h->g.num_blocks < 1) snprintf(reason, sizeof reason, "the connector's cache has no pages");
+    else if (a->live_peers >= a->max_peers) snprintf(reason, sizeof reason, "too many peers (%d)", (int)a->max_peers);
+    else if (h->src_session == 0) snprintf(reason, sizeof reason, "session 0");
+
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
+                                 .address = (const ucp_address_t *)ph->addr};
+    kvhal_xfer_peer *p = NULL;
+    if (!reason[0]) {
+        p = calloc(1, sizeof *p);
+        if (!p) snprintf(reason, sizeof reason, "out of memory");
+    }
+    /* the same error handling as every other endpoint (UCX refuses asymmetric ones), also for a refusal's */
+    ep_params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep_params.err_handler.cb = ep_error_cb;
+    ep_params.err_handler.arg = p; /* NULL for a refusal: nothing to report */
+    ucp_ep_h ep = NULL;
+    ucs_status_t us = ep_create(a, &ep_params, &ep);
+    if (us != UCS_OK) {
+        free(p);
+        push_event(a, KVHAL_XFER_EVENT_PEER_REJECTED, NULL, NULL, 0, KVHAL_PEER_FAILED, NULL, 0,
+                   "connection from %s: cannot reach it back: %s", name, ucs_status_string(us));
+        return;
+    }
+    xw_hello_ack k;
+    memset(&k, 0, sizeof k);
+    k.c = (xw_common){XW_MAGIC, XW_VERSION, XW_HELLO_ACK, h->src_session};
+    copy_name(k.name, sizeof k.name, a->name);
+    k.g = a->g;
+    if (reason[0]) {
+        k.status = KVHAL_PEER_FAILED;
+        copy_name(k.reason, sizeof k.reason, reason);
+        queue_msg(a, NULL, ep, &k, sizeof k, NULL, 0, true);
+        push_event(a, KVHAL_XFER_EVENT_PEER_REJECTED, NULL, NULL, 0, KVHAL_PEER_FAILED, NULL, 0,
+                   "connection from %s refused: %s", name, reason);
+        return;
+    }
+    p->magic = PEER_MAGIC;
+    p->agent = a;
+    p->ep = ep;
+    p->state = P_CONNECTED;
+    p->accepted_side = true;
+    p->my_session = random_session();
+    p->their_session = h->src_session;
+    p->g = h->g;
+    memcpy(p->name, name, sizeof name);
+    p->next = a->peers;
+    a->peers = p;
+    a->live_peers++;
+    k.src_session = p->my_session;
+    queue_msg(a, p, NULL, &k, sizeof k, NULL, 0, false);
+    push_event(a, KVHAL_XFER_EVENT_PEER_CONNECTED, p, NULL, 0, KVHAL_OK, NULL, 0, "peer %s connected", name);
+}
+
+static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    kvhal_xfer_peer *p = arg;
+    if (!p) return;
+    p->ep_error = true; /* handled in pump */
+    p->ep_status = status;
+}
+
+static ucs_status_t am_handler(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                               const ucp_am_recv_param_t *param)
+{
+    kvhal_xfer_agent *a = arg;
+    const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+    xw_common c;
+    if (header_length < sizeof c) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK; /* nobody to blame: dropped */
+    memcpy(&c, header, sizeof c);
+    if (c.magic != XW_MAGIC || c.version != XW_VERSION) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    if (c.type == XW_HELLO) {
+        xw_hello h;
+        if (header_length != sizeof h || rndv) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+        memcpy(&h, header, sizeof h);
+        if (h.addr_len == 0 || h.addr_len > XW_MAX_ADDR || h.addr_len != length) {
+            push_event(a, KVHAL_XFER_EVENT_PEER_REJECTED, NULL, NULL, 0, KVHAL_PEER_FAILED, NULL, 0,
+                       "malformed HELLO: address of %u bytes with %zu data bytes", (unsigned)h.addr_len, length);
+            return UCS_OK;
+        }
+        pending_hello *ph = calloc(1, sizeof *ph);
+        void *addr = malloc(length);
+        if (!ph || !addr) {
+            free(ph);
+            free(addr);
+            return UCS_OK;
+        }
+        memcpy(addr, data, length);
+        ph->h = h;
+        ph->addr = addr;
+        ph->next = a->hellos;
+        a->hellos = ph;
+        return UCS_OK;
+    }
+    if (c.type == XW_HELLO_ACK) {
+        if (!rndv) on_hello_ack(a, header, header_length, c.dest_session);
+        return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    }
+    kvhal_xfer_peer *p = find_session(a, c.dest_session);
+    if (!p || p->state != P_CONNECTED) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK; /* unknown session: dropped */
+    switch (c.type) {
+    case XW_DATA: { /* an eager frame's handler must return OK: UCX takes an error only for rendezvous */
+        ucs_status_t r = on_data(a, p, header, header_length, data, length, param);
+        return rndv ? r : UCS_OK;
+    }
+    case XW_GRANT: on_grant(a, p, header, header_length, data, length, rndv); break;
+    case XW_ACK:
+        if (rndv) peer_fail(p, KVHAL_PEER_FAILED, true, "ACK frame with rendezvous data");
+        else on_ack(a, p, header, header_length);
+        break;
+    case XW_BYE: peer_fail(p, KVHAL_PEER_FAILED, false, "closed the connection"); break;
+    default: peer_fail(p, KVHAL_PEER_FAILED, true, "unknown frame type %u", (unsigned)c.type); break;
+    }
+    return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* progress                                                                                                    */
+/* ---------------------------------------------------------------------------------------------------------- */
+static void pump(kvhal_xfer_agent *a)
+{
+    for (int i = 0; i < 64 && ucp_worker_progress(a->worker); i++) {
+    }
+    while (a->hellos) {
+        pending_hello *ph = a->hellos;
+        a->hellos = ph->next;
+        accept_hello(a, ph);
+        free(ph->addr);
+        free(ph);
+    }
+    for (recv_frame **pp = &a->rframes; *pp;) {
+        recv_frame *f = *pp;
+        if (f->done) {
+            *pp = f->next;
+            recv_frame_done(a, f);
+        } else {
+            pp = &f->next;
+        }
+    }
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->ep_error && p->state != P_FAILED) {
+            peer_fail(p, KVHAL_PEER_FAILED, false, "unreachable: %s", ucs_status_string(p->ep_status));
+        }
+    flush_msgs(a);
+    const uint64_t now = now_ns();
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->state == P_CONNECTING && now > p->deadline_ns)
+            peer_fail(p, KVHAL_TIMEOUT, false, "no answer to the connection within %u ms", (unsigned)a->timeout_ms);
+again: /* failing one transfer may free others (released ones of the same peer): start over after each */
+    for (kvhal_xfer *x = a->xfers; x; x = x->next) {
+        if (x->failing || x->finished || now <= x->deadline_ns) continue;
+        if (x->is_recv && x->inflight == 0) {
+            xfer_finish(x, KVHAL_TIMEOUT, "request %llu: no data from peer %s within %u ms",
+                        (unsigned long long)x->request_id, x->peer ? x->peer->name : "?", (unsigned)a->timeout_ms);
+            goto again;
+        }
+        if (x->peer) { /* a stalled peer holds our buffers: drop it, which releases them */
+            peer_fail(x->peer, KVHAL_TIMEOUT, false, "stalled: request %llu made no progress within %u ms",
+                      (unsigned long long)x->request_id, (unsigned)a->timeout_ms);
+            goto again;
+        }
+        x->deadline_ns = UINT64_MAX; /* no peer left to blame: it settles when UCX lets go */
+    }
+    for (closing_ep **pp = &a->closing; *pp;) {
+        closing_ep *c = *pp;
+        if (ucp_request_check_status(c->req) != UCS_INPROGRESS) {
+            ucp_request_free(c->req);
+            *pp = c->next;
+            free(c);
+        } else {
+            pp = &c->next;
+        }
+    }
+}
+
+static void idle_wait(unsigned *spins)
+{
+    if (++*spins < 2000) return;
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* API                                                                                                         */
+/* ---------------------------------------------------------------------------------------------------------- */
+static kvhal_status check_agent(const kvhal_xfer_agent *a)
+{
+    CHECK_ARG(a, "agent: NULL");
+    if (a->magic != AGENT_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "agent: %p is not a live transfer agent", (void *)a);
+    return KVHAL_OK;
+}
+
+static kvhal_status check_peer(const kvhal_xfer_peer *p)
+{
+    CHECK_ARG(p, "peer: NULL");
+    if (p->magic != PEER_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
+    if (p->state == P_FAILED) return ERR(p->fail_status, "peer %s: %s", p->name, p->fail_msg);
+    return KVHAL_OK;
+}
+
+static kvhal_status check_xfer(const kvhal_xfer *x)
+{
+    CHECK_ARG(x, "xfer: NULL");
+    if (x->magic != XFER_MAGIC || x->released)
+        return ERR(KVHAL_INVALID_HANDLE, "xfer: %p is not a live transfer", (const void *)x);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
+{
+    CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    CHECK_ARG(cfg, "cfg: NULL");
+    CHECK_ARG(cfg->token && cfg->token[0], "cfg.token: NULL or empty (a peer must present a token)");
+    CHECK_ARG(strlen(cfg->token) <= KVHAL_XFER_TOKEN_MAX, "cfg.token: %zu characters, at most %d",
+              strlen(cfg->token), KVHAL_XFER_TOKEN_MAX);
+    CHECK_ARG(!cfg->name || strlen(cfg->name) <= KVHAL_XFER_NAME_MAX, "cfg.name: longer than %d characters",
+              KVHAL_XFER_NAME_MAX);
+    CHECK_ARG(cfg->max_peers >= 0 && cfg->max_peers <= 65536, "cfg.max_peers: %d is outside [0, 65536]",
+              (int)cfg->max_peers);
+    kvhal_xfer_agent *a = calloc(1, sizeof *a);
+    if (!a) return ERR(KVHAL_OUT_OF_MEMORY, "transfer agent: cannot allocate it");
+    copy_name(a->name, sizeof a->name, cfg->name ? cfg->name : "kvhal");
+    memcpy(a->token, cfg->token, strlen(cfg->token));
+    a->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 10000;
+    a->max_peers = cfg->max_peers ? cfg->max_peers : 64;
+    a->next_xfer_id = random_session() & 0xffffffffull;
+    /* shared memory alone (shm, sm, posix, sysv, cma, self): no peer-failure handling in UCX 1.13 (see ep_create) */
+    if (cfg->transports && !strstr(cfg->transports, "tcp") && !strstr(cfg->transports, "all") &&
+        !strstr(cfg->transports, "ib") && !strstr(cfg->transports, "rc") && !strstr(cfg->transports, "ud") &&
+        !strstr(cfg->transports, "dc") && !strstr(cfg->transports, "cuda") && !strstr(cfg->transports, "rocm"))
+        a->no_peer_errors = true;
+
+    ucp_config_t *uc = NULL;
+    ucs_status_t us = ucp_config_read(NULL, NULL, &uc);
+    if (us == UCS_OK && cfg->transports) us = ucp_config_modify(uc, "TLS", cfg->transports);
+    if (us != UCS_OK) {
+        if (uc) ucp_config_release(uc);
+        free(a);
+        return ERR(KVHAL_BACKEND_ERROR, "cfg.transports: UCX refused \"%s\": %s",
+                   cfg->transports ? cfg->transports : "(default)", ucs_status_string(us));
+    }
+    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
+                       .features = UCP_FEATURE_AM, .name = "kvhal-xfer"};
+    us = ucp_init(&pp, uc, &a->ctx);
+    ucp_config_release(uc);
+    if (us != UCS_OK) {
+        free(a);
+        return ERR(KVHAL_BACKEND_ERROR, "transfer agent: UCX could not start (transports %s): %s",
+                   cfg->transports ? cfg->transports : "default", ucs_status_string(us));
+    }
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
+    us = ucp_worker_create(a->ctx, &wp, &a->worker);
+    if (us == UCS_OK) us = ucp_worker_get_address(a->worker, &a->addr, &a->addr_len);
+    ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
+    if (us == UCS_OK) us = ucp_worker_query(a->worker, &wa);
+    if (us == UCS_OK) {
+        a->max_am_header = wa.max_am_header;
+        ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                                   UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                     .id = XW_AM_ID, .cb = am_handler, .arg = a};
+        us = ucp_worker_set_am_recv_handler(a->worker, &hp);
+    }
+    if (us != UCS_OK) {
+        if (a->addr) ucp_worker_release_address(a->worker, a->addr);
+        if (a->worker) ucp_worker_destroy(a->worker);
+        ucp_cleanup(a->ctx);
+        free(a);
+        return ERR(KVHAL_BACKEND_ERROR, "transfer agent: UCX worker: %s", ucs_status_string(us));
+    }
+    if (a->addr_len > XW_MAX_ADDR) {
+        const size_t alen = a->addr_len;
+        ucp_worker_release_address(a->worker, a->addr);
+        ucp_worker_destroy(a->worker);
+        ucp_cleanup(a->ctx);
+        free(a);
+        return ERR(KVHAL_BACKEND_ERROR, "transfer agent: UCX worker address of %zu bytes is too large", alen);
+    }
+    a->magic = AGENT_MAGIC;
+    *out = a;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
+{
+    if (!a) return KVHAL_OK;
+    kvhal_status st = check_agent(a);
+    if (st != KVHAL_OK) return st;
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "the agent was destroyed");
+    /* let UCX finish or cancel what it holds (bounded: force-closed endpoints complete their requests) */
+    const uint64_t until = now_ns() + 2000000000ull;
+    pump(a); /* the BYEs */
+    while ((a->rframes || a->closing || a->msgs) && now_ns() < until) pump(a);
+    for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) { /* whatever is left: UCX is going away, give pages back */
+        nx = x->next;
+        if (!x->finished) {
+            x->inflight = 0;
+            x->sends_inflight = 0;
+            if (!x->failing) xfer_finish(x, KVHAL_CANCELED, "the agent was destroyed");
+            else xfer_settle(x);
+        }
+    }
+    while (a->xfers) xfer_free(a->xfers);
+    while (a->rframes) {
+        recv_frame *f = a->rframes;
+        a->rframes = f->next;
+        free(f->iov);
+        free(f->staging);
+        free(f);
+    }
+    while (a->hellos) {
+        pending_hello *ph = a->hellos;
+        a->hellos = ph->next;
+        free(ph->addr);
+        free(ph);
+    }
+    while (a->msgs) {
+        pending_msg *m = a->msgs;
+        a->msgs = m->next;
+        free(m->buf);
+        free(m->data_owned);
+        free(m);
+    }
+    while (a->closing) {
+        closing_ep *c = a->closing;
+        a->closing = c->next;
+        ucp_request_cancel(a->worker, c->req);
+        ucp_request_free(c->req);
+        free(c);
+    }
+    while (a->peers) {
+        kvhal_xfer_peer *p = a->peers;
+        a->peers = p->next;
+        p->magic = DEAD_MAGIC;
+        free(p);
+    }
+    for (size_t i = 0; i < a->ev_count; i++) free(a->events[(a->ev_head + i) % a->ev_cap].pages_owned);
+    free(a->events);
+    free(a->last_pages);
+    if (a->memh) ucp_mem_unmap(a->ctx, a->memh);
+    free(a->k_off);
+    free(a->v_off);
+    ucp_worker_release_address(a->worker, a->addr);
+    ucp_worker_destroy(a->worker);
+    ucp_cleanup(a->ctx);
+    a->magic = DEAD_MAGIC;
+    free(a);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_register_paged_cache(kvhal_xfer_agent *a, kvhal_paged_cache *cache)
+{
+    kvhal_status st = check_agent(a);
+    if (st != KVHAL_OK) return st;
+    CHECK_ARG(cache, "cache: NULL");
+    CHECK_ARG(!a->cache, "cache: agent %s already has a paged cache registered (one per agent)", a->name);
+    kvhal_tensor k0, v0;
+    st = kvhal_paged_cache_layer(cache, 0, &k0, &v0);
+    if (st != KVHAL_OK) return st;
+    xw_geometry g = {0};
+    g.num_blocks = k0.shape[0];
+    g.block_size = (int32_t)k0.shape[1];
+    g.num_heads = (int32_t)k0.shape[2];
+    g.head_dim = (int32_t)k0.shape[3];
+    g.dtype = (int32_t)k0.dtype;
+    g.layout = k0.strides[1] == k0.shape[2] * k0.shape[3] ? KVHAL_LAYOUT_NHD : KVHAL_LAYOUT_HND;
+    const size_t es = kvhal_dtype_size(k0.dtype);
+    g.chunk_bytes = (uint64_t)k0.shape[1] * (uint64_t)k0.shape[2] * (uint64_t)k0.shape[3] * es;
+    int32_t L = 0;
+    kvhal_tensor kt, vt;
+    while (kvhal_paged_cache_layer(cache, L, &kt, &vt) == KVHAL_OK) L++;
+    kvhal_clear_error();
+    g.num_layers = L;
+    size_t *ko = malloc((size_t)L * sizeof *ko), *vo = malloc((size_t)L * sizeof *vo);
+    if (!ko || !vo) {
+        free(ko);
+        free(vo);
+        return ERR(KVHAL_OUT_OF_MEMORY, "cache: cannot allocate %d layer offsets", (int)L);
+    }
+    for (int32_t l = 0; l < L; l++) {
+        kvhal_paged_cache_layer(cache, l, &kt, &vt);
+        ko[l] = kt.offset;
+        vo[l] = vt.offset;
+    }
+    kvhal_buffer *buf = k0.buffer;
+    const kvhal_device dev = kvhal_buffer_device(buf);
+    const bool host = dev.type == KVHAL_DEVICE_CPU;
+    if (host) {
+        ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                                   .address = kvhal_buffer_native(buf), .length = kvhal_buffer_size(buf)};
+        ucs_status_t us = ucp_mem_map(a->ctx, &mp, &a->memh);
+        if (us != UCS_OK) {
+            free(ko);
+            free(vo);
+            a->memh = NULL;
+            return ERR(KVHAL_BACKEND_ERROR, "cache: UCX could not register its %zu bytes: %s",
+                       kvhal_buffer_size(buf), ucs_status_string(us));
+        }
+        a->host_base = kvhal_buffer_native(buf);
+    }
+    a->cache = cache;
+    a->cache_buf = buf;
+    a->host = host;
+    a->g = g;
+    a->k_off = ko;
+    a->v_off = vo;
+    a->block_stride = (size_t)k0.strides[0] * es;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_local_address(kvhal_xfer_agent *a, void *blob, size_t cap, size_t *len)
+{
+    kvhal_status st = check_agent(a);
+    if (st != KVHAL_OK) return st;
+    CHECK_ARG(len, "len: NULL");
+    *len = sizeof(xw_blob) + a->addr_len;
+    if (cap < *len)
+        return ERR(KVHAL_OUT_OF_RANGE, "cap: %zu bytes, the address blob needs %zu", cap, *len);
+    CHECK_ARG(blob, "blob: NULL");
+    xw_blob b;
+    memset(&b, 0, sizeof b);
+    b.magic = XW_BLOB_MAGIC;
+    b.version = XW_VERSION;
+    b.addr_len = (uint32_t)a->addr_len;
+    copy_name(b.name, sizeof b.name, a->name);
+    memcpy(blob, &b, sizeof b);
+    memcpy((uint8_t *)blob + sizeof b, a->addr, a->addr_len);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t len, const char *token,
+                                kvhal_xfer_peer **out)
+{
+    kvhal_status st = check_agent(a);
+    if (st != KVHAL_OK) return st;
+    CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    CHECK_ARG(blob, "blob: NULL");
+    CHECK_ARG(token, "token: NULL");
+    CHECK_ARG(strlen(token) <= KVHAL_XFER_TOKEN_MAX, "token: longer than %d characters", KVHAL_XFER_TOKEN_MAX);
+    CHECK_ARG(a->cache, "agent: register a paged cache before connecting");
+    xw_blob b;
+    CHECK_ARG(len > sizeof b, "len: %zu bytes is too short for an address blob", len);
+    memcpy(&b, blob, sizeof b);
+    CHECK_ARG(b.magic == XW_BLOB_MAGIC && b.version == XW_VERSION, "blob: not a kvhal transfer address (version %u)",
+              (unsigned)b.version);
+    CHECK_ARG(b.addr_len > 0 && b.addr_len <= XW_MAX_ADDR && len == sizeof b + b.addr_len,
+              "len: %zu bytes, the blob says %zu", len, sizeof b + (size_t)b.addr_len);
+    CHECK_ARG(a->live_peers < a->max_peers, "agent: already %d peers (cfg.max_peers)", (int)a->max_peers);
+    kvhal_xfer_peer *p = calloc(1, sizeof *p);
+    void *addr = malloc(b.addr_len);
+    if (!p || !addr) {
+        free(p);
+        free(addr);
+        return ERR(KVHAL_OUT_OF_MEMORY, "connect: cannot allocate the peer");
+    }
+    memcpy(addr, (const uint8_t *)blob + sizeof b, b.addr_len);
+    b.name[sizeof b.name - 1] = '\0';
+    copy_name(p->name, sizeof p->name, b.name);
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                               UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                                 .address = addr, .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                                 .err_handler = {ep_error_cb, p}};
+    ucs_status_t us = ep_create(a, &ep_params, &p->ep);
+    free(addr);
+    if (us != UCS_OK) {
+        free(p);
+        return ERR(KVHAL_PEER_FAILED, "blob: cannot reach %s: %s", b.name, ucs_status_string(us));
+    }
+    p->magic = PEER_MAGIC;
+    p->agent = a;
+    p->state = P_CONNECTING;
+    p->my_session = random_session();
+    p->deadline_ns = deadline_from_now(a);
+    p->next = a->peers;
+    a->peers = p;
+    a->live_peers++;
+    xw_hello h;
+    memset(&h, 0, sizeof h);
+    h.c = (xw_common){XW_MAGIC, XW_VERSION, XW_HELLO, 0};
+    h.src_session = p->my_session;
+    copy_name(h.name, sizeof h.name, a->name);
+    memcpy(h.token, token, strlen(token));
+    h.g = a->g;
+    h.addr_len = (uint32_t)a->addr_len;
+    queue_msg(a, p, p->ep, &h, sizeof h, a->addr, a->addr_len, false);
+    unsigned spins = 0;
+    while (p->state == P_CONNECTING) {
+        pump(a);
+        idle_wait(&spins);
+    }
+    if (p->state == P_FAILED) {
+        st = ERR(p->fail_status, "connect to %s: %s", p->name, p->fail_msg);
+        kvhal_xfer_disconnect(p);
+        return st;
+    }
+    *out = p;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
+{
+    if (!p) return KVHAL_OK;
+    if (p->magic != PEER_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
+    kvhal_xfer_agent *a = p->agent;
+    if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "disconnected by %s", a->name);
+    flush_msgs(a); /* the BYE, and the endpoint's close */
+    for (kvhal_xfer *x = a->xfers; x; x = x->next)
+        if (x->peer == p) x->peer = NULL;
+    scrub_events(a, p, NULL);
+    for (kvhal_xfer_peer **pp = &a->peers; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    for (pending_msg *m = a->msgs; m; m = m->next)
+        if (m->peer == p) m->peer = NULL;
+    p->magic = DEAD_MAGIC;
+    free(p);
+    return KVHAL_OK;
+}
+
+const char *kvhal_xfer_peer_name(const kvhal_xfer_peer *p) { return p && p->magic == PEER_MAGIC ? p->name : ""; }
+
+static kvhal_xfer *xfer_new(kvhal_xfer_agent *a, kvhal_xfer_peer *p, bool is_recv, uint64_t request_id)
+{
+    kvhal_xfer *x = calloc(1, sizeof *x);
+    if (!x) return NULL;
+    x->magic = XFER_MAGIC;
+    x->agent = a;
+    x->peer = p;
+    x->is_recv = is_recv;
+    x->status = KVHAL_BUSY;
+    x->request_id = request_id;
+    x->xfer_id = ++a->next_xfer_id;
+    x->deadline_ns = deadline_from_now(a);
+    return x;
+}
+
+static kvhal_status check_pages(const char *arg, const int32_t *pages, int32_t n, int64_t limit)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (pages[i] < 0 || pages[i] >= limit)
+            return ERR(KVHAL_OUT_OF_RANGE, "%s[%d]: page %d is out of range [0, %lld)", arg, (int)i, (int)pages[i],
+                       (long long)limit);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *p, uint64_t request_id, const int32_t *pages, int32_t n,
+                                     kvhal_cache_manager *cm, kvhal_xfer **out)
+{
+    CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    kvhal_status st = check_peer(p);
+    if (st != KVHAL_OK) return st;
+    kvhal_xfer_agent *a = p->agent;
+    CHECK_ARG(pages, "pages: NULL");
+    CHECK_ARG(n >= 1 && n <= XW_MAX_GRANT, "n: %d is outside [1, %d]", (int)n, XW_MAX_GRANT);
+    if ((st = check_pages("pages", pages, n, a->g.num_blocks)) != KVHAL_OK) return st;
+    CHECK_ARG(!find_grant(a, p, request_id), "request_id: %llu already has a pending receive from peer %s",
+              (unsigned long long)request_id, p->name);
+    kvhal_xfer *x = xfer_new(a, p, true, request_id);
+    if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "post_receive: cannot allocate the transfer");
+    x->n = n;
+    x->cm = cm;
+    x->pages = malloc((size_t)n * sizeof(int32_t));
+    x->sorted = malloc((size_t)n * 2 * sizeof(int32_t));
+    x->claimed = calloc((size_t)n, (size_t)a->g.num_layers);
+    if (!x->pages || !x->sorted || !x->claimed) {
+        free(x->pages);
+        free(x->sorted);
+        free(x->claimed);
+        free(x);
+        return ERR(KVHAL_OUT_OF_MEMORY, "post_receive: cannot allocate the grant of %d pages", (int)n);
+    }
+    memcpy(x->pages, pages, (size_t)n * sizeof(int32_t));
+    for (int32_t i = 0; i < n; i++) {
+        x->sorted[2 * i] = pages[i];
+        x->sorted[2 * i + 1] = i;
+    }
+    qsort(x->sorted, (size_t)n, 2 * sizeof(int32_t), cmp_pair);
+    for (int32_t i = 1; i < n; i++)
+        if (x->sorted[2 * i] == x->sorted[2 * i - 2]) {
+            const int32_t pg = x->sorted[2 * i];
+            free(x->pages);
+            free(x->sorted);
+            free(x->claimed);
+            free(x);
+            return ERR(KVHAL_INVALID_ARGUMENT, "pages: page %d appears twice", (int)pg);
+        }
+    x->bytes_total = (uint64_t)n * (uint64_t)a->g.num_layers * 2u * a->g.chunk_bytes;
+    x->next = a->xfers;
+    a->xfers = x;
+    xw_grant g;
+    memset(&g, 0, sizeof g);
+    g.c = (xw_common){XW_MAGIC, XW_VERSION, XW_GRANT, p->their_session};
+    g.request_id = request_id;
+    g.n_pages = n;
+    queue_msg(a, p, NULL, &g, sizeof g, pages, (size_t)n * sizeof(int32_t), false);
+    flush_msgs(a);
+    *out = x;
+    return KVHAL_OK;
+}
+
+static void send_cb(void *request, ucs_status_t status, void *user_data)
+{
+    send_frame *f = user_data;
+    kvhal_xfer *x = f->x;
+    f->in_flight = false;
+    x->sends_inflight--;
+    ucp_request_free(request);
+    if (status != UCS_OK && !x->failing) /* settles: may free x */
+        xfer_finish(x, KVHAL_PEER_FAILED, "sending frame to peer %s failed: %s", x->peer ? x->peer->name : "?",
+                    ucs_status_string(status));
+    else
+        xfer_settle(x);
+}
+
+kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, const int32_t *src_pages,
+                                   const int32_t *dst_pages, int32_t n, int32_t first_layer, int32_t num_layers,
+                                   kvhal_xfer **out)
+{
+    CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    kvhal_status st = check_peer(p);
+    if (st != KVHAL_OK) return st;
+    kvhal_xfer_agent *a = p->agent;
+    CHECK_ARG(src_pages, "src_pages: NULL");
+    CHECK_ARG(dst_pages, "dst_pages: NULL");
+    CHECK_ARG(n >= 1 && n <= XW_MAX_GRANT, "n: %d is outside [1, %d]", (int)n, XW_MAX_GRANT);
+    if (first_layer < 0 || num_layers < 1 || first_layer > a->g.num_layers - num_layers)
+        return ERR(KVHAL_OUT_OF_RANGE, "first_layer, num_layers: [%d, %d+%d) is outside the cache's [0, %d)",
+                   (int)first_layer, (int)first_layer, (int)num_layers, (int)a->g.num_layers);
+    if ((st = check_pages("src_pages", src_pages, n, a->g.num_blocks)) != KVHAL_OK) return st;
+    if ((st = check_pages("dst_pages", dst_pages, n, p->g.num_blocks)) != KVHAL_OK) return st;
+    size_t per = MAX_FRAME_PAGES;
+    if (a->max_am_header > sizeof(xw_data)) {
+        const size_t fit = (a->max_am_header - sizeof(xw_data)) / sizeof(int32_t);
+        if (fit < per) per = fit;
+    }
+    if (per < 1) return ERR(KVHAL_BACKEND_ERROR, "UCX allows active-message headers of %zu bytes only", a->max_am_header);
+    kvhal_xfer *x = xfer_new(a, p, false, request_id);
+    if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate the transfer");
+    x->n = n;
+    x->num_frames = (int32_t)(((size_t)n + per - 1) / per);
+    x->frames = calloc((size_t)x->num_frames, sizeof *x->frames);
+    const uint64_t frame_chunk = (uint64_t)num_layers * 2u * a->g.chunk_bytes;
+    x->bytes_total = (uint64_t)n * frame_chunk;
+    bool ok = x->frames != NULL;
+    for (int32_t fi = 0; ok && fi < x->num_frames; fi++) {
+        send_frame *f = &x->frames[fi];
+        const int32_t first = fi * (int32_t)per;
+        const int32_t cnt = (int32_t)((size_t)(n - first) < per ? (size_t)(n - first) : per);
+        f->x = x;
+        f->hdr_len = sizeof(xw_data) + (size_t)cnt * sizeof(int32_t);
+        f->hdr = calloc(1, f->hdr_len);
+        f->bytes = (uint64_t)cnt * frame_chunk;
+        if (!f->hdr) {
+            ok = false;
+            break;
+        }
+        *f->hdr = (xw_data){.c = {XW_MAGIC, XW_VERSION, XW_DATA, p->their_session}, .request_id = request_id,
+                            .xfer_id = x->xfer_id, .frame = (uint32_t)fi, .first_layer = first_layer,
+                            .num_layers = num_layers, .n_pages = cnt, .chunk_bytes = a->g.chunk_bytes};
+        memcpy((uint8_t *)f->hdr + sizeof(xw_data), dst_pages + first, (size_t)cnt * sizeof(int32_t));
+        if (a->host) {
+            f->iov = build_iov(a, src_pages + first, cnt, first_layer, num_layers, &f->iov_count);
+            ok = f->iov != NULL;
+        } else {
+            f->staging = malloc(f->bytes);
+            ok = f->staging != NULL;
+            if (ok && (st = stage(a, true, f->staging, src_pages + first, cnt, first_layer, num_layers)) != KVHAL_OK) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", kvhal_last_error());
+                x->next = a->xfers;
+                a->xfers = x;
+                xfer_free(x);
+                return ERR(st, "src_pages: copying them to host memory failed: %s", msg);
+            }
+        }
+    }
+    x->next = a->xfers;
+    a->xfers = x;
+    if (!ok) {
+        xfer_free(x);
+        return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate %d frames", (int)x->num_frames);
+    }
+    flush_msgs(a);
+    for (int32_t fi = 0; fi < x->num_frames; fi++) {
+        send_frame *f = &x->frames[fi];
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                                   UCP_OP_ATTR_FIELD_DATATYPE,
+                                   .cb.send = send_cb, .user_data = f};
+        const void *buf;
+        size_t count;
+        if (a->host) {
+            prm.datatype = ucp_dt_make_iov();
+            buf = f->iov;
+            count = f->iov_count;
+        } else {
+            prm.datatype = ucp_dt_make_contig(1);
+            buf = f->staging;
+            count = f->bytes;
+        }
+        void *r = ucp_am_send_nbx(p->ep, XW_AM_ID, f->hdr, f->hdr_len, buf, count, &prm);
+        if (UCS_PTR_IS_ERR(r)) {
+            xfer_finish(x, KVHAL_PEER_FAILED, "UCX refused frame %d: %s", (int)fi, ucs_status_string(UCS_PTR_STATUS(r)));
+            break;
+        }
+        if (r) {
+            f->in_flight = true;
+            x->sends_inflight++;
+        }
+    }
+    *out = x;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_progress(kvhal_xfer_agent *a, uint32_t timeout_ms, kvhal_xfer_event *ev)
+{
+    kvhal_status st = check_agent(a);
+    if (st != KVHAL_OK) return st;
+    CHECK_ARG(ev, "ev: NULL");
+    memset(ev, 0, sizeof *ev);
+    free(a->last_pages);
+    a->last_pages = NULL;
+    const uint64_t until = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    unsigned spins = 0;
+    for (;;) {
+        pump(a);
+        if (a->ev_count) {
+            event_item *it = &a->events[a->ev_head];
+            a->ev_head = (a->ev_head + 1) % a->ev_cap;
+            a->ev_count--;
+            *ev = it->ev;
+            ev->pages = it->pages_owned;
+            a->last_pages = it->pages_owned;
+            return KVHAL_OK;
+        }
+        if (now_ns() >= until) return KVHAL_OK;
+        idle_wait(&spins);
+    }
+}
+
+kvhal_status kvhal_xfer_test(kvhal_xfer *x)
+{
+    kvhal_status st = check_xfer(x);
+    if (st != KVHAL_OK) return st;
+    pump(x->agent);
+    if (!x->finished) return KVHAL_BUSY;
+    if (x->status != KVHAL_OK) return ERR(x->status, "%s", x->message);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_wait(kvhal_xfer *x, uint32_t timeout_ms)
+{
+    kvhal_status st = check_xfer(x);
+    if (st != KVHAL_OK) return st;
+    const uint64_t until = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    unsigned spins = 0;
+    for (;;) {
+        pump(x->agent);
+        if (x->finished) return x->status == KVHAL_OK ? KVHAL_OK : ERR(x->status, "%s", x->message);
+        if (now_ns() >= until)
+            return ERR(KVHAL_BUSY, "xfer: request %llu still in flight after %u ms", (unsigned long long)x->request_id,
+                       (unsigned)timeout_ms);
+        idle_wait(&spins);
+    }
+}
+
+kvhal_status kvhal_xfer_cancel(kvhal_xfer *x)
+{
+    kvhal_status st = check_xfer(x);
+    if (st != KVHAL_OK) return st;
+    xfer_finish(x, KVHAL_CANCELED, "request %llu canceled", (unsigned long long)x->request_id);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_release(kvhal_xfer *x)
+{
+    if (!x) return KVHAL_OK;
+    kvhal_status st = check_xfer(x);
+    if (st != KVHAL_OK) return st;
+    if (x->finished) {
+        xfer_free(x);
+        return KVHAL_OK;
+    }
+    xfer_finish(x, KVHAL_CANCELED, "request %llu released while in flight", (unsigned long long)x->request_id);
+    if (x->finished) {
+        xfer_free(x); /* settled at once: scrub its event */
+        return KVHAL_OK;
+    }
+    x->released = true; /* freed by xfer_settle once UCX lets go */
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_get_info(const kvhal_xfer *x, kvhal_xfer_info *out)
+{
+    kvhal_status st = check_xfer(x);
+    if (st != KVHAL_OK) return st;
+    CHECK_ARG(out, "out: NULL");
+    out->request_id = x->request_id;
+    out->bytes_total = x->bytes_total;
+    out->bytes_done = x->bytes_done;
+    out->status = x->finished ? x->status : KVHAL_BUSY;
+    out->is_receive = x->is_recv;
+    return KVHAL_OK;
+}

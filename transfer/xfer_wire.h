@@ -1,0 +1,99 @@
+/* xfer_wire.h — the frames two kvhal transfer agents exchange as UCX active messages (one AM id, the frame type in
+ * a common header). Private to transfer/ and to the transfer tests, which play a hostile peer with hand-made frames.
+ * Every frame comes from an untrusted peer: the receiver copies the header out (it may be unaligned), checks its
+ * exact length, magic, version, the session it names and every field before acting on it. */
+#ifndef KVHAL_XFER_WIRE_H
+#define KVHAL_XFER_WIRE_H
+
+#include <stdint.h>
+
+#define XW_AM_ID 0x4b56u        /* the one active-message id */
+#define XW_MAGIC 0x4b565846u    /* KVXF */
+#define XW_BLOB_MAGIC 0x4b564142u /* KVAB: an address blob */
+#define XW_VERSION 1u
+#define XW_NAME_LEN 32
+#define XW_TOKEN_LEN 64
+#define XW_REASON_LEN 128
+#define XW_MAX_ADDR 65536u      /* largest worker address accepted in a HELLO or a blob */
+#define XW_MAX_GRANT 65536      /* pages in one grant */
+
+enum xw_type {
+    XW_HELLO = 1,     /* connector -> listener: token, name, geometry, session; data: the connector's worker address */
+    XW_HELLO_ACK = 2, /* listener -> connector: accepted (its session, geometry) or refused (reason) */
+    XW_GRANT = 3,     /* receiver -> sender: request id; data: n page ids of the receiver */
+    XW_DATA = 4,      /* sender -> receiver: one frame of pages x layers; header: dst pages; data: K/V chunks */
+    XW_ACK = 5,       /* receiver -> sender: a frame was written (status OK) or refused (status, reason) */
+    XW_BYE = 6,       /* either way: the peer closes the connection */
+};
+
+typedef struct xw_common {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t type;
+    uint64_t dest_session; /* the session the destination gave this connection (0 in a HELLO) */
+} xw_common;
+
+/* The cache geometry both sides must share; num_blocks is the sender's own (for its early checks). */
+typedef struct xw_geometry {
+    int32_t num_layers, num_heads, head_dim, block_size, dtype, layout;
+    int64_t num_blocks;
+    uint64_t chunk_bytes; /* one block of one layer's K (or V) */
+} xw_geometry;
+
+typedef struct xw_blob {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t pad;
+    uint32_t addr_len;
+    char name[XW_NAME_LEN];
+    /* then addr_len bytes of UCX worker address */
+} xw_blob;
+
+typedef struct xw_hello {
+    xw_common c;
+    uint64_t src_session; /* what the listener puts in dest_session of frames to the connector */
+    char name[XW_NAME_LEN];
+    char token[XW_TOKEN_LEN];
+    xw_geometry g;
+    uint32_t addr_len;
+    uint32_t pad;
+} xw_hello;
+
+typedef struct xw_hello_ack {
+    xw_common c;
+    uint64_t src_session;
+    int32_t status; /* kvhal_status: 0 accepted */
+    uint32_t pad;
+    char name[XW_NAME_LEN];
+    xw_geometry g;
+    char reason[XW_REASON_LEN];
+} xw_hello_ack;
+
+typedef struct xw_grant {
+    xw_common c;
+    uint64_t request_id;
+    int32_t n_pages;
+    uint32_t pad;
+} xw_grant;
+
+typedef struct xw_data {
+    xw_common c;
+    uint64_t request_id;
+    uint64_t xfer_id;  /* the sender's, echoed in the ACK */
+    uint32_t frame;    /* the frame's index within the sender's transfer */
+    int32_t first_layer, num_layers;
+    int32_t n_pages;
+    uint64_t chunk_bytes;
+    /* then n_pages int32 destination page ids; the data is, for each page, for each layer, K then V */
+} xw_data;
+
+typedef struct xw_ack {
+    xw_common c;
+    uint64_t xfer_id;
+    uint32_t frame;
+    int32_t status;
+    uint64_t bytes;
+    char reason[XW_REASON_LEN];
+} xw_ack;
+
+#endif
