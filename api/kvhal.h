@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,9 +19,16 @@ extern "C" {
 #define KVHAL_API
 #endif
 
+/** Major version of this header: a new major version may break source and binary compatibility. */
 #define KVHAL_VERSION_MAJOR 0
+/** Minor version of this header: minor releases only add (see docs/ABI.md). */
 #define KVHAL_VERSION_MINOR 1
+/** Patch version of this header: fixes only. */
 #define KVHAL_VERSION_PATCH 0
+/** The version of this header as a string, "MAJOR.MINOR.PATCH" (kvhal_version() gives the library's). */
+#define KVHAL_VERSION_STRING "0.1.0"
+/** One number for comparisons in the preprocessor: MAJOR * 10000 + MINOR * 100 + PATCH (0.1.0 is 100). */
+#define KVHAL_VERSION_NUMBER (KVHAL_VERSION_MAJOR * 10000 + KVHAL_VERSION_MINOR * 100 + KVHAL_VERSION_PATCH)
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Errors. One table generates the enum, kvhal_status_name() and kvhal_status_string().                          */
@@ -51,7 +59,6 @@ typedef enum kvhal_status {
 #define KVHAL_X_ENUM(name, code, msg) KVHAL_##name = code,
     KVHAL_STATUS_MAP(KVHAL_X_ENUM)
 #undef KVHAL_X_ENUM
-    KVHAL_STATUS_COUNT
 } kvhal_status;
 
 /* "KVHAL_INVALID_ARGUMENT" */
@@ -62,6 +69,17 @@ KVHAL_API const char *kvhal_status_string(kvhal_status s);
  * Never NULL; "" when no call failed yet. Valid until the next kvhal call on this thread. */
 KVHAL_API const char *kvhal_last_error(void);
 KVHAL_API void kvhal_clear_error(void);
+
+KVHAL_API const char *kvhal_version(void);
+
+typedef enum kvhal_log_level {
+    KVHAL_LOG_ERROR = 0,
+    KVHAL_LOG_WARN = 1,
+    KVHAL_LOG_INFO = 2,
+    KVHAL_LOG_DEBUG = 3
+} kvhal_log_level;
+typedef void (*kvhal_log_fn)(kvhal_log_level level, const char *message, void *user);
+KVHAL_API kvhal_status kvhal_log_set(kvhal_log_fn fn, void *user);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Devices                                                                                                      */
@@ -85,8 +103,7 @@ typedef enum kvhal_device_type {
     KVHAL_DEVICE_CPU = 0,
     KVHAL_DEVICE_CUDA = 1,
     KVHAL_DEVICE_HIP = 2,
-    KVHAL_DEVICE_OPENCL = 3,
-    KVHAL_DEVICE_BUILTIN_TYPE_COUNT = 4
+    KVHAL_DEVICE_OPENCL = 3
 } kvhal_device_type;
 
 /* Bounds: type ids are below KVHAL_MAX_DEVICE_TYPES (a module past it is listed as not loaded, with that reason),
@@ -201,8 +218,7 @@ typedef enum kvhal_dtype {
     KVHAL_FP8_E4M3 = 3,
     KVHAL_FP8_E5M2 = 4,
     KVHAL_I32 = 5,
-    KVHAL_I64 = 6,
-    KVHAL_DTYPE_COUNT
+    KVHAL_I64 = 6
 } kvhal_dtype;
 
 #define KVHAL_MAX_DIMS 6
@@ -321,12 +337,19 @@ KVHAL_API kvhal_status kvhal_desc_cache_clear(kvhal_device dev);
 /* ------------------------------------------------------------------------------------------------------------ */
 typedef struct kvhal_kv_cache kvhal_kv_cache;
 typedef struct kvhal_kv_cache_config {
+    size_t struct_size;
     int32_t num_layers, num_kv_heads, head_dim_k, head_dim_v;
     int64_t max_len;
     kvhal_dtype dtype;
     int32_t num_devices;
     const kvhal_device *devices; /* num_devices entries; heads are split evenly between them */
 } kvhal_kv_cache_config;
+#define KVHAL_KV_CACHE_CONFIG_INIT {.struct_size = sizeof(kvhal_kv_cache_config)}
+static inline void kvhal_kv_cache_config_init(kvhal_kv_cache_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
 KVHAL_API kvhal_status kvhal_kv_cache_create(const kvhal_kv_cache_config *cfg, kvhal_kv_cache **out);
 /* A new cache of the same shape holding the first seq_len tokens of src (seq_len <= max_len). */
 KVHAL_API kvhal_status kvhal_kv_cache_duplicate(const kvhal_kv_cache *src, int64_t seq_len, kvhal_kv_cache **out);
@@ -340,11 +363,18 @@ KVHAL_API kvhal_status kvhal_kv_cache_layer(const kvhal_kv_cache *c, int32_t dev
 /* ------------------------------------------------------------------------------------------------------------ */
 typedef struct kvhal_static_cache kvhal_static_cache;
 typedef struct kvhal_static_cache_config {
+    size_t struct_size;
     int32_t num_layers, batch, num_heads_k, num_heads_v, head_dim_k, head_dim_v;
     int64_t max_len;
     kvhal_dtype dtype;
     kvhal_device device;
 } kvhal_static_cache_config;
+#define KVHAL_STATIC_CACHE_CONFIG_INIT {.struct_size = sizeof(kvhal_static_cache_config)}
+static inline void kvhal_static_cache_config_init(kvhal_static_cache_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
 KVHAL_API kvhal_status kvhal_static_cache_create(const kvhal_static_cache_config *cfg, kvhal_static_cache **out);
 KVHAL_API kvhal_status kvhal_static_cache_destroy(kvhal_static_cache *c);
 /* k: [batch, heads_k, seq, dk], v: [batch, heads_v, seq, dv] (any strides, cache's dtype, cache's device).
@@ -366,6 +396,7 @@ typedef enum kvhal_paged_order {
 } kvhal_paged_order;
 typedef struct kvhal_paged_cache kvhal_paged_cache;
 typedef struct kvhal_paged_cache_config {
+    size_t struct_size;
     int32_t num_layers, num_heads, head_dim, block_size;
     kvhal_dtype dtype;           /* f32, f16, bf16, fp8_e4m3, fp8_e5m2 */
     kvhal_paged_layout layout;
@@ -374,6 +405,12 @@ typedef struct kvhal_paged_cache_config {
     kvhal_device device;
     float k_scale, v_scale;      /* fp8 scales (0 means 1) */
 } kvhal_paged_cache_config;
+#define KVHAL_PAGED_CACHE_CONFIG_INIT {.struct_size = sizeof(kvhal_paged_cache_config)}
+static inline void kvhal_paged_cache_config_init(kvhal_paged_cache_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
 KVHAL_API kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal_paged_cache **out);
 KVHAL_API kvhal_status kvhal_paged_cache_destroy(kvhal_paged_cache *c);
 KVHAL_API int64_t kvhal_paged_cache_num_blocks(const kvhal_paged_cache *c);

@@ -174,7 +174,7 @@ static void default_options(options *o)
     o->output_len = 256;
     o->model = "tiny";
     o->layers = o->kv_heads = o->head_dim = 0;
-    o->dtype = KVHAL_DTYPE_COUNT; /* the model's */
+    o->dtype = (kvhal_dtype)-1; /* the model's */
     o->budget = 512ull << 20;
     o->page_size = 16;
     o->kind = KVHAL_PREFIX_RADIX;
@@ -298,7 +298,7 @@ static int parse_options(int argc, char **argv, options *o)
     if (!o->layers) o->layers = m->layers;
     if (!o->kv_heads) o->kv_heads = m->kv_heads;
     if (!o->head_dim) o->head_dim = m->head_dim;
-    if (o->dtype == KVHAL_DTYPE_COUNT) o->dtype = m->dtype;
+    if ((int)o->dtype == -1) o->dtype = m->dtype;
     return soak ? 2 : 0;
 }
 
@@ -563,7 +563,7 @@ static int kv_init(kvstate *kv, const options *o, int64_t *num_pages)
         fprintf(stderr, "kvhal-replay: KVHAL_DEVICE: %s\n", status_msg(st));
         return -1;
     }
-    kvhal_paged_cache_config cfg = {0};
+    kvhal_paged_cache_config cfg = KVHAL_PAGED_CACHE_CONFIG_INIT;
     cfg.num_layers = o->layers;
     cfg.num_heads = o->kv_heads;
     cfg.head_dim = o->head_dim;
