@@ -3,7 +3,7 @@
 # run every suite (the examples included, on cuda:0 too); install the tree and check that the installed kvhal-info
 # finds the CUDA module in <libdir>/kvhal-0 beside the library; build the examples against the installed tree with
 # pkg-config and run them on cuda:0; kvhal-replay --json on cuda:0 (version, ok, per-call percentiles, null where not
-# measured); kvhal-bench on cuda:0. Run by the device tool from the repository root with .devdeps carried; logs go to
+# measured); a CUDA graph capture of paged caching (capture_probe.c); kvhal-bench on cuda:0. Run by the device tool from the repository root with .devdeps carried; logs go to
 # $OUT. Exits non-zero on any failure; a few minutes on one H100.
 set -uo pipefail
 source .devdeps/env.sh
@@ -49,6 +49,13 @@ for ex in paged_cache engine_step; do
     KVHAL_BACKEND_PATH= KVHAL_DEVICE=cuda:0 "/tmp/$ex-installed" >> "$OUT/consumer-$ex.txt" 2>&1 ||
     bad "installed consumer $ex on cuda:0"
 done
+
+# what kvhal.h says about graph capture: paged caching captured on a wrapped stream (global mode) and replayed
+cc -std=c11 -Wall -Wextra -Werror docs/measurements/scripts/capture_probe.c $(pkg-config --cflags --libs kvhal) \
+  -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lcudart -Wl,-rpath,"$libdir" -Wl,-rpath,/usr/local/cuda/lib64 \
+  -o /tmp/capture_probe > "$OUT/capture.txt" 2>&1 &&
+  KVHAL_BACKEND_PATH= /tmp/capture_probe >> "$OUT/capture.txt" 2>&1 || bad "graph capture probe (see capture.txt)"
+cat "$OUT/capture.txt"
 
 # the tools' JSON on cuda:0
 KVHAL_DEVICE=cuda:0 "$b/tools/kvhal-replay" --model=llama3-8b --kv-budget=2GiB --groups 16 --prompts 8 --json --quiet \
