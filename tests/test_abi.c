@@ -2,7 +2,9 @@
  * version; the extensible config structs (struct_size: what the initialisers set, what the library accepts and
  * what it refuses, naming the field); and the log callback (kvhal_log_set: which messages reach it, with which
  * level, and that removing it restores the default). */
+#include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -79,6 +81,45 @@ static void test_log_callback_follows_kvhal_log(void **state)
     assert_int_equal(kvhal_device_parse("no_such_type:0", &d), KVHAL_PARSE_ERROR);
     assert_int_equal(r.calls, 1);
     unsetenv("KVHAL_LOG");
+}
+
+/* Threads log (each failing call logs its message at debug level) while the main thread swaps the callback and its
+ * user pointer: every message reaches one of the two callbacks whole, with that callback's own user pointer (TSan
+ * runs this in CI's threads stage). */
+static atomic_int swaps_done;
+static atomic_long delivered[2];
+static void counter(kvhal_log_level level, const char *message, void *user)
+{
+    (void)level;
+    long *which = user;
+    if (!strstr(message, "no_such_type")) abort(); /* a torn or foreign message */
+    atomic_fetch_add(&delivered[which == (long *)&delivered[1]], 1);
+}
+static void *log_thread(void *arg)
+{
+    (void)arg;
+    kvhal_device d;
+    while (!atomic_load(&swaps_done)) (void)kvhal_device_parse("no_such_type:1", &d);
+    return NULL;
+}
+static void test_log_callback_threads(void **state)
+{
+    (void)state;
+    setenv("KVHAL_LOG", "debug", 1);
+    atomic_store(&swaps_done, 0);
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&th[i], NULL, log_thread, NULL), 0);
+    /* swap until both callbacks got messages and 2000 were delivered (bounded: the loggers always progress) */
+    for (long i = 0; i < 100000000; i++) {
+        assert_int_equal(kvhal_log_set(counter, (void *)&delivered[i & 1]), KVHAL_OK);
+        if (atomic_load(&delivered[0]) > 0 && atomic_load(&delivered[1]) > 0 &&
+            atomic_load(&delivered[0]) + atomic_load(&delivered[1]) >= 2000) break;
+    }
+    atomic_store(&swaps_done, 1);
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    assert_int_equal(kvhal_log_set(NULL, NULL), KVHAL_OK);
+    unsetenv("KVHAL_LOG");
+    assert_true(atomic_load(&delivered[0]) > 0 && atomic_load(&delivered[1]) > 0);
 }
 
 static void test_version(void **state)
@@ -177,6 +218,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_log_callback_gets_warnings), /* first: the descriptor cache reads its env once */
         cmocka_unit_test(test_log_callback_follows_kvhal_log),
+        cmocka_unit_test(test_log_callback_threads),
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_config_initialisers),
         cmocka_unit_test(test_config_sizes),
