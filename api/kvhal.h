@@ -744,7 +744,8 @@ static inline void kvhal_kv_cache_config_init(kvhal_kv_cache_config *cfg)
  *  know, naming the field); KVHAL_OUT_OF_RANGE (sizes overflow); the device lookup statuses; KVHAL_OUT_OF_MEMORY.
  *  Thread safety: any thread. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_kv_cache_create(const kvhal_kv_cache_config *cfg, kvhal_kv_cache **out);
-/** A new cache of the same shape holding the first seq_len tokens of src (device-to-device copies, synchronised).
+/** A new cache of the same shape holding the first seq_len tokens of src (device-to-device copies enqueued on each
+ *  device's default stream: synchronise the devices before reading the copy from another stream or the host).
  *  @param src the cache to copy.
  *  @param seq_len 0 .. max_len tokens.
  *  @param out receives the new cache (the caller's to destroy).
@@ -864,8 +865,8 @@ static inline void kvhal_paged_cache_config_init(kvhal_paged_cache_config *cfg)
  *  @param cfg the configuration, read during the call.
  *  @param out receives the cache; the caller destroys it with kvhal_paged_cache_destroy().
  *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, a field out of range or a struct_size this library does not
- *  know, naming the field); KVHAL_OUT_OF_RANGE (a budget below one block, or sizes that overflow); the device
- *  lookup statuses; KVHAL_OUT_OF_MEMORY. Thread safety: any thread. Graph capture: no. */
+ *  know, naming the field); KVHAL_OUT_OF_RANGE (sizes that overflow); KVHAL_OUT_OF_MEMORY (a budget below one
+ *  block, or the allocation failed); the device lookup statuses. Thread safety: any thread. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal_paged_cache **out);
 /** Destroys a paged cache (queued work using it must have finished).
  *  @param c the cache; NULL is KVHAL_OK.
