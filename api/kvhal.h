@@ -1013,14 +1013,15 @@ KVHAL_API kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t 
                                           size_t pages_cap);
 /** Protects the path from handle to the root from eviction (counted: each lock needs one unlock).
  *  @param pc the cache.
- *  @param handle a live node of pc (NULL locks nothing).
- *  @return KVHAL_OK; KVHAL_INVALID_HANDLE (a node evicted, reset or of another cache); KVHAL_OUT_OF_RANGE (the
- *  lock count is at its maximum). Thread safety: single-owner. */
+ *  @param handle a live node of pc (the root locks nothing and is KVHAL_OK).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL: match found nothing, there is nothing to lock);
+ *  KVHAL_INVALID_HANDLE (a node evicted, reset or of another cache); KVHAL_OUT_OF_RANGE (the lock count is at its
+ *  maximum). Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle);
 /** Undoes one kvhal_prefix_lock() of this handle.
  *  @param pc the cache.
- *  @param handle a node locked through this handle.
- *  @return KVHAL_OK; KVHAL_INVALID_HANDLE; KVHAL_INVALID_ARGUMENT (not locked through this handle).
+ *  @param handle a node locked through this handle (the root is KVHAL_OK).
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE; KVHAL_INVALID_ARGUMENT (NULL, or not locked through this handle).
  *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle);
 /** Inserts tokens[0..n) (n aligned down to pages) with their pages (n/page_size entries). The tree keeps its own
