@@ -1,30 +1,66 @@
-/* kvhal.h — the one public header of kvhal: devices, buffers, streams, tensors, errors, ops, KV caches,
- * block pool, prefix cache, cache manager and the descriptor cache. Users include this and nothing else
- * (backend authors also include kvhal_backend.h). */
+/**
+ * @file kvhal.h
+ * @brief The public API of kvhal: devices, buffers, streams, tensors, errors, ops, KV caches, block pool, prefix
+ * cache, cache manager and the descriptor cache.
+ *
+ * Users include `<kvhal/kvhal.h>` and nothing else (backend authors also include `<kvhal/kvhal_backend.h>`).
+ *
+ * Conventions that hold for every function below unless its own comment says otherwise:
+ * - Errors: every call that can fail returns a ::kvhal_status; on failure kvhal_last_error() names the argument and
+ *   the value at fault, and nothing was changed (no partial writes to outputs other than those documented). Bad
+ *   input is never undefined behaviour: NULL out pointers, invalid handles and out-of-range values are statuses.
+ *   The library never aborts, exits or prints on the caller's behalf (see kvhal_log_set()).
+ * - Handles (buffers, streams, caches, pools, prefix caches, cache managers) are owned by the caller from create to
+ *   destroy; `*_destroy(NULL)` returns KVHAL_OK; a destroyed or foreign handle is KVHAL_INVALID_HANDLE where the
+ *   function checks handles (buffers, streams, caches).
+ * - Threads: the error, version, log, device and registry calls may be called from any thread at once. A cache,
+ *   paged cache, static cache, block pool, prefix cache or cache manager is a single-owner object: one thread at a
+ *   time may call functions on it (different objects may be used from different threads at once). Ops and copies
+ *   on different streams may be issued from different threads.
+ * - Streams: a NULL ::kvhal_stream means the device's default stream. Ops and device-to-device copies are enqueued
+ *   on the stream and return before the device has finished (on the CPU backend they run to completion).
+ * - Graph capture (CUDA/HIP): the ops (kvhal_paged_caching(), kvhal_copy_blocks(), kvhal_tensor_copy() and the
+ *   cache functions that call them) enqueue kernels only and may be captured once their descriptor is cached (the
+ *   first call with a given shape creates it, which may allocate device memory: make it before capturing). Calls
+ *   that synchronise (kvhal_device_synchronize(), kvhal_stream_synchronize(), host<->device copies, creates and
+ *   destroys) must not be called while a stream of that device is capturing.
+ */
 #ifndef KVHAL_H
 #define KVHAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/** Marks the functions libkvhal.so exports (every other symbol of the library is hidden). */
 #if defined(__GNUC__)
 #define KVHAL_API __attribute__((visibility("default")))
 #else
 #define KVHAL_API
 #endif
 
+/** Major version of this header: a new major version may break source and binary compatibility. */
 #define KVHAL_VERSION_MAJOR 0
+/** Minor version of this header: minor releases only add (see docs/ABI.md). */
 #define KVHAL_VERSION_MINOR 1
+/** Patch version of this header: fixes only. */
 #define KVHAL_VERSION_PATCH 0
+/** The version of this header as a string, "MAJOR.MINOR.PATCH" (kvhal_version() gives the library's). */
+#define KVHAL_VERSION_STRING "0.1.0"
+/** One number for comparisons in the preprocessor: MAJOR * 10000 + MINOR * 100 + PATCH (0.1.0 is 100). */
+#define KVHAL_VERSION_NUMBER (KVHAL_VERSION_MAJOR * 10000 + KVHAL_VERSION_MINOR * 100 + KVHAL_VERSION_PATCH)
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Errors. One table generates the enum, kvhal_status_name() and kvhal_status_string().                          */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** The status table: X(name, code, message) per status; generates ::kvhal_status, kvhal_status_name() and
+ *  kvhal_status_string(). Codes never change; new statuses are appended in a minor release (callers must treat an
+ *  unknown code as a failure). */
 #define KVHAL_STATUS_MAP(X)                                                                                     \
     X(OK, 0, "success")                                                                                         \
     X(INVALID_ARGUMENT, 1, "invalid argument")                                                                  \
@@ -50,20 +86,32 @@ extern "C" {
     X(PEER_FAILED, 21, "the remote peer failed, closed or broke the protocol")                                \
     X(CANCELED, 22, "canceled")
 
+/** What every fallible call returns: KVHAL_OK (0) or the reason it failed (KVHAL_STATUS_MAP lists them all with
+ *  their meaning; kvhal_last_error() has the details). */
 typedef enum kvhal_status {
 #define KVHAL_X_ENUM(name, code, msg) KVHAL_##name = code,
     KVHAL_STATUS_MAP(KVHAL_X_ENUM)
 #undef KVHAL_X_ENUM
-    KVHAL_STATUS_COUNT
 } kvhal_status;
 
-/* "KVHAL_INVALID_ARGUMENT" */
+/** The status's enumerator name, e.g. "KVHAL_INVALID_ARGUMENT".
+ *  @param s any value (an unknown one is not an error).
+ *  @return a static string; "KVHAL_UNKNOWN_STATUS" for a value that is not a status.
+ *  Thread safety: any thread. */
 KVHAL_API const char *kvhal_status_name(kvhal_status s);
-/* "invalid argument" */
+/** A short description of the status, e.g. "invalid argument".
+ *  @param s any value.
+ *  @return a static string; "unknown status" for a value that is not a status.
+ *  Thread safety: any thread. */
 KVHAL_API const char *kvhal_status_string(kvhal_status s);
-/* Thread-local message of the last failing call on this thread, naming the argument and value at fault.
- * Never NULL; "" when no call failed yet. Valid until the next kvhal call on this thread. */
+/** The message of the last failing kvhal call on this thread, naming the argument and the value at fault
+ *  ("KVHAL_INVALID_ARGUMENT: cfg.num_heads: 0 must be >= 1").
+ *  @return never NULL; "" when no call failed yet on this thread (or since kvhal_clear_error()). Owned by kvhal,
+ *  valid until the next kvhal call on this thread. Successful calls do not clear it.
+ *  Thread safety: thread-local; any thread. */
 KVHAL_API const char *kvhal_last_error(void);
+/** Empties this thread's kvhal_last_error() message.
+ *  Thread safety: thread-local; any thread. */
 KVHAL_API void kvhal_clear_error(void);
 /**
  * Sets this thread's last-error message, as kvhal's own calls do ("KVHAL_<NAME>: " then the formatted text), for
@@ -106,6 +154,38 @@ KVHAL_API kvhal_status kvhal_error_set(kvhal_status status, const char *fmt, ...
  *   object). Every other call with a destroyed buffer, stream, cache or block pool is undefined, as with freed
  *   memory: checking each use against the set would put a lock on every op's path. */
 
+/** The version of the loaded library, "MAJOR.MINOR.PATCH" (compare with ::KVHAL_VERSION_STRING, the header's).
+ *  @return a static string, valid for the life of the process.
+ *  Thread safety: any thread. Graph capture: any time. */
+KVHAL_API const char *kvhal_version(void);
+
+/** Severity of a log message (KVHAL_LOG=error|warn|info|debug selects the most verbose one delivered). */
+typedef enum kvhal_log_level {
+    KVHAL_LOG_ERROR = 0, /**< the library could not do something it was asked to (also returned as a status) */
+    KVHAL_LOG_WARN = 1,  /**< a setting was ignored or a fallback taken (a malformed environment variable) */
+    KVHAL_LOG_INFO = 2,  /**< what was found and chosen (modules, devices) */
+    KVHAL_LOG_DEBUG = 3  /**< every error message as it is set for kvhal_last_error() */
+} kvhal_log_level;
+/** A host application's log sink (see kvhal_log_set()).
+ *  @param level the message's severity.
+ *  @param message one line without a trailing newline, NUL-terminated; valid only during the call (copy it).
+ *  @param user the pointer given to kvhal_log_set().
+ *  Called on the thread that logs, possibly several threads at once; it must not block for long. A message may be
+ *  logged while kvhal holds an internal lock (module discovery), so the callback must not call kvhal functions
+ *  other than kvhal_status_name() and kvhal_status_string(). */
+typedef void (*kvhal_log_fn)(kvhal_log_level level, const char *message, void *user);
+/** Routes kvhal's log messages to the application's logger instead of stderr.
+ *
+ *  Which messages are delivered: those at or above the level KVHAL_LOG names; when KVHAL_LOG is unset, none go to
+ *  stderr (the default sink) and, once a callback is installed, ::KVHAL_LOG_WARN and ::KVHAL_LOG_ERROR go to it.
+ *  @param fn the callback, or NULL to restore the default (stderr, only when KVHAL_LOG is set).
+ *  @param user passed back to fn; kvhal does not own it. Keep it valid until another kvhal_log_set() call has
+ *  returned and no message can still be in flight on another thread.
+ *  @return KVHAL_OK.
+ *  Thread safety: any thread; a message being delivered on another thread during the call may still reach the
+ *  previous callback. Graph capture: any time. */
+KVHAL_API kvhal_status kvhal_log_set(kvhal_log_fn fn, void *user);
+
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Devices                                                                                                      */
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -122,53 +202,89 @@ KVHAL_API kvhal_status kvhal_error_set(kvhal_status status, const char *fmt, ...
  *   is KVHAL_INVALID_ARGUMENT (by id) or KVHAL_PARSE_ERROR / KVHAL_NOT_FOUND (by name); a registered type that no
  *   loaded module serves is KVHAL_BACKEND_UNAVAILABLE; an id out of range is KVHAL_NO_DEVICE. */
 
-/* Device types. The four built-in names keep these ids whether or not their module is loaded; a module serving
- * another name ("npu") is given the next free id when it loads (kvhal_device_type_find looks it up). */
+/** Device types. The four built-in names keep these ids whether or not their module is loaded; a module serving
+ *  another name ("npu") is given the next free id when it loads (kvhal_device_type_find() looks it up), so a
+ *  ::kvhal_device_type may hold values past the named ones. */
 typedef enum kvhal_device_type {
-    KVHAL_DEVICE_CPU = 0,
-    KVHAL_DEVICE_CUDA = 1,
-    KVHAL_DEVICE_HIP = 2,
-    KVHAL_DEVICE_OPENCL = 3,
-    KVHAL_DEVICE_BUILTIN_TYPE_COUNT = 4
+    KVHAL_DEVICE_CPU = 0,   /**< the host, served by the CPU backend built into libkvhal */
+    KVHAL_DEVICE_CUDA = 1,  /**< NVIDIA GPUs (module libkvhal-cuda.so) */
+    KVHAL_DEVICE_HIP = 2,   /**< AMD GPUs (module libkvhal-hip.so) */
+    KVHAL_DEVICE_OPENCL = 3 /**< OpenCL devices (module libkvhal-opencl.so) */
 } kvhal_device_type;
 
-/* Bounds: type ids are below KVHAL_MAX_DEVICE_TYPES (a module past it is listed as not loaded, with that reason),
- * device ids below KVHAL_MAX_DEVICES_PER_TYPE, type names shorter than KVHAL_DEVICE_TYPE_NAME_MAX. */
+/** Type ids are below this bound (a module past it is listed as not loaded, with that reason). */
 #define KVHAL_MAX_DEVICE_TYPES 16
+/** Device ids of one type are below this bound. */
 #define KVHAL_MAX_DEVICES_PER_TYPE 64
+/** Device type names are shorter than this (including the terminating NUL). */
 #define KVHAL_DEVICE_TYPE_NAME_MAX 16
 
+/** One device: a type and an index among the present devices of that type (a plain value, nothing to free). */
 typedef struct kvhal_device {
-    kvhal_device_type type;
-    int32_t id;
+    kvhal_device_type type; /**< the device type (built-in or registered by a module) */
+    int32_t id;             /**< 0 .. kvhal_device_count() - 1 */
 } kvhal_device;
 
+/** What kvhal_device_get_info() reports. Frozen in layout for the 0.x series (docs/ABI.md). */
 typedef struct kvhal_device_info {
-    kvhal_device device;
-    char name[256];       /* "NVIDIA H100 80GB HBM3", "pthread-AMD EPYC..." */
-    char backend[KVHAL_DEVICE_TYPE_NAME_MAX]; /* the device type's name: "cpu", "cuda", "npu" */
-    char platform[128];   /* OpenCL platform name; runtime name otherwise */
-    uint64_t total_memory; /* bytes */
-    uint64_t free_memory;  /* bytes, 0 when the runtime cannot tell */
-    int32_t compute_units;
-    bool peer_access;      /* can copy directly to other devices of its type */
+    kvhal_device device;  /**< the device asked about */
+    char name[256];       /**< "NVIDIA H100 80GB HBM3", "pthread-AMD EPYC..." */
+    char backend[KVHAL_DEVICE_TYPE_NAME_MAX]; /**< the device type's name: "cpu", "cuda", "npu" */
+    char platform[128];   /**< OpenCL platform name; runtime name otherwise */
+    uint64_t total_memory; /**< bytes */
+    uint64_t free_memory;  /**< bytes, 0 when the runtime cannot tell */
+    int32_t compute_units; /**< multiprocessors, compute units or CPU cores */
+    bool peer_access;      /**< can copy directly to other devices of its type */
 } kvhal_device_info;
 
-/* "cpu" | "cpu:0" | "cuda" | "cuda:1" | "opencl:2" | "npu:0": a registered device type name, optionally followed
- * by :<id> (a missing id means 0). The type must be registered (built in, or served by a loaded module); whether
- * the device is present is not checked (kvhal_device_count tells). Loads the backend modules on first use. */
+/** Parses a device name: "cpu" | "cpu:0" | "cuda" | "cuda:1" | "opencl:2" | "npu:0", a registered device type name
+ *  optionally followed by `:<id>` (a missing id means 0). The type must be registered (built in, or served by a
+ *  loaded module); whether the device is present is not checked (kvhal_device_count() tells). Loads the backend
+ *  modules on first use.
+ *  @param text the name, read during the call.
+ *  @param out receives the device.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for a NULL argument; KVHAL_PARSE_ERROR for malformed text or an
+ *  unregistered type (the message lists the registered ones).
+ *  Thread safety: any thread. Graph capture: see the section comment above. */
 KVHAL_API kvhal_status kvhal_device_parse(const char *text, kvhal_device *out);
-/* Writes "cuda:1" into buf (always NUL-terminated). */
+/** Writes a device's name, "cuda:1", into buf (always NUL-terminated when buf_size > 0).
+ *  @param dev the device (its type must be registered; the id is not checked against the present devices).
+ *  @param buf caller's buffer of buf_size bytes.
+ *  @param buf_size its size; 32 is always enough.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for a NULL buf, a zero size, an unregistered type or a negative id;
+ *  KVHAL_OUT_OF_RANGE when the name does not fit (buf holds its truncated start).
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_device_format(kvhal_device dev, char *buf, size_t buf_size);
-/* "cuda"; the name a module registered for types past the built-in ones; "invalid" for an unregistered id. */
+/** The name of a device type: "cuda"; the name a module registered for types past the built-in ones.
+ *  @param t a type id.
+ *  @return a static string, valid for the life of the process; "invalid" for an unregistered id.
+ *  Thread safety: any thread. */
 KVHAL_API const char *kvhal_device_type_name(kvhal_device_type t);
-/* The id of a registered type name; KVHAL_NOT_FOUND (naming the registered ones) otherwise. */
+/** The id of a registered device type name.
+ *  @param name the type name ("npu"), read during the call.
+ *  @param out receives the id.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for a NULL argument; KVHAL_NOT_FOUND (naming the registered ones).
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_device_type_find(const char *name, kvhal_device_type *out);
-/* The device KVHAL_DEVICE names (unset or empty = cpu:0). A malformed value or a device that is not present
- * is an error; there is no silent fallback. */
+/** The device the environment variable KVHAL_DEVICE names (unset or empty: cpu:0). A malformed value or a device
+ *  that is not present is an error; there is no silent fallback.
+ *  @param out receives the device.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for a NULL out; KVHAL_PARSE_ERROR (malformed or unregistered);
+ *  KVHAL_BACKEND_UNAVAILABLE (no module serves the type); KVHAL_NO_DEVICE (id not present).
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_device_default(kvhal_device *out);
-/* Number of present devices of a type (0 when no loaded module serves it). */
+/** The number of present devices of a type.
+ *  @param type a type id.
+ *  @param count receives the count (0 when no loaded module serves the type).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for a NULL count or an unregistered type.
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_device_count(kvhal_device_type type, int32_t *count);
+/** Describes a present device.
+ *  @param dev the device.
+ *  @param out receives the description (caller's storage).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT / KVHAL_BACKEND_UNAVAILABLE / KVHAL_NO_DEVICE as in the section
+ *  comment above; KVHAL_BACKEND_ERROR when the runtime fails to answer.
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_device_get_info(kvhal_device dev, kvhal_device_info *out);
 /**
  * Waits for all work on the device, then reports and clears its device-side error flag.
@@ -189,34 +305,57 @@ KVHAL_API kvhal_status kvhal_device_synchronize(kvhal_device dev);
  */
 KVHAL_API kvhal_status kvhal_device_check_errors(kvhal_device dev);
 
-/* Backend modules the registry found (for kvhal-info). Index 0..count-1. The CPU backend is built in. */
+/** A backend module the registry found (kvhal_backend_module_get(); kvhal-info lists them). Frozen in layout for the
+ *  0.x series (docs/ABI.md). */
 typedef struct kvhal_backend_module_info {
-    char name[32];        /* the module's own name ("cuda", "acme-npu"), else taken from its file name */
-    char device_type[KVHAL_DEVICE_TYPE_NAME_MAX]; /* the type it serves ("" if it never said) */
-    int32_t type_id;      /* the id that type was given; -1 when the module is not loaded */
-    char path[1024];      /* file loaded, "(built in)" for cpu */
-    uint32_t abi_version; /* the table's version, 0 if it never loaded */
-    bool loaded;
-    int32_t device_count;
-    char reason[512];     /* why not loaded, or why zero devices ("no CUDA driver: ...") */
+    char name[32];        /**< the module's own name ("cuda", "acme-npu"), else taken from its file name */
+    char device_type[KVHAL_DEVICE_TYPE_NAME_MAX]; /**< the type it serves ("" if it never said) */
+    int32_t type_id;      /**< the id that type was given; -1 when the module is not loaded */
+    char path[1024];      /**< file loaded, "(built in)" for cpu */
+    uint32_t abi_version; /**< the table's version, 0 if it never loaded */
+    bool loaded;          /**< whether it serves its type now */
+    int32_t device_count; /**< devices it found (0 with a reason when none) */
+    char reason[512];     /**< why not loaded, or why zero devices ("no CUDA driver: ...") */
 } kvhal_backend_module_info;
+/** The number of backend modules found (loaded or not; the built-in CPU backend is the first).
+ *  @param count receives it.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for a NULL count.
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_backend_module_count(int32_t *count);
+/** Describes one backend module.
+ *  @param index 0 .. kvhal_backend_module_count() - 1.
+ *  @param out receives the description (caller's storage).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for a NULL out; KVHAL_OUT_OF_RANGE for a bad index.
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_backend_module_get(int32_t index, kvhal_backend_module_info *out);
-/* Loads one more backend module by path after discovery (a vendor runtime registering its plugin itself); the
- * module stays loaded until the process exits. Not filtered by KVHAL_BACKENDS. OK when
- * it loaded; otherwise KVHAL_LOAD_FAILED (no such file, no entry symbol, bad table, init failed, its type name is
- * taken or the type bound is reached) or KVHAL_ABI_MISMATCH, with the reason, and the module is listed as not
- * loaded. Loading the same file twice returns OK the second time without loading it again. */
+/** Loads one more backend module by path after discovery (a vendor runtime registering its plugin itself); the
+ *  module stays loaded until the process exits. Not filtered by KVHAL_BACKENDS. Loading the same file twice
+ *  returns KVHAL_OK the second time without loading it again.
+ *  @param path the module's file, read during the call.
+ *  @return KVHAL_OK when it loaded; KVHAL_INVALID_ARGUMENT for a NULL or empty path; KVHAL_LOAD_FAILED (no such
+ *  file, no entry symbol, bad table, init failed, its type name is taken or the type bound is reached) or
+ *  KVHAL_ABI_MISMATCH, with the reason; the module is then listed as not loaded.
+ *  Thread safety: any thread (serialised with discovery). Graph capture: not while any stream is capturing (a
+ *  module's init may initialise its runtime). */
 KVHAL_API kvhal_status kvhal_backend_load(const char *path);
-/* A backend-specific extra that the module serving type exports by name (kvhal_backend.h, get_proc_address):
- * KVHAL_NOT_FOUND when it has none of that name, KVHAL_BACKEND_UNAVAILABLE when no module serves type. *out is
- * the module's (a function or object of the type its documentation gives), valid while the process runs. */
+/** A backend-specific extra that the module serving type exports by name (kvhal_backend.h, get_proc_address).
+ *  @param type the device type whose module is asked.
+ *  @param name the extra's name, read during the call.
+ *  @param out receives the module's pointer (a function or object of the type its documentation gives), valid
+ *  while the process runs.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for a NULL argument or an unregistered type; KVHAL_NOT_FOUND when the
+ *  module has none of that name; KVHAL_BACKEND_UNAVAILABLE when no module serves type.
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_backend_get_proc_address(kvhal_device_type type, const char *name, void **out);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Streams and buffers                                                                                           */
 /* ------------------------------------------------------------------------------------------------------------ */
-typedef struct kvhal_stream kvhal_stream; /* NULL everywhere means the device's default stream */
+/** A stream (CUDA/HIP stream, OpenCL command queue; the CPU runs in order). NULL everywhere means the device's
+ *  default stream. Owned by the caller from create or wrap to kvhal_stream_destroy(). */
+typedef struct kvhal_stream kvhal_stream;
+/** Device memory (or host memory for cpu) of a known size on one device. Owned by the caller from create or wrap
+ *  to kvhal_buffer_destroy(); tensors refer to it without owning it. */
 typedef struct kvhal_buffer kvhal_buffer;
 
 /* Current device. No kvhal call changes the calling thread's current device (cudaGetDevice / hipGetDevice): a call
@@ -246,6 +385,13 @@ typedef struct kvhal_buffer kvhal_buffer;
  * Destroying a handle while another thread uses it is the caller's race. Graph capture: create, wrap, destroy and
  * kvhal_stream_device enqueue nothing and may be called while a stream is being captured; synchronize and
  * check_errors wait and must not be. */
+/** Creates a stream on a device (its per-device state is made now, so that ops on it may be captured).
+ *  @param dev the device.
+ *  @param out receives the stream; the caller destroys it with kvhal_stream_destroy().
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for a NULL out; the device lookup statuses (KVHAL_BACKEND_UNAVAILABLE,
+ *  KVHAL_NO_DEVICE); KVHAL_UNSUPPORTED when the backend has no streams; KVHAL_OUT_OF_MEMORY; KVHAL_BACKEND_ERROR.
+ *  Thread safety: any thread. Graph capture: may be called while another stream is capturing (it enqueues
+ *  nothing). */
 KVHAL_API kvhal_status kvhal_stream_create(kvhal_device dev, kvhal_stream **out);
 /**
  * Borrows a native stream: a cudaStream_t / hipStream_t / cl_command_queue, or one of the default streams.
@@ -262,8 +408,21 @@ KVHAL_API kvhal_status kvhal_stream_create(kvhal_device dev, kvhal_stream **out)
  * per-device state is made in the runtime's relaxed capture mode). Stream: none is used.
  */
 KVHAL_API kvhal_status kvhal_stream_wrap(kvhal_device dev, void *native, kvhal_stream **out);
+/** Destroys a stream made by kvhal_stream_create() (after its queued work) or a wrapper made by kvhal_stream_wrap().
+ *  @param s the stream; NULL is KVHAL_OK.
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE for a destroyed or foreign pointer; KVHAL_BACKEND_ERROR.
+ *  Thread safety: not concurrently with other calls using s. Graph capture: not while s is capturing. */
 KVHAL_API kvhal_status kvhal_stream_destroy(kvhal_stream *s);
+/** Waits until everything queued on the stream has run.
+ *  @param s the stream (NULL is refused: use kvhal_device_synchronize() for the default stream).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for NULL; KVHAL_INVALID_HANDLE; KVHAL_DEVICE_FAULT (device-side
+ *  error flag) or KVHAL_BACKEND_ERROR.
+ *  Thread safety: any thread. Graph capture: not while s is capturing. */
 KVHAL_API kvhal_status kvhal_stream_synchronize(kvhal_stream *s);
+/** The device a stream belongs to.
+ *  @param s the stream.
+ *  @return its device; {::KVHAL_MAX_DEVICE_TYPES, -1} for NULL or a pointer that is not a live stream.
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_device kvhal_stream_device(const kvhal_stream *s);
 /**
  * Reports device-side faults after the work queued on one stream, without a device-wide wait.
@@ -279,76 +438,187 @@ KVHAL_API kvhal_device kvhal_stream_device(const kvhal_stream *s);
  */
 KVHAL_API kvhal_status kvhal_stream_check_errors(kvhal_stream *s);
 
+/** Allocates device memory.
+ *  @param dev the device.
+ *  @param bytes the size, at least 1.
+ *  @param out receives the buffer; the caller destroys it with kvhal_buffer_destroy(). Contents are undefined.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL out, 0 bytes); the device lookup statuses; KVHAL_OUT_OF_MEMORY.
+ *  Thread safety: any thread. Graph capture: not while a stream of dev is capturing. */
 KVHAL_API kvhal_status kvhal_buffer_create(kvhal_device dev, size_t bytes, kvhal_buffer **out);
-/* Borrows memory the caller owns, without copying: a host pointer (cpu), a device pointer (cuda, hip) or a
- * cl_mem (opencl). kvhal never frees it. */
+/** Borrows memory the caller owns, without copying: a host pointer (cpu), a device pointer (cuda, hip) or a
+ *  cl_mem (opencl).
+ *  @param dev the device the memory lives on.
+ *  @param native the memory; it must stay valid until the buffer is destroyed. kvhal never frees it.
+ *  @param bytes its size.
+ *  @param out receives the buffer (kvhal_buffer_destroy() frees the wrapper only).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL out or native, 0 bytes); the device lookup statuses;
+ *  KVHAL_OUT_OF_MEMORY; KVHAL_BACKEND_ERROR when the backend rejects the native handle.
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_buffer_wrap(kvhal_device dev, void *native, size_t bytes, kvhal_buffer **out);
+/** Frees a buffer made by kvhal_buffer_create() or the wrapper made by kvhal_buffer_wrap(). Work still queued that
+ *  uses the buffer must have finished (synchronize first).
+ *  @param buf the buffer; NULL is KVHAL_OK.
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE for a destroyed or foreign pointer; KVHAL_BACKEND_ERROR.
+ *  Thread safety: not concurrently with other calls using buf. Graph capture: not while a stream of its device is
+ *  capturing. */
 KVHAL_API kvhal_status kvhal_buffer_destroy(kvhal_buffer *buf);
+/** The size of a buffer in bytes.
+ *  @param buf the buffer.
+ *  @return its size; 0 for NULL or a pointer that is not a live buffer.
+ *  Thread safety: any thread. */
 KVHAL_API size_t kvhal_buffer_size(const kvhal_buffer *buf);
+/** The device a buffer lives on.
+ *  @param buf the buffer.
+ *  @return its device; {::KVHAL_MAX_DEVICE_TYPES, -1} for NULL or a pointer that is not a live buffer.
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_device kvhal_buffer_device(const kvhal_buffer *buf);
-/* The host pointer, device pointer or cl_mem. */
+/** The native memory of a buffer: the host pointer, device pointer or cl_mem.
+ *  @param buf the buffer.
+ *  @return the native handle, still owned by the buffer; NULL for NULL or a pointer that is not a live buffer.
+ *  Thread safety: any thread. */
 KVHAL_API void *kvhal_buffer_native(const kvhal_buffer *buf);
 
 /* Host<->device copies return once host memory may be reused (they are ordered after earlier work on s).
  * Device->device copies and memset are asynchronous on s; the two buffers may be on different devices
  * (peer copy; staged through the host where the devices cannot reach each other). */
+/** Copies host memory into a buffer; returns once src may be reused (ordered after earlier work on s).
+ *  @param dst the destination buffer.
+ *  @param dst_offset byte offset in dst.
+ *  @param src host memory, read during the call.
+ *  @param bytes how many bytes; 0 does nothing.
+ *  @param s the stream (NULL: default), on dst's device.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL src); KVHAL_INVALID_HANDLE (dst or s); KVHAL_OUT_OF_RANGE
+ *  (past dst's end); KVHAL_DEVICE_MISMATCH (s on another device); KVHAL_BACKEND_ERROR.
+ *  Thread safety: any thread. Graph capture: no. Stream: s. */
 KVHAL_API kvhal_status kvhal_memcpy_h2d(kvhal_buffer *dst, size_t dst_offset, const void *src, size_t bytes,
                                         kvhal_stream *s);
+/** Copies from a buffer into host memory; returns once dst holds the bytes (after earlier work on s).
+ *  @param dst host memory of at least bytes bytes.
+ *  @param src the source buffer.
+ *  @param src_offset byte offset in src.
+ *  @param bytes how many bytes; 0 does nothing.
+ *  @param s the stream (NULL: default), on src's device.
+ *  @return as kvhal_memcpy_h2d().
+ *  Thread safety: any thread. Graph capture: no. Stream: s. */
 KVHAL_API kvhal_status kvhal_memcpy_d2h(void *dst, const kvhal_buffer *src, size_t src_offset, size_t bytes,
                                         kvhal_stream *s);
+/** Copies between buffers, asynchronously on s; the buffers may be on different devices (a peer copy, staged
+ *  through the host where the devices cannot reach each other, which makes the call synchronous).
+ *  @param dst the destination buffer.
+ *  @param dst_offset byte offset in dst.
+ *  @param src the source buffer.
+ *  @param src_offset byte offset in src.
+ *  @param bytes how many bytes; 0 does nothing.
+ *  @param s the stream (NULL: default), on dst's device.
+ *  @return as kvhal_memcpy_h2d().
+ *  Thread safety: any thread. Graph capture: a copy within one device may be captured. Stream: s. */
 KVHAL_API kvhal_status kvhal_memcpy_d2d(kvhal_buffer *dst, size_t dst_offset, const kvhal_buffer *src,
                                         size_t src_offset, size_t bytes, kvhal_stream *s);
+/** Sets bytes of a buffer to a value, asynchronously on s.
+ *  @param dst the buffer.
+ *  @param offset byte offset in dst.
+ *  @param value the byte value, 0..255.
+ *  @param bytes how many bytes; 0 does nothing.
+ *  @param s the stream (NULL: default), on dst's device.
+ *  @return as kvhal_memcpy_h2d(); KVHAL_INVALID_ARGUMENT for a value outside 0..255; KVHAL_UNSUPPORTED when the
+ *  backend has no memset.
+ *  Thread safety: any thread. Graph capture: may be captured. Stream: s. */
 KVHAL_API kvhal_status kvhal_memset(kvhal_buffer *dst, size_t offset, int value, size_t bytes, kvhal_stream *s);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Tensors: plain values, views never allocate                                                                   */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** Element types. Values never change; new ones are appended in a minor release. */
 typedef enum kvhal_dtype {
-    KVHAL_F32 = 0,
-    KVHAL_F16 = 1,
-    KVHAL_BF16 = 2,
-    KVHAL_FP8_E4M3 = 3,
-    KVHAL_FP8_E5M2 = 4,
-    KVHAL_I32 = 5,
-    KVHAL_I64 = 6,
+    KVHAL_F32 = 0,      /**< IEEE binary32 */
+    KVHAL_F16 = 1,      /**< IEEE binary16 */
+    KVHAL_BF16 = 2,     /**< bfloat16 */
+    KVHAL_FP8_E4M3 = 3, /**< 8-bit float, 4 exponent bits, 3 mantissa bits (OCP FP8, no infinities) */
+    KVHAL_FP8_E5M2 = 4, /**< 8-bit float, 5 exponent bits, 2 mantissa bits (OCP FP8) */
+    KVHAL_I32 = 5,      /**< 32-bit signed integer (slot mappings) */
+    KVHAL_I64 = 6,      /**< 64-bit signed integer (slot mappings) */
     /** AMD's fp8 e4m3 "fnuz" (MI300-class GPUs): exponent bias 8, largest finite 240, no infinities, no negative
      *  zero, one NaN (0x80). A cache dtype like the other fp8 formats. */
     KVHAL_FP8_E4M3FNUZ = 7,
     /** AMD's fp8 e5m2 "fnuz": exponent bias 16, largest finite 57344, no infinities, no negative zero, one NaN
      *  (0x80). */
     KVHAL_FP8_E5M2FNUZ = 8,
-    KVHAL_DTYPE_COUNT
 } kvhal_dtype;
 
+/** The most dimensions a tensor has. */
 #define KVHAL_MAX_DIMS 6
 
+/** A strided view of a buffer: a plain value (copy it freely; it owns nothing and is valid while its buffer is). */
 typedef struct kvhal_tensor {
-    kvhal_buffer *buffer;
-    size_t offset;                     /* bytes from the buffer's start */
-    kvhal_dtype dtype;
-    int32_t ndim;                      /* 1..KVHAL_MAX_DIMS */
-    int64_t shape[KVHAL_MAX_DIMS];
-    int64_t strides[KVHAL_MAX_DIMS];   /* in elements, >= 0 */
+    kvhal_buffer *buffer;              /**< the memory it views (not owned) */
+    size_t offset;                     /**< bytes from the buffer's start */
+    kvhal_dtype dtype;                 /**< element type */
+    int32_t ndim;                      /**< 1..KVHAL_MAX_DIMS */
+    int64_t shape[KVHAL_MAX_DIMS];     /**< extent of each dimension, >= 0 */
+    int64_t strides[KVHAL_MAX_DIMS];   /**< in elements, >= 0 */
 } kvhal_tensor;
 
-KVHAL_API size_t kvhal_dtype_size(kvhal_dtype dt); /* 0 for an invalid dtype */
+/** Bytes per element.
+ *  @param dt a dtype.
+ *  @return 1, 2, 4 or 8; 0 for a value that is not a dtype. Thread safety: any thread. */
+KVHAL_API size_t kvhal_dtype_size(kvhal_dtype dt);
+/** The dtype's name: "f32", "bf16", "fp8_e4m3".
+ *  @param dt a dtype.
+ *  @return a static string; "invalid" for a value that is not a dtype. Thread safety: any thread. */
 KVHAL_API const char *kvhal_dtype_name(kvhal_dtype dt);
-/* strides NULL = row-major contiguous. Checks dtype, ndim, shape >= 0, strides >= 0 and that every element
- * lies inside the buffer. */
+/** Makes a tensor over a buffer, checking dtype, ndim, shape >= 0, strides >= 0 and that every element lies inside
+ *  the buffer.
+ *  @param buf the buffer (not owned by the tensor).
+ *  @param offset byte offset of element 0.
+ *  @param dt element type.
+ *  @param ndim 1..::KVHAL_MAX_DIMS.
+ *  @param shape ndim extents, read during the call.
+ *  @param strides ndim strides in elements, or NULL for row-major contiguous.
+ *  @param out receives the tensor.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL pointers, bad dtype, ndim, shape or strides, naming them);
+ *  KVHAL_INVALID_HANDLE (buf); KVHAL_OUT_OF_RANGE (an element past the buffer's end).
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_tensor_make(kvhal_buffer *buf, size_t offset, kvhal_dtype dt, int32_t ndim,
                                          const int64_t *shape, const int64_t *strides, kvhal_tensor *out);
-/* Full validation of a tensor value built by hand. */
+/** Fully validates a tensor value built by hand (as kvhal_tensor_make() checks its arguments).
+ *  @param t the tensor.
+ *  @return KVHAL_OK or the status kvhal_tensor_make() would give. Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_tensor_validate(const kvhal_tensor *t);
+/** The number of elements.
+ *  @param t the tensor.
+ *  @return the product of its shape; 0 for NULL or an invalid ndim. Thread safety: any thread. */
 KVHAL_API int64_t kvhal_tensor_numel(const kvhal_tensor *t);
+/** Whether the tensor is row-major contiguous (an empty tensor is).
+ *  @param t the tensor.
+ *  @return true or false; false for NULL or an invalid ndim. Thread safety: any thread. */
 KVHAL_API bool kvhal_tensor_is_contiguous(const kvhal_tensor *t);
 /** Bytes from the first to one past the last element.
  * @param t a tensor value (read during the call; its buffer is not looked at).
  * @return the span; 0 for an empty tensor, a NULL t or an ndim outside [1, KVHAL_MAX_DIMS]; SIZE_MAX when the span
  *         does not fit in 64 bits (shape and strides overflow) or a shape or stride is negative. */
 KVHAL_API size_t kvhal_tensor_span_bytes(const kvhal_tensor *t);
+/** A view of [start, start + length) along one dimension.
+ *  @param t the tensor.
+ *  @param dim the dimension, 0..ndim-1.
+ *  @param start first index kept.
+ *  @param length how many indices are kept (may be 0).
+ *  @param out receives the view (may be t itself).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, bad dim); KVHAL_OUT_OF_RANGE (past the extent).
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_tensor_narrow(const kvhal_tensor *t, int32_t dim, int64_t start, int64_t length,
                                            kvhal_tensor *out);
+/** A view of one index along a dimension, which is removed (ndim - 1; a 1-D tensor is refused).
+ *  @param t the tensor.
+ *  @param dim the dimension.
+ *  @param index the index kept.
+ *  @param out receives the view.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_OUT_OF_RANGE. Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_tensor_select(const kvhal_tensor *t, int32_t dim, int64_t index, kvhal_tensor *out);
+/** A view with the dimensions reordered: out dim i is t's dim perm[i].
+ *  @param t the tensor.
+ *  @param perm ndim distinct dimension indices, read during the call.
+ *  @param out receives the view.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (not a permutation). Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_tensor_permute(const kvhal_tensor *t, const int32_t *perm, kvhal_tensor *out);
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -361,9 +631,17 @@ KVHAL_API kvhal_status kvhal_tensor_permute(const kvhal_tensor *t, const int32_t
  * stream is made or wrapped on the device, which may itself happen inside the capture). A replay reads the tensors'
  * memory at replay time (same addresses, new contents) and uses the scales of the captured call. kvhal_copy_blocks
  * stages its pairs through host memory and may not be captured (KVHAL_BACKEND_ERROR from the runtime). */
-/* dst = src elementwise (same shape and dtype, same device, any strides). Elements are copied in parallel on
- * devices: dst must not overlap src (unless it is the same view) nor itself (a stride 0 of a dim longer than 1),
- * or the result differs between backends. */
+/** dst = src elementwise (same shape and dtype, same device, any strides). Elements are copied in parallel on
+ *  devices: dst must not overlap src (unless it is the same view) nor itself (a stride 0 of a dim longer than 1),
+ *  or the result differs between backends.
+ *  @param dst the destination view.
+ *  @param src the source view.
+ *  @param s the stream (NULL: default), on their device.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, invalid tensor); KVHAL_SHAPE_MISMATCH; KVHAL_DTYPE_MISMATCH;
+ *  KVHAL_DEVICE_MISMATCH; KVHAL_INVALID_HANDLE; KVHAL_UNSUPPORTED (the backend refuses, with its reason);
+ *  KVHAL_OUT_OF_MEMORY (descriptor); KVHAL_BACKEND_ERROR.
+ *  Thread safety: any thread (descriptors are cached per thread). Graph capture: yes, the process's first call
+ *  included. Stream: asynchronous on s. */
 KVHAL_API kvhal_status kvhal_tensor_copy(const kvhal_tensor *dst, const kvhal_tensor *src, kvhal_stream *s);
 
 /**
@@ -394,12 +672,21 @@ KVHAL_API kvhal_status kvhal_paged_caching(const kvhal_tensor *k_cache, const kv
                                            const kvhal_tensor *slot_mapping, float k_scale, float v_scale,
                                            kvhal_stream *s);
 
-/* Copies whole blocks src->dst in every cache of caches[0..num_caches) (e.g. K and V of every layer) in one
- * call. Each cache has the block index as dim 0 and its other dims dense row-major (one block = one contiguous
- * byte range). pairs holds num_pairs (src, dst) block ids on the host. All caches on one device. Devices copy
- * the pairs in parallel: a destination block must not be the source or destination of another pair (checked,
- * KVHAL_INVALID_ARGUMENT; a pair may copy a block onto itself, which writes nothing). The caches must not overlap
- * each other (not checked: the copies run in parallel, so overlapping caches give undefined contents). */
+/** Copies whole blocks src->dst in every cache of caches[0..num_caches) (e.g. K and V of every layer) in one call.
+ *  Each cache has the block index as dim 0 and its other dims dense row-major (one block = one contiguous byte
+ *  range). All caches on one device. Devices copy the pairs in parallel: a destination block must not be the
+ *  source or destination of another pair (checked; a pair may copy a block onto itself, which writes nothing).
+ *  The caches must not overlap each other (not checked: the copies run in parallel, so overlapping caches give
+ *  undefined contents).
+ *  @param caches num_caches views, read during the call.
+ *  @param num_caches >= 1.
+ *  @param pairs num_pairs (src, dst) block ids on the host, read during the call.
+ *  @param num_pairs >= 0 (0 does nothing).
+ *  @param s the stream (NULL: default).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (including overlapping pairs); KVHAL_OUT_OF_RANGE (a block id past a
+ *  cache); KVHAL_DEVICE_MISMATCH; KVHAL_INVALID_HANDLE; KVHAL_UNSUPPORTED; KVHAL_OUT_OF_MEMORY; KVHAL_BACKEND_ERROR.
+ *  Thread safety: any thread. Graph capture: only where the backend's copy of pairs is itself capturable; make
+ *  the first call of a shape outside the capture. Stream: asynchronous on s. */
 KVHAL_API kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num_caches, const int64_t *pairs,
                                          int32_t num_pairs, kvhal_stream *s);
 
@@ -419,89 +706,237 @@ KVHAL_API uint8_t kvhal_f32_to_fp8(float x, kvhal_dtype fp8_type);
  *  @param fp8_type as for kvhal_f32_to_fp8 (an fnuz code 0x80 is NaN; e5m2's 0x7c/0xfc are +-inf)
  *  @return the value as f32. Thread safety: pure function. Graph capture: host only, enqueues nothing. */
 KVHAL_API float kvhal_fp8_to_f32(uint8_t x, kvhal_dtype fp8_type);
+/** f32 to IEEE half, round to nearest even.
+ *  @param x the value.
+ *  @return the half bits. Thread safety: any thread. */
 KVHAL_API uint16_t kvhal_f32_to_f16(float x);
+/** IEEE half to f32 (exact).
+ *  @param x the half bits.
+ *  @return the value. Thread safety: any thread. */
 KVHAL_API float kvhal_f16_to_f32(uint16_t x);
+/** f32 to bfloat16, round to nearest even (NaN stays NaN).
+ *  @param x the value.
+ *  @return the bfloat16 bits. Thread safety: any thread. */
 KVHAL_API uint16_t kvhal_f32_to_bf16(float x);
+/** bfloat16 to f32 (exact).
+ *  @param x the bfloat16 bits.
+ *  @return the value. Thread safety: any thread. */
 KVHAL_API float kvhal_bf16_to_f32(uint16_t x);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Descriptor cache: per thread, per (device type, device id), per op kind, an LRU of descriptors keyed by exact */
 /* tensor metadata. Public so that engines can cache their own descriptors (GEMM, RMSNorm, RoPE, ...).            */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** The most 64-bit words a descriptor key holds. */
 #define KVHAL_DESC_KEY_MAX_WORDS 96
+/** A descriptor key: an op kind and the exact metadata words of a call. A plain value. */
 typedef struct kvhal_desc_key {
-    uint64_t hash;     /* hash_combine over words, constant 0x9e3779b9 */
-    uint32_t op;       /* op kind */
-    uint32_t nwords;
-    uint64_t words[KVHAL_DESC_KEY_MAX_WORDS];
+    uint64_t hash;     /**< hash_combine over words, constant 0x9e3779b9 (maintained by the add functions) */
+    uint32_t op;       /**< op kind */
+    uint32_t nwords;   /**< words used */
+    uint64_t words[KVHAL_DESC_KEY_MAX_WORDS]; /**< the metadata */
 } kvhal_desc_key;
 
+/** An op kind of the descriptor cache: the built-in ops' kinds are registered by the library, user kinds after. */
 typedef int32_t kvhal_op_kind;
-/* Built-in op kinds are registered by the library; user kinds come after them. */
+/** Destroys a descriptor of a user op kind (see kvhal_desc_op_register()).
+ *  @param desc the descriptor given to kvhal_desc_cache_put().
+ *  @param dev the device it was cached for.
+ *  @param user the pointer given at registration. */
 typedef void (*kvhal_desc_destroy_fn)(void *desc, kvhal_device dev, void *user);
 
+/** Starts a key for an op kind (no words, hash reset).
+ *  @param key the key (caller's storage).
+ *  @param op the op kind.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for a NULL key. Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_desc_key_init(kvhal_desc_key *key, kvhal_op_kind op);
-/* Appends dtype, ndim, shape and strides (not the buffer or offset). */
+/** Appends a tensor's dtype, ndim, shape and strides (not its buffer or offset) to a key.
+ *  @param key the key.
+ *  @param t the tensor.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, bad ndim); KVHAL_OUT_OF_RANGE (the key is full).
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_desc_key_add_tensor(kvhal_desc_key *key, const kvhal_tensor *t);
+/** Appends one word to a key.
+ *  @param key the key.
+ *  @param v the word.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL); KVHAL_OUT_OF_RANGE (the key is full). Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_desc_key_add_u64(kvhal_desc_key *key, uint64_t v);
+/** Whether two keys are equal (op, words).
+ *  @param a a key.
+ *  @param b a key.
+ *  @return true when equal; false when not or when either is NULL. Thread safety: any thread. */
 KVHAL_API bool kvhal_desc_key_equal(const kvhal_desc_key *a, const kvhal_desc_key *b);
 
-/* Registers an op kind: name (copied) and the function that destroys its descriptors (called on eviction,
- * clear, thread exit and library unload, on the thread that owns the cache). */
+/** Registers an op kind for an engine's own descriptors.
+ *  @param name its name (copied), 1 to 31 characters, not registered yet.
+ *  @param destroy destroys its descriptors (on eviction, clear, thread exit and library unload, on the thread that
+ *  owns the cache); may be NULL when descriptors need no destruction.
+ *  @param user passed to destroy; must stay valid while descriptors of the kind may exist.
+ *  @param out receives the kind.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, bad length, name taken); KVHAL_OUT_OF_RANGE (no free kind).
+ *  Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_desc_op_register(const char *name, kvhal_desc_destroy_fn destroy, void *user,
                                               kvhal_op_kind *out);
+/** Looks up an op kind by name ("paged_caching" for a built-in one).
+ *  @param name the name.
+ *  @param out receives the kind.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL); KVHAL_NOT_FOUND. Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_desc_op_find(const char *name, kvhal_op_kind *out);
-/* Capacity of every LRU of this op kind (all threads, all devices). 0 disables caching for the op. */
+/** Sets the capacity of every LRU of an op kind (all threads, all devices); 0 disables caching for the op.
+ *  @param op the op kind.
+ *  @param capacity entries per (thread, device).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (unregistered kind); KVHAL_OUT_OF_RANGE (above the limit).
+ *  Thread safety: any thread; LRUs shrink on their owner thread's next use. */
 KVHAL_API kvhal_status kvhal_desc_cache_set_capacity(kvhal_op_kind op, size_t capacity);
+/** The capacity of an op kind's LRUs.
+ *  @param op the op kind.
+ *  @param capacity receives it.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, unregistered kind). Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_desc_cache_get_capacity(kvhal_op_kind op, size_t *capacity);
-/* KVHAL_NOT_FOUND on a miss (no error message is set for a miss). */
+/** Looks a descriptor up in this thread's cache for dev.
+ *  @param dev the device.
+ *  @param key the key.
+ *  @param desc receives the descriptor (still owned by the cache; valid until this thread evicts or clears it).
+ *  @return KVHAL_OK; KVHAL_NOT_FOUND on a miss (no error message is set for a miss); KVHAL_INVALID_ARGUMENT.
+ *  Thread safety: per thread. Graph capture: yes. */
 KVHAL_API kvhal_status kvhal_desc_cache_get(kvhal_device dev, const kvhal_desc_key *key, void **desc);
-/* Takes ownership of desc (on an error status the caller keeps it). Evicts the least recently used entry of that
- * (device, op) when full. Replacing an existing key destroys the old descriptor. With capacity 0 the descriptor
- * is destroyed at once. */
+/** Puts a descriptor into this thread's cache for dev, taking ownership of it. Evicts the least recently used
+ *  entry of that (device, op) when full; replacing an existing key destroys the old descriptor; with capacity 0
+ *  the descriptor is destroyed at once.
+ *  @param dev the device.
+ *  @param key the key (copied).
+ *  @param desc the descriptor; on an error status the caller keeps it.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, a built-in op kind, an unregistered kind);
+ *  KVHAL_OUT_OF_MEMORY. Thread safety: per thread. */
 KVHAL_API kvhal_status kvhal_desc_cache_put(kvhal_device dev, const kvhal_desc_key *key, void *desc);
+/** Counters of one (thread, device, op kind) LRU. Frozen in layout for the 0.x series (docs/ABI.md). */
 typedef struct kvhal_desc_cache_stats {
-    uint64_t hits, misses, evictions, inserts;
-    size_t size, capacity;
+    uint64_t hits;      /**< lookups that found a descriptor */
+    uint64_t misses;    /**< lookups that did not */
+    uint64_t evictions; /**< descriptors destroyed to make room */
+    uint64_t inserts;   /**< descriptors put */
+    size_t size;        /**< descriptors held now */
+    size_t capacity;    /**< the capacity in force */
 } kvhal_desc_cache_stats;
-/* This thread's stats for (dev, op). */
+/** This thread's counters for (dev, op).
+ *  @param dev the device.
+ *  @param op the op kind.
+ *  @param out receives them.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT. Thread safety: per thread. */
 KVHAL_API kvhal_status kvhal_desc_cache_get_stats(kvhal_device dev, kvhal_op_kind op, kvhal_desc_cache_stats *out);
-/* Destroys this thread's descriptors of dev (all op kinds). */
+/** Destroys this thread's descriptors of dev (all op kinds).
+ *  @param dev the device.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT. Thread safety: per thread. Graph capture: not while a stream of dev
+ *  is capturing (destroying a descriptor may free device memory). */
 KVHAL_API kvhal_status kvhal_desc_cache_clear(kvhal_device dev);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Contiguous multi-device cache: per device, per layer, K [max_len, nkvh/ndev, dk] and V [max_len, nkvh/ndev, dv] */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** A contiguous KV cache over one or more devices (heads split evenly). Single-owner object. */
 typedef struct kvhal_kv_cache kvhal_kv_cache;
+/** Configuration of kvhal_kv_cache_create(). Extensible: initialise with ::KVHAL_KV_CACHE_CONFIG_INIT or
+ *  kvhal_kv_cache_config_init() before setting fields (docs/ABI.md). */
 typedef struct kvhal_kv_cache_config {
-    int32_t num_layers, num_kv_heads, head_dim_k, head_dim_v;
-    int64_t max_len;
-    kvhal_dtype dtype;
-    int32_t num_devices;
-    const kvhal_device *devices; /* num_devices entries; heads are split evenly between them */
+    size_t struct_size;          /**< sizeof(kvhal_kv_cache_config) of the caller's header; set by the initialisers */
+    int32_t num_layers;          /**< >= 1 */
+    int32_t num_kv_heads;        /**< >= 1, divisible by num_devices */
+    int32_t head_dim_k;          /**< >= 1 */
+    int32_t head_dim_v;          /**< >= 1 */
+    int64_t max_len;             /**< tokens per layer, >= 1 */
+    kvhal_dtype dtype;           /**< f32, f16, bf16, fp8_e4m3, fp8_e5m2 */
+    int32_t num_devices;         /**< >= 1 */
+    const kvhal_device *devices; /**< num_devices entries, read during create; heads are split evenly between them */
 } kvhal_kv_cache_config;
+/** Static initialiser of a ::kvhal_kv_cache_config: struct_size set, every other field zero (C, C++20). */
+#define KVHAL_KV_CACHE_CONFIG_INIT {.struct_size = sizeof(kvhal_kv_cache_config)}
+/** Initialises a ::kvhal_kv_cache_config: struct_size set, every other field zero (C and any C++).
+ *  @param cfg the caller's struct. */
+static inline void kvhal_kv_cache_config_init(kvhal_kv_cache_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
+/** Creates a contiguous cache: per device, per layer, K [max_len, nkvh/ndev, dk] and V [max_len, nkvh/ndev, dv].
+ *  @param cfg the configuration, read during the call.
+ *  @param out receives the cache; the caller destroys it with kvhal_kv_cache_destroy().
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, a field out of range or a struct_size this library does not
+ *  know, naming the field); KVHAL_OUT_OF_RANGE (sizes overflow); the device lookup statuses; KVHAL_OUT_OF_MEMORY.
+ *  Thread safety: any thread. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_kv_cache_create(const kvhal_kv_cache_config *cfg, kvhal_kv_cache **out);
-/* A new cache of the same shape holding the first seq_len tokens of src (seq_len <= max_len). */
+/** A new cache of the same shape holding the first seq_len tokens of src (device-to-device copies enqueued on each
+ *  device's default stream: synchronise the devices before reading the copy from another stream or the host).
+ *  @param src the cache to copy.
+ *  @param seq_len 0 .. max_len tokens.
+ *  @param out receives the new cache (the caller's to destroy).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_INVALID_HANDLE; KVHAL_OUT_OF_RANGE (seq_len);
+ *  KVHAL_OUT_OF_MEMORY; KVHAL_BACKEND_ERROR.
+ *  Thread safety: src single-owner. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_kv_cache_duplicate(const kvhal_kv_cache *src, int64_t seq_len, kvhal_kv_cache **out);
+/** Destroys a contiguous cache and its device memory (queued work using it must have finished).
+ *  @param c the cache; NULL is KVHAL_OK.
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE. Thread safety: single-owner. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_kv_cache_destroy(kvhal_kv_cache *c);
-/* Views of device index di's K and V for a layer: [max_len, nkvh/ndev, dk|dv]. */
+/** Views of device index device_index's K and V for a layer: [max_len, nkvh/ndev, dk|dv].
+ *  @param c the cache.
+ *  @param device_index 0 .. num_devices - 1.
+ *  @param layer 0 .. num_layers - 1.
+ *  @param k receives the K view (valid while c lives).
+ *  @param v receives the V view.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_INVALID_HANDLE; KVHAL_OUT_OF_RANGE.
+ *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_kv_cache_layer(const kvhal_kv_cache *c, int32_t device_index, int32_t layer,
                                             kvhal_tensor *k, kvhal_tensor *v);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Static cache: [layers, batch, heads, max_len, dim] per rank                                                   */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** A static (Hugging Face style) cache on one device. Single-owner object. */
 typedef struct kvhal_static_cache kvhal_static_cache;
+/** Configuration of kvhal_static_cache_create(). Extensible: initialise with ::KVHAL_STATIC_CACHE_CONFIG_INIT or
+ *  kvhal_static_cache_config_init() before setting fields (docs/ABI.md). */
 typedef struct kvhal_static_cache_config {
-    int32_t num_layers, batch, num_heads_k, num_heads_v, head_dim_k, head_dim_v;
-    int64_t max_len;
-    kvhal_dtype dtype;
-    kvhal_device device;
+    size_t struct_size;   /**< sizeof(kvhal_static_cache_config) of the caller's header; set by the initialisers */
+    int32_t num_layers;   /**< >= 1 */
+    int32_t batch;        /**< >= 1 */
+    int32_t num_heads_k;  /**< >= 1 */
+    int32_t num_heads_v;  /**< >= 1 */
+    int32_t head_dim_k;   /**< >= 1 */
+    int32_t head_dim_v;   /**< >= 1 */
+    int64_t max_len;      /**< >= 1 */
+    kvhal_dtype dtype;    /**< f32, f16, bf16, fp8_e4m3, fp8_e5m2 */
+    kvhal_device device;  /**< where it lives */
 } kvhal_static_cache_config;
+/** Static initialiser of a ::kvhal_static_cache_config: struct_size set, every other field zero (C, C++20). */
+#define KVHAL_STATIC_CACHE_CONFIG_INIT {.struct_size = sizeof(kvhal_static_cache_config)}
+/** Initialises a ::kvhal_static_cache_config: struct_size set, every other field zero (C and any C++).
+ *  @param cfg the caller's struct. */
+static inline void kvhal_static_cache_config_init(kvhal_static_cache_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
+/** Creates a static cache: [layers, batch, heads, max_len, dim] for K and V.
+ *  @param cfg the configuration, read during the call.
+ *  @param out receives the cache; the caller destroys it with kvhal_static_cache_destroy().
+ *  @return as kvhal_kv_cache_create(). Thread safety: any thread. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_static_cache_create(const kvhal_static_cache_config *cfg, kvhal_static_cache **out);
+/** Destroys a static cache (queued work using it must have finished).
+ *  @param c the cache; NULL is KVHAL_OK.
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE. Thread safety: single-owner. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_static_cache_destroy(kvhal_static_cache *c);
-/* k: [batch, heads_k, seq, dk], v: [batch, heads_v, seq, dv] (any strides, cache's dtype, cache's device).
- * Writes positions [cache_pos, cache_pos+seq) and returns views of the history [batch, heads, cache_pos+seq, dim]. */
+/** Writes positions [cache_pos, cache_pos+seq) of a layer and returns views of the history.
+ *  @param c the cache.
+ *  @param layer 0 .. num_layers - 1.
+ *  @param k [batch, heads_k, seq, dk] (any strides, cache's dtype, cache's device).
+ *  @param v [batch, heads_v, seq, dv].
+ *  @param cache_pos first position written.
+ *  @param k_hist receives K [batch, heads_k, cache_pos+seq, dk] (a view, valid while c lives).
+ *  @param v_hist receives V [batch, heads_v, cache_pos+seq, dv].
+ *  @param s the stream (NULL: default).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_INVALID_HANDLE; KVHAL_SHAPE_MISMATCH; KVHAL_DTYPE_MISMATCH;
+ *  KVHAL_DEVICE_MISMATCH; KVHAL_OUT_OF_RANGE (past max_len); the op statuses of kvhal_tensor_copy().
+ *  Thread safety: single-owner. Graph capture: as kvhal_tensor_copy(). Stream: asynchronous on s. */
 KVHAL_API kvhal_status kvhal_static_cache_update(kvhal_static_cache *c, int32_t layer, const kvhal_tensor *k,
                                                  const kvhal_tensor *v, int64_t cache_pos, kvhal_tensor *k_hist,
                                                  kvhal_tensor *v_hist, kvhal_stream *s);
@@ -509,54 +944,141 @@ KVHAL_API kvhal_status kvhal_static_cache_update(kvhal_static_cache *c, int32_t 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Paged cache                                                                                                   */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** Layout of one block of a paged cache. */
 typedef enum kvhal_paged_layout {
-    KVHAL_LAYOUT_NHD = 0, /* a block is [block_size, heads, dim] */
-    KVHAL_LAYOUT_HND = 1  /* a block is [heads, block_size, dim] */
+    KVHAL_LAYOUT_NHD = 0, /**< a block is [block_size, heads, dim] */
+    KVHAL_LAYOUT_HND = 1  /**< a block is [heads, block_size, dim] */
 } kvhal_paged_layout;
+/** Order of layers and blocks in a paged cache's memory. */
 typedef enum kvhal_paged_order {
-    KVHAL_LAYER_FIRST = 0, /* [layers][K|V][blocks][block]: each layer's K (and V) is one dense array */
-    KVHAL_PAGE_FIRST = 1   /* [blocks][layers][K|V][block]: a block of all layers is contiguous */
+    KVHAL_LAYER_FIRST = 0, /**< [layers][K|V][blocks][block]: each layer's K (and V) is one dense array */
+    KVHAL_PAGE_FIRST = 1   /**< [blocks][layers][K|V][block]: a block of all layers is contiguous */
 } kvhal_paged_order;
+/** A paged (vLLM style) cache on one device. Single-owner object. */
 typedef struct kvhal_paged_cache kvhal_paged_cache;
+/** Configuration of kvhal_paged_cache_create(). Extensible: initialise with ::KVHAL_PAGED_CACHE_CONFIG_INIT or
+ *  kvhal_paged_cache_config_init() before setting fields (docs/ABI.md). */
 typedef struct kvhal_paged_cache_config {
-    int32_t num_layers, num_heads, head_dim, block_size;
-    kvhal_dtype dtype;           /* f32, f16, bf16, fp8_e4m3, fp8_e5m2 */
-    kvhal_paged_layout layout;
-    kvhal_paged_order order;
-    uint64_t memory_budget;      /* bytes for K and V of all layers; the block count follows */
-    kvhal_device device;
-    float k_scale, v_scale;      /* fp8 scales (0 means 1) */
+    size_t struct_size;          /**< sizeof(kvhal_paged_cache_config) of the caller's header; set by the initialisers */
+    int32_t num_layers;          /**< >= 1 */
+    int32_t num_heads;           /**< >= 1 */
+    int32_t head_dim;            /**< >= 1 */
+    int32_t block_size;          /**< tokens per block, >= 1 */
+    kvhal_dtype dtype;           /**< f32, f16, bf16, fp8_e4m3, fp8_e5m2 */
+    kvhal_paged_layout layout;   /**< NHD (0, the default) or HND */
+    kvhal_paged_order order;     /**< layer-first (0, the default) or page-first */
+    uint64_t memory_budget;      /**< bytes for K and V of all layers; the block count follows */
+    kvhal_device device;         /**< where it lives */
+    float k_scale;               /**< FP8 scale of K (0 means 1) */
+    float v_scale;               /**< FP8 scale of V (0 means 1) */
 } kvhal_paged_cache_config;
+/** Static initialiser of a ::kvhal_paged_cache_config: struct_size set, every other field zero (C, C++20). */
+#define KVHAL_PAGED_CACHE_CONFIG_INIT {.struct_size = sizeof(kvhal_paged_cache_config)}
+/** Initialises a ::kvhal_paged_cache_config: struct_size set, every other field zero (C and any C++).
+ *  @param cfg the caller's struct. */
+static inline void kvhal_paged_cache_config_init(kvhal_paged_cache_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+}
+/** Creates a paged cache sized by its memory budget.
+ *  @param cfg the configuration, read during the call.
+ *  @param out receives the cache; the caller destroys it with kvhal_paged_cache_destroy().
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, a field out of range or a struct_size this library does not
+ *  know, naming the field); KVHAL_OUT_OF_RANGE (sizes that overflow); KVHAL_OUT_OF_MEMORY (a budget below one
+ *  block, or the allocation failed); the device lookup statuses. Thread safety: any thread. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal_paged_cache **out);
+/** Destroys a paged cache (queued work using it must have finished).
+ *  @param c the cache; NULL is KVHAL_OK.
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE. Thread safety: single-owner. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_paged_cache_destroy(kvhal_paged_cache *c);
+/** The number of blocks the budget gave.
+ *  @param c the cache.
+ *  @return the block count; 0 for NULL or a pointer that is not a live paged cache. Thread safety: single-owner. */
 KVHAL_API int64_t kvhal_paged_cache_num_blocks(const kvhal_paged_cache *c);
-/* Views [blocks, block_size, heads, dim] (logical order, layout in the strides). */
+/** Views of a layer's K and V: [blocks, block_size, heads, dim] in logical order, the layout in the strides.
+ *  @param c the cache.
+ *  @param layer 0 .. num_layers - 1.
+ *  @param k receives the K view (valid while c lives).
+ *  @param v receives the V view.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_INVALID_HANDLE; KVHAL_OUT_OF_RANGE (layer).
+ *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_paged_cache_layer(const kvhal_paged_cache *c, int32_t layer, kvhal_tensor *k,
                                                kvhal_tensor *v);
+/** kvhal_paged_caching() into one layer of the cache, with the cache's FP8 scales.
+ *  @param c the cache.
+ *  @param layer 0 .. num_layers - 1.
+ *  @param k the new tokens' K, as for kvhal_paged_caching().
+ *  @param v the new tokens' V.
+ *  @param slot_mapping the tokens' slots, as for kvhal_paged_caching().
+ *  @param s the stream (NULL: default).
+ *  @return KVHAL_INVALID_HANDLE, KVHAL_OUT_OF_RANGE (layer) or what kvhal_paged_caching() returns.
+ *  Thread safety: single-owner. Graph capture: as kvhal_paged_caching(). Stream: asynchronous on s. */
 KVHAL_API kvhal_status kvhal_paged_cache_update(kvhal_paged_cache *c, int32_t layer, const kvhal_tensor *k,
                                                 const kvhal_tensor *v, const kvhal_tensor *slot_mapping,
                                                 kvhal_stream *s);
-/* copy_blocks over every layer's K and V. */
+/** kvhal_copy_blocks() over every layer's K and V (copy-on-write of shared blocks).
+ *  @param c the cache.
+ *  @param pairs num_pairs (src, dst) block ids on the host.
+ *  @param num_pairs >= 0.
+ *  @param s the stream (NULL: default).
+ *  @return KVHAL_INVALID_HANDLE, KVHAL_OUT_OF_MEMORY or what kvhal_copy_blocks() returns.
+ *  Thread safety: single-owner. Graph capture: as kvhal_copy_blocks(). Stream: asynchronous on s. */
 KVHAL_API kvhal_status kvhal_paged_cache_copy_blocks(kvhal_paged_cache *c, const int64_t *pairs, int32_t num_pairs,
                                                      kvhal_stream *s);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Block pool: O(1) allocate/free of block ids with reference counts                                             */
 /* ------------------------------------------------------------------------------------------------------------ */
-/* For engines that keep their own block tables (vLLM-style): shared prefixes and copy-on-write by reference count.
- * The cache manager does not use it (it tracks page owners in bitmaps); it stands on its own. */
+/** Block ids with reference counts, for engines that keep their own block tables (vLLM-style): shared prefixes and
+ *  copy-on-write by reference count. The cache manager does not use it; it stands on its own. Host memory only.
+ *  Single-owner object. */
 typedef struct kvhal_block_pool kvhal_block_pool;
+/** Creates a pool of num_blocks free blocks.
+ *  @param num_blocks >= 1.
+ *  @param out receives the pool; the caller destroys it with kvhal_block_pool_destroy().
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_OUT_OF_MEMORY. Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_block_pool_create(int32_t num_blocks, kvhal_block_pool **out);
+/** Destroys a pool.
+ *  @param p the pool; NULL is KVHAL_OK.
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE. Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_block_pool_destroy(kvhal_block_pool *p);
-/* All n or none (KVHAL_OUT_OF_MEMORY when fewer than n are free). Each gets ref count 1. */
+/** Allocates n blocks, all or none; each gets reference count 1.
+ *  @param p the pool.
+ *  @param n >= 0.
+ *  @param blocks receives n block ids (caller's array).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_INVALID_HANDLE; KVHAL_OUT_OF_MEMORY (fewer than n free).
+ *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_block_pool_allocate(kvhal_block_pool *p, int32_t n, int32_t *blocks);
-/* +1 reference (share, fork). */
+/** Adds a reference to an allocated block (share, fork).
+ *  @param p the pool.
+ *  @param block an allocated block id.
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE; KVHAL_OUT_OF_RANGE (bad id, or the count is at its maximum);
+ *  KVHAL_INVALID_ARGUMENT (a free block). Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_block_pool_share(kvhal_block_pool *p, int32_t block);
-/* -1 reference; the block is free again at 0. */
+/** Drops a reference; the block is free again at 0.
+ *  @param p the pool.
+ *  @param block an allocated block id.
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE; KVHAL_OUT_OF_RANGE; KVHAL_INVALID_ARGUMENT (a free block).
+ *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_block_pool_release(kvhal_block_pool *p, int32_t block);
+/** The number of free blocks.
+ *  @param p the pool.
+ *  @return the count; 0 for NULL or a pointer that is not a live pool. Thread safety: single-owner. */
 KVHAL_API int32_t kvhal_block_pool_num_free(const kvhal_block_pool *p);
+/** The number of blocks.
+ *  @param p the pool.
+ *  @return the count; 0 for NULL or a pointer that is not a live pool. Thread safety: single-owner. */
 KVHAL_API int32_t kvhal_block_pool_num_total(const kvhal_block_pool *p);
-KVHAL_API int32_t kvhal_block_pool_ref_count(const kvhal_block_pool *p, int32_t block); /* -1 if out of range */
+/** A block's reference count.
+ *  @param p the pool.
+ *  @param block a block id.
+ *  @return the count (0 for a free block); -1 for an id out of range or an invalid pool. Thread safety: single-owner. */
+KVHAL_API int32_t kvhal_block_pool_ref_count(const kvhal_block_pool *p, int32_t block);
+/** Checks the pool's bookkeeping (free list against reference counts).
+ *  @param p the pool.
+ *  @return KVHAL_OK; KVHAL_INTEGRITY naming the inconsistency; KVHAL_INVALID_HANDLE; KVHAL_OUT_OF_MEMORY.
+ *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_block_pool_check_integrity(const kvhal_block_pool *p);
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -564,7 +1086,12 @@ KVHAL_API kvhal_status kvhal_block_pool_check_integrity(const kvhal_block_pool *
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Host memory: a radix cache keeps the token and page arrays of entries it evicts (or drops in reset) for reuse by
  * later inserts; it returns them to the system when it is destroyed. Its footprint is that of its fullest moment. */
-typedef enum kvhal_prefix_kind { KVHAL_PREFIX_NAIVE = 0, KVHAL_PREFIX_RADIX = 1 } kvhal_prefix_kind;
+/** The kind of prefix cache. */
+typedef enum kvhal_prefix_kind {
+    KVHAL_PREFIX_NAIVE = 0, /**< never matches, keeps nothing (a baseline) */
+    KVHAL_PREFIX_RADIX = 1  /**< a radix tree of token ids to page indices, LRU eviction of unlocked leaves */
+} kvhal_prefix_kind;
+/** A prefix cache (host memory). Single-owner object. */
 typedef struct kvhal_prefix_cache kvhal_prefix_cache;
 /** A prefix-cache handle: an opaque 64-bit value, 0 meaning "nothing matched". Either a node handle (from
  * kvhal_prefix_match: the node's slot and the slot's generation) or a request handle (from
@@ -573,9 +1100,18 @@ typedef struct kvhal_prefix_cache kvhal_prefix_cache;
  * the memory was reused since. Another cache's handle is refused unless its slot and generation both happen to
  * name a live entry here (generations start at a different place per cache: about 1 in 2^31). */
 typedef uint64_t kvhal_prefix_handle;
-/* Receives freed page indices during evict/reset. */
+/** Receives freed page indices during evict or reset.
+ *  @param pages n page indices, valid during the call.
+ *  @param n how many.
+ *  @param user the pointer given to the evicting call.
+ *  It must not call back into the cache. */
 typedef void (*kvhal_pages_fn)(const int32_t *pages, size_t n, void *user);
 
+/** Creates a prefix cache.
+ *  @param kind ::KVHAL_PREFIX_NAIVE or ::KVHAL_PREFIX_RADIX.
+ *  @param page_size tokens per page, >= 1.
+ *  @param out receives the cache; the caller destroys it with kvhal_prefix_cache_destroy().
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_OUT_OF_MEMORY. Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_prefix_cache_create(kvhal_prefix_kind kind, int32_t page_size,
                                                  kvhal_prefix_cache **out);
 /** Destroys a prefix cache; every handle of it is gone with it.
@@ -583,6 +1119,9 @@ KVHAL_API kvhal_status kvhal_prefix_cache_create(kvhal_prefix_kind kind, int32_t
  * @return KVHAL_OK; KVHAL_INVALID_HANDLE when pc is not a live prefix cache; KVHAL_INVALID_ARGUMENT when pc belongs
  *         to a cache manager (kvhal_cache_manager_prefix): only kvhal_cache_manager_destroy frees it. */
 KVHAL_API kvhal_status kvhal_prefix_cache_destroy(kvhal_prefix_cache *pc);
+/** The page size.
+ *  @param pc the cache.
+ *  @return tokens per page; 0 for NULL or a pointer that is not a live prefix cache. Thread safety: single-owner. */
 KVHAL_API int32_t kvhal_prefix_cache_page_size(const kvhal_prefix_cache *pc);
 /** Longest cached prefix of tokens, aligned down to whole pages.
  * @param pc the cache (borrowed for the call).
@@ -612,31 +1151,75 @@ KVHAL_API kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_ha
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for 0 or a node with no lock of its own left (the locks request
  *         handles hold are theirs to give back); KVHAL_INVALID_HANDLE for a stale or foreign handle. */
 KVHAL_API kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle);
-/* Inserts tokens[0..n) (n aligned down to pages) with their pages (n/page_size entries). already_cached = the
- * length that was present before; the tree keeps its own pages there, so the caller still owns its
- * pages[0..already_cached/page_size) and frees those that are not the tree's (the ones it did not get from
- * match). A naive cache keeps nothing: already_cached = n, every page stays the caller's. */
+/** Inserts tokens[0..n) (n aligned down to pages) with their pages (n/page_size entries). The tree keeps its own
+ *  pages where the prefix was already present, so the caller still owns its pages[0..already_cached/page_size)
+ *  and frees those that are not the tree's (the ones it did not get from match). A naive cache keeps nothing:
+ *  already_cached = n, every page stays the caller's.
+ *  @param pc the cache.
+ *  @param tokens num_tokens token ids.
+ *  @param num_tokens how many.
+ *  @param pages num_tokens/page_size page indices; those past already_cached now belong to the tree.
+ *  @param already_cached receives the length that was present before.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_INVALID_HANDLE; KVHAL_OUT_OF_MEMORY (nothing inserted).
+ *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_prefix_insert(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
                                            const int32_t *pages, size_t *already_cached);
-/* Evicts unlocked leaves in LRU order until at least num_tokens tokens are freed (or nothing is evictable);
- * freed pages go to fn, one call per leaf (fn must not call back into the cache). evicted = tokens freed. */
+/** Evicts unlocked leaves in LRU order until at least num_tokens tokens are freed (or nothing is evictable).
+ *  @param pc the cache.
+ *  @param num_tokens tokens to free.
+ *  @param fn receives the freed pages, one call per leaf (may be NULL).
+ *  @param user passed to fn.
+ *  @param evicted receives the tokens freed (may be NULL).
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE; KVHAL_UNSUPPORTED (a naive cache asked for tokens).
+ *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_prefix_evict(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn, void *user,
                                           size_t *evicted);
+/** Token counts of a prefix cache (kvhal_prefix_size_info_get()). */
 typedef struct kvhal_prefix_size_info {
-    size_t evictable_tokens, protected_tokens, total_tokens, num_nodes;
+    size_t evictable_tokens;  /**< in unlocked entries */
+    size_t protected_tokens;  /**< in locked paths */
+    size_t total_tokens;      /**< evictable + protected */
+    size_t num_nodes;         /**< tree nodes, the root excluded */
 } kvhal_prefix_size_info;
+/** Token counts of a prefix cache.
+ *  @param pc the cache.
+ *  @param out receives them.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_INVALID_HANDLE. Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_prefix_size_info_get(const kvhal_prefix_cache *pc, kvhal_prefix_size_info *out);
-/* Drops everything (locks included); freed pages go to fn. */
+/** Drops everything, locks included (every handle becomes invalid).
+ *  @param pc the cache.
+ *  @param fn receives the freed pages (may be NULL).
+ *  @param user passed to fn.
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE. Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_prefix_reset(kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user);
+/** Checks the tree (lengths, lock counts, LRU heap, token counts).
+ *  @param pc the cache.
+ *  @return KVHAL_OK; KVHAL_INTEGRITY naming the inconsistency; KVHAL_INVALID_HANDLE; KVHAL_OUT_OF_MEMORY.
+ *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_prefix_check_integrity(const kvhal_prefix_cache *pc);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Cache manager: free pages (a block pool) + a prefix cache                                                     */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** Free pages plus a prefix cache: what a serving engine needs to place requests' K/V in a paged cache and reuse
+ *  shared prefixes. Host memory only. Single-owner object. */
 typedef struct kvhal_cache_manager kvhal_cache_manager;
+/** Creates a cache manager of total_pages pages.
+ *  @param total_pages >= 1 (the paged cache's block count).
+ *  @param page_size tokens per page (the paged cache's block size).
+ *  @param kind the prefix cache kind.
+ *  @param out receives the manager; the caller destroys it with kvhal_cache_manager_destroy().
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_OUT_OF_MEMORY. Thread safety: any thread. */
 KVHAL_API kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t page_size, kvhal_prefix_kind kind,
                                                   kvhal_cache_manager **out);
+/** Destroys a manager and its prefix cache.
+ *  @param cm the manager; NULL is KVHAL_OK.
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE. Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_cache_manager_destroy(kvhal_cache_manager *cm);
+/** The manager's prefix cache, for queries and lock/unlock only: insert and evict go through the manager.
+ *  @param cm the manager.
+ *  @return the prefix cache, owned by cm; NULL for NULL or a pointer that is not a live manager.
+ *  Thread safety: single-owner. */
 KVHAL_API kvhal_prefix_cache *kvhal_cache_manager_prefix(kvhal_cache_manager *cm);
 /** match + lock, with a request handle of its own (never 0, even when nothing matched).
  * The handle must be passed to cache_finished or cache_finished_suffix once (a second finish is
@@ -656,8 +1239,19 @@ KVHAL_API kvhal_prefix_cache *kvhal_cache_manager_prefix(kvhal_cache_manager *cm
 KVHAL_API kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                                  kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
                                                  size_t pages_cap);
-/* n pages, evicting when free pages run short; all or nothing (KVHAL_OUT_OF_MEMORY). */
+/** Allocates n pages, evicting cached prefixes when free pages run short; all or nothing.
+ *  @param cm the manager.
+ *  @param n >= 0.
+ *  @param pages receives n page indices (caller's array).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_INVALID_HANDLE; KVHAL_OUT_OF_MEMORY (fewer than n free and
+ *  evictable). Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, int32_t *pages);
+/** Frees pages a request holds (every page is checked as one the caller's requests hold; all or nothing).
+ *  @param cm the manager.
+ *  @param pages n page indices.
+ *  @param n >= 0.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (a page not held, or twice); KVHAL_OUT_OF_RANGE; KVHAL_INVALID_HANDLE.
+ *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const int32_t *pages, int32_t n);
 /** A request finished: tokens[0..n) with pages covering ceil(n/page_size) pages (the first ones from match).
  * Inserts the page-aligned part, frees duplicate pages and the partial tail page, consumes handle.
@@ -686,22 +1280,42 @@ KVHAL_API kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *c
 KVHAL_API kvhal_status kvhal_cache_manager_cache_finished_suffix(kvhal_cache_manager *cm,
                                                                  kvhal_prefix_handle handle, const int32_t *tokens,
                                                                  size_t num_tokens, const int32_t *pages);
-/* free + evictable pages */
+/** Free plus evictable pages.
+ *  @param cm the manager.
+ *  @return the count; 0 for NULL or a pointer that is not a live manager. Thread safety: single-owner. */
 KVHAL_API int32_t kvhal_cache_manager_available(const kvhal_cache_manager *cm);
+/** Free pages.
+ *  @param cm the manager.
+ *  @return the count; 0 for NULL or a pointer that is not a live manager. Thread safety: single-owner. */
 KVHAL_API int32_t kvhal_cache_manager_num_free(const kvhal_cache_manager *cm);
+/** Pages evicted since creation.
+ *  @param cm the manager.
+ *  @return the count; 0 for NULL or a pointer that is not a live manager. Thread safety: single-owner. */
 KVHAL_API uint64_t kvhal_cache_manager_pages_evicted(const kvhal_cache_manager *cm);
-/* Evicts at least num_tokens tokens of unlocked cached prefixes (LRU leaves first) into the free pages, or all
- * there are; evicted = tokens freed (may be NULL). */
+/** Evicts at least num_tokens tokens of unlocked cached prefixes (LRU leaves first) into the free pages, or all
+ *  there are.
+ *  @param cm the manager.
+ *  @param num_tokens tokens to free.
+ *  @param evicted receives the tokens freed (may be NULL).
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE; KVHAL_UNSUPPORTED (naive prefix cache). Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_cache_manager_evict(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted);
-/* free + evictable + protected + held by running requests == total */
+/** Checks free + evictable + protected + held by running requests == total, and the prefix cache.
+ *  @param cm the manager.
+ *  @return KVHAL_OK; KVHAL_INTEGRITY naming the inconsistency; KVHAL_INVALID_HANDLE; KVHAL_OUT_OF_MEMORY.
+ *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Fault injection (for tests): the n-th host or device allocation from now on fails (n >= 1); 0 turns it off.  */
 /* KVHAL_FAULT_ALLOC=n in the environment does the same at load.                                                 */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** Test hook: the n-th host or device allocation made on a caller's behalf from now on fails (the call returns
+ *  KVHAL_OUT_OF_MEMORY and undoes what it did). KVHAL_FAULT_ALLOC=n in the environment does the same at load.
+ *  @param n >= 1 to arm; 0 turns it off.
+ *  Thread safety: process-wide (allocations on every thread count). */
 KVHAL_API void kvhal_fault_inject_alloc(int64_t n);
-/* Allocations counted since the last kvhal_fault_inject_alloc call (to walk every allocation point). */
+/** Allocations counted since the last kvhal_fault_inject_alloc() call (to walk every allocation point).
+ *  @return the count. Thread safety: process-wide. */
 KVHAL_API int64_t kvhal_fault_alloc_count(void);
 
 /* ------------------------------------------------------------------------------------------------------------ */

@@ -1,6 +1,8 @@
-/* kvhal_backend.h — the plugin interface (ABI 2): what a backend module implements and what the core gives it.
+/**
+ * @file kvhal_backend.h
+ * @brief The plugin interface (ABI 2): what a backend module implements and what the core gives it.
  *
- * A module is a shared object named libkvhal-<anything>.so that exports exactly one symbol, kvhal_backend_entry,
+ * A module is a shared object named `libkvhal-<anything>.so` that exports exactly one symbol, kvhal_backend_entry,
  * and links nothing of the core. It serves one device type, which it names itself (device_type: "cuda", "npu"):
  * the registry assigns the type id at load (the built-in names keep cpu 0, cuda 1, hip 2, opencl 3), so a vendor
  * adds a device type without a kvhal release. Everything else a module offers comes through get_proc_address.
@@ -27,8 +29,10 @@
 extern "C" {
 #endif
 
+/** The plugin ABI version of this header: a module sets kvhal_backend::abi_version to it. Modules are installed in
+ *  `<libdir>/kvhal-0/` (pkg-config --variable=moduledir kvhal). */
 #define KVHAL_BACKEND_ABI_VERSION 2
-/* Oldest table version this core accepts: ABI 2 changed the table's layout, so version 1 modules are refused. */
+/** Oldest table version this core accepts: ABI 2 changed the table's layout, so version 1 modules are refused. */
 #define KVHAL_BACKEND_ABI_MIN 2
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -37,11 +41,17 @@ extern "C" {
 /* and generates the op enum, the op names, the descriptor-cache op kinds, the op slots of the table below and,   */
 /* in the backends that use it, their kernel-source and function tables. Append only.                            */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** The op list, X(ENUM_SUFFIX, name, argument struct) per op (see the banner above). Append only. */
 #define KVHAL_BK_OP_LIST(X)                                                                                     \
     X(PAGED_CACHING, paged_caching, kvhal_bk_paged_caching)                                                     \
     X(COPY_BLOCKS, copy_blocks, kvhal_bk_copy_blocks)                                                           \
     X(TENSOR_COPY, tensor_copy, kvhal_bk_tensor_copy)
 
+/** The ops, one KVHAL_BK_OP_<ENUM_SUFFIX> per entry of KVHAL_BK_OP_LIST, in its order (KVHAL_BK_OP_PAGED_CACHING = 0,
+ *  KVHAL_BK_OP_COPY_BLOCKS, KVHAL_BK_OP_TENSOR_COPY), then KVHAL_BK_OP_COUNT: the number of ops this header knows.
+ *  KVHAL_BK_OP_COUNT grows when an op is appended; a module uses it only to size its own tables at compile time
+ *  (the core never trusts a module's count: it reads the op slots the module's kvhal_backend_op_fns::struct_size
+ *  covers). */
 typedef enum kvhal_bk_op {
 #define KVHAL_BK_X_ENUM(E, name, T) KVHAL_BK_OP_##E,
     KVHAL_BK_OP_LIST(KVHAL_BK_X_ENUM)
@@ -49,30 +59,32 @@ typedef enum kvhal_bk_op {
     KVHAL_BK_OP_COUNT
 } kvhal_bk_op;
 
-/* Services the core hands a module at init. */
+/** Services the core hands a module at init. */
 typedef struct kvhal_core_services {
-    uint32_t abi_version;
-    uint32_t struct_size;
-    /* Sets this thread's kvhal_last_error() message (printf-style) and returns status. */
+    uint32_t abi_version; /**< the core's KVHAL_BACKEND_ABI_VERSION */
+    uint32_t struct_size; /**< sizeof(kvhal_core_services) of the core: entries past it are absent */
+    /** Sets this thread's kvhal_last_error() message (printf-style) and returns status. */
     kvhal_status (*set_error)(kvhal_status status, const char *fmt, ...)
 #if defined(__GNUC__)
         __attribute__((format(printf, 2, 3)))
 #endif
         ;
-    /* Writes to the log only when KVHAL_LOG asks for it. level: 0 error, 1 warn, 2 info, 3 debug. */
+    /** Writes to the log only when KVHAL_LOG asks for it. level: 0 error, 1 warn, 2 info, 3 debug. */
     void (*log)(int level, const char *fmt, ...)
 #if defined(__GNUC__)
         __attribute__((format(printf, 2, 3)))
 #endif
         ;
-    /* Test hook: returns true when the current allocation should fail (fault injection); modules call it before
+    /** Test hook: returns true when the current allocation should fail (fault injection); modules call it before
      * every device or host allocation they make on behalf of a caller. */
     bool (*alloc_should_fail)(void);
 } kvhal_core_services;
 
 /* Header-only helpers for module authors (a module links nothing of the core, so these are inline). */
 
-/* Bytes of one element of dt; 0 for a value that is not a dtype. The same sizes as kvhal_dtype_size(). */
+/** Bytes of one element of dt; 0 for a value that is not a dtype. The same sizes as kvhal_dtype_size().
+ *  @param dt a dtype.
+ *  @return 1, 2, 4, 8 or 0. */
 static inline size_t kvhal_bk_dtype_size(kvhal_dtype dt)
 {
     switch (dt) {
@@ -84,7 +96,9 @@ static inline size_t kvhal_bk_dtype_size(kvhal_dtype dt)
     }
 }
 
-/* "bf16"; "invalid" for a value that is not a dtype. The same names as kvhal_dtype_name(). */
+/** "bf16"; "invalid" for a value that is not a dtype. The same names as kvhal_dtype_name().
+ *  @param dt a dtype.
+ *  @return a static string. */
 static inline const char *kvhal_bk_dtype_name(kvhal_dtype dt)
 {
     switch (dt) {
@@ -101,7 +115,11 @@ static inline const char *kvhal_bk_dtype_name(kvhal_dtype dt)
     }
 }
 
-/* For supports(): writes the reason (printf-style, truncated to fit; reason may be NULL) and returns false. */
+/** For supports(): writes the reason (printf-style, truncated to fit) and returns false.
+ *  @param reason the buffer supports() was given (may be NULL).
+ *  @param reason_size its size.
+ *  @param fmt printf format of the reason, then its arguments.
+ *  @return false. */
 static inline bool kvhal_bk_refuse(char *reason, size_t reason_size, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
@@ -118,140 +136,163 @@ static inline bool kvhal_bk_refuse(char *reason, size_t reason_size, const char 
     return false;
 }
 
-/* A tensor as the backend sees it: native memory + byte offset + metadata. */
+/** A tensor as the backend sees it: native memory + byte offset + metadata. */
 typedef struct kvhal_bk_tensor {
-    void *native;
-    size_t offset;
-    kvhal_dtype dtype;
-    int32_t ndim;
-    int64_t shape[KVHAL_MAX_DIMS];
-    int64_t strides[KVHAL_MAX_DIMS];
+    void *native;                      /**< the buffer's native memory (pointer or cl_mem) */
+    size_t offset;                     /**< bytes from native to element 0 */
+    kvhal_dtype dtype;                 /**< element type */
+    int32_t ndim;                      /**< 1..KVHAL_MAX_DIMS */
+    int64_t shape[KVHAL_MAX_DIMS];     /**< extents */
+    int64_t strides[KVHAL_MAX_DIMS];   /**< in elements */
 } kvhal_bk_tensor;
 
-/* The paged-caching op, validated and normalised by the core. Every stride is in elements of its tensor's dtype.
+/** The paged-caching op, validated and normalised by the core. Every stride is in elements of its tensor's dtype.
  * Input token t (0..num_tokens) lives at  (t / seq_len) * tok_stride_outer + (t % seq_len) * tok_stride_inner
  * + head * head_stride + d * dim_stride.  Cache slot s lives at  (s / block_size) * block_stride
  * + (s % block_size) * offset_stride + head * head_stride + d * dim_stride.  slot_mapping[t] lives at
  * (t / seq_len) * slot_stride_outer + (t % seq_len) * slot_stride_inner. A slot outside [0, num_slots) is skipped
  * (negative: padding; past the end: the backend raises its device-side error flag, see synchronize). */
 typedef struct kvhal_bk_paged_side {
-    void *cache;         /* native memory of the cache */
-    size_t cache_offset; /* bytes */
-    int64_t block_stride, offset_stride, cache_head_stride, cache_dim_stride;
-    void *input;
-    size_t input_offset;
-    int64_t tok_stride_outer, tok_stride_inner, in_head_stride, in_dim_stride;
-    int32_t head_dim;    /* >= 1 */
-    float scale;         /* fp8 caches: stored = round(value / scale); 1 otherwise */
+    void *cache;         /**< native memory of the cache */
+    size_t cache_offset; /**< bytes */
+    int64_t block_stride;      /**< elements between blocks */
+    int64_t offset_stride;     /**< elements between slots of a block */
+    int64_t cache_head_stride; /**< elements between heads in the cache */
+    int64_t cache_dim_stride;  /**< elements between dims in the cache */
+    void *input;               /**< native memory of the new tokens (k or v) */
+    size_t input_offset;       /**< bytes */
+    int64_t tok_stride_outer;  /**< elements between sequences of a batch */
+    int64_t tok_stride_inner;  /**< elements between tokens of a sequence */
+    int64_t in_head_stride;    /**< elements between heads of the input */
+    int64_t in_dim_stride;     /**< elements between dims of the input */
+    int32_t head_dim;    /**< >= 1 */
+    float scale;         /**< fp8 caches: stored = round(value / scale); 1 otherwise */
 } kvhal_bk_paged_side;
 
 /* Descriptors by shape class: the core keys paged-caching descriptors by everything here except memory, offsets,
  * scales, num_tokens and (for a flat call, batched false) seq_len and the outer token and slot strides; a batched
  * call's batch size (num_tokens / seq_len) is not in the key either. So desc_create must make a descriptor that
  * serves every token count: whatever depends on num_tokens is decided per call. */
+/** The arguments of the paged-caching op (see kvhal_bk_paged_side for the addressing). */
 typedef struct kvhal_bk_paged_caching {
-    kvhal_bk_paged_side k, v;
-    kvhal_dtype input_dtype, cache_dtype, slot_dtype;
-    int64_t num_tokens, seq_len; /* seq_len = num_tokens for [tokens, heads, dim] input */
-    int32_t num_heads, block_size;
-    int64_t num_blocks;
-    void *slots;
-    size_t slots_offset;
-    int64_t slot_stride_outer, slot_stride_inner;
+    kvhal_bk_paged_side k;        /**< the K side */
+    kvhal_bk_paged_side v;        /**< the V side */
+    kvhal_dtype input_dtype;      /**< f32, f16 or bf16 */
+    kvhal_dtype cache_dtype;      /**< input_dtype, or fp8 */
+    kvhal_dtype slot_dtype;       /**< i32 or i64 */
+    int64_t num_tokens;           /**< tokens to write */
+    int64_t seq_len;              /**< seq_len = num_tokens for [tokens, heads, dim] input */
+    int32_t num_heads;            /**< heads per token */
+    int32_t block_size;           /**< slots per block */
+    int64_t num_blocks;           /**< blocks of the caches */
+    void *slots;                  /**< native memory of slot_mapping */
+    size_t slots_offset;          /**< bytes */
+    int64_t slot_stride_outer;    /**< elements between sequences */
+    int64_t slot_stride_inner;    /**< elements between tokens */
     /* Derived by the core; backends use them as given instead of deriving them again. */
-    int64_t num_slots; /* num_blocks * block_size (fits in 64 bits: checked) */
-    bool batched;      /* seq_len < num_tokens: tokens come as [batch, seq] */
-    bool fp8;          /* cache_dtype is fp8_e4m3 or fp8_e5m2 */
+    int64_t num_slots; /**< num_blocks * block_size (fits in 64 bits: checked) */
+    bool batched;      /**< seq_len < num_tokens: tokens come as [batch, seq] */
+    bool fp8;          /**< cache_dtype is fp8_e4m3 or fp8_e5m2 */
 } kvhal_bk_paged_caching;
 
-/* copy_blocks: for every cache c and pair p, copy block_bytes[c] from base[c] + pairs[p].src * block_strides[c] to
+/** copy_blocks: for every cache c and pair p, copy block_bytes[c] from base[c] + pairs[p].src * block_strides[c] to
  * base[c] + pairs[p].dst * block_strides[c]. Strides and sizes in bytes; pairs on the host, in range and disjoint
  * (no block written by one pair is read or written by another: checked by the core). */
 typedef struct kvhal_bk_copy_blocks {
-    int32_t num_caches;
-    void *const *natives;       /* cl_mem / device pointer per cache */
-    const size_t *offsets;      /* byte offset of block 0 of each cache */
-    const int64_t *block_strides;
-    const int64_t *block_bytes;
-    const int64_t *pairs;       /* 2 * num_pairs */
-    int32_t num_pairs;
-    int64_t num_blocks_min;     /* smallest block count over the caches (validated) */
+    int32_t num_caches;         /**< caches to copy in */
+    void *const *natives;       /**< cl_mem / device pointer per cache */
+    const size_t *offsets;      /**< byte offset of block 0 of each cache */
+    const int64_t *block_strides; /**< bytes between blocks, per cache */
+    const int64_t *block_bytes;   /**< bytes of one block, per cache */
+    const int64_t *pairs;       /**< 2 * num_pairs */
+    int32_t num_pairs;          /**< (src, dst) pairs */
+    int64_t num_blocks_min;     /**< smallest block count over the caches (validated) */
 } kvhal_bk_copy_blocks;
 
-/* Batched copies of byte ranges on one device (duplicate of the contiguous cache). */
+/** Batched copies of byte ranges on one device (duplicate of the contiguous cache). */
 typedef struct kvhal_bk_copy_batch {
-    int32_t count;
-    void *const *dst;
-    const size_t *dst_offsets;
-    void *const *src;
-    const size_t *src_offsets;
-    const size_t *bytes;
+    int32_t count;              /**< copies */
+    void *const *dst;           /**< native destination per copy */
+    const size_t *dst_offsets;  /**< byte offset per copy */
+    void *const *src;           /**< native source per copy */
+    const size_t *src_offsets;  /**< byte offset per copy */
+    const size_t *bytes;        /**< bytes per copy */
 } kvhal_bk_copy_batch;
 
-/* tensor_copy: dst and src have the same shape and dtype, at least one element. */
+/** tensor_copy: dst and src have the same shape and dtype, at least one element. */
 typedef struct kvhal_bk_tensor_copy {
-    kvhal_bk_tensor dst, src;
+    kvhal_bk_tensor dst; /**< destination view */
+    kvhal_bk_tensor src; /**< source view */
 } kvhal_bk_tensor_copy;
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Device and memory functions. id: the device index within the module, 0 .. device_count-1 (checked by the     */
 /* core). stream: NULL = the device's default stream; otherwise what stream_create/stream_wrap returned.        */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** The device and memory functions of a module (see the banner above). Only appended to. */
 typedef struct kvhal_backend_device_fns {
-    uint32_t struct_size; /* sizeof(kvhal_backend_device_fns) the module was built with */
-    /* Required. The core fills out->device and out->backend. */
+    uint32_t struct_size; /**< sizeof(kvhal_backend_device_fns) the module was built with */
+    /** Required. The core fills out->device and out->backend. */
     kvhal_status (*device_info)(void *ctx, int32_t id, kvhal_device_info *out);
-    /* Required. */
+    /** Required. */
     kvhal_status (*buffer_alloc)(void *ctx, int32_t id, size_t bytes, void **native);
+    /** Required. Frees what buffer_alloc returned. */
     kvhal_status (*buffer_free)(void *ctx, int32_t id, void *native);
-    /* NULL: a wrapped native pointer is used as is. */
+    /** NULL: a wrapped native pointer is used as is. */
     kvhal_status (*buffer_wrap)(void *ctx, int32_t id, void *native, size_t bytes);
+    /** Undoes buffer_wrap (the native memory stays the caller's). NULL: nothing to undo. */
     kvhal_status (*buffer_unwrap)(void *ctx, int32_t id, void *native);
-    /* NULL stream_create / stream_wrap: kvhal_stream_create / _wrap return KVHAL_UNSUPPORTED. */
+    /** NULL stream_create / stream_wrap: kvhal_stream_create / _wrap return KVHAL_UNSUPPORTED. */
     kvhal_status (*stream_create)(void *ctx, int32_t id, void **stream);
-    /* native may be NULL, KVHAL_STREAM_LEGACY or KVHAL_STREAM_PER_THREAD (the default streams, kvhal.h); a
-     * module without such streams serves them with its default stream. */
+    /** Wraps a native stream without taking it over. native may be NULL, KVHAL_STREAM_LEGACY or
+     *  KVHAL_STREAM_PER_THREAD (the default streams, kvhal.h); a module without such streams serves them with its
+     *  default stream. */
     kvhal_status (*stream_wrap)(void *ctx, int32_t id, void *native, void **stream);
-    kvhal_status (*stream_destroy)(void *ctx, int32_t id, void *stream); /* frees wrappers, destroys owned ones */
-    kvhal_status (*stream_synchronize)(void *ctx, int32_t id, void *stream); /* NULL: synchronize(id) */
-    /* Required. */
+    kvhal_status (*stream_destroy)(void *ctx, int32_t id, void *stream); /**< frees wrappers, destroys owned ones */
+    kvhal_status (*stream_synchronize)(void *ctx, int32_t id, void *stream); /**< NULL: synchronize(id) */
+    /** Required. */
     kvhal_status (*memcpy_h2d)(void *ctx, int32_t id, void *dst, size_t dst_off, const void *src, size_t bytes,
                                void *stream);
+    /** Required. Device to host; returns once dst holds the bytes. */
     kvhal_status (*memcpy_d2h)(void *ctx, int32_t id, void *dst, const void *src, size_t src_off, size_t bytes,
                                void *stream);
+    /** Required. Within one device, asynchronous on stream. */
     kvhal_status (*memcpy_d2d)(void *ctx, int32_t id, void *dst, size_t dst_off, const void *src, size_t src_off,
                                size_t bytes, void *stream);
-    /* Between two devices of this module. NULL: the core stages through the host. */
+    /** Between two devices of this module. NULL: the core stages through the host. */
     kvhal_status (*memcpy_peer)(void *ctx, int32_t dst_id, void *dst, size_t dst_off, int32_t src_id,
                                 const void *src, size_t src_off, size_t bytes, void *stream);
+    /** Sets bytes, asynchronous on stream. NULL: kvhal_memset returns KVHAL_UNSUPPORTED. */
     kvhal_status (*memset)(void *ctx, int32_t id, void *dst, size_t off, int value, size_t bytes, void *stream);
-    /* Required. Waits for the device; returns KVHAL_DEVICE_FAULT (and clears the flag) if a kernel raised it. */
+    /** Required. Waits for the device; returns KVHAL_DEVICE_FAULT (and clears the flag) if a kernel raised it. */
     kvhal_status (*synchronize)(void *ctx, int32_t id);
-    /* Reads the device-side error flag after the work already queued. NULL: synchronize. */
+    /** Reads the device-side error flag after the work already queued. NULL: synchronize. */
     kvhal_status (*check_errors)(void *ctx, int32_t id);
     /** Appended (issue 14). Waits for the work queued on one stream (NULL: the default stream) and nothing else,
      *  then reads and clears the device-side error flag (KVHAL_DEVICE_FAULT when set). NULL: the core calls
      *  stream_synchronize (or synchronize) and then check_errors. Never called while the stream is captured. */
     kvhal_status (*stream_check_errors)(void *ctx, int32_t id, void *stream);
-    /* Append new entries here only. */
+    /** Append new entries here only. */
 } kvhal_backend_device_fns;
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Op functions.                                                                                                 */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** The op functions of a module (see the banner above). Only appended to: op slots at the end, one per op. */
 typedef struct kvhal_backend_op_fns {
-    uint32_t struct_size; /* sizeof(kvhal_backend_op_fns) the module was built with */
-    /* Capability query. NULL: every op whose slot is set runs for every valid argument. Otherwise returns true
+    uint32_t struct_size; /**< sizeof(kvhal_backend_op_fns) the module was built with */
+    /** Capability query. NULL: every op whose slot is set runs for every valid argument. Otherwise returns true
      * when the op can run with these arguments (metadata only matters: memory pointers may be anything) and false
      * with a reason ("fp8_e5m2 caches are not supported") written into reason, which the core passes on in its
      * KVHAL_UNSUPPORTED message. The core asks once per descriptor (on a descriptor-cache miss) and before every
      * call it cannot cache, never on a hit; it never calls desc_create or the op after a refusal. */
     bool (*supports)(void *ctx, int32_t id, kvhal_bk_op op, const void *args, char *reason, size_t reason_size);
-    /* Descriptors: created from the first call's arguments (metadata only matters), cached by the core per thread
+    /** Descriptors: created from the first call's arguments (metadata only matters), cached by the core per thread
      * and device under the exact metadata, destroyed on eviction. NULL desc_create: ops get desc NULL. */
     kvhal_status (*desc_create)(void *ctx, int32_t id, kvhal_bk_op op, const void *args, void **desc);
+    /** Destroys a descriptor desc_create made (on eviction, clear or thread exit, on the owning thread). */
     void (*desc_destroy)(void *ctx, int32_t id, kvhal_bk_op op, void *desc);
-    /* Batched byte-range copies. NULL: the core issues count memcpy_d2d calls. */
+    /** Batched byte-range copies. NULL: the core issues count memcpy_d2d calls. */
     kvhal_status (*copy_batch)(void *ctx, int32_t id, const kvhal_bk_copy_batch *args, void *stream);
     /* One slot per op of KVHAL_BK_OP_LIST, in its order, e.g.
      *   kvhal_status (*paged_caching)(void *ctx, int32_t id, void *desc, const kvhal_bk_paged_caching *args,
@@ -261,36 +302,42 @@ typedef struct kvhal_backend_op_fns {
     kvhal_status (*name)(void *ctx, int32_t id, void *desc, const T *args, void *stream);
     KVHAL_BK_OP_LIST(KVHAL_BK_X_SLOT)
 #undef KVHAL_BK_X_SLOT
-    /* Ops are appended to KVHAL_BK_OP_LIST, never inserted; nothing else follows the op slots. */
+    /** Ops are appended to KVHAL_BK_OP_LIST, never inserted; nothing else follows the op slots. */
 } kvhal_backend_op_fns;
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* The table a module's entry point returns.                                                                     */
 /* ------------------------------------------------------------------------------------------------------------ */
-/* Device type names: a lowercase identifier, [a-z][a-z0-9_]*, 1 to KVHAL_DEVICE_TYPE_NAME_MAX - 1 characters. */
+/** Device type names: a lowercase identifier, [a-z][a-z0-9_]*, 1 to KVHAL_DEVICE_TYPE_NAME_MAX - 1 characters. */
+/** The table a module's entry point returns. */
 typedef struct kvhal_backend kvhal_backend;
+/** The table a module's entry point returns (see the banner above). Only appended to. */
 struct kvhal_backend {
-    uint32_t abi_version;    /* KVHAL_BACKEND_ABI_VERSION the module was built with */
-    uint32_t struct_size;    /* sizeof(kvhal_backend) the module was built with */
-    const char *name;        /* the module's name, for kvhal-info and messages: "cuda", "acme-npu" */
-    const char *device_type; /* the device type it serves: "cuda", "npu" */
-    /* Required. Called once after load. Sets *ctx (passed back to every call; may stay NULL) and *device_count
+    uint32_t abi_version;    /**< KVHAL_BACKEND_ABI_VERSION the module was built with */
+    uint32_t struct_size;    /**< sizeof(kvhal_backend) the module was built with */
+    const char *name;        /**< the module's name, for kvhal-info and messages: "cuda", "acme-npu" */
+    const char *device_type; /**< the device type it serves: "cuda", "npu" */
+    /** Required. Called once after load. Sets *ctx (passed back to every call; may stay NULL) and *device_count
      * (possibly 0, with reason filled: "no CUDA driver") and returns OK, or returns an error with reason. */
     kvhal_status (*init)(const kvhal_core_services *services, void **ctx, int32_t *device_count, char *reason,
                          size_t reason_size);
-    /* Frees the context. This core keeps modules loaded until the process exits and never calls it (a module's
+    /** Frees the context. This core keeps modules loaded until the process exits and never calls it (a module's
      * runtime tears down through its own exit hooks); it is part of ABI 2 for a core or a test host that unloads
      * modules. May be NULL. */
     void (*shutdown)(void *ctx);
-    /* Backend-specific extras by name (test hooks, native handles); NULL when the module has none of that name.
+    /** Backend-specific extras by name (test hooks, native handles); NULL when the module has none of that name.
      * Reached through kvhal_backend_get_proc_address(). May be NULL. */
     void *(*get_proc_address)(void *ctx, const char *name);
-    const kvhal_backend_device_fns *device; /* required */
-    const kvhal_backend_op_fns *ops;        /* NULL: no ops (memory only) */
-    /* Append new entries here only. */
+    const kvhal_backend_device_fns *device; /**< required */
+    const kvhal_backend_op_fns *ops;        /**< NULL: no ops (memory only) */
+    /** Append new entries here only. */
 };
 
+/** The type of a module's one exported symbol, kvhal_backend_entry.
+ *  @param core_abi_version the core's KVHAL_BACKEND_ABI_VERSION.
+ *  @return the module's table (static storage, valid while the module is loaded), or NULL to refuse to load. */
 typedef const kvhal_backend *(*kvhal_backend_entry_fn)(uint32_t core_abi_version);
+/** The name of the entry symbol a module exports. */
 #define KVHAL_BACKEND_ENTRY_SYMBOL "kvhal_backend_entry"
 
 #ifdef __cplusplus

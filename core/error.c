@@ -1,6 +1,9 @@
 /* error.c — status names and messages from the one table in kvhal.h, the thread-local last-error message, and the
- * opt-in log (KVHAL_LOG=error|warn|info|debug, written to stderr only when asked). */
+ * opt-in log (KVHAL_LOG=error|warn|info|debug, written to stderr only when asked, or handed to the application's
+ * callback, kvhal_log_set). */
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,11 +74,17 @@ kvhal_status kvhal__err(kvhal_status status, const char *fmt, ...)
     return r;
 }
 
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static kvhal_log_fn log_fn;   /* under log_lock */
+static void *log_user;        /* under log_lock */
+static atomic_bool log_hooked; /* log_fn != NULL, read without the lock by the level check */
+
 static int log_level(void)
 {
-    /* Read each time: cheap next to the logging itself, and tests may change it. */
+    /* Read each time: cheap next to the logging itself, and tests may change it. Unset: nothing, or warnings and
+     * errors when the application installed a callback (it asked for the messages). */
     const char *v = getenv("KVHAL_LOG");
-    if (!v || !*v) return -1;
+    if (!v || !*v) return atomic_load_explicit(&log_hooked, memory_order_relaxed) ? KVHAL_LOG_WARN : -1;
     if (!strcmp(v, "error")) return 0;
     if (!strcmp(v, "warn")) return 1;
     if (!strcmp(v, "info")) return 2;
@@ -90,16 +99,33 @@ static int log_level(void)
     return 1;
 }
 
+kvhal_status kvhal_log_set(kvhal_log_fn fn, void *user)
+{
+    pthread_mutex_lock(&log_lock);
+    log_fn = fn;
+    log_user = fn ? user : NULL;
+    atomic_store_explicit(&log_hooked, fn != NULL, memory_order_relaxed);
+    pthread_mutex_unlock(&log_lock);
+    return KVHAL_OK;
+}
+
 void kvhal__log(int level, const char *fmt, ...)
 {
     if (level > log_level()) return;
     static const char *names[] = {"error", "warn", "info", "debug"};
+    level = level < 0 ? 0 : level > 3 ? 3 : level;
+    char msg[1536];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "kvhal %s: ", names[level < 0 ? 0 : level > 3 ? 3 : level]);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    pthread_mutex_lock(&log_lock);
+    kvhal_log_fn fn = log_fn;
+    void *user = log_user;
+    pthread_mutex_unlock(&log_lock);
+    /* Called outside the lock, so that a callback may log through kvhal or replace itself. */
+    if (fn) fn((kvhal_log_level)level, msg, user);
+    else fprintf(stderr, "kvhal %s: %s\n", names[level], msg);
 }
 
 kvhal_status kvhal_error_set(kvhal_status status, const char *fmt, ...)

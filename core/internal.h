@@ -11,6 +11,12 @@
 
 #define KVHAL_HIDDEN __attribute__((visibility("hidden")))
 
+/* Counts the public enums no longer carry (a public *_COUNT would change with every added value). */
+#define KVHAL__X_ONE(name, code, msg) +1
+enum { KVHAL__STATUS_COUNT = 0 KVHAL_STATUS_MAP(KVHAL__X_ONE) };
+#undef KVHAL__X_ONE
+enum { KVHAL__DTYPE_COUNT = KVHAL_FP8_E5M2FNUZ + 1, KVHAL__BUILTIN_TYPES = KVHAL_DEVICE_OPENCL + 1 };
+
 /* Handle magics: checked on every use; cleared on destroy so that a double destroy is caught while the memory is
  * still ours (buffers, streams and caches are kept in a live-handle set, see buffer.c). */
 enum {
@@ -81,6 +87,13 @@ KVHAL_HIDDEN void kvhal__utf8_trim(char *s);
                               "back in); it is single-owner: serialise the calls on it", what, (const void *)(obj)); \
     } while (0)
 #define KVHAL_OWNER_LEAVE(obj) atomic_store_explicit(&(obj)->in_use, false, memory_order_release)
+/* ---- versions (version.c) ---- */
+/* Copies the caller's config struct cfg (a leading size_t struct_size) into local, whose type is the current one:
+ * struct_size must be one of known[0..nknown) (the sizes the struct has had in releases, oldest first, the last
+ * = sizeof the current struct); fields past an older caller's size are zero. Otherwise KVHAL_INVALID_ARGUMENT
+ * naming arg and the initialiser init ("KVHAL_PAGED_CACHE_CONFIG_INIT"); a NULL cfg too. */
+KVHAL_HIDDEN kvhal_status kvhal__config_in(const void *cfg, void *local, const size_t *known, size_t nknown,
+                                           const char *arg, const char *init);
 
 /* ---- registry (registry.c) ---- */
 /* The backend serving dev, with the status; the message names the argument arg ("k_cache.device"): not a

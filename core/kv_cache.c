@@ -123,7 +123,10 @@ kvhal_status kvhal_kv_cache_create(const kvhal_kv_cache_config *cfg, kvhal_kv_ca
 {
     KVHAL_CHECK_ARG(out, "out: NULL");
     *out = NULL;
-    KVHAL_CHECK_ARG(cfg, "cfg: NULL");
+    kvhal_kv_cache_config local;
+    static const size_t known[] = {sizeof(kvhal_kv_cache_config)}; /* 0.1 */
+    KVHAL_TRY(kvhal__config_in(cfg, &local, known, 1, "cfg", "KVHAL_KV_CACHE_CONFIG_INIT or kvhal_kv_cache_config_init()"));
+    cfg = &local;
     return create(cfg, true, out);
 }
 

@@ -38,7 +38,10 @@ kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal
 {
     KVHAL_CHECK_ARG(out, "out: NULL");
     *out = NULL;
-    KVHAL_CHECK_ARG(cfg, "cfg: NULL");
+    kvhal_paged_cache_config local;
+    static const size_t known[] = {sizeof(kvhal_paged_cache_config)}; /* 0.1 */
+    KVHAL_TRY(kvhal__config_in(cfg, &local, known, 1, "cfg", "KVHAL_PAGED_CACHE_CONFIG_INIT or kvhal_paged_cache_config_init()"));
+    cfg = &local;
     KVHAL_CHECK_ARG(cfg->num_layers >= 1, "cfg.num_layers: %d must be >= 1", (int)cfg->num_layers);
     KVHAL_CHECK_ARG(cfg->num_heads >= 1, "cfg.num_heads: %d must be >= 1", (int)cfg->num_heads);
     KVHAL_CHECK_ARG(cfg->head_dim >= 1, "cfg.head_dim: %d must be >= 1", (int)cfg->head_dim);

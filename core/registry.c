@@ -1,7 +1,7 @@
 /* registry.c — backend discovery, device-type names and the dispatcher.
  *
  * Discovery runs once (pthread_once): the built-in CPU backend, then every libkvhal-*.so module in
- * KVHAL_BACKEND_PATH (colon-separated, first), the build tree beside this library, and the install's lib/kvhal/.
+ * KVHAL_BACKEND_PATH (colon-separated, first), the build tree beside this library, and the install's lib/kvhal-0/.
  * kvhal_backend_load() adds one more module later. A module that fails (dlopen error, no entry symbol, ABI outside
  * this core's range, a bad table, a bad or taken device-type name, the type bound, init error) is recorded with its
  * reason and skipped.
@@ -49,7 +49,7 @@ static int32_t num_modules, cap_modules;
 static _Atomic(const kvhal__bk *) by_type[KVHAL_MAX_DEVICE_TYPES];
 /* Type names: [0, num_types) are written before num_types is raised (release); built-in names from the start. */
 static char type_names[KVHAL_MAX_DEVICE_TYPES][KVHAL_DEVICE_TYPE_NAME_MAX] = {"cpu", "cuda", "hip", "opencl"};
-static atomic_int num_types = KVHAL_DEVICE_BUILTIN_TYPE_COUNT;
+static atomic_int num_types = KVHAL__BUILTIN_TYPES;
 
 static const kvhal_core_services services = {
     .abi_version = KVHAL_BACKEND_ABI_VERSION,
@@ -502,7 +502,8 @@ static void load_all(void)
         char *save = NULL;
         for (char *p = strtok_r(buf, ":", &save); p; p = strtok_r(NULL, ":", &save)) scan_dir(p, 0);
     }
-    /* Beside this library: <libdir>/kvhal (installed) and <builddir>/backends (build tree: lib is in core/). */
+    /* Beside this library: <libdir>/kvhal-0 (installed; the folder is named after the plugin ABI's major version,
+     * KVHAL_MODULE_SUBDIR) and <builddir>/backends (build tree: lib is in core/). */
     Dl_info di;
     if (dladdr(&once, &di) && di.dli_fname) {
         char dir[PATH_MAX];
@@ -511,7 +512,7 @@ static void load_all(void)
         if (slash) {
             *slash = '\0';
             char p[PATH_MAX + 32];
-            if (snprintf(p, sizeof p, "%s/kvhal", dir) < (int)sizeof p) scan_dir(p, 0);
+            if (snprintf(p, sizeof p, "%s/" KVHAL_MODULE_SUBDIR, dir) < (int)sizeof p) scan_dir(p, 0);
             if (snprintf(p, sizeof p, "%s/../backends", dir) < (int)sizeof p) scan_dir(p, 0);
         }
     }

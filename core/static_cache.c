@@ -27,7 +27,10 @@ kvhal_status kvhal_static_cache_create(const kvhal_static_cache_config *cfg, kvh
 {
     KVHAL_CHECK_ARG(out, "out: NULL");
     *out = NULL;
-    KVHAL_CHECK_ARG(cfg, "cfg: NULL");
+    kvhal_static_cache_config local;
+    static const size_t known[] = {sizeof(kvhal_static_cache_config)}; /* 0.1 */
+    KVHAL_TRY(kvhal__config_in(cfg, &local, known, 1, "cfg", "KVHAL_STATIC_CACHE_CONFIG_INIT or kvhal_static_cache_config_init()"));
+    cfg = &local;
     KVHAL_CHECK_ARG(cfg->num_layers >= 1, "cfg.num_layers: %d must be >= 1", (int)cfg->num_layers);
     KVHAL_CHECK_ARG(cfg->batch >= 1, "cfg.batch: %d must be >= 1", (int)cfg->batch);
     KVHAL_CHECK_ARG(cfg->num_heads_k >= 1, "cfg.num_heads_k: %d must be >= 1", (int)cfg->num_heads_k);

@@ -5,13 +5,13 @@
 
 #include "internal.h"
 
-static const size_t dtype_sizes[KVHAL_DTYPE_COUNT] = {4, 2, 2, 1, 1, 4, 8, 1, 1};
-static const char *dtype_names[KVHAL_DTYPE_COUNT] = {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "i32", "i64",
+static const size_t dtype_sizes[KVHAL__DTYPE_COUNT] = {4, 2, 2, 1, 1, 4, 8, 1, 1};
+static const char *dtype_names[KVHAL__DTYPE_COUNT] = {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "i32", "i64",
                                                      "fp8_e4m3fnuz", "fp8_e5m2fnuz"};
 
-size_t kvhal_dtype_size(kvhal_dtype dt) { return (unsigned)dt < KVHAL_DTYPE_COUNT ? dtype_sizes[dt] : 0; }
+size_t kvhal_dtype_size(kvhal_dtype dt) { return (unsigned)dt < KVHAL__DTYPE_COUNT ? dtype_sizes[dt] : 0; }
 
-const char *kvhal_dtype_name(kvhal_dtype dt) { return (unsigned)dt < KVHAL_DTYPE_COUNT ? dtype_names[dt] : "invalid"; }
+const char *kvhal_dtype_name(kvhal_dtype dt) { return (unsigned)dt < KVHAL__DTYPE_COUNT ? dtype_names[dt] : "invalid"; }
 
 /* Offset in elements of the last element, or -1 on overflow; 0 for an empty tensor (checked by the caller). */
 static bool last_element(const kvhal_tensor *t, uint64_t *last)
@@ -76,7 +76,7 @@ kvhal_status kvhal__check_tensor(const kvhal_tensor *t, const char *arg)
 {
     if (!t) return kvhal__err(KVHAL_INVALID_ARGUMENT, "%s: NULL tensor", arg);
     KVHAL_TRY(kvhal__check_buffer(t->buffer, arg));
-    if ((unsigned)t->dtype >= KVHAL_DTYPE_COUNT)
+    if ((unsigned)t->dtype >= KVHAL__DTYPE_COUNT)
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "%s.dtype: %d is not a dtype", arg, (int)t->dtype);
     if (t->ndim < 1 || t->ndim > KVHAL_MAX_DIMS)
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "%s.ndim: %d is outside [1, %d]", arg, t->ndim, KVHAL_MAX_DIMS);
@@ -119,7 +119,7 @@ kvhal_status kvhal_tensor_make(kvhal_buffer *buf, size_t offset, kvhal_dtype dt,
 {
     KVHAL_CHECK_ARG(out, "out: NULL");
     KVHAL_TRY(kvhal__check_buffer(buf, "buf"));
-    KVHAL_CHECK_ARG((unsigned)dt < KVHAL_DTYPE_COUNT, "dt: %d is not a dtype", (int)dt);
+    KVHAL_CHECK_ARG((unsigned)dt < KVHAL__DTYPE_COUNT, "dt: %d is not a dtype", (int)dt);
     KVHAL_CHECK_ARG(ndim >= 1 && ndim <= KVHAL_MAX_DIMS, "ndim: %d is outside [1, %d]", ndim, KVHAL_MAX_DIMS);
     KVHAL_CHECK_ARG(shape, "shape: NULL");
     kvhal_tensor t;

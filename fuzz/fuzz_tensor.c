@@ -56,7 +56,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvhal_buffer *buf;
     if (kvhal_buffer_create(cpu, bytes, &buf) != KVHAL_OK) return 0;
     memset(kvhal_buffer_native(buf), 0, bytes);
-    kvhal_dtype dt = (kvhal_dtype)(take(&r, 1) % (KVHAL_DTYPE_COUNT + 1));
+    kvhal_dtype dt = (kvhal_dtype)(take(&r, 1) % (KVHAL_I64 + 2));
     int32_t ndim = (int32_t)(take(&r, 1) % (KVHAL_MAX_DIMS + 2));
     size_t offset = (size_t)(take(&r, 2) % 8192);
     int64_t shape[KVHAL_MAX_DIMS + 1], strides[KVHAL_MAX_DIMS + 1];

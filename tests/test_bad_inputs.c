@@ -209,7 +209,7 @@ static void test_matrix(void **state)
 
     /* ---- caches ---- */
     kvhal_kv_cache *kv;
-    kvhal_kv_cache_config kcfg = {.num_layers = 2, .num_kv_heads = 3, .head_dim_k = 8, .head_dim_v = 8,
+    kvhal_kv_cache_config kcfg = {.struct_size = sizeof(kvhal_kv_cache_config), .num_layers = 2, .num_kv_heads = 3, .head_dim_k = 8, .head_dim_v = 8,
                                   .max_len = 16, .dtype = KVHAL_F16, .num_devices = 2,
                                   .devices = (kvhal_device[]){cpu, cpu}};
     CASE(kvhal_kv_cache_create(&kcfg, &kv), KVHAL_INVALID_ARGUMENT, "num_kv_heads");
@@ -241,7 +241,7 @@ static void test_matrix(void **state)
     CASE(kvhal_cache_manager_destroy(NULL), KVHAL_OK, "");
 
     kvhal_static_cache *sc;
-    kvhal_static_cache_config scfg = {.num_layers = 2, .batch = 2, .num_heads_k = 2, .num_heads_v = 2,
+    kvhal_static_cache_config scfg = {.struct_size = sizeof(kvhal_static_cache_config), .num_layers = 2, .batch = 2, .num_heads_k = 2, .num_heads_v = 2,
                                       .head_dim_k = 16, .head_dim_v = 16, .max_len = 8, .dtype = KVHAL_F32,
                                       .device = cpu};
     scfg.batch = 0;
@@ -270,7 +270,7 @@ static void test_matrix(void **state)
     assert_int_equal(kvhal_static_cache_destroy(sc), KVHAL_OK);
 
     kvhal_paged_cache *pc;
-    kvhal_paged_cache_config pcfg = {.num_layers = 2, .num_heads = 2, .head_dim = 16, .block_size = 8,
+    kvhal_paged_cache_config pcfg = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = 2, .num_heads = 2, .head_dim = 16, .block_size = 8,
                                      .dtype = KVHAL_F16, .memory_budget = 100, .device = cpu};
     CASE(kvhal_paged_cache_create(&pcfg, &pc), KVHAL_OUT_OF_MEMORY, "not enough memory for one block");
     pcfg.memory_budget = 1 << 20;

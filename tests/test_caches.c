@@ -96,7 +96,7 @@ static void kv_cache_on(const kvhal_device *devs, int32_t ndev)
     ref_rng r = {5};
     const int32_t layers = 3, nkvh = 2 * ndev, dk = 16, dv = 8;
     const int64_t max_len = 32;
-    kvhal_kv_cache_config cfg = {.num_layers = layers, .num_kv_heads = nkvh, .head_dim_k = dk, .head_dim_v = dv,
+    kvhal_kv_cache_config cfg = {.struct_size = sizeof(kvhal_kv_cache_config), .num_layers = layers, .num_kv_heads = nkvh, .head_dim_k = dk, .head_dim_v = dv,
                                  .max_len = max_len, .dtype = KVHAL_BF16, .num_devices = ndev, .devices = devs};
     kvhal_kv_cache *c;
     OK(kvhal_kv_cache_create(&cfg, &c));
@@ -174,7 +174,7 @@ static void test_kv_cache_single(void **state)
     kv_cache_on(&dev, 1);
     /* heads that do not split evenly, and a device listed twice, are refused */
     kvhal_device two[2] = {dev, dev};
-    kvhal_kv_cache_config cfg = {.num_layers = 1, .num_kv_heads = 3, .head_dim_k = 4, .head_dim_v = 4,
+    kvhal_kv_cache_config cfg = {.struct_size = sizeof(kvhal_kv_cache_config), .num_layers = 1, .num_kv_heads = 3, .head_dim_k = 4, .head_dim_v = 4,
                                  .max_len = 4, .dtype = KVHAL_F16, .num_devices = 2, .devices = two};
     kvhal_kv_cache *c;
     assert_int_equal(kvhal_kv_cache_create(&cfg, &c), KVHAL_INVALID_ARGUMENT);
@@ -195,7 +195,7 @@ static void test_kv_cache_multi(void **state)
     for (int32_t i = 0; i < ctx->count; i++) devs[i] = (kvhal_device){ctx->type, i};
     kv_cache_on(devs, ctx->count);
     /* heads % devices != 0 */
-    kvhal_kv_cache_config cfg = {.num_layers = 1, .num_kv_heads = 2 * ctx->count + 1, .head_dim_k = 4,
+    kvhal_kv_cache_config cfg = {.struct_size = sizeof(kvhal_kv_cache_config), .num_layers = 1, .num_kv_heads = 2 * ctx->count + 1, .head_dim_k = 4,
                                  .head_dim_v = 4, .max_len = 4, .dtype = KVHAL_F16, .num_devices = ctx->count,
                                  .devices = devs};
     kvhal_kv_cache *c;
@@ -212,7 +212,7 @@ static void test_static_cache(void **state)
     for (int di = 0; di < 2; di++) {
         const kvhal_dtype dt = dts[di];
         const size_t es = kvhal_dtype_size(dt);
-        kvhal_static_cache_config cfg = {.num_layers = 2, .batch = 2, .num_heads_k = 3, .num_heads_v = 2,
+        kvhal_static_cache_config cfg = {.struct_size = sizeof(kvhal_static_cache_config), .num_layers = 2, .batch = 2, .num_heads_k = 3, .num_heads_v = 2,
                                          .head_dim_k = 8, .head_dim_v = 4, .max_len = 16, .dtype = dt, .device = dev};
         kvhal_static_cache *c;
         OK(kvhal_static_cache_create(&cfg, &c));
@@ -320,7 +320,7 @@ static void paged_one(kvhal_device dev, kvhal_dtype dt, kvhal_paged_layout layou
     const size_t es = kvhal_dtype_size(dt);
     const uint64_t per_block = 2ull * L * BSZ * H * D * es;
     const bool fp8 = dt == KVHAL_FP8_E4M3 || dt == KVHAL_FP8_E5M2;
-    kvhal_paged_cache_config cfg = {.num_layers = L, .num_heads = H, .head_dim = D, .block_size = BSZ,
+    kvhal_paged_cache_config cfg = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = L, .num_heads = H, .head_dim = D, .block_size = BSZ,
                                     .dtype = dt, .layout = layout, .order = order,
                                     .memory_budget = 6 * per_block + per_block - 1, .device = dev,
                                     .k_scale = fp8 ? 0.5f : 0.0f, .v_scale = 0.0f};
@@ -428,7 +428,7 @@ static void test_paged_cache(void **state)
             for (int order = 0; order < 2; order++)
                 paged_one(dev, dts[d], (kvhal_paged_layout)layout, (kvhal_paged_order)order, &r);
     /* the budget: one byte short of a block is refused with a clear message */
-    kvhal_paged_cache_config cfg = {.num_layers = 2, .num_heads = 2, .head_dim = 8, .block_size = 16,
+    kvhal_paged_cache_config cfg = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = 2, .num_heads = 2, .head_dim = 8, .block_size = 16,
                                     .dtype = KVHAL_BF16, .memory_budget = 2 * 2 * 16 * 2 * 8 * 2 - 1, .device = dev};
     kvhal_paged_cache *c;
     assert_int_equal(kvhal_paged_cache_create(&cfg, &c), KVHAL_OUT_OF_MEMORY);

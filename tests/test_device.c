@@ -13,7 +13,10 @@
 
 #include "kvhal.h"
 
-static const char *type_names[KVHAL_DEVICE_BUILTIN_TYPE_COUNT] = {"cpu", "cuda", "hip", "opencl"};
+/* cpu, cuda, hip, opencl: the built-in type ids 0-3 (kvhal.h has no public count). */
+enum { BUILTIN_TYPES = KVHAL_DEVICE_OPENCL + 1 };
+
+static const char *type_names[BUILTIN_TYPES] = {"cpu", "cuda", "hip", "opencl"};
 
 static void assert_contains(const char *haystack, const char *needle)
 {
@@ -127,7 +130,7 @@ static void test_format(void **state)
     assert_int_equal(kvhal_device_format((kvhal_device){KVHAL_DEVICE_CPU, 0}, buf, sizeof buf), KVHAL_OK);
     assert_string_equal(buf, "cpu:0");
     /* Round trip for every type and id. */
-    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) {
+    for (int t = 0; t < BUILTIN_TYPES; t++) {
         for (int32_t id = 0; id < KVHAL_MAX_DEVICES_PER_TYPE; id++) {
             kvhal_device d = {(kvhal_device_type)t, id}, back;
             assert_int_equal(kvhal_device_format(d, buf, sizeof buf), KVHAL_OK);
@@ -161,13 +164,13 @@ static void test_format(void **state)
 static void test_type_names(void **state)
 {
     (void)state;
-    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++)
+    for (int t = 0; t < BUILTIN_TYPES; t++)
         assert_string_equal(kvhal_device_type_name((kvhal_device_type)t), type_names[t]);
     const int bad[] = {-1, KVHAL_MAX_DEVICE_TYPES, 99, INT_MAX};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *n = kvhal_device_type_name((kvhal_device_type)bad[i]);
         assert_non_null(n);
-        for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) assert_string_not_equal(n, type_names[t]);
+        for (int t = 0; t < BUILTIN_TYPES; t++) assert_string_not_equal(n, type_names[t]);
     }
 }
 
@@ -231,7 +234,7 @@ static void test_default_unset_or_empty(void **state)
 static void test_default_every_present_device(void **state)
 {
     (void)state;
-    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) {
+    for (int t = 0; t < BUILTIN_TYPES; t++) {
         int32_t n = count_of((kvhal_device_type)t);
         for (int32_t id = 0; id < n; id++) {
             char text[32];
@@ -264,7 +267,7 @@ static void test_default_missing_device(void **state)
     }
     expect_default_fails("cpu:1", KVHAL_NO_DEVICE);
     assert_contains(kvhal_last_error(), "cpu:1");
-    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) {
+    for (int t = 0; t < BUILTIN_TYPES; t++) {
         int32_t n = count_of((kvhal_device_type)t);
         if (n >= KVHAL_MAX_DEVICES_PER_TYPE) continue;
         snprintf(text, sizeof text, "%s:%d", type_names[t], n);
@@ -278,7 +281,7 @@ static void test_count_and_info(void **state)
 {
     (void)state;
     assert_int_equal(count_of(KVHAL_DEVICE_CPU), 1);
-    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) {
+    for (int t = 0; t < BUILTIN_TYPES; t++) {
         int32_t n = count_of((kvhal_device_type)t);
         assert_in_range(n, 0, KVHAL_MAX_DEVICES_PER_TYPE);
         for (int32_t id = 0; id < n; id++) {
@@ -330,7 +333,7 @@ static void test_synchronize(void **state)
     kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
     assert_int_equal(kvhal_device_synchronize(cpu), KVHAL_OK);
     assert_int_equal(kvhal_device_check_errors(cpu), KVHAL_OK);
-    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) {
+    for (int t = 0; t < BUILTIN_TYPES; t++) {
         int32_t n = count_of((kvhal_device_type)t);
         for (int32_t id = 0; id < n; id++) {
             kvhal_device d = {(kvhal_device_type)t, id};
@@ -343,11 +346,11 @@ static void test_synchronize(void **state)
 static void test_synchronize_missing(void **state)
 {
     (void)state;
-    kvhal_device missing[4 + KVHAL_DEVICE_BUILTIN_TYPE_COUNT] = {
+    kvhal_device missing[4 + BUILTIN_TYPES] = {
         {KVHAL_DEVICE_CPU, 1}, {KVHAL_DEVICE_CPU, -1}, {(kvhal_device_type)99, 0}, {KVHAL_DEVICE_CPU, INT32_MIN},
     };
     int nm = 4;
-    for (int t = 0; t < KVHAL_DEVICE_BUILTIN_TYPE_COUNT; t++) missing[nm++] = (kvhal_device){(kvhal_device_type)t,
+    for (int t = 0; t < BUILTIN_TYPES; t++) missing[nm++] = (kvhal_device){(kvhal_device_type)t,
                                                                                     count_of((kvhal_device_type)t)};
     for (int i = 0; i < nm; i++) {
         kvhal_clear_error();

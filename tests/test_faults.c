@@ -66,7 +66,7 @@ out:
 static kvhal_status scen_kv_cache(void)
 {
     kvhal_kv_cache *c = NULL, *d = NULL;
-    kvhal_kv_cache_config cfg = {.num_layers = 3, .num_kv_heads = 4, .head_dim_k = 16, .head_dim_v = 8,
+    kvhal_kv_cache_config cfg = {.struct_size = sizeof(kvhal_kv_cache_config), .num_layers = 3, .num_kv_heads = 4, .head_dim_k = 16, .head_dim_v = 8,
                                  .max_len = 64, .dtype = KVHAL_F16, .num_devices = 1, .devices = &cpu};
     kvhal_status st;
     TRY(kvhal_kv_cache_create(&cfg, &c));
@@ -98,7 +98,7 @@ static kvhal_status scen_static_update(void)
 static void test_static_cache(void **state)
 {
     (void)state;
-    kvhal_static_cache_config cfg = {.num_layers = 2, .batch = 2, .num_heads_k = 3, .num_heads_v = 2,
+    kvhal_static_cache_config cfg = {.struct_size = sizeof(kvhal_static_cache_config), .num_layers = 2, .batch = 2, .num_heads_k = 3, .num_heads_v = 2,
                                      .head_dim_k = 8, .head_dim_v = 4, .max_len = 32, .dtype = KVHAL_F32,
                                      .device = cpu};
     /* create itself, walked */
@@ -143,7 +143,7 @@ static kvhal_status scen_paged(void)
     kvhal_paged_cache *c = NULL;
     kvhal_buffer *in = NULL, *slots = NULL;
     kvhal_status st;
-    kvhal_paged_cache_config cfg = {.num_layers = 2, .num_heads = 2, .head_dim = 16, .block_size = 4,
+    kvhal_paged_cache_config cfg = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = 2, .num_heads = 2, .head_dim = 16, .block_size = 4,
                                     .dtype = KVHAL_F16, .layout = KVHAL_LAYOUT_HND, .order = KVHAL_PAGE_FIRST,
                                     .memory_budget = 2 * 2 * 2 * 16 * 4 * 2 * 8, .device = cpu};
     TRY(kvhal_paged_cache_create(&cfg, &c));

@@ -282,7 +282,7 @@ static void test_duplicate_batches(void **state)
 {
     gpu_ctx *c = ctx_of(state);
     ref_rng r = {8};
-    kvhal_kv_cache_config cfg = {.num_layers = 70, .num_kv_heads = 2, .head_dim_k = 64, .head_dim_v = 40,
+    kvhal_kv_cache_config cfg = {.struct_size = sizeof(kvhal_kv_cache_config), .num_layers = 70, .num_kv_heads = 2, .head_dim_k = 64, .head_dim_v = 40,
                                  .max_len = 50, .dtype = KVHAL_F16, .num_devices = 1, .devices = &c->dev};
     kvhal_kv_cache *src, *dup;
     OK(kvhal_kv_cache_create(&cfg, &src));

@@ -48,7 +48,7 @@ static void *run(void *arg)
     kvhal_buffer *slots = NULL;
     for (int round = 0; round < 20; round++) {
         /* paged cache: every thread scatters the shared tokens to its own slot permutation */
-        kvhal_paged_cache_config pcfg = {.num_layers = 2, .num_heads = HEADS, .head_dim = DIM, .block_size = 8,
+        kvhal_paged_cache_config pcfg = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = 2, .num_heads = HEADS, .head_dim = DIM, .block_size = 8,
                                          .dtype = KVHAL_F32, .layout = (round & 1) ? KVHAL_LAYOUT_HND : KVHAL_LAYOUT_NHD,
                                          .memory_budget = 2 * 2 * 8 * HEADS * DIM * 4 * 8, .device = cpu};
         EXPECT(w, kvhal_paged_cache_create(&pcfg, &pc) == KVHAL_OK, "paged create: %s", kvhal_last_error());
@@ -77,7 +77,7 @@ static void *run(void *arg)
         pc = NULL;
 
         /* static cache: history views after two updates */
-        kvhal_static_cache_config scfg = {.num_layers = 1, .batch = 1, .num_heads_k = HEADS, .num_heads_v = HEADS,
+        kvhal_static_cache_config scfg = {.struct_size = sizeof(kvhal_static_cache_config), .num_layers = 1, .batch = 1, .num_heads_k = HEADS, .num_heads_v = HEADS,
                                           .head_dim_k = DIM, .head_dim_v = DIM, .max_len = 2 * TOKENS,
                                           .dtype = KVHAL_F32, .device = cpu};
         EXPECT(w, kvhal_static_cache_create(&scfg, &sc) == KVHAL_OK, "static create: %s", kvhal_last_error());
@@ -94,7 +94,7 @@ static void *run(void *arg)
         sc = NULL;
 
         /* contiguous cache and its duplicate */
-        kvhal_kv_cache_config kcfg = {.num_layers = 2, .num_kv_heads = HEADS, .head_dim_k = DIM, .head_dim_v = DIM,
+        kvhal_kv_cache_config kcfg = {.struct_size = sizeof(kvhal_kv_cache_config), .num_layers = 2, .num_kv_heads = HEADS, .head_dim_k = DIM, .head_dim_v = DIM,
                                       .max_len = 64, .dtype = KVHAL_F16, .num_devices = 1, .devices = &cpu};
         EXPECT(w, kvhal_kv_cache_create(&kcfg, &kv) == KVHAL_OK, "kv create");
         kvhal_tensor k0, v0;

@@ -772,7 +772,7 @@ static void bench_duplicate(void)
 {
     const int32_t layers = 32, heads = 8, dim = 128;
     const int64_t len = 2048;
-    kvhal_kv_cache_config cfg = {.num_layers = layers, .num_kv_heads = heads, .head_dim_k = dim,
+    kvhal_kv_cache_config cfg = {.struct_size = sizeof(kvhal_kv_cache_config), .num_layers = layers, .num_kv_heads = heads, .head_dim_k = dim,
                                  .head_dim_v = dim, .max_len = len, .dtype = KVHAL_F16, .num_devices = 1,
                                  .devices = &dev};
     dup_ctx c = {.len = len};
@@ -804,7 +804,7 @@ static void bench_copy_blocks(void)
     const int32_t layers = 32, heads = 8, dim = 128, pairs = opt.quick ? 16 : 64;
     const double block_all = 2.0 * layers * BLOCK * heads * dim * 2; /* one block of K and V of every layer */
     for (int order = 0; order < 2; order++) {
-        kvhal_paged_cache_config cfg = {.num_layers = layers, .num_heads = heads, .head_dim = dim,
+        kvhal_paged_cache_config cfg = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = layers, .num_heads = heads, .head_dim = dim,
                                         .block_size = BLOCK, .dtype = KVHAL_BF16, .layout = KVHAL_LAYOUT_NHD,
                                         .order = (kvhal_paged_order)order,
                                         .memory_budget = (uint64_t)(block_all * 2 * pairs), .device = dev};

@@ -19,8 +19,31 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <getopt.h>
+
 #include "kvhal.h"
 #include "replay_trace.h"
+#include "tool_common.h"
+
+static const char *const tool = "kvhal-replay";
+
+/* The first failure of the run: printed as "kvhal-replay: error: ..." when it happens, and the error object of the
+ * JSON output (tool conventions, README "Tools"). */
+static char failure_status[64], failure_message[1024];
+static void fail(const char *status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(const char *status, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s: error: %s\n", tool, msg);
+    if (!failure_status[0]) {
+        snprintf(failure_status, sizeof failure_status, "%s", status);
+        snprintf(failure_message, sizeof failure_message, "%s", msg);
+    }
+}
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* options                                                                                                    */
@@ -64,7 +87,7 @@ typedef struct options {
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: kvhal-replay [options]\n"
+            "usage: kvhal-replay [options]        (--opt=value and --opt value alike)\n"
             "Replays a serving workload through kvhal's cache manager, prefix cache and paged cache, verifying\n"
             "every prefix hit. KVHAL_DEVICE=cuda:0 (hip:0, opencl:0) runs it on that device (default cpu).\n"
             "\nworkload (default: generated shared prefix)\n"
@@ -100,33 +123,24 @@ static void usage(FILE *f)
             "  --check-every N     check_integrity every N finished requests (0: only at the end)\n"
             "  --verify-samples N  rows (pages with --no-kv) read back per prefix hit (4; 0: off)\n"
             "  --prefill-chunk N   tokens per paged-caching call in prefill (512)\n"
-            "  --json              print one JSON summary object on stdout\n"
+            "  -j, --json          print one JSON summary object on stdout (percentiles of the per-call\n"
+            "                      times, null for what was not measured, an error object on failure)\n"
             "  --quiet             no progress output\n"
-            "  --soak              a fixed set of runs under eviction pressure with frequent integrity checks\n");
+            "  --soak              a fixed set of runs under eviction pressure with frequent integrity checks\n"
+            "  -h, --help          this text;  -V, --version: \"kvhal-replay <kvhal version>\"\n"
+            "\nexit status: 0 every run passed, 1 a run or a verification failed, 2 usage error\n");
 }
 
 static int opt_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int opt_error(const char *fmt, ...)
 {
+    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    fputs("kvhal-replay: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs(" (--help for usage)\n", stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    tool_usage_error(tool, "%s", msg);
     return -1;
-}
-
-static int parse_int(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (!*v || *end || errno) return opt_error("%s: '%s' is not an integer", flag, v);
-    if (x < lo || x > hi)
-        return opt_error("%s: %lld is out of range [%lld, %lld]", flag, x, (long long)lo, (long long)hi);
-    *out = x;
-    return 0;
 }
 
 static int parse_size(const char *flag, const char *v, uint64_t *out)
@@ -176,7 +190,7 @@ static void default_options(options *o)
     o->output_len = 256;
     o->model = "tiny";
     o->layers = o->kv_heads = o->head_dim = 0;
-    o->dtype = KVHAL_DTYPE_COUNT; /* the model's */
+    o->dtype = (kvhal_dtype)-1; /* the model's */
     o->budget = 512ull << 20;
     o->page_size = 16;
     o->kind = KVHAL_PREFIX_RADIX;
@@ -189,117 +203,129 @@ static void default_options(options *o)
     o->seed = 1;
 }
 
-/* Returns 0, 1 for --help, 2 for --soak, -1 on a bad option. */
+#define INT_OPTIONS(X)                                                                                          \
+    X("groups", O_GROUPS, 1, 1 << 20, groups)                                                                   \
+    X("prompts", O_PROMPTS, 1, 1 << 20, prompts)                                                                \
+    X("system-len", O_SYSTEM_LEN, 0, 1 << 22, system_len)                                                       \
+    X("question-len", O_QUESTION_LEN, 0, 1 << 22, question_len)                                                 \
+    X("output-len", O_OUTPUT_LEN, 0, 1 << 22, output_len)                                                       \
+    X("trace-block", O_TRACE_BLOCK, 1, 1 << 20, trace_block)                                                    \
+    X("max-requests", O_MAX_REQUESTS, 0, INT64_MAX, max_requests)                                               \
+    X("vocab", O_VOCAB, 2, INT32_MAX, vocab)                                                                    \
+    X("layers", O_LAYERS, 1, 1024, layers)                                                                      \
+    X("kv-heads", O_KV_HEADS, 1, 1024, kv_heads)                                                                \
+    X("head-dim", O_HEAD_DIM, 1, 4096, head_dim)                                                                \
+    X("page-size", O_PAGE_SIZE, 1, 1 << 16, page_size)                                                          \
+    X("batch", O_BATCH, 1, 4096, batch)                                                                         \
+    X("repeat", O_REPEAT, 1, 1 << 20, repeat)                                                                   \
+    X("check-every", O_CHECK_EVERY, 0, INT64_MAX, check_every)                                                  \
+    X("verify-samples", O_VERIFY_SAMPLES, 0, 1 << 16, samples)                                                  \
+    X("prefill-chunk", O_PREFILL_CHUNK, 1, 1 << 16, chunk)
+
+enum {
+    O_NO_KV = 256, O_COLD_TOKENS, O_FINISH_WHOLE, O_QUIET, O_SOAK, O_SEED, O_ZIPF, O_TRACE, O_MODEL, O_DTYPE,
+    O_KV_BUDGET, O_PREFIX, O_LAYOUT, O_ORDER, O_TRACE_ORDER,
+#define X_ENUM(name, E, lo, hi, field) E,
+    INT_OPTIONS(X_ENUM)
+#undef X_ENUM
+};
+
+/* Returns 0, 1 for --help, 2 for --soak, 3 for --version, -1 on a bad option (the message printed). getopt_long:
+ * --opt=value and --opt value alike. */
 static int parse_options(int argc, char **argv, options *o)
 {
+    static const struct option longopts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {"json", no_argument, NULL, 'j'},
+        {"no-kv", no_argument, NULL, O_NO_KV},
+        {"cold-tokens", no_argument, NULL, O_COLD_TOKENS},
+        {"finish-whole", no_argument, NULL, O_FINISH_WHOLE},
+        {"quiet", no_argument, NULL, O_QUIET},
+        {"soak", no_argument, NULL, O_SOAK},
+        {"seed", required_argument, NULL, O_SEED},
+        {"zipf", required_argument, NULL, O_ZIPF},
+        {"trace", required_argument, NULL, O_TRACE},
+        {"trace-order", required_argument, NULL, O_TRACE_ORDER},
+        {"model", required_argument, NULL, O_MODEL},
+        {"dtype", required_argument, NULL, O_DTYPE},
+        {"kv-budget", required_argument, NULL, O_KV_BUDGET},
+        {"prefix", required_argument, NULL, O_PREFIX},
+        {"layout", required_argument, NULL, O_LAYOUT},
+        {"order", required_argument, NULL, O_ORDER},
+#define X_LONG(name, E, lo, hi, field) {name, required_argument, NULL, E},
+        INT_OPTIONS(X_LONG)
+#undef X_LONG
+        {NULL, 0, NULL, 0},
+    };
     bool soak = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t x;
-#define NEED_VALUE                                                                                              \
-    do {                                                                                                        \
-        if (!v) return opt_error("%s needs a value", a);                                                        \
-        i++;                                                                                                    \
-    } while (0)
-#define INT_OPT(flag, lo, hi, field)                                                                            \
-    if (!strcmp(a, flag)) {                                                                                     \
-        NEED_VALUE;                                                                                             \
-        if (parse_int(flag, v, lo, hi, &x)) return -1;                                                          \
-        o->field = x;                                                                                           \
-        continue;                                                                                               \
-    }
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
-        if (!strcmp(a, "--no-kv")) { o->no_kv = true; continue; }
-        if (!strcmp(a, "--cold-tokens")) { o->cold_tokens = true; continue; }
-        if (!strcmp(a, "--finish-whole")) { o->finish_whole = true; continue; }
-        if (!strcmp(a, "--json")) { o->json = true; continue; }
-        if (!strcmp(a, "--quiet")) { o->quiet = true; continue; }
-        if (!strcmp(a, "--soak")) { soak = true; continue; }
-        INT_OPT("--groups", 1, 1 << 20, groups)
-        INT_OPT("--prompts", 1, 1 << 20, prompts)
-        INT_OPT("--system-len", 0, 1 << 22, system_len)
-        INT_OPT("--question-len", 0, 1 << 22, question_len)
-        INT_OPT("--output-len", 0, 1 << 22, output_len)
-        INT_OPT("--trace-block", 1, 1 << 20, trace_block)
-        INT_OPT("--max-requests", 0, INT64_MAX, max_requests)
-        INT_OPT("--vocab", 2, INT32_MAX, vocab)
-        INT_OPT("--layers", 1, 1024, layers)
-        INT_OPT("--kv-heads", 1, 1024, kv_heads)
-        INT_OPT("--head-dim", 1, 4096, head_dim)
-        INT_OPT("--page-size", 1, 1 << 16, page_size)
-        INT_OPT("--batch", 1, 4096, batch)
-        INT_OPT("--repeat", 1, 1 << 20, repeat)
-        INT_OPT("--check-every", 0, INT64_MAX, check_every)
-        INT_OPT("--verify-samples", 0, 1 << 16, samples)
-        INT_OPT("--prefill-chunk", 1, 1 << 16, chunk)
-        if (!strcmp(a, "--seed")) {
-            NEED_VALUE;
-            if (parse_int(a, v, 0, INT64_MAX, &x)) return -1;
+    int64_t x;
+    opterr = 0;
+    optind = 1;
+    for (int c; (c = getopt_long(argc, argv, ":hVj", longopts, NULL)) != -1;) {
+        const char *v = optarg;
+        switch (c) {
+        case 'h': return 1;
+        case 'V': return 3;
+        case 'j': o->json = true; break;
+        case O_NO_KV: o->no_kv = true; break;
+        case O_COLD_TOKENS: o->cold_tokens = true; break;
+        case O_FINISH_WHOLE: o->finish_whole = true; break;
+        case O_QUIET: o->quiet = true; break;
+        case O_SOAK: soak = true; break;
+#define X_CASE(name, E, lo, hi, field)                                                                          \
+        case E:                                                                                                 \
+            if (!tool_parse_i64(tool, name, v, lo, hi, &x)) return -1;                                          \
+            o->field = x;                                                                                       \
+            break;
+        INT_OPTIONS(X_CASE)
+#undef X_CASE
+        case O_SEED:
+            if (!tool_parse_i64(tool, "seed", v, 0, INT64_MAX, &x)) return -1;
             o->seed = (uint64_t)x;
-            continue;
-        }
-        if (!strcmp(a, "--zipf")) {
-            NEED_VALUE;
-            char *end;
-            o->zipf = strtod(v, &end);
-            if (end == v || *end || !(o->zipf >= 0) || o->zipf > 100)
-                return opt_error("--zipf: '%s' is not a number in [0, 100]", v);
-            continue;
-        }
-        if (!strcmp(a, "--trace")) {
-            NEED_VALUE;
+            break;
+        case O_ZIPF:
+            if (!tool_parse_f64(tool, "zipf", v, 0, 100, &o->zipf)) return -1;
+            break;
+        case O_TRACE:
             o->trace_mode = true;
             o->trace_path = v;
-            continue;
-        }
-        if (!strcmp(a, "--trace-order")) {
-            NEED_VALUE;
+            break;
+        case O_TRACE_ORDER:
             if (!strcmp(v, "timestamp")) o->trace_by_time = true;
             else if (!strcmp(v, "file")) o->trace_by_time = false;
-            else return opt_error("--trace-order: '%s' is not file or timestamp", v);
-            continue;
-        }
-        if (!strcmp(a, "--model")) {
-            NEED_VALUE;
-            o->model = v;
-            continue;
-        }
-        if (!strcmp(a, "--dtype")) {
-            NEED_VALUE;
+            else {
+                tool_usage_error(tool, "--trace-order: '%s' is not file or timestamp", v);
+                return -1;
+            }
+            break;
+        case O_MODEL: o->model = v; break;
+        case O_DTYPE:
             if (parse_dtype(v, &o->dtype)) return -1;
-            continue;
-        }
-        if (!strcmp(a, "--kv-budget")) {
-            NEED_VALUE;
-            if (parse_size(a, v, &o->budget)) return -1;
-            continue;
-        }
-        if (!strcmp(a, "--prefix")) {
-            NEED_VALUE;
+            break;
+        case O_KV_BUDGET:
+            if (parse_size("--kv-budget", v, &o->budget)) return -1;
+            break;
+        case O_PREFIX:
             if (!strcmp(v, "radix")) o->kind = KVHAL_PREFIX_RADIX;
             else if (!strcmp(v, "naive")) o->kind = KVHAL_PREFIX_NAIVE;
             else return opt_error("--prefix: '%s' is not radix or naive", v);
-            continue;
-        }
-        if (!strcmp(a, "--layout")) {
-            NEED_VALUE;
+            break;
+        case O_LAYOUT:
             if (!strcmp(v, "nhd")) o->layout = KVHAL_LAYOUT_NHD;
             else if (!strcmp(v, "hnd")) o->layout = KVHAL_LAYOUT_HND;
             else return opt_error("--layout: '%s' is not nhd or hnd", v);
-            continue;
-        }
-        if (!strcmp(a, "--order")) {
-            NEED_VALUE;
+            break;
+        case O_ORDER:
             if (!strcmp(v, "layer")) o->order = KVHAL_LAYER_FIRST;
             else if (!strcmp(v, "page")) o->order = KVHAL_PAGE_FIRST;
             else return opt_error("--order: '%s' is not layer or page", v);
-            continue;
+            break;
+        case ':': return opt_error("%s needs a value", argv[optind - 1]);
+        default: return opt_error("unknown option '%s'", argv[optind - 1]);
         }
-        return opt_error("unknown option '%s'", a);
-#undef INT_OPT
-#undef NEED_VALUE
     }
+    if (optind < argc) return opt_error("unexpected argument '%s'", argv[optind]);
     const model_preset *m = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (!strcmp(o->model, presets[i].name)) m = &presets[i];
@@ -307,7 +333,7 @@ static int parse_options(int argc, char **argv, options *o)
     if (!o->layers) o->layers = m->layers;
     if (!o->kv_heads) o->kv_heads = m->kv_heads;
     if (!o->head_dim) o->head_dim = m->head_dim;
-    if (o->dtype == KVHAL_DTYPE_COUNT) o->dtype = m->dtype;
+    if ((int)o->dtype == -1) o->dtype = m->dtype;
     return soak ? 2 : 0;
 }
 
@@ -409,7 +435,7 @@ static int workload_init(workload *w, const options *o)
     if (o->trace_mode) {
         char err[1024];
         if (replay_trace_load_block(o->trace_path, o->trace_block, &w->tr, err, sizeof err) != 0) {
-            fprintf(stderr, "kvhal-replay: %s\n", err);
+            fail("TRACE_INVALID", "%s", err);
             return -1;
         }
         if (w->tr.empty)
@@ -577,10 +603,10 @@ static int kv_init(kvstate *kv, const options *o, int64_t *num_pages)
     memset(kv, 0, sizeof *kv);
     kvhal_status st = kvhal_device_default(&kv->dev);
     if (st != KVHAL_OK) {
-        fprintf(stderr, "kvhal-replay: KVHAL_DEVICE: %s\n", status_msg(st));
+        fail(kvhal_status_name(st), "KVHAL_DEVICE: %s", status_msg(st));
         return -1;
     }
-    kvhal_paged_cache_config cfg = {0};
+    kvhal_paged_cache_config cfg = KVHAL_PAGED_CACHE_CONFIG_INIT;
     cfg.num_layers = o->layers;
     cfg.num_heads = o->kv_heads;
     cfg.head_dim = o->head_dim;
@@ -592,7 +618,7 @@ static int kv_init(kvstate *kv, const options *o, int64_t *num_pages)
     cfg.device = kv->dev;
     st = kvhal_paged_cache_create(&cfg, &kv->cache);
     if (st != KVHAL_OK) {
-        fprintf(stderr, "kvhal-replay: paged cache: %s\n", status_msg(st));
+        fail(kvhal_status_name(st), "paged cache: %s", status_msg(st));
         return -1;
     }
     *num_pages = kvhal_paged_cache_num_blocks(kv->cache);
@@ -617,7 +643,7 @@ static int kv_init(kvstate *kv, const options *o, int64_t *num_pages)
     kv->readbuf = malloc(kv->row * kv->ces);
     if (!kv->tab_in || !kv->tab_cache || !kv->khost || !kv->vhost || !kv->shost || !kv->layer_k || !kv->layer_v ||
         !kv->readbuf) {
-        fprintf(stderr, "kvhal-replay: out of host memory for the K/V staging buffers\n");
+        fail("KVHAL_OUT_OF_MEMORY", "out of host memory for the K/V staging buffers");
         return -1;
     }
     uint64_t rng = 0x7461626c65ULL;
@@ -637,12 +663,12 @@ static int kv_init(kvstate *kv, const options *o, int64_t *num_pages)
     if ((st = kvhal_buffer_create(kv->dev, kvbytes, &kv->kbuf)) != KVHAL_OK ||
         (st = kvhal_buffer_create(kv->dev, kvbytes, &kv->vbuf)) != KVHAL_OK ||
         (st = kvhal_buffer_create(kv->dev, kv->chunk * sizeof(int64_t), &kv->sbuf)) != KVHAL_OK) {
-        fprintf(stderr, "kvhal-replay: staging buffers: %s\n", status_msg(st));
+        fail(kvhal_status_name(st), "staging buffers: %s", status_msg(st));
         return -1;
     }
     for (int32_t l = 0; l < kv->layers; l++)
         if ((st = kvhal_paged_cache_layer(kv->cache, l, &kv->layer_k[l], &kv->layer_v[l])) != KVHAL_OK) {
-            fprintf(stderr, "kvhal-replay: paged cache layer %d: %s\n", (int)l, status_msg(st));
+            fail(kvhal_status_name(st), "paged cache layer %d: %s", (int)l, status_msg(st));
             return -1;
         }
     return 0;
@@ -745,6 +771,9 @@ typedef struct stats {
     double best_pass_rps; /* the least disturbed pass: on a shared machine the others include other programs */
     int64_t peak_in_use, total_pages;
     size_t evict_cached_min;
+    /* per-call times in microseconds over all passes, for the percentiles */
+    double *match_us, *finish_us, *evict_us;
+    size_t n_match_us, n_finish_us, n_evict_us, cap_us, cap_evict_us;
 } stats;
 
 typedef struct replay {
@@ -777,12 +806,14 @@ typedef struct replay {
     int64_t repeat_index;
     uint64_t excluded; /* ticks of generation, verification and checks inside the pass, not engine work */
     uint64_t match_ticks, finish_ticks; /* in the pass */
+    uint64_t *match_samples, *finish_samples; /* per call, in ticks, in the pass (converted at its end) */
+    size_t n_match_samples, n_finish_samples;
     uint32_t sink;   /* what reading a request's tokens ahead of it summed up (kept so that the read stays) */
 } replay;
 
 static void fatal_status(replay *r, const char *what, kvhal_status st)
 {
-    fprintf(stderr, "kvhal-replay: %s: %s\n", what, status_msg(st));
+    fail(kvhal_status_name(st), "%s: %s", what, status_msg(st));
     r->st.errors++;
 }
 
@@ -855,8 +886,8 @@ static void report_mismatch(replay *r, const slot *s, size_t pos, int32_t layer,
         if (layer >= 0)
             snprintf(where, sizeof where, ", layer %d, %s%s", (int)layer, side ? "V" : "K",
                      head >= 0 ? " (a head differs)" : "");
-        fprintf(stderr, "kvhal-replay: MISMATCH: request %zu, token %zu of its %zu-token cached prefix (page %d, "
-                "offset %zu)%s: the cache holds another prefix's data\n", s->req, pos, s->matched,
+        fail("VERIFICATION_FAILED", "MISMATCH: request %zu, token %zu of its %zu-token cached prefix (page %d, "
+                "offset %zu)%s: the cache holds another prefix's data", s->req, pos, s->matched,
                 (int)s->pages[pos / (size_t)r->ps], pos % (size_t)r->ps, where);
     }
 }
@@ -922,7 +953,7 @@ static void check_integrity(replay *r)
     r->st.integrity_checks++;
     if (st != KVHAL_OK) {
         r->st.integrity_failures++;
-        fprintf(stderr, "kvhal-replay: INTEGRITY: %s\n", status_msg(st));
+        fail(kvhal_status_name(st), "INTEGRITY: %s", status_msg(st));
     }
     r->excluded += tick() - t0;
 }
@@ -974,7 +1005,9 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
     /* at most all but the last prompt token, as engines match (replay_match_len) */
     kvhal_status st = kvhal_cache_manager_match(r->cm, s->tok, replay_match_len(s->in_len), &s->h, &cached, s->pages,
                                                 div_up(r->w->max_len, ps));
-    r->match_ticks += tick() - t0;
+    const uint64_t dt = tick() - t0;
+    r->match_ticks += dt;
+    r->match_samples[r->n_match_samples++] = dt;
     r->st.match_calls++;
     if (st != KVHAL_OK) return fatal_status(r, "match", st), -2;
     int64_t have = (int64_t)(cached / ps);
@@ -986,7 +1019,7 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
         s->h = 0;
         if (running == 0) {
             if (r->st.skipped < 5)
-                fprintf(stderr, "kvhal-replay: request %zu needs %lld pages, more than the cache's %lld: skipped\n",
+                fprintf(stderr, "kvhal-replay: warning: request %zu needs %lld pages, more than the cache's %lld: skipped\n",
                         req, (long long)(need_now + need_decode + have), (long long)r->total_pages);
             r->st.skipped++;
             return -1;
@@ -1189,6 +1222,7 @@ PHASE static int finish(replay *r, slot *s)
     atomic_thread_fence(memory_order_seq_cst);
     uint64_t t2 = tick();
     r->finish_ticks += t2 - t1;
+    r->finish_samples[r->n_finish_samples++] = t2 - t1;
     r->st.finish_calls++;
     if (st != KVHAL_OK) return fatal_status(r, "cache_finished", st), -1;
     if (!r->kv) {
@@ -1222,7 +1256,9 @@ static void evict_bench(replay *r)
         size_t ev;
         double t0 = now_s();
         kvhal_status st = kvhal_cache_manager_evict(r->cm, 4096, &ev);
-        r->st.evict_s += now_s() - t0;
+        const double dt = now_s() - t0;
+        r->st.evict_s += dt;
+        if (r->st.n_evict_us < r->st.cap_evict_us) r->st.evict_us[r->st.n_evict_us++] = 1e6 * dt;
         if (st != KVHAL_OK) {
             fatal_status(r, "evict", st);
             return;
@@ -1241,6 +1277,7 @@ static int run_once(replay *r)
     int32_t running = 0;
     r->reserved = 0;
     r->excluded = r->match_ticks = r->finish_ticks = 0;
+    r->n_match_samples = r->n_finish_samples = 0;
     r->ndec = r->nfin = 0;
     int rc = 0;
     stage_tokens(r, 0);
@@ -1296,6 +1333,10 @@ static int run_once(replay *r)
     const double excluded = (double)r->excluded * spt;
     r->st.t_match += (double)r->match_ticks * spt;
     r->st.t_finish += (double)r->finish_ticks * spt;
+    for (size_t i = 0; i < r->n_match_samples && r->st.n_match_us < r->st.cap_us; i++)
+        r->st.match_us[r->st.n_match_us++] = 1e6 * (double)r->match_samples[i] * spt;
+    for (size_t i = 0; i < r->n_finish_samples && r->st.n_finish_us < r->st.cap_us; i++)
+        r->st.finish_us[r->st.n_finish_us++] = 1e6 * (double)r->finish_samples[i] * spt;
     r->st.t_engine += el - excluded;
     if (rc == 0 && el - excluded > 0) {
         double pass_rps = (double)(r->st.requests - requests_before) / (el - excluded);
@@ -1311,7 +1352,7 @@ static int run_once(replay *r)
     kvhal_status st = kvhal_cache_manager_evict(r->cm, SIZE_MAX, &ev);
     if (st != KVHAL_OK) return fatal_status(r, "evict all", st), -1;
     if (rc == 0 && kvhal_cache_manager_available(r->cm) != r->total_pages) {
-        fprintf(stderr, "kvhal-replay: %d of %lld pages available after the pass\n",
+        fail("VERIFICATION_FAILED", "%d of %lld pages available after the pass",
                 (int)kvhal_cache_manager_available(r->cm), (long long)r->total_pages);
         r->st.errors++;
         rc = -1;
@@ -1335,28 +1376,72 @@ static void print_summary(const replay *r, const workload *w, const char *device
     /* a run that skipped requests (each larger than the whole cache) did not replay the workload: not ok */
     bool ok = s->mismatches == 0 && s->integrity_failures == 0 && s->errors == 0 && s->skipped == 0;
     const char *kind = o->kind == KVHAL_PREFIX_RADIX ? "radix" : "naive";
+    /* percentiles sort the sample arrays in place: they are not used after the summary */
+    tool_percentiles pm = tool_percentiles_of(s->match_us, s->n_match_us);
+    tool_percentiles pf = tool_percentiles_of(s->finish_us, s->n_finish_us);
+    tool_percentiles pe = tool_percentiles_of(s->evict_us, s->n_evict_us);
     if (o->json) {
-        printf("{\"requests\": %llu, \"skipped\": %llu, \"skipped_empty\": %zu, \"repeat\": %lld, \"requests_per_s\": %.1f, "
-               "\"requests_per_cpu_s\": %.1f, \"requests_per_s_best_pass\": %.1f, \"tokens_per_s\": %.1f, "
-               "\"hit_rate\": %.6f, \"hit_requests\": %llu, \"pages_evicted\": %llu, "
-               "\"peak_pages_in_use\": %lld, \"pages_total\": %lld, \"page_size\": %d, \"bytes_written\": %llu, "
-               "\"write_gb_per_s\": %.3f, \"match_us\": %.3f, \"insert_us\": %.3f, \"evict_4096_us\": %.3f, "
-               "\"evict_calls\": %llu, \"evict_cached_tokens\": %zu, \"verified\": %llu, \"mismatches\": %llu, "
-               "\"integrity_checks\": %llu, \"integrity_failures\": %llu, \"errors\": %llu, \"ok\": %s, "
-               "\"engine_s\": %.4f, \"wall_s\": %.3f, \"mode\": \"%s\", \"prefix\": \"%s\", \"device\": \"%s\", "
-               "\"model\": \"%s\", \"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"%s\", "
-               "\"batch\": %d, \"finish\": \"%s\", \"seed\": %llu}\n",
-               (unsigned long long)s->requests, (unsigned long long)s->skipped, w->tr.empty, (long long)o->repeat, rps,
-               rps_cpu, s->best_pass_rps, tps, hit,
-               (unsigned long long)s->hit_requests, (unsigned long long)s->pages_evicted, (long long)s->peak_in_use,
-               (long long)s->total_pages, (int)o->page_size, (unsigned long long)s->bytes_written, gbps, match_us,
-               insert_us, evict_us, (unsigned long long)s->evict_calls, s->evict_cached_min,
-               (unsigned long long)s->verified, (unsigned long long)s->mismatches,
-               (unsigned long long)s->integrity_checks, (unsigned long long)s->integrity_failures,
-               (unsigned long long)s->errors, ok ? "true" : "false", s->t_engine, s->t_wall,
-               o->no_kv ? "no-kv" : "kv", kind, device, o->model, (int)o->layers, (int)o->kv_heads, (int)o->head_dim,
-               kvhal_dtype_name(o->dtype), (int)o->batch, o->finish_whole ? "whole" : "suffix",
-               (unsigned long long)o->seed);
+        FILE *f = stdout;
+        fprintf(f, "{\"ok\": %s, \"version\": ", ok ? "true" : "false");
+        tool_json_str(f, kvhal_version());
+        if (!ok) {
+            char msg[1200];
+            snprintf(msg, sizeof msg, "%llu mismatches, %llu integrity failures, %llu errors, %llu requests skipped%s%s",
+                     (unsigned long long)s->mismatches, (unsigned long long)s->integrity_failures,
+                     (unsigned long long)s->errors, (unsigned long long)s->skipped, failure_message[0] ? "; first: " : "", failure_message);
+            fprintf(f, ", \"error\": {\"status\": ");
+            tool_json_str(f, failure_status[0] ? failure_status : "VERIFICATION_FAILED");
+            fprintf(f, ", \"message\": ");
+            tool_json_str(f, msg);
+            fprintf(f, "}");
+        }
+        fprintf(f, ", \"requests\": %llu, \"skipped\": %llu, \"skipped_empty\": %zu, \"repeat\": %lld, \"requests_per_s\": ",
+                (unsigned long long)s->requests, (unsigned long long)s->skipped, w->tr.empty, (long long)o->repeat);
+        tool_json_num(f, rps, s->t_engine > 0);
+        fprintf(f, ", \"requests_per_cpu_s\": ");
+        tool_json_num(f, rps_cpu, s->t_engine_cpu > 0);
+        fprintf(f, ", \"requests_per_s_best_pass\": ");
+        tool_json_num(f, s->best_pass_rps, s->best_pass_rps > 0);
+        fprintf(f, ", \"tokens_per_s\": ");
+        tool_json_num(f, tps, s->t_engine > 0);
+        fprintf(f, ", \"hit_rate\": ");
+        tool_json_num(f, hit, s->in_tokens > 0);
+        fprintf(f, ", \"hit_requests\": %llu, \"pages_evicted\": %llu, \"peak_pages_in_use\": %lld, "
+                "\"pages_total\": %lld, \"page_size\": %d, \"bytes_written\": ",
+                (unsigned long long)s->hit_requests, (unsigned long long)s->pages_evicted, (long long)s->peak_in_use,
+                (long long)s->total_pages, (int)o->page_size);
+        tool_json_num(f, (double)s->bytes_written, !o->no_kv);
+        fprintf(f, ", \"write_gb_per_s\": ");
+        tool_json_num(f, gbps, !o->no_kv && s->t_write > 0);
+        /* means, kept under their earlier names; the percentiles are in latency_us */
+        fprintf(f, ", \"match_us\": ");
+        tool_json_num(f, match_us, s->match_calls > 0);
+        fprintf(f, ", \"insert_us\": ");
+        tool_json_num(f, insert_us, s->finish_calls > 0);
+        fprintf(f, ", \"evict_4096_us\": ");
+        tool_json_num(f, evict_us, s->evict_calls > 0);
+        fprintf(f, ", \"latency_us\": {\"match\": {");
+        tool_json_percentiles(f, &pm);
+        fprintf(f, "}, \"finish\": {");
+        tool_json_percentiles(f, &pf);
+        fprintf(f, "}, \"evict_4096\": {");
+        tool_json_percentiles(f, &pe);
+        fprintf(f, "}}, \"evict_calls\": %llu, \"evict_cached_tokens\": ", (unsigned long long)s->evict_calls);
+        tool_json_num(f, (double)s->evict_cached_min, s->evict_calls > 0);
+        fprintf(f, ", \"verified\": %llu, \"mismatches\": %llu, \"integrity_checks\": %llu, "
+                "\"integrity_failures\": %llu, \"errors\": %llu, \"engine_s\": %.6f, \"wall_s\": %.3f, "
+                "\"mode\": \"%s\", \"prefix\": \"%s\", \"device\": ",
+                (unsigned long long)s->verified, (unsigned long long)s->mismatches,
+                (unsigned long long)s->integrity_checks, (unsigned long long)s->integrity_failures,
+                (unsigned long long)s->errors, s->t_engine, s->t_wall, o->no_kv ? "no-kv" : "kv", kind);
+        if (o->no_kv) fprintf(f, "null");
+        else tool_json_str(f, device);
+        fprintf(f, ", \"model\": ");
+        tool_json_str(f, o->model);
+        fprintf(f, ", \"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"%s\", \"batch\": %d, "
+                "\"finish\": \"%s\", \"seed\": %llu}\n", (int)o->layers, (int)o->kv_heads, (int)o->head_dim,
+                kvhal_dtype_name(o->dtype), (int)o->batch, o->finish_whole ? "whole" : "suffix",
+                (unsigned long long)o->seed);
         return;
     }
     printf("kvhal-replay: %s\n", w->name);
@@ -1376,10 +1461,12 @@ static void print_summary(const replay *r, const workload *w, const char *device
            (unsigned long long)s->hit_requests, (unsigned long long)s->requests);
     printf("  pages        %llu evicted, peak %lld of %lld in use\n", (unsigned long long)s->pages_evicted,
            (long long)s->peak_in_use, (long long)s->total_pages);
-    printf("  cache ops    match %.3f us, %s (insert) %.3f us", match_us,
-           o->finish_whole ? "cache_finished" : "cache_finished_suffix", insert_us);
+    printf("  cache ops    match %.3f us (p50 %.3f, p90 %.3f, p99 %.3f), %s (insert) %.3f us (p50 %.3f, p90 %.3f, "
+           "p99 %.3f)", match_us, pm.p50, pm.p90, pm.p99, o->finish_whole ? "cache_finished" : "cache_finished_suffix",
+           insert_us, pf.p50, pf.p90, pf.p99);
     if (s->evict_calls)
-        printf(", evict(4096) %.2f us (%llu calls, >= %zu tokens cached)", evict_us, (unsigned long long)s->evict_calls,
+        printf(", evict(4096) %.2f us (p50 %.2f, p99 %.2f; %llu calls, >= %zu tokens cached)", evict_us, pe.p50, pe.p99,
+               (unsigned long long)s->evict_calls,
                s->evict_cached_min);
     printf("\n");
     if (!o->no_kv)
@@ -1389,13 +1476,29 @@ static void print_summary(const replay *r, const workload *w, const char *device
            (unsigned long long)s->integrity_checks, (unsigned long long)s->integrity_failures, ok ? "PASS" : "FAIL");
 }
 
+static bool summary_printed; /* by the current run (with --json: its object, ok or not) */
+
+static int run_replay_once(const options *o);
+
+/* One run; with --json a run that failed before its summary prints the failure object instead. */
 static int run_replay(const options *o)
+{
+    summary_printed = false;
+    failure_status[0] = failure_message[0] = '\0';
+    int rc = run_replay_once(o);
+    if (rc && o->json && !summary_printed)
+        tool_json_failure(stdout, failure_status[0] ? failure_status : "FAILED",
+                          failure_message[0] ? failure_message : "the run failed");
+    return rc;
+}
+
+static int run_replay_once(const options *o)
 {
     double t_wall = now_s();
     tick_init();
     workload w;
     if (workload_init(&w, o) != 0) {
-        fprintf(stderr, "kvhal-replay: could not build the workload\n");
+        fail("WORKLOAD", "could not build the workload");
         workload_free(&w);
         return 1;
     }
@@ -1426,8 +1529,8 @@ static int run_replay(const options *o)
         kvhal_device_format(kv.dev, device, sizeof device);
     }
     if (pages < 1 || pages > INT32_MAX) {
-        fprintf(stderr, "kvhal-replay: --kv-budget gives %lld pages; need 1 to %d (raise --page-size or change the "
-                "budget)\n", (long long)pages, INT32_MAX);
+        fail("KVHAL_OUT_OF_RANGE", "--kv-budget gives %lld pages; need 1 to %d (raise --page-size or change the "
+             "budget)", (long long)pages, INT32_MAX);
         goto out;
     }
     r.total_pages = pages;
@@ -1439,6 +1542,15 @@ static int run_replay(const options *o)
     r.newpages = malloc((size_t)r.nslots * sizeof *r.newpages);
     r.newpages_cap = (size_t)r.nslots;
     r.dec = malloc((size_t)r.nslots * sizeof *r.dec);
+    /* one match and at most one finish per request and pass; evict_bench makes at most 16 calls a pass */
+    r.match_samples = malloc((w.n + 1) * sizeof *r.match_samples);
+    r.finish_samples = malloc((w.n + 1) * sizeof *r.finish_samples);
+    r.st.cap_us = (w.n + 1) * (size_t)o->repeat;
+    r.st.cap_evict_us = 16 * (size_t)o->repeat;
+    r.st.match_us = malloc(r.st.cap_us * sizeof(double));
+    r.st.finish_us = malloc(r.st.cap_us * sizeof(double));
+    r.st.evict_us = malloc(r.st.cap_evict_us * sizeof(double));
+    if (!r.match_samples || !r.finish_samples || !r.st.match_us || !r.st.finish_us || !r.st.evict_us) goto oom;
     r.fin = malloc((size_t)r.nslots * sizeof *r.fin);
     if (o->no_kv) r.shadow = calloc((size_t)pages, sizeof *r.shadow);
     if (!r.slots || !r.bhash || !r.bslot || !r.newpages || !r.dec || !r.fin || (o->no_kv && !r.shadow)) goto oom;
@@ -1455,7 +1567,7 @@ static int run_replay(const options *o)
     }
     kvhal_status cst = kvhal_cache_manager_create((int32_t)pages, r.ps, o->kind, &r.cm);
     if (cst != KVHAL_OK) {
-        fprintf(stderr, "kvhal-replay: cache manager: %s\n", status_msg(cst));
+        fail(kvhal_status_name(cst), "cache manager: %s", status_msg(cst));
         goto out;
     }
     r.work_total = w.n * (size_t)o->repeat;
@@ -1468,10 +1580,11 @@ static int run_replay(const options *o)
     progress(&r, true);
     r.st.t_wall = now_s() - t_wall;
     print_summary(&r, &w, device);
+    summary_printed = true;
     if (r.st.mismatches || r.st.integrity_failures || r.st.errors || r.st.skipped) rc = 1;
     goto out;
 oom:
-    fprintf(stderr, "kvhal-replay: out of host memory\n");
+    fail("KVHAL_OUT_OF_MEMORY", "out of host memory");
     rc = 1;
 out:
     if (r.slots)
@@ -1488,6 +1601,11 @@ out:
     free(r.newpages);
     free(r.dec);
     free(r.fin);
+    free(r.match_samples);
+    free(r.finish_samples);
+    free(r.st.match_us);
+    free(r.st.finish_us);
+    free(r.st.evict_us);
     free(r.shadow);
     if (r.kv) kv_free(&kv);
     workload_free(&w);
@@ -1548,10 +1666,14 @@ int main(int argc, char **argv)
     options o;
     default_options(&o);
     int p = parse_options(argc, argv, &o);
-    if (p < 0) return 2;
+    if (p < 0) return TOOL_EXIT_USAGE;
     if (p == 1) {
         usage(stdout);
-        return 0;
+        return TOOL_EXIT_OK;
+    }
+    if (p == 3) {
+        tool_print_version(tool);
+        return TOOL_EXIT_OK;
     }
     if (p == 2) return run_soak(&o);
     return run_replay(&o);

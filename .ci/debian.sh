@@ -1,0 +1,52 @@
+#!/bin/bash
+# CI stage (runs alone too): the Debian packages. dpkg-buildpackage -us -uc -b on a copy of the tree (the working
+# tree stays clean), lintian on the result (no errors), the .debs unpacked into a scratch root (dpkg -x) and used:
+# kvhal-info finds the OpenCL module in <libdir>/kvhal-0 beside the library, and a consumer is built against the
+# -dev package with pkg-config and with CMake and run.
+#   DEB_BUILD_PROFILES="pkg.kvhal.nocuda pkg.kvhal.nohip" .ci/debian.sh   # without the GPU modules (faster)
+#   DEB_BUILD_OPTIONS=nocheck .ci/debian.sh                                # without the package's test suites
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PATH:/usr/local/cuda/bin
+work=${KVHAL_DEB_DIR:-/tmp/kvhal-deb}
+version=$(dpkg-parsechangelog -S Version)
+rm -rf "$work" && mkdir -p "$work/kvhal-$version"
+git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$work/kvhal-$version"
+git diff --name-only -z | xargs -0 -r -I{} cp {} "$work/kvhal-$version/{}"   # uncommitted changes of a local run
+git ls-files -z --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$work/kvhal-$version"
+if [ -z "${DEB_BUILD_PROFILES:-}" ] && ! command -v nvcc >/dev/null; then
+  export DEB_BUILD_PROFILES="pkg.kvhal.nocuda"; echo "debian: no nvcc, building without the CUDA package"
+fi
+echo "debian: dpkg-buildpackage -us -uc -b (profiles: ${DEB_BUILD_PROFILES:-none}, options: ${DEB_BUILD_OPTIONS:-none})"
+(cd "$work/kvhal-$version" && dpkg-buildpackage -us -uc -b -j2 > "$work/build.log" 2>&1) ||
+  { tail -60 "$work/build.log" >&2; echo "debian: dpkg-buildpackage failed (log: $work/build.log)" >&2; exit 1; }
+ls -1 "$work"/*.deb
+changes=$(ls "$work"/kvhal_*.changes)
+
+echo "debian: lintian"
+lintian --fail-on error "$changes" | tee "$work/lintian.txt" || {
+  echo "debian: lintian reported errors" >&2; exit 1; }
+echo "lintian: $(grep -c '^E:' "$work/lintian.txt" || true) errors, $(grep -c '^W:' "$work/lintian.txt" || true) warnings"
+
+echo "debian: unpack into a scratch root and use it"
+root=$work/root
+for d in "$work"/*.deb; do dpkg -x "$d" "$root"; done
+ma=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
+libdir=$root/usr/lib/$ma
+test -f "$libdir/kvhal-0/libkvhal-opencl.so"
+LD_LIBRARY_PATH=$libdir KVHAL_BACKEND_PATH= "$root/usr/bin/kvhal-info" --version
+LD_LIBRARY_PATH=$libdir KVHAL_BACKEND_PATH= "$root/usr/bin/kvhal-info" --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+m = {x["name"]: x for x in d["modules"]}
+assert "opencl" in m and "/kvhal-0/" in m["opencl"]["path"], m
+print("packaged modules:", ", ".join("%s (%s, loaded=%s)" % (n, x["path"], x["loaded"]) for n, x in m.items()))'
+pcflags() { PKG_CONFIG_PATH=$libdir/pkgconfig pkg-config --define-variable=prefix="$root/usr" "$@" kvhal; }
+cc -std=c11 -Wall -Wextra -pedantic -Werror examples/engine_step.c $(pcflags --cflags --libs) -o "$work/engine_step"
+LD_LIBRARY_PATH=$libdir "$work/engine_step"
+mkdir -p "$work/cmake-src"
+cp .ci/consumer/CMakeLists.txt .ci/consumer/consumer.cpp examples/paged_cache.c "$work/cmake-src/"
+cmake -S "$work/cmake-src" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$root/usr" >/dev/null
+cmake --build "$work/cmake-build" -j2 >/dev/null
+LD_LIBRARY_PATH=$libdir "$work/cmake-build/paged_cache"
+echo "debian: packages built, lintian clean of errors, consumers built against them and run"
