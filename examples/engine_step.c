@@ -95,7 +95,7 @@ static int step(engine *e, int r, size_t *reused)
     for (int i = 0; i < QUESTION; i++) tokens[SYSTEM + i] = 5000 + r * 100 + i; /* this request's question */
     int len = SYSTEM + QUESTION;
 
-    kvhal_prefix_handle handle = NULL;
+    kvhal_prefix_handle handle = 0;
     size_t cached = 0;
     CHECK(kvhal_cache_manager_match(e->cm, tokens, (size_t)len, &handle, &cached, pages, MAX_PAGES));
     if (cached > 0 && verify_prefix(e, tokens, pages, (int)cached) != 0) return 1;

@@ -503,8 +503,12 @@ static int self_test_one(const char *transports)
         int32_t *toks = malloc((size_t)sizes[r] * (size_t)opt.block * sizeof *toks);
         if (!toks) return failed("decode", KVHAL_OUT_OF_MEMORY);
         for (int32_t t = 0; t < sizes[r] * opt.block; t++) toks[t] = r * 1000003 + t;
+        /* a request handle of its own (a match of nothing: every page is the request's), consumed by the finish */
+        kvhal_prefix_handle h = 0;
+        int32_t none[1];
+        if (!rc) TRY("decode: match", kvhal_cache_manager_match(d.cm, toks, 0, &h, NULL, none, 0));
         if (!rc) TRY("decode: cache_finished", kvhal_cache_manager_cache_finished(d.cm, toks, (size_t)sizes[r] * (size_t)opt.block,
-                                                                              pages[r], NULL));
+                                                                              pages[r], h));
         free(toks);
         kvhal_xfer_release(x[r]);
         if (!rc) { /* the next token goes into a new page */

@@ -18,6 +18,11 @@
 #include "kvhal_xfer.h"
 #include "xfer_wire.h"
 
+/* The number of statuses (codes are 0 .. n-1), counted from the public list. */
+#define XFER_COUNT_X(name, code, msg) +1
+enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
+#undef XFER_COUNT_X
+
 #define AGENT_MAGIC 0x4b584147u /* KXAG */
 #define PEER_MAGIC 0x4b585045u  /* KXPE */
 #define XFER_MAGIC 0x4b585846u  /* KXXF */
@@ -756,7 +761,7 @@ static void on_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, 
     if (!x || x->is_recv || x->peer != p || k.frame >= (uint32_t)x->num_frames || x->finished) return; /* stale */
     send_frame *f = &x->frames[k.frame];
     if (k.status != KVHAL_OK) {
-        kvhal_status st = (k.status > 0 && k.status < KVHAL_STATUS_COUNT) ? (kvhal_status)k.status : KVHAL_PEER_FAILED;
+        kvhal_status st = (k.status > 0 && k.status < XFER_STATUS_N) ? (kvhal_status)k.status : KVHAL_PEER_FAILED;
         xfer_finish(x, st, "peer %s refused frame %u: %s", p->name, (unsigned)k.frame, k.reason);
         return;
     }

@@ -19,17 +19,24 @@
 #include "dlpack_compat.h"
 #include "kvhal.h"
 
+/* Counts the public lists leave to the caller (no *_COUNT in the API): status codes are 0 .. n-1, dtypes
+ * 0 .. KVHAL_FP8_E5M2FNUZ. PY_DTYPE_N also marks "no dtype" in the DLPack table. */
+#define PY_COUNT_X(name, code, msg) +1
+#define PY_STATUS_N ((int)(0 KVHAL_STATUS_MAP(PY_COUNT_X)))
+#define PY_DTYPE_N ((kvhal_dtype)(KVHAL_FP8_E5M2FNUZ + 1))
+#define PY_DTYPE_COUNT ((int)KVHAL_FP8_E5M2FNUZ + 1)
+
 typedef kvhal_prefix_handle HANDLE_T; /* the one place that names the prefix handle's C type */
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Errors                                                                                                       */
 /* ------------------------------------------------------------------------------------------------------------ */
 static PyObject *g_error;                          /* kvhal.Error */
-static PyObject *g_status_error[KVHAL_STATUS_COUNT]; /* one subclass per status (index 0 unused) */
+static PyObject *g_status_error[PY_STATUS_N]; /* one subclass per status (index 0 unused) */
 
 static PyObject *raise_status(kvhal_status st)
 {
-    PyObject *cls = (st > 0 && st < KVHAL_STATUS_COUNT && g_status_error[st]) ? g_status_error[st] : g_error;
+    PyObject *cls = (st > 0 && (int)st < PY_STATUS_N && g_status_error[st]) ? g_status_error[st] : g_error;
     const char *msg = kvhal_last_error();
     /* kvhal_last_error() already starts with the status name */
     if (msg && msg[0]) PyErr_SetString(cls, msg);
@@ -190,10 +197,10 @@ static int parse_dtype(PyObject *o, kvhal_dtype *out)
     const char *name = o && PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : "f32";
     if (!name) return -1;
     if (o && !PyUnicode_Check(o)) {
-        bad_arg("dtype: expected a name (f32, f16, bf16, fp8_e4m3, fp8_e5m2, i32, i64)");
+        bad_arg("dtype: expected a name (f32, f16, bf16, fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz, fp8_e5m2fnuz, i32, i64)");
         return -1;
     }
-    for (int d = 0; d < KVHAL_DTYPE_COUNT; d++)
+    for (int d = 0; d < PY_DTYPE_COUNT; d++)
         if (!strcmp(name, kvhal_dtype_name((kvhal_dtype)d))) {
             *out = (kvhal_dtype)d;
             return 0;
@@ -425,10 +432,10 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
         return -1;
     }
     kvhal_dtype dt;
-    const kvhal_dtype by_size[9] = {KVHAL_DTYPE_COUNT, KVHAL_FP8_E4M3, KVHAL_F16, KVHAL_DTYPE_COUNT, KVHAL_I32,
-                                    KVHAL_DTYPE_COUNT, KVHAL_DTYPE_COUNT, KVHAL_DTYPE_COUNT, KVHAL_I64};
+    const kvhal_dtype by_size[9] = {PY_DTYPE_N, KVHAL_FP8_E4M3, KVHAL_F16, PY_DTYPE_N, KVHAL_I32,
+                                    PY_DTYPE_N, PY_DTYPE_N, PY_DTYPE_N, KVHAL_I64};
     if (dl_to_kvhal(dl->dtype, &dt) != 0 && raw && dl->dtype.lanes == 1 && dl->dtype.bits % 8 == 0 &&
-        dl->dtype.bits <= 64 && by_size[dl->dtype.bits / 8] != KVHAL_DTYPE_COUNT)
+        dl->dtype.bits <= 64 && by_size[dl->dtype.bits / 8] != PY_DTYPE_N)
         dt = by_size[dl->dtype.bits / 8];
     else if (dl_to_kvhal(dl->dtype, &dt) != 0) {
         taken_release(&out->taken);
@@ -1993,7 +2000,7 @@ PyMODINIT_FUNC PyInit__kvhal(void)
     if (!g_error || PyObject_SetAttrString(g_error, "status", Py_None) < 0) return NULL;
     Py_INCREF(g_error);
     if (PyModule_AddObject(m, "Error", g_error) < 0) return NULL;
-    for (int st = 1; st < KVHAL_STATUS_COUNT; st++) {
+    for (int st = 1; st < PY_STATUS_N; st++) {
         const char *sn = kvhal_status_name((kvhal_status)st); /* "KVHAL_INVALID_ARGUMENT" */
         char cname[64], qual[80];
         camel(sn + 6, cname, sizeof cname);
