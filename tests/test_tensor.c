@@ -15,7 +15,7 @@
 #include "kvhal.h"
 
 /* The dtypes of kvhal.h (it has no public count): f32 .. i64. */
-enum { NUM_DTYPES = KVHAL_I64 + 1 };
+enum { NUM_DTYPES = KVHAL_FP8_E5M2FNUZ + 1 };
 
 static const kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
 

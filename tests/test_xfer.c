@@ -89,7 +89,7 @@ static void *serve(void *arg)
 
 static kvhal_paged_cache *make_cache(kvhal_device dev, int32_t heads, int64_t pages, kvhal_paged_order order)
 {
-    kvhal_paged_cache_config c = {.num_layers = L, .num_heads = heads, .head_dim = DIM, .block_size = BLOCK,
+    kvhal_paged_cache_config c = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = L, .num_heads = heads, .head_dim = DIM, .block_size = BLOCK,
                                   .dtype = KVHAL_F16, .layout = KVHAL_LAYOUT_NHD, .order = order,
                                   .memory_budget = (uint64_t)pages * 2 * L * BLOCK * (uint64_t)heads * DIM * 2,
                                   .device = dev};

@@ -108,7 +108,7 @@ static kvhal_status side_open(side *s, const char *devname, uint64_t budget, kvh
     kvhal_device dev;
     kvhal_status st = kvhal_device_parse(devname, &dev);
     if (st != KVHAL_OK) return st;
-    kvhal_paged_cache_config c = {.num_layers = opt.layers, .num_heads = opt.heads, .head_dim = opt.dim,
+    kvhal_paged_cache_config c = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = opt.layers, .num_heads = opt.heads, .head_dim = opt.dim,
                                   .block_size = opt.block, .dtype = opt.dtype, .layout = KVHAL_LAYOUT_NHD,
                                   .order = order, .memory_budget = budget, .device = dev};
     if ((st = kvhal_paged_cache_create(&c, &s->cache)) != KVHAL_OK) return st;

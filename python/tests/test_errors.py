@@ -15,7 +15,8 @@ def test_hierarchy():
     assert issubclass(kvhal.InvalidArgument, kvhal.Error) and issubclass(kvhal.InvalidArgument, ValueError)
     assert issubclass(kvhal.OutOfRange, IndexError)
     assert kvhal.DeviceFault.status == "KVHAL_DEVICE_FAULT"
-    assert len(kvhal.STATUS_ERRORS) == 19
+    assert len(kvhal.STATUS_ERRORS) == 22  # every status of kvhal.h but KVHAL_OK
+    assert kvhal.STATUS_ERRORS["KVHAL_PEER_FAILED"].status == "KVHAL_PEER_FAILED"
     assert kvhal.STATUS_ERRORS["KVHAL_SHAPE_MISMATCH"] is kvhal.ShapeMismatch
 
 
