@@ -57,6 +57,7 @@ typedef struct options {
     int32_t batch, samples, chunk;
     bool no_kv, json, quiet, cold_tokens, finish_whole;
     bool trace_by_time;      /* --trace-order timestamp */
+    double arrival_scale;    /* --arrival-gaps S: seconds per trace timestamp unit, 0 = as fast as the cache allows */
     int64_t repeat, check_every;
     uint64_t seed;
 } options;
@@ -78,6 +79,8 @@ static void usage(FILE *f)
             "  --trace FILE        JSONL trace {timestamp, input_length, output_length, hash_ids} instead\n"
             "  --trace-block N     tokens per hash id of the trace (512); a line must carry ceil(input_length / N)\n"
             "  --trace-order O     file (default) or timestamp (a stable sort by timestamp)\n"
+            "  --arrival-gaps S    admit each trace request no earlier than S seconds per timestamp unit after the\n"
+            "                      first (0.001: a trace in milliseconds, in real time); idle waits are not engine time\n"
             "  --max-requests N    replay only the first N requests (0: all)\n"
             "  --vocab N           token ids are drawn from [0, N) (128256)\n"
             "\nmodel and cache\n"
@@ -251,6 +254,14 @@ static int parse_options(int argc, char **argv, options *o)
             NEED_VALUE;
             o->trace_mode = true;
             o->trace_path = v;
+            continue;
+        }
+        if (!strcmp(a, "--arrival-gaps")) {
+            NEED_VALUE;
+            char *end;
+            o->arrival_scale = strtod(v, &end);
+            if (end == v || *end || !(o->arrival_scale >= 0) || o->arrival_scale > 1e3)
+                return opt_error("--arrival-gaps: '%s' is not a number of seconds in [0, 1000]", v);
             continue;
         }
         if (!strcmp(a, "--trace-order")) {
@@ -1248,6 +1259,18 @@ static int run_once(replay *r)
     uint64_t k0 = tick();
     while (done < n && rc == 0) {
         while (running < r->nslots && next < n) {
+            if (r->o->arrival_scale > 0 && r->w->trace) {
+                /* --arrival-gaps: not before its arrival; wait idle (outside engine time) when nothing runs */
+                double due = (r->w->tr.reqs[next].timestamp - r->w->tr.reqs[0].timestamp) * r->o->arrival_scale;
+                double early = due - (now_s() - t0);
+                if (early > 0 && running > 0) break;
+                if (early > 0) {
+                    uint64_t tw = tick();
+                    struct timespec ts = {(time_t)early, (long)((early - (double)(time_t)early) * 1e9)};
+                    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+                    r->excluded += tick() - tw;
+                }
+            }
             slot *s = NULL;
             for (int32_t i = 0; i < r->nslots; i++)
                 if (!r->slots[i].active) {
