@@ -526,7 +526,8 @@ static kvhal_status finish_impl(kvhal_cache_manager *cm, const int32_t *tokens, 
     return KVHAL_OK;
 }
 
-static kvhal_status kvhal_cache_manager_cache_finished__body(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+static kvhal_status kvhal_cache_manager_cache_finished__body(kvhal_cache_manager *cm, const int32_t *tokens,
+                                                             size_t num_tokens,
                                                 const int32_t *pages, kvhal_prefix_handle handle)
 {
     return finish_impl(cm, tokens, num_tokens, pages, handle, false);

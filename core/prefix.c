@@ -868,7 +868,8 @@ static kvhal_status kvhal_prefix_unlock__body(kvhal_prefix_cache *pc, kvhal_pref
     return KVHAL_OK;
 }
 
-static kvhal_status kvhal__prefix_ticket__body(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h, kvhal_prefix_handle *out)
+static kvhal_status kvhal__prefix_ticket__body(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h,
+                                               kvhal_prefix_handle *out)
 {
     KVHAL_TRY(check_pc_magic(pc));
     node *x;
@@ -1038,7 +1039,8 @@ static kvhal_status kvhal__prefix_insert_unlock__body(kvhal_prefix_cache *pc, co
     return KVHAL_OK;
 }
 
-static kvhal_status kvhal__prefix_handle_len__body(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle, size_t *len)
+static kvhal_status kvhal__prefix_handle_len__body(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle,
+                                                   size_t *len)
 {
     KVHAL_TRY(check_pc_magic(pc));
     *len = 0;
@@ -1312,8 +1314,10 @@ done:
     return st;
 }
 
-kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens, kvhal_prefix_handle *handle,
-                                size_t *cached_len, int32_t *pages, size_t pages_cap)
+/* ---- the entry points: the live-handle lookup, then the body under the owner flag (KVHAL_OWNER_ENTER) ---- */
+
+kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+                                kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages, size_t pages_cap)
 {
     KVHAL_TRY(check_pc(pc));
     kvhal_prefix_cache *o = pc;
@@ -1437,8 +1441,8 @@ kvhal_status kvhal_prefix_check_integrity(const kvhal_prefix_cache *pc)
     return st;
 }
 
-kvhal_status kvhal__prefix_match_owned(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens, kvhal_prefix_handle *handle,
-                                    size_t *cached_len, int32_t *pages, size_t pages_cap)
+kvhal_status kvhal__prefix_match_owned(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+                                       kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages, size_t pages_cap)
 {
     KVHAL_TRY(check_pc_magic(pc));
     kvhal_prefix_cache *o = pc;
@@ -1458,7 +1462,8 @@ kvhal_status kvhal__prefix_size_info_get_owned(const kvhal_prefix_cache *pc, kvh
     return st;
 }
 
-kvhal_status kvhal__prefix_evict_owned(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn, void *user, size_t *evicted)
+kvhal_status kvhal__prefix_evict_owned(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn, void *user,
+                                       size_t *evicted)
 {
     KVHAL_TRY(check_pc_magic(pc));
     kvhal_prefix_cache *o = pc;

@@ -506,7 +506,8 @@ static void test_d10_messages_cut_on_utf8_boundaries(void **state)
     for (int shift = 0; shift < 3; shift++) {
         char path[2048];
         int n = snprintf(path, sizeof path, "/nonexistent%.*s/", shift, "xx");
-        while (n + 4 < (int)sizeof path - 16) n += snprintf(path + n, sizeof path - (size_t)n, "\xe2\x82\xac"); /* euro */
+        while (n + 4 < (int)sizeof path - 16) /* euro signs */
+            n += snprintf(path + n, sizeof path - (size_t)n, "\xe2\x82\xac");
         snprintf(path + n, sizeof path - (size_t)n, "/libkvhal-x.so");
         assert_int_equal(kvhal_backend_load(path), KVHAL_LOAD_FAILED);
         if (!valid_utf8(kvhal_last_error())) fail_msg("shift %d: the message ends mid-character", shift);

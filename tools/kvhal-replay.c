@@ -80,7 +80,8 @@ static void usage(FILE *f)
             "  --trace-block N     tokens per hash id of the trace (512); a line must carry ceil(input_length / N)\n"
             "  --trace-order O     file (default) or timestamp (a stable sort by timestamp)\n"
             "  --arrival-gaps S    admit each trace request no earlier than S seconds per timestamp unit after the\n"
-            "                      first (0.001: a trace in milliseconds, in real time); idle waits are not engine time\n"
+            "                      first (0.001: a trace in milliseconds, in real time); idle waits are not\n"
+            "                      engine time\n"
             "  --max-requests N    replay only the first N requests (0: all)\n"
             "  --vocab N           token ids are drawn from [0, N) (128256)\n"
             "\nmodel and cache\n"
@@ -424,8 +425,8 @@ static int workload_init(workload *w, const options *o)
             return -1;
         }
         if (w->tr.empty)
-            fprintf(stderr, "kvhal-replay: %zu zero-length requests in the trace are not requests: left out (counted as "
-                    "skipped_empty)\n", w->tr.empty);
+            fprintf(stderr, "kvhal-replay: %zu zero-length requests in the trace are not requests: left out "
+                    "(counted as skipped_empty)\n", w->tr.empty);
         if (w->tr.ts_regressions)
             fprintf(stderr, "kvhal-replay: warning: timestamps go back %zu times (first at line %zu); replayed in %s "
                     "order\n", w->tr.ts_regressions, w->tr.first_regression_line,
@@ -1359,7 +1360,8 @@ static void print_summary(const replay *r, const workload *w, const char *device
     bool ok = s->mismatches == 0 && s->integrity_failures == 0 && s->errors == 0 && s->skipped == 0;
     const char *kind = o->kind == KVHAL_PREFIX_RADIX ? "radix" : "naive";
     if (o->json) {
-        printf("{\"requests\": %llu, \"skipped\": %llu, \"skipped_empty\": %zu, \"repeat\": %lld, \"requests_per_s\": %.1f, "
+        printf("{\"requests\": %llu, \"skipped\": %llu, \"skipped_empty\": %zu, \"repeat\": %lld, "
+               "\"requests_per_s\": %.1f, "
                "\"requests_per_cpu_s\": %.1f, \"requests_per_s_best_pass\": %.1f, \"tokens_per_s\": %.1f, "
                "\"hit_rate\": %.6f, \"hit_requests\": %llu, \"pages_evicted\": %llu, "
                "\"peak_pages_in_use\": %lld, \"pages_total\": %lld, \"page_size\": %d, \"bytes_written\": %llu, "
