@@ -133,7 +133,8 @@ KVHAL_API kvhal_status kvhal_error_set(kvhal_status status, const char *fmt, ...
 /* Thread safety, per object:
  * - Thread-safe (any thread, at once): the device and registry calls; the ops (kvhal_tensor_copy,
  *   kvhal_paged_caching, kvhal_copy_blocks), the memcpy family and kvhal_memset on memory that no two of the calls
- *   write at once, on the default stream (NULL) or each thread on streams of its own; buffer and stream queries; tensor views (plain values); the descriptor cache (each
+ *   write at once, on the default stream (NULL) or each thread on streams of its own; buffer and stream queries;
+ *   tensor views (plain values); the descriptor cache (each
  *   thread has its own caches; op registration and capacities are global and locked); the conversions; errors
  *   (kvhal_last_error is per thread); fault injection (process-wide).
  * - Single-owner (one thread at a time; the caller serialises every call on the object, queries included, and a

@@ -300,7 +300,7 @@ static kvhal_status kvhal_cache_manager_match__body(kvhal_cache_manager *cm, con
     KVHAL_CHECK_ARG(handle, "handle: NULL (the request's handle is needed to finish it)");
     kvhal_prefix_handle h = 0, ticket = 0;
     size_t len = 0;
-    KVHAL_TRY(kvhal_prefix_match(cm->pc, tokens, num_tokens, &h, &len, pages, pages_cap));
+    KVHAL_TRY(kvhal__prefix_match_owned(cm->pc, tokens, num_tokens, &h, &len, pages, pages_cap));
     /* a request handle of its own, even for an empty match: finishing it twice is refused */
     KVHAL_TRY(kvhal__prefix_ticket(cm->pc, h, &ticket));
     *handle = ticket;
@@ -355,7 +355,7 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
 static kvhal_status evict_tokens(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
 {
     cm->cb_status = KVHAL_OK;
-    KVHAL_TRY(kvhal_prefix_evict(cm->pc, num_tokens, evicted_cb, cm, evicted));
+    KVHAL_TRY(kvhal__prefix_evict_owned(cm->pc, num_tokens, evicted_cb, cm, evicted));
     return cm->cb_status;
 }
 
@@ -364,7 +364,7 @@ static kvhal_status kvhal_cache_manager_evict__body(kvhal_cache_manager *cm, siz
     KVHAL_TRY(check_cm_magic(cm));
     if (evicted) *evicted = 0;
     kvhal_prefix_size_info si;
-    KVHAL_TRY(kvhal_prefix_size_info_get(cm->pc, &si));
+    KVHAL_TRY(kvhal__prefix_size_info_get_owned(cm->pc, &si));
     if (si.evictable_tokens == 0) return KVHAL_OK; /* also keeps the naive cache's evict(n > 0) error away */
     return evict_tokens(cm, num_tokens, evicted);
 }
@@ -378,7 +378,7 @@ static kvhal_status kvhal_cache_manager_allocate__body(kvhal_cache_manager *cm, 
     int32_t nfree = cm->nfree;
     if (nfree < n) {
         kvhal_prefix_size_info si;
-        KVHAL_TRY(kvhal_prefix_size_info_get(cm->pc, &si));
+        KVHAL_TRY(kvhal__prefix_size_info_get_owned(cm->pc, &si));
         size_t evictable = si.evictable_tokens / (size_t)cm->page_size;
         if ((size_t)nfree + evictable < (size_t)n)
             return kvhal__err(KVHAL_OUT_OF_MEMORY, "n: %d pages requested, only %d free + %zu evictable of %d (the "
@@ -526,7 +526,8 @@ static kvhal_status finish_impl(kvhal_cache_manager *cm, const int32_t *tokens, 
     return KVHAL_OK;
 }
 
-static kvhal_status kvhal_cache_manager_cache_finished__body(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+static kvhal_status kvhal_cache_manager_cache_finished__body(kvhal_cache_manager *cm, const int32_t *tokens,
+                                                             size_t num_tokens,
                                                 const int32_t *pages, kvhal_prefix_handle handle)
 {
     return finish_impl(cm, tokens, num_tokens, pages, handle, false);
@@ -543,7 +544,7 @@ int32_t kvhal_cache_manager_available(const kvhal_cache_manager *cm)
 {
     if (!cm || !kvhal__handle_live(cm, CM_MAGIC)) return 0;
     kvhal_prefix_size_info si;
-    if (kvhal_prefix_size_info_get(cm->pc, &si) != KVHAL_OK) return 0;
+    if (kvhal__prefix_size_info_get_owned(cm->pc, &si) != KVHAL_OK) return 0;
     return cm->nfree + (int32_t)(si.evictable_tokens / (size_t)cm->page_size);
 }
 
@@ -602,7 +603,7 @@ static kvhal_status kvhal_cache_manager_check_integrity__body(const kvhal_cache_
 {
     KVHAL_TRY(check_cm_magic(cm));
     KVHAL_TRY(check_free_set(cm));
-    KVHAL_TRY(kvhal_prefix_check_integrity(cm->pc));
+    KVHAL_TRY(kvhal__prefix_check_integrity_owned(cm->pc));
     int64_t cached = 0;
     for (size_t w = 0; w < cm->nwords; w++) {
         const uint64_t both = cm->free_bits[w] & cm->tree_bits[w];
@@ -615,7 +616,7 @@ static kvhal_status kvhal_cache_manager_check_integrity__body(const kvhal_cache_
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: cached bits set past the last page");
     const int64_t held = (int64_t)cm->total - cm->nfree - cached; /* neither bit */
     kvhal_prefix_size_info si;
-    KVHAL_TRY(kvhal_prefix_size_info_get(cm->pc, &si));
+    KVHAL_TRY(kvhal__prefix_size_info_get_owned(cm->pc, &si));
     tree_count tc = {cm, 0, -1};
     KVHAL_TRY(kvhal__prefix_for_each_page(cm->pc, count_tree_page, &tc));
     if (tc.bad >= 0)

@@ -187,6 +187,15 @@ KVHAL_HIDDEN kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc,
  * it, so that a second finish of one request is KVHAL_INVALID_HANDLE. */
 KVHAL_HIDDEN kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h,
                                                kvhal_prefix_handle *out);
+/* The calls a cache manager makes on its own prefix cache: as the public ones (owner flag included), but without
+ * the live-handle lookup (the manager's cache lives as long as the manager, which its own entry looked up). */
+KVHAL_HIDDEN kvhal_status kvhal__prefix_match_owned(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+                                                    kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
+                                                    size_t pages_cap);
+KVHAL_HIDDEN kvhal_status kvhal__prefix_size_info_get_owned(const kvhal_prefix_cache *pc, kvhal_prefix_size_info *out);
+KVHAL_HIDDEN kvhal_status kvhal__prefix_evict_owned(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn,
+                                                    void *user, size_t *evicted);
+KVHAL_HIDDEN kvhal_status kvhal__prefix_check_integrity_owned(const kvhal_prefix_cache *pc);
 /* Marks pc as a cache manager's (kvhal_prefix_cache_destroy refuses it) or not; false if pc is not live. */
 KVHAL_HIDDEN bool kvhal__prefix_set_manager_owned(kvhal_prefix_cache *pc, bool owned);
 /* Calls fn with the pages of every node (integrity checks). */

@@ -868,7 +868,8 @@ static kvhal_status kvhal_prefix_unlock__body(kvhal_prefix_cache *pc, kvhal_pref
     return KVHAL_OK;
 }
 
-static kvhal_status kvhal__prefix_ticket__body(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h, kvhal_prefix_handle *out)
+static kvhal_status kvhal__prefix_ticket__body(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h,
+                                               kvhal_prefix_handle *out)
 {
     KVHAL_TRY(check_pc_magic(pc));
     node *x;
@@ -1038,7 +1039,8 @@ static kvhal_status kvhal__prefix_insert_unlock__body(kvhal_prefix_cache *pc, co
     return KVHAL_OK;
 }
 
-static kvhal_status kvhal__prefix_handle_len__body(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle, size_t *len)
+static kvhal_status kvhal__prefix_handle_len__body(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle,
+                                                   size_t *len)
 {
     KVHAL_TRY(check_pc_magic(pc));
     *len = 0;
@@ -1312,8 +1314,10 @@ done:
     return st;
 }
 
-kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens, kvhal_prefix_handle *handle,
-                                size_t *cached_len, int32_t *pages, size_t pages_cap)
+/* ---- the entry points: the live-handle lookup, then the body under the owner flag (KVHAL_OWNER_ENTER) ---- */
+
+kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+                                kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages, size_t pages_cap)
 {
     KVHAL_TRY(check_pc(pc));
     kvhal_prefix_cache *o = pc;
@@ -1345,7 +1349,7 @@ kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle han
 
 kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h, kvhal_prefix_handle *out)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc)); /* called by the manager on its own live cache */
     kvhal_prefix_cache *o = pc;
     KVHAL_OWNER_ENTER(o, "pc");
     kvhal_status st = kvhal__prefix_ticket__body(pc, node_h, out);
@@ -1368,7 +1372,7 @@ kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *
                                          const int32_t *pages, kvhal_prefix_handle handle, bool suffix,
                                          size_t *already_cached)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc)); /* called by the manager on its own live cache */
     kvhal_prefix_cache *o = pc;
     KVHAL_OWNER_ENTER(o, "pc");
     kvhal_status st = kvhal__prefix_insert_unlock__body(pc, tokens, num_tokens, pages, handle, suffix, already_cached);
@@ -1378,7 +1382,7 @@ kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *
 
 kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle, size_t *len)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc)); /* called by the manager on its own live cache */
     kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
     KVHAL_OWNER_ENTER(o, "pc");
     kvhal_status st = kvhal__prefix_handle_len__body(pc, handle, len);
@@ -1419,7 +1423,7 @@ kvhal_status kvhal_prefix_reset(kvhal_prefix_cache *pc, kvhal_pages_fn fn, void 
 
 kvhal_status kvhal__prefix_for_each_page(const kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
 {
-    KVHAL_TRY(check_pc(pc));
+    KVHAL_TRY(check_pc_magic(pc)); /* called by the manager on its own live cache */
     kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
     KVHAL_OWNER_ENTER(o, "pc");
     kvhal_status st = kvhal__prefix_for_each_page__body(pc, fn, user);
@@ -1430,6 +1434,48 @@ kvhal_status kvhal__prefix_for_each_page(const kvhal_prefix_cache *pc, kvhal_pag
 kvhal_status kvhal_prefix_check_integrity(const kvhal_prefix_cache *pc)
 {
     KVHAL_TRY(check_pc(pc));
+    kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal_prefix_check_integrity__body(pc);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal__prefix_match_owned(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
+                                       kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages, size_t pages_cap)
+{
+    KVHAL_TRY(check_pc_magic(pc));
+    kvhal_prefix_cache *o = pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal_prefix_match__body(pc, tokens, num_tokens, handle, cached_len, pages, pages_cap);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal__prefix_size_info_get_owned(const kvhal_prefix_cache *pc, kvhal_prefix_size_info *out)
+{
+    KVHAL_TRY(check_pc_magic(pc));
+    kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal_prefix_size_info_get__body(pc, out);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal__prefix_evict_owned(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn, void *user,
+                                       size_t *evicted)
+{
+    KVHAL_TRY(check_pc_magic(pc));
+    kvhal_prefix_cache *o = pc;
+    KVHAL_OWNER_ENTER(o, "pc");
+    kvhal_status st = kvhal_prefix_evict__body(pc, num_tokens, fn, user, evicted);
+    KVHAL_OWNER_LEAVE(o);
+    return st;
+}
+
+kvhal_status kvhal__prefix_check_integrity_owned(const kvhal_prefix_cache *pc)
+{
+    KVHAL_TRY(check_pc_magic(pc));
     kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
     KVHAL_OWNER_ENTER(o, "pc");
     kvhal_status st = kvhal_prefix_check_integrity__body(pc);

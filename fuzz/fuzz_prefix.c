@@ -4,9 +4,9 @@
  * radix cache; deliberate misuse (a wrong page list, a stale or unlocked handle) that must be refused without
  * change; stale handles (a request finishing again after its finish or drop, while its pages may be another
  * request's by now; node handles of a standalone cache that was reset since) that must be refused with
- * KVHAL_INVALID_HANDLE and change nothing; and injected allocation failures. After every operation both caches must pass check_integrity, and
- * every prefix hit must return pages whose shadow content (the hash of the token prefix written there) is exactly
- * the requester's: a wrong page, not just a wrong count, aborts. */
+ * KVHAL_INVALID_HANDLE and change nothing; and injected allocation failures. After every operation both caches
+ * must pass check_integrity, and every prefix hit must return pages whose shadow content (the hash of the token
+ * prefix written there) is exactly the requester's: a wrong page, not just a wrong count, aborts. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -53,7 +53,10 @@ static uint64_t rnd(model *m)
     return m->rng;
 }
 
-static uint64_t step(uint64_t h, int32_t t) { return (h ^ ((uint64_t)(uint32_t)t + 0x9e3779b97f4a7c15ULL)) * 0xff51afd7ed558ccdULL; }
+static uint64_t step(uint64_t h, int32_t t)
+{
+    return (h ^ ((uint64_t)(uint32_t)t + 0x9e3779b97f4a7c15ULL)) * 0xff51afd7ed558ccdULL;
+}
 
 static void ok(kvhal_status st)
 {
@@ -62,7 +65,8 @@ static void ok(kvhal_status st)
 
 static void write_tokens(model *m, req *q, size_t from, size_t to)
 {
-    for (size_t i = from; i < to; i++) m->shadow[(size_t)q->pages[i / (size_t)m->ps] * (size_t)m->ps + i % (size_t)m->ps] = q->hash[i];
+    const size_t ps = (size_t)m->ps;
+    for (size_t i = from; i < to; i++) m->shadow[(size_t)q->pages[i / ps] * ps + i % ps] = q->hash[i];
 }
 
 static void own(model *m, req *q, size_t from_page, int who)

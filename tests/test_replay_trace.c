@@ -228,11 +228,13 @@ static void test_trace_json_keys_decoded_utf8_checked(void **state)
     expect_error("{\"input_length\": 5, \"input\\u005flength\": 6, \"output_length\": 1, \"hash_ids\": [1]}",
                  "appears twice");
     expect_error("{\"x\": \"a\xff\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "invalid UTF-8");
-    expect_error("{\"x\": \"\xc0\xaf\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "invalid UTF-8");
+    expect_error("{\"x\": \"\xc0\xaf\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}",
+                 "invalid UTF-8");
     expect_error("{\"x\": \"\xed\xa0\x80\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}",
                  "invalid UTF-8"); /* an encoded surrogate */
     expect_error("{\"x\": \"\\udc00\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "low surrogate");
-    expect_error("{\"x\": \"\\ud800x\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}", "high surrogate");
+    expect_error("{\"x\": \"\\ud800x\", \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}",
+                 "high surrogate");
     /* a NUL escaped into a name is equal to no known name (not "input_length" cut at the NUL) */
     parsed p = parse("{\"input_length\\u0000x\": 7, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}");
     assert_int_equal(p.rc, 1);

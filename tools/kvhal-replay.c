@@ -80,6 +80,7 @@ typedef struct options {
     int32_t batch, samples, chunk;
     bool no_kv, json, quiet, cold_tokens, finish_whole;
     bool trace_by_time;      /* --trace-order timestamp */
+    double arrival_scale;    /* --arrival-gaps S: seconds per trace timestamp unit, 0 = as fast as the cache allows */
     int64_t repeat, check_every;
     uint64_t seed;
 } options;
@@ -101,6 +102,9 @@ static void usage(FILE *f)
             "  --trace FILE        JSONL trace {timestamp, input_length, output_length, hash_ids} instead\n"
             "  --trace-block N     tokens per hash id of the trace (512); a line must carry ceil(input_length / N)\n"
             "  --trace-order O     file (default) or timestamp (a stable sort by timestamp)\n"
+            "  --arrival-gaps S    admit each trace request no earlier than S seconds per timestamp unit after the\n"
+            "                      first (0.001: a trace in milliseconds, in real time); idle waits are not\n"
+            "                      engine time\n"
             "  --max-requests N    replay only the first N requests (0: all)\n"
             "  --vocab N           token ids are drawn from [0, N) (128256)\n"
             "\nmodel and cache\n"
@@ -224,7 +228,7 @@ static void default_options(options *o)
 
 enum {
     O_NO_KV = 256, O_COLD_TOKENS, O_FINISH_WHOLE, O_QUIET, O_SOAK, O_SEED, O_ZIPF, O_TRACE, O_MODEL, O_DTYPE,
-    O_KV_BUDGET, O_PREFIX, O_LAYOUT, O_ORDER, O_TRACE_ORDER,
+    O_KV_BUDGET, O_PREFIX, O_LAYOUT, O_ORDER, O_TRACE_ORDER, O_ARRIVAL_GAPS,
 #define X_ENUM(name, E, lo, hi, field) E,
     INT_OPTIONS(X_ENUM)
 #undef X_ENUM
@@ -247,6 +251,7 @@ static int parse_options(int argc, char **argv, options *o)
         {"zipf", required_argument, NULL, O_ZIPF},
         {"trace", required_argument, NULL, O_TRACE},
         {"trace-order", required_argument, NULL, O_TRACE_ORDER},
+        {"arrival-gaps", required_argument, NULL, O_ARRIVAL_GAPS},
         {"model", required_argument, NULL, O_MODEL},
         {"dtype", required_argument, NULL, O_DTYPE},
         {"kv-budget", required_argument, NULL, O_KV_BUDGET},
@@ -290,6 +295,9 @@ static int parse_options(int argc, char **argv, options *o)
         case O_TRACE:
             o->trace_mode = true;
             o->trace_path = v;
+            break;
+        case O_ARRIVAL_GAPS:
+            if (!tool_parse_f64(tool, "arrival-gaps", v, 0, 1e3, &o->arrival_scale)) return -1;
             break;
         case O_TRACE_ORDER:
             if (!strcmp(v, "timestamp")) o->trace_by_time = true;
@@ -439,8 +447,8 @@ static int workload_init(workload *w, const options *o)
             return -1;
         }
         if (w->tr.empty)
-            fprintf(stderr, "kvhal-replay: %zu zero-length requests in the trace are not requests: left out (counted as "
-                    "skipped_empty)\n", w->tr.empty);
+            fprintf(stderr, "kvhal-replay: %zu zero-length requests in the trace are not requests: left out "
+                    "(counted as skipped_empty)\n", w->tr.empty);
         if (w->tr.ts_regressions)
             fprintf(stderr, "kvhal-replay: warning: timestamps go back %zu times (first at line %zu); replayed in %s "
                     "order\n", w->tr.ts_regressions, w->tr.first_regression_line,
@@ -1285,6 +1293,18 @@ static int run_once(replay *r)
     uint64_t k0 = tick();
     while (done < n && rc == 0) {
         while (running < r->nslots && next < n) {
+            if (r->o->arrival_scale > 0 && r->w->trace) {
+                /* --arrival-gaps: not before its arrival; wait idle (outside engine time) when nothing runs */
+                double due = (r->w->tr.reqs[next].timestamp - r->w->tr.reqs[0].timestamp) * r->o->arrival_scale;
+                double early = due - (now_s() - t0);
+                if (early > 0 && running > 0) break;
+                if (early > 0) {
+                    uint64_t tw = tick();
+                    struct timespec ts = {(time_t)early, (long)((early - (double)(time_t)early) * 1e9)};
+                    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+                    r->excluded += tick() - tw;
+                }
+            }
             slot *s = NULL;
             for (int32_t i = 0; i < r->nslots; i++)
                 if (!r->slots[i].active) {

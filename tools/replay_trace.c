@@ -67,7 +67,10 @@ static long hex4(const char *s)
     long v = 0;
     for (int i = 0; i < 4; i++) {
         char h = s[i];
-        int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        int d = h >= '0' && h <= '9'   ? h - '0'
+                : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                       : -1;
         if (d < 0) return -1;
         v = v * 16 + d;
     }
@@ -101,13 +104,10 @@ static void put_utf8(char *out, size_t out_size, size_t *n, uint32_t cp, bool *c
 {
     char b[4];
     size_t k;
-    if (cp < 0x80) b[0] = (char)cp, k = 1;
-    else if (cp < 0x800) b[0] = (char)(0xc0 | cp >> 6), b[1] = (char)(0x80 | (cp & 0x3f)), k = 2;
-    else if (cp < 0x10000)
-        b[0] = (char)(0xe0 | cp >> 12), b[1] = (char)(0x80 | ((cp >> 6) & 0x3f)), b[2] = (char)(0x80 | (cp & 0x3f)), k = 3;
-    else
-        b[0] = (char)(0xf0 | cp >> 18), b[1] = (char)(0x80 | ((cp >> 12) & 0x3f)), b[2] = (char)(0x80 | ((cp >> 6) & 0x3f)),
-        b[3] = (char)(0x80 | (cp & 0x3f)), k = 4;
+    k = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    static const unsigned char lead[5] = {0, 0x00, 0xc0, 0xe0, 0xf0};
+    for (size_t i = k - 1; i > 0; i--, cp >>= 6) b[i] = (char)(0x80 | (cp & 0x3f));
+    b[0] = (char)(lead[k] | cp);
     if (*n + k >= out_size) {
         *cut = true;
         return;
@@ -149,7 +149,8 @@ static int parse_string_cut(cursor *c, char *out, size_t out_size, const char *w
                 cp = (uint32_t)v;
                 adv = 6;
                 if (cp >= 0xdc00 && cp <= 0xdfff)
-                    return fail(c, "\\u%04x inside %s: a low surrogate without a high one before it", (unsigned)cp, what);
+                    return fail(c, "\\u%04x inside %s: a low surrogate without a high one before it", (unsigned)cp,
+                                what);
                 if (cp >= 0xd800 && cp <= 0xdbff) {
                     long lo = c->pos + 12 <= c->len && c->s[c->pos + 6] == '\\' && c->s[c->pos + 7] == 'u'
                                   ? hex4(c->s + c->pos + 8) : -1;
@@ -160,7 +161,9 @@ static int parse_string_cut(cursor *c, char *out, size_t out_size, const char *w
                     adv = 12;
                 }
             } else {
-                cp = (uint32_t)(e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t' : e);
+                static const char from[] = "bfnrt", to[] = "\b\f\n\r\t";
+                const char *at = strchr(from, e);
+                cp = (uint32_t)(unsigned char)(at ? to[at - from] : e);
             }
             if (out) {
                 if (cp == 0) cut = true; /* a NUL in a name: equal to no name */
@@ -550,7 +553,8 @@ int replay_trace_load_block(const char *path, int64_t block, replay_trace *out, 
             if (r.num_ids != want) {
                 snprintf(err, err_size, "%s:%zu: field \"hash_ids\": %zu ids for input_length %lld; the trace's block "
                          "of %lld tokens needs ceil(%lld / %lld) = %zu", path, lineno, r.num_ids,
-                         (long long)r.input_length, (long long)block, (long long)r.input_length, (long long)block, want);
+                         (long long)r.input_length, (long long)block, (long long)r.input_length, (long long)block,
+                         want);
                 rc = -1;
                 break;
             }
