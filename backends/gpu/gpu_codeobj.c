@@ -340,3 +340,50 @@ int kvhal_co_cuda_path(const char *sm_list, int ptx_arch, int cc, int *arch)
     if (arch) *arch = 0;
     return 0;
 }
+
+/* Little-endian reads at checked offsets. */
+static uint64_t rd(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+int kvhal_co_amdgpu_kernels(const void *elf, size_t size, unsigned *mach,
+                            void (*fn)(void *user, const char *name, size_t length), void *user)
+{
+    const unsigned char *b = (const unsigned char *)elf;
+    if (!b || size < 64 || memcmp(b, "\x7f" "ELF", 4) != 0 || b[4] != 2 /* ELFCLASS64 */ || b[5] != 1 /* LSB */)
+        return -1;
+    if (rd(b + 18, 2) != 224 /* EM_AMDGPU */) return -1;
+    if (mach) *mach = (unsigned)(rd(b + 48, 4) & 0xffu);
+    const uint64_t shoff = rd(b + 40, 8), shentsize = rd(b + 58, 2), shnum = rd(b + 60, 2);
+    if (shentsize < 64 || shoff > size || shnum > (size - shoff) / shentsize) return -1;
+    int count = 0;
+    for (uint64_t i = 0; i < shnum; i++) {
+        const unsigned char *sh = b + shoff + i * shentsize;
+        const uint64_t type = rd(sh + 4, 4);
+        if (type != 2 /* SHT_SYMTAB */ && type != 11 /* SHT_DYNSYM */) continue;
+        const uint64_t off = rd(sh + 24, 8), sz = rd(sh + 32, 8), link = rd(sh + 40, 4), ent = rd(sh + 56, 8);
+        if (ent < 24 || off > size || sz > size - off || link >= shnum) return -1;
+        const unsigned char *str_sh = b + shoff + link * shentsize;
+        const uint64_t str_off = rd(str_sh + 24, 8), str_sz = rd(str_sh + 32, 8);
+        if (str_off > size || str_sz > size - str_off) return -1;
+        const char *strtab = (const char *)b + str_off;
+        for (uint64_t s = 0; s + ent <= sz; s += ent) {
+            const unsigned char *sym = b + off + s;
+            const uint64_t name = rd(sym, 4);
+            if (name >= str_sz) return -1;
+            const char *nm = strtab + name;
+            const char *end = memchr(nm, '\0', (size_t)(str_sz - name));
+            if (!end) return -1;
+            const size_t n = (size_t)(end - nm);
+            /* the .symtab and .dynsym of one object name the same kernels: count one table only */
+            if (n > 3 && !memcmp(end - 3, ".kd", 3) && type == 11) {
+                if (fn) fn(user, nm, n - 3);
+                count++;
+            }
+        }
+    }
+    return count;
+}

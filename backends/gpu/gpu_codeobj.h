@@ -96,6 +96,13 @@ int kvhal_co_embedded_match(const char *targets, const char *device);
  * *arch: the cubin's or the PTX's architecture. */
 int kvhal_co_cuda_path(const char *sm_list, int ptx_arch, int cc, int *arch);
 
+/* An AMD GPU code object (ELF64, EM_AMDGPU): its kernels are the symbols "<name>.kd" (kernel descriptors). Calls
+ * fn(user, name, length) for each kernel (name without ".kd", not NUL-terminated) and returns how many there are;
+ * -1 when the bytes are not a well-formed little-endian ELF64 AMDGPU object (every offset is checked against size).
+ * *mach (may be NULL): the EF_AMDGPU_MACH bits of e_flags (gfx90a 0x3f, gfx940 0x40, gfx942 0x4c, gfx1030 0x36). */
+int kvhal_co_amdgpu_kernels(const void *elf, size_t size, unsigned *mach,
+                            void (*fn)(void *user, const char *name, size_t length), void *user);
+
 #ifdef __cplusplus
 }
 #endif

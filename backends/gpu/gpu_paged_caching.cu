@@ -18,16 +18,19 @@ struct PagedLaunch {
     void (*run)(const PagedParams &p, uint32_t grid, uint32_t threads, gpuStream_t s);
     const void *sym;
     void *fn;
+    const char *(*spelling)(); /* X's C++ spelling, for the run-time compiled path (HIP on AMD) */
 };
 
 template <class X> PagedLaunch paged_launcher()
 {
-    PagedLaunch l = {launch_paged<X>, reinterpret_cast<const void *>(paged_caching_kernel<X, X>), nullptr};
+    PagedLaunch l = {launch_paged<X>, reinterpret_cast<const void *>(paged_caching_kernel<X, X>), nullptr,
+                     type_spelling<X>};
     return l;
 }
 
-/* l->fn: the driver function of l's kernel on device id, or NULL (HIP, or not resolvable: the runtime launches). */
-void resolve_driver_fn(const Ctx *c, int32_t id, PagedLaunch *l)
+/* l->fn: the driver function of l's kernel on device id, or NULL (not resolvable: the runtime launches); HIP: the
+ * run-time compiled kernel where the device has no embedded code object (gpu_codepath.cu), else NULL. */
+kvhal_status resolve_driver_fn(Ctx *c, int32_t id, PagedLaunch *l)
 {
     l->fn = nullptr;
 #if !defined(KVHAL_GPU_HIP)
@@ -35,9 +38,13 @@ void resolve_driver_fn(const Ctx *c, int32_t id, PagedLaunch *l)
     if (c->cu_launch && use_device(id) == cudaSuccess && cudaGetFuncBySymbol(&f, l->sym) == cudaSuccess)
         l->fn = static_cast<void *>(f);
     (void)cudaGetLastError();
+    return KVHAL_OK;
 #else
-    (void)c;
-    (void)id;
+    char expr[384] = "";
+#if defined(KVHAL_GPU_RTC)
+    kernel_expr(expr, sizeof expr, "kvhal_gpu::paged_caching_kernel<%s, %s>", l->spelling());
+#endif
+    return kernel_fn(c, id, expr, &l->fn);
 #endif
 }
 
@@ -149,8 +156,8 @@ void paged_geometry(PagedParams *p, int sm_count, uint32_t *threads)
 }
 
 /* a passed paged_caching_supports, so the scalar path always builds; the vector path may not. The caller has
- * allocated the device's error flag. */
-void paged_build(const Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, PagedDesc *d)
+ * allocated the device's error flag. Fails only where the device's kernels must be compiled at run time. */
+kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, PagedDesc *d)
 {
     const int in = kdt(a->input_dtype), out = kdt(a->cache_dtype);
     const size_t es = kvhal_bk_dtype_size(a->input_dtype), out_es = kvhal_bk_dtype_size(a->cache_dtype);
@@ -197,10 +204,11 @@ void paged_build(const Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Page
         d->vec_mul = fp8_launcher_in<false>(in, out, true);
         d->vec_div = fp8_launcher_in<true>(in, out, true);
     }
-    resolve_driver_fn(c, id, &d->vec_mul);
-    resolve_driver_fn(c, id, &d->vec_div);
-    resolve_driver_fn(c, id, &d->sc_mul);
-    resolve_driver_fn(c, id, &d->sc_div);
+    kvhal_status st = resolve_driver_fn(c, id, &d->sc_mul);
+    if (st == KVHAL_OK) st = resolve_driver_fn(c, id, &d->sc_div);
+    if (st == KVHAL_OK && d->vec_ok) st = resolve_driver_fn(c, id, &d->vec_mul);
+    if (st == KVHAL_OK && d->vec_ok) st = resolve_driver_fn(c, id, &d->vec_div);
+    return st;
 }
 
 } // namespace
@@ -235,7 +243,11 @@ kvhal_status paged_caching_desc_create(Ctx *c, int32_t id, const kvhal_bk_paged_
     void *d = NULL;
     st = host_alloc(c, id, sizeof(PagedDesc), "paged caching descriptor", &d);
     if (st != KVHAL_OK) return st;
-    paged_build(c, id, a, static_cast<PagedDesc *>(d));
+    st = paged_build(c, id, a, static_cast<PagedDesc *>(d));
+    if (st != KVHAL_OK) {
+        free(d);
+        return st;
+    }
     *desc = d;
     return KVHAL_OK;
 }
@@ -255,8 +267,8 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     if (!d) {
         kvhal_status st = check_id(c, id);
         if (st == KVHAL_OK) st = ensure_flag(c, id);
+        if (st == KVHAL_OK) st = paged_build(c, id, a, &local);
         if (st != KVHAL_OK) return st;
-        paged_build(c, id, a, &local);
         d = &local;
     }
     if (a->num_tokens <= 0) return KVHAL_OK;
@@ -300,6 +312,8 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
                         name, (int)r);
         }
     }
+#else
+    if (run.fn) return launch_fn(c, id, run.fn, (uint32_t)grid, threads, &p, native_stream(stream), "paged caching launch");
 #endif
     run.run(p, (uint32_t)grid, threads, native_stream(stream));
     KVHAL_GPU_TRY(c, gpuGetLastError(), id, "paged caching launch");

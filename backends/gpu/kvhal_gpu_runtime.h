@@ -11,12 +11,15 @@
 #endif
 
 #if defined(KVHAL_GPU_HIP)
+#ifndef __HIPCC_RTC__ /* hiprtc (the run-time compiled kernels, gpu_hip_rtc.cu) has these built in */
 #include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
+#endif
 
 #define KVHAL_GPU_NAME "hip"
 #define KVHAL_GPU_RUNTIME_NAME "HIP"
 
+#ifndef __HIPCC_RTC__ /* host types: the run-time compiled kernels need none */
 typedef hipError_t gpuError_t;
 typedef hipStream_t gpuStream_t;
 typedef hipEvent_t gpuEvent_t;
@@ -24,6 +27,7 @@ typedef hipDeviceProp_t gpuDeviceProp;
 typedef hipMemPool_t gpuMemPool_t;
 typedef hipMemPoolProps gpuMemPoolProps;
 typedef hipMemAccessDesc gpuMemAccessDesc;
+#endif
 #define gpuMemAllocationTypePinned hipMemAllocationTypePinned
 #define gpuMemHandleTypeNone hipMemHandleTypeNone
 #define gpuMemLocationTypeDevice hipMemLocationTypeDevice
@@ -83,6 +87,7 @@ typedef hipMemAccessDesc gpuMemAccessDesc;
 /* f16 bits -> f32 with the hardware conversion (exact). */
 #define KVHAL_GPU_HALF_TO_FLOAT(bits) __half2float(__ushort_as_half((unsigned short)(bits)))
 
+#ifndef __HIPCC_RTC__
 /* Whether p is device (or managed) memory, and of which device. ROCm 6 renamed memoryType to type. */
 static inline gpuError_t gpuPointerDevice(const void *p, int *dev, int *is_device)
 {
@@ -97,6 +102,7 @@ static inline gpuError_t gpuPointerDevice(const void *p, int *dev, int *is_devic
     *dev = a.device;
     return hipSuccess;
 }
+#endif
 
 #else /* CUDA */
 #include <cuda.h> /* driver types only: cuLaunchKernel is looked up at run time, libcuda is not linked */
