@@ -114,9 +114,11 @@ char *dup_text(const unsigned char *p, size_t n)
     return s;
 }
 
-/* hiprtc 5.2 defines the 32- and 64-bit fixed-width types itself, not these. */
+/* hiprtc 5.2 defines the 32- and 64-bit fixed-width types itself, not these (same types as <stdint.h>, so a
+ * hiprtc that defines them too accepts the repeated typedefs). */
 const char rtc_prelude[] = "typedef unsigned char uint8_t;\ntypedef signed char int8_t;\ntypedef unsigned short uint16_t;\n"
-                           "typedef short int16_t;\n#include \"kvhal_gpu_copy_kernels.cuh\"\n";
+                           "typedef short int16_t;\ntypedef __UINTPTR_TYPE__ uintptr_t;\n"
+                           "#include \"kvhal_gpu_copy_kernels.cuh\"\n";
 const char *const rtc_names[4] = {"kvhal_gpu_runtime.h", "kvhal_gpu_math.h", "kvhal_gpu_kernels.cuh",
                                   "kvhal_gpu_copy_kernels.cuh"};
 
