@@ -20,7 +20,8 @@
 #include "gpu_codeobj.h"
 
 #if defined(KVHAL_GPU_RTC)
-#include <amd_comgr.h>
+#include <amd_comgr.h> /* types only: the library is opened at first compile (see comgr_knows) */
+#include <dlfcn.h>
 #include <hip/hiprtc.h>
 
 /* The kernel source, embedded at build time (embed_cl.py). */
@@ -82,23 +83,41 @@ void kernel_expr(char *buf, size_t size, const char *fmt, const char *pretty)
 #if defined(KVHAL_GPU_RTC)
 namespace {
 
-/* Whether this hiprtc's code-object manager knows the processor of target (what it does not know, it crashes on). */
+/* Whether this hiprtc's code-object manager knows the processor of target (what it does not know, it crashes on).
+ * The manager is opened here, not linked: it carries LLVM, and loading it beside another LLVM user in the process
+ * (PoCL, the OpenCL CPU driver) aborts the process (LLVM's command-line options registered twice), so the module
+ * loads it only when a device needs kernels compiled, as hiprtc itself does. */
 bool comgr_knows(const char *target, char *err, size_t err_size)
 {
     const size_t proc = strcspn(target, ":");
+    void *lib = dlopen("libamd_comgr.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen("libamd_comgr.so", RTLD_NOW | RTLD_LOCAL);
+    typedef amd_comgr_status_t (*CountFn)(size_t *);
+    typedef amd_comgr_status_t (*NameFn)(size_t, const char **);
+    typedef void (*VersionFn)(size_t *, size_t *);
+    CountFn count = NULL;
+    NameFn name = NULL;
+    VersionFn version = NULL;
+    if (lib) {
+        void *a = dlsym(lib, "amd_comgr_get_isa_count"), *b = dlsym(lib, "amd_comgr_get_isa_name"),
+             *v = dlsym(lib, "amd_comgr_get_version");
+        memcpy(&count, &a, sizeof a);
+        memcpy(&name, &b, sizeof b);
+        memcpy(&version, &v, sizeof v);
+    }
     size_t n = 0;
-    if (amd_comgr_get_isa_count(&n) != AMD_COMGR_STATUS_SUCCESS) {
-        snprintf(err, err_size, "hiprtc: the code-object manager lists no targets");
+    if (!count || !name || !version || count(&n) != AMD_COMGR_STATUS_SUCCESS) {
+        snprintf(err, err_size, "hiprtc: the code-object manager (libamd_comgr) %s", lib ? "lists no targets" : "is not installed");
         return false;
     }
     for (size_t i = 0; i < n; i++) {
         const char *isa = NULL;
-        if (amd_comgr_get_isa_name(i, &isa) != AMD_COMGR_STATUS_SUCCESS || !isa) continue;
+        if (name(i, &isa) != AMD_COMGR_STATUS_SUCCESS || !isa) continue;
         const char *p = strstr(isa, "--");
         if (p && strlen(p + 2) == proc && !strncmp(p + 2, target, proc)) return true;
     }
     size_t major = 0, minor = 0;
-    amd_comgr_get_version(&major, &minor);
+    version(&major, &minor);
     snprintf(err, err_size, "hiprtc: this ROCm (code-object manager %zu.%zu) cannot compile for %.*s; a newer ROCm is "
              "needed for this GPU", major, minor, (int)proc, target);
     return false;
