@@ -2,8 +2,9 @@
  * "kvhal_hip_rtc_compile"), with no AMD GPU: hiprtc compiles the kernel source embedded in the module for gfx90a
  * (wave64) and gfx1030 (wave32), and each code object is checked as the build-time ones are
  * (backends/gpu/check_hip_code_objects.sh): an AMDGPU ELF for that processor (EF_AMDGPU_MACH) holding every kernel
- * family. A target this ROCm's hiprtc cannot compile for (gfx940 with Debian 12's HIP 5.2, which would crash
- * inside hiprtc) is refused with a message naming it. The code objects are written to $KVHAL_RTC_OUT (if set) for
+ * family; and every kernel instantiation the module's ops can ask for (the module's own list, spelled as the
+ * descriptors spell them) compiles, one kernel per expression. A target this ROCm's hiprtc cannot compile for
+ * (gfx940 with Debian 12's HIP 5.2, which would crash inside hiprtc) is refused with a message naming it. The code objects are written to $KVHAL_RTC_OUT (if set) for
  * inspection. Skipped (77) when the HIP module is not built. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,7 +21,9 @@
 
 typedef int (*rtc_compile_fn)(const char *target, const char *const *exprs, int n, void **code, size_t *size,
                               char *err, size_t err_size);
+typedef void (*rtc_exprs_fn)(void (*add)(void *user, const char *expr, const char *needle), void *user);
 static rtc_compile_fn g_compile;
+static rtc_exprs_fn g_exprs_of_module;
 
 /* One instantiation of every kernel family the module launches. */
 static const char *const g_exprs[] = {
@@ -85,6 +88,88 @@ static void check_target(const char *target, unsigned mach_want)
     ((unsigned char *)code)[18] = 62; /* EM_X86_64 */
     assert_int_equal(kvhal_co_amdgpu_kernels(code, size, NULL, NULL, NULL), -1);
     free(code);
+}
+
+/* Every name expression the module's ops can ask for (its own list, from the same launchers the descriptors use),
+ * deduplicated. */
+typedef struct {
+    char *e[128], *needle[128];
+    int n;
+} expr_list;
+
+static void add_expr(void *user, const char *expr, const char *needle)
+{
+    expr_list *l = (expr_list *)user;
+    for (int i = 0; i < l->n; i++)
+        if (!strcmp(l->e[i], expr)) return;
+    if (l->n < 128) {
+        l->e[l->n] = strdup(expr);
+        l->needle[l->n++] = strdup(needle);
+    }
+}
+
+typedef struct {
+    const char *needle;
+    int kernels, named;
+} count_named;
+
+static void on_any_kernel(void *user, const char *name, size_t len)
+{
+    count_named *c = (count_named *)user;
+    char buf[512];
+    c->kernels++;
+    if (len < sizeof buf) {
+        memcpy(buf, name, len);
+        buf[len] = '\0';
+        if (c->needle && strstr(buf, c->needle)) c->named++;
+    }
+}
+
+/* All of the module's kernels in one program per wave size: each expression must instantiate its own kernel. Then
+ * one of them alone, as the module compiles them (one kernel per program). */
+static void check_module_kernels(const char *target)
+{
+    expr_list l;
+    memset(&l, 0, sizeof l);
+    g_exprs_of_module(add_expr, &l);
+    printf("# %s: %d kernel instantiations\n", target, l.n);
+    assert_true(l.n >= 30); /* paged caching: 4 copies + 24 fp8; tensor_copy: 5; copy_blocks, copy_batch */
+    for (int i = 0; i < l.n; i++) assert_non_null(strstr(l.e[i], "kvhal_gpu::"));
+    void *code = NULL;
+    size_t size = 0;
+    char err[8192];
+    if (g_compile(target, (const char *const *)l.e, l.n, &code, &size, err, sizeof err) != 0)
+        fail_msg("%s: %s", target, err);
+    count_named all = {NULL, 0, 0};
+    assert_int_equal(kvhal_co_amdgpu_kernels(code, size, NULL, on_any_kernel, &all), l.n);
+    free(code);
+    /* one expression per program, as the module compiles them: exactly one kernel carries the name the module
+     * looks for (the header's non-template copy kernels come along in every program) */
+    const int picks[3] = {0, l.n / 2, l.n - 3};
+    for (int k = 0; k < 3; k++) {
+        const char *one = l.e[picks[k]];
+        if (g_compile(target, &one, 1, &code, &size, err, sizeof err) != 0) fail_msg("%s: %s", one, err);
+        count_named c = {l.needle[picks[k]], 0, 0};
+        assert_true(kvhal_co_amdgpu_kernels(code, size, NULL, on_any_kernel, &c) >= 1);
+        if (c.named != 1) fail_msg("%s: %d kernels named %s", one, c.named, c.needle);
+        free(code);
+    }
+    for (int i = 0; i < l.n; i++) {
+        free(l.e[i]);
+        free(l.needle[i]);
+    }
+}
+
+static void test_every_module_kernel_gfx90a(void **state)
+{
+    (void)state;
+    check_module_kernels("gfx90a");
+}
+
+static void test_every_module_kernel_gfx1030(void **state)
+{
+    (void)state;
+    check_module_kernels("gfx1030");
 }
 
 static void test_gfx90a_wave64(void **state)
@@ -155,10 +240,17 @@ int main(void)
         return 77;
     }
     memcpy(&g_compile, &p, sizeof p);
+    if (kvhal_backend_get_proc_address(KVHAL_DEVICE_HIP, "kvhal_hip_rtc_kernel_exprs", &p) != KVHAL_OK || !p) {
+        printf("the HIP module does not list its run-time kernels: %s\n", kvhal_last_error());
+        return 1;
+    }
+    memcpy(&g_exprs_of_module, &p, sizeof p);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gfx90a_wave64),
         cmocka_unit_test(test_gfx90a_with_features),
         cmocka_unit_test(test_gfx1030_wave32),
+        cmocka_unit_test(test_every_module_kernel_gfx90a),
+        cmocka_unit_test(test_every_module_kernel_gfx1030),
         cmocka_unit_test(test_unknown_target_refused),
         cmocka_unit_test(test_bad_arguments),
     };

@@ -251,21 +251,63 @@ int compile_cb(void *user, const kvhal_co_key *key, void **code, size_t *size, c
     return kvhal_hip_rtc_compile(key->target, &e, 1, code, size, err, err_size);
 }
 
-struct FirstKernel {
+/* The kernel of a name expression among a code object's kernels: a program holds the kernel its expression
+ * instantiates and also the header's non-template kernels (copy_blocks, copy_batch), so the kernel is found by its
+ * name as the Itanium mangling writes it, length first ("20paged_caching_kernel"). */
+struct MatchKernel {
+    char needle[96];
     char name[512];
     int n;
 };
 
-void first_kernel(void *user, const char *name, size_t len)
+void match_kernel(void *user, const char *name, size_t len)
 {
-    FirstKernel *k = static_cast<FirstKernel *>(user);
+    MatchKernel *k = static_cast<MatchKernel *>(user);
+    const size_t nl = strlen(k->needle);
+    bool hit = false;
+    for (size_t i = 0; !hit && i + nl <= len; i++) hit = !memcmp(name + i, k->needle, nl);
+    if (!hit) return;
     if (k->n++ == 0 && len < sizeof k->name) {
         memcpy(k->name, name, len);
         k->name[len] = '\0';
     }
 }
 
+/* "kvhal_gpu::paged_caching_kernel<...>" -> "20paged_caching_kernel" */
+void kernel_needle(const char *expr, char *buf, size_t size)
+{
+    const char *lt = strchr(expr, '<');
+    const char *end = lt ? lt : expr + strlen(expr);
+    const char *start = expr;
+    for (const char *p = expr; p + 1 < end; p++)
+        if (p[0] == ':' && p[1] == ':') start = p + 2;
+    snprintf(buf, size, "%d%.*s", (int)(end - start), (int)(end - start), start);
+}
+
 } // namespace
+
+/* Test hook "kvhal_hip_rtc_kernel_exprs": every name expression the module's ops may compile (with repeats), each
+ * with the mangled-name fragment (needle) by which the module finds its kernel in the code object. */
+extern "C" void kvhal_hip_rtc_kernel_exprs(void (*add)(void *user, const char *expr, const char *needle),
+                                           void *user)
+{
+    if (!add) return;
+    struct Fwd {
+        void (*add)(void *, const char *, const char *);
+        void *user;
+        static void one(void *u, const char *expr)
+        {
+            Fwd *f = static_cast<Fwd *>(u);
+            char needle[96];
+            kernel_needle(expr, needle, sizeof needle);
+            f->add(f->user, expr, needle);
+        }
+    } fwd = {add, user};
+    paged_caching_rtc_exprs(Fwd::one, &fwd);
+    tensor_copy_rtc_exprs(Fwd::one, &fwd);
+    Fwd::one(&fwd, "kvhal_gpu::copy_blocks_kernel");
+    Fwd::one(&fwd, "kvhal_gpu::copy_batch_kernel");
+}
 #endif /* KVHAL_GPU_RTC */
 
 void code_path_init(Ctx *c, int32_t id)
@@ -378,8 +420,9 @@ kvhal_status kernel_fn(Ctx *c, int32_t id, const char *expr, void **fn)
     size_t size = 0;
     kvhal_co_origin origin = KVHAL_CO_NONE;
     RtcKernel *k = NULL;
-    FirstKernel fk;
-    memset(&fk, 0, sizeof fk);
+    MatchKernel mk;
+    memset(&mk, 0, sizeof mk);
+    kernel_needle(expr, mk.needle, sizeof mk.needle);
     hipModule_t mod = NULL;
     hipFunction_t f = NULL;
     hipError_t e;
@@ -391,16 +434,16 @@ kvhal_status kernel_fn(Ctx *c, int32_t id, const char *expr, void **fn)
         st = fail(c, KVHAL_BACKEND_ERROR, "hip:%d: %s: %s", (int)id, expr, note);
         goto out;
     }
-    if (kvhal_co_amdgpu_kernels(code, size, NULL, first_kernel, &fk) != 1 || !fk.name[0]) {
-        st = fail(c, KVHAL_BACKEND_ERROR, "hip:%d: %s: the code object does not hold exactly one kernel (%d)", (int)id,
-                  expr, fk.n);
+    if (kvhal_co_amdgpu_kernels(code, size, NULL, match_kernel, &mk) < 1 || mk.n != 1 || !mk.name[0]) {
+        st = fail(c, KVHAL_BACKEND_ERROR, "hip:%d: %s: the code object holds %d kernels named %s, not one", (int)id,
+                  expr, mk.n, mk.needle);
         goto out;
     }
     if ((e = use_device(id)) != hipSuccess || (e = hipModuleLoadData(&mod, code)) != hipSuccess) {
         st = rt_fail(c, e, id, "load run-time compiled kernel");
         goto out;
     }
-    if ((e = hipModuleGetFunction(&f, mod, fk.name)) != hipSuccess) {
+    if ((e = hipModuleGetFunction(&f, mod, mk.name)) != hipSuccess) {
         (void)hipModuleUnload(mod);
         st = rt_fail(c, e, id, "run-time compiled kernel");
         goto out;

@@ -206,14 +206,19 @@ void gpu_shutdown(void *ctx)
 #if defined(KVHAL_GPU_RTC)
 extern "C" int kvhal_hip_rtc_compile(const char *target, const char *const *exprs, int n, void **code, size_t *size,
                                      char *err, size_t err_size);
+extern "C" void kvhal_hip_rtc_kernel_exprs(void (*add)(void *user, const char *expr, const char *needle),
+                                           void *user);
 #endif
 
-/* HIP on AMD: "kvhal_hip_rtc_compile" (gpu_codepath.cu), the run-time compiler, for tests; no other extras. */
+/* HIP on AMD, for tests (gpu_codepath.cu): "kvhal_hip_rtc_compile", the run-time compiler, and
+ * "kvhal_hip_rtc_kernel_exprs", every kernel name expression the ops may compile with it. No other extras. */
 void *gpu_get_proc_address(void *ctx, const char *name)
 {
     (void)ctx;
 #if defined(KVHAL_GPU_RTC)
     if (name && !strcmp(name, "kvhal_hip_rtc_compile")) return reinterpret_cast<void *>(kvhal_hip_rtc_compile);
+    if (name && !strcmp(name, "kvhal_hip_rtc_kernel_exprs"))
+        return reinterpret_cast<void *>(kvhal_hip_rtc_kernel_exprs);
 #else
     (void)name;
 #endif

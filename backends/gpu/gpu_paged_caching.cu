@@ -213,6 +213,29 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
 
 } // namespace
 
+#if defined(KVHAL_GPU_RTC)
+void paged_caching_rtc_exprs(RtcExprFn add, void *user)
+{
+    static const int ins[3] = {DT_F32, DT_F16, DT_BF16}, outs[2] = {DT_E4M3, DT_E5M2};
+    static const size_t sizes[3] = {1, 2, 4};
+    char expr[384];
+    for (int vec = 0; vec < 2; vec++) {
+        PagedLaunch l[3 + 3 * 2 * 2];
+        int n = 0;
+        for (int i = 0; i < 3; i++) l[n++] = copy_launcher(sizes[i], vec != 0);
+        for (int i = 0; i < 3; i++)
+            for (int o = 0; o < 2; o++) {
+                l[n++] = fp8_launcher_in<false>(ins[i], outs[o], vec != 0);
+                l[n++] = fp8_launcher_in<true>(ins[i], outs[o], vec != 0);
+            }
+        for (int i = 0; i < n; i++) {
+            kernel_expr(expr, sizeof expr, "kvhal_gpu::paged_caching_kernel<%s, %s>", l[i].spelling());
+            add(user, expr);
+        }
+    }
+}
+#endif
+
 /* The kernels copy a cache of the input's dtype (1, 2 or 4 bytes) or convert f32/f16/bf16 to fp8, with i32 or i64
  * slots and a token row of at most 2^31 / KVHAL_GPU_MAX_TPC elements. */
 bool paged_caching_supports(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, char *reason, size_t reason_size)

@@ -192,6 +192,14 @@ kvhal_status launch_fn(const Ctx *c, int32_t id, void *fn, uint32_t grid, uint32
  * __PRETTY_FUNCTION__, which spells T as valid C++); fmt has one or two %s for T. Used on the run-time path only. */
 template <class T> inline const char *type_spelling() { return __PRETTY_FUNCTION__; }
 void kernel_expr(char *buf, size_t size, const char *fmt, const char *pretty);
+#if defined(KVHAL_GPU_RTC)
+/* Every name expression an op's descriptors may ask kernel_fn for, through add (the module's test hook
+ * "kvhal_hip_rtc_kernel_exprs" compiles them all with hiprtc in CI). An op that gains kernel instantiations lists
+ * them here too. */
+typedef void (*RtcExprFn)(void *user, const char *expr);
+void paged_caching_rtc_exprs(RtcExprFn add, void *user);
+void tensor_copy_rtc_exprs(RtcExprFn add, void *user);
+#endif
 
 } // namespace kvhal_gpu
 

@@ -103,6 +103,17 @@ kvhal_status tensor_copy_build(Ctx *c, int32_t id, const kvhal_bk_tensor_copy *a
 
 } // namespace
 
+#if defined(KVHAL_GPU_RTC)
+void tensor_copy_rtc_exprs(RtcExprFn add, void *user)
+{
+    char expr[384];
+    for (int k = 0; k < 5; k++) {
+        kernel_expr(expr, sizeof expr, "kvhal_gpu::tensor_copy_kernel<%s>", tc_spellings[k]());
+        add(user, expr);
+    }
+}
+#endif
+
 /* Elements of 1, 2, 4 or 8 bytes, the same dtype and rank on both sides, up to KVHAL_GPU_MAX_DIMS dims. */
 bool tensor_copy_supports(Ctx *c, int32_t id, const kvhal_bk_tensor_copy *a, char *reason, size_t reason_size)
 {
