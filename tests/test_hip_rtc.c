@@ -3,7 +3,8 @@
  * (wave64) and gfx1030 (wave32), and each code object is checked as the build-time ones are
  * (backends/gpu/check_hip_code_objects.sh): an AMDGPU ELF for that processor (EF_AMDGPU_MACH) holding every kernel
  * family; and every kernel instantiation the module's ops can ask for (the module's own list, spelled as the
- * descriptors spell them) compiles, one kernel per expression. A target this ROCm's hiprtc cannot compile for
+ * descriptors spell them) compiles, one kernel per expression; the module's disk-cache path with the real
+ * compiler and runtime version (compiled, read back, a corrupted file rebuilt). A target this ROCm's hiprtc cannot compile for
  * (gfx940 with Debian 12's HIP 5.2, which would crash inside hiprtc) is refused with a message naming it. The code objects are written to $KVHAL_RTC_OUT (if set) for
  * inspection. Skipped (77) when the HIP module is not built. */
 #include <setjmp.h>
@@ -22,8 +23,11 @@
 typedef int (*rtc_compile_fn)(const char *target, const char *const *exprs, int n, void **code, size_t *size,
                               char *err, size_t err_size);
 typedef void (*rtc_exprs_fn)(void (*add)(void *user, const char *expr, const char *needle), void *user);
+typedef int (*rtc_code_object_fn)(const char *target, const char *expr, const char *dir, void **code, size_t *size,
+                                  int *origin, char *note, size_t note_size);
 static rtc_compile_fn g_compile;
 static rtc_exprs_fn g_exprs_of_module;
+static rtc_code_object_fn g_code_object;
 
 /* One instantiation of every kernel family the module launches. */
 static const char *const g_exprs[] = {
@@ -172,6 +176,44 @@ static void test_every_module_kernel_gfx1030(void **state)
     check_module_kernels("gfx1030");
 }
 
+/* The module's path for one kernel through the disk cache with the real compiler and runtime version: compiled
+ * once, then read back; a corrupted file rejected and rebuilt; another target is another file. */
+static void test_disk_cache_with_hiprtc(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvhal-hiprtc-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    const char *expr = "kvhal_gpu::copy_batch_kernel";
+    void *code = NULL;
+    size_t size = 0, first = 0;
+    int origin = 0;
+    char note[4096];
+    assert_int_equal(g_code_object("gfx1030", expr, dir, &code, &size, &origin, note, sizeof note), 0);
+    assert_int_equal(origin, KVHAL_CO_COMPILED);
+    first = size;
+    free(code);
+    assert_int_equal(g_code_object("gfx1030", expr, dir, &code, &size, &origin, note, sizeof note), 0);
+    assert_int_equal(origin, KVHAL_CO_CACHED);
+    assert_int_equal(size, first);
+    assert_true(kvhal_co_amdgpu_kernels(code, size, NULL, NULL, NULL) >= 1);
+    free(code);
+    /* flip a payload byte of the one file in the folder */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "f=$(ls %s/*.co) && printf 'X' | dd of=\"$f\" bs=1 seek=300 conv=notrunc 2>/dev/null", dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(g_code_object("gfx1030", expr, dir, &code, &size, &origin, note, sizeof note), 0);
+    assert_int_equal(origin, KVHAL_CO_COMPILED);
+    assert_non_null(strstr(note, "checksum"));
+    free(code);
+    assert_int_equal(g_code_object("gfx90a", expr, dir, &code, &size, &origin, note, sizeof note), 0);
+    assert_int_equal(origin, KVHAL_CO_COMPILED);
+    free(code);
+    assert_int_not_equal(g_code_object("gfx940", expr, dir, &code, &size, &origin, note, sizeof note), 0);
+    assert_non_null(strstr(note, "cannot compile for gfx940"));
+    snprintf(cmd, sizeof cmd, "test $(ls %s | wc -l) -eq 2 && rm -rf %s", dir, dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_gfx90a_wave64(void **state)
 {
     (void)state;
@@ -245,12 +287,18 @@ int main(void)
         return 1;
     }
     memcpy(&g_exprs_of_module, &p, sizeof p);
+    if (kvhal_backend_get_proc_address(KVHAL_DEVICE_HIP, "kvhal_hip_rtc_code_object", &p) != KVHAL_OK || !p) {
+        printf("the HIP module has no run-time code-object path: %s\n", kvhal_last_error());
+        return 1;
+    }
+    memcpy(&g_code_object, &p, sizeof p);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gfx90a_wave64),
         cmocka_unit_test(test_gfx90a_with_features),
         cmocka_unit_test(test_gfx1030_wave32),
         cmocka_unit_test(test_every_module_kernel_gfx90a),
         cmocka_unit_test(test_every_module_kernel_gfx1030),
+        cmocka_unit_test(test_disk_cache_with_hiprtc),
         cmocka_unit_test(test_unknown_target_refused),
         cmocka_unit_test(test_bad_arguments),
     };

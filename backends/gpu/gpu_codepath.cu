@@ -286,6 +286,33 @@ void kernel_needle(const char *expr, char *buf, size_t size)
 
 } // namespace
 
+/* The code object of one kernel (name expression expr) for target: from the disk cache (dir, NULL: the documented
+ * folder from the environment) or compiled and stored, keyed by the source hash, target ID and runtime version.
+ * 0 with *code (malloc'd), *size, *origin, and note saying what happened to the cache; else non-zero with the
+ * message in note. What kernel_fn uses; also the test hook "kvhal_hip_rtc_code_object". */
+extern "C" int kvhal_hip_rtc_code_object(const char *target, const char *expr, const char *dir, void **code,
+                                         size_t *size, int *origin, char *note, size_t note_size)
+{
+    if (!target || !expr || !code || !size || !origin) {
+        if (note && note_size) snprintf(note, note_size, "NULL argument");
+        return 1;
+    }
+    kvhal_co_key key;
+    memset(&key, 0, sizeof key);
+    int rt = 0;
+    (void)hipRuntimeGetVersion(&rt);
+    key.runtime_version = (uint32_t)rt;
+    key.source_hash = rtc_source_hash(&expr, 1);
+    snprintf(key.target, sizeof key.target, "%s", target);
+    char env_dir[1024];
+    if (!dir) dir = kvhal_co_cache_dir(env_dir, sizeof env_dir) == 0 ? env_dir : NULL;
+    CompileOne one = {expr};
+    kvhal_co_origin o = KVHAL_CO_NONE;
+    const int rc = kvhal_co_get(dir, &key, compile_cb, &one, code, size, &o, note, note_size);
+    *origin = (int)o;
+    return rc;
+}
+
 /* Test hook "kvhal_hip_rtc_kernel_exprs": every name expression the module's ops may compile (with repeats), each
  * with the mangled-name fragment (needle) by which the module finds its kernel in the code object. */
 extern "C" void kvhal_hip_rtc_kernel_exprs(void (*add)(void *user, const char *expr, const char *needle),
@@ -406,19 +433,10 @@ kvhal_status kernel_fn(Ctx *c, int32_t id, const char *expr, void **fn)
             pthread_mutex_unlock(&cs->lock);
             return KVHAL_OK;
         }
-    kvhal_co_key key;
-    memset(&key, 0, sizeof key);
-    int rt = 0;
-    (void)hipRuntimeGetVersion(&rt);
-    key.runtime_version = (uint32_t)rt;
-    key.source_hash = rtc_source_hash(&expr, 1);
-    snprintf(key.target, sizeof key.target, "%s", cs->target);
-    char dir[1024], note[2048];
-    const bool have_dir = kvhal_co_cache_dir(dir, sizeof dir) == 0;
-    CompileOne one = {expr};
+    char note[2048];
     void *code = NULL;
     size_t size = 0;
-    kvhal_co_origin origin = KVHAL_CO_NONE;
+    int origin = KVHAL_CO_NONE;
     RtcKernel *k = NULL;
     MatchKernel mk;
     memset(&mk, 0, sizeof mk);
@@ -430,7 +448,7 @@ kvhal_status kernel_fn(Ctx *c, int32_t id, const char *expr, void **fn)
         st = injected(c, id, "run-time kernel");
         goto out;
     }
-    if (kvhal_co_get(have_dir ? dir : NULL, &key, compile_cb, &one, &code, &size, &origin, note, sizeof note) != 0) {
+    if (kvhal_hip_rtc_code_object(cs->target, expr, NULL, &code, &size, &origin, note, sizeof note) != 0) {
         st = fail(c, KVHAL_BACKEND_ERROR, "hip:%d: %s: %s", (int)id, expr, note);
         goto out;
     }
@@ -459,7 +477,7 @@ kvhal_status kernel_fn(Ctx *c, int32_t id, const char *expr, void **fn)
     k->fn = f;
     k->next = cs->kernels;
     cs->kernels = k;
-    if (origin == KVHAL_CO_CACHED) cs->cached++;
+    if (origin == (int)KVHAL_CO_CACHED) cs->cached++;
     else cs->compiled++;
     *fn = f;
 out:

@@ -208,10 +208,13 @@ extern "C" int kvhal_hip_rtc_compile(const char *target, const char *const *expr
                                      char *err, size_t err_size);
 extern "C" void kvhal_hip_rtc_kernel_exprs(void (*add)(void *user, const char *expr, const char *needle),
                                            void *user);
+extern "C" int kvhal_hip_rtc_code_object(const char *target, const char *expr, const char *dir, void **code,
+                                         size_t *size, int *origin, char *note, size_t note_size);
 #endif
 
-/* HIP on AMD, for tests (gpu_codepath.cu): "kvhal_hip_rtc_compile", the run-time compiler, and
- * "kvhal_hip_rtc_kernel_exprs", every kernel name expression the ops may compile with it. No other extras. */
+/* HIP on AMD, for tests (gpu_codepath.cu): "kvhal_hip_rtc_compile", the run-time compiler,
+ * "kvhal_hip_rtc_kernel_exprs", every kernel name expression the ops may compile with it, and
+ * "kvhal_hip_rtc_code_object", one kernel's code object through the disk cache. No other extras. */
 void *gpu_get_proc_address(void *ctx, const char *name)
 {
     (void)ctx;
@@ -219,6 +222,7 @@ void *gpu_get_proc_address(void *ctx, const char *name)
     if (name && !strcmp(name, "kvhal_hip_rtc_compile")) return reinterpret_cast<void *>(kvhal_hip_rtc_compile);
     if (name && !strcmp(name, "kvhal_hip_rtc_kernel_exprs"))
         return reinterpret_cast<void *>(kvhal_hip_rtc_kernel_exprs);
+    if (name && !strcmp(name, "kvhal_hip_rtc_code_object")) return reinterpret_cast<void *>(kvhal_hip_rtc_code_object);
 #else
     (void)name;
 #endif
