@@ -34,6 +34,9 @@ kvhal_status resolve_driver_fn(Ctx *c, int32_t id, PagedLaunch *l)
 {
     l->fn = nullptr;
 #if !defined(KVHAL_GPU_HIP)
+    void *none = nullptr; /* CUDA: fails only for a device the module has no code for (gpu_codepath.cu) */
+    const kvhal_status st = kernel_fn(c, id, "", &none);
+    if (st != KVHAL_OK) return st;
     cudaFunction_t f;
     if (c->cu_launch && use_device(id) == cudaSuccess && cudaGetFuncBySymbol(&f, l->sym) == cudaSuccess)
         l->fn = static_cast<void *>(f);
