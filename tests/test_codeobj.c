@@ -181,6 +181,21 @@ static void test_compiles_once_then_reads_back(void **state)
     assert_int_equal(count_files(g_dir), 4);
 }
 
+/* Something that is not a regular file under the key's name (a FIFO would block a plain open) is rejected. */
+static void test_rejects_fifo(void **state)
+{
+    (void)state;
+    kvhal_co_key k = key_of(3, "gfx90a", 1);
+    char path[512], note[512] = "";
+    file_path(&k, path, sizeof path);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    void *code = NULL;
+    size_t size = 0;
+    assert_int_equal(kvhal_co_load(g_dir, &k, &code, &size, note, sizeof note), KVHAL_CO_REJECTED);
+    assert_non_null(strstr(note, "not a regular file"));
+    assert_null(code);
+}
+
 static void test_load_miss(void **state)
 {
     (void)state;
@@ -456,6 +471,7 @@ int main(void)
         cmocka_unit_test(test_file_name_is_made_from_the_key),
         cmocka_unit_test_setup_teardown(test_compiles_once_then_reads_back, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_load_miss, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_rejects_fifo, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_rejects_bad_magic, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_rejects_corrupt_payload, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_rejects_truncated, setup_dir, teardown_dir),

@@ -125,7 +125,7 @@ kvhal_co_load_result kvhal_co_load(const char *dir, const kvhal_co_key *key, voi
         note_set(note, note_size, "no cache file name for this key (folder or target ID too long, or empty)");
         return KVHAL_CO_ERROR;
     }
-    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO planted there must not block us */
     if (fd < 0) {
         if (errno == ENOENT) return KVHAL_CO_MISS;
         note_set(note, note_size, "%s: %s", path, strerror(errno));
