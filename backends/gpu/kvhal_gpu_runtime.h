@@ -94,8 +94,8 @@ static inline gpuError_t gpuPointerDevice(const void *p, int *dev, int *is_devic
     hipPointerAttribute_t a;
     hipError_t e = hipPointerGetAttributes(&a, p);
     if (e != hipSuccess) return e;
-#if HIP_VERSION_MAJOR >= 6
-    *is_device = a.type == hipMemoryTypeDevice || a.isManaged;
+#if HIP_VERSION_MAJOR >= 6 /* HIP on NVIDIA reports managed memory as type hipMemoryTypeManaged, isManaged 0 */
+    *is_device = a.type == hipMemoryTypeDevice || a.type == hipMemoryTypeManaged || a.isManaged;
 #else
     *is_device = a.memoryType == hipMemoryTypeDevice || a.isManaged;
 #endif
