@@ -1,103 +1,10 @@
 /* gpu_copy_blocks.cu — the copy_blocks op of the GPU backends and copy_batch, the batched byte-range copies behind
- * kv_cache_duplicate: both copy byte ranges on one device, with the kernels below (not templates, so they live in
- * the one file that launches them rather than in kvhal_gpu_kernels.cuh). */
+ * kv_cache_duplicate: both copy byte ranges on one device, with the kernels of kvhal_gpu_copy_kernels.cuh (a header
+ * of their own, not templates, so that the HIP module can also compile them at run time: gpu_hip_rtc.cu). */
 #include "gpu_private.h"
+#include "kvhal_gpu_copy_kernels.cuh"
 
 namespace kvhal_gpu {
-
-/* ------------------------------------------------------------------------------------------------------------ */
-/* Byte-range copies (copy_blocks, copy_batch): the widest unit that divides both addresses and the length.     */
-/* ------------------------------------------------------------------------------------------------------------ */
-template <typename T>
-__device__ __forceinline__ void copy_units(char *dst, const char *src, uint64_t bytes)
-{
-    T *d = reinterpret_cast<T *>(dst);
-    const T *s = reinterpret_cast<const T *>(src);
-    const uint64_t n = bytes / sizeof(T);
-    for (uint64_t base = threadIdx.x; base < n; base += (uint64_t)KVHAL_GPU_UNROLL * blockDim.x) {
-        T v[KVHAL_GPU_UNROLL];
-#pragma unroll
-        for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
-            const uint64_t i = base + (uint64_t)u * blockDim.x;
-            if (i < n) v[u] = s[i];
-        }
-#pragma unroll
-        for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
-            const uint64_t i = base + (uint64_t)u * blockDim.x;
-            if (i < n) d[i] = v[u];
-        }
-    }
-}
-
-/* The branch is uniform across the block: every thread sees the same addresses. */
-__device__ __forceinline__ void copy_range(char *dst, const char *src, uint64_t bytes)
-{
-    const uint64_t a = (uint64_t)(uintptr_t)dst | (uint64_t)(uintptr_t)src | bytes;
-    if ((a & 15u) == 0) copy_units<uint4>(dst, src, bytes);
-    else if ((a & 7u) == 0) copy_units<uint2>(dst, src, bytes);
-    else if ((a & 3u) == 0) copy_units<uint32_t>(dst, src, bytes);
-    else if ((a & 1u) == 0) copy_units<uint16_t>(dst, src, bytes);
-    else copy_units<uint8_t>(dst, src, bytes);
-}
-
-/* copy_blocks: one table entry per cache, uploaded with the pairs through the descriptor's staging buffer. */
-struct CacheEntry {
-    char *base;     /* block 0 */
-    int64_t stride; /* bytes between blocks */
-    int64_t bytes;  /* bytes of one block */
-};
-
-struct CopyBlocksParams {
-    const CacheEntry *caches;
-    const int64_t *pairs; /* (src, dst) */
-    volatile uint8_t *err;
-    int64_t num_blocks;
-    int64_t chunks;      /* work items per (pair, cache): ceil(largest block / CHUNK) */
-    int64_t total;       /* num_pairs * num_caches * chunks */
-    int32_t num_caches;
-};
-
-__global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_blocks_kernel(const CopyBlocksParams p)
-{
-    for (int64_t w = blockIdx.x; w < p.total; w += gridDim.x) {
-        const int64_t item = w / p.chunks, chunk = w - item * p.chunks;
-        const int64_t pair = item / p.num_caches;
-        const int32_t c = (int32_t)(item - pair * p.num_caches);
-        const CacheEntry e = p.caches[c]; /* loaded together with the pair, not after its check */
-        const int64_t src = p.pairs[2 * pair], dst = p.pairs[2 * pair + 1];
-        if (src < 0 || src >= p.num_blocks || dst < 0 || dst >= p.num_blocks) {
-            if (threadIdx.x == 0) p.err[KVHAL_GPU_ERR_BLOCK] = 1;
-            continue;
-        }
-        const int64_t begin = chunk * KVHAL_GPU_CHUNK;
-        if (begin >= e.bytes) continue;
-        const int64_t len = e.bytes - begin < KVHAL_GPU_CHUNK ? e.bytes - begin : KVHAL_GPU_CHUNK;
-        copy_range(e.base + dst * e.stride + begin, e.base + src * e.stride + begin, (uint64_t)len);
-    }
-}
-
-/* copy_batch: up to KVHAL_GPU_BATCH_MAX ranges by value; range r owns chunks [first[r], first[r + 1]). */
-struct CopyBatchParams {
-    char *dst[KVHAL_GPU_BATCH_MAX];
-    const char *src[KVHAL_GPU_BATCH_MAX];
-    uint64_t bytes[KVHAL_GPU_BATCH_MAX];
-    uint32_t first[KVHAL_GPU_BATCH_MAX + 1];
-    int32_t count;
-};
-
-__global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_batch_kernel(const CopyBatchParams p)
-{
-    const uint32_t w = blockIdx.x;
-    int lo = 0, hi = p.count - 1; /* last r with first[r] <= w */
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (p.first[mid] <= w) lo = mid;
-        else hi = mid - 1;
-    }
-    const uint64_t begin = (uint64_t)(w - p.first[lo]) * KVHAL_GPU_CHUNK;
-    const uint64_t left = p.bytes[lo] - begin;
-    copy_range(p.dst[lo] + begin, p.src[lo] + begin, left < KVHAL_GPU_CHUNK ? left : KVHAL_GPU_CHUNK);
-}
 
 namespace {
 
@@ -118,6 +25,7 @@ struct StagingSlot {
 struct CopyBlocksDesc {
     int32_t id;
     int next;
+    void *fn; /* the run-time compiled kernel (kernel_fn), else NULL: launched with <<<>>> */
     StagingSlot ring[KVHAL_GPU_RING];
 };
 
@@ -171,13 +79,17 @@ size_t copy_blocks_bytes(const kvhal_bk_copy_blocks *a)
 }
 
 /* The caller has allocated the device's error flag. */
-kvhal_status copy_blocks_create(const Ctx *c, int32_t id, const kvhal_bk_copy_blocks *a, CopyBlocksDesc **out)
+kvhal_status copy_blocks_create(Ctx *c, int32_t id, const kvhal_bk_copy_blocks *a, CopyBlocksDesc **out)
 {
+    void *fn = NULL;
+    kvhal_status st = kernel_fn(c, id, "kvhal_gpu::copy_blocks_kernel", &fn);
+    if (st != KVHAL_OK) return st;
     void *mem = NULL;
-    kvhal_status st = host_alloc(c, id, sizeof(CopyBlocksDesc), "copy_blocks descriptor", &mem);
+    st = host_alloc(c, id, sizeof(CopyBlocksDesc), "copy_blocks descriptor", &mem);
     if (st != KVHAL_OK) return st;
     CopyBlocksDesc *d = static_cast<CopyBlocksDesc *>(mem);
     d->id = id;
+    d->fn = fn;
     const DeviceGuard guard;
     gpuError_t e = guard.select(id);
     for (int i = 0; i < KVHAL_GPU_RING && e == gpuSuccess; i++) {
@@ -276,8 +188,13 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
     p.num_caches = a->num_caches;
     const int64_t cap = (int64_t)c->dev[id].sm_count * 32;
     const uint32_t grid = (uint32_t)(p.total < cap ? p.total : cap);
-    copy_blocks_kernel<<<grid, KVHAL_GPU_THREADS, 0, s>>>(p);
-    KVHAL_GPU_TRY(c, gpuGetLastError(), id, "copy_blocks launch");
+    if (d->fn) {
+        st = launch_fn(c, id, d->fn, grid, KVHAL_GPU_THREADS, &p, s, "copy_blocks launch");
+        if (st != KVHAL_OK) return st;
+    } else {
+        copy_blocks_kernel<<<grid, KVHAL_GPU_THREADS, 0, s>>>(p);
+        KVHAL_GPU_TRY(c, gpuGetLastError(), id, "copy_blocks launch");
+    }
     KVHAL_GPU_TRY(c, gpuEventRecord(sl->ev, s), id, "copy_blocks staging event");
     d->next = (d->next + 1) % KVHAL_GPU_RING;
     return KVHAL_OK;
@@ -288,10 +205,13 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
 /* ------------------------------------------------------------------------------------------------------------ */
 kvhal_status gpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a, void *stream)
 {
-    const Ctx *c = ctx_of(ctx);
+    Ctx *c = ctx_of(ctx);
     kvhal_status st = check_id(c, id);
     if (st != KVHAL_OK) return st;
     if (a->count <= 0) return KVHAL_OK;
+    void *fn = NULL; /* the run-time compiled kernel (found in the device's list after its first use) */
+    st = kernel_fn(c, id, "kvhal_gpu::copy_batch_kernel", &fn);
+    if (st != KVHAL_OK) return st;
     KVHAL_GPU_SETDEV(c, id);
     const gpuStream_t s = native_stream(stream);
     CopyBatchParams p;
@@ -322,6 +242,11 @@ kvhal_status gpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a,
         }
         if (!p.count) continue;
         p.first[p.count] = (uint32_t)chunks;
+        if (fn) {
+            st = launch_fn(c, id, fn, (uint32_t)chunks, KVHAL_GPU_THREADS, &p, s, "copy_batch launch");
+            if (st != KVHAL_OK) return st;
+            continue;
+        }
         copy_batch_kernel<<<(uint32_t)chunks, KVHAL_GPU_THREADS, 0, s>>>(p);
         KVHAL_GPU_TRY(c, gpuGetLastError(), id, "copy_batch launch");
     }

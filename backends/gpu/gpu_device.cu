@@ -194,6 +194,7 @@ kvhal_status gpu_init(const kvhal_core_services *services, void **ctx, int32_t *
 #if !defined(KVHAL_GPU_HIP)
     resolve_driver_entry_points(c);
 #endif
+    for (int i = 0; i < n; i++) code_path_init(c, i);
     c->count = n;
     *device_count = n;
     return KVHAL_OK;
@@ -211,15 +212,34 @@ void gpu_shutdown(void *ctx)
     }
     (void)gpuGetLastError();
     pthread_mutex_unlock(&c->lock);
+    code_path_shutdown(c);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
 
-/* The module has no extras. */
+#if defined(KVHAL_GPU_RTC)
+extern "C" int kvhal_hip_rtc_compile(const char *target, const char *const *exprs, int n, void **code, size_t *size,
+                                     char *err, size_t err_size);
+extern "C" void kvhal_hip_rtc_kernel_exprs(void (*add)(void *user, const char *expr, const char *needle),
+                                           void *user);
+extern "C" int kvhal_hip_rtc_code_object(const char *target, const char *expr, const char *dir, void **code,
+                                         size_t *size, int *origin, char *note, size_t note_size);
+#endif
+
+/* HIP on AMD, for tests (gpu_codepath.cu): "kvhal_hip_rtc_compile", the run-time compiler,
+ * "kvhal_hip_rtc_kernel_exprs", every kernel name expression the ops may compile with it, and
+ * "kvhal_hip_rtc_code_object", one kernel's code object through the disk cache. No other extras. */
 void *gpu_get_proc_address(void *ctx, const char *name)
 {
     (void)ctx;
+#if defined(KVHAL_GPU_RTC)
+    if (name && !strcmp(name, "kvhal_hip_rtc_compile")) return reinterpret_cast<void *>(kvhal_hip_rtc_compile);
+    if (name && !strcmp(name, "kvhal_hip_rtc_kernel_exprs"))
+        return reinterpret_cast<void *>(kvhal_hip_rtc_kernel_exprs);
+    if (name && !strcmp(name, "kvhal_hip_rtc_code_object")) return reinterpret_cast<void *>(kvhal_hip_rtc_code_object);
+#else
     (void)name;
+#endif
     return NULL;
 }
 
@@ -235,8 +255,10 @@ kvhal_status gpu_device_info(void *ctx, int32_t id, kvhal_device_info *out)
     int rt = 0, drv = 0;
     (void)gpuRuntimeGetVersion(&rt);
     (void)gpuDriverGetVersion(&drv);
-    snprintf(out->platform, sizeof out->platform, "%s runtime %d.%d, driver %d.%d", KVHAL_GPU_RUNTIME_NAME,
+    snprintf(out->platform, sizeof out->platform, "%s runtime %d.%d, driver %d.%d; ", KVHAL_GPU_RUNTIME_NAME,
              rt / 1000, (rt % 1000) / 10, drv / 1000, (drv % 1000) / 10);
+    const size_t used = strlen(out->platform); /* then which code the device runs (gpu_codepath.cu) */
+    code_path_describe(c, id, out->platform + used, sizeof out->platform - used);
     out->total_memory = (uint64_t)prop.totalGlobalMem;
     out->free_memory = 0;
     KVHAL_GPU_SETDEV(c, id);

@@ -18,27 +18,37 @@ struct PagedLaunch {
     void (*run)(const PagedParams &p, uint32_t grid, uint32_t threads, gpuStream_t s);
     const void *sym;
     void *fn;
+    const char *(*spelling)(); /* X's C++ spelling, for the run-time compiled path (HIP on AMD) */
 };
 
 template <class X> PagedLaunch paged_launcher()
 {
-    PagedLaunch l = {launch_paged<X>, reinterpret_cast<const void *>(paged_caching_kernel<X, X>), nullptr};
+    PagedLaunch l = {launch_paged<X>, reinterpret_cast<const void *>(paged_caching_kernel<X, X>), nullptr,
+                     type_spelling<X>};
     return l;
 }
 
-/* l->fn: the driver function of l's kernel on device id, or NULL (HIP, or not resolvable: the runtime launches). */
-void resolve_driver_fn(const Ctx *c, int32_t id, PagedLaunch *l)
+/* l->fn: the driver function of l's kernel on device id, or NULL (not resolvable: the runtime launches); HIP: the
+ * run-time compiled kernel where the device has no embedded code object (gpu_codepath.cu), else NULL. */
+kvhal_status resolve_driver_fn(Ctx *c, int32_t id, PagedLaunch *l)
 {
     l->fn = nullptr;
 #if !defined(KVHAL_GPU_HIP)
+    void *none = nullptr; /* CUDA: fails only for a device the module has no code for (gpu_codepath.cu) */
+    const kvhal_status st = kernel_fn(c, id, "", &none);
+    if (st != KVHAL_OK) return st;
     cudaFunction_t f;
     const DeviceGuard guard;
     if (c->cu_launch && guard.select(id) == cudaSuccess && cudaGetFuncBySymbol(&f, l->sym) == cudaSuccess)
         l->fn = static_cast<void *>(f);
     (void)cudaGetLastError();
+    return KVHAL_OK;
 #else
-    (void)c;
-    (void)id;
+    char expr[384] = "";
+#if defined(KVHAL_GPU_RTC)
+    kernel_expr(expr, sizeof expr, "kvhal_gpu::paged_caching_kernel<%s, %s>", l->spelling());
+#endif
+    return kernel_fn(c, id, expr, &l->fn);
 #endif
 }
 
@@ -164,8 +174,8 @@ void paged_geometry(PagedParams *p, int sm_count, uint32_t *threads)
 }
 
 /* a passed paged_caching_supports, so the scalar path always builds; the vector path may not. The caller has
- * allocated the device's error flag. */
-void paged_build(const Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, PagedDesc *d)
+ * allocated the device's error flag. Fails only where the device's kernels must be compiled at run time. */
+kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, PagedDesc *d)
 {
     const int in = kdt(a->input_dtype), out = kdt(a->cache_dtype);
     const size_t es = kvhal_bk_dtype_size(a->input_dtype), out_es = kvhal_bk_dtype_size(a->cache_dtype);
@@ -211,13 +221,42 @@ void paged_build(const Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Page
         d->vec[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, true);
         d->vec[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, true);
     }
-    for (int m = 0; m < (same ? 1 : 3); m++) {
-        resolve_driver_fn(c, id, &d->vec[m]);
-        resolve_driver_fn(c, id, &d->sc[m]);
+    /* the driver functions (CUDA) or run-time compiled kernels (HIP on AMD without an embedded code object) of every
+     * launch the descriptor may make; the vector path's only where the shape allows it */
+    kvhal_status st = KVHAL_OK;
+    for (int m = 0; m < (same ? 1 : 3) && st == KVHAL_OK; m++) {
+        st = resolve_driver_fn(c, id, &d->sc[m]);
+        if (st == KVHAL_OK && d->vec_ok) st = resolve_driver_fn(c, id, &d->vec[m]);
     }
+    return st;
 }
 
 } // namespace
+
+#if defined(KVHAL_GPU_RTC)
+void paged_caching_rtc_exprs(RtcExprFn add, void *user)
+{
+    static const int ins[3] = {DT_F32, DT_F16, DT_BF16};
+    static const int outs[4] = {DT_E4M3, DT_E5M2, DT_E4M3FNUZ, DT_E5M2FNUZ};
+    static const size_t sizes[3] = {1, 2, 4};
+    char expr[384];
+    for (int vec = 0; vec < 2; vec++) {
+        PagedLaunch l[3 + 3 * 4 * 3];
+        int n = 0;
+        for (int i = 0; i < 3; i++) l[n++] = copy_launcher(sizes[i], vec != 0);
+        for (int i = 0; i < 3; i++)
+            for (int o = 0; o < 4; o++) {
+                l[n++] = fp8_launcher_in<SM_MUL>(ins[i], outs[o], vec != 0);
+                l[n++] = fp8_launcher_in<SM_RCP>(ins[i], outs[o], vec != 0);
+                l[n++] = fp8_launcher_in<SM_DIV>(ins[i], outs[o], vec != 0);
+            }
+        for (int i = 0; i < n; i++) {
+            kernel_expr(expr, sizeof expr, "kvhal_gpu::paged_caching_kernel<%s, %s>", l[i].spelling());
+            add(user, expr);
+        }
+    }
+}
+#endif
 
 /* The kernels copy a cache of the input's dtype (1, 2 or 4 bytes) or convert f32/f16/bf16 to fp8, with i32 or i64
  * slots and a token row of at most 2^31 / KVHAL_GPU_MAX_TPC elements. */
@@ -249,7 +288,11 @@ kvhal_status paged_caching_desc_create(Ctx *c, int32_t id, const kvhal_bk_paged_
     void *d = NULL;
     st = host_alloc(c, id, sizeof(PagedDesc), "paged caching descriptor", &d);
     if (st != KVHAL_OK) return st;
-    paged_build(c, id, a, static_cast<PagedDesc *>(d));
+    st = paged_build(c, id, a, static_cast<PagedDesc *>(d));
+    if (st != KVHAL_OK) {
+        free(d);
+        return st;
+    }
     *desc = d;
     return KVHAL_OK;
 }
@@ -269,8 +312,8 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     if (!d) {
         kvhal_status st = check_id(c, id);
         if (st == KVHAL_OK) st = open_device(c, id);
+        if (st == KVHAL_OK) st = paged_build(c, id, a, &local);
         if (st != KVHAL_OK) return st;
-        paged_build(c, id, a, &local);
         d = &local;
     }
     if (a->num_tokens <= 0) return KVHAL_OK;
@@ -319,6 +362,8 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
                         name, (int)r);
         }
     }
+#else
+    if (run.fn) return launch_fn(c, id, run.fn, (uint32_t)grid, threads, &p, native_stream(stream), "paged caching launch");
 #endif
     run.run(p, (uint32_t)grid, threads, native_stream(stream));
     KVHAL_GPU_TRY(c, gpuGetLastError(), id, "paged caching launch");

@@ -52,6 +52,7 @@ struct DevState {
     gpuMemPool_t pool;
     int wrapped;    /* borrowed streams alive on this device (atomic) */
     signed char peer[KVHAL_MAX_DEVICES_PER_TYPE]; /* peer access to j: 0 not tried, 1 enabled, -1 unavailable */
+    struct CodeState *code; /* which code this device runs (gpu_codepath.cu); NULL: not decided */
 };
 
 #if !defined(KVHAL_GPU_HIP)
@@ -198,6 +199,45 @@ KVHAL_BK_OP_LIST(KVHAL_GPU_X_OP_DECL)
 
 /* gpu_copy_blocks.cu: the batched byte-range copies behind kv_cache_duplicate. */
 kvhal_status gpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a, void *stream);
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Which code a device runs (gpu_codepath.cu)                                                                   */
+/* ------------------------------------------------------------------------------------------------------------ */
+/* KVHAL_GPU_RTC: the HIP module on AMD GPUs, which compiles the kernel source with hiprtc at run time for a GPU
+ * whose target ID no embedded code object matches (gpu_hip_rtc.cu). CUDA (and HIP on NVIDIA) runs the embedded
+ * cubins or lets the driver JIT-compile the embedded PTX. */
+#if defined(KVHAL_GPU_HIP) && !defined(__HIP_PLATFORM_NVIDIA__)
+#define KVHAL_GPU_RTC 1
+#endif
+
+/* Decides device id's path at init (target ID against the embedded targets, KVHAL_HIP_FORCE_RTC); never fails:
+ * a device without usable code says why in its description and fails at its first descriptor. */
+void code_path_init(Ctx *c, int32_t id);
+void code_path_shutdown(Ctx *c);
+/* "code: embedded gfx90a" / "code: run-time compiled for gfx942:sramecc+:xnack- (hiprtc), cache <dir>" /
+ * "code: sm_90 cubin" / "code: PTX compute_90, JIT-compiled by the driver", for device info. */
+void code_path_describe(const Ctx *c, int32_t id, char *buf, size_t size);
+/* The function to launch for kernel expr (a C++ name expression, e.g. "kvhal_gpu::copy_batch_kernel") on device id:
+ * *fn NULL when the device runs the embedded code (launch with <<<>>>), else the run-time compiled kernel (compiled
+ * or read from the disk cache on first use, then kept per device). Fails with the compiler's message. */
+kvhal_status kernel_fn(Ctx *c, int32_t id, const char *expr, void **fn);
+/* Launches fn (from kernel_fn) with one by-value parameter. */
+kvhal_status launch_fn(const Ctx *c, int32_t id, void *fn, uint32_t grid, uint32_t threads, void *param,
+                       gpuStream_t s, const char *what);
+
+/* The name expression of kernel template instantiated with T, e.g. for T = XCopy<uint4>:
+ * "kvhal_gpu::paged_caching_kernel<kvhal_gpu::XCopy<HIP_vector_type<unsigned int, 4>>, ...>" (from the compiler's
+ * __PRETTY_FUNCTION__, which spells T as valid C++); fmt has one or two %s for T. Used on the run-time path only. */
+template <class T> inline const char *type_spelling() { return __PRETTY_FUNCTION__; }
+void kernel_expr(char *buf, size_t size, const char *fmt, const char *pretty);
+#if defined(KVHAL_GPU_RTC)
+/* Every name expression an op's descriptors may ask kernel_fn for, through add (the module's test hook
+ * "kvhal_hip_rtc_kernel_exprs" compiles them all with hiprtc in CI). An op that gains kernel instantiations lists
+ * them here too. */
+typedef void (*RtcExprFn)(void *user, const char *expr);
+void paged_caching_rtc_exprs(RtcExprFn add, void *user);
+void tensor_copy_rtc_exprs(RtcExprFn add, void *user);
+#endif
 
 } // namespace kvhal_gpu
 

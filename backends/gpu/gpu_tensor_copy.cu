@@ -17,18 +17,24 @@ template <typename T> void launch_tensor_copy(const TensorCopyParams &p, uint32_
 const TensorCopyLaunch tc_launchers[5] = {launch_tensor_copy<uint8_t>, launch_tensor_copy<uint16_t>,
                                           launch_tensor_copy<uint32_t>, launch_tensor_copy<uint2>,
                                           launch_tensor_copy<uint4>};
+#if defined(KVHAL_GPU_RTC)
+/* The same units' C++ spellings, for the run-time compiled path (HIP on AMD, gpu_codepath.cu). */
+const char *(*const tc_spellings[5])() = {type_spelling<uint8_t>, type_spelling<uint16_t>, type_spelling<uint32_t>,
+                                          type_spelling<uint2>, type_spelling<uint4>};
+#endif
 
 struct TensorCopyDesc {
     TensorCopyParams p[5]; /* by log2(unit bytes); valid where (allowed >> k) & 1 */
     uint32_t allowed;
     uint32_t grid[5];
+    void *fn[5];           /* run-time compiled kernels (kernel_fn), else NULL: launched with <<<>>> */
     size_t bytes;          /* total bytes, for the memcpy path */
     bool memcpy_path;      /* both tensors one contiguous range */
 };
 
 /* Drops extent-1 dims and merges neighbours that are contiguous in both tensors, outer to inner. a passed
- * tensor_copy_supports. */
-void tensor_copy_build(const Ctx *c, int32_t id, const kvhal_bk_tensor_copy *a, TensorCopyDesc *d)
+ * tensor_copy_supports. Fails only where the device's kernels must be compiled at run time. */
+kvhal_status tensor_copy_build(Ctx *c, int32_t id, const kvhal_bk_tensor_copy *a, TensorCopyDesc *d)
 {
     const size_t es = kvhal_bk_dtype_size(a->dst.dtype);
     int64_t shape[KVHAL_GPU_MAX_DIMS], ds[KVHAL_GPU_MAX_DIMS], ss[KVHAL_GPU_MAX_DIMS];
@@ -82,9 +88,31 @@ void tensor_copy_build(const Ctx *c, int32_t id, const kvhal_bk_tensor_copy *a, 
         d->grid[k] = (uint32_t)(blocks < cap ? (blocks > 0 ? blocks : 1) : cap);
         d->allowed |= 1u << k;
     }
+    if (d->memcpy_path || !d->bytes) return KVHAL_OK;
+    for (int k = 0; k < 5; k++) {
+        if (!((d->allowed >> k) & 1u)) continue;
+        char expr[384] = "";
+#if defined(KVHAL_GPU_RTC)
+        kernel_expr(expr, sizeof expr, "kvhal_gpu::tensor_copy_kernel<%s>", tc_spellings[k]());
+#endif
+        const kvhal_status st = kernel_fn(c, id, expr, &d->fn[k]);
+        if (st != KVHAL_OK) return st;
+    }
+    return KVHAL_OK;
 }
 
 } // namespace
+
+#if defined(KVHAL_GPU_RTC)
+void tensor_copy_rtc_exprs(RtcExprFn add, void *user)
+{
+    char expr[384];
+    for (int k = 0; k < 5; k++) {
+        kernel_expr(expr, sizeof expr, "kvhal_gpu::tensor_copy_kernel<%s>", tc_spellings[k]());
+        add(user, expr);
+    }
+}
+#endif
 
 /* Elements of 1, 2, 4 or 8 bytes, the same dtype and rank on both sides, up to KVHAL_GPU_MAX_DIMS dims. */
 bool tensor_copy_supports(Ctx *c, int32_t id, const kvhal_bk_tensor_copy *a, char *reason, size_t reason_size)
@@ -104,7 +132,11 @@ kvhal_status tensor_copy_desc_create(Ctx *c, int32_t id, const kvhal_bk_tensor_c
     void *d = NULL;
     kvhal_status st = host_alloc(c, id, sizeof(TensorCopyDesc), "tensor_copy descriptor", &d);
     if (st != KVHAL_OK) return st;
-    tensor_copy_build(c, id, a, static_cast<TensorCopyDesc *>(d));
+    st = tensor_copy_build(c, id, a, static_cast<TensorCopyDesc *>(d));
+    if (st != KVHAL_OK) {
+        free(d);
+        return st;
+    }
     *desc = d;
     return KVHAL_OK;
 }
@@ -118,13 +150,13 @@ void tensor_copy_desc_destroy(Ctx *c, int32_t id, void *desc)
 
 kvhal_status gpu_tensor_copy(void *ctx, int32_t id, void *desc, const kvhal_bk_tensor_copy *a, void *stream)
 {
-    const Ctx *c = ctx_of(ctx);
+    Ctx *c = ctx_of(ctx);
     TensorCopyDesc local;
     const TensorCopyDesc *d = static_cast<const TensorCopyDesc *>(desc);
     if (!d) {
         kvhal_status st = check_id(c, id);
+        if (st == KVHAL_OK) st = tensor_copy_build(c, id, a, &local);
         if (st != KVHAL_OK) return st;
-        tensor_copy_build(c, id, a, &local);
         d = &local;
     }
     if (!d->bytes) return KVHAL_OK;
@@ -145,6 +177,7 @@ kvhal_status gpu_tensor_copy(void *ctx, int32_t id, void *desc, const kvhal_bk_t
     TensorCopyParams p = d->p[k];
     p.dst = dst;
     p.src = src;
+    if (d->fn[k]) return launch_fn(c, id, d->fn[k], d->grid[k], KVHAL_GPU_THREADS, &p, s, "tensor_copy launch");
     tc_launchers[k](p, d->grid[k], s);
     KVHAL_GPU_TRY(c, gpuGetLastError(), id, "tensor_copy launch");
     return KVHAL_OK;

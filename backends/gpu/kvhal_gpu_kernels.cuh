@@ -12,7 +12,9 @@
 #ifndef KVHAL_GPU_KERNELS_CUH
 #define KVHAL_GPU_KERNELS_CUH
 
+#ifndef __HIPCC_RTC__ /* hiprtc defines the fixed-width types itself */
 #include <stdint.h>
+#endif
 
 #include "kvhal_gpu_runtime.h"
 #include "kvhal_gpu_math.h"

@@ -6,7 +6,9 @@
 #ifndef KVHAL_GPU_MATH_H
 #define KVHAL_GPU_MATH_H
 
+#ifndef __HIPCC_RTC__ /* hiprtc defines the fixed-width types itself */
 #include <stdint.h>
+#endif
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define KVHAL_HD __host__ __device__ inline __attribute__((always_inline))

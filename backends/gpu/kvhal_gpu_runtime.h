@@ -11,12 +11,15 @@
 #endif
 
 #if defined(KVHAL_GPU_HIP)
+#ifndef __HIPCC_RTC__ /* hiprtc (the run-time compiled kernels, gpu_hip_rtc.cu) has these built in */
 #include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
+#endif
 
 #define KVHAL_GPU_NAME "hip"
 #define KVHAL_GPU_RUNTIME_NAME "HIP"
 
+#ifndef __HIPCC_RTC__ /* host types: the run-time compiled kernels need none */
 typedef hipError_t gpuError_t;
 typedef hipStream_t gpuStream_t;
 typedef hipEvent_t gpuEvent_t;
@@ -24,6 +27,7 @@ typedef hipDeviceProp_t gpuDeviceProp;
 typedef hipMemPool_t gpuMemPool_t;
 typedef hipMemPoolProps gpuMemPoolProps;
 typedef hipMemAccessDesc gpuMemAccessDesc;
+#endif
 #define gpuMemAllocationTypePinned hipMemAllocationTypePinned
 #define gpuMemHandleTypeNone hipMemHandleTypeNone
 #define gpuMemLocationTypeDevice hipMemLocationTypeDevice
@@ -88,20 +92,22 @@ typedef hipMemAccessDesc gpuMemAccessDesc;
 /* f16 bits -> f32 with the hardware conversion (exact). */
 #define KVHAL_GPU_HALF_TO_FLOAT(bits) __half2float(__ushort_as_half((unsigned short)(bits)))
 
+#ifndef __HIPCC_RTC__
 /* Whether p is device (or managed) memory, and of which device. ROCm 6 renamed memoryType to type. */
 static inline gpuError_t gpuPointerDevice(const void *p, int *dev, int *is_device)
 {
     hipPointerAttribute_t a;
     hipError_t e = hipPointerGetAttributes(&a, p);
     if (e != hipSuccess) return e;
-#if HIP_VERSION_MAJOR >= 6
-    *is_device = a.type == hipMemoryTypeDevice || a.isManaged;
+#if HIP_VERSION_MAJOR >= 6 /* HIP on NVIDIA reports managed memory as type hipMemoryTypeManaged, isManaged 0 */
+    *is_device = a.type == hipMemoryTypeDevice || a.type == hipMemoryTypeManaged || a.isManaged;
 #else
     *is_device = a.memoryType == hipMemoryTypeDevice || a.isManaged;
 #endif
     *dev = a.device;
     return hipSuccess;
 }
+#endif
 
 #else /* CUDA */
 #include <cuda.h> /* driver types only: cuLaunchKernel is looked up at run time, libcuda is not linked */
