@@ -28,7 +28,7 @@ gcc -std=c11 -O2 tests/gpu/graph_capture.c -Iapi -I/usr/local/cuda/include -L$B/
 /tmp/graph_capture > "$OUT/graph-capture-c-all-modules.txt" 2>&1; echo "all modules inside the capture: rc $?"
 cat "$OUT/graph-capture-c.txt"
 # torch.cuda.graph: the decode example (first kvhal call inside the capture; every step checked)
-python3 examples/python/decode_cuda_graph.py --layers 32 --steps 20 > "$OUT/graph-capture-torch.txt" 2>&1 || fail=1
+KVHAL_BACKENDS=cpu,cuda python3 examples/python/decode_cuda_graph.py --layers 32 --steps 20 > "$OUT/graph-capture-torch.txt" 2>&1 || fail=1
 tail -3 "$OUT/graph-capture-torch.txt"
 python3 examples/python/radix_scheduler.py > "$OUT/radix-scheduler.txt" 2>&1 || fail=1
 python3 python/bench/bench_host.py --bench $B/tools/kvhal-bench --device cuda:0 --json > "$OUT/host-cuda.json" 2>&1 || fail=1
