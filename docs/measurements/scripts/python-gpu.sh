@@ -14,7 +14,10 @@ B=/tmp/bpy
 meson setup $B -Dbackends=cpu,cuda,opencl -Dnvcc_arch=90 -Dpython=enabled > "$OUT/build.txt" 2>&1 && ninja -C $B >> "$OUT/build.txt" 2>&1 ||
   { echo BUILD FAILED; tail -40 "$OUT/build.txt"; exit 1; }
 export KVHAL_BACKEND_PATH=$B/backends PYTHONPATH=$B/python
-meson test -C $B --print-errorlogs --suite ops --suite foundation --suite python > "$OUT/tests.txt" 2>&1 || fail=1
+# the suites this change touches (cuda, OpenCL on NVIDIA, PoCL): buffers and streams, conformance (the per-stream
+# fault check), bad inputs, the vendor example's fallback, and the Python package on every device
+meson test -C $B --print-errorlogs --num-processes 8 buffer conformance bad_inputs vendor_plugin gpu_paths \
+  --suite python > "$OUT/tests.txt" 2>&1 || fail=1
 grep -E "^(Ok|Fail|Skipped|Timeout)" "$OUT/tests.txt"
 python3 -c 'import pytest, numpy' 2>/dev/null || echo "NOTE: pytest or numpy missing in this Python: the python suite (CPU, OpenCL and cuda devices) did not run"
 # CUDA tensors from PyTorch (runs without pytest)
