@@ -17,7 +17,7 @@ export KVHAL_BACKEND_PATH=$B/backends PYTHONPATH=$B/python
 # the suites this change touches (cuda, OpenCL on NVIDIA, PoCL): buffers and streams, conformance (the per-stream
 # fault check), bad inputs, the vendor example's fallback, and the Python package on every device
 meson test -C $B --print-errorlogs --num-processes 8 buffer conformance bad_inputs vendor_plugin gpu_paths \
-  --suite python > "$OUT/tests.txt" 2>&1 || fail=1
+  python python_refcount_valgrind_script > "$OUT/tests.txt" 2>&1 || fail=1
 grep -E "^(Ok|Fail|Skipped|Timeout)" "$OUT/tests.txt"
 python3 -c 'import pytest, numpy' 2>/dev/null || echo "NOTE: pytest or numpy missing in this Python: the python suite (CPU, OpenCL and cuda devices) did not run"
 # CUDA tensors from PyTorch (runs without pytest)
