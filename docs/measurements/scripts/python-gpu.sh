@@ -16,10 +16,12 @@ meson setup $B -Dbackends=cpu,cuda,opencl -Dnvcc_arch=90 -Dpython=enabled > "$OU
 export KVHAL_BACKEND_PATH=$B/backends PYTHONPATH=$B/python
 # the suites this change touches (cuda, OpenCL on NVIDIA, PoCL): buffers and streams, conformance (the per-stream
 # fault check), bad inputs, the vendor example's fallback, and the Python package on every device
+pytests="python python_refcount_valgrind_script"
+python3 -c 'import pytest, numpy' 2>/dev/null ||
+  { pytests=""; echo "NOTE: pytest or numpy missing in this Python: the python suite (CPU, OpenCL and cuda devices) did not run"; }
 meson test -C $B --print-errorlogs --num-processes 8 buffer conformance bad_inputs vendor_plugin gpu_paths \
-  python python_refcount_valgrind_script > "$OUT/tests.txt" 2>&1 || fail=1
+  $pytests > "$OUT/tests.txt" 2>&1 || fail=1
 grep -E "^(Ok|Fail|Skipped|Timeout)" "$OUT/tests.txt"
-python3 -c 'import pytest, numpy' 2>/dev/null || echo "NOTE: pytest or numpy missing in this Python: the python suite (CPU, OpenCL and cuda devices) did not run"
 # CUDA tensors from PyTorch (runs without pytest)
 python3 python/tests/test_gpu_torch.py > "$OUT/test-gpu-torch.txt" 2>&1 || fail=1
 cat "$OUT/test-gpu-torch.txt"
