@@ -37,7 +37,7 @@ KVHAL_BACKENDS=cpu,cuda python3 examples/python/decode_cuda_graph.py --layers 32
 tail -3 "$OUT/graph-capture-torch.txt"
 python3 examples/python/radix_scheduler.py > "$OUT/radix-scheduler.txt" 2>&1 || fail=1
 python3 python/bench/bench_host.py --bench $B/tools/kvhal-bench --device cuda:0 --json > "$OUT/host-cuda.json" 2>&1 || fail=1
-python3 python/bench/bench_host.py --bench $B/tools/kvhal-bench --device cpu:0 --json > "$OUT/host-cpu.json" 2>&1 || fail=1
+python3 -c "import numpy" 2>/dev/null && { python3 python/bench/bench_host.py --bench $B/tools/kvhal-bench --device cpu:0 --json > "$OUT/host-cpu.json" 2>&1 || fail=1; }
 python3 python/bench/bench_prefix.py --json > "$OUT/prefix.json" 2>&1 || fail=1
 cat "$OUT/host-cuda.json" "$OUT/prefix.json"
 echo "python-gpu: fail=$fail"
