@@ -236,6 +236,12 @@ KVHAL_API kvhal_device kvhal_stream_device(const kvhal_stream *s);
  */
 KVHAL_API kvhal_status kvhal_stream_check_errors(kvhal_stream *s);
 
+/* Buffers and copies, threads: any thread; a buffer may be read by several threads' calls at once, and destroyed
+ * once no call uses it. Graph capture (CUDA/HIP): kvhal_buffer_wrap, _destroy of a wrapped buffer and the accessors
+ * enqueue nothing and may be called while a stream is captured; kvhal_buffer_create and _destroy of an owned
+ * buffer allocate or free on the default stream and may not; kvhal_memcpy_d2d and kvhal_memset on a captured
+ * stream s are recorded (a copy between devices with s NULL is not: it orders the default streams);
+ * kvhal_memcpy_h2d and _d2h wait for s and may not be captured. */
 KVHAL_API kvhal_status kvhal_buffer_create(kvhal_device dev, size_t bytes, kvhal_buffer **out);
 /* Borrows memory the caller owns, without copying: a host pointer (cpu), a device pointer (cuda, hip) or a
  * cl_mem (opencl). kvhal never frees it. */
@@ -405,6 +411,10 @@ KVHAL_API kvhal_status kvhal_desc_cache_clear(kvhal_device dev);
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Contiguous multi-device cache: per device, per layer, K [max_len, nkvh/ndev, dk] and V [max_len, nkvh/ndev, dv] */
 /* ------------------------------------------------------------------------------------------------------------ */
+/* The caches below (contiguous, static, paged), threads: one cache is used by one thread at a time (kvhal takes no
+ * lock on it); different caches from different threads at once. Graph capture: create, duplicate and destroy
+ * allocate and may not be captured; kvhal_paged_cache_update may (it is kvhal_paged_caching);
+ * kvhal_paged_cache_copy_blocks may not (kvhal_copy_blocks); the layer views enqueue nothing. */
 typedef struct kvhal_kv_cache kvhal_kv_cache;
 typedef struct kvhal_kv_cache_config {
     int32_t num_layers, num_kv_heads, head_dim_k, head_dim_v;
@@ -496,7 +506,9 @@ KVHAL_API kvhal_status kvhal_block_pool_check_integrity(const kvhal_block_pool *
 /* Prefix cache: naive (never matches) or radix tree of token ids -> page indices                               */
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Host memory: a radix cache keeps the token and page arrays of entries it evicts (or drops in reset) for reuse by
- * later inserts; it returns them to the system when it is destroyed. Its footprint is that of its fullest moment. */
+ * later inserts; it returns them to the system when it is destroyed. Its footprint is that of its fullest moment.
+ * Threads (block pool, prefix cache, cache manager): host-only structures without locks: one thread at a time per
+ * object (a scheduler's lock around it), any number of objects at once. Graph capture: they touch no device. */
 typedef enum kvhal_prefix_kind { KVHAL_PREFIX_NAIVE = 0, KVHAL_PREFIX_RADIX = 1 } kvhal_prefix_kind;
 typedef struct kvhal_prefix_cache kvhal_prefix_cache;
 typedef struct kvhal_prefix_node *kvhal_prefix_handle; /* a node; NULL/root means "nothing matched" */
