@@ -439,6 +439,12 @@ KVHAL_API kvhal_device kvhal_stream_device(const kvhal_stream *s);
  */
 KVHAL_API kvhal_status kvhal_stream_check_errors(kvhal_stream *s);
 
+/* Buffers and copies, threads: any thread; a buffer may be read by several threads' calls at once, and destroyed
+ * once no call uses it. Graph capture (CUDA/HIP): kvhal_buffer_wrap, _destroy of a wrapped buffer and the accessors
+ * enqueue nothing and may be called while a stream is captured; kvhal_buffer_create and _destroy of an owned
+ * buffer allocate or free on the default stream and may not; kvhal_memcpy_d2d and kvhal_memset on a captured
+ * stream s are recorded (a copy between devices with s NULL is not: it orders the default streams);
+ * kvhal_memcpy_h2d and _d2h wait for s and may not be captured. */
 /** Allocates device memory.
  *  @param dev the device.
  *  @param bytes the size, at least 1.
@@ -631,7 +637,8 @@ KVHAL_API kvhal_status kvhal_tensor_permute(const kvhal_tensor *t, const int32_t
  * stream, the process's first call included (they allocate nothing: per-device state is made when a buffer or
  * stream is made or wrapped on the device, which may itself happen inside the capture). A replay reads the tensors'
  * memory at replay time (same addresses, new contents) and uses the scales of the captured call. kvhal_copy_blocks
- * stages its pairs through host memory and may not be captured (KVHAL_BACKEND_ERROR from the runtime). */
+ * stages its pairs through host memory and may not be captured: on a capturing stream it returns
+ * KVHAL_UNSUPPORTED and records nothing (the capture stays valid). */
 /** dst = src elementwise (same shape and dtype, same device, any strides). Elements are copied in parallel on
  *  devices: dst must not overlap src (unless it is the same view) nor itself (a stride 0 of a dim longer than 1),
  *  or the result differs between backends.
@@ -834,6 +841,10 @@ KVHAL_API kvhal_status kvhal_desc_cache_clear(kvhal_device dev);
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Contiguous multi-device cache: per device, per layer, K [max_len, nkvh/ndev, dk] and V [max_len, nkvh/ndev, dv] */
 /* ------------------------------------------------------------------------------------------------------------ */
+/* The caches below (contiguous, static, paged), threads: one cache is used by one thread at a time (kvhal takes no
+ * lock on it); different caches from different threads at once. Graph capture: create, duplicate and destroy
+ * allocate and may not be captured; kvhal_paged_cache_update may (it is kvhal_paged_caching);
+ * kvhal_paged_cache_copy_blocks may not (kvhal_copy_blocks); the layer views enqueue nothing. */
 /** A contiguous KV cache over one or more devices (heads split evenly). Single-owner object. */
 typedef struct kvhal_kv_cache kvhal_kv_cache;
 /** Configuration of kvhal_kv_cache_create(). Extensible: initialise with ::KVHAL_KV_CACHE_CONFIG_INIT or
@@ -1086,7 +1097,9 @@ KVHAL_API kvhal_status kvhal_block_pool_check_integrity(const kvhal_block_pool *
 /* Prefix cache: naive (never matches) or radix tree of token ids -> page indices                               */
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Host memory: a radix cache keeps the token and page arrays of entries it evicts (or drops in reset) for reuse by
- * later inserts; it returns them to the system when it is destroyed. Its footprint is that of its fullest moment. */
+ * later inserts; it returns them to the system when it is destroyed. Its footprint is that of its fullest moment.
+ * Threads (block pool, prefix cache, cache manager): host-only structures without locks: one thread at a time per
+ * object (a scheduler's lock around it), any number of objects at once. Graph capture: they touch no device. */
 /** The kind of prefix cache. */
 typedef enum kvhal_prefix_kind {
     KVHAL_PREFIX_NAIVE = 0, /**< never matches, keeps nothing (a baseline) */

@@ -180,6 +180,14 @@ static void test_fault_flag_per_device(void **state)
     assert_non_null(strstr(kvhal_last_error(), "npu:1"));
     OK(kvhal_device_check_errors(d1)); /* reported once */
     free3(bufs);
+    /* a module without stream_check_errors: the core waits for the stream, then asks check_errors */
+    kvhal_stream *w;
+    OK(kvhal_stream_wrap(d1, KVHAL_STREAM_LEGACY, &w)); /* the default streams wrap on this module too */
+    OK(cache_one(d1, 4, 2, bufs));
+    assert_int_equal(kvhal_stream_check_errors(w), KVHAL_DEVICE_FAULT);
+    OK(kvhal_stream_check_errors(w));
+    OK(kvhal_stream_destroy(w));
+    free3(bufs);
 }
 
 int main(void)

@@ -145,6 +145,15 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
 {
     Ctx *c = ctx_of(ctx);
     if (a->num_pairs <= 0 || a->num_caches <= 0) return KVHAL_OK;
+    /* the pairs travel through a ring of host staging buffers reused by later calls: a graph replaying this call
+     * would read whatever a later call left there, so a capture is refused instead of recorded wrongly */
+    gpuStreamCaptureStatus capturing = gpuStreamCaptureStatusNone;
+    const gpuError_t qe = gpuStreamIsCapturing(native_stream(stream), &capturing);
+    if (qe != gpuSuccess) return rt_fail(c, qe, id, "copy_blocks: stream capture query");
+    if (capturing != gpuStreamCaptureStatusNone)
+        return fail(c, KVHAL_UNSUPPORTED,
+                    "s: copy_blocks cannot be recorded into a graph (its pairs are staged through host memory per "
+                    "call); call it outside the capture");
     CopyBlocksDesc *d = static_cast<CopyBlocksDesc *>(desc);
     if (!d) { /* a one-off descriptor */
         kvhal_status st = check_id(c, id);

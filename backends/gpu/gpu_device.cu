@@ -100,12 +100,8 @@ kvhal_status open_device(Ctx *c, int32_t id)
     if (__atomic_load_n(&c->dev[id].ready, __ATOMIC_ACQUIRE)) return KVHAL_OK;
     /* Relaxed: this thread may be capturing (a caller's first kvhal call inside cudaStreamBeginCapture or
      * torch.cuda.graph); the pinned allocation enqueues nothing, so it is safe to make during a capture. */
-    gpuStreamCaptureMode_t mode = gpuStreamCaptureModeRelaxed;
-    const bool exchanged = gpuThreadExchangeStreamCaptureMode(&mode) == gpuSuccess;
-    if (!exchanged) (void)gpuGetLastError();
-    const kvhal_status st = ensure_flag(c, id);
-    if (exchanged) (void)gpuThreadExchangeStreamCaptureMode(&mode);
-    return st;
+    const RelaxedCapture relaxed;
+    return ensure_flag(c, id);
 }
 
 /* The caller waited for the device's work. Each byte is exchanged on its own, so a flag raised concurrently by

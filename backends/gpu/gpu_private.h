@@ -138,6 +138,26 @@ class DeviceGuard {
         if (kvhal_e_ != gpuSuccess) return ::kvhal_gpu::rt_fail((c), kvhal_e_, (id), (what));                  \
     } while (0)
 
+/* The calling thread in the runtime's relaxed capture mode for a scope: one-time set-ups (the error flag,
+ * descriptors) may allocate even while this thread or another one captures a stream into a graph. */
+class RelaxedCapture {
+  public:
+    RelaxedCapture() : ok_(gpuThreadExchangeStreamCaptureMode(&mode_) == gpuSuccess)
+    {
+        if (!ok_) (void)gpuGetLastError();
+    }
+    ~RelaxedCapture()
+    {
+        if (ok_) (void)gpuThreadExchangeStreamCaptureMode(&mode_);
+    }
+    RelaxedCapture(const RelaxedCapture &) = delete;
+    RelaxedCapture &operator=(const RelaxedCapture &) = delete;
+
+  private:
+    gpuStreamCaptureMode_t mode_ = gpuStreamCaptureModeRelaxed;
+    bool ok_;
+};
+
 /* Declares the scope's DeviceGuard and selects id (returns the runtime's error if it cannot). */
 #define KVHAL_GPU_SETDEV(c, id)                                                                                 \
     const ::kvhal_gpu::DeviceGuard kvhal_dev_guard_;                                                            \

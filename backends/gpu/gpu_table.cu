@@ -25,6 +25,9 @@ kvhal_status gpu_desc_create(void *ctx, int32_t id, kvhal_bk_op op, const void *
     kvhal_status st = check_id(c, id);
     if (st != KVHAL_OK) return st;
     if (!args || !desc) return fail(c, KVHAL_INVALID_ARGUMENT, "desc_create: NULL %s", args ? "desc" : "args");
+    /* the first call of a shape may be inside a capture: resolving kernels (lazy module loading) and allocating
+     * host memory for the descriptor must not invalidate it */
+    const RelaxedCapture relaxed;
     switch (op) {
 #define KVHAL_GPU_X_CREATE(E, name, T)                                                                          \
     case KVHAL_BK_OP_##E: return name##_desc_create(c, id, static_cast<const T *>(args), desc);

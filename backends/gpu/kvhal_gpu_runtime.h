@@ -80,6 +80,9 @@ typedef hipMemAccessDesc gpuMemAccessDesc;
 #define gpuStreamCaptureMode_t hipStreamCaptureMode
 #define gpuStreamCaptureModeRelaxed hipStreamCaptureModeRelaxed
 #define gpuThreadExchangeStreamCaptureMode hipThreadExchangeStreamCaptureMode
+#define gpuStreamCaptureStatus hipStreamCaptureStatus
+#define gpuStreamCaptureStatusNone hipStreamCaptureStatusNone
+#define gpuStreamIsCapturing hipStreamIsCapturing
 #define gpuStreamDestroy hipStreamDestroy
 #define gpuStreamSynchronize hipStreamSynchronize
 #define gpuStreamWaitEvent hipStreamWaitEvent
@@ -177,6 +180,9 @@ typedef cudaMemAccessDesc gpuMemAccessDesc;
 #define gpuStreamCaptureMode_t cudaStreamCaptureMode
 #define gpuStreamCaptureModeRelaxed cudaStreamCaptureModeRelaxed
 #define gpuThreadExchangeStreamCaptureMode cudaThreadExchangeStreamCaptureMode
+#define gpuStreamCaptureStatus cudaStreamCaptureStatus
+#define gpuStreamCaptureStatusNone cudaStreamCaptureStatusNone
+#define gpuStreamIsCapturing cudaStreamIsCapturing
 #define gpuStreamDestroy cudaStreamDestroy
 #define gpuStreamSynchronize cudaStreamSynchronize
 #define gpuStreamWaitEvent cudaStreamWaitEvent

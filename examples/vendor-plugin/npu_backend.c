@@ -188,11 +188,12 @@ static kvhal_status npu_stream_create(void *ctx, int32_t id, void **stream)
     return new_stream(as_ctx(ctx), id, NULL, stream);
 }
 
-/* native: the application's queue handle for this device (opaque to the example: any non-NULL pointer). */
+/* native: the application's queue handle for this device (opaque to the example: any pointer), or one of the
+ * default streams (NULL, KVHAL_STREAM_LEGACY, KVHAL_STREAM_PER_THREAD), which are the device's default queue here. */
 static kvhal_status npu_stream_wrap(void *ctx, int32_t id, void *native, void **stream)
 {
     npu_ctx *c = as_ctx(ctx);
-    if (!native) return NPU_FAIL(c, KVHAL_INVALID_ARGUMENT, "native: NULL is not an npu queue");
+    if (native == KVHAL_STREAM_LEGACY || native == KVHAL_STREAM_PER_THREAD) native = NULL;
     return new_stream(c, id, native, stream);
 }
 

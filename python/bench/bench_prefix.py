@@ -14,6 +14,7 @@ import json
 import random
 import sys
 import time
+from array import array
 
 import kvhal
 
@@ -32,47 +33,61 @@ def workload(groups, prompts, system_len, question_len, output_len, seed=14):
 class Node:
     __slots__ = ("children", "parent", "key", "value", "lock", "last")
 
-    def __init__(self, parent=None, key=(), value=()):
+    def __init__(self, parent=None, key=b"", value=None):
         self.children = {}
         self.parent = parent
-        self.key = key
-        self.value = value
+        self.key = key  # the edge's token ids as int32 bytes
+        self.value = value if value is not None else array("i")  # their page ids
         self.lock = 0
-        self.last = 0.0
+        self.last = 0
 
 
 class PyRadix:
-    """A plain radix cache of token ids -> page ids (page size 1), LRU leaf eviction, lock counts."""
+    """A pure-Python radix cache of token ids -> page ids (page size 1), LRU leaf eviction, lock counts. Edges are
+    the tokens' int32 bytes, so an edge compares as one bytes comparison (memcmp) and a mismatch is found by binary
+    search over slices: the fastest pure-Python layout we know (stdlib only)."""
 
     def __init__(self, total):
         self.root = Node()
-        self.free = list(range(total))
+        self.free = array("i", range(total))
         self.evictable = 0
         self.clock = 0
 
     def _split(self, node, n):
-        child = Node(node.parent, node.key[:n], node.value[:n])
+        child = Node(node.parent, node.key[:4 * n], node.value[:n])
         child.lock = node.lock
-        child.children = {node.key[n]: node}
-        node.parent.children[node.key[0]] = child
+        child.last = node.last
+        child.children = {node.key[4 * n:4 * n + 4]: node}
+        node.parent.children[node.key[:4]] = child
         node.parent = child
-        node.key = node.key[n:]
+        node.key = node.key[4 * n:]
         node.value = node.value[n:]
         return child
 
-    def match(self, tokens):
-        node, i, pages = self.root, 0, []
+    def match(self, tb):
+        node, i, pages = self.root, 0, array("i")
+        total = len(tb) // 4
         self.clock += 1
-        while i < len(tokens):
-            child = node.children.get(tokens[i])
+        while i < total:
+            child = node.children.get(tb[4 * i:4 * i + 4])
             if child is None:
                 break
             child.last = self.clock
             k = child.key
-            n = 0
-            while n < len(k) and i + n < len(tokens) and k[n] == tokens[i + n]:
-                n += 1
-            if n < len(k):
+            klen = len(k) // 4
+            lim = min(klen, total - i)
+            if tb[4 * i:4 * (i + lim)] == k[:4 * lim]:
+                n = lim
+            else:  # the first differing token, by binary search over slice comparisons
+                lo, hi = 1, lim - 1
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if tb[4 * i:4 * (i + mid)] == k[:4 * mid]:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                n = lo
+            if n < klen:
                 child = self._split(child, n)
             pages.extend(child.value)
             i += n
@@ -82,20 +97,19 @@ class PyRadix:
     def lock(self, node, d):
         while node is not self.root:
             if node.lock == 0 and d > 0:
-                self.evictable -= len(node.key)
+                self.evictable -= len(node.value)
             node.lock += d
             if node.lock == 0:
-                self.evictable += len(node.key)
+                self.evictable += len(node.value)
             node = node.parent
 
-    def insert(self, tokens, pages):
-        node, i, _ = self.match(tokens)
-        dup = pages[len(_):i] if i > len(_) else []
-        if i < len(tokens):
-            new = Node(node, tuple(tokens[i:]), tuple(pages[i:]))
+    def insert(self, tb, pages):
+        node, i, _ = self.match(tb)
+        if i < len(tb) // 4:
+            new = Node(node, tb[4 * i:], pages[i:])
             new.last = self.clock
-            node.children[tokens[i]] = new
-            self.evictable += len(new.key)
+            node.children[tb[4 * i:4 * i + 4]] = new
+            self.evictable += len(new.value)
         return i
 
     def evict(self, need):
@@ -111,10 +125,10 @@ class PyRadix:
         while freed < need and leaves:
             n = leaves.pop(0)
             self.free.extend(n.value)
-            freed += len(n.key)
-            self.evictable -= len(n.key)
+            freed += len(n.value)
+            self.evictable -= len(n.value)
             p = n.parent
-            del p.children[n.key[0]]
+            del p.children[n.key[:4]]
             if not p.children and p is not self.root and p.lock == 0:
                 leaves.append(p)
                 leaves.sort(key=lambda x: x.last)
@@ -125,38 +139,41 @@ class PyRadix:
             self.evict(n - len(self.free))
         if len(self.free) < n:
             raise MemoryError
-        out = self.free[-n:]
-        del self.free[-n:]
+        out = self.free[len(self.free) - n:]
+        del self.free[len(self.free) - n:]
         return out
 
 
 def run_python(reqs, pages):
     c = PyRadix(pages)
+    enc = [(array("i", p).tobytes(), array("i", p + o).tobytes(), len(p), len(o)) for p, o in reqs]  # tokenizer output
+    matched = []
     t0 = time.perf_counter()
-    for prompt, out in reqs:
+    for prompt, seq, plen, olen in enc:
         node, n, got = c.match(prompt)
+        matched.append(n)
         c.lock(node, 1)
-        own = c.allocate(len(prompt) - n + len(out))
-        seq = prompt + out
+        own = c.allocate(plen - n + olen)
         allp = got + own
         before = c.insert(seq, allp)
         c.free.extend(allp[n:before])  # pages of tokens another request cached meanwhile
         c.lock(node, -1)
-    return len(reqs) / (time.perf_counter() - t0)
+    return len(reqs) / (time.perf_counter() - t0), matched
 
 
 def run_kvhal(reqs, pages):
     cm = kvhal.CacheManager(pages, 1, "radix")
-    from array import array
     arrs = [(array("i", p), array("i", p + o), len(o)) for p, o in reqs]  # the tokenizer's output, in arrays
+    matched = []
     t0 = time.perf_counter()
     for prompt, seq, nout in arrs:
         h, n, got = cm.match(prompt)
+        matched.append(n)
         own = cm.allocate(len(prompt) - n + nout)
         cm.cache_finished_suffix(h, seq[n:], own)
     rps = len(reqs) / (time.perf_counter() - t0)
     cm.check_integrity()
-    return rps
+    return rps, matched
 
 
 def main():
@@ -170,9 +187,13 @@ def main():
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     reqs = workload(a.groups, a.prompts, a.system_len, a.question_len, a.output_len)
-    py = run_python(reqs, a.pages)
-    kv = run_kvhal(reqs, a.pages)
+    py, py_matched = run_python(reqs, a.pages)
+    kv, kv_matched = run_kvhal(reqs, a.pages)
+    if py_matched != kv_matched:  # the same policy without eviction: every request must match the same length
+        print("bench_prefix: error: the two caches matched different prefix lengths", file=sys.stderr)
+        return 1
     res = {"version": kvhal.__version__, "requests": len(reqs), "page_size": 1, "pages": a.pages,
+           "cached_tokens": sum(kv_matched), "load_average": __import__("os").getloadavg()[0],
            "python_radix_rps": py, "kvhal_rps": kv, "ratio": kv / py}
     if a.json:
         print(json.dumps(res, indent=1))

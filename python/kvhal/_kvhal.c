@@ -305,7 +305,7 @@ static int type_unversioned(PyTypeObject *tp)
 }
 
 /* stream_int: the consumer's stream as the DLPack stream protocol numbers it (1 legacy default, 2 per-thread,
- * other values a handle), passed to GPU producers; ignored for other devices. */
+ * other values a handle), or 0 when the caller gave no stream (then no stream keyword is passed at all). */
 static int import_any(PyObject *obj, const char *arg, int writable, intptr_t stream_int, int raw, imp_t *out);
 
 static int import_dlpack(PyObject *obj, const char *arg, int writable, intptr_t stream_int, imp_t *out)

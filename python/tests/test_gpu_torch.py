@@ -120,6 +120,17 @@ def test_graph_capture_replays_with_new_slots():
         assert torch.equal(kc.view(-1, 8, 128), ek), f"replay {rep}"
 
 
+def test_copy_blocks_refused_inside_a_capture():
+    caches = [torch.randn(8, 16, 2, 64, device="cuda")]
+    kvhal.copy_blocks(caches, [(0, 1)])  # outside: fine
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        with raises(kvhal.Unsupported):
+            kvhal.copy_blocks(caches, [(2, 3)], stream=torch.cuda.current_stream())
+    g.replay()  # the capture stayed valid (empty)
+    torch.cuda.synchronize()
+
+
 def test_errors_cuda():
     kc = torch.zeros(4, 16, 2, 64, device="cuda")
     with raises(kvhal.DeviceMismatch):
