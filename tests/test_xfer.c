@@ -1046,6 +1046,60 @@ static void test_destroy_in_flight(void **state)
     server_stop(&s);
 }
 
+/* A connect to an agent that never answers (nobody progresses it) returns KVHAL_TIMEOUT within the timeout; a
+ * receiver destroyed with grants pending gives their pages back to the cache manager. */
+static void test_silent_agent_and_destroy_with_grants(void **state)
+{
+    (void)state;
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    kvhal_paged_cache *bc = make_cache(cpu, HEADS, PAGES, KVHAL_PAGE_FIRST), *ac = make_cache(cpu, HEADS, 8,
+                                                                                               KVHAL_LAYER_FIRST);
+    kvhal_xfer_config cb = {.name = "silent", .token = TOKEN, .timeout_ms = TIMEOUT_MS, .transports = tls};
+    kvhal_xfer_config ca = {.name = "prefill", .token = TOKEN, .timeout_ms = TIMEOUT_MS, .transports = tls};
+    kvhal_xfer_agent *b, *a;
+    assert_int_equal(kvhal_xfer_agent_create(&cb, &b), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_register_paged_cache(b, bc), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_agent_create(&ca, &a), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_register_paged_cache(a, ac), KVHAL_OK);
+    uint8_t blob[4096];
+    size_t len = 0;
+    assert_int_equal(kvhal_xfer_local_address(b, blob, sizeof blob, &len), KVHAL_OK);
+    kvhal_xfer_peer *p;
+    const double t0 = now_s();
+    assert_int_equal(kvhal_xfer_connect(a, blob, len, TOKEN, &p), KVHAL_TIMEOUT);
+    const double waited = now_s() - t0;
+    assert_true(waited >= TIMEOUT_MS / 1000.0 * 0.9 && waited < TIMEOUT_MS / 1000.0 + 2.0);
+    assert_contains(kvhal_last_error(), "no answer");
+    assert_int_equal(kvhal_xfer_agent_destroy(b), KVHAL_OK);
+    kvhal_paged_cache_destroy(bc);
+
+    /* a receiver destroyed with two grants pending (one of them released in flight) */
+    server srv;
+    server_start(&srv, cpu, 5000);
+    len = server_blob(&srv, blob, sizeof blob);
+    assert_int_equal(kvhal_xfer_connect(a, blob, len, TOKEN, &p), KVHAL_OK);
+    int e = wait_event(&srv, KVHAL_XFER_EVENT_PEER_CONNECTED, 0, 5);
+    int32_t g1[5], g2[7];
+    kvhal_xfer *x1, *x2;
+    assert_int_equal(grant(&srv, srv.evs[e].peer, 1, 5, g1, &x1), KVHAL_OK);
+    assert_int_equal(grant(&srv, srv.evs[e].peer, 2, 7, g2, &x2), KVHAL_OK);
+    srv.stop = 1;
+    pthread_join(srv.th, NULL);
+    assert_int_equal(kvhal_cache_manager_num_free(srv.cm), PAGES - 12);
+    /* released in flight with nothing being written: canceled, its pages back at once */
+    assert_int_equal(kvhal_xfer_release(x2), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_num_free(srv.cm), PAGES - 5);
+    assert_int_equal(kvhal_xfer_agent_destroy(srv.ag), KVHAL_OK); /* x1 freed with it */
+    assert_int_equal(kvhal_cache_manager_num_free(srv.cm), PAGES);
+    assert_int_equal(kvhal_cache_manager_check_integrity(srv.cm), KVHAL_OK);
+    kvhal_cache_manager_destroy(srv.cm);
+    kvhal_paged_cache_destroy(srv.cache);
+    pthread_mutex_destroy(&srv.mu);
+    free(srv.canary);
+    assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
+    kvhal_paged_cache_destroy(ac);
+}
+
 int main(void)
 {
     const char *t = getenv("TRANSFER_TLS");
@@ -1061,6 +1115,7 @@ int main(void)
         cmocka_unit_test(test_many_peers),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_destroy_in_flight),
+        cmocka_unit_test(test_silent_agent_and_destroy_with_grants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -305,6 +305,10 @@ static int decode_start(decode *d, const char *transports, bool bench)
             av[g_argc] = conn;
             av[g_argc + 1] = tls;
             av[g_argc + 2] = child; /* its errors go to stderr only: the JSON on stdout is this process's */
+            /* this program again: argv[0] (a path, or a name on PATH), else /proc/self/exe (which under valgrind
+             * is valgrind's own tool) */
+            if (strchr(g_argv[0], '/')) execv(g_argv[0], av);
+            else execvp(g_argv[0], av);
             execv("/proc/self/exe", av);
             fprintf(stderr, TOOL ": error: cannot start the prefill process\n");
             _exit(1);
@@ -322,7 +326,8 @@ static int decode_start(decode *d, const char *transports, bool bench)
     TRY("decode: agent", kvhal_xfer_agent_create(&cfg, &d->ag));
     TRY("decode: register", kvhal_xfer_register_paged_cache(d->ag, d->s.cache));
     size_t len = 0;
-    kvhal_xfer_local_address(d->ag, NULL, 0, &len);
+    kvhal_xfer_local_address(d->ag, NULL, 0, &len); /* the size (KVHAL_OUT_OF_RANGE by design) */
+    kvhal_clear_error();
     uint8_t *blob = malloc(len);
     if (!blob) return failed("decode", KVHAL_OUT_OF_MEMORY);
     TRY("decode: address", kvhal_xfer_local_address(d->ag, blob, len, &len));
@@ -452,8 +457,8 @@ static int self_test_one(const char *transports)
     decode d = {0};
     int rc = decode_start(&d, transports, false);
     if (rc) {
-        if (d.child > 0) kill(d.child, SIGKILL), waitpid(d.child, NULL, 0);
-        if (d.blob_path[0]) unlink(d.blob_path);
+        if (d.child > 0) kill(d.child, SIGKILL);
+        decode_finish(&d);
         return rc;
     }
     const int32_t total = (int32_t)d.s.blocks;
@@ -562,8 +567,8 @@ static int bench_one(const char *transports, bool *first)
     decode d = {0};
     int rc = decode_start(&d, transports, true);
     if (rc) {
-        if (d.child > 0) kill(d.child, SIGKILL), waitpid(d.child, NULL, 0);
-        if (d.blob_path[0]) unlink(d.blob_path);
+        if (d.child > 0) kill(d.child, SIGKILL);
+        decode_finish(&d);
         return rc;
     }
     const uint64_t pb = page_bytes();

@@ -118,6 +118,7 @@ typedef struct pending_msg { /* a frame to send from pump(), not from a UCX call
     size_t data_len;
     void *data_owned;
     bool close_after, force;
+    bool done;              /* sent (or failed): its buffers may go */
     struct pending_msg *next;
 } pending_msg;
 
@@ -160,6 +161,7 @@ struct kvhal_xfer_agent {
     uint64_t next_xfer_id;
     pending_hello *hellos;
     pending_msg *msgs, *msgs_tail;
+    pending_msg *sent;      /* handed to UCX, buffers kept until their send completes */
     closing_ep *closing;
     recv_frame *rframes;
     event_item *events;     /* a ring */
@@ -246,13 +248,6 @@ static void scrub_events(kvhal_xfer_agent *a, const kvhal_xfer_peer *p, const kv
 /* ---------------------------------------------------------------------------------------------------------- */
 /* sending small frames (queued, sent from pump)                                                               */
 /* ---------------------------------------------------------------------------------------------------------- */
-static void free_request_cb(void *request, ucs_status_t status, void *user_data)
-{
-    (void)status;
-    (void)user_data;
-    ucp_request_free(request);
-}
-
 static void queue_msg(kvhal_xfer_agent *a, kvhal_xfer_peer *p, ucp_ep_h ep, const void *hdr, size_t len,
                       const void *data, size_t data_len, bool close_after)
 {
@@ -312,6 +307,16 @@ static void close_ep(kvhal_xfer_agent *a, ucp_ep_h ep, bool force)
     a->closing = c;
 }
 
+static void msg_sent_cb(void *request, ucs_status_t status, void *user_data)
+{
+    (void)status;
+    ((pending_msg *)user_data)->done = true;
+    ucp_request_free(request);
+}
+
+/* Hands the queued frames to UCX without waiting for them (a peer that does not progress must not stall us): a
+ * frame's buffers stay on a->sent until its send completes. An endpoint closed after its frame: at once when
+ * forced (the frame may be dropped; its request completes with an error), else once the frame went out. */
 static void flush_msgs(kvhal_xfer_agent *a)
 {
     while (a->msgs) {
@@ -319,18 +324,30 @@ static void flush_msgs(kvhal_xfer_agent *a)
         a->msgs = m->next;
         if (!a->msgs) a->msgs_tail = NULL;
         ucp_ep_h ep = m->ep ? m->ep : (m->peer && m->peer->state != P_FAILED ? m->peer->ep : NULL);
+        m->ep = ep;
+        m->done = true;
         if (ep && m->len) {
-            ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS,
-                                       .cb.send = free_request_cb, .flags = UCP_AM_SEND_FLAG_EAGER};
-            /* UCX copies a frame of this size before returning or keeps it in the request; data_owned stays alive
-             * until the request completes only for eager sends, which these are (small and flagged EAGER). */
+            ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                                       UCP_OP_ATTR_FIELD_FLAGS,
+                                       .cb.send = msg_sent_cb, .user_data = m, .flags = UCP_AM_SEND_FLAG_EAGER};
             void *r = ucp_am_send_nbx(ep, XW_AM_ID, m->buf, m->len, m->data, m->data_len, &prm);
-            if (r && UCS_PTR_IS_PTR(r)) {
-                /* wait for it: these are small eager frames, done in a few progress calls */
-                while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(a->worker);
-            }
+            if (r && UCS_PTR_IS_PTR(r)) m->done = false;
         }
-        if (ep && m->close_after) close_ep(a, ep, m->force);
+        if (ep && m->close_after && (m->force || m->done)) {
+            close_ep(a, ep, m->force);
+            m->close_after = false;
+        }
+        m->next = a->sent;
+        a->sent = m;
+    }
+    for (pending_msg **pp = &a->sent; *pp;) {
+        pending_msg *m = *pp;
+        if (!m->done) {
+            pp = &m->next;
+            continue;
+        }
+        if (m->ep && m->close_after) close_ep(a, m->ep, m->force);
+        *pp = m->next;
         free(m->buf);
         free(m->data_owned);
         free(m);
@@ -1176,7 +1193,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     /* let UCX finish or cancel what it holds (bounded: force-closed endpoints complete their requests) */
     const uint64_t until = now_ns() + 2000000000ull;
     pump(a); /* the BYEs */
-    while ((a->rframes || a->closing || a->msgs) && now_ns() < until) pump(a);
+    while ((a->rframes || a->closing || a->msgs || a->sent) && now_ns() < until) pump(a);
     for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) { /* whatever is left: UCX is going away, give pages back */
         nx = x->next;
         if (!x->finished) {
@@ -1200,13 +1217,16 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
         free(ph->addr);
         free(ph);
     }
-    while (a->msgs) {
-        pending_msg *m = a->msgs;
-        a->msgs = m->next;
-        free(m->buf);
-        free(m->data_owned);
-        free(m);
+    /* frames never sent or never completed (a peer that stopped progressing): UCX drops their requests with the
+     * worker below; their buffers go after it */
+    pending_msg *left = a->msgs;
+    a->msgs = a->msgs_tail = NULL;
+    for (pending_msg *m = a->sent, *nx; m; m = nx) {
+        nx = m->next;
+        m->next = left;
+        left = m;
     }
+    a->sent = NULL;
     while (a->closing) {
         closing_ep *c = a->closing;
         a->closing = c->next;
@@ -1229,6 +1249,13 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     ucp_worker_release_address(a->worker, a->addr);
     ucp_worker_destroy(a->worker);
     ucp_cleanup(a->ctx);
+    while (left) {
+        pending_msg *m = left;
+        left = m->next;
+        free(m->buf);
+        free(m->data_owned);
+        free(m);
+    }
     a->magic = DEAD_MAGIC;
     free(a);
     return KVHAL_OK;
@@ -1400,6 +1427,8 @@ kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
             break;
         }
     for (pending_msg *m = a->msgs; m; m = m->next)
+        if (m->peer == p) m->peer = NULL;
+    for (pending_msg *m = a->sent; m; m = m->next)
         if (m->peer == p) m->peer = NULL;
     p->magic = DEAD_MAGIC;
     free(p);
