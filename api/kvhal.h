@@ -534,6 +534,78 @@ KVHAL_API void kvhal_fault_inject_alloc(int64_t n);
 /* Allocations counted since the last kvhal_fault_inject_alloc call (to walk every allocation point). */
 KVHAL_API int64_t kvhal_fault_alloc_count(void);
 
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Host memory for a device, stream polling and page transfers between a device paged cache and host pages      */
+/* ------------------------------------------------------------------------------------------------------------ */
+/** Host memory that a device copies to and from at full speed: pinned (CUDA, HIP) through the device's backend,
+ * plain 64-byte aligned host memory where the backend has no such memory (cpu, and opencl in this release). */
+typedef struct kvhal_host_memory kvhal_host_memory;
+
+/** Allocates host memory for dev's transfers.
+ * @param dev the device whose copies will use it. @param bytes at least 1.
+ * @param out receives the handle (the caller owns it; kvhal_host_memory_destroy frees it).
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for a NULL out or bytes 0; KVHAL_NO_DEVICE / KVHAL_BACKEND_UNAVAILABLE
+ *         for dev; KVHAL_OUT_OF_MEMORY (nothing allocated).
+ * Thread safety: any thread. Graph capture: not while one of dev's streams is captured (CUDA's pinned allocation
+ * synchronizes). */
+KVHAL_API kvhal_status kvhal_host_memory_create(kvhal_device dev, size_t bytes, kvhal_host_memory **out);
+/** Frees host memory; no transfer from or into it may still be in flight.
+ * @param h a handle from kvhal_host_memory_create (NULL: KVHAL_OK).
+ * @return KVHAL_OK; KVHAL_INVALID_HANDLE for a handle that is not live. */
+KVHAL_API kvhal_status kvhal_host_memory_destroy(kvhal_host_memory *h);
+/** The host pointer of h (NULL for a handle that is not live). @param h the handle. @return the pointer. */
+KVHAL_API void *kvhal_host_memory_ptr(const kvhal_host_memory *h);
+/** The size of h in bytes (0 for a handle that is not live). @param h the handle. @return the size. */
+KVHAL_API size_t kvhal_host_memory_size(const kvhal_host_memory *h);
+/** Whether h is pinned or mapped by its device's backend (false: plain host memory). @param h the handle.
+ * @return true when the backend allocated it. */
+KVHAL_API bool kvhal_host_memory_pinned(const kvhal_host_memory *h);
+
+/** Polls a stream: whether all work queued on it so far is done.
+ * @param s a live stream (NULL: KVHAL_INVALID_ARGUMENT; poll a stream of your own, not the default stream).
+ * @return KVHAL_OK when done; KVHAL_BUSY while work is pending; KVHAL_INVALID_HANDLE; a device error. Backends whose
+ *         work completes on return (cpu) answer KVHAL_OK.
+ * Thread safety: any thread. Graph capture: not on a stream being captured. Stream: never waits. */
+KVHAL_API kvhal_status kvhal_stream_query(kvhal_stream *s);
+
+/** Direction of a page transfer. */
+typedef enum kvhal_transfer_dir {
+    KVHAL_TO_HOST = 0,  /**< device blocks -> host pages (offload) */
+    KVHAL_TO_DEVICE = 1 /**< host pages -> device blocks (load back) */
+} kvhal_transfer_dir;
+
+/** Copies whole pages between device caches and host pages in one call, for every cache at once (K and V of every
+ * layer). Each cache has the block index as dim 0 and one block dense row-major (NHD and HND blocks both are), any
+ * block stride; every cache's block has the same byte size. Host page h lies at host_page_bytes * h in host and
+ * holds the block of cache c at byte c * block bytes (host_page_bytes >= num_caches * block bytes). pairs holds
+ * num_pairs (device block, host page) on the host; no device block and no host page may appear twice.
+ * @param caches num_caches tensors on one device (read during the call).
+ * @param host host pages (borrowed; must stay alive until the transfer completes).
+ * @param host_page_bytes bytes between host pages. @param pairs, num_pairs the pages (read during the call).
+ * @param dir KVHAL_TO_HOST or KVHAL_TO_DEVICE. @param s the stream (NULL: the device's default stream).
+ * @return KVHAL_OK once enqueued; KVHAL_INVALID_ARGUMENT (NULL arrays, a block not dense, sizes differing, a
+ *         duplicate page, host_page_bytes too small), KVHAL_OUT_OF_RANGE (a block or host page out of range),
+ *         KVHAL_DEVICE_MISMATCH, KVHAL_INVALID_HANDLE, KVHAL_UNSUPPORTED (the backend has no page_transfer),
+ *         KVHAL_OUT_OF_MEMORY, a backend error. Nothing is copied on a refusal.
+ * Stream: asynchronous on s; the transfer is complete when kvhal_stream_query(s) says KVHAL_OK or after
+ * kvhal_stream_synchronize(s) (kvhal_device_synchronize for the default stream). Until then the host pages must
+ * not be reused (to host: not read; to device: not written). On cpu it is complete when the call returns.
+ * Thread safety: any thread; concurrent transfers into the same pages race. Graph capture: may be captured on GPU
+ * backends when host is pinned (the pairs travel as kernel parameters). */
+KVHAL_API kvhal_status kvhal_page_transfer(const kvhal_tensor *caches, int32_t num_caches, kvhal_host_memory *host,
+                                           size_t host_page_bytes, const int64_t *pairs, int32_t num_pairs,
+                                           kvhal_transfer_dir dir, kvhal_stream *s);
+/** Bytes of one host page of a paged cache: its block of every layer's K and V (2 * layers * block bytes).
+ * @param c a paged cache. @return the size; 0 for a cache that is not live. */
+KVHAL_API size_t kvhal_paged_cache_host_page_bytes(const kvhal_paged_cache *c);
+/** kvhal_page_transfer over every layer's K and V of a paged cache (either order, NHD or HND), host pages of
+ * kvhal_paged_cache_host_page_bytes(c) each: a host page holds [layers][K, V][block] in the cache's layout.
+ * @param c the cache. @param host, pairs, num_pairs, dir, s as kvhal_page_transfer.
+ * @return as kvhal_page_transfer; KVHAL_INVALID_HANDLE for c. */
+KVHAL_API kvhal_status kvhal_paged_cache_transfer(kvhal_paged_cache *c, kvhal_host_memory *host,
+                                                  const int64_t *pairs, int32_t num_pairs, kvhal_transfer_dir dir,
+                                                  kvhal_stream *s);
+
 #ifdef __cplusplus
 }
 #endif

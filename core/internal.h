@@ -15,6 +15,7 @@ enum {
     KVHAL_MAGIC_BUFFER = 0x4b564246,  /* KVBF */
     KVHAL_MAGIC_STREAM = 0x4b565354,  /* KVST */
     KVHAL_MAGIC_DEAD = 0x44454144,
+    KVHAL_MAGIC_HOSTMEM = 0x4b56484d, /* KVHM */
 };
 
 /* A loaded backend module as the core calls it: its two function groups copied full-size (slots past the module's
@@ -46,6 +47,15 @@ struct kvhal_stream {
     kvhal_device device;
     const kvhal__bk *backend;
     void *bk_stream;         /* what the backend's stream_create/stream_wrap returned */
+};
+
+struct kvhal_host_memory {
+    uint32_t magic;
+    bool pinned;             /* from the backend's host_alloc (else posix_memalign) */
+    kvhal_device device;
+    const kvhal__bk *backend;
+    void *ptr;
+    size_t size;
 };
 
 /* ---- errors (error.c) ---- */
@@ -107,6 +117,9 @@ KVHAL_HIDDEN bool kvhal__handle_remove_kind(const void *p, uint32_t magic);
 KVHAL_HIDDEN size_t kvhal__handle_table_slots(void);
 /* Whether p is in the live set with magic as its first word (nothing of p is read otherwise). */
 KVHAL_HIDDEN bool kvhal__handle_live(const void *p, uint32_t magic);
+
+/* Validates a host memory handle (host_memory.c); the message names argname. */
+KVHAL_HIDDEN kvhal_status kvhal__check_host_memory(const kvhal_host_memory *h, const char *argname);
 
 /* ---- tensors (tensor.c) ---- */
 /* Validates t and names it argname in the message. */

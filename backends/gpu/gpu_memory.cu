@@ -210,6 +210,48 @@ kvhal_status gpu_stream_synchronize(void *ctx, int32_t id, void *stream)
     return KVHAL_OK;
 }
 
+kvhal_status gpu_stream_query(void *ctx, int32_t id, void *stream)
+{
+    const Ctx *c = ctx_of(ctx);
+    KVHAL_GPU_SETDEV(c, id);
+    const gpuError_t e = gpuStreamQuery(native_stream(stream));
+    if (e == gpuErrorNotReady) {
+        (void)gpuGetLastError();
+        return KVHAL_BUSY;
+    }
+    if (e != gpuSuccess) return rt_fail(c, e, id, "stream query");
+    return KVHAL_OK;
+}
+
+/* Host memory for page transfers: mapped and portable pinned memory, which kernels on every device can address. */
+kvhal_status gpu_host_alloc(void *ctx, int32_t id, size_t bytes, void **ptr)
+{
+    const Ctx *c = ctx_of(ctx);
+    kvhal_status st = check_id(c, id);
+    if (st != KVHAL_OK) return st;
+    if (alloc_fail(c)) return injected(c, id, "host memory");
+    KVHAL_GPU_SETDEV(c, id);
+    void *p = NULL;
+    const gpuError_t e = gpuMallocHostMapped(&p, bytes);
+    if (e != gpuSuccess) {
+        (void)gpuGetLastError();
+        char d[160];
+        describe(e, d, sizeof d);
+        return fail(c, e == gpuErrorMemoryAllocation ? KVHAL_OUT_OF_MEMORY : KVHAL_BACKEND_ERROR,
+                    "bytes: %zu of pinned host memory for %s:%d: %s", bytes, KVHAL_GPU_NAME, (int)id, d);
+    }
+    *ptr = p;
+    return KVHAL_OK;
+}
+
+kvhal_status gpu_host_free(void *ctx, int32_t id, void *ptr)
+{
+    const Ctx *c = ctx_of(ctx);
+    KVHAL_GPU_SETDEV(c, id);
+    KVHAL_GPU_TRY(c, gpuFreeHost(ptr), id, "pinned host memory free");
+    return KVHAL_OK;
+}
+
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Copies                                                                                                       */
 /* ------------------------------------------------------------------------------------------------------------ */

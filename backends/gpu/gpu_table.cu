@@ -65,6 +65,9 @@ const kvhal_backend_device_fns g_device = {
     .memset = gpu_memset,
     .synchronize = gpu_synchronize,
     .check_errors = gpu_check_errors,
+    .host_alloc = gpu_host_alloc,
+    .host_free = gpu_host_free,
+    .stream_query = gpu_stream_query,
 };
 
 const kvhal_backend_op_fns g_ops = {

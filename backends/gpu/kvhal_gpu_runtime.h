@@ -73,6 +73,7 @@ typedef hipMemAccessDesc gpuMemAccessDesc;
 #define gpuStreamCreate hipStreamCreate
 #define gpuStreamDestroy hipStreamDestroy
 #define gpuStreamSynchronize hipStreamSynchronize
+#define gpuStreamQuery hipStreamQuery
 #define gpuStreamWaitEvent hipStreamWaitEvent
 #define gpuEventCreateWithFlags hipEventCreateWithFlags
 #define gpuEventDestroy hipEventDestroy
@@ -163,6 +164,7 @@ typedef cudaMemAccessDesc gpuMemAccessDesc;
 #define gpuStreamCreate cudaStreamCreate
 #define gpuStreamDestroy cudaStreamDestroy
 #define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuStreamQuery cudaStreamQuery
 #define gpuStreamWaitEvent cudaStreamWaitEvent
 #define gpuEventCreateWithFlags cudaEventCreateWithFlags
 #define gpuEventDestroy cudaEventDestroy

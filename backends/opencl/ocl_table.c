@@ -68,6 +68,9 @@ static const kvhal_backend_device_fns device_fns = {
     .memset = kvhal__ocl_memset,
     .synchronize = kvhal__ocl_synchronize,
     .check_errors = kvhal__ocl_check_errors,
+    .host_alloc = NULL, /* plain host memory: no mapped-buffer pool yet */
+    .host_free = NULL,
+    .stream_query = kvhal__ocl_stream_query,
 };
 
 static const kvhal_backend_op_fns op_fns = {

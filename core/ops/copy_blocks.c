@@ -62,15 +62,6 @@ static kvhal_status check_pairs_disjoint(const int64_t *pairs, int32_t num_pairs
     return st;
 }
 
-/* Formats "caches[i]" only when a check fails, so the common path does no printf. */
-static kvhal_status check_cache_tensor(const kvhal_tensor *t, int32_t i)
-{
-    if (kvhal__check_tensor(t, "caches[]") == KVHAL_OK) return KVHAL_OK;
-    char name[32];
-    snprintf(name, sizeof name, "caches[%d]", (int)i);
-    return kvhal__check_tensor(t, name);
-}
-
 kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num_caches, const int64_t *pairs,
                                int32_t num_pairs, kvhal_stream *s)
 {
@@ -78,31 +69,11 @@ kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num_caches, c
     KVHAL_CHECK_ARG(num_caches >= 1, "num_caches: %d must be >= 1", (int)num_caches);
     KVHAL_CHECK_ARG(num_pairs >= 0, "num_pairs: %d is negative", (int)num_pairs);
     KVHAL_CHECK_ARG(pairs || num_pairs == 0, "pairs: NULL with %d pairs", (int)num_pairs);
-    KVHAL_TRY(check_cache_tensor(&caches[0], 0));
-    const kvhal_device dev = caches[0].buffer->device;
+    kvhal_device dev;
+    int64_t min_blocks;
+    int32_t min_cache;
+    KVHAL_TRY(kvhal__check_block_caches(caches, num_caches, &dev, &min_blocks, &min_cache));
     KVHAL_TRY(kvhal__check_stream(s, dev, "s"));
-
-    int64_t min_blocks = INT64_MAX;
-    int32_t min_cache = 0;
-    for (int32_t c = 0; c < num_caches; c++) {
-        const kvhal_tensor *t = &caches[c];
-        if (c) KVHAL_TRY(check_cache_tensor(t, c));
-        if (!kvhal__device_equal(t->buffer->device, dev))
-            return kvhal__err(KVHAL_DEVICE_MISMATCH, "caches[%d]: is on %s:%d but caches[0] is on %s:%d", (int)c,
-                              kvhal_device_type_name(t->buffer->device.type), (int)t->buffer->device.id,
-                              kvhal_device_type_name(dev.type), (int)dev.id);
-        int64_t expect = 1;
-        for (int i = t->ndim - 1; i >= 1; i--) {
-            if (t->shape[i] != 1 && t->strides[i] != expect)
-                return kvhal__err(KVHAL_INVALID_ARGUMENT, "caches[%d].strides[%d]: %lld, a block must be dense "
-                                  "row-major (expected %lld)", (int)c, i, (long long)t->strides[i], (long long)expect);
-            expect *= t->shape[i];
-        }
-        if (t->shape[0] > 1 && t->strides[0] < expect)
-            return kvhal__err(KVHAL_INVALID_ARGUMENT, "caches[%d].strides[0]: %lld makes blocks of %lld elements "
-                              "overlap", (int)c, (long long)t->strides[0], (long long)expect);
-        if (t->shape[0] < min_blocks) min_blocks = t->shape[0], min_cache = c;
-    }
     for (int32_t p = 0; p < 2 * num_pairs; p++) {
         if (pairs[p] < 0 || pairs[p] >= min_blocks)
             return kvhal__err(KVHAL_OUT_OF_RANGE, "pairs[%d]: %s block %lld is out of range [0, %lld) of caches[%d]",
