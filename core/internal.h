@@ -165,6 +165,9 @@ KVHAL_HIDDEN kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, co
 /* Validates handle and gives the tokens from the root through it (0 for NULL). */
 KVHAL_HIDDEN kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle,
                                                    size_t *len);
+/* Validates handle and gives the last page of its node (-1 for the root). */
+KVHAL_HIDDEN kvhal_status kvhal__prefix_handle_last_page(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle,
+                                                         int32_t *page);
 /* Locks the node a handle from kvhal_prefix_match names (0: the root, which needs no lock) and gives a request
  * handle (a ticket) for that lock: the cache manager's match hands it out, and finishing or unlocking it consumes
  * it, so that a second finish of one request is KVHAL_INVALID_HANDLE. */
