@@ -1,6 +1,7 @@
 /* host_memory.c — host memory for a device's transfers (pinned through the backend's host_alloc, else plain aligned
  * memory) and stream polling (the backend's stream_query, else a wait). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -24,6 +25,9 @@ kvhal_status kvhal_host_memory_create(kvhal_device dev, size_t bytes, kvhal_host
         h->ptr = NULL;
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "bytes: cannot allocate %zu bytes of host memory", bytes);
     }
+    /* plain memory is written once now, so that no transfer pays for its first-touch page faults (pinned memory
+     * is resident already) */
+    if (st == KVHAL_OK && !h->pinned) memset(h->ptr, 0, bytes);
     if (st == KVHAL_OK && !kvhal__handle_add(h)) {
         if (h->pinned) bk->dev.host_free(bk->ctx, dev.id, h->ptr);
         else free(h->ptr);
