@@ -297,6 +297,14 @@ kvhal_status kvhal__host_tier_create(kvhal_paged_cache *cache, uint64_t host_bud
     if (!h->hash || !h->parent || !h->tokens || !h->prev || !h->next || !h->pins || !h->table || !h->pairs)
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cfg.host_budget: no memory for the bookkeeping of %d host pages",
                         (int)h->cap);
+    if (st == KVHAL_OK) { /* written now, so that no later call pays for first-touch page faults */
+        memset(h->hash, 0, n * sizeof *h->hash);
+        memset(h->parent, 0, n * sizeof *h->parent);
+        memset(h->tokens, 0, n * (size_t)page_size * sizeof *h->tokens);
+        memset(h->pins, 0, n * sizeof *h->pins);
+        memset(h->table, 0, tsize * sizeof *h->table);
+        memset(h->pairs, 0, 2 * n * sizeof *h->pairs);
+    }
     kvhal_tensor k0;
     if (st == KVHAL_OK) st = kvhal_paged_cache_layer(cache, 0, &k0, NULL);
     const kvhal_device dev = st == KVHAL_OK ? kvhal_buffer_device(k0.buffer) : (kvhal_device){KVHAL_DEVICE_CPU, 0};

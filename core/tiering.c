@@ -68,6 +68,15 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
         !t->wb_tokens)
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the page map of %d pages",
                         (int)total_pages);
+    if (st == KVHAL_OK) { /* written now, so that eviction never pays for first-touch page faults */
+        memset(t->hash, 0, n * sizeof *t->hash);
+        memset(t->parent, 0, n * sizeof *t->parent);
+        memset(t->tokens, 0, n * ps * sizeof *t->tokens);
+        memset(t->wb_pages, 0, n * sizeof *t->wb_pages);
+        memset(t->wb_hash, 0, n * sizeof *t->wb_hash);
+        memset(t->wb_parent, 0, n * sizeof *t->wb_parent);
+        memset(t->wb_tokens, 0, n * ps * sizeof *t->wb_tokens);
+    }
     if (st == KVHAL_OK && cfg->event_capacity) st = kvhal__kv_events_create(cfg->event_capacity, page_size, &t->ev);
     if (st == KVHAL_OK)
         st = kvhal__host_tier_create(cfg->cache, cfg->host_budget, cfg->stream, page_size, t->ev, &t->tier);

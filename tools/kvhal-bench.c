@@ -37,6 +37,7 @@ static struct {
     const char *op;     /* NULL = all */
     int64_t tokens[8];
     int ntokens;
+    bool tokens_given;
 } opt;
 
 static kvhal_device dev;
@@ -486,7 +487,9 @@ static void run_pinned_memcpy(void *p)
 
 static void bench_page_transfer(void)
 {
-    const int32_t layers = 32, heads = 8, dim = 128, pages = opt.quick ? 32 : 128;
+    /* --tokens N: the first count gives the pages (N / 16) */
+    const int32_t layers = 32, heads = 8, dim = 128,
+                  pages = opt.tokens_given ? (int32_t)((opt.tokens[0] + BLOCK - 1) / BLOCK) : opt.quick ? 32 : 128;
     const size_t page_bytes = (size_t)2 * layers * BLOCK * heads * dim * 2;
     for (int order = 0; order < 2; order++) {
         kvhal_paged_cache_config cfg = {.num_layers = layers, .num_heads = heads, .head_dim = dim,
@@ -588,7 +591,8 @@ static void usage(void)
 {
     printf("usage: kvhal-bench [--quick] [--json] [--preset NAME] [--tokens N[,N...]] [--op NAME]\n"
            "  --preset   llama3-8b (8 kv heads x 128, bf16), llama2-7b (32 x 128, f16), small (2 x 64, f32)\n"
-           "  --tokens   paged-caching token counts (default 256,8192,65536; --quick: 256,8192)\n"
+           "  --tokens   paged-caching token counts (default 256,8192,65536; --quick: 256,8192); page_transfer:\n"
+           "             the first one is the tokens transferred (default 2048; --quick: 512)\n"
            "  --op       paged_caching | duplicate | copy_blocks | desc_cache | host_overhead | first_call |\n"
            "             page_transfer (host<->device pages vs the backend's pinned memcpy of the same bytes)\n"
            "  --quick    fewer sizes and samples (CI smoke run)\n"
@@ -646,6 +650,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    opt.tokens_given = opt.ntokens > 0;
     if (opt.ntokens == 0) {
         opt.tokens[opt.ntokens++] = 256;
         opt.tokens[opt.ntokens++] = 8192;
