@@ -92,16 +92,22 @@ static void table_erase(host_tier *h, int32_t s)
     h->table[hole] = 0;
 }
 
-/* Drops slot s (a removed event) and puts it on the free list. */
-static void drop_slot(host_tier *h, int32_t s)
+/* Takes used slot s out of the table and the LRU list onto the free list. */
+static void release_slot(host_tier *h, int32_t s)
 {
-    kvhal__kv_event_push(h->ev, KVHAL_KV_REMOVED, KVHAL_TIER_HOST, h->hash[s], 0, s, NULL);
     table_erase(h, s);
     lru_unlink(h, s);
     h->next[s] = h->free_head;
     h->prev[s] = -2;
     h->free_head = s;
     h->used--;
+}
+
+/* Drops slot s: a removed event, then the slot is free. */
+static void drop_slot(host_tier *h, int32_t s)
+{
+    kvhal__kv_event_push(h->ev, KVHAL_KV_REMOVED, KVHAL_TIER_HOST, h->hash[s], 0, s, NULL);
+    release_slot(h, s);
 }
 
 static kvhal_status ht_store(kvhal__tier *t, size_t n, const int32_t *dev_pages, const uint64_t *hashes,
@@ -186,15 +192,7 @@ static kvhal_status ht_clear(kvhal__tier *t)
 {
     host_tier *h = (host_tier *)t;
     KVHAL_TRY(ht_wait(t));
-    while (h->head >= 0) {
-        const int32_t s = h->head;
-        table_erase(h, s);
-        lru_unlink(h, s);
-        h->next[s] = h->free_head;
-        h->prev[s] = -2;
-        h->free_head = s;
-        h->used--;
-    }
+    while (h->head >= 0) release_slot(h, h->head);
     kvhal__kv_event_push(h->ev, KVHAL_KV_CLEARED, KVHAL_TIER_HOST, 0, 0, -1, NULL);
     return KVHAL_OK;
 }

@@ -66,6 +66,16 @@ bool pool_ready(Ctx *c, int32_t id)
 
 } // namespace
 
+/* "bytes: 4096 on cuda:0: out of memory (...)"; what goes between the size and the device. */
+static kvhal_status alloc_failed(const Ctx *c, gpuError_t e, int32_t id, size_t bytes, const char *what)
+{
+    (void)gpuGetLastError();
+    char d[160];
+    describe(e, d, sizeof d);
+    return fail(c, e == gpuErrorMemoryAllocation ? KVHAL_OUT_OF_MEMORY : KVHAL_BACKEND_ERROR, "bytes: %zu%s %s:%d: %s",
+                bytes, *what ? what : " on", KVHAL_GPU_NAME, (int)id, d);
+}
+
 kvhal_status gpu_buffer_alloc(void *ctx, int32_t id, size_t bytes, void **native)
 {
     Ctx *c = ctx_of(ctx);
@@ -85,13 +95,7 @@ kvhal_status gpu_buffer_alloc(void *ctx, int32_t id, size_t bytes, void **native
     } else {
         e = gpuMalloc(&p, bytes);
     }
-    if (e != gpuSuccess) {
-        (void)gpuGetLastError();
-        char d[160];
-        describe(e, d, sizeof d);
-        return fail(c, e == gpuErrorMemoryAllocation ? KVHAL_OUT_OF_MEMORY : KVHAL_BACKEND_ERROR,
-                    "bytes: %zu on %s:%d: %s", bytes, KVHAL_GPU_NAME, (int)id, d);
-    }
+    if (e != gpuSuccess) return alloc_failed(c, e, id, bytes, "");
     *native = p;
     return KVHAL_OK;
 }
@@ -233,13 +237,7 @@ kvhal_status gpu_host_alloc(void *ctx, int32_t id, size_t bytes, void **ptr)
     KVHAL_GPU_SETDEV(c, id);
     void *p = NULL;
     const gpuError_t e = gpuMallocHostMapped(&p, bytes);
-    if (e != gpuSuccess) {
-        (void)gpuGetLastError();
-        char d[160];
-        describe(e, d, sizeof d);
-        return fail(c, e == gpuErrorMemoryAllocation ? KVHAL_OUT_OF_MEMORY : KVHAL_BACKEND_ERROR,
-                    "bytes: %zu of pinned host memory for %s:%d: %s", bytes, KVHAL_GPU_NAME, (int)id, d);
-    }
+    if (e != gpuSuccess) return alloc_failed(c, e, id, bytes, " of pinned host memory for");
     *ptr = p;
     return KVHAL_OK;
 }

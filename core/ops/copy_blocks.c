@@ -9,17 +9,8 @@
 #define STACK_CACHES 64
 #define STACK_PAIRS 64
 
-typedef struct dst_entry {
-    int64_t block;
-    int32_t pair;
-} dst_entry;
-
-static int cmp_dst(const void *a, const void *b)
-{
-    const dst_entry *x = a, *y = b;
-    if (x->block != y->block) return x->block < y->block ? -1 : 1;
-    return x->pair < y->pair ? -1 : x->pair > y->pair;
-}
+typedef kvhal__pair_entry dst_entry; /* value: the destination block */
+#define cmp_dst kvhal__cmp_pair_entry
 
 /* Devices copy the pairs in parallel and the CPU in order: a block that one pair writes must be neither read nor
  * written by another pair, or the result would depend on the backend. A pair that copies a block onto itself
@@ -40,10 +31,10 @@ static kvhal_status check_pairs_disjoint(const int64_t *pairs, int32_t num_pairs
     qsort(d, n, sizeof *d, cmp_dst);
     kvhal_status st = KVHAL_OK;
     for (size_t i = 1; i < n && st == KVHAL_OK; i++)
-        if (d[i].block == d[i - 1].block)
+        if (d[i].value == d[i - 1].value)
             st = kvhal__err(KVHAL_INVALID_ARGUMENT, "pairs[%d]: destination block %lld is also the destination of "
                             "pairs[%d]; pairs run in parallel on devices", 2 * (int)d[i].pair + 1,
-                            (long long)d[i].block, 2 * (int)d[i - 1].pair + 1);
+                            (long long)d[i].value, 2 * (int)d[i - 1].pair + 1);
     for (int32_t p = 0; p < num_pairs && st == KVHAL_OK; p++) {
         dst_entry key = {pairs[2 * p], -1};
         /* the first destination entry of that block (entries of one block are ordered by pair, -1 sorts first) */
@@ -53,9 +44,9 @@ static kvhal_status check_pairs_disjoint(const int64_t *pairs, int32_t num_pairs
             if (cmp_dst(&d[mid], &key) < 0) lo = mid + 1;
             else hi = mid;
         }
-        if (lo < n && d[lo].block == key.block && d[lo].pair != p)
+        if (lo < n && d[lo].value == key.value && d[lo].pair != p)
             st = kvhal__err(KVHAL_INVALID_ARGUMENT, "pairs[%d]: source block %lld is the destination of pairs[%d]; "
-                            "pairs run in parallel on devices", 2 * (int)p, (long long)key.block,
+                            "pairs run in parallel on devices", 2 * (int)p, (long long)key.value,
                             2 * (int)d[lo].pair + 1);
     }
     if (d != stack) free(d);

@@ -54,3 +54,10 @@ kvhal_status kvhal__check_block_caches(const kvhal_tensor *caches, int32_t num_c
     *min_cache = mc;
     return KVHAL_OK;
 }
+
+int kvhal__cmp_pair_entry(const void *a, const void *b)
+{
+    const kvhal__pair_entry *x = a, *y = b;
+    if (x->value != y->value) return x->value < y->value ? -1 : 1;
+    return x->pair < y->pair ? -1 : x->pair > y->pair;
+}

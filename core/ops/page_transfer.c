@@ -8,23 +8,13 @@
 #define STACK_CACHES 64
 #define STACK_PAIRS 64
 
-typedef struct col_entry {
-    int64_t value;
-    int32_t pair;
-} col_entry;
-
-static int cmp_col(const void *a, const void *b)
-{
-    const col_entry *x = a, *y = b;
-    if (x->value != y->value) return x->value < y->value ? -1 : 1;
-    return x->pair < y->pair ? -1 : x->pair > y->pair;
-}
+typedef kvhal__pair_entry col_entry;
 
 /* No value of column col (0: device block, 1: host page) appears in two pairs. */
 static kvhal_status check_unique(const int64_t *pairs, int32_t num_pairs, int col, col_entry *scratch)
 {
     for (int32_t p = 0; p < num_pairs; p++) scratch[p] = (col_entry){pairs[2 * p + col], p};
-    qsort(scratch, (size_t)num_pairs, sizeof *scratch, cmp_col);
+    qsort(scratch, (size_t)num_pairs, sizeof *scratch, kvhal__cmp_pair_entry);
     for (int32_t i = 1; i < num_pairs; i++)
         if (scratch[i].value == scratch[i - 1].value)
             return kvhal__err(KVHAL_INVALID_ARGUMENT, "pairs[%d]: %s %lld is also in pairs[%d]; pages are copied in "
