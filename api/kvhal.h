@@ -647,7 +647,8 @@ typedef struct kvhal_host_tier_config {
 /** Creates a cache manager with a host tier (and/or KV events) over a device paged cache. The old functions keep
  * working on it; match, finish, evict and check_integrity also maintain the host tier and the events.
  * @param total_pages device pages the manager hands out (<= the cache's blocks). @param page_size = block_size.
- * @param kind the prefix cache (KVHAL_PREFIX_RADIX for a host tier). @param cfg read during the call.
+ * @param kind the prefix cache (with KVHAL_PREFIX_NAIVE nothing is cached, so the host tier stays empty).
+ * @param cfg read during the call.
  * @param out receives the manager (kvhal_cache_manager_destroy frees it, its host memory and its own stream).
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT naming the field at fault; KVHAL_INVALID_HANDLE for cfg->cache or
  *         cfg->stream; KVHAL_OUT_OF_MEMORY (host pages or bookkeeping: nothing is kept).

@@ -662,8 +662,6 @@ kvhal_status kvhal_cache_manager_create_tiered(int32_t total_pages, int32_t page
     KVHAL_CHECK_ARG(cfg->policy == KVHAL_WRITE_THROUGH || cfg->policy == KVHAL_WRITE_BACK,
                     "cfg.policy: %d is not KVHAL_WRITE_THROUGH or KVHAL_WRITE_BACK", (int)cfg->policy);
     KVHAL_CHECK_ARG(cfg->event_capacity != 1, "cfg.event_capacity: 1, must be 0 (no events) or >= 2");
-    KVHAL_CHECK_ARG(kind == KVHAL_PREFIX_RADIX || cfg->host_budget == 0,
-                    "kind: a naive prefix cache caches nothing, so a host tier would stay empty");
     if (cfg->stream) KVHAL_TRY(kvhal__check_stream(cfg->stream, kvhal_buffer_device(k0.buffer), "cfg.stream"));
     kvhal_cache_manager *cm;
     KVHAL_TRY(kvhal_cache_manager_create(total_pages, page_size, kind, &cm));
