@@ -493,6 +493,34 @@ static void test_bad_inputs(void **state)
     assert_int_equal(kvhal_cache_manager_load_back(r.cm, 0, tok, 2, pages, 2, &loaded), KVHAL_INVALID_HANDLE);
     assert_non_null(strstr(kvhal_last_error(), "handle"));
     OKS(kvhal_cache_manager_destroy(plain));
+    /* host memory and stream polling */
+    kvhal_host_memory *hm = NULL;
+    assert_int_equal(kvhal_host_memory_create(r.dev, 0, &hm), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "bytes"));
+    assert_int_equal(kvhal_host_memory_create(r.dev, 64, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "out"));
+    OKS(kvhal_host_memory_create(r.dev, 64, &hm));
+    assert_int_equal(kvhal_host_memory_size(hm), 64);
+    assert_non_null(kvhal_host_memory_ptr(hm));
+    OKS(kvhal_host_memory_destroy(hm));
+    assert_int_equal(kvhal_host_memory_destroy(hm), KVHAL_INVALID_HANDLE);
+    assert_null(kvhal_host_memory_ptr(hm));
+    OKS(kvhal_host_memory_destroy(NULL));
+    assert_int_equal(kvhal_stream_query(NULL), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "s:"));
+    kvhal_stream *s = NULL;
+    if (kvhal_stream_create(r.dev, &s) == KVHAL_OK) {
+        OKS(kvhal_stream_synchronize(s));
+        OKS(kvhal_stream_query(s)); /* nothing queued: done */
+        OKS(kvhal_stream_destroy(s));
+    }
+    /* a page transfer with a buffer of another paged cache's host memory that is too small: out of range */
+    OKS(kvhal_host_memory_create(r.dev, kvhal_paged_cache_host_page_bytes(r.pc), &hm));
+    assert_int_equal(kvhal_paged_cache_transfer(r.pc, hm, (int64_t[]){0, 1}, 1, KVHAL_TO_HOST, NULL),
+                     KVHAL_OUT_OF_RANGE);
+    assert_non_null(strstr(kvhal_last_error(), "host page 1"));
+    OKS(kvhal_paged_cache_transfer(r.pc, hm, (int64_t[]){0, 0}, 1, KVHAL_TO_HOST, NULL));
+    OKS(kvhal_host_memory_destroy(hm));
     rig_free(&r);
 }
 
