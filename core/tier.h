@@ -85,7 +85,7 @@ KVHAL_HIDDEN size_t kvhal__tiering_host_run(kvhal__tiering *t, const int32_t *to
                                             uint64_t parent, int32_t *slots, size_t cap);
 KVHAL_HIDDEN kvhal__tier *kvhal__tiering_tier(kvhal__tiering *t);
 KVHAL_HIDDEN kvhal__kv_events *kvhal__tiering_events(kvhal__tiering *t);
-/* Device pages in the map must be exactly the tree's pages (pages_in_tree of them, listed by for_each). */
+/* Every page of the tree has the page-map entry its insert wrote (hash = f(parent hash, tokens)); the tier checks. */
 KVHAL_HIDDEN kvhal_status kvhal__tiering_check(const kvhal__tiering *t, const kvhal_prefix_cache *pc);
 
 #endif

@@ -11,9 +11,10 @@ struct kvhal__tiering {
     kvhal_write_policy policy;
     int32_t total, page_size;
     uint64_t root;
-    uint64_t *hash, *parent; /* per device page, valid while in_tree */
+    /* per device page, valid while the page is the tree's (the manager's cached bit says so: no flag of our own, so
+     * that eviction without events or write-back costs nothing per page) */
+    uint64_t *hash, *parent;
     int32_t *tokens;         /* page_size per device page */
-    uint8_t *in_tree;
     /* write-back: pages evicted by the current eviction, written to the tier when it is done */
     int32_t *wb_pages;
     uint64_t *wb_hash, *wb_parent;
@@ -36,7 +37,6 @@ void kvhal__tiering_destroy(kvhal__tiering *t)
     free(t->hash);
     free(t->parent);
     free(t->tokens);
-    free(t->in_tree);
     free(t->wb_pages);
     free(t->wb_hash);
     free(t->wb_parent);
@@ -58,13 +58,12 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
     t->hash = kvhal__malloc(n * sizeof *t->hash);
     t->parent = kvhal__malloc(n * sizeof *t->parent);
     t->tokens = kvhal__malloc(n * ps * sizeof *t->tokens);
-    t->in_tree = kvhal__calloc(n, 1);
     t->wb_pages = kvhal__malloc(n * sizeof *t->wb_pages);
     t->wb_hash = kvhal__malloc(n * sizeof *t->wb_hash);
     t->wb_parent = kvhal__malloc(n * sizeof *t->wb_parent);
     t->wb_tokens = kvhal__malloc(n * ps * sizeof *t->wb_tokens);
     kvhal_status st = KVHAL_OK;
-    if (!t->hash || !t->parent || !t->tokens || !t->in_tree || !t->wb_pages || !t->wb_hash || !t->wb_parent ||
+    if (!t->hash || !t->parent || !t->tokens || !t->wb_pages || !t->wb_hash || !t->wb_parent ||
         !t->wb_tokens)
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the page map of %d pages",
                         (int)total_pages);
@@ -102,7 +101,6 @@ kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, c
         t->hash[p] = h;
         t->parent[p] = ph;
         memcpy(t->tokens + (size_t)p * ps, tokens + i * ps, ps * sizeof *tokens);
-        t->in_tree[p] = 1;
         kvhal__kv_event_push(t->ev, KVHAL_KV_STORED, KVHAL_TIER_DEVICE, h, ph, p, tokens + i * ps);
         if (t->tier && t->policy == KVHAL_WRITE_THROUGH) { /* the write-back buffer is free between evictions */
             t->wb_pages[nw] = p;
@@ -119,11 +117,11 @@ kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, c
 
 void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
 {
+    if (!t->ev && !(t->tier && t->policy == KVHAL_WRITE_BACK)) return; /* nothing to say or copy */
     const size_t ps = (size_t)t->page_size;
     for (size_t i = 0; i < n; i++) {
         const int32_t p = pages[i];
-        if (p < 0 || p >= t->total || !t->in_tree[p]) continue; /* the manager reports a bad page itself */
-        t->in_tree[p] = 0;
+        if (p < 0 || p >= t->total) continue; /* the manager reports a bad page itself */
         kvhal__kv_event_push(t->ev, KVHAL_KV_REMOVED, KVHAL_TIER_DEVICE, t->hash[p], t->parent[p], p, NULL);
         if (!t->tier || t->policy != KVHAL_WRITE_BACK) continue;
         if (t->tier->ops->find(t->tier, t->hash[p], t->tokens + (size_t)p * ps) >= 0) continue;
@@ -173,11 +171,17 @@ typedef struct map_check {
     int32_t bad;
 } map_check;
 
+/* A tree page's entry must be the one its insert wrote: its hash follows from its parent hash and tokens. */
 static void check_tree_page(const int32_t *pages, size_t n, void *user)
 {
     map_check *mc = user;
-    for (size_t i = 0; i < n; i++)
-        if (mc->bad < 0 && (pages[i] < 0 || pages[i] >= mc->t->total || !mc->t->in_tree[pages[i]])) mc->bad = pages[i];
+    const kvhal__tiering *t = mc->t;
+    for (size_t i = 0; i < n && mc->bad < 0; i++) {
+        const int32_t p = pages[i];
+        if (p < 0 || p >= t->total ||
+            kvhal_kv_page_hash(t->parent[p], t->tokens + (size_t)p * (size_t)t->page_size, t->page_size) != t->hash[p])
+            mc->bad = p;
+    }
     mc->pages += n;
 }
 
@@ -186,13 +190,8 @@ kvhal_status kvhal__tiering_check(const kvhal__tiering *t, const kvhal_prefix_ca
     map_check mc = {t, 0, -1};
     KVHAL_TRY(kvhal__prefix_for_each_page(pc, check_tree_page, &mc));
     if (mc.bad >= 0)
-        return kvhal__err(KVHAL_INTEGRITY, "cache manager: tree page %d has no entry in the tier page map",
-                          (int)mc.bad);
-    size_t mapped = 0;
-    for (int32_t p = 0; p < t->total; p++) mapped += t->in_tree[p];
-    if (mapped != mc.pages)
-        return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu pages in the tier page map, %zu in the tree", mapped,
-                          mc.pages);
+        return kvhal__err(KVHAL_INTEGRITY, "cache manager: tree page %d has no consistent entry in the tier page map "
+                          "(its hash does not follow from its parent hash and tokens)", (int)mc.bad);
     if (t->wb_n) return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu write-backs left pending", t->wb_n);
     return t->tier ? t->tier->ops->check(t->tier) : KVHAL_OK;
 }

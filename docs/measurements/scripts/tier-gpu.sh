@@ -43,18 +43,19 @@ for t in 2048 4096; do
 done 2>&1 | tee "$OUT/transfer-cuda.txt"
 KVHAL_DEVICE=cpu:0 $B/tools/kvhal-bench --op page_transfer --tokens 2048 2>&1 | tee "$OUT/transfer-cpu.txt" || fail=1
 
-# 3. hit rates on cuda:0 (llama3-8b: 128 KiB of K and V per token); working set 16 x 2048 + questions ~ 4.3 GiB
-R="$B/tools/kvhal-replay --model llama3-8b --groups 16 --prompts 8 --system-len 2048 --question-len 128 --output-len 64 --seed 5 --quiet --check-every 16"
+# 3. hit rates on cuda:0 (llama3-8b: 128 KiB of K and V per token); working set 12 x 2048 + questions and outputs
+#    ~ 26k tokens (3.3 GiB), 2.7x the 1200 MiB device budget (9.6k tokens)
+R="$B/tools/kvhal-replay --model llama3-8b --groups 12 --prompts 6 --system-len 2048 --question-len 128 --output-len 64 --seed 5 --quiet --check-every 16"
 run() { # name, args...
   local name=$1; shift
-  KVHAL_DEVICE=cuda:0 timeout 120 $R "$@" > "$OUT/replay-$name.txt" 2>&1 || { echo "replay $name FAILED"; fail=1; }
-  KVHAL_DEVICE=cuda:0 timeout 120 $R "$@" --json > "$OUT/replay-$name.json" 2>/dev/null || fail=1
+  KVHAL_DEVICE=cuda:0 timeout 90 $R "$@" > "$OUT/replay-$name.txt" 2>&1 || { echo "replay $name FAILED"; fail=1; }
   echo "== $name: $*"; grep -E "prefix hits|host tier|cache ops|verification" "$OUT/replay-$name.txt"
 }
-run unbounded --kv-budget 12GiB
-run device-only --kv-budget 1600MiB
-run tier-through --kv-budget 1600MiB --host-tier 8GiB --write-policy through --events "$OUT/events-through.jsonl"
-run tier-back --kv-budget 1600MiB --host-tier 8GiB --write-policy back
+run unbounded --kv-budget 8GiB
+run device-only --kv-budget 1200MiB
+run tier-through --kv-budget 1200MiB --host-tier 6GiB --write-policy through --events "$OUT/events-through.jsonl"
+run tier-back --kv-budget 1200MiB --host-tier 6GiB --write-policy back
+gzip -f "$OUT/events-through.jsonl" 2>/dev/null
 
 # 4. eviction with long requests and the host tier on (tiny model: bookkeeping dominates, as in the radix rows)
 L="$B/tools/kvhal-replay --groups 8 --prompts 4 --system-len 12288 --question-len 256 --output-len 32 --quiet --seed 7"
@@ -62,7 +63,7 @@ for ps in 1 16; do
   for pol in none through back; do
     tier=""; [ $pol != none ] && tier="--host-tier 1GiB --write-policy $pol"
     echo "== evict, page size $ps, host tier: $pol"
-    KVHAL_DEVICE=cuda:0 timeout 120 $L --page-size $ps --kv-budget 256MiB $tier > "$OUT/evict-ps$ps-$pol.txt" 2>&1 || fail=1
+    KVHAL_DEVICE=cuda:0 timeout 90 $L --page-size $ps --kv-budget 256MiB $tier > "$OUT/evict-ps$ps-$pol.txt" 2>&1 || fail=1
     grep -E "cache ops|verification" "$OUT/evict-ps$ps-$pol.txt"
   done
 done
