@@ -652,7 +652,12 @@ typedef struct kvhal_host_tier_config {
  * @param out receives the manager (kvhal_cache_manager_destroy frees it, its host memory and its own stream).
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT naming the field at fault; KVHAL_INVALID_HANDLE for cfg->cache or
  *         cfg->stream; KVHAL_OUT_OF_MEMORY (host pages or bookkeeping: nothing is kept).
- * Thread safety: the manager is single-owner, as every cache manager. */
+ * Thread safety: the manager is single-owner, as every cache manager.
+ * Stream: the tier's copies run on cfg.stream (or the manager's own) and read device pages when cache_finished
+ *         (write-through) or an eviction (write-back) runs, so the K/V writes of those pages must be complete by
+ *         then (synchronize the stream that wrote them, or pass that stream as cfg.stream). Write-back waits for
+ *         its copies before an evicted page can be handed out again; load_back's copies are waited for with
+ *         kvhal_cache_manager_transfer_wait. Graph capture: none of the manager's calls may be captured. */
 KVHAL_API kvhal_status kvhal_cache_manager_create_tiered(int32_t total_pages, int32_t page_size,
                                                          kvhal_prefix_kind kind, const kvhal_host_tier_config *cfg,
                                                          kvhal_cache_manager **out);
