@@ -1363,6 +1363,208 @@ KVHAL_API kvhal_status kvhal_paged_caching_mla(const kvhal_tensor *kv_cache, con
                                                const kvhal_tensor *k_pe, const kvhal_tensor *slot_mapping,
                                                float scale, kvhal_stream *s);
 
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Host memory for a device, stream polling and page transfers between a device paged cache and host pages      */
+/* ------------------------------------------------------------------------------------------------------------ */
+/** Host memory that a device copies to and from at full speed: pinned (CUDA, HIP) through the device's backend,
+ * plain 64-byte aligned host memory where the backend has no such memory (cpu, and opencl in this release). */
+typedef struct kvhal_host_memory kvhal_host_memory;
+
+/** Allocates host memory for dev's transfers.
+ * @param dev the device whose copies will use it. @param bytes at least 1.
+ * @param out receives the handle (the caller owns it; kvhal_host_memory_destroy frees it).
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for a NULL out or bytes 0; KVHAL_NO_DEVICE / KVHAL_BACKEND_UNAVAILABLE
+ *         for dev; KVHAL_OUT_OF_MEMORY (nothing allocated).
+ * Thread safety: any thread. Graph capture: not while one of dev's streams is captured (CUDA's pinned allocation
+ * synchronizes). */
+KVHAL_API kvhal_status kvhal_host_memory_create(kvhal_device dev, size_t bytes, kvhal_host_memory **out);
+/** Frees host memory; no transfer from or into it may still be in flight.
+ * @param h a handle from kvhal_host_memory_create (NULL: KVHAL_OK).
+ * @return KVHAL_OK; KVHAL_INVALID_HANDLE for a handle that is not live. */
+KVHAL_API kvhal_status kvhal_host_memory_destroy(kvhal_host_memory *h);
+/** The host pointer of h (NULL for a handle that is not live). @param h the handle. @return the pointer. */
+KVHAL_API void *kvhal_host_memory_ptr(const kvhal_host_memory *h);
+/** The size of h in bytes (0 for a handle that is not live). @param h the handle. @return the size. */
+KVHAL_API size_t kvhal_host_memory_size(const kvhal_host_memory *h);
+/** Whether h is pinned or mapped by its device's backend (false: plain host memory). @param h the handle.
+ * @return true when the backend allocated it. */
+KVHAL_API bool kvhal_host_memory_pinned(const kvhal_host_memory *h);
+
+/** Polls a stream: whether all work queued on it so far is done.
+ * @param s a live stream (NULL: KVHAL_INVALID_ARGUMENT; poll a stream of your own, not the default stream).
+ * @return KVHAL_OK when done; KVHAL_BUSY while work is pending; KVHAL_INVALID_HANDLE; a device error. Backends whose
+ *         work completes on return (cpu) answer KVHAL_OK.
+ * Thread safety: any thread. Graph capture: not on a stream being captured. Stream: never waits. */
+KVHAL_API kvhal_status kvhal_stream_query(kvhal_stream *s);
+
+/** Direction of a page transfer. */
+typedef enum kvhal_transfer_dir {
+    KVHAL_TO_HOST = 0,  /**< device blocks -> host pages (offload) */
+    KVHAL_TO_DEVICE = 1 /**< host pages -> device blocks (load back) */
+} kvhal_transfer_dir;
+
+/** Copies whole pages between device caches and host pages in one call, for every cache at once (K and V of every
+ * layer). Each cache has the block index as dim 0 and one block dense row-major (NHD and HND blocks both are), any
+ * block stride; every cache's block has the same byte size. Host page h lies at host_page_bytes * h in host and
+ * holds the block of cache c at byte c * block bytes (host_page_bytes >= num_caches * block bytes). pairs holds
+ * num_pairs (device block, host page) on the host; no device block and no host page may appear twice.
+ * @param caches num_caches tensors on one device (read during the call).
+ * @param host host pages (borrowed; must stay alive until the transfer completes).
+ * @param host_page_bytes bytes between host pages. @param pairs, num_pairs the pages (read during the call).
+ * @param dir KVHAL_TO_HOST or KVHAL_TO_DEVICE. @param s the stream (NULL: the device's default stream).
+ * @return KVHAL_OK once enqueued; KVHAL_INVALID_ARGUMENT (NULL arrays, a block not dense, sizes differing, a
+ *         duplicate page, host_page_bytes too small), KVHAL_OUT_OF_RANGE (a block or host page out of range),
+ *         KVHAL_DEVICE_MISMATCH, KVHAL_INVALID_HANDLE, KVHAL_UNSUPPORTED (the backend has no page_transfer),
+ *         KVHAL_OUT_OF_MEMORY, a backend error. Nothing is copied on a refusal.
+ * Stream: asynchronous on s; the transfer is complete when kvhal_stream_query(s) says KVHAL_OK or after
+ * kvhal_stream_synchronize(s) (kvhal_device_synchronize for the default stream). Until then the host pages must
+ * not be reused (to host: not read; to device: not written). On cpu it is complete when the call returns.
+ * Thread safety: any thread; concurrent transfers into the same pages race. Graph capture: may be captured on GPU
+ * backends when host is pinned (the pairs travel as kernel parameters). */
+KVHAL_API kvhal_status kvhal_page_transfer(const kvhal_tensor *caches, int32_t num_caches, kvhal_host_memory *host,
+                                           size_t host_page_bytes, const int64_t *pairs, int32_t num_pairs,
+                                           kvhal_transfer_dir dir, kvhal_stream *s);
+/** Bytes of one host page of a paged cache: its block of every layer's K and V (2 * layers * block bytes).
+ * @param c a paged cache. @return the size; 0 for a cache that is not live. */
+KVHAL_API size_t kvhal_paged_cache_host_page_bytes(const kvhal_paged_cache *c);
+/** kvhal_page_transfer over every layer's K and V of a paged cache (either order, NHD or HND), host pages of
+ * kvhal_paged_cache_host_page_bytes(c) each: a host page holds [layers][K, V][block] in the cache's layout.
+ * @param c the cache. @param host, pairs, num_pairs, dir, s as kvhal_page_transfer.
+ * @return as kvhal_page_transfer; KVHAL_INVALID_HANDLE for c. */
+KVHAL_API kvhal_status kvhal_paged_cache_transfer(kvhal_paged_cache *c, kvhal_host_memory *host,
+                                                  const int64_t *pairs, int32_t num_pairs, kvhal_transfer_dir dir,
+                                                  kvhal_stream *s);
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Hierarchical KV cache: a host tier under a cache manager's device pages, and KV events                        */
+/* ------------------------------------------------------------------------------------------------------------ */
+/** Seed of the page hash chain (ASCII "kvhal-kv"). The chain of a token sequence cut into pages of page_size
+ * tokens: h[-1] = kvhal_kv_root_hash(page_size); h[i] = kvhal_kv_page_hash(h[i-1], the page's tokens, page_size).
+ * Both are pure functions of their arguments (no per-process salt): the same tokens and page size give the same
+ * hashes in every process and on every machine (little- or big-endian alike). */
+#define KVHAL_KV_HASH_SEED 0x6b7668616c2d6b76ull
+
+/** The parent hash of a sequence's first page.
+ * @param page_size tokens per page. @return splitmix64(KVHAL_KV_HASH_SEED ^ page_size). */
+KVHAL_API uint64_t kvhal_kv_root_hash(int32_t page_size);
+/** The hash of one page given its parent's: h = parent, then for each token t in order
+ * h = splitmix64(h ^ (uint32_t)t), then h = splitmix64(h ^ ((uint64_t)page_size << 32)).
+ * splitmix64(z): z = (z ^ z >> 30) * 0xbf58476d1ce4e5b9; z = (z ^ z >> 27) * 0x94d049bb133111eb; z ^ z >> 31.
+ * @param parent the previous page's hash (kvhal_kv_root_hash for the first page).
+ * @param tokens page_size token ids (read during the call). @param page_size tokens per page.
+ * @return the page's hash. */
+KVHAL_API uint64_t kvhal_kv_page_hash(uint64_t parent, const int32_t *tokens, int32_t page_size);
+
+/** When the host tier receives a device page's content. */
+typedef enum kvhal_write_policy {
+    KVHAL_WRITE_THROUGH = 0, /**< when a request finishes: every page it adds to the device cache is copied */
+    KVHAL_WRITE_BACK = 1     /**< when the device evicts a page not yet in the host tier */
+} kvhal_write_policy;
+
+/** What a tiered cache manager is created with. */
+typedef struct kvhal_host_tier_config {
+    kvhal_paged_cache *cache;  /**< the device paged cache whose blocks the manager's pages are (borrowed: it must
+                                    outlive the manager); block_size = the manager's page size */
+    uint64_t host_budget;      /**< bytes of host pages (each kvhal_paged_cache_host_page_bytes); 0: no host tier
+                                    (events only) */
+    kvhal_write_policy policy; /**< write-through or write-back */
+    kvhal_stream *stream;      /**< the transfers' stream (borrowed); NULL: the manager makes its own (or uses the
+                                    device's default stream where the backend has no streams) */
+    uint32_t event_capacity;   /**< KV events kept until read (0: no events); at least 2 when set */
+} kvhal_host_tier_config;
+
+/** Creates a cache manager with a host tier (and/or KV events) over a device paged cache. The old functions keep
+ * working on it; match, finish, evict and check_integrity also maintain the host tier and the events.
+ * @param total_pages device pages the manager hands out (<= the cache's blocks). @param page_size = block_size.
+ * @param kind the prefix cache (with KVHAL_PREFIX_NAIVE nothing is cached, so the host tier stays empty).
+ * @param cfg read during the call.
+ * @param out receives the manager (kvhal_cache_manager_destroy frees it, its host memory and its own stream).
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT naming the field at fault; KVHAL_INVALID_HANDLE for cfg->cache or
+ *         cfg->stream; KVHAL_OUT_OF_MEMORY (host pages or bookkeeping: nothing is kept).
+ * Thread safety: the manager is single-owner, as every cache manager.
+ * Stream: the tier's copies run on cfg.stream (or the manager's own) and read device pages when cache_finished
+ *         (write-through) or an eviction (write-back) runs, so the K/V writes of those pages must be complete by
+ *         then (synchronize the stream that wrote them, or pass that stream as cfg.stream). Write-back waits for
+ *         its copies before an evicted page can be handed out again; load_back's copies are waited for with
+ *         kvhal_cache_manager_transfer_wait. Graph capture: none of the manager's calls may be captured. */
+KVHAL_API kvhal_status kvhal_cache_manager_create_tiered(int32_t total_pages, int32_t page_size,
+                                                         kvhal_prefix_kind kind, const kvhal_host_tier_config *cfg,
+                                                         kvhal_cache_manager **out);
+/** kvhal_cache_manager_match, and how far the host tier continues the match.
+ * @param device_len out (may be NULL): tokens cached on the device (pages has their pages).
+ * @param host_len out (may be NULL): whole pages of tokens past device_len that the host tier holds (0 without a
+ *        host tier); kvhal_cache_manager_load_back brings them back.
+ * Other parameters and statuses as kvhal_cache_manager_match. */
+KVHAL_API kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm, const int32_t *tokens,
+                                                        size_t num_tokens, kvhal_prefix_handle *handle,
+                                                        size_t *device_len, size_t *host_len, int32_t *pages,
+                                                        size_t pages_cap);
+/** Loads the host-resident pages that follow a request's device match back into device pages: allocates them
+ * (evicting device prefixes as needed, never the request's own), enqueues the host-to-device copies on the tier's
+ * stream and returns the pages, which the request then holds like allocated ones (they follow its matched pages;
+ * finishing the request caches them on the device again). The copies are complete after
+ * kvhal_cache_manager_transfer_wait (or when kvhal_cache_manager_transfer_query says KVHAL_OK); until then the
+ * pages must not be read. The host pages stay in the host tier.
+ * @param cm a tiered manager. @param handle the request handle of this request's match.
+ * @param tokens, num_tokens the request's whole tokens (as given to match; read during the call).
+ * @param pages out: the loaded pages, pages_cap room. @param loaded_len out: tokens loaded (a multiple of the page
+ *        size; 0 when the host tier holds nothing past the device match).
+ * @return KVHAL_OK; KVHAL_INVALID_HANDLE; KVHAL_INVALID_ARGUMENT (not tiered, NULL arrays); KVHAL_OUT_OF_RANGE
+ *         (pages_cap too small: nothing done); KVHAL_OUT_OF_MEMORY when the device has too few free or evictable pages
+ *         (nothing done); a transfer error (the pages go back to the free set). */
+KVHAL_API kvhal_status kvhal_cache_manager_load_back(kvhal_cache_manager *cm, kvhal_prefix_handle handle,
+                                                     const int32_t *tokens, size_t num_tokens, int32_t *pages,
+                                                     size_t pages_cap, size_t *loaded_len);
+/** Waits for every transfer the manager has enqueued. @param cm a tiered manager.
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT when cm is not tiered; a device error.
+ * Graph capture: not while the tier's stream is captured. */
+KVHAL_API kvhal_status kvhal_cache_manager_transfer_wait(kvhal_cache_manager *cm);
+/** Polls the manager's transfers. @param cm a tiered manager.
+ * @return KVHAL_OK when all are done, KVHAL_BUSY while some are in flight; KVHAL_INVALID_ARGUMENT when not tiered. */
+KVHAL_API kvhal_status kvhal_cache_manager_transfer_query(kvhal_cache_manager *cm);
+
+/** Counters of a tiered manager. */
+typedef struct kvhal_host_tier_stats {
+    int64_t host_pages_total, host_pages_used;
+    uint64_t pages_written;   /**< device -> host page copies */
+    uint64_t pages_loaded;    /**< host -> device page copies (load-back) */
+    uint64_t host_evictions;  /**< host pages dropped (LRU) to make room */
+    uint64_t events_dropped;  /**< events lost to a full queue (each loss also queued an overflow event) */
+} kvhal_host_tier_stats;
+/** @param cm a tiered manager. @param out receives the counters.
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT when cm is not tiered or out is NULL. */
+KVHAL_API kvhal_status kvhal_cache_manager_tier_stats(const kvhal_cache_manager *cm, kvhal_host_tier_stats *out);
+
+/** Drops every host page (after waiting for the transfers in flight); a cleared event for the host tier.
+ * @param cm a manager with a host tier. @return KVHAL_OK; KVHAL_INVALID_ARGUMENT when cm has no host tier. */
+KVHAL_API kvhal_status kvhal_cache_manager_host_tier_clear(kvhal_cache_manager *cm);
+
+/** KV event kinds. */
+typedef enum kvhal_kv_event_type {
+    KVHAL_KV_STORED = 0,   /**< a page now holds hash's tokens in tier */
+    KVHAL_KV_REMOVED = 1,  /**< tier no longer holds hash */
+    KVHAL_KV_CLEARED = 2,  /**< tier dropped everything */
+    KVHAL_KV_OVERFLOW = 3  /**< dropped events were lost after this point: resynchronise (dropped tells how many) */
+} kvhal_kv_event_type;
+/** Where a page lives. */
+typedef enum kvhal_kv_tier { KVHAL_TIER_DEVICE = 0, KVHAL_TIER_HOST = 1 } kvhal_kv_tier;
+/** One KV event. Its tokens (stored events: page_size of them) are written to the caller's token array. */
+typedef struct kvhal_kv_event {
+    kvhal_kv_event_type type;
+    kvhal_kv_tier tier;
+    uint64_t hash;        /**< the page's chain hash (stored, removed) */
+    uint64_t parent_hash; /**< its parent's (kvhal_kv_root_hash for a first page; stored) */
+    int32_t page;         /**< the device page or host page index */
+    int32_t num_tokens;   /**< tokens written for this event (page_size for stored, else 0) */
+    uint64_t dropped;     /**< overflow: events lost */
+} kvhal_kv_event;
+/** Takes up to cap events, oldest first, from a manager created with event_capacity > 0.
+ * @param cm the manager. @param out cap events room. @param tokens cap * page_size token room: event i's tokens
+ *        are tokens[i * page_size ...]. @param cap room. @param n out: events written.
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (no events configured, NULL arrays with cap > 0, NULL n). */
+KVHAL_API kvhal_status kvhal_cache_manager_events_read(kvhal_cache_manager *cm, kvhal_kv_event *out,
+                                                       int32_t *tokens, size_t cap, size_t *n);
+
 #ifdef __cplusplus
 }
 #endif

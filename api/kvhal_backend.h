@@ -45,7 +45,8 @@ extern "C" {
 #define KVHAL_BK_OP_LIST(X)                                                                                     \
     X(PAGED_CACHING, paged_caching, kvhal_bk_paged_caching)                                                     \
     X(COPY_BLOCKS, copy_blocks, kvhal_bk_copy_blocks)                                                           \
-    X(TENSOR_COPY, tensor_copy, kvhal_bk_tensor_copy)
+    X(TENSOR_COPY, tensor_copy, kvhal_bk_tensor_copy)                                                           \
+    X(PAGE_TRANSFER, page_transfer, kvhal_bk_page_transfer)
 
 /** The ops, one KVHAL_BK_OP_<ENUM_SUFFIX> per entry of KVHAL_BK_OP_LIST, in its order (KVHAL_BK_OP_PAGED_CACHING = 0,
  *  KVHAL_BK_OP_COPY_BLOCKS, KVHAL_BK_OP_TENSOR_COPY), then KVHAL_BK_OP_COUNT: the number of ops this header knows.
@@ -225,6 +226,29 @@ typedef struct kvhal_bk_tensor_copy {
     kvhal_bk_tensor src; /**< source view */
 } kvhal_bk_tensor_copy;
 
+/* page_transfer: whole pages between device caches (K and V of every layer: one block of each cache makes a page)
+ * and host pages. Host page h starts at host + host_offset + h * host_page_bytes and holds the page's block of cache
+ * c at byte c * block_bytes. For pair p: device block pairs[2p] of every cache <-> host page pairs[2p + 1]; to_host
+ * picks the direction. Checked by the core: pairs in range, no device block or host page written twice, every
+ * cache's block dense (block_bytes contiguous bytes at block_strides[c] apart), host pages inside host_bytes. host
+ * is host memory: from host_alloc (pinned or mapped for this device) or plain memory; a backend may take a faster
+ * path for the former. Asynchronous on stream: the host pages must stay valid (and unchanged, to device) until the
+ * stream's work is done (stream_query / stream_synchronize). */
+typedef struct kvhal_bk_page_transfer {
+    int32_t num_caches;
+    void *const *natives;         /* cl_mem / device pointer per cache */
+    const size_t *offsets;        /* byte offset of block 0 of each cache */
+    const int64_t *block_strides; /* bytes between blocks, per cache */
+    int64_t block_bytes;          /* bytes of one block, the same in every cache */
+    void *host;
+    size_t host_offset;
+    int64_t host_page_bytes;      /* >= num_caches * block_bytes */
+    const int64_t *pairs;         /* 2 * num_pairs: (device block, host page) */
+    int32_t num_pairs;
+    bool to_host;                 /* true: device -> host; false: host -> device */
+    bool host_pinned;             /* host came from this module's host_alloc */
+} kvhal_bk_page_transfer;
+
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Device and memory functions. id: the device index within the module, 0 .. device_count-1 (checked by the     */
 /* core). stream: NULL = the device's default stream; otherwise what stream_create/stream_wrap returned.        */
@@ -272,6 +296,13 @@ typedef struct kvhal_backend_device_fns {
      *  then reads and clears the device-side error flag (KVHAL_DEVICE_FAULT when set). NULL: the core calls
      *  stream_synchronize (or synchronize) and then check_errors. Never called while the stream is captured. */
     kvhal_status (*stream_check_errors)(void *ctx, int32_t id, void *stream);
+    /** Appended (issue 17). Host memory the device copies to and from fastest (pinned, mapped): host_alloc returns a host pointer of at
+     * least bytes, host_free gives it back. NULL host_alloc: the core uses plain (64-byte aligned) host memory. */
+    kvhal_status (*host_alloc)(void *ctx, int32_t id, size_t bytes, void **ptr);
+    kvhal_status (*host_free)(void *ctx, int32_t id, void *ptr);
+    /** Appended (issue 17). KVHAL_OK when all work queued on stream is done, KVHAL_BUSY while some is pending (never waits). NULL: the
+     * core waits (stream_synchronize) and reports its status, right for a backend whose work is synchronous. */
+    kvhal_status (*stream_query)(void *ctx, int32_t id, void *stream);
     /** Append new entries here only. */
 } kvhal_backend_device_fns;
 

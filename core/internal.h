@@ -23,6 +23,7 @@ enum {
     KVHAL_MAGIC_BUFFER = 0x4b564246,  /* KVBF */
     KVHAL_MAGIC_STREAM = 0x4b565354,  /* KVST */
     KVHAL_MAGIC_DEAD = 0x44454144,
+    KVHAL_MAGIC_HOSTMEM = 0x4b56484d, /* KVHM */
 };
 
 /* A loaded backend module as the core calls it: its two function groups copied full-size (slots past the module's
@@ -54,6 +55,15 @@ struct kvhal_stream {
     kvhal_device device;
     const kvhal__bk *backend;
     void *bk_stream;         /* what the backend's stream_create/stream_wrap returned */
+};
+
+struct kvhal_host_memory {
+    uint32_t magic;
+    bool pinned;             /* from the backend's host_alloc (else posix_memalign) */
+    kvhal_device device;
+    const kvhal__bk *backend;
+    void *ptr;
+    size_t size;
 };
 
 /* ---- errors (error.c) ---- */
@@ -138,6 +148,9 @@ KVHAL_HIDDEN size_t kvhal__handle_table_slots(void);
 /* Whether p is in the live set with magic as its first word (nothing of p is read otherwise). */
 KVHAL_HIDDEN bool kvhal__handle_live(const void *p, uint32_t magic);
 
+/* Validates a host memory handle (host_memory.c); the message names argname. */
+KVHAL_HIDDEN kvhal_status kvhal__check_host_memory(const kvhal_host_memory *h, const char *argname);
+
 /* ---- tensors (tensor.c) ---- */
 /* Validates t and names it argname in the message. */
 KVHAL_HIDDEN kvhal_status kvhal__check_tensor(const kvhal_tensor *t, const char *argname);
@@ -182,6 +195,9 @@ KVHAL_HIDDEN kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, co
 /* Validates handle and gives the tokens from the root through it (0 for NULL). */
 KVHAL_HIDDEN kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle,
                                                    size_t *len);
+/* Validates handle and gives the last page of its node (-1 for the root). */
+KVHAL_HIDDEN kvhal_status kvhal__prefix_handle_last_page(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle,
+                                                         int32_t *page);
 /* Locks the node a handle from kvhal_prefix_match names (0: the root, which needs no lock) and gives a request
  * handle (a ticket) for that lock: the cache manager's match hands it out, and finishing or unlocking it consumes
  * it, so that a second finish of one request is KVHAL_INVALID_HANDLE. */

@@ -170,28 +170,65 @@ kvhal_status kvhal_paged_cache_update(kvhal_paged_cache *c, int32_t layer, const
     return kvhal_paged_caching(&kc, &vc, k, v, slot_mapping, c->k_scale, c->v_scale, s);
 }
 
+/* The caches of whole-block ops: page-first, one cache [blocks, 2 * layers * block] (a block of every layer's K and V
+ * is one contiguous range, laid out as a host page is) in *one, *views = one; layer-first, 2 * layers caches
+ * [blocks, block] in *views, allocated (the caller frees it when it is not one). */
+static kvhal_status block_views(const kvhal_paged_cache *c, const char *what, kvhal_tensor *one, kvhal_tensor **views,
+                                int32_t *n)
+{
+    const kvhal_dtype dt = c->cfg.dtype;
+    const size_t es = kvhal_dtype_size(dt);
+    if (c->cfg.order == KVHAL_PAGE_FIRST) {
+        int64_t shape[2] = {c->num_blocks, 2 * (int64_t)c->cfg.num_layers * c->block_elems};
+        KVHAL_TRY(kvhal_tensor_make(c->buf, 0, dt, 2, shape, NULL, one));
+        *views = one;
+        *n = 1;
+        return KVHAL_OK;
+    }
+    const int32_t count = 2 * c->cfg.num_layers;
+    kvhal_tensor *caches = kvhal__malloc((size_t)count * sizeof *caches);
+    if (!caches) return kvhal__err(KVHAL_OUT_OF_MEMORY, "%s: cannot allocate %d cache views", what, (int)count);
+    kvhal_status st = KVHAL_OK;
+    int64_t shape[2] = {c->num_blocks, c->block_elems};
+    for (int32_t i = 0; i < count && st == KVHAL_OK; i++)
+        st = kvhal_tensor_make(c->buf, (size_t)(i * c->num_blocks * c->block_elems) * es, dt, 2, shape, NULL,
+                               &caches[i]);
+    if (st != KVHAL_OK) {
+        free(caches);
+        return st;
+    }
+    *views = caches;
+    *n = count;
+    return KVHAL_OK;
+}
+
 kvhal_status kvhal_paged_cache_copy_blocks(kvhal_paged_cache *c, const int64_t *pairs, int32_t num_pairs,
                                            kvhal_stream *s)
 {
     KVHAL_TRY(check_cache(c));
-    const kvhal_dtype dt = c->cfg.dtype;
-    const size_t es = kvhal_dtype_size(dt);
-    if (c->cfg.order == KVHAL_PAGE_FIRST) {
-        /* a block of every layer's K and V is one contiguous range: one cache [blocks, 2 * layers * block] */
-        int64_t shape[2] = {c->num_blocks, 2 * (int64_t)c->cfg.num_layers * c->block_elems};
-        kvhal_tensor all;
-        KVHAL_TRY(kvhal_tensor_make(c->buf, 0, dt, 2, shape, NULL, &all));
-        return kvhal_copy_blocks(&all, 1, pairs, num_pairs, s);
-    }
-    const int32_t n = 2 * c->cfg.num_layers;
-    kvhal_tensor *caches = kvhal__malloc((size_t)n * sizeof *caches);
-    if (!caches) return kvhal__err(KVHAL_OUT_OF_MEMORY, "copy_blocks: cannot allocate %d cache views", (int)n);
-    kvhal_status st = KVHAL_OK;
-    int64_t shape[2] = {c->num_blocks, c->block_elems};
-    for (int32_t i = 0; i < n && st == KVHAL_OK; i++)
-        st = kvhal_tensor_make(c->buf, (size_t)(i * c->num_blocks * c->block_elems) * es, dt, 2, shape, NULL,
-                               &caches[i]);
-    if (st == KVHAL_OK) st = kvhal_copy_blocks(caches, n, pairs, num_pairs, s);
-    free(caches);
+    kvhal_tensor one, *caches;
+    int32_t n;
+    KVHAL_TRY(block_views(c, "copy_blocks", &one, &caches, &n));
+    kvhal_status st = kvhal_copy_blocks(caches, n, pairs, num_pairs, s);
+    if (caches != &one) free(caches);
+    return st;
+}
+
+size_t kvhal_paged_cache_host_page_bytes(const kvhal_paged_cache *c)
+{
+    if (!c || c->magic != PAGED_MAGIC) return 0;
+    return (size_t)(2 * (int64_t)c->cfg.num_layers * c->block_elems) * kvhal_dtype_size(c->cfg.dtype);
+}
+
+kvhal_status kvhal_paged_cache_transfer(kvhal_paged_cache *c, kvhal_host_memory *host, const int64_t *pairs,
+                                        int32_t num_pairs, kvhal_transfer_dir dir, kvhal_stream *s)
+{
+    KVHAL_TRY(check_cache(c));
+    kvhal_tensor one, *caches;
+    int32_t n;
+    KVHAL_TRY(block_views(c, "page transfer", &one, &caches, &n));
+    kvhal_status st = kvhal_page_transfer(caches, n, host, kvhal_paged_cache_host_page_bytes(c), pairs, num_pairs,
+                                          dir, s);
+    if (caches != &one) free(caches);
     return st;
 }

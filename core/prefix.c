@@ -1050,6 +1050,17 @@ static kvhal_status kvhal__prefix_handle_len__body(const kvhal_prefix_cache *pc,
     return KVHAL_OK;
 }
 
+kvhal_status kvhal__prefix_handle_last_page(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle, int32_t *page)
+{
+    KVHAL_TRY(check_pc(pc));
+    *page = -1;
+    node *x;
+    KVHAL_TRY(resolve(pc, handle, &x));
+    const size_t n = x->len / (size_t)pc->page_size;
+    if (n) *page = x->pages[n - 1];
+    return KVHAL_OK;
+}
+
 static kvhal_status kvhal_prefix_evict__body(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn, void *user,
                                 size_t *evicted)
 {

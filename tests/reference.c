@@ -270,3 +270,27 @@ void ref_tensor_copy(uint8_t *dst_mirror, const kvhal_tensor *dst, const uint8_t
                     ref_elem_offset(src, idx), 1.0f);
     } while (next_index(idx, dst->shape, dst->ndim));
 }
+
+void ref_page_transfer(uint8_t *const *mirrors, const kvhal_tensor *caches, int32_t num_caches, uint8_t *host,
+                       size_t host_page_bytes, const int64_t *pairs, int32_t num_pairs, bool to_host)
+{
+    for (int32_t p = 0; p < num_pairs; p++) {
+        size_t at = (size_t)pairs[2 * p + 1] * host_page_bytes; /* the page's first byte in host */
+        for (int32_t c = 0; c < num_caches; c++) {
+            const kvhal_tensor *t = &caches[c];
+            const size_t es = kvhal_dtype_size(t->dtype);
+            int64_t inner[KVHAL_MAX_DIMS] = {0}, idx[KVHAL_MAX_DIMS];
+            bool empty = false;
+            for (int i = 1; i < t->ndim; i++) empty |= t->shape[i] == 0;
+            if (empty) continue;
+            do { /* the block's elements in row-major order fill the host page one after another */
+                idx[0] = pairs[2 * p];
+                for (int i = 1; i < t->ndim; i++) idx[i] = inner[i - 1];
+                uint8_t *dev = mirrors[c] + (size_t)ref_elem_offset(t, idx) * es;
+                if (to_host) memcpy(host + at, dev, es);
+                else memcpy(dev, host + at, es);
+                at += es;
+            } while (next_index(inner, t->shape + 1, t->ndim - 1));
+        }
+    }
+}

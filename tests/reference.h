@@ -50,6 +50,11 @@ void ref_paged_caching(uint8_t *kc_mirror, const kvhal_tensor *k_cache, uint8_t 
 void ref_copy_blocks(uint8_t *const *mirrors, const kvhal_tensor *caches, int32_t num_caches, const int64_t *pairs,
                      int32_t num_pairs);
 
+/* page_transfer on mirrors (mirrors as for ref_copy_blocks): host page pairs[2p+1] of host (host_page_bytes each)
+ * holds device block pairs[2p] of every cache, cache after cache, each block's elements in row-major order. */
+void ref_page_transfer(uint8_t *const *mirrors, const kvhal_tensor *caches, int32_t num_caches, uint8_t *host,
+                       size_t host_page_bytes, const int64_t *pairs, int32_t num_pairs, bool to_host);
+
 /* dst = src element by element (same shape and dtype). */
 void ref_tensor_copy(uint8_t *dst_mirror, const kvhal_tensor *dst, const uint8_t *src_mirror,
                      const kvhal_tensor *src);

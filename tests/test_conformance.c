@@ -615,6 +615,188 @@ static void test_tensor_copy(void **state)
     }
 }
 
+/* ---- page_transfer ---- */
+
+/* Waits for s (or the device, for the default stream) by polling kvhal_stream_query. */
+static void wait_stream(kvhal_device dev, kvhal_stream *s)
+{
+    if (!s) {
+        OK(kvhal_device_synchronize(dev));
+        return;
+    }
+    kvhal_status st;
+    for (long i = 0; (st = kvhal_stream_query(s)) == KVHAL_BUSY; i++)
+        if (i > 100000000L) fail_msg("kvhal_stream_query: still busy after 1e8 polls");
+    OK(st);
+}
+
+/* A device module outside this tree may leave page_transfer out (its slot NULL): the test is skipped for it then,
+ * never for the built-in backends, which all implement it. */
+static bool transfer_unsupported(kvhal_device dev, kvhal_status st)
+{
+    if (st != KVHAL_UNSUPPORTED || dev.type < KVHAL_DEVICE_BUILTIN_TYPE_COUNT) return false;
+    return true;
+}
+
+static void test_page_transfer(void **state)
+{
+    kvhal_device dev = device_of(state);
+    ref_rng r = {47};
+    dbuf a, b;
+    dbuf_make(&a, dev, 4096, &r);
+    dbuf_make(&b, dev, 2048, &r);
+    /* three caches of 192-byte blocks: dense f16, padded f32 blocks (50 elements apart), bf16 in another buffer */
+    kvhal_tensor c[3];
+    int64_t s0[4] = {6, 4, 3, 8};
+    int64_t s1[2] = {7, 48}, st1[2] = {50, 1};
+    int64_t s2[2] = {8, 96};
+    c[0] = tensor(&a, 0, KVHAL_F16, 4, s0, NULL);
+    c[1] = tensor(&a, 6 * 192 + 16, KVHAL_F32, 2, s1, st1);
+    c[2] = tensor(&b, 6, KVHAL_BF16, 2, s2, NULL);
+    uint8_t *mirrors[3] = {a.mirror, a.mirror, b.mirror};
+    const size_t page = 3 * 192 + 40; /* host pages with a gap after the blocks */
+    kvhal_host_memory *host;
+    OK(kvhal_host_memory_create(dev, 10 * page, &host));
+    uint8_t *hp = kvhal_host_memory_ptr(host), *hm = malloc(10 * page);
+    assert_non_null(hm);
+    for (size_t i = 0; i < 10 * page; i++) hm[i] = hp[i] = (uint8_t)ref_rand(&r);
+    kvhal_stream *s = NULL;
+    if (kvhal_stream_create(dev, &s) != KVHAL_OK) s = NULL; /* a device without streams: the default one */
+    const int64_t out[6] = {0, 3, 5, 0, 2, 9}, in[6] = {1, 3, 4, 9, 3, 0};
+    kvhal_status st = kvhal_page_transfer(c, 3, host, page, out, 3, KVHAL_TO_HOST, s);
+    if (transfer_unsupported(dev, st)) {
+        kvhal_stream_destroy(s);
+        kvhal_host_memory_destroy(host);
+        free(hm);
+        dbuf_free(&a);
+        dbuf_free(&b);
+        skip();
+    }
+    OK(st);
+    wait_stream(dev, s);
+    ref_page_transfer(mirrors, c, 3, hm, page, out, 3, true);
+    assert_memory_equal(hp, hm, 10 * page);
+    /* back to other blocks (page 3 holds block 0, page 9 block 2, page 0 block 5) */
+    OK(kvhal_page_transfer(c, 3, host, page, in, 3, KVHAL_TO_DEVICE, s));
+    wait_stream(dev, s);
+    ref_page_transfer(mirrors, c, 3, hm, page, in, 3, false);
+    dbuf_expect(&a, "page_transfer to device, buffer a");
+    dbuf_expect(&b, "page_transfer to device, buffer b");
+    /* refusals change nothing */
+    kvhal_clear_error();
+    assert_int_equal(kvhal_page_transfer(c, 3, host, page, (int64_t[]){0, 1, 2, 1}, 2, KVHAL_TO_HOST, s),
+                     KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "pairs[3]"));
+    assert_int_equal(kvhal_page_transfer(c, 3, host, page, (int64_t[]){6, 1}, 1, KVHAL_TO_HOST, s),
+                     KVHAL_OUT_OF_RANGE);
+    assert_non_null(strstr(kvhal_last_error(), "pairs[0]"));
+    assert_int_equal(kvhal_page_transfer(c, 3, host, page, (int64_t[]){0, 10}, 1, KVHAL_TO_HOST, s),
+                     KVHAL_OUT_OF_RANGE);
+    assert_non_null(strstr(kvhal_last_error(), "host page"));
+    assert_int_equal(kvhal_page_transfer(c, 3, host, 3 * 192 - 1, out, 1, KVHAL_TO_HOST, s),
+                     KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "host_page_bytes"));
+    kvhal_tensor c4[2] = {c[0], tensor(&b, 0, KVHAL_F32, 2, (int64_t[]){4, 40}, NULL)};
+    assert_int_equal(kvhal_page_transfer(c4, 2, host, page, out, 1, KVHAL_TO_HOST, s), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "caches[1]"));
+    assert_int_equal(kvhal_page_transfer(c, 3, NULL, page, out, 1, KVHAL_TO_HOST, s), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "host"));
+    assert_int_equal(kvhal_page_transfer(c, 3, host, page, out, 1, (kvhal_transfer_dir)7, s),
+                     KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "dir"));
+    OK(kvhal_page_transfer(c, 3, host, page, out, 0, KVHAL_TO_HOST, s));
+    wait_stream(dev, s);
+    assert_memory_equal(hp, hm, 10 * page);
+    dbuf_expect(&a, "page_transfer after refused calls");
+    OK(kvhal_stream_destroy(s));
+    OK(kvhal_host_memory_destroy(host));
+    free(hm);
+    dbuf_free(&a);
+    dbuf_free(&b);
+}
+
+/* The paged cache's transfer in both orders and layouts: a host page is [layers][K, V][block in the cache's
+ * layout], checked element by element through the layer views; then loaded back into other blocks. */
+static void test_paged_cache_transfer(void **state)
+{
+    kvhal_device dev = device_of(state);
+    ref_rng r = {53};
+    for (int order = 0; order < 2; order++) {
+        for (int layout = 0; layout < 2; layout++) {
+            kvhal_paged_cache_config cfg = {.num_layers = 3, .num_heads = 2, .head_dim = 8, .block_size = 4,
+                                            .dtype = KVHAL_BF16, .layout = (kvhal_paged_layout)layout,
+                                            .order = (kvhal_paged_order)order, .memory_budget = 3 * 2 * 8 * 2 * 4 * 2 * 8,
+                                            .device = dev};
+            kvhal_paged_cache *pc;
+            OK(kvhal_paged_cache_create(&cfg, &pc));
+            const int64_t nb = kvhal_paged_cache_num_blocks(pc);
+            assert_int_equal(nb, 8);
+            kvhal_tensor k0;
+            OK(kvhal_paged_cache_layer(pc, 0, &k0, NULL));
+            const size_t total = 3 * 2 * (size_t)nb * 64 * 2;
+            uint8_t *m = malloc(total), *back = malloc(total);
+            assert_non_null(m);
+            assert_non_null(back);
+            for (size_t i = 0; i < total; i++) m[i] = (uint8_t)ref_rand(&r);
+            OK(kvhal_memcpy_h2d(k0.buffer, 0, m, total, NULL));
+            const size_t page = kvhal_paged_cache_host_page_bytes(pc);
+            assert_int_equal(page, 3 * 2 * 64 * 2);
+            kvhal_host_memory *host;
+            OK(kvhal_host_memory_create(dev, 4 * page, &host));
+            const uint8_t *hp = kvhal_host_memory_ptr(host);
+            const int64_t out[4] = {6, 2, 1, 0}, in[4] = {3, 2, 7, 0};
+            kvhal_status st = kvhal_paged_cache_transfer(pc, host, out, 2, KVHAL_TO_HOST, NULL);
+            if (transfer_unsupported(dev, st)) {
+                kvhal_host_memory_destroy(host);
+                kvhal_paged_cache_destroy(pc);
+                free(m);
+                free(back);
+                skip();
+            }
+            OK(st);
+            OK(kvhal_device_synchronize(dev));
+            for (int p = 0; p < 2; p++)
+                for (int32_t l = 0; l < 3; l++) {
+                    kvhal_tensor kv[2];
+                    OK(kvhal_paged_cache_layer(pc, l, &kv[0], &kv[1]));
+                    for (int side = 0; side < 2; side++) {
+                        const kvhal_tensor *t = &kv[side];
+                        const int64_t base = ref_elem_offset(t, (int64_t[]){out[2 * p], 0, 0, 0});
+                        for (int64_t i = 0; i < 4 * 2 * 8; i++) {
+                            /* element i of the block in memory order: its offset from the block's first */
+                            const size_t hb = (size_t)out[2 * p + 1] * page + ((size_t)(2 * l + side) * 64 + (size_t)i) * 2;
+                            const size_t db = (size_t)(base + i) * 2;
+                            if (memcmp(hp + hb, m + db, 2))
+                                fail_msg("order %d layout %d: page %d layer %d side %d element %lld differs", order,
+                                         layout, p, (int)l, side, (long long)i);
+                        }
+                    }
+                }
+            OK(kvhal_paged_cache_transfer(pc, host, in, 2, KVHAL_TO_DEVICE, NULL));
+            OK(kvhal_device_synchronize(dev));
+            OK(kvhal_memcpy_d2h(back, k0.buffer, 0, total, NULL));
+            /* expected: block 3 = old block 6, block 7 = old block 1, everything else unchanged */
+            for (int32_t l = 0; l < 3; l++) {
+                kvhal_tensor kv[2];
+                OK(kvhal_paged_cache_layer(pc, l, &kv[0], &kv[1]));
+                for (int side = 0; side < 2; side++) {
+                    const size_t d3 = (size_t)ref_elem_offset(&kv[side], (int64_t[]){3, 0, 0, 0}) * 2;
+                    const size_t d6 = (size_t)ref_elem_offset(&kv[side], (int64_t[]){6, 0, 0, 0}) * 2;
+                    const size_t d7 = (size_t)ref_elem_offset(&kv[side], (int64_t[]){7, 0, 0, 0}) * 2;
+                    const size_t d1 = (size_t)ref_elem_offset(&kv[side], (int64_t[]){1, 0, 0, 0}) * 2;
+                    memcpy(m + d3, m + d6, 128);
+                    memcpy(m + d7, m + d1, 128);
+                }
+            }
+            assert_memory_equal(back, m, total);
+            OK(kvhal_host_memory_destroy(host));
+            OK(kvhal_paged_cache_destroy(pc));
+            free(m);
+            free(back);
+        }
+    }
+}
+
 /* ---- registration over every device type ---- */
 
 typedef struct test_fn {
@@ -817,6 +999,8 @@ static const test_fn device_tests[] = {
     {"paged_edge_cases", test_paged_edge_cases}, {"copy_blocks", test_copy_blocks},
     {"tensor_copy", test_tensor_copy},       {"paged_shape_class", test_paged_shape_class},
     {"paged_mla", test_paged_mla},
+    {"tensor_copy", test_tensor_copy},       {"page_transfer", test_page_transfer},
+    {"paged_cache_transfer", test_paged_cache_transfer},
 };
 #define NUM_DEVICE_TESTS (sizeof device_tests / sizeof device_tests[0])
 

@@ -64,6 +64,7 @@ static struct {
     bool block_slots; /* --slots=blocks: whole blocks in random order, filled from their start (an engine's usual
                          assignment) instead of a permutation of single slots */
     float scale; /* the calibrated scale of the fp8 rows */
+    bool tokens_given;
 } opt = {.cache_factor = 4, .scale = 0.37f};
 
 static kvhal_device dev;
@@ -821,6 +822,84 @@ static void bench_copy_blocks(void)
     }
 }
 
+/* ---- page_transfer: llama3-8b pages of 16 tokens (one block of K and V of 32 layers, 2 MiB) between a paged
+ * cache and pinned host pages, both page lists scattered, against the backend's own copy of the same bytes between
+ * the cache's buffer and the same pinned host memory (one contiguous kvhal_memcpy_d2h / _h2d) ---- */
+
+typedef struct pt_ctx {
+    kvhal_paged_cache *c;
+    kvhal_host_memory *host;
+    kvhal_buffer *buf;
+    int64_t *pairs;
+    int32_t n;
+    kvhal_transfer_dir dir;
+    size_t bytes;
+} pt_ctx;
+
+static void run_page_transfer(void *p)
+{
+    pt_ctx *c = p;
+    CHECK(kvhal_paged_cache_transfer(c->c, c->host, c->pairs, c->n, c->dir, NULL));
+    CHECK(kvhal_device_synchronize(dev));
+}
+
+static void run_pinned_memcpy(void *p)
+{
+    pt_ctx *c = p;
+    void *h = kvhal_host_memory_ptr(c->host);
+    if (c->dir == KVHAL_TO_HOST) CHECK(kvhal_memcpy_d2h(h, c->buf, 0, c->bytes, NULL));
+    else CHECK(kvhal_memcpy_h2d(c->buf, 0, h, c->bytes, NULL));
+}
+
+static void bench_page_transfer(void)
+{
+    /* --tokens N: the first count gives the pages (N / 16) */
+    const int32_t layers = 32, heads = 8, dim = 128,
+                  pages = opt.tokens_given ? (int32_t)((opt.tokens[0] + BLOCK - 1) / BLOCK) : opt.quick ? 32 : 128;
+    const size_t page_bytes = (size_t)2 * layers * BLOCK * heads * dim * 2;
+    for (int order = 0; order < 2; order++) {
+        kvhal_paged_cache_config cfg = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = layers,
+                                        .num_heads = heads, .head_dim = dim, .block_size = BLOCK, .dtype = KVHAL_BF16, .layout = KVHAL_LAYOUT_NHD,
+                                        .order = (kvhal_paged_order)order,
+                                        .memory_budget = (uint64_t)page_bytes * 4 * (uint64_t)pages, .device = dev};
+        pt_ctx c = {.n = pages, .bytes = page_bytes * (size_t)pages};
+        CHECK(kvhal_paged_cache_create(&cfg, &c.c));
+        CHECK(kvhal_host_memory_create(dev, page_bytes * 4 * (size_t)pages, &c.host));
+        kvhal_tensor k0;
+        CHECK(kvhal_paged_cache_layer(c.c, 0, &k0, NULL));
+        c.buf = k0.buffer;
+        c.pairs = malloc(2 * (size_t)pages * sizeof *c.pairs);
+        int64_t *perm = malloc(4 * (size_t)pages * sizeof *perm);
+        if (!c.pairs || !perm) {
+            fprintf(stderr, "kvhal-bench: out of host memory\n");
+            exit(1);
+        }
+        /* scattered: a random choice of pages out of 4x as many, on both sides */
+        for (int side = 0; side < 2; side++) {
+            for (int64_t i = 0; i < 4 * (int64_t)pages; i++) perm[i] = i;
+            for (int64_t i = 4 * (int64_t)pages - 1; i > 0; i--) {
+                int64_t j = (int64_t)(rnd() % (uint64_t)(i + 1)), t = perm[i];
+                perm[i] = perm[j], perm[j] = t;
+            }
+            for (int32_t i = 0; i < pages; i++) c.pairs[2 * i + side] = perm[i];
+        }
+        for (int dir = 0; dir < 2; dir++) {
+            c.dir = (kvhal_transfer_dir)dir;
+            record r = {.op = dir ? "transfer_h2d" : "transfer_d2h", .preset = order ? "page-first" : "layer-first",
+                        .layout = "NHD", .tokens = (int64_t)pages * BLOCK, .dtype = KVHAL_BF16,
+                        .cache_dtype = KVHAL_BF16, .bytes = (double)c.bytes};
+            double ref;
+            measure_pair(run_page_transfer, &c, run_pinned_memcpy, &c, &r.seconds, &ref);
+            r.memcpy_gbps = (double)c.bytes / ref / 1e9;
+            emit(&r);
+        }
+        free(perm);
+        free(c.pairs);
+        CHECK(kvhal_host_memory_destroy(c.host));
+        CHECK(kvhal_paged_cache_destroy(c.c));
+    }
+}
+
 /* ---- descriptor cache ---- */
 
 static void destroy_nothing(void *d, kvhal_device dv, void *u)
@@ -878,7 +957,8 @@ static void usage(void)
            "selects (default cpu:0).\n"
            "  --device=DEV          cpu, cuda:0, opencl:1, ... (default: KVHAL_DEVICE)\n"
            "  --op=NAME             paged_caching | mla | serving_loop | decode | duplicate | copy_blocks |\n"
-           "                        desc_cache | first_call (default: all)\n"
+           "                        desc_cache | first_call | page_transfer (host<->device pages against the\n"
+           "                        backend's pinned memcpy of the same bytes; --tokens: the tokens moved) (default: all)\n"
            "  --preset=NAME         llama3-8b (8 kv heads x 128, bf16), llama2-7b (32 x 128, f16), small (2 x 64, f32)\n"
            "  --tokens=N[,N...]     paged-caching token counts (default 256,8192,65536; --quick: 256,8192)\n"
            "  --scale=S             the calibrated fp8 scale of the fp8 rows (default 0.37; 0.5 rows always run)\n"
@@ -905,7 +985,7 @@ int main(int argc, char **argv)
         {"no-cold", no_argument, NULL, O_NO_COLD},     {"slots", required_argument, NULL, O_SLOTS},     {"help", no_argument, NULL, O_HELP},
         {"version", no_argument, NULL, O_VERSION},     {NULL, 0, NULL, 0}};
     static const char *ops[] = {"paged_caching", "mla", "serving_loop", "decode", "duplicate", "copy_blocks",
-                                "desc_cache", "first_call"};
+                                "desc_cache", "first_call", "page_transfer"};
     int c;
     char *end;
     opterr = 0;
@@ -965,6 +1045,7 @@ int main(int argc, char **argv)
         }
     }
     if (optind < argc) return USAGE_ERROR("unexpected argument '%s'", argv[optind]);
+    opt.tokens_given = opt.ntokens > 0;
     if (opt.ntokens == 0) {
         opt.tokens[opt.ntokens++] = 256;
         opt.tokens[opt.ntokens++] = 8192;
@@ -990,6 +1071,7 @@ int main(int argc, char **argv)
     if (want_op("duplicate")) bench_duplicate();
     if (want_op("copy_blocks")) bench_copy_blocks();
     if (want_op("desc_cache")) bench_desc_cache();
+    if (want_op("page_transfer")) bench_page_transfer();
     release_scratch();
     if (flush_buf) CHECK(kvhal_buffer_destroy(flush_buf));
     if (opt.json) {

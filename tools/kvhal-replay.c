@@ -83,6 +83,10 @@ typedef struct options {
     double arrival_scale;    /* --arrival-gaps S: seconds per trace timestamp unit, 0 = as fast as the cache allows */
     int64_t repeat, check_every;
     uint64_t seed;
+    /* issue 17: a host tier under the device pages, and KV events */
+    uint64_t host_tier;       /* bytes of host pages; 0: none */
+    kvhal_write_policy write_policy;
+    const char *events_path;  /* JSON lines of KV events; NULL: none */
 } options;
 
 static void usage(FILE *f)
@@ -131,6 +135,12 @@ static void usage(FILE *f)
             "                      times, null for what was not measured, an error object on failure)\n"
             "  --quiet             no progress output\n"
             "  --soak              a fixed set of runs under eviction pressure with frequent integrity checks\n"
+            "\nhost tier and KV events\n"
+            "  --host-tier SIZE    host pages under the device cache (e.g. 4GiB): evicted prefixes are kept in host\n"
+            "                      memory and loaded back on a hit (every loaded page verified); 0: none (default)\n"
+            "  --write-policy P    through (copy to host when a request finishes, default) or back (when evicted)\n"
+            "  --events FILE       write the KV events (stored/removed/cleared per tier, hash chain, tokens) as JSON\n"
+            "                      lines\n"
             "  -h, --help          this text;  -V, --version: \"kvhal-replay <kvhal version>\"\n"
             "\nexit status: 0 every run passed, 1 a run or a verification failed, 2 usage error\n");
 }
@@ -182,6 +192,22 @@ static int parse_dtype(const char *v, kvhal_dtype *out)
     return opt_error("--dtype: '%s' is not f32, f16, bf16, fp8_e4m3 or fp8_e5m2", v);
 }
 
+/* --host-tier, --write-policy, --events: 1 when a consumed a value, 0 when a is not one of them, -1 on error. */
+static int tier_option(const char *a, const char *v, options *o)
+{
+    if (strcmp(a, "--host-tier") && strcmp(a, "--write-policy") && strcmp(a, "--events")) return 0;
+    if (!v) return opt_error("%s needs a value", a);
+    if (!strcmp(a, "--host-tier")) return parse_size(a, v, &o->host_tier) ? -1 : 1;
+    if (!strcmp(a, "--events")) {
+        o->events_path = v;
+        return 1;
+    }
+    if (!strcmp(v, "through")) o->write_policy = KVHAL_WRITE_THROUGH;
+    else if (!strcmp(v, "back")) o->write_policy = KVHAL_WRITE_BACK;
+    else return opt_error("--write-policy: '%s' is not through or back", v);
+    return 1;
+}
+
 static void default_options(options *o)
 {
     memset(o, 0, sizeof *o);
@@ -228,7 +254,7 @@ static void default_options(options *o)
 
 enum {
     O_NO_KV = 256, O_COLD_TOKENS, O_FINISH_WHOLE, O_QUIET, O_SOAK, O_SEED, O_ZIPF, O_TRACE, O_MODEL, O_DTYPE,
-    O_KV_BUDGET, O_PREFIX, O_LAYOUT, O_ORDER, O_TRACE_ORDER, O_ARRIVAL_GAPS,
+    O_KV_BUDGET, O_PREFIX, O_LAYOUT, O_ORDER, O_TRACE_ORDER, O_ARRIVAL_GAPS, O_HOST_TIER, O_WRITE_POLICY, O_EVENTS,
 #define X_ENUM(name, E, lo, hi, field) E,
     INT_OPTIONS(X_ENUM)
 #undef X_ENUM
@@ -252,6 +278,9 @@ static int parse_options(int argc, char **argv, options *o)
         {"trace", required_argument, NULL, O_TRACE},
         {"trace-order", required_argument, NULL, O_TRACE_ORDER},
         {"arrival-gaps", required_argument, NULL, O_ARRIVAL_GAPS},
+        {"host-tier", required_argument, NULL, O_HOST_TIER},
+        {"write-policy", required_argument, NULL, O_WRITE_POLICY},
+        {"events", required_argument, NULL, O_EVENTS},
         {"model", required_argument, NULL, O_MODEL},
         {"dtype", required_argument, NULL, O_DTYPE},
         {"kv-budget", required_argument, NULL, O_KV_BUDGET},
@@ -278,6 +307,11 @@ static int parse_options(int argc, char **argv, options *o)
         case O_FINISH_WHOLE: o->finish_whole = true; break;
         case O_QUIET: o->quiet = true; break;
         case O_SOAK: soak = true; break;
+        case O_HOST_TIER: case O_WRITE_POLICY: case O_EVENTS: {
+            const char *flag = c == O_HOST_TIER ? "--host-tier" : c == O_WRITE_POLICY ? "--write-policy" : "--events";
+            if (tier_option(flag, v, o) < 0) return -1;
+            break;
+        }
 #define X_CASE(name, E, lo, hi, field)                                                                          \
         case E:                                                                                                 \
             if (!tool_parse_i64(tool, name, v, lo, hi, &x)) return -1;                                          \
@@ -342,6 +376,8 @@ static int parse_options(int argc, char **argv, options *o)
     if (!o->kv_heads) o->kv_heads = m->kv_heads;
     if (!o->head_dim) o->head_dim = m->head_dim;
     if ((int)o->dtype == -1) o->dtype = m->dtype;
+    if ((o->host_tier || o->events_path) && o->no_kv)
+        return opt_error("--host-tier and --events need the paged cache: not with --no-kv");
     return soak ? 2 : 0;
 }
 
@@ -766,6 +802,7 @@ typedef struct slot {
     uint32_t *tagbuf;
     int32_t *pages;
     size_t in_len, total, len, matched;
+    size_t dev_matched; /* of matched, what the device had (the rest was loaded back from the host tier) */
     size_t npages, in_page; /* pages held; tokens in the last page (len % page size), kept to avoid divisions */
     kvhal_prefix_handle h;
     int64_t reserve; /* pages its decode will still allocate */
@@ -775,6 +812,7 @@ typedef struct stats {
     uint64_t requests, skipped, in_tokens, out_tokens, hit_tokens, hit_requests;
     uint64_t match_calls, finish_calls, bytes_written, pages_evicted, verified, mismatches;
     uint64_t integrity_checks, integrity_failures, errors, evict_calls;
+    uint64_t host_hit_tokens, host_hit_requests, loaded_verified, events_written;
     double t_engine, t_engine_cpu, t_match, t_finish, t_write, t_wall, evict_s;
     double best_pass_rps; /* the least disturbed pass: on a shared machine the others include other programs */
     int64_t peak_in_use, total_pages;
@@ -789,6 +827,10 @@ typedef struct replay {
     workload *w;
     kvstate *kv; /* NULL with --no-kv */
     kvhal_cache_manager *cm;
+    bool tiered;   /* --host-tier or --events */
+    FILE *events;  /* --events */
+    int32_t *evtok;
+    kvhal_kv_event *evbuf;
     int64_t total_pages;
     int32_t ps;
     slot *slots;
@@ -900,52 +942,93 @@ static void report_mismatch(replay *r, const slot *s, size_t pos, int32_t layer,
     }
 }
 
+/* Reads back the row of token pos of s's matched prefix (--no-kv: its page's shadow) in a random layer. */
+static void verify_row(replay *r, slot *s, size_t pos)
+{
+    size_t ps = (size_t)r->ps;
+    if (!r->kv) {
+        size_t pi = pos / ps;
+        if (r->shadow[s->pages[pi]] != s->tag[pi]) report_mismatch(r, s, pi * ps, -1, -1, -1);
+        r->st.verified++;
+        return;
+    }
+    kvstate *kv = r->kv;
+    int32_t layer = (int32_t)(rng_next(&r->rng) % (uint64_t)kv->layers);
+    for (int side = 0; side < 2; side++) {
+        const kvhal_tensor *t = side ? &kv->layer_v[layer] : &kv->layer_k[layer];
+        int64_t page = s->pages[pos / ps], off = (int64_t)(pos % ps);
+        const uint8_t *expect = kv->tab_cache + row_offset(s->hash[pos], layer, side) * kv->ces;
+        for (int32_t h = 0; h < kv->heads; h++) {
+            uint8_t *dst = kv->readbuf + (size_t)h * (size_t)kv->dim * kv->ces;
+            size_t el = (size_t)(page * t->strides[0] + off * t->strides[1] + h * t->strides[2]);
+            kvhal_status st;
+            if (t->strides[3] == 1) {
+                st = kvhal_memcpy_d2h(dst, t->buffer, t->offset + el * kv->ces, (size_t)kv->dim * kv->ces, NULL);
+            } else {
+                st = KVHAL_OK;
+                for (int32_t d = 0; d < kv->dim && st == KVHAL_OK; d++)
+                    st = kvhal_memcpy_d2h(dst + (size_t)d * kv->ces, t->buffer,
+                                          t->offset + (el + (size_t)(d * t->strides[3])) * kv->ces, kv->ces, NULL);
+            }
+            if (st != KVHAL_OK) {
+                fatal_status(r, "read back", st);
+                return;
+            }
+        }
+        r->st.verified++;
+        if (memcmp(kv->readbuf, expect, kv->row * kv->ces) != 0) {
+            int32_t bad = 0;
+            while (memcmp(kv->readbuf + (size_t)bad * (size_t)kv->dim * kv->ces,
+                          expect + (size_t)bad * (size_t)kv->dim * kv->ces, (size_t)kv->dim * kv->ces) == 0)
+                bad++;
+            report_mismatch(r, s, pos, layer, side, bad);
+        }
+    }
+}
+
 /* Reads back sampled rows of the matched prefix (first token, last token, random ones). */
 static void verify_hit(replay *r, slot *s)
 {
     size_t n = (size_t)r->o->samples;
-    size_t ps = (size_t)r->ps;
-    for (size_t k = 0; k < n; k++) {
-        size_t pos = k == 0 ? 0 : k == 1 ? s->matched - 1 : (size_t)(rng_next(&r->rng) % s->matched);
-        if (!r->kv) {
-            size_t pi = pos / ps;
-            if (r->shadow[s->pages[pi]] != s->tag[pi]) report_mismatch(r, s, pi * ps, -1, -1, -1);
-            r->st.verified++;
-            continue;
+    for (size_t k = 0; k < n; k++)
+        verify_row(r, s, k == 0 ? 0 : k == 1 ? s->matched - 1 : (size_t)(rng_next(&r->rng) % s->matched));
+}
+
+/* --events: the queue's events as JSON lines (hashes as hex strings: JSON numbers lose 64-bit precision). */
+#define EV_BATCH 1024
+static void drain_events(replay *r)
+{
+    if (!r->events) return;
+    uint64_t t0 = tick();
+    static const char *const types[] = {"stored", "removed", "cleared", "overflow"};
+    size_t n;
+    do {
+        kvhal_status st = kvhal_cache_manager_events_read(r->cm, r->evbuf, r->evtok, EV_BATCH, &n);
+        if (st != KVHAL_OK) {
+            fatal_status(r, "events", st);
+            break;
         }
-        kvstate *kv = r->kv;
-        int32_t layer = (int32_t)(rng_next(&r->rng) % (uint64_t)kv->layers);
-        for (int side = 0; side < 2; side++) {
-            const kvhal_tensor *t = side ? &kv->layer_v[layer] : &kv->layer_k[layer];
-            int64_t page = s->pages[pos / ps], off = (int64_t)(pos % ps);
-            const uint8_t *expect = kv->tab_cache + row_offset(s->hash[pos], layer, side) * kv->ces;
-            for (int32_t h = 0; h < kv->heads; h++) {
-                uint8_t *dst = kv->readbuf + (size_t)h * (size_t)kv->dim * kv->ces;
-                size_t el = (size_t)(page * t->strides[0] + off * t->strides[1] + h * t->strides[2]);
-                kvhal_status st;
-                if (t->strides[3] == 1) {
-                    st = kvhal_memcpy_d2h(dst, t->buffer, t->offset + el * kv->ces, (size_t)kv->dim * kv->ces, NULL);
-                } else {
-                    st = KVHAL_OK;
-                    for (int32_t d = 0; d < kv->dim && st == KVHAL_OK; d++)
-                        st = kvhal_memcpy_d2h(dst + (size_t)d * kv->ces, t->buffer,
-                                              t->offset + (el + (size_t)(d * t->strides[3])) * kv->ces, kv->ces, NULL);
-                }
-                if (st != KVHAL_OK) {
-                    fatal_status(r, "read back", st);
-                    return;
-                }
+        for (size_t i = 0; i < n; i++) {
+            const kvhal_kv_event *e = &r->evbuf[i];
+            fprintf(r->events, "{\"type\": \"%s\", \"tier\": \"%s\"", types[e->type & 3],
+                    e->tier == KVHAL_TIER_HOST ? "host" : "device");
+            if (e->type == KVHAL_KV_OVERFLOW) {
+                fprintf(r->events, ", \"dropped\": %llu}\n", (unsigned long long)e->dropped);
+                continue;
             }
-            r->st.verified++;
-            if (memcmp(kv->readbuf, expect, kv->row * kv->ces) != 0) {
-                int32_t bad = 0;
-                while (memcmp(kv->readbuf + (size_t)bad * (size_t)kv->dim * kv->ces,
-                              expect + (size_t)bad * (size_t)kv->dim * kv->ces, (size_t)kv->dim * kv->ces) == 0)
-                    bad++;
-                report_mismatch(r, s, pos, layer, side, bad);
+            if (e->type != KVHAL_KV_CLEARED)
+                fprintf(r->events, ", \"hash\": \"%016llx\", \"page\": %d", (unsigned long long)e->hash, (int)e->page);
+            if (e->type == KVHAL_KV_STORED) {
+                fprintf(r->events, ", \"parent_hash\": \"%016llx\", \"tokens\": [", (unsigned long long)e->parent_hash);
+                for (int32_t k = 0; k < e->num_tokens; k++)
+                    fprintf(r->events, "%s%d", k ? ", " : "", (int)r->evtok[i * (size_t)r->ps + (size_t)k]);
+                fputc(']', r->events);
             }
+            fputs("}\n", r->events);
         }
-    }
+        r->st.events_written += n;
+    } while (n == EV_BATCH);
+    r->excluded += tick() - t0;
 }
 
 static void note_in_use(replay *r)
@@ -1008,11 +1091,14 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
         s->tag = s->tagbuf;
         r->excluded += tick() - t0;
     }
-    size_t cached = 0;
+    size_t cached = 0, host_len = 0;
     uint64_t t0 = tick();
     /* at most all but the last prompt token, as engines match (replay_match_len) */
-    kvhal_status st = kvhal_cache_manager_match(r->cm, s->tok, replay_match_len(s->in_len), &s->h, &cached, s->pages,
-                                                div_up(r->w->max_len, ps));
+    const size_t mlen = replay_match_len(s->in_len);
+    kvhal_status st = r->tiered ? kvhal_cache_manager_match_tiered(r->cm, s->tok, mlen, &s->h, &cached,
+                                                                   &host_len, s->pages, div_up(r->w->max_len, ps))
+                                : kvhal_cache_manager_match(r->cm, s->tok, mlen, &s->h, &cached, s->pages,
+                                                            div_up(r->w->max_len, ps));
     const uint64_t dt = tick() - t0;
     r->match_ticks += dt;
     r->match_samples[r->n_match_samples++] = dt;
@@ -1034,7 +1120,27 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
         }
         return 0;
     }
-    s->matched = cached;
+    s->matched = s->dev_matched = cached;
+    size_t loaded = 0;
+    if (host_len) { /* the host tier continues the match: load those pages back and wait for the copies */
+        uint64_t tl = tick();
+        st = kvhal_cache_manager_load_back(r->cm, s->h, s->tok, s->in_len, s->pages + have,
+                                           div_up(r->w->max_len, ps) - (size_t)have, &loaded);
+        if (st == KVHAL_OK) st = kvhal_cache_manager_transfer_wait(r->cm);
+        r->match_ticks += tick() - tl;
+        if (st != KVHAL_OK) return fatal_status(r, "load back", st), -2;
+        have += (int64_t)(loaded / ps);
+        need_now -= (int64_t)(loaded / ps);
+        cached += loaded;
+        s->matched = cached;
+        r->st.host_hit_tokens += loaded;
+        r->st.host_hit_requests += loaded > 0;
+        /* every loaded page is read back (one row of each), outside the measured time */
+        uint64_t tv = tick();
+        for (size_t p = s->dev_matched; p < cached; p += ps) verify_row(r, s, p);
+        r->st.loaded_verified += loaded / ps;
+        r->excluded += tick() - tv;
+    }
     st = kvhal_cache_manager_allocate(r->cm, (int32_t)need_now, s->pages + have);
     if (st != KVHAL_OK) return fatal_status(r, "allocate", st), -2;
     note_in_use(r);
@@ -1065,8 +1171,8 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
     s->reserve = need_decode;
     r->reserved += need_decode;
     r->st.in_tokens += s->in_len;
-    r->st.hit_tokens += cached;
-    r->st.hit_requests += cached > 0;
+    r->st.hit_tokens += s->dev_matched;
+    r->st.hit_requests += s->dev_matched > 0;
     s->active = true;
     return 1;
 }
@@ -1220,12 +1326,12 @@ PHASE static int finish(replay *r, slot *s)
 {
     const size_t ps = (size_t)r->ps;
     /* what an engine knows at the end of a request: its handle and what it generated after the match */
-    const size_t own = s->matched / ps;
+    const size_t own = s->dev_matched / ps;
     uint64_t t1 = tick();
     kvhal_status st = r->o->finish_whole
                           ? kvhal_cache_manager_cache_finished(r->cm, s->tok, s->total, s->pages, s->h)
-                          : kvhal_cache_manager_cache_finished_suffix(r->cm, s->h, s->tok + s->matched,
-                                                                      s->total - s->matched, s->pages + own);
+                          : kvhal_cache_manager_cache_finished_suffix(r->cm, s->h, s->tok + s->dev_matched,
+                                                                      s->total - s->dev_matched, s->pages + own);
     /* the call's stores are its cost: drained before its time is read */
     atomic_thread_fence(memory_order_seq_cst);
     uint64_t t2 = tick();
@@ -1346,6 +1452,7 @@ static int run_once(replay *r)
             if ((r->done_total & 15) == 0) progress(r, false);
         }
         r->nfin = 0;
+        drain_events(r);
     }
     uint64_t kel = tick() - k0;
     double el = now_s() - t0, cel = cpu_s() - c0;
@@ -1371,6 +1478,10 @@ static int run_once(replay *r)
     size_t ev;
     kvhal_status st = kvhal_cache_manager_evict(r->cm, SIZE_MAX, &ev);
     if (st != KVHAL_OK) return fatal_status(r, "evict all", st), -1;
+    /* the next pass starts from empty tiers too */
+    if (r->tiered && r->o->host_tier && (st = kvhal_cache_manager_host_tier_clear(r->cm)) != KVHAL_OK)
+        return fatal_status(r, "host tier clear", st), -1;
+    drain_events(r);
     if (rc == 0 && kvhal_cache_manager_available(r->cm) != r->total_pages) {
         fail("VERIFICATION_FAILED", "%d of %lld pages available after the pass",
                 (int)kvhal_cache_manager_available(r->cm), (long long)r->total_pages);
@@ -1396,6 +1507,23 @@ static void print_summary(const replay *r, const workload *w, const char *device
     /* a run that skipped requests (each larger than the whole cache) did not replay the workload: not ok */
     bool ok = s->mismatches == 0 && s->integrity_failures == 0 && s->errors == 0 && s->skipped == 0;
     const char *kind = o->kind == KVHAL_PREFIX_RADIX ? "radix" : "naive";
+    /* the host tier: hits loaded back, and what moved (null in JSON where there is no tier) */
+    kvhal_host_tier_stats ts = {0};
+    const bool host = r->tiered && o->host_tier && kvhal_cache_manager_tier_stats(r->cm, &ts) == KVHAL_OK &&
+                      ts.host_pages_total > 0;
+    double host_hit = s->in_tokens ? (double)s->host_hit_tokens / (double)s->in_tokens : 0;
+    char tier_json[512];
+    if (host)
+        snprintf(tier_json, sizeof tier_json, "\"host_hit_rate\": %.6f, \"miss_rate\": %.6f, \"host_hit_requests\": %llu, "
+                 "\"host_pages\": %lld, \"write_policy\": \"%s\", \"pages_written_to_host\": %llu, "
+                 "\"pages_loaded_back\": %llu, \"loaded_pages_verified\": %llu, \"host_evictions\": %llu, ",
+                 host_hit, 1 - hit - host_hit, (unsigned long long)s->host_hit_requests, (long long)ts.host_pages_total,
+                 o->write_policy == KVHAL_WRITE_BACK ? "back" : "through", (unsigned long long)ts.pages_written,
+                 (unsigned long long)ts.pages_loaded, (unsigned long long)s->loaded_verified,
+                 (unsigned long long)ts.host_evictions);
+    else
+        snprintf(tier_json, sizeof tier_json, "\"host_hit_rate\": null, \"miss_rate\": %.6f, \"host_pages\": null, ",
+                 1 - hit);
     /* percentiles sort the sample arrays in place: they are not used after the summary */
     tool_percentiles pm = tool_percentiles_of(s->match_us, s->n_match_us);
     tool_percentiles pf = tool_percentiles_of(s->finish_us, s->n_finish_us);
@@ -1418,6 +1546,7 @@ static void print_summary(const replay *r, const workload *w, const char *device
         fprintf(f, ", \"requests\": %llu, \"skipped\": %llu, \"skipped_empty\": %zu, \"repeat\": %lld, \"requests_per_s\": ",
                 (unsigned long long)s->requests, (unsigned long long)s->skipped, w->tr.empty, (long long)o->repeat);
         tool_json_num(f, rps, s->t_engine > 0);
+        fprintf(f, ", %s\"events_written\": %llu", tier_json, (unsigned long long)s->events_written);
         fprintf(f, ", \"requests_per_cpu_s\": ");
         tool_json_num(f, rps_cpu, s->t_engine_cpu > 0);
         fprintf(f, ", \"requests_per_s_best_pass\": ");
@@ -1479,6 +1608,14 @@ static void print_summary(const replay *r, const workload *w, const char *device
     printf(")\n");
     printf("  prefix hits  %.2f%% of prompt tokens (%llu of %llu requests hit)\n", 100 * hit,
            (unsigned long long)s->hit_requests, (unsigned long long)s->requests);
+    if (host)
+        printf("  host tier    %lld pages, write-%s: %.2f%% of prompt tokens loaded back (%llu requests), %.2f%% "
+               "missed; %llu pages written to host, %llu loaded back (each verified), %llu host evictions\n",
+               (long long)ts.host_pages_total, o->write_policy == KVHAL_WRITE_BACK ? "back" : "through",
+               100 * host_hit, (unsigned long long)s->host_hit_requests, 100 * (1 - hit - host_hit),
+               (unsigned long long)ts.pages_written, (unsigned long long)ts.pages_loaded,
+               (unsigned long long)ts.host_evictions);
+    if (o->events_path) printf("  KV events    %llu written to %s\n", (unsigned long long)s->events_written, o->events_path);
     printf("  pages        %llu evicted, peak %lld of %lld in use\n", (unsigned long long)s->pages_evicted,
            (long long)s->peak_in_use, (long long)s->total_pages);
     printf("  cache ops    match %.3f us (p50 %.3f, p90 %.3f, p99 %.3f), %s (insert) %.3f us (p50 %.3f, p90 %.3f, "
@@ -1585,7 +1722,21 @@ static int run_replay_once(const options *o)
             if (!s->tokbuf || (!s->hashbuf && !s->tagbuf)) goto oom;
         }
     }
-    kvhal_status cst = kvhal_cache_manager_create((int32_t)pages, r.ps, o->kind, &r.cm);
+    r.tiered = o->host_tier || o->events_path;
+    if (o->events_path) {
+        r.events = fopen(o->events_path, "w");
+        r.evbuf = malloc(EV_BATCH * sizeof *r.evbuf);
+        r.evtok = malloc(EV_BATCH * (size_t)o->page_size * sizeof *r.evtok);
+        if (!r.events) {
+            fprintf(stderr, "kvhal-replay: --events: cannot write %s\n", o->events_path);
+            goto out;
+        }
+        if (!r.evbuf || !r.evtok) goto oom;
+    }
+    kvhal_host_tier_config tcfg = {.cache = r.tiered ? kv.cache : NULL, .host_budget = o->host_tier,
+                                   .policy = o->write_policy, .event_capacity = o->events_path ? 1u << 20 : 0};
+    kvhal_status cst = r.tiered ? kvhal_cache_manager_create_tiered((int32_t)pages, r.ps, o->kind, &tcfg, &r.cm)
+                                : kvhal_cache_manager_create((int32_t)pages, r.ps, o->kind, &r.cm);
     if (cst != KVHAL_OK) {
         fail(kvhal_status_name(cst), "cache manager: %s", status_msg(cst));
         goto out;
@@ -1607,6 +1758,9 @@ oom:
     fail("KVHAL_OUT_OF_MEMORY", "out of host memory");
     rc = 1;
 out:
+    if (r.events) fclose(r.events);
+    free(r.evbuf);
+    free(r.evtok);
     if (r.slots)
         for (int32_t i = 0; i < r.nslots; i++) {
             free(r.slots[i].pages);

@@ -424,3 +424,22 @@ kvhal_status cpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a,
         memmove((char *)a->dst[i] + a->dst_offsets[i], (const char *)a->src[i] + a->src_offsets[i], a->bytes[i]);
     return KVHAL_OK;
 }
+
+/* ---- page_transfer: synchronous, so the pages are in place when the call returns ---- */
+
+kvhal_status cpu_page_transfer(void *ctx, int32_t id, void *desc, const kvhal_bk_page_transfer *a, void *stream)
+{
+    const size_t bytes = (size_t)a->block_bytes;
+    const bool nt = bytes * (size_t)a->num_caches * (size_t)a->num_pairs >= STREAM_THRESHOLD;
+    char *host = (char *)a->host + a->host_offset;
+    for (int32_t p = 0; p < a->num_pairs; p++) {
+        char *page = host + a->pairs[2 * p + 1] * a->host_page_bytes;
+        for (int32_t c = 0; c < a->num_caches; c++) {
+            char *blk = (char *)a->natives[c] + a->offsets[c] + a->pairs[2 * p] * a->block_strides[c];
+            if (a->to_host) copy_row(page + (size_t)c * bytes, blk, bytes, nt);
+            else copy_row(blk, page + (size_t)c * bytes, bytes, nt);
+        }
+    }
+    if (nt) stream_fence();
+    return KVHAL_OK;
+}

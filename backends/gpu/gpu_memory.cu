@@ -66,6 +66,16 @@ bool pool_ready(Ctx *c, int32_t id)
 
 } // namespace
 
+/* "bytes: 4096 on cuda:0: out of memory (...)"; what goes between the size and the device. */
+static kvhal_status alloc_failed(const Ctx *c, gpuError_t e, int32_t id, size_t bytes, const char *what)
+{
+    (void)gpuGetLastError();
+    char d[160];
+    describe(e, d, sizeof d);
+    return fail(c, e == gpuErrorMemoryAllocation ? KVHAL_OUT_OF_MEMORY : KVHAL_BACKEND_ERROR, "bytes: %zu%s %s:%d: %s",
+                bytes, *what ? what : " on", KVHAL_GPU_NAME, (int)id, d);
+}
+
 kvhal_status gpu_buffer_alloc(void *ctx, int32_t id, size_t bytes, void **native)
 {
     Ctx *c = ctx_of(ctx);
@@ -87,13 +97,7 @@ kvhal_status gpu_buffer_alloc(void *ctx, int32_t id, size_t bytes, void **native
     } else {
         e = gpuMalloc(&p, bytes);
     }
-    if (e != gpuSuccess) {
-        (void)gpuGetLastError();
-        char d[160];
-        describe(e, d, sizeof d);
-        return fail(c, e == gpuErrorMemoryAllocation ? KVHAL_OUT_OF_MEMORY : KVHAL_BACKEND_ERROR,
-                    "bytes: %zu on %s:%d: %s", bytes, KVHAL_GPU_NAME, (int)id, d);
-    }
+    if (e != gpuSuccess) return alloc_failed(c, e, id, bytes, "");
     *native = p;
     return KVHAL_OK;
 }
@@ -227,6 +231,42 @@ kvhal_status gpu_stream_synchronize(void *ctx, int32_t id, void *stream)
     const Ctx *c = ctx_of(ctx);
     KVHAL_GPU_SETDEV(c, id);
     KVHAL_GPU_TRY(c, gpuStreamSynchronize(native_stream(stream)), id, "stream synchronize");
+    return KVHAL_OK;
+}
+
+kvhal_status gpu_stream_query(void *ctx, int32_t id, void *stream)
+{
+    const Ctx *c = ctx_of(ctx);
+    KVHAL_GPU_SETDEV(c, id);
+    const gpuError_t e = gpuStreamQuery(native_stream(stream));
+    if (e == gpuErrorNotReady) {
+        (void)gpuGetLastError();
+        return KVHAL_BUSY;
+    }
+    if (e != gpuSuccess) return rt_fail(c, e, id, "stream query");
+    return KVHAL_OK;
+}
+
+/* Host memory for page transfers: mapped and portable pinned memory, which kernels on every device can address. */
+kvhal_status gpu_host_alloc(void *ctx, int32_t id, size_t bytes, void **ptr)
+{
+    const Ctx *c = ctx_of(ctx);
+    kvhal_status st = check_id(c, id);
+    if (st != KVHAL_OK) return st;
+    if (alloc_fail(c)) return injected(c, id, "host memory");
+    KVHAL_GPU_SETDEV(c, id);
+    void *p = NULL;
+    const gpuError_t e = gpuMallocHostMapped(&p, bytes);
+    if (e != gpuSuccess) return alloc_failed(c, e, id, bytes, " of pinned host memory for");
+    *ptr = p;
+    return KVHAL_OK;
+}
+
+kvhal_status gpu_host_free(void *ctx, int32_t id, void *ptr)
+{
+    const Ctx *c = ctx_of(ctx);
+    KVHAL_GPU_SETDEV(c, id);
+    KVHAL_GPU_TRY(c, gpuFreeHost(ptr), id, "pinned host memory free");
     return KVHAL_OK;
 }
 

@@ -192,6 +192,9 @@ kvhal_status gpu_stream_create(void *ctx, int32_t id, void **stream);
 kvhal_status gpu_stream_wrap(void *ctx, int32_t id, void *native, void **stream);
 kvhal_status gpu_stream_destroy(void *ctx, int32_t id, void *stream);
 kvhal_status gpu_stream_synchronize(void *ctx, int32_t id, void *stream);
+kvhal_status gpu_stream_query(void *ctx, int32_t id, void *stream);
+kvhal_status gpu_host_alloc(void *ctx, int32_t id, size_t bytes, void **ptr);
+kvhal_status gpu_host_free(void *ctx, int32_t id, void *ptr);
 kvhal_status gpu_memcpy_h2d(void *ctx, int32_t id, void *dst, size_t dst_off, const void *src, size_t bytes,
                             void *stream);
 kvhal_status gpu_memcpy_d2h(void *ctx, int32_t id, void *dst, const void *src, size_t src_off, size_t bytes,

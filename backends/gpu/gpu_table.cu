@@ -69,6 +69,9 @@ const kvhal_backend_device_fns g_device = {
     .synchronize = gpu_synchronize,
     .check_errors = gpu_check_errors,
     .stream_check_errors = gpu_stream_check_errors,
+    .host_alloc = gpu_host_alloc,
+    .host_free = gpu_host_free,
+    .stream_query = gpu_stream_query,
 };
 
 const kvhal_backend_op_fns g_ops = {

@@ -9,40 +9,8 @@
 
 namespace kvhal_gpu {
 
-/* ------------------------------------------------------------------------------------------------------------ */
-/* Byte-range copies (copy_blocks, copy_batch): the widest unit that divides both addresses and the length.     */
-/* ------------------------------------------------------------------------------------------------------------ */
-template <typename T>
-__device__ __forceinline__ void copy_units(char *dst, const char *src, uint64_t bytes)
-{
-    T *d = reinterpret_cast<T *>(dst);
-    const T *s = reinterpret_cast<const T *>(src);
-    const uint64_t n = bytes / sizeof(T);
-    for (uint64_t base = threadIdx.x; base < n; base += (uint64_t)KVHAL_GPU_UNROLL * blockDim.x) {
-        T v[KVHAL_GPU_UNROLL];
-#pragma unroll
-        for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
-            const uint64_t i = base + (uint64_t)u * blockDim.x;
-            if (i < n) v[u] = s[i];
-        }
-#pragma unroll
-        for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
-            const uint64_t i = base + (uint64_t)u * blockDim.x;
-            if (i < n) d[i] = v[u];
-        }
-    }
-}
-
-/* The branch is uniform across the block: every thread sees the same addresses. */
-__device__ __forceinline__ void copy_range(char *dst, const char *src, uint64_t bytes)
-{
-    const uint64_t a = (uint64_t)(uintptr_t)dst | (uint64_t)(uintptr_t)src | bytes;
-    if ((a & 15u) == 0) copy_units<uint4>(dst, src, bytes);
-    else if ((a & 7u) == 0) copy_units<uint2>(dst, src, bytes);
-    else if ((a & 3u) == 0) copy_units<uint32_t>(dst, src, bytes);
-    else if ((a & 1u) == 0) copy_units<uint16_t>(dst, src, bytes);
-    else copy_units<uint8_t>(dst, src, bytes);
-}
+/* copy_units / copy_range (the widest unit dividing addresses and length) are in kvhal_gpu_kernels.cuh: the
+ * page-transfer kernel uses them too. */
 
 /* copy_blocks: one table entry per cache, uploaded with the pairs through the descriptor's staging buffer. */
 struct CacheEntry {

@@ -505,6 +505,41 @@ __global__ void __launch_bounds__(KVHAL_GPU_THREADS) tensor_copy_kernel(const Te
     }
 }
 
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Byte-range copies (copy_blocks, copy_batch, page_transfer): the widest unit dividing addresses and length. */
+/* ------------------------------------------------------------------------------------------------------------ */
+template <typename T>
+__device__ __forceinline__ void copy_units(char *dst, const char *src, uint64_t bytes)
+{
+    T *d = reinterpret_cast<T *>(dst);
+    const T *s = reinterpret_cast<const T *>(src);
+    const uint64_t n = bytes / sizeof(T);
+    for (uint64_t base = threadIdx.x; base < n; base += (uint64_t)KVHAL_GPU_UNROLL * blockDim.x) {
+        T v[KVHAL_GPU_UNROLL];
+#pragma unroll
+        for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
+            const uint64_t i = base + (uint64_t)u * blockDim.x;
+            if (i < n) v[u] = s[i];
+        }
+#pragma unroll
+        for (int u = 0; u < KVHAL_GPU_UNROLL; u++) {
+            const uint64_t i = base + (uint64_t)u * blockDim.x;
+            if (i < n) d[i] = v[u];
+        }
+    }
+}
+
+/* The branch is uniform across the block: every thread sees the same addresses. */
+__device__ __forceinline__ void copy_range(char *dst, const char *src, uint64_t bytes)
+{
+    const uint64_t a = (uint64_t)(uintptr_t)dst | (uint64_t)(uintptr_t)src | bytes;
+    if ((a & 15u) == 0) copy_units<uint4>(dst, src, bytes);
+    else if ((a & 7u) == 0) copy_units<uint2>(dst, src, bytes);
+    else if ((a & 3u) == 0) copy_units<uint32_t>(dst, src, bytes);
+    else if ((a & 1u) == 0) copy_units<uint16_t>(dst, src, bytes);
+    else copy_units<uint8_t>(dst, src, bytes);
+}
+
 } // namespace kvhal_gpu
 
 #endif /* KVHAL_GPU_KERNELS_CUH */

@@ -85,6 +85,7 @@ typedef hipMemAccessDesc gpuMemAccessDesc;
 #define gpuStreamIsCapturing hipStreamIsCapturing
 #define gpuStreamDestroy hipStreamDestroy
 #define gpuStreamSynchronize hipStreamSynchronize
+#define gpuStreamQuery hipStreamQuery
 #define gpuStreamWaitEvent hipStreamWaitEvent
 #define gpuEventCreateWithFlags hipEventCreateWithFlags
 #define gpuEventDestroy hipEventDestroy
@@ -185,6 +186,7 @@ typedef cudaMemAccessDesc gpuMemAccessDesc;
 #define gpuStreamIsCapturing cudaStreamIsCapturing
 #define gpuStreamDestroy cudaStreamDestroy
 #define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuStreamQuery cudaStreamQuery
 #define gpuStreamWaitEvent cudaStreamWaitEvent
 #define gpuEventCreateWithFlags cudaEventCreateWithFlags
 #define gpuEventDestroy cudaEventDestroy

@@ -331,6 +331,24 @@ kvhal_status kvhal__ocl_stream_synchronize(void *ctx, int32_t id, void *stream)
     return KVHAL_OK;
 }
 
+kvhal_status kvhal__ocl_stream_query(void *ctx, int32_t id, void *stream)
+{
+    OCL_GET_DEVICE(ctx, id, d);
+    if (!stream) return finish_default(d);
+    cl_command_queue q = ((ocl_stream *)stream)->queue;
+    cl_event ev;
+    cl_int err = clEnqueueMarkerWithWaitList(q, 0, NULL, &ev);
+    if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: clEnqueueMarkerWithWaitList", id);
+    err = clFlush(q);
+    cl_int state = CL_QUEUED;
+    if (err == CL_SUCCESS)
+        err = clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof state, &state, NULL);
+    clReleaseEvent(ev);
+    if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: stream query", id);
+    if (state < 0) return kvhal__ocl_fail(d->m, state, "opencl:%d: work on the stream failed", id);
+    return state == CL_COMPLETE ? KVHAL_OK : KVHAL_BUSY;
+}
+
 /* ---- copies ---- */
 kvhal_status kvhal__ocl_memcpy_h2d(void *ctx, int32_t id, void *dst, size_t dst_off, const void *src, size_t bytes,
                                    void *stream)

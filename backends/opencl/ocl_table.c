@@ -69,6 +69,9 @@ static const kvhal_backend_device_fns device_fns = {
     .synchronize = kvhal__ocl_synchronize,
     .check_errors = kvhal__ocl_check_errors,
     .stream_check_errors = kvhal__ocl_stream_check_errors,
+    .host_alloc = NULL, /* plain host memory: no mapped-buffer pool yet */
+    .host_free = NULL,
+    .stream_query = kvhal__ocl_stream_query,
 };
 
 static const kvhal_backend_op_fns op_fns = {

@@ -9,17 +9,8 @@
 #define STACK_CACHES 64
 #define STACK_PAIRS 64
 
-typedef struct dst_entry {
-    int64_t block;
-    int32_t pair;
-} dst_entry;
-
-static int cmp_dst(const void *a, const void *b)
-{
-    const dst_entry *x = a, *y = b;
-    if (x->block != y->block) return x->block < y->block ? -1 : 1;
-    return x->pair < y->pair ? -1 : x->pair > y->pair;
-}
+typedef kvhal__pair_entry dst_entry; /* value: the destination block */
+#define cmp_dst kvhal__cmp_pair_entry
 
 /* Devices copy the pairs in parallel and the CPU in order: a block that one pair writes must be neither read nor
  * written by another pair, or the result would depend on the backend. A pair that copies a block onto itself
@@ -40,10 +31,10 @@ static kvhal_status check_pairs_disjoint(const int64_t *pairs, int32_t num_pairs
     qsort(d, n, sizeof *d, cmp_dst);
     kvhal_status st = KVHAL_OK;
     for (size_t i = 1; i < n && st == KVHAL_OK; i++)
-        if (d[i].block == d[i - 1].block)
+        if (d[i].value == d[i - 1].value)
             st = kvhal__err(KVHAL_INVALID_ARGUMENT, "pairs[%d]: destination block %lld is also the destination of "
                             "pairs[%d]; pairs run in parallel on devices", 2 * (int)d[i].pair + 1,
-                            (long long)d[i].block, 2 * (int)d[i - 1].pair + 1);
+                            (long long)d[i].value, 2 * (int)d[i - 1].pair + 1);
     for (int32_t p = 0; p < num_pairs && st == KVHAL_OK; p++) {
         dst_entry key = {pairs[2 * p], -1};
         /* the first destination entry of that block (entries of one block are ordered by pair, -1 sorts first) */
@@ -53,22 +44,13 @@ static kvhal_status check_pairs_disjoint(const int64_t *pairs, int32_t num_pairs
             if (cmp_dst(&d[mid], &key) < 0) lo = mid + 1;
             else hi = mid;
         }
-        if (lo < n && d[lo].block == key.block && d[lo].pair != p)
+        if (lo < n && d[lo].value == key.value && d[lo].pair != p)
             st = kvhal__err(KVHAL_INVALID_ARGUMENT, "pairs[%d]: source block %lld is the destination of pairs[%d]; "
-                            "pairs run in parallel on devices", 2 * (int)p, (long long)key.block,
+                            "pairs run in parallel on devices", 2 * (int)p, (long long)key.value,
                             2 * (int)d[lo].pair + 1);
     }
     if (d != stack) free(d);
     return st;
-}
-
-/* Formats "caches[i]" only when a check fails, so the common path does no printf. */
-static kvhal_status check_cache_tensor(const kvhal_tensor *t, int32_t i)
-{
-    if (kvhal__check_tensor(t, "caches[]") == KVHAL_OK) return KVHAL_OK;
-    char name[32];
-    snprintf(name, sizeof name, "caches[%d]", (int)i);
-    return kvhal__check_tensor(t, name);
 }
 
 kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num_caches, const int64_t *pairs,
@@ -78,31 +60,11 @@ kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num_caches, c
     KVHAL_CHECK_ARG(num_caches >= 1, "num_caches: %d must be >= 1", (int)num_caches);
     KVHAL_CHECK_ARG(num_pairs >= 0, "num_pairs: %d is negative", (int)num_pairs);
     KVHAL_CHECK_ARG(pairs || num_pairs == 0, "pairs: NULL with %d pairs", (int)num_pairs);
-    KVHAL_TRY(check_cache_tensor(&caches[0], 0));
-    const kvhal_device dev = caches[0].buffer->device;
+    kvhal_device dev;
+    int64_t min_blocks;
+    int32_t min_cache;
+    KVHAL_TRY(kvhal__check_block_caches(caches, num_caches, &dev, &min_blocks, &min_cache));
     KVHAL_TRY(kvhal__check_stream(s, dev, "s"));
-
-    int64_t min_blocks = INT64_MAX;
-    int32_t min_cache = 0;
-    for (int32_t c = 0; c < num_caches; c++) {
-        const kvhal_tensor *t = &caches[c];
-        if (c) KVHAL_TRY(check_cache_tensor(t, c));
-        if (!kvhal__device_equal(t->buffer->device, dev))
-            return kvhal__err(KVHAL_DEVICE_MISMATCH, "caches[%d]: is on %s:%d but caches[0] is on %s:%d", (int)c,
-                              kvhal_device_type_name(t->buffer->device.type), (int)t->buffer->device.id,
-                              kvhal_device_type_name(dev.type), (int)dev.id);
-        int64_t expect = 1;
-        for (int i = t->ndim - 1; i >= 1; i--) {
-            if (t->shape[i] != 1 && t->strides[i] != expect)
-                return kvhal__err(KVHAL_INVALID_ARGUMENT, "caches[%d].strides[%d]: %lld, a block must be dense "
-                                  "row-major (expected %lld)", (int)c, i, (long long)t->strides[i], (long long)expect);
-            expect *= t->shape[i];
-        }
-        if (t->shape[0] > 1 && t->strides[0] < expect)
-            return kvhal__err(KVHAL_INVALID_ARGUMENT, "caches[%d].strides[0]: %lld makes blocks of %lld elements "
-                              "overlap", (int)c, (long long)t->strides[0], (long long)expect);
-        if (t->shape[0] < min_blocks) min_blocks = t->shape[0], min_cache = c;
-    }
     for (int32_t p = 0; p < 2 * num_pairs; p++) {
         if (pairs[p] < 0 || pairs[p] >= min_blocks)
             return kvhal__err(KVHAL_OUT_OF_RANGE, "pairs[%d]: %s block %lld is out of range [0, %lld) of caches[%d]",

@@ -50,6 +50,20 @@ static inline kvhal_status kvhal__op_dispatch(kvhal_device dev, const kvhal__bk 
 /* "arg: is on cuda:1 but ref is on cuda:0" */
 KVHAL_HIDDEN kvhal_status kvhal__device_mismatch(const char *arg, kvhal_device got, const char *ref, kvhal_device want);
 
+/* The caches of copy_blocks and page_transfer: caches[0..num_caches) valid tensors on one device (*dev), each with
+ * the block index as dim 0 and its other dims dense row-major (one block = one contiguous byte range), blocks not
+ * overlapping; *min_blocks = the smallest block count, that of caches[*min_cache]. */
+KVHAL_HIDDEN kvhal_status kvhal__check_block_caches(const kvhal_tensor *caches, int32_t num_caches, kvhal_device *dev,
+                                                    int64_t *min_blocks, int32_t *min_cache);
+
+/* A block id (or host page) with the index of the pair it comes from, sorted by value then pair: how copy_blocks
+ * and page_transfer find ids that two pairs share. */
+typedef struct kvhal__pair_entry {
+    int64_t value;
+    int32_t pair;
+} kvhal__pair_entry;
+KVHAL_HIDDEN int kvhal__cmp_pair_entry(const void *a, const void *b);
+
 static inline bool kvhal__is_float_input(kvhal_dtype d) { return d == KVHAL_F32 || d == KVHAL_F16 || d == KVHAL_BF16; }
 static inline bool kvhal__is_fp8(kvhal_dtype d)
 {

@@ -1,0 +1,123 @@
+/* gpu_page_transfer.cu — page_transfer on the GPU backends: whole pages between the device caches and host pages.
+ * Host memory from this module's host_alloc is mapped pinned memory, which a kernel reads and writes directly over
+ * the bus: one launch moves every (page, cache) block of up to KVHAL_GPU_PT_PAIRS pages and KVHAL_GPU_PT_CACHES
+ * caches, with the pages and caches travelling as kernel parameters (no staging copy, nothing to wait for, so the
+ * call may be captured in a graph). Plain host memory goes through one runtime copy per block instead (pageable
+ * copies, which the runtime stages). No descriptor. */
+#include "gpu_private.h"
+
+namespace kvhal_gpu {
+
+#define KVHAL_GPU_PT_CACHES 64 /* caches per launch: 32 layers' K and V */
+#define KVHAL_GPU_PT_PAIRS 128 /* pages per launch; with the caches, 3 KB of parameters (4 KB allowed) */
+
+struct PageTransferParams {
+    char *base[KVHAL_GPU_PT_CACHES];     /* block 0 of each cache */
+    int64_t stride[KVHAL_GPU_PT_CACHES]; /* bytes between blocks */
+    int64_t block[KVHAL_GPU_PT_PAIRS];   /* device block of each page */
+    int64_t page[KVHAL_GPU_PT_PAIRS];    /* host page */
+    char *host;                          /* device address of the host pages, at the group's first cache */
+    int64_t page_bytes, block_bytes, chunks, total;
+    int32_t num_caches, num_pairs, to_host;
+};
+
+__global__ void __launch_bounds__(KVHAL_GPU_THREADS) page_transfer_kernel(const PageTransferParams p)
+{
+    for (int64_t w = blockIdx.x; w < p.total; w += gridDim.x) {
+        const int64_t item = w / p.chunks, chunk = w - item * p.chunks;
+        const int64_t pair = item / p.num_caches;
+        const int32_t c = (int32_t)(item - pair * p.num_caches);
+        const int64_t begin = chunk * KVHAL_GPU_CHUNK;
+        const int64_t len = p.block_bytes - begin < KVHAL_GPU_CHUNK ? p.block_bytes - begin : KVHAL_GPU_CHUNK;
+        char *dev = p.base[c] + p.block[pair] * p.stride[c] + begin;
+        char *host = p.host + p.page[pair] * p.page_bytes + (int64_t)c * p.block_bytes + begin;
+        if (p.to_host) copy_range(host, dev, (uint64_t)len);
+        else copy_range(dev, host, (uint64_t)len);
+    }
+}
+
+bool page_transfer_supports(Ctx *c, int32_t id, const kvhal_bk_page_transfer *a, char *reason, size_t reason_size)
+{
+    (void)c;
+    (void)id;
+    if (a->num_caches < 1 || a->num_pairs < 0 || a->block_bytes < 0)
+        return kvhal_bk_refuse(reason, reason_size, "page_transfer of %d caches and %d pairs", (int)a->num_caches,
+                               (int)a->num_pairs);
+    return true;
+}
+
+kvhal_status page_transfer_desc_create(Ctx *c, int32_t id, const kvhal_bk_page_transfer *a, void **desc)
+{
+    (void)c;
+    (void)id;
+    (void)a;
+    *desc = NULL; /* nothing depends on metadata alone */
+    return KVHAL_OK;
+}
+
+void page_transfer_desc_destroy(Ctx *c, int32_t id, void *desc)
+{
+    (void)c;
+    (void)id;
+    (void)desc;
+}
+
+/* Plain host memory: one runtime copy per block. */
+static kvhal_status transfer_pageable(const Ctx *c, int32_t id, const kvhal_bk_page_transfer *a, gpuStream_t s)
+{
+    const size_t bytes = (size_t)a->block_bytes;
+    char *host = static_cast<char *>(a->host) + a->host_offset;
+    for (int32_t p = 0; p < a->num_pairs; p++) {
+        char *page = host + a->pairs[2 * p + 1] * a->host_page_bytes;
+        for (int32_t k = 0; k < a->num_caches; k++) {
+            char *dev = static_cast<char *>(a->natives[k]) + a->offsets[k] + a->pairs[2 * p] * a->block_strides[k];
+            char *h = page + (size_t)k * bytes;
+            KVHAL_GPU_TRY(c, gpuMemcpyAsync(a->to_host ? h : dev, a->to_host ? dev : h, bytes,
+                                            a->to_host ? gpuMemcpyDeviceToHost : gpuMemcpyHostToDevice, s),
+                          id, "page_transfer copy");
+        }
+    }
+    return KVHAL_OK;
+}
+
+kvhal_status gpu_page_transfer(void *ctx, int32_t id, void *desc, const kvhal_bk_page_transfer *a, void *stream)
+{
+    (void)desc;
+    const Ctx *c = ctx_of(ctx);
+    kvhal_status st = check_id(c, id);
+    if (st != KVHAL_OK) return st;
+    if (a->num_pairs <= 0 || a->block_bytes <= 0) return KVHAL_OK;
+    KVHAL_GPU_SETDEV(c, id);
+    const gpuStream_t s = native_stream(stream);
+    if (!a->host_pinned) return transfer_pageable(c, id, a, s);
+    void *dhost = NULL;
+    KVHAL_GPU_TRY(c, gpuHostGetDevicePointer(&dhost, a->host, 0), id, "page_transfer host mapping");
+    PageTransferParams p;
+    p.page_bytes = a->host_page_bytes;
+    p.block_bytes = a->block_bytes;
+    p.chunks = (a->block_bytes + KVHAL_GPU_CHUNK - 1) / KVHAL_GPU_CHUNK;
+    p.to_host = a->to_host ? 1 : 0;
+    const int64_t cap = (int64_t)c->dev[id].sm_count * 32;
+    for (int32_t c0 = 0; c0 < a->num_caches; c0 += KVHAL_GPU_PT_CACHES) {
+        p.num_caches = a->num_caches - c0 < KVHAL_GPU_PT_CACHES ? a->num_caches - c0 : KVHAL_GPU_PT_CACHES;
+        for (int32_t k = 0; k < p.num_caches; k++) {
+            p.base[k] = static_cast<char *>(a->natives[c0 + k]) + a->offsets[c0 + k];
+            p.stride[k] = a->block_strides[c0 + k];
+        }
+        p.host = static_cast<char *>(dhost) + a->host_offset + (size_t)c0 * (size_t)a->block_bytes;
+        for (int32_t p0 = 0; p0 < a->num_pairs; p0 += KVHAL_GPU_PT_PAIRS) {
+            p.num_pairs = a->num_pairs - p0 < KVHAL_GPU_PT_PAIRS ? a->num_pairs - p0 : KVHAL_GPU_PT_PAIRS;
+            for (int32_t i = 0; i < p.num_pairs; i++) {
+                p.block[i] = a->pairs[2 * (p0 + i)];
+                p.page[i] = a->pairs[2 * (p0 + i) + 1];
+            }
+            p.total = (int64_t)p.num_pairs * p.num_caches * p.chunks;
+            const uint32_t grid = (uint32_t)(p.total < cap ? p.total : cap);
+            page_transfer_kernel<<<grid, KVHAL_GPU_THREADS, 0, s>>>(p);
+            KVHAL_GPU_TRY(c, gpuGetLastError(), id, "page_transfer launch");
+        }
+    }
+    return KVHAL_OK;
+}
+
+} // namespace kvhal_gpu

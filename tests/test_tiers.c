@@ -1,0 +1,535 @@
+/* test_tiers.c — the hierarchical cache (issue 17): a cache manager with a host tier over a real paged cache on
+ * cpu:0 (and the device KVHAL_TEST_DEVICE names), where every page's content is derived from its chain hash, so a
+ * page that a device match or a load-back returns is verified byte for byte against what its tokens must hold.
+ *   tiers_offload_and_load_back   write-back and write-through: evicted prefixes come back from host, verified
+ *   tiers_model_random            a random serving workload (10^6 operations with KVHAL_TIERS_OPS unset) checked
+ *                                 against a model rebuilt from the KV events alone: every query's device and host
+ *                                 lengths equal the model's, every page's content is right, integrity holds
+ *   tiers_events_overflow         a full queue turns into an overflow event counting what was lost
+ *   tiers_hash_stable             the documented hash chain, fixed values
+ *   tiers_alloc_faults            every allocation of create_tiered and load_back failing: a clear error, no change
+ *   tiers_bad_inputs              refusals name the argument */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvhal.h"
+
+#define OKS(expr)                                                                                               \
+    do {                                                                                                        \
+        kvhal_status st_ = (expr);                                                                              \
+        if (st_ != KVHAL_OK) fail_msg("%s: %s (%s)", #expr, kvhal_status_name(st_), kvhal_last_error());       \
+    } while (0)
+
+typedef struct rig {
+    kvhal_device dev;
+    kvhal_paged_cache *pc;
+    kvhal_cache_manager *cm;
+    int32_t ps, layers, total;
+    size_t block_bytes;
+    kvhal_tensor k[4], v[4];
+    uint8_t *scratch;
+} rig;
+
+static kvhal_device test_device(void)
+{
+    kvhal_device d = {KVHAL_DEVICE_CPU, 0};
+    const char *e = getenv("KVHAL_TEST_DEVICE");
+    if (e && *e && kvhal_device_parse(e, &d) != KVHAL_OK) fail_msg("KVHAL_TEST_DEVICE=%s: %s", e, kvhal_last_error());
+    return d;
+}
+
+/* total device pages, host pages, policy; layers and head_dim small so that a million operations stay quick */
+static void rig_make(rig *r, int32_t total, int32_t host_pages, int32_t ps, kvhal_write_policy pol, uint32_t events)
+{
+    memset(r, 0, sizeof *r);
+    r->dev = test_device();
+    r->ps = ps;
+    r->layers = 2;
+    r->total = total;
+    kvhal_paged_cache_config cfg = {.num_layers = 2, .num_heads = 1, .head_dim = 2, .block_size = ps,
+                                    .dtype = KVHAL_F32, .layout = KVHAL_LAYOUT_NHD, .order = KVHAL_LAYER_FIRST,
+                                    .device = r->dev};
+    r->block_bytes = (size_t)ps * 2 * 4;
+    cfg.memory_budget = (uint64_t)total * 2 * 2 * r->block_bytes;
+    OKS(kvhal_paged_cache_create(&cfg, &r->pc));
+    for (int32_t l = 0; l < 2; l++) OKS(kvhal_paged_cache_layer(r->pc, l, &r->k[l], &r->v[l]));
+    kvhal_host_tier_config tc = {.cache = r->pc, .host_budget = (uint64_t)host_pages * kvhal_paged_cache_host_page_bytes(r->pc),
+                                 .policy = pol, .event_capacity = events};
+    OKS(kvhal_cache_manager_create_tiered(total, ps, KVHAL_PREFIX_RADIX, &tc, &r->cm));
+    r->scratch = malloc(r->block_bytes);
+    assert_non_null(r->scratch);
+}
+
+static void rig_free(rig *r)
+{
+    OKS(kvhal_cache_manager_destroy(r->cm));
+    OKS(kvhal_paged_cache_destroy(r->pc));
+    free(r->scratch);
+}
+
+/* The content a page of hash h holds in layer l, side s. */
+static void content(const rig *r, uint64_t h, int l, int s, uint8_t *out)
+{
+    uint64_t x = h ^ (0x9e3779b97f4a7c15ull * (uint64_t)(2 * l + s + 1));
+    for (size_t i = 0; i < r->block_bytes; i++) {
+        x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+        out[i] = (uint8_t)((x * 0x2545f4914f6cdd1dull) >> 56);
+    }
+}
+
+static size_t block_off(const kvhal_tensor *t, int32_t page)
+{
+    return t->offset + (size_t)page * (size_t)t->strides[0] * 4;
+}
+
+static void write_page(rig *r, int32_t page, uint64_t h)
+{
+    for (int l = 0; l < r->layers; l++)
+        for (int s = 0; s < 2; s++) {
+            const kvhal_tensor *t = s ? &r->v[l] : &r->k[l];
+            content(r, h, l, s, r->scratch);
+            OKS(kvhal_memcpy_h2d(t->buffer, block_off(t, page), r->scratch, r->block_bytes, NULL));
+        }
+}
+
+static void expect_page(rig *r, int32_t page, uint64_t h, const char *what)
+{
+    uint8_t *want = malloc(r->block_bytes);
+    assert_non_null(want);
+    for (int l = 0; l < r->layers; l++)
+        for (int s = 0; s < 2; s++) {
+            const kvhal_tensor *t = s ? &r->v[l] : &r->k[l];
+            content(r, h, l, s, want);
+            OKS(kvhal_memcpy_d2h(r->scratch, t->buffer, block_off(t, page), r->block_bytes, NULL));
+            if (memcmp(want, r->scratch, r->block_bytes))
+                fail_msg("%s: page %d (hash %016llx) layer %d %s holds other content", what, (int)page,
+                         (unsigned long long)h, l, s ? "V" : "K");
+        }
+    free(want);
+}
+
+static void chain(int32_t ps, const int32_t *tokens, size_t n, uint64_t *hashes)
+{
+    uint64_t h = kvhal_kv_root_hash(ps);
+    for (size_t i = 0; i * (size_t)ps + (size_t)ps <= n; i++) hashes[i] = h = kvhal_kv_page_hash(h, tokens + i * (size_t)ps, ps);
+}
+
+static void integrity(const rig *r)
+{
+    kvhal_status st = kvhal_cache_manager_check_integrity(r->cm);
+    if (st != KVHAL_OK) fail_msg("check_integrity: %s", kvhal_last_error());
+}
+
+/* Runs one request start to finish: match (device + host), load back, verify every reused page, write the new
+ * pages, finish. Returns the device and host lengths it saw. */
+static void run_request(rig *r, const int32_t *tokens, size_t n, size_t *dev_len, size_t *host_len, bool suffix)
+{
+    const size_t ps = (size_t)r->ps, np = (n + ps - 1) / ps;
+    int32_t *pages = malloc((np + 1) * sizeof *pages);
+    uint64_t *hs = malloc((np + 1) * sizeof *hs);
+    assert_non_null(pages);
+    assert_non_null(hs);
+    chain(r->ps, tokens, n, hs);
+    kvhal_prefix_handle h;
+    size_t dl, hl, loaded = 0;
+    OKS(kvhal_cache_manager_match_tiered(r->cm, tokens, n, &h, &dl, &hl, pages, np + 1));
+    for (size_t i = 0; i < dl / ps; i++) expect_page(r, pages[i], hs[i], "device hit");
+    if (hl) {
+        OKS(kvhal_cache_manager_load_back(r->cm, h, tokens, n, pages + dl / ps, np - dl / ps, &loaded));
+        assert_int_equal(loaded, hl);
+        OKS(kvhal_cache_manager_transfer_wait(r->cm));
+        for (size_t i = dl / ps; i < (dl + hl) / ps; i++) expect_page(r, pages[i], hs[i], "loaded back");
+    }
+    const size_t have = (dl + loaded) / ps;
+    kvhal_status st = kvhal_cache_manager_allocate(r->cm, (int32_t)(np - have), pages + have);
+    if (st != KVHAL_OK) { /* everything is locked by running requests: drop this one */
+        assert_int_equal(st, KVHAL_OUT_OF_MEMORY);
+        OKS(kvhal_cache_manager_free(r->cm, pages + dl / ps, (int32_t)(have - dl / ps)));
+        OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r->cm), h));
+    } else {
+        for (size_t i = have; i < n / ps; i++) write_page(r, pages[i], hs[i]);
+        if (suffix)
+            OKS(kvhal_cache_manager_cache_finished_suffix(r->cm, h, tokens + dl, n - dl, pages + dl / ps));
+        else
+            OKS(kvhal_cache_manager_cache_finished(r->cm, tokens, n, pages, h));
+    }
+    if (dev_len) *dev_len = dl;
+    if (host_len) *host_len = hl;
+    free(pages);
+    free(hs);
+}
+
+static void offload_case(kvhal_write_policy pol)
+{
+    rig r;
+    rig_make(&r, 8, 32, 4, pol, 0);
+    int32_t a[32], b[32];
+    for (int i = 0; i < 32; i++) a[i] = 100 + i, b[i] = 500 + i;
+    size_t dl, hl;
+    run_request(&r, a, 32, &dl, &hl, false);
+    assert_int_equal(dl + hl, 0);
+    kvhal_host_tier_stats s;
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &s));
+    assert_int_equal(s.pages_written, pol == KVHAL_WRITE_THROUGH ? 8 : 0);
+    run_request(&r, b, 32, &dl, &hl, false); /* evicts a (8 device pages in all) */
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &s));
+    assert_int_equal(s.pages_written, pol == KVHAL_WRITE_THROUGH ? 16 : 8);
+    integrity(&r);
+    run_request(&r, a, 32, &dl, &hl, false); /* back from host, verified inside */
+    assert_int_equal(dl, 0);
+    assert_int_equal(hl, 32);
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &s));
+    assert_int_equal(s.pages_loaded, 8);
+    /* a longer request on a: device hit (a is back), then b's pages were evicted to host */
+    int32_t a2[40];
+    memcpy(a2, a, sizeof a);
+    for (int i = 32; i < 40; i++) a2[i] = 7;
+    run_request(&r, b, 32, &dl, &hl, true);
+    assert_int_equal(dl, 0);
+    assert_int_equal(hl, 32);
+    integrity(&r);
+    OKS(kvhal_cache_manager_host_tier_clear(r.cm));
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &s));
+    assert_int_equal(s.host_pages_used, 0);
+    integrity(&r);
+    rig_free(&r);
+}
+
+static void test_offload_and_load_back(void **state)
+{
+    (void)state;
+    offload_case(KVHAL_WRITE_BACK);
+    offload_case(KVHAL_WRITE_THROUGH);
+}
+
+/* ---- the model: what the events say each tier holds ---- */
+typedef struct mentry {
+    uint64_t hash, parent;
+    int32_t page;
+    bool used;
+} mentry;
+
+typedef struct model {
+    mentry *tab[2];
+    size_t cap, n[2];
+} model;
+
+static mentry *m_slot(model *m, int tier, uint64_t h)
+{
+    size_t i = (size_t)(h * 0x9e3779b97f4a7c15ull) & (m->cap - 1);
+    while (m->tab[tier][i].used && m->tab[tier][i].hash != h) i = (i + 1) & (m->cap - 1);
+    return &m->tab[tier][i];
+}
+
+static void m_erase(model *m, int tier, uint64_t h)
+{
+    mentry *e = m_slot(m, tier, h);
+    if (!e->used) fail_msg("event: removed %016llx from tier %d, which the events never stored", (unsigned long long)h, tier);
+    /* rebuild the cluster after the hole (simple and correct) */
+    size_t i = (size_t)(e - m->tab[tier]);
+    e->used = false;
+    m->n[tier]--;
+    for (size_t j = (i + 1) & (m->cap - 1); m->tab[tier][j].used; j = (j + 1) & (m->cap - 1)) {
+        mentry x = m->tab[tier][j];
+        m->tab[tier][j].used = false;
+        *m_slot(m, tier, x.hash) = x;
+    }
+}
+
+static void m_apply(model *m, rig *r)
+{
+    kvhal_kv_event ev[256];
+    int32_t *tok = malloc(256 * (size_t)r->ps * sizeof *tok);
+    assert_non_null(tok);
+    size_t n;
+    do {
+        OKS(kvhal_cache_manager_events_read(r->cm, ev, tok, 256, &n));
+        for (size_t i = 0; i < n; i++) {
+            const int tier = ev[i].tier;
+            switch (ev[i].type) {
+            case KVHAL_KV_STORED: {
+                if (kvhal_kv_page_hash(ev[i].parent_hash, tok + i * (size_t)r->ps, r->ps) != ev[i].hash)
+                    fail_msg("stored event: hash does not follow from its parent and tokens");
+                mentry *e = m_slot(m, tier, ev[i].hash);
+                if (e->used) fail_msg("stored event: %016llx stored twice in tier %d", (unsigned long long)ev[i].hash, tier);
+                *e = (mentry){ev[i].hash, ev[i].parent_hash, ev[i].page, true};
+                m->n[tier]++;
+                break;
+            }
+            case KVHAL_KV_REMOVED: m_erase(m, tier, ev[i].hash); break;
+            case KVHAL_KV_CLEARED:
+                memset(m->tab[tier], 0, m->cap * sizeof *m->tab[tier]);
+                m->n[tier] = 0;
+                break;
+            default: fail_msg("event type %d (overflow) in a queue that is drained every step", (int)ev[i].type);
+            }
+        }
+    } while (n == 256);
+    free(tok);
+}
+
+/* The model's answer for a query: device pages while the device has the chain, host pages after. */
+static void m_predict(model *m, int32_t ps, const uint64_t *hs, size_t np, size_t *dl, size_t *hl)
+{
+    size_t i = 0;
+    while (i < np && m_slot(m, 0, hs[i])->used) i++;
+    *dl = i * (size_t)ps;
+    size_t j = i;
+    while (j < np && m_slot(m, 1, hs[j])->used) j++;
+    *hl = (j - i) * (size_t)ps;
+}
+
+static void test_model_random(void **state)
+{
+    (void)state;
+    const char *env = getenv("KVHAL_TIERS_OPS");
+    const long ops = env && *env ? atol(env) : 1000000L;
+    for (int pol = 0; pol < 2; pol++) {
+        rig r;
+        const int32_t ps = 2;
+        /* 24 groups x (system prompt 6 pages + 2 pages of question) ~ 190 pages working set; device 48 pages,
+         * host 128 */
+        rig_make(&r, 48, 128, ps, (kvhal_write_policy)pol, 4096);
+        model m = {.cap = 1024};
+        m.tab[0] = calloc(m.cap, sizeof(mentry));
+        m.tab[1] = calloc(m.cap, sizeof(mentry));
+        assert_non_null(m.tab[0]);
+        assert_non_null(m.tab[1]);
+        uint64_t rng = 0x1234 + (uint64_t)pol;
+        int32_t tokens[24];
+        uint64_t hs[12];
+        size_t host_hits = 0, dev_hits = 0;
+        for (long op = 0; op < ops / 2; op++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            const int g = (int)(rng % 24), q = (int)((rng >> 8) % 3);
+            const size_t n = 12 + (size_t)((rng >> 16) % 5) * 2 + (size_t)((rng >> 24) % 2);
+            for (int i = 0; i < 12; i++) tokens[i] = g * 1000 + i;
+            for (size_t i = 12; i < n; i++) tokens[i] = g * 1000 + 100 * (q + 1) + (int)i;
+            chain(ps, tokens, n, hs);
+            size_t pdl, phl, dl, hl;
+            m_predict(&m, ps, hs, n / (size_t)ps, &pdl, &phl);
+            if ((rng >> 40) % 16 == 0) { /* a query only: lengths as the model says, then released */
+                kvhal_prefix_handle h;
+                int32_t pages[12];
+                OKS(kvhal_cache_manager_match_tiered(r.cm, tokens, n, &h, &dl, &hl, pages, 12));
+                OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r.cm), h));
+            } else {
+                run_request(&r, tokens, n, &dl, &hl, (rng >> 44) & 1);
+            }
+            if (dl != pdl || hl != phl)
+                fail_msg("op %ld: the cache says device %zu + host %zu tokens, the events say %zu + %zu", op, dl, hl,
+                         pdl, phl);
+            dev_hits += dl, host_hits += hl;
+            if ((rng >> 50) % 64 == 0) OKS(kvhal_cache_manager_evict(r.cm, (rng >> 56) % 16, NULL));
+            m_apply(&m, &r);
+            kvhal_prefix_size_info si;
+            OKS(kvhal_prefix_size_info_get(kvhal_cache_manager_prefix(r.cm), &si));
+            kvhal_host_tier_stats st;
+            OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
+            if (m.n[0] != si.total_tokens / (size_t)ps || (int64_t)m.n[1] != st.host_pages_used)
+                fail_msg("op %ld: events rebuild %zu device + %zu host pages, the cache has %zu + %lld", op, m.n[0],
+                         m.n[1], si.total_tokens / (size_t)ps, (long long)st.host_pages_used);
+            if (op % 1024 == 0) integrity(&r);
+        }
+        integrity(&r);
+        print_message("policy %s: %ld requests, %zu device-hit tokens, %zu loaded-back tokens\n",
+                      pol ? "write-back" : "write-through", ops / 2, dev_hits, host_hits);
+        assert_true(host_hits > 0);
+        free(m.tab[0]);
+        free(m.tab[1]);
+        rig_free(&r);
+    }
+}
+
+static void test_events_overflow(void **state)
+{
+    (void)state;
+    rig r;
+    rig_make(&r, 16, 16, 2, KVHAL_WRITE_THROUGH, 4);
+    int32_t t[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    run_request(&r, t, 8, NULL, NULL, false); /* 4 device stored + 4 host stored: 8 events into 4 places */
+    kvhal_kv_event ev[8];
+    int32_t tok[16];
+    size_t n;
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 8, &n));
+    assert_int_equal(n, 4);
+    assert_int_equal(ev[0].type, KVHAL_KV_STORED);
+    assert_int_equal(ev[2].type, KVHAL_KV_STORED);
+    assert_int_equal(ev[3].type, KVHAL_KV_OVERFLOW);
+    assert_int_equal(ev[3].dropped, 5);
+    assert_memory_equal(tok, t, 2 * sizeof *t);
+    kvhal_host_tier_stats s;
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &s));
+    assert_int_equal(s.events_dropped, 5);
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 8, &n));
+    assert_int_equal(n, 0);
+    rig_free(&r);
+}
+
+static void test_hash_stable(void **state)
+{
+    (void)state;
+    /* the documented definition, computed here independently */
+    const int32_t t[4] = {1, 2, 3, -4};
+    uint64_t z = KVHAL_KV_HASH_SEED ^ 2u;
+#define SM(v) ((v) = ((v) ^ ((v) >> 30)) * 0xbf58476d1ce4e5b9ull, (v) = ((v) ^ ((v) >> 27)) * 0x94d049bb133111ebull, (v) ^= (v) >> 31)
+    SM(z);
+    assert_true(kvhal_kv_root_hash(2) == z);
+    uint64_t h = z;
+    h ^= 1u, SM(h), h ^= 2u, SM(h);
+    h ^= (uint64_t)2 << 32, SM(h);
+    assert_true(kvhal_kv_page_hash(z, t, 2) == h);
+    uint64_t h2 = h;
+    h2 ^= 3u, SM(h2), h2 ^= (uint32_t)-4, SM(h2);
+    h2 ^= (uint64_t)2 << 32, SM(h2);
+    assert_true(kvhal_kv_page_hash(h, t + 2, 2) == h2);
+#undef SM
+    /* a different page size or order changes it */
+    assert_true(kvhal_kv_page_hash(z, t, 1) != kvhal_kv_page_hash(z, t, 2));
+    assert_true(kvhal_kv_root_hash(1) != kvhal_kv_root_hash(2));
+}
+
+static void test_alloc_faults(void **state)
+{
+    (void)state;
+    kvhal_device dev = test_device();
+    kvhal_paged_cache_config cfg = {.num_layers = 2, .num_heads = 1, .head_dim = 2, .block_size = 2,
+                                    .dtype = KVHAL_F32, .memory_budget = 16 * 2 * 2 * 16, .device = dev};
+    kvhal_paged_cache *pc;
+    OKS(kvhal_paged_cache_create(&cfg, &pc));
+    kvhal_host_tier_config tc = {.cache = pc, .host_budget = 8 * kvhal_paged_cache_host_page_bytes(pc),
+                                 .policy = KVHAL_WRITE_BACK, .event_capacity = 64};
+    int failures = 0;
+    for (int64_t k = 1;; k++) {
+        kvhal_cache_manager *cm = NULL;
+        kvhal_fault_inject_alloc(k);
+        kvhal_status st = kvhal_cache_manager_create_tiered(16, 2, KVHAL_PREFIX_RADIX, &tc, &cm);
+        kvhal_fault_inject_alloc(0);
+        if (st == KVHAL_OK) {
+            OKS(kvhal_cache_manager_destroy(cm));
+            break;
+        }
+        assert_int_equal(st, KVHAL_OUT_OF_MEMORY);
+        assert_null(cm);
+        assert_true(strlen(kvhal_last_error()) > 0);
+        failures++;
+        assert_true(k < 1000);
+    }
+    assert_true(failures >= 10); /* every allocation of the tiers was walked */
+    /* load_back's allocations failing: nothing changes */
+    rig r;
+    rig_make(&r, 4, 8, 2, KVHAL_WRITE_BACK, 0);
+    int32_t a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, b[8] = {9, 10, 11, 12, 13, 14, 15, 16};
+    run_request(&r, a, 8, NULL, NULL, false);
+    run_request(&r, b, 8, NULL, NULL, false); /* a goes to host */
+    kvhal_prefix_handle h;
+    size_t dl, hl, loaded = 99;
+    int32_t pages[4];
+    OKS(kvhal_cache_manager_match_tiered(r.cm, a, 8, &h, &dl, &hl, pages, 4));
+    assert_int_equal(hl, 8);
+    for (int64_t k = 1; k < 4; k++) {
+        kvhal_fault_inject_alloc(k);
+        kvhal_status st = kvhal_cache_manager_load_back(r.cm, h, a, 8, pages, 4, &loaded);
+        kvhal_fault_inject_alloc(0);
+        if (st == KVHAL_OK) {
+            OKS(kvhal_cache_manager_free(r.cm, pages, 4));
+            break;
+        }
+        assert_int_equal(st, KVHAL_OUT_OF_MEMORY);
+        assert_int_equal(loaded, 0);
+        integrity(&r);
+        kvhal_host_tier_stats s;
+        OKS(kvhal_cache_manager_tier_stats(r.cm, &s));
+        assert_int_equal(s.pages_loaded, 0);
+    }
+    OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r.cm), h));
+    integrity(&r);
+    rig_free(&r);
+    OKS(kvhal_paged_cache_destroy(pc));
+}
+
+static void test_bad_inputs(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = NULL;
+    assert_int_equal(kvhal_cache_manager_create_tiered(8, 2, KVHAL_PREFIX_RADIX, NULL, &cm), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "cfg"));
+    kvhal_host_tier_config tc = {0};
+    assert_int_equal(kvhal_cache_manager_create_tiered(8, 2, KVHAL_PREFIX_RADIX, &tc, &cm), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "cfg.cache"));
+    rig r;
+    rig_make(&r, 8, 8, 2, KVHAL_WRITE_BACK, 0);
+    tc.cache = r.pc;
+    assert_int_equal(kvhal_cache_manager_create_tiered(8, 4, KVHAL_PREFIX_RADIX, &tc, &cm), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "page_size"));
+    assert_int_equal(kvhal_cache_manager_create_tiered(9, 2, KVHAL_PREFIX_RADIX, &tc, &cm), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "total_pages"));
+    tc.policy = (kvhal_write_policy)5;
+    assert_int_equal(kvhal_cache_manager_create_tiered(8, 2, KVHAL_PREFIX_RADIX, &tc, &cm), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "cfg.policy"));
+    tc.policy = KVHAL_WRITE_BACK;
+    tc.event_capacity = 1;
+    assert_int_equal(kvhal_cache_manager_create_tiered(8, 2, KVHAL_PREFIX_RADIX, &tc, &cm), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "cfg.event_capacity"));
+    assert_null(cm);
+    size_t n;
+    kvhal_kv_event ev;
+    int32_t tok[2];
+    assert_int_equal(kvhal_cache_manager_events_read(r.cm, &ev, tok, 1, &n), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "event_capacity"));
+    kvhal_cache_manager *plain;
+    OKS(kvhal_cache_manager_create(8, 2, KVHAL_PREFIX_RADIX, &plain));
+    assert_int_equal(kvhal_cache_manager_transfer_wait(plain), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "tiered"));
+    size_t loaded;
+    int32_t pages[2];
+    assert_int_equal(kvhal_cache_manager_load_back(r.cm, 0, tok, 2, pages, 2, &loaded), KVHAL_INVALID_HANDLE);
+    assert_non_null(strstr(kvhal_last_error(), "handle"));
+    OKS(kvhal_cache_manager_destroy(plain));
+    /* host memory and stream polling */
+    kvhal_host_memory *hm = NULL;
+    assert_int_equal(kvhal_host_memory_create(r.dev, 0, &hm), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "bytes"));
+    assert_int_equal(kvhal_host_memory_create(r.dev, 64, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "out"));
+    OKS(kvhal_host_memory_create(r.dev, 64, &hm));
+    assert_int_equal(kvhal_host_memory_size(hm), 64);
+    assert_non_null(kvhal_host_memory_ptr(hm));
+    OKS(kvhal_host_memory_destroy(hm));
+    assert_int_equal(kvhal_host_memory_destroy(hm), KVHAL_INVALID_HANDLE);
+    assert_null(kvhal_host_memory_ptr(hm));
+    OKS(kvhal_host_memory_destroy(NULL));
+    assert_int_equal(kvhal_stream_query(NULL), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "s:"));
+    kvhal_stream *s = NULL;
+    if (kvhal_stream_create(r.dev, &s) == KVHAL_OK) {
+        OKS(kvhal_stream_synchronize(s));
+        OKS(kvhal_stream_query(s)); /* nothing queued: done */
+        OKS(kvhal_stream_destroy(s));
+    }
+    /* a page transfer with a buffer of another paged cache's host memory that is too small: out of range */
+    OKS(kvhal_host_memory_create(r.dev, kvhal_paged_cache_host_page_bytes(r.pc), &hm));
+    assert_int_equal(kvhal_paged_cache_transfer(r.pc, hm, (int64_t[]){0, 1}, 1, KVHAL_TO_HOST, NULL),
+                     KVHAL_OUT_OF_RANGE);
+    assert_non_null(strstr(kvhal_last_error(), "host page 1"));
+    OKS(kvhal_paged_cache_transfer(r.pc, hm, (int64_t[]){0, 0}, 1, KVHAL_TO_HOST, NULL));
+    OKS(kvhal_host_memory_destroy(hm));
+    rig_free(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_offload_and_load_back), cmocka_unit_test(test_model_random),
+        cmocka_unit_test(test_events_overflow),       cmocka_unit_test(test_hash_stable),
+        cmocka_unit_test(test_alloc_faults),          cmocka_unit_test(test_bad_inputs),
+    };
+    return cmocka_run_group_tests_name("tiers", tests, NULL, NULL);
+}
