@@ -634,7 +634,7 @@ static void wait_stream(kvhal_device dev, kvhal_stream *s)
  * never for the built-in backends, which all implement it. */
 static bool transfer_unsupported(kvhal_device dev, kvhal_status st)
 {
-    if (st != KVHAL_UNSUPPORTED || dev.type < KVHAL_DEVICE_BUILTIN_TYPE_COUNT) return false;
+    if (st != KVHAL_UNSUPPORTED || dev.type <= KVHAL_DEVICE_OPENCL) return false; /* cpu, cuda, hip, opencl */
     return true;
 }
 
