@@ -130,7 +130,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const int32_t total = 4 + (int32_t)(next(&in) % 29), host = (int32_t)(next(&in) % 65);
     const unsigned flags = next(&in);
     c.block = (size_t)c.ps * 4 * 4; /* 1 layer, 1 head, dim 4, f32 */
-    kvhal_paged_cache_config cfg = {.num_layers = 1, .num_heads = 1, .head_dim = 4, .block_size = c.ps,
+    kvhal_paged_cache_config cfg = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = 1, .num_heads = 1, .head_dim = 4, .block_size = c.ps,
                                     .dtype = KVHAL_F32, .memory_budget = (uint64_t)total * 2 * c.block,
                                     .device = {KVHAL_DEVICE_CPU, 0}};
     if (kvhal_paged_cache_create(&cfg, &c.pc) != KVHAL_OK) return 0;

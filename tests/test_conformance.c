@@ -723,7 +723,7 @@ static void test_paged_cache_transfer(void **state)
     ref_rng r = {53};
     for (int order = 0; order < 2; order++) {
         for (int layout = 0; layout < 2; layout++) {
-            kvhal_paged_cache_config cfg = {.num_layers = 3, .num_heads = 2, .head_dim = 8, .block_size = 4,
+            kvhal_paged_cache_config cfg = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = 3, .num_heads = 2, .head_dim = 8, .block_size = 4,
                                             .dtype = KVHAL_BF16, .layout = (kvhal_paged_layout)layout,
                                             .order = (kvhal_paged_order)order, .memory_budget = 3 * 2 * 8 * 2 * 4 * 2 * 8,
                                             .device = dev};

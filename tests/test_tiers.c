@@ -53,7 +53,7 @@ static void rig_make(rig *r, int32_t total, int32_t host_pages, int32_t ps, kvha
     r->ps = ps;
     r->layers = 2;
     r->total = total;
-    kvhal_paged_cache_config cfg = {.num_layers = 2, .num_heads = 1, .head_dim = 2, .block_size = ps,
+    kvhal_paged_cache_config cfg = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = 2, .num_heads = 1, .head_dim = 2, .block_size = ps,
                                     .dtype = KVHAL_F32, .layout = KVHAL_LAYOUT_NHD, .order = KVHAL_LAYER_FIRST,
                                     .device = r->dev};
     r->block_bytes = (size_t)ps * 2 * 4;
@@ -400,7 +400,7 @@ static void test_alloc_faults(void **state)
 {
     (void)state;
     kvhal_device dev = test_device();
-    kvhal_paged_cache_config cfg = {.num_layers = 2, .num_heads = 1, .head_dim = 2, .block_size = 2,
+    kvhal_paged_cache_config cfg = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = 2, .num_heads = 1, .head_dim = 2, .block_size = 2,
                                     .dtype = KVHAL_F32, .memory_budget = 16 * 2 * 2 * 16, .device = dev};
     kvhal_paged_cache *pc;
     OKS(kvhal_paged_cache_create(&cfg, &pc));

@@ -858,6 +858,8 @@ typedef struct replay {
     uint64_t match_ticks, finish_ticks; /* in the pass */
     uint64_t *match_samples, *finish_samples; /* per call, in ticks, in the pass (converted at its end) */
     size_t n_match_samples, n_finish_samples;
+    size_t samples_cap; /* room in each array: a request may be matched again after a refusal, so calls past it
+                           are timed but not kept as samples */
     uint32_t sink;   /* what reading a request's tokens ahead of it summed up (kept so that the read stays) */
 } replay;
 
@@ -1101,7 +1103,7 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
                                                             div_up(r->w->max_len, ps));
     const uint64_t dt = tick() - t0;
     r->match_ticks += dt;
-    r->match_samples[r->n_match_samples++] = dt;
+    if (r->n_match_samples < r->samples_cap) r->match_samples[r->n_match_samples++] = dt;
     r->st.match_calls++;
     if (st != KVHAL_OK) return fatal_status(r, "match", st), -2;
     int64_t have = (int64_t)(cached / ps);
@@ -1336,7 +1338,7 @@ PHASE static int finish(replay *r, slot *s)
     atomic_thread_fence(memory_order_seq_cst);
     uint64_t t2 = tick();
     r->finish_ticks += t2 - t1;
-    r->finish_samples[r->n_finish_samples++] = t2 - t1;
+    if (r->n_finish_samples < r->samples_cap) r->finish_samples[r->n_finish_samples++] = t2 - t1;
     r->st.finish_calls++;
     if (st != KVHAL_OK) return fatal_status(r, "cache_finished", st), -1;
     if (!r->kv) {
@@ -1700,6 +1702,7 @@ static int run_replay_once(const options *o)
     r.newpages_cap = (size_t)r.nslots;
     r.dec = malloc((size_t)r.nslots * sizeof *r.dec);
     /* one match and at most one finish per request and pass; evict_bench makes at most 16 calls a pass */
+    r.samples_cap = w.n + 1;
     r.match_samples = malloc((w.n + 1) * sizeof *r.match_samples);
     r.finish_samples = malloc((w.n + 1) * sizeof *r.finish_samples);
     r.st.cap_us = (w.n + 1) * (size_t)o->repeat;
