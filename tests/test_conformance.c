@@ -626,7 +626,7 @@ static void wait_stream(kvhal_device dev, kvhal_stream *s)
     }
     kvhal_status st;
     for (long i = 0; (st = kvhal_stream_query(s)) == KVHAL_BUSY; i++)
-        if (i > 100000000L) fail_msg("kvhal_stream_query: still busy after 1e8 polls");
+        if (i > 100000000L) fail_msg("%s", "kvhal_stream_query: still busy after 1e8 polls");
     OK(st);
 }
 

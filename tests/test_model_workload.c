@@ -171,9 +171,9 @@ static void misuse(model *m, int k)
                                    : kvhal_cache_manager_cache_finished(m->cm, q->tok, q->len, q->pages, q->done_h);
     if (st != KVHAL_INVALID_HANDLE) fail_msg("a second finish returned %s", kvhal_status_name(st));
     if (kvhal_prefix_unlock(kvhal_cache_manager_prefix(m->cm), q->done_h) != KVHAL_INVALID_HANDLE)
-        fail_msg("a second unlock was accepted");
+        fail_msg("%s", "a second unlock was accepted");
     if (kvhal_cache_manager_num_free(m->cm) != free0 || kvhal_cache_manager_available(m->cm) != avail0)
-        fail_msg("a refused call changed the counts");
+        fail_msg("%s", "a refused call changed the counts");
     m->refusals++;
 }
 

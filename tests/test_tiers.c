@@ -256,7 +256,7 @@ static void m_apply(model *m, rig *r)
             switch (ev[i].type) {
             case KVHAL_KV_STORED: {
                 if (kvhal_kv_page_hash(ev[i].parent_hash, tok + i * (size_t)r->ps, r->ps) != ev[i].hash)
-                    fail_msg("stored event: hash does not follow from its parent and tokens");
+                    fail_msg("%s", "stored event: hash does not follow from its parent and tokens");
                 mentry *e = m_slot(m, tier, ev[i].hash);
                 if (e->used) fail_msg("stored event: %016llx stored twice in tier %d", (unsigned long long)ev[i].hash, tier);
                 *e = (mentry){ev[i].hash, ev[i].parent_hash, ev[i].page, true};

@@ -282,7 +282,7 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
     const double until = now_s() + 5;
     do {
         assert_int_equal(kvhal_xfer_progress(a, 10, &ev), KVHAL_OK);
-        if (now_s() > until) fail_msg("no GRANT on the sender");
+        if (now_s() > until) fail_msg("%s", "no GRANT on the sender");
     } while (ev.type != KVHAL_XFER_EVENT_GRANT);
     assert_int_equal(ev.request_id, 77);
     assert_int_equal(ev.num_pages, N);
