@@ -69,12 +69,11 @@ template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher(bool vec)
     return vec ? paged_launcher<XFp8Vec<IN, OUT, MODE>>() : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
-/* fnuz: the vector path converts q2 = 2 * (x / s) through the OCP conversion (XFp8VecFnuz; the call passes s / 2
- * and 2 / s), except for SM_DIV scales, which convert in software (XFp8VecSw, the call's scales as they are). */
-template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher_sw(bool vec)
+/* fnuz: the vector path converts q2 = 2 * (x / s) through the OCP conversion (XFp8VecFnuz; for SM_MUL and SM_RCP
+ * the call passes s / 2 and 2 / s). */
+template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher_fnuz(bool vec)
 {
-    if (!vec) return paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
-    return MODE == SM_DIV ? paged_launcher<XFp8VecSw<IN, OUT, MODE>>() : paged_launcher<XFp8VecFnuz<IN, OUT, MODE>>();
+    return vec ? paged_launcher<XFp8VecFnuz<IN, OUT, MODE>>() : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
 template <int IN, int MODE> PagedLaunch fp8_launcher_out(int out, bool vec)
@@ -82,8 +81,8 @@ template <int IN, int MODE> PagedLaunch fp8_launcher_out(int out, bool vec)
     switch (out) {
     case DT_E4M3: return fp8_launcher<IN, DT_E4M3, MODE>(vec);
     case DT_E5M2: return fp8_launcher<IN, DT_E5M2, MODE>(vec);
-    case DT_E4M3FNUZ: return fp8_launcher_sw<IN, DT_E4M3FNUZ, MODE>(vec);
-    default: return fp8_launcher_sw<IN, DT_E5M2FNUZ, MODE>(vec);
+    case DT_E4M3FNUZ: return fp8_launcher_fnuz<IN, DT_E4M3FNUZ, MODE>(vec);
+    default: return fp8_launcher_fnuz<IN, DT_E5M2FNUZ, MODE>(vec);
     }
 }
 

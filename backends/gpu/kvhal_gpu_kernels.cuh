@@ -286,40 +286,10 @@ template <int IN, int OUT, int MODE> struct XFp8Vec {
 #endif
 };
 
-/* 16 input bytes at a time, one element after another in software: AMD's fnuz formats, which NVIDIA's conversion
- * instructions do not produce. */
-template <int IN, int OUT, int MODE> struct XFp8VecSw;
-template <int OUT, int MODE> struct XFp8VecSw<DT_F32, OUT, MODE> {
-    typedef uint4 In;
-    typedef uint32_t Out;
-    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
-    {
-        return fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.x), s, inv) |
-               fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.y), s, inv) << 8 |
-               fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.z), s, inv) << 16 |
-               fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.w), s, inv) << 24;
-    }
-};
-template <int IN, int OUT, int MODE> struct XFp8VecSw {
-    typedef uint4 In;
-    typedef uint2 Out;
-    static __device__ __forceinline__ uint32_t word(uint32_t w, float s, float inv) /* 2 lanes -> bytes 0, 1 */
-    {
-        return fp8_full<OUT, MODE>(load_elem<IN>(w & 0xffffu), s, inv) |
-               fp8_full<OUT, MODE>(load_elem<IN>(w >> 16), s, inv) << 8;
-    }
-    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
-    {
-        Out o;
-        o.x = word(v.x, s, inv) | word(v.y, s, inv) << 16;
-        o.y = word(v.z, s, inv) | word(v.w, s, inv) << 16;
-        return o;
-    }
-};
-
-/* AMD's fnuz formats through the OCP conversion (kvhal_gpu_fnuz_from_ocp): the host passes s / 2 and 2 / s, so that
- * scaled<MODE> gives q2 = 2 * (x / s) exactly (a power-of-two factor on every term of the multiply or the
- * correction; SM_DIV scales take XFp8VecSw instead). On sm_89+ the hardware converts q2 two lanes at a time and only
+/* AMD's fnuz formats through the OCP conversion (kvhal_gpu_fnuz_from_ocp), 16 input bytes at a time. For SM_MUL
+ * and SM_RCP the host passes s / 2 and 2 / s, so that scaled<MODE> gives q2 = 2 * (x / s) exactly (a power-of-two
+ * factor on every term of the multiply or the correction); SM_DIV takes the call's scale and doubles the quotient
+ * (exact, or an overflow, which saturates either way). On sm_89+ the hardware converts q2 two lanes at a time and only
  * bytes at the largest OCP magnitude (saturation, NaN) go through software; negative zeros lose their sign with
  * four integer operations per word. Elsewhere every element is converted in software from q2 / 2. */
 template <int OUT> __device__ __forceinline__ uint32_t fnuz_one(float x, float q2, uint32_t ocp)
@@ -353,6 +323,12 @@ template <int OUT> __device__ __forceinline__ uint32_t fnuz_four(const float *x,
 #endif
 }
 
+/* q2 = 2 * (x / s) as the XFp8VecFnuz kernels get their scales (see above) */
+template <int MODE> __device__ __forceinline__ float scaled2(float x, float s, float inv)
+{
+    return MODE == SM_DIV ? 2.0f * (x / s) : scaled<MODE>(x, s, inv);
+}
+
 template <int IN, int OUT, int MODE> struct XFp8VecFnuz;
 template <int OUT, int MODE> struct XFp8VecFnuz<DT_F32, OUT, MODE> {
     typedef uint4 In;
@@ -361,8 +337,8 @@ template <int OUT, int MODE> struct XFp8VecFnuz<DT_F32, OUT, MODE> {
     {
         const float x[4] = {kvhal_gpu_bits_f32(v.x), kvhal_gpu_bits_f32(v.y), kvhal_gpu_bits_f32(v.z),
                             kvhal_gpu_bits_f32(v.w)};
-        const float q2[4] = {scaled<MODE>(x[0], s, inv), scaled<MODE>(x[1], s, inv), scaled<MODE>(x[2], s, inv),
-                             scaled<MODE>(x[3], s, inv)};
+        const float q2[4] = {scaled2<MODE>(x[0], s, inv), scaled2<MODE>(x[1], s, inv), scaled2<MODE>(x[2], s, inv),
+                             scaled2<MODE>(x[3], s, inv)};
         return fnuz_four<OUT>(x, q2);
     }
 };
@@ -373,8 +349,8 @@ template <int IN, int OUT, int MODE> struct XFp8VecFnuz {
     {
         const float x[4] = {load_elem<IN>(w0 & 0xffffu), load_elem<IN>(w0 >> 16), load_elem<IN>(w1 & 0xffffu),
                             load_elem<IN>(w1 >> 16)};
-        const float q2[4] = {scaled<MODE>(x[0], s, inv), scaled<MODE>(x[1], s, inv), scaled<MODE>(x[2], s, inv),
-                             scaled<MODE>(x[3], s, inv)};
+        const float q2[4] = {scaled2<MODE>(x[0], s, inv), scaled2<MODE>(x[1], s, inv), scaled2<MODE>(x[2], s, inv),
+                             scaled2<MODE>(x[3], s, inv)};
         return fnuz_four<OUT>(x, q2);
     }
     static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
