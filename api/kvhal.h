@@ -194,6 +194,8 @@ KVHAL_API kvhal_status kvhal_memset(kvhal_buffer *dst, size_t offset, int value,
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Tensors: plain values, views never allocate                                                                   */
 /* ------------------------------------------------------------------------------------------------------------ */
+/** Element types. Inputs of the ops are f32/f16/bf16; caches may also be any of the four fp8 formats (the OCP
+ *  e4m3fn and e5m2, AMD's e4m3fnuz and e5m2fnuz); i32/i64 are slot and index types. */
 typedef enum kvhal_dtype {
     KVHAL_F32 = 0,
     KVHAL_F16 = 1,
@@ -384,7 +386,7 @@ typedef enum kvhal_paged_order {
 typedef struct kvhal_paged_cache kvhal_paged_cache;
 typedef struct kvhal_paged_cache_config {
     int32_t num_layers, num_heads, head_dim, block_size;
-    kvhal_dtype dtype;           /* f32, f16, bf16, fp8_e4m3, fp8_e5m2 */
+    kvhal_dtype dtype;           /* f32, f16, bf16, or an fp8 format (fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz, fp8_e5m2fnuz) */
     kvhal_paged_layout layout;
     kvhal_paged_order order;
     uint64_t memory_budget;      /* bytes for K and V of all layers; the block count follows */
