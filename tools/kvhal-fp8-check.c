@@ -284,7 +284,7 @@ static int check_device(void)
     }
     for (int f = 0; f < opt.nformats; f++)
         for (int i = 0; i < opt.nscales; i++) {
-            printf("%s %-12s scale %-14a (%-10g) %-16s: %llu inputs, %llu fp8 mismatches\n", name,
+            printf("%s %-12s scale %-14a (%-10g) GPU/OpenCL mode %-16s: %llu inputs, %llu fp8 mismatches\n", name,
                    kvhal_dtype_name(opt.formats[f]), (double)opt.scales[i], (double)opt.scales[i],
                    mode_name(kvhal_gpu_scale_mode(opt.scales[i], opt.scales[i])), (unsigned long long)opt.limit,
                    (unsigned long long)bad[f][i]);
