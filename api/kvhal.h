@@ -535,7 +535,9 @@ KVHAL_API kvhal_status kvhal_memset(kvhal_buffer *dst, size_t offset, int value,
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Tensors: plain values, views never allocate                                                                   */
 /* ------------------------------------------------------------------------------------------------------------ */
-/** Element types. Values never change; new ones are appended in a minor release. */
+/** Element types. Inputs of the ops are f32/f16/bf16; caches may also be any of the four fp8 formats (the OCP
+ *  e4m3fn and e5m2, AMD's e4m3fnuz and e5m2fnuz); i32/i64 are slot and index types. Values never change; new
+ *  ones are appended in a minor release. */
 typedef enum kvhal_dtype {
     KVHAL_F32 = 0,      /**< IEEE binary32 */
     KVHAL_F16 = 1,      /**< IEEE binary16 */
@@ -976,7 +978,7 @@ typedef struct kvhal_paged_cache_config {
     int32_t num_heads;           /**< >= 1 */
     int32_t head_dim;            /**< >= 1 */
     int32_t block_size;          /**< tokens per block, >= 1 */
-    kvhal_dtype dtype;           /**< f32, f16, bf16, fp8_e4m3, fp8_e5m2 */
+    kvhal_dtype dtype;           /**< f32, f16, bf16, or an fp8 format (fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz, fp8_e5m2fnuz) */
     kvhal_paged_layout layout;   /**< NHD (0, the default) or HND */
     kvhal_paged_order order;     /**< layer-first (0, the default) or page-first */
     uint64_t memory_budget;      /**< bytes for K and V of all layers; the block count follows */

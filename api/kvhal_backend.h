@@ -83,9 +83,10 @@ typedef struct kvhal_core_services {
 
 /* Header-only helpers for module authors (a module links nothing of the core, so these are inline). */
 
-/** Bytes of one element of dt; 0 for a value that is not a dtype. The same sizes as kvhal_dtype_size().
- *  @param dt a dtype.
- *  @return 1, 2, 4, 8 or 0. */
+/** Bytes of one element of a dtype, for modules (which link nothing of the core).
+ *  @param dt any value (the fnuz fp8 formats included)
+ *  @return the same size as kvhal_dtype_size(): 1 for every fp8 format; 0 for a value that is not a dtype.
+ *  Thread safety: pure function. Graph capture: host only. */
 static inline size_t kvhal_bk_dtype_size(kvhal_dtype dt)
 {
     switch (dt) {
@@ -97,9 +98,10 @@ static inline size_t kvhal_bk_dtype_size(kvhal_dtype dt)
     }
 }
 
-/** "bf16"; "invalid" for a value that is not a dtype. The same names as kvhal_dtype_name().
- *  @param dt a dtype.
- *  @return a static string. */
+/** The name of a dtype, for modules' messages.
+ *  @param dt any value
+ *  @return a static string, the same as kvhal_dtype_name(): "bf16", "fp8_e4m3fnuz", ...; "invalid" for a value
+ *  that is not a dtype. Thread safety: pure function. Graph capture: host only. */
 static inline const char *kvhal_bk_dtype_name(kvhal_dtype dt)
 {
     switch (dt) {
@@ -170,11 +172,13 @@ typedef struct kvhal_bk_paged_side {
     float scale;         /**< fp8 caches: stored = round(value / scale); 1 otherwise */
 } kvhal_bk_paged_side;
 
-/* Descriptors by shape class: the core keys paged-caching descriptors by everything here except memory, offsets,
- * scales, num_tokens and (for a flat call, batched false) seq_len and the outer token and slot strides; a batched
- * call's batch size (num_tokens / seq_len) is not in the key either. So desc_create must make a descriptor that
- * serves every token count: whatever depends on num_tokens is decided per call. */
-/** The arguments of the paged-caching op (see kvhal_bk_paged_side for the addressing). */
+/** The paged-caching op's arguments, validated and normalised by the core (sides as kvhal_bk_paged_side).
+ *  Descriptors by shape class: the core keys paged-caching descriptors by everything here except memory, offsets,
+ *  scales, num_tokens and (for a flat call, batched false) seq_len and the outer token and slot strides; a batched
+ *  call's batch size (num_tokens / seq_len) is not in the key either. So desc_create must make a descriptor that
+ *  serves every token count: whatever depends on num_tokens is decided per call.
+ *  fp8 caches (fp8 true: e4m3, e5m2, e4m3fnuz or e5m2fnuz) store kvhal_f32_to_fp8(value / scale) bit for bit.
+ *  Ownership: the core's, valid for the call only. Stream: the op is enqueued on the call's stream. */
 typedef struct kvhal_bk_paged_caching {
     kvhal_bk_paged_side k;        /**< the K side */
     kvhal_bk_paged_side v;        /**< the V side */
@@ -193,7 +197,7 @@ typedef struct kvhal_bk_paged_caching {
     /* Derived by the core; backends use them as given instead of deriving them again. */
     int64_t num_slots; /**< num_blocks * block_size (fits in 64 bits: checked) */
     bool batched;      /**< seq_len < num_tokens: tokens come as [batch, seq] */
-    bool fp8;          /**< cache_dtype is fp8_e4m3 or fp8_e5m2 */
+    bool fp8;          /**< cache_dtype is an fp8 format (e4m3, e5m2, e4m3fnuz, e5m2fnuz) */
 } kvhal_bk_paged_caching;
 
 /** copy_blocks: for every cache c and pair p, copy block_bytes[c] from base[c] + pairs[p].src * block_strides[c] to

@@ -31,6 +31,16 @@ static void check_fp8_bits(uint32_t u)
     const uint32_t r4 = kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3), r5 = kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2);
     const uint32_t z4 = kvhal_gpu_f32_to_e4m3fnuz(x), z5 = kvhal_gpu_f32_to_e5m2fnuz(x);
     const uint32_t q4 = kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3FNUZ), q5 = kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2FNUZ);
+    /* fnuz through the OCP conversion of twice the value (the kernels' sm_89+ path; the OCP codes as the hardware
+     * gives them, which kvhal_f32_to_fp8 equals) */
+    volatile float q2 = x * 2.0f;
+    const uint32_t h4 = kvhal_gpu_fnuz_from_ocp(kvhal_f32_to_fp8(q2, KVHAL_FP8_E4M3), q2, u, 1);
+    const uint32_t h5 = kvhal_gpu_fnuz_from_ocp(kvhal_f32_to_fp8(q2, KVHAL_FP8_E5M2), q2, u, 0);
+    if (h4 != q4 || h5 != q5) {
+        print_error("f32 bits 0x%08x: fnuz from the OCP code of 2x: e4m3fnuz 0x%02x ref 0x%02x, e5m2fnuz 0x%02x ref "
+                    "0x%02x\n", (unsigned)u, (unsigned)h4, (unsigned)q4, (unsigned)h5, (unsigned)q5);
+        fail();
+    }
     if (z4 != q4 || z5 != q5) {
         print_error("f32 bits 0x%08x: e4m3fnuz gpu 0x%02x ref 0x%02x, e5m2fnuz gpu 0x%02x ref 0x%02x\n", (unsigned)u,
                     (unsigned)z4, (unsigned)q4, (unsigned)z5, (unsigned)q5);
@@ -209,6 +219,16 @@ static void test_rcp_scale(void **state)
             const int32_t ex = (int32_t)((sb >> 23) & 0xff) + (int32_t)(rnd() % 45) - 24;
             if (ex < 1 || ex > 254) continue;
             const float x = kvhal_gpu_bits_f32((uint32_t)(rnd() & 0x807fffffu) | (uint32_t)ex << 23);
+            if (mode == 1) { /* the fnuz kernels' halved scale and doubled reciprocal give exactly twice the quotient */
+                volatile float q1 = kvhal_gpu_quot_rcp(x, s, 1.0f / s), two = 2.0f * q1;
+                const float q2 = kvhal_gpu_quot_rcp(x, s * 0.5f, 2.0f / s);
+                if (two == two && two - two == 0 && kvhal_gpu_f32_bits(q2) != kvhal_gpu_f32_bits(two)) {
+                    print_error("x 0x%08x, scale %a: rcp(x, s/2, 2/s) 0x%08x, 2 rcp(x, s, 1/s) 0x%08x\n",
+                                (unsigned)kvhal_gpu_f32_bits(x), (double)s, (unsigned)kvhal_gpu_f32_bits(q2),
+                                (unsigned)kvhal_gpu_f32_bits(two));
+                    fail();
+                }
+            }
             if (check_quot(x, s, mode)) {
                 print_error("x 0x%08x / scale %a: the f32 quotient differs from x / s\n",
                             (unsigned)kvhal_gpu_f32_bits(x), (double)s);

@@ -14,7 +14,8 @@
  *   has no device events, so the time of an op is measured as the difference of two back-to-back sequences on
  *   the device's stream, N x (flush, op) and N x (flush), each closed by one synchronize: launch costs overlap
  *   with the device's work as they do in a serving loop, and the flush's own time cancels. The memcpy reference
- *   is measured the same way in the same rounds.
+ *   is measured the same way in the same rounds. An op no longer than twice the flush's own variation cannot be
+ *   told from noise that way and is reported as not measured (null, "-").
  * - warm: the same op repeated back to back (inputs and cache in L2 where they fit), timed over many calls.
  * - samples: every figure is the median (p50) of repeated samples, with p90, p99 and the spread (p90 - p10) / p50;
  *   ops shorter than 20 us take more samples until the median moves by less than 0.5% (at most 101).
@@ -407,17 +408,24 @@ static void measure_cold_pair(op_fn a, void *actx, op_fn b, void *bctx, meas *ma
     if (n < 1) n = 1;
     if (n > 64) n = 64;
     const int rounds = opt.quick ? 5 : (per > 0.05 ? 5 : 15);
-    double sa[MAX_SAMPLES], sb[MAX_SAMPLES];
+    double sa[MAX_SAMPLES], sb[MAX_SAMPLES], sf[MAX_SAMPLES];
     for (int r = 0; r < rounds; r++) {
         const double xa = flushed_run(a, actx, n), xf = flushed_run(NULL, NULL, n);
         const double xb = b ? flushed_run(b, bctx, n) : 0;
         sa[r] = (xa - xf) / (double)n;
         sb[r] = (xb - xf) / (double)n;
+        sf[r] = xf / (double)n;
         if (sa[r] < 1e-9) sa[r] = 1e-9; /* noise larger than the op: a floor rather than a negative time */
         if (sb[r] < 1e-9) sb[r] = 1e-9;
     }
     *ma = stats_of(sa, rounds);
     if (b) *mb = stats_of(sb, rounds);
+    /* An op that the flush's own variation (p90 - p10 of the flush-only sequences) could hide is not resolved by
+     * the difference: reported as not measured (null) rather than as a number made of noise. */
+    const meas f = stats_of(sf, rounds);
+    const double noise = f.spread * f.p50;
+    if (ma->p50 <= 2 * noise) ma->valid = false;
+    if (b && mb->p50 <= 2 * noise) mb->valid = false;
 }
 
 /* ---- memcpy reference ---- */
@@ -461,7 +469,7 @@ static void measure_vs_memcpy(op_fn fn, void *ctx, record *r)
     meas ref;
     if (cold_on) {
         measure_cold_pair(fn, ctx, run_memcpy, &c, &r->cold, &ref);
-        r->cold.memcpy_gbps = 2.0 * (double)bytes / ref.p50 / 1e9;
+        r->cold.memcpy_gbps = ref.valid ? 2.0 * (double)bytes / ref.p50 / 1e9 : 0;
     }
     measure_warm_pair(fn, ctx, run_memcpy, &c, &r->warm, &ref);
     r->warm.memcpy_gbps = 2.0 * (double)bytes / ref.p50 / 1e9;

@@ -5,7 +5,8 @@
  * Two checks, each over all 2^32 inputs:
  * - math (--math): the arithmetic the GPU kernels use instead of the division (backends/gpu/kvhal_gpu_math.h:
  *   a multiply by 1/s for a power-of-two s, the reciprocal with one fma correction for a calibrated s), compiled
- *   for the host, with the kernels' mapping of a NaN quotient of a non-NaN input to the saturated code.
+ *   for the host, with the kernels' mapping of a NaN quotient of a non-NaN input to the saturated code; for the
+ *   fnuz formats the sm_89+ path (twice the quotient through the OCP code, kvhal_gpu_fnuz_from_ocp).
  * - device (default): the paged-caching op itself on the device KVHAL_DEVICE (or --device) selects: chunks of f32
  *   inputs are cached into fp8 K and V caches through kvhal_paged_caching and read back.
  * Exit status: 0 every code matched, 1 a mismatch or a failed call, 2 a usage error. */
@@ -84,6 +85,8 @@ static float kernel_quot(float x, float s, float inv, int m)
     return q;
 }
 
+static bool fnuz(kvhal_dtype f) { return f == KVHAL_FP8_E4M3FNUZ || f == KVHAL_FP8_E5M2FNUZ; }
+
 typedef struct job {
     uint64_t begin, end;
     float s, inv;
@@ -109,6 +112,13 @@ static void *run_job(void *p)
             got = j->got_k[i - j->base];
             got2 = j->got_v[i - j->base];
             if (got == want && got2 != want) got = got2;
+        } else if (fnuz(j->fmt)) {
+            /* the fnuz kernels of sm_89+: twice the quotient (s / 2 and 2 / s; the division doubled), its OCP code
+             * as the hardware gives it (kvhal_f32_to_fp8 of the OCP format equals it), mapped to fnuz */
+            const int e4 = j->fmt == KVHAL_FP8_E4M3FNUZ;
+            const float q2 = j->mode == 2 ? 2.0f * (x / j->s) : kernel_quot(x, j->s * 0.5f, 2.0f / j->s, j->mode);
+            got = (uint8_t)kvhal_gpu_fnuz_from_ocp(kvhal_f32_to_fp8(q2, e4 ? KVHAL_FP8_E4M3 : KVHAL_FP8_E5M2), q2, u,
+                                                   e4);
         } else {
             const float q = kernel_quot(x, j->s, j->inv, j->mode), e = x / j->s;
             /* inside [2^-20, 2^17) every fp8 format rounds the f32 quotient; outside it all give 0 or saturate */
@@ -182,10 +192,13 @@ static int check_math(void)
             uint64_t bad = 0, diff = 0;
             const double t0 = now_s();
             run_range(proto, opt.start, opt.start + opt.limit, &bad, &diff);
-            printf("math %-12s scale %-14a (%-10g) %-16s: %llu inputs, %llu fp8 mismatches (%llu f32 quotients "
-                   "differ from x / s where |x / s| is in [2^-20, 2^17)), %.1f s\n",
+            char f32[96] = " (the sm_89+ fnuz path: twice the quotient through the OCP code)";
+            if (!fnuz(proto.fmt))
+                snprintf(f32, sizeof f32, " (%llu f32 quotients differ from x / s where |x / s| is in [2^-20, 2^17))",
+                         (unsigned long long)diff);
+            printf("math %-12s scale %-14a (%-10g) %-16s: %llu inputs, %llu fp8 mismatches%s, %.1f s\n",
                    kvhal_dtype_name(proto.fmt), (double)s, (double)s, mode_name(proto.mode),
-                   (unsigned long long)opt.limit, (unsigned long long)bad, (unsigned long long)diff, now_s() - t0);
+                   (unsigned long long)opt.limit, (unsigned long long)bad, f32, now_s() - t0);
             fflush(stdout);
             if (bad) failed = 1;
         }
@@ -271,7 +284,7 @@ static int check_device(void)
     }
     for (int f = 0; f < opt.nformats; f++)
         for (int i = 0; i < opt.nscales; i++) {
-            printf("%s %-12s scale %-14a (%-10g) %-16s: %llu inputs, %llu fp8 mismatches\n", name,
+            printf("%s %-12s scale %-14a (%-10g) GPU/OpenCL mode %-16s: %llu inputs, %llu fp8 mismatches\n", name,
                    kvhal_dtype_name(opt.formats[f]), (double)opt.scales[i], (double)opt.scales[i],
                    mode_name(kvhal_gpu_scale_mode(opt.scales[i], opt.scales[i])), (unsigned long long)opt.limit,
                    (unsigned long long)bad[f][i]);

@@ -58,6 +58,7 @@ struct PagedDesc {
     PagedLaunch vec[3], sc[3];                    /* by scale mode (SM_MUL, SM_RCP, SM_DIV); one for copies */
     uint32_t out_align; /* bytes the cache bases need on the vector path (inputs need 16) */
     bool vec_ok, fp8;   /* fp8: the kernels convert to the fp8 cache with the call's scales */
+    bool fnuz;          /* an fnuz cache: the vector path's MUL/RCP kernels take s / 2 and 2 / s */
 };
 
 int kdt(kvhal_dtype d)
@@ -79,9 +80,11 @@ template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher(bool vec)
     return vec ? paged_launcher<XFp8Vec<IN, OUT, MODE>>() : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
-template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher_sw(bool vec)
+/* fnuz: the vector path converts q2 = 2 * (x / s) through the OCP conversion (XFp8VecFnuz; for SM_MUL and SM_RCP
+ * the call passes s / 2 and 2 / s). */
+template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher_fnuz(bool vec)
 {
-    return vec ? paged_launcher<XFp8VecSw<IN, OUT, MODE>>() : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
+    return vec ? paged_launcher<XFp8VecFnuz<IN, OUT, MODE>>() : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
 template <int IN, int MODE> PagedLaunch fp8_launcher_out(int out, bool vec)
@@ -89,8 +92,8 @@ template <int IN, int MODE> PagedLaunch fp8_launcher_out(int out, bool vec)
     switch (out) {
     case DT_E4M3: return fp8_launcher<IN, DT_E4M3, MODE>(vec);
     case DT_E5M2: return fp8_launcher<IN, DT_E5M2, MODE>(vec);
-    case DT_E4M3FNUZ: return fp8_launcher_sw<IN, DT_E4M3FNUZ, MODE>(vec);
-    default: return fp8_launcher_sw<IN, DT_E5M2FNUZ, MODE>(vec);
+    case DT_E4M3FNUZ: return fp8_launcher_fnuz<IN, DT_E4M3FNUZ, MODE>(vec);
+    default: return fp8_launcher_fnuz<IN, DT_E5M2FNUZ, MODE>(vec);
     }
 }
 
@@ -182,6 +185,7 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
     const bool same = a->input_dtype == a->cache_dtype;
     memset(d, 0, sizeof *d);
     d->fp8 = !same;
+    d->fnuz = out == DT_E4M3FNUZ || out == DT_E5M2FNUZ;
     PagedParams base;
     memset(&base, 0, sizeof base);
     base.slot_outer = a->batched ? a->slot_stride_outer : 0;
@@ -331,10 +335,13 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     p.k.input = ki;
     p.v.input = vi;
     if (d->fp8) {
-        p.k.scale = a->k.scale;
-        p.k.inv = 1.0f / a->k.scale;
-        p.v.scale = a->v.scale;
-        p.v.inv = 1.0f / a->v.scale;
+        /* XFp8VecFnuz works on twice the quotient: halving s and doubling 1/s are exact for the scales that take it
+         * (a power of two with a normal reciprocal, or [2^-64, 2^64]) */
+        const float f = d->fnuz && vec && mode != SM_DIV ? 2.0f : 1.0f;
+        p.k.scale = a->k.scale / f;
+        p.k.inv = f / a->k.scale;
+        p.v.scale = a->v.scale / f;
+        p.v.inv = f / a->v.scale;
     }
     p.slots = static_cast<const char *>(a->slots) + a->slots_offset;
     p.num_tokens = a->num_tokens;

@@ -288,33 +288,78 @@ template <int IN, int OUT, int MODE> struct XFp8Vec {
 #endif
 };
 
-/* 16 input bytes at a time, one element after another in software: AMD's fnuz formats, which NVIDIA's conversion
- * instructions do not produce. */
-template <int IN, int OUT, int MODE> struct XFp8VecSw;
-template <int OUT, int MODE> struct XFp8VecSw<DT_F32, OUT, MODE> {
+/* AMD's fnuz formats through the OCP conversion (kvhal_gpu_fnuz_from_ocp), 16 input bytes at a time. For SM_MUL
+ * and SM_RCP the host passes s / 2 and 2 / s, so that scaled<MODE> gives q2 = 2 * (x / s) exactly (a power-of-two
+ * factor on every term of the multiply or the correction); SM_DIV takes the call's scale and doubles the quotient
+ * (exact, or an overflow, which saturates either way). On sm_89+ the hardware converts q2 two lanes at a time and only
+ * bytes at the largest OCP magnitude (saturation, NaN) go through software; negative zeros lose their sign with
+ * four integer operations per word. Elsewhere every element is converted in software from q2 / 2. */
+template <int OUT> __device__ __forceinline__ uint32_t fnuz_one(float x, float q2, uint32_t ocp)
+{
+    const int e4 = OUT == DT_E4M3FNUZ;
+#ifdef KVHAL_GPU_HW_FP8
+    return kvhal_gpu_fnuz_from_ocp(ocp, q2, kvhal_gpu_f32_bits(x), e4);
+#else
+    (void)ocp;
+    const uint32_t a = kvhal_gpu_f32_bits(q2 * 0.5f) & 0x7fffffffu;
+    return kvhal_gpu_fnuz_finish(kvhal_gpu_f32_bits(x), e4 ? kvhal_gpu_e4m3fnuz_mag_bits(a) : kvhal_gpu_e5m2fnuz_mag_bits(a));
+#endif
+}
+
+/* Four elements x[i] with q2[i]: their fnuz codes, byte i for element i. */
+template <int OUT> __device__ __forceinline__ uint32_t fnuz_four(const float *x, const float *q2)
+{
+#ifdef KVHAL_GPU_HW_FP8
+    const int OCP = OUT == DT_E4M3FNUZ ? DT_E4M3 : DT_E5M2;
+    const uint32_t c = __byte_perm(fp8_hw_x2<OCP>(q2[0], q2[1]), fp8_hw_x2<OCP>(q2[2], q2[3]), 0x5410);
+    const uint32_t m = c & 0x7f7f7f7fu;
+    if (((m + (OUT == DT_E4M3FNUZ ? 0x02020202u : 0x05050505u)) & 0x80808080u) == 0)
+        return c & (0x7f7f7f7fu | ((m + 0x7f7f7f7fu) & 0x80808080u)); /* a zero magnitude drops its sign */
+    uint32_t r = 0; /* rare: a byte at the largest OCP magnitude */
+    for (int i = 0; i < 4; i++) r |= fnuz_one<OUT>(x[i], q2[i], (c >> (8 * i)) & 0xffu) << (8 * i);
+    return r;
+#else
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) r |= fnuz_one<OUT>(x[i], q2[i], 0u) << (8 * i);
+    return r;
+#endif
+}
+
+/* q2 = 2 * (x / s) as the XFp8VecFnuz kernels get their scales (see above) */
+template <int MODE> __device__ __forceinline__ float scaled2(float x, float s, float inv)
+{
+    return MODE == SM_DIV ? 2.0f * (x / s) : scaled<MODE>(x, s, inv);
+}
+
+template <int IN, int OUT, int MODE> struct XFp8VecFnuz;
+template <int OUT, int MODE> struct XFp8VecFnuz<DT_F32, OUT, MODE> {
     typedef uint4 In;
     typedef uint32_t Out;
     static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
     {
-        return fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.x), s, inv) |
-               fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.y), s, inv) << 8 |
-               fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.z), s, inv) << 16 |
-               fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(v.w), s, inv) << 24;
+        const float x[4] = {kvhal_gpu_bits_f32(v.x), kvhal_gpu_bits_f32(v.y), kvhal_gpu_bits_f32(v.z),
+                            kvhal_gpu_bits_f32(v.w)};
+        const float q2[4] = {scaled2<MODE>(x[0], s, inv), scaled2<MODE>(x[1], s, inv), scaled2<MODE>(x[2], s, inv),
+                             scaled2<MODE>(x[3], s, inv)};
+        return fnuz_four<OUT>(x, q2);
     }
 };
-template <int IN, int OUT, int MODE> struct XFp8VecSw {
+template <int IN, int OUT, int MODE> struct XFp8VecFnuz {
     typedef uint4 In;
     typedef uint2 Out;
-    static __device__ __forceinline__ uint32_t word(uint32_t w, float s, float inv) /* 2 lanes -> bytes 0, 1 */
+    static __device__ __forceinline__ uint32_t quad(uint32_t w0, uint32_t w1, float s, float inv)
     {
-        return fp8_full<OUT, MODE>(load_elem<IN>(w & 0xffffu), s, inv) |
-               fp8_full<OUT, MODE>(load_elem<IN>(w >> 16), s, inv) << 8;
+        const float x[4] = {load_elem<IN>(w0 & 0xffffu), load_elem<IN>(w0 >> 16), load_elem<IN>(w1 & 0xffffu),
+                            load_elem<IN>(w1 >> 16)};
+        const float q2[4] = {scaled2<MODE>(x[0], s, inv), scaled2<MODE>(x[1], s, inv), scaled2<MODE>(x[2], s, inv),
+                             scaled2<MODE>(x[3], s, inv)};
+        return fnuz_four<OUT>(x, q2);
     }
     static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
     {
         Out o;
-        o.x = word(v.x, s, inv) | word(v.y, s, inv) << 16;
-        o.y = word(v.z, s, inv) | word(v.w, s, inv) << 16;
+        o.x = quad(v.x, v.y, s, inv);
+        o.y = quad(v.z, v.w, s, inv);
         return o;
     }
 };

@@ -99,6 +99,22 @@ KVHAL_HD uint32_t kvhal_gpu_f32_to_e5m2fnuz(float x)
     return kvhal_gpu_fnuz_finish(u, kvhal_gpu_e5m2fnuz_mag_bits(u & 0x7fffffffu));
 }
 
+/* An fnuz code from the OCP code of twice the quotient: fnuz has the OCP format's bits with the exponent bias one
+ * higher, so rounding q2 = 2q onto e4m3fn's (e5m2's) grid rounds q onto e4m3fnuz's (e5m2fnuz's), and the hardware's
+ * OCP conversion serves fnuz too. Only these differ: an OCP code at or above the largest OCP magnitude (0x7e, 0x7b:
+ * saturated, or q2 beyond it, or NaN) takes the software conversion of q2 / 2, and a negative zero loses its sign.
+ * ocp: the OCP code of q2 (one byte, as cvt.rn.satfinite gives it); x_bits: the input (sign and NaN-ness); e4m3:
+ * which pair. Exactly kvhal_f32_to_fp8(q2 / 2, fnuz format) for any q2 = 2 * (x / s) (tests/test_gpu_math.c). */
+KVHAL_HD uint32_t kvhal_gpu_fnuz_from_ocp(uint32_t ocp, float q2, uint32_t x_bits, int e4m3)
+{
+    const uint32_t mag = ocp & 0x7fu;
+    if (mag >= (e4m3 ? 0x7eu : 0x7bu)) {
+        const uint32_t a = kvhal_gpu_f32_bits(q2 * 0.5f) & 0x7fffffffu;
+        return kvhal_gpu_fnuz_finish(x_bits, e4m3 ? kvhal_gpu_e4m3fnuz_mag_bits(a) : kvhal_gpu_e5m2fnuz_mag_bits(a));
+    }
+    return mag ? ocp : 0u;
+}
+
 KVHAL_HD uint32_t kvhal_gpu_e4m3_mag(float y) { return kvhal_gpu_e4m3_mag_bits(kvhal_gpu_f32_bits(y) & 0x7fffffffu); }
 KVHAL_HD uint32_t kvhal_gpu_e5m2_mag(float y) { return kvhal_gpu_e5m2_mag_bits(kvhal_gpu_f32_bits(y) & 0x7fffffffu); }
 
