@@ -22,10 +22,13 @@ budget() { if [ $(( $(elapsed) + $1 )) -gt 470 ]; then echo "SKIPPED (time): $2"
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory --format=csv;
   nvcc --version | tail -1; lscpu | grep 'Model name'; } > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
+# KVHAL_GPU_B: an existing build folder to use (session5-gpu.sh builds once for every part)
+if [ -n "${KVHAL_GPU_B:-}" ]; then B=$KVHAL_GPU_B; else
 B=/tmp/bk15
 rm -rf $B
 meson setup $B -Dbackends=cpu,cuda,opencl -Dwerror=true -Dnvcc_arch=90 > "$OUT/build.txt" 2>&1 &&
   ninja -C $B -j16 >> "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; echo "BUILD FAILED"; exit 1; }
+fi
 echo "build: $(elapsed) s"
 $B/tools/kvhal-info > "$OUT/info.txt" 2>&1
 OCL=$($B/tools/kvhal-info --json 2>/dev/null | python3 -c 'import json,sys

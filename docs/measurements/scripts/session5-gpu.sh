@@ -10,7 +10,7 @@ source .devdeps/env.sh
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
 export PYTHONPATH=$PWD/.devdeps/root/usr/lib/python3/dist-packages
 PART=${PART:-all}
-want() { [ "$PART" = all ] || [[ ",$PART," == *",$1,"* ]]; }
+want() { [[ ",$PART," == *",$1,"* ]] || { [ "$PART" = all ] && [ "$1" != transfer ]; }; }
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 rc=0; fail() { echo "FAILED: $*"; rc=1; }
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nvcc --version | tail -1;
@@ -28,41 +28,49 @@ export KVHAL_BACKEND_PATH=$B/backends:$B/examples/vendor-plugin
 $B/tools/kvhal-info > "$OUT/info.txt" 2>&1; cat "$OUT/info.txt" | head -40
 
 if want suites; then
-  meson test -C $B --print-errorlogs --num-processes 8 --no-suite slow --timeout-multiplier 2 > "$OUT/tests.txt" 2>&1 || fail "meson test"
+  # every suite but transfer and python (run below with their own limits); a hung test is cut at half its timeout
+  timeout 300 meson test -C $B --print-errorlogs --num-processes 8 --no-suite slow --no-suite transfer --no-suite python \
+    --timeout-multiplier 0.5 > "$OUT/tests.txt" 2>&1 || fail "meson test"
   cp $B/meson-logs/testlog.txt "$OUT/testlog.txt"
   grep -E "^(Ok|Fail|Skipped|Expected|Timeout)" "$OUT/tests.txt"; grep -E " (FAIL|TIMEOUT) " "$OUT/tests.txt" | head -20
+  el "suites"
   for d in cuda:0 hip:0; do
-    KVHAL_TEST_DEVICE=$d timeout 300 $B/tests/test_conformance > "$OUT/conformance-${d/:/}.txt" 2>&1 || fail "conformance $d"
+    KVHAL_TEST_DEVICE=$d timeout 120 $B/tests/test_conformance > "$OUT/conformance-${d/:/}.txt" 2>&1 || fail "conformance $d"
     echo "$d: $(grep -cE '^\[       OK' "$OUT/conformance-${d/:/}.txt") ok, $(grep -cE '^\[  FAILED  \] [a-z]' "$OUT/conformance-${d/:/}.txt") failed"
   done
   OCL=$($B/tools/kvhal-info -l 2>/dev/null | grep -i nvidia | grep -o 'opencl:[0-9]*' | head -1)
   if [ -n "$OCL" ]; then
-    KVHAL_TEST_DEVICE=$OCL timeout 300 $B/tests/test_conformance > "$OUT/conformance-ocl.txt" 2>&1 || fail "conformance $OCL"
+    KVHAL_TEST_DEVICE=$OCL timeout 200 $B/tests/test_conformance > "$OUT/conformance-ocl.txt" 2>&1 || fail "conformance $OCL"
     echo "$OCL: $(grep -cE '^\[       OK' "$OUT/conformance-ocl.txt") ok, $(grep -cE '^\[  FAILED  \] [a-z]' "$OUT/conformance-ocl.txt") failed"
   else echo "no NVIDIA OpenCL device listed"; fi
-  el suites
+  el "conformance per device"
+  if want transfer; then
+    timeout 150 meson test -C $B --print-errorlogs --num-processes 2 --suite transfer --timeout-multiplier 0.4 \
+      > "$OUT/tests-transfer.txt" 2>&1 || fail "transfer suite"
+    grep -E "^ *[0-9]+/[0-9]+ " "$OUT/tests-transfer.txt" | head; el transfer
+  fi
 fi
 
 if want python; then
   export PYTHONPATH=$B/python:$PYTHONPATH
-  python3 python/tests/test_gpu_torch.py > "$OUT/py-gpu-torch.txt" 2>&1 || fail "test_gpu_torch"; tail -3 "$OUT/py-gpu-torch.txt"
-  python3 -m pytest -q -p no:cacheprovider python/tests > "$OUT/py-pytest.txt" 2>&1 || fail "pytest python/tests"; tail -3 "$OUT/py-pytest.txt"
+  timeout 120 python3 python/tests/test_gpu_torch.py > "$OUT/py-gpu-torch.txt" 2>&1 || fail "test_gpu_torch"; tail -3 "$OUT/py-gpu-torch.txt"
+  timeout 120 python3 -m pytest -q -p no:cacheprovider python/tests > "$OUT/py-pytest.txt" 2>&1 || fail "pytest python/tests"; tail -3 "$OUT/py-pytest.txt"
   gcc -std=c11 -O2 tests/gpu/graph_capture.c -Iapi -I/usr/local/cuda/include -L$B/core -lkvhal \
     -L/usr/local/cuda/lib64 -lcudart -Wl,-rpath,$B/core -Wl,-rpath,/usr/local/cuda/lib64 -o /tmp/graph_capture &&
-    KVHAL_BACKENDS=cpu,cuda /tmp/graph_capture > "$OUT/graph-capture-c.txt" 2>&1 || fail "graph_capture (C)"
+    KVHAL_BACKENDS=cpu,cuda timeout 60 /tmp/graph_capture > "$OUT/graph-capture-c.txt" 2>&1 || fail "graph_capture (C)"
   tail -5 "$OUT/graph-capture-c.txt"
-  python3 examples/python/decode_cuda_graph.py --layers 32 --steps 20 > "$OUT/graph-capture-torch.txt" 2>&1 || fail "decode_cuda_graph"
+  timeout 90 python3 examples/python/decode_cuda_graph.py --layers 32 --steps 20 > "$OUT/graph-capture-torch.txt" 2>&1 || fail "decode_cuda_graph"
   tail -3 "$OUT/graph-capture-torch.txt"
-  python3 examples/python/radix_scheduler.py > "$OUT/radix-scheduler.txt" 2>&1 || fail "radix_scheduler"; tail -2 "$OUT/radix-scheduler.txt"
+  timeout 60 python3 examples/python/radix_scheduler.py > "$OUT/radix-scheduler.txt" 2>&1 || fail "radix_scheduler"; tail -2 "$OUT/radix-scheduler.txt"
   for d in cuda:0 cpu:0; do
-    python3 python/bench/bench_host.py --bench $B/tools/kvhal-bench --device $d --json > "$OUT/host-${d/:/}.json" 2>&1 || fail "bench_host $d"
+    timeout 60 python3 python/bench/bench_host.py --bench $B/tools/kvhal-bench --device $d --json > "$OUT/host-${d/:/}.json" 2>&1 || fail "bench_host $d"
     cat "$OUT/host-${d/:/}.json" | tail -5
   done
-  python3 python/bench/bench_prefix.py --json > "$OUT/prefix.json" 2>&1 || fail "bench_prefix"; tail -3 "$OUT/prefix.json"
+  timeout 90 python3 python/bench/bench_prefix.py --json > "$OUT/prefix.json" 2>&1 || fail "bench_prefix"; tail -3 "$OUT/prefix.json"
   if [ -f docs/measurements/scripts/capture_probe.c ]; then
     gcc -std=c11 -O2 docs/measurements/scripts/capture_probe.c -Iapi -I/usr/local/cuda/include -L$B/core -lkvhal \
       -L/usr/local/cuda/lib64 -lcudart -Wl,-rpath,$B/core -Wl,-rpath,/usr/local/cuda/lib64 -o /tmp/capture_probe &&
-      KVHAL_BACKENDS=cpu,cuda /tmp/capture_probe > "$OUT/capture-probe.txt" 2>&1 || fail "capture_probe"
+      KVHAL_BACKENDS=cpu,cuda timeout 60 /tmp/capture_probe > "$OUT/capture-probe.txt" 2>&1 || fail "capture_probe"
     tail -3 "$OUT/capture-probe.txt"
   fi
   el python
@@ -76,5 +84,17 @@ if want hip; then
   done; done
   el hip
 fi
+if want kernels; then
+  mkdir -p "$OUT/kernels"
+  OUT="$OUT/kernels" KVHAL_GPU_B=$B timeout 500 bash docs/measurements/scripts/kernels-gpu.sh > "$OUT/kernels.log" 2>&1 || fail kernels
+  tail -70 "$OUT/kernels.log"; el kernels
+fi
+
+if want tier; then
+  mkdir -p "$OUT/tier"
+  OUT="$OUT/tier" KVHAL_GPU_B=$B timeout 330 bash docs/measurements/scripts/tier-gpu.sh > "$OUT/tier.log" 2>&1 || fail tier
+  tail -45 "$OUT/tier.log"; el tier
+fi
+
 echo "session5-gpu: rc=$rc"
 exit $rc

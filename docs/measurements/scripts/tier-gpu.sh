@@ -20,10 +20,13 @@ export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
 fail=0
 nvidia-smi -L > "$OUT/gpu.txt" 2>&1
 lscpu | grep 'Model name' >> "$OUT/gpu.txt"
+# KVHAL_GPU_B: an existing build folder to use (session5-gpu.sh builds once for every part)
+if [ -n "${KVHAL_GPU_B:-}" ]; then B=$KVHAL_GPU_B; else
 B=/tmp/bt
 rm -rf $B
 meson setup $B -Dbackends=cpu,cuda,opencl -Dwerror=true -Dnvcc_arch=90 > "$OUT/build.txt" 2>&1 &&
   ninja -C $B >> "$OUT/build.txt" 2>&1 || { echo BUILD FAILED; tail -40 "$OUT/build.txt"; exit 1; }
+fi
 $B/tools/kvhal-info > "$OUT/info.txt" 2>&1
 
 # 1. suites
