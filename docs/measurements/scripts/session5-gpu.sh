@@ -68,7 +68,7 @@ if want python; then
   done
   timeout 90 python3 python/bench/bench_prefix.py --json > "$OUT/prefix.json" 2>&1 || fail "bench_prefix"; tail -3 "$OUT/prefix.json"
   if [ -f docs/measurements/scripts/capture_probe.c ]; then
-    gcc -std=c11 -O2 docs/measurements/scripts/capture_probe.c -Iapi -I/usr/local/cuda/include -L$B/core -lkvhal \
+    gcc -std=c11 -O2 docs/measurements/scripts/capture_probe.c -Iapi -I$B/include -I/usr/local/cuda/include -L$B/core -lkvhal \
       -L/usr/local/cuda/lib64 -lcudart -Wl,-rpath,$B/core -Wl,-rpath,/usr/local/cuda/lib64 -o /tmp/capture_probe &&
       KVHAL_BACKENDS=cpu,cuda timeout 60 /tmp/capture_probe > "$OUT/capture-probe.txt" 2>&1 || fail "capture_probe"
     tail -3 "$OUT/capture-probe.txt"
@@ -97,4 +97,7 @@ if want tier; then
 fi
 
 echo "session5-gpu: rc=$rc"
+# only a few files come back from the machine: everything goes into one archive
+cp $B/meson-logs/testlog.txt "$OUT/testlog-last.txt" 2>/dev/null
+(cd "$OUT" && tar czf /tmp/session5-logs.tgz . && rm -rf ./* && mv /tmp/session5-logs.tgz .)
 exit $rc
