@@ -333,7 +333,7 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
     PyObject *kwargs = NULL, *cap = NULL;
     const int try_versioned = !type_unversioned(Py_TYPE(obj));
     PyObject *callargs[3] = {obj, NULL, NULL}; /* self, then the keyword values */
-    int with_stream = stream_int != 0;
+    int with_stream = stream_int != 0, legacy_retry = 0;
     for (int attempt = try_versioned ? 0 : 1; attempt < 2 && !cap; attempt++) {
         Py_ssize_t nk = 0;
         PyObject *names[2];
@@ -370,6 +370,18 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
             long dl_type = -1;
             if (dv && PyTuple_Check(dv) && PyTuple_GET_SIZE(dv) == 2) dl_type = PyLong_AsLong(PyTuple_GET_ITEM(dv, 0));
             Py_XDECREF(dv);
+            if ((dl_type == kDLCUDA || dl_type == kDLROCM) && stream_int == 2 && !legacy_retry) {
+                /* a producer without the per-thread default stream (PyTorch refuses 2): ask it to order its work
+                 * before the legacy default stream instead, with which the per-thread default stream synchronizes */
+                PyErr_Clear();
+                Py_XDECREF(type);
+                Py_XDECREF(value);
+                Py_XDECREF(tb);
+                legacy_retry = 1;
+                stream_int = 1;
+                attempt--;
+                continue;
+            }
             if (dl_type == kDLCUDA || dl_type == kDLROCM || dl_type < 0) {
                 PyErr_Clear();
                 PyErr_Restore(type, value, tb);
