@@ -39,6 +39,13 @@ typedef struct ocl_stream {
     ocl_ctx *ce;
     int32_t dev;
     struct ocl_stream *prev, *next; /* the device's live streams, for device-wide synchronize */
+    /* stream_query: submitted counts the commands handed to the queue through kvhal__ocl_resolve; query_ev is the
+     * marker of the last query and query_seq the count it covers. A query makes a new marker only when something
+     * was submitted since: a marker per poll would keep the newest one pending for ever on a device whose worker
+     * runs behind the polling thread (PoCL). */
+    atomic_uint_fast64_t submitted;
+    cl_event query_ev;
+    uint64_t query_seq;
 } ocl_stream;
 
 typedef struct ocl_device {

@@ -129,6 +129,7 @@ kvhal_status kvhal__ocl_resolve(ocl_device *d, void *stream, cl_mem mem, cl_comm
         }
         *q = s->queue;
         *ce = s->ce;
+        atomic_fetch_add_explicit(&s->submitted, 1, memory_order_relaxed);
         return KVHAL_OK;
     }
     ocl_ctx *c;
@@ -256,6 +257,9 @@ kvhal_status kvhal__ocl_stream_create(void *ctx, int32_t id, void **stream)
     }
     s->ce = &d->ctxs[0];
     s->dev = id;
+    atomic_init(&s->submitted, 0);
+    s->query_ev = NULL;
+    s->query_seq = 0;
     stream_link(d, s);
     *stream = s;
     return KVHAL_OK;
@@ -294,6 +298,9 @@ kvhal_status kvhal__ocl_stream_wrap(void *ctx, int32_t id, void *native, void **
     s->queue = q;
     s->ce = ce;
     s->dev = id;
+    atomic_init(&s->submitted, 0);
+    s->query_ev = NULL;
+    s->query_seq = 0;
     stream_link(d, s);
     *stream = s;
     return KVHAL_OK;
@@ -305,6 +312,7 @@ kvhal_status kvhal__ocl_stream_destroy(void *ctx, int32_t id, void *stream)
     ocl_stream *s = stream;
     if (!s) return KVHAL_OK;
     stream_unlink(d, s);
+    if (s->query_ev) clReleaseEvent(s->query_ev);
     /* Our reference only: an owned queue goes away (after its commands finish), a wrapped one stays the caller's. */
     cl_int err = clReleaseCommandQueue(s->queue);
     free(s);
@@ -335,15 +343,21 @@ kvhal_status kvhal__ocl_stream_query(void *ctx, int32_t id, void *stream)
 {
     OCL_GET_DEVICE(ctx, id, d);
     if (!stream) return finish_default(d);
-    cl_command_queue q = ((ocl_stream *)stream)->queue;
-    cl_event ev;
-    cl_int err = clEnqueueMarkerWithWaitList(q, 0, NULL, &ev);
-    if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: clEnqueueMarkerWithWaitList", id);
-    err = clFlush(q);
+    ocl_stream *s = stream;
+    const uint64_t seq = atomic_load_explicit(&s->submitted, memory_order_relaxed);
+    cl_int err = CL_SUCCESS;
+    if (!s->query_ev || s->query_seq != seq) { /* work submitted since the last query's marker: a new marker */
+        cl_event ev;
+        err = clEnqueueMarkerWithWaitList(s->queue, 0, NULL, &ev);
+        if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: clEnqueueMarkerWithWaitList", id);
+        if (s->query_ev) clReleaseEvent(s->query_ev);
+        s->query_ev = ev;
+        s->query_seq = seq;
+        err = clFlush(s->queue);
+    }
     cl_int state = CL_QUEUED;
     if (err == CL_SUCCESS)
-        err = clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof state, &state, NULL);
-    clReleaseEvent(ev);
+        err = clGetEventInfo(s->query_ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof state, &state, NULL);
     if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: stream query", id);
     if (state < 0) return kvhal__ocl_fail(d->m, state, "opencl:%d: work on the stream failed", id);
     return state == CL_COMPLETE ? KVHAL_OK : KVHAL_BUSY;
@@ -423,6 +437,7 @@ kvhal_status kvhal__ocl_memcpy_peer(void *ctx, int32_t dst_id, void *dst, size_t
     OCL_GET_DEVICE(ctx, src_id, sd);
     ocl_module *m = ctx;
     ocl_stream *s = stream;
+    if (s) atomic_fetch_add_explicit(&s->submitted, 1, memory_order_relaxed);
     ocl_ctx *dc, *sc;
     kvhal_status st = kvhal__ocl_ctx_of_mem(dd, (cl_mem)dst, &dc);
     if (st == KVHAL_OK) st = kvhal__ocl_ctx_of_mem(sd, (cl_mem)src, &sc);
