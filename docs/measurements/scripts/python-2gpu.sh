@@ -15,10 +15,14 @@ import torch, kvhal
 assert torch.cuda.device_count() >= 2, "needs two GPUs"
 torch.cuda.set_device(0)
 d = "cuda:1"
-kc = torch.zeros(8, 16, 8, 128, dtype=torch.float16, device=d)
-vc = torch.zeros_like(kc)
-k = torch.randn(4, 8, 128, device=d).half()
-s = torch.tensor([0, 17, 33, 100], device=d)
+# kvhal's own tensors on cuda:1, filled from host arrays: PyTorch (2.x) refuses to export a CUDA tensor through
+# DLPack while another device is its current one ("Can't export tensors on a different CUDA device index"), so
+# torch tensors on cuda:1 cannot be handed over with torch's current device 0, which is the case under test
+import numpy as np
+kc = kvhal.empty((8, 16, 8, 128), "f16", d); kc.copy_from(np.zeros((8, 16, 8, 128), np.float16))
+vc = kvhal.empty((8, 16, 8, 128), "f16", d); vc.copy_from(np.zeros((8, 16, 8, 128), np.float16))
+k = kvhal.empty((4, 8, 128), "f16", d); k.copy_from(np.random.default_rng(1).standard_normal((4, 8, 128)).astype(np.float16))
+s = kvhal.empty((4,), "i64", d); s.copy_from(np.array([0, 17, 33, 100], np.int64))
 steps = [
     ("paged_caching", lambda: kvhal.paged_caching(kc, vc, k, k, s)),
     ("paged_caching on cuda:1's stream", lambda: kvhal.paged_caching(kc, vc, k, k, s, stream=torch.cuda.current_stream(1))),
@@ -35,8 +39,11 @@ for name, fn in steps:
     assert cur == 0, f"{name}: torch's current device moved to {cur}"
     assert torch.empty(1, device="cuda").device.index == 0
     print("kept cuda:0 after", name)
-ek = torch.zeros_like(kc).view(-1, 8, 128); ek[s] = k
-assert torch.equal(kc.view(-1, 8, 128), ek)
+got = np.empty((8, 16, 8, 128), np.float16); kc.copy_to(got)
+hk = np.empty((4, 8, 128), np.float16); k.copy_to(hk)
+ek = np.zeros((8 * 16, 8, 128), np.float16); ek[[0, 17, 33, 100]] = hk
+ek = ek.reshape(8, 16, 8, 128); ek[1] = ek[0]  # copy_blocks (0 -> 1) after the writes
+assert np.array_equal(got, ek), "cuda:1 cache contents differ from the host reference"
 print("device restore: OK")
 PY
 rc=$?
