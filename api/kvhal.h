@@ -1411,6 +1411,7 @@ typedef enum kvhal_transfer_dir {
  * holds the block of cache c at byte c * block bytes (host_page_bytes >= num_caches * block bytes). pairs holds
  * num_pairs (device block, host page) on the host; no device block and no host page may appear twice.
  * @param caches num_caches tensors on one device (read during the call).
+ * @param num_caches how many (>= 1).
  * @param host host pages (borrowed; must stay alive until the transfer completes).
  * @param host_page_bytes bytes between host pages. @param pairs, num_pairs the pages (read during the call).
  * @param dir KVHAL_TO_HOST or KVHAL_TO_DEVICE. @param s the stream (NULL: the device's default stream).
@@ -1496,7 +1497,8 @@ KVHAL_API kvhal_status kvhal_cache_manager_create_tiered(int32_t total_pages, in
  * @param device_len out (may be NULL): tokens cached on the device (pages has their pages).
  * @param host_len out (may be NULL): whole pages of tokens past device_len that the host tier holds (0 without a
  *        host tier); kvhal_cache_manager_load_back brings them back.
- * Other parameters and statuses as kvhal_cache_manager_match. */
+ * @param cm, tokens, num_tokens, handle, pages, pages_cap as kvhal_cache_manager_match.
+ * @return as kvhal_cache_manager_match. */
 KVHAL_API kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm, const int32_t *tokens,
                                                         size_t num_tokens, kvhal_prefix_handle *handle,
                                                         size_t *device_len, size_t *host_len, int32_t *pages,
@@ -1509,7 +1511,7 @@ KVHAL_API kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm,
  * pages must not be read. The host pages stay in the host tier.
  * @param cm a tiered manager. @param handle the request handle of this request's match.
  * @param tokens, num_tokens the request's whole tokens (as given to match; read during the call).
- * @param pages out: the loaded pages, pages_cap room. @param loaded_len out: tokens loaded (a multiple of the page
+ * @param pages out: the loaded pages. @param pages_cap entries of room in pages. @param loaded_len out: tokens loaded (a multiple of the page
  *        size; 0 when the host tier holds nothing past the device match).
  * @return KVHAL_OK; KVHAL_INVALID_HANDLE; KVHAL_INVALID_ARGUMENT (not tiered, NULL arrays); KVHAL_OUT_OF_RANGE
  *         (pages_cap too small: nothing done); KVHAL_OUT_OF_MEMORY when the device has too few free or evictable pages
@@ -1527,7 +1529,8 @@ KVHAL_API kvhal_status kvhal_cache_manager_transfer_query(kvhal_cache_manager *c
 
 /** Counters of a tiered manager. */
 typedef struct kvhal_host_tier_stats {
-    int64_t host_pages_total, host_pages_used;
+    int64_t host_pages_total; /**< host pages the budget holds */
+    int64_t host_pages_used;  /**< host pages holding a prefix now */
     uint64_t pages_written;   /**< device -> host page copies */
     uint64_t pages_loaded;    /**< host -> device page copies (load-back) */
     uint64_t host_evictions;  /**< host pages dropped (LRU) to make room */
@@ -1552,8 +1555,8 @@ typedef enum kvhal_kv_event_type {
 typedef enum kvhal_kv_tier { KVHAL_TIER_DEVICE = 0, KVHAL_TIER_HOST = 1 } kvhal_kv_tier;
 /** One KV event. Its tokens (stored events: page_size of them) are written to the caller's token array. */
 typedef struct kvhal_kv_event {
-    kvhal_kv_event_type type;
-    kvhal_kv_tier tier;
+    kvhal_kv_event_type type; /**< what happened */
+    kvhal_kv_tier tier;       /**< the tier it happened in */
     uint64_t hash;        /**< the page's chain hash (stored, removed) */
     uint64_t parent_hash; /**< its parent's (kvhal_kv_root_hash for a first page; stored) */
     int32_t page;         /**< the device page or host page index */

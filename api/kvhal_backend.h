@@ -230,7 +230,7 @@ typedef struct kvhal_bk_tensor_copy {
     kvhal_bk_tensor src; /**< source view */
 } kvhal_bk_tensor_copy;
 
-/* page_transfer: whole pages between device caches (K and V of every layer: one block of each cache makes a page)
+/** page_transfer: whole pages between device caches (K and V of every layer: one block of each cache makes a page)
  * and host pages. Host page h starts at host + host_offset + h * host_page_bytes and holds the page's block of cache
  * c at byte c * block_bytes. For pair p: device block pairs[2p] of every cache <-> host page pairs[2p + 1]; to_host
  * picks the direction. Checked by the core: pairs in range, no device block or host page written twice, every
@@ -239,18 +239,18 @@ typedef struct kvhal_bk_tensor_copy {
  * path for the former. Asynchronous on stream: the host pages must stay valid (and unchanged, to device) until the
  * stream's work is done (stream_query / stream_synchronize). */
 typedef struct kvhal_bk_page_transfer {
-    int32_t num_caches;
-    void *const *natives;         /* cl_mem / device pointer per cache */
-    const size_t *offsets;        /* byte offset of block 0 of each cache */
-    const int64_t *block_strides; /* bytes between blocks, per cache */
-    int64_t block_bytes;          /* bytes of one block, the same in every cache */
-    void *host;
-    size_t host_offset;
-    int64_t host_page_bytes;      /* >= num_caches * block_bytes */
-    const int64_t *pairs;         /* 2 * num_pairs: (device block, host page) */
-    int32_t num_pairs;
-    bool to_host;                 /* true: device -> host; false: host -> device */
-    bool host_pinned;             /* host came from this module's host_alloc */
+    int32_t num_caches;           /**< caches (K and V of every layer) */
+    void *const *natives;         /**< cl_mem / device pointer per cache */
+    const size_t *offsets;        /**< byte offset of block 0 of each cache */
+    const int64_t *block_strides; /**< bytes between blocks, per cache */
+    int64_t block_bytes;          /**< bytes of one block, the same in every cache */
+    void *host;                   /**< the host memory of the pages */
+    size_t host_offset;           /**< bytes before host page 0 */
+    int64_t host_page_bytes;      /**< bytes of one host page, >= num_caches * block_bytes */
+    const int64_t *pairs;         /**< 2 * num_pairs: (device block, host page) */
+    int32_t num_pairs;            /**< pages to move */
+    bool to_host;                 /**< true: device -> host; false: host -> device */
+    bool host_pinned;             /**< host came from this module's host_alloc */
 } kvhal_bk_page_transfer;
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -303,6 +303,7 @@ typedef struct kvhal_backend_device_fns {
     /** Appended (issue 17). Host memory the device copies to and from fastest (pinned, mapped): host_alloc returns a host pointer of at
      * least bytes, host_free gives it back. NULL host_alloc: the core uses plain (64-byte aligned) host memory. */
     kvhal_status (*host_alloc)(void *ctx, int32_t id, size_t bytes, void **ptr);
+    /** Appended (issue 17). Gives back what host_alloc returned. */
     kvhal_status (*host_free)(void *ctx, int32_t id, void *ptr);
     /** Appended (issue 17). KVHAL_OK when all work queued on stream is done, KVHAL_BUSY while some is pending (never waits). NULL: the
      * core waits (stream_synchronize) and reports its status, right for a backend whose work is synchronous. */

@@ -65,7 +65,7 @@ typedef enum kvhal_xfer_event_type {
 
 /** One notification. pages and message stay valid until the next kvhal_xfer_progress call on the agent. */
 typedef struct kvhal_xfer_event {
-    kvhal_xfer_event_type type;
+    kvhal_xfer_event_type type; /**< what happened */
     kvhal_xfer_peer *peer;   /**< the peer concerned (NULL for a refused connection) */
     kvhal_xfer *xfer;        /**< RECV_DONE, SEND_DONE: the transfer (still the caller's to release) */
     uint64_t request_id;     /**< GRANT, RECV_DONE, SEND_DONE */
@@ -77,11 +77,11 @@ typedef struct kvhal_xfer_event {
 
 /** Progress of one transfer. */
 typedef struct kvhal_xfer_info {
-    uint64_t request_id;
+    uint64_t request_id;     /**< the request the transfer carries */
     uint64_t bytes_total;    /**< K and V of every page and layer of the transfer */
     uint64_t bytes_done;     /**< received (receiver) or acknowledged by the receiver (sender) */
     kvhal_status status;     /**< KVHAL_BUSY while in flight, then the final status */
-    bool is_receive;
+    bool is_receive;         /**< true on the receiving side */
 } kvhal_xfer_info;
 
 /**
