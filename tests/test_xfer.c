@@ -415,6 +415,10 @@ typedef struct raw {
     bool got_hello_ack;
     int nacks;
     xw_ack last_ack;
+    /* frames' memory: a send that did not complete (a rendezvous the receiver never pulls, or pulls after the
+     * peer gave up on it) may still be read by UCX, so it is freed only after the worker is destroyed */
+    void *keep[256];
+    int nkeep;
 } raw;
 
 static ucs_status_t raw_am(void *arg, const void *header, size_t header_length, void *data, size_t length,
@@ -512,6 +516,8 @@ static void raw_close(raw *r)
     ucp_worker_release_address(r->w, r->addr);
     ucp_worker_destroy(r->w);
     ucp_cleanup(r->ctx);
+    for (int i = 0; i < r->nkeep; i++) free(r->keep[i]);
+    r->nkeep = 0;
 }
 
 /* A DATA frame: header with n pages, data of dlen bytes (the frame's content is 0x5A). */
@@ -529,8 +535,12 @@ static void raw_data(raw *r, uint64_t session, uint64_t req, int32_t first, int3
     memcpy(hdr, &h, sizeof h);
     memcpy(hdr + sizeof h, pages, (size_t)n * 4);
     raw_send(r, hdr, hlen_cut ? hlen_cut : hlen, data, dlen, flags);
-    free(hdr);
-    free(data);
+    if (r->nkeep + 2 <= (int)(sizeof r->keep / sizeof r->keep[0])) {
+        r->keep[r->nkeep++] = hdr;
+        r->keep[r->nkeep++] = data;
+    } else {
+        fail_msg("%s", "raw_data: more frames than the peer keeps");
+    }
 }
 
 typedef struct hostile_case {
