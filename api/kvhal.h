@@ -604,7 +604,8 @@ KVHAL_API bool kvhal_tensor_is_contiguous(const kvhal_tensor *t);
 /** Bytes from the first to one past the last element.
  * @param t a tensor value (read during the call; its buffer is not looked at).
  * @return the span; 0 for an empty tensor, a NULL t or an ndim outside [1, KVHAL_MAX_DIMS]; SIZE_MAX when the span
- *         does not fit in 64 bits (shape and strides overflow) or a shape or stride is negative. */
+ *         does not fit in 64 bits (shape and strides overflow) or a shape or stride is negative.
+ * Thread safety: any thread (a pure function). Graph capture: host only, enqueues nothing. */
 KVHAL_API size_t kvhal_tensor_span_bytes(const kvhal_tensor *t);
 /** A view of [start, start + length) along one dimension.
  *  @param t the tensor.
@@ -1133,7 +1134,8 @@ KVHAL_API kvhal_status kvhal_prefix_cache_create(kvhal_prefix_kind kind, int32_t
 /** Destroys a prefix cache; every handle of it is gone with it.
  * @param pc a cache from kvhal_prefix_cache_create (NULL: KVHAL_OK).
  * @return KVHAL_OK; KVHAL_INVALID_HANDLE when pc is not a live prefix cache; KVHAL_INVALID_ARGUMENT when pc belongs
- *         to a cache manager (kvhal_cache_manager_prefix): only kvhal_cache_manager_destroy frees it. */
+ *         to a cache manager (kvhal_cache_manager_prefix): only kvhal_cache_manager_destroy frees it.
+ * Thread safety: pc is single-owner; no call on it may run during or after the destroy. Graph capture: host only. */
 KVHAL_API kvhal_status kvhal_prefix_cache_destroy(kvhal_prefix_cache *pc);
 /** The page size.
  *  @param pc the cache.
@@ -1158,14 +1160,16 @@ KVHAL_API kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t 
  * @param pc the cache.
  * @param handle a node handle from match (or a request handle: its node is locked once more).
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for 0; KVHAL_INVALID_HANDLE for a stale or foreign handle;
- *         KVHAL_OUT_OF_RANGE when the path holds INT32_MAX locks. */
+ *         KVHAL_OUT_OF_RANGE when the path holds INT32_MAX locks.
+ * Thread safety: pc is single-owner (concurrent calls get KVHAL_BUSY). Graph capture: host only, enqueues nothing. */
 KVHAL_API kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle);
 /** Gives back one lock. A request handle (kvhal_cache_manager_match) is consumed: its lock goes back and the handle
  * is stale from then on (a dropped request is released this way).
  * @param pc the cache.
  * @param handle a locked node handle or a live request handle.
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for 0 or a node with no lock of its own left (the locks request
- *         handles hold are theirs to give back); KVHAL_INVALID_HANDLE for a stale or foreign handle. */
+ *         handles hold are theirs to give back); KVHAL_INVALID_HANDLE for a stale or foreign handle.
+ * Thread safety: pc is single-owner (concurrent calls get KVHAL_BUSY). Graph capture: host only, enqueues nothing. */
 KVHAL_API kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle);
 /** Inserts tokens[0..n) (n aligned down to pages) with their pages (n/page_size entries). The tree keeps its own
  *  pages where the prefix was already present, so the caller still owns its pages[0..already_cached/page_size)
@@ -1251,7 +1255,8 @@ KVHAL_API kvhal_prefix_cache *kvhal_cache_manager_prefix(kvhal_cache_manager *cm
  * @param pages out: the cached pages.
  * @param pages_cap entries of room in pages.
  * @return as kvhal_prefix_match (nothing is written on a refusal), and KVHAL_INVALID_ARGUMENT for a NULL handle;
- *         KVHAL_OUT_OF_MEMORY when no request handle can be allocated. */
+ *         KVHAL_OUT_OF_MEMORY when no request handle can be allocated.
+ * Graph capture: host only, enqueues nothing. */
 KVHAL_API kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                                  kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
                                                  size_t pages_cap);
@@ -1278,7 +1283,9 @@ KVHAL_API kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const i
  * @param handle the request handle its kvhal_cache_manager_match gave; consumed on success.
  * @return KVHAL_OK; KVHAL_INVALID_HANDLE when handle is not a live request handle of cm (0, a node handle,
  *         finished or unlocked already, or stale after a reset); KVHAL_INVALID_ARGUMENT for pages not held or not
- *         repeating the matched ones; KVHAL_OUT_OF_MEMORY. Nothing changes on a refusal. */
+ *         repeating the matched ones; KVHAL_OUT_OF_MEMORY. Nothing changes on a refusal.
+ * Thread safety: cm is single-owner (concurrent calls get KVHAL_BUSY). Graph capture: host only, enqueues nothing (a
+ * tiered manager's write-through copies: see kvhal_cache_manager_create_tiered). */
 KVHAL_API kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const int32_t *tokens,
                                                           size_t num_tokens, const int32_t *pages,
                                                           kvhal_prefix_handle handle);
@@ -1382,14 +1389,18 @@ typedef struct kvhal_host_memory kvhal_host_memory;
 KVHAL_API kvhal_status kvhal_host_memory_create(kvhal_device dev, size_t bytes, kvhal_host_memory **out);
 /** Frees host memory; no transfer from or into it may still be in flight.
  * @param h a handle from kvhal_host_memory_create (NULL: KVHAL_OK).
- * @return KVHAL_OK; KVHAL_INVALID_HANDLE for a handle that is not live. */
+ * @return KVHAL_OK; KVHAL_INVALID_HANDLE for a handle that is not live.
+ * Thread safety: any thread, once no other call uses h. Graph capture: not while a stream of its device is captured. */
 KVHAL_API kvhal_status kvhal_host_memory_destroy(kvhal_host_memory *h);
-/** The host pointer of h (NULL for a handle that is not live). @param h the handle. @return the pointer. */
+/** The host pointer of h (NULL for a handle that is not live). @param h the handle. @return the pointer.
+ * Thread safety: any thread; h is not changed. Graph capture: host only, enqueues nothing. */
 KVHAL_API void *kvhal_host_memory_ptr(const kvhal_host_memory *h);
-/** The size of h in bytes (0 for a handle that is not live). @param h the handle. @return the size. */
+/** The size of h in bytes (0 for a handle that is not live). @param h the handle. @return the size.
+ * Thread safety: any thread; h is not changed. Graph capture: host only, enqueues nothing. */
 KVHAL_API size_t kvhal_host_memory_size(const kvhal_host_memory *h);
 /** Whether h is pinned or mapped by its device's backend (false: plain host memory). @param h the handle.
- * @return true when the backend allocated it. */
+ * @return true when the backend allocated it.
+ * Thread safety: any thread; h is not changed. Graph capture: host only, enqueues nothing. */
 KVHAL_API bool kvhal_host_memory_pinned(const kvhal_host_memory *h);
 
 /** Polls a stream: whether all work queued on it so far is done.
@@ -1428,12 +1439,15 @@ KVHAL_API kvhal_status kvhal_page_transfer(const kvhal_tensor *caches, int32_t n
                                            size_t host_page_bytes, const int64_t *pairs, int32_t num_pairs,
                                            kvhal_transfer_dir dir, kvhal_stream *s);
 /** Bytes of one host page of a paged cache: its block of every layer's K and V (2 * layers * block bytes).
- * @param c a paged cache. @return the size; 0 for a cache that is not live. */
+ * @param c a paged cache. @return the size; 0 for a cache that is not live.
+ * Thread safety: any thread (reads the cache's shape only). Graph capture: host only. */
 KVHAL_API size_t kvhal_paged_cache_host_page_bytes(const kvhal_paged_cache *c);
 /** kvhal_page_transfer over every layer's K and V of a paged cache (either order, NHD or HND), host pages of
  * kvhal_paged_cache_host_page_bytes(c) each: a host page holds [layers][K, V][block] in the cache's layout.
  * @param c the cache. @param host, pairs, num_pairs, dir, s as kvhal_page_transfer.
- * @return as kvhal_page_transfer; KVHAL_INVALID_HANDLE for c. */
+ * @return as kvhal_page_transfer; KVHAL_INVALID_HANDLE for c.
+ * Thread safety: the cache is single-owner, as for kvhal_paged_cache_update. Graph capture: not supported (call it
+ * outside a capture). */
 KVHAL_API kvhal_status kvhal_paged_cache_transfer(kvhal_paged_cache *c, kvhal_host_memory *host,
                                                   const int64_t *pairs, int32_t num_pairs, kvhal_transfer_dir dir,
                                                   kvhal_stream *s);
@@ -1448,14 +1462,16 @@ KVHAL_API kvhal_status kvhal_paged_cache_transfer(kvhal_paged_cache *c, kvhal_ho
 #define KVHAL_KV_HASH_SEED 0x6b7668616c2d6b76ull
 
 /** The parent hash of a sequence's first page.
- * @param page_size tokens per page. @return splitmix64(KVHAL_KV_HASH_SEED ^ page_size). */
+ * @param page_size tokens per page. @return splitmix64(KVHAL_KV_HASH_SEED ^ page_size).
+ * Thread safety: any thread (a pure function). Graph capture: host only, enqueues nothing. */
 KVHAL_API uint64_t kvhal_kv_root_hash(int32_t page_size);
 /** The hash of one page given its parent's: h = parent, then for each token t in order
  * h = splitmix64(h ^ (uint32_t)t), then h = splitmix64(h ^ ((uint64_t)page_size << 32)).
  * splitmix64(z): z = (z ^ z >> 30) * 0xbf58476d1ce4e5b9; z = (z ^ z >> 27) * 0x94d049bb133111eb; z ^ z >> 31.
  * @param parent the previous page's hash (kvhal_kv_root_hash for the first page).
  * @param tokens page_size token ids (read during the call). @param page_size tokens per page.
- * @return the page's hash. */
+ * @return the page's hash.
+ * Thread safety: any thread (a pure function). Graph capture: host only, enqueues nothing. */
 KVHAL_API uint64_t kvhal_kv_page_hash(uint64_t parent, const int32_t *tokens, int32_t page_size);
 
 /** When the host tier receives a device page's content. */
@@ -1498,7 +1514,9 @@ KVHAL_API kvhal_status kvhal_cache_manager_create_tiered(int32_t total_pages, in
  * @param host_len out (may be NULL): whole pages of tokens past device_len that the host tier holds (0 without a
  *        host tier); kvhal_cache_manager_load_back brings them back.
  * @param cm, tokens, num_tokens, handle, pages, pages_cap as kvhal_cache_manager_match.
- * @return as kvhal_cache_manager_match. */
+ * @return as kvhal_cache_manager_match.
+ * Thread safety: the manager is single-owner (concurrent calls get KVHAL_BUSY). Graph capture: host only; the copies
+ * it enqueues are not capturable. */
 KVHAL_API kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm, const int32_t *tokens,
                                                         size_t num_tokens, kvhal_prefix_handle *handle,
                                                         size_t *device_len, size_t *host_len, int32_t *pages,
@@ -1515,16 +1533,20 @@ KVHAL_API kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm,
  *        size; 0 when the host tier holds nothing past the device match).
  * @return KVHAL_OK; KVHAL_INVALID_HANDLE; KVHAL_INVALID_ARGUMENT (not tiered, NULL arrays); KVHAL_OUT_OF_RANGE
  *         (pages_cap too small: nothing done); KVHAL_OUT_OF_MEMORY when the device has too few free or evictable pages
- *         (nothing done); a transfer error (the pages go back to the free set). */
+ *         (nothing done); a transfer error (the pages go back to the free set).
+ * Thread safety: the manager is single-owner (concurrent calls get KVHAL_BUSY). Graph capture: host only; the copies
+ * it enqueues are not capturable. */
 KVHAL_API kvhal_status kvhal_cache_manager_load_back(kvhal_cache_manager *cm, kvhal_prefix_handle handle,
                                                      const int32_t *tokens, size_t num_tokens, int32_t *pages,
                                                      size_t pages_cap, size_t *loaded_len);
 /** Waits for every transfer the manager has enqueued. @param cm a tiered manager.
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT when cm is not tiered; a device error.
- * Graph capture: not while the tier's stream is captured. */
+ * Graph capture: not while the tier's stream is captured.
+ * Thread safety: the manager is single-owner. Graph capture: no (it waits). */
 KVHAL_API kvhal_status kvhal_cache_manager_transfer_wait(kvhal_cache_manager *cm);
 /** Polls the manager's transfers. @param cm a tiered manager.
- * @return KVHAL_OK when all are done, KVHAL_BUSY while some are in flight; KVHAL_INVALID_ARGUMENT when not tiered. */
+ * @return KVHAL_OK when all are done, KVHAL_BUSY while some are in flight; KVHAL_INVALID_ARGUMENT when not tiered.
+ * Thread safety: the manager is single-owner. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_cache_manager_transfer_query(kvhal_cache_manager *cm);
 
 /** Counters of a tiered manager. */
@@ -1537,11 +1559,13 @@ typedef struct kvhal_host_tier_stats {
     uint64_t events_dropped;  /**< events lost to a full queue (each loss also queued an overflow event) */
 } kvhal_host_tier_stats;
 /** @param cm a tiered manager. @param out receives the counters.
- * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT when cm is not tiered or out is NULL. */
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT when cm is not tiered or out is NULL.
+ * Thread safety: the manager is single-owner. Graph capture: host only. */
 KVHAL_API kvhal_status kvhal_cache_manager_tier_stats(const kvhal_cache_manager *cm, kvhal_host_tier_stats *out);
 
 /** Drops every host page (after waiting for the transfers in flight); a cleared event for the host tier.
- * @param cm a manager with a host tier. @return KVHAL_OK; KVHAL_INVALID_ARGUMENT when cm has no host tier. */
+ * @param cm a manager with a host tier. @return KVHAL_OK; KVHAL_INVALID_ARGUMENT when cm has no host tier.
+ * Thread safety: the manager is single-owner. Graph capture: no (it waits for the transfers in flight). */
 KVHAL_API kvhal_status kvhal_cache_manager_host_tier_clear(kvhal_cache_manager *cm);
 
 /** KV event kinds. */
@@ -1566,7 +1590,8 @@ typedef struct kvhal_kv_event {
 /** Takes up to cap events, oldest first, from a manager created with event_capacity > 0.
  * @param cm the manager. @param out cap events room. @param tokens cap * page_size token room: event i's tokens
  *        are tokens[i * page_size ...]. @param cap room. @param n out: events written.
- * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (no events configured, NULL arrays with cap > 0, NULL n). */
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (no events configured, NULL arrays with cap > 0, NULL n).
+ * Thread safety: the manager is single-owner. Graph capture: host only. */
 KVHAL_API kvhal_status kvhal_cache_manager_events_read(kvhal_cache_manager *cm, kvhal_kv_event *out,
                                                        int32_t *tokens, size_t cap, size_t *n);
 
