@@ -1595,6 +1595,75 @@ typedef struct kvhal_kv_event {
 KVHAL_API kvhal_status kvhal_cache_manager_events_read(kvhal_cache_manager *cm, kvhal_kv_event *out,
                                                        int32_t *tokens, size_t cap, size_t *n);
 
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Memory shared between processes of one host (issue 18): a buffer exported as an opaque handle, imported by    */
+/* another process onto one of its devices (CUDA/HIP IPC, POSIX shared memory for cpu).                          */
+/* ------------------------------------------------------------------------------------------------------------ */
+/** Largest handle kvhal_buffer_ipc_export() writes, in bytes. */
+#define KVHAL_IPC_HANDLE_MAX 256
+/** Allocates device memory that other processes of this host can import (kvhal_buffer_ipc_export()): cuda and hip
+ *  from cudaMalloc / hipMalloc (not the stream-ordered pool of kvhal_buffer_create(), which the IPC API cannot
+ *  export), cpu from a POSIX shared-memory segment (shm_open, mmap; named while the buffer lives, unlinked by
+ *  kvhal_buffer_destroy(); a process killed before that leaves its segment in /dev/shm). Otherwise like
+ *  kvhal_buffer_create().
+ *  @param dev the device.
+ *  @param bytes the size, at least 1.
+ *  @param out receives the buffer; kvhal_buffer_destroy() frees it. Contents are undefined.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL out, 0 bytes); the device lookup statuses; KVHAL_UNSUPPORTED
+ *  (the backend has no shareable memory, e.g. opencl); KVHAL_OUT_OF_MEMORY; KVHAL_BACKEND_ERROR.
+ *  Thread safety: any thread. Graph capture: no (cudaMalloc synchronizes the device). */
+KVHAL_API kvhal_status kvhal_buffer_create_shareable(kvhal_device dev, size_t bytes, kvhal_buffer **out);
+/** Writes a handle of a shareable buffer, to be handed to another process of this host (out of band).
+ *  @param buf a buffer from kvhal_buffer_create_shareable() (or a paged cache's from
+ *         kvhal_paged_cache_create_shareable()).
+ *  @param blob receives the handle: at most cap bytes; NULL with cap 0 asks for the size.
+ *  @param cap capacity of blob (KVHAL_IPC_HANDLE_MAX always suffices).
+ *  @param len receives the handle's size.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL len, buf not shareable: named); KVHAL_INVALID_HANDLE (buf);
+ *  KVHAL_OUT_OF_RANGE (cap too small: *len tells the size, nothing written); KVHAL_UNSUPPORTED (no IPC on the
+ *  backend); KVHAL_BACKEND_ERROR. Thread safety: any thread. Graph capture: host only (enqueues nothing). */
+KVHAL_API kvhal_status kvhal_buffer_ipc_export(const kvhal_buffer *buf, void *blob, size_t cap, size_t *len);
+/** Opens another process's handle as a buffer on a local device of the same type (read access at least; another
+ *  GPU of the host reads it peer to peer). The handle is untrusted input: a malformed, forged or foreign one fails
+ *  with a status, never a crash. kvhal_buffer_destroy() closes it (the exporter's memory stays the exporter's; it
+ *  must outlive every import in use, and what the exporter writes is visible once its own stream's work is done).
+ *  @param dev the local device (its type must be the exporter's).
+ *  @param blob the handle, len bytes, read during the call.
+ *  @param len its size, at most KVHAL_IPC_HANDLE_MAX.
+ *  @param out receives the buffer (its size is the exported buffer's).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, a malformed handle, naming the field); KVHAL_DEVICE_MISMATCH
+ *  (exported from another device type); KVHAL_OUT_OF_RANGE (the memory opened is smaller than the handle says);
+ *  KVHAL_UNSUPPORTED (no IPC on the backend); KVHAL_BACKEND_ERROR (the runtime refused it: another host, an
+ *  exporter that is gone, the same process on CUDA); KVHAL_OUT_OF_MEMORY.
+ *  Thread safety: any thread. Graph capture: no. */
+KVHAL_API kvhal_status kvhal_buffer_ipc_import(kvhal_device dev, const void *blob, size_t len, kvhal_buffer **out);
+/** Batched copies between two buffers on one device, as one backend operation where the backend has one (a
+ *  single kernel launch on cuda and hip), asynchronously on s: for i in 0..count, bytes[i] bytes from src at
+ *  src_offsets[i] to dst at dst_offsets[i]. Ranges are checked against both buffers; destination ranges must not
+ *  overlap each other or the source ranges when dst is src (not checked: the result is then undefined).
+ *  @param dst the destination buffer.
+ *  @param src the source buffer (e.g. one from kvhal_buffer_ipc_import()), on dst's device.
+ *  @param dst_offsets, src_offsets, bytes count entries each (host memory, read during the call).
+ *  @param count 0 .. INT32_MAX; 0 does nothing.
+ *  @param s the stream (NULL: default), on dst's device.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL arrays with count > 0, naming them); KVHAL_INVALID_HANDLE;
+ *  KVHAL_OUT_OF_RANGE (entry i past either buffer, naming i); KVHAL_DEVICE_MISMATCH (src or s on another device);
+ *  KVHAL_BACKEND_ERROR. Thread safety: any thread. Graph capture: may be captured. Stream: s. */
+KVHAL_API kvhal_status kvhal_memcpy_d2d_batch(kvhal_buffer *dst, const kvhal_buffer *src, const size_t *dst_offsets,
+                                              const size_t *src_offsets, const size_t *bytes, int32_t count,
+                                              kvhal_stream *s);
+/** kvhal_paged_cache_create() whose memory comes from kvhal_buffer_create_shareable(), so that another process of
+ *  this host can import it (the buffer of its layer views, kvhal_paged_cache_layer(), to kvhal_buffer_ipc_export()); the transfer agent
+ *  (kvhal_xfer.h) then moves pages device to device instead of through host memory.
+ *  @param cfg as for kvhal_paged_cache_create(). @param out receives the cache.
+ *  @return what kvhal_paged_cache_create() returns; KVHAL_UNSUPPORTED where the device has no shareable memory.
+ *  Thread safety: any thread. Graph capture: no. */
+KVHAL_API kvhal_status kvhal_paged_cache_create_shareable(const kvhal_paged_cache_config *cfg, kvhal_paged_cache **out);
+/** Whether a buffer can be exported (made by kvhal_buffer_create_shareable()).
+ *  @param buf the buffer. @return true for a live shareable buffer; false otherwise (NULL, imported, plain).
+ *  Thread safety: any thread. Graph capture: host only. */
+KVHAL_API bool kvhal_buffer_is_shareable(const kvhal_buffer *buf);
+
 #ifdef __cplusplus
 }
 #endif

@@ -253,6 +253,10 @@ typedef struct kvhal_bk_page_transfer {
     bool host_pinned;             /**< host came from this module's host_alloc */
 } kvhal_bk_page_transfer;
 
+/** Largest module part of an IPC handle (kvhal_backend_device_fns::ipc_export); the core's kvhal_buffer_ipc_export
+ *  adds its own header, KVHAL_IPC_HANDLE_MAX bytes in all. */
+#define KVHAL_BK_IPC_BLOB_MAX 192
+
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Device and memory functions. id: the device index within the module, 0 .. device_count-1 (checked by the     */
 /* core). stream: NULL = the device's default stream; otherwise what stream_create/stream_wrap returned.        */
@@ -308,6 +312,23 @@ typedef struct kvhal_backend_device_fns {
     /** Appended (issue 17). KVHAL_OK when all work queued on stream is done, KVHAL_BUSY while some is pending (never waits). NULL: the
      * core waits (stream_synchronize) and reports its status, right for a backend whose work is synchronous. */
     kvhal_status (*stream_query)(void *ctx, int32_t id, void *stream);
+    /** Appended (issue 18). Memory another process of this host can import (ipc_export below): buffer_alloc's
+     *  contract, from memory the device's IPC can share (CUDA/HIP: cudaMalloc'd, not a stream-ordered pool; CPU:
+     *  POSIX shared memory). NULL: kvhal_buffer_create_shareable returns KVHAL_UNSUPPORTED. */
+    kvhal_status (*buffer_alloc_shareable)(void *ctx, int32_t id, size_t bytes, void **native);
+    /** Appended (issue 18). Frees what buffer_alloc_shareable returned. */
+    kvhal_status (*buffer_free_shareable)(void *ctx, int32_t id, void *native);
+    /** Appended (issue 18). Writes an opaque handle of the shareable allocation native (buffer_alloc_shareable's,
+     *  all its bytes) into blob: at most cap (KVHAL_BK_IPC_BLOB_MAX) bytes, *len set to the bytes written. The blob
+     *  means something to this module in another process of the same host only. NULL: no IPC. */
+    kvhal_status (*ipc_export)(void *ctx, int32_t id, void *native, void *blob, size_t cap, size_t *len);
+    /** Appended (issue 18). Opens a peer's blob (len bytes, untrusted: a module checks every field and fails
+     *  cleanly, never crashes, on a malformed or forged one) as memory device id can read (at least read access),
+     *  and sets *native. bytes: how much of it the caller will address; the module fails (KVHAL_OUT_OF_RANGE) when
+     *  the allocation it opened is smaller. */
+    kvhal_status (*ipc_import)(void *ctx, int32_t id, const void *blob, size_t len, size_t bytes, void **native);
+    /** Appended (issue 18). Closes what ipc_import opened (the exporter's memory is not freed). */
+    kvhal_status (*ipc_close)(void *ctx, int32_t id, void *native);
     /** Append new entries here only. */
 } kvhal_backend_device_fns;
 

@@ -40,9 +40,11 @@ typedef struct kvhal__bk {
     void *(*get_proc_address)(void *ctx, const char *name);
 } kvhal__bk;
 
+enum { KVHAL__BUF_PLAIN = 0, KVHAL__BUF_SHAREABLE = 1, KVHAL__BUF_IMPORTED = 2 };
 struct kvhal_buffer {
     uint32_t magic;
     bool owned;              /* created by kvhal (freed on destroy) or wrapped (borrowed) */
+    uint8_t ipc;             /* KVHAL__BUF_PLAIN, _SHAREABLE (buffer_alloc_shareable), _IMPORTED (ipc_import) */
     kvhal_device device;
     const kvhal__bk *backend;
     void *native;

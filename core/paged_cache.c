@@ -34,7 +34,7 @@ static kvhal_status check_scale(float s, const char *arg)
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal_paged_cache **out)
+static kvhal_status paged_create(const kvhal_paged_cache_config *cfg, kvhal_paged_cache **out, bool shareable)
 {
     KVHAL_CHECK_ARG(out, "out: NULL");
     *out = NULL;
@@ -87,7 +87,8 @@ kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal
     c->block_elems = (int64_t)block_elems;
     c->k_scale = cfg->k_scale == 0.0f ? 1.0f : cfg->k_scale;
     c->v_scale = cfg->v_scale == 0.0f ? 1.0f : cfg->v_scale;
-    kvhal_status st = kvhal_buffer_create(cfg->device, (size_t)total, &c->buf);
+    kvhal_status st = shareable ? kvhal_buffer_create_shareable(cfg->device, (size_t)total, &c->buf)
+                                : kvhal_buffer_create(cfg->device, (size_t)total, &c->buf);
     if (st == KVHAL_OK) st = kvhal_memset(c->buf, 0, 0, (size_t)total, NULL);
     if (st == KVHAL_OK && !kvhal__handle_add(c))
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "paged cache: cannot register the handle");
@@ -99,6 +100,16 @@ kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal
     c->magic = PAGED_MAGIC;
     *out = c;
     return KVHAL_OK;
+}
+
+kvhal_status kvhal_paged_cache_create(const kvhal_paged_cache_config *cfg, kvhal_paged_cache **out)
+{
+    return paged_create(cfg, out, false);
+}
+
+kvhal_status kvhal_paged_cache_create_shareable(const kvhal_paged_cache_config *cfg, kvhal_paged_cache **out)
+{
+    return paged_create(cfg, out, true);
 }
 
 kvhal_status kvhal_paged_cache_destroy(kvhal_paged_cache *c)

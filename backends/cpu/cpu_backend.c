@@ -20,6 +20,8 @@ static kvhal_status cpu_init(const kvhal_core_services *s, void **ctx, int32_t *
     cpu_ctx *c = malloc(sizeof *c); /* the module's own, not a caller's: no fault injection here */
     if (!c) return s->set_error(KVHAL_OUT_OF_MEMORY, "cpu: cannot allocate the backend's context");
     c->svc = s;
+    pthread_mutex_init(&c->ipc_mu, NULL);
+    c->ipc_maps = NULL;
     *ctx = c;
     *count = 1;
     if (reason_size) reason[0] = '\0';
@@ -146,6 +148,11 @@ static const kvhal_backend_device_fns cpu_device_fns = {
     .memset = cpu_memset,
     .synchronize = cpu_sync,
     .check_errors = cpu_sync,
+    .buffer_alloc_shareable = cpu_buffer_alloc_shareable,
+    .buffer_free_shareable = cpu_buffer_free_shareable,
+    .ipc_export = cpu_ipc_export,
+    .ipc_import = cpu_ipc_import,
+    .ipc_close = cpu_ipc_close,
 };
 
 static const kvhal_backend_op_fns cpu_op_fns = {

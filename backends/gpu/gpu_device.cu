@@ -133,6 +133,8 @@ void resolve_driver_entry_points(Ctx *c)
     void *launch = dlsym(h, "cuLaunchKernel"), *name = dlsym(h, "cuGetErrorName");
     memcpy(&c->cu_launch, &launch, sizeof launch);
     memcpy(&c->cu_error_name, &name, sizeof name);
+    void *range = dlsym(h, "cuMemGetAddressRange_v2");
+    memcpy(&c->cu_mem_range, &range, sizeof range);
 }
 #endif
 

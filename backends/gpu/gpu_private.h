@@ -6,6 +6,7 @@
  *                   get_proc_address
  *   gpu_memory.cu   buffers (and their pool), streams, copies (host, device, peer), memset, synchronize,
  *                   check_errors
+ *   gpu_ipc.cu      shareable buffers (cudaMalloc / hipMalloc) and their IPC handles: export, import, close
  *   gpu_<op>.cu     one per entry of KVHAL_BK_OP_LIST: <op>_supports, <op>_desc_create, <op>_desc_destroy and
  *                   gpu_<op>, declared below from the list itself (gpu_copy_blocks.cu also holds copy_batch)
  *   gpu_table.cu    the plugin table, generated from the same list, and kvhal_backend_entry
@@ -61,6 +62,8 @@ struct DevState {
 typedef CUresult (*CuLaunchKernelFn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                      CUstream, void **, void **);
 typedef CUresult (*CuGetErrorNameFn)(CUresult, const char **);
+/* cuMemGetAddressRange_v2: the allocation an imported IPC pointer lies in, to check a peer's claimed size. */
+typedef CUresult (*CuMemGetAddressRangeFn)(CUdeviceptr *, size_t *, CUdeviceptr);
 #endif
 
 /* What init allocates and every entry gets back as its ctx. */
@@ -71,6 +74,7 @@ struct Ctx {
 #if !defined(KVHAL_GPU_HIP)
     CuLaunchKernelFn cu_launch;
     CuGetErrorNameFn cu_error_name;
+    CuMemGetAddressRangeFn cu_mem_range;
 #endif
     DevState dev[KVHAL_MAX_DEVICES_PER_TYPE];
 };
@@ -195,6 +199,12 @@ kvhal_status gpu_stream_synchronize(void *ctx, int32_t id, void *stream);
 kvhal_status gpu_stream_query(void *ctx, int32_t id, void *stream);
 kvhal_status gpu_host_alloc(void *ctx, int32_t id, size_t bytes, void **ptr);
 kvhal_status gpu_host_free(void *ctx, int32_t id, void *ptr);
+/* gpu_ipc.cu (issue 18) */
+kvhal_status gpu_buffer_alloc_shareable(void *ctx, int32_t id, size_t bytes, void **native);
+kvhal_status gpu_buffer_free_shareable(void *ctx, int32_t id, void *native);
+kvhal_status gpu_ipc_export(void *ctx, int32_t id, void *native, void *blob, size_t cap, size_t *len);
+kvhal_status gpu_ipc_import(void *ctx, int32_t id, const void *blob, size_t len, size_t bytes, void **native);
+kvhal_status gpu_ipc_close(void *ctx, int32_t id, void *native);
 kvhal_status gpu_memcpy_h2d(void *ctx, int32_t id, void *dst, size_t dst_off, const void *src, size_t bytes,
                             void *stream);
 kvhal_status gpu_memcpy_d2h(void *ctx, int32_t id, void *dst, const void *src, size_t src_off, size_t bytes,

@@ -72,6 +72,11 @@ const kvhal_backend_device_fns g_device = {
     .host_alloc = gpu_host_alloc,
     .host_free = gpu_host_free,
     .stream_query = gpu_stream_query,
+    .buffer_alloc_shareable = gpu_buffer_alloc_shareable,
+    .buffer_free_shareable = gpu_buffer_free_shareable,
+    .ipc_export = gpu_ipc_export,
+    .ipc_import = gpu_ipc_import,
+    .ipc_close = gpu_ipc_close,
 };
 
 const kvhal_backend_op_fns g_ops = {

@@ -65,6 +65,11 @@ typedef hipMemAccessDesc gpuMemAccessDesc;
 #define gpuDeviceEnablePeerAccess hipDeviceEnablePeerAccess
 #define gpuDeviceSynchronize hipDeviceSynchronize
 #define gpuMalloc hipMalloc
+/* IPC (issue 18): handles of hipMalloc'd memory; imports opened with peer access enabled as needed */
+typedef hipIpcMemHandle_t gpuIpcMemHandle_t;
+#define gpuIpcGetMemHandle hipIpcGetMemHandle
+#define gpuIpcOpenMemHandle(p, h) hipIpcOpenMemHandle((p), (h), hipIpcMemLazyEnablePeerAccess)
+#define gpuIpcCloseMemHandle hipIpcCloseMemHandle
 #define gpuFree hipFree
 #define gpuMallocHost(p, n) hipHostMalloc((p), (n), 0)
 #define gpuMallocHostMapped(p, n) hipHostMalloc((p), (n), hipHostMallocMapped | hipHostMallocPortable)
@@ -166,6 +171,11 @@ typedef cudaMemAccessDesc gpuMemAccessDesc;
 #define gpuDeviceEnablePeerAccess cudaDeviceEnablePeerAccess
 #define gpuDeviceSynchronize cudaDeviceSynchronize
 #define gpuMalloc cudaMalloc
+/* IPC (issue 18): handles of cudaMalloc'd memory; imports opened with peer access enabled as needed */
+typedef cudaIpcMemHandle_t gpuIpcMemHandle_t;
+#define gpuIpcGetMemHandle cudaIpcGetMemHandle
+#define gpuIpcOpenMemHandle(p, h) cudaIpcOpenMemHandle((p), (h), cudaIpcMemLazyEnablePeerAccess)
+#define gpuIpcCloseMemHandle cudaIpcCloseMemHandle
 #define gpuFree cudaFree
 #define gpuMallocHost(p, n) cudaMallocHost((p), (n))
 #define gpuMallocHostMapped(p, n) cudaHostAlloc((p), (n), cudaHostAllocMapped | cudaHostAllocPortable)
