@@ -18,8 +18,9 @@
  *
  * Threads: an agent and everything made from it (peers, transfers) are used by one thread at a time.
  * Graph capture: no call here may be made while a CUDA/HIP stream of the cache's device is capturing (caches on a
- * GPU are staged through host memory with blocking copies).
- * Stream: the default stream of the cache's device; copies are complete when a call returns. */
+ * GPU are staged through host memory, or copied from an imported peer cache, with blocking copies).
+ * Stream: the default stream of the cache's device (staged path) or the agent's own stream (the IPC path's copies,
+ * waited for before acknowledging); copies are complete when a call returns. */
 #ifndef KVHAL_XFER_H
 #define KVHAL_XFER_H
 
@@ -174,7 +175,13 @@ KVHAL_API kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *peer, uint64_t r
 /**
  * Sender: sends layers [first_layer, first_layer + num_layers) of K and V of src_pages (this agent's cache) into
  * the peer's dst_pages (from its GRANT for request_id), split into frames as needed. The source pages must not
- * change until the transfer completes.
+ * change (no write, no reuse) until the transfer completes (SEND_DONE: the receiver acknowledged every frame).
+ * Path (kvhal_xfer_path): when the peer runs on this host (same boot_id and hostname) and this agent's cache is
+ * shareable (kvhal_paged_cache_create_shareable) and the peer imported its handle at connect time, frames carry
+ * page ids only and the receiver copies the pages itself, device to device (one batched copy per frame), then
+ * acknowledges; this call synchronizes the cache's device first, so that every write queued to the source pages is
+ * complete before they are announced. Otherwise pages go through UCX (in place for host caches, staged through
+ * host memory for device caches).
  * @param peer         a connected peer.
  * @param request_id   the receiver's request id (from the GRANT event).
  * @param src_pages    n page ids of this agent's cache, copied during the call.
@@ -239,6 +246,23 @@ KVHAL_API kvhal_status kvhal_xfer_release(kvhal_xfer *xfer);
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for NULL.
  */
 KVHAL_API kvhal_status kvhal_xfer_get_info(const kvhal_xfer *xfer, kvhal_xfer_info *out);
+
+/**
+ * How a transfer's pages moved: "ipc" (the receiver copied them device to device from the sender's cache, imported
+ * through the backend's IPC), "staged" (device caches through host memory and UCX), "host" (host caches, UCX in
+ * place); "" before any frame (receiver) or for an invalid handle.
+ * @param xfer  the transfer (either side).
+ * @return a static string. Thread safety: as the agent.
+ */
+KVHAL_API const char *kvhal_xfer_path(const kvhal_xfer *xfer);
+
+/**
+ * The IPC state of a connection as this side's sends see it: "ipc" (the peer imported this agent's cache),
+ * "offered" (no answer yet), the peer's reason for refusing the handle, "same host, no shareable cache" or
+ * "other host". For logs and the tool.
+ * @param peer  the peer. @return a string valid while the peer lives; "" for an invalid handle.
+ */
+KVHAL_API const char *kvhal_xfer_peer_ipc(const kvhal_xfer_peer *peer);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <ucp/api/ucp.h>
 
@@ -58,8 +59,21 @@ struct kvhal_xfer_peer {
     kvhal_status fail_status;
     char fail_msg[256];
     uint64_t deadline_ns;   /* connecting only */
+    /* the IPC path (same host): */
+    bool same_host;         /* the HELLO / HELLO_ACK named our host */
+    int ipc_state;          /* as the sender: IPC_NONE, IPC_OFFERED (map sent), IPC_READY (peer imported it), IPC_REFUSED */
+    char ipc_reason[XW_REASON_LEN]; /* why the peer refused our handle */
+    kvhal_buffer *ipc_buf;  /* as the receiver: the peer's cache, imported on our cache's device */
+    uint64_t *ipc_off;      /* its 2 x num_layers byte offsets of block 0 (K, V of each layer) */
+    uint64_t ipc_stride;    /* its bytes between blocks */
+    int64_t ipc_blocks;     /* its page count */
+    void *map_frame;        /* an IPC_MAP received (header then data), imported from pump */
+    size_t map_len;
     kvhal_xfer_peer *next;
 };
+
+enum { IPC_NONE = 0, IPC_OFFERED = 1, IPC_READY = 2, IPC_REFUSED = -1 };
+enum { PATH_NONE = 0, PATH_HOST = 1, PATH_STAGED = 2, PATH_IPC = 3 };
 
 typedef struct send_frame {
     kvhal_xfer *x;
@@ -103,6 +117,7 @@ struct kvhal_xfer {
     int64_t claimed_count;
     int inflight;           /* frames being written into the pages */
     kvhal_cache_manager *cm;
+    int path;               /* PATH_*: how its pages moved (the last frame's) */
     /* send */
     send_frame *frames;
     int32_t num_frames, frames_acked, sends_inflight;
@@ -127,6 +142,17 @@ typedef struct pending_hello {
     void *addr;
     struct pending_hello *next;
 } pending_hello;
+
+typedef struct ipc_job { /* a DATA_IPC frame accepted (pages claimed), copied from pump */
+    kvhal_xfer *x;
+    kvhal_xfer_peer *p;
+    uint64_t xfer_id;
+    uint32_t frame;
+    int32_t l0, nl, n;
+    int32_t *pairs;         /* n (src, dst) */
+    int32_t *idx;           /* n grant indices of dst */
+    struct ipc_job *next;
+} ipc_job;
 
 typedef struct event_item {
     kvhal_xfer_event ev;
@@ -169,6 +195,12 @@ struct kvhal_xfer_agent {
     uint64_t events_dropped;
     int32_t *last_pages;    /* the pages of the event handed out last */
     char last_message[256];
+    /* the IPC path */
+    char host_id[XW_HOST_LEN];      /* boot_id/hostname */
+    uint8_t ipc_blob[XW_IPC_BLOB_MAX]; /* our cache's handle (a shareable cache), else ipc_blob_len 0 */
+    size_t ipc_blob_len;
+    kvhal_stream *ipc_stream;       /* the receiver's copies from imported caches (NULL: the default stream) */
+    ipc_job *ipc_jobs, *ipc_jobs_tail;
 };
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -655,6 +687,7 @@ static ucs_status_t on_data(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void 
     }
     x->claimed_count += (int64_t)h.n_pages * h.num_layers;
     x->deadline_ns = deadline_from_now(a);
+    x->path = a->host ? PATH_HOST : PATH_STAGED;
 
     recv_frame *f = calloc(1, sizeof *f);
     if (!f) goto nomem;
@@ -797,6 +830,326 @@ static void on_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, 
     }
 }
 
+/* ---------------------------------------------------------------------------------------------------------- */
+/* the IPC path: same host, the sender's cache shareable; the receiver imports it and copies pages itself      */
+/* ---------------------------------------------------------------------------------------------------------- */
+/* "boot_id/hostname": two agents with the same one run on the same host (kernel instance). */
+static void host_identity(char *out, size_t cap)
+{
+    char boot[64] = "", host[72] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
+        fclose(f);
+    }
+    boot[strcspn(boot, "\n")] = '\0';
+    if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+    host[sizeof host - 1] = '\0';
+    snprintf(out, cap, "%s/%s", boot, host);
+}
+
+/* Sender: offers our cache's handle to a peer on our host (once per connection). */
+static void offer_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
+{
+    if (!a->ipc_blob_len || !p->same_host || p->ipc_state != IPC_NONE) return;
+    const int32_t L = a->g.num_layers;
+    const size_t dlen = a->ipc_blob_len + 2u * (size_t)L * sizeof(uint64_t);
+    uint8_t *d = malloc(dlen);
+    if (!d) return; /* staged then */
+    memcpy(d, a->ipc_blob, a->ipc_blob_len);
+    uint64_t *off = (uint64_t *)(void *)(d + a->ipc_blob_len);
+    for (int32_t l = 0; l < L; l++) {
+        const uint64_t ko = a->k_off[l], vo = a->v_off[l];
+        memcpy(&off[2 * l], &ko, sizeof ko);
+        memcpy(&off[2 * l + 1], &vo, sizeof vo);
+    }
+    xw_ipc_map m;
+    memset(&m, 0, sizeof m);
+    m.c = (xw_common){XW_MAGIC, XW_VERSION, XW_IPC_MAP, p->their_session};
+    m.blob_len = (uint32_t)a->ipc_blob_len;
+    m.num_layers = L;
+    m.block_stride = a->block_stride;
+    m.num_blocks = a->g.num_blocks;
+    queue_msg(a, p, NULL, &m, sizeof m, d, dlen, false);
+    free(d);
+    p->ipc_state = IPC_OFFERED;
+}
+
+static void send_map_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, kvhal_status st, const char *reason)
+{
+    xw_ipc_map_ack k;
+    memset(&k, 0, sizeof k);
+    k.c = (xw_common){XW_MAGIC, XW_VERSION, XW_IPC_MAP_ACK, p->their_session};
+    k.status = (int32_t)st;
+    copy_name(k.reason, sizeof k.reason, reason);
+    queue_msg(a, p, NULL, &k, sizeof k, NULL, 0, false);
+}
+
+/* Receiver (from pump): checks a peer's IPC_MAP, imports its handle on our cache's device, checks that every page
+ * of every layer it could name lies inside what was imported, and answers. A handle that cannot be imported is
+ * refused (the peer then sends through host memory); a malformed frame drops the peer. */
+static void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
+{
+    uint8_t *fr = p->map_frame;
+    const size_t len = p->map_len;
+    p->map_frame = NULL;
+    p->map_len = 0;
+    xw_ipc_map m;
+    memcpy(&m, fr, sizeof m);
+    const uint8_t *data = fr + sizeof m;
+    const size_t dlen = len - sizeof m;
+    const int32_t L = a->g.num_layers;
+    char why[XW_REASON_LEN] = "";
+    if (p->ipc_buf) {
+        free(fr);
+        peer_fail(p, KVHAL_PEER_FAILED, true, "a second IPC_MAP on one connection");
+        return;
+    }
+    if (m.blob_len < 1 || m.blob_len > XW_IPC_BLOB_MAX || m.num_layers != L ||
+        dlen != (size_t)m.blob_len + 2u * (size_t)L * sizeof(uint64_t) || m.num_blocks != p->g.num_blocks ||
+        m.block_stride < a->g.chunk_bytes) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "malformed IPC_MAP frame (handle %u bytes, %d layers, %lld pages, "
+                  "stride %llu, %zu data bytes)", (unsigned)m.blob_len, (int)m.num_layers, (long long)m.num_blocks,
+                  (unsigned long long)m.block_stride, dlen);
+        free(fr);
+        return;
+    }
+    uint64_t *off = malloc(2u * (size_t)L * sizeof *off);
+    kvhal_buffer *buf = NULL;
+    if (!off) snprintf(why, sizeof why, "out of host memory");
+    else memcpy(off, data + m.blob_len, 2u * (size_t)L * sizeof *off);
+    if (!why[0] && kvhal_buffer_ipc_import(kvhal_buffer_device(a->cache_buf), data, m.blob_len, &buf) != KVHAL_OK)
+        snprintf(why, sizeof why, "import failed: %s", kvhal_last_error());
+    if (!why[0]) { /* the last byte any (page, layer, side) can reach, overflow-checked */
+        const uint64_t size = kvhal_buffer_size(buf);
+        uint64_t span;
+        if (__builtin_mul_overflow((uint64_t)(m.num_blocks - 1), m.block_stride, &span) ||
+            __builtin_add_overflow(span, a->g.chunk_bytes, &span))
+            snprintf(why, sizeof why, "%lld pages of stride %llu overflow", (long long)m.num_blocks,
+                     (unsigned long long)m.block_stride);
+        for (int32_t i = 0; i < 2 * L && !why[0]; i++) {
+            uint64_t end;
+            if (__builtin_add_overflow(off[i], span, &end) || end > size)
+                snprintf(why, sizeof why, "layer %d %s: its pages reach past the %llu imported bytes", (int)(i / 2),
+                         i % 2 ? "V" : "K", (unsigned long long)size);
+        }
+    }
+    free(fr);
+    if (why[0]) {
+        kvhal_buffer_destroy(buf);
+        free(off);
+        kvhal_clear_error();
+        send_map_ack(a, p, KVHAL_UNSUPPORTED, why);
+        return;
+    }
+    p->ipc_buf = buf;
+    p->ipc_off = off;
+    p->ipc_stride = m.block_stride;
+    p->ipc_blocks = m.num_blocks;
+    send_map_ack(a, p, KVHAL_OK, "");
+}
+
+static void on_ipc_map_ack(kvhal_xfer_peer *p, const void *header, size_t header_length)
+{
+    xw_ipc_map_ack k;
+    if (header_length != sizeof k || p->ipc_state != IPC_OFFERED) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "unexpected or malformed IPC_MAP_ACK (%zu bytes)", header_length);
+        return;
+    }
+    memcpy(&k, header, sizeof k);
+    k.reason[sizeof k.reason - 1] = '\0';
+    if (k.status == 0) {
+        p->ipc_state = IPC_READY;
+    } else {
+        p->ipc_state = IPC_REFUSED;
+        copy_name(p->ipc_reason, sizeof p->ipc_reason, k.reason);
+    }
+}
+
+/* Receiver: a DATA_IPC frame, checked like DATA (grant, page ids, each (page, layer) once) plus the source page
+ * ids against the imported cache; accepted pages are claimed now and copied from pump. */
+static void on_data_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length,
+                        const void *data, size_t length, bool rndv)
+{
+    xw_data_ipc h;
+    if (header_length != sizeof h || rndv) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "malformed DATA_IPC frame (%zu header bytes%s)", header_length,
+                  rndv ? ", rendezvous" : "");
+        return;
+    }
+    memcpy(&h, header, sizeof h);
+    if (!p->ipc_buf) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "DATA_IPC frame without an imported IPC handle");
+        return;
+    }
+    if (h.n_pages < 1 || h.n_pages > XW_IPC_FRAME_PAGES || length != (size_t)h.n_pages * 2u * sizeof(int32_t)) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "malformed DATA_IPC frame: %d pages with %zu data bytes",
+                  (int)h.n_pages, length);
+        return;
+    }
+    kvhal_xfer *x = find_grant(a, p, h.request_id);
+    if (!x) {
+        char r[XW_REASON_LEN];
+        snprintf(r, sizeof r, "request %llu has no pending grant from %s", (unsigned long long)h.request_id, a->name);
+        send_ack(a, p, h.xfer_id, h.frame, KVHAL_NOT_FOUND, 0, r);
+        return;
+    }
+    const int32_t L = a->g.num_layers;
+    if (h.first_layer < 0 || h.num_layers < 1 || h.first_layer > L - h.num_layers) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "refused DATA_IPC frame: layers [%d, %d+%d) outside [0, %d)",
+                  (int)h.first_layer, (int)h.first_layer, (int)h.num_layers, (int)L);
+        return;
+    }
+    ipc_job *j = calloc(1, sizeof *j);
+    int32_t *pairs = malloc(length), *idx = malloc((size_t)h.n_pages * sizeof(int32_t));
+    if (!j || !pairs || !idx) {
+        free(j);
+        free(pairs);
+        free(idx);
+        send_ack(a, p, h.xfer_id, h.frame, KVHAL_OUT_OF_MEMORY, 0, "receiver out of host memory");
+        return;
+    }
+    memcpy(pairs, data, length);
+    char why[200] = "";
+    for (int32_t i = 0; i < h.n_pages && !why[0]; i++) {
+        const int32_t src = pairs[2 * i], dst = pairs[2 * i + 1];
+        if (src < 0 || src >= p->ipc_blocks)
+            snprintf(why, sizeof why, "source page %d is out of range [0, %lld)", (int)src, (long long)p->ipc_blocks);
+        else if (dst < 0 || dst >= a->g.num_blocks)
+            snprintf(why, sizeof why, "page %d is out of range [0, %lld)", (int)dst, (long long)a->g.num_blocks);
+        else if ((idx[i] = grant_index(x, dst)) < 0)
+            snprintf(why, sizeof why, "page %d is not granted to request %llu", (int)dst,
+                     (unsigned long long)h.request_id);
+    }
+    int32_t claimed_pages = 0; /* pages of this frame claimed so far (undone on refusal) */
+    for (int32_t i = 0; i < h.n_pages && !why[0]; i++) {
+        for (int32_t l = h.first_layer; l < h.first_layer + h.num_layers; l++)
+            if (x->claimed[(size_t)idx[i] * (size_t)L + (size_t)l]) {
+                snprintf(why, sizeof why, "page %d layer %d was already sent", (int)pairs[2 * i + 1], (int)l);
+                for (int32_t m = h.first_layer; m < l; m++) x->claimed[(size_t)idx[i] * (size_t)L + (size_t)m] = 0;
+                break;
+            } else {
+                x->claimed[(size_t)idx[i] * (size_t)L + (size_t)l] = 1;
+            }
+        if (!why[0]) claimed_pages++;
+    }
+    if (why[0]) {
+        for (int32_t i = 0; i < claimed_pages; i++)
+            for (int32_t l = h.first_layer; l < h.first_layer + h.num_layers; l++)
+                x->claimed[(size_t)idx[i] * (size_t)L + (size_t)l] = 0;
+        free(j);
+        free(pairs);
+        free(idx);
+        peer_fail(p, KVHAL_PEER_FAILED, true, "refused DATA_IPC frame for request %llu: %s",
+                  (unsigned long long)h.request_id, why);
+        return;
+    }
+    x->claimed_count += (int64_t)h.n_pages * h.num_layers;
+    x->deadline_ns = deadline_from_now(a);
+    x->inflight++;
+    j->x = x;
+    j->p = p;
+    j->xfer_id = h.xfer_id;
+    j->frame = h.frame;
+    j->l0 = h.first_layer;
+    j->nl = h.num_layers;
+    j->n = h.n_pages;
+    j->pairs = pairs;
+    j->idx = idx;
+    if (a->ipc_jobs_tail) a->ipc_jobs_tail->next = j;
+    else a->ipc_jobs = j;
+    a->ipc_jobs_tail = j;
+}
+
+/* Receiver (from pump): one batched copy of every (page, layer, K/V) chunk of a DATA_IPC frame from the imported
+ * cache into our granted pages (adjacent chunks merged), waited for on our stream, then acknowledged. */
+static void run_ipc_job(kvhal_xfer_agent *a, ipc_job *j)
+{
+    kvhal_xfer *x = j->x;
+    kvhal_xfer_peer *p = j->p;
+    const uint64_t cb = a->g.chunk_bytes;
+    const uint64_t bytes = (uint64_t)j->n * (uint64_t)j->nl * 2u * cb;
+    kvhal_status st = KVHAL_OK;
+    char reason[XW_REASON_LEN] = "";
+    if (x->failing) {
+        st = KVHAL_CANCELED;
+        snprintf(reason, sizeof reason, "request %llu is no longer received", (unsigned long long)x->request_id);
+    } else if (p->state != P_CONNECTED || !p->ipc_buf) {
+        st = KVHAL_PEER_FAILED;
+        snprintf(reason, sizeof reason, "peer gone");
+    } else {
+        const size_t max = (size_t)j->n * (size_t)j->nl * 2u;
+        size_t *dof = malloc(max * sizeof *dof), *sof = malloc(max * sizeof *sof), *len = malloc(max * sizeof *len);
+        size_t c = 0;
+        if (!dof || !sof || !len) {
+            st = KVHAL_OUT_OF_MEMORY;
+            snprintf(reason, sizeof reason, "receiver out of host memory");
+        } else {
+            for (int32_t i = 0; i < j->n; i++)
+                for (int32_t l = j->l0; l < j->l0 + j->nl; l++)
+                    for (int sd = 0; sd < 2; sd++) {
+                        const size_t so = (size_t)(p->ipc_off[2 * l + sd] + (uint64_t)j->pairs[2 * i] * p->ipc_stride);
+                        const size_t d = chunk_off(a, l, sd, j->pairs[2 * i + 1]);
+                        if (c && sof[c - 1] + len[c - 1] == so && dof[c - 1] + len[c - 1] == d) {
+                            len[c - 1] += cb;
+                        } else {
+                            sof[c] = so;
+                            dof[c] = d;
+                            len[c] = cb;
+                            c++;
+                        }
+                    }
+            st = kvhal_memcpy_d2d_batch(a->cache_buf, p->ipc_buf, dof, sof, len, (int32_t)c, a->ipc_stream);
+            if (st == KVHAL_OK)
+                st = a->ipc_stream ? kvhal_stream_synchronize(a->ipc_stream)
+                                   : kvhal_device_synchronize(kvhal_buffer_device(a->cache_buf));
+            if (st != KVHAL_OK) snprintf(reason, sizeof reason, "device copy failed: %s", kvhal_last_error());
+        }
+        free(dof);
+        free(sof);
+        free(len);
+    }
+    x->inflight--;
+    x->path = PATH_IPC;
+    if (p->state == P_CONNECTED) send_ack(a, p, j->xfer_id, j->frame, st, st == KVHAL_OK ? bytes : 0, reason);
+    if (st == KVHAL_OK) {
+        x->bytes_done += bytes;
+        if (!x->failing && x->claimed_count == (int64_t)x->n * a->g.num_layers && x->inflight == 0) {
+            x->failing = true; /* final */
+            x->status = KVHAL_OK;
+            x->message[0] = '\0';
+        }
+        xfer_settle(x); /* may free x */
+    } else if (!x->failing) {
+        xfer_finish(x, st, "%s", reason);
+    } else {
+        xfer_settle(x);
+    }
+}
+
+static void ipc_jobs_run(kvhal_xfer_agent *a)
+{
+    while (a->ipc_jobs) {
+        ipc_job *j = a->ipc_jobs;
+        a->ipc_jobs = j->next;
+        if (!a->ipc_jobs) a->ipc_jobs_tail = NULL;
+        run_ipc_job(a, j);
+        free(j->pairs);
+        free(j->idx);
+        free(j);
+    }
+}
+
+static void peer_ipc_free(kvhal_xfer_peer *p)
+{
+    if (p->ipc_buf) kvhal_buffer_destroy(p->ipc_buf);
+    p->ipc_buf = NULL;
+    free(p->ipc_off);
+    p->ipc_off = NULL;
+    free(p->map_frame);
+    p->map_frame = NULL;
+}
+
 static void on_grant(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length,
                      const void *data, size_t length, bool rndv)
 {
@@ -853,6 +1206,9 @@ static void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_
     p->their_session = k.src_session;
     p->g = k.g;
     p->state = P_CONNECTED;
+    k.host[sizeof k.host - 1] = '\0';
+    p->same_host = a->host_id[0] && strcmp(k.host, a->host_id) == 0;
+    offer_ipc(a, p);
 }
 
 static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
@@ -928,6 +1284,7 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     k.c = (xw_common){XW_MAGIC, XW_VERSION, XW_HELLO_ACK, h->src_session};
     copy_name(k.name, sizeof k.name, a->name);
     k.g = a->g;
+    memcpy(k.host, a->host_id, sizeof k.host);
     if (reason[0]) {
         k.status = KVHAL_PEER_FAILED;
         copy_name(k.reason, sizeof k.reason, reason);
@@ -950,6 +1307,9 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     a->live_peers++;
     k.src_session = p->my_session;
     queue_msg(a, p, NULL, &k, sizeof k, NULL, 0, false);
+    h->host[sizeof h->host - 1] = '\0';
+    p->same_host = a->host_id[0] && strcmp(h->host, a->host_id) == 0;
+    offer_ipc(a, p);
     push_event(a, KVHAL_XFER_EVENT_PEER_CONNECTED, p, NULL, 0, KVHAL_OK, NULL, 0, "peer %s connected", name);
 }
 
@@ -1011,6 +1371,21 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
         else on_ack(a, p, header, header_length);
         break;
     case XW_BYE: peer_fail(p, KVHAL_PEER_FAILED, false, "closed the connection"); break;
+    case XW_IPC_MAP: /* kept for pump, which imports it */
+        if (rndv || header_length != sizeof(xw_ipc_map) || length > XW_IPC_BLOB_MAX + 2u * 65536u * 8u ||
+            p->map_frame || p->ipc_buf) {
+            peer_fail(p, KVHAL_PEER_FAILED, true, "malformed or repeated IPC_MAP frame");
+        } else if ((p->map_frame = malloc(header_length + length)) != NULL) {
+            memcpy(p->map_frame, header, header_length);
+            if (length) memcpy((uint8_t *)p->map_frame + header_length, data, length);
+            p->map_len = header_length + length;
+        }
+        break;
+    case XW_IPC_MAP_ACK:
+        if (rndv) peer_fail(p, KVHAL_PEER_FAILED, true, "IPC_MAP_ACK frame with rendezvous data");
+        else on_ipc_map_ack(p, header, header_length);
+        break;
+    case XW_DATA_IPC: on_data_ipc(a, p, header, header_length, data, length, rndv); break;
     default: peer_fail(p, KVHAL_PEER_FAILED, true, "unknown frame type %u", (unsigned)c.type); break;
     }
     return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
@@ -1023,6 +1398,9 @@ static void pump(kvhal_xfer_agent *a)
 {
     for (int i = 0; i < 64 && ucp_worker_progress(a->worker); i++) {
     }
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->map_frame && p->state == P_CONNECTED) process_ipc_map(a, p);
+    ipc_jobs_run(a);
     while (a->hellos) {
         pending_hello *ph = a->hellos;
         a->hellos = ph->next;
@@ -1127,6 +1505,7 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
     a->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 10000;
     a->max_peers = cfg->max_peers ? cfg->max_peers : 64;
     a->next_xfer_id = random_session() & 0xffffffffull;
+    host_identity(a->host_id, sizeof a->host_id);
     /* shared memory alone (shm, sm, posix, sysv, cma, self): no peer-failure handling in UCX 1.13 (see ep_create) */
     if (cfg->transports && !strstr(cfg->transports, "tcp") && !strstr(cfg->transports, "all") &&
         !strstr(cfg->transports, "ib") && !strstr(cfg->transports, "rc") && !strstr(cfg->transports, "ud") &&
@@ -1234,9 +1613,18 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
         ucp_request_free(c->req);
         free(c);
     }
+    while (a->ipc_jobs) { /* run by the pumps above unless the transfers went first */
+        ipc_job *j = a->ipc_jobs;
+        a->ipc_jobs = j->next;
+        free(j->pairs);
+        free(j->idx);
+        free(j);
+    }
+    a->ipc_jobs_tail = NULL;
     while (a->peers) {
         kvhal_xfer_peer *p = a->peers;
         a->peers = p->next;
+        peer_ipc_free(p);
         p->magic = DEAD_MAGIC;
         free(p);
     }
@@ -1244,6 +1632,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     free(a->events);
     free(a->last_pages);
     if (a->memh) ucp_mem_unmap(a->ctx, a->memh);
+    if (a->ipc_stream) kvhal_stream_destroy(a->ipc_stream);
     free(a->k_off);
     free(a->v_off);
     ucp_worker_release_address(a->worker, a->addr);
@@ -1318,6 +1707,12 @@ kvhal_status kvhal_xfer_register_paged_cache(kvhal_xfer_agent *a, kvhal_paged_ca
     a->k_off = ko;
     a->v_off = vo;
     a->block_stride = (size_t)k0.strides[0] * es;
+    /* a shareable cache: its handle for peers on this host (the IPC path), and a stream for our copies from theirs */
+    if (kvhal_buffer_is_shareable(buf) &&
+        kvhal_buffer_ipc_export(buf, a->ipc_blob, sizeof a->ipc_blob, &a->ipc_blob_len) != KVHAL_OK)
+        a->ipc_blob_len = 0;
+    if (kvhal_stream_create(dev, &a->ipc_stream) != KVHAL_OK) a->ipc_stream = NULL;
+    kvhal_clear_error();
     return KVHAL_OK;
 }
 
@@ -1396,9 +1791,13 @@ kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t le
     memcpy(h.token, token, strlen(token));
     h.g = a->g;
     h.addr_len = (uint32_t)a->addr_len;
+    memcpy(h.host, a->host_id, sizeof h.host);
     queue_msg(a, p, p->ep, &h, sizeof h, a->addr, a->addr_len, false);
     unsigned spins = 0;
-    while (p->state == P_CONNECTING) {
+    /* and, on the same host with a shareable cache, for the peer's answer to our IPC handle (bounded by the
+     * timeout: without an answer the transfers go through host memory) */
+    while (p->state == P_CONNECTING || (p->state == P_CONNECTED && p->ipc_state == IPC_OFFERED &&
+                                        now_ns() < p->deadline_ns)) {
         pump(a);
         idle_wait(&spins);
     }
@@ -1430,6 +1829,7 @@ kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
         if (m->peer == p) m->peer = NULL;
     for (pending_msg *m = a->sent; m; m = m->next)
         if (m->peer == p) m->peer = NULL;
+    peer_ipc_free(p);
     p->magic = DEAD_MAGIC;
     free(p);
     return KVHAL_OK;
@@ -1531,6 +1931,77 @@ static void send_cb(void *request, ucs_status_t status, void *user_data)
         xfer_settle(x);
 }
 
+/* The IPC path of kvhal_xfer_send_pages: the peer imported our cache, so frames carry (src, dst) page ids only and
+ * the peer copies the pages itself. Our pages' writes must be complete before they are announced (the device is
+ * synchronized first), and they must stay unchanged until the peer's ACK (the transfer's completion). */
+static kvhal_status send_pages_ipc(kvhal_xfer_peer *p, uint64_t request_id, const int32_t *src_pages,
+                                   const int32_t *dst_pages, int32_t n, int32_t first_layer, int32_t num_layers,
+                                   kvhal_xfer **out)
+{
+    kvhal_xfer_agent *a = p->agent;
+    kvhal_status st = kvhal_device_synchronize(kvhal_buffer_device(a->cache_buf));
+    if (st != KVHAL_OK) return st;
+    kvhal_xfer *x = xfer_new(a, p, false, request_id);
+    if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate the transfer");
+    const int32_t per = XW_IPC_FRAME_PAGES;
+    x->n = n;
+    x->path = PATH_IPC;
+    x->num_frames = (n + per - 1) / per;
+    x->frames = calloc((size_t)x->num_frames, sizeof *x->frames);
+    const uint64_t frame_chunk = (uint64_t)num_layers * 2u * a->g.chunk_bytes;
+    x->bytes_total = (uint64_t)n * frame_chunk;
+    bool ok = x->frames != NULL;
+    for (int32_t fi = 0; ok && fi < x->num_frames; fi++) {
+        send_frame *f = &x->frames[fi];
+        const int32_t first = fi * per;
+        const int32_t cnt = n - first < per ? n - first : per;
+        f->x = x;
+        f->hdr_len = sizeof(xw_data_ipc);
+        f->hdr = calloc(1, sizeof(xw_data_ipc));
+        int32_t *pairs = malloc((size_t)cnt * 2u * sizeof(int32_t));
+        f->staging = pairs;
+        f->bytes = (uint64_t)cnt * frame_chunk;
+        if (!f->hdr || !pairs) {
+            ok = false;
+            break;
+        }
+        xw_data_ipc h = {.c = {XW_MAGIC, XW_VERSION, XW_DATA_IPC, p->their_session}, .request_id = request_id,
+                         .xfer_id = x->xfer_id, .frame = (uint32_t)fi, .first_layer = first_layer,
+                         .num_layers = num_layers, .n_pages = cnt};
+        memcpy(f->hdr, &h, sizeof h);
+        for (int32_t i = 0; i < cnt; i++) {
+            pairs[2 * i] = src_pages[first + i];
+            pairs[2 * i + 1] = dst_pages[first + i];
+        }
+    }
+    x->next = a->xfers;
+    a->xfers = x;
+    if (!ok) {
+        xfer_free(x);
+        return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate %d frames", (int)(n / per + 1));
+    }
+    flush_msgs(a);
+    for (int32_t fi = 0; fi < x->num_frames; fi++) {
+        send_frame *f = &x->frames[fi];
+        const size_t cnt = (size_t)((const xw_data_ipc *)(const void *)f->hdr)->n_pages;
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
+                                   .cb.send = send_cb, .user_data = f, .datatype = ucp_dt_make_contig(1),
+                                   .flags = UCP_AM_SEND_FLAG_EAGER};
+        void *r = ucp_am_send_nbx(p->ep, XW_AM_ID, f->hdr, f->hdr_len, f->staging, cnt * 2u * sizeof(int32_t), &prm);
+        if (UCS_PTR_IS_ERR(r)) {
+            xfer_finish(x, KVHAL_PEER_FAILED, "UCX refused frame %d: %s", (int)fi, ucs_status_string(UCS_PTR_STATUS(r)));
+            break;
+        }
+        if (r) {
+            f->in_flight = true;
+            x->sends_inflight++;
+        }
+    }
+    *out = x;
+    return KVHAL_OK;
+}
+
 kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, const int32_t *src_pages,
                                    const int32_t *dst_pages, int32_t n, int32_t first_layer, int32_t num_layers,
                                    kvhal_xfer **out)
@@ -1548,6 +2019,8 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
                    (int)first_layer, (int)first_layer, (int)num_layers, (int)a->g.num_layers);
     if ((st = check_pages("src_pages", src_pages, n, a->g.num_blocks)) != KVHAL_OK) return st;
     if ((st = check_pages("dst_pages", dst_pages, n, p->g.num_blocks)) != KVHAL_OK) return st;
+    if (p->ipc_state == IPC_READY) return send_pages_ipc(p, request_id, src_pages, dst_pages, n, first_layer,
+                                                         num_layers, out);
     size_t per = MAX_FRAME_PAGES;
     if (a->max_am_header > sizeof(xw_data)) {
         const size_t fit = (a->max_am_header - sizeof(xw_data)) / sizeof(int32_t);
@@ -1557,6 +2030,7 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
     kvhal_xfer *x = xfer_new(a, p, false, request_id);
     if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate the transfer");
     x->n = n;
+    x->path = a->host ? PATH_HOST : PATH_STAGED;
     x->num_frames = (int32_t)(((size_t)n + per - 1) / per);
     x->frames = calloc((size_t)x->num_frames, sizeof *x->frames);
     const uint64_t frame_chunk = (uint64_t)num_layers * 2u * a->g.chunk_bytes;
@@ -1720,4 +2194,26 @@ kvhal_status kvhal_xfer_get_info(const kvhal_xfer *x, kvhal_xfer_info *out)
     out->status = x->finished ? x->status : KVHAL_BUSY;
     out->is_receive = x->is_recv;
     return KVHAL_OK;
+}
+
+const char *kvhal_xfer_path(const kvhal_xfer *x)
+{
+    if (!x || x->magic != XFER_MAGIC) return "";
+    switch (x->path) {
+    case PATH_HOST: return "host";
+    case PATH_STAGED: return "staged";
+    case PATH_IPC: return "ipc";
+    default: return "";
+    }
+}
+
+const char *kvhal_xfer_peer_ipc(const kvhal_xfer_peer *p)
+{
+    if (!p || p->magic != PEER_MAGIC) return "";
+    switch (p->ipc_state) {
+    case IPC_READY: return "ipc";
+    case IPC_OFFERED: return "offered";
+    case IPC_REFUSED: return p->ipc_reason[0] ? p->ipc_reason : "refused";
+    default: return p->same_host ? "same host, no shareable cache" : "other host";
+    }
 }

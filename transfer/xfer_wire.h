@@ -10,12 +10,15 @@
 #define XW_AM_ID 0x4b56u        /* the one active-message id */
 #define XW_MAGIC 0x4b565846u    /* KVXF */
 #define XW_BLOB_MAGIC 0x4b564142u /* KVAB: an address blob */
-#define XW_VERSION 1u
+#define XW_VERSION 2u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames */
 #define XW_NAME_LEN 32
 #define XW_TOKEN_LEN 64
 #define XW_REASON_LEN 128
 #define XW_MAX_ADDR 65536u      /* largest worker address accepted in a HELLO or a blob */
 #define XW_MAX_GRANT 65536      /* pages in one grant */
+#define XW_HOST_LEN 128         /* host identity: boot_id + hostname */
+#define XW_IPC_BLOB_MAX 256     /* KVHAL_IPC_HANDLE_MAX */
+#define XW_IPC_FRAME_PAGES 4096 /* (src, dst) pairs in one DATA_IPC frame */
 
 enum xw_type {
     XW_HELLO = 1,     /* connector -> listener: token, name, geometry, session; data: the connector's worker address */
@@ -24,6 +27,11 @@ enum xw_type {
     XW_DATA = 4,      /* sender -> receiver: one frame of pages x layers; header: dst pages; data: K/V chunks */
     XW_ACK = 5,       /* receiver -> sender: a frame was written (status OK) or refused (status, reason) */
     XW_BYE = 6,       /* either way: the peer closes the connection */
+    XW_IPC_MAP = 7,   /* sender -> receiver, once per connection, same host only: its cache's IPC handle; data:
+                         blob_len bytes of handle, then num_layers x {K, V} byte offsets of block 0 (uint64) */
+    XW_IPC_MAP_ACK = 8, /* receiver -> sender: the handle was imported (status OK: DATA_IPC may follow) or not */
+    XW_DATA_IPC = 9,  /* sender -> receiver: copy these pages yourself from the imported cache; data: n_pages
+                         (src, dst) int32 pairs; acknowledged (XW_ACK) once the copy completed */
 };
 
 typedef struct xw_common {
@@ -57,6 +65,7 @@ typedef struct xw_hello {
     xw_geometry g;
     uint32_t addr_len;
     uint32_t pad;
+    char host[XW_HOST_LEN]; /* the connector's host identity (same host: the IPC path may be offered) */
 } xw_hello;
 
 typedef struct xw_hello_ack {
@@ -67,6 +76,7 @@ typedef struct xw_hello_ack {
     char name[XW_NAME_LEN];
     xw_geometry g;
     char reason[XW_REASON_LEN];
+    char host[XW_HOST_LEN];
 } xw_hello_ack;
 
 typedef struct xw_grant {
@@ -95,5 +105,29 @@ typedef struct xw_ack {
     uint64_t bytes;
     char reason[XW_REASON_LEN];
 } xw_ack;
+
+typedef struct xw_ipc_map {
+    xw_common c;
+    uint32_t blob_len;    /* 1..XW_IPC_BLOB_MAX */
+    int32_t num_layers;   /* the sender's (equal to the receiver's) */
+    uint64_t block_stride; /* bytes between blocks */
+    int64_t num_blocks;   /* the sender's page count */
+} xw_ipc_map;
+
+typedef struct xw_ipc_map_ack {
+    xw_common c;
+    int32_t status;
+    uint32_t pad;
+    char reason[XW_REASON_LEN];
+} xw_ipc_map_ack;
+
+typedef struct xw_data_ipc {
+    xw_common c;
+    uint64_t request_id;
+    uint64_t xfer_id;
+    uint32_t frame;
+    int32_t first_layer, num_layers;
+    int32_t n_pages;  /* 1..XW_IPC_FRAME_PAGES pairs follow as data */
+} xw_data_ipc;
 
 #endif
