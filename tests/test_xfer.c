@@ -293,6 +293,9 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
     assert_int_equal(kvhal_xfer_send_pages(pa, 77, src, ev.pages, N, 1, L - 1, &tx1), KVHAL_OK);
     assert_int_equal(kvhal_xfer_wait(tx0, 5000), KVHAL_OK);
     assert_int_equal(kvhal_xfer_wait(tx1, 5000), KVHAL_OK);
+    /* plain (not shareable) caches: through UCX, in place on the host, else staged */
+    assert_string_equal(kvhal_xfer_path(tx0), sdev.type == KVHAL_DEVICE_CPU ? "host" : "staged");
+    assert_string_equal(kvhal_xfer_peer_ipc(pa), "same host, no shareable cache");
     char msg[512];
     assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_OK);
     kvhal_xfer_info info;
@@ -300,6 +303,9 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
     assert_int_equal(info.bytes_done, (uint64_t)N * L * 2 * CHUNK);
     assert_int_equal(info.bytes_total, info.bytes_done);
     assert_true(info.is_receive);
+    pthread_mutex_lock(&s.mu);
+    assert_string_equal(kvhal_xfer_path(rx), rdev.type == KVHAL_DEVICE_CPU ? "host" : "staged");
+    pthread_mutex_unlock(&s.mu);
     for (int i = 0; i < N; i++)
         for (int l = 0; l < L; l++)
             for (int kv = 0; kv < 2; kv++) {
@@ -415,6 +421,8 @@ typedef struct raw {
     bool got_hello_ack;
     int nacks;
     xw_ack last_ack;
+    bool got_map_ack;
+    xw_ipc_map_ack map_ack;
     /* frames' memory: a send that did not complete (a rendezvous the receiver never pulls, or pulls after the
      * peer gave up on it) may still be read by UCX, so it is freed only after the worker is destroyed */
     void *keep[256];
@@ -437,6 +445,10 @@ static ucs_status_t raw_am(void *arg, const void *header, size_t header_length, 
         r->got_hello_ack = true;
         r->hello_status = k.status;
         r->their_session = k.src_session;
+    } else if (c.type == XW_IPC_MAP_ACK && header_length == sizeof(xw_ipc_map_ack)) {
+        memcpy(&r->map_ack, header, sizeof r->map_ack);
+        r->map_ack.reason[sizeof r->map_ack.reason - 1] = '\0';
+        r->got_map_ack = true;
     } else if (c.type == XW_ACK && header_length == sizeof(xw_ack)) {
         memcpy(&r->last_ack, header, sizeof r->last_ack);
         r->nacks++;
@@ -1110,10 +1122,395 @@ static void test_silent_agent_and_destroy_with_grants(void **state)
     kvhal_paged_cache_destroy(ac);
 }
 
-int main(void)
+/* ---------------------------------------------------------------------------------------------------------- */
+/* the IPC path: a sender process with a shareable cache on this host; the receiver imports it and copies       */
+/* ---------------------------------------------------------------------------------------------------------- */
+#define IPC_N 9
+static const int32_t ipc_src[IPC_N] = {33, 2, 17, 39, 5, 0, 21, 22, 23}; /* 21..23 adjacent: merged copies */
+
+static uint64_t ipc_seed(int i, int l, int kv) { return (uint64_t)(5000 + i * 100 + l * 10 + kv); }
+
+/* The sender, exec'd as "test_xfer --ipc-sender <type> <id> <fd>" (a fresh process: a GPU runtime does not survive
+ * fork). Exit status: 0 when every page went by IPC and was acknowledged, else the failing step. */
+static int ipc_sender_main(int argc, char **argv)
+{
+    if (argc != 5) return 2;
+    kvhal_device dev = {(kvhal_device_type)atoi(argv[2]), atoi(argv[3])};
+    const int fd = atoi(argv[4]);
+    uint32_t l32;
+    uint8_t blob[4096];
+    if (read(fd, &l32, 4) != 4 || l32 > sizeof blob || read(fd, blob, l32) != (ssize_t)l32) return 3;
+    kvhal_paged_cache_config c = KVHAL_PAGED_CACHE_CONFIG_INIT;
+    c.num_layers = L;
+    c.num_heads = HEADS;
+    c.head_dim = DIM;
+    c.block_size = BLOCK;
+    c.dtype = KVHAL_F16;
+    c.order = KVHAL_LAYER_FIRST;
+    c.memory_budget = (uint64_t)40 * 2 * L * CHUNK;
+    c.device = dev;
+    kvhal_paged_cache *sc;
+    if (kvhal_paged_cache_create_shareable(&c, &sc) != KVHAL_OK) return 4;
+    kvhal_tensor k, v;
+    kvhal_paged_cache_layer(sc, 0, &k, &v);
+    kvhal_buffer *sb = k.buffer;
+    uint8_t want[CHUNK];
+    for (int i = 0; i < IPC_N; i++)
+        for (int l = 0; l < L; l++) {
+            kvhal_paged_cache_layer(sc, l, &k, &v);
+            for (int kv = 0; kv < 2; kv++) {
+                const kvhal_tensor *t = kv ? &v : &k;
+                fill_pattern(want, CHUNK, ipc_seed(i, l, kv));
+                if (kvhal_memcpy_h2d(sb, t->offset + (size_t)ipc_src[i] * (size_t)t->strides[0] * 2, want, CHUNK,
+                                     NULL) != KVHAL_OK)
+                    return 5;
+            }
+        }
+    kvhal_xfer_config cfg = {.name = "ipc-prefill", .token = TOKEN, .timeout_ms = 5000, .transports = tls};
+    kvhal_xfer_agent *a;
+    kvhal_xfer_peer *p;
+    if (kvhal_xfer_agent_create(&cfg, &a) || kvhal_xfer_register_paged_cache(a, sc) ||
+        kvhal_xfer_connect(a, blob, l32, TOKEN, &p))
+        return 6;
+    if (strcmp(kvhal_xfer_peer_ipc(p), "ipc") != 0) {
+        fprintf(stderr, "ipc sender: peer IPC state \"%s\"\n", kvhal_xfer_peer_ipc(p));
+        return 7;
+    }
+    kvhal_xfer_event ev;
+    const double until = now_s() + 10;
+    do {
+        if (kvhal_xfer_progress(a, 10, &ev) != KVHAL_OK || now_s() > until) return 8;
+    } while (ev.type != KVHAL_XFER_EVENT_GRANT);
+    if (ev.num_pages != IPC_N) return 9;
+    int32_t dst[IPC_N];
+    memcpy(dst, ev.pages, sizeof dst);
+    kvhal_xfer *tx0, *tx1;
+    if (kvhal_xfer_send_pages(p, ev.request_id, ipc_src, dst, IPC_N, 0, 1, &tx0) ||
+        kvhal_xfer_send_pages(p, ev.request_id, ipc_src, dst, IPC_N, 1, L - 1, &tx1))
+        return 10;
+    if (kvhal_xfer_wait(tx0, 5000) || kvhal_xfer_wait(tx1, 5000)) {
+        fprintf(stderr, "ipc sender: %s\n", kvhal_last_error());
+        return 11;
+    }
+    if (strcmp(kvhal_xfer_path(tx0), "ipc") || strcmp(kvhal_xfer_path(tx1), "ipc")) return 12;
+    /* the receiver may still read our pages until it closes the connection */
+    do {
+        if (kvhal_xfer_progress(a, 10, &ev) != KVHAL_OK || now_s() > until + 10) return 13;
+    } while (ev.type != KVHAL_XFER_EVENT_PEER_FAILED);
+    kvhal_xfer_release(tx0);
+    kvhal_xfer_release(tx1);
+    kvhal_xfer_agent_destroy(a);
+    kvhal_paged_cache_destroy(sc);
+    return 0;
+}
+
+static void ipc_on(kvhal_device rdev, kvhal_device sdev)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    char type[16], id[16], fd[16];
+    snprintf(type, sizeof type, "%d", (int)sdev.type);
+    snprintf(id, sizeof id, "%d", (int)sdev.id);
+    snprintf(fd, sizeof fd, "%d", fds[0]);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(fds[1]);
+        char *args[] = {"test_xfer", "--ipc-sender", type, id, fd, NULL};
+        execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    close(fds[0]);
+    server s;
+    server_start(&s, rdev, 5000);
+    uint8_t blob[4096];
+    uint32_t l32 = (uint32_t)server_blob(&s, blob, sizeof blob);
+    assert_int_equal(write(fds[1], &l32, 4), 4);
+    assert_int_equal(write(fds[1], blob, l32), (ssize_t)l32);
+    close(fds[1]);
+    int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, 0, 20);
+    kvhal_xfer_peer *pb = s.evs[e].peer;
+    int32_t dst[IPC_N];
+    kvhal_xfer *rx;
+    assert_int_equal(grant(&s, pb, 88, IPC_N, dst, &rx), KVHAL_OK);
+    char msg[512];
+    kvhal_status st = wait_recv(&s, rx, 20, msg, sizeof msg);
+    if (st != KVHAL_OK) fail_msg("IPC receive: %s: %s", kvhal_status_name(st), msg);
+    pthread_mutex_lock(&s.mu);
+    assert_string_equal(kvhal_xfer_path(rx), "ipc");
+    pthread_mutex_unlock(&s.mu);
+    uint8_t want[CHUNK], got[CHUNK];
+    for (int i = 0; i < IPC_N; i++)
+        for (int l = 0; l < L; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                fill_pattern(want, CHUNK, ipc_seed(i, l, kv));
+                assert_int_equal(kvhal_memcpy_d2h(got, s.buf, chunk_at(s.cache, l, kv, dst[i]), CHUNK, NULL), KVHAL_OK);
+                if (memcmp(got, want, CHUNK)) fail_msg("IPC: page %d (dst %d) layer %d %c differs", i, dst[i], l, kv ? 'V' : 'K');
+            }
+    check_cache(&s, dst, IPC_N);
+    pthread_mutex_lock(&s.mu);
+    assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_free(s.cm, dst, IPC_N), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+    pthread_mutex_unlock(&s.mu);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("IPC sender process: exit %d (signal %d)", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                 WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    all_pages_free(&s);
+    server_stop(&s);
+}
+
+static void test_ipc_two_processes(void **state)
+{
+    (void)state;
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    ipc_on(cpu, cpu);
+    printf("# %s: cpu -> cpu over the IPC path (shared memory), verified\n", tls);
+    const kvhal_device_type types[] = {KVHAL_DEVICE_CUDA, KVHAL_DEVICE_HIP};
+    for (int t = 0; t < 2; t++) {
+        int32_t n = 0;
+        kvhal_device_count(types[t], &n);
+        if (n <= 0) continue;
+        kvhal_device d0 = {types[t], 0}, d1 = {types[t], n > 1 ? 1 : 0};
+        ipc_on(d0, d0);
+        ipc_on(d1, d0); /* two GPUs when there are two: the receiver reads peer to peer */
+        printf("# %s: %d device(s), IPC transfers between processes verified\n", kvhal_device_type_name(types[t]),
+               (int)n);
+    }
+}
+
+/* A hostile sender's IPC frames: a handle that does not import, offsets past the imported memory, source pages
+ * past its cache, destination pages not granted, layers out of range, malformed sizes, rendezvous, a second map. */
+static void raw_keep(raw *r, void *p)
+{
+    if (r->nkeep + 1 > (int)(sizeof r->keep / sizeof r->keep[0])) fail_msg("%s", "raw: more frames than kept");
+    r->keep[r->nkeep++] = p;
+}
+
+static void raw_map(raw *r, const uint8_t *blob, size_t blen, const uint64_t *off, uint64_t stride, int64_t blocks,
+                    bool wait_ack)
+{
+    xw_ipc_map *m = calloc(1, sizeof *m);
+    const size_t dlen = blen + 2u * L * sizeof(uint64_t);
+    uint8_t *d = malloc(dlen);
+    assert_non_null(m);
+    assert_non_null(d);
+    *m = (xw_ipc_map){.c = {XW_MAGIC, XW_VERSION, XW_IPC_MAP, r->their_session}, .blob_len = (uint32_t)blen,
+                      .num_layers = L, .block_stride = stride, .num_blocks = blocks};
+    memcpy(d, blob, blen);
+    memcpy(d + blen, off, 2u * L * sizeof(uint64_t));
+    r->got_map_ack = false;
+    raw_send(r, m, sizeof *m, d, dlen, UCP_AM_SEND_FLAG_EAGER);
+    raw_keep(r, m);
+    raw_keep(r, d);
+    const double until = now_s() + 5;
+    while (wait_ack && !r->got_map_ack && now_s() < until) raw_progress(r, 0.001);
+    if (wait_ack) assert_true(r->got_map_ack);
+}
+
+static void raw_data_ipc(raw *r, uint64_t req, int32_t first, int32_t nl, const int32_t *pairs, int32_t n,
+                         size_t dlen, uint32_t flags)
+{
+    xw_data_ipc *h = calloc(1, sizeof *h);
+    uint8_t *d = calloc(1, dlen + 8);
+    assert_non_null(h);
+    assert_non_null(d);
+    *h = (xw_data_ipc){.c = {XW_MAGIC, XW_VERSION, XW_DATA_IPC, r->their_session}, .request_id = req, .xfer_id = 9,
+                       .frame = 0, .first_layer = first, .num_layers = nl, .n_pages = n};
+    memcpy(d, pairs, dlen < (size_t)n * 8 ? dlen : (size_t)n * 8);
+    raw_send(r, h, sizeof *h, d, dlen, flags);
+    raw_keep(r, h);
+    raw_keep(r, d);
+}
+
+typedef struct ipc_case {
+    const char *name, *expect;
+    int32_t first, nl, n;
+    int32_t src[2], dst[2]; /* dst -1: granted[0], -2: granted[1], -3: a free page not granted */
+    int dlen_delta;         /* data bytes off by this much */
+    bool rndv, second_map, no_map;
+} ipc_case;
+
+static void test_hostile_ipc(void **state)
+{
+    (void)state;
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    server s;
+    server_start(&s, cpu, 3000);
+    uint8_t blob[4096];
+    size_t len = server_blob(&s, blob, sizeof blob);
+    /* the hostile sender's own cache: shareable, 16 pages (what its HELLO says) */
+    kvhal_paged_cache_config c = KVHAL_PAGED_CACHE_CONFIG_INIT;
+    c.num_layers = L;
+    c.num_heads = HEADS;
+    c.head_dim = DIM;
+    c.block_size = BLOCK;
+    c.dtype = KVHAL_F16;
+    c.order = KVHAL_LAYER_FIRST;
+    c.memory_budget = (uint64_t)16 * 2 * L * CHUNK;
+    c.device = cpu;
+    kvhal_paged_cache *hc;
+    assert_int_equal(kvhal_paged_cache_create_shareable(&c, &hc), KVHAL_OK);
+    kvhal_buffer *hb = cache_buffer(hc);
+    const size_t hbytes = kvhal_buffer_size(hb);
+    uint8_t *hpat = malloc(hbytes);
+    assert_non_null(hpat);
+    fill_pattern(hpat, hbytes, 99);
+    assert_int_equal(kvhal_memcpy_h2d(hb, 0, hpat, hbytes, NULL), KVHAL_OK);
+    uint8_t hblob[KVHAL_IPC_HANDLE_MAX];
+    size_t hlen = 0;
+    assert_int_equal(kvhal_buffer_ipc_export(hb, hblob, sizeof hblob, &hlen), KVHAL_OK);
+    uint64_t off[2 * L];
+    for (int l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++) off[2 * l + kv] = chunk_at(hc, l, kv, 0);
+    const uint64_t stride = chunk_at(hc, 0, 0, 1) - chunk_at(hc, 0, 0, 0);
+
+    /* 1. handles that do not import, offsets past the memory: refused (the peer may still send through host memory) */
+    {
+        const int ev0 = s.nev;
+        raw r;
+        raw_open(&r, blob, len, TOKEN);
+        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
+        kvhal_xfer_peer *pb = s.evs[e].peer;
+        uint8_t junk[KVHAL_IPC_HANDLE_MAX];
+        memcpy(junk, hblob, hlen);
+        junk[40] ^= 0x3c; /* the token */
+        raw_map(&r, junk, hlen, off, stride, 16, true);
+        assert_int_not_equal(r.map_ack.status, 0);
+        assert_contains(r.map_ack.reason, "import failed");
+        raw_close(&r);
+        pthread_mutex_lock(&s.mu);
+        assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+        pthread_mutex_unlock(&s.mu);
+    }
+    {
+        const int ev0 = s.nev;
+        raw r;
+        raw_open(&r, blob, len, TOKEN);
+        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
+        kvhal_xfer_peer *pb = s.evs[e].peer;
+        uint64_t far[2 * L];
+        memcpy(far, off, sizeof far);
+        far[2 * L - 1] = hbytes - CHUNK; /* V of the last layer: page 15 lies past the end */
+        raw_map(&r, hblob, hlen, far, stride, 16, true);
+        assert_int_not_equal(r.map_ack.status, 0);
+        assert_contains(r.map_ack.reason, "past the");
+        /* no handle imported: a DATA_IPC drops the peer */
+        int32_t granted[2];
+        kvhal_xfer *rx;
+        assert_int_equal(grant(&s, pb, 6, 2, granted, &rx), KVHAL_OK);
+        int32_t pairs[2] = {0, granted[0]};
+        raw_data_ipc(&r, 6, 0, L, pairs, 1, 8, UCP_AM_SEND_FLAG_EAGER);
+        char msg[512];
+        assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_PEER_FAILED);
+        assert_contains(msg, "without an imported IPC handle");
+        pthread_mutex_lock(&s.mu);
+        kvhal_xfer_release(rx);
+        assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+        pthread_mutex_unlock(&s.mu);
+        raw_close(&r);
+        check_cache(&s, NULL, 0);
+        all_pages_free(&s);
+    }
+    /* 2. a good handle, then hostile DATA_IPC frames: each drops the peer, nothing written, pages back */
+    const ipc_case cases[] = {
+        {"source page past the end", "source page 16", 0, L, 1, {16}, {-1}, 0, false, false, false},
+        {"negative source page", "source page -1", 0, L, 1, {-1}, {-1}, 0, false, false, false},
+        {"destination past the end", "out of range", 0, L, 1, {0}, {PAGES + 1}, 0, false, false, false},
+        {"destination not granted", "not granted", 0, L, 1, {0}, {-3}, 0, false, false, false},
+        {"layers past the end", "layers", 1, L, 1, {0}, {-1}, 0, false, false, false},
+        {"negative layer", "layers", -1, 1, 1, {0}, {-1}, 0, false, false, false},
+        {"a page twice", "already sent", 0, L, 2, {0, 1}, {-1, -1}, 0, false, false, false},
+        {"data short", "malformed DATA_IPC", 0, L, 2, {0, 1}, {-1, -2}, -4, false, false, false},
+        {"data long", "malformed DATA_IPC", 0, L, 1, {0}, {-1}, 8, false, false, false},
+        {"rendezvous", "malformed DATA_IPC", 0, L, 1, {0}, {-1}, 0, true, false, false},
+        {"a second handle", "repeated", 0, L, 1, {0}, {-1}, 0, false, true, false},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const ipc_case *k = &cases[ci];
+        const int ev0 = s.nev;
+        raw r;
+        raw_open(&r, blob, len, TOKEN);
+        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
+        kvhal_xfer_peer *pb = s.evs[e].peer;
+        raw_map(&r, hblob, hlen, off, stride, 16, true);
+        if (r.map_ack.status != 0) fail_msg("%s: good handle refused: %s", k->name, r.map_ack.reason);
+        int32_t granted[2];
+        kvhal_xfer *rx;
+        assert_int_equal(grant(&s, pb, 7, 2, granted, &rx), KVHAL_OK);
+        if (k->second_map) raw_map(&r, hblob, hlen, off, stride, 16, false);
+        int32_t pairs[4];
+        for (int i = 0; i < k->n; i++) {
+            pairs[2 * i] = k->src[i];
+            const int32_t d = k->dst[i];
+            pairs[2 * i + 1] = d == -1 ? granted[0] : d == -2 ? granted[1] : d == -3 ? (granted[0] + 20) % PAGES : d;
+        }
+        if (!k->second_map)
+            raw_data_ipc(&r, 7, k->first, k->nl, pairs, k->n, (size_t)((int)(k->n * 8) + k->dlen_delta),
+                         k->rndv ? UCP_AM_SEND_FLAG_RNDV : UCP_AM_SEND_FLAG_EAGER);
+        char msg[512];
+        kvhal_status st = wait_recv(&s, rx, 5, msg, sizeof msg);
+        if (st != KVHAL_PEER_FAILED) fail_msg("%s: status %s", k->name, kvhal_status_name(st));
+        assert_contains(msg, k->expect);
+        pthread_mutex_lock(&s.mu);
+        kvhal_xfer_release(rx);
+        assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+        pthread_mutex_unlock(&s.mu);
+        raw_close(&r);
+        check_cache(&s, NULL, 0);
+        all_pages_free(&s);
+    }
+    /* 3. a good handle and a good frame: the receiver copies the named pages itself and acknowledges */
+    {
+        const int ev0 = s.nev;
+        raw r;
+        raw_open(&r, blob, len, TOKEN);
+        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
+        kvhal_xfer_peer *pb = s.evs[e].peer;
+        raw_map(&r, hblob, hlen, off, stride, 16, true);
+        assert_int_equal(r.map_ack.status, 0);
+        int32_t granted[2];
+        kvhal_xfer *rx;
+        assert_int_equal(grant(&s, pb, 8, 2, granted, &rx), KVHAL_OK);
+        int32_t pairs[4] = {15, granted[0], 3, granted[1]};
+        raw_data_ipc(&r, 8, 0, L, pairs, 2, 16, UCP_AM_SEND_FLAG_EAGER);
+        char msg[512];
+        assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_OK);
+        const double until = now_s() + 5;
+        while (r.nacks == 0 && now_s() < until) raw_progress(&r, 0.001);
+        assert_int_equal(r.nacks, 1);
+        assert_int_equal(r.last_ack.status, 0);
+        assert_int_equal(r.last_ack.bytes, 2 * L * 2 * CHUNK);
+        uint8_t got[CHUNK];
+        for (int i = 0; i < 2; i++)
+            for (int l = 0; l < L; l++)
+                for (int kv = 0; kv < 2; kv++) {
+                    assert_int_equal(kvhal_memcpy_d2h(got, s.buf, chunk_at(s.cache, l, kv, granted[i]), CHUNK, NULL),
+                                     KVHAL_OK);
+                    assert_memory_equal(got, hpat + chunk_at(hc, l, kv, pairs[2 * i]), CHUNK);
+                }
+        check_cache(&s, granted, 2);
+        pthread_mutex_lock(&s.mu);
+        assert_string_equal(kvhal_xfer_path(rx), "ipc");
+        kvhal_xfer_release(rx);
+        assert_int_equal(kvhal_cache_manager_free(s.cm, granted, 2), KVHAL_OK);
+        assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+        pthread_mutex_unlock(&s.mu);
+        raw_close(&r);
+        all_pages_free(&s);
+    }
+    server_stop(&s);
+    kvhal_paged_cache_destroy(hc);
+    free(hpat);
+}
+
+int main(int argc, char **argv)
 {
     const char *t = getenv("TRANSFER_TLS");
     if (t && *t) tls = t;
+    if (argc > 1 && strcmp(argv[1], "--ipc-sender") == 0) return ipc_sender_main(argc, argv);
     printf("# transports: %s\n", tls);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transfer_every_device),
@@ -1126,6 +1523,8 @@ int main(void)
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_destroy_in_flight),
         cmocka_unit_test(test_silent_agent_and_destroy_with_grants),
+        cmocka_unit_test(test_ipc_two_processes),
+        cmocka_unit_test(test_hostile_ipc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
