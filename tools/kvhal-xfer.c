@@ -9,7 +9,9 @@
  *   (default)     the benchmark: batches of 16-token pages of --sizes bytes, a window of transfers in flight;
  *                 bandwidth, time per transfer (p50/p99), content verified.
  * The two sides may sit on other devices (--send-device cuda:0 --recv-device cuda:1): their pages are then staged
- * through host memory. */
+ * through host memory, or, with --ipc (the prefill cache shareable, both processes on one host), copied device to
+ * device by the decode side from the prefill cache it imported. Every result names the path its transfers took
+ * ("path": "host" in place, "staged", or "ipc"). */
 #include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
@@ -30,6 +32,7 @@ static char **g_argv;
 
 static struct {
     bool self_test, json, quiet;
+    bool ipc;                               /* the prefill cache shareable: the IPC path on one host */
     const char *transports[8];
     int ntransports;
     const char *send_dev, *recv_dev;
@@ -103,7 +106,7 @@ typedef struct side {
     int64_t blocks;
 } side;
 
-static kvhal_status side_open(side *s, const char *devname, uint64_t budget, kvhal_paged_order order)
+static kvhal_status side_open(side *s, const char *devname, uint64_t budget, kvhal_paged_order order, bool shareable)
 {
     kvhal_device dev;
     kvhal_status st = kvhal_device_parse(devname, &dev);
@@ -111,7 +114,9 @@ static kvhal_status side_open(side *s, const char *devname, uint64_t budget, kvh
     kvhal_paged_cache_config c = {.struct_size = sizeof(kvhal_paged_cache_config), .num_layers = opt.layers, .num_heads = opt.heads, .head_dim = opt.dim,
                                   .block_size = opt.block, .dtype = opt.dtype, .layout = KVHAL_LAYOUT_NHD,
                                   .order = order, .memory_budget = budget, .device = dev};
-    if ((st = kvhal_paged_cache_create(&c, &s->cache)) != KVHAL_OK) return st;
+    if ((st = shareable ? kvhal_paged_cache_create_shareable(&c, &s->cache) : kvhal_paged_cache_create(&c, &s->cache)) !=
+        KVHAL_OK)
+        return st;
     s->blocks = kvhal_paged_cache_num_blocks(s->cache);
     s->koff = calloc((size_t)opt.layers, sizeof *s->koff);
     s->voff = calloc((size_t)opt.layers, sizeof *s->voff);
@@ -195,7 +200,7 @@ static int prefill(const char *transports, int fd, bool bench)
     side s = {0};
     const uint64_t budget = bench ? (uint64_t)opt.window * opt.sizes[opt.nsizes - 1] + 4 * page_bytes() :
                                     1100 * page_bytes();
-    TRY("prefill: paged cache", side_open(&s, opt.send_dev, budget, KVHAL_LAYER_FIRST));
+    TRY("prefill: paged cache", side_open(&s, opt.send_dev, budget, KVHAL_LAYER_FIRST, opt.ipc));
     kvhal_xfer_config cfg = {.name = "prefill", .token = "kvhal-xfer-selftest", .timeout_ms = opt.timeout_ms,
                              .transports = transports};
     kvhal_xfer_agent *ag;
@@ -203,6 +208,9 @@ static int prefill(const char *transports, int fd, bool bench)
     TRY("prefill: register", kvhal_xfer_register_paged_cache(ag, s.cache));
     kvhal_xfer_peer *peer;
     TRY("prefill: connect", kvhal_xfer_connect(ag, blob, len, "kvhal-xfer-selftest", &peer));
+    if (opt.ipc && strcmp(kvhal_xfer_peer_ipc(peer), "ipc") != 0)
+        fprintf(stderr, TOOL ": warning: prefill: --ipc, but the IPC path is not available (%s): sending through UCX\n",
+                kvhal_xfer_peer_ipc(peer));
     int32_t *order = malloc((size_t)s.blocks * sizeof *order);
     uint8_t *host = malloc(s.chunk);
     enum { MAXQ = 4096 };
@@ -281,7 +289,7 @@ static int decode_start(decode *d, const char *transports, bool bench)
 {
     const uint64_t budget = bench ? (uint64_t)opt.window * opt.sizes[opt.nsizes - 1] + 4 * page_bytes() :
                                     1024 * page_bytes();
-    TRY("decode: paged cache", side_open(&d->s, opt.recv_dev, budget, KVHAL_PAGE_FIRST));
+    TRY("decode: paged cache", side_open(&d->s, opt.recv_dev, budget, KVHAL_PAGE_FIRST, false));
     TRY("decode: cache manager", kvhal_cache_manager_create((int32_t)d->s.blocks, opt.block, KVHAL_PREFIX_RADIX, &d->cm));
     /* The prefill side is a new process: this one (kvhal-xfer --connect=FILE, exec'd, so that no UCX context or
      * device runtime crosses a fork), or one the user started (--listen). The address blob goes through FILE. */
@@ -489,6 +497,7 @@ static int self_test_one(const char *transports)
         TRY("decode: post_receive", kvhal_xfer_post_receive(d.peer, (uint64_t)r, pages[r], sizes[r], d.cm, &x[r]));
     }
     int64_t bytes = 0;
+    const char *path = "";
     for (int r = 0; r < NREQ && !rc; r++) {
         kvhal_status st = kvhal_xfer_wait(x[r], opt.timeout_ms * 2);
         if (st != KVHAL_OK) {
@@ -503,6 +512,11 @@ static int self_test_one(const char *transports)
             rc = 1;
         }
         bytes += (int64_t)info.bytes_done;
+        path = kvhal_xfer_path(x[r]);
+        if (opt.ipc && strcmp(path, "ipc") != 0) { /* --ipc promises the IPC path: one host, a shareable cache */
+            fprintf(stderr, TOOL ": error: request %d went through \"%s\", not the IPC path\n", r, path);
+            rc = 1;
+        }
         rc = rc ? rc : verify(&d, (uint64_t)r, pages[r], sizes[r]);
         /* decode goes on: the request's pages are the cache manager's now (published through the prefix cache) */
         int32_t *toks = malloc((size_t)sizes[r] * (size_t)opt.block * sizeof *toks);
@@ -550,8 +564,8 @@ static int self_test_one(const char *transports)
     free(granted);
     rc |= decode_finish(&d);
     if (!opt.quiet && !opt.json)
-        printf("self-test %-4s: %s (%d requests, %lld bytes verified, scattered pages on both sides, a decode step after each)\n", transports,
-               rc ? "FAILED" : "ok", NREQ, (long long)bytes);
+        printf("self-test %-4s: %s (%d requests, %lld bytes verified, scattered pages on both sides, a decode step after each; "
+               "path %s)\n", transports, rc ? "FAILED" : "ok", NREQ, (long long)bytes, path);
     return rc;
 }
 
@@ -598,6 +612,7 @@ static int bench_one(const char *transports, bool *first)
         const int warm = 4;
         int posted = 0, done = 0;
         double start = 0;
+        const char *path = "";
         while (done < opt.iters + warm && !rc) {
             for (int w = 0; w < W && posted < opt.iters + warm; w++)
                 if (!xs[w]) {
@@ -622,6 +637,7 @@ static int bench_one(const char *transports, bool *first)
             if (ev.request_id == (uint64_t)opt.iters + warm - 1 && (rc = verify(&d, ev.request_id, pg + (size_t)w * n, n)))
                 break;
             if (done >= warm) lat[done - warm] = t - t0[w];
+            path = kvhal_xfer_path(xs[w]);
             if (done == warm - 1) start = t;
             done++;
             kvhal_xfer_release(xs[w]);
@@ -640,11 +656,10 @@ static int bench_one(const char *transports, bool *first)
                        "\"window\": %d, \"iters\": %d, \"gbps\": %.3f, \"us_per_transfer\": %.1f, \"p50_us\": %.1f, "
                        "\"p99_us\": %.1f, \"send_device\": \"%s\", \"recv_device\": \"%s\", \"path\": \"%s\"}",
                        *first ? "" : ",", transports, bytes, (int)n, (unsigned long long)pb, W, opt.iters, gbps,
-                       elapsed / opt.iters * 1e6, p50, p99, opt.send_dev, opt.recv_dev,
-                       strncmp(opt.send_dev, "cpu", 3) || strncmp(opt.recv_dev, "cpu", 3) ? "staged-host" : "in-place");
+                       elapsed / opt.iters * 1e6, p50, p99, opt.send_dev, opt.recv_dev, path);
             else
-                printf("%-8s %9.0f KiB  %4d pages  %8.3f GB/s  %9.1f us/transfer  p50 %9.1f us  p99 %9.1f us\n",
-                       transports, bytes / 1024, (int)n, gbps, elapsed / opt.iters * 1e6, p50, p99);
+                printf("%-8s %9.0f KiB  %4d pages  %8.3f GB/s  %9.1f us/transfer  p50 %9.1f us  p99 %9.1f us  path %s\n",
+                       transports, bytes / 1024, (int)n, gbps, elapsed / opt.iters * 1e6, p50, p99, path);
             *first = false;
         }
         free(pg);
@@ -666,6 +681,9 @@ static void usage(void)
            "  --iters=N              timed transfers per size (default 40), --window=N in flight (default 4)\n"
            "  --layers=N --heads=N --dim=N --block=N   cache geometry (default 4 x 8 x 128, 16-token pages, bf16)\n"
            "  --send-device=DEV --recv-device=DEV      the two caches' devices (default cpu)\n"
+           "  --ipc                  the prefill cache shareable (kvhal_paged_cache_create_shareable): on one host the\n"
+           "                         decode side imports it and copies pages device to device (CUDA/HIP IPC; POSIX\n"
+           "                         shared memory for cpu); the self-test then fails unless every request took that path\n"
            "  --timeout-ms=N         agent timeout (default 10000)\n"
            "  --listen=FILE          decode side only: write the address to FILE, wait for a --connect process\n"
            "  --connect=FILE         prefill side only: connect to the decode process whose address is in FILE\n"
@@ -704,7 +722,8 @@ int main(int argc, char **argv)
         {"recv-device", required_argument, 0, 'R'}, {"timeout-ms", required_argument, 0, 'T'},
         {"json", no_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'}, {"listen", required_argument, 0, 'l'},
-        {"connect", required_argument, 0, 'c'}, {"child", no_argument, 0, 'C'}, {0, 0, 0, 0}};
+        {"connect", required_argument, 0, 'c'}, {"child", no_argument, 0, 'C'}, {"ipc", no_argument, 0, 'I'},
+        {0, 0, 0, 0}};
     int c;
     opterr = 0;
     g_argc = argc;
@@ -748,6 +767,7 @@ int main(int argc, char **argv)
         case 'l': opt.listen_file = optarg; break;
         case 'c': opt.connect_file = optarg; break;
         case 'C': opt.child = true; break;
+        case 'I': opt.ipc = true; break;
         case 'q': opt.quiet = true; break;
         case 'h': usage(); return 0;
         case 'V': printf(TOOL " %d.%d.%d\n", KVHAL_VERSION_MAJOR, KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH); return 0;
