@@ -7,9 +7,12 @@
 #  3. kvhal-xfer: a decode process on cuda:1 receiving from a prefill process on cuda:0, 16-token pages scattered
 #     on both sides, 256 KiB .. 16 MiB batches, content of the last transfer of each size verified, over shm and
 #     tcp, next to cudaMemcpyPeer of the same bytes between the same GPUs (xfer_peer_bw.cu) in the same run.
-# Path used: the CUDA caches are staged through host memory with kvhal_memcpy_d2h / kvhal_memcpy_h2d on each side
-# and the host bytes move over UCX (no CUDA IPC in the plugin table yet; Debian's UCX has no CUDA transports,
-# ucx_info -d below records what this UCX has).
+#     Two paths, each row of the table names the one its transfers took (kvhal-xfer's "path"):
+#       staged  plain caches: staged through host memory (kvhal_memcpy_d2h / _h2d) and UCX's host transports
+#               (Debian's UCX has no CUDA transports; ucx_info -d below records what this UCX has)
+#       ipc     --ipc: the prefill cache is cudaMalloc'd (kvhal_paged_cache_create_shareable), its CUDA IPC handle
+#               goes to the decode process at connect time, which copies the granted pages itself from cuda:0's
+#               memory into its own on cuda:1 (one batched copy kernel per frame, peer to peer), then ACKs.
 set -uo pipefail
 source .devdeps/env.sh
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
@@ -33,7 +36,16 @@ for r in 1 2 3; do
   for tls in shm tcp; do
     timeout 120 $B/tools/kvhal-xfer --send-device=cuda:0 --recv-device=cuda:1 --transport=$tls --iters 40 --json \
       > "$OUT/xfer-$tls-$r.json" 2> "$OUT/xfer-$tls-$r.err" || { echo "kvhal-xfer $tls round $r failed"; cat "$OUT/xfer-$tls-$r.err"; fail=1; }
+    timeout 120 $B/tools/kvhal-xfer --ipc --send-device=cuda:0 --recv-device=cuda:1 --transport=$tls --iters 40 --json \
+      > "$OUT/xfer-ipc-$tls-$r.json" 2> "$OUT/xfer-ipc-$tls-$r.err" || { echo "kvhal-xfer --ipc $tls round $r failed"; cat "$OUT/xfer-ipc-$tls-$r.err"; fail=1; }
   done
+done
+# the IPC path's own check: two processes, every byte verified, every request by IPC (cuda:0 -> cuda:1 and on one GPU)
+for pair in "cuda:0 cuda:1" "cuda:0 cuda:0"; do
+  set -- $pair
+  timeout 120 $B/tools/kvhal-xfer --self-test --ipc --send-device=$1 --recv-device=$2 > "$OUT/selftest-ipc-$1-$2.txt" 2>&1 ||
+    { echo "kvhal-xfer --self-test --ipc $1 -> $2 failed"; cat "$OUT/selftest-ipc-$1-$2.txt"; fail=1; }
+  grep "self-test" "$OUT/selftest-ipc-$1-$2.txt"
 done
 python3 - "$OUT" <<'PY'
 import json, sys, statistics, collections
@@ -41,20 +53,23 @@ out = sys.argv[1]
 x = collections.defaultdict(list); p = collections.defaultdict(list); lat = collections.defaultdict(list)
 for r in (1, 2, 3):
     for tls in ("shm", "tcp"):
-        try: d = json.load(open(f"{out}/xfer-{tls}-{r}.json"))
+      for pre in ("", "ipc-"):
+        try: d = json.load(open(f"{out}/xfer-{pre}{tls}-{r}.json"))
         except Exception: continue
         for e in d.get("results", []):
-            x[(tls, int(e["bytes"]))].append(e["gbps"]); lat[(tls, int(e["bytes"]))].append((e["p50_us"], e["p99_us"]))
+            k = (e.get("path", "?"), tls, int(e["bytes"]))
+            x[k].append(e["gbps"]); lat[k].append((e["p50_us"], e["p99_us"]))
     try:
         for line in open(f"{out}/peer-{r}.txt"):
             f = line.split()
             if f and f[0] == "peer": p[int(f[1])].append(float(f[2]))
     except Exception: pass
-print("| transport | batch | kvhal-xfer cuda:0 -> cuda:1 GB/s | cudaMemcpyPeer GB/s | ratio | p50 us | p99 us |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
+print("| path | transport | batch | kvhal-xfer cuda:0 -> cuda:1 GB/s | cudaMemcpyPeer GB/s | ratio | p50 us | p99 us |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for k in sorted(x):
-    km = statistics.median(x[k]); pm = statistics.median(p[k[1]]) if p[k[1]] else float("nan")
-    print(f"| {k[0]} | {k[1] >> 10} KiB | {km:.3f} | {pm:.3f} | {km / pm:.3f} | {statistics.median(a for a, b in lat[k]):.0f} | {statistics.median(b for a, b in lat[k]):.0f} |")
+    km = statistics.median(x[k]); pm = statistics.median(p[k[2]]) if p[k[2]] else float("nan")
+    print(f"| {k[0]} | {k[1]} | {k[2] >> 10} KiB | {km:.3f} | {pm:.3f} | {km / pm:.3f} | {statistics.median(a for a, b in lat[k]):.0f} | {statistics.median(b for a, b in lat[k]):.0f} |")
 PY
-echo "path: staged through host memory (kvhal_memcpy_d2h/h2d) + UCX host transport"
+echo "paths: staged = through host memory (kvhal_memcpy_d2h/h2d) + UCX host transport; ipc = CUDA IPC, the receiver copies peer to peer"
+echo "medians of 3 rounds; target for ipc: ratio >= 0.8 of cudaMemcpyPeer"
 exit $fail
