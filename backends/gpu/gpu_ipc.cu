@@ -3,7 +3,7 @@
  * cudaIpcGetMemHandle / hipIpcGetMemHandle cannot export; a shareable buffer is its own cudaMalloc / hipMalloc
  * allocation instead (so it is exported whole: the handle needs no offset), freed with cudaFree / hipFree.
  *
- * The module's part of a handle: a magic, the exporter's size and the runtime's 64-byte IPC handle. An import
+ * The module's part of a handle: a magic, the exporter's device ordinal and the runtime's 64-byte IPC handle. An import
  * opens it with cudaIpcOpenMemHandle (peer access enabled lazily: another GPU of the host reads it over
  * NVLink/PCIe) on the importing device, then checks that the allocation it got really holds the bytes the handle
  * claims (cuMemGetAddressRange through the driver entry point the module resolved, hipMemGetAddressRange on HIP),
@@ -20,7 +20,6 @@ const uint32_t kBlobMagic = 0x4b564749u; /* KVGI */
 struct GpuIpcBlob {
     uint32_t magic;
     int32_t exporter_device; /* informational: the exporter's ordinal in its own process */
-    uint64_t bytes;
     gpuIpcMemHandle_t handle;
 };
 static_assert(sizeof(GpuIpcBlob) <= KVHAL_BK_IPC_BLOB_MAX, "IPC blob too large");
@@ -92,12 +91,6 @@ kvhal_status gpu_ipc_export(void *ctx, int32_t id, void *native, void *blob, siz
     memset(&b, 0, sizeof b);
     b.magic = kBlobMagic;
     b.exporter_device = id;
-    void *base = NULL;
-    size_t size = 0;
-    KVHAL_GPU_TRY(c, address_range(c, native, &base, &size), id, "ipc_export (allocation size)");
-    if (base != native)
-        return fail(c, KVHAL_INVALID_ARGUMENT, "native: %p is not the start of its allocation", native);
-    b.bytes = size;
     KVHAL_GPU_TRY(c, gpuIpcGetMemHandle(&b.handle, native), id, "ipc_export");
     memcpy(blob, &b, sizeof b);
     *len = sizeof b;
@@ -115,9 +108,11 @@ kvhal_status gpu_ipc_import(void *ctx, int32_t id, const void *blob, size_t len,
         return fail(c, KVHAL_INVALID_ARGUMENT, "blob: %zu bytes, a %s handle has %zu", len, KVHAL_GPU_NAME, sizeof b);
     memcpy(&b, blob, sizeof b);
     if (b.magic != kBlobMagic) return fail(c, KVHAL_INVALID_ARGUMENT, "blob: not a %s IPC handle", KVHAL_GPU_NAME);
-    if (b.bytes < bytes)
-        return fail(c, KVHAL_OUT_OF_RANGE, "blob: an allocation of %llu bytes, the handle says %zu",
-                    (unsigned long long)b.bytes, bytes);
+#if !defined(KVHAL_GPU_HIP)
+    if (!c->cu_mem_range) /* the size the handle claims could not be checked: refuse rather than trust it */
+        return fail(c, KVHAL_UNSUPPORTED, "blob: cannot check an imported allocation's size (no "
+                    "cuMemGetAddressRange_v2 in the loaded libcuda)");
+#endif
     KVHAL_GPU_SETDEV(c, id);
     st = open_device(c, id);
     if (st != KVHAL_OK) return st;
