@@ -1135,7 +1135,8 @@ static uint64_t ipc_seed(int i, int l, int kv) { return (uint64_t)(5000 + i * 10
  * fork). Exit status: 0 when every page went by IPC and was acknowledged, else the failing step. */
 static int ipc_sender_main(int argc, char **argv)
 {
-    if (argc != 5) return 2;
+    if (argc != 6) return 2;
+    const bool expect_ipc = atoi(argv[5]) != 0; /* 0: the receiver must refuse our handle (another device type) */
     kvhal_device dev = {(kvhal_device_type)atoi(argv[2]), atoi(argv[3])};
     const int fd = atoi(argv[4]);
     uint32_t l32;
@@ -1173,7 +1174,7 @@ static int ipc_sender_main(int argc, char **argv)
     if (kvhal_xfer_agent_create(&cfg, &a) || kvhal_xfer_register_paged_cache(a, sc) ||
         kvhal_xfer_connect(a, blob, l32, TOKEN, &p))
         return 6;
-    if (strcmp(kvhal_xfer_peer_ipc(p), "ipc") != 0) {
+    if ((strcmp(kvhal_xfer_peer_ipc(p), "ipc") == 0) != expect_ipc) {
         fprintf(stderr, "ipc sender: peer IPC state \"%s\"\n", kvhal_xfer_peer_ipc(p));
         return 7;
     }
@@ -1193,7 +1194,8 @@ static int ipc_sender_main(int argc, char **argv)
         fprintf(stderr, "ipc sender: %s\n", kvhal_last_error());
         return 11;
     }
-    if (strcmp(kvhal_xfer_path(tx0), "ipc") || strcmp(kvhal_xfer_path(tx1), "ipc")) return 12;
+    if ((strcmp(kvhal_xfer_path(tx0), "ipc") == 0) != expect_ipc || (strcmp(kvhal_xfer_path(tx1), "ipc") == 0) != expect_ipc)
+        return 12;
     /* the receiver may still read our pages until it closes the connection */
     do {
         if (kvhal_xfer_progress(a, 10, &ev) != KVHAL_OK || now_s() > until + 10) return 13;
@@ -1205,7 +1207,7 @@ static int ipc_sender_main(int argc, char **argv)
     return 0;
 }
 
-static void ipc_on(kvhal_device rdev, kvhal_device sdev)
+static void ipc_on(kvhal_device rdev, kvhal_device sdev, bool expect_ipc)
 {
     int fds[2];
     assert_int_equal(pipe(fds), 0);
@@ -1213,11 +1215,12 @@ static void ipc_on(kvhal_device rdev, kvhal_device sdev)
     snprintf(type, sizeof type, "%d", (int)sdev.type);
     snprintf(id, sizeof id, "%d", (int)sdev.id);
     snprintf(fd, sizeof fd, "%d", fds[0]);
+    char *expect = expect_ipc ? "1" : "0";
     pid_t child = fork();
     assert_true(child >= 0);
     if (child == 0) {
         close(fds[1]);
-        char *args[] = {(char *)self_path, "--ipc-sender", type, id, fd, NULL};
+        char *args[] = {(char *)self_path, "--ipc-sender", type, id, fd, expect, NULL};
         /* this program again: argv[0] (under valgrind /proc/self/exe is valgrind's own tool) */
         if (strchr(self_path, '/')) execv(self_path, args);
         else execvp(self_path, args);
@@ -1241,7 +1244,7 @@ static void ipc_on(kvhal_device rdev, kvhal_device sdev)
     kvhal_status st = wait_recv(&s, rx, 20, msg, sizeof msg);
     if (st != KVHAL_OK) fail_msg("IPC receive: %s: %s", kvhal_status_name(st), msg);
     pthread_mutex_lock(&s.mu);
-    assert_string_equal(kvhal_xfer_path(rx), "ipc");
+    assert_string_equal(kvhal_xfer_path(rx), expect_ipc ? "ipc" : rdev.type == KVHAL_DEVICE_CPU ? "host" : "staged");
     pthread_mutex_unlock(&s.mu);
     uint8_t want[CHUNK], got[CHUNK];
     for (int i = 0; i < IPC_N; i++)
@@ -1270,16 +1273,24 @@ static void test_ipc_two_processes(void **state)
 {
     (void)state;
     kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
-    ipc_on(cpu, cpu);
+    ipc_on(cpu, cpu, true);
     printf("# %s: cpu -> cpu over the IPC path (shared memory), verified\n", tls);
+    int32_t nocl = 0;
+    if (kvhal_device_count(KVHAL_DEVICE_OPENCL, &nocl) == KVHAL_OK && nocl > 0) {
+        /* a shareable cpu cache to an OpenCL receiver: the handle is refused (another device type), staged instead */
+        kvhal_device ocl = {KVHAL_DEVICE_OPENCL, 0};
+        ipc_on(ocl, cpu, false);
+        printf("# %s: cpu -> opencl: IPC refused, fell back to the staged path, verified\n", tls);
+    }
     const kvhal_device_type types[] = {KVHAL_DEVICE_CUDA, KVHAL_DEVICE_HIP};
     for (int t = 0; t < 2; t++) {
         int32_t n = 0;
         kvhal_device_count(types[t], &n);
         if (n <= 0) continue;
         kvhal_device d0 = {types[t], 0}, d1 = {types[t], n > 1 ? 1 : 0};
-        ipc_on(d0, d0);
-        ipc_on(d1, d0); /* two GPUs when there are two: the receiver reads peer to peer */
+        ipc_on(d0, d0, true);
+        ipc_on(d1, d0, true); /* two GPUs when there are two: the receiver reads peer to peer */
+        ipc_on(cpu, d0, false); /* a GPU handle is no good to a cpu receiver: staged */
         printf("# %s: %d device(s), IPC transfers between processes verified\n", kvhal_device_type_name(types[t]),
                (int)n);
     }
