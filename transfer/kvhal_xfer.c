@@ -151,8 +151,11 @@ typedef struct ipc_job { /* a DATA_IPC frame accepted (pages claimed), copied fr
     int32_t l0, nl, n;
     int32_t *pairs;         /* n (src, dst) */
     int32_t *idx;           /* n grant indices of dst */
+    int slot;               /* running: the stream of a->ipc_streams it was queued on */
     struct ipc_job *next;
 } ipc_job;
+
+#define IPC_STREAMS 8 /* copies from imported caches in flight at once, one stream each */
 
 typedef struct event_item {
     kvhal_xfer_event ev;
@@ -199,8 +202,10 @@ struct kvhal_xfer_agent {
     char host_id[XW_HOST_LEN];      /* boot_id/hostname */
     uint8_t ipc_blob[XW_IPC_BLOB_MAX]; /* our cache's handle (a shareable cache), else ipc_blob_len 0 */
     size_t ipc_blob_len;
-    kvhal_stream *ipc_stream;       /* the receiver's copies from imported caches (NULL: the default stream) */
-    ipc_job *ipc_jobs, *ipc_jobs_tail;
+    kvhal_stream *ipc_streams[IPC_STREAMS]; /* the receiver's copies from imported caches (made on first use) */
+    bool ipc_stream_busy[IPC_STREAMS];
+    ipc_job *ipc_jobs, *ipc_jobs_tail;  /* accepted DATA_IPC frames, launched from pump */
+    ipc_job *ipc_running;               /* launched, oldest first, acknowledged once their stream is done */
 };
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -1061,57 +1066,17 @@ static void on_data_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *hea
     a->ipc_jobs_tail = j;
 }
 
-/* Receiver (from pump): one batched copy of every (page, layer, K/V) chunk of a DATA_IPC frame from the imported
- * cache into our granted pages (adjacent chunks merged), waited for on our stream, then acknowledged. */
-static void run_ipc_job(kvhal_xfer_agent *a, ipc_job *j)
+/* Receiver: a DATA_IPC frame's copy is over (st: how it went): the pages are written, acknowledge. */
+static void ipc_job_complete(kvhal_xfer_agent *a, ipc_job *j, kvhal_status st, const char *why)
 {
     kvhal_xfer *x = j->x;
     kvhal_xfer_peer *p = j->p;
-    const uint64_t cb = a->g.chunk_bytes;
-    const uint64_t bytes = (uint64_t)j->n * (uint64_t)j->nl * 2u * cb;
-    kvhal_status st = KVHAL_OK;
-    char reason[XW_REASON_LEN] = "";
-    if (x->failing) {
-        st = KVHAL_CANCELED;
-        snprintf(reason, sizeof reason, "request %llu is no longer received", (unsigned long long)x->request_id);
-    } else if (p->state != P_CONNECTED || !p->ipc_buf) {
-        st = KVHAL_PEER_FAILED;
-        snprintf(reason, sizeof reason, "peer gone");
-    } else {
-        const size_t max = (size_t)j->n * (size_t)j->nl * 2u;
-        size_t *dof = malloc(max * sizeof *dof), *sof = malloc(max * sizeof *sof), *len = malloc(max * sizeof *len);
-        size_t c = 0;
-        if (!dof || !sof || !len) {
-            st = KVHAL_OUT_OF_MEMORY;
-            snprintf(reason, sizeof reason, "receiver out of host memory");
-        } else {
-            for (int32_t i = 0; i < j->n; i++)
-                for (int32_t l = j->l0; l < j->l0 + j->nl; l++)
-                    for (int sd = 0; sd < 2; sd++) {
-                        const size_t so = (size_t)(p->ipc_off[2 * l + sd] + (uint64_t)j->pairs[2 * i] * p->ipc_stride);
-                        const size_t d = chunk_off(a, l, sd, j->pairs[2 * i + 1]);
-                        if (c && sof[c - 1] + len[c - 1] == so && dof[c - 1] + len[c - 1] == d) {
-                            len[c - 1] += cb;
-                        } else {
-                            sof[c] = so;
-                            dof[c] = d;
-                            len[c] = cb;
-                            c++;
-                        }
-                    }
-            st = kvhal_memcpy_d2d_batch(a->cache_buf, p->ipc_buf, dof, sof, len, (int32_t)c, a->ipc_stream);
-            if (st == KVHAL_OK)
-                st = a->ipc_stream ? kvhal_stream_synchronize(a->ipc_stream)
-                                   : kvhal_device_synchronize(kvhal_buffer_device(a->cache_buf));
-            if (st != KVHAL_OK) snprintf(reason, sizeof reason, "device copy failed: %s", kvhal_last_error());
-        }
-        free(dof);
-        free(sof);
-        free(len);
-    }
+    const uint64_t bytes = (uint64_t)j->n * (uint64_t)j->nl * 2u * a->g.chunk_bytes;
+    char reason[XW_REASON_LEN];
+    snprintf(reason, sizeof reason, "%s", why);
     x->inflight--;
     x->path = PATH_IPC;
-    if (p->state == P_CONNECTED) send_ack(a, p, j->xfer_id, j->frame, st, st == KVHAL_OK ? bytes : 0, reason);
+    if (p && p->state == P_CONNECTED) send_ack(a, p, j->xfer_id, j->frame, st, st == KVHAL_OK ? bytes : 0, reason);
     if (st == KVHAL_OK) {
         x->bytes_done += bytes;
         if (!x->failing && x->claimed_count == (int64_t)x->n * a->g.num_layers && x->inflight == 0) {
@@ -1125,6 +1090,96 @@ static void run_ipc_job(kvhal_xfer_agent *a, ipc_job *j)
     } else {
         xfer_settle(x);
     }
+    free(j->pairs);
+    free(j->idx);
+    free(j);
+}
+
+/* Takes the oldest running copy off the list once its stream is done (wait: block for it), and completes it. */
+static bool ipc_job_reap(kvhal_xfer_agent *a, bool wait)
+{
+    ipc_job *j = a->ipc_running;
+    if (!j) return false;
+    kvhal_stream *sm = a->ipc_streams[j->slot];
+    kvhal_status st = wait ? kvhal_stream_synchronize(sm) : kvhal_stream_query(sm);
+    if (st == KVHAL_BUSY) return false;
+    char why[XW_REASON_LEN] = "";
+    if (st != KVHAL_OK) snprintf(why, sizeof why, "device copy failed: %s", kvhal_last_error());
+    a->ipc_running = j->next;
+    a->ipc_stream_busy[j->slot] = false;
+    ipc_job_complete(a, j, st, why);
+    return true;
+}
+
+/* Receiver (from pump): one batched copy of every (page, layer, K/V) chunk of a DATA_IPC frame from the imported
+ * cache into our granted pages (adjacent chunks merged), queued on a stream of its own; pump acknowledges it once
+ * that stream is done, so the copies of several frames and transfers run back to back on the device. */
+static void ipc_job_launch(kvhal_xfer_agent *a, ipc_job *j)
+{
+    kvhal_xfer *x = j->x;
+    kvhal_xfer_peer *p = j->p;
+    const uint64_t cb = a->g.chunk_bytes;
+    if (x->failing) {
+        char why[XW_REASON_LEN];
+        snprintf(why, sizeof why, "request %llu is no longer received", (unsigned long long)x->request_id);
+        ipc_job_complete(a, j, KVHAL_CANCELED, why);
+        return;
+    }
+    if (p->state != P_CONNECTED || !p->ipc_buf) {
+        ipc_job_complete(a, j, KVHAL_PEER_FAILED, "peer gone");
+        return;
+    }
+    /* a free stream: made on first use; when all are busy, wait for the oldest copy */
+    int slot = -1;
+    for (;;) {
+        for (int k = 0; k < IPC_STREAMS && slot < 0; k++)
+            if (!a->ipc_stream_busy[k] &&
+                (a->ipc_streams[k] || kvhal_stream_create(kvhal_buffer_device(a->cache_buf), &a->ipc_streams[k]) == KVHAL_OK))
+                slot = k;
+        if (slot >= 0 || !ipc_job_reap(a, true)) break;
+    }
+    if (slot < 0) {
+        char why[XW_REASON_LEN];
+        snprintf(why, sizeof why, "no stream for the copy: %s", kvhal_last_error());
+        ipc_job_complete(a, j, KVHAL_BACKEND_ERROR, why);
+        return;
+    }
+    const size_t max = (size_t)j->n * (size_t)j->nl * 2u;
+    size_t *dof = malloc(max * sizeof *dof), *sof = malloc(max * sizeof *sof), *len = malloc(max * sizeof *len);
+    kvhal_status st = KVHAL_OUT_OF_MEMORY;
+    char why[XW_REASON_LEN] = "receiver out of host memory";
+    if (dof && sof && len) {
+        size_t c = 0;
+        for (int32_t i = 0; i < j->n; i++)
+            for (int32_t l = j->l0; l < j->l0 + j->nl; l++)
+                for (int sd = 0; sd < 2; sd++) {
+                    const size_t so = (size_t)(p->ipc_off[2 * l + sd] + (uint64_t)j->pairs[2 * i] * p->ipc_stride);
+                    const size_t d = chunk_off(a, l, sd, j->pairs[2 * i + 1]);
+                    if (c && sof[c - 1] + len[c - 1] == so && dof[c - 1] + len[c - 1] == d) {
+                        len[c - 1] += cb;
+                    } else {
+                        sof[c] = so;
+                        dof[c] = d;
+                        len[c] = cb;
+                        c++;
+                    }
+                }
+        st = kvhal_memcpy_d2d_batch(a->cache_buf, p->ipc_buf, dof, sof, len, (int32_t)c, a->ipc_streams[slot]);
+        if (st != KVHAL_OK) snprintf(why, sizeof why, "device copy failed: %s", kvhal_last_error());
+    }
+    free(dof);
+    free(sof);
+    free(len);
+    if (st != KVHAL_OK) {
+        ipc_job_complete(a, j, st, why);
+        return;
+    }
+    j->slot = slot;
+    a->ipc_stream_busy[slot] = true;
+    j->next = NULL;
+    ipc_job **tail = &a->ipc_running;
+    while (*tail) tail = &(*tail)->next;
+    *tail = j;
 }
 
 static void ipc_jobs_run(kvhal_xfer_agent *a)
@@ -1133,10 +1188,16 @@ static void ipc_jobs_run(kvhal_xfer_agent *a)
         ipc_job *j = a->ipc_jobs;
         a->ipc_jobs = j->next;
         if (!a->ipc_jobs) a->ipc_jobs_tail = NULL;
-        run_ipc_job(a, j);
-        free(j->pairs);
-        free(j->idx);
-        free(j);
+        ipc_job_launch(a, j);
+    }
+    while (ipc_job_reap(a, false)) {
+    }
+}
+
+/* Waits for every running copy (they read a peer's imported memory and write our pages) and completes them. */
+static void ipc_jobs_drain(kvhal_xfer_agent *a)
+{
+    while (ipc_job_reap(a, true)) {
     }
 }
 
@@ -1572,7 +1633,8 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     /* let UCX finish or cancel what it holds (bounded: force-closed endpoints complete their requests) */
     const uint64_t until = now_ns() + 2000000000ull;
     pump(a); /* the BYEs */
-    while ((a->rframes || a->closing || a->msgs || a->sent) && now_ns() < until) pump(a);
+    while ((a->rframes || a->closing || a->msgs || a->sent || a->ipc_running) && now_ns() < until) pump(a);
+    ipc_jobs_drain(a); /* copies still writing our pages wait here: before the transfers go */
     for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) { /* whatever is left: UCX is going away, give pages back */
         nx = x->next;
         if (!x->finished) {
@@ -1613,7 +1675,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
         ucp_request_free(c->req);
         free(c);
     }
-    while (a->ipc_jobs) { /* run by the pumps above unless the transfers went first */
+    while (a->ipc_jobs) { /* launched by the pumps above; none is left unless UCX delivered one since */
         ipc_job *j = a->ipc_jobs;
         a->ipc_jobs = j->next;
         free(j->pairs);
@@ -1632,7 +1694,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     free(a->events);
     free(a->last_pages);
     if (a->memh) ucp_mem_unmap(a->ctx, a->memh);
-    if (a->ipc_stream) kvhal_stream_destroy(a->ipc_stream);
+    for (int k = 0; k < IPC_STREAMS; k++) kvhal_stream_destroy(a->ipc_streams[k]);
     free(a->k_off);
     free(a->v_off);
     ucp_worker_release_address(a->worker, a->addr);
@@ -1711,7 +1773,6 @@ kvhal_status kvhal_xfer_register_paged_cache(kvhal_xfer_agent *a, kvhal_paged_ca
     if (kvhal_buffer_is_shareable(buf) &&
         kvhal_buffer_ipc_export(buf, a->ipc_blob, sizeof a->ipc_blob, &a->ipc_blob_len) != KVHAL_OK)
         a->ipc_blob_len = 0;
-    if (kvhal_stream_create(dev, &a->ipc_stream) != KVHAL_OK) a->ipc_stream = NULL;
     kvhal_clear_error();
     return KVHAL_OK;
 }
@@ -1816,6 +1877,8 @@ kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
     if (p->magic != PEER_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
     kvhal_xfer_agent *a = p->agent;
     if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "disconnected by %s", a->name);
+    ipc_jobs_run(a);   /* frames accepted but not launched: refused now (the peer failed) */
+    ipc_jobs_drain(a); /* copies may still read the peer's imported cache (closed below) */
     flush_msgs(a); /* the BYE, and the endpoint's close */
     for (kvhal_xfer *x = a->xfers; x; x = x->next)
         if (x->peer == p) x->peer = NULL;
