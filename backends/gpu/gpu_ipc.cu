@@ -7,7 +7,9 @@
  * opens it with cudaIpcOpenMemHandle (peer access enabled lazily: another GPU of the host reads it over
  * NVLink/PCIe) on the importing device, then checks that the allocation it got really holds the bytes the handle
  * claims (cuMemGetAddressRange through the driver entry point the module resolved, hipMemGetAddressRange on HIP),
- * so that a forged size cannot make later copies read past it. Every entry selects its device through a
+ * so that a forged size cannot make later copies read past it, and that the importing device can reach the memory
+ * (another GPU without peer access: refused, so the transfer agent falls back to its staged path instead of a copy
+ * kernel faulting). Every entry selects its device through a
  * DeviceGuard and gives the caller's current device back. */
 #include "gpu_private.h"
 
@@ -129,6 +131,17 @@ kvhal_status gpu_ipc_import(void *ctx, int32_t id, const void *blob, size_t len,
         return fail(c, KVHAL_OUT_OF_RANGE, "blob: the imported allocation holds %zu bytes, the handle says %zu",
                     size, bytes);
     }
+    /* memory of another GPU of this process's view that device id cannot reach peer to peer: refuse it here (the
+     * caller then moves the bytes another way) rather than let a copy kernel fault on it */
+    int where = -1, is_device = 0, can = 0;
+    if (gpuPointerDevice(p, &where, &is_device) == gpuSuccess && is_device && where != id &&
+        (gpuDeviceCanAccessPeer(&can, id, where) != gpuSuccess || !can)) {
+        (void)gpuGetLastError();
+        (void)gpuIpcCloseMemHandle(p);
+        return fail(c, KVHAL_UNSUPPORTED, "blob: the memory lies on %s:%d, which %s:%d cannot access peer to peer",
+                    KVHAL_GPU_NAME, where, KVHAL_GPU_NAME, (int)id);
+    }
+    (void)gpuGetLastError();
     *native = p;
     return KVHAL_OK;
 }
