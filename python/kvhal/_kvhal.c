@@ -15,6 +15,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "dlpack_compat.h"
 #include "kvhal.h"
@@ -304,9 +305,143 @@ static int type_unversioned(PyTypeObject *tp)
     return 0;
 }
 
+/* The DLPack C exchange API of a producer type (dlpack_compat.h), looked up once per type and remembered with the
+ * type's version tag: assigning or deleting the attribute on the type (PyType_Modified) changes the tag, and the
+ * next call looks again. A type without the API, or whose table has no major version 1 in its chain, is remembered
+ * as such (NULL). The cache keeps a reference to the type and to the attribute's object. */
+static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, int writable, int raw, imp_t *out);
+#define XAPI_CACHE_MAX 32
+static struct {
+    PyTypeObject *tp;
+    unsigned int tag;
+    const kvpy_xapi *api;
+    PyObject *holder; /* the capsule or int the table came from */
+} g_xapi[XAPI_CACHE_MAX];
+static int g_xapi_n;
+static PyObject *s_xapi, *s_xapi_old; /* "__dlpack_c_exchange_api__", "__c_dlpack_exchange_api__" */
+
+static const kvpy_xapi *xapi_resolve(PyTypeObject *tp, PyObject **holder)
+{
+    *holder = NULL;
+    PyObject *attr = _PyType_Lookup(tp, s_xapi); /* borrowed; no exception set */
+    if (!attr || attr == Py_None) attr = _PyType_Lookup(tp, s_xapi_old);
+    if (!attr || attr == Py_None) return NULL;
+    void *ptr = NULL;
+    if (PyCapsule_IsValid(attr, KVPY_XAPI_CAPSULE)) ptr = PyCapsule_GetPointer(attr, KVPY_XAPI_CAPSULE);
+    else if (PyLong_Check(attr)) ptr = PyLong_AsVoidPtr(attr);
+    if (!ptr) { /* another capsule name, another kind of object, 0: not the API; __dlpack__ serves */
+        PyErr_Clear();
+        return NULL;
+    }
+    const kvpy_xapi_header *h = ptr;
+    while (h && h->version.major != KVHAL_PY_DLPACK_MAJOR) h = h->prev_api; /* a newer major may chain an old one */
+    const kvpy_xapi *api = (const kvpy_xapi *)h;
+    if (!api || !api->managed_tensor_from_py_object_no_sync || !api->current_work_stream) return NULL;
+    Py_INCREF(attr);
+    *holder = attr;
+    return api;
+}
+
+static const kvpy_xapi *xapi_of(PyTypeObject *tp)
+{
+    int i = 0;
+    for (; i < g_xapi_n; i++)
+        if (g_xapi[i].tp == tp) {
+            if (g_xapi[i].tag && g_xapi[i].tag == tp->tp_version_tag) return g_xapi[i].api;
+            break;
+        }
+    PyObject *holder;
+    const kvpy_xapi *api = xapi_resolve(tp, &holder);
+    if (i == g_xapi_n) {
+        if (g_xapi_n == XAPI_CACHE_MAX) { /* not remembered: looked up on every call (correct, slower) */
+            Py_XDECREF(holder);
+            return api;
+        }
+        Py_INCREF(tp);
+        g_xapi[i].tp = tp;
+        g_xapi[i].holder = NULL;
+        g_xapi_n++;
+    }
+    Py_XSETREF(g_xapi[i].holder, holder);
+    g_xapi[i].api = api;
+    g_xapi[i].tag = tp->tp_version_tag; /* _PyType_Lookup gave the type a tag if it can have one */
+    return api;
+}
+
+/* Whether the producer's current stream (the exchange API's current_work_stream) is the consumer's stream given as
+ * the DLPack stream protocol numbers it (1 legacy default, 2 per-thread default, else a handle). The producer's NULL
+ * is its default stream, which is the legacy default stream on CUDA and ROCm. */
+static int same_stream(void *producer, intptr_t dls)
+{
+    const intptr_t p = (intptr_t)producer;
+    const intptr_t pk = p == 0 ? 1 : p, ck = dls == 0 ? 1 : dls;
+    return pk == ck;
+}
+
+#define IMP_RAW 1  /* host copies: any 1/2/4/8-byte dtype taken by its size */
+#define IMP_KEEP 2 /* the view outlives the call (from_dlpack): an owning import, never a borrowed DLTensor */
+
+/* Imports through the exchange API. 1: done; 0: the type offers no API, or the producer works on another stream
+ * than the caller's (then __dlpack__ with the stream orders the two); -1: error set. */
+static int import_xapi(PyObject *obj, const kvpy_xapi *api, const char *arg, int writable, intptr_t stream_int,
+                       int mode, imp_t *out)
+{
+    DLTensor borrowed;
+    const DLTensor *dl;
+    uint64_t flags = 0;
+    if (!(mode & IMP_KEEP) && api->dltensor_from_py_object_no_sync) {
+        if (api->dltensor_from_py_object_no_sync(obj, &borrowed) != 0) goto failed;
+        dl = &borrowed;
+    } else {
+        DLManagedTensorVersioned *m = NULL;
+        if (api->managed_tensor_from_py_object_no_sync(obj, &m) != 0) goto failed;
+        if (!m) {
+            bad_arg("%s: the %s's DLPack exchange API gave no tensor", arg, Py_TYPE(obj)->tp_name);
+            return -1;
+        }
+        out->taken.managed = m;
+        out->taken.versioned = 1;
+        if (m->version.major != KVHAL_PY_DLPACK_MAJOR) {
+            const unsigned major = m->version.major;
+            taken_release(&out->taken);
+            bad_arg("%s: DLPack major version %u is not %d", arg, major, KVHAL_PY_DLPACK_MAJOR);
+            return -1;
+        }
+        dl = &m->dl_tensor;
+        flags = m->flags;
+    }
+    if (stream_int != 0 && (dl->device.device_type == kDLCUDA || dl->device.device_type == kDLROCM)) {
+        void *cur = NULL;
+        if (api->current_work_stream(dl->device.device_type, dl->device.device_id, &cur) != 0) {
+            taken_release(&out->taken);
+            goto failed;
+        }
+        if (!same_stream(cur, stream_int)) {
+            taken_release(&out->taken);
+            return 0;
+        }
+    }
+    return finish_import(dl, flags, arg, writable, mode & IMP_RAW, out) == 0 ? 1 : -1;
+failed:
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the DLPack exchange API failed without a message");
+    {
+        /* name the argument, keep the producer's exception type */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        PyObject *msg = value ? PyObject_Str(value) : NULL;
+        PyErr_Format(type, "%s: %s", arg, msg ? PyUnicode_AsUTF8(msg) : "?");
+        Py_XDECREF(msg);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
+    return -1;
+}
+
 /* stream_int: the consumer's stream as the DLPack stream protocol numbers it (1 legacy default, 2 per-thread,
  * other values a handle), or 0 when the caller gave no stream (then no stream keyword is passed at all). */
-static int import_any(PyObject *obj, const char *arg, int writable, intptr_t stream_int, int raw, imp_t *out);
+static int import_any(PyObject *obj, const char *arg, int writable, intptr_t stream_int, int mode, imp_t *out);
 
 static int import_dlpack(PyObject *obj, const char *arg, int writable, intptr_t stream_int, imp_t *out)
 {
@@ -314,7 +449,7 @@ static int import_dlpack(PyObject *obj, const char *arg, int writable, intptr_t 
 }
 
 /* raw: host copies move bytes, so any dtype of 1, 2, 4 or 8 bytes is taken as a kvhal dtype of that size. */
-static int import_any(PyObject *obj, const char *arg, int writable, intptr_t stream_int, int raw, imp_t *out)
+static int import_any(PyObject *obj, const char *arg, int writable, intptr_t stream_int, int mode, imp_t *out)
 {
     memset(out, 0, sizeof *out);
     if (PyObject_TypeCheck(obj, &TensorType)) {
@@ -326,6 +461,12 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
         out->t = t->t;
         return 0;
     }
+    const kvpy_xapi *api = xapi_of(Py_TYPE(obj));
+    if (api) {
+        const int r = import_xapi(obj, api, arg, writable, stream_int, mode, out);
+        if (r != 0) return r < 0 ? -1 : 0;
+    }
+    const int raw = mode & IMP_RAW;
     /* No __dlpack_device__ call on the way in (it costs PyTorch microseconds): the capsule carries the device.
      * The consumer's stream goes to the producer only when the caller gave one (stream_int != 0 means given; the
      * protocol's default for None is the legacy stream, which is also ours). A producer that refuses a stream
@@ -430,6 +571,12 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
         return -1;
     }
     Py_DECREF(cap); /* renamed: its destructor leaves the tensor to us */
+    return finish_import(dl, flags, arg, writable, raw, out);
+}
+
+/* The DLTensor (taken into out->taken, or borrowed for the call) as a kvhal tensor over a wrapped buffer. */
+static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, int writable, int raw, imp_t *out)
+{
     kvhal_device dev;
     if (dl->device.device_id < 0 || dl_device_to_kvhal((int)dl->device.device_type, (int)dl->device.device_id, &dev)) {
         const int dt_ = (int)dl->device.device_type, di_ = (int)dl->device.device_id;
@@ -999,7 +1146,7 @@ static PyObject *py_from_dlpack(PyObject *mod, PyObject *obj)
         return obj;
     }
     imp_t a;
-    if (import_dlpack(obj, "array", 0, 0, &a) != 0) return NULL;
+    if (import_any(obj, "array", 0, 0, IMP_KEEP, &a) != 0) return NULL;
     TensorObject *t = PyObject_New(TensorObject, &TensorType);
     if (!t) {
         imp_release(&a);
@@ -1065,6 +1212,53 @@ static PyObject *py_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize
     }
     Py_INCREF(Py_None);
     ret = Py_None;
+out:
+    while (n-- > 0) imp_release(&t[n]);
+    return ret;
+}
+
+static PyObject *py_dlpack_path(PyObject *mod, PyObject *obj)
+{
+    (void)mod;
+    if (PyObject_TypeCheck(obj, &TensorType)) return PyUnicode_FromString("kvhal.Tensor");
+    if (xapi_of(Py_TYPE(obj))) return PyUnicode_FromString("c_exchange_api");
+    if (PyObject_HasAttr(obj, s_dlpack)) return PyUnicode_FromString("__dlpack__");
+    return bad_arg("array: a %s is not a DLPack array (no __dlpack__)", Py_TYPE(obj)->tp_name);
+}
+
+/* _time_paged_caching(k_cache, v_cache, k, v, slot_mapping, reps, stream=None): the arguments imported once, then
+ * reps back-to-back kvhal_paged_caching calls timed in C; mean host ns per call. What python/bench/bench_host.py
+ * compares a call from Python against (the C call, same process, same tensors). */
+static PyObject *py_time_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    (void)mod;
+    static const char *const names[] = {"k_cache", "v_cache", "k", "v", "slot_mapping", "reps", "stream"};
+    PyObject *a[7];
+    if (parse_fast("_time_paged_caching", args, nargs, kwnames, names, 7, 6, a) != 0) return NULL;
+    const long reps = PyLong_AsLong(a[5]);
+    if (reps == -1 && PyErr_Occurred()) return NULL;
+    if (reps < 1) return bad_arg("reps: %ld is not positive", reps);
+    intptr_t native;
+    if (stream_int_of(a[6], &native) != 0) return NULL;
+    const intptr_t dls = dlpack_stream_number(a[6], native);
+    imp_t t[5];
+    int n = 0;
+    PyObject *ret = NULL;
+    for (; n < 5; n++)
+        if (import_dlpack(a[n], names[n], n < 2, dls, &t[n]) != 0) goto out;
+    kvhal_stream *s;
+    if (stream_for(a[6], native, kvhal_buffer_device(t[0].t.buffer), &s) != 0) goto out;
+    struct timespec t0, t1;
+    kvhal_status st = KVHAL_OK;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long i = 0; i < reps && st == KVHAL_OK; i++)
+        st = kvhal_paged_caching(&t[0].t, &t[1].t, &t[2].t, &t[3].t, &t[4].t, 1.0f, 1.0f, s);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (st != KVHAL_OK) {
+        raise_status(st);
+        goto out;
+    }
+    ret = PyFloat_FromDouble(((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / (double)reps);
 out:
     while (n-- > 0) imp_release(&t[n]);
     return ret;
@@ -1953,6 +2147,14 @@ static PyMethodDef module_methods[] = {
      "tensor_copy(dst, src, stream=None)\n--\n\ndst = src elementwise (same shape and dtype, one device)."},
     {"empty", (PyCFunction)(void (*)(void))py_empty, METH_FASTCALL | METH_KEYWORDS,
      "empty(shape, dtype='f32', device='cpu:0')\n--\n\nA zeroed contiguous kvhal.Tensor that kvhal owns."},
+    {"dlpack_path", (PyCFunction)py_dlpack_path, METH_O,
+     "dlpack_path(array)\n--\n\nHow kvhal imports this array: 'kvhal.Tensor' (a view made once), 'c_exchange_api' (its "
+     "type offers the DLPack C exchange API: no Python call per argument) or '__dlpack__' (a capsule per call). "
+     "On a GPU, an exchange-API array whose producer works on another stream than the call's goes through "
+     "__dlpack__ for that call (the producer then orders its stream before ours)."},
+    {"_time_paged_caching", (PyCFunction)(void (*)(void))py_time_paged_caching, METH_FASTCALL | METH_KEYWORDS,
+     "_time_paged_caching(k_cache, v_cache, k, v, slot_mapping, reps, stream=None)\n--\n\nBenchmark helper: "
+     "mean host ns of reps kvhal_paged_caching calls made in C on arguments imported once."},
     {"from_dlpack", (PyCFunction)py_from_dlpack, METH_O,
      "from_dlpack(array)\n--\n\nA zero-copy kvhal.Tensor view of a DLPack array (keeps it alive)."},
     {"devices", (PyCFunction)py_devices, METH_NOARGS,
@@ -1985,6 +2187,8 @@ PyMODINIT_FUNC PyInit__kvhal(void)
     INTERN(s_max_version, "max_version");
     INTERN(s_cuda_stream_proto, "__cuda_stream__");
     INTERN(s_cuda_stream_attr, "cuda_stream");
+    INTERN(s_xapi, "__dlpack_c_exchange_api__");
+    INTERN(s_xapi_old, "__c_dlpack_exchange_api__");
     if (!(g_max_version = Py_BuildValue("(ii)", KVHAL_PY_DLPACK_MAJOR, KVHAL_PY_DLPACK_MINOR))) return NULL;
     if (!(g_kw_stream = PyTuple_Pack(1, s_stream)) || !(g_kw_max = PyTuple_Pack(1, s_max_version)) ||
         !(g_kw_stream_max = PyTuple_Pack(2, s_stream, s_max_version)))
