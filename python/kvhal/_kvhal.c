@@ -280,14 +280,60 @@ static void tensor_dealloc(TensorObject *self)
 /* ------------------------------------------------------------------------------------------------------------ */
 typedef struct {
     kvhal_tensor t;
-    kvhal_buffer *buf; /* wrapped for this call */
+    kvhal_buffer *buf; /* wrapped for this call, or borrowed from the wrap cache (wrap_slot) */
+    int wrap_slot;     /* 1 + the wrap cache entry buf came from, 0 when buf is this call's own */
     taken_t taken;
 } imp_t;
 
+/* Wrapped host and CUDA/HIP memory by (device, address, bytes), kept across calls: on these devices a wrap holds
+ * nothing of the memory (kvhal_buffer_wrap has no backend step there), so a remembered wrap of the same range is
+ * the same buffer, and an engine's caches, K/V and slot tensors come back at the same addresses every step. An
+ * entry in use by a call (inuse > 0: a call that released the GIL) is never replaced. OpenCL wraps retain the
+ * cl_mem and are made per call. */
+#define WRAP_CACHE_MAX 16
+static struct {
+    kvhal_device dev;
+    void *data;
+    size_t bytes;
+    kvhal_buffer *buf;
+    int inuse;
+} g_wraps[WRAP_CACHE_MAX];
+static unsigned g_wrap_next;
+
+static kvhal_status wrap_cached(kvhal_device dev, void *data, size_t bytes, imp_t *out)
+{
+    for (int i = 0; i < WRAP_CACHE_MAX; i++)
+        if (g_wraps[i].buf && g_wraps[i].data == data && g_wraps[i].bytes == bytes && g_wraps[i].dev.type == dev.type &&
+            g_wraps[i].dev.id == dev.id) {
+            g_wraps[i].inuse++;
+            out->buf = g_wraps[i].buf;
+            out->wrap_slot = i + 1;
+            return KVHAL_OK;
+        }
+    kvhal_status st = kvhal_buffer_wrap(dev, data, bytes, &out->buf);
+    if (st != KVHAL_OK) return st;
+    for (int k = 0; k < WRAP_CACHE_MAX; k++) {
+        const unsigned i = (g_wrap_next + (unsigned)k) % WRAP_CACHE_MAX;
+        if (g_wraps[i].inuse) continue;
+        if (g_wraps[i].buf) (void)kvhal_buffer_destroy(g_wraps[i].buf);
+        g_wraps[i].dev = dev;
+        g_wraps[i].data = data;
+        g_wraps[i].bytes = bytes;
+        g_wraps[i].buf = out->buf;
+        g_wraps[i].inuse = 1;
+        out->wrap_slot = (int)i + 1;
+        g_wrap_next = i + 1;
+        break;
+    } /* every entry in use: this wrap stays the call's own */
+    return KVHAL_OK;
+}
+
 static void imp_release(imp_t *a)
 {
-    if (a->buf) (void)kvhal_buffer_destroy(a->buf);
+    if (a->wrap_slot) g_wraps[a->wrap_slot - 1].inuse--;
+    else if (a->buf) (void)kvhal_buffer_destroy(a->buf);
     a->buf = NULL;
+    a->wrap_slot = 0;
     taken_release(&a->taken);
 }
 
@@ -309,7 +355,7 @@ static int type_unversioned(PyTypeObject *tp)
  * type's version tag: assigning or deleting the attribute on the type (PyType_Modified) changes the tag, and the
  * next call looks again. A type without the API, or whose table has no major version 1 in its chain, is remembered
  * as such (NULL). The cache keeps a reference to the type and to the attribute's object. */
-static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, int writable, int raw, imp_t *out);
+static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, int writable, int mode, imp_t *out);
 #define XAPI_CACHE_MAX 32
 static struct {
     PyTypeObject *tp;
@@ -421,7 +467,7 @@ static int import_xapi(PyObject *obj, const kvpy_xapi *api, const char *arg, int
             return 0;
         }
     }
-    return finish_import(dl, flags, arg, writable, mode & IMP_RAW, out) == 0 ? 1 : -1;
+    return finish_import(dl, flags, arg, writable, mode, out) == 0 ? 1 : -1;
 failed:
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the DLPack exchange API failed without a message");
     {
@@ -466,7 +512,6 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
         const int r = import_xapi(obj, api, arg, writable, stream_int, mode, out);
         if (r != 0) return r < 0 ? -1 : 0;
     }
-    const int raw = mode & IMP_RAW;
     /* No __dlpack_device__ call on the way in (it costs PyTorch microseconds): the capsule carries the device.
      * The consumer's stream goes to the producer only when the caller gave one (stream_int != 0 means given; the
      * protocol's default for None is the legacy stream, which is also ours). A producer that refuses a stream
@@ -571,12 +616,13 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
         return -1;
     }
     Py_DECREF(cap); /* renamed: its destructor leaves the tensor to us */
-    return finish_import(dl, flags, arg, writable, raw, out);
+    return finish_import(dl, flags, arg, writable, mode, out);
 }
 
 /* The DLTensor (taken into out->taken, or borrowed for the call) as a kvhal tensor over a wrapped buffer. */
-static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, int writable, int raw, imp_t *out)
+static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, int writable, int mode, imp_t *out)
 {
+    const int raw = mode & IMP_RAW;
     kvhal_device dev;
     if (dl->device.device_id < 0 || dl_device_to_kvhal((int)dl->device.device_type, (int)dl->device.device_id, &dev)) {
         const int dt_ = (int)dl->device.device_type, di_ = (int)dl->device.device_id;
@@ -629,7 +675,9 @@ static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, in
         data = &g_empty_byte;
         bytes = 1;
     }
-    kvhal_status st = kvhal_buffer_wrap(dev, data, bytes, &out->buf);
+    kvhal_status st = !(mode & IMP_KEEP) && (dev.type == KVHAL_DEVICE_CPU || is_gpu(dev))
+                          ? wrap_cached(dev, data, bytes, out)
+                          : kvhal_buffer_wrap(dev, data, bytes, &out->buf);
     if (st == KVHAL_OK)
         st = kvhal_tensor_make(out->buf, numel == 0 && data == &g_empty_byte ? 0 : (size_t)dl->byte_offset, dt,
                                (int32_t)dl->ndim, shape, strides, &out->t);
