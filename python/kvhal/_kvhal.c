@@ -14,6 +14,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <limits.h>
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 
@@ -720,6 +722,12 @@ static struct {
 } g_streams[STREAM_CACHE_MAX];
 static int g_streams_n;
 
+/* The last stream object read through __cuda_stream__ or .cuda_stream, and its handle: an engine passes the same
+ * torch.cuda.Stream call after call, and a stream object's handle does not change (the object is held, so its
+ * address cannot be reused by another object while it is remembered here). */
+static PyObject *g_last_stream_obj;
+static intptr_t g_last_stream_native;
+
 /* The integer handle of a stream argument; 0 (meaning the legacy default) for None. */
 static int stream_int_of(PyObject *o, intptr_t *out)
 {
@@ -729,8 +737,13 @@ static int stream_int_of(PyObject *o, intptr_t *out)
         *out = ((StreamObject *)o)->native;
         return 0;
     }
+    if (o == g_last_stream_obj) {
+        *out = g_last_stream_native;
+        return 0;
+    }
     PyObject *h = NULL;
-    if (PyLong_Check(o)) {
+    const int is_int = PyLong_Check(o);
+    if (is_int) {
         Py_INCREF(o);
         h = o;
     } else {
@@ -761,6 +774,11 @@ static int stream_int_of(PyObject *o, intptr_t *out)
     Py_DECREF(h);
     if (v == -1 && PyErr_Occurred()) return -1;
     *out = (intptr_t)v;
+    if (!is_int) {
+        Py_INCREF(o);
+        Py_XSETREF(g_last_stream_obj, o);
+        g_last_stream_native = (intptr_t)v;
+    }
     return 0;
 }
 
@@ -1339,6 +1357,169 @@ out:
     return ret;
 }
 
+/* kvhal.Pages: an immutable run of int32 page ids, the one object a match, allocate, evict or reset returns. One
+ * allocation with the ids inline (no array.array constructor call, no intermediate bytes); the buffer protocol
+ * (format 'i', read-only) gives NumPy, memoryview and array.array('i', ...) its ids without Python-level
+ * iteration, and kvhal calls take it back with zero copies. */
+typedef struct {
+    PyObject_VAR_HEAD
+    int32_t v[1];
+} PagesObject;
+
+static PyTypeObject PagesType;
+static Py_ssize_t g_pages_itemsize = sizeof(int32_t);
+
+static PyObject *pages_new(const int32_t *v, size_t n)
+{
+    PagesObject *p = PyObject_NewVar(PagesObject, &PagesType, (Py_ssize_t)n);
+    if (!p) return NULL;
+    if (n) memcpy(p->v, v, n * sizeof(int32_t));
+    return (PyObject *)p;
+}
+
+static PyObject *i32_array(const int32_t *v, size_t n) { return pages_new(v, n); }
+
+static Py_ssize_t pages_len(PagesObject *self) { return Py_SIZE(self); }
+
+static PyObject *pages_item(PagesObject *self, Py_ssize_t i)
+{
+    if (i < 0 || i >= Py_SIZE(self)) {
+        PyErr_SetString(PyExc_IndexError, "Pages index out of range");
+        return NULL;
+    }
+    return PyLong_FromLong(self->v[i]);
+}
+
+static PyObject *pages_subscript(PagesObject *self, PyObject *key)
+{
+    if (PyIndex_Check(key)) {
+        Py_ssize_t i = PyNumber_AsSsize_t(key, PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred()) return NULL;
+        if (i < 0) i += Py_SIZE(self);
+        return pages_item(self, i);
+    }
+    if (!PySlice_Check(key)) {
+        PyErr_Format(PyExc_TypeError, "Pages indices must be integers or slices, not %s", Py_TYPE(key)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t start, stop, step;
+    if (PySlice_Unpack(key, &start, &stop, &step) < 0) return NULL;
+    const Py_ssize_t n = PySlice_AdjustIndices(Py_SIZE(self), &start, &stop, step);
+    if (step == 1) return pages_new(self->v + start, (size_t)n);
+    PagesObject *p = PyObject_NewVar(PagesObject, &PagesType, n);
+    if (!p) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) p->v[i] = self->v[start + i * step];
+    return (PyObject *)p;
+}
+
+static int pages_getbuffer(PagesObject *self, Py_buffer *view, int flags)
+{
+    if (flags & PyBUF_WRITABLE) {
+        PyErr_SetString(PyExc_BufferError, "kvhal.Pages is read-only");
+        view->obj = NULL;
+        return -1;
+    }
+    view->obj = (PyObject *)self;
+    Py_INCREF(self);
+    view->buf = self->v;
+    view->len = Py_SIZE(self) * (Py_ssize_t)sizeof(int32_t);
+    view->readonly = 1;
+    view->itemsize = sizeof(int32_t);
+    view->format = (flags & PyBUF_FORMAT) ? "i" : NULL;
+    view->ndim = 1;
+    view->shape = (flags & PyBUF_ND) ? &((PyVarObject *)self)->ob_size : NULL;
+    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? &g_pages_itemsize : NULL;
+    view->suboffsets = NULL;
+    view->internal = NULL;
+    return 0;
+}
+
+static PyObject *pages_tolist(PagesObject *self, PyObject *unused)
+{
+    (void)unused;
+    PyObject *l = PyList_New(Py_SIZE(self));
+    if (!l) return NULL;
+    for (Py_ssize_t i = 0; i < Py_SIZE(self); i++) {
+        PyObject *x = PyLong_FromLong(self->v[i]);
+        if (!x) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, i, x);
+    }
+    return l;
+}
+
+/* == and != with another Pages, a list, a tuple or array.array: the same ids in the same order. */
+static PyObject *pages_richcompare(PagesObject *self, PyObject *other, int op)
+{
+    if (op != Py_EQ && op != Py_NE) Py_RETURN_NOTIMPLEMENTED;
+    int eq;
+    if (PyObject_TypeCheck(other, &PagesType)) {
+        eq = Py_SIZE(other) == Py_SIZE(self) &&
+             !memcmp(self->v, ((PagesObject *)other)->v, (size_t)Py_SIZE(self) * sizeof(int32_t));
+    } else if (PyList_Check(other) || PyTuple_Check(other) || PyObject_TypeCheck(other, (PyTypeObject *)g_array_type)) {
+        const Py_ssize_t n = PySequence_Size(other);
+        if (n < 0) return NULL;
+        eq = n == Py_SIZE(self);
+        for (Py_ssize_t i = 0; eq && i < n; i++) {
+            PyObject *x = PySequence_GetItem(other, i);
+            if (!x) return NULL;
+            const long long val = PyLong_Check(x) ? PyLong_AsLongLong(x) : LLONG_MIN;
+            Py_DECREF(x);
+            if (val == -1 && PyErr_Occurred()) PyErr_Clear();
+            eq = val == self->v[i];
+        }
+    } else {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    if ((op == Py_EQ) == (eq != 0)) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+static PyObject *pages_repr(PagesObject *self)
+{
+    PyObject *l = pages_tolist(self, NULL);
+    if (!l) return NULL;
+    PyObject *r = PyUnicode_FromFormat("kvhal.Pages(%R)", l);
+    Py_DECREF(l);
+    return r;
+}
+
+static PyObject *pages_reduce(PagesObject *self, PyObject *unused)
+{
+    (void)unused; /* pickles as the array.array('i') of its ids */
+    PyObject *l = pages_tolist(self, NULL);
+    if (!l) return NULL;
+    return Py_BuildValue("(O(sN))", g_array_type, "i", l);
+}
+
+static PySequenceMethods pages_as_sequence = {.sq_length = (lenfunc)pages_len, .sq_item = (ssizeargfunc)pages_item};
+static PyMappingMethods pages_as_mapping = {.mp_length = (lenfunc)pages_len,
+                                            .mp_subscript = (binaryfunc)pages_subscript};
+static PyBufferProcs pages_as_buffer = {.bf_getbuffer = (getbufferproc)pages_getbuffer};
+static PyMethodDef pages_methods[] = {
+    {"tolist", (PyCFunction)pages_tolist, METH_NOARGS, "tolist()\n--\n\nThe page ids as a list of ints."},
+    {"__reduce__", (PyCFunction)pages_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject PagesType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvhal.Pages",
+    .tp_basicsize = offsetof(PagesObject, v),
+    .tp_itemsize = sizeof(int32_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Page ids (int32), immutable: len(), indexing, slicing (a new Pages), iteration, tolist(), == with a "
+              "Pages, list, tuple or array.array, and the buffer protocol (format 'i', read-only: "
+              "numpy.asarray(pages), memoryview, array.array('i', pages)). kvhal calls take it back with zero copies.",
+    .tp_repr = (reprfunc)pages_repr,
+    .tp_as_sequence = &pages_as_sequence,
+    .tp_as_mapping = &pages_as_mapping,
+    .tp_as_buffer = &pages_as_buffer,
+    .tp_hash = PyObject_HashNotImplemented,
+    .tp_richcompare = (richcmpfunc)pages_richcompare,
+    .tp_methods = pages_methods,
+};
+
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Integer arrays on the host: buffer protocol (int32 zero-copy, int64 converted) or any sequence of ints         */
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -1376,6 +1557,11 @@ static int fmt_is_int(const char *f, size_t itemsize)
 static int get_ints(PyObject *o, const char *arg, int width, intarr *a)
 {
     memset(a, 0, sizeof *a);
+    if (width == 4 && Py_IS_TYPE(o, &PagesType)) { /* ours: no buffer request */
+        a->data = ((PagesObject *)o)->v;
+        a->n = (size_t)Py_SIZE(o);
+        return 0;
+    }
     if (PyObject_CheckBuffer(o) && !PyBytes_Check(o)) {
         if (PyObject_GetBuffer(o, &a->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
             a->has_view = 1;
@@ -1457,15 +1643,6 @@ static int get_ints(PyObject *o, const char *arg, int width, intarr *a)
     return 0;
 }
 
-/* array.array('i') holding n int32 values. */
-static PyObject *i32_array(const int32_t *v, size_t n)
-{
-    PyObject *b = PyBytes_FromStringAndSize((const char *)v, (Py_ssize_t)(n * sizeof(int32_t)));
-    if (!b) return NULL;
-    PyObject *r = PyObject_CallFunction(g_array_type, "sO", "i", b);
-    Py_DECREF(b);
-    return r;
-}
 
 /* copy_blocks(caches, pairs, stream=None): pairs (n, 2) int array or a sequence of (src, dst) pairs. */
 static PyObject *py_copy_blocks(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -1771,31 +1948,41 @@ static PyObject *match_common(PyObject *self, kvhal_prefix_cache *pc, kvhal_cach
 {
     intarr tk;
     if (get_ints(tokens, "tokens", 4, &tk) != 0) return NULL;
-    int32_t stackpages[512];
     const size_t cap = tk.n / (size_t)(page_size > 0 ? page_size : 1);
-    int32_t *pages = cap <= 512 ? stackpages : PyMem_Malloc(cap * sizeof(int32_t));
     PyObject *ret = NULL;
-    if (!pages) {
-        PyErr_NoMemory();
-        goto out;
-    }
+    /* the match writes its page ids straight into the Pages it returns (sized for the longest match) */
+    PagesObject *pa = (PagesObject *)PyObject_NewVar(PagesObject, &PagesType, (Py_ssize_t)cap);
+    if (!pa) goto out;
     HANDLE_T h;
     size_t cached = 0;
-    kvhal_status st = cm ? kvhal_cache_manager_match(cm, tk.data, tk.n, &h, &cached, pages, cap)
-                         : kvhal_prefix_match(pc, tk.data, tk.n, &h, &cached, pages, cap);
+    kvhal_status st = cm ? kvhal_cache_manager_match(cm, tk.data, tk.n, &h, &cached, pa->v, cap)
+                         : kvhal_prefix_match(pc, tk.data, tk.n, &h, &cached, pa->v, cap);
     if (st != KVHAL_OK) {
+        Py_DECREF(pa);
         raise_status(st);
         goto out;
     }
-    PyObject *ho = new_handle(h, self);
-    PyObject *pa = ho ? i32_array(pages, cached / (size_t)page_size) : NULL;
-    if (ho && pa) ret = Py_BuildValue("(NnN)", ho, (Py_ssize_t)cached, pa);
-    else {
+    const size_t np = cached / (size_t)page_size;
+    PyObject *pages;
+    if (cap > 64 && np < cap / 2) { /* a short match of a long request: a right-sized copy */
+        pages = pages_new(pa->v, np);
+        Py_DECREF(pa);
+    } else {
+        Py_SET_SIZE(pa, (Py_ssize_t)np);
+        pages = (PyObject *)pa;
+    }
+    PyObject *ho = pages ? new_handle(h, self) : NULL;
+    PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
+    if (no && (ret = PyTuple_New(3)) != NULL) {
+        PyTuple_SET_ITEM(ret, 0, ho);
+        PyTuple_SET_ITEM(ret, 1, no);
+        PyTuple_SET_ITEM(ret, 2, pages);
+    } else {
         Py_XDECREF(ho);
-        Py_XDECREF(pa);
+        Py_XDECREF(pages);
+        Py_XDECREF(no);
     }
 out:
-    if (pages != stackpages) PyMem_Free(pages);
     intarr_release(&tk);
     return ret;
 }
@@ -1935,7 +2122,7 @@ static PyObject *prefix_get_page_size(PrefixObject *self, void *c)
 
 static PyMethodDef prefix_methods[] = {
     {"match", (PyCFunction)prefix_match, METH_O,
-     "match(tokens)\n--\n\nLongest cached prefix, in whole pages: (handle, cached_len, pages: array('i'))."},
+     "match(tokens)\n--\n\nLongest cached prefix, in whole pages: (handle, cached_len, pages: kvhal.Pages))."},
     {"lock", (PyCFunction)prefix_lock, METH_O, "lock(handle)\n--\n\nProtects the handle's path from eviction."},
     {"unlock", (PyCFunction)prefix_unlock, METH_O, "unlock(handle)\n--\n\nUndoes one lock."},
     {"insert", (PyCFunction)(void (*)(void))prefix_insert, METH_FASTCALL | METH_KEYWORDS,
@@ -2012,13 +2199,12 @@ static PyObject *manager_allocate(ManagerObject *self, PyObject *arg)
     const long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
     if (n < 0 || n > INT32_MAX) return bad_arg("n: %ld pages is out of range", n);
-    int32_t stackp[256];
-    int32_t *p = n <= 256 ? stackp : PyMem_Malloc((size_t)n * sizeof(int32_t));
-    if (!p) return PyErr_NoMemory();
-    kvhal_status st = kvhal_cache_manager_allocate(self->cm, (int32_t)n, p);
-    PyObject *ret = st == KVHAL_OK ? i32_array(p, (size_t)n) : raise_status(st);
-    if (p != stackp) PyMem_Free(p);
-    return ret;
+    PagesObject *p = (PagesObject *)PyObject_NewVar(PagesObject, &PagesType, (Py_ssize_t)n);
+    if (!p) return NULL;
+    kvhal_status st = kvhal_cache_manager_allocate(self->cm, (int32_t)n, p->v); /* straight into the result */
+    if (st == KVHAL_OK) return (PyObject *)p;
+    Py_DECREF(p);
+    return raise_status(st);
 }
 
 static PyObject *manager_free(ManagerObject *self, PyObject *arg)
@@ -2035,13 +2221,26 @@ static PyObject *manager_free(ManagerObject *self, PyObject *arg)
 
 /* cache_finished (suffix 0: the whole request's tokens and pages) and cache_finished_suffix (suffix 1: only what
  * follows the match). */
-static PyObject *finish_common(ManagerObject *self, PyObject *handle, PyObject *tokens, PyObject *pages, int suffix)
+static PyObject *finish_common(ManagerObject *self, PyObject *handle, PyObject *tokens, PyObject *pages, int suffix,
+                               PyObject *start_arg)
 {
     if (manager_live(self) != 0) return NULL;
     HANDLE_T h;
     if (get_handle(handle, (PyObject *)self, NULL, &h) != 0) return NULL;
+    Py_ssize_t start = 0;
+    if (start_arg) {
+        start = PyNumber_AsSsize_t(start_arg, PyExc_OverflowError);
+        if (start == -1 && PyErr_Occurred()) return NULL;
+    }
     intarr tk, pg;
     if (get_ints(tokens, "tokens", 4, &tk) != 0) return NULL;
+    if (start < 0 || (size_t)start > tk.n) {
+        bad_arg("start: %zd is outside the %zu tokens", start, tk.n);
+        intarr_release(&tk);
+        return NULL;
+    }
+    tk.data = (const int32_t *)tk.data + start; /* tokens[start:] without a slice object */
+    tk.n -= (size_t)start;
     if (get_ints(pages, "pages", 4, &pg) != 0) {
         intarr_release(&tk);
         return NULL;
@@ -2068,16 +2267,16 @@ static PyObject *manager_finished(ManagerObject *self, PyObject *const *args, Py
     static const char *const names[] = {"tokens", "pages", "handle"};
     PyObject *a[3];
     if (parse_fast("cache_finished", args, nargs, kwnames, names, 3, 3, a) != 0) return NULL;
-    return finish_common(self, a[2], a[0], a[1], 0);
+    return finish_common(self, a[2], a[0], a[1], 0, NULL);
 }
 
 static PyObject *manager_finished_suffix(ManagerObject *self, PyObject *const *args, Py_ssize_t nargs,
                                          PyObject *kwnames)
 {
-    static const char *const names[] = {"handle", "tokens", "pages"};
-    PyObject *a[3];
-    if (parse_fast("cache_finished_suffix", args, nargs, kwnames, names, 3, 3, a) != 0) return NULL;
-    return finish_common(self, a[0], a[1], a[2], 1);
+    static const char *const names[] = {"handle", "tokens", "pages", "start"};
+    PyObject *a[4];
+    if (parse_fast("cache_finished_suffix", args, nargs, kwnames, names, 4, 3, a) != 0) return NULL;
+    return finish_common(self, a[0], a[1], a[2], 1, a[3]);
 }
 
 static PyObject *manager_lock_common(ManagerObject *self, PyObject *h, int lock)
@@ -2140,18 +2339,20 @@ static PyObject *manager_get_prefix(ManagerObject *self, void *c)
 
 static PyMethodDef manager_methods[] = {
     {"match", (PyCFunction)manager_match, METH_O,
-     "match(tokens)\n--\n\nmatch + lock: (handle, cached_len, pages: array('i')). Pass the handle to cache_finished "
+     "match(tokens)\n--\n\nmatch + lock: (handle, cached_len, pages: kvhal.Pages). Pass the handle to cache_finished "
      "(or unlock it after freeing the request's own pages)."},
     {"lock", (PyCFunction)manager_lock, METH_O, "lock(handle)\n--\n\nOne more lock on the handle's path."},
     {"unlock", (PyCFunction)manager_unlock, METH_O, "unlock(handle)\n--\n\nUndoes one lock."},
     {"allocate", (PyCFunction)manager_allocate, METH_O,
-     "allocate(n)\n--\n\nn pages (evicting when free pages run short), all or nothing: array('i')."},
+     "allocate(n)\n--\n\nn pages (evicting when free pages run short), all or nothing: kvhal.Pages."},
     {"free", (PyCFunction)manager_free, METH_O, "free(pages)\n--\n\nGives pages back."},
     {"cache_finished", (PyCFunction)(void (*)(void))manager_finished, METH_FASTCALL | METH_KEYWORDS,
      "cache_finished(tokens, pages, handle)\n--\n\nA request finished: inserts its page-aligned tokens, frees "
      "duplicate and partial pages, unlocks handle."},
     {"cache_finished_suffix", (PyCFunction)(void (*)(void))manager_finished_suffix, METH_FASTCALL | METH_KEYWORDS,
-     "cache_finished_suffix(handle, tokens, pages)\n--\n\nThe same given only the tokens and pages past the match."},
+     "cache_finished_suffix(handle, tokens, pages, start=0)\n--\n\nThe same given only the tokens and pages past the "
+     "match: tokens[start:] (start: the matched length, to pass the whole request's tokens without slicing them) "
+     "and their pages."},
     {"evict", (PyCFunction)manager_evict, METH_O,
      "evict(num_tokens)\n--\n\nEvicts unlocked cached prefixes into the free pages; returns the tokens freed."},
     {"check_integrity", (PyCFunction)manager_check_integrity, METH_NOARGS,
@@ -2247,12 +2448,12 @@ PyMODINIT_FUNC PyInit__kvhal(void)
     Py_DECREF(arr);
     if (!g_array_type) return NULL;
 
-    PyTypeObject *types[] = {&TensorType, &StreamType, &PrefixType, &HandleType, &ManagerType};
+    PyTypeObject *types[] = {&TensorType, &StreamType, &PrefixType, &HandleType, &ManagerType, &PagesType};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (PyType_Ready(types[i]) < 0) return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (!m) return NULL;
-    const char *tnames[] = {"Tensor", "Stream", "PrefixCache", "PrefixHandle", "CacheManager"};
+    const char *tnames[] = {"Tensor", "Stream", "PrefixCache", "PrefixHandle", "CacheManager", "Pages"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, tnames[i], (PyObject *)types[i]) < 0) return NULL;

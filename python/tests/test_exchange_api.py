@@ -240,3 +240,26 @@ def test_reused_addresses_of_other_sizes():
         kvhal.paged_caching(*args)
         check(kc, vc, k, v, s)
         del kc, vc, k, v, s, args
+
+
+def test_stream_object_read_once_while_remembered():
+    """A stream object's handle is read once and remembered (with a reference) until another stream object comes."""
+
+    class S:
+        calls = 0
+
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __cuda_stream__(self):
+            S.calls += 1
+            return (0, self.handle)
+
+    a, b = S(0x10), S(0x20)
+    args = problem(12)
+    base = sys.getrefcount(a)
+    kvhal.paged_caching(*args, stream=a)
+    kvhal.paged_caching(*args, stream=a)
+    assert S.calls == 1 and sys.getrefcount(a) == base + 1
+    kvhal.paged_caching(*args, stream=b)
+    assert S.calls == 2 and sys.getrefcount(a) == base
