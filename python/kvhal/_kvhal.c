@@ -1,13 +1,20 @@
 /* _kvhal.c — the CPython extension behind the `kvhal` package: arrays in and out over DLPack (zero copies), the
  * ops, the prefix cache and the cache manager, device listing, and errors as exceptions.
  *
- * Arrays in: any object with __dlpack__ / __dlpack_device__ (NumPy, PyTorch, CuPy, JAX, kvhal.Tensor). The
+ * Arrays in: a type offering the DLPack C exchange API (__dlpack_c_exchange_api__, dlpack_compat.h; remembered per
+ * type) is read through its C functions: a borrowed DLTensor for the length of a call, an owning tensor for
+ * from_dlpack, and on CUDA/ROCm the producer's current stream compared with the call's (another stream goes through
+ * __dlpack__ below, whose stream argument orders the two). Otherwise any object with __dlpack__ /
+ * __dlpack_device__ (NumPy, PyTorch, CuPy, JAX, kvhal.Tensor). The
  * versioned capsule (DLPack 1.x) is asked for first (max_version=(1, 0)); a producer that does not take that
  * keyword gives the unversioned one. The capsule is renamed "used_dltensor(_versioned)" as the protocol asks, its
  * memory wrapped with kvhal_buffer_wrap (a borrow: nothing is copied), and its deleter called once the call is done.
  * On CUDA/ROCm the consumer's stream is passed to __dlpack__ so that the producer orders its work before ours.
  *
- * Arrays out: kvhal.Tensor (made by kvhal.empty or kvhal.from_dlpack) exports __dlpack__ itself.
+ * Host and CUDA/HIP ranges stay wrapped across calls (a small cache by device, address and bytes).
+ *
+ * Arrays out: kvhal.Tensor (made by kvhal.empty or kvhal.from_dlpack) exports __dlpack__ itself; page lists are
+ * kvhal.Pages (int32 ids inline, written by the C calls directly).
  *
  * The prefix handle is kept as an opaque value inside a PrefixHandle object (HANDLE_T below), so a change of the
  * C type (pointer today, a generation-checked 64-bit value later) is a one-line edit here. */
