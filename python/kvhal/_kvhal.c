@@ -378,21 +378,31 @@ static PyObject *s_xapi, *s_xapi_old; /* "__dlpack_c_exchange_api__", "__c_dlpac
 static const kvpy_xapi *xapi_resolve(PyTypeObject *tp, PyObject **holder)
 {
     *holder = NULL;
-    PyObject *attr = _PyType_Lookup(tp, s_xapi); /* borrowed; no exception set */
-    if (!attr || attr == Py_None) attr = _PyType_Lookup(tp, s_xapi_old);
-    if (!attr || attr == Py_None) return NULL;
+    /* on the type, not the instance (the specification's rule); once per type and version tag, so the public
+     * attribute lookup's cost does not matter */
+    PyObject *attr = PyObject_GetAttr((PyObject *)tp, s_xapi);
+    if (!attr || attr == Py_None) {
+        PyErr_Clear();
+        Py_XDECREF(attr);
+        attr = PyObject_GetAttr((PyObject *)tp, s_xapi_old);
+    }
+    if (!attr || attr == Py_None) {
+        PyErr_Clear();
+        Py_XDECREF(attr);
+        return NULL;
+    }
     void *ptr = NULL;
     if (PyCapsule_IsValid(attr, KVPY_XAPI_CAPSULE)) ptr = PyCapsule_GetPointer(attr, KVPY_XAPI_CAPSULE);
     else if (PyLong_Check(attr)) ptr = PyLong_AsVoidPtr(attr);
-    if (!ptr) { /* another capsule name, another kind of object, 0: not the API; __dlpack__ serves */
-        PyErr_Clear();
-        return NULL;
-    }
     const kvpy_xapi_header *h = ptr;
     while (h && h->version.major != KVHAL_PY_DLPACK_MAJOR) h = h->prev_api; /* a newer major may chain an old one */
     const kvpy_xapi *api = (const kvpy_xapi *)h;
-    if (!api || !api->managed_tensor_from_py_object_no_sync || !api->current_work_stream) return NULL;
-    Py_INCREF(attr);
+    if (!api || !api->managed_tensor_from_py_object_no_sync || !api->current_work_stream) {
+        /* another capsule name, another kind of object, 0, no major 1: not the API; __dlpack__ serves */
+        PyErr_Clear();
+        Py_DECREF(attr);
+        return NULL;
+    }
     *holder = attr;
     return api;
 }
@@ -419,7 +429,7 @@ static const kvpy_xapi *xapi_of(PyTypeObject *tp)
     }
     Py_XSETREF(g_xapi[i].holder, holder);
     g_xapi[i].api = api;
-    g_xapi[i].tag = tp->tp_version_tag; /* _PyType_Lookup gave the type a tag if it can have one */
+    g_xapi[i].tag = tp->tp_version_tag; /* the lookup gave the type a tag if it can have one */
     return api;
 }
 
