@@ -3,8 +3,8 @@
  *
  * Arrays in: a type offering the DLPack C exchange API (__dlpack_c_exchange_api__, dlpack_compat.h; remembered per
  * type) is read through its C functions: a borrowed DLTensor for the length of a call, an owning tensor for
- * from_dlpack, and on CUDA/ROCm the producer's current stream compared with the call's (another stream goes through
- * __dlpack__ below, whose stream argument orders the two). Otherwise any object with __dlpack__ /
+ * from_dlpack, and on CUDA/ROCm the producer's current stream compared with the one kvhal uses (another stream goes
+ * through __dlpack__ below, which orders the two). Otherwise any object with __dlpack__ /
  * __dlpack_device__ (NumPy, PyTorch, CuPy, JAX, kvhal.Tensor). The
  * versioned capsule (DLPack 1.x) is asked for first (max_version=(1, 0)); a producer that does not take that
  * keyword gives the unversioned one. The capsule is renamed "used_dltensor(_versioned)" as the protocol asks, its
@@ -434,8 +434,8 @@ static const kvpy_xapi *xapi_of(PyTypeObject *tp)
 }
 
 /* Whether the producer's current stream (the exchange API's current_work_stream) is the consumer's stream given as
- * the DLPack stream protocol numbers it (1 legacy default, 2 per-thread default, else a handle). The producer's NULL
- * is its default stream, which is the legacy default stream on CUDA and ROCm. */
+ * the DLPack stream protocol numbers it (1 legacy default, 2 per-thread default, else a handle; 0, no stream given,
+ * is kvhal's legacy default). The producer's NULL is its default stream, the legacy default stream on CUDA/ROCm. */
 static int same_stream(void *producer, intptr_t dls)
 {
     const intptr_t p = (intptr_t)producer;
@@ -446,8 +446,8 @@ static int same_stream(void *producer, intptr_t dls)
 #define IMP_RAW 1  /* host copies: any 1/2/4/8-byte dtype taken by its size */
 #define IMP_KEEP 2 /* the view outlives the call (from_dlpack): an owning import, never a borrowed DLTensor */
 
-/* Imports through the exchange API. 1: done; 0: the type offers no API, or the producer works on another stream
- * than the caller's (then __dlpack__ with the stream orders the two); -1: error set. */
+/* Imports through the exchange API. 1: done; 0: the producer works on another stream than the one kvhal will use
+ * (then __dlpack__, given the call's stream or none, orders the two as the protocol says); -1: error set. */
 static int import_xapi(PyObject *obj, const kvpy_xapi *api, const char *arg, int writable, intptr_t stream_int,
                        int mode, imp_t *out)
 {
@@ -475,7 +475,9 @@ static int import_xapi(PyObject *obj, const kvpy_xapi *api, const char *arg, int
         dl = &m->dl_tensor;
         flags = m->flags;
     }
-    if (stream_int != 0 && (dl->device.device_type == kDLCUDA || dl->device.device_type == kDLROCM)) {
+    /* with no stream given kvhal works on the legacy default stream, which torch's __dlpack__(stream=None) also
+     * orders after its current stream: the producer's current stream must be the one kvhal uses either way */
+    if (dl->device.device_type == kDLCUDA || dl->device.device_type == kDLROCM) {
         void *cur = NULL;
         if (api->current_work_stream(dl->device.device_type, dl->device.device_id, &cur) != 0) {
             taken_release(&out->taken);
@@ -2416,8 +2418,8 @@ static PyMethodDef module_methods[] = {
     {"dlpack_path", (PyCFunction)py_dlpack_path, METH_O,
      "dlpack_path(array)\n--\n\nHow kvhal imports this array: 'kvhal.Tensor' (a view made once), 'c_exchange_api' (its "
      "type offers the DLPack C exchange API: no Python call per argument) or '__dlpack__' (a capsule per call). "
-     "On a GPU, an exchange-API array whose producer works on another stream than the call's goes through "
-     "__dlpack__ for that call (the producer then orders its stream before ours)."},
+     "On a GPU, an exchange-API array whose producer works on another stream than the call's (None: the legacy "
+     "default) goes through __dlpack__ for that call (the producer then orders its stream before ours)."},
     {"_time_paged_caching", (PyCFunction)(void (*)(void))py_time_paged_caching, METH_FASTCALL | METH_KEYWORDS,
      "_time_paged_caching(k_cache, v_cache, k, v, slot_mapping, reps, stream=None)\n--\n\nBenchmark helper: "
      "mean host ns of reps kvhal_paged_caching calls made in C on arguments imported once."},

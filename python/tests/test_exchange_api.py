@@ -168,9 +168,9 @@ def test_attribute_changes_on_the_type_are_seen():
 
 
 def test_gpu_stream_check():
-    """A producer reporting a CUDA device: with a stream given, kvhal asks current_work_stream once per argument;
-    the same stream imports directly (here then refused: no CUDA device in this build), another stream goes through
-    __dlpack__ with the stream (the test producer then hands NumPy's host capsule, so the call runs on the host)."""
+    """A producer reporting a CUDA device: kvhal asks current_work_stream once per argument; the stream kvhal will
+    use (the one given, else the legacy default) imports directly (here then refused: no CUDA device in this build),
+    another goes through __dlpack__ (the test producer then hands NumPy's host capsule: the call runs on the host)."""
     arrays = problem(9)
     on_gpu = [XArray(a, device=(2, 0)) for a in arrays]
     xp.configure(stream=0x5000)
@@ -190,8 +190,14 @@ def test_gpu_stream_check():
     assert xp.counts()["dlpack"] == 0
     xp.reset()
     with pytest.raises(kvhal.Error):
-        kvhal.paged_caching(*on_gpu)  # no stream given: nothing to order, no stream query
-    assert xp.counts()["stream"] == 0
+        kvhal.paged_caching(*on_gpu)  # no stream given: kvhal's legacy default stream, the producer's too
+    assert xp.counts()["stream"] == 1 and xp.counts()["dlpack"] == 0
+    xp.reset()
+    xp.configure(stream=0x5000)
+    arrays = problem(13)
+    kvhal.paged_caching(*[XArray(a, device=(2, 0)) for a in arrays])  # the producer on another: __dlpack__ orders
+    assert xp.counts()["stream"] == 5 and xp.counts()["dlpack"] == 5
+    check(*arrays)
     xp.configure(fail="stream")
     with pytest.raises(RuntimeError, match="^k_cache: test producer: stream refused"):
         kvhal.paged_caching(*on_gpu, stream=0x5000)

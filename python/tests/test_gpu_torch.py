@@ -158,7 +158,7 @@ def test_exchange_api_path_and_stream_order():
         side = torch.cuda.Stream()
         with torch.cuda.stream(side):
             made = []
-            for _ in range(2):
+            for _ in range(3):
                 kc = torch.zeros(32, 16, 8, 128, dtype=torch.bfloat16, device="cuda")
                 vc = torch.zeros_like(kc)
                 k = torch.randn(64, 8, 128, device="cuda").to(torch.bfloat16)
@@ -169,12 +169,14 @@ def test_exchange_api_path_and_stream_order():
             on_current = len(calls)
             kvhal.paged_caching(*made[1], stream=torch.cuda.default_stream())  # another stream than torch's
             on_other = len(calls) - on_current
+            kvhal.paged_caching(*made[2])  # no stream: kvhal's legacy default, not torch's current (side)
+            on_none = len(calls) - on_current - on_other
         torch.cuda.synchronize()
     finally:
         torch.Tensor.__dlpack__ = original
     for args in made:
         expect_paged(*args)
-    assert (on_current, on_other) == ((0, 5) if has else (5, 5))
+    assert (on_current, on_other, on_none) == ((0, 5, 5) if has else (5, 5, 5))
 
 
 if __name__ == "__main__":
