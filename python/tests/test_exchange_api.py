@@ -269,3 +269,22 @@ def test_stream_object_read_once_while_remembered():
     assert S.calls == 1 and sys.getrefcount(a) == base + 1
     kvhal.paged_caching(*args, stream=b)
     assert S.calls == 2 and sys.getrefcount(a) == base
+
+
+def test_other_ops_take_exchange_api_arrays():
+    rng = np.random.default_rng(14)
+    kc = rng.standard_normal((4, 4, 2, 8)).astype(np.float32)
+    vc = rng.standard_normal((4, 4, 2, 8)).astype(np.float32)
+    ek, ev = kc.copy(), vc.copy()
+    ek[3], ev[3] = kc[1], vc[1]
+    kvhal.copy_blocks([XArray(kc), XArray(vc)], [(1, 3)])
+    assert np.array_equal(kc, ek) and np.array_equal(vc, ev)
+    dst = np.zeros_like(kc)
+    kvhal.tensor_copy(XArray(dst), XArray(kc))
+    assert np.array_equal(dst, kc)
+    t = kvhal.empty(kc.shape, "f32")
+    t.copy_from(XArray(kc))  # host copies (any dtype of the size) through the exchange API too
+    back = np.zeros_like(kc)
+    t.copy_to(XArray(back))
+    assert np.array_equal(back, kc)
+    assert xp.counts()["dlpack"] == 0 and xp.counts()["dltensor"] == 6
