@@ -1387,6 +1387,7 @@ typedef struct {
 
 static PyTypeObject PagesType;
 static Py_ssize_t g_pages_itemsize = sizeof(int32_t);
+static char g_pages_format[] = "i";
 
 static PyObject *pages_new(const int32_t *v, size_t n)
 {
@@ -1444,7 +1445,7 @@ static int pages_getbuffer(PagesObject *self, Py_buffer *view, int flags)
     view->len = Py_SIZE(self) * (Py_ssize_t)sizeof(int32_t);
     view->readonly = 1;
     view->itemsize = sizeof(int32_t);
-    view->format = (flags & PyBUF_FORMAT) ? "i" : NULL;
+    view->format = (flags & PyBUF_FORMAT) ? g_pages_format : NULL;
     view->ndim = 1;
     view->shape = (flags & PyBUF_ND) ? &((PyVarObject *)self)->ob_size : NULL;
     view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? &g_pages_itemsize : NULL;
