@@ -443,6 +443,18 @@ static int same_stream(void *producer, intptr_t dls)
     return pk == ck;
 }
 
+/* current_work_stream's answer, reused by the other arguments of the same call (one query per call and device):
+ * every entry point that imports arrays starts a new call serial, and the thread is part of the key (a producer's
+ * current stream is per thread, and another thread may run a call while a __dlpack__ fallback lets it). */
+static unsigned long g_call_serial;
+static struct {
+    unsigned long serial;
+    PyThreadState *ts;
+    const kvpy_xapi *api;
+    int type, id;
+    void *stream;
+} g_cws;
+
 #define IMP_RAW 1  /* host copies: any 1/2/4/8-byte dtype taken by its size */
 #define IMP_KEEP 2 /* the view outlives the call (from_dlpack): an owning import, never a borrowed DLTensor */
 
@@ -479,9 +491,21 @@ static int import_xapi(PyObject *obj, const kvpy_xapi *api, const char *arg, int
      * orders after its current stream: the producer's current stream must be the one kvhal uses either way */
     if (dl->device.device_type == kDLCUDA || dl->device.device_type == kDLROCM) {
         void *cur = NULL;
-        if (api->current_work_stream(dl->device.device_type, dl->device.device_id, &cur) != 0) {
-            taken_release(&out->taken);
-            goto failed;
+        PyThreadState *ts = PyThreadState_Get();
+        if (g_cws.serial == g_call_serial && g_cws.ts == ts && g_cws.api == api &&
+            g_cws.type == (int)dl->device.device_type && g_cws.id == (int)dl->device.device_id) {
+            cur = g_cws.stream;
+        } else {
+            if (api->current_work_stream(dl->device.device_type, dl->device.device_id, &cur) != 0) {
+                taken_release(&out->taken);
+                goto failed;
+            }
+            g_cws.serial = g_call_serial;
+            g_cws.ts = ts;
+            g_cws.api = api;
+            g_cws.type = (int)dl->device.device_type;
+            g_cws.id = (int)dl->device.device_id;
+            g_cws.stream = cur;
         }
         if (!same_stream(cur, stream_int)) {
             taken_release(&out->taken);
@@ -1068,6 +1092,7 @@ static PyObject *tensor_dlpack_device(TensorObject *self, PyObject *unused)
 /* copy_from / copy_to: the whole contiguous tensor from or to a contiguous host array of the same byte size. */
 static PyObject *tensor_host_copy(TensorObject *self, PyObject *host, int to_host)
 {
+    g_call_serial++; /* a new call: producers' current streams are asked again */
     if (!kvhal_tensor_is_contiguous(&self->t)) return bad_arg("self: copy_%s needs a contiguous tensor", to_host ? "to" : "from");
     imp_t h;
     if (import_any(host, to_host ? "dst" : "src", to_host, 0, 1, &h) != 0) return NULL;
@@ -1225,6 +1250,7 @@ static PyObject *py_empty(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
 
 static PyObject *py_from_dlpack(PyObject *mod, PyObject *obj)
 {
+    g_call_serial++; /* a new call: producers' current streams are asked again */
     (void)mod;
     if (PyObject_TypeCheck(obj, &TensorType)) {
         Py_INCREF(obj);
@@ -1266,6 +1292,7 @@ static int as_scale(PyObject *o, const char *arg, float *out)
 
 static PyObject *py_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    g_call_serial++; /* a new call: producers' current streams are asked again */
     (void)mod;
     static const char *const names[] = {"k_cache", "v_cache", "k", "v", "slot_mapping", "k_scale", "v_scale", "stream"};
     PyObject *a[8];
@@ -1316,6 +1343,7 @@ static PyObject *py_dlpack_path(PyObject *mod, PyObject *obj)
  * compares a call from Python against (the C call, same process, same tensors). */
 static PyObject *py_time_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    g_call_serial++; /* a new call: producers' current streams are asked again */
     (void)mod;
     static const char *const names[] = {"k_cache", "v_cache", "k", "v", "slot_mapping", "reps", "stream"};
     PyObject *a[7];
@@ -1343,7 +1371,8 @@ static PyObject *py_time_paged_caching(PyObject *mod, PyObject *const *args, Py_
         raise_status(st);
         goto out;
     }
-    ret = PyFloat_FromDouble(((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / (double)reps);
+    const double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+    ret = PyFloat_FromDouble(ns / (double)reps);
 out:
     while (n-- > 0) imp_release(&t[n]);
     return ret;
@@ -1351,6 +1380,7 @@ out:
 
 static PyObject *py_tensor_copy(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    g_call_serial++; /* a new call: producers' current streams are asked again */
     (void)mod;
     static const char *const names[] = {"dst", "src", "stream"};
     PyObject *a[3];
@@ -1667,6 +1697,7 @@ static int get_ints(PyObject *o, const char *arg, int width, intarr *a)
 /* copy_blocks(caches, pairs, stream=None): pairs (n, 2) int array or a sequence of (src, dst) pairs. */
 static PyObject *py_copy_blocks(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    g_call_serial++; /* a new call: producers' current streams are asked again */
     (void)mod;
     static const char *const names[] = {"caches", "pairs", "stream"};
     PyObject *a[3];
