@@ -1,20 +1,30 @@
 /* _kvhal.c — the CPython extension behind the `kvhal` package: arrays in and out over DLPack (zero copies), the
  * ops, the prefix cache and the cache manager, device listing, and errors as exceptions.
  *
- * Arrays in: any object with __dlpack__ / __dlpack_device__ (NumPy, PyTorch, CuPy, JAX, kvhal.Tensor). The
+ * Arrays in: a type offering the DLPack C exchange API (__dlpack_c_exchange_api__, dlpack_compat.h; remembered per
+ * type) is read through its C functions: a borrowed DLTensor for the length of a call, an owning tensor for
+ * from_dlpack, and on CUDA/ROCm the producer's current stream compared with the one kvhal uses (another stream goes
+ * through __dlpack__ below, which orders the two). Otherwise any object with __dlpack__ /
+ * __dlpack_device__ (NumPy, PyTorch, CuPy, JAX, kvhal.Tensor). The
  * versioned capsule (DLPack 1.x) is asked for first (max_version=(1, 0)); a producer that does not take that
  * keyword gives the unversioned one. The capsule is renamed "used_dltensor(_versioned)" as the protocol asks, its
  * memory wrapped with kvhal_buffer_wrap (a borrow: nothing is copied), and its deleter called once the call is done.
  * On CUDA/ROCm the consumer's stream is passed to __dlpack__ so that the producer orders its work before ours.
  *
- * Arrays out: kvhal.Tensor (made by kvhal.empty or kvhal.from_dlpack) exports __dlpack__ itself.
+ * Host and CUDA/HIP ranges stay wrapped across calls (a small cache by device, address and bytes).
+ *
+ * Arrays out: kvhal.Tensor (made by kvhal.empty or kvhal.from_dlpack) exports __dlpack__ itself; page lists are
+ * kvhal.Pages (int32 ids inline, written by the C calls directly).
  *
  * The prefix handle is kept as an opaque value inside a PrefixHandle object (HANDLE_T below), so a change of the
  * C type (pointer today, a generation-checked 64-bit value later) is a one-line edit here. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <limits.h>
+#include <stddef.h>
 #include <string.h>
+#include <time.h>
 
 #include "dlpack_compat.h"
 #include "kvhal.h"
@@ -279,14 +289,60 @@ static void tensor_dealloc(TensorObject *self)
 /* ------------------------------------------------------------------------------------------------------------ */
 typedef struct {
     kvhal_tensor t;
-    kvhal_buffer *buf; /* wrapped for this call */
+    kvhal_buffer *buf; /* wrapped for this call, or borrowed from the wrap cache (wrap_slot) */
+    int wrap_slot;     /* 1 + the wrap cache entry buf came from, 0 when buf is this call's own */
     taken_t taken;
 } imp_t;
 
+/* Wrapped host and CUDA/HIP memory by (device, address, bytes), kept across calls: on these devices a wrap holds
+ * nothing of the memory (kvhal_buffer_wrap has no backend step there), so a remembered wrap of the same range is
+ * the same buffer, and an engine's caches, K/V and slot tensors come back at the same addresses every step. An
+ * entry in use by a call (inuse > 0: a call that released the GIL) is never replaced. OpenCL wraps retain the
+ * cl_mem and are made per call. */
+#define WRAP_CACHE_MAX 16
+static struct {
+    kvhal_device dev;
+    void *data;
+    size_t bytes;
+    kvhal_buffer *buf;
+    int inuse;
+} g_wraps[WRAP_CACHE_MAX];
+static unsigned g_wrap_next;
+
+static kvhal_status wrap_cached(kvhal_device dev, void *data, size_t bytes, imp_t *out)
+{
+    for (int i = 0; i < WRAP_CACHE_MAX; i++)
+        if (g_wraps[i].buf && g_wraps[i].data == data && g_wraps[i].bytes == bytes && g_wraps[i].dev.type == dev.type &&
+            g_wraps[i].dev.id == dev.id) {
+            g_wraps[i].inuse++;
+            out->buf = g_wraps[i].buf;
+            out->wrap_slot = i + 1;
+            return KVHAL_OK;
+        }
+    kvhal_status st = kvhal_buffer_wrap(dev, data, bytes, &out->buf);
+    if (st != KVHAL_OK) return st;
+    for (int k = 0; k < WRAP_CACHE_MAX; k++) {
+        const unsigned i = (g_wrap_next + (unsigned)k) % WRAP_CACHE_MAX;
+        if (g_wraps[i].inuse) continue;
+        if (g_wraps[i].buf) (void)kvhal_buffer_destroy(g_wraps[i].buf);
+        g_wraps[i].dev = dev;
+        g_wraps[i].data = data;
+        g_wraps[i].bytes = bytes;
+        g_wraps[i].buf = out->buf;
+        g_wraps[i].inuse = 1;
+        out->wrap_slot = (int)i + 1;
+        g_wrap_next = i + 1;
+        break;
+    } /* every entry in use: this wrap stays the call's own */
+    return KVHAL_OK;
+}
+
 static void imp_release(imp_t *a)
 {
-    if (a->buf) (void)kvhal_buffer_destroy(a->buf);
+    if (a->wrap_slot) g_wraps[a->wrap_slot - 1].inuse--;
+    else if (a->buf) (void)kvhal_buffer_destroy(a->buf);
     a->buf = NULL;
+    a->wrap_slot = 0;
     taken_release(&a->taken);
 }
 
@@ -304,9 +360,179 @@ static int type_unversioned(PyTypeObject *tp)
     return 0;
 }
 
+/* The DLPack C exchange API of a producer type (dlpack_compat.h), looked up once per type and remembered with the
+ * type's version tag: assigning or deleting the attribute on the type (PyType_Modified) changes the tag, and the
+ * next call looks again. A type without the API, or whose table has no major version 1 in its chain, is remembered
+ * as such (NULL). The cache keeps a reference to the type and to the attribute's object. */
+static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, int writable, int mode, imp_t *out);
+#define XAPI_CACHE_MAX 32
+static struct {
+    PyTypeObject *tp;
+    unsigned int tag;
+    const kvpy_xapi *api;
+    PyObject *holder; /* the capsule or int the table came from */
+} g_xapi[XAPI_CACHE_MAX];
+static int g_xapi_n;
+static PyObject *s_xapi, *s_xapi_old; /* "__dlpack_c_exchange_api__", "__c_dlpack_exchange_api__" */
+
+static const kvpy_xapi *xapi_resolve(PyTypeObject *tp, PyObject **holder)
+{
+    *holder = NULL;
+    /* on the type, not the instance (the specification's rule); once per type and version tag, so the public
+     * attribute lookup's cost does not matter */
+    PyObject *attr = PyObject_GetAttr((PyObject *)tp, s_xapi);
+    if (!attr || attr == Py_None) {
+        PyErr_Clear();
+        Py_XDECREF(attr);
+        attr = PyObject_GetAttr((PyObject *)tp, s_xapi_old);
+    }
+    if (!attr || attr == Py_None) {
+        PyErr_Clear();
+        Py_XDECREF(attr);
+        return NULL;
+    }
+    void *ptr = NULL;
+    if (PyCapsule_IsValid(attr, KVPY_XAPI_CAPSULE)) ptr = PyCapsule_GetPointer(attr, KVPY_XAPI_CAPSULE);
+    else if (PyLong_Check(attr)) ptr = PyLong_AsVoidPtr(attr);
+    const kvpy_xapi_header *h = ptr;
+    while (h && h->version.major != KVHAL_PY_DLPACK_MAJOR) h = h->prev_api; /* a newer major may chain an old one */
+    const kvpy_xapi *api = (const kvpy_xapi *)h;
+    if (!api || !api->managed_tensor_from_py_object_no_sync || !api->current_work_stream) {
+        /* another capsule name, another kind of object, 0, no major 1: not the API; __dlpack__ serves */
+        PyErr_Clear();
+        Py_DECREF(attr);
+        return NULL;
+    }
+    *holder = attr;
+    return api;
+}
+
+static const kvpy_xapi *xapi_of(PyTypeObject *tp)
+{
+    int i = 0;
+    for (; i < g_xapi_n; i++)
+        if (g_xapi[i].tp == tp) {
+            if (g_xapi[i].tag && g_xapi[i].tag == tp->tp_version_tag) return g_xapi[i].api;
+            break;
+        }
+    PyObject *holder;
+    const kvpy_xapi *api = xapi_resolve(tp, &holder);
+    if (i == g_xapi_n) {
+        if (g_xapi_n == XAPI_CACHE_MAX) { /* not remembered: looked up on every call (correct, slower) */
+            Py_XDECREF(holder);
+            return api;
+        }
+        Py_INCREF(tp);
+        g_xapi[i].tp = tp;
+        g_xapi[i].holder = NULL;
+        g_xapi_n++;
+    }
+    Py_XSETREF(g_xapi[i].holder, holder);
+    g_xapi[i].api = api;
+    g_xapi[i].tag = tp->tp_version_tag; /* the lookup gave the type a tag if it can have one */
+    return api;
+}
+
+/* Whether the producer's current stream (the exchange API's current_work_stream) is the consumer's stream given as
+ * the DLPack stream protocol numbers it (1 legacy default, 2 per-thread default, else a handle; 0, no stream given,
+ * is kvhal's legacy default). The producer's NULL is its default stream, the legacy default stream on CUDA/ROCm. */
+static int same_stream(void *producer, intptr_t dls)
+{
+    const intptr_t p = (intptr_t)producer;
+    const intptr_t pk = p == 0 ? 1 : p, ck = dls == 0 ? 1 : dls;
+    return pk == ck;
+}
+
+/* current_work_stream's answer, reused by the other arguments of the same call (one query per call and device):
+ * every entry point that imports arrays starts a new call serial, and the thread is part of the key (a producer's
+ * current stream is per thread, and another thread may run a call while a __dlpack__ fallback lets it). */
+static unsigned long g_call_serial;
+static struct {
+    unsigned long serial;
+    PyThreadState *ts;
+    const kvpy_xapi *api;
+    int type, id;
+    void *stream;
+} g_cws;
+
+#define IMP_RAW 1  /* host copies: any 1/2/4/8-byte dtype taken by its size */
+#define IMP_KEEP 2 /* the view outlives the call (from_dlpack): an owning import, never a borrowed DLTensor */
+
+/* Imports through the exchange API. 1: done; 0: the producer works on another stream than the one kvhal will use
+ * (then __dlpack__, given the call's stream or none, orders the two as the protocol says); -1: error set. */
+static int import_xapi(PyObject *obj, const kvpy_xapi *api, const char *arg, int writable, intptr_t stream_int,
+                       int mode, imp_t *out)
+{
+    DLTensor borrowed;
+    const DLTensor *dl;
+    uint64_t flags = 0;
+    if (!(mode & IMP_KEEP) && api->dltensor_from_py_object_no_sync) {
+        if (api->dltensor_from_py_object_no_sync(obj, &borrowed) != 0) goto failed;
+        dl = &borrowed;
+    } else {
+        DLManagedTensorVersioned *m = NULL;
+        if (api->managed_tensor_from_py_object_no_sync(obj, &m) != 0) goto failed;
+        if (!m) {
+            bad_arg("%s: the %s's DLPack exchange API gave no tensor", arg, Py_TYPE(obj)->tp_name);
+            return -1;
+        }
+        out->taken.managed = m;
+        out->taken.versioned = 1;
+        if (m->version.major != KVHAL_PY_DLPACK_MAJOR) {
+            const unsigned major = m->version.major;
+            taken_release(&out->taken);
+            bad_arg("%s: DLPack major version %u is not %d", arg, major, KVHAL_PY_DLPACK_MAJOR);
+            return -1;
+        }
+        dl = &m->dl_tensor;
+        flags = m->flags;
+    }
+    /* with no stream given kvhal works on the legacy default stream, which torch's __dlpack__(stream=None) also
+     * orders after its current stream: the producer's current stream must be the one kvhal uses either way */
+    if (dl->device.device_type == kDLCUDA || dl->device.device_type == kDLROCM) {
+        void *cur = NULL;
+        PyThreadState *ts = PyThreadState_Get();
+        if (g_cws.serial == g_call_serial && g_cws.ts == ts && g_cws.api == api &&
+            g_cws.type == (int)dl->device.device_type && g_cws.id == (int)dl->device.device_id) {
+            cur = g_cws.stream;
+        } else {
+            if (api->current_work_stream(dl->device.device_type, dl->device.device_id, &cur) != 0) {
+                taken_release(&out->taken);
+                goto failed;
+            }
+            g_cws.serial = g_call_serial;
+            g_cws.ts = ts;
+            g_cws.api = api;
+            g_cws.type = (int)dl->device.device_type;
+            g_cws.id = (int)dl->device.device_id;
+            g_cws.stream = cur;
+        }
+        if (!same_stream(cur, stream_int)) {
+            taken_release(&out->taken);
+            return 0;
+        }
+    }
+    return finish_import(dl, flags, arg, writable, mode, out) == 0 ? 1 : -1;
+failed:
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the DLPack exchange API failed without a message");
+    {
+        /* name the argument, keep the producer's exception type */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        PyObject *msg = value ? PyObject_Str(value) : NULL;
+        PyErr_Format(type, "%s: %s", arg, msg ? PyUnicode_AsUTF8(msg) : "?");
+        Py_XDECREF(msg);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
+    return -1;
+}
+
 /* stream_int: the consumer's stream as the DLPack stream protocol numbers it (1 legacy default, 2 per-thread,
  * other values a handle), or 0 when the caller gave no stream (then no stream keyword is passed at all). */
-static int import_any(PyObject *obj, const char *arg, int writable, intptr_t stream_int, int raw, imp_t *out);
+static int import_any(PyObject *obj, const char *arg, int writable, intptr_t stream_int, int mode, imp_t *out);
 
 static int import_dlpack(PyObject *obj, const char *arg, int writable, intptr_t stream_int, imp_t *out)
 {
@@ -314,7 +540,7 @@ static int import_dlpack(PyObject *obj, const char *arg, int writable, intptr_t 
 }
 
 /* raw: host copies move bytes, so any dtype of 1, 2, 4 or 8 bytes is taken as a kvhal dtype of that size. */
-static int import_any(PyObject *obj, const char *arg, int writable, intptr_t stream_int, int raw, imp_t *out)
+static int import_any(PyObject *obj, const char *arg, int writable, intptr_t stream_int, int mode, imp_t *out)
 {
     memset(out, 0, sizeof *out);
     if (PyObject_TypeCheck(obj, &TensorType)) {
@@ -325,6 +551,11 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
         }
         out->t = t->t;
         return 0;
+    }
+    const kvpy_xapi *api = xapi_of(Py_TYPE(obj));
+    if (api) {
+        const int r = import_xapi(obj, api, arg, writable, stream_int, mode, out);
+        if (r != 0) return r < 0 ? -1 : 0;
     }
     /* No __dlpack_device__ call on the way in (it costs PyTorch microseconds): the capsule carries the device.
      * The consumer's stream goes to the producer only when the caller gave one (stream_int != 0 means given; the
@@ -430,6 +661,13 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
         return -1;
     }
     Py_DECREF(cap); /* renamed: its destructor leaves the tensor to us */
+    return finish_import(dl, flags, arg, writable, mode, out);
+}
+
+/* The DLTensor (taken into out->taken, or borrowed for the call) as a kvhal tensor over a wrapped buffer. */
+static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, int writable, int mode, imp_t *out)
+{
+    const int raw = mode & IMP_RAW;
     kvhal_device dev;
     if (dl->device.device_id < 0 || dl_device_to_kvhal((int)dl->device.device_type, (int)dl->device.device_id, &dev)) {
         const int dt_ = (int)dl->device.device_type, di_ = (int)dl->device.device_id;
@@ -482,7 +720,9 @@ static int import_any(PyObject *obj, const char *arg, int writable, intptr_t str
         data = &g_empty_byte;
         bytes = 1;
     }
-    kvhal_status st = kvhal_buffer_wrap(dev, data, bytes, &out->buf);
+    kvhal_status st = !(mode & IMP_KEEP) && (dev.type == KVHAL_DEVICE_CPU || is_gpu(dev))
+                          ? wrap_cached(dev, data, bytes, out)
+                          : kvhal_buffer_wrap(dev, data, bytes, &out->buf);
     if (st == KVHAL_OK)
         st = kvhal_tensor_make(out->buf, numel == 0 && data == &g_empty_byte ? 0 : (size_t)dl->byte_offset, dt,
                                (int32_t)dl->ndim, shape, strides, &out->t);
@@ -525,6 +765,12 @@ static struct {
 } g_streams[STREAM_CACHE_MAX];
 static int g_streams_n;
 
+/* The last stream object read through __cuda_stream__ or .cuda_stream, and its handle: an engine passes the same
+ * torch.cuda.Stream call after call, and a stream object's handle does not change (the object is held, so its
+ * address cannot be reused by another object while it is remembered here). */
+static PyObject *g_last_stream_obj;
+static intptr_t g_last_stream_native;
+
 /* The integer handle of a stream argument; 0 (meaning the legacy default) for None. */
 static int stream_int_of(PyObject *o, intptr_t *out)
 {
@@ -534,8 +780,13 @@ static int stream_int_of(PyObject *o, intptr_t *out)
         *out = ((StreamObject *)o)->native;
         return 0;
     }
+    if (o == g_last_stream_obj) {
+        *out = g_last_stream_native;
+        return 0;
+    }
     PyObject *h = NULL;
-    if (PyLong_Check(o)) {
+    const int is_int = PyLong_Check(o);
+    if (is_int) {
         Py_INCREF(o);
         h = o;
     } else {
@@ -566,6 +817,11 @@ static int stream_int_of(PyObject *o, intptr_t *out)
     Py_DECREF(h);
     if (v == -1 && PyErr_Occurred()) return -1;
     *out = (intptr_t)v;
+    if (!is_int) {
+        Py_INCREF(o);
+        Py_XSETREF(g_last_stream_obj, o);
+        g_last_stream_native = (intptr_t)v;
+    }
     return 0;
 }
 
@@ -836,6 +1092,7 @@ static PyObject *tensor_dlpack_device(TensorObject *self, PyObject *unused)
 /* copy_from / copy_to: the whole contiguous tensor from or to a contiguous host array of the same byte size. */
 static PyObject *tensor_host_copy(TensorObject *self, PyObject *host, int to_host)
 {
+    g_call_serial++; /* a new call: producers' current streams are asked again */
     if (!kvhal_tensor_is_contiguous(&self->t)) return bad_arg("self: copy_%s needs a contiguous tensor", to_host ? "to" : "from");
     imp_t h;
     if (import_any(host, to_host ? "dst" : "src", to_host, 0, 1, &h) != 0) return NULL;
@@ -993,13 +1250,14 @@ static PyObject *py_empty(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
 
 static PyObject *py_from_dlpack(PyObject *mod, PyObject *obj)
 {
+    g_call_serial++; /* a new call: producers' current streams are asked again */
     (void)mod;
     if (PyObject_TypeCheck(obj, &TensorType)) {
         Py_INCREF(obj);
         return obj;
     }
     imp_t a;
-    if (import_dlpack(obj, "array", 0, 0, &a) != 0) return NULL;
+    if (import_any(obj, "array", 0, 0, IMP_KEEP, &a) != 0) return NULL;
     TensorObject *t = PyObject_New(TensorObject, &TensorType);
     if (!t) {
         imp_release(&a);
@@ -1034,6 +1292,7 @@ static int as_scale(PyObject *o, const char *arg, float *out)
 
 static PyObject *py_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    g_call_serial++; /* a new call: producers' current streams are asked again */
     (void)mod;
     static const char *const names[] = {"k_cache", "v_cache", "k", "v", "slot_mapping", "k_scale", "v_scale", "stream"};
     PyObject *a[8];
@@ -1070,8 +1329,58 @@ out:
     return ret;
 }
 
+static PyObject *py_dlpack_path(PyObject *mod, PyObject *obj)
+{
+    (void)mod;
+    if (PyObject_TypeCheck(obj, &TensorType)) return PyUnicode_FromString("kvhal.Tensor");
+    if (xapi_of(Py_TYPE(obj))) return PyUnicode_FromString("c_exchange_api");
+    if (PyObject_HasAttr(obj, s_dlpack)) return PyUnicode_FromString("__dlpack__");
+    return bad_arg("array: a %s is not a DLPack array (no __dlpack__)", Py_TYPE(obj)->tp_name);
+}
+
+/* _time_paged_caching(k_cache, v_cache, k, v, slot_mapping, reps, stream=None): the arguments imported once, then
+ * reps back-to-back kvhal_paged_caching calls timed in C; mean host ns per call. What python/bench/bench_host.py
+ * compares a call from Python against (the C call, same process, same tensors). */
+static PyObject *py_time_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    g_call_serial++; /* a new call: producers' current streams are asked again */
+    (void)mod;
+    static const char *const names[] = {"k_cache", "v_cache", "k", "v", "slot_mapping", "reps", "stream"};
+    PyObject *a[7];
+    if (parse_fast("_time_paged_caching", args, nargs, kwnames, names, 7, 6, a) != 0) return NULL;
+    const long reps = PyLong_AsLong(a[5]);
+    if (reps == -1 && PyErr_Occurred()) return NULL;
+    if (reps < 1) return bad_arg("reps: %ld is not positive", reps);
+    intptr_t native;
+    if (stream_int_of(a[6], &native) != 0) return NULL;
+    const intptr_t dls = dlpack_stream_number(a[6], native);
+    imp_t t[5];
+    int n = 0;
+    PyObject *ret = NULL;
+    for (; n < 5; n++)
+        if (import_dlpack(a[n], names[n], n < 2, dls, &t[n]) != 0) goto out;
+    kvhal_stream *s;
+    if (stream_for(a[6], native, kvhal_buffer_device(t[0].t.buffer), &s) != 0) goto out;
+    struct timespec t0, t1;
+    kvhal_status st = KVHAL_OK;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long i = 0; i < reps && st == KVHAL_OK; i++)
+        st = kvhal_paged_caching(&t[0].t, &t[1].t, &t[2].t, &t[3].t, &t[4].t, 1.0f, 1.0f, s);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (st != KVHAL_OK) {
+        raise_status(st);
+        goto out;
+    }
+    const double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+    ret = PyFloat_FromDouble(ns / (double)reps);
+out:
+    while (n-- > 0) imp_release(&t[n]);
+    return ret;
+}
+
 static PyObject *py_tensor_copy(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    g_call_serial++; /* a new call: producers' current streams are asked again */
     (void)mod;
     static const char *const names[] = {"dst", "src", "stream"};
     PyObject *a[3];
@@ -1096,6 +1405,170 @@ out:
     while (n-- > 0) imp_release(&t[n]);
     return ret;
 }
+
+/* kvhal.Pages: an immutable run of int32 page ids, the one object a match, allocate, evict or reset returns. One
+ * allocation with the ids inline (no array.array constructor call, no intermediate bytes); the buffer protocol
+ * (format 'i', read-only) gives NumPy, memoryview and array.array('i', ...) its ids without Python-level
+ * iteration, and kvhal calls take it back with zero copies. */
+typedef struct {
+    PyObject_VAR_HEAD
+    int32_t v[1];
+} PagesObject;
+
+static PyTypeObject PagesType;
+static Py_ssize_t g_pages_itemsize = sizeof(int32_t);
+static char g_pages_format[] = "i";
+
+static PyObject *pages_new(const int32_t *v, size_t n)
+{
+    PagesObject *p = PyObject_NewVar(PagesObject, &PagesType, (Py_ssize_t)n);
+    if (!p) return NULL;
+    if (n) memcpy(p->v, v, n * sizeof(int32_t));
+    return (PyObject *)p;
+}
+
+static PyObject *i32_array(const int32_t *v, size_t n) { return pages_new(v, n); }
+
+static Py_ssize_t pages_len(PagesObject *self) { return Py_SIZE(self); }
+
+static PyObject *pages_item(PagesObject *self, Py_ssize_t i)
+{
+    if (i < 0 || i >= Py_SIZE(self)) {
+        PyErr_SetString(PyExc_IndexError, "Pages index out of range");
+        return NULL;
+    }
+    return PyLong_FromLong(self->v[i]);
+}
+
+static PyObject *pages_subscript(PagesObject *self, PyObject *key)
+{
+    if (PyIndex_Check(key)) {
+        Py_ssize_t i = PyNumber_AsSsize_t(key, PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred()) return NULL;
+        if (i < 0) i += Py_SIZE(self);
+        return pages_item(self, i);
+    }
+    if (!PySlice_Check(key)) {
+        PyErr_Format(PyExc_TypeError, "Pages indices must be integers or slices, not %s", Py_TYPE(key)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t start, stop, step;
+    if (PySlice_Unpack(key, &start, &stop, &step) < 0) return NULL;
+    const Py_ssize_t n = PySlice_AdjustIndices(Py_SIZE(self), &start, &stop, step);
+    if (step == 1) return pages_new(self->v + start, (size_t)n);
+    PagesObject *p = PyObject_NewVar(PagesObject, &PagesType, n);
+    if (!p) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) p->v[i] = self->v[start + i * step];
+    return (PyObject *)p;
+}
+
+static int pages_getbuffer(PagesObject *self, Py_buffer *view, int flags)
+{
+    if (flags & PyBUF_WRITABLE) {
+        PyErr_SetString(PyExc_BufferError, "kvhal.Pages is read-only");
+        view->obj = NULL;
+        return -1;
+    }
+    view->obj = (PyObject *)self;
+    Py_INCREF(self);
+    view->buf = self->v;
+    view->len = Py_SIZE(self) * (Py_ssize_t)sizeof(int32_t);
+    view->readonly = 1;
+    view->itemsize = sizeof(int32_t);
+    view->format = (flags & PyBUF_FORMAT) ? g_pages_format : NULL;
+    view->ndim = 1;
+    view->shape = (flags & PyBUF_ND) ? &((PyVarObject *)self)->ob_size : NULL;
+    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? &g_pages_itemsize : NULL;
+    view->suboffsets = NULL;
+    view->internal = NULL;
+    return 0;
+}
+
+static PyObject *pages_tolist(PagesObject *self, PyObject *unused)
+{
+    (void)unused;
+    PyObject *l = PyList_New(Py_SIZE(self));
+    if (!l) return NULL;
+    for (Py_ssize_t i = 0; i < Py_SIZE(self); i++) {
+        PyObject *x = PyLong_FromLong(self->v[i]);
+        if (!x) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SET_ITEM(l, i, x);
+    }
+    return l;
+}
+
+/* == and != with another Pages, a list, a tuple or array.array: the same ids in the same order. */
+static PyObject *pages_richcompare(PagesObject *self, PyObject *other, int op)
+{
+    if (op != Py_EQ && op != Py_NE) Py_RETURN_NOTIMPLEMENTED;
+    int eq;
+    if (PyObject_TypeCheck(other, &PagesType)) {
+        eq = Py_SIZE(other) == Py_SIZE(self) &&
+             !memcmp(self->v, ((PagesObject *)other)->v, (size_t)Py_SIZE(self) * sizeof(int32_t));
+    } else if (PyList_Check(other) || PyTuple_Check(other) || PyObject_TypeCheck(other, (PyTypeObject *)g_array_type)) {
+        const Py_ssize_t n = PySequence_Size(other);
+        if (n < 0) return NULL;
+        eq = n == Py_SIZE(self);
+        for (Py_ssize_t i = 0; eq && i < n; i++) {
+            PyObject *x = PySequence_GetItem(other, i);
+            if (!x) return NULL;
+            const long long val = PyLong_Check(x) ? PyLong_AsLongLong(x) : LLONG_MIN;
+            Py_DECREF(x);
+            if (val == -1 && PyErr_Occurred()) PyErr_Clear();
+            eq = val == self->v[i];
+        }
+    } else {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    if ((op == Py_EQ) == (eq != 0)) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+static PyObject *pages_repr(PagesObject *self)
+{
+    PyObject *l = pages_tolist(self, NULL);
+    if (!l) return NULL;
+    PyObject *r = PyUnicode_FromFormat("kvhal.Pages(%R)", l);
+    Py_DECREF(l);
+    return r;
+}
+
+static PyObject *pages_reduce(PagesObject *self, PyObject *unused)
+{
+    (void)unused; /* pickles as the array.array('i') of its ids */
+    PyObject *l = pages_tolist(self, NULL);
+    if (!l) return NULL;
+    return Py_BuildValue("(O(sN))", g_array_type, "i", l);
+}
+
+static PySequenceMethods pages_as_sequence = {.sq_length = (lenfunc)pages_len, .sq_item = (ssizeargfunc)pages_item};
+static PyMappingMethods pages_as_mapping = {.mp_length = (lenfunc)pages_len,
+                                            .mp_subscript = (binaryfunc)pages_subscript};
+static PyBufferProcs pages_as_buffer = {.bf_getbuffer = (getbufferproc)pages_getbuffer};
+static PyMethodDef pages_methods[] = {
+    {"tolist", (PyCFunction)pages_tolist, METH_NOARGS, "tolist()\n--\n\nThe page ids as a list of ints."},
+    {"__reduce__", (PyCFunction)pages_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject PagesType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvhal.Pages",
+    .tp_basicsize = offsetof(PagesObject, v),
+    .tp_itemsize = sizeof(int32_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Page ids (int32), immutable: len(), indexing, slicing (a new Pages), iteration, tolist(), == with a "
+              "Pages, list, tuple or array.array, and the buffer protocol (format 'i', read-only: "
+              "numpy.asarray(pages), memoryview, array.array('i', pages)). kvhal calls take it back with zero copies.",
+    .tp_repr = (reprfunc)pages_repr,
+    .tp_as_sequence = &pages_as_sequence,
+    .tp_as_mapping = &pages_as_mapping,
+    .tp_as_buffer = &pages_as_buffer,
+    .tp_hash = PyObject_HashNotImplemented,
+    .tp_richcompare = (richcmpfunc)pages_richcompare,
+    .tp_methods = pages_methods,
+};
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Integer arrays on the host: buffer protocol (int32 zero-copy, int64 converted) or any sequence of ints         */
@@ -1134,6 +1607,11 @@ static int fmt_is_int(const char *f, size_t itemsize)
 static int get_ints(PyObject *o, const char *arg, int width, intarr *a)
 {
     memset(a, 0, sizeof *a);
+    if (width == 4 && Py_IS_TYPE(o, &PagesType)) { /* ours: no buffer request */
+        a->data = ((PagesObject *)o)->v;
+        a->n = (size_t)Py_SIZE(o);
+        return 0;
+    }
     if (PyObject_CheckBuffer(o) && !PyBytes_Check(o)) {
         if (PyObject_GetBuffer(o, &a->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
             a->has_view = 1;
@@ -1215,19 +1693,11 @@ static int get_ints(PyObject *o, const char *arg, int width, intarr *a)
     return 0;
 }
 
-/* array.array('i') holding n int32 values. */
-static PyObject *i32_array(const int32_t *v, size_t n)
-{
-    PyObject *b = PyBytes_FromStringAndSize((const char *)v, (Py_ssize_t)(n * sizeof(int32_t)));
-    if (!b) return NULL;
-    PyObject *r = PyObject_CallFunction(g_array_type, "sO", "i", b);
-    Py_DECREF(b);
-    return r;
-}
 
 /* copy_blocks(caches, pairs, stream=None): pairs (n, 2) int array or a sequence of (src, dst) pairs. */
 static PyObject *py_copy_blocks(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    g_call_serial++; /* a new call: producers' current streams are asked again */
     (void)mod;
     static const char *const names[] = {"caches", "pairs", "stream"};
     PyObject *a[3];
@@ -1529,31 +1999,41 @@ static PyObject *match_common(PyObject *self, kvhal_prefix_cache *pc, kvhal_cach
 {
     intarr tk;
     if (get_ints(tokens, "tokens", 4, &tk) != 0) return NULL;
-    int32_t stackpages[512];
     const size_t cap = tk.n / (size_t)(page_size > 0 ? page_size : 1);
-    int32_t *pages = cap <= 512 ? stackpages : PyMem_Malloc(cap * sizeof(int32_t));
     PyObject *ret = NULL;
-    if (!pages) {
-        PyErr_NoMemory();
-        goto out;
-    }
+    /* the match writes its page ids straight into the Pages it returns (sized for the longest match) */
+    PagesObject *pa = (PagesObject *)PyObject_NewVar(PagesObject, &PagesType, (Py_ssize_t)cap);
+    if (!pa) goto out;
     HANDLE_T h;
     size_t cached = 0;
-    kvhal_status st = cm ? kvhal_cache_manager_match(cm, tk.data, tk.n, &h, &cached, pages, cap)
-                         : kvhal_prefix_match(pc, tk.data, tk.n, &h, &cached, pages, cap);
+    kvhal_status st = cm ? kvhal_cache_manager_match(cm, tk.data, tk.n, &h, &cached, pa->v, cap)
+                         : kvhal_prefix_match(pc, tk.data, tk.n, &h, &cached, pa->v, cap);
     if (st != KVHAL_OK) {
+        Py_DECREF(pa);
         raise_status(st);
         goto out;
     }
-    PyObject *ho = new_handle(h, self);
-    PyObject *pa = ho ? i32_array(pages, cached / (size_t)page_size) : NULL;
-    if (ho && pa) ret = Py_BuildValue("(NnN)", ho, (Py_ssize_t)cached, pa);
-    else {
+    const size_t np = cached / (size_t)page_size;
+    PyObject *pages;
+    if (cap > 64 && np < cap / 2) { /* a short match of a long request: a right-sized copy */
+        pages = pages_new(pa->v, np);
+        Py_DECREF(pa);
+    } else {
+        Py_SET_SIZE(pa, (Py_ssize_t)np);
+        pages = (PyObject *)pa;
+    }
+    PyObject *ho = pages ? new_handle(h, self) : NULL;
+    PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
+    if (no && (ret = PyTuple_New(3)) != NULL) {
+        PyTuple_SET_ITEM(ret, 0, ho);
+        PyTuple_SET_ITEM(ret, 1, no);
+        PyTuple_SET_ITEM(ret, 2, pages);
+    } else {
         Py_XDECREF(ho);
-        Py_XDECREF(pa);
+        Py_XDECREF(pages);
+        Py_XDECREF(no);
     }
 out:
-    if (pages != stackpages) PyMem_Free(pages);
     intarr_release(&tk);
     return ret;
 }
@@ -1693,7 +2173,7 @@ static PyObject *prefix_get_page_size(PrefixObject *self, void *c)
 
 static PyMethodDef prefix_methods[] = {
     {"match", (PyCFunction)prefix_match, METH_O,
-     "match(tokens)\n--\n\nLongest cached prefix, in whole pages: (handle, cached_len, pages: array('i'))."},
+     "match(tokens)\n--\n\nLongest cached prefix, in whole pages: (handle, cached_len, pages: kvhal.Pages))."},
     {"lock", (PyCFunction)prefix_lock, METH_O, "lock(handle)\n--\n\nProtects the handle's path from eviction."},
     {"unlock", (PyCFunction)prefix_unlock, METH_O, "unlock(handle)\n--\n\nUndoes one lock."},
     {"insert", (PyCFunction)(void (*)(void))prefix_insert, METH_FASTCALL | METH_KEYWORDS,
@@ -1770,13 +2250,12 @@ static PyObject *manager_allocate(ManagerObject *self, PyObject *arg)
     const long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
     if (n < 0 || n > INT32_MAX) return bad_arg("n: %ld pages is out of range", n);
-    int32_t stackp[256];
-    int32_t *p = n <= 256 ? stackp : PyMem_Malloc((size_t)n * sizeof(int32_t));
-    if (!p) return PyErr_NoMemory();
-    kvhal_status st = kvhal_cache_manager_allocate(self->cm, (int32_t)n, p);
-    PyObject *ret = st == KVHAL_OK ? i32_array(p, (size_t)n) : raise_status(st);
-    if (p != stackp) PyMem_Free(p);
-    return ret;
+    PagesObject *p = (PagesObject *)PyObject_NewVar(PagesObject, &PagesType, (Py_ssize_t)n);
+    if (!p) return NULL;
+    kvhal_status st = kvhal_cache_manager_allocate(self->cm, (int32_t)n, p->v); /* straight into the result */
+    if (st == KVHAL_OK) return (PyObject *)p;
+    Py_DECREF(p);
+    return raise_status(st);
 }
 
 static PyObject *manager_free(ManagerObject *self, PyObject *arg)
@@ -1793,13 +2272,26 @@ static PyObject *manager_free(ManagerObject *self, PyObject *arg)
 
 /* cache_finished (suffix 0: the whole request's tokens and pages) and cache_finished_suffix (suffix 1: only what
  * follows the match). */
-static PyObject *finish_common(ManagerObject *self, PyObject *handle, PyObject *tokens, PyObject *pages, int suffix)
+static PyObject *finish_common(ManagerObject *self, PyObject *handle, PyObject *tokens, PyObject *pages, int suffix,
+                               PyObject *start_arg)
 {
     if (manager_live(self) != 0) return NULL;
     HANDLE_T h;
     if (get_handle(handle, (PyObject *)self, NULL, &h) != 0) return NULL;
+    Py_ssize_t start = 0;
+    if (start_arg) {
+        start = PyNumber_AsSsize_t(start_arg, PyExc_OverflowError);
+        if (start == -1 && PyErr_Occurred()) return NULL;
+    }
     intarr tk, pg;
     if (get_ints(tokens, "tokens", 4, &tk) != 0) return NULL;
+    if (start < 0 || (size_t)start > tk.n) {
+        bad_arg("start: %zd is outside the %zu tokens", start, tk.n);
+        intarr_release(&tk);
+        return NULL;
+    }
+    tk.data = (const int32_t *)tk.data + start; /* tokens[start:] without a slice object */
+    tk.n -= (size_t)start;
     if (get_ints(pages, "pages", 4, &pg) != 0) {
         intarr_release(&tk);
         return NULL;
@@ -1826,16 +2318,16 @@ static PyObject *manager_finished(ManagerObject *self, PyObject *const *args, Py
     static const char *const names[] = {"tokens", "pages", "handle"};
     PyObject *a[3];
     if (parse_fast("cache_finished", args, nargs, kwnames, names, 3, 3, a) != 0) return NULL;
-    return finish_common(self, a[2], a[0], a[1], 0);
+    return finish_common(self, a[2], a[0], a[1], 0, NULL);
 }
 
 static PyObject *manager_finished_suffix(ManagerObject *self, PyObject *const *args, Py_ssize_t nargs,
                                          PyObject *kwnames)
 {
-    static const char *const names[] = {"handle", "tokens", "pages"};
-    PyObject *a[3];
-    if (parse_fast("cache_finished_suffix", args, nargs, kwnames, names, 3, 3, a) != 0) return NULL;
-    return finish_common(self, a[0], a[1], a[2], 1);
+    static const char *const names[] = {"handle", "tokens", "pages", "start"};
+    PyObject *a[4];
+    if (parse_fast("cache_finished_suffix", args, nargs, kwnames, names, 4, 3, a) != 0) return NULL;
+    return finish_common(self, a[0], a[1], a[2], 1, a[3]);
 }
 
 static PyObject *manager_lock_common(ManagerObject *self, PyObject *h, int lock)
@@ -1898,18 +2390,20 @@ static PyObject *manager_get_prefix(ManagerObject *self, void *c)
 
 static PyMethodDef manager_methods[] = {
     {"match", (PyCFunction)manager_match, METH_O,
-     "match(tokens)\n--\n\nmatch + lock: (handle, cached_len, pages: array('i')). Pass the handle to cache_finished "
+     "match(tokens)\n--\n\nmatch + lock: (handle, cached_len, pages: kvhal.Pages). Pass the handle to cache_finished "
      "(or unlock it after freeing the request's own pages)."},
     {"lock", (PyCFunction)manager_lock, METH_O, "lock(handle)\n--\n\nOne more lock on the handle's path."},
     {"unlock", (PyCFunction)manager_unlock, METH_O, "unlock(handle)\n--\n\nUndoes one lock."},
     {"allocate", (PyCFunction)manager_allocate, METH_O,
-     "allocate(n)\n--\n\nn pages (evicting when free pages run short), all or nothing: array('i')."},
+     "allocate(n)\n--\n\nn pages (evicting when free pages run short), all or nothing: kvhal.Pages."},
     {"free", (PyCFunction)manager_free, METH_O, "free(pages)\n--\n\nGives pages back."},
     {"cache_finished", (PyCFunction)(void (*)(void))manager_finished, METH_FASTCALL | METH_KEYWORDS,
      "cache_finished(tokens, pages, handle)\n--\n\nA request finished: inserts its page-aligned tokens, frees "
      "duplicate and partial pages, unlocks handle."},
     {"cache_finished_suffix", (PyCFunction)(void (*)(void))manager_finished_suffix, METH_FASTCALL | METH_KEYWORDS,
-     "cache_finished_suffix(handle, tokens, pages)\n--\n\nThe same given only the tokens and pages past the match."},
+     "cache_finished_suffix(handle, tokens, pages, start=0)\n--\n\nThe same given only the tokens and pages past the "
+     "match: tokens[start:] (start: the matched length, to pass the whole request's tokens without slicing them) "
+     "and their pages."},
     {"evict", (PyCFunction)manager_evict, METH_O,
      "evict(num_tokens)\n--\n\nEvicts unlocked cached prefixes into the free pages; returns the tokens freed."},
     {"check_integrity", (PyCFunction)manager_check_integrity, METH_NOARGS,
@@ -1953,6 +2447,14 @@ static PyMethodDef module_methods[] = {
      "tensor_copy(dst, src, stream=None)\n--\n\ndst = src elementwise (same shape and dtype, one device)."},
     {"empty", (PyCFunction)(void (*)(void))py_empty, METH_FASTCALL | METH_KEYWORDS,
      "empty(shape, dtype='f32', device='cpu:0')\n--\n\nA zeroed contiguous kvhal.Tensor that kvhal owns."},
+    {"dlpack_path", (PyCFunction)py_dlpack_path, METH_O,
+     "dlpack_path(array)\n--\n\nHow kvhal imports this array: 'kvhal.Tensor' (a view made once), 'c_exchange_api' (its "
+     "type offers the DLPack C exchange API: no Python call per argument) or '__dlpack__' (a capsule per call). "
+     "On a GPU, an exchange-API array whose producer works on another stream than the call's (None: the legacy "
+     "default) goes through __dlpack__ for that call (the producer then orders its stream before ours)."},
+    {"_time_paged_caching", (PyCFunction)(void (*)(void))py_time_paged_caching, METH_FASTCALL | METH_KEYWORDS,
+     "_time_paged_caching(k_cache, v_cache, k, v, slot_mapping, reps, stream=None)\n--\n\nBenchmark helper: "
+     "mean host ns of reps kvhal_paged_caching calls made in C on arguments imported once."},
     {"from_dlpack", (PyCFunction)py_from_dlpack, METH_O,
      "from_dlpack(array)\n--\n\nA zero-copy kvhal.Tensor view of a DLPack array (keeps it alive)."},
     {"devices", (PyCFunction)py_devices, METH_NOARGS,
@@ -1985,6 +2487,8 @@ PyMODINIT_FUNC PyInit__kvhal(void)
     INTERN(s_max_version, "max_version");
     INTERN(s_cuda_stream_proto, "__cuda_stream__");
     INTERN(s_cuda_stream_attr, "cuda_stream");
+    INTERN(s_xapi, "__dlpack_c_exchange_api__");
+    INTERN(s_xapi_old, "__c_dlpack_exchange_api__");
     if (!(g_max_version = Py_BuildValue("(ii)", KVHAL_PY_DLPACK_MAJOR, KVHAL_PY_DLPACK_MINOR))) return NULL;
     if (!(g_kw_stream = PyTuple_Pack(1, s_stream)) || !(g_kw_max = PyTuple_Pack(1, s_max_version)) ||
         !(g_kw_stream_max = PyTuple_Pack(2, s_stream, s_max_version)))
@@ -1995,12 +2499,12 @@ PyMODINIT_FUNC PyInit__kvhal(void)
     Py_DECREF(arr);
     if (!g_array_type) return NULL;
 
-    PyTypeObject *types[] = {&TensorType, &StreamType, &PrefixType, &HandleType, &ManagerType};
+    PyTypeObject *types[] = {&TensorType, &StreamType, &PrefixType, &HandleType, &ManagerType, &PagesType};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (PyType_Ready(types[i]) < 0) return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (!m) return NULL;
-    const char *tnames[] = {"Tensor", "Stream", "PrefixCache", "PrefixHandle", "CacheManager"};
+    const char *tnames[] = {"Tensor", "Stream", "PrefixCache", "PrefixHandle", "CacheManager", "Pages"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, tnames[i], (PyObject *)types[i]) < 0) return NULL;

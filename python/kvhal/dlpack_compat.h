@@ -80,6 +80,41 @@ typedef struct DLManagedTensorVersioned {
 #define DLPACK_FLAG_BITMASK_IS_COPIED (1UL << 1UL)
 #endif
 
+/* The DLPack C exchange API (added by DLPack 1.2): a table of C functions that a producer's *type* offers so that a
+ * consumer in C reaches the tensor without calling __dlpack__ (no Python call, no capsule, no stream event). The
+ * type attribute is __dlpack_c_exchange_api__ (first spelled __c_dlpack_exchange_api__) and holds either a
+ * PyCapsule named "dlpack_exchange_api" whose pointer is the table (the current form; PyTorch's) or, in the first
+ * revision, the table's address as a Python int. The table lives as long as the process.
+ *
+ * Declared under this module's own names (kvpy_*) from the layout the specification fixes, so the build is the same
+ * with Debian's 0.6 header, a 1.x header, or a header that declares the table itself. Layout: a stable header (the
+ * table's DLPack version, then a pointer to an older table of the same producer or NULL), then five function
+ * pointers in this order. Each function returns 0 on success and -1 with a Python exception set (the allocator
+ * reports through its callback instead). None of them synchronises streams: a consumer that launches on another
+ * stream than current_work_stream's must order the two itself. */
+typedef struct kvpy_xapi_header {
+    DLPackVersion version;
+    struct kvpy_xapi_header *prev_api;
+} kvpy_xapi_header;
+
+typedef struct {
+    kvpy_xapi_header header;
+    /* a new tensor of the producer shaped like the prototype (dtype, ndim, shape, device); unused here */
+    int (*managed_tensor_allocator)(DLTensor *prototype, DLManagedTensorVersioned **out, void *error_ctx,
+                                    void (*set_error)(void *error_ctx, const char *kind, const char *message));
+    /* an owning DLManagedTensorVersioned of the object (released by its deleter); must not be NULL */
+    int (*managed_tensor_from_py_object_no_sync)(void *py_object, DLManagedTensorVersioned **out);
+    /* the reverse: a Python object of the producer owning the tensor; unused here */
+    int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersioned *tensor, void **out_py_object);
+    /* fills a caller-provided DLTensor that borrows the object's data, shape and strides (valid while the object
+     * lives and is not resized; nothing to release); may be NULL */
+    int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor *out);
+    /* the producer's current stream of a device (NULL for the default stream or a device without streams) */
+    int (*current_work_stream)(DLDeviceType device_type, int32_t device_id, void **out_stream);
+} kvpy_xapi;
+
+#define KVPY_XAPI_CAPSULE "dlpack_exchange_api"
+
 /* The versioned protocol's major version this module speaks. */
 #define KVHAL_PY_DLPACK_MAJOR 1
 #define KVHAL_PY_DLPACK_MINOR 0

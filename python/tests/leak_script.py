@@ -7,6 +7,11 @@ import numpy as np
 
 import kvhal
 
+try:  # the test-only producer of the DLPack C exchange API (built with the tests)
+    from _xapi_producer import XArray, configure
+except ImportError:
+    XArray = configure = None
+
 
 def once(i):
     kc = np.zeros((4, 2, 2, 8), np.float32)
@@ -35,6 +40,17 @@ def once(i):
     pc.insert([5, 6], [0, 1])
     pc.evict(2)
     kvhal.devices()
+    if XArray is not None:
+        configure(dltensor=bool(i % 2))
+        kvhal.paged_caching(*(XArray(x) for x in (kc, kc.copy(), k, k, np.array([0, 1 + i % 5]))))
+        w = kvhal.from_dlpack(XArray(k))
+        configure(fail="dltensor")
+        try:
+            kvhal.paged_caching(XArray(kc), kc, k, k, np.array([0]))
+        except RuntimeError:
+            pass
+        configure()
+        del w
 
 
 def main():

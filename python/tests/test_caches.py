@@ -15,7 +15,7 @@ def test_prefix_cache_insert_match_evict(page_size):
     assert pc.insert(toks, pages) == 0
     h, n, got = pc.match(toks[:10] + [1, 2])
     assert n == (10 // page_size) * page_size
-    assert isinstance(got, array) and list(got) == pages[: n // page_size]
+    assert isinstance(got, kvhal.Pages) and list(got) == pages[: n // page_size]
     pc.lock(h)
     freed = pc.evict(16)  # only the part past the locked match goes
     assert sorted(freed) == pages[n // page_size:]
@@ -84,3 +84,52 @@ def test_manager_drop_request():
         cm.unlock(h2)
     cm.check_integrity()
     assert cm.available == 16
+
+
+def test_pages_object():
+    import pickle
+
+    cm = kvhal.CacheManager(64, 1)
+    p = cm.allocate(6)
+    assert isinstance(p, kvhal.Pages) and len(p) == 6 and len(set(p)) == 6
+    ids = p.tolist()
+    assert list(p) == ids and p == ids and p == tuple(ids) and p == array("i", ids) and p != ids[:-1]
+    assert p[0] == ids[0] and p[-1] == ids[-1] and p[1:4] == ids[1:4] and p[::-2] == ids[::-2]
+    assert isinstance(p[1:4], kvhal.Pages) and p[1:4] == p[1:4] and p[1:4] != p[1:5]
+    with pytest.raises(IndexError):
+        p[6]
+    with pytest.raises(TypeError):
+        p["x"]
+    with pytest.raises(TypeError):
+        hash(p)
+    n = np.asarray(p)  # the buffer protocol: int32, read-only, zero copy
+    assert n.dtype == np.int32 and n.tolist() == ids and not n.flags.writeable
+    assert memoryview(p).format == "i" and array("i", bytes(memoryview(p))) == array("i", ids)
+    import ctypes
+    with pytest.raises((BufferError, TypeError), match="read-only|not writable"):
+        (ctypes.c_int32 * 6).from_buffer(p)  # asks for a writable buffer
+    assert pickle.loads(pickle.dumps(p)) == array("i", ids)
+    assert repr(cm.allocate(0)) == "kvhal.Pages([])"
+    cm.free(p[:3])  # Pages go back in without a copy
+    cm.free(np.asarray(p[3:]))
+    assert cm.num_free == 64
+
+
+def test_cache_finished_suffix_start():
+    cm = kvhal.CacheManager(64, 1)
+    h, n, _ = cm.match([1, 2, 3])
+    first = cm.allocate(3)
+    cm.cache_finished_suffix(h, [1, 2, 3], first, start=n)
+    seq = array("i", [1, 2, 3, 4, 5])
+    h, n, got = cm.match(seq)
+    assert n == 3 and got == first
+    own = cm.allocate(2)
+    with pytest.raises(kvhal.InvalidArgument, match="start: 6 is outside the 5 tokens"):
+        cm.cache_finished_suffix(h, seq, own, start=6)
+    with pytest.raises(kvhal.InvalidArgument, match="start: -1"):
+        cm.cache_finished_suffix(h, seq, own, start=-1)
+    cm.cache_finished_suffix(h, seq, own, start=n)  # the same as seq[n:]
+    h, n, got = cm.match(seq)
+    assert n == 5 and got == first.tolist() + own.tolist()
+    cm.unlock(h)
+    cm.check_integrity()

@@ -137,6 +137,48 @@ def test_errors_cuda():
         kvhal.paged_caching(kc, kc, torch.ones(1, 2, 64), torch.ones(1, 2, 64), torch.tensor([0]))
 
 
+def test_exchange_api_path_and_stream_order():
+    """PyTorch builds that offer the DLPack C exchange API (torch.Tensor.__dlpack_c_exchange_api__): kvhal imports
+    through it (no __dlpack__ call) when the call's stream is torch's current stream, and through __dlpack__ with
+    the stream (torch then orders its current stream before it) otherwise; the results are right either way. On
+    builds without the API every argument goes through __dlpack__."""
+    has = hasattr(torch.Tensor, "__dlpack_c_exchange_api__") or hasattr(torch.Tensor, "__c_dlpack_exchange_api__")
+    path = kvhal.dlpack_path(torch.zeros(1, device="cuda"))
+    print(f"torch {torch.__version__}: exchange API {'offered' if has else 'absent'}, kvhal path {path}")
+    assert path == ("c_exchange_api" if has else "__dlpack__")
+    calls = []
+    original = torch.Tensor.__dlpack__
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    torch.Tensor.__dlpack__ = counting  # a type change: kvhal looks the API up again, still finds it
+    try:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            made = []
+            for _ in range(3):
+                kc = torch.zeros(32, 16, 8, 128, dtype=torch.bfloat16, device="cuda")
+                vc = torch.zeros_like(kc)
+                k = torch.randn(64, 8, 128, device="cuda").to(torch.bfloat16)
+                v = torch.randn(64, 8, 128, device="cuda").to(torch.bfloat16)
+                s = torch.randperm(32 * 16, device="cuda")[:64]
+                made.append((kc, vc, k, v, s))
+            kvhal.paged_caching(*made[0], stream=torch.cuda.current_stream())  # torch's current stream: side
+            on_current = len(calls)
+            kvhal.paged_caching(*made[1], stream=torch.cuda.default_stream())  # another stream than torch's
+            on_other = len(calls) - on_current
+            kvhal.paged_caching(*made[2])  # no stream: kvhal's legacy default, not torch's current (side)
+            on_none = len(calls) - on_current - on_other
+        torch.cuda.synchronize()
+    finally:
+        torch.Tensor.__dlpack__ = original
+    for args in made:
+        expect_paged(*args)
+    assert (on_current, on_other, on_none) == ((0, 5, 5) if has else (5, 5, 5))
+
+
 if __name__ == "__main__":
     if not HAVE_CUDA:
         print("test_gpu_torch: no CUDA device")
