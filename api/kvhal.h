@@ -1340,6 +1340,16 @@ KVHAL_API void kvhal_fault_inject_alloc(int64_t n);
 /** Allocations counted since the last kvhal_fault_inject_alloc() call (to walk every allocation point).
  *  @return the count. Thread safety: process-wide. */
 KVHAL_API int64_t kvhal_fault_alloc_count(void);
+/** Test hook: while hold is nonzero, kvhal_stream_query and the tiered manager's polling of its copies
+ *  (kvhal_cache_manager_transfer_query, and the cheap queries inside match and allocate) report the queued work as
+ *  still running (KVHAL_BUSY), whatever the device did; waits (kvhal_stream_synchronize, kvhal_device_synchronize)
+ *  still complete and are counted. It lets a test keep a copy "in flight" on a device whose copies are synchronous.
+ *  @param hold nonzero to hold, 0 to release. The wait count restarts at 0.
+ *  Thread safety: process-wide. */
+KVHAL_API void kvhal_fault_hold_streams(int hold);
+/** Waits (kvhal_stream_synchronize, kvhal_device_synchronize) since the last kvhal_fault_hold_streams() call.
+ *  @return the count. Thread safety: process-wide. */
+KVHAL_API int64_t kvhal_fault_stream_waits(void);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* MLA caches (multi-head latent attention): one latent vector per token and no V side                           */

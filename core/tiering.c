@@ -20,6 +20,12 @@ struct kvhal__tiering {
     uint64_t *wb_hash, *wb_parent;
     int32_t *wb_tokens;
     size_t wb_n;
+    /* copies out of device pages in flight: a bit per page and the list of those pages; drain: pages of the current
+     * eviction whose copy out is in flight (the manager keeps them from requests until reaped) */
+    uint64_t *copying;
+    int32_t *out_list, *drain;
+    size_t out_n, drain_n;
+    bool busy;               /* copies enqueued since the last reap */
     kvhal__tier *tier;       /* NULL: no host tier (events only) */
     kvhal__kv_events *ev;
 };
@@ -41,6 +47,9 @@ void kvhal__tiering_destroy(kvhal__tiering *t)
     free(t->wb_hash);
     free(t->wb_parent);
     free(t->wb_tokens);
+    free(t->copying);
+    free(t->out_list);
+    free(t->drain);
     free(t);
 }
 
@@ -62,9 +71,12 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
     t->wb_hash = kvhal__malloc(n * sizeof *t->wb_hash);
     t->wb_parent = kvhal__malloc(n * sizeof *t->wb_parent);
     t->wb_tokens = kvhal__malloc(n * ps * sizeof *t->wb_tokens);
+    t->copying = kvhal__calloc((n + 63) / 64, sizeof *t->copying);
+    t->out_list = kvhal__malloc(n * sizeof *t->out_list);
+    t->drain = kvhal__malloc(n * sizeof *t->drain);
     kvhal_status st = KVHAL_OK;
     if (!t->hash || !t->parent || !t->tokens || !t->wb_pages || !t->wb_hash || !t->wb_parent ||
-        !t->wb_tokens)
+        !t->wb_tokens || !t->copying || !t->out_list || !t->drain)
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the page map of %d pages",
                         (int)total_pages);
     if (st == KVHAL_OK) { /* written now, so that eviction never pays for first-touch page faults */
@@ -75,6 +87,8 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
         memset(t->wb_hash, 0, n * sizeof *t->wb_hash);
         memset(t->wb_parent, 0, n * sizeof *t->wb_parent);
         memset(t->wb_tokens, 0, n * ps * sizeof *t->wb_tokens);
+        memset(t->out_list, 0, n * sizeof *t->out_list);
+        memset(t->drain, 0, n * sizeof *t->drain);
     }
     if (st == KVHAL_OK && cfg->event_capacity) st = kvhal__kv_events_create(cfg->event_capacity, page_size, &t->ev);
     if (st == KVHAL_OK)
@@ -85,6 +99,29 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
     }
     *out = t;
     return KVHAL_OK;
+}
+
+static inline bool copying(const kvhal__tiering *t, int32_t p) { return (t->copying[p >> 6] >> (p & 63)) & 1; }
+
+bool kvhal__tiering_copying(const kvhal__tiering *t, int32_t p)
+{
+    return p >= 0 && p < t->total && copying(t, p);
+}
+
+bool kvhal__tiering_busy(const kvhal__tiering *t) { return t->busy; }
+
+/* The tier enqueued copies out of pages[0..n): each is copying until the next reap. */
+static void note_copies(kvhal__tiering *t, const int32_t *pages, size_t n, bool evicted)
+{
+    for (size_t i = 0; i < n; i++) {
+        const int32_t p = pages[i];
+        if (!copying(t, p)) {
+            t->copying[p >> 6] |= 1ull << (p & 63);
+            t->out_list[t->out_n++] = p;
+        }
+        if (evicted) t->drain[t->drain_n++] = p;
+    }
+    if (n) t->busy = true;
 }
 
 kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, const int32_t *pages, size_t first,
@@ -111,20 +148,30 @@ kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, c
         }
     }
     if (!nw) return KVHAL_OK;
-    size_t stored;
-    return t->tier->ops->store(t->tier, nw, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored);
+    size_t stored = 0;
+    /* the copied pages' ids land in wb_hash's memory, free between evictions like the rest of the buffer */
+    int32_t *copied = (int32_t *)t->wb_hash;
+    KVHAL_TRY(t->tier->ops->store(t->tier, nw, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored,
+                                  copied));
+    note_copies(t, copied, stored, false);
+    return KVHAL_OK;
 }
 
 void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
 {
-    if (!t->ev && !(t->tier && t->policy == KVHAL_WRITE_BACK)) return; /* nothing to say or copy */
+    if (!t->ev && !t->tier) return; /* nothing to say, copy or drain */
     const size_t ps = (size_t)t->page_size;
     for (size_t i = 0; i < n; i++) {
         const int32_t p = pages[i];
         if (p < 0 || p >= t->total) continue; /* the manager reports a bad page itself */
         kvhal__kv_event_push(t->ev, KVHAL_KV_REMOVED, KVHAL_TIER_DEVICE, t->hash[p], t->parent[p], p, NULL);
-        if (!t->tier || t->policy != KVHAL_WRITE_BACK) continue;
-        if (t->tier->ops->find(t->tier, t->hash[p], t->tokens + (size_t)p * ps) >= 0) continue;
+        if (!t->tier) continue;
+        if (copying(t, p)) { /* its write-through copy is in flight: it drains (and the tier has its entry) */
+            t->drain[t->drain_n++] = p;
+            continue;
+        }
+        if (t->policy != KVHAL_WRITE_BACK) continue;
+        if (t->tier->ops->find(t->tier, t->hash[p], t->tokens + (size_t)p * ps, true) >= 0) continue;
         t->wb_pages[t->wb_n] = p;
         t->wb_hash[t->wb_n] = t->hash[p];
         t->wb_parent[t->wb_n] = t->parent[p];
@@ -133,16 +180,39 @@ void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
     }
 }
 
-kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t)
+kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t, const int32_t **drain, size_t *ndrain)
 {
     const size_t n = t->wb_n;
     t->wb_n = 0;
-    if (!n) return KVHAL_OK;
-    size_t stored;
-    /* On a failed copy the pages are lost to the host tier only: they were evicted from the device either way. */
-    KVHAL_TRY(t->tier->ops->store(t->tier, n, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored));
-    /* the freed pages go back to requests once the copies out of them are done */
-    return stored ? t->tier->ops->wait(t->tier) : KVHAL_OK;
+    kvhal_status st = KVHAL_OK;
+    if (n) {
+        size_t stored = 0;
+        int32_t *copied = t->wb_pages; /* store reads dev_pages[i] before it writes copied[j], j <= i */
+        /* On a failed copy the pages are lost to the host tier only: they were evicted from the device either way. */
+        st = t->tier->ops->store(t->tier, n, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored, copied);
+        if (st == KVHAL_OK) note_copies(t, copied, stored, true);
+    }
+    /* no wait: the pages copied out of drain until a reap sees their copies complete */
+    *drain = t->drain;
+    *ndrain = t->drain_n;
+    t->drain_n = 0;
+    return st;
+}
+
+kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, const int32_t **done, size_t *n)
+{
+    *done = t->out_list;
+    *n = 0;
+    if (!t->busy) return KVHAL_OK;
+    const kvhal_status st = wait ? t->tier->ops->wait(t->tier) : t->tier->ops->query(t->tier);
+    if (st == KVHAL_BUSY) return KVHAL_OK;
+    KVHAL_TRY(st);
+    t->tier->ops->complete(t->tier);
+    for (size_t i = 0; i < t->out_n; i++) t->copying[t->out_list[i] >> 6] &= ~(1ull << (t->out_list[i] & 63));
+    *n = t->out_n;
+    t->out_n = 0;
+    t->busy = false;
+    return KVHAL_OK;
 }
 
 size_t kvhal__tiering_host_run(kvhal__tiering *t, const int32_t *tokens, size_t num_tokens, size_t first,
@@ -154,7 +224,7 @@ size_t kvhal__tiering_host_run(kvhal__tiering *t, const int32_t *tokens, size_t 
     uint64_t h = parent;
     for (size_t i = first; (i + 1) * ps <= num_tokens; i++) {
         h = kvhal_kv_page_hash(h, tokens + i * ps, t->page_size);
-        const int32_t s = t->tier->ops->find(t->tier, h, tokens + i * ps);
+        const int32_t s = t->tier->ops->find(t->tier, h, tokens + i * ps, false);
         if (s < 0) break;
         if (slots) {
             if (n == cap) break;
@@ -193,5 +263,15 @@ kvhal_status kvhal__tiering_check(const kvhal__tiering *t, const kvhal_prefix_ca
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: tree page %d has no consistent entry in the tier page map "
                           "(its hash does not follow from its parent hash and tokens)", (int)mc.bad);
     if (t->wb_n) return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu write-backs left pending", t->wb_n);
+    if (t->drain_n) return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu drained pages not handed over", t->drain_n);
+    size_t nbits = 0;
+    for (size_t w = 0; w < ((size_t)t->total + 63) / 64; w++) nbits += (size_t)__builtin_popcountll(t->copying[w]);
+    if (nbits != t->out_n || (t->out_n && !t->busy))
+        return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu pages flagged as copied out, %zu listed%s", nbits,
+                          t->out_n, t->busy ? "" : " with no copy in flight");
+    for (size_t i = 0; i < t->out_n; i++)
+        if (!kvhal__tiering_copying(t, t->out_list[i]))
+            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d listed as copied out but not flagged",
+                              (int)t->out_list[i]);
     return t->tier ? t->tier->ops->check(t->tier) : KVHAL_OK;
 }
