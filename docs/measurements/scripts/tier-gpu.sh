@@ -56,7 +56,7 @@ R="$B/tools/kvhal-replay --model llama3-8b --groups 12 --prompts 6 --system-len 
 run() { # name, args...
   local name=$1; shift
   KVHAL_DEVICE=cuda:0 timeout 90 $R "$@" > "$OUT/replay-$name.txt" 2>&1 || { echo "replay $name FAILED"; fail=1; }
-  echo "== $name: $*"; grep -E "prefix hits|host tier|cache ops|verification" "$OUT/replay-$name.txt"
+  echo "== $name: $*"; grep -E "prefix hits|unbounded|host tier|cache ops|verification" "$OUT/replay-$name.txt"
 }
 run unbounded --kv-budget 8GiB
 run device-only --kv-budget 1200MiB
