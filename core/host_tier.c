@@ -362,6 +362,9 @@ kvhal_status kvhal__host_tier_create(kvhal_paged_cache *cache, uint64_t host_bud
     const kvhal_device dev = st == KVHAL_OK ? kvhal_buffer_device(k0.buffer) : (kvhal_device){KVHAL_DEVICE_CPU, 0};
     h->dev = dev;
     if (st == KVHAL_OK) st = kvhal_host_memory_create(dev, (size_t)pages * page, &h->mem);
+    /* the host pages touched now, so that the copies of eviction never pay for first-touch page faults (plain
+     * memory of the cpu and opencl devices; pinned memory is resident already and this costs one pass over it) */
+    if (st == KVHAL_OK) memset(kvhal_host_memory_ptr(h->mem), 0, (size_t)pages * page);
     if (st == KVHAL_OK && stream) {
         h->stream = stream;
     } else if (st == KVHAL_OK) {
