@@ -28,6 +28,7 @@ typedef struct host_tier {
     int32_t *pend, *pend_pos; /* the pending slots (pend_n of them) and each one's index there */
     int32_t pend_n;
     int32_t head, tail, free_head;
+    int32_t npinned;     /* slots with pins > 0 */
     int32_t *table;      /* slot + 1 per bucket, 0 empty; linear probing, deletion by backward shift */
     size_t tmask;
     int64_t *pairs;      /* 2 * cap: one transfer's (device page, host page) */
@@ -135,8 +136,7 @@ static kvhal_status ht_store(kvhal__tier *t, size_t n, const int32_t *dev_pages,
     size_t np = 0;
     *stored = 0;
     /* the last cap pages at most (earlier ones of a longer batch would be dropped again by later ones) */
-    size_t from = 0, room = (size_t)h->cap;
-    for (int32_t s = h->tail; s >= 0; s = h->prev[s]) room -= h->pins[s] > 0;
+    size_t from = 0, room = (size_t)(h->cap - h->npinned);
     if (n > room) from = n - room;
     for (size_t i = from; i < n; i++) {
         const int32_t have = ht_find(t, hashes[i], tokens + i * ps, true);
@@ -192,7 +192,13 @@ static kvhal_status ht_load(kvhal__tier *t, size_t n, const int32_t *slots, cons
     return KVHAL_OK;
 }
 
-static void ht_pin(kvhal__tier *t, int32_t s, int delta) { ((host_tier *)t)->pins[s] += delta; }
+static void ht_pin(kvhal__tier *t, int32_t s, int delta)
+{
+    host_tier *h = (host_tier *)t;
+    const bool was = h->pins[s] > 0;
+    h->pins[s] += delta;
+    h->npinned += (h->pins[s] > 0) - was;
+}
 
 static kvhal_status ht_wait(kvhal__tier *t)
 {
@@ -256,6 +262,7 @@ static kvhal_status ht_check(const kvhal__tier *t)
             h->prev[h->pend[i]] == -2)
             return kvhal__err(KVHAL_INTEGRITY, "host tier: pending list entry %d (slot %d) is not a pending used slot",
                               (int)i, (int)h->pend[i]);
+    if (h->npinned != 0) return kvhal__err(KVHAL_INTEGRITY, "host tier: %d slots pinned between calls", (int)h->npinned);
     if (last != h->tail || n != h->used)
         return kvhal__err(KVHAL_INTEGRITY, "host tier: %d entries listed, %d counted", (int)n, (int)h->used);
     int32_t nfree = 0;

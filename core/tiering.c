@@ -171,7 +171,7 @@ void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
             continue;
         }
         if (t->policy != KVHAL_WRITE_BACK) continue;
-        if (t->tier->ops->find(t->tier, t->hash[p], t->tokens + (size_t)p * ps, true) >= 0) continue;
+        /* every page is a candidate: store finds those the tier holds (touched, not copied) with one lookup */
         t->wb_pages[t->wb_n] = p;
         t->wb_hash[t->wb_n] = t->hash[p];
         t->wb_parent[t->wb_n] = t->parent[p];
