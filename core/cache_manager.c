@@ -90,6 +90,13 @@ static inline bool page_is_draining(const kvhal_cache_manager *cm, uint32_t p)
     return (cm->drain_bits[p >> 6] >> (p & 63)) & 1;
 }
 
+/* Cached pages m of word w drain (write-back: queued for their copy). */
+static inline void tree_to_drain(kvhal_cache_manager *cm, size_t w, uint64_t m)
+{
+    cm->tree_bits[w] &= ~m;
+    cm->drain_bits[w] |= m;
+}
+
 /* Evicted pages (free since the eviction callback) whose copy out is in flight: draining until reaped. */
 static void drain_pages(kvhal_cache_manager *cm, const int32_t *pages, size_t n)
 {
@@ -105,13 +112,15 @@ static void drain_pages(kvhal_cache_manager *cm, const int32_t *pages, size_t n)
     }
 }
 
-/* Completed drains become free: a query that never waits, or (wait) a wait for the tier's copies. */
-static kvhal_status reap(kvhal_cache_manager *cm, bool wait)
+/* Completed drains become free: a query that never waits, or (wait) a wait for the tier's copies. The queued
+ * write-backs are stored first (their copies enqueued), except by match (store false), which must see the host
+ * tier as it was (storing may drop host entries to make room). */
+static kvhal_status reap_ex(kvhal_cache_manager *cm, bool wait, bool store)
 {
     if (!cm->tiering || !kvhal__tiering_busy(cm->tiering)) return KVHAL_OK;
     const int32_t *done;
     size_t n;
-    KVHAL_TRY(kvhal__tiering_reap(cm->tiering, wait, &done, &n));
+    const kvhal_status st = kvhal__tiering_reap(cm->tiering, wait, store, &done, &n);
     for (size_t i = 0; i < n; i++) {
         const uint32_t p = (uint32_t)done[i];
         if (!page_is_draining(cm, p)) continue; /* a write-through copy of a page still in the tree */
@@ -123,8 +132,10 @@ static kvhal_status reap(kvhal_cache_manager *cm, bool wait)
         cm->nfree++;
         cm->ndrain--;
     }
-    return KVHAL_OK;
+    return st;
 }
+
+static kvhal_status reap(kvhal_cache_manager *cm, bool wait) { return reap_ex(cm, wait, true); }
 
 /* Page lists as arithmetic progressions. Lowest-first allocation hands a request runs (step 1) at admission and,
  * at page size 1, one page per decode step interleaved with the rest of the batch: p, p + b, p + 2b, ... for a
@@ -363,6 +374,8 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
 {
     kvhal_cache_manager *cm = user;
     if (cm->tiering) kvhal__tiering_evicted(cm->tiering, pages, n);
+    /* write-back with a host tier: every evicted page is queued for its copy, so it drains instead of going free */
+    const bool drain = cm->tiering && kvhal__tiering_queues_all(cm->tiering);
     const uint64_t *restrict tree = cm->tree_bits;
     const uint32_t total = (uint32_t)cm->total;
     size_t freed = 0;
@@ -377,8 +390,13 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
             while (apw_next(&a));
             if (!missing) {
                 apw_first(&a, (uint32_t)pages[i], d, len);
-                do tree_to_free(cm, a.w, a.mask);
-                while (apw_next(&a));
+                if (drain) {
+                    do tree_to_drain(cm, a.w, a.mask);
+                    while (apw_next(&a));
+                } else {
+                    do tree_to_free(cm, a.w, a.mask);
+                    while (apw_next(&a));
+                }
                 freed += len;
                 i += len;
                 continue;
@@ -389,7 +407,8 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
         for (; i < end; i++) {
             const uint32_t p = (uint32_t)pages[i];
             if (p < total && page_is_tree(cm, p)) {
-                tree_to_free(cm, p >> 6, 1ull << (p & 63));
+                if (drain) tree_to_drain(cm, p >> 6, 1ull << (p & 63));
+                else tree_to_free(cm, p >> 6, 1ull << (p & 63));
                 freed++;
             } else if (cm->cb_status == KVHAL_OK) {
                 cm->cb_status = kvhal__err(KVHAL_INTEGRITY, "cache manager: evicted page %d was not a cached page",
@@ -397,7 +416,8 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
             }
         }
     }
-    cm->nfree += (int32_t)freed;
+    if (drain) cm->ndrain += (int32_t)freed;
+    else cm->nfree += (int32_t)freed;
     cm->evicted_pages += freed;
 }
 
@@ -681,6 +701,7 @@ static kvhal_status kvhal_cache_manager_check_integrity__body(const kvhal_cache_
     KVHAL_TRY(check_free_set(cm));
     KVHAL_TRY(kvhal__prefix_check_integrity_owned(cm->pc));
     int64_t cached = 0, draining = 0;
+    size_t queued_draining = 0;
     for (size_t w = 0; w < cm->nwords; w++) {
         const uint64_t both = cm->free_bits[w] & cm->tree_bits[w];
         if (both)
@@ -692,13 +713,18 @@ static kvhal_status kvhal_cache_manager_check_integrity__body(const kvhal_cache_
                               (w << 6) + (size_t)__builtin_ctzll(dboth));
         for (uint64_t x = cm->drain_bits[w]; x; x &= x - 1) {
             const int32_t p = (int32_t)((w << 6) + (size_t)__builtin_ctzll(x));
-            if (p >= cm->total || !cm->tiering || !kvhal__tiering_copying(cm->tiering, p))
+            queued_draining += cm->tiering && kvhal__tiering_queued(cm->tiering, p);
+            if (p >= cm->total || !cm->tiering ||
+                !(kvhal__tiering_copying(cm->tiering, p) || kvhal__tiering_queued(cm->tiering, p)))
                 return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d is draining with no copy out of it in "
-                                  "flight", (int)p);
+                                  "flight or queued", (int)p);
         }
         cached += __builtin_popcountll(cm->tree_bits[w]);
         draining += __builtin_popcountll(cm->drain_bits[w]);
     }
+    if (cm->tiering && queued_draining != kvhal__tiering_num_queued(cm->tiering))
+        return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu pages queued for write-back, %zu of them draining",
+                          kvhal__tiering_num_queued(cm->tiering), queued_draining);
     if (draining != cm->ndrain)
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: %lld pages flagged draining, a count of %d",
                           (long long)draining, (int)cm->ndrain);
@@ -851,7 +877,7 @@ kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm, const int
 {
     size_t len = 0;
     /* host entries whose copies completed become hits: a query, no wait */
-    if (cm && kvhal__handle_live(cm, CM_MAGIC) && cm->magic == CM_MAGIC && host_len) KVHAL_TRY(reap(cm, false));
+    if (cm && kvhal__handle_live(cm, CM_MAGIC) && cm->magic == CM_MAGIC && host_len) KVHAL_TRY(reap_ex(cm, false, false));
     KVHAL_TRY(kvhal_cache_manager_match(cm, tokens, num_tokens, handle, &len, pages, pages_cap));
     if (device_len) *device_len = len;
     if (host_len) *host_len = 0;

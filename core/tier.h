@@ -85,18 +85,25 @@ KVHAL_HIDDEN uint64_t kvhal__tiering_root(const kvhal__tiering *t);
 /* Eviction: pages leave the tree (removed events; collected for write-back; those with a copy out in flight
  * collected to drain). */
 KVHAL_HIDDEN void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n);
-/* After an eviction: enqueues the write-back copies of the collected pages (no wait) and gives the evicted pages
- * that must drain (a copy out of them is in flight): *drain[0..*n), valid until the next tiering call. The manager
- * keeps them from requests until kvhal__tiering_reap hands them back. */
+/* After an eviction: gives the evicted pages that must drain, *drain[0..*n), valid until the next tiering call:
+ * write-back pages (queued for their copy: the next reap stores them) and pages whose write-through copy is in
+ * flight. Nothing is copied or waited for here. The manager keeps them from requests until a reap hands them back. */
 KVHAL_HIDDEN kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t, const int32_t **drain, size_t *n);
-/* Whether copies out of device pages (or into host entries) may still be in flight. */
+/* Whether write-backs are queued or copies out of device pages (or into host entries) may be in flight. */
 KVHAL_HIDDEN bool kvhal__tiering_busy(const kvhal__tiering *t);
-/* When the tier's copies are complete (wait: waits for them; else a query that never waits): host entries become
- * valid and *done[0..*n) lists the device pages whose copies out finished (the manager frees those that drain).
- * *n 0 when still busy. */
-KVHAL_HIDDEN kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, const int32_t **done, size_t *n);
-/* Whether a copy out of device page p is in flight (check_integrity: every draining page has one). */
+/* Stores the queued write-backs (store: their copies enqueued; it may drop host entries to make room), then, when
+ * the tier's copies are complete (wait: waits for them; else a query that never waits): host entries become valid. *done[0..*n) lists the device pages now
+ * done with (copies finished, or nothing to copy); the manager frees those that drain. An error of the store is
+ * returned after *done is filled (the pages are lost to the host tier only). */
+KVHAL_HIDDEN kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const int32_t **done,
+                                              size_t *n);
+/* Whether a copy out of device page p is in flight, or queued (check_integrity: every draining page has one). */
 KVHAL_HIDDEN bool kvhal__tiering_copying(const kvhal__tiering *t, int32_t p);
+KVHAL_HIDDEN bool kvhal__tiering_queued(const kvhal__tiering *t, int32_t p);
+KVHAL_HIDDEN size_t kvhal__tiering_num_queued(const kvhal__tiering *t);
+/* Write-back with a host tier: eviction queues every page it evicts for its copy (the manager makes them drain at
+ * once, instead of freeing them; kvhal__tiering_evict_done lists only the others that must drain). */
+KVHAL_HIDDEN bool kvhal__tiering_queues_all(const kvhal__tiering *t);
 /* How many whole pages past a device match the host tier holds: tokens from page index first, parent hash given.
  * slots (may be NULL) receives their entries, up to cap. */
 KVHAL_HIDDEN size_t kvhal__tiering_host_run(kvhal__tiering *t, const int32_t *tokens, size_t num_tokens, size_t first,

@@ -19,13 +19,17 @@ struct kvhal__tiering {
     int32_t *wb_pages;
     uint64_t *wb_hash, *wb_parent;
     int32_t *wb_tokens;
-    size_t wb_n;
     /* copies out of device pages in flight: a bit per page and the list of those pages; drain: pages of the current
      * eviction whose copy out is in flight (the manager keeps them from requests until reaped) */
     uint64_t *copying;
     int32_t *out_list, *drain;
     size_t out_n, drain_n;
     bool busy;               /* copies enqueued since the last reap */
+    /* write-back: evicted pages queued for their copy (draining already; their page-map entries stay valid, as
+     * the pages are nobody's until reaped); the next reap stores them (flush), so eviction costs a list append */
+    uint64_t *queued;
+    int32_t *q_list, *done;
+    size_t q_n;
     kvhal__tier *tier;       /* NULL: no host tier (events only) */
     kvhal__kv_events *ev;
 };
@@ -50,6 +54,9 @@ void kvhal__tiering_destroy(kvhal__tiering *t)
     free(t->copying);
     free(t->out_list);
     free(t->drain);
+    free(t->queued);
+    free(t->q_list);
+    free(t->done);
     free(t);
 }
 
@@ -74,9 +81,13 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
     t->copying = kvhal__calloc((n + 63) / 64, sizeof *t->copying);
     t->out_list = kvhal__malloc(n * sizeof *t->out_list);
     t->drain = kvhal__malloc(n * sizeof *t->drain);
+    t->queued = kvhal__calloc((n + 63) / 64, sizeof *t->queued);
+    t->q_list = kvhal__malloc(n * sizeof *t->q_list);
+    t->done = kvhal__malloc(n * sizeof *t->done);
     kvhal_status st = KVHAL_OK;
     if (!t->hash || !t->parent || !t->tokens || !t->wb_pages || !t->wb_hash || !t->wb_parent ||
-        !t->wb_tokens || !t->copying || !t->out_list || !t->drain)
+        !t->wb_tokens || !t->copying || !t->out_list || !t->drain ||
+        !t->queued || !t->q_list || !t->done)
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the page map of %d pages",
                         (int)total_pages);
     if (st == KVHAL_OK) { /* written now, so that eviction never pays for first-touch page faults */
@@ -89,6 +100,8 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
         memset(t->wb_tokens, 0, n * ps * sizeof *t->wb_tokens);
         memset(t->out_list, 0, n * sizeof *t->out_list);
         memset(t->drain, 0, n * sizeof *t->drain);
+        memset(t->q_list, 0, n * sizeof *t->q_list);
+        memset(t->done, 0, n * sizeof *t->done);
     }
     if (st == KVHAL_OK && cfg->event_capacity) st = kvhal__kv_events_create(cfg->event_capacity, page_size, &t->ev);
     if (st == KVHAL_OK)
@@ -108,7 +121,16 @@ bool kvhal__tiering_copying(const kvhal__tiering *t, int32_t p)
     return p >= 0 && p < t->total && copying(t, p);
 }
 
-bool kvhal__tiering_busy(const kvhal__tiering *t) { return t->busy; }
+bool kvhal__tiering_busy(const kvhal__tiering *t) { return t->busy || t->q_n; }
+
+size_t kvhal__tiering_num_queued(const kvhal__tiering *t) { return t->q_n; }
+
+bool kvhal__tiering_queues_all(const kvhal__tiering *t) { return t->tier && t->policy == KVHAL_WRITE_BACK; }
+
+bool kvhal__tiering_queued(const kvhal__tiering *t, int32_t p)
+{
+    return p >= 0 && p < t->total && ((t->queued[p >> 6] >> (p & 63)) & 1);
+}
 
 /* The tier enqueued copies out of pages[0..n): each is copying until the next reap. */
 static void note_copies(kvhal__tiering *t, const int32_t *pages, size_t n, bool evicted)
@@ -160,7 +182,6 @@ kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, c
 void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
 {
     if (!t->ev && !t->tier) return; /* nothing to say, copy or drain */
-    const size_t ps = (size_t)t->page_size;
     for (size_t i = 0; i < n; i++) {
         const int32_t p = pages[i];
         if (p < 0 || p >= t->total) continue; /* the manager reports a bad page itself */
@@ -171,48 +192,66 @@ void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
             continue;
         }
         if (t->policy != KVHAL_WRITE_BACK) continue;
-        /* every page is a candidate: store finds those the tier holds (touched, not copied) with one lookup */
-        t->wb_pages[t->wb_n] = p;
-        t->wb_hash[t->wb_n] = t->hash[p];
-        t->wb_parent[t->wb_n] = t->parent[p];
-        memcpy(t->wb_tokens + t->wb_n * ps, t->tokens + (size_t)p * ps, ps * sizeof *t->tokens);
-        t->wb_n++;
+        /* queued for write-back (the manager makes it drain: kvhal__tiering_queues_all): the next reap stores it
+         * (those the tier holds are only touched) */
+        t->queued[p >> 6] |= 1ull << (p & 63);
+        t->q_list[t->q_n++] = p;
     }
 }
 
 kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t, const int32_t **drain, size_t *ndrain)
 {
-    const size_t n = t->wb_n;
-    t->wb_n = 0;
-    kvhal_status st = KVHAL_OK;
-    if (n) {
-        size_t stored = 0;
-        int32_t *copied = t->wb_pages; /* store reads dev_pages[i] before it writes copied[j], j <= i */
-        /* On a failed copy the pages are lost to the host tier only: they were evicted from the device either way. */
-        st = t->tier->ops->store(t->tier, n, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored, copied);
-        if (st == KVHAL_OK) note_copies(t, copied, stored, true);
-    }
-    /* no wait: the pages copied out of drain until a reap sees their copies complete */
+    /* no copy, no wait: the evicted pages to write back were queued, and drain with those still being copied */
     *drain = t->drain;
     *ndrain = t->drain_n;
     t->drain_n = 0;
+    return KVHAL_OK;
+}
+
+/* The queued write-backs go to the tier (one lookup each: pages it holds are touched, not copied): the pages
+ * copied start copying; the others (held already, no room, or a failed store: lost to the host tier only, as
+ * they left the device either way) are done at once, appended to done[*nd]. */
+static kvhal_status flush(kvhal__tiering *t, size_t *nd)
+{
+    const size_t n = t->q_n, ps = (size_t)t->page_size;
+    for (size_t i = 0; i < n; i++) {
+        const int32_t p = t->q_list[i];
+        t->queued[p >> 6] &= ~(1ull << (p & 63));
+        t->wb_pages[i] = p;
+        t->wb_hash[i] = t->hash[p];
+        t->wb_parent[i] = t->parent[p];
+        memcpy(t->wb_tokens + i * ps, t->tokens + (size_t)p * ps, ps * sizeof *t->tokens);
+    }
+    t->q_n = 0;
+    size_t stored = 0;
+    int32_t *copied = t->q_list; /* free now; store writes it after reading its inputs */
+    const kvhal_status st =
+        t->tier->ops->store(t->tier, n, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored, copied);
+    if (st != KVHAL_OK) stored = 0;
+    note_copies(t, copied, stored, false);
+    for (size_t i = 0; i < n; i++)
+        if (!copying(t, t->wb_pages[i])) t->done[(*nd)++] = t->wb_pages[i];
     return st;
 }
 
-kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, const int32_t **done, size_t *n)
+kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const int32_t **done, size_t *n)
 {
-    *done = t->out_list;
+    *done = t->done;
     *n = 0;
-    if (!t->busy) return KVHAL_OK;
-    const kvhal_status st = wait ? t->tier->ops->wait(t->tier) : t->tier->ops->query(t->tier);
-    if (st == KVHAL_BUSY) return KVHAL_OK;
-    KVHAL_TRY(st);
+    kvhal_status st = t->q_n && store ? flush(t, n) : KVHAL_OK;
+    if (!t->busy) return st;
+    const kvhal_status q = wait ? t->tier->ops->wait(t->tier) : t->tier->ops->query(t->tier);
+    if (q == KVHAL_BUSY) return st;
+    if (q != KVHAL_OK) return st != KVHAL_OK ? st : q;
     t->tier->ops->complete(t->tier);
-    for (size_t i = 0; i < t->out_n; i++) t->copying[t->out_list[i] >> 6] &= ~(1ull << (t->out_list[i] & 63));
-    *n = t->out_n;
+    for (size_t i = 0; i < t->out_n; i++) {
+        const int32_t p = t->out_list[i];
+        t->copying[p >> 6] &= ~(1ull << (p & 63));
+        t->done[(*n)++] = p;
+    }
     t->out_n = 0;
     t->busy = false;
-    return KVHAL_OK;
+    return st;
 }
 
 size_t kvhal__tiering_host_run(kvhal__tiering *t, const int32_t *tokens, size_t num_tokens, size_t first,
@@ -262,8 +301,15 @@ kvhal_status kvhal__tiering_check(const kvhal__tiering *t, const kvhal_prefix_ca
     if (mc.bad >= 0)
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: tree page %d has no consistent entry in the tier page map "
                           "(its hash does not follow from its parent hash and tokens)", (int)mc.bad);
-    if (t->wb_n) return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu write-backs left pending", t->wb_n);
     if (t->drain_n) return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu drained pages not handed over", t->drain_n);
+    size_t nq = 0;
+    for (size_t w = 0; w < ((size_t)t->total + 63) / 64; w++) nq += (size_t)__builtin_popcountll(t->queued[w]);
+    if (nq != t->q_n) return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu pages flagged queued for write-back, %zu "
+                                        "listed", nq, t->q_n);
+    for (size_t i = 0; i < t->q_n; i++)
+        if (!kvhal__tiering_queued(t, t->q_list[i]) || copying(t, t->q_list[i]))
+            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d listed for write-back but not flagged (or "
+                              "already copying)", (int)t->q_list[i]);
     size_t nbits = 0;
     for (size_t w = 0; w < ((size_t)t->total + 63) / 64; w++) nbits += (size_t)__builtin_popcountll(t->copying[w]);
     if (nbits != t->out_n || (t->out_n && !t->busy))

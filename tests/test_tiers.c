@@ -255,12 +255,18 @@ static void test_drain(void **state)
     integrity(&r);
     kvhal_host_tier_stats st;
     OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
+    assert_int_equal(st.pages_written, 0); /* queued: the next call that polls or allocates starts the copies */
+    OKS(kvhal_cache_manager_match_tiered(r.cm, a, 8, &h, &dl, &hl, pages, 4));
+    assert_int_equal(dl + hl, 0); /* queued: no host hit */
+    OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r.cm), h));
+    assert_int_equal(kvhal_cache_manager_transfer_query(r.cm), KVHAL_BUSY); /* copies enqueued, held in flight */
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
     assert_int_equal(st.pages_written, 4);
     assert_int_equal(st.host_pages_used, 0); /* pending: not a prefix the host holds yet */
     OKS(kvhal_cache_manager_match_tiered(r.cm, a, 8, &h, &dl, &hl, pages, 4));
     assert_int_equal(dl + hl, 0); /* the copies are in flight: no host hit */
     OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r.cm), h));
-    assert_int_equal(kvhal_cache_manager_transfer_query(r.cm), KVHAL_BUSY);
+    integrity(&r);
     /* a draining page is nobody's to free */
     assert_int_equal(kvhal_cache_manager_free(r.cm, apages, 1), KVHAL_INVALID_ARGUMENT);
     assert_non_null(strstr(kvhal_last_error(), "draining"));
