@@ -95,12 +95,13 @@ KVHAL_HIDDEN bool kvhal__tiering_busy(const kvhal__tiering *t);
  * the tier's copies are complete (wait: waits for them; else a query that never waits): host entries become valid. *done[0..*n) lists the device pages now
  * done with (copies finished, or nothing to copy); the manager frees those that drain. An error of the store is
  * returned after *done is filled (the pages are lost to the host tier only). */
-KVHAL_HIDDEN kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const int32_t **done,
-                                              size_t *n);
-/* Whether a copy out of device page p is in flight, or queued (check_integrity: every draining page has one). */
+KVHAL_HIDDEN kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const uint64_t *drain_bits,
+                                              const int32_t **done, size_t *n);
+/* Whether a copy out of device page p is in flight. */
 KVHAL_HIDDEN bool kvhal__tiering_copying(const kvhal__tiering *t, int32_t p);
-KVHAL_HIDDEN bool kvhal__tiering_queued(const kvhal__tiering *t, int32_t p);
-KVHAL_HIDDEN size_t kvhal__tiering_num_queued(const kvhal__tiering *t);
+/* check_integrity: every page queued for write-back drains (once), and every draining page (drain_bits, the
+ * manager's) is queued or has a copy out of it in flight. */
+KVHAL_HIDDEN kvhal_status kvhal__tiering_check_drain(const kvhal__tiering *t, const uint64_t *drain_bits);
 /* Write-back with a host tier: eviction queues every page it evicts for its copy (the manager makes them drain at
  * once, instead of freeing them; kvhal__tiering_evict_done lists only the others that must drain). */
 KVHAL_HIDDEN bool kvhal__tiering_queues_all(const kvhal__tiering *t);

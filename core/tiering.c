@@ -27,7 +27,7 @@ struct kvhal__tiering {
     bool busy;               /* copies enqueued since the last reap */
     /* write-back: evicted pages queued for their copy (draining already; their page-map entries stay valid, as
      * the pages are nobody's until reaped); the next reap stores them (flush), so eviction costs a list append */
-    uint64_t *queued;
+    uint64_t *queued;        /* scratch of check_drain: a bit per queued page */
     int32_t *q_list, *done;
     size_t q_n;
     kvhal__tier *tier;       /* NULL: no host tier (events only) */
@@ -123,13 +123,30 @@ bool kvhal__tiering_copying(const kvhal__tiering *t, int32_t p)
 
 bool kvhal__tiering_busy(const kvhal__tiering *t) { return t->busy || t->q_n; }
 
-size_t kvhal__tiering_num_queued(const kvhal__tiering *t) { return t->q_n; }
-
 bool kvhal__tiering_queues_all(const kvhal__tiering *t) { return t->tier && t->policy == KVHAL_WRITE_BACK; }
 
-bool kvhal__tiering_queued(const kvhal__tiering *t, int32_t p)
+kvhal_status kvhal__tiering_check_drain(const kvhal__tiering *t, const uint64_t *drain_bits)
 {
-    return p >= 0 && p < t->total && ((t->queued[p >> 6] >> (p & 63)) & 1);
+    const size_t nw = ((size_t)t->total + 63) / 64;
+    uint64_t *q = t->queued;
+    memset(q, 0, nw * sizeof *q);
+    kvhal_status st = KVHAL_OK;
+    for (size_t i = 0; i < t->q_n && st == KVHAL_OK; i++) {
+        const int32_t p = t->q_list[i];
+        if (p < 0 || p >= t->total || ((q[p >> 6] >> (p & 63)) & 1) || !((drain_bits[p >> 6] >> (p & 63)) & 1) ||
+            copying(t, p))
+            st = kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d queued for write-back is out of range, queued "
+                            "twice, not draining or already copying", (int)p);
+        else
+            q[p >> 6] |= 1ull << (p & 63);
+    }
+    for (size_t w = 0; w < nw && st == KVHAL_OK; w++) {
+        const uint64_t lost = drain_bits[w] & ~(q[w] | t->copying[w]);
+        if (lost)
+            st = kvhal__err(KVHAL_INTEGRITY, "cache manager: page %zu is draining with no copy out of it in flight or "
+                            "queued", (w << 6) + (size_t)__builtin_ctzll(lost));
+    }
+    return st;
 }
 
 /* The tier enqueued copies out of pages[0..n): each is copying until the next reap. */
@@ -181,22 +198,30 @@ kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, c
 
 void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
 {
-    if (!t->ev && !t->tier) return; /* nothing to say, copy or drain */
+    /* one pass per duty, each a tight loop (a leaf at page size 1 is thousands of pages) */
+    const uint32_t total = (uint32_t)t->total;
+    if (t->ev)
+        for (size_t i = 0; i < n; i++) {
+            const int32_t p = pages[i];
+            if ((uint32_t)p < total) /* the manager reports a bad page itself */
+                kvhal__kv_event_push(t->ev, KVHAL_KV_REMOVED, KVHAL_TIER_DEVICE, t->hash[p], t->parent[p], p, NULL);
+        }
+    if (!t->tier) return;
+    if (t->out_n) /* write-through copies in flight: the pages they read drain (the tier has their entries) */
+        for (size_t i = 0; i < n; i++)
+            if ((uint32_t)pages[i] < total && copying(t, pages[i])) t->drain[t->drain_n++] = pages[i];
+    if (t->policy != KVHAL_WRITE_BACK) return;
+    /* queued for write-back (the manager makes them drain: kvhal__tiering_queues_all); the next reap that stores
+     * copies them (those the tier holds are only touched). Under write-back no page copies out while in the tree.
+     * A list append per page: eviction costs no more. */
+    int32_t *restrict list = t->q_list + t->q_n;
+    size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         const int32_t p = pages[i];
-        if (p < 0 || p >= t->total) continue; /* the manager reports a bad page itself */
-        kvhal__kv_event_push(t->ev, KVHAL_KV_REMOVED, KVHAL_TIER_DEVICE, t->hash[p], t->parent[p], p, NULL);
-        if (!t->tier) continue;
-        if (copying(t, p)) { /* its write-through copy is in flight: it drains (and the tier has its entry) */
-            t->drain[t->drain_n++] = p;
-            continue;
-        }
-        if (t->policy != KVHAL_WRITE_BACK) continue;
-        /* queued for write-back (the manager makes it drain: kvhal__tiering_queues_all): the next reap stores it
-         * (those the tier holds are only touched) */
-        t->queued[p >> 6] |= 1ull << (p & 63);
-        t->q_list[t->q_n++] = p;
+        list[k] = p;
+        k += (uint32_t)p < total;
     }
+    t->q_n += k;
 }
 
 kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t, const int32_t **drain, size_t *ndrain)
@@ -211,12 +236,15 @@ kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t, const int32_t **drain,
 /* The queued write-backs go to the tier (one lookup each: pages it holds are touched, not copied): the pages
  * copied start copying; the others (held already, no room, or a failed store: lost to the host tier only, as
  * they left the device either way) are done at once, appended to done[*nd]. */
-static kvhal_status flush(kvhal__tiering *t, size_t *nd)
+static kvhal_status flush(kvhal__tiering *t, const uint64_t *drain_bits, size_t *nd)
 {
-    const size_t n = t->q_n, ps = (size_t)t->page_size;
-    for (size_t i = 0; i < n; i++) {
-        const int32_t p = t->q_list[i];
-        t->queued[p >> 6] &= ~(1ull << (p & 63));
+    const size_t ps = (size_t)t->page_size;
+    size_t n = 0;
+    for (size_t j = 0; j < t->q_n; j++) {
+        const int32_t p = t->q_list[j];
+        /* a page the manager did not take from the tree (it reported it) has nothing to write back */
+        if (!((drain_bits[p >> 6] >> (p & 63)) & 1)) continue;
+        const size_t i = n++;
         t->wb_pages[i] = p;
         t->wb_hash[i] = t->hash[p];
         t->wb_parent[i] = t->parent[p];
@@ -234,11 +262,12 @@ static kvhal_status flush(kvhal__tiering *t, size_t *nd)
     return st;
 }
 
-kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const int32_t **done, size_t *n)
+kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const uint64_t *drain_bits,
+                                 const int32_t **done, size_t *n)
 {
     *done = t->done;
     *n = 0;
-    kvhal_status st = t->q_n && store ? flush(t, n) : KVHAL_OK;
+    kvhal_status st = t->q_n && store ? flush(t, drain_bits, n) : KVHAL_OK;
     if (!t->busy) return st;
     const kvhal_status q = wait ? t->tier->ops->wait(t->tier) : t->tier->ops->query(t->tier);
     if (q == KVHAL_BUSY) return st;
@@ -302,14 +331,6 @@ kvhal_status kvhal__tiering_check(const kvhal__tiering *t, const kvhal_prefix_ca
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: tree page %d has no consistent entry in the tier page map "
                           "(its hash does not follow from its parent hash and tokens)", (int)mc.bad);
     if (t->drain_n) return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu drained pages not handed over", t->drain_n);
-    size_t nq = 0;
-    for (size_t w = 0; w < ((size_t)t->total + 63) / 64; w++) nq += (size_t)__builtin_popcountll(t->queued[w]);
-    if (nq != t->q_n) return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu pages flagged queued for write-back, %zu "
-                                        "listed", nq, t->q_n);
-    for (size_t i = 0; i < t->q_n; i++)
-        if (!kvhal__tiering_queued(t, t->q_list[i]) || copying(t, t->q_list[i]))
-            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d listed for write-back but not flagged (or "
-                              "already copying)", (int)t->q_list[i]);
     size_t nbits = 0;
     for (size_t w = 0; w < ((size_t)t->total + 63) / 64; w++) nbits += (size_t)__builtin_popcountll(t->copying[w]);
     if (nbits != t->out_n || (t->out_n && !t->busy))
