@@ -7,7 +7,7 @@
  * CUDA 12.8+ (compile time): pinned host pages go through the copy engines instead, with cudaMemcpyBatchAsync (one
  * call for every (page, cache) block, adjacent blocks on both sides coalesced into one chunk), which reaches the
  * bandwidth of a plain pinned cudaMemcpy where the kernel's mapped-memory accesses do not. The kernel stays for
- * HIP, for the legacy default stream (which batch copies refuse: a NULL stream here) and for a stream being
+ * HIP, for chunks under 8 KiB on average (tiny pages: the copy engines' per-chunk cost), the legacy default stream (which batch copies refuse: a NULL stream here) and for a stream being
  * captured into a graph (nothing is assumed of batch copies in a graph), so the op stays capture-safe. */
 #include <stdlib.h>
 
@@ -92,11 +92,25 @@ static kvhal_status transfer_pageable(const Ctx *c, int32_t id, const kvhal_bk_p
 }
 
 #if defined(KVHAL_GPU_PT_BATCH)
+/* Below this many bytes per chunk (after coalescing) the copy engines' per-chunk cost dominates: the kernel does
+ * better, and its one launch per 128 pages costs the host far less than a batch of thousands of tiny chunks. */
+#define KVHAL_GPU_PT_BATCH_MIN_CHUNK 8192
+
 /* Pinned host pages through the copy engines: every (page, cache) block one chunk, merged with the previous one
- * when both its source and its destination follow it directly. */
-static kvhal_status transfer_batch(const Ctx *c, int32_t id, const kvhal_bk_page_transfer *a, gpuStream_t s)
+ * when both its source and its destination follow it directly. *done false (nothing enqueued) when the chunks
+ * are too small for the copy engines. */
+static kvhal_status transfer_batch(const Ctx *c, int32_t id, const kvhal_bk_page_transfer *a, gpuStream_t s,
+                                   bool *done)
 {
+    *done = false;
     const size_t bytes = (size_t)a->block_bytes, max = (size_t)a->num_pairs * (size_t)a->num_caches;
+    if (bytes < KVHAL_GPU_PT_BATCH_MIN_CHUNK) { /* small blocks: only worth it where a page's blocks coalesce */
+        size_t runs = 1;
+        for (int32_t k = 1; k < a->num_caches; k++)
+            runs += static_cast<const char *>(a->natives[k]) + a->offsets[k] !=
+                    static_cast<const char *>(a->natives[k - 1]) + a->offsets[k - 1] + bytes;
+        if ((size_t)a->num_caches * bytes < runs * (size_t)KVHAL_GPU_PT_BATCH_MIN_CHUNK) return KVHAL_OK;
+    }
     void **dst = static_cast<void **>(malloc(max * sizeof(void *)));
     const void **src = static_cast<const void **>(malloc(max * sizeof(void *)));
     size_t *len = static_cast<size_t *>(malloc(max * sizeof(size_t)));
@@ -127,6 +141,12 @@ static kvhal_status transfer_batch(const Ctx *c, int32_t id, const kvhal_bk_page
             n++;
         }
     }
+    if ((size_t)a->num_pairs * (size_t)a->num_caches * bytes < n * (size_t)KVHAL_GPU_PT_BATCH_MIN_CHUNK) {
+        free(dst);
+        free(src);
+        free(len);
+        return KVHAL_OK;
+    }
     cudaMemcpyAttributes attr = {};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
@@ -142,6 +162,7 @@ static kvhal_status transfer_batch(const Ctx *c, int32_t id, const kvhal_bk_page
     free(src);
     free(len);
     KVHAL_GPU_TRY(c, e, id, "page_transfer batch copy");
+    *done = true;
     return KVHAL_OK;
 }
 #endif
@@ -161,7 +182,11 @@ kvhal_status gpu_page_transfer(void *ctx, int32_t id, void *desc, const kvhal_bk
     if (s != (gpuStream_t)0 && s != cudaStreamLegacy) {
         cudaStreamCaptureStatus cap_status = cudaStreamCaptureStatusNone;
         KVHAL_GPU_TRY(c, cudaStreamIsCapturing(s, &cap_status), id, "page_transfer capture query");
-        if (cap_status == cudaStreamCaptureStatusNone) return transfer_batch(c, id, a, s);
+        if (cap_status == cudaStreamCaptureStatusNone) {
+            bool done = false;
+            st = transfer_batch(c, id, a, s, &done);
+            if (st != KVHAL_OK || done) return st;
+        }
     }
 #endif
     void *dhost = NULL;
