@@ -433,11 +433,11 @@ static void test_model_random(void **state)
             for (int i = 0; i < 12; i++) tokens[i] = g * 1000 + i;
             for (size_t i = 12; i < n; i++) tokens[i] = g * 1000 + 100 * (q + 1) + (int)i;
             chain(ps, tokens, n, hs);
-            /* streams held at times: copies stay in flight until a wait; not held, the copies on the cpu are done
-             * and a query completes them (stored events for the host), before and after a change */
+            /* streams held at times: copies stay in flight until a wait; not held, a wait completes them (stored
+             * events for the host) before the prediction, and again after a change */
             for (int k = 0; k < 2; k++) {
                 if (!held) {
-                    OKS(kvhal_cache_manager_transfer_query(r.cm));
+                    OKS(kvhal_cache_manager_transfer_wait(r.cm));
                     m_apply(&m, &r);
                     m_completed(&m);
                 }
