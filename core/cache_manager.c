@@ -120,7 +120,7 @@ static kvhal_status reap_ex(kvhal_cache_manager *cm, bool wait, bool store)
     if (!cm->tiering || !kvhal__tiering_busy(cm->tiering)) return KVHAL_OK;
     const int32_t *done;
     size_t n;
-    const kvhal_status st = kvhal__tiering_reap(cm->tiering, wait, store, cm->drain_bits, &done, &n);
+    const kvhal_status st = kvhal__tiering_reap(cm->tiering, wait, store, cm->drain_bits, cm->ndrain, &done, &n);
     for (size_t i = 0; i < n; i++) {
         const uint32_t p = (uint32_t)done[i];
         if (!page_is_draining(cm, p)) continue; /* a write-through copy of a page still in the tree */

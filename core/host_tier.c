@@ -212,12 +212,13 @@ static void ht_complete(kvhal__tier *t)
 {
     host_tier *h = (host_tier *)t;
     const size_t ps = (size_t)h->page_size;
-    for (int32_t i = 0; i < h->pend_n; i++) {
-        const int32_t s = h->pend[i];
-        h->pending[s] = 0;
-        kvhal__kv_event_push(h->ev, KVHAL_KV_STORED, KVHAL_TIER_HOST, h->hash[s], h->parent[s], s,
-                             h->tokens + (size_t)s * ps);
-    }
+    for (int32_t i = 0; i < h->pend_n; i++) h->pending[h->pend[i]] = 0;
+    if (h->ev)
+        for (int32_t i = 0; i < h->pend_n; i++) {
+            const int32_t s = h->pend[i];
+            kvhal__kv_event_push(h->ev, KVHAL_KV_STORED, KVHAL_TIER_HOST, h->hash[s], h->parent[s], s,
+                                 h->tokens + (size_t)s * ps);
+        }
     h->pend_n = 0;
 }
 

@@ -96,7 +96,7 @@ KVHAL_HIDDEN bool kvhal__tiering_busy(const kvhal__tiering *t);
  * done with (copies finished, or nothing to copy); the manager frees those that drain. An error of the store is
  * returned after *done is filled (the pages are lost to the host tier only). */
 KVHAL_HIDDEN kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const uint64_t *drain_bits,
-                                              const int32_t **done, size_t *n);
+                                              int32_t ndrain, const int32_t **done, size_t *n);
 /* Whether a copy out of device page p is in flight. */
 KVHAL_HIDDEN bool kvhal__tiering_copying(const kvhal__tiering *t, int32_t p);
 /* check_integrity: every page queued for write-back drains (once), and every draining page (drain_bits, the

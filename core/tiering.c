@@ -263,7 +263,7 @@ static kvhal_status flush(kvhal__tiering *t, const uint64_t *drain_bits, size_t 
 }
 
 kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const uint64_t *drain_bits,
-                                 const int32_t **done, size_t *n)
+                                 int32_t ndrain, const int32_t **done, size_t *n)
 {
     *done = t->done;
     *n = 0;
@@ -273,11 +273,17 @@ kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const
     if (q == KVHAL_BUSY) return st;
     if (q != KVHAL_OK) return st != KVHAL_OK ? st : q;
     t->tier->ops->complete(t->tier);
-    for (size_t i = 0; i < t->out_n; i++) {
-        const int32_t p = t->out_list[i];
-        t->copying[p >> 6] &= ~(1ull << (p & 63));
-        t->done[(*n)++] = p;
-    }
+    /* write-through copies of a whole batch of requests complete together: their pages are listed only where some
+     * drain (ndrain: the manager's count), and the bits cleared by words once there are many */
+    const size_t nw = ((size_t)t->total + 63) / 64;
+    if (t->out_n > nw) memset(t->copying, 0, nw * sizeof *t->copying);
+    else
+        for (size_t i = 0; i < t->out_n; i++) t->copying[t->out_list[i] >> 6] &= ~(1ull << (t->out_list[i] & 63));
+    if (ndrain)
+        for (size_t i = 0; i < t->out_n; i++) {
+            const int32_t p = t->out_list[i];
+            if ((drain_bits[p >> 6] >> (p & 63)) & 1) t->done[(*n)++] = p;
+        }
     t->out_n = 0;
     t->busy = false;
     return st;
