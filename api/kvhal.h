@@ -1303,7 +1303,8 @@ KVHAL_API kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *c
 KVHAL_API kvhal_status kvhal_cache_manager_cache_finished_suffix(kvhal_cache_manager *cm,
                                                                  kvhal_prefix_handle handle, const int32_t *tokens,
                                                                  size_t num_tokens, const int32_t *pages);
-/** Free plus evictable pages.
+/** Free plus evictable pages (plus, on a tiered manager, draining ones: evicted pages whose copy to the host tier
+ *  is queued or in flight, handed out once it completed).
  *  @param cm the manager.
  *  @return the count; 0 for NULL or a pointer that is not a live manager. Thread safety: single-owner. */
 KVHAL_API int32_t kvhal_cache_manager_available(const kvhal_cache_manager *cm);
@@ -1320,6 +1321,9 @@ KVHAL_API uint64_t kvhal_cache_manager_pages_evicted(const kvhal_cache_manager *
  *  @param cm the manager.
  *  @param num_tokens tokens to free.
  *  @param evicted receives the tokens freed (may be NULL).
+ *  On a tiered manager nothing is copied or waited for here: write-back queues the evicted pages for their copy
+ *  and they drain (never handed out) until the copy completed; a page whose write-through copy is in flight drains
+ *  too. The queued copies are enqueued by the next allocate, load_back, transfer_query or transfer_wait.
  *  @return KVHAL_OK; KVHAL_INVALID_HANDLE; KVHAL_UNSUPPORTED (naive prefix cache). Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_cache_manager_evict(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted);
 /** Checks free + evictable + protected + held by running requests == total, and the prefix cache.
@@ -1340,6 +1344,16 @@ KVHAL_API void kvhal_fault_inject_alloc(int64_t n);
 /** Allocations counted since the last kvhal_fault_inject_alloc() call (to walk every allocation point).
  *  @return the count. Thread safety: process-wide. */
 KVHAL_API int64_t kvhal_fault_alloc_count(void);
+/** Test hook: while hold is nonzero, kvhal_stream_query and the tiered manager's polling of its copies
+ *  (kvhal_cache_manager_transfer_query, and the cheap queries inside match and allocate) report the queued work as
+ *  still running (KVHAL_BUSY), whatever the device did; waits (kvhal_stream_synchronize, kvhal_device_synchronize)
+ *  still complete and are counted. It lets a test keep a copy "in flight" on a device whose copies are synchronous.
+ *  @param hold nonzero to hold, 0 to release. The wait count restarts at 0.
+ *  Thread safety: process-wide. */
+KVHAL_API void kvhal_fault_hold_streams(int hold);
+/** Waits (kvhal_stream_synchronize, kvhal_device_synchronize) since the last kvhal_fault_hold_streams() call.
+ *  @return the count. Thread safety: process-wide. */
+KVHAL_API int64_t kvhal_fault_stream_waits(void);
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* MLA caches (multi-head latent attention): one latent vector per token and no V side                           */
@@ -1502,10 +1516,15 @@ typedef struct kvhal_host_tier_config {
  *         cfg->stream; KVHAL_OUT_OF_MEMORY (host pages or bookkeeping: nothing is kept).
  * Thread safety: the manager is single-owner, as every cache manager.
  * Stream: the tier's copies run on cfg.stream (or the manager's own) and read device pages when cache_finished
- *         (write-through) or an eviction (write-back) runs, so the K/V writes of those pages must be complete by
- *         then (synchronize the stream that wrote them, or pass that stream as cfg.stream). Write-back waits for
- *         its copies before an evicted page can be handed out again; load_back's copies are waited for with
- *         kvhal_cache_manager_transfer_wait. Graph capture: none of the manager's calls may be captured. */
+ *         (write-through) or, for pages an eviction queued (write-back), when the next allocate, load_back,
+ *         transfer_query or transfer_wait runs, so the K/V writes of those pages must be complete by then
+ *         (synchronize the stream that wrote them, or pass that stream as cfg.stream). An evicted page whose copy
+ *         is queued or in flight drains: it is handed out only after a poll (the queries inside match_tiered,
+ *         allocate and transfer_query) or a wait saw its copy complete; allocation takes free pages first, then
+ *         reaps completed copies, evicts what the draining pages cannot cover and waits only when still short.
+ *         A host page becomes a hit (and its stored event is queued) once its copy completed. load_back's copies
+ *         are waited for with kvhal_cache_manager_transfer_wait. Graph capture: none of the manager's calls may be
+ *         captured. */
 KVHAL_API kvhal_status kvhal_cache_manager_create_tiered(int32_t total_pages, int32_t page_size,
                                                          kvhal_prefix_kind kind, const kvhal_host_tier_config *cfg,
                                                          kvhal_cache_manager **out);
@@ -1539,12 +1558,14 @@ KVHAL_API kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm,
 KVHAL_API kvhal_status kvhal_cache_manager_load_back(kvhal_cache_manager *cm, kvhal_prefix_handle handle,
                                                      const int32_t *tokens, size_t num_tokens, int32_t *pages,
                                                      size_t pages_cap, size_t *loaded_len);
-/** Waits for every transfer the manager has enqueued. @param cm a tiered manager.
+/** Enqueues the queued write-backs and waits for every transfer the manager has enqueued (drained pages go free,
+ * host pages become hits). @param cm a tiered manager.
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT when cm is not tiered; a device error.
  * Graph capture: not while the tier's stream is captured.
  * Thread safety: the manager is single-owner. Graph capture: no (it waits). */
 KVHAL_API kvhal_status kvhal_cache_manager_transfer_wait(kvhal_cache_manager *cm);
-/** Polls the manager's transfers. @param cm a tiered manager.
+/** Enqueues the queued write-backs and polls the manager's transfers (never waits, except on a device without
+ * streams); when they are done, drained pages go free and host pages become hits. @param cm a tiered manager.
  * @return KVHAL_OK when all are done, KVHAL_BUSY while some are in flight; KVHAL_INVALID_ARGUMENT when not tiered.
  * Thread safety: the manager is single-owner. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_cache_manager_transfer_query(kvhal_cache_manager *cm);

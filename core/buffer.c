@@ -289,6 +289,7 @@ kvhal_status kvhal_stream_synchronize(kvhal_stream *s)
 {
     if (!s) return kvhal__err(KVHAL_INVALID_ARGUMENT, "s: NULL (use kvhal_device_synchronize for the default stream)");
     KVHAL_TRY(kvhal__check_stream(s, s->device, "s"));
+    kvhal__stream_waited();
     const kvhal__bk *bk = s->backend;
     if (!bk->dev.stream_synchronize) return bk->dev.synchronize(bk->ctx, s->device.id);
     return bk->dev.stream_synchronize(bk->ctx, s->device.id, s->bk_stream);

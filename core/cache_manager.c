@@ -33,6 +33,9 @@ struct kvhal_cache_manager {
     uint64_t *free_bits;     /* bit p: page p is free; bits past total stay 0 */
     uint64_t *tree_bits;     /* bit p: page p is the prefix cache's (never with its free bit) */
     uint64_t *free_sum;      /* bit w: free_bits[w] != 0 */
+    uint64_t *drain_bits;    /* bit p: page p left the tree and a copy out of it is in flight (tiered only):
+                              * neither free nor cached nor held; free again once a reap sees the copy done */
+    int32_t ndrain;
     size_t nwords, nsum;
     size_t low;              /* every bitmap word below this one is 0 (no free page) */
     int64_t held;            /* pages held by running requests */
@@ -81,6 +84,58 @@ static inline void tree_to_free(kvhal_cache_manager *cm, size_t w, uint64_t m)
     cm->free_sum[w >> 6] |= 1ull << (w & 63);
     if (w < cm->low) cm->low = w;
 }
+
+static inline bool page_is_draining(const kvhal_cache_manager *cm, uint32_t p)
+{
+    return (cm->drain_bits[p >> 6] >> (p & 63)) & 1;
+}
+
+/* Cached pages m of word w drain (write-back: queued for their copy). */
+static inline void tree_to_drain(kvhal_cache_manager *cm, size_t w, uint64_t m)
+{
+    cm->tree_bits[w] &= ~m;
+    cm->drain_bits[w] |= m;
+}
+
+/* Evicted pages (free since the eviction callback) whose copy out is in flight: draining until reaped. */
+static void drain_pages(kvhal_cache_manager *cm, const int32_t *pages, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t p = (uint32_t)pages[i];
+        if (p >= (uint32_t)cm->total || !page_is_free(cm, p)) continue; /* a bad page the callback reported */
+        const size_t w = p >> 6;
+        cm->free_bits[w] &= ~(1ull << (p & 63));
+        if (!cm->free_bits[w]) cm->free_sum[w >> 6] &= ~(1ull << (w & 63));
+        cm->drain_bits[w] |= 1ull << (p & 63);
+        cm->nfree--;
+        cm->ndrain++;
+    }
+}
+
+/* Completed drains become free: a query that never waits, or (wait) a wait for the tier's copies. The queued
+ * write-backs are stored first (their copies enqueued), except by match (store false), which must see the host
+ * tier as it was (storing may drop host entries to make room). */
+static kvhal_status reap_ex(kvhal_cache_manager *cm, bool wait, bool store)
+{
+    if (!cm->tiering || !kvhal__tiering_busy(cm->tiering)) return KVHAL_OK;
+    const int32_t *done;
+    size_t n;
+    const kvhal_status st = kvhal__tiering_reap(cm->tiering, wait, store, cm->drain_bits, cm->ndrain, &done, &n);
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t p = (uint32_t)done[i];
+        if (!page_is_draining(cm, p)) continue; /* a write-through copy of a page still in the tree */
+        const size_t w = p >> 6;
+        cm->drain_bits[w] &= ~(1ull << (p & 63));
+        cm->free_bits[w] |= 1ull << (p & 63);
+        cm->free_sum[w >> 6] |= 1ull << (w & 63);
+        if (w < cm->low) cm->low = w;
+        cm->nfree++;
+        cm->ndrain--;
+    }
+    return st;
+}
+
+static kvhal_status reap(kvhal_cache_manager *cm, bool wait) { return reap_ex(cm, wait, true); }
 
 /* Page lists as arithmetic progressions. Lowest-first allocation hands a request runs (step 1) at admission and,
  * at page size 1, one page per decode step interleaved with the rest of the batch: p, p + b, p + 2b, ... for a
@@ -236,6 +291,7 @@ static void free_manager(kvhal_cache_manager *cm)
     free(cm->tree_bits);
     free(cm->free_bits);
     free(cm->free_sum);
+    free(cm->drain_bits);
     free(cm);
 }
 
@@ -255,7 +311,8 @@ kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t page_size, 
     if (st == KVHAL_OK) kvhal__prefix_set_manager_owned(cm->pc, true);
     if (st == KVHAL_OK && (!(cm->tree_bits = kvhal__malloc(cm->nwords * sizeof *cm->tree_bits)) ||
                            !(cm->free_bits = kvhal__malloc(cm->nwords * sizeof *cm->free_bits)) ||
-                           !(cm->free_sum = kvhal__malloc(cm->nsum * sizeof *cm->free_sum))))
+                           !(cm->free_sum = kvhal__malloc(cm->nsum * sizeof *cm->free_sum)) ||
+                           !(cm->drain_bits = kvhal__calloc(cm->nwords, sizeof *cm->drain_bits))))
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the owners of %d pages", (int)total_pages);
     if (st != KVHAL_OK) goto fail;
     /* written now (malloc, not calloc), so that first use does not fault the pages in one by one */
@@ -317,6 +374,8 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
 {
     kvhal_cache_manager *cm = user;
     if (cm->tiering) kvhal__tiering_evicted(cm->tiering, pages, n);
+    /* write-back with a host tier: every evicted page is queued for its copy, so it drains instead of going free */
+    const bool drain = cm->tiering && kvhal__tiering_queues_all(cm->tiering);
     const uint64_t *restrict tree = cm->tree_bits;
     const uint32_t total = (uint32_t)cm->total;
     size_t freed = 0;
@@ -331,8 +390,13 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
             while (apw_next(&a));
             if (!missing) {
                 apw_first(&a, (uint32_t)pages[i], d, len);
-                do tree_to_free(cm, a.w, a.mask);
-                while (apw_next(&a));
+                if (drain) {
+                    do tree_to_drain(cm, a.w, a.mask);
+                    while (apw_next(&a));
+                } else {
+                    do tree_to_free(cm, a.w, a.mask);
+                    while (apw_next(&a));
+                }
                 freed += len;
                 i += len;
                 continue;
@@ -343,7 +407,8 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
         for (; i < end; i++) {
             const uint32_t p = (uint32_t)pages[i];
             if (p < total && page_is_tree(cm, p)) {
-                tree_to_free(cm, p >> 6, 1ull << (p & 63));
+                if (drain) tree_to_drain(cm, p >> 6, 1ull << (p & 63));
+                else tree_to_free(cm, p >> 6, 1ull << (p & 63));
                 freed++;
             } else if (cm->cb_status == KVHAL_OK) {
                 cm->cb_status = kvhal__err(KVHAL_INTEGRITY, "cache manager: evicted page %d was not a cached page",
@@ -351,17 +416,25 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
             }
         }
     }
-    cm->nfree += (int32_t)freed;
+    if (drain) cm->ndrain += (int32_t)freed;
+    else cm->nfree += (int32_t)freed;
     cm->evicted_pages += freed;
 }
 
 static kvhal_status evict_tokens(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
 {
     cm->cb_status = KVHAL_OK;
+    /* copies that completed are reaped first (a query, nothing stored): pages whose write-through copy is done then
+     * go free, not draining, and eviction skips the per-page check when none is left in flight */
+    if (cm->tiering) KVHAL_TRY(reap_ex(cm, false, false));
     kvhal_status st = kvhal__prefix_evict_owned(cm->pc, num_tokens, evicted_cb, cm, evicted);
-    /* write-back: the evicted pages' copies are made (and waited for) before anything can reuse the pages */
+    /* write-back: the evicted pages' copies are enqueued, not waited for; the pages copied out (and those whose
+     * write-through copy is still in flight) drain until a reap sees the copies complete */
     if (cm->tiering) {
-        kvhal_status wb = kvhal__tiering_evict_done(cm->tiering);
+        const int32_t *drain;
+        size_t nd;
+        kvhal_status wb = kvhal__tiering_evict_done(cm->tiering, &drain, &nd);
+        drain_pages(cm, drain, nd);
         if (st == KVHAL_OK) st = wb;
     }
     KVHAL_TRY(st);
@@ -384,16 +457,21 @@ static kvhal_status kvhal_cache_manager_allocate__body(kvhal_cache_manager *cm, 
     if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
     if (n == 0) return KVHAL_OK;
     KVHAL_CHECK_ARG(pages, "pages: NULL for %d pages", (int)n);
+    /* free pages first, then drains whose copies completed (a query), then eviction of what the drains in flight
+     * cannot cover, and a wait only when that is still short (write-back: the pages just evicted drain too) */
+    if (cm->nfree < n && cm->ndrain) KVHAL_TRY(reap(cm, false));
     int32_t nfree = cm->nfree;
     if (nfree < n) {
         kvhal_prefix_size_info si;
         KVHAL_TRY(kvhal__prefix_size_info_get_owned(cm->pc, &si));
         size_t evictable = si.evictable_tokens / (size_t)cm->page_size;
-        if ((size_t)nfree + evictable < (size_t)n)
-            return kvhal__err(KVHAL_OUT_OF_MEMORY, "n: %d pages requested, only %d free + %zu evictable of %d (the "
-                              "rest are locked by running requests or held by them)", (int)n, (int)nfree, evictable,
-                              (int)cm->total);
-        KVHAL_TRY(evict_tokens(cm, (size_t)(n - nfree) * (size_t)cm->page_size, NULL));
+        if ((size_t)nfree + (size_t)cm->ndrain + evictable < (size_t)n)
+            return kvhal__err(KVHAL_OUT_OF_MEMORY, "n: %d pages requested, only %d free + %d draining + %zu evictable "
+                              "of %d (the rest are locked by running requests or held by them)", (int)n, (int)nfree,
+                              (int)cm->ndrain, evictable, (int)cm->total);
+        const int64_t short_by = (int64_t)n - nfree - cm->ndrain;
+        if (short_by > 0) KVHAL_TRY(evict_tokens(cm, (size_t)short_by * (size_t)cm->page_size, NULL));
+        if (cm->nfree < n) KVHAL_TRY(reap(cm, true));
         if (cm->nfree < n)
             return kvhal__err(KVHAL_INTEGRITY, "cache manager: eviction left %d free pages, %d needed", (int)cm->nfree,
                               (int)n);
@@ -420,7 +498,8 @@ static kvhal_status mark_tree_slow(kvhal_cache_manager *cm, const int32_t *pages
     const uint32_t total = (uint32_t)cm->total;
     for (size_t i = from; i < to; i++) {
         const int32_t p = pages[i];
-        if ((uint32_t)p < total && !page_is_free(cm, (uint32_t)p) && !page_is_tree(cm, (uint32_t)p)) {
+        if ((uint32_t)p < total && !page_is_free(cm, (uint32_t)p) && !page_is_tree(cm, (uint32_t)p) &&
+            !page_is_draining(cm, (uint32_t)p)) {
             cm->tree_bits[(uint32_t)p >> 6] |= 1ull << ((uint32_t)p & 63);
             continue;
         }
@@ -432,6 +511,8 @@ static kvhal_status mark_tree_slow(kvhal_cache_manager *cm, const int32_t *pages
                               (int)cm->total);
         const char *why = seen ? "listed twice"
                           : page_is_free(cm, (uint32_t)p) ? "free (not allocated)"
+                          : page_is_draining(cm, (uint32_t)p) ? "draining (evicted; its copy to the host tier is in "
+                                                                "flight), not allocated"
                           : "owned by the prefix cache, not by the request";
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "pages[%zu]: page %d is %s", i, (int)p, why);
     }
@@ -446,6 +527,7 @@ static kvhal_status mark_tree(kvhal_cache_manager *cm, const int32_t *pages, siz
 {
     uint64_t *restrict tree = cm->tree_bits;
     const uint64_t *restrict fr = cm->free_bits;
+    const uint64_t *restrict dr = cm->drain_bits;
     const uint32_t total = (uint32_t)cm->total;
     for (size_t i = from; i < to;) {
         uint32_t d;
@@ -454,7 +536,7 @@ static kvhal_status mark_tree(kvhal_cache_manager *cm, const int32_t *pages, siz
         uint64_t busy = len ? 0 : 1;
         if (len) {
             apw_first(&a, (uint32_t)pages[i], d, len);
-            do busy |= (fr[a.w] | tree[a.w]) & a.mask;
+            do busy |= (fr[a.w] | tree[a.w] | dr[a.w]) & a.mask;
             while (apw_next(&a));
         }
         if (busy) { /* taken only on a bad list */
@@ -562,7 +644,7 @@ int32_t kvhal_cache_manager_available(const kvhal_cache_manager *cm)
     if (!cm || !kvhal__handle_live(cm, CM_MAGIC)) return 0;
     kvhal_prefix_size_info si;
     if (kvhal__prefix_size_info_get_owned(cm->pc, &si) != KVHAL_OK) return 0;
-    return cm->nfree + (int32_t)(si.evictable_tokens / (size_t)cm->page_size);
+    return cm->nfree + cm->ndrain + (int32_t)(si.evictable_tokens / (size_t)cm->page_size);
 }
 
 int32_t kvhal_cache_manager_num_free(const kvhal_cache_manager *cm)
@@ -621,17 +703,29 @@ static kvhal_status kvhal_cache_manager_check_integrity__body(const kvhal_cache_
     KVHAL_TRY(check_cm_magic(cm));
     KVHAL_TRY(check_free_set(cm));
     KVHAL_TRY(kvhal__prefix_check_integrity_owned(cm->pc));
-    int64_t cached = 0;
+    int64_t cached = 0, draining = 0;
     for (size_t w = 0; w < cm->nwords; w++) {
         const uint64_t both = cm->free_bits[w] & cm->tree_bits[w];
         if (both)
             return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %zu is both free and cached",
                               (w << 6) + (size_t)__builtin_ctzll(both));
+        const uint64_t dboth = cm->drain_bits[w] & (cm->free_bits[w] | cm->tree_bits[w]);
+        if (dboth)
+            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %zu is draining and also free or cached",
+                              (w << 6) + (size_t)__builtin_ctzll(dboth));
+        if (cm->drain_bits[w] && !cm->tiering)
+            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %zu is draining in a manager without tiers",
+                              (w << 6) + (size_t)__builtin_ctzll(cm->drain_bits[w]));
         cached += __builtin_popcountll(cm->tree_bits[w]);
+        draining += __builtin_popcountll(cm->drain_bits[w]);
     }
+    if (cm->tiering) KVHAL_TRY(kvhal__tiering_check_drain(cm->tiering, cm->drain_bits));
+    if (draining != cm->ndrain)
+        return kvhal__err(KVHAL_INTEGRITY, "cache manager: %lld pages flagged draining, a count of %d",
+                          (long long)draining, (int)cm->ndrain);
     if (cm->total % 64 && cm->tree_bits[cm->nwords - 1] >> (cm->total % 64))
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: cached bits set past the last page");
-    const int64_t held = (int64_t)cm->total - cm->nfree - cached; /* neither bit */
+    const int64_t held = (int64_t)cm->total - cm->nfree - cached - draining; /* no bit */
     kvhal_prefix_size_info si;
     KVHAL_TRY(kvhal__prefix_size_info_get_owned(cm->pc, &si));
     tree_count tc = {cm, 0, -1};
@@ -643,11 +737,12 @@ static kvhal_status kvhal_cache_manager_check_integrity__body(const kvhal_cache_
     if (cm->tiering) KVHAL_TRY(kvhal__tiering_check(cm->tiering, cm->pc));
     int32_t nfree = cm->nfree;
     if (held != cm->held || (size_t)cached != tree_pages || tc.pages != tree_pages ||
-        (int64_t)nfree + cm->held + (int64_t)tree_pages != cm->total)
+        (int64_t)nfree + cm->held + (int64_t)tree_pages + cm->ndrain != cm->total)
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: %d free + %zu cached (%zu evictable, %zu protected) + %lld "
-                          "held by requests != %d pages (pages seen: %d free, %lld cached, %lld held)", (int)nfree,
-                          tree_pages, si.evictable_tokens / (size_t)cm->page_size,
-                          si.protected_tokens / (size_t)cm->page_size, (long long)cm->held, (int)cm->total,
+                          "held by requests + %d draining != %d pages (pages seen: %d free, %lld cached, %lld held)",
+                          (int)nfree, tree_pages, si.evictable_tokens / (size_t)cm->page_size,
+                          si.protected_tokens / (size_t)cm->page_size, (long long)cm->held, (int)cm->ndrain,
+                          (int)cm->total,
                           (int)nfree, (long long)cached, (long long)held);
     return KVHAL_OK;
 }
@@ -776,6 +871,8 @@ kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm, const int
                                               int32_t *pages, size_t pages_cap)
 {
     size_t len = 0;
+    /* host entries whose copies completed become hits: a query, no wait */
+    if (cm && kvhal__handle_live(cm, CM_MAGIC) && cm->magic == CM_MAGIC && host_len) KVHAL_TRY(reap_ex(cm, false, false));
     KVHAL_TRY(kvhal_cache_manager_match(cm, tokens, num_tokens, handle, &len, pages, pages_cap));
     if (device_len) *device_len = len;
     if (host_len) *host_len = 0;
@@ -836,14 +933,22 @@ kvhal_status kvhal_cache_manager_transfer_wait(kvhal_cache_manager *cm)
 {
     KVHAL_TRY(check_tiered(cm, false));
     kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
-    return tier ? tier->ops->wait(tier) : KVHAL_OK;
+    if (!tier) return KVHAL_OK;
+    /* copies out pending: the wait also frees the drained pages and validates the host entries */
+    if (kvhal__tiering_busy(cm->tiering)) return reap(cm, true);
+    return tier->ops->wait(tier);
 }
 
 kvhal_status kvhal_cache_manager_transfer_query(kvhal_cache_manager *cm)
 {
     KVHAL_TRY(check_tiered(cm, false));
     kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
-    return tier ? tier->ops->query(tier) : KVHAL_OK;
+    if (!tier) return KVHAL_OK;
+    if (kvhal__tiering_busy(cm->tiering)) {
+        KVHAL_TRY(reap(cm, false));
+        if (kvhal__tiering_busy(cm->tiering)) return KVHAL_BUSY;
+    }
+    return tier->ops->query(tier);
 }
 
 kvhal_status kvhal_cache_manager_tier_stats(const kvhal_cache_manager *cm, kvhal_host_tier_stats *out)
@@ -874,5 +979,6 @@ kvhal_status kvhal_cache_manager_host_tier_clear(kvhal_cache_manager *cm)
 {
     KVHAL_TRY(check_tiered(cm, true));
     kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
+    KVHAL_TRY(reap(cm, true)); /* the drained pages go free; every entry valid, then dropped */
     return tier->ops->clear(tier);
 }

@@ -88,6 +88,7 @@ kvhal_status kvhal_device_synchronize(kvhal_device dev)
 {
     const kvhal__bk *b;
     KVHAL_TRY(kvhal__lookup(dev, "dev", &b));
+    kvhal__stream_waited();
     return b->dev.synchronize(b->ctx, dev.id);
 }
 

@@ -56,3 +56,19 @@ void *kvhal__realloc(void *p, size_t n)
     if (kvhal__alloc_should_fail()) return NULL;
     return realloc(p, n ? n : 1);
 }
+
+/* Held streams (kvhal_fault_hold_streams): queries report BUSY; waits are counted. */
+static atomic_int streams_held;
+static atomic_llong stream_waits;
+
+void kvhal_fault_hold_streams(int hold)
+{
+    atomic_store(&stream_waits, 0);
+    atomic_store(&streams_held, hold != 0);
+}
+
+int64_t kvhal_fault_stream_waits(void) { return atomic_load(&stream_waits); }
+
+bool kvhal__streams_held(void) { return atomic_load_explicit(&streams_held, memory_order_relaxed) != 0; }
+
+void kvhal__stream_waited(void) { atomic_fetch_add_explicit(&stream_waits, 1, memory_order_relaxed); }

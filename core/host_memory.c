@@ -82,6 +82,7 @@ kvhal_status kvhal_stream_query(kvhal_stream *s)
 {
     if (!s) return kvhal__err(KVHAL_INVALID_ARGUMENT, "s: NULL (poll a stream of your own)");
     KVHAL_TRY(kvhal__check_stream(s, s->device, "s"));
+    if (kvhal__streams_held()) return KVHAL_BUSY; /* test hook: the work counts as still running */
     const kvhal__bk *bk = s->backend;
     if (bk->dev.stream_query) return bk->dev.stream_query(bk->ctx, s->device.id, s->bk_stream);
     if (bk->dev.stream_synchronize) return bk->dev.stream_synchronize(bk->ctx, s->device.id, s->bk_stream);

@@ -226,5 +226,8 @@ KVHAL_HIDDEN void *kvhal__malloc(size_t n);
 KVHAL_HIDDEN void *kvhal__calloc(size_t n, size_t size);
 KVHAL_HIDDEN void *kvhal__realloc(void *p, size_t n);
 KVHAL_HIDDEN bool kvhal__alloc_should_fail(void);
+/* kvhal_fault_hold_streams: queries report BUSY while held; waits are counted (faults.c). */
+KVHAL_HIDDEN bool kvhal__streams_held(void);
+KVHAL_HIDDEN void kvhal__stream_waited(void);
 
 #endif

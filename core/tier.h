@@ -22,22 +22,29 @@ typedef struct kvhal__kv_events kvhal__kv_events;
 typedef struct kvhal__tier kvhal__tier;
 typedef struct kvhal__tier_ops {
     const char *name;
-    /* The entry holding the page hash with these tokens (page_size of them), or -1. */
-    int32_t (*find)(kvhal__tier *t, uint64_t hash, const int32_t *tokens);
+    /* The entry holding the page hash with these tokens (page_size of them), or -1. any: also an entry whose copy
+     * in is still in flight (pending: never a hit, but not to be copied again). */
+    int32_t (*find)(kvhal__tier *t, uint64_t hash, const int32_t *tokens, bool any);
     /* Marks an entry most recently used. */
     void (*touch)(kvhal__tier *t, int32_t slot);
     /* Copies n device pages in (dev_pages[i] with hashes[i], parents[i], tokens + i * page_size), making room by
      * dropping least recently used unpinned entries (reported as removed events). Pages it already holds are
-     * touched, not copied again. *stored: pages copied. On an error nothing of this call is kept. */
+     * touched, not copied again. *stored: pages copied, their device pages in copied[0..*stored) (cap n). The new
+     * entries are pending until complete(): their stored events go out then. On an error nothing of this call is
+     * kept. */
     kvhal_status (*store)(kvhal__tier *t, size_t n, const int32_t *dev_pages, const uint64_t *hashes,
-                          const uint64_t *parents, const int32_t *tokens, size_t *stored);
+                          const uint64_t *parents, const int32_t *tokens, size_t *stored, int32_t *copied);
     /* Enqueues copies of entries slots[i] into device pages dev_pages[i]. */
     kvhal_status (*load)(kvhal__tier *t, size_t n, const int32_t *slots, const int32_t *dev_pages);
     void (*pin)(kvhal__tier *t, int32_t slot, int delta);
     /* Drops every entry (a cleared event). */
     kvhal_status (*clear)(kvhal__tier *t);
     kvhal_status (*wait)(kvhal__tier *t);
+    /* KVHAL_OK when every copy enqueued so far is complete, KVHAL_BUSY when not (never waits, except where the
+     * device has no stream to poll). */
     kvhal_status (*query)(kvhal__tier *t);
+    /* Called once wait or query said the copies are complete: pending entries become valid. */
+    void (*complete)(kvhal__tier *t);
     kvhal_status (*check)(const kvhal__tier *t);
     void (*stats)(const kvhal__tier *t, kvhal_host_tier_stats *out);
     void (*destroy)(kvhal__tier *t);
@@ -75,10 +82,29 @@ KVHAL_HIDDEN kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32
 /* The hash of a tree page (the parent of what follows it). */
 KVHAL_HIDDEN uint64_t kvhal__tiering_page_hash(const kvhal__tiering *t, int32_t page);
 KVHAL_HIDDEN uint64_t kvhal__tiering_root(const kvhal__tiering *t);
-/* Eviction: pages leave the tree (removed events; collected for write-back). */
+/* Eviction: pages leave the tree (removed events; collected for write-back; those with a copy out in flight
+ * collected to drain). */
 KVHAL_HIDDEN void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n);
-/* After an eviction: writes the collected pages back and waits for the copies, so that the pages may be reused. */
-KVHAL_HIDDEN kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t);
+/* After an eviction: gives the evicted pages that must drain, *drain[0..*n), valid until the next tiering call:
+ * write-back pages (queued for their copy: the next reap stores them) and pages whose write-through copy is in
+ * flight. Nothing is copied or waited for here. The manager keeps them from requests until a reap hands them back. */
+KVHAL_HIDDEN kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t, const int32_t **drain, size_t *n);
+/* Whether write-backs are queued or copies out of device pages (or into host entries) may be in flight. */
+KVHAL_HIDDEN bool kvhal__tiering_busy(const kvhal__tiering *t);
+/* Stores the queued write-backs (store: their copies enqueued; it may drop host entries to make room), then, when
+ * the tier's copies are complete (wait: waits for them; else a query that never waits): host entries become valid. *done[0..*n) lists the device pages now
+ * done with (copies finished, or nothing to copy); the manager frees those that drain. An error of the store is
+ * returned after *done is filled (the pages are lost to the host tier only). */
+KVHAL_HIDDEN kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const uint64_t *drain_bits,
+                                              int32_t ndrain, const int32_t **done, size_t *n);
+/* Whether a copy out of device page p is in flight. */
+KVHAL_HIDDEN bool kvhal__tiering_copying(const kvhal__tiering *t, int32_t p);
+/* check_integrity: every page queued for write-back drains (once), and every draining page (drain_bits, the
+ * manager's) is queued or has a copy out of it in flight. */
+KVHAL_HIDDEN kvhal_status kvhal__tiering_check_drain(const kvhal__tiering *t, const uint64_t *drain_bits);
+/* Write-back with a host tier: eviction queues every page it evicts for its copy (the manager makes them drain at
+ * once, instead of freeing them; kvhal__tiering_evict_done lists only the others that must drain). */
+KVHAL_HIDDEN bool kvhal__tiering_queues_all(const kvhal__tiering *t);
 /* How many whole pages past a device match the host tier holds: tokens from page index first, parent hash given.
  * slots (may be NULL) receives their entries, up to cap. */
 KVHAL_HIDDEN size_t kvhal__tiering_host_run(kvhal__tiering *t, const int32_t *tokens, size_t num_tokens, size_t first,

@@ -19,7 +19,17 @@ struct kvhal__tiering {
     int32_t *wb_pages;
     uint64_t *wb_hash, *wb_parent;
     int32_t *wb_tokens;
-    size_t wb_n;
+    /* copies out of device pages in flight: a bit per page and the list of those pages; drain: pages of the current
+     * eviction whose copy out is in flight (the manager keeps them from requests until reaped) */
+    uint64_t *copying;
+    int32_t *out_list, *drain;
+    size_t out_n, drain_n;
+    bool busy;               /* copies enqueued since the last reap */
+    /* write-back: evicted pages queued for their copy (draining already; their page-map entries stay valid, as
+     * the pages are nobody's until reaped); the next reap stores them (flush), so eviction costs a list append */
+    uint64_t *queued;        /* scratch of check_drain: a bit per queued page */
+    int32_t *q_list, *done;
+    size_t q_n;
     kvhal__tier *tier;       /* NULL: no host tier (events only) */
     kvhal__kv_events *ev;
 };
@@ -41,6 +51,12 @@ void kvhal__tiering_destroy(kvhal__tiering *t)
     free(t->wb_hash);
     free(t->wb_parent);
     free(t->wb_tokens);
+    free(t->copying);
+    free(t->out_list);
+    free(t->drain);
+    free(t->queued);
+    free(t->q_list);
+    free(t->done);
     free(t);
 }
 
@@ -62,9 +78,16 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
     t->wb_hash = kvhal__malloc(n * sizeof *t->wb_hash);
     t->wb_parent = kvhal__malloc(n * sizeof *t->wb_parent);
     t->wb_tokens = kvhal__malloc(n * ps * sizeof *t->wb_tokens);
+    t->copying = kvhal__calloc((n + 63) / 64, sizeof *t->copying);
+    t->out_list = kvhal__malloc(n * sizeof *t->out_list);
+    t->drain = kvhal__malloc(n * sizeof *t->drain);
+    t->queued = kvhal__calloc((n + 63) / 64, sizeof *t->queued);
+    t->q_list = kvhal__malloc(n * sizeof *t->q_list);
+    t->done = kvhal__malloc(n * sizeof *t->done);
     kvhal_status st = KVHAL_OK;
     if (!t->hash || !t->parent || !t->tokens || !t->wb_pages || !t->wb_hash || !t->wb_parent ||
-        !t->wb_tokens)
+        !t->wb_tokens || !t->copying || !t->out_list || !t->drain ||
+        !t->queued || !t->q_list || !t->done)
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the page map of %d pages",
                         (int)total_pages);
     if (st == KVHAL_OK) { /* written now, so that eviction never pays for first-touch page faults */
@@ -75,6 +98,10 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
         memset(t->wb_hash, 0, n * sizeof *t->wb_hash);
         memset(t->wb_parent, 0, n * sizeof *t->wb_parent);
         memset(t->wb_tokens, 0, n * ps * sizeof *t->wb_tokens);
+        memset(t->out_list, 0, n * sizeof *t->out_list);
+        memset(t->drain, 0, n * sizeof *t->drain);
+        memset(t->q_list, 0, n * sizeof *t->q_list);
+        memset(t->done, 0, n * sizeof *t->done);
     }
     if (st == KVHAL_OK && cfg->event_capacity) st = kvhal__kv_events_create(cfg->event_capacity, page_size, &t->ev);
     if (st == KVHAL_OK)
@@ -85,6 +112,55 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
     }
     *out = t;
     return KVHAL_OK;
+}
+
+static inline bool copying(const kvhal__tiering *t, int32_t p) { return (t->copying[p >> 6] >> (p & 63)) & 1; }
+
+bool kvhal__tiering_copying(const kvhal__tiering *t, int32_t p)
+{
+    return p >= 0 && p < t->total && copying(t, p);
+}
+
+bool kvhal__tiering_busy(const kvhal__tiering *t) { return t->busy || t->q_n; }
+
+bool kvhal__tiering_queues_all(const kvhal__tiering *t) { return t->tier && t->policy == KVHAL_WRITE_BACK; }
+
+kvhal_status kvhal__tiering_check_drain(const kvhal__tiering *t, const uint64_t *drain_bits)
+{
+    const size_t nw = ((size_t)t->total + 63) / 64;
+    uint64_t *q = t->queued;
+    memset(q, 0, nw * sizeof *q);
+    kvhal_status st = KVHAL_OK;
+    for (size_t i = 0; i < t->q_n && st == KVHAL_OK; i++) {
+        const int32_t p = t->q_list[i];
+        if (p < 0 || p >= t->total || ((q[p >> 6] >> (p & 63)) & 1) || !((drain_bits[p >> 6] >> (p & 63)) & 1) ||
+            copying(t, p))
+            st = kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d queued for write-back is out of range, queued "
+                            "twice, not draining or already copying", (int)p);
+        else
+            q[p >> 6] |= 1ull << (p & 63);
+    }
+    for (size_t w = 0; w < nw && st == KVHAL_OK; w++) {
+        const uint64_t lost = drain_bits[w] & ~(q[w] | t->copying[w]);
+        if (lost)
+            st = kvhal__err(KVHAL_INTEGRITY, "cache manager: page %zu is draining with no copy out of it in flight or "
+                            "queued", (w << 6) + (size_t)__builtin_ctzll(lost));
+    }
+    return st;
+}
+
+/* The tier enqueued copies out of pages[0..n): each is copying until the next reap. */
+static void note_copies(kvhal__tiering *t, const int32_t *pages, size_t n, bool evicted)
+{
+    for (size_t i = 0; i < n; i++) {
+        const int32_t p = pages[i];
+        if (!copying(t, p)) {
+            t->copying[p >> 6] |= 1ull << (p & 63);
+            t->out_list[t->out_n++] = p;
+        }
+        if (evicted) t->drain[t->drain_n++] = p;
+    }
+    if (n) t->busy = true;
 }
 
 kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, const int32_t *pages, size_t first,
@@ -111,38 +187,106 @@ kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, c
         }
     }
     if (!nw) return KVHAL_OK;
-    size_t stored;
-    return t->tier->ops->store(t->tier, nw, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored);
+    size_t stored = 0;
+    /* the copied pages' ids land in wb_hash's memory, free between evictions like the rest of the buffer */
+    int32_t *copied = (int32_t *)t->wb_hash;
+    KVHAL_TRY(t->tier->ops->store(t->tier, nw, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored,
+                                  copied));
+    note_copies(t, copied, stored, false);
+    return KVHAL_OK;
 }
 
 void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
 {
-    if (!t->ev && !(t->tier && t->policy == KVHAL_WRITE_BACK)) return; /* nothing to say or copy */
-    const size_t ps = (size_t)t->page_size;
+    /* one pass per duty, each a tight loop (a leaf at page size 1 is thousands of pages) */
+    const uint32_t total = (uint32_t)t->total;
+    if (t->ev)
+        for (size_t i = 0; i < n; i++) {
+            const int32_t p = pages[i];
+            if ((uint32_t)p < total) /* the manager reports a bad page itself */
+                kvhal__kv_event_push(t->ev, KVHAL_KV_REMOVED, KVHAL_TIER_DEVICE, t->hash[p], t->parent[p], p, NULL);
+        }
+    if (!t->tier) return;
+    if (t->out_n) /* write-through copies in flight: the pages they read drain (the tier has their entries) */
+        for (size_t i = 0; i < n; i++)
+            if ((uint32_t)pages[i] < total && copying(t, pages[i])) t->drain[t->drain_n++] = pages[i];
+    if (t->policy != KVHAL_WRITE_BACK) return;
+    /* queued for write-back (the manager makes them drain: kvhal__tiering_queues_all); the next reap that stores
+     * copies them (those the tier holds are only touched). Under write-back no page copies out while in the tree.
+     * A list append per page: eviction costs no more. */
+    int32_t *restrict list = t->q_list + t->q_n;
+    size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         const int32_t p = pages[i];
-        if (p < 0 || p >= t->total) continue; /* the manager reports a bad page itself */
-        kvhal__kv_event_push(t->ev, KVHAL_KV_REMOVED, KVHAL_TIER_DEVICE, t->hash[p], t->parent[p], p, NULL);
-        if (!t->tier || t->policy != KVHAL_WRITE_BACK) continue;
-        if (t->tier->ops->find(t->tier, t->hash[p], t->tokens + (size_t)p * ps) >= 0) continue;
-        t->wb_pages[t->wb_n] = p;
-        t->wb_hash[t->wb_n] = t->hash[p];
-        t->wb_parent[t->wb_n] = t->parent[p];
-        memcpy(t->wb_tokens + t->wb_n * ps, t->tokens + (size_t)p * ps, ps * sizeof *t->tokens);
-        t->wb_n++;
+        list[k] = p;
+        k += (uint32_t)p < total;
     }
+    t->q_n += k;
 }
 
-kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t)
+kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t, const int32_t **drain, size_t *ndrain)
 {
-    const size_t n = t->wb_n;
-    t->wb_n = 0;
-    if (!n) return KVHAL_OK;
-    size_t stored;
-    /* On a failed copy the pages are lost to the host tier only: they were evicted from the device either way. */
-    KVHAL_TRY(t->tier->ops->store(t->tier, n, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored));
-    /* the freed pages go back to requests once the copies out of them are done */
-    return stored ? t->tier->ops->wait(t->tier) : KVHAL_OK;
+    /* no copy, no wait: the evicted pages to write back were queued, and drain with those still being copied */
+    *drain = t->drain;
+    *ndrain = t->drain_n;
+    t->drain_n = 0;
+    return KVHAL_OK;
+}
+
+/* The queued write-backs go to the tier (one lookup each: pages it holds are touched, not copied): the pages
+ * copied start copying; the others (held already, no room, or a failed store: lost to the host tier only, as
+ * they left the device either way) are done at once, appended to done[*nd]. */
+static kvhal_status flush(kvhal__tiering *t, const uint64_t *drain_bits, size_t *nd)
+{
+    const size_t ps = (size_t)t->page_size;
+    size_t n = 0;
+    for (size_t j = 0; j < t->q_n; j++) {
+        const int32_t p = t->q_list[j];
+        /* a page the manager did not take from the tree (it reported it) has nothing to write back */
+        if (!((drain_bits[p >> 6] >> (p & 63)) & 1)) continue;
+        const size_t i = n++;
+        t->wb_pages[i] = p;
+        t->wb_hash[i] = t->hash[p];
+        t->wb_parent[i] = t->parent[p];
+        memcpy(t->wb_tokens + i * ps, t->tokens + (size_t)p * ps, ps * sizeof *t->tokens);
+    }
+    t->q_n = 0;
+    size_t stored = 0;
+    int32_t *copied = t->q_list; /* free now; store writes it after reading its inputs */
+    const kvhal_status st =
+        t->tier->ops->store(t->tier, n, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored, copied);
+    if (st != KVHAL_OK) stored = 0;
+    note_copies(t, copied, stored, false);
+    for (size_t i = 0; i < n; i++)
+        if (!copying(t, t->wb_pages[i])) t->done[(*nd)++] = t->wb_pages[i];
+    return st;
+}
+
+kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const uint64_t *drain_bits,
+                                 int32_t ndrain, const int32_t **done, size_t *n)
+{
+    *done = t->done;
+    *n = 0;
+    kvhal_status st = t->q_n && store ? flush(t, drain_bits, n) : KVHAL_OK;
+    if (!t->busy) return st;
+    const kvhal_status q = wait ? t->tier->ops->wait(t->tier) : t->tier->ops->query(t->tier);
+    if (q == KVHAL_BUSY) return st;
+    if (q != KVHAL_OK) return st != KVHAL_OK ? st : q;
+    t->tier->ops->complete(t->tier);
+    /* write-through copies of a whole batch of requests complete together: their pages are listed only where some
+     * drain (ndrain: the manager's count), and the bits cleared by words once there are many */
+    const size_t nw = ((size_t)t->total + 63) / 64;
+    if (t->out_n > nw) memset(t->copying, 0, nw * sizeof *t->copying);
+    else
+        for (size_t i = 0; i < t->out_n; i++) t->copying[t->out_list[i] >> 6] &= ~(1ull << (t->out_list[i] & 63));
+    if (ndrain)
+        for (size_t i = 0; i < t->out_n; i++) {
+            const int32_t p = t->out_list[i];
+            if ((drain_bits[p >> 6] >> (p & 63)) & 1) t->done[(*n)++] = p;
+        }
+    t->out_n = 0;
+    t->busy = false;
+    return st;
 }
 
 size_t kvhal__tiering_host_run(kvhal__tiering *t, const int32_t *tokens, size_t num_tokens, size_t first,
@@ -154,7 +298,7 @@ size_t kvhal__tiering_host_run(kvhal__tiering *t, const int32_t *tokens, size_t 
     uint64_t h = parent;
     for (size_t i = first; (i + 1) * ps <= num_tokens; i++) {
         h = kvhal_kv_page_hash(h, tokens + i * ps, t->page_size);
-        const int32_t s = t->tier->ops->find(t->tier, h, tokens + i * ps);
+        const int32_t s = t->tier->ops->find(t->tier, h, tokens + i * ps, false);
         if (s < 0) break;
         if (slots) {
             if (n == cap) break;
@@ -192,6 +336,15 @@ kvhal_status kvhal__tiering_check(const kvhal__tiering *t, const kvhal_prefix_ca
     if (mc.bad >= 0)
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: tree page %d has no consistent entry in the tier page map "
                           "(its hash does not follow from its parent hash and tokens)", (int)mc.bad);
-    if (t->wb_n) return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu write-backs left pending", t->wb_n);
+    if (t->drain_n) return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu drained pages not handed over", t->drain_n);
+    size_t nbits = 0;
+    for (size_t w = 0; w < ((size_t)t->total + 63) / 64; w++) nbits += (size_t)__builtin_popcountll(t->copying[w]);
+    if (nbits != t->out_n || (t->out_n && !t->busy))
+        return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu pages flagged as copied out, %zu listed%s", nbits,
+                          t->out_n, t->busy ? "" : " with no copy in flight");
+    for (size_t i = 0; i < t->out_n; i++)
+        if (!kvhal__tiering_copying(t, t->out_list[i]))
+            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d listed as copied out but not flagged",
+                              (int)t->out_list[i]);
     return t->tier ? t->tier->ops->check(t->tier) : KVHAL_OK;
 }

@@ -4,7 +4,10 @@
  * suffix) or are dropped; evictions; host-tier clears; event reads; injected allocation failures in load_back and
  * allocation. Each page written holds bytes derived from its chain hash, so a device hit or a loaded-back page
  * with other content aborts, as does any check_integrity failure, any stored event whose hash does not follow
- * from its parent and tokens, and a count of pages per tier that the events do not reproduce. */
+ * from its parent and tokens, and a count of pages per tier that the events do not reproduce. Streams are held at
+ * times (kvhal_fault_hold_streams), so the copies out stay in flight and evicted pages drain: check_integrity
+ * covers the draining pages, an eviction must never wait, and the host counts the events give (stored once a copy
+ * completed) must match. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -142,11 +145,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kvhal_paged_cache_destroy(c.pc);
         return 0;
     }
+    kvhal_fault_hold_streams((flags & 4) != 0);
     while (in.n) {
         const unsigned op = next(&in) % 8;
-        if (op < 5) request(&c, &in);
-        else if (op == 5) REQUIRE(kvhal_cache_manager_evict(c.cm, next(&in) % 16, NULL) == KVHAL_OK);
-        else if (op == 6 && host) REQUIRE(kvhal_cache_manager_host_tier_clear(c.cm) == KVHAL_OK);
+        if (op < 5) {
+            request(&c, &in);
+        } else if (op == 5) {
+            const int64_t w = kvhal_fault_stream_waits();
+            REQUIRE(kvhal_cache_manager_evict(c.cm, next(&in) % 16, NULL) == KVHAL_OK);
+            REQUIRE(kvhal_fault_stream_waits() == w); /* eviction enqueues copies, never waits for them */
+        } else if (op == 6 && host) {
+            REQUIRE(kvhal_cache_manager_host_tier_clear(c.cm) == KVHAL_OK);
+        } else if (op == 7) {
+            const unsigned x = next(&in);
+            if (x & 1) kvhal_fault_hold_streams((x & 2) != 0);
+            const kvhal_status q = kvhal_cache_manager_transfer_query(c.cm);
+            REQUIRE(q == KVHAL_OK || q == KVHAL_BUSY);
+        }
         if (op == 7 || !(flags & 2)) drain(&c);
         REQUIRE(kvhal_cache_manager_check_integrity(c.cm) == KVHAL_OK);
         kvhal_host_tier_stats s;
@@ -157,6 +172,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             REQUIRE((size_t)c.dev_pages == si.total_tokens / (size_t)c.ps && c.host_pages == s.host_pages_used);
         }
     }
+    kvhal_fault_hold_streams(0);
+    REQUIRE(kvhal_cache_manager_transfer_wait(c.cm) == KVHAL_OK);
+    REQUIRE(kvhal_cache_manager_check_integrity(c.cm) == KVHAL_OK);
+    REQUIRE(kvhal_cache_manager_available(c.cm) == total); /* every drained page came back */
     REQUIRE(kvhal_cache_manager_destroy(c.cm) == KVHAL_OK);
     REQUIRE(kvhal_paged_cache_destroy(c.pc) == KVHAL_OK);
     return 0;

@@ -715,6 +715,58 @@ static void test_page_transfer(void **state)
     dbuf_free(&b);
 }
 
+/* Pages of 8 KiB blocks on a stream of its own: what CUDA sends through cudaMemcpyBatchAsync (blocks of 8 KiB and
+ * more; its kernel serves smaller ones), with four caches interleaved block by block (a page's four blocks are
+ * adjacent on the device as on the host, so they are merged into one chunk) and two in another buffer; pages
+ * scattered on both sides, consecutive ones too; against the host reference, both directions. */
+static void test_page_transfer_large(void **state)
+{
+    kvhal_device dev = device_of(state);
+    ref_rng r = {59};
+    enum { LBB = 8192, LNB = 6, NCACHE = 6 };
+    dbuf a, b;
+    dbuf_make(&a, dev, (size_t)4 * LNB * LBB, &r);
+    dbuf_make(&b, dev, (size_t)2 * LNB * LBB + 256, &r);
+    kvhal_tensor c[NCACHE];
+    int64_t sh[2] = {LNB, LBB / 4}, inter[2] = {4 * LBB / 4, 1};
+    for (int k = 0; k < 4; k++) c[k] = tensor(&a, (size_t)k * LBB, KVHAL_F32, 2, sh, inter);
+    c[4] = tensor(&b, 0, KVHAL_F32, 2, sh, NULL);
+    c[5] = tensor(&b, (size_t)LNB * LBB + 256, KVHAL_F32, 2, sh, NULL);
+    uint8_t *mirrors[NCACHE] = {a.mirror, a.mirror, a.mirror, a.mirror, b.mirror, b.mirror};
+    const size_t page = (size_t)NCACHE * LBB + 64;
+    kvhal_host_memory *host;
+    OK(kvhal_host_memory_create(dev, 8 * page, &host));
+    uint8_t *hp = kvhal_host_memory_ptr(host), *hm = malloc(8 * page);
+    assert_non_null(hm);
+    for (size_t i = 0; i < 8 * page; i++) hm[i] = hp[i] = (uint8_t)ref_rand(&r);
+    kvhal_stream *s = NULL;
+    if (kvhal_stream_create(dev, &s) != KVHAL_OK) s = NULL;
+    const int64_t out[10] = {4, 6, 1, 2, 2, 3, 5, 0, 0, 7}, in[8] = {3, 2, 4, 3, 0, 7, 1, 6};
+    kvhal_status st = kvhal_page_transfer(c, NCACHE, host, page, out, 5, KVHAL_TO_HOST, s);
+    if (transfer_unsupported(dev, st)) {
+        if (s) kvhal_stream_destroy(s);
+        kvhal_host_memory_destroy(host);
+        free(hm);
+        dbuf_free(&a);
+        dbuf_free(&b);
+        skip();
+    }
+    OK(st);
+    wait_stream(dev, s);
+    ref_page_transfer(mirrors, c, NCACHE, hm, page, out, 5, true);
+    assert_memory_equal(hp, hm, 8 * page);
+    OK(kvhal_page_transfer(c, NCACHE, host, page, in, 4, KVHAL_TO_DEVICE, s));
+    wait_stream(dev, s);
+    ref_page_transfer(mirrors, c, NCACHE, hm, page, in, 4, false);
+    dbuf_expect(&a, "page_transfer of 8 KiB blocks to device, buffer a");
+    dbuf_expect(&b, "page_transfer of 8 KiB blocks to device, buffer b");
+    if (s) OK(kvhal_stream_destroy(s));
+    OK(kvhal_host_memory_destroy(host));
+    free(hm);
+    dbuf_free(&a);
+    dbuf_free(&b);
+}
+
 /* The paged cache's transfer in both orders and layouts: a host page is [layers][K, V][block in the cache's
  * layout], checked element by element through the layer views; then loaded back into other blocks. */
 static void test_paged_cache_transfer(void **state)
@@ -1000,7 +1052,7 @@ static const test_fn device_tests[] = {
     {"tensor_copy", test_tensor_copy},       {"paged_shape_class", test_paged_shape_class},
     {"paged_mla", test_paged_mla},
     {"tensor_copy", test_tensor_copy},       {"page_transfer", test_page_transfer},
-    {"paged_cache_transfer", test_paged_cache_transfer},
+    {"paged_cache_transfer", test_paged_cache_transfer}, {"page_transfer_large", test_page_transfer_large},
 };
 #define NUM_DEVICE_TESTS (sizeof device_tests / sizeof device_tests[0])
 

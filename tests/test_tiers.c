@@ -5,6 +5,10 @@
  *   tiers_model_random            a random serving workload (10^6 operations with KVHAL_TIERS_OPS unset) checked
  *                                 against a model rebuilt from the KV events alone: every query's device and host
  *                                 lengths equal the model's, every page's content is right, integrity holds
+ *                                 (streams held at random, kvhal_fault_hold_streams: copies stay "in flight" and
+ *                                 the model tracks the pages that drain; none is ever handed out)
+ *   tiers_drain                   write-back eviction only enqueues: the pages copied out drain, are not handed out
+ *                                 and their host copies are no hits until the copies complete
  *   tiers_events_overflow         a full queue turns into an overflow event counting what was lost
  *   tiers_hash_stable             the documented hash chain, fixed values
  *   tiers_alloc_faults            every allocation of create_tiered and load_back failing: a clear error, no change
@@ -121,6 +125,16 @@ static void chain(int32_t ps, const int32_t *tokens, size_t n, uint64_t *hashes)
     for (size_t i = 0; i * (size_t)ps + (size_t)ps <= n; i++) hashes[i] = h = kvhal_kv_page_hash(h, tokens + i * (size_t)ps, ps);
 }
 
+/* Pages that allocate and load_back handed out during the current request (the model test checks them against
+ * the pages it knows to be draining). */
+static int32_t g_out[64];
+static size_t g_nout;
+
+static void note_out(const int32_t *pages, size_t n)
+{
+    for (size_t i = 0; i < n && g_nout < 64; i++) g_out[g_nout++] = pages[i];
+}
+
 static void integrity(const rig *r)
 {
     kvhal_status st = kvhal_cache_manager_check_integrity(r->cm);
@@ -144,6 +158,7 @@ static void run_request(rig *r, const int32_t *tokens, size_t n, size_t *dev_len
     if (hl) {
         OKS(kvhal_cache_manager_load_back(r->cm, h, tokens, n, pages + dl / ps, np - dl / ps, &loaded));
         assert_int_equal(loaded, hl);
+        note_out(pages + dl / ps, loaded / ps);
         OKS(kvhal_cache_manager_transfer_wait(r->cm));
         for (size_t i = dl / ps; i < (dl + hl) / ps; i++) expect_page(r, pages[i], hs[i], "loaded back");
     }
@@ -154,6 +169,7 @@ static void run_request(rig *r, const int32_t *tokens, size_t n, size_t *dev_len
         OKS(kvhal_cache_manager_free(r->cm, pages + dl / ps, (int32_t)(have - dl / ps)));
         OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r->cm), h));
     } else {
+        note_out(pages + have, np - have);
         for (size_t i = have; i < n / ps; i++) write_page(r, pages[i], hs[i]);
         if (suffix)
             OKS(kvhal_cache_manager_cache_finished_suffix(r->cm, h, tokens + dl, n - dl, pages + dl / ps));
@@ -209,6 +225,75 @@ static void test_offload_and_load_back(void **state)
     offload_case(KVHAL_WRITE_THROUGH);
 }
 
+/* Write-back eviction with the copies held in flight (kvhal_fault_hold_streams): evict enqueues and returns without
+ * a wait; the pages copied out drain: never handed out (free pages are, first), refused by free, not counted free;
+ * their host copies are no hits; allocation waits only when the free pages cannot cover it; then all is usable. */
+static void test_drain(void **state)
+{
+    (void)state;
+    rig r;
+    rig_make(&r, 8, 32, 2, KVHAL_WRITE_BACK, 0);
+    int32_t a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, b[4] = {9, 10, 11, 12};
+    run_request(&r, a, 8, NULL, NULL, false);
+    run_request(&r, b, 4, NULL, NULL, false);
+    kvhal_prefix_handle h;
+    size_t dl, hl;
+    int32_t apages[4], pages[4];
+    OKS(kvhal_cache_manager_match_tiered(r.cm, a, 8, &h, &dl, &hl, apages, 4));
+    assert_int_equal(dl, 8);
+    OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r.cm), h));
+    OKS(kvhal_cache_manager_match_tiered(r.cm, b, 4, &h, &dl, &hl, pages, 4)); /* b most recent: a goes first */
+    OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r.cm), h));
+    assert_int_equal(kvhal_cache_manager_num_free(r.cm), 2);
+    kvhal_fault_hold_streams(1);
+    size_t ev = 0;
+    OKS(kvhal_cache_manager_evict(r.cm, 8, &ev));
+    assert_int_equal(ev, 8);
+    assert_int_equal(kvhal_fault_stream_waits(), 0); /* eviction only enqueued the copies */
+    assert_int_equal(kvhal_cache_manager_num_free(r.cm), 2); /* a's 4 pages drain */
+    assert_int_equal(kvhal_cache_manager_available(r.cm), 8);
+    integrity(&r);
+    kvhal_host_tier_stats st;
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
+    assert_int_equal(st.pages_written, 0); /* queued: the next call that polls or allocates starts the copies */
+    OKS(kvhal_cache_manager_match_tiered(r.cm, a, 8, &h, &dl, &hl, pages, 4));
+    assert_int_equal(dl + hl, 0); /* queued: no host hit */
+    OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r.cm), h));
+    assert_int_equal(kvhal_cache_manager_transfer_query(r.cm), KVHAL_BUSY); /* copies enqueued, held in flight */
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
+    assert_int_equal(st.pages_written, 4);
+    assert_int_equal(st.host_pages_used, 0); /* pending: not a prefix the host holds yet */
+    OKS(kvhal_cache_manager_match_tiered(r.cm, a, 8, &h, &dl, &hl, pages, 4));
+    assert_int_equal(dl + hl, 0); /* the copies are in flight: no host hit */
+    OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r.cm), h));
+    integrity(&r);
+    /* a draining page is nobody's to free */
+    assert_int_equal(kvhal_cache_manager_free(r.cm, apages, 1), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "draining"));
+    /* two free pages: those are handed out, not a's, and nothing waits */
+    OKS(kvhal_cache_manager_allocate(r.cm, 2, pages));
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++)
+            if (pages[i] == apages[j]) fail_msg("page %d handed out while the copy out of it is in flight", (int)pages[i]);
+    assert_int_equal(kvhal_fault_stream_waits(), 0);
+    integrity(&r);
+    OKS(kvhal_cache_manager_free(r.cm, pages, 2));
+    /* three: the free pages cannot cover it, b stays cached (the drains will), so allocation waits for the copies */
+    OKS(kvhal_cache_manager_allocate(r.cm, 3, pages));
+    assert_int_equal(kvhal_fault_stream_waits(), 1);
+    assert_int_equal(kvhal_cache_manager_pages_evicted(r.cm), 4); /* only a's */
+    integrity(&r);
+    OKS(kvhal_cache_manager_free(r.cm, pages, 3));
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
+    assert_int_equal(st.host_pages_used, 4);
+    kvhal_fault_hold_streams(0);
+    run_request(&r, a, 8, &dl, &hl, false); /* a back from the host, verified inside */
+    assert_int_equal(dl, 0);
+    assert_int_equal(hl, 8);
+    integrity(&r);
+    rig_free(&r);
+}
+
 /* ---- the model: what the events say each tier holds ---- */
 typedef struct mentry {
     uint64_t hash, parent;
@@ -216,9 +301,14 @@ typedef struct mentry {
     bool used;
 } mentry;
 
+/* tab[0] device, tab[1] host (valid), tab[2] host copies the model knows to be pending (a subset: an entry dropped
+ * while pending says nothing). copying/draining: device pages with a copy out in flight, and those of them that
+ * left the tree (a subset of the manager's, exact while no copy completed). */
 typedef struct model {
-    mentry *tab[2];
-    size_t cap, n[2];
+    mentry *tab[3];
+    size_t cap, n[3];
+    bool write_back;
+    uint64_t copying, draining; /* bit per device page (48) */
 } model;
 
 static mentry *m_slot(model *m, int tier, uint64_t h)
@@ -253,17 +343,37 @@ static void m_apply(model *m, rig *r)
         OKS(kvhal_cache_manager_events_read(r->cm, ev, tok, 256, &n));
         for (size_t i = 0; i < n; i++) {
             const int tier = ev[i].tier;
+            const uint64_t h = ev[i].hash;
+            const int32_t pg = ev[i].page;
+            /* a copy out of device page pg starts unless the host holds h or has its copy pending */
+            const bool copies = !m_slot(m, 1, h)->used && !m_slot(m, 2, h)->used;
             switch (ev[i].type) {
             case KVHAL_KV_STORED: {
-                if (kvhal_kv_page_hash(ev[i].parent_hash, tok + i * (size_t)r->ps, r->ps) != ev[i].hash)
+                if (kvhal_kv_page_hash(ev[i].parent_hash, tok + i * (size_t)r->ps, r->ps) != h)
                     fail_msg("%s", "stored event: hash does not follow from its parent and tokens");
-                mentry *e = m_slot(m, tier, ev[i].hash);
-                if (e->used) fail_msg("stored event: %016llx stored twice in tier %d", (unsigned long long)ev[i].hash, tier);
-                *e = (mentry){ev[i].hash, ev[i].parent_hash, ev[i].page, true};
+                if (tier == 0 && !m->write_back && copies) { /* write-through: copied out when it enters */
+                    *m_slot(m, 2, h) = (mentry){h, ev[i].parent_hash, pg, true};
+                    m->n[2]++;
+                    m->copying |= 1ull << pg;
+                }
+                if (tier == 1 && m_slot(m, 2, h)->used) m_erase(m, 2, h); /* its copy completed */
+                mentry *e = m_slot(m, tier, h);
+                if (e->used) fail_msg("stored event: %016llx stored twice in tier %d", (unsigned long long)h, tier);
+                *e = (mentry){h, ev[i].parent_hash, pg, true};
                 m->n[tier]++;
                 break;
             }
-            case KVHAL_KV_REMOVED: m_erase(m, tier, ev[i].hash); break;
+            case KVHAL_KV_REMOVED:
+                if (tier == 0 && ((m->copying >> pg) & 1)) {
+                    m->draining |= 1ull << pg;
+                } else if (tier == 0 && m->write_back && copies) { /* write-back: copied out as it leaves */
+                    *m_slot(m, 2, h) = (mentry){h, ev[i].parent_hash, pg, true};
+                    m->n[2]++;
+                    m->copying |= 1ull << pg;
+                    m->draining |= 1ull << pg;
+                }
+                m_erase(m, tier, h);
+                break;
             case KVHAL_KV_CLEARED:
                 memset(m->tab[tier], 0, m->cap * sizeof *m->tab[tier]);
                 m->n[tier] = 0;
@@ -273,6 +383,14 @@ static void m_apply(model *m, rig *r)
         }
     } while (n == 256);
     free(tok);
+}
+
+/* Every copy completed (a wait, or a query that said so): nothing copies out or drains, nothing is pending. */
+static void m_completed(model *m)
+{
+    memset(m->tab[2], 0, m->cap * sizeof *m->tab[2]);
+    m->n[2] = 0;
+    m->copying = m->draining = 0;
 }
 
 /* The model's answer for a query: device pages while the device has the chain, host pages after. */
@@ -297,11 +415,13 @@ static void test_model_random(void **state)
         /* 24 groups x (system prompt 6 pages + 2 pages of question) ~ 190 pages working set; device 48 pages,
          * host 128 */
         rig_make(&r, 48, 128, ps, (kvhal_write_policy)pol, 4096);
-        model m = {.cap = 1024};
-        m.tab[0] = calloc(m.cap, sizeof(mentry));
-        m.tab[1] = calloc(m.cap, sizeof(mentry));
-        assert_non_null(m.tab[0]);
-        assert_non_null(m.tab[1]);
+        model m = {.cap = 1024, .write_back = pol == KVHAL_WRITE_BACK};
+        for (int t = 0; t < 3; t++) {
+            m.tab[t] = calloc(m.cap, sizeof(mentry));
+            assert_non_null(m.tab[t]);
+        }
+        bool held = false;
+        size_t drain_checked = 0;
         uint64_t rng = 0x1234 + (uint64_t)pol;
         int32_t tokens[24];
         uint64_t hs[12];
@@ -313,6 +433,20 @@ static void test_model_random(void **state)
             for (int i = 0; i < 12; i++) tokens[i] = g * 1000 + i;
             for (size_t i = 12; i < n; i++) tokens[i] = g * 1000 + 100 * (q + 1) + (int)i;
             chain(ps, tokens, n, hs);
+            /* streams held at times: copies stay in flight until a wait; not held, a wait completes them (stored
+             * events for the host) before the prediction, and again after a change */
+            for (int k = 0; k < 2; k++) {
+                if (!held) {
+                    OKS(kvhal_cache_manager_transfer_wait(r.cm));
+                    m_apply(&m, &r);
+                    m_completed(&m);
+                }
+                if (k == 1 || (rng >> 32) % 64 != 0) break;
+                held = !held;
+                kvhal_fault_hold_streams(held);
+            }
+            const int64_t waits0 = kvhal_fault_stream_waits();
+            g_nout = 0;
             size_t pdl, phl, dl, hl;
             m_predict(&m, ps, hs, n / (size_t)ps, &pdl, &phl);
             if ((rng >> 40) % 16 == 0) { /* a query only: lengths as the model says, then released */
@@ -327,8 +461,20 @@ static void test_model_random(void **state)
                 fail_msg("op %ld: the cache says device %zu + host %zu tokens, the events say %zu + %zu", op, dl, hl,
                          pdl, phl);
             dev_hits += dl, host_hits += hl;
-            if ((rng >> 50) % 64 == 0) OKS(kvhal_cache_manager_evict(r.cm, (rng >> 56) % 16, NULL));
             m_apply(&m, &r);
+            if (held && kvhal_fault_stream_waits() == waits0) {
+                /* no copy completed during the request: no page it got may be one the model knows drains */
+                for (size_t i = 0; i < g_nout; i++)
+                    if ((m.draining >> g_out[i]) & 1)
+                        fail_msg("op %ld: page %d handed out while the copy out of it is in flight", op, (int)g_out[i]);
+                drain_checked += g_nout && m.draining;
+            } else if (held) {
+                m_completed(&m); /* a wait inside the request completed every copy queued before it */
+            }
+            if ((rng >> 50) % 64 == 0) {
+                OKS(kvhal_cache_manager_evict(r.cm, (rng >> 56) % 16, NULL));
+                m_apply(&m, &r);
+            }
             kvhal_prefix_size_info si;
             OKS(kvhal_prefix_size_info_get(kvhal_cache_manager_prefix(r.cm), &si));
             kvhal_host_tier_stats st;
@@ -339,11 +485,13 @@ static void test_model_random(void **state)
             if (op % 1024 == 0) integrity(&r);
         }
         integrity(&r);
-        print_message("policy %s: %ld requests, %zu device-hit tokens, %zu loaded-back tokens\n",
-                      pol ? "write-back" : "write-through", ops / 2, dev_hits, host_hits);
+        kvhal_fault_hold_streams(0);
+        print_message("policy %s: %ld requests, %zu device-hit tokens, %zu loaded-back tokens, %zu requests checked "
+                      "against draining pages\n", pol ? "write-back" : "write-through", ops / 2, dev_hits, host_hits,
+                      drain_checked);
         assert_true(host_hits > 0);
-        free(m.tab[0]);
-        free(m.tab[1]);
+        assert_true(drain_checked > 0);
+        for (int t = 0; t < 3; t++) free(m.tab[t]);
         rig_free(&r);
     }
 }
@@ -355,6 +503,7 @@ static void test_events_overflow(void **state)
     rig_make(&r, 16, 16, 2, KVHAL_WRITE_THROUGH, 4);
     int32_t t[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     run_request(&r, t, 8, NULL, NULL, false); /* 4 device stored + 4 host stored: 8 events into 4 places */
+    OKS(kvhal_cache_manager_transfer_wait(r.cm)); /* the host entries' stored events go out when copies complete */
     kvhal_kv_event ev[8];
     int32_t tok[16];
     size_t n;
@@ -528,7 +677,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_and_load_back), cmocka_unit_test(test_model_random),
-        cmocka_unit_test(test_events_overflow),       cmocka_unit_test(test_hash_stable),
+        cmocka_unit_test(test_drain),                 cmocka_unit_test(test_events_overflow),       cmocka_unit_test(test_hash_stable),
         cmocka_unit_test(test_alloc_faults),          cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests_name("tiers", tests, NULL, NULL);

@@ -831,8 +831,9 @@ static void bench_copy_blocks(void)
 }
 
 /* ---- page_transfer: llama3-8b pages of 16 tokens (one block of K and V of 32 layers, 2 MiB) between a paged
- * cache and pinned host pages, both page lists scattered, against the backend's own copy of the same bytes between
- * the cache's buffer and the same pinned host memory (one contiguous kvhal_memcpy_d2h / _h2d) ---- */
+ * cache and pinned host pages, both page lists scattered, on a stream of its own (as the host tier copies: CUDA
+ * then takes its batch-copy path), against the backend's own copy of the same bytes between the cache's buffer
+ * and the same pinned host memory (one contiguous kvhal_memcpy_d2h / _h2d), in the same run ---- */
 
 typedef struct pt_ctx {
     kvhal_paged_cache *c;
@@ -842,13 +843,14 @@ typedef struct pt_ctx {
     int32_t n;
     kvhal_transfer_dir dir;
     size_t bytes;
+    kvhal_stream *s; /* a stream of its own, as the host tier uses (NULL where the device has none) */
 } pt_ctx;
 
 static void run_page_transfer(void *p)
 {
     pt_ctx *c = p;
-    CHECK(kvhal_paged_cache_transfer(c->c, c->host, c->pairs, c->n, c->dir, NULL));
-    CHECK(kvhal_device_synchronize(dev));
+    CHECK(kvhal_paged_cache_transfer(c->c, c->host, c->pairs, c->n, c->dir, c->s));
+    CHECK(c->s ? kvhal_stream_synchronize(c->s) : kvhal_device_synchronize(dev));
 }
 
 static void run_pinned_memcpy(void *p)
@@ -873,6 +875,7 @@ static void bench_page_transfer(void)
         pt_ctx c = {.n = pages, .bytes = page_bytes * (size_t)pages};
         CHECK(kvhal_paged_cache_create(&cfg, &c.c));
         CHECK(kvhal_host_memory_create(dev, page_bytes * 4 * (size_t)pages, &c.host));
+        if (kvhal_stream_create(dev, &c.s) != KVHAL_OK) c.s = NULL; /* the default stream */
         kvhal_tensor k0;
         CHECK(kvhal_paged_cache_layer(c.c, 0, &k0, NULL));
         c.buf = k0.buffer;
@@ -903,6 +906,7 @@ static void bench_page_transfer(void)
         }
         free(perm);
         free(c.pairs);
+        if (c.s) CHECK(kvhal_stream_destroy(c.s));
         CHECK(kvhal_host_memory_destroy(c.host));
         CHECK(kvhal_paged_cache_destroy(c.c));
     }

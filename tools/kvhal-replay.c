@@ -817,6 +817,7 @@ typedef struct stats {
     double best_pass_rps; /* the least disturbed pass: on a shared machine the others include other programs */
     int64_t peak_in_use, total_pages;
     size_t evict_cached_min;
+    uint64_t ideal_hit_tokens; /* what a cache that never evicts would have hit on this run's schedule */
     /* per-call times in microseconds over all passes, for the percentiles */
     double *match_us, *finish_us, *evict_us;
     size_t n_match_us, n_finish_us, n_evict_us, cap_us, cap_evict_us;
@@ -827,6 +828,10 @@ typedef struct replay {
     workload *w;
     kvstate *kv; /* NULL with --no-kv */
     kvhal_cache_manager *cm;
+    /* the unbounded reference on this run's own schedule: the chain hash (kvhal_kv_page_hash) of every page any
+     * finished request handed to the cache in this pass, an open-addressing set (0 = empty slot) */
+    uint64_t *ideal;
+    size_t ideal_cap, ideal_n;
     bool tiered;   /* --host-tier or --events */
     FILE *events;  /* --events */
     int32_t *evtok;
@@ -1072,6 +1077,59 @@ static void stage_tokens(replay *r, size_t req)
     r->sink += sink;
 }
 
+/* The unbounded reference: pages (chain hashes) of finished requests, never evicted. */
+static bool ideal_has(const replay *r, uint64_t h)
+{
+    if (!r->ideal_cap) return false;
+    h |= 1; /* 0 marks an empty slot */
+    for (size_t i = (size_t)(h * 0x9e3779b97f4a7c15ull) & (r->ideal_cap - 1);; i = (i + 1) & (r->ideal_cap - 1)) {
+        if (!r->ideal[i]) return false;
+        if (r->ideal[i] == h) return true;
+    }
+}
+
+static int ideal_add(replay *r, uint64_t h)
+{
+    h |= 1;
+    if (2 * (r->ideal_n + 1) > r->ideal_cap) {
+        const size_t cap = r->ideal_cap ? 2 * r->ideal_cap : 4096;
+        uint64_t *t = calloc(cap, sizeof *t), *old = r->ideal;
+        if (!t) return -1;
+        const size_t ocap = r->ideal_cap;
+        r->ideal = t;
+        r->ideal_cap = cap;
+        for (size_t i = 0; i < ocap; i++)
+            if (old[i])
+                for (size_t j = (size_t)(old[i] * 0x9e3779b97f4a7c15ull) & (cap - 1);; j = (j + 1) & (cap - 1))
+                    if (!t[j]) {
+                        t[j] = old[i];
+                        break;
+                    }
+        free(old);
+    }
+    for (size_t i = (size_t)(h * 0x9e3779b97f4a7c15ull) & (r->ideal_cap - 1);; i = (i + 1) & (r->ideal_cap - 1)) {
+        if (r->ideal[i] == h) return 0;
+        if (!r->ideal[i]) {
+            r->ideal[i] = h;
+            r->ideal_n++;
+            return 0;
+        }
+    }
+}
+
+/* Tokens of tok[0..n) an unbounded cache would match: whole pages, as the manager matches. */
+static size_t ideal_match(const replay *r, const int32_t *tok, size_t n)
+{
+    const size_t ps = (size_t)r->ps;
+    uint64_t h = kvhal_kv_root_hash(r->ps);
+    size_t i = 0;
+    for (; (i + 1) * ps <= n; i++) {
+        h = kvhal_kv_page_hash(h, tok + i * ps, r->ps);
+        if (!ideal_has(r, h)) break;
+    }
+    return i * ps;
+}
+
 /* 1 admitted, 0 no room now, -1 can never fit (skipped), -2 error. */
 PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
 {
@@ -1172,6 +1230,26 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
     else r->fin[r->nfin++] = s;
     s->reserve = need_decode;
     r->reserved += need_decode;
+    /* the unbounded reference for this request, outside the measured time: no cache can hit more, and one that has
+     * never evicted (nor lost anything to a tier) hits exactly that */
+    uint64_t ti = tick();
+    const size_t ideal = ideal_match(r, s->tok, mlen);
+    r->excluded += tick() - ti;
+    if (s->matched > ideal) {
+        fail("VERIFICATION_FAILED", "request %zu: %zu tokens matched (%zu device + %zu loaded back), more than the "
+             "%zu an unbounded cache holds on this schedule", req, s->matched, s->dev_matched,
+             s->matched - s->dev_matched, ideal);
+        r->st.errors++;
+        return -2;
+    }
+    /* exact for the radix cache (the naive one keys whole inserted sequences, so it may match less) */
+    if (r->o->kind == KVHAL_PREFIX_RADIX && kvhal_cache_manager_pages_evicted(r->cm) == 0 && s->dev_matched != ideal) {
+        fail("VERIFICATION_FAILED", "request %zu: %zu tokens matched with nothing ever evicted, but an unbounded "
+             "cache holds %zu on this schedule", req, s->dev_matched, ideal);
+        r->st.errors++;
+        return -2;
+    }
+    r->st.ideal_hit_tokens += ideal;
     r->st.in_tokens += s->in_len;
     r->st.hit_tokens += s->dev_matched;
     r->st.hit_requests += s->dev_matched > 0;
@@ -1341,6 +1419,14 @@ PHASE static int finish(replay *r, slot *s)
     if (r->n_finish_samples < r->samples_cap) r->finish_samples[r->n_finish_samples++] = t2 - t1;
     r->st.finish_calls++;
     if (st != KVHAL_OK) return fatal_status(r, "cache_finished", st), -1;
+    { /* the unbounded reference learns every whole page the request handed over (outside the measured time) */
+        uint64_t ti = tick(), h = kvhal_kv_root_hash(r->ps);
+        for (size_t i = 0; (i + 1) * ps <= s->total; i++) {
+            h = kvhal_kv_page_hash(h, s->tok + i * ps, r->ps);
+            if (ideal_add(r, h) != 0) return fatal_status(r, "unbounded reference (no memory)", KVHAL_OUT_OF_MEMORY), -1;
+        }
+        r->excluded += tick() - ti;
+    }
     if (!r->kv) {
         /* --no-kv: the shadow learns what the pages filled while decoding hold (the prefix hash of each one's last
          * token; the prompt's full pages were recorded at admission), before any later request can match them.
@@ -1392,6 +1478,8 @@ static int run_once(replay *r)
     size_t n = r->w->n, next = 0, done = 0;
     int32_t running = 0;
     r->reserved = 0;
+    if (r->ideal_cap) memset(r->ideal, 0, r->ideal_cap * sizeof *r->ideal); /* the pass starts from empty */
+    r->ideal_n = 0;
     r->excluded = r->match_ticks = r->finish_ticks = 0;
     r->n_match_samples = r->n_finish_samples = 0;
     r->ndec = r->nfin = 0;
@@ -1610,6 +1698,9 @@ static void print_summary(const replay *r, const workload *w, const char *device
     printf(")\n");
     printf("  prefix hits  %.2f%% of prompt tokens (%llu of %llu requests hit)\n", 100 * hit,
            (unsigned long long)s->hit_requests, (unsigned long long)s->requests);
+    printf("  unbounded    %.2f%% of prompt tokens: what a cache that never evicts hits on this run's schedule (the "
+           "requests running together); device + host hits never exceed it\n",
+           s->in_tokens ? 100.0 * (double)s->ideal_hit_tokens / (double)s->in_tokens : 0);
     if (host)
         printf("  host tier    %lld pages, write-%s: %.2f%% of prompt tokens loaded back (%llu requests), %.2f%% "
                "missed; %llu pages written to host, %llu loaded back (each verified), %llu host evictions\n",
@@ -1784,6 +1875,7 @@ out:
     free(r.st.finish_us);
     free(r.st.evict_us);
     free(r.shadow);
+    free(r.ideal);
     if (r.kv) kv_free(&kv);
     workload_free(&w);
     return rc;

@@ -3,8 +3,19 @@
  * the bus: one launch moves every (page, cache) block of up to KVHAL_GPU_PT_PAIRS pages and KVHAL_GPU_PT_CACHES
  * caches, with the pages and caches travelling as kernel parameters (no staging copy, nothing to wait for, so the
  * call may be captured in a graph). Plain host memory goes through one runtime copy per block instead (pageable
- * copies, which the runtime stages). No descriptor. */
+ * copies, which the runtime stages). No descriptor.
+ * CUDA 12.8+ (compile time): pinned host pages go through the copy engines instead, with cudaMemcpyBatchAsync (one
+ * call for every (page, cache) block, adjacent blocks on both sides coalesced into one chunk), which reaches the
+ * bandwidth of a plain pinned cudaMemcpy where the kernel's mapped-memory accesses do not. The kernel stays for
+ * HIP, for chunks under 8 KiB on average (tiny pages: the copy engines' per-chunk cost), the legacy default stream (which batch copies refuse: a NULL stream here) and for a stream being
+ * captured into a graph (nothing is assumed of batch copies in a graph), so the op stays capture-safe. */
+#include <stdlib.h>
+
 #include "gpu_private.h"
+
+#if !defined(KVHAL_GPU_HIP) && defined(CUDART_VERSION) && CUDART_VERSION >= 12080
+#define KVHAL_GPU_PT_BATCH 1
+#endif
 
 namespace kvhal_gpu {
 
@@ -80,6 +91,82 @@ static kvhal_status transfer_pageable(const Ctx *c, int32_t id, const kvhal_bk_p
     return KVHAL_OK;
 }
 
+#if defined(KVHAL_GPU_PT_BATCH)
+/* Below this many bytes per chunk (after coalescing) the copy engines' per-chunk cost dominates: the kernel does
+ * better, and its one launch per 128 pages costs the host far less than a batch of thousands of tiny chunks. */
+#define KVHAL_GPU_PT_BATCH_MIN_CHUNK 8192
+
+/* Pinned host pages through the copy engines: every (page, cache) block one chunk, merged with the previous one
+ * when both its source and its destination follow it directly. *done false (nothing enqueued) when the chunks
+ * are too small for the copy engines. */
+static kvhal_status transfer_batch(const Ctx *c, int32_t id, const kvhal_bk_page_transfer *a, gpuStream_t s,
+                                   bool *done)
+{
+    *done = false;
+    const size_t bytes = (size_t)a->block_bytes, max = (size_t)a->num_pairs * (size_t)a->num_caches;
+    if (bytes < KVHAL_GPU_PT_BATCH_MIN_CHUNK) { /* small blocks: only worth it where a page's blocks coalesce */
+        size_t runs = 1;
+        for (int32_t k = 1; k < a->num_caches; k++)
+            runs += static_cast<const char *>(a->natives[k]) + a->offsets[k] !=
+                    static_cast<const char *>(a->natives[k - 1]) + a->offsets[k - 1] + bytes;
+        if ((size_t)a->num_caches * bytes < runs * (size_t)KVHAL_GPU_PT_BATCH_MIN_CHUNK) return KVHAL_OK;
+    }
+    void **dst = static_cast<void **>(malloc(max * sizeof(void *)));
+    const void **src = static_cast<const void **>(malloc(max * sizeof(void *)));
+    size_t *len = static_cast<size_t *>(malloc(max * sizeof(size_t)));
+    if (!dst || !src || !len) {
+        free(dst);
+        free(src);
+        free(len);
+        return fail(c, KVHAL_OUT_OF_MEMORY, "%s:%d: page_transfer: no host memory for %zu copy chunks", KVHAL_GPU_NAME,
+                    (int)id, max);
+    }
+    char *host = static_cast<char *>(a->host) + a->host_offset;
+    size_t n = 0;
+    for (int32_t p = 0; p < a->num_pairs; p++) {
+        char *page = host + a->pairs[2 * p + 1] * a->host_page_bytes;
+        for (int32_t k = 0; k < a->num_caches; k++) {
+            char *dev = static_cast<char *>(a->natives[k]) + a->offsets[k] + a->pairs[2 * p] * a->block_strides[k];
+            char *h = page + (size_t)k * bytes;
+            char *d = a->to_host ? h : dev;
+            const char *sc = a->to_host ? dev : h;
+            if (n && static_cast<char *>(dst[n - 1]) + len[n - 1] == d &&
+                static_cast<const char *>(src[n - 1]) + len[n - 1] == sc) {
+                len[n - 1] += bytes;
+                continue;
+            }
+            dst[n] = d;
+            src[n] = sc;
+            len[n] = bytes;
+            n++;
+        }
+    }
+    if ((size_t)a->num_pairs * (size_t)a->num_caches * bytes < n * (size_t)KVHAL_GPU_PT_BATCH_MIN_CHUNK) {
+        free(dst);
+        free(src);
+        free(len);
+        return KVHAL_OK;
+    }
+    cudaMemcpyAttributes attr = {};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attr_idx = 0;
+#if CUDART_VERSION >= 13000
+    const cudaError_t e = cudaMemcpyBatchAsync(dst, src, len, n, &attr, &attr_idx, 1, s);
+#else
+    size_t fail_idx = 0;
+    const cudaError_t e = cudaMemcpyBatchAsync(dst, const_cast<void **>(src), len, n, &attr, &attr_idx, 1,
+                                               &fail_idx, s);
+#endif
+    free(dst);
+    free(src);
+    free(len);
+    KVHAL_GPU_TRY(c, e, id, "page_transfer batch copy");
+    *done = true;
+    return KVHAL_OK;
+}
+#endif
+
 kvhal_status gpu_page_transfer(void *ctx, int32_t id, void *desc, const kvhal_bk_page_transfer *a, void *stream)
 {
     (void)desc;
@@ -90,6 +177,18 @@ kvhal_status gpu_page_transfer(void *ctx, int32_t id, void *desc, const kvhal_bk
     KVHAL_GPU_SETDEV(c, id);
     const gpuStream_t s = native_stream(stream);
     if (!a->host_pinned) return transfer_pageable(c, id, a, s);
+#if defined(KVHAL_GPU_PT_BATCH)
+    /* batch copies refuse the legacy default stream (the device's default here): the kernel serves it */
+    if (s != (gpuStream_t)0 && s != cudaStreamLegacy) {
+        cudaStreamCaptureStatus cap_status = cudaStreamCaptureStatusNone;
+        KVHAL_GPU_TRY(c, cudaStreamIsCapturing(s, &cap_status), id, "page_transfer capture query");
+        if (cap_status == cudaStreamCaptureStatusNone) {
+            bool done = false;
+            st = transfer_batch(c, id, a, s, &done);
+            if (st != KVHAL_OK || done) return st;
+        }
+    }
+#endif
     void *dhost = NULL;
     KVHAL_GPU_TRY(c, gpuHostGetDevicePointer(&dhost, a->host, 0), id, "page_transfer host mapping");
     PageTransferParams p;
