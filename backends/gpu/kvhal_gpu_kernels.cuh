@@ -48,6 +48,24 @@ namespace kvhal_gpu {
 #define KVHAL_GPU_ERR_BLOCK 1 /* copy_blocks: a block id outside [0, num_blocks) was skipped */
 #define KVHAL_GPU_ERR_BYTES 8
 
+/* Kernel variants (KVHAL_GPU_VARIANT, read once when the module loads: gpu_device.cu; docs/guide.md): launch
+ * shapes of copy_blocks, kept selectable so that one GPU run compares them interleaved
+ * (docs/measurements/scripts/kernel-variants-gpu.sh). Every variant copies the same bytes (the conformance suite
+ * runs under each); paged caching and the other kernels are the same in all of them.
+ *   0  session 5's shape: the cache table and the pairs uploaded through a pinned staging ring, then a grid of 32
+ *      blocks per multiprocessor that loops over 16 KiB work items, (pair, cache) jobs pairs major, 64-bit index
+ *      divisions (0.84 / 0.88 of a copy, layer-first / page-first, on an H100)
+ *   1  the default: the table and the pairs travel in the kernel's parameters (KVHAL_GPU_CB_INLINE_WORDS; as many
+ *      launches as the pairs need), so no upload precedes the kernel on the stream; one block per 16 KiB work item,
+ *      caches major (consecutive blocks copy one cache's blocks for consecutive pairs, the order of NVIDIA's OpenCL
+ *      copy_blocks.cl), 32-bit multiply-shift index divisions (0.99 / 0.99). Too many caches for the parameters
+ *      (over 144): as 2
+ *   2  as 1 with the staging upload of 0 (0.89 / 0.88: the upload, not the kernel's shape, was the gap) */
+#define KVHAL_GPU_VARIANTS 3
+#ifndef KVHAL_GPU_VARIANT_DEFAULT
+#define KVHAL_GPU_VARIANT_DEFAULT 1
+#endif
+
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4, DT_E4M3FNUZ = 5, DT_E5M2FNUZ = 6 };
 #define KVHAL_GPU_FNUZ(OUT) ((OUT) == DT_E4M3FNUZ || (OUT) == DT_E5M2FNUZ)
 
