@@ -12,7 +12,9 @@ namespace kvhal_gpu {
 /* copy_units / copy_range (the widest unit dividing addresses and length) are in kvhal_gpu_kernels.cuh: the
  * page-transfer kernel uses them too. */
 
-/* copy_blocks: one table entry per cache, uploaded with the pairs through the descriptor's staging buffer. */
+/* copy_blocks: one table entry per cache. In the default variant the table and the pairs travel in the kernel's
+ * parameters (words), as many pairs per launch as fit; otherwise (variants 0 and 2, or more caches than the
+ * parameters hold) they are uploaded through the descriptor's staging ring (caches, pairs). */
 struct CacheEntry {
     char *base;     /* block 0 */
     int64_t stride; /* bytes between blocks */

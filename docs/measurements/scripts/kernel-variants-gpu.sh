@@ -103,7 +103,7 @@ for key in order:
           " | ".join(cells))
 PY
 # at most 8 files come back from the GPU machine: the raw runs go into one archive
-(cd "$OUT" && tar czf bench-runs.tgz bench-v*-r*-*.json bench-v*-r*-*.err conformance-v*.txt gpu_paths-v*.txt 2>/dev/null &&
-  rm -f bench-v*-r*-*.json bench-v*-r*-*.err conformance-v*.txt gpu_paths-v*.txt)
+(cd "$OUT" && files=$(ls bench-v*-r*-* conformance-v*.txt gpu_paths-v*.txt 2>/dev/null) && [ -n "$files" ] &&
+  tar czf bench-runs.tgz $files && rm -f $files)
 echo "total: $(elapsed) s, rc $rc"
 exit $rc
