@@ -174,6 +174,7 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
     const gpuStream_t s = native_stream(stream);
     const int v = c->variant; /* the launch shape (KVHAL_GPU_VARIANT: kvhal_gpu_kernels.cuh) */
     CopyBlocksParams p;
+    memset(&p, 0, sizeof p); /* the parameter words past this call's table and pairs travel too: zeros, not garbage */
     p.err = c->dev[id].dflag;
     p.num_blocks = a->num_blocks_min;
     p.num_caches = a->num_caches;
