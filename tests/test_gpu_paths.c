@@ -1,7 +1,9 @@
 /* test_gpu_paths.c — the CUDA and HIP backends' own code paths on every GPU present, against the host reference:
  * the vectorized paged-caching kernels at model shapes (head_dim 128/64, NHD and HND, every dtype pair, power-of-two
  * and other fp8 scales) and their scalar fallback on misaligned bases, the unit sizes of tensor_copy, copy_blocks
- * calls queued back to back (the staging ring laps and must wait, never corrupt), the batched copy behind
+ * calls queued back to back (the staging ring laps and must wait, never corrupt), copy_blocks with more pairs than
+ * one launch's parameters carry and with more caches than they hold, the kernel variant (KVHAL_GPU_VARIANT) named
+ * in the device info, the batched copy behind
  * kv_cache_duplicate (more ranges than one launch takes), created streams, borrowed device pointers, and copies
  * between two GPUs. The conformance suite's small odd shapes mostly take the scalar paths; these take the fast ones.
  * Without a CUDA or HIP device every test reports itself skipped. */
@@ -276,6 +278,83 @@ static void test_copy_blocks_ring(void **state)
     dbuf_free(&b);
 }
 
+/* ---- copy_blocks: more pairs than one launch's parameters carry (KVHAL_GPU_VARIANT 1 launches once per group),
+ * blocks of several 16 KiB work items, a block of odd size, and more caches than the parameters hold (staged) ---- */
+
+static void test_copy_blocks_many_pairs(void **state)
+{
+    gpu_ctx *c = ctx_of(state);
+    ref_rng r = {5};
+    enum { BLOCKS = 700, PAIRS = 340 };
+    /* cache 0: 40 KiB blocks (3 work items, the last partial); cache 1: 6-byte blocks (2-byte units); cache 2: 2 KiB
+     * blocks at a base only 2-byte aligned */
+    const size_t b0 = 40 * 1024, b1 = 6, b2 = 2048;
+    dbuf b;
+    dbuf_make(&b, c->dev, BLOCKS * (b0 + b1 + b2) + 64, &r);
+    int64_t s0[2] = {BLOCKS, (int64_t)b0 / 2}, s1[2] = {BLOCKS, 3}, s2[3] = {BLOCKS, 16, 64};
+    kvhal_tensor caches[3] = {tensor(&b, 0, KVHAL_BF16, 2, s0, NULL),
+                              tensor(&b, BLOCKS * b0, KVHAL_F16, 2, s1, NULL),
+                              tensor(&b, BLOCKS * (b0 + b1) + 2, KVHAL_F16, 3, s2, NULL)};
+    uint8_t *mirrors[3] = {b.mirror, b.mirror, b.mirror};
+    /* sources a permutation of blocks 0..339, destinations 350..689 shuffled: no block is both, none written twice */
+    int64_t src[PAIRS], dst[PAIRS], pairs[2 * PAIRS];
+    for (int i = 0; i < PAIRS; i++) src[i] = i, dst[i] = 350 + i;
+    for (int i = PAIRS - 1; i > 0; i--) {
+        int j = (int)ref_rand_below(&r, (uint64_t)i + 1), k = (int)ref_rand_below(&r, (uint64_t)i + 1);
+        int64_t t = src[i];
+        src[i] = src[j], src[j] = t;
+        t = dst[i], dst[i] = dst[k], dst[k] = t;
+    }
+    for (int i = 0; i < PAIRS; i++) pairs[2 * i] = src[i], pairs[2 * i + 1] = dst[i];
+    OK(kvhal_copy_blocks(caches, 3, pairs, PAIRS, NULL));
+    OK(kvhal_device_synchronize(c->dev));
+    ref_copy_blocks(mirrors, caches, 3, pairs, PAIRS);
+    dbuf_expect(&b, "copy_blocks of 340 pairs");
+    /* one out-of-range pair in the last group: the whole call is refused before any launch */
+    pairs[2 * (PAIRS - 1) + 1] = BLOCKS;
+    kvhal_clear_error();
+    assert_int_equal(kvhal_copy_blocks(caches, 3, pairs, PAIRS, NULL), KVHAL_OUT_OF_RANGE);
+    dbuf_expect(&b, "copy_blocks refused before any copy");
+    dbuf_free(&b);
+}
+
+static void test_copy_blocks_many_caches(void **state)
+{
+    gpu_ctx *c = ctx_of(state);
+    ref_rng r = {6};
+    enum { CACHES = 160, BLOCKS = 8, PAIRS = 3 };
+    const size_t block_bytes = 4 * 32 * 2;
+    dbuf b;
+    dbuf_make(&b, c->dev, CACHES * BLOCKS * block_bytes, &r);
+    kvhal_tensor caches[CACHES];
+    uint8_t *mirrors[CACHES];
+    for (int i = 0; i < CACHES; i++) {
+        int64_t sh[3] = {BLOCKS, 4, 32};
+        caches[i] = tensor(&b, (size_t)i * BLOCKS * block_bytes, KVHAL_BF16, 3, sh, NULL);
+        mirrors[i] = b.mirror;
+    }
+    int64_t pairs[2 * PAIRS] = {0, 5, 1, 6, 2, 7};
+    OK(kvhal_copy_blocks(caches, CACHES, pairs, PAIRS, NULL));
+    OK(kvhal_device_synchronize(c->dev));
+    ref_copy_blocks(mirrors, caches, CACHES, pairs, PAIRS);
+    dbuf_expect(&b, "copy_blocks over 160 caches");
+    dbuf_free(&b);
+}
+
+/* ---- the kernel variant the module runs: KVHAL_GPU_VARIANT's, when set, named in the device info ---- */
+
+static void test_variant_in_effect(void **state)
+{
+    gpu_ctx *c = ctx_of(state);
+    kvhal_device_info info;
+    OK(kvhal_device_get_info(c->dev, &info));
+    const char *v = getenv("KVHAL_GPU_VARIANT");
+    char want[64];
+    if (v && v[0]) snprintf(want, sizeof want, "kernels: variant %s (KVHAL_GPU_VARIANT)", v);
+    else snprintf(want, sizeof want, "kernels: variant ");
+    if (!strstr(info.platform, want)) fail_msg("device info '%s' lacks '%s'", info.platform, want);
+}
+
 /* ---- kv_cache_duplicate: the batched copy, more ranges than one launch carries ---- */
 
 static void test_duplicate_batches(void **state)
@@ -391,7 +470,8 @@ static const test_fn gpu_tests[] = {
     {"paged_fast_paths", test_paged_fast_paths}, {"paged_on_stream", test_paged_on_stream},
     {"tensor_copy_units", test_tensor_copy_units}, {"copy_blocks_ring", test_copy_blocks_ring},
     {"duplicate_batches", test_duplicate_batches}, {"wrap_and_memset", test_wrap_and_memset},
-    {"peer_copy", test_peer_copy},
+    {"peer_copy", test_peer_copy}, {"copy_blocks_many_pairs", test_copy_blocks_many_pairs},
+    {"copy_blocks_many_caches", test_copy_blocks_many_caches}, {"variant_in_effect", test_variant_in_effect},
 };
 #define NUM_GPU_TESTS (sizeof gpu_tests / sizeof gpu_tests[0])
 

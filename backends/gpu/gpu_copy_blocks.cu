@@ -9,8 +9,10 @@ namespace kvhal_gpu {
 namespace {
 
 /* ------------------------------------------------------------------------------------------------------------ */
-/* copy_blocks: the table of caches and the pairs go up through a ring of pinned staging slots, each guarded by  */
-/* an event recorded after its kernel, so a call never waits unless it laps a slot still in use.                */
+/* copy_blocks: the table of caches and the pairs travel in the kernel's parameters (KVHAL_GPU_VARIANT 1, the    */
+/* default, while they fit: one launch per group of pairs), else through a ring of pinned staging slots, each    */
+/* guarded by an event recorded after its kernel, so a call never waits unless it laps a slot still in use. The  */
+/* upload before the kernel cost 10% of a 256 MiB copy on an H100 (docs/measurements/session6).                */
 /* ------------------------------------------------------------------------------------------------------------ */
 #define KVHAL_GPU_RING 4
 
@@ -165,45 +167,76 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
         return st;
     }
     KVHAL_GPU_SETDEV(c, id);
-    StagingSlot *sl = &d->ring[d->next];
-    const gpuError_t q = gpuEventQuery(sl->ev);
-    if (q == gpuErrorNotReady) KVHAL_GPU_TRY(c, gpuEventSynchronize(sl->ev), id, "copy_blocks staging wait");
-    else if (q != gpuSuccess) return rt_fail(c, q, id, "copy_blocks staging query");
-    const size_t need = copy_blocks_bytes(a);
-    kvhal_status st = slot_reserve(c, id, sl, need);
-    if (st != KVHAL_OK) return st;
-
-    CacheEntry *ents = reinterpret_cast<CacheEntry *>(sl->host);
     int64_t largest = 0;
-    for (int32_t i = 0; i < a->num_caches; i++) {
-        ents[i].base = static_cast<char *>(a->natives[i]) + a->offsets[i];
-        ents[i].stride = a->block_strides[i];
-        ents[i].bytes = a->block_bytes[i];
+    for (int32_t i = 0; i < a->num_caches; i++)
         if (a->block_bytes[i] > largest) largest = a->block_bytes[i];
-    }
-    memcpy(sl->host + (size_t)a->num_caches * sizeof(CacheEntry), a->pairs,
-           (size_t)a->num_pairs * 2 * sizeof(int64_t));
     if (largest <= 0) return KVHAL_OK;
-
     const gpuStream_t s = native_stream(stream);
-    KVHAL_GPU_TRY(c, gpuMemcpyAsync(sl->dev, sl->host, need, gpuMemcpyHostToDevice, s), id, "copy_blocks upload");
+    const int v = c->variant; /* the launch shape (KVHAL_GPU_VARIANT: kvhal_gpu_kernels.cuh) */
     CopyBlocksParams p;
-    p.caches = reinterpret_cast<const CacheEntry *>(sl->dev);
-    p.pairs = reinterpret_cast<const int64_t *>(sl->dev + (size_t)a->num_caches * sizeof(CacheEntry));
+    memset(&p, 0, sizeof p); /* the parameter words past this call's table and pairs travel too: zeros, not garbage */
     p.err = c->dev[id].dflag;
     p.num_blocks = a->num_blocks_min;
-    p.chunks = (largest + KVHAL_GPU_CHUNK - 1) / KVHAL_GPU_CHUNK;
-    p.total = (int64_t)a->num_pairs * a->num_caches * p.chunks;
     p.num_caches = a->num_caches;
-    const int64_t cap = (int64_t)c->dev[id].sm_count * 32;
-    const uint32_t grid = (uint32_t)(p.total < cap ? p.total : cap);
-    if (d->fn) {
-        st = launch_fn(c, id, d->fn, grid, KVHAL_GPU_THREADS, &p, s, "copy_blocks launch");
-        if (st != KVHAL_OK) return st;
+    p.chunks = (largest + KVHAL_GPU_CHUNK - 1) / KVHAL_GPU_CHUNK;
+    p.cache_major = v >= 1;
+    /* variant 1: pairs per launch that fit in the parameters beside the table (at least 16, else staged) */
+    const int64_t fit = ((int64_t)KVHAL_GPU_CB_INLINE_WORDS - 3 * (int64_t)a->num_caches) / 2;
+    p.inline_table = v == 1 && fit >= 16;
+    StagingSlot *sl = NULL;
+    if (p.inline_table) {
+        p.caches = NULL;
+        p.pairs = NULL;
+        for (int32_t i = 0; i < a->num_caches; i++) {
+            p.words[3 * i] = (uint64_t)(uintptr_t)(static_cast<char *>(a->natives[i]) + a->offsets[i]);
+            p.words[3 * i + 1] = (uint64_t)a->block_strides[i];
+            p.words[3 * i + 2] = (uint64_t)a->block_bytes[i];
+        }
     } else {
-        copy_blocks_kernel<<<grid, KVHAL_GPU_THREADS, 0, s>>>(p);
-        KVHAL_GPU_TRY(c, gpuGetLastError(), id, "copy_blocks launch");
+        sl = &d->ring[d->next];
+        const gpuError_t q = gpuEventQuery(sl->ev);
+        if (q == gpuErrorNotReady) KVHAL_GPU_TRY(c, gpuEventSynchronize(sl->ev), id, "copy_blocks staging wait");
+        else if (q != gpuSuccess) return rt_fail(c, q, id, "copy_blocks staging query");
+        const size_t need = copy_blocks_bytes(a);
+        const kvhal_status rs = slot_reserve(c, id, sl, need);
+        if (rs != KVHAL_OK) return rs;
+        CacheEntry *ents = reinterpret_cast<CacheEntry *>(sl->host);
+        for (int32_t i = 0; i < a->num_caches; i++) {
+            ents[i].base = static_cast<char *>(a->natives[i]) + a->offsets[i];
+            ents[i].stride = a->block_strides[i];
+            ents[i].bytes = a->block_bytes[i];
+        }
+        memcpy(sl->host + (size_t)a->num_caches * sizeof(CacheEntry), a->pairs,
+               (size_t)a->num_pairs * 2 * sizeof(int64_t));
+        KVHAL_GPU_TRY(c, gpuMemcpyAsync(sl->dev, sl->host, need, gpuMemcpyHostToDevice, s), id, "copy_blocks upload");
+        p.caches = reinterpret_cast<const CacheEntry *>(sl->dev);
+        p.pairs = reinterpret_cast<const int64_t *>(sl->dev + (size_t)a->num_caches * sizeof(CacheEntry));
     }
+    /* one launch, or (parameters) one per group of fit pairs */
+    const int64_t group = p.inline_table ? fit : (int64_t)a->num_pairs;
+    for (int64_t first = 0; first < a->num_pairs; first += group) {
+        const int64_t np = a->num_pairs - first < group ? a->num_pairs - first : group;
+        if (p.inline_table)
+            memcpy(&p.words[3 * a->num_caches], a->pairs + 2 * first, (size_t)np * 2 * sizeof(int64_t));
+        p.num_pairs = (int32_t)np;
+        p.total = np * a->num_caches * p.chunks;
+        p.fast32 = v >= 1 && p.total <= (int64_t)UINT32_MAX;
+        if (p.fast32) {
+            p.div_chunks = kvhal_fastdiv32_make((uint32_t)p.chunks);
+            p.div_inner = kvhal_fastdiv32_make((uint32_t)(p.cache_major ? np : a->num_caches));
+        }
+        /* variant 0: a capped grid whose blocks loop; else one block per work item, as many as a launch takes */
+        const int64_t cap = v == 0 ? (int64_t)c->dev[id].sm_count * 32 : (int64_t)0x7fffffff;
+        const uint32_t grid = (uint32_t)(p.total < cap ? p.total : cap);
+        if (d->fn) {
+            const kvhal_status st = launch_fn(c, id, d->fn, grid, KVHAL_GPU_THREADS, &p, s, "copy_blocks launch");
+            if (st != KVHAL_OK) return st;
+        } else {
+            copy_blocks_kernel<<<grid, KVHAL_GPU_THREADS, 0, s>>>(p);
+            KVHAL_GPU_TRY(c, gpuGetLastError(), id, "copy_blocks launch");
+        }
+    }
+    if (!sl) return KVHAL_OK;
     KVHAL_GPU_TRY(c, gpuEventRecord(sl->ev, s), id, "copy_blocks staging event");
     d->next = (d->next + 1) % KVHAL_GPU_RING;
     return KVHAL_OK;

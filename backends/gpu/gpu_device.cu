@@ -138,6 +138,23 @@ void resolve_driver_entry_points(Ctx *c)
 }
 #endif
 
+/* The kernel variant (kvhal_gpu_kernels.cuh), from KVHAL_GPU_VARIANT once per module load: a digit 0 to
+ * KVHAL_GPU_VARIANTS - 1; unset or empty gives the default, anything else the default with a note in the device
+ * info (the module never prints). */
+void choose_variant(Ctx *c)
+{
+    c->variant = KVHAL_GPU_VARIANT_DEFAULT;
+    c->variant_note[0] = '\0';
+    const char *e = secure_getenv("KVHAL_GPU_VARIANT");
+    if (!e || !e[0]) return;
+    if (e[0] >= '0' && e[0] < '0' + KVHAL_GPU_VARIANTS && !e[1]) {
+        c->variant = e[0] - '0';
+        snprintf(c->variant_note, sizeof c->variant_note, " (KVHAL_GPU_VARIANT)");
+    } else {
+        snprintf(c->variant_note, sizeof c->variant_note, " (KVHAL_GPU_VARIANT not 0-%d)", KVHAL_GPU_VARIANTS - 1);
+    }
+}
+
 } // namespace
 
 /* The context is allocated whatever the device count, so that every later entry has the core's services. */
@@ -164,6 +181,7 @@ kvhal_status gpu_init(const kvhal_core_services *services, void **ctx, int32_t *
         return KVHAL_BACKEND_ERROR;
     }
     c->svc = services;
+    choose_variant(c);
     *ctx = c;
     int n = 0;
     gpuError_t e = gpuGetDeviceCount(&n);
@@ -257,6 +275,9 @@ kvhal_status gpu_device_info(void *ctx, int32_t id, kvhal_device_info *out)
              rt / 1000, (rt % 1000) / 10, drv / 1000, (drv % 1000) / 10);
     const size_t used = strlen(out->platform); /* then which code the device runs (gpu_codepath.cu) */
     code_path_describe(c, id, out->platform + used, sizeof out->platform - used);
+    const size_t used2 = strlen(out->platform); /* and the kernel variant: benchmarks print it */
+    snprintf(out->platform + used2, sizeof out->platform - used2, "; kernels: variant %d%s", c->variant,
+             c->variant_note);
     out->total_memory = (uint64_t)prop.totalGlobalMem;
     out->free_memory = 0;
     KVHAL_GPU_SETDEV(c, id);

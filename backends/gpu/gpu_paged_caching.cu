@@ -19,12 +19,13 @@ struct PagedLaunch {
     const void *sym;
     void *fn;
     const char *(*spelling)(); /* X's C++ spelling, for the run-time compiled path (HIP on AMD) */
+    int unroll;                /* units each thread loads per pass (PagedGeom<X>::UNROLL) */
 };
 
 template <class X> PagedLaunch paged_launcher()
 {
     PagedLaunch l = {launch_paged<X>, reinterpret_cast<const void *>(paged_caching_kernel<X, X>), nullptr,
-                     type_spelling<X>};
+                     type_spelling<X>, (int)PagedGeom<X>::UNROLL};
     return l;
 }
 
@@ -106,9 +107,9 @@ template <int MODE> PagedLaunch fp8_launcher_in(int in, int out, bool vec)
     }
 }
 
-PagedLaunch copy_launcher(size_t es, bool vec)
+PagedLaunch copy_launcher(size_t es, bool vec, bool wide = false)
 {
-    if (vec) return paged_launcher<XCopy<uint4>>();
+    if (vec) return wide ? paged_launcher<XCopyWide<uint4>>() : paged_launcher<XCopy<uint4>>();
     switch (es) {
     case 1: return paged_launcher<XCopy<uint8_t>>();
     case 2: return paged_launcher<XCopy<uint16_t>>();
@@ -159,12 +160,12 @@ bool build_side(const kvhal_bk_paged_side *s, const kvhal_bk_paged_caching *a, i
     return true;
 }
 
-/* Tokens per block: enough units per thread to keep KVHAL_GPU_PAGED_UNROLL loads in flight, fewer when the call is too
- * small to fill every multiprocessor several times over. */
-void paged_geometry(PagedParams *p, int sm_count, uint32_t *threads)
+/* Tokens per block: enough units per thread to keep unroll loads in flight (the kernel's PagedGeom), fewer when the
+ * call is too small to fill every multiprocessor several times over. */
+void paged_geometry(PagedParams *p, int sm_count, int unroll, uint32_t *threads)
 {
     const uint32_t row = p->k.row_units > p->v.row_units ? p->k.row_units : p->v.row_units;
-    int64_t tpc = (int64_t)(KVHAL_GPU_PAGED_THREADS * KVHAL_GPU_PAGED_UNROLL) / row;
+    int64_t tpc = (int64_t)(KVHAL_GPU_PAGED_THREADS * unroll) / row;
     if (tpc < 1) tpc = 1;
     if (tpc > KVHAL_GPU_MAX_TPC) tpc = KVHAL_GPU_MAX_TPC;
     while (tpc > 1 && (p->num_tokens + tpc - 1) / tpc < 4 * (int64_t)sm_count) tpc >>= 1;
@@ -215,8 +216,10 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
     d->out_align = (uint32_t)(vec * (int64_t)out_es);
 
     if (same) {
+        /* the wide copy for rows of at least 64 units (1 KiB), except in variant 0 (KVHAL_GPU_VARIANT) */
+        const uint32_t row = d->pv.k.row_units > d->pv.v.row_units ? d->pv.k.row_units : d->pv.v.row_units;
         d->sc[SM_MUL] = copy_launcher(es, false);
-        d->vec[SM_MUL] = copy_launcher(es, true);
+        d->vec[SM_MUL] = copy_launcher(es, true, c->variant != 0 && d->vec_ok && row >= 64);
     } else {
         d->sc[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, false);
         d->sc[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, false);
@@ -245,9 +248,10 @@ void paged_caching_rtc_exprs(RtcExprFn add, void *user)
     static const size_t sizes[3] = {1, 2, 4};
     char expr[384];
     for (int vec = 0; vec < 2; vec++) {
-        PagedLaunch l[3 + 3 * 4 * 3];
+        PagedLaunch l[4 + 3 * 4 * 3];
         int n = 0;
         for (int i = 0; i < 3; i++) l[n++] = copy_launcher(sizes[i], vec != 0);
+        if (vec) l[n++] = copy_launcher(16, true, true);
         for (int i = 0; i < 3; i++)
             for (int o = 0; o < 4; o++) {
                 l[n++] = fp8_launcher_in<SM_MUL>(ins[i], outs[o], vec != 0);
@@ -348,13 +352,13 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     p.seq_len = a->seq_len;
     p.fast32 = d->fast32_shape && a->num_tokens <= (int64_t)UINT32_MAX;
     uint32_t threads;
-    paged_geometry(&p, c->dev[id].sm_count, &threads); /* tokens per block follow the call's token count */
+    const PagedLaunch &run = vec ? d->vec[mode] : d->sc[mode];
+    paged_geometry(&p, c->dev[id].sm_count, run.unroll, &threads); /* tokens per block follow the token count */
     /* depends on the path (tokens per block), which depends on the call's addresses: checked here, not in
      * paged_caching_supports */
     const int64_t grid = (a->num_tokens + p.tpc - 1) / p.tpc;
     if (grid > 0x7fffffff)
         return fail(c, KVHAL_UNSUPPORTED, "num_tokens: %lld is too many for one launch", (long long)a->num_tokens);
-    const PagedLaunch &run = vec ? d->vec[mode] : d->sc[mode];
 #if !defined(KVHAL_GPU_HIP)
     if (run.fn) {
         void *args[] = {static_cast<void *>(&p)};

@@ -12,31 +12,71 @@ namespace kvhal_gpu {
 /* copy_units / copy_range (the widest unit dividing addresses and length) are in kvhal_gpu_kernels.cuh: the
  * page-transfer kernel uses them too. */
 
-/* copy_blocks: one table entry per cache, uploaded with the pairs through the descriptor's staging buffer. */
+/* copy_blocks: one table entry per cache. In the default variant the table and the pairs travel in the kernel's
+ * parameters (words), as many pairs per launch as fit; otherwise (variants 0 and 2, or more caches than the
+ * parameters hold) they are uploaded through the descriptor's staging ring (caches, pairs). */
 struct CacheEntry {
     char *base;     /* block 0 */
     int64_t stride; /* bytes between blocks */
     int64_t bytes;  /* bytes of one block */
 };
 
+#define KVHAL_GPU_CB_INLINE_WORDS 448 /* 3.5 KiB: the parameters stay within the 4 KiB every target accepts */
+
 struct CopyBlocksParams {
     const CacheEntry *caches;
     const int64_t *pairs; /* (src, dst) */
     volatile uint8_t *err;
     int64_t num_blocks;
-    int64_t chunks;      /* work items per (pair, cache): ceil(largest block / CHUNK) */
+    int64_t chunks;      /* work items per (pair, cache) */
     int64_t total;       /* num_pairs * num_caches * chunks */
     int32_t num_caches;
+    int32_t num_pairs;
+    int32_t fast32;      /* total < 2^32: items split with div_chunks and div_inner (variants >= 1) */
+    int32_t cache_major; /* item = cache * num_pairs + pair (else pair * num_caches + cache) */
+    kvhal_fastdiv32 div_chunks, div_inner; /* by chunks; by num_pairs (caches major) or num_caches */
+    int32_t inline_table; /* variants 1: the table and this launch's pairs are in words (3 per cache: base,
+                             stride, bytes; then 2 per pair), not behind caches and pairs */
+    uint64_t words[KVHAL_GPU_CB_INLINE_WORDS];
 };
 
-__global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_blocks_kernel(const CopyBlocksParams p)
+static_assert(sizeof(CopyBlocksParams) <= 4096, "copy_blocks parameters exceed 4 KiB");
+
+/* Work item w is chunk w % chunks of job w / chunks, a job being one (pair, cache). The host launches one block
+ * per item (variants >= 1; the loop then runs once) or, in variant 0, a grid of 32 blocks per multiprocessor.
+ * KVHAL_GPU_GRID_CONSTANT: the table in the parameters is indexed at run time, and read where it is. */
+__global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_blocks_kernel(const KVHAL_GPU_GRID_CONSTANT CopyBlocksParams p)
 {
     for (int64_t w = blockIdx.x; w < p.total; w += gridDim.x) {
-        const int64_t item = w / p.chunks, chunk = w - item * p.chunks;
-        const int64_t pair = item / p.num_caches;
-        const int32_t c = (int32_t)(item - pair * p.num_caches);
-        const CacheEntry e = p.caches[c]; /* loaded together with the pair, not after its check */
-        const int64_t src = p.pairs[2 * pair], dst = p.pairs[2 * pair + 1];
+        int64_t chunk, outer, inner;
+        if (p.fast32) {
+            const uint32_t w32 = (uint32_t)w, j = kvhal_fastdiv32_div(w32, p.div_chunks);
+            const uint32_t o = kvhal_fastdiv32_div(j, p.div_inner);
+            chunk = (int64_t)(w32 - j * p.div_chunks.d);
+            outer = o;
+            inner = (int64_t)(j - o * p.div_inner.d);
+        } else {
+            const int64_t n_inner = p.cache_major ? p.num_pairs : p.num_caches;
+            const int64_t job = w / p.chunks;
+            chunk = w - job * p.chunks;
+            outer = job / n_inner;
+            inner = job - outer * n_inner;
+        }
+        const int64_t pair = p.cache_major ? inner : outer;
+        const int32_t c = (int32_t)(p.cache_major ? outer : inner);
+        CacheEntry e; /* loaded together with the pair, not after its check */
+        int64_t src, dst;
+        if (p.inline_table) {
+            e.base = reinterpret_cast<char *>(p.words[3 * c]);
+            e.stride = (int64_t)p.words[3 * c + 1];
+            e.bytes = (int64_t)p.words[3 * c + 2];
+            src = (int64_t)p.words[3 * p.num_caches + 2 * pair];
+            dst = (int64_t)p.words[3 * p.num_caches + 2 * pair + 1];
+        } else {
+            e = p.caches[c];
+            src = p.pairs[2 * pair];
+            dst = p.pairs[2 * pair + 1];
+        }
         if (src < 0 || src >= p.num_blocks || dst < 0 || dst >= p.num_blocks) {
             if (threadIdx.x == 0) p.err[KVHAL_GPU_ERR_BLOCK] = 1;
             continue;

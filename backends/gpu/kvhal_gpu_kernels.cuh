@@ -29,6 +29,9 @@ namespace kvhal_gpu {
 #define KVHAL_GPU_UNROLL 4 /* independent units each thread loads before it stores */
 #endif
 #define KVHAL_GPU_MAX_TPC 64 /* tokens per block of the paged-caching kernel, at most */
+#ifndef KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS
+#define KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS 8 /* resident blocks per multiprocessor of the wide copy (XCopyWide) */
+#endif
 #ifndef KVHAL_GPU_PAGED_THREADS
 #define KVHAL_GPU_PAGED_THREADS 128 /* threads per block of the paged-caching kernel, at most */
 #endif
@@ -48,6 +51,24 @@ namespace kvhal_gpu {
 #define KVHAL_GPU_ERR_BLOCK 1 /* copy_blocks: a block id outside [0, num_blocks) was skipped */
 #define KVHAL_GPU_ERR_BYTES 8
 
+/* Kernel variants (KVHAL_GPU_VARIANT, read once when the module loads: gpu_device.cu; docs/guide.md): launch
+ * shapes of copy_blocks, kept selectable so that one GPU run compares them interleaved
+ * (docs/measurements/scripts/kernel-variants-gpu.sh). Every variant copies the same bytes (the conformance suite
+ * runs under each); paged caching and the other kernels are the same in all of them.
+ *   0  session 5's shape: the cache table and the pairs uploaded through a pinned staging ring, then a grid of 32
+ *      blocks per multiprocessor that loops over 16 KiB work items, (pair, cache) jobs pairs major, 64-bit index
+ *      divisions (0.84 / 0.88 of a copy, layer-first / page-first, on an H100)
+ *   1  the default: the table and the pairs travel in the kernel's parameters (KVHAL_GPU_CB_INLINE_WORDS; as many
+ *      launches as the pairs need), so no upload precedes the kernel on the stream; one block per 16 KiB work item,
+ *      caches major (consecutive blocks copy one cache's blocks for consecutive pairs, the order of NVIDIA's OpenCL
+ *      copy_blocks.cl), 32-bit multiply-shift index divisions (0.99 / 0.99). Too many caches for the parameters
+ *      (over 144): as 2
+ *   2  as 1 with the staging upload of 0 (0.89 / 0.88: the upload, not the kernel's shape, was the gap) */
+#define KVHAL_GPU_VARIANTS 3
+#ifndef KVHAL_GPU_VARIANT_DEFAULT
+#define KVHAL_GPU_VARIANT_DEFAULT 1
+#endif
+
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4, DT_E4M3FNUZ = 5, DT_E5M2FNUZ = 6 };
 #define KVHAL_GPU_FNUZ(OUT) ((OUT) == DT_E4M3FNUZ || (OUT) == DT_E5M2FNUZ)
 
@@ -58,6 +79,20 @@ template <typename T> struct XCopy {
     typedef T In;
     typedef T Out;
     static __device__ __forceinline__ Out apply(const In &v, float, float) { return v; }
+};
+
+/* The same copy with twice the units in flight per thread (2 * KVHAL_GPU_PAGED_UNROLL, compiled for
+ * KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS resident blocks): same-dtype caches whose token row is at least 64 units (1 KiB;
+ * gpu_paged_caching.cu), in the default variant. At 8192 tokens of a 576-dim bf16 MLA row it runs the whole call in
+ * one wave of blocks (1.29 waves at the narrow unroll, latency-bound: 33% of DRAM bandwidth under ncu). */
+template <typename T> struct XCopyWide : XCopy<T> {};
+
+/* Per transform: units each thread loads per pass, and the resident blocks the kernel is compiled for. */
+template <class X> struct PagedGeom {
+    enum { UNROLL = KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_MIN_BLOCKS };
+};
+template <typename T> struct PagedGeom<XCopyWide<T>> {
+    enum { UNROLL = 2 * KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS };
 };
 
 template <int IN> __device__ __forceinline__ float load_elem(uint32_t bits)
@@ -417,7 +452,7 @@ __device__ __forceinline__ void paged_load(const PagedSide &sd, const int64_t *s
     typedef typename X::In In;
     const In *in = reinterpret_cast<const In *>(sd.input);
 #pragma unroll
-    for (int u = 0; u < KVHAL_GPU_PAGED_UNROLL; u++) {
+    for (int u = 0; u < PagedGeom<X>::UNROLL; u++) {
         const uint32_t i = b0 + (uint32_t)u * blockDim.x + threadIdx.x;
         if (i < n) {
             const UnitPos q = unit_pos(sd, i);
@@ -433,7 +468,7 @@ __device__ __forceinline__ void paged_store(const PagedSide &sd, const int64_t *
     typedef typename X::Out Out;
     Out *out = reinterpret_cast<Out *>(sd.cache);
 #pragma unroll
-    for (int u = 0; u < KVHAL_GPU_PAGED_UNROLL; u++) {
+    for (int u = 0; u < PagedGeom<X>::UNROLL; u++) {
         const uint32_t i = b0 + (uint32_t)u * blockDim.x + threadIdx.x;
         if (i >= n) continue;
         const UnitPos q = unit_pos(sd, i);
@@ -446,7 +481,7 @@ __device__ __forceinline__ void paged_store(const PagedSide &sd, const int64_t *
  * token's slot load is issued first and consumed only after every K and V load of the first pass is in flight,
  * then the slots become cache offsets in shared memory (padding skipped, out-of-range flagged) and the stores go. */
 template <class XK, class XV>
-__global__ void __launch_bounds__(KVHAL_GPU_PAGED_THREADS, KVHAL_GPU_PAGED_MIN_BLOCKS) paged_caching_kernel(const PagedParams p)
+__global__ void __launch_bounds__(KVHAL_GPU_PAGED_THREADS, PagedGeom<XK>::MIN_BLOCKS) paged_caching_kernel(const PagedParams p)
 {
     __shared__ int64_t s_ck[KVHAL_GPU_MAX_TPC], s_cv[KVHAL_GPU_MAX_TPC];
     __shared__ int64_t s_ik[KVHAL_GPU_MAX_TPC], s_iv[KVHAL_GPU_MAX_TPC];
@@ -470,9 +505,9 @@ __global__ void __launch_bounds__(KVHAL_GPU_PAGED_THREADS, KVHAL_GPU_PAGED_MIN_B
     }
     __syncthreads();
     const uint32_t nk = ntok * p.k.row_units, nv = ntok * p.v.row_units, n = nk > nv ? nk : nv;
-    for (uint32_t b0 = 0; b0 < n; b0 += KVHAL_GPU_PAGED_UNROLL * blockDim.x) { /* uniform trip count */
-        typename XK::In vk[KVHAL_GPU_PAGED_UNROLL];
-        typename XV::In vv[KVHAL_GPU_PAGED_UNROLL];
+    for (uint32_t b0 = 0; b0 < n; b0 += PagedGeom<XK>::UNROLL * blockDim.x) { /* uniform trip count */
+        typename XK::In vk[PagedGeom<XK>::UNROLL];
+        typename XV::In vv[PagedGeom<XK>::UNROLL];
         paged_load<XK>(p.k, s_ik, nk, b0, vk);
         paged_load<XV>(p.v, s_iv, nv, b0, vv);
         if (b0 == 0) {

@@ -17,6 +17,7 @@
 #endif
 
 #define KVHAL_GPU_NAME "hip"
+#define KVHAL_GPU_GRID_CONSTANT /* HIP reads kernel parameters in place */
 #define KVHAL_GPU_RUNTIME_NAME "HIP"
 
 #ifndef __HIPCC_RTC__ /* host types: the run-time compiled kernels need none */
@@ -125,6 +126,8 @@ static inline gpuError_t gpuPointerDevice(const void *p, int *dev, int *is_devic
 #include <dlfcn.h>
 
 #define KVHAL_GPU_NAME "cuda"
+/* a kernel parameter indexed at run time is read in place, not copied to each thread's local memory */
+#define KVHAL_GPU_GRID_CONSTANT __grid_constant__
 #define KVHAL_GPU_RUNTIME_NAME "CUDA"
 
 typedef cudaError_t gpuError_t;
