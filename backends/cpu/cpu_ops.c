@@ -4,6 +4,7 @@
  * The descriptor records which copy loop fits the call's strides and dtypes, so a call does no planning.
  * Large writes (a prefill's worth of tokens) use non-temporal stores: they skip the read-for-ownership of every
  * destination line, which is a third of the memory traffic of a scattered copy that does not fit the caches. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -165,99 +166,178 @@ static inline __m128 load4_f16(const char *p)
     return _mm_castsi128_ps(_mm_or_si128(r, sign));
 }
 
-static inline void encode4(uint8_t *dst, __m128 x, int m, int bias, uint32_t max_bits, uint32_t max_code,
-                           float magic)
+/* The codes of four quotients q of inputs x as 32-bit lanes (sign | code), the very operations of cpu_convert.h,
+ * except that the sign and NaN-ness come from x (kvhal__scale_mode's mode 1: a NaN q of a non-NaN x saturates). */
+static inline __m128i codes4(__m128 q, __m128 x, int m, int bias, uint32_t max_bits, uint32_t max_code, float magic)
 {
     const int shift = 23 - m;
-    __m128i u = _mm_castps_si128(x);
-    __m128i sign = _mm_and_si128(_mm_srli_epi32(u, 24), _mm_set1_epi32(0x80));
-    __m128i a = _mm_and_si128(u, _mm_set1_epi32(0x7fffffff));
+    __m128i ux = _mm_castps_si128(x);
+    __m128i sign = _mm_and_si128(_mm_srli_epi32(ux, 24), _mm_set1_epi32(0x80));
+    __m128i ax = _mm_and_si128(ux, _mm_set1_epi32(0x7fffffff));
+    __m128i a = _mm_and_si128(_mm_castps_si128(q), _mm_set1_epi32(0x7fffffff));
     __m128i r = _mm_add_epi32(_mm_add_epi32(a, _mm_set1_epi32((1 << (shift - 1)) - 1)),
                               _mm_and_si128(_mm_srli_epi32(a, shift), _mm_set1_epi32(1)));
     __m128i normal = _mm_sub_epi32(_mm_srli_epi32(r, shift), _mm_set1_epi32((127 - bias) << m));
     __m128 vm = _mm_set1_ps(magic);
     __m128i sub = _mm_sub_epi32(_mm_castps_si128(_mm_add_ps(_mm_castsi128_ps(a), vm)), _mm_castps_si128(vm));
-    /* a < 2^31 after the sign is cleared, so signed compares order it correctly */
+    /* a < 2^31 after the sign is cleared, so signed compares order it correctly; a NaN's a is past max_bits */
     __m128i code = select4(_mm_cmplt_epi32(a, _mm_set1_epi32((127 + 1 - bias) << 23)), sub, normal);
     code = select4(_mm_cmplt_epi32(a, _mm_set1_epi32((int)max_bits)), code, _mm_set1_epi32((int)max_code));
-    code = select4(_mm_cmpgt_epi32(a, _mm_set1_epi32(0x7f800000)), _mm_set1_epi32(0x7f), code);
-    code = _mm_or_si128(sign, _mm_and_si128(code, _mm_set1_epi32(0x7f)));
+    code = select4(_mm_cmpgt_epi32(ax, _mm_set1_epi32(0x7f800000)), _mm_set1_epi32(0x7f), code);
+    return _mm_or_si128(sign, _mm_and_si128(code, _mm_set1_epi32(0x7f)));
+}
+
+/* kvhal__f32_to_fp8_fnuz on four lanes: NaN x -> 0x80, a result that rounds to zero -> 0x00 (no negative zero). */
+static inline __m128i fnuz4(__m128 x, __m128i code)
+{
+    __m128i ax = _mm_and_si128(_mm_castps_si128(x), _mm_set1_epi32(0x7fffffff));
+    __m128i zero = _mm_cmpeq_epi32(_mm_and_si128(code, _mm_set1_epi32(0x7f)), _mm_setzero_si128());
+    code = _mm_andnot_si128(zero, code);
+    return select4(_mm_cmpgt_epi32(ax, _mm_set1_epi32(0x7f800000)), _mm_set1_epi32(0x80), code);
+}
+
+static inline void store4(uint8_t *dst, __m128i code)
+{
     __m128i packed = _mm_packus_epi16(_mm_packs_epi32(code, code), _mm_setzero_si128());
     int32_t four = _mm_cvtsi128_si32(packed);
     memcpy(dst, &four, 4);
 }
 
-#define ENCODE4_E4M3(dst, x) encode4(dst, x, 3, 7, 0x43e00000u, 0x7eu, 16384.0f)
-#define ENCODE4_E5M2(dst, x) encode4(dst, x, 2, 15, 0x47600000u, 0x7bu, 128.0f)
-#define VECTOR_PART(LOAD4, ES, ENCODE4)                                                                         \
+#define ENCODE4_E4M3(dst, q, x) store4(dst, codes4(q, x, 3, 7, 0x43e00000u, 0x7eu, 16384.0f))
+#define ENCODE4_E5M2(dst, q, x) store4(dst, codes4(q, x, 2, 15, 0x47600000u, 0x7bu, 128.0f))
+#define ENCODE4_E4M3FNUZ(dst, q, x) store4(dst, fnuz4(x, codes4(q, x, 3, 8, 0x43700000u, 0x7fu, 8192.0f)))
+#define ENCODE4_E5M2FNUZ(dst, q, x) store4(dst, fnuz4(x, codes4(q, x, 2, 16, 0x47600000u, 0x7fu, 64.0f)))
+#define VECTOR_PART(LOAD4, ES, ENCODE4, QUOT4)                                                                  \
     do {                                                                                                        \
-        const __m128 vs = _mm_set1_ps(scale);                                                                   \
-        for (; i + 4 <= n; i += 4) ENCODE4(dst + i, _mm_div_ps(LOAD4(src + i * (ES)), vs));                    \
+        for (; i + 4 <= n; i += 4) {                                                                            \
+            const __m128 x4 = LOAD4(src + i * (ES));                                                            \
+            ENCODE4(dst + i, QUOT4(x4), x4);                                                                    \
+        }                                                                                                       \
     } while (0)
+#define QUOT4_MUL(x) _mm_mul_ps(x, vinv)
+#define QUOT4_DIV(x) _mm_div_ps(x, vscale)
+#define VECTOR_SETUP                                                                                            \
+    const __m128 vscale = _mm_set1_ps(scale), vinv = _mm_set1_ps(inv);                                          \
+    (void)vscale, (void)vinv
 #else
-#define VECTOR_PART(LOAD4, ES, ENCODE4) (void)0
+#define VECTOR_PART(LOAD4, ES, ENCODE4, QUOT4) (void)0
+#define VECTOR_SETUP (void)0
 #endif
 
-/* One loop per (input dtype, fp8 format) so that each is compiled with its conversions inlined. The value stored
- * is round(value / scale): a division, not a multiplication by 1/scale, which would round differently. */
-#define CONVERT_LOOP(LOAD, LOAD4, ES, ENCODE, ENCODE4)                                                          \
+/* Scalar quotients (kvhal__scale_mode): 0 multiply by the exact 1/s, 2 divide. */
+#define QUOT_MUL(x) ((x) * inv)
+#define QUOT_DIV(x) ((x) / scale)
+
+/* One loop per (input dtype, fp8 format, quotient) so that each is compiled with its conversions inlined. */
+#define CONVERT_LOOP(LOAD, LOAD4, ES, ENCODE, ENCODE4, QUOT, QUOT4)                                             \
     do {                                                                                                        \
         if (ds == 1 && ss == 1) {                                                                               \
             int64_t i = 0;                                                                                      \
-            VECTOR_PART(LOAD4, ES, ENCODE4);                                                                    \
-            for (; i < n; i++) dst[i] = ENCODE(LOAD(src, i) / scale);                                           \
+            VECTOR_PART(LOAD4, ES, ENCODE4, QUOT4);                                                             \
+            for (; i < n; i++) dst[i] = ENCODE(QUOT(LOAD(src, i)));                                             \
         } else {                                                                                                \
-            for (int64_t i = 0; i < n; i++) dst[i * ds] = ENCODE(LOAD(src, i * ss) / scale);                    \
+            for (int64_t i = 0; i < n; i++) dst[i * ds] = ENCODE(QUOT(LOAD(src, i * ss)));                      \
         }                                                                                                       \
     } while (0)
 
-/* AMD's fnuz formats: the scalar loop (the SSE encoder knows the OCP formats only). */
-#define CONVERT_LOOP_SCALAR(LOAD, ENCODE)                                                                       \
+#define CONVERT_BY_INPUT(ENCODE, ENCODE4, QUOT, QUOT4)                                                          \
     do {                                                                                                        \
-        for (int64_t i = 0; i < n; i++) dst[i * ds] = ENCODE(LOAD(src, i * ss) / scale);                        \
+        if (in == KVHAL_F32) CONVERT_LOOP(load_f32, load4_f32, 4, ENCODE, ENCODE4, QUOT, QUOT4);                \
+        else if (in == KVHAL_F16) CONVERT_LOOP(load_f16, load4_f16, 2, ENCODE, ENCODE4, QUOT, QUOT4);           \
+        else CONVERT_LOOP(load_bf16, load4_bf16, 2, ENCODE, ENCODE4, QUOT, QUOT4);                              \
     } while (0)
 
-static void convert_row_fnuz(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in, bool e4m3,
-                             float scale, int64_t n)
+#define CONVERT_ROW(QUOT, QUOT4)                                                                                \
+    do {                                                                                                        \
+        switch (out) {                                                                                          \
+        case KVHAL_FP8_E4M3: CONVERT_BY_INPUT(kvhal__f32_to_fp8_e4m3, ENCODE4_E4M3, QUOT, QUOT4); break;        \
+        case KVHAL_FP8_E5M2: CONVERT_BY_INPUT(kvhal__f32_to_fp8_e5m2, ENCODE4_E5M2, QUOT, QUOT4); break;        \
+        case KVHAL_FP8_E4M3FNUZ:                                                                                \
+            CONVERT_BY_INPUT(kvhal__f32_to_fp8_e4m3fnuz, ENCODE4_E4M3FNUZ, QUOT, QUOT4);                        \
+            break;                                                                                              \
+        default: CONVERT_BY_INPUT(kvhal__f32_to_fp8_e5m2fnuz, ENCODE4_E5M2FNUZ, QUOT, QUOT4); break;            \
+        }                                                                                                       \
+    } while (0)
+
+/* Modes 0 and 2 of kvhal__scale_mode (inv = 1 / scale, exact in mode 0). */
+static void convert_row_plain(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in,
+                              kvhal_dtype out, int mode, float scale, float inv, int64_t n)
 {
-    switch (in) {
-    case KVHAL_F32:
-        if (e4m3) CONVERT_LOOP_SCALAR(load_f32, kvhal__f32_to_fp8_e4m3fnuz);
-        else CONVERT_LOOP_SCALAR(load_f32, kvhal__f32_to_fp8_e5m2fnuz);
-        break;
-    case KVHAL_F16:
-        if (e4m3) CONVERT_LOOP_SCALAR(load_f16, kvhal__f32_to_fp8_e4m3fnuz);
-        else CONVERT_LOOP_SCALAR(load_f16, kvhal__f32_to_fp8_e5m2fnuz);
-        break;
-    default:
-        if (e4m3) CONVERT_LOOP_SCALAR(load_bf16, kvhal__f32_to_fp8_e4m3fnuz);
-        else CONVERT_LOOP_SCALAR(load_bf16, kvhal__f32_to_fp8_e5m2fnuz);
-        break;
+    VECTOR_SETUP;
+    if (mode == 0) CONVERT_ROW(QUOT_MUL, QUOT4_MUL);
+    else CONVERT_ROW(QUOT_DIV, QUOT4_DIV);
+}
+
+#if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define KVHAL_CPU_FMA 1
+/* Mode 1: the reciprocal with its fma correction (cpu_convert.h), compiled for FMA and run only where the CPU
+ * has it (cpu_has_fma). */
+#define FMA_TARGET __attribute__((target("fma")))
+
+static inline FMA_TARGET __m128 quot4_fma(__m128 x, __m128 s, __m128 inv)
+{
+    const __m128 y = _mm_mul_ps(x, inv);
+    const __m128 r = _mm_fmsub_ps(y, s, x);
+    return _mm_fnmadd_ps(r, inv, y);
+}
+
+static inline FMA_TARGET float quot_fma(float x, float s, float inv)
+{
+    const __m128 vx = _mm_set_ss(x), vinv = _mm_set_ss(inv);
+    const __m128 y = _mm_mul_ss(vx, vinv);
+    const float q = _mm_cvtss_f32(_mm_fnmadd_ss(_mm_fmsub_ss(y, _mm_set_ss(s), vx), vinv, y));
+    /* an infinite y gives NaN: the division's infinity, which saturates (a NaN x stays NaN) */
+    return q != q && x == x ? (x < 0 ? -HUGE_VALF : HUGE_VALF) : q;
+}
+
+#define QUOT_FMA(x) quot_fma(x, scale, inv)
+#define QUOT4_FMA(x) quot4_fma(x, vscale, vinv)
+
+static FMA_TARGET void convert_row_fma(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in,
+                                       kvhal_dtype out, float scale, float inv, int64_t n)
+{
+    VECTOR_SETUP;
+    CONVERT_ROW(QUOT_FMA, QUOT4_FMA);
+}
+
+static bool cpu_has_fma(void)
+{
+    static int known; /* 0 not asked yet, 1 no, 2 yes: a benign race, every thread finds the same answer */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (!k) {
+        __builtin_cpu_init();
+        k = __builtin_cpu_supports("fma") ? 2 : 1;
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
     }
+    return k == 2;
+}
+#else
+static bool cpu_has_fma(void) { return false; }
+#endif
+
+/* One row of n elements: dst[i * ds] = code of RN32(src[i * ss] / scale). q: the side's quotient (q_make). */
+typedef struct quot {
+    int mode; /* kvhal__scale_mode */
+    float scale, inv;
+} quot;
+
+static quot q_make(float scale)
+{
+    quot q = {kvhal__scale_mode(scale, cpu_has_fma()), scale, 1.0f / scale};
+    return q;
 }
 
 static void convert_row(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in, kvhal_dtype out,
-                        float scale, int64_t n)
+                        const quot *q, int64_t n)
 {
-    if (out == KVHAL_FP8_E4M3FNUZ || out == KVHAL_FP8_E5M2FNUZ) {
-        convert_row_fnuz(dst, ds, src, ss, in, out == KVHAL_FP8_E4M3FNUZ, scale, n);
+#if defined(KVHAL_CPU_FMA)
+    if (q->mode == 1) {
+        convert_row_fma(dst, ds, src, ss, in, out, q->scale, q->inv, n);
         return;
     }
-    const bool e4m3 = out == KVHAL_FP8_E4M3;
-    switch (in) {
-    case KVHAL_F32:
-        if (e4m3) CONVERT_LOOP(load_f32, load4_f32, 4, kvhal__f32_to_fp8_e4m3, ENCODE4_E4M3);
-        else CONVERT_LOOP(load_f32, load4_f32, 4, kvhal__f32_to_fp8_e5m2, ENCODE4_E5M2);
-        break;
-    case KVHAL_F16:
-        if (e4m3) CONVERT_LOOP(load_f16, load4_f16, 2, kvhal__f32_to_fp8_e4m3, ENCODE4_E4M3);
-        else CONVERT_LOOP(load_f16, load4_f16, 2, kvhal__f32_to_fp8_e5m2, ENCODE4_E5M2);
-        break;
-    default:
-        if (e4m3) CONVERT_LOOP(load_bf16, load4_bf16, 2, kvhal__f32_to_fp8_e4m3, ENCODE4_E4M3);
-        else CONVERT_LOOP(load_bf16, load4_bf16, 2, kvhal__f32_to_fp8_e5m2, ENCODE4_E5M2);
-        break;
-    }
+#endif
+    convert_row_plain(dst, ds, src, ss, in, out, q->mode, q->scale, q->inv, n);
 }
 
 /* ---- paged caching ---- */
@@ -275,7 +355,7 @@ static inline int64_t read_slot(const char *base, kvhal_dtype dt, int64_t index)
 }
 
 static void move_token(const kvhal_bk_paged_caching *a, const kvhal_bk_paged_side *s, move_kind kind, int64_t tok_elem,
-                       int64_t slot, size_t ies, size_t ces, bool stream)
+                       int64_t slot, size_t ies, size_t ces, bool stream, const quot *q)
 {
     const int64_t blk = slot / a->block_size, off = slot - blk * a->block_size;
     char *cache = (char *)s->cache + s->cache_offset + (size_t)(blk * s->block_stride + off * s->offset_stride) * ces;
@@ -298,8 +378,8 @@ static void move_token(const kvhal_bk_paged_caching *a, const kvhal_bk_paged_sid
             if (a->input_dtype == a->cache_dtype)
                 copy_strided(c, s->cache_dim_stride, x, s->in_dim_stride, ces, hd);
             else
-                convert_row((uint8_t *)c, s->cache_dim_stride, x, s->in_dim_stride, a->input_dtype, a->cache_dtype,
-                            s->scale, hd);
+                convert_row((uint8_t *)c, s->cache_dim_stride, x, s->in_dim_stride, a->input_dtype, a->cache_dtype, q,
+                            hd);
         }
         break;
     }
@@ -330,12 +410,15 @@ kvhal_status cpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     const size_t written =
         (size_t)a->num_tokens * (size_t)a->num_heads * ((size_t)a->k.head_dim + (size_t)a->v.head_dim) * ces;
     const bool nt = written >= STREAM_THRESHOLD;
+    /* how each side divides by its scale, decided once per call (fp8 caches only: other calls do not divide) */
+    const bool fp8 = a->input_dtype != a->cache_dtype;
+    const quot kq = q_make(fp8 ? a->k.scale : 1.0f), vq = q_make(fp8 ? a->v.scale : 1.0f);
     for (int64_t b = 0; b < outer; b++) {
         for (int64_t i = 0; i < seq; i++) {
             int64_t slot = read_slot(slots, a->slot_dtype, b * a->slot_stride_outer + i * a->slot_stride_inner);
             if (slot < 0) continue; /* padding */
-            move_token(a, &a->k, km, b * a->k.tok_stride_outer + i * a->k.tok_stride_inner, slot, ies, ces, nt);
-            move_token(a, &a->v, vm, b * a->v.tok_stride_outer + i * a->v.tok_stride_inner, slot, ies, ces, nt);
+            move_token(a, &a->k, km, b * a->k.tok_stride_outer + i * a->k.tok_stride_inner, slot, ies, ces, nt, &kq);
+            move_token(a, &a->v, vm, b * a->v.tok_stride_outer + i * a->v.tok_stride_inner, slot, ies, ces, nt, &vq);
         }
     }
     if (nt) stream_fence();
