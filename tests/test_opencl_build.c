@@ -586,16 +586,16 @@ static void test_buffer_pool(void **state)
     assert_non_null(back);
     for (size_t i = 0; i < n; i++) pat[i] = (unsigned char)(i * 31u + 7u);
 
-    const uint64_t h0 = pool(0, 1 << 20); /* emptied, 1 MiB */
+    const uint64_t h0 = pool(0, 1 << 20, -1); /* emptied, 1 MiB */
     kvhal_buffer *a, *b;
     OK(kvhal_buffer_create(dev, n, &a));
     void *na = kvhal_buffer_native(a);
     OK(kvhal_buffer_destroy(a)); /* kept */
     OK(kvhal_buffer_create(dev, n + 1, &b)); /* another size: a fresh buffer, not the kept one */
-    assert_int_equal(pool(0, -1), h0);
+    assert_int_equal(pool(0, -1, -1), h0);
     assert_ptr_not_equal(kvhal_buffer_native(b), na);
     OK(kvhal_buffer_create(dev, n, &a)); /* its size: the kept one */
-    assert_int_equal(pool(0, -1), h0 + 1);
+    assert_int_equal(pool(0, -1, -1), h0 + 1);
     assert_ptr_equal(kvhal_buffer_native(a), na);
     assert_int_equal(kvhal_buffer_size(a), n);
     OK(kvhal_memcpy_h2d(a, 0, pat, n, NULL));
@@ -606,35 +606,50 @@ static void test_buffer_pool(void **state)
     OK(kvhal_buffer_destroy(b));
 
     /* the cap in bytes */
-    const uint64_t h1 = pool(0, (int64_t)(3 * n));
+    const uint64_t h1 = pool(0, (int64_t)(3 * n), -1);
     OK(kvhal_buffer_create(dev, 4 * n, &a));
     OK(kvhal_buffer_destroy(a)); /* larger than the cap: released */
     OK(kvhal_buffer_create(dev, 4 * n, &a));
-    assert_int_equal(pool(0, -1), h1);
+    assert_int_equal(pool(0, -1, -1), h1);
     OK(kvhal_buffer_destroy(a));
-    (void)pool(0, (int64_t)(3 * n)); /* emptied */
+    (void)pool(0, (int64_t)(3 * n), -1); /* emptied */
     kvhal_buffer *x[3];
     for (int i = 0; i < 3; i++) OK(kvhal_buffer_create(dev, n + (size_t)i, &x[i]));
     for (int i = 0; i < 3; i++) OK(kvhal_buffer_destroy(x[i])); /* the third (3n + 3 bytes in all) drops the first */
     for (int i = 0; i < 3; i++) {
-        const uint64_t before = pool(0, -1);
+        const uint64_t before = pool(0, -1, -1);
         OK(kvhal_buffer_create(dev, n + (size_t)i, &x[i]));
-        assert_int_equal(pool(0, -1), before + (i > 0 ? 1 : 0));
+        assert_int_equal(pool(0, -1, -1), before + (i > 0 ? 1 : 0));
     }
     for (int i = 0; i < 3; i++) OK(kvhal_buffer_destroy(x[i]));
 
     /* the count: 40 destroyed, the newest 32 kept */
-    (void)pool(0, default_cap);
+    (void)pool(0, default_cap, -1);
     kvhal_buffer *many[40];
     for (int i = 0; i < 40; i++) OK(kvhal_buffer_create(dev, 256 * (size_t)(i + 1), &many[i]));
     for (int i = 0; i < 40; i++) OK(kvhal_buffer_destroy(many[i]));
     for (int i = 0; i < 40; i++) {
-        const uint64_t before = pool(0, -1);
+        const uint64_t before = pool(0, -1, -1);
         OK(kvhal_buffer_create(dev, 256 * (size_t)(i + 1), &many[i]));
-        assert_int_equal(pool(0, -1), before + (i >= 8 ? 1 : 0));
+        assert_int_equal(pool(0, -1, -1), before + (i >= 8 ? 1 : 0));
     }
     for (int i = 0; i < 40; i++) OK(kvhal_buffer_destroy(many[i]));
-    (void)pool(0, default_cap);
+    /* a failed allocation releases the pool and tries once more; with nothing pooled it fails */
+    (void)pool(0, default_cap, -1);
+    OK(kvhal_buffer_create(dev, n, &a));
+    OK(kvhal_buffer_destroy(a)); /* kept */
+    const uint64_t h3 = pool(0, -1, 1); /* the next clCreateBuffer fails */
+    OK(kvhal_buffer_create(dev, n + 1, &b)); /* fails, releases the kept buffer, succeeds on the retry */
+    OK(kvhal_buffer_create(dev, n, &a)); /* the kept one is gone */
+    assert_int_equal(pool(0, -1, -1), h3);
+    OK(kvhal_buffer_destroy(a));
+    OK(kvhal_buffer_destroy(b));
+    (void)pool(0, default_cap, 1); /* emptied: no retry */
+    assert_int_equal(kvhal_buffer_create(dev, n, &a), KVHAL_OUT_OF_MEMORY);
+    assert_contains(kvhal_last_error(), "clCreateBuffer of a");
+    OK(kvhal_buffer_create(dev, n, &a)); /* one failure only */
+    OK(kvhal_buffer_destroy(a));
+    (void)pool(0, default_cap, 0);
     free(pat);
     free(back);
 }

@@ -498,11 +498,12 @@ static void hook_gpu_plans(int on)
     if (m) atomic_store(&m->gpu_plans_on_cpu, on != 0);
 }
 
-static uint64_t hook_pool(int32_t id, int64_t cap)
+static uint64_t hook_pool(int32_t id, int64_t cap, int32_t fail_creates)
 {
     ocl_module *m = atomic_load(&hook_module);
     ocl_device *d = m ? kvhal__ocl_device(m, id) : NULL;
     if (!d) return 0;
+    if (fail_creates >= 0) atomic_store(&d->fail_creates, fail_creates);
     if (cap >= 0) {
         kvhal__ocl_pool_release(d);
         pthread_mutex_lock(&d->mu);

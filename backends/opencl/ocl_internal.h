@@ -76,6 +76,7 @@ typedef struct ocl_device {
     int32_t pool_n;
     size_t pool_bytes, pool_cap;
     uint64_t pool_hits; /* creations the pool served (test hook kvhal_opencl_test_pool) */
+    atomic_int fail_creates; /* test hook: this many clCreateBuffer calls to come fail as out of memory */
 } ocl_device;
 
 typedef struct ocl_prog_entry ocl_prog_entry;

@@ -213,6 +213,10 @@ static cl_int create_touched(ocl_device *d, size_t bytes, cl_mem *out, const cha
 {
     cl_int err;
     *what = "clCreateBuffer";
+    int fail = atomic_load(&d->fail_creates);
+    while (fail > 0 && !atomic_compare_exchange_weak(&d->fail_creates, &fail, fail - 1)) {
+    }
+    if (fail > 0) return CL_MEM_OBJECT_ALLOCATION_FAILURE; /* kvhal_opencl_test_pool's simulated failure */
     cl_mem m = clCreateBuffer(d->ctxs[0].ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
     if (err != CL_SUCCESS) return err;
     /* OpenCL allocates lazily, at first use; touching one byte now makes an allocation failure show here rather
