@@ -294,13 +294,18 @@ static int check_device(void)
             }
         }
     }
-    /* the CPU backend picks its quotient like the kernels, except that a CPU without FMA divides (cpu_convert.h) */
+    /* the CPU backend picks its quotient like the kernels, except that its SSE2 loops (a CPU without AVX2, FMA and
+     * F16C, or KVHAL_CPU_WIDE=0) divide by a calibrated scale (cpu_convert.h) */
     const bool cpu = dev.type == KVHAL_DEVICE_CPU;
+    if (cpu)
+        printf("%s: the modes below are the wide loops'; the SSE2 loops (no AVX2/FMA/F16C, or KVHAL_CPU_WIDE=0) "
+               "divide where they say reciprocal + fma\n",
+               name);
     for (int f = 0; f < opt.nformats; f++)
         for (int i = 0; i < opt.nscales; i++) {
             printf("%s %-12s scale %-14a (%-10g) %s %-16s %s: %llu inputs, %llu fp8 mismatches\n", name,
                    kvhal_dtype_name(opt.formats[f]), (double)opt.scales[i], (double)opt.scales[i],
-                   cpu ? "mode (CPU, no FMA: division)" : "GPU/OpenCL mode",
+                   cpu ? "CPU mode" : "GPU/OpenCL mode",
                    mode_name(kvhal_gpu_scale_mode(opt.scales[i], opt.scales[i])),
                    opt.strided ? "strided" : "dense", (unsigned long long)opt.limit, (unsigned long long)bad[f][i]);
             if (bad[f][i]) rc = 1;
