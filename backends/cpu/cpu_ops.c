@@ -271,6 +271,7 @@ static void convert_row_plain(uint8_t *dst, int64_t ds, const char *src, int64_t
 }
 
 #if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define KVHAL_CPU_WIDE 1
 /* The wide path: eight elements at a time with AVX2, F16C for f16 inputs and FMA for mode 1 (the reciprocal with
@@ -375,8 +376,11 @@ static bool cpu_has_wide(void)
     if (!k) {
         __builtin_cpu_init();
         const char *env = getenv("KVHAL_CPU_WIDE"); /* "0": the SSE2 loops (tests and comparisons) */
-        k = !(env && !strcmp(env, "0")) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c")
+        /* F16C from CPUID leaf 1 (ECX bit 29): not every compiler's __builtin_cpu_supports knows it; the OS keeps
+         * the YMM state it needs wherever AVX2 is reported usable */
+        unsigned eax, ebx, ecx = 0, edx;
+        const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+        k = !(env && !strcmp(env, "0")) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c
                 ? 2
                 : 1;
         __atomic_store_n(&known, k, __ATOMIC_RELAXED);
