@@ -41,6 +41,7 @@ static char module_path[1024];
 static kvhal_opencl_build_count_fn build_count;
 static kvhal_opencl_test_inject_source_fn inject_source;
 static kvhal_opencl_test_gpu_plans_fn gpu_plans;
+static kvhal_opencl_test_pool_fn pool;
 
 static void need_device(void)
 {
@@ -569,6 +570,90 @@ static kvhal_status fault_scenario(void)
     return st;
 }
 
+/* ---- the buffer pool (ocl_memory.c) ---- */
+/* A destroyed buffer comes back for a create of its size and no other, works like a fresh one, and the pool holds
+ * no more than its cap in bytes (a larger buffer is released, the oldest go first to make room) and 32 buffers. */
+static void test_buffer_pool(void **state)
+{
+    (void)state;
+    need_device();
+    kvhal_device_info info;
+    OK(kvhal_device_get_info(dev, &info));
+    const int64_t default_cap = (int64_t)(info.total_memory / 16);
+    const size_t n = 65536 + 17;
+    unsigned char *pat = malloc(n), *back = malloc(n);
+    assert_non_null(pat);
+    assert_non_null(back);
+    for (size_t i = 0; i < n; i++) pat[i] = (unsigned char)(i * 31u + 7u);
+
+    const uint64_t h0 = pool(0, 1 << 20, -1); /* emptied, 1 MiB */
+    kvhal_buffer *a, *b;
+    OK(kvhal_buffer_create(dev, n, &a));
+    void *na = kvhal_buffer_native(a);
+    OK(kvhal_buffer_destroy(a)); /* kept */
+    OK(kvhal_buffer_create(dev, n + 1, &b)); /* another size: a fresh buffer, not the kept one */
+    assert_int_equal(pool(0, -1, -1), h0);
+    assert_ptr_not_equal(kvhal_buffer_native(b), na);
+    OK(kvhal_buffer_create(dev, n, &a)); /* its size: the kept one */
+    assert_int_equal(pool(0, -1, -1), h0 + 1);
+    assert_ptr_equal(kvhal_buffer_native(a), na);
+    assert_int_equal(kvhal_buffer_size(a), n);
+    OK(kvhal_memcpy_h2d(a, 0, pat, n, NULL));
+    OK(kvhal_memcpy_d2d(b, 1, a, 0, n, NULL));
+    OK(kvhal_memcpy_d2h(back, b, 1, n, NULL));
+    assert_memory_equal(back, pat, n);
+    OK(kvhal_buffer_destroy(a));
+    OK(kvhal_buffer_destroy(b));
+
+    /* the cap in bytes */
+    const uint64_t h1 = pool(0, (int64_t)(3 * n), -1);
+    OK(kvhal_buffer_create(dev, 4 * n, &a));
+    OK(kvhal_buffer_destroy(a)); /* larger than the cap: released */
+    OK(kvhal_buffer_create(dev, 4 * n, &a));
+    assert_int_equal(pool(0, -1, -1), h1);
+    OK(kvhal_buffer_destroy(a));
+    (void)pool(0, (int64_t)(3 * n), -1); /* emptied */
+    kvhal_buffer *x[3];
+    for (int i = 0; i < 3; i++) OK(kvhal_buffer_create(dev, n + (size_t)i, &x[i]));
+    for (int i = 0; i < 3; i++) OK(kvhal_buffer_destroy(x[i])); /* the third (3n + 3 bytes in all) drops the first */
+    for (int i = 0; i < 3; i++) {
+        const uint64_t before = pool(0, -1, -1);
+        OK(kvhal_buffer_create(dev, n + (size_t)i, &x[i]));
+        assert_int_equal(pool(0, -1, -1), before + (i > 0 ? 1 : 0));
+    }
+    for (int i = 0; i < 3; i++) OK(kvhal_buffer_destroy(x[i]));
+
+    /* the count: 40 destroyed, the newest 32 kept */
+    (void)pool(0, default_cap, -1);
+    kvhal_buffer *many[40];
+    for (int i = 0; i < 40; i++) OK(kvhal_buffer_create(dev, 256 * (size_t)(i + 1), &many[i]));
+    for (int i = 0; i < 40; i++) OK(kvhal_buffer_destroy(many[i]));
+    for (int i = 0; i < 40; i++) {
+        const uint64_t before = pool(0, -1, -1);
+        OK(kvhal_buffer_create(dev, 256 * (size_t)(i + 1), &many[i]));
+        assert_int_equal(pool(0, -1, -1), before + (i >= 8 ? 1 : 0));
+    }
+    for (int i = 0; i < 40; i++) OK(kvhal_buffer_destroy(many[i]));
+    /* a failed allocation releases the pool and tries once more; with nothing pooled it fails */
+    (void)pool(0, default_cap, -1);
+    OK(kvhal_buffer_create(dev, n, &a));
+    OK(kvhal_buffer_destroy(a)); /* kept */
+    const uint64_t h3 = pool(0, -1, 1); /* the next clCreateBuffer fails */
+    OK(kvhal_buffer_create(dev, n + 1, &b)); /* fails, releases the kept buffer, succeeds on the retry */
+    OK(kvhal_buffer_create(dev, n, &a)); /* the kept one is gone */
+    assert_int_equal(pool(0, -1, -1), h3);
+    OK(kvhal_buffer_destroy(a));
+    OK(kvhal_buffer_destroy(b));
+    (void)pool(0, default_cap, 1); /* emptied: no retry */
+    assert_int_equal(kvhal_buffer_create(dev, n, &a), KVHAL_OUT_OF_MEMORY);
+    assert_contains(kvhal_last_error(), "clCreateBuffer of a");
+    OK(kvhal_buffer_create(dev, n, &a)); /* one failure only */
+    OK(kvhal_buffer_destroy(a));
+    (void)pool(0, default_cap, 0);
+    free(pat);
+    free(back);
+}
+
 static void test_allocation_failures_are_clean(void **state)
 {
     (void)state;
@@ -817,16 +902,18 @@ static int setup(void **state)
     }
     if (n < 1 || !module_path[0]) return 0;
     /* The hooks of the module the library loaded, by name through its get_proc_address. */
-    void *p1 = NULL, *p2 = NULL, *p3 = NULL;
+    void *p1 = NULL, *p2 = NULL, *p3 = NULL, *p4 = NULL;
     if (kvhal_backend_get_proc_address(KVHAL_DEVICE_OPENCL, "kvhal_opencl_build_count", &p1) != KVHAL_OK ||
         kvhal_backend_get_proc_address(KVHAL_DEVICE_OPENCL, "kvhal_opencl_test_inject_source", &p2) != KVHAL_OK ||
-        kvhal_backend_get_proc_address(KVHAL_DEVICE_OPENCL, "kvhal_opencl_test_gpu_plans", &p3) != KVHAL_OK) {
+        kvhal_backend_get_proc_address(KVHAL_DEVICE_OPENCL, "kvhal_opencl_test_gpu_plans", &p3) != KVHAL_OK ||
+        kvhal_backend_get_proc_address(KVHAL_DEVICE_OPENCL, "kvhal_opencl_test_pool", &p4) != KVHAL_OK) {
         fprintf(stderr, "%s lacks its test hooks: %s\n", module_path, kvhal_last_error());
         return -1;
     }
     memcpy(&build_count, &p1, sizeof p1);
     memcpy(&inject_source, &p2, sizeof p2);
     memcpy(&gpu_plans, &p3, sizeof p3);
+    memcpy(&pool, &p4, sizeof p4);
     have_device = true;
     return 0;
 }
@@ -844,6 +931,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_threads_share_one_build),
         cmocka_unit_test(test_model_shapes_every_dtype_pair),
         cmocka_unit_test(test_gpu_shaped_plans),
+        cmocka_unit_test(test_buffer_pool),
         cmocka_unit_test(test_allocation_failures_are_clean),
         cmocka_unit_test(test_wrap_cl_mem_and_queue),
         cmocka_unit_test(test_wrap_from_a_context_of_the_callers_own),

@@ -8,7 +8,10 @@
  *   for the host, with the kernels' mapping of a NaN quotient of a non-NaN input to the saturated code; for the
  *   fnuz formats the sm_89+ path (twice the quotient through the OCP code, kvhal_gpu_fnuz_from_ocp).
  * - device (default): the paged-caching op itself on the device KVHAL_DEVICE (or --device) selects: chunks of f32
- *   inputs are cached into fp8 K and V caches through kvhal_paged_caching and read back.
+ *   inputs are cached into fp8 K and V caches through kvhal_paged_caching and read back. On cpu:0 this checks the
+ *   CPU backend's conversion loops (cpu_ops.c, the quotient of backends/cpu/cpu_convert.h): the vector loop with
+ *   the inputs dense, the scalar loop with --strided (the inputs read through a transposed [tokens, 128, 8] view,
+ *   so the head dim has stride 8; every input is still cached exactly once).
  * Exit status: 0 every code matched, 1 a mismatch or a failed call, 2 a usage error. */
 #include <errno.h>
 #include <getopt.h>
@@ -37,7 +40,7 @@ static struct {
     int nscales;
     kvhal_dtype formats[MAX_FORMATS];
     int nformats;
-    bool math, naive;
+    bool math, naive, strided;
     int threads;
     int chunk_log2;
     uint64_t limit; /* inputs checked: 2^32 unless --limit (a quick run) */
@@ -62,6 +65,8 @@ static void usage(void)
            "  --naive              (with --math) multiply by 1/s at every scale: shows the differences the\n"
            "                       correction removes (this check then fails)\n"
            "  --device=DEV         the device of the device check (default: KVHAL_DEVICE, else cpu)\n"
+           "  --strided            (device check) inputs with head-dim stride 8 instead of dense: the backends'\n"
+           "                       strided conversion paths (the CPU's scalar loop)\n"
            "  --scales=S,S,...     scales (default: a set of %d, calibrated, extreme and power-of-two)\n"
            "  --formats=F,F,...    fp8 formats by dtype name (default: every fp8 format)\n"
            "  --threads=N          host threads (default: the online CPUs)\n"
@@ -94,6 +99,7 @@ typedef struct job {
     kvhal_dtype fmt;
     const uint8_t *got_k, *got_v; /* device check: codes read back for inputs [begin, end) (index - base) */
     uint64_t base;
+    bool strided; /* got_k/got_v hold the inputs' codes in the transposed order of --strided */
     uint64_t bad, f32_diff;
     uint32_t first_bad;
     uint8_t first_got, first_ref;
@@ -109,8 +115,11 @@ static void *run_job(void *p)
         const uint8_t want = ref_code(x, j->s, j->fmt);
         uint8_t got, got2;
         if (j->got_k) {
-            got = j->got_k[i - j->base];
-            got2 = j->got_v[i - j->base];
+            uint64_t r = i - j->base;
+            if (j->strided) /* input (t, d, h) of the [tokens, 128, 8] chunk sits at cache (t, h, d) */
+                r = (r & ~(uint64_t)1023) | ((r & 7) << 7) | ((r >> 3) & 127);
+            got = j->got_k[r];
+            got2 = j->got_v[r];
             if (got == want && got2 != want) got = got2;
         } else if (fnuz(j->fmt)) {
             /* the fnuz kernels of sm_89+: twice the quotient (s / 2 and 2 / s; the division doubled), its OCP code
@@ -252,8 +261,10 @@ static int check_device(void)
     TRY(kvhal_memcpy_h2d(slots, 0, host_slots, (size_t)tokens * 4, NULL));
     const int64_t in_shape[3] = {tokens, heads, dim}, cache_shape[4] = {blocks, bs, heads, dim};
     const int64_t slot_shape[1] = {tokens};
+    /* --strided: element (t, h, d) at t * 1024 + d * 8 + h */
+    const int64_t in_strides[3] = {row, 1, heads};
     kvhal_tensor tin, tslots;
-    TRY(kvhal_tensor_make(in, 0, KVHAL_F32, 3, in_shape, NULL, &tin));
+    TRY(kvhal_tensor_make(in, 0, KVHAL_F32, 3, in_shape, opt.strided ? in_strides : NULL, &tin));
     TRY(kvhal_tensor_make(slots, 0, KVHAL_I32, 1, slot_shape, NULL, &tslots));
     for (uint64_t c = opt.start; c < opt.start + opt.limit; c += chunk) {
         for (uint64_t i = 0; i < chunk; i++) host_in[i] = (uint32_t)(c + i);
@@ -276,18 +287,27 @@ static int check_device(void)
                 proto.got_k = got_k;
                 proto.got_v = got_v;
                 proto.base = c;
+                proto.strided = opt.strided;
                 uint64_t diff = 0;
                 const uint64_t last = opt.start + opt.limit, end = c + chunk < last ? c + chunk : last;
                 run_range(proto, c, end, &bad[f][i], &diff);
             }
         }
     }
+    /* the CPU backend picks its quotient like the kernels, except that its SSE2 loops (a CPU without AVX2, FMA and
+     * F16C, or KVHAL_CPU_WIDE=0) divide by a calibrated scale (cpu_convert.h) */
+    const bool cpu = dev.type == KVHAL_DEVICE_CPU;
+    if (cpu)
+        printf("%s: the modes below are the wide loops'; the SSE2 loops (no AVX2/FMA/F16C, or KVHAL_CPU_WIDE=0) "
+               "divide where they say reciprocal + fma\n",
+               name);
     for (int f = 0; f < opt.nformats; f++)
         for (int i = 0; i < opt.nscales; i++) {
-            printf("%s %-12s scale %-14a (%-10g) GPU/OpenCL mode %-16s: %llu inputs, %llu fp8 mismatches\n", name,
+            printf("%s %-12s scale %-14a (%-10g) %s %-16s %s: %llu inputs, %llu fp8 mismatches\n", name,
                    kvhal_dtype_name(opt.formats[f]), (double)opt.scales[i], (double)opt.scales[i],
-                   mode_name(kvhal_gpu_scale_mode(opt.scales[i], opt.scales[i])), (unsigned long long)opt.limit,
-                   (unsigned long long)bad[f][i]);
+                   cpu ? "CPU mode" : "GPU/OpenCL mode",
+                   mode_name(kvhal_gpu_scale_mode(opt.scales[i], opt.scales[i])),
+                   opt.strided ? "strided" : "dense", (unsigned long long)opt.limit, (unsigned long long)bad[f][i]);
             if (bad[f][i]) rc = 1;
         }
     printf("%s: %.1f s\n", name, now_s() - t0);
@@ -330,9 +350,9 @@ static bool parse_list(const char *text, bool scales)
 
 int main(int argc, char **argv)
 {
-    enum { O_MATH = 256, O_NAIVE, O_DEVICE, O_SCALES, O_FORMATS, O_THREADS, O_CHUNK, O_LIMIT, O_START, O_HELP, O_VERSION };
+    enum { O_MATH = 256, O_NAIVE, O_STRIDED, O_DEVICE, O_SCALES, O_FORMATS, O_THREADS, O_CHUNK, O_LIMIT, O_START, O_HELP, O_VERSION };
     static const struct option longs[] = {
-        {"math", no_argument, NULL, O_MATH},          {"naive", no_argument, NULL, O_NAIVE},          {"device", required_argument, NULL, O_DEVICE},
+        {"math", no_argument, NULL, O_MATH},          {"naive", no_argument, NULL, O_NAIVE}, {"strided", no_argument, NULL, O_STRIDED},          {"device", required_argument, NULL, O_DEVICE},
         {"scales", required_argument, NULL, O_SCALES}, {"formats", required_argument, NULL, O_FORMATS},
         {"threads", required_argument, NULL, O_THREADS}, {"chunk-log2", required_argument, NULL, O_CHUNK},
         {"limit", required_argument, NULL, O_LIMIT},  {"start", required_argument, NULL, O_START},  {"help", no_argument, NULL, O_HELP},
@@ -348,6 +368,7 @@ int main(int argc, char **argv)
         switch (c) {
         case O_MATH: opt.math = true; break;
         case O_NAIVE: opt.naive = true; break;
+        case O_STRIDED: opt.strided = true; break;
         case O_DEVICE: opt.device = optarg; break;
         case O_SCALES:
             if (!parse_list(optarg, true)) return USAGE_ERROR("--scales: '%s' is not a list of finite scales > 0", optarg);
@@ -395,6 +416,7 @@ int main(int argc, char **argv)
     if (!opt.math && opt.start % ((uint64_t)1 << opt.chunk_log2))
         return USAGE_ERROR("--start: must be a multiple of the chunk for the device check%s", "");
     if (opt.naive && !opt.math) return USAGE_ERROR("--naive needs --math%s", "");
+    if (opt.strided && opt.math) return USAGE_ERROR("--strided is for the device check, not --math%s", "");
     if (!opt.math && opt.limit % ((uint64_t)1 << opt.chunk_log2))
         return USAGE_ERROR("--limit: must be a multiple of the chunk (2^--chunk-log2) for the device check%s", "");
     const int rc = opt.math ? check_math() : check_device();

@@ -93,4 +93,25 @@ static inline uint8_t kvhal__f32_to_fp8_e5m2fnuz(float x)
     return kvhal__f32_to_fp8_fnuz(x, 2, 16, 0x47600000u /* 57344 */, 64.0f);
 }
 
+/* ---- value / scale: how the CPU divides by a scale ----
+ * kvhal stores the fp8 code of RN32(x / s) (the f32 quotient, then the fp8 rounding). The CPU's conversion loops
+ * form that quotient one of three ways, picked once per call from the scale (kvhal__scale_mode):
+ * 0  s = 2^k with 1/s a normal float: x * (1/s), the same real number as x / s, so the same rounding.
+ * 1  a calibrated s in [2^-64, 2^64], on a CPU with FMA: the method of the GPU kernels (backends/gpu/
+ *    kvhal_gpu_math.h, kvhal_gpu_quot_rcp): y = x * inv, r = fma(y, s, -x), q = fma(-r, inv, y) with inv = RN(1/s),
+ *    Markstein's correction, the correctly rounded quotient wherever fp8 can tell (the header says why). When y
+ *    is infinite (x infinite, or the quotient overflows) q is NaN although x is not: the encoders here then take
+ *    the sign and NaN-ness from x and the magnitude from q, so such a q saturates like the division's infinity.
+ * 2  otherwise: the IEEE division x / s.
+ * Checked on all 2^32 inputs for a set of scales through the CPU backend itself by tools/kvhal-fp8-check
+ * --device=cpu (dense: the vector loop; --strided: the scalar loop). */
+static inline int kvhal__scale_mode(float s, int has_fma)
+{
+    const uint32_t u = kvhal__f32_bits(s);
+    const uint32_t e = (u >> 23) & 0xffu;
+    if ((u & 0x7fffffu) == 0 && e >= 1u && e <= 253u) return 0;
+    if (has_fma && u >= 0x1f800000u && u <= 0x5f800000u) return 1;
+    return 2;
+}
+
 #endif

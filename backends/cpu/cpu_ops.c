@@ -4,6 +4,7 @@
  * The descriptor records which copy loop fits the call's strides and dtypes, so a call does no planning.
  * Large writes (a prefill's worth of tokens) use non-temporal stores: they skip the read-for-ownership of every
  * destination line, which is a third of the memory traffic of a scattered copy that does not fit the caches. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -165,99 +166,256 @@ static inline __m128 load4_f16(const char *p)
     return _mm_castsi128_ps(_mm_or_si128(r, sign));
 }
 
-static inline void encode4(uint8_t *dst, __m128 x, int m, int bias, uint32_t max_bits, uint32_t max_code,
-                           float magic)
+/* The codes of four quotients q of inputs x as 32-bit lanes (sign | code), the very operations of cpu_convert.h,
+ * except that the sign and NaN-ness come from x (kvhal__scale_mode's mode 1: a NaN q of a non-NaN x saturates). */
+static inline __m128i codes4(__m128 q, __m128 x, int m, int bias, uint32_t max_bits, uint32_t max_code, float magic)
 {
     const int shift = 23 - m;
-    __m128i u = _mm_castps_si128(x);
-    __m128i sign = _mm_and_si128(_mm_srli_epi32(u, 24), _mm_set1_epi32(0x80));
-    __m128i a = _mm_and_si128(u, _mm_set1_epi32(0x7fffffff));
+    __m128i ux = _mm_castps_si128(x);
+    __m128i sign = _mm_and_si128(_mm_srli_epi32(ux, 24), _mm_set1_epi32(0x80));
+    __m128i ax = _mm_and_si128(ux, _mm_set1_epi32(0x7fffffff));
+    __m128i a = _mm_and_si128(_mm_castps_si128(q), _mm_set1_epi32(0x7fffffff));
     __m128i r = _mm_add_epi32(_mm_add_epi32(a, _mm_set1_epi32((1 << (shift - 1)) - 1)),
                               _mm_and_si128(_mm_srli_epi32(a, shift), _mm_set1_epi32(1)));
     __m128i normal = _mm_sub_epi32(_mm_srli_epi32(r, shift), _mm_set1_epi32((127 - bias) << m));
     __m128 vm = _mm_set1_ps(magic);
     __m128i sub = _mm_sub_epi32(_mm_castps_si128(_mm_add_ps(_mm_castsi128_ps(a), vm)), _mm_castps_si128(vm));
-    /* a < 2^31 after the sign is cleared, so signed compares order it correctly */
+    /* a < 2^31 after the sign is cleared, so signed compares order it correctly; a NaN's a is past max_bits */
     __m128i code = select4(_mm_cmplt_epi32(a, _mm_set1_epi32((127 + 1 - bias) << 23)), sub, normal);
     code = select4(_mm_cmplt_epi32(a, _mm_set1_epi32((int)max_bits)), code, _mm_set1_epi32((int)max_code));
-    code = select4(_mm_cmpgt_epi32(a, _mm_set1_epi32(0x7f800000)), _mm_set1_epi32(0x7f), code);
-    code = _mm_or_si128(sign, _mm_and_si128(code, _mm_set1_epi32(0x7f)));
+    code = select4(_mm_cmpgt_epi32(ax, _mm_set1_epi32(0x7f800000)), _mm_set1_epi32(0x7f), code);
+    return _mm_or_si128(sign, _mm_and_si128(code, _mm_set1_epi32(0x7f)));
+}
+
+/* kvhal__f32_to_fp8_fnuz on four lanes: NaN x -> 0x80, a result that rounds to zero -> 0x00 (no negative zero). */
+static inline __m128i fnuz4(__m128 x, __m128i code)
+{
+    __m128i ax = _mm_and_si128(_mm_castps_si128(x), _mm_set1_epi32(0x7fffffff));
+    __m128i zero = _mm_cmpeq_epi32(_mm_and_si128(code, _mm_set1_epi32(0x7f)), _mm_setzero_si128());
+    code = _mm_andnot_si128(zero, code);
+    return select4(_mm_cmpgt_epi32(ax, _mm_set1_epi32(0x7f800000)), _mm_set1_epi32(0x80), code);
+}
+
+static inline void store4(uint8_t *dst, __m128i code)
+{
     __m128i packed = _mm_packus_epi16(_mm_packs_epi32(code, code), _mm_setzero_si128());
     int32_t four = _mm_cvtsi128_si32(packed);
     memcpy(dst, &four, 4);
 }
 
-#define ENCODE4_E4M3(dst, x) encode4(dst, x, 3, 7, 0x43e00000u, 0x7eu, 16384.0f)
-#define ENCODE4_E5M2(dst, x) encode4(dst, x, 2, 15, 0x47600000u, 0x7bu, 128.0f)
-#define VECTOR_PART(LOAD4, ES, ENCODE4)                                                                         \
+#define ENCODE4_E4M3(dst, q, x) store4(dst, codes4(q, x, 3, 7, 0x43e00000u, 0x7eu, 16384.0f))
+#define ENCODE4_E5M2(dst, q, x) store4(dst, codes4(q, x, 2, 15, 0x47600000u, 0x7bu, 128.0f))
+#define ENCODE4_E4M3FNUZ(dst, q, x) store4(dst, fnuz4(x, codes4(q, x, 3, 8, 0x43700000u, 0x7fu, 8192.0f)))
+#define ENCODE4_E5M2FNUZ(dst, q, x) store4(dst, fnuz4(x, codes4(q, x, 2, 16, 0x47600000u, 0x7fu, 64.0f)))
+#define VECTOR_PART(W, LOADV, ES, ENCODEV, QUOTV)                                                             \
     do {                                                                                                        \
-        const __m128 vs = _mm_set1_ps(scale);                                                                   \
-        for (; i + 4 <= n; i += 4) ENCODE4(dst + i, _mm_div_ps(LOAD4(src + i * (ES)), vs));                    \
+        for (; i + (W) <= n; i += (W)) {                                                                        \
+            const VEC##W xv = LOADV(src + i * (ES));                                                            \
+            ENCODEV(dst + i, QUOTV(xv), xv);                                                                    \
+        }                                                                                                       \
     } while (0)
+#define VEC4 __m128
+#define QUOT4_MUL(x) _mm_mul_ps(x, vinv)
+#define QUOT4_DIV(x) _mm_div_ps(x, vscale)
+#define VECTOR_SETUP4                                                                                           \
+    const __m128 vscale = _mm_set1_ps(scale), vinv = _mm_set1_ps(inv);                                          \
+    (void)vscale, (void)vinv
 #else
-#define VECTOR_PART(LOAD4, ES, ENCODE4) (void)0
+#define VECTOR_PART(W, LOADV, ES, ENCODEV, QUOTV) (void)0
+#define VECTOR_SETUP4 (void)0
 #endif
 
-/* One loop per (input dtype, fp8 format) so that each is compiled with its conversions inlined. The value stored
- * is round(value / scale): a division, not a multiplication by 1/scale, which would round differently. */
-#define CONVERT_LOOP(LOAD, LOAD4, ES, ENCODE, ENCODE4)                                                          \
+/* Scalar quotients (kvhal__scale_mode): 0 multiply by the exact 1/s, 2 divide. */
+#define QUOT_MUL(x) ((x) * inv)
+#define QUOT_DIV(x) ((x) / scale)
+
+/* One loop per (input dtype, fp8 format, quotient, vector width W) so that each is compiled with its conversions
+ * inlined: W elements at a time (load<W>_*, ENCODE<W>_*) where the row is contiguous, then one at a time. */
+#define CONVERT_LOOP(W, LOAD, ES, ENCODE, ENCODEV, QUOT, QUOTV, IN)                                             \
     do {                                                                                                        \
         if (ds == 1 && ss == 1) {                                                                               \
             int64_t i = 0;                                                                                      \
-            VECTOR_PART(LOAD4, ES, ENCODE4);                                                                    \
-            for (; i < n; i++) dst[i] = ENCODE(LOAD(src, i) / scale);                                           \
+            VECTOR_PART(W, load##W##_##IN, ES, ENCODEV, QUOTV);                                                 \
+            for (; i < n; i++) dst[i] = ENCODE(QUOT(LOAD(src, i)));                                             \
         } else {                                                                                                \
-            for (int64_t i = 0; i < n; i++) dst[i * ds] = ENCODE(LOAD(src, i * ss) / scale);                    \
+            for (int64_t i = 0; i < n; i++) dst[i * ds] = ENCODE(QUOT(LOAD(src, i * ss)));                      \
         }                                                                                                       \
     } while (0)
 
-/* AMD's fnuz formats: the scalar loop (the SSE encoder knows the OCP formats only). */
-#define CONVERT_LOOP_SCALAR(LOAD, ENCODE)                                                                       \
+#define CONVERT_BY_INPUT(W, ENCODE, ENCODEV, QUOT, QUOTV)                                                       \
     do {                                                                                                        \
-        for (int64_t i = 0; i < n; i++) dst[i * ds] = ENCODE(LOAD(src, i * ss) / scale);                        \
+        if (in == KVHAL_F32) CONVERT_LOOP(W, load_f32, 4, ENCODE, ENCODEV, QUOT, QUOTV, f32);                   \
+        else if (in == KVHAL_F16) CONVERT_LOOP(W, load_f16, 2, ENCODE, ENCODEV, QUOT, QUOTV, f16);              \
+        else CONVERT_LOOP(W, load_bf16, 2, ENCODE, ENCODEV, QUOT, QUOTV, bf16);                                 \
     } while (0)
 
-static void convert_row_fnuz(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in, bool e4m3,
-                             float scale, int64_t n)
+#define CONVERT_ROW(W, QUOT, QUOTV)                                                                             \
+    do {                                                                                                        \
+        switch (out) {                                                                                          \
+        case KVHAL_FP8_E4M3: CONVERT_BY_INPUT(W, kvhal__f32_to_fp8_e4m3, ENCODE##W##_E4M3, QUOT, QUOTV); break; \
+        case KVHAL_FP8_E5M2: CONVERT_BY_INPUT(W, kvhal__f32_to_fp8_e5m2, ENCODE##W##_E5M2, QUOT, QUOTV); break; \
+        case KVHAL_FP8_E4M3FNUZ:                                                                                \
+            CONVERT_BY_INPUT(W, kvhal__f32_to_fp8_e4m3fnuz, ENCODE##W##_E4M3FNUZ, QUOT, QUOTV);                 \
+            break;                                                                                              \
+        default: CONVERT_BY_INPUT(W, kvhal__f32_to_fp8_e5m2fnuz, ENCODE##W##_E5M2FNUZ, QUOT, QUOTV); break;     \
+        }                                                                                                       \
+    } while (0)
+
+/* SSE2 (or scalar): modes 0 and 2 of kvhal__scale_mode (inv = 1 / scale, exact in mode 0). */
+static void convert_row_plain(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in,
+                              kvhal_dtype out, int mode, float scale, float inv, int64_t n)
 {
-    switch (in) {
-    case KVHAL_F32:
-        if (e4m3) CONVERT_LOOP_SCALAR(load_f32, kvhal__f32_to_fp8_e4m3fnuz);
-        else CONVERT_LOOP_SCALAR(load_f32, kvhal__f32_to_fp8_e5m2fnuz);
-        break;
-    case KVHAL_F16:
-        if (e4m3) CONVERT_LOOP_SCALAR(load_f16, kvhal__f32_to_fp8_e4m3fnuz);
-        else CONVERT_LOOP_SCALAR(load_f16, kvhal__f32_to_fp8_e5m2fnuz);
-        break;
-    default:
-        if (e4m3) CONVERT_LOOP_SCALAR(load_bf16, kvhal__f32_to_fp8_e4m3fnuz);
-        else CONVERT_LOOP_SCALAR(load_bf16, kvhal__f32_to_fp8_e5m2fnuz);
-        break;
-    }
+    VECTOR_SETUP4;
+    if (mode == 0) CONVERT_ROW(4, QUOT_MUL, QUOT4_MUL);
+    else CONVERT_ROW(4, QUOT_DIV, QUOT4_DIV);
 }
 
-static void convert_row(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in, kvhal_dtype out,
-                        float scale, int64_t n)
+#if defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define KVHAL_CPU_WIDE 1
+/* The wide path: eight elements at a time with AVX2, F16C for f16 inputs and FMA for mode 1 (the reciprocal with
+ * its correction, cpu_convert.h), compiled for those extensions and run only where the CPU has all three
+ * (cpu_has_wide) and KVHAL_CPU_WIDE is not "0"; every mode of kvhal__scale_mode runs here then, so all scales get
+ * the same width. Elsewhere the SSE2 loops run, and a calibrated scale divides. */
+#define WIDE_TARGET __attribute__((target("avx2,fma,f16c")))
+#define VEC8 __m256
+
+static inline WIDE_TARGET __m256 load8_f32(const char *p) { return _mm256_loadu_ps((const float *)p); }
+
+static inline WIDE_TARGET __m256 load8_bf16(const char *p)
 {
-    if (out == KVHAL_FP8_E4M3FNUZ || out == KVHAL_FP8_E5M2FNUZ) {
-        convert_row_fnuz(dst, ds, src, ss, in, out == KVHAL_FP8_E4M3FNUZ, scale, n);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* exact for every f16 (subnormals included); a NaN stays a NaN of its sign, all fp8 needs of it */
+static inline WIDE_TARGET __m256 load8_f16(const char *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+static inline WIDE_TARGET __m256i select8(__m256i mask, __m256i a, __m256i b)
+{
+    return _mm256_blendv_epi8(b, a, mask);
+}
+
+/* codes4 on eight lanes */
+static inline WIDE_TARGET __m256i codes8(__m256 q, __m256 x, int m, int bias, uint32_t max_bits, uint32_t max_code,
+                                         float magic)
+{
+    const int shift = 23 - m;
+    __m256i ux = _mm256_castps_si256(x);
+    __m256i sign = _mm256_and_si256(_mm256_srli_epi32(ux, 24), _mm256_set1_epi32(0x80));
+    __m256i ax = _mm256_and_si256(ux, _mm256_set1_epi32(0x7fffffff));
+    __m256i a = _mm256_and_si256(_mm256_castps_si256(q), _mm256_set1_epi32(0x7fffffff));
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32((1 << (shift - 1)) - 1)),
+                                 _mm256_and_si256(_mm256_srli_epi32(a, shift), _mm256_set1_epi32(1)));
+    __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(r, shift), _mm256_set1_epi32((127 - bias) << m));
+    __m256 vm = _mm256_set1_ps(magic);
+    __m256i sub = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), vm)),
+                                   _mm256_castps_si256(vm));
+    __m256i code = select8(_mm256_cmpgt_epi32(_mm256_set1_epi32((127 + 1 - bias) << 23), a), sub, normal);
+    code = select8(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)max_bits), a), code, _mm256_set1_epi32((int)max_code));
+    code = select8(_mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7f800000)), _mm256_set1_epi32(0x7f), code);
+    return _mm256_or_si256(sign, _mm256_and_si256(code, _mm256_set1_epi32(0x7f)));
+}
+
+static inline WIDE_TARGET __m256i fnuz8(__m256 x, __m256i code)
+{
+    __m256i ax = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff));
+    __m256i zero = _mm256_cmpeq_epi32(_mm256_and_si256(code, _mm256_set1_epi32(0x7f)), _mm256_setzero_si256());
+    code = _mm256_andnot_si256(zero, code);
+    return select8(_mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7f800000)), _mm256_set1_epi32(0x80), code);
+}
+
+static inline WIDE_TARGET void store8(uint8_t *dst, __m256i code)
+{
+    /* packs work within 128-bit halves: bytes 0-3 of each half are its four codes */
+    __m256i p = _mm256_packus_epi16(_mm256_packs_epi32(code, code), _mm256_setzero_si256());
+    int32_t lo = _mm_cvtsi128_si32(_mm256_castsi256_si128(p)), hi = _mm_cvtsi128_si32(_mm256_extracti128_si256(p, 1));
+    memcpy(dst, &lo, 4);
+    memcpy(dst + 4, &hi, 4);
+}
+
+#define ENCODE8_E4M3(dst, q, x) store8(dst, codes8(q, x, 3, 7, 0x43e00000u, 0x7eu, 16384.0f))
+#define ENCODE8_E5M2(dst, q, x) store8(dst, codes8(q, x, 2, 15, 0x47600000u, 0x7bu, 128.0f))
+#define ENCODE8_E4M3FNUZ(dst, q, x) store8(dst, fnuz8(x, codes8(q, x, 3, 8, 0x43700000u, 0x7fu, 8192.0f)))
+#define ENCODE8_E5M2FNUZ(dst, q, x) store8(dst, fnuz8(x, codes8(q, x, 2, 16, 0x47600000u, 0x7fu, 64.0f)))
+
+/* y = x * inv, r = y * s - x exactly, q = y - r * inv (kvhal_gpu_quot_rcp) */
+static inline WIDE_TARGET __m256 quot8_fma(__m256 x, __m256 s, __m256 inv)
+{
+    const __m256 y = _mm256_mul_ps(x, inv);
+    return _mm256_fnmadd_ps(_mm256_fmsub_ps(y, s, x), inv, y);
+}
+
+static inline WIDE_TARGET float quot_fma(float x, float s, float inv)
+{
+    const __m128 vx = _mm_set_ss(x), vinv = _mm_set_ss(inv);
+    const __m128 y = _mm_mul_ss(vx, vinv);
+    const float q = _mm_cvtss_f32(_mm_fnmadd_ss(_mm_fmsub_ss(y, _mm_set_ss(s), vx), vinv, y));
+    /* an infinite y gives NaN: the division's infinity, which saturates (a NaN x stays NaN) */
+    return q != q && x == x ? (x < 0 ? -HUGE_VALF : HUGE_VALF) : q;
+}
+
+#define QUOT_FMA(x) quot_fma(x, scale, inv)
+#define QUOT8_FMA(x) quot8_fma(x, vscale, vinv)
+#define QUOT8_MUL(x) _mm256_mul_ps(x, vinv)
+#define QUOT8_DIV(x) _mm256_div_ps(x, vscale)
+
+static WIDE_TARGET void convert_row_wide(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in,
+                                         kvhal_dtype out, int mode, float scale, float inv, int64_t n)
+{
+    const __m256 vscale = _mm256_set1_ps(scale), vinv = _mm256_set1_ps(inv);
+    if (mode == 0) CONVERT_ROW(8, QUOT_MUL, QUOT8_MUL);
+    else if (mode == 1) CONVERT_ROW(8, QUOT_FMA, QUOT8_FMA);
+    else CONVERT_ROW(8, QUOT_DIV, QUOT8_DIV);
+}
+
+static bool cpu_has_wide(void)
+{
+    static int known; /* 0 not asked yet, 1 no, 2 yes: a benign race, every thread finds the same answer */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (!k) {
+        __builtin_cpu_init();
+        const char *env = getenv("KVHAL_CPU_WIDE"); /* "0": the SSE2 loops (tests and comparisons) */
+        /* F16C from CPUID leaf 1 (ECX bit 29): not every compiler's __builtin_cpu_supports knows it; the OS keeps
+         * the YMM state it needs wherever AVX2 is reported usable */
+        unsigned eax, ebx, ecx = 0, edx;
+        const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+        k = !(env && !strcmp(env, "0")) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c
+                ? 2
+                : 1;
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k == 2;
+}
+#else
+static bool cpu_has_wide(void) { return false; }
+#endif
+
+/* How one side divides by its scale (q_make, once per call). */
+typedef struct quot {
+    int mode; /* kvhal__scale_mode */
+    bool wide;
+    float scale, inv;
+} quot;
+
+static quot q_make(float scale)
+{
+    const bool wide = cpu_has_wide();
+    quot q = {kvhal__scale_mode(scale, wide), wide, scale, 1.0f / scale};
+    return q;
+}
+
+/* One row of n elements: dst[i * ds] = the code of RN32(src[i * ss] / scale). */
+static void convert_row(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in, kvhal_dtype out,
+                        const quot *q, int64_t n)
+{
+#if defined(KVHAL_CPU_WIDE)
+    if (q->wide) {
+        convert_row_wide(dst, ds, src, ss, in, out, q->mode, q->scale, q->inv, n);
         return;
     }
-    const bool e4m3 = out == KVHAL_FP8_E4M3;
-    switch (in) {
-    case KVHAL_F32:
-        if (e4m3) CONVERT_LOOP(load_f32, load4_f32, 4, kvhal__f32_to_fp8_e4m3, ENCODE4_E4M3);
-        else CONVERT_LOOP(load_f32, load4_f32, 4, kvhal__f32_to_fp8_e5m2, ENCODE4_E5M2);
-        break;
-    case KVHAL_F16:
-        if (e4m3) CONVERT_LOOP(load_f16, load4_f16, 2, kvhal__f32_to_fp8_e4m3, ENCODE4_E4M3);
-        else CONVERT_LOOP(load_f16, load4_f16, 2, kvhal__f32_to_fp8_e5m2, ENCODE4_E5M2);
-        break;
-    default:
-        if (e4m3) CONVERT_LOOP(load_bf16, load4_bf16, 2, kvhal__f32_to_fp8_e4m3, ENCODE4_E4M3);
-        else CONVERT_LOOP(load_bf16, load4_bf16, 2, kvhal__f32_to_fp8_e5m2, ENCODE4_E5M2);
-        break;
-    }
+#endif
+    convert_row_plain(dst, ds, src, ss, in, out, q->mode, q->scale, q->inv, n);
 }
 
 /* ---- paged caching ---- */
@@ -275,7 +433,7 @@ static inline int64_t read_slot(const char *base, kvhal_dtype dt, int64_t index)
 }
 
 static void move_token(const kvhal_bk_paged_caching *a, const kvhal_bk_paged_side *s, move_kind kind, int64_t tok_elem,
-                       int64_t slot, size_t ies, size_t ces, bool stream)
+                       int64_t slot, size_t ies, size_t ces, bool stream, const quot *q)
 {
     const int64_t blk = slot / a->block_size, off = slot - blk * a->block_size;
     char *cache = (char *)s->cache + s->cache_offset + (size_t)(blk * s->block_stride + off * s->offset_stride) * ces;
@@ -298,8 +456,8 @@ static void move_token(const kvhal_bk_paged_caching *a, const kvhal_bk_paged_sid
             if (a->input_dtype == a->cache_dtype)
                 copy_strided(c, s->cache_dim_stride, x, s->in_dim_stride, ces, hd);
             else
-                convert_row((uint8_t *)c, s->cache_dim_stride, x, s->in_dim_stride, a->input_dtype, a->cache_dtype,
-                            s->scale, hd);
+                convert_row((uint8_t *)c, s->cache_dim_stride, x, s->in_dim_stride, a->input_dtype, a->cache_dtype, q,
+                            hd);
         }
         break;
     }
@@ -330,12 +488,15 @@ kvhal_status cpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     const size_t written =
         (size_t)a->num_tokens * (size_t)a->num_heads * ((size_t)a->k.head_dim + (size_t)a->v.head_dim) * ces;
     const bool nt = written >= STREAM_THRESHOLD;
+    /* how each side divides by its scale, decided once per call (fp8 caches only: other calls do not divide) */
+    const bool fp8 = a->input_dtype != a->cache_dtype;
+    const quot kq = q_make(fp8 ? a->k.scale : 1.0f), vq = q_make(fp8 ? a->v.scale : 1.0f);
     for (int64_t b = 0; b < outer; b++) {
         for (int64_t i = 0; i < seq; i++) {
             int64_t slot = read_slot(slots, a->slot_dtype, b * a->slot_stride_outer + i * a->slot_stride_inner);
             if (slot < 0) continue; /* padding */
-            move_token(a, &a->k, km, b * a->k.tok_stride_outer + i * a->k.tok_stride_inner, slot, ies, ces, nt);
-            move_token(a, &a->v, vm, b * a->v.tok_stride_outer + i * a->v.tok_stride_inner, slot, ies, ces, nt);
+            move_token(a, &a->k, km, b * a->k.tok_stride_outer + i * a->k.tok_stride_inner, slot, ies, ces, nt, &kq);
+            move_token(a, &a->v, vm, b * a->v.tok_stride_outer + i * a->v.tok_stride_inner, slot, ies, ces, nt, &vq);
         }
     }
     if (nt) stream_fence();

@@ -18,7 +18,14 @@
  *   void kvhal_opencl_test_gpu_plans(int on)
  *       While on, descriptors created from then on are planned as for a GPU on every device (CPU devices included),
  *       so that the GPU-shaped kernels (interleaved chunks per work-item) run, and are checked, on PoCL in CI.
- *       Descriptors already cached keep their plan: clear the descriptor cache around it. */
+ *       Descriptors already cached keep their plan: clear the descriptor cache around it.
+ *
+ *   uint64_t kvhal_opencl_test_pool(int32_t id, int64_t cap, int32_t fail_creates)
+ *       Returns how many kvhal_buffer_create calls on opencl:id the buffer pool has served (ocl_memory.c). With
+ *       cap >= 0 it first empties the pool and sets the bytes it may hold to cap (the default is the device's
+ *       global memory / 16); cap = -1 changes nothing. fail_creates >= 0: that many clCreateBuffer calls to come
+ *       fail as CL_MEM_OBJECT_ALLOCATION_FAILURE without reaching OpenCL (the pool's release-and-retry path);
+ *       -1 changes nothing. */
 #ifndef KVHAL_OPENCL_TEST_H
 #define KVHAL_OPENCL_TEST_H
 #include <stdint.h>
@@ -26,5 +33,6 @@
 typedef uint64_t (*kvhal_opencl_build_count_fn)(void);
 typedef void (*kvhal_opencl_test_inject_source_fn)(const char *text);
 typedef void (*kvhal_opencl_test_gpu_plans_fn)(int on);
+typedef uint64_t (*kvhal_opencl_test_pool_fn)(int32_t id, int64_t cap, int32_t fail_creates);
 
 #endif

@@ -254,6 +254,7 @@ static bool add_device(ocl_module *m, cl_platform_id p, const char *pname, cl_de
         return false;
     }
     pthread_mutex_init(&d->mu, NULL);
+    d->pool_cap = (size_t)(d->global_mem / 16);
     atomic_store(&d->nctx, 1);
     m->num_devices++;
     return true;
@@ -431,6 +432,7 @@ void kvhal__ocl_shutdown(void *ctx)
         kvhal__ocl_programs_free(m);
         for (int32_t i = 0; i < m->num_devices; i++) {
             ocl_device *d = &m->devices[i];
+            kvhal__ocl_pool_release(d); /* after the programs, before the contexts (kept buffers live in ctxs[0]) */
             int n = atomic_load(&d->nctx);
             for (int c = 0; c < n; c++) {
                 if (d->ctxs[c].queue) clFinish(d->ctxs[c].queue);
@@ -496,6 +498,24 @@ static void hook_gpu_plans(int on)
     if (m) atomic_store(&m->gpu_plans_on_cpu, on != 0);
 }
 
+static uint64_t hook_pool(int32_t id, int64_t cap, int32_t fail_creates)
+{
+    ocl_module *m = atomic_load(&hook_module);
+    ocl_device *d = m ? kvhal__ocl_device(m, id) : NULL;
+    if (!d) return 0;
+    if (fail_creates >= 0) atomic_store(&d->fail_creates, fail_creates);
+    if (cap >= 0) {
+        kvhal__ocl_pool_release(d);
+        pthread_mutex_lock(&d->mu);
+        d->pool_cap = (size_t)cap;
+        pthread_mutex_unlock(&d->mu);
+    }
+    pthread_mutex_lock(&d->mu);
+    const uint64_t hits = d->pool_hits;
+    pthread_mutex_unlock(&d->mu);
+    return hits;
+}
+
 bool kvhal__ocl_cpu_plans(const ocl_device *d) { return d->cpu && !atomic_load(&d->m->gpu_plans_on_cpu); }
 
 void *kvhal__ocl_get_proc_address(void *ctx, const char *name)
@@ -505,10 +525,12 @@ void *kvhal__ocl_get_proc_address(void *ctx, const char *name)
     static const kvhal_opencl_build_count_fn build_count = hook_build_count;
     static const kvhal_opencl_test_inject_source_fn inject_source = hook_inject_source;
     static const kvhal_opencl_test_gpu_plans_fn gpu_plans = hook_gpu_plans;
+    static const kvhal_opencl_test_pool_fn pool = hook_pool;
     void *p = NULL;
     if (!name) return NULL;
     if (!strcmp(name, "kvhal_opencl_build_count")) memcpy(&p, &build_count, sizeof p);
     else if (!strcmp(name, "kvhal_opencl_test_inject_source")) memcpy(&p, &inject_source, sizeof p);
     else if (!strcmp(name, "kvhal_opencl_test_gpu_plans")) memcpy(&p, &gpu_plans, sizeof p);
+    else if (!strcmp(name, "kvhal_opencl_test_pool")) memcpy(&p, &pool, sizeof p);
     return p;
 }

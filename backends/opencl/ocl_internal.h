@@ -26,6 +26,9 @@
  * size_t. Larger ops are split into several launches. */
 #define OCL_MAX_ITEMS ((uint64_t)1 << 30)
 
+/* Buffers the pool of a device keeps at most (and OCL_POOL_MAX entries). */
+#define OCL_POOL_MAX 32
+
 typedef struct ocl_module ocl_module;
 
 typedef struct ocl_ctx {
@@ -66,6 +69,14 @@ typedef struct ocl_device {
     ocl_ctx ctxs[OCL_MAX_CTX];
     atomic_int nctx;
     ocl_stream *streams;
+    /* The buffer pool (ocl_memory.c), under mu: buffers kvhal_buffer_destroy released, oldest first, kept for a
+     * later kvhal_buffer_create of the same size. pool_cap: the bytes it may hold (global memory / 16). */
+    cl_mem pool[OCL_POOL_MAX];
+    size_t pool_size[OCL_POOL_MAX];
+    int32_t pool_n;
+    size_t pool_bytes, pool_cap;
+    uint64_t pool_hits; /* creations the pool served (test hook kvhal_opencl_test_pool) */
+    atomic_int fail_creates; /* test hook: this many clCreateBuffer calls to come fail as out of memory */
 } ocl_device;
 
 typedef struct ocl_prog_entry ocl_prog_entry;
@@ -135,6 +146,9 @@ OCL_HIDDEN kvhal_status kvhal__ocl_copy(ocl_device *d, cl_command_queue q, ocl_c
                                         cl_mem src, size_t src_off, size_t bytes);
 OCL_HIDDEN kvhal_status kvhal__ocl_buffer_alloc(void *ctx, int32_t id, size_t bytes, void **native);
 OCL_HIDDEN kvhal_status kvhal__ocl_buffer_free(void *ctx, int32_t id, void *native);
+/* Releases every buffer the device's pool holds (shutdown, and before retrying a failed allocation); returns
+ * how many. */
+OCL_HIDDEN int32_t kvhal__ocl_pool_release(ocl_device *d);
 OCL_HIDDEN kvhal_status kvhal__ocl_buffer_wrap(void *ctx, int32_t id, void *native, size_t bytes);
 OCL_HIDDEN kvhal_status kvhal__ocl_buffer_unwrap(void *ctx, int32_t id, void *native);
 OCL_HIDDEN kvhal_status kvhal__ocl_stream_create(void *ctx, int32_t id, void **stream);

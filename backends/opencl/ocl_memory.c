@@ -141,6 +141,106 @@ kvhal_status kvhal__ocl_resolve(ocl_device *d, void *stream, cl_mem mem, cl_comm
 }
 
 /* ---- buffers ---- */
+/* ---- the buffer pool ----
+ * A kv-cache duplicate, or any engine that allocates and frees buffers of one size again and again, would pay for
+ * a fresh allocation every time: clCreateBuffer, the runtime's deferred allocation at first use (for a GPU, device
+ * memory mapped and cleared for the process) and the first-touch round trip below, which also waits for the
+ * default queue to drain. That is what held a full-length duplicate at about half of a device copy on NVIDIA's
+ * OpenCL although the copy itself is one clEnqueueCopyBuffer. So kvhal_buffer_destroy keeps the buffer (up to
+ * OCL_POOL_MAX of them and 1/16 of the device's global memory, the oldest dropped first) and kvhal_buffer_create
+ * of the same size takes it back, as the CUDA/HIP backends' stream-ordered pool does. Safe because the API
+ * requires work using a buffer to be finished (or queued on the in-order default queue) before it is destroyed;
+ * contents of a created buffer are undefined. A failed allocation releases the pool and tries once more. */
+static cl_mem pool_take(ocl_device *d, size_t bytes)
+{
+    cl_mem m = NULL;
+    pthread_mutex_lock(&d->mu);
+    for (int32_t i = d->pool_n - 1; i >= 0; i--) { /* the newest first: the likeliest to be warm */
+        if (d->pool_size[i] != bytes) continue;
+        m = d->pool[i];
+        memmove(&d->pool[i], &d->pool[i + 1], (size_t)(d->pool_n - 1 - i) * sizeof d->pool[0]);
+        memmove(&d->pool_size[i], &d->pool_size[i + 1], (size_t)(d->pool_n - 1 - i) * sizeof d->pool_size[0]);
+        d->pool_n--;
+        d->pool_bytes -= bytes;
+        d->pool_hits++;
+        break;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return m;
+}
+
+/* Keeps m (bytes long) in the pool, dropping the oldest entries to make room; false when it cannot be kept. */
+static bool pool_put(ocl_device *d, cl_mem m, size_t bytes)
+{
+    cl_mem drop[OCL_POOL_MAX];
+    int32_t ndrop = 0;
+    bool kept = false;
+    pthread_mutex_lock(&d->mu);
+    if (bytes <= d->pool_cap) {
+        while (d->pool_n > 0 && (d->pool_n == OCL_POOL_MAX || d->pool_bytes + bytes > d->pool_cap)) {
+            drop[ndrop++] = d->pool[0];
+            d->pool_bytes -= d->pool_size[0];
+            memmove(&d->pool[0], &d->pool[1], (size_t)(d->pool_n - 1) * sizeof d->pool[0]);
+            memmove(&d->pool_size[0], &d->pool_size[1], (size_t)(d->pool_n - 1) * sizeof d->pool_size[0]);
+            d->pool_n--;
+        }
+        d->pool[d->pool_n] = m;
+        d->pool_size[d->pool_n] = bytes;
+        d->pool_n++;
+        d->pool_bytes += bytes;
+        kept = true;
+    }
+    pthread_mutex_unlock(&d->mu);
+    for (int32_t i = 0; i < ndrop; i++) clReleaseMemObject(drop[i]);
+    return kept;
+}
+
+int32_t kvhal__ocl_pool_release(ocl_device *d)
+{
+    cl_mem drop[OCL_POOL_MAX];
+    pthread_mutex_lock(&d->mu);
+    const int32_t n = d->pool_n;
+    memcpy(drop, d->pool, (size_t)n * sizeof drop[0]);
+    d->pool_n = 0;
+    d->pool_bytes = 0;
+    pthread_mutex_unlock(&d->mu);
+    for (int32_t i = 0; i < n; i++) clReleaseMemObject(drop[i]);
+    return n;
+}
+
+/* clCreateBuffer and a first touch; *what names the step that failed. */
+static cl_int create_touched(ocl_device *d, size_t bytes, cl_mem *out, const char **what)
+{
+    cl_int err;
+    *what = "clCreateBuffer";
+    int fail = atomic_load(&d->fail_creates);
+    while (fail > 0 && !atomic_compare_exchange_weak(&d->fail_creates, &fail, fail - 1)) {
+    }
+    if (fail > 0) return CL_MEM_OBJECT_ALLOCATION_FAILURE; /* kvhal_opencl_test_pool's simulated failure */
+    cl_mem m = clCreateBuffer(d->ctxs[0].ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (err != CL_SUCCESS) return err;
+    /* OpenCL allocates lazily, at first use; touching one byte now makes an allocation failure show here rather
+     * than in a later, unrelated operation. */
+    *what = "first touch";
+    cl_uchar zero = 0;
+    cl_event ev;
+    err = clEnqueueFillBuffer(d->ctxs[0].queue, m, &zero, 1, 0, 1, 0, NULL, &ev);
+    if (err == CL_SUCCESS) {
+        err = clWaitForEvents(1, &ev);
+        cl_int status = CL_COMPLETE;
+        if (err == CL_SUCCESS)
+            err = clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
+        if (err == CL_SUCCESS && status < 0) err = status;
+        clReleaseEvent(ev);
+    }
+    if (err != CL_SUCCESS) {
+        clReleaseMemObject(m);
+        return err == CL_OUT_OF_RESOURCES ? CL_MEM_OBJECT_ALLOCATION_FAILURE : err;
+    }
+    *out = m;
+    return CL_SUCCESS;
+}
+
 kvhal_status kvhal__ocl_buffer_alloc(void *ctx, int32_t id, size_t bytes, void **native)
 {
     OCL_GET_DEVICE(ctx, id, d);
@@ -158,27 +258,18 @@ kvhal_status kvhal__ocl_buffer_alloc(void *ctx, int32_t id, size_t bytes, void *
                              "bytes: %zu exceeds the largest single allocation of opencl:%d ('%s'): "
                              "CL_DEVICE_MAX_MEM_ALLOC_SIZE = %llu",
                              bytes, id, d->name, (unsigned long long)d->max_alloc);
-    cl_int err;
-    cl_mem m = clCreateBuffer(d->ctxs[0].ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
-    if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: clCreateBuffer(%zu bytes)", id, bytes);
-    /* OpenCL allocates lazily, at first use; touching one byte now makes an allocation failure show here rather
-     * than in a later, unrelated operation. */
-    cl_uchar zero = 0;
-    cl_event ev;
-    err = clEnqueueFillBuffer(d->ctxs[0].queue, m, &zero, 1, 0, 1, 0, NULL, &ev);
-    if (err == CL_SUCCESS) {
-        err = clWaitForEvents(1, &ev);
-        cl_int status = CL_COMPLETE;
-        if (err == CL_SUCCESS)
-            err = clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
-        if (err == CL_SUCCESS && status < 0) err = status;
-        clReleaseEvent(ev);
+    cl_mem m = pool_take(d, bytes);
+    if (m) {
+        *native = m;
+        return KVHAL_OK;
     }
-    if (err != CL_SUCCESS) {
-        clReleaseMemObject(m);
-        if (err == CL_OUT_OF_RESOURCES) err = CL_MEM_OBJECT_ALLOCATION_FAILURE;
-        return kvhal__ocl_fail(d->m, err, "opencl:%d: first touch of a %zu-byte buffer", id, bytes);
-    }
+    const char *what;
+    cl_int err = create_touched(d, bytes, &m, &what);
+    if ((err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES ||
+         err == CL_OUT_OF_HOST_MEMORY) &&
+        kvhal__ocl_pool_release(d) > 0) /* the memory the pool held may be what was missing */
+        err = create_touched(d, bytes, &m, &what);
+    if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: %s of a %zu-byte buffer", id, what, bytes);
     *native = m;
     return KVHAL_OK;
 }
@@ -186,8 +277,14 @@ kvhal_status kvhal__ocl_buffer_alloc(void *ctx, int32_t id, size_t bytes, void *
 kvhal_status kvhal__ocl_buffer_free(void *ctx, int32_t id, void *native)
 {
     OCL_GET_DEVICE(ctx, id, d);
-    /* Deletion waits for commands still using the buffer (OpenCL defers it), so no synchronize is needed. */
-    cl_int err = clReleaseMemObject((cl_mem)native);
+    cl_mem m = (cl_mem)native;
+    size_t bytes = 0;
+    /* kept for a later create of its size; otherwise released: deletion waits for commands still using the
+     * buffer (OpenCL defers it) */
+    if (!kvhal__ocl_finalizing() && clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof bytes, &bytes, NULL) == CL_SUCCESS &&
+        pool_put(d, m, bytes))
+        return KVHAL_OK;
+    cl_int err = clReleaseMemObject(m);
     if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: clReleaseMemObject", id);
     return KVHAL_OK;
 }
@@ -221,7 +318,11 @@ kvhal_status kvhal__ocl_buffer_wrap(void *ctx, int32_t id, void *native, size_t 
 /* Drops the reference buffer_wrap took, as buffer_free drops the one buffer_alloc made. */
 kvhal_status kvhal__ocl_buffer_unwrap(void *ctx, int32_t id, void *native)
 {
-    return kvhal__ocl_buffer_free(ctx, id, native);
+    OCL_GET_DEVICE(ctx, id, d);
+    /* the caller's cl_mem: the reference wrap took is given back, never kept in the pool */
+    cl_int err = clReleaseMemObject((cl_mem)native);
+    if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: clReleaseMemObject", id);
+    return KVHAL_OK;
 }
 
 /* ---- streams ---- */
