@@ -39,6 +39,10 @@ for r in 1 2 3; do
     timeout 120 $B/tools/kvhal-xfer --ipc --send-device=cuda:0 --recv-device=cuda:1 --transport=$tls --iters 40 --json \
       > "$OUT/xfer-ipc-$tls-$r.json" 2> "$OUT/xfer-ipc-$tls-$r.err" || { echo "kvhal-xfer --ipc $tls round $r failed"; cat "$OUT/xfer-ipc-$tls-$r.err"; fail=1; }
   done
+  for w in 1 16; do
+    timeout 120 $B/tools/kvhal-xfer --ipc --window=$w --send-device=cuda:0 --recv-device=cuda:1 --transport=shm --iters 40 --json \
+      > "$OUT/xfer-ipc-w$w-shm-$r.json" 2> "$OUT/xfer-ipc-w$w-shm-$r.err" || { echo "kvhal-xfer --ipc --window=$w round $r failed"; cat "$OUT/xfer-ipc-w$w-shm-$r.err"; fail=1; }
+  done
 done
 # the IPC path's own check: two processes, every byte verified, every request by IPC (cuda:0 -> cuda:1 and on one GPU)
 for pair in "cuda:0 cuda:1" "cuda:0 cuda:0"; do
@@ -53,22 +57,22 @@ out = sys.argv[1]
 x = collections.defaultdict(list); p = collections.defaultdict(list); lat = collections.defaultdict(list)
 for r in (1, 2, 3):
     for tls in ("shm", "tcp"):
-      for pre in ("", "ipc-"):
+      for pre in ("", "ipc-", "ipc-w1-", "ipc-w16-"):
         try: d = json.load(open(f"{out}/xfer-{pre}{tls}-{r}.json"))
         except Exception: continue
         for e in d.get("results", []):
-            k = (e.get("path", "?"), tls, int(e["bytes"]))
+            k = (e.get("path", "?"), tls, int(e.get("window", 4)), int(e["bytes"]))
             x[k].append(e["gbps"]); lat[k].append((e["p50_us"], e["p99_us"]))
     try:
         for line in open(f"{out}/peer-{r}.txt"):
             f = line.split()
             if f and f[0] == "peer": p[int(f[1])].append(float(f[2]))
     except Exception: pass
-print("| path | transport | batch | kvhal-xfer cuda:0 -> cuda:1 GB/s | cudaMemcpyPeer GB/s | ratio | p50 us | p99 us |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| path | transport | window | batch | kvhal-xfer cuda:0 -> cuda:1 GB/s | cudaMemcpyPeer GB/s | ratio | p50 us | p99 us |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for k in sorted(x):
-    km = statistics.median(x[k]); pm = statistics.median(p[k[2]]) if p[k[2]] else float("nan")
-    print(f"| {k[0]} | {k[1]} | {k[2] >> 10} KiB | {km:.3f} | {pm:.3f} | {km / pm:.3f} | {statistics.median(a for a, b in lat[k]):.0f} | {statistics.median(b for a, b in lat[k]):.0f} |")
+    km = statistics.median(x[k]); pm = statistics.median(p[k[3]]) if p[k[3]] else float("nan")
+    print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3] >> 10} KiB | {km:.3f} | {pm:.3f} | {km / pm:.3f} | {statistics.median(a for a, b in lat[k]):.0f} | {statistics.median(b for a, b in lat[k]):.0f} |")
 PY
 echo "paths: staged = through host memory (kvhal_memcpy_d2h/h2d) + UCX host transport; ipc = CUDA IPC, the receiver copies peer to peer"
 echo "medians of 3 rounds; target for ipc: ratio >= 0.8 of cudaMemcpyPeer"
