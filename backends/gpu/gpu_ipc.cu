@@ -11,6 +11,7 @@
  * (another GPU without peer access: refused, so the transfer agent falls back to its staged path instead of a copy
  * kernel faulting). Every entry selects its device through a
  * DeviceGuard and gives the caller's current device back. */
+#include <dlfcn.h>
 #include "gpu_private.h"
 
 namespace kvhal_gpu {
@@ -29,11 +30,27 @@ static_assert(sizeof(GpuIpcBlob) <= KVHAL_BK_IPC_BLOB_MAX, "IPC blob too large")
 /* The base and size of the allocation p lies in (on the current device). */
 gpuError_t address_range(const Ctx *c, void *p, void **base, size_t *size)
 {
-#if defined(KVHAL_GPU_HIP)
+#if defined(KVHAL_GPU_HIP) && defined(__HIP_PLATFORM_NVIDIA__)
+    /* HIP's NVIDIA platform maps hipMemGetAddressRange to the driver's cuMemGetAddressRange, which this module does
+     * not link (it links the static runtime only): take it from the loaded driver, as the CUDA module does */
     (void)c;
-    hipDeviceptr_t b = NULL;
-    gpuError_t e = hipMemGetAddressRange(&b, size, p);
-    *base = b;
+    typedef int (*RangeFn)(unsigned long long *, size_t *, unsigned long long);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    void *sym = h ? dlsym(h, "cuMemGetAddressRange_v2") : NULL;
+    if (h) dlclose(h);
+    if (!sym) return hipErrorNotSupported;
+    RangeFn fn;
+    memcpy(&fn, &sym, sizeof sym);
+    unsigned long long b = 0;
+    if (fn(&b, size, (unsigned long long)(uintptr_t)p) != 0) return hipErrorInvalidValue;
+    *base = (void *)(uintptr_t)b;
+    return hipSuccess;
+#elif defined(KVHAL_GPU_HIP)
+    (void)c;
+    /* hipDeviceptr_t is void * on AMD and an integer (CUdeviceptr) on HIP's NVIDIA platform */
+    hipDeviceptr_t b{};
+    gpuError_t e = hipMemGetAddressRange(&b, size, (hipDeviceptr_t)(uintptr_t)p);
+    *base = (void *)(uintptr_t)b;
     return e;
 #else
     if (!c->cu_mem_range) return cudaErrorNotSupported;
