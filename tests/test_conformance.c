@@ -715,15 +715,16 @@ static void test_page_transfer(void **state)
     dbuf_free(&b);
 }
 
-/* Pages of 8 KiB blocks on a stream of its own: what CUDA sends through cudaMemcpyBatchAsync (blocks of 8 KiB and
- * more; its kernel serves smaller ones), with four caches interleaved block by block (a page's four blocks are
- * adjacent on the device as on the host, so they are merged into one chunk) and two in another buffer; pages
+/* Pages of 192 KiB blocks on a stream of its own: what CUDA sends through cudaMemcpyBatchAsync (chunks of 256 KiB
+ * and more on average after merging; its kernel serves smaller ones), with four caches interleaved block by block
+ * (a page's four blocks are adjacent on the device as on the host, so they are merged into one 768 KiB chunk) and
+ * two in another buffer, not adjacent (192 KiB chunks each: 1152 KiB in three chunks per page); pages
  * scattered on both sides, consecutive ones too; against the host reference, both directions. */
 static void test_page_transfer_large(void **state)
 {
     kvhal_device dev = device_of(state);
     ref_rng r = {59};
-    enum { LBB = 8192, LNB = 6, NCACHE = 6 };
+    enum { LBB = 192 << 10, LNB = 6, NCACHE = 6 };
     dbuf a, b;
     dbuf_make(&a, dev, (size_t)4 * LNB * LBB, &r);
     dbuf_make(&b, dev, (size_t)2 * LNB * LBB + 256, &r);

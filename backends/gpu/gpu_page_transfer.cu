@@ -7,7 +7,7 @@
  * CUDA 12.8+ (compile time): pinned host pages go through the copy engines instead, with cudaMemcpyBatchAsync (one
  * call for every (page, cache) block, adjacent blocks on both sides coalesced into one chunk), which reaches the
  * bandwidth of a plain pinned cudaMemcpy where the kernel's mapped-memory accesses do not. The kernel stays for
- * HIP, for chunks under 8 KiB on average (tiny pages: the copy engines' per-chunk cost), the legacy default stream (which batch copies refuse: a NULL stream here) and for a stream being
+ * HIP, for chunks under 256 KiB on average (the copy engines' per-chunk cost), the legacy default stream (which batch copies refuse: a NULL stream here) and for a stream being
  * captured into a graph (nothing is assumed of batch copies in a graph), so the op stays capture-safe. */
 #include <stdlib.h>
 
@@ -93,8 +93,11 @@ static kvhal_status transfer_pageable(const Ctx *c, int32_t id, const kvhal_bk_p
 
 #if defined(KVHAL_GPU_PT_BATCH)
 /* Below this many bytes per chunk (after coalescing) the copy engines' per-chunk cost dominates: the kernel does
- * better, and its one launch per 128 pages costs the host far less than a batch of thousands of tiny chunks. */
-#define KVHAL_GPU_PT_BATCH_MIN_CHUNK 8192
+ * better, and its one launch per 128 pages costs the host far less than a batch of thousands of small chunks.
+ * Measured on an H100 (docs/measurements/session6/h100-tier.txt): llama3-8b layer-first 32 KiB chunks through
+ * the batch reached 0.43-0.45 of pinned memcpy, page-first 2 MiB chunks 0.97-0.99; a chunk costs the copy engines
+ * about 0.8 us, so 0.85 of the bus needs chunks of about 256 KiB. */
+#define KVHAL_GPU_PT_BATCH_MIN_CHUNK (256u << 10)
 
 /* Pinned host pages through the copy engines: every (page, cache) block one chunk, merged with the previous one
  * when both its source and its destination follow it directly. *done false (nothing enqueued) when the chunks

@@ -2,7 +2,7 @@
 # Issue 17 on the GPU machine (1 x H100 or H200): the batched page transfer and the host tier on cuda:0.
 #  1. build cpu, cuda and opencl in a fresh folder (-Dwerror=true) and run the suites that cover the issue: the
 #     conformance suite (page_transfer and paged_cache_transfer against the host reference on cpu, cuda:0 and
-#     OpenCL on NVIDIA; page_transfer_large: 8 KiB blocks on a stream, the CUDA batch-copy path) and the tiers
+#     OpenCL on NVIDIA; page_transfer_large: 192 KiB blocks on a stream, the CUDA batch-copy path) and the tiers
 #     suite (test_tiers on cpu; the replay tests), then test_tiers again on cuda:0 (pinned host pages, the
 #     mapped-memory transfer kernel for its tiny pages, 2 x 10^5 model-checked operations, streams held at random);
 #  2. kvhal-bench --op page_transfer on cuda:0: llama3-8b 16-token pages, both page lists scattered, device->host
