@@ -67,7 +67,9 @@ typedef hipMemAccessDesc gpuMemAccessDesc;
 #define gpuDeviceSynchronize hipDeviceSynchronize
 #define gpuMalloc hipMalloc
 /* IPC (issue 18): handles of hipMalloc'd memory; imports opened with peer access enabled as needed */
+#ifndef __HIPCC_RTC__ /* a host type: hiprtc's built-ins have no IPC handle */
 typedef hipIpcMemHandle_t gpuIpcMemHandle_t;
+#endif
 #define gpuIpcGetMemHandle hipIpcGetMemHandle
 #define gpuIpcOpenMemHandle(p, h) hipIpcOpenMemHandle((p), (h), hipIpcMemLazyEnablePeerAccess)
 #define gpuIpcCloseMemHandle hipIpcCloseMemHandle
