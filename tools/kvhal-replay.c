@@ -1425,7 +1425,9 @@ PHASE static int finish(replay *r, slot *s)
             h = kvhal_kv_page_hash(h, s->tok + i * ps, r->ps);
             if (ideal_add(r, h) != 0) return fatal_status(r, "unbounded reference (no memory)", KVHAL_OUT_OF_MEMORY), -1;
         }
-        r->excluded += tick() - ti;
+        const uint64_t te = tick();
+        r->excluded += te - ti;
+        t2 = te; /* the shadow's stretch below starts here: counted once */
     }
     if (!r->kv) {
         /* --no-kv: the shadow learns what the pages filled while decoding hold (the prefix hash of each one's last
