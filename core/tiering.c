@@ -19,11 +19,12 @@ struct kvhal__tiering {
     int32_t *wb_pages;
     uint64_t *wb_hash, *wb_parent;
     int32_t *wb_tokens;
-    /* copies out of device pages in flight: a bit per page and the list of those pages; drain: pages of the current
-     * eviction whose copy out is in flight (the manager keeps them from requests until reaped) */
+    /* copies out of device pages in flight (or complete but not reaped yet): a bit per page and the list of those
+     * pages. Eviction reads the bits a word at a time (kvhal__tiering_copy_bits): the pages it evicts that are
+     * flagged drain (the manager keeps them from requests until a reap hands them back) */
     uint64_t *copying;
-    int32_t *out_list, *drain;
-    size_t out_n, drain_n;
+    int32_t *out_list;
+    size_t out_n;
     bool busy;               /* copies enqueued since the last reap */
     /* write-back: evicted pages queued for their copy (draining already; their page-map entries stay valid, as
      * the pages are nobody's until reaped); the next reap stores them (flush), so eviction costs a list append */
@@ -53,7 +54,6 @@ void kvhal__tiering_destroy(kvhal__tiering *t)
     free(t->wb_tokens);
     free(t->copying);
     free(t->out_list);
-    free(t->drain);
     free(t->queued);
     free(t->q_list);
     free(t->done);
@@ -78,15 +78,14 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
     t->wb_hash = kvhal__malloc(n * sizeof *t->wb_hash);
     t->wb_parent = kvhal__malloc(n * sizeof *t->wb_parent);
     t->wb_tokens = kvhal__malloc(n * ps * sizeof *t->wb_tokens);
-    t->copying = kvhal__calloc((n + 63) / 64, sizeof *t->copying);
+    t->copying = kvhal__malloc((n + 63) / 64 * sizeof *t->copying);
     t->out_list = kvhal__malloc(n * sizeof *t->out_list);
-    t->drain = kvhal__malloc(n * sizeof *t->drain);
     t->queued = kvhal__calloc((n + 63) / 64, sizeof *t->queued);
     t->q_list = kvhal__malloc(n * sizeof *t->q_list);
     t->done = kvhal__malloc(n * sizeof *t->done);
     kvhal_status st = KVHAL_OK;
     if (!t->hash || !t->parent || !t->tokens || !t->wb_pages || !t->wb_hash || !t->wb_parent ||
-        !t->wb_tokens || !t->copying || !t->out_list || !t->drain ||
+        !t->wb_tokens || !t->copying || !t->out_list ||
         !t->queued || !t->q_list || !t->done)
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the page map of %d pages",
                         (int)total_pages);
@@ -98,8 +97,8 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
         memset(t->wb_hash, 0, n * sizeof *t->wb_hash);
         memset(t->wb_parent, 0, n * sizeof *t->wb_parent);
         memset(t->wb_tokens, 0, n * ps * sizeof *t->wb_tokens);
+        memset(t->copying, 0, (n + 63) / 64 * sizeof *t->copying); /* eviction reads it */
         memset(t->out_list, 0, n * sizeof *t->out_list);
-        memset(t->drain, 0, n * sizeof *t->drain);
         memset(t->q_list, 0, n * sizeof *t->q_list);
         memset(t->done, 0, n * sizeof *t->done);
     }
@@ -149,8 +148,10 @@ kvhal_status kvhal__tiering_check_drain(const kvhal__tiering *t, const uint64_t 
     return st;
 }
 
+const uint64_t *kvhal__tiering_copy_bits(const kvhal__tiering *t) { return t->out_n ? t->copying : NULL; }
+
 /* The tier enqueued copies out of pages[0..n): each is copying until the next reap. */
-static void note_copies(kvhal__tiering *t, const int32_t *pages, size_t n, bool evicted)
+static void note_copies(kvhal__tiering *t, const int32_t *pages, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         const int32_t p = pages[i];
@@ -158,7 +159,6 @@ static void note_copies(kvhal__tiering *t, const int32_t *pages, size_t n, bool 
             t->copying[p >> 6] |= 1ull << (p & 63);
             t->out_list[t->out_n++] = p;
         }
-        if (evicted) t->drain[t->drain_n++] = p;
     }
     if (n) t->busy = true;
 }
@@ -192,7 +192,7 @@ kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, c
     int32_t *copied = (int32_t *)t->wb_hash;
     KVHAL_TRY(t->tier->ops->store(t->tier, nw, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored,
                                   copied));
-    note_copies(t, copied, stored, false);
+    note_copies(t, copied, stored);
     return KVHAL_OK;
 }
 
@@ -206,11 +206,8 @@ void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
             if ((uint32_t)p < total) /* the manager reports a bad page itself */
                 kvhal__kv_event_push(t->ev, KVHAL_KV_REMOVED, KVHAL_TIER_DEVICE, t->hash[p], t->parent[p], p, NULL);
         }
-    if (!t->tier) return;
-    if (t->out_n) /* write-through copies in flight: the pages they read drain (the tier has their entries) */
-        for (size_t i = 0; i < n; i++)
-            if ((uint32_t)pages[i] < total && copying(t, pages[i])) t->drain[t->drain_n++] = pages[i];
-    if (t->policy != KVHAL_WRITE_BACK) return;
+    /* write-through: the pages whose copy out is flagged drain; the manager reads the bits by words (copy_bits) */
+    if (!t->tier || t->policy != KVHAL_WRITE_BACK) return;
     /* queued for write-back (the manager makes them drain: kvhal__tiering_queues_all); the next reap that stores
      * copies them (those the tier holds are only touched). Under write-back no page copies out while in the tree.
      * A list append per page: eviction costs no more. */
@@ -222,15 +219,6 @@ void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
         k += (uint32_t)p < total;
     }
     t->q_n += k;
-}
-
-kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t, const int32_t **drain, size_t *ndrain)
-{
-    /* no copy, no wait: the evicted pages to write back were queued, and drain with those still being copied */
-    *drain = t->drain;
-    *ndrain = t->drain_n;
-    t->drain_n = 0;
-    return KVHAL_OK;
 }
 
 /* The queued write-backs go to the tier (one lookup each: pages it holds are touched, not copied): the pages
@@ -256,7 +244,7 @@ static kvhal_status flush(kvhal__tiering *t, const uint64_t *drain_bits, size_t 
     const kvhal_status st =
         t->tier->ops->store(t->tier, n, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored, copied);
     if (st != KVHAL_OK) stored = 0;
-    note_copies(t, copied, stored, false);
+    note_copies(t, copied, stored);
     for (size_t i = 0; i < n; i++)
         if (!copying(t, t->wb_pages[i])) t->done[(*nd)++] = t->wb_pages[i];
     return st;
@@ -336,7 +324,6 @@ kvhal_status kvhal__tiering_check(const kvhal__tiering *t, const kvhal_prefix_ca
     if (mc.bad >= 0)
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: tree page %d has no consistent entry in the tier page map "
                           "(its hash does not follow from its parent hash and tokens)", (int)mc.bad);
-    if (t->drain_n) return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu drained pages not handed over", t->drain_n);
     size_t nbits = 0;
     for (size_t w = 0; w < ((size_t)t->total + 63) / 64; w++) nbits += (size_t)__builtin_popcountll(t->copying[w]);
     if (nbits != t->out_n || (t->out_n && !t->busy))
