@@ -385,6 +385,7 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
                 if (drain_all) {
                     do tree_to_drain(cm, a.w, a.mask);
                     while (apw_next(&a));
+                    kvhal__tiering_queue(cm->tiering, pages[i], (int32_t)d, (int32_t)len);
                     drained += len;
                 } else if (copy) {
                     do {
@@ -412,6 +413,7 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
                 const uint64_t m = 1ull << (p & 63);
                 if (drain_all || (copy && (copy[p >> 6] & m))) {
                     tree_to_drain(cm, p >> 6, m);
+                    if (drain_all) kvhal__tiering_queue(cm->tiering, (int32_t)p, 1, 1);
                     drained++;
                 } else {
                     tree_to_free(cm, p >> 6, m);

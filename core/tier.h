@@ -82,9 +82,12 @@ KVHAL_HIDDEN kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32
 /* The hash of a tree page (the parent of what follows it). */
 KVHAL_HIDDEN uint64_t kvhal__tiering_page_hash(const kvhal__tiering *t, int32_t page);
 KVHAL_HIDDEN uint64_t kvhal__tiering_root(const kvhal__tiering *t);
-/* Eviction: pages leave the tree (removed events; write-back: queued for their copy). Nothing is copied, waited for
+/* Eviction: pages leave the tree (removed events, when events are on). Nothing is copied, waited for
  * or completed here: copies that finished are reaped by the next allocate, load_back or transfer call. */
 KVHAL_HIDDEN void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n);
+/* Write-back with a host tier: evicted pages first, first + step, ... (len of them, step >= 1), which the manager
+ * took from the tree and made drain, are queued for their copy (in eviction order; the next reap stores them). */
+KVHAL_HIDDEN void kvhal__tiering_queue(kvhal__tiering *t, int32_t first, int32_t step, int32_t len);
 /* A bit per device page whose copy out is in flight or not reaped yet (write-through: pages stored on insert), for
  * eviction to read by words: an evicted page with its bit set drains (the manager keeps it from requests until a
  * reap hands it back). NULL when no page has one. Valid until the next tiering call. */
@@ -103,7 +106,7 @@ KVHAL_HIDDEN bool kvhal__tiering_copying(const kvhal__tiering *t, int32_t p);
  * manager's) is queued or has a copy out of it in flight. */
 KVHAL_HIDDEN kvhal_status kvhal__tiering_check_drain(const kvhal__tiering *t, const uint64_t *drain_bits);
 /* Write-back with a host tier: eviction queues every page it evicts for its copy (the manager makes them drain at
- * once, instead of freeing them); otherwise only those flagged in kvhal__tiering_copy_bits drain. */
+ * once, instead of freeing them, and queues them with kvhal__tiering_queue); otherwise only those flagged in kvhal__tiering_copy_bits drain. */
 KVHAL_HIDDEN bool kvhal__tiering_queues_all(const kvhal__tiering *t);
 /* How many whole pages past a device match the host tier holds: tokens from page index first, parent hash given.
  * slots (may be NULL) receives their entries, up to cap. */
