@@ -322,7 +322,8 @@ static void expect_events(const kvhal_kv_event *ev, size_t n, size_t want, kvhal
  * not reaped (nothing polled since), evict emits only the device's removed events (no host stored event: the batch
  * is not completed there), frees the pages whose copies were reaped and makes the others drain (not free, not
  * handed out, refused by free), and never waits; the next allocation short of free pages reaps with a query: the
- * host entries become valid (stored events), the drained pages go free, no wait. With the copies held in flight,
+ * host entries become valid (stored events), the drained pages go free, no wait (on cpu:0; a GPU's copies may
+ * still be running, and it waits). With the copies held in flight,
  * the allocation that needs the draining pages waits, once. */
 static void test_drain_through(void **state)
 {
@@ -336,7 +337,7 @@ static void test_drain_through(void **state)
     kvhal_host_tier_stats st;
     run_request(&r, a, 8, NULL, NULL, false);
     OKS(kvhal_cache_manager_transfer_wait(r.cm)); /* a's copies reaped */
-    run_request(&r, c, 4, &dl, &hl, false);         /* c's copies done on cpu:0, not reaped */
+    run_request(&r, c, 4, &dl, &hl, false);         /* c's copies done on cpu:0 (maybe not on a GPU), not reaped */
     assert_int_equal(dl + hl, 0);
     const int64_t waits0 = kvhal_fault_stream_waits();
     OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 64, &n)); /* a: 4 device + 4 host stored; c: 2 device */
@@ -367,9 +368,10 @@ static void test_drain_through(void **state)
     OKS(kvhal_cache_manager_free(r.cm, pages, 6));
     OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
     assert_int_equal(st.host_pages_used, 4);
-    /* eight: the allocation reaps (a query; cpu:0's copies are complete): c's entries valid, its pages free */
+    /* eight: the allocation reaps (a query; cpu:0's copies are complete, a GPU's may still run: then a wait): c's
+     * entries valid, its pages free */
     OKS(kvhal_cache_manager_allocate(r.cm, 8, pages));
-    assert_int_equal(kvhal_fault_stream_waits(), waits0);
+    if (r.dev.type == KVHAL_DEVICE_CPU) assert_int_equal(kvhal_fault_stream_waits(), waits0);
     OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
     assert_int_equal(st.host_pages_used, 6);
     OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 64, &n));
