@@ -214,13 +214,8 @@ void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
 {
     /* write-back queues its pages through kvhal__tiering_queue (the manager knows the runs); write-through pages
      * whose copy out is flagged drain (the manager reads kvhal__tiering_copy_bits by words) */
-    if (!t->ev) return;
-    const uint32_t total = (uint32_t)t->total;
-    for (size_t i = 0; i < n; i++) {
-        const int32_t p = pages[i];
-        if ((uint32_t)p < total) /* the manager reports a bad page itself */
-            kvhal__kv_event_push(t->ev, KVHAL_KV_REMOVED, KVHAL_TIER_DEVICE, t->hash[p], t->parent[p], p, NULL);
-    }
+    /* pages past the map are skipped: the manager reports a bad page itself */
+    kvhal__kv_events_push_removed(t->ev, KVHAL_TIER_DEVICE, pages, n, t->hash, t->parent, (uint32_t)t->total);
 }
 
 void kvhal__tiering_queue(kvhal__tiering *t, int32_t first, int32_t step, int32_t len)

@@ -12,6 +12,7 @@
  *   tiers_drain_through           write-through eviction completes no copies (no host stored events, no wait):
  *                                 pages whose copy is not reaped drain; the next allocation short of pages reaps
  *   tiers_events_overflow         a full queue turns into an overflow event counting what was lost
+ *   tiers_events_evict_overflow   eviction's removed events wrap around the ring in order, then overflow
  *   tiers_hash_stable             the documented hash chain, fixed values
  *   tiers_alloc_faults            every allocation of create_tiered and load_back failing: a clear error, no change
  *   tiers_bad_inputs              refusals name the argument */
@@ -637,6 +638,58 @@ static void test_events_overflow(void **state)
     rig_free(&r);
 }
 
+/* Eviction's removed events (queued a leaf at a time): they wrap around the ring in order, each with the hash and
+ * page its stored event gave, and a full ring turns into one overflow event counting every event lost. */
+static void test_events_evict_overflow(void **state)
+{
+    (void)state;
+    rig r;
+    rig_make(&r, 16, 16, 2, KVHAL_WRITE_BACK, 8);
+    int32_t a[12], b[16];
+    for (int i = 0; i < 12; i++) a[i] = 40 + i;
+    for (int i = 0; i < 16; i++) b[i] = 70 + i;
+    kvhal_kv_event ev[8], rm[8];
+    int32_t tok[16];
+    size_t n;
+    run_request(&r, a, 12, NULL, NULL, false); /* 6 device stored events */
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 8, &n));
+    assert_int_equal(n, 6);
+    OKS(kvhal_cache_manager_evict(r.cm, SIZE_MAX, NULL)); /* 6 removed events: 2 at the ring's end, 4 at its start */
+    OKS(kvhal_cache_manager_events_read(r.cm, rm, tok, 8, &n));
+    assert_int_equal(n, 6);
+    for (size_t i = 0; i < 6; i++) {
+        bool found = false;
+        for (size_t k = 0; k < 6; k++)
+            found |= ev[k].hash == rm[i].hash && ev[k].page == rm[i].page && ev[k].parent_hash == rm[i].parent_hash;
+        if (rm[i].type != KVHAL_KV_REMOVED || rm[i].tier != KVHAL_TIER_DEVICE || !found)
+            fail_msg("removed event %zu: type %d tier %d page %d, not a removal of a stored page", i, (int)rm[i].type,
+                     (int)rm[i].tier, (int)rm[i].page);
+    }
+    run_request(&r, b, 16, NULL, NULL, false); /* 8 stored into 8 places: 7 and an overflow counting 1 */
+    OKS(kvhal_cache_manager_evict(r.cm, SIZE_MAX, NULL)); /* 8 removed: all lost */
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 8, &n));
+    assert_int_equal(n, 8);
+    for (size_t i = 0; i < 7; i++) assert_int_equal(ev[i].type, KVHAL_KV_STORED);
+    assert_int_equal(ev[7].type, KVHAL_KV_OVERFLOW);
+    assert_int_equal(ev[7].dropped, 9);
+    kvhal_host_tier_stats s;
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &s));
+    assert_int_equal(s.events_dropped, 9);
+    /* room again: a partly full ring takes removals up to its last place, then overflows */
+    run_request(&r, a, 12, NULL, NULL, false); /* host hits or not, a's pages enter the tree: stored events */
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 8, &n));
+    const size_t before = n;
+    OKS(kvhal_cache_manager_evict(r.cm, SIZE_MAX, NULL));
+    OKS(kvhal_cache_manager_transfer_wait(r.cm));
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 8, &n));
+    size_t removed = 0;
+    for (size_t i = 0; i < n; i++) removed += ev[i].type == KVHAL_KV_REMOVED && ev[i].tier == KVHAL_TIER_DEVICE;
+    assert_true(before > 0);
+    assert_int_equal(removed, 6);
+    integrity(&r);
+    rig_free(&r);
+}
+
 static void test_hash_stable(void **state)
 {
     (void)state;
@@ -793,7 +846,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_and_load_back), cmocka_unit_test(test_model_random),
         cmocka_unit_test(test_drain),                 cmocka_unit_test(test_drain_through),
-        cmocka_unit_test(test_events_overflow),       cmocka_unit_test(test_hash_stable),
+        cmocka_unit_test(test_events_overflow),       cmocka_unit_test(test_events_evict_overflow),       cmocka_unit_test(test_hash_stable),
         cmocka_unit_test(test_alloc_faults),          cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests_name("tiers", tests, NULL, NULL);
