@@ -110,7 +110,8 @@ KVHAL_HIDDEN bool kvhal__tiering_copying(const kvhal__tiering *t, int32_t p);
  * manager's) is queued or has a copy out of it in flight. */
 KVHAL_HIDDEN kvhal_status kvhal__tiering_check_drain(const kvhal__tiering *t, const uint64_t *drain_bits);
 /* Write-back with a host tier: eviction queues every page it evicts for its copy (the manager makes them drain at
- * once, instead of freeing them, and queues them with kvhal__tiering_queue); otherwise only those flagged in kvhal__tiering_copy_bits drain. */
+ * once, instead of freeing them, and queues them with kvhal__tiering_queue); otherwise only those flagged in
+ * kvhal__tiering_copy_bits drain. */
 KVHAL_HIDDEN bool kvhal__tiering_queues_all(const kvhal__tiering *t);
 /* How many whole pages past a device match the host tier holds: tokens from page index first, parent hash given.
  * slots (may be NULL) receives their entries, up to cap. */
