@@ -97,21 +97,6 @@ static inline void tree_to_drain(kvhal_cache_manager *cm, size_t w, uint64_t m)
     cm->drain_bits[w] |= m;
 }
 
-/* Evicted pages (free since the eviction callback) whose copy out is in flight: draining until reaped. */
-static void drain_pages(kvhal_cache_manager *cm, const int32_t *pages, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        const uint32_t p = (uint32_t)pages[i];
-        if (p >= (uint32_t)cm->total || !page_is_free(cm, p)) continue; /* a bad page the callback reported */
-        const size_t w = p >> 6;
-        cm->free_bits[w] &= ~(1ull << (p & 63));
-        if (!cm->free_bits[w]) cm->free_sum[w >> 6] &= ~(1ull << (w & 63));
-        cm->drain_bits[w] |= 1ull << (p & 63);
-        cm->nfree--;
-        cm->ndrain++;
-    }
-}
-
 /* Completed drains become free: a query that never waits, or (wait) a wait for the tier's copies. The queued
  * write-backs are stored first (their copies enqueued), except by match (store false), which must see the host
  * tier as it was (storing may drop host entries to make room). */
@@ -312,11 +297,12 @@ kvhal_status kvhal_cache_manager_create(int32_t total_pages, int32_t page_size, 
     if (st == KVHAL_OK && (!(cm->tree_bits = kvhal__malloc(cm->nwords * sizeof *cm->tree_bits)) ||
                            !(cm->free_bits = kvhal__malloc(cm->nwords * sizeof *cm->free_bits)) ||
                            !(cm->free_sum = kvhal__malloc(cm->nsum * sizeof *cm->free_sum)) ||
-                           !(cm->drain_bits = kvhal__calloc(cm->nwords, sizeof *cm->drain_bits))))
+                           !(cm->drain_bits = kvhal__malloc(cm->nwords * sizeof *cm->drain_bits))))
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the owners of %d pages", (int)total_pages);
     if (st != KVHAL_OK) goto fail;
     /* written now (malloc, not calloc), so that first use does not fault the pages in one by one */
     memset(cm->tree_bits, 0, cm->nwords * sizeof *cm->tree_bits);
+    memset(cm->drain_bits, 0, cm->nwords * sizeof *cm->drain_bits); /* eviction writes it (tiered) */
     memset(cm->free_bits, 0xff, cm->nwords * sizeof *cm->free_bits);
     if (total % 64) cm->free_bits[cm->nwords - 1] = (1ull << (total % 64)) - 1;
     memset(cm->free_sum, 0xff, cm->nsum * sizeof *cm->free_sum);
@@ -369,16 +355,22 @@ static kvhal_status kvhal_cache_manager_match__body(kvhal_cache_manager *cm, con
 
 /* Eviction hands a leaf's tree pages back, in one call per leaf. Each page must be cached: a page listed twice
  * finds its cached bit cleared at the second sight. A bad page is reported and skipped, the good ones are freed
- * all the same (the leaf is gone either way); check_integrity tells the rest. */
+ * all the same (the leaf is gone either way); check_integrity tells the rest. Pages go free, or drain: all of them
+ * under write-back with a host tier (each is queued for its copy), and otherwise those whose write-through copy out
+ * is flagged (in flight, or complete but not reaped yet: the next reap frees them), read a word at a time. */
 static void evicted_cb(const int32_t *pages, size_t n, void *user)
 {
     kvhal_cache_manager *cm = user;
-    if (cm->tiering) kvhal__tiering_evicted(cm->tiering, pages, n);
-    /* write-back with a host tier: every evicted page is queued for its copy, so it drains instead of going free */
-    const bool drain = cm->tiering && kvhal__tiering_queues_all(cm->tiering);
+    const uint64_t *restrict copy = NULL;
+    bool drain_all = false;
+    if (cm->tiering) {
+        kvhal__tiering_evicted(cm->tiering, pages, n);
+        drain_all = kvhal__tiering_queues_all(cm->tiering);
+        if (!drain_all) copy = kvhal__tiering_copy_bits(cm->tiering);
+    }
     const uint64_t *restrict tree = cm->tree_bits;
     const uint32_t total = (uint32_t)cm->total;
-    size_t freed = 0;
+    size_t freed = 0, drained = 0;
     for (size_t i = 0; i < n;) {
         uint32_t d;
         const size_t len = ap_at(pages, i, n, total, &d);
@@ -390,9 +382,20 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
             while (apw_next(&a));
             if (!missing) {
                 apw_first(&a, (uint32_t)pages[i], d, len);
-                if (drain) {
+                if (drain_all) {
                     do tree_to_drain(cm, a.w, a.mask);
                     while (apw_next(&a));
+                    kvhal__tiering_queue(cm->tiering, pages[i], (int32_t)d, (int32_t)len);
+                    drained += len;
+                } else if (copy) {
+                    do {
+                        const uint64_t dm = a.mask & copy[a.w];
+                        if (dm) {
+                            tree_to_drain(cm, a.w, dm);
+                            drained += (size_t)__builtin_popcountll(dm);
+                        }
+                        if (a.mask & ~dm) tree_to_free(cm, a.w, a.mask & ~dm);
+                    } while (apw_next(&a));
                 } else {
                     do tree_to_free(cm, a.w, a.mask);
                     while (apw_next(&a));
@@ -407,8 +410,14 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
         for (; i < end; i++) {
             const uint32_t p = (uint32_t)pages[i];
             if (p < total && page_is_tree(cm, p)) {
-                if (drain) tree_to_drain(cm, p >> 6, 1ull << (p & 63));
-                else tree_to_free(cm, p >> 6, 1ull << (p & 63));
+                const uint64_t m = 1ull << (p & 63);
+                if (drain_all || (copy && (copy[p >> 6] & m))) {
+                    tree_to_drain(cm, p >> 6, m);
+                    if (drain_all) kvhal__tiering_queue(cm->tiering, (int32_t)p, 1, 1);
+                    drained++;
+                } else {
+                    tree_to_free(cm, p >> 6, m);
+                }
                 freed++;
             } else if (cm->cb_status == KVHAL_OK) {
                 cm->cb_status = kvhal__err(KVHAL_INTEGRITY, "cache manager: evicted page %d was not a cached page",
@@ -416,28 +425,18 @@ static void evicted_cb(const int32_t *pages, size_t n, void *user)
             }
         }
     }
-    if (drain) cm->ndrain += (int32_t)freed;
-    else cm->nfree += (int32_t)freed;
+    cm->ndrain += (int32_t)drained;
+    cm->nfree += (int32_t)(freed - drained);
     cm->evicted_pages += freed;
 }
 
+/* No copy, wait or reap here: eviction costs what leaving the tree costs. Write-back queues the evicted pages
+ * (they drain); write-through pages whose copy out is not reaped drain too; the next allocate, load_back or
+ * transfer call completes the copies and frees the drained pages. */
 static kvhal_status evict_tokens(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
 {
     cm->cb_status = KVHAL_OK;
-    /* copies that completed are reaped first (a query, nothing stored): pages whose write-through copy is done then
-     * go free, not draining, and eviction skips the per-page check when none is left in flight */
-    if (cm->tiering) KVHAL_TRY(reap_ex(cm, false, false));
-    kvhal_status st = kvhal__prefix_evict_owned(cm->pc, num_tokens, evicted_cb, cm, evicted);
-    /* write-back: the evicted pages' copies are enqueued, not waited for; the pages copied out (and those whose
-     * write-through copy is still in flight) drain until a reap sees the copies complete */
-    if (cm->tiering) {
-        const int32_t *drain;
-        size_t nd;
-        kvhal_status wb = kvhal__tiering_evict_done(cm->tiering, &drain, &nd);
-        drain_pages(cm, drain, nd);
-        if (st == KVHAL_OK) st = wb;
-    }
-    KVHAL_TRY(st);
+    KVHAL_TRY(kvhal__prefix_evict_owned(cm->pc, num_tokens, evicted_cb, cm, evicted));
     return cm->cb_status;
 }
 
@@ -457,9 +456,10 @@ static kvhal_status kvhal_cache_manager_allocate__body(kvhal_cache_manager *cm, 
     if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
     if (n == 0) return KVHAL_OK;
     KVHAL_CHECK_ARG(pages, "pages: NULL for %d pages", (int)n);
-    /* free pages first, then drains whose copies completed (a query), then eviction of what the drains in flight
-     * cannot cover, and a wait only when that is still short (write-back: the pages just evicted drain too) */
-    if (cm->nfree < n && cm->ndrain) KVHAL_TRY(reap(cm, false));
+    /* free pages first, then copies that completed (a query: drained pages go free, and write-through pages whose
+     * copy is done are evicted straight to free), then eviction of what the drains in flight cannot cover, then a
+     * query for the pages that eviction made drain (write-back: stored first), and a wait only when still short */
+    if (cm->nfree < n) KVHAL_TRY(reap(cm, false));
     int32_t nfree = cm->nfree;
     if (nfree < n) {
         kvhal_prefix_size_info si;
@@ -471,6 +471,7 @@ static kvhal_status kvhal_cache_manager_allocate__body(kvhal_cache_manager *cm, 
                               (int)cm->ndrain, evictable, (int)cm->total);
         const int64_t short_by = (int64_t)n - nfree - cm->ndrain;
         if (short_by > 0) KVHAL_TRY(evict_tokens(cm, (size_t)short_by * (size_t)cm->page_size, NULL));
+        if (cm->nfree < n) KVHAL_TRY(reap(cm, false));
         if (cm->nfree < n) KVHAL_TRY(reap(cm, true));
         if (cm->nfree < n)
             return kvhal__err(KVHAL_INTEGRITY, "cache manager: eviction left %d free pages, %d needed", (int)cm->nfree,

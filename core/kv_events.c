@@ -45,6 +45,10 @@ kvhal_status kvhal__kv_events_create(uint32_t capacity, int32_t page_size, kvhal
         kvhal__kv_events_destroy(ev);
         return kvhal__err(KVHAL_OUT_OF_MEMORY, "cfg.event_capacity: no host memory for %u events", capacity);
     }
+    /* written now, so that the events of an eviction (thousands at page size 1) never pay for first-touch page
+     * faults of the ring as it advances */
+    memset(ev->ring, 0, (size_t)capacity * sizeof *ev->ring);
+    memset(ev->tokens, 0, (size_t)capacity * (size_t)page_size * sizeof *ev->tokens);
     ev->cap = capacity;
     ev->page_size = page_size;
     *out = ev;
@@ -81,6 +85,32 @@ void kvhal__kv_event_push(kvhal__kv_events *ev, kvhal_kv_event_type type, kvhal_
         memcpy(ev->tokens + (size_t)at * (size_t)ev->page_size, tokens, (size_t)ev->page_size * sizeof *tokens);
         e->num_tokens = ev->page_size;
     }
+}
+
+void kvhal__kv_events_push_removed(kvhal__kv_events *ev, kvhal_kv_tier tier, const int32_t *pages, size_t n,
+                                   const uint64_t *hash, const uint64_t *parent, uint32_t total)
+{
+    if (!ev) return;
+    size_t i = 0;
+    /* while there is room before the entry kept for an overflow event: straight runs of the ring, no division */
+    while (i < n && ev->count + 1 < ev->cap) {
+        size_t at = (size_t)ev->head + ev->count;
+        if (at >= ev->cap) at -= ev->cap;
+        const size_t room = (size_t)(ev->cap - 1 - ev->count), run = (size_t)ev->cap - at;
+        const size_t lim = room < run ? room : run;
+        kvhal_kv_event *restrict e = ev->ring + at;
+        size_t k = 0;
+        for (; i < n && k < lim; i++) {
+            const int32_t p = pages[i];
+            if ((uint32_t)p >= total) continue; /* the caller reports a bad page itself */
+            e[k++] = (kvhal_kv_event){.type = KVHAL_KV_REMOVED, .tier = tier, .hash = hash[p],
+                                      .parent_hash = parent[p], .page = p};
+        }
+        ev->count += (uint32_t)k;
+    }
+    for (; i < n; i++) /* the ring is full: the overflow event counts them */
+        if ((uint32_t)pages[i] < total)
+            kvhal__kv_event_push(ev, KVHAL_KV_REMOVED, tier, hash[pages[i]], parent[pages[i]], pages[i], NULL);
 }
 
 size_t kvhal__kv_events_read(kvhal__kv_events *ev, kvhal_kv_event *out, int32_t *tokens, size_t cap)

@@ -67,6 +67,10 @@ KVHAL_HIDDEN void kvhal__kv_events_destroy(kvhal__kv_events *ev);
  * turns its last entry into an overflow event that counts what is lost. */
 KVHAL_HIDDEN void kvhal__kv_event_push(kvhal__kv_events *ev, kvhal_kv_event_type type, kvhal_kv_tier tier,
                                        uint64_t hash, uint64_t parent, int32_t page, const int32_t *tokens);
+/* Removed events for pages[0..n) (hash[p], parent[p] per page p; pages at or past total are skipped), as n pushes
+ * would queue them. */
+KVHAL_HIDDEN void kvhal__kv_events_push_removed(kvhal__kv_events *ev, kvhal_kv_tier tier, const int32_t *pages,
+                                               size_t n, const uint64_t *hash, const uint64_t *parent, uint32_t total);
 KVHAL_HIDDEN size_t kvhal__kv_events_read(kvhal__kv_events *ev, kvhal_kv_event *out, int32_t *tokens, size_t cap);
 KVHAL_HIDDEN uint64_t kvhal__kv_events_dropped(const kvhal__kv_events *ev);
 
@@ -82,13 +86,16 @@ KVHAL_HIDDEN kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32
 /* The hash of a tree page (the parent of what follows it). */
 KVHAL_HIDDEN uint64_t kvhal__tiering_page_hash(const kvhal__tiering *t, int32_t page);
 KVHAL_HIDDEN uint64_t kvhal__tiering_root(const kvhal__tiering *t);
-/* Eviction: pages leave the tree (removed events; collected for write-back; those with a copy out in flight
- * collected to drain). */
+/* Eviction: pages leave the tree (removed events, when events are on). Nothing is copied, waited for
+ * or completed here: copies that finished are reaped by the next allocate, load_back or transfer call. */
 KVHAL_HIDDEN void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n);
-/* After an eviction: gives the evicted pages that must drain, *drain[0..*n), valid until the next tiering call:
- * write-back pages (queued for their copy: the next reap stores them) and pages whose write-through copy is in
- * flight. Nothing is copied or waited for here. The manager keeps them from requests until a reap hands them back. */
-KVHAL_HIDDEN kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t, const int32_t **drain, size_t *n);
+/* Write-back with a host tier: evicted pages first, first + step, ... (len of them, step >= 1), which the manager
+ * took from the tree and made drain, are queued for their copy (in eviction order; the next reap stores them). */
+KVHAL_HIDDEN void kvhal__tiering_queue(kvhal__tiering *t, int32_t first, int32_t step, int32_t len);
+/* A bit per device page whose copy out is in flight or not reaped yet (write-through: pages stored on insert), for
+ * eviction to read by words: an evicted page with its bit set drains (the manager keeps it from requests until a
+ * reap hands it back). NULL when no page has one. Valid until the next tiering call. */
+KVHAL_HIDDEN const uint64_t *kvhal__tiering_copy_bits(const kvhal__tiering *t);
 /* Whether write-backs are queued or copies out of device pages (or into host entries) may be in flight. */
 KVHAL_HIDDEN bool kvhal__tiering_busy(const kvhal__tiering *t);
 /* Stores the queued write-backs (store: their copies enqueued; it may drop host entries to make room), then, when
@@ -103,7 +110,8 @@ KVHAL_HIDDEN bool kvhal__tiering_copying(const kvhal__tiering *t, int32_t p);
  * manager's) is queued or has a copy out of it in flight. */
 KVHAL_HIDDEN kvhal_status kvhal__tiering_check_drain(const kvhal__tiering *t, const uint64_t *drain_bits);
 /* Write-back with a host tier: eviction queues every page it evicts for its copy (the manager makes them drain at
- * once, instead of freeing them; kvhal__tiering_evict_done lists only the others that must drain). */
+ * once, instead of freeing them, and queues them with kvhal__tiering_queue); otherwise only those flagged in
+ * kvhal__tiering_copy_bits drain. */
 KVHAL_HIDDEN bool kvhal__tiering_queues_all(const kvhal__tiering *t);
 /* How many whole pages past a device match the host tier holds: tokens from page index first, parent hash given.
  * slots (may be NULL) receives their entries, up to cap. */

@@ -7,6 +7,10 @@
 
 #include "tier.h"
 
+typedef struct kvhal__page_run {
+    int32_t first, step, len; /* pages first, first + step, ... (len of them; step >= 1) */
+} kvhal__page_run;
+
 struct kvhal__tiering {
     kvhal_write_policy policy;
     int32_t total, page_size;
@@ -19,17 +23,21 @@ struct kvhal__tiering {
     int32_t *wb_pages;
     uint64_t *wb_hash, *wb_parent;
     int32_t *wb_tokens;
-    /* copies out of device pages in flight: a bit per page and the list of those pages; drain: pages of the current
-     * eviction whose copy out is in flight (the manager keeps them from requests until reaped) */
+    /* copies out of device pages in flight (or complete but not reaped yet): a bit per page and the list of those
+     * pages. Eviction reads the bits a word at a time (kvhal__tiering_copy_bits): the pages it evicts that are
+     * flagged drain (the manager keeps them from requests until a reap hands them back) */
     uint64_t *copying;
-    int32_t *out_list, *drain;
-    size_t out_n, drain_n;
+    int32_t *out_list;
+    size_t out_n;
     bool busy;               /* copies enqueued since the last reap */
     /* write-back: evicted pages queued for their copy (draining already; their page-map entries stay valid, as
-     * the pages are nobody's until reaped); the next reap stores them (flush), so eviction costs a list append */
+     * the pages are nobody's until reaped), as runs (first, step, length: a leaf's pages are few runs, a page size 1
+     * leaf of thousands of pages often one), in eviction order; the next reap stores them (flush), so eviction
+     * costs a run append per run */
     uint64_t *queued;        /* scratch of check_drain: a bit per queued page */
-    int32_t *q_list, *done;
-    size_t q_n;
+    kvhal__page_run *q_runs; /* up to one per page */
+    int32_t *done;
+    size_t q_n, q_pages;
     kvhal__tier *tier;       /* NULL: no host tier (events only) */
     kvhal__kv_events *ev;
 };
@@ -53,9 +61,8 @@ void kvhal__tiering_destroy(kvhal__tiering *t)
     free(t->wb_tokens);
     free(t->copying);
     free(t->out_list);
-    free(t->drain);
     free(t->queued);
-    free(t->q_list);
+    free(t->q_runs);
     free(t->done);
     free(t);
 }
@@ -78,16 +85,15 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
     t->wb_hash = kvhal__malloc(n * sizeof *t->wb_hash);
     t->wb_parent = kvhal__malloc(n * sizeof *t->wb_parent);
     t->wb_tokens = kvhal__malloc(n * ps * sizeof *t->wb_tokens);
-    t->copying = kvhal__calloc((n + 63) / 64, sizeof *t->copying);
+    t->copying = kvhal__malloc((n + 63) / 64 * sizeof *t->copying);
     t->out_list = kvhal__malloc(n * sizeof *t->out_list);
-    t->drain = kvhal__malloc(n * sizeof *t->drain);
     t->queued = kvhal__calloc((n + 63) / 64, sizeof *t->queued);
-    t->q_list = kvhal__malloc(n * sizeof *t->q_list);
+    t->q_runs = kvhal__malloc(n * sizeof *t->q_runs);
     t->done = kvhal__malloc(n * sizeof *t->done);
     kvhal_status st = KVHAL_OK;
     if (!t->hash || !t->parent || !t->tokens || !t->wb_pages || !t->wb_hash || !t->wb_parent ||
-        !t->wb_tokens || !t->copying || !t->out_list || !t->drain ||
-        !t->queued || !t->q_list || !t->done)
+        !t->wb_tokens || !t->copying || !t->out_list ||
+        !t->queued || !t->q_runs || !t->done)
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "cache manager: no memory for the page map of %d pages",
                         (int)total_pages);
     if (st == KVHAL_OK) { /* written now, so that eviction never pays for first-touch page faults */
@@ -98,9 +104,9 @@ kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cfg, int32_t to
         memset(t->wb_hash, 0, n * sizeof *t->wb_hash);
         memset(t->wb_parent, 0, n * sizeof *t->wb_parent);
         memset(t->wb_tokens, 0, n * ps * sizeof *t->wb_tokens);
+        memset(t->copying, 0, (n + 63) / 64 * sizeof *t->copying); /* eviction reads it */
         memset(t->out_list, 0, n * sizeof *t->out_list);
-        memset(t->drain, 0, n * sizeof *t->drain);
-        memset(t->q_list, 0, n * sizeof *t->q_list);
+        memset(t->q_runs, 0, n * sizeof *t->q_runs);
         memset(t->done, 0, n * sizeof *t->done);
     }
     if (st == KVHAL_OK && cfg->event_capacity) st = kvhal__kv_events_create(cfg->event_capacity, page_size, &t->ev);
@@ -130,27 +136,36 @@ kvhal_status kvhal__tiering_check_drain(const kvhal__tiering *t, const uint64_t 
     const size_t nw = ((size_t)t->total + 63) / 64;
     uint64_t *q = t->queued;
     memset(q, 0, nw * sizeof *q);
-    kvhal_status st = KVHAL_OK;
-    for (size_t i = 0; i < t->q_n && st == KVHAL_OK; i++) {
-        const int32_t p = t->q_list[i];
-        if (p < 0 || p >= t->total || ((q[p >> 6] >> (p & 63)) & 1) || !((drain_bits[p >> 6] >> (p & 63)) & 1) ||
-            copying(t, p))
-            st = kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d queued for write-back is out of range, queued "
-                            "twice, not draining or already copying", (int)p);
-        else
-            q[p >> 6] |= 1ull << (p & 63);
+    size_t seen = 0;
+    for (size_t r = 0; r < t->q_n; r++) {
+        const kvhal__page_run run = t->q_runs[r];
+        if (run.len < 1 || run.step < 1)
+            return kvhal__err(KVHAL_INTEGRITY, "cache manager: write-back run %zu has length %d, step %d", r,
+                              (int)run.len, (int)run.step);
+        for (int64_t i = 0, p = run.first; i < run.len; i++, p += run.step, seen++)
+            if (p < 0 || p >= t->total || ((q[p >> 6] >> (p & 63)) & 1) || !((drain_bits[p >> 6] >> (p & 63)) & 1) ||
+                copying(t, (int32_t)p))
+                return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %lld queued for write-back is out of range, "
+                                  "queued twice, not draining or already copying", (long long)p);
+            else
+                q[p >> 6] |= 1ull << (p & 63);
     }
-    for (size_t w = 0; w < nw && st == KVHAL_OK; w++) {
+    if (seen != t->q_pages)
+        return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu pages in the write-back runs, a count of %zu", seen,
+                          t->q_pages);
+    for (size_t w = 0; w < nw; w++) {
         const uint64_t lost = drain_bits[w] & ~(q[w] | t->copying[w]);
         if (lost)
-            st = kvhal__err(KVHAL_INTEGRITY, "cache manager: page %zu is draining with no copy out of it in flight or "
-                            "queued", (w << 6) + (size_t)__builtin_ctzll(lost));
+            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %zu is draining with no copy out of it in flight "
+                              "or queued", (w << 6) + (size_t)__builtin_ctzll(lost));
     }
-    return st;
+    return KVHAL_OK;
 }
 
+const uint64_t *kvhal__tiering_copy_bits(const kvhal__tiering *t) { return t->out_n ? t->copying : NULL; }
+
 /* The tier enqueued copies out of pages[0..n): each is copying until the next reap. */
-static void note_copies(kvhal__tiering *t, const int32_t *pages, size_t n, bool evicted)
+static void note_copies(kvhal__tiering *t, const int32_t *pages, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         const int32_t p = pages[i];
@@ -158,7 +173,6 @@ static void note_copies(kvhal__tiering *t, const int32_t *pages, size_t n, bool 
             t->copying[p >> 6] |= 1ull << (p & 63);
             t->out_list[t->out_n++] = p;
         }
-        if (evicted) t->drain[t->drain_n++] = p;
     }
     if (n) t->busy = true;
 }
@@ -192,45 +206,31 @@ kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, c
     int32_t *copied = (int32_t *)t->wb_hash;
     KVHAL_TRY(t->tier->ops->store(t->tier, nw, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored,
                                   copied));
-    note_copies(t, copied, stored, false);
+    note_copies(t, copied, stored);
     return KVHAL_OK;
 }
 
 void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
 {
-    /* one pass per duty, each a tight loop (a leaf at page size 1 is thousands of pages) */
-    const uint32_t total = (uint32_t)t->total;
-    if (t->ev)
-        for (size_t i = 0; i < n; i++) {
-            const int32_t p = pages[i];
-            if ((uint32_t)p < total) /* the manager reports a bad page itself */
-                kvhal__kv_event_push(t->ev, KVHAL_KV_REMOVED, KVHAL_TIER_DEVICE, t->hash[p], t->parent[p], p, NULL);
-        }
-    if (!t->tier) return;
-    if (t->out_n) /* write-through copies in flight: the pages they read drain (the tier has their entries) */
-        for (size_t i = 0; i < n; i++)
-            if ((uint32_t)pages[i] < total && copying(t, pages[i])) t->drain[t->drain_n++] = pages[i];
-    if (t->policy != KVHAL_WRITE_BACK) return;
-    /* queued for write-back (the manager makes them drain: kvhal__tiering_queues_all); the next reap that stores
-     * copies them (those the tier holds are only touched). Under write-back no page copies out while in the tree.
-     * A list append per page: eviction costs no more. */
-    int32_t *restrict list = t->q_list + t->q_n;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        const int32_t p = pages[i];
-        list[k] = p;
-        k += (uint32_t)p < total;
-    }
-    t->q_n += k;
+    /* write-back queues its pages through kvhal__tiering_queue (the manager knows the runs); write-through pages
+     * whose copy out is flagged drain (the manager reads kvhal__tiering_copy_bits by words) */
+    /* pages past the map are skipped: the manager reports a bad page itself */
+    kvhal__kv_events_push_removed(t->ev, KVHAL_TIER_DEVICE, pages, n, t->hash, t->parent, (uint32_t)t->total);
 }
 
-kvhal_status kvhal__tiering_evict_done(kvhal__tiering *t, const int32_t **drain, size_t *ndrain)
+void kvhal__tiering_queue(kvhal__tiering *t, int32_t first, int32_t step, int32_t len)
 {
-    /* no copy, no wait: the evicted pages to write back were queued, and drain with those still being copied */
-    *drain = t->drain;
-    *ndrain = t->drain_n;
-    t->drain_n = 0;
-    return KVHAL_OK;
+    t->q_pages += (size_t)len;
+    if (t->q_n) { /* a run that continues the last one (the next leaf's pages, allocated after it) extends it */
+        kvhal__page_run *last = &t->q_runs[t->q_n - 1];
+        const int64_t s = last->len > 1 ? last->step : len > 1 ? step : (int64_t)first - last->first;
+        if (s >= 1 && (len == 1 || step == s) && (int64_t)last->first + (int64_t)last->len * s == first) {
+            last->step = (int32_t)s;
+            last->len += len;
+            return;
+        }
+    }
+    t->q_runs[t->q_n++] = (kvhal__page_run){first, step, len};
 }
 
 /* The queued write-backs go to the tier (one lookup each: pages it holds are touched, not copied): the pages
@@ -240,23 +240,25 @@ static kvhal_status flush(kvhal__tiering *t, const uint64_t *drain_bits, size_t 
 {
     const size_t ps = (size_t)t->page_size;
     size_t n = 0;
-    for (size_t j = 0; j < t->q_n; j++) {
-        const int32_t p = t->q_list[j];
-        /* a page the manager did not take from the tree (it reported it) has nothing to write back */
-        if (!((drain_bits[p >> 6] >> (p & 63)) & 1)) continue;
-        const size_t i = n++;
-        t->wb_pages[i] = p;
-        t->wb_hash[i] = t->hash[p];
-        t->wb_parent[i] = t->parent[p];
-        memcpy(t->wb_tokens + i * ps, t->tokens + (size_t)p * ps, ps * sizeof *t->tokens);
+    for (size_t r = 0; r < t->q_n; r++) {
+        const kvhal__page_run run = t->q_runs[r];
+        for (int32_t j = 0, p = run.first; j < run.len; j++, p += run.step) {
+            /* the manager drained every queued page: a page that does not drain has nothing to write back */
+            if (!((drain_bits[p >> 6] >> (p & 63)) & 1)) continue;
+            const size_t i = n++;
+            t->wb_pages[i] = p;
+            t->wb_hash[i] = t->hash[p];
+            t->wb_parent[i] = t->parent[p];
+            memcpy(t->wb_tokens + i * ps, t->tokens + (size_t)p * ps, ps * sizeof *t->tokens);
+        }
     }
-    t->q_n = 0;
+    t->q_n = t->q_pages = 0;
     size_t stored = 0;
-    int32_t *copied = t->q_list; /* free now; store writes it after reading its inputs */
+    int32_t *copied = (int32_t *)t->q_runs; /* free now (n int32 fit); store writes it after reading its inputs */
     const kvhal_status st =
         t->tier->ops->store(t->tier, n, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored, copied);
     if (st != KVHAL_OK) stored = 0;
-    note_copies(t, copied, stored, false);
+    note_copies(t, copied, stored);
     for (size_t i = 0; i < n; i++)
         if (!copying(t, t->wb_pages[i])) t->done[(*nd)++] = t->wb_pages[i];
     return st;
@@ -336,7 +338,6 @@ kvhal_status kvhal__tiering_check(const kvhal__tiering *t, const kvhal_prefix_ca
     if (mc.bad >= 0)
         return kvhal__err(KVHAL_INTEGRITY, "cache manager: tree page %d has no consistent entry in the tier page map "
                           "(its hash does not follow from its parent hash and tokens)", (int)mc.bad);
-    if (t->drain_n) return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu drained pages not handed over", t->drain_n);
     size_t nbits = 0;
     for (size_t w = 0; w < ((size_t)t->total + 63) / 64; w++) nbits += (size_t)__builtin_popcountll(t->copying[w]);
     if (nbits != t->out_n || (t->out_n && !t->busy))

@@ -9,7 +9,10 @@
  *                                 the model tracks the pages that drain; none is ever handed out)
  *   tiers_drain                   write-back eviction only enqueues: the pages copied out drain, are not handed out
  *                                 and their host copies are no hits until the copies complete
+ *   tiers_drain_through           write-through eviction completes no copies (no host stored events, no wait):
+ *                                 pages whose copy is not reaped drain; the next allocation short of pages reaps
  *   tiers_events_overflow         a full queue turns into an overflow event counting what was lost
+ *   tiers_events_evict_overflow   eviction's removed events wrap around the ring in order, then overflow
  *   tiers_hash_stable             the documented hash chain, fixed values
  *   tiers_alloc_faults            every allocation of create_tiered and load_back failing: a clear error, no change
  *   tiers_bad_inputs              refusals name the argument */
@@ -294,6 +297,119 @@ static void test_drain(void **state)
     rig_free(&r);
 }
 
+/* Pages of the device stored events among ev[0..n) whose first token is one of first[0..nf), in event order. */
+static size_t stored_pages(const kvhal_kv_event *ev, const int32_t *tok, size_t n, int32_t ps, const int32_t *first,
+                           size_t nf, int32_t *out)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < nf; j++)
+            if (ev[i].type == KVHAL_KV_STORED && ev[i].tier == KVHAL_TIER_DEVICE && tok[i * (size_t)ps] == first[j])
+                out[k++] = ev[i].page;
+    return k;
+}
+
+static void expect_events(const kvhal_kv_event *ev, size_t n, size_t want, kvhal_kv_event_type type, int tier,
+                          const char *when)
+{
+    if (n != want) fail_msg("%s: %zu events, %zu expected", when, n, want);
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].type != type || (int)ev[i].tier != tier)
+            fail_msg("%s: event %zu has type %d tier %d, %d and %d expected", when, i, (int)ev[i].type,
+                     (int)ev[i].tier, (int)type, tier);
+}
+
+/* Write-through eviction completes no other work: with the copies of the last finished request done on cpu:0 but
+ * not reaped (nothing polled since), evict emits only the device's removed events (no host stored event: the batch
+ * is not completed there), frees the pages whose copies were reaped and makes the others drain (not free, not
+ * handed out, refused by free), and never waits; the next allocation short of free pages reaps with a query: the
+ * host entries become valid (stored events), the drained pages go free, no wait (on cpu:0; a GPU's copies may
+ * still be running, and it waits). With the copies held in flight,
+ * the allocation that needs the draining pages waits, once. */
+static void test_drain_through(void **state)
+{
+    (void)state;
+    rig r;
+    rig_make(&r, 8, 32, 2, KVHAL_WRITE_THROUGH, 256);
+    int32_t a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, c[4] = {21, 22, 23, 24}, d[4] = {31, 32, 33, 34};
+    kvhal_kv_event ev[64];
+    int32_t tok[128], pages[8], cpages[2], dpages[2];
+    size_t n, dl, hl, evicted = 0;
+    kvhal_host_tier_stats st;
+    run_request(&r, a, 8, NULL, NULL, false);
+    OKS(kvhal_cache_manager_transfer_wait(r.cm)); /* a's copies reaped */
+    run_request(&r, c, 4, &dl, &hl, false);         /* c's copies done on cpu:0 (maybe not on a GPU), not reaped */
+    assert_int_equal(dl + hl, 0);
+    const int64_t waits0 = kvhal_fault_stream_waits();
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 64, &n)); /* a: 4 device + 4 host stored; c: 2 device */
+    assert_int_equal(n, 10);
+    const int32_t cfirst[2] = {21, 23};
+    assert_int_equal(stored_pages(ev, tok, n, 2, cfirst, 2, cpages), 2);
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
+    assert_int_equal(st.host_pages_used, 4); /* c's entries pending: not yet a prefix the host holds */
+    assert_int_equal(kvhal_cache_manager_num_free(r.cm), 2);
+    integrity(&r);
+    OKS(kvhal_cache_manager_evict(r.cm, SIZE_MAX, &evicted));
+    assert_int_equal(evicted, 12);
+    assert_int_equal(kvhal_fault_stream_waits(), waits0);
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 64, &n));
+    expect_events(ev, n, 6, KVHAL_KV_REMOVED, KVHAL_TIER_DEVICE, "after evict");
+    assert_int_equal(kvhal_cache_manager_num_free(r.cm), 6); /* a's 4 pages free, c's 2 drain */
+    assert_int_equal(kvhal_cache_manager_available(r.cm), 8);
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
+    assert_int_equal(st.host_pages_used, 4);
+    integrity(&r);
+    assert_int_equal(kvhal_cache_manager_free(r.cm, cpages, 1), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "draining"));
+    /* six free pages: handed out as they are, none of c's */
+    OKS(kvhal_cache_manager_allocate(r.cm, 6, pages));
+    for (int i = 0; i < 6; i++)
+        if (pages[i] == cpages[0] || pages[i] == cpages[1])
+            fail_msg("page %d handed out while it drains", (int)pages[i]);
+    OKS(kvhal_cache_manager_free(r.cm, pages, 6));
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
+    assert_int_equal(st.host_pages_used, 4);
+    /* eight: the allocation reaps (a query; cpu:0's copies are complete, a GPU's may still run: then a wait): c's
+     * entries valid, its pages free */
+    OKS(kvhal_cache_manager_allocate(r.cm, 8, pages));
+    if (r.dev.type == KVHAL_DEVICE_CPU) assert_int_equal(kvhal_fault_stream_waits(), waits0);
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
+    assert_int_equal(st.host_pages_used, 6);
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 64, &n));
+    expect_events(ev, n, 2, KVHAL_KV_STORED, KVHAL_TIER_HOST, "after the reaping allocation");
+    integrity(&r);
+    OKS(kvhal_cache_manager_free(r.cm, pages, 8));
+    /* held in flight: d's copies stay in flight; evicted, its pages drain; allocating all eight waits once */
+    kvhal_fault_hold_streams(1);
+    run_request(&r, d, 4, &dl, &hl, false);
+    assert_int_equal(dl + hl, 0);
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 64, &n));
+    const int32_t dfirst[2] = {31, 33};
+    assert_int_equal(stored_pages(ev, tok, n, 2, dfirst, 2, dpages), 2);
+    const int64_t waits1 = kvhal_fault_stream_waits();
+    OKS(kvhal_cache_manager_evict(r.cm, SIZE_MAX, &evicted));
+    assert_int_equal(evicted, 4);
+    assert_int_equal(kvhal_fault_stream_waits(), waits1);
+    assert_int_equal(kvhal_cache_manager_num_free(r.cm), 6);
+    integrity(&r);
+    assert_int_equal(kvhal_cache_manager_transfer_query(r.cm), KVHAL_BUSY);
+    OKS(kvhal_cache_manager_allocate(r.cm, 6, pages));
+    for (int i = 0; i < 6; i++)
+        if (pages[i] == dpages[0] || pages[i] == dpages[1])
+            fail_msg("page %d handed out while the copy out of it is in flight", (int)pages[i]);
+    assert_int_equal(kvhal_fault_stream_waits(), waits1);
+    OKS(kvhal_cache_manager_free(r.cm, pages, 6));
+    OKS(kvhal_cache_manager_allocate(r.cm, 8, pages));
+    assert_int_equal(kvhal_fault_stream_waits(), waits1 + 1);
+    integrity(&r);
+    OKS(kvhal_cache_manager_free(r.cm, pages, 8));
+    kvhal_fault_hold_streams(0);
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &st));
+    assert_int_equal(st.host_pages_used, 8);
+    integrity(&r);
+    rig_free(&r);
+}
+
 /* ---- the model: what the events say each tier holds ---- */
 typedef struct mentry {
     uint64_t hash, parent;
@@ -522,6 +638,58 @@ static void test_events_overflow(void **state)
     rig_free(&r);
 }
 
+/* Eviction's removed events (queued a leaf at a time): they wrap around the ring in order, each with the hash and
+ * page its stored event gave, and a full ring turns into one overflow event counting every event lost. */
+static void test_events_evict_overflow(void **state)
+{
+    (void)state;
+    rig r;
+    rig_make(&r, 16, 16, 2, KVHAL_WRITE_BACK, 8);
+    int32_t a[12], b[16];
+    for (int i = 0; i < 12; i++) a[i] = 40 + i;
+    for (int i = 0; i < 16; i++) b[i] = 70 + i;
+    kvhal_kv_event ev[8], rm[8];
+    int32_t tok[16];
+    size_t n;
+    run_request(&r, a, 12, NULL, NULL, false); /* 6 device stored events */
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 8, &n));
+    assert_int_equal(n, 6);
+    OKS(kvhal_cache_manager_evict(r.cm, SIZE_MAX, NULL)); /* 6 removed events: 2 at the ring's end, 4 at its start */
+    OKS(kvhal_cache_manager_events_read(r.cm, rm, tok, 8, &n));
+    assert_int_equal(n, 6);
+    for (size_t i = 0; i < 6; i++) {
+        bool found = false;
+        for (size_t k = 0; k < 6; k++)
+            found |= ev[k].hash == rm[i].hash && ev[k].page == rm[i].page && ev[k].parent_hash == rm[i].parent_hash;
+        if (rm[i].type != KVHAL_KV_REMOVED || rm[i].tier != KVHAL_TIER_DEVICE || !found)
+            fail_msg("removed event %zu: type %d tier %d page %d, not a removal of a stored page", i, (int)rm[i].type,
+                     (int)rm[i].tier, (int)rm[i].page);
+    }
+    run_request(&r, b, 16, NULL, NULL, false); /* 8 stored into 8 places: 7 and an overflow counting 1 */
+    OKS(kvhal_cache_manager_evict(r.cm, SIZE_MAX, NULL)); /* 8 removed: all lost */
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 8, &n));
+    assert_int_equal(n, 8);
+    for (size_t i = 0; i < 7; i++) assert_int_equal(ev[i].type, KVHAL_KV_STORED);
+    assert_int_equal(ev[7].type, KVHAL_KV_OVERFLOW);
+    assert_int_equal(ev[7].dropped, 9);
+    kvhal_host_tier_stats s;
+    OKS(kvhal_cache_manager_tier_stats(r.cm, &s));
+    assert_int_equal(s.events_dropped, 9);
+    /* room again: a partly full ring takes removals up to its last place, then overflows */
+    run_request(&r, a, 12, NULL, NULL, false); /* host hits or not, a's pages enter the tree: stored events */
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 8, &n));
+    const size_t before = n;
+    OKS(kvhal_cache_manager_evict(r.cm, SIZE_MAX, NULL));
+    OKS(kvhal_cache_manager_transfer_wait(r.cm));
+    OKS(kvhal_cache_manager_events_read(r.cm, ev, tok, 8, &n));
+    size_t removed = 0;
+    for (size_t i = 0; i < n; i++) removed += ev[i].type == KVHAL_KV_REMOVED && ev[i].tier == KVHAL_TIER_DEVICE;
+    assert_true(before > 0);
+    assert_int_equal(removed, 6);
+    integrity(&r);
+    rig_free(&r);
+}
+
 static void test_hash_stable(void **state)
 {
     (void)state;
@@ -677,7 +845,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_and_load_back), cmocka_unit_test(test_model_random),
-        cmocka_unit_test(test_drain),                 cmocka_unit_test(test_events_overflow),       cmocka_unit_test(test_hash_stable),
+        cmocka_unit_test(test_drain),                 cmocka_unit_test(test_drain_through),
+        cmocka_unit_test(test_events_overflow),       cmocka_unit_test(test_events_evict_overflow),       cmocka_unit_test(test_hash_stable),
         cmocka_unit_test(test_alloc_faults),          cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests_name("tiers", tests, NULL, NULL);

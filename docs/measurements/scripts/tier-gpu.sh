@@ -15,7 +15,9 @@
 #     more requests at once than the 1200 MiB ones, so its hit rate is not the others' bound: compare each run's
 #     hits with its own unbounded line; the run fails if it ever matches more);
 #  4. eviction times with long requests (12k-token prompts, page size 1 and 16) with the host tier on (eviction
-#     queues the write-back copies and never waits: target evict(4096) <= 20 us under write-back), 3 runs each;
+#     queues the write-back copies, never waits and completes no other work: under write-through the pages whose
+#     copy is not reaped drain, and the next allocation reaps; target evict(4096) <= 20 us under both policies),
+#     3 runs each, then min and median;
 #  5. the GPU time of a 4096-token llama3-8b prefill, estimated from a measured bf16 GEMM rate (2 x 8.03e9 x 4096
 #     FLOP), to set beside the load-back time of the same 4096 tokens (transfer_h2d, 4096 tokens).
 # Run by the device tool from the repository root with .devdeps carried; logs go to $OUT; exits non-zero when a
@@ -81,6 +83,8 @@ for ps in 1 16; do
       grep -E "verification" "$OUT/evict-ps$ps-$pol-$k.txt" | grep -v PASS
       echo "   run $k: $(grep -oE 'evict\(4096\) [0-9.]+ us' "$OUT/evict-ps$ps-$pol-$k.txt")"
     done
+    grep -hoE 'evict\(4096\) [0-9.]+' "$OUT"/evict-ps$ps-$pol-[123].txt | awk '{print $2}' | sort -g |
+      awk -v ps=$ps -v pol=$pol '{v[NR]=$1} END {if (NR) printf "   page size %s, %s: evict(4096) min %.2f us, median %.2f us (%d runs)\n", ps, pol, v[1], v[int((NR+1)/2)], NR}'
   done
 done
 
