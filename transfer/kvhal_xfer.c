@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1575,18 +1576,24 @@ again: /* failing one transfer may free others (released ones of the same peer):
     return work;
 }
 
-/* Backs off only while nothing moves: work (what pump returned) resets the count, so a transfer that is
- * progressing is never put to sleep between fragments (a sleeping side stalls a shared-memory FIFO or a socket
- * buffer that its peer waits on). After 2000 idle rounds: 20 us naps. */
-static void idle_wait(unsigned *spins, unsigned work)
+/* Waiting in the progress loops. A side that naps while a transfer moves stalls the shared-memory FIFO or the
+ * socket its peer waits on (the FIFO holds about 64 us of data), so rounds in which UCX did something (work: what
+ * pump returned) reset the idle count, and only 2000 idle rounds in a row lead to 20 us naps. Every 64th round
+ * yields the CPU: free on an idle core, and on a busy host it lets the peer process (or anyone) run instead of
+ * this loop's spinning. */
+typedef struct idle_state {
+    unsigned idle, rounds;
+} idle_state;
+
+static void idle_wait(idle_state *w, unsigned work)
 {
-    if (work) {
-        *spins = 0;
+    if (work) w->idle = 0;
+    else if (++w->idle >= 2000) {
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
         return;
     }
-    if (++*spins < 2000) return;
-    struct timespec ts = {0, 20000};
-    nanosleep(&ts, NULL);
+    if ((++w->rounds & 63) == 0) sched_yield();
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -1923,7 +1930,7 @@ kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t le
     h.addr_len = (uint32_t)a->addr_len;
     memcpy(h.host, a->host_id, sizeof h.host);
     queue_msg(a, p, p->ep, &h, sizeof h, a->addr, a->addr_len, false);
-    unsigned spins = 0;
+    idle_state spins = {0, 0};
     /* and, on the same host with a shareable cache, for the peer's answer to our IPC handle (bounded by the
      * timeout: without an answer the transfers go through host memory) */
     while (p->state == P_CONNECTING || (p->state == P_CONNECTED && p->ipc_state == IPC_OFFERED &&
@@ -2269,7 +2276,7 @@ kvhal_status kvhal_xfer_progress(kvhal_xfer_agent *a, uint32_t timeout_ms, kvhal
     free(a->last_pages);
     a->last_pages = NULL;
     const uint64_t until = now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    unsigned spins = 0;
+    idle_state spins = {0, 0};
     for (;;) {
         const unsigned work = pump(a);
         if (a->ev_count) {
@@ -2301,7 +2308,7 @@ kvhal_status kvhal_xfer_wait(kvhal_xfer *x, uint32_t timeout_ms)
     kvhal_status st = check_xfer(x);
     if (st != KVHAL_OK) return st;
     const uint64_t until = now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    unsigned spins = 0;
+    idle_state spins = {0, 0};
     for (;;) {
         const unsigned work = pump(x->agent);
         if (x->finished) return x->status == KVHAL_OK ? KVHAL_OK : ERR(x->status, "%s", x->message);
