@@ -2232,8 +2232,8 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
     flush_msgs(a);
     for (int32_t fi = 0; fi < x->num_frames; fi++) {
         send_frame *f = &x->frames[fi];
-        /* rendezvous for every frame but small ones: UCX 1.13's threshold lets frames of megabytes go eager, which
-         * copies them into a buffer of the receiver's UCX before the handler sees them (one more copy) */
+        /* rendezvous for every frame but small ones, whatever UCX's threshold says: an eager frame of megabytes is
+         * assembled in a buffer of the receiver's UCX before the handler sees it (one more copy) */
         ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                                                    UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
                                    .cb.send = send_cb, .user_data = f,
