@@ -145,6 +145,15 @@ static size_t chunk_at(const side *s, int32_t l, int k_or_v, int32_t page)
     return (k_or_v ? s->voff[l] : s->koff[l]) + (size_t)page * s->stride;
 }
 
+/* The largest --sizes entry (the list need not be sorted): the caches hold a window of it. */
+static uint64_t max_size(void)
+{
+    uint64_t m = 0;
+    for (int i = 0; i < opt.nsizes; i++)
+        if (opt.sizes[i] > m) m = opt.sizes[i];
+    return m;
+}
+
 static uint64_t page_bytes(void)
 {
     return 2ull * (uint64_t)opt.layers * (uint64_t)opt.block * (uint64_t)opt.heads * (uint64_t)opt.dim *
@@ -198,7 +207,7 @@ static int prefill(const char *transports, int fd, bool bench)
         return 1;
     }
     side s = {0};
-    const uint64_t budget = bench ? (uint64_t)opt.window * opt.sizes[opt.nsizes - 1] + 4 * page_bytes() :
+    const uint64_t budget = bench ? (uint64_t)opt.window * max_size() + 4 * page_bytes() :
                                     1100 * page_bytes();
     TRY("prefill: paged cache", side_open(&s, opt.send_dev, budget, KVHAL_LAYER_FIRST, opt.ipc));
     kvhal_xfer_config cfg = {.name = "prefill", .token = "kvhal-xfer-selftest", .timeout_ms = opt.timeout_ms,
@@ -287,7 +296,7 @@ typedef struct decode {
 
 static int decode_start(decode *d, const char *transports, bool bench)
 {
-    const uint64_t budget = bench ? (uint64_t)opt.window * opt.sizes[opt.nsizes - 1] + 4 * page_bytes() :
+    const uint64_t budget = bench ? (uint64_t)opt.window * max_size() + 4 * page_bytes() :
                                     1024 * page_bytes();
     TRY("decode: paged cache", side_open(&d->s, opt.recv_dev, budget, KVHAL_PAGE_FIRST, false));
     TRY("decode: cache manager", kvhal_cache_manager_create((int32_t)d->s.blocks, opt.block, KVHAL_PREFIX_RADIX, &d->cm));

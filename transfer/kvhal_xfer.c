@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,6 +31,9 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 #define DEAD_MAGIC 0x44454144u
 #define MAX_EVENTS 65536
 #define MAX_FRAME_PAGES 256
+#define RNDV_FRAME_BYTES 65536u         /* DATA frames of this size and more go by rendezvous */
+#define BOUNCE_POOL 8                     /* idle bounce buffers an agent keeps */
+#define BOUNCE_POOL_BYTES (256ull << 20)  /* and their bytes at most */
 
 #define ERR(st, ...) kvhal_error_set((st), __VA_ARGS__)
 #define CHECK_ARG(cond, ...)                                                                                    \
@@ -82,6 +86,7 @@ typedef struct send_frame {
     ucp_dt_iov_t *iov;
     size_t iov_count;
     void *staging;
+    void *bounce;           /* host caches over TCP: the frame's chunks gathered here (a pool buffer) */
     uint64_t bytes;
     bool in_flight;
 } send_frame;
@@ -174,6 +179,8 @@ struct kvhal_xfer_agent {
     size_t addr_len;
     size_t max_am_header;
     bool no_peer_errors;    /* the transports have no peer-failure handling (UCX shared memory) */
+    struct { void *p; size_t cap; } pool[BOUNCE_POOL]; /* idle bounce buffers, kept for reuse */
+    size_t pool_bytes;
     /* the cache */
     kvhal_paged_cache *cache;
     kvhal_buffer *cache_buf;
@@ -394,6 +401,8 @@ static void flush_msgs(kvhal_xfer_agent *a)
 /* ---------------------------------------------------------------------------------------------------------- */
 /* transfers                                                                                                   */
 /* ---------------------------------------------------------------------------------------------------------- */
+static void bounce_put(kvhal_xfer_agent *a, void *p);
+
 static void xfer_free(kvhal_xfer *x)
 {
     kvhal_xfer_agent *a = x->agent;
@@ -408,6 +417,7 @@ static void xfer_free(kvhal_xfer *x)
             free(x->frames[i].hdr);
             free(x->frames[i].iov);
             free(x->frames[i].staging);
+            bounce_put(a, x->frames[i].bounce);
         }
         free(x->frames);
     }
@@ -505,6 +515,48 @@ static kvhal_xfer_peer *find_session(kvhal_xfer_agent *a, uint64_t s)
 static size_t chunk_off(const kvhal_xfer_agent *a, int32_t layer, int side, int32_t page)
 {
     return (side ? a->v_off[layer] : a->k_off[layer]) + (size_t)page * a->block_stride;
+}
+
+/* Bounce buffers for the contiguous path (see kvhal_xfer_send_pages): reused, so that a frame does not pay for
+ * fresh pages (a large malloc is an mmap whose pages the kernel clears on first touch). */
+static void *bounce_get(kvhal_xfer_agent *a, size_t len)
+{
+    int best = -1;
+    for (int i = 0; i < BOUNCE_POOL; i++)
+        if (a->pool[i].p && a->pool[i].cap >= len && (best < 0 || a->pool[i].cap < a->pool[best].cap)) best = i;
+    if (best < 0) {
+        size_t *b = malloc(64 + (len ? len : 1));
+        if (!b) return NULL;
+        b[0] = len;
+        return (uint8_t *)b + 64;
+    }
+    void *p = a->pool[best].p;
+    a->pool_bytes -= a->pool[best].cap;
+    a->pool[best].p = NULL;
+    return p;
+}
+
+static void bounce_put(kvhal_xfer_agent *a, void *p)
+{
+    if (!p) return;
+    size_t *b = (size_t *)(void *)((uint8_t *)p - 64);
+    if (a->pool_bytes + b[0] <= BOUNCE_POOL_BYTES)
+        for (int i = 0; i < BOUNCE_POOL; i++)
+            if (!a->pool[i].p) {
+                a->pool[i].p = p;
+                a->pool[i].cap = b[0];
+                a->pool_bytes += b[0];
+                return;
+            }
+    free(b);
+}
+
+static void bounce_pool_free(kvhal_xfer_agent *a)
+{
+    for (int i = 0; i < BOUNCE_POOL; i++)
+        if (a->pool[i].p) free((uint8_t *)a->pool[i].p - 64);
+    memset(a->pool, 0, sizeof a->pool);
+    a->pool_bytes = 0;
 }
 
 /* IOV over pages x layers x {K, V} in wire order, adjacent chunks merged. */
@@ -737,7 +789,11 @@ static ucs_status_t on_data(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void 
                                .cb.recv_am = recv_data_cb, .user_data = f};
     void *buf;
     size_t count;
-    if (a->host) {
+    if (a->host && f->iov_count == 1) { /* one run: straight into it */
+        prm.datatype = ucp_dt_make_contig(1);
+        buf = f->iov[0].buffer;
+        count = length;
+    } else if (a->host) { /* UCX writes each fragment straight into its chunks (see send_pages) */
         prm.datatype = ucp_dt_make_iov();
         buf = f->iov;
         count = f->iov_count;
@@ -1455,9 +1511,14 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
 /* ---------------------------------------------------------------------------------------------------------- */
 /* progress                                                                                                    */
 /* ---------------------------------------------------------------------------------------------------------- */
-static void pump(kvhal_xfer_agent *a)
+/* Returns how much UCX progressed (0: nothing moved; the caller may back off). */
+static unsigned pump(kvhal_xfer_agent *a)
 {
-    for (int i = 0; i < 64 && ucp_worker_progress(a->worker); i++) {
+    unsigned work = 0;
+    for (int i = 0; i < 64; i++) {
+        const unsigned n = ucp_worker_progress(a->worker);
+        if (!n) break;
+        work += n;
     }
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->map_frame && p->state == P_CONNECTED) process_ipc_map(a, p);
@@ -1512,13 +1573,27 @@ again: /* failing one transfer may free others (released ones of the same peer):
             pp = &c->next;
         }
     }
+    return work;
 }
 
-static void idle_wait(unsigned *spins)
+/* Waiting in the progress loops. A side that naps while a transfer moves stalls the shared-memory FIFO or the
+ * socket its peer waits on (the FIFO holds about 64 us of data), so rounds in which UCX did something (work: what
+ * pump returned) reset the idle count, and only 2000 idle rounds in a row lead to 20 us naps. Every 64th round
+ * yields the CPU: free on an idle core, and on a busy host it lets the peer process (or anyone) run instead of
+ * this loop's spinning. */
+typedef struct idle_state {
+    unsigned idle, rounds;
+} idle_state;
+
+static void idle_wait(idle_state *w, unsigned work)
 {
-    if (++*spins < 2000) return;
-    struct timespec ts = {0, 20000};
-    nanosleep(&ts, NULL);
+    if (work) w->idle = 0;
+    else if (++w->idle >= 2000) {
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+        return;
+    }
+    if ((++w->rounds & 63) == 0) sched_yield();
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -1707,6 +1782,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
         free(m->data_owned);
         free(m);
     }
+    bounce_pool_free(a);
     a->magic = DEAD_MAGIC;
     free(a);
     return KVHAL_OK;
@@ -1854,13 +1930,12 @@ kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t le
     h.addr_len = (uint32_t)a->addr_len;
     memcpy(h.host, a->host_id, sizeof h.host);
     queue_msg(a, p, p->ep, &h, sizeof h, a->addr, a->addr_len, false);
-    unsigned spins = 0;
+    idle_state spins = {0, 0};
     /* and, on the same host with a shareable cache, for the peer's answer to our IPC handle (bounded by the
      * timeout: without an answer the transfers go through host memory) */
     while (p->state == P_CONNECTING || (p->state == P_CONNECTED && p->ipc_state == IPC_OFFERED &&
                                         now_ns() < p->deadline_ns)) {
-        pump(a);
-        idle_wait(&spins);
+        idle_wait(&spins, pump(a));
     }
     if (p->state == P_FAILED) {
         st = ERR(p->fail_status, "connect to %s: %s", p->name, p->fail_msg);
@@ -2084,6 +2159,15 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
     if ((st = check_pages("dst_pages", dst_pages, n, p->g.num_blocks)) != KVHAL_OK) return st;
     if (p->ipc_state == IPC_READY) return send_pages_ipc(p, request_id, src_pages, dst_pages, n, first_layer,
                                                          num_layers, out);
+    /* Host caches: a frame's K/V chunks are scattered in our cache and in the peer's. UCX 1.13's rendezvous
+     * sends data by zero-copy put/get only where both buffers are contiguous and (put) the endpoint has no
+     * peer-failure handling; otherwise the sender's UCX sends it as active-message fragments, copied (packed)
+     * from an IOV into 8 KiB buffers and sent one syscall each (TCP: a quarter of the socket's bandwidth), or
+     * sent zero-copy in 64 KiB fragments from a contiguous buffer. So on endpoints with peer-failure handling
+     * (TCP) a frame of several runs is gathered here into a contiguous bounce buffer (the same one copy that the
+     * pack made, then 64 KiB sendmsg calls); the receiver's UCX writes every fragment straight into its scattered
+     * chunks (an IOV receive) either way. Over shared memory (no peer-failure handling) frames stay IOVs: UCX
+     * copies them through its FIFO, one copy on each side at once, where a gathered frame would cost a third. */
     size_t per = MAX_FRAME_PAGES;
     if (a->max_am_header > sizeof(xw_data)) {
         const size_t fit = (a->max_am_header - sizeof(xw_data)) / sizeof(int32_t);
@@ -2118,6 +2202,14 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
         if (a->host) {
             f->iov = build_iov(a, src_pages + first, cnt, first_layer, num_layers, &f->iov_count);
             ok = f->iov != NULL;
+            if (ok && f->iov_count > 1 && !a->no_peer_errors) { /* gathered: see above */
+                uint8_t *b = f->bounce = bounce_get(a, f->bytes);
+                ok = b != NULL;
+                for (size_t i = 0; ok && i < f->iov_count; i++) {
+                    memcpy(b, f->iov[i].buffer, f->iov[i].length);
+                    b += f->iov[i].length;
+                }
+            }
         } else {
             f->staging = malloc(f->bytes);
             ok = f->staging != NULL;
@@ -2140,12 +2232,19 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
     flush_msgs(a);
     for (int32_t fi = 0; fi < x->num_frames; fi++) {
         send_frame *f = &x->frames[fi];
+        /* rendezvous for every frame but small ones, whatever UCX's threshold says: an eager frame of megabytes is
+         * assembled in a buffer of the receiver's UCX before the handler sees it (one more copy) */
         ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                                                   UCP_OP_ATTR_FIELD_DATATYPE,
-                                   .cb.send = send_cb, .user_data = f};
+                                                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
+                                   .cb.send = send_cb, .user_data = f,
+                                   .flags = f->bytes >= RNDV_FRAME_BYTES ? UCP_AM_SEND_FLAG_RNDV : 0};
         const void *buf;
         size_t count;
-        if (a->host) {
+        if (a->host && (f->iov_count == 1 || f->bounce)) {
+            prm.datatype = ucp_dt_make_contig(1);
+            buf = f->bounce ? f->bounce : f->iov[0].buffer;
+            count = f->bytes;
+        } else if (a->host) {
             prm.datatype = ucp_dt_make_iov();
             buf = f->iov;
             count = f->iov_count;
@@ -2177,9 +2276,9 @@ kvhal_status kvhal_xfer_progress(kvhal_xfer_agent *a, uint32_t timeout_ms, kvhal
     free(a->last_pages);
     a->last_pages = NULL;
     const uint64_t until = now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    unsigned spins = 0;
+    idle_state spins = {0, 0};
     for (;;) {
-        pump(a);
+        const unsigned work = pump(a);
         if (a->ev_count) {
             event_item *it = &a->events[a->ev_head];
             a->ev_head = (a->ev_head + 1) % a->ev_cap;
@@ -2190,7 +2289,7 @@ kvhal_status kvhal_xfer_progress(kvhal_xfer_agent *a, uint32_t timeout_ms, kvhal
             return KVHAL_OK;
         }
         if (now_ns() >= until) return KVHAL_OK;
-        idle_wait(&spins);
+        idle_wait(&spins, work);
     }
 }
 
@@ -2209,14 +2308,14 @@ kvhal_status kvhal_xfer_wait(kvhal_xfer *x, uint32_t timeout_ms)
     kvhal_status st = check_xfer(x);
     if (st != KVHAL_OK) return st;
     const uint64_t until = now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    unsigned spins = 0;
+    idle_state spins = {0, 0};
     for (;;) {
-        pump(x->agent);
+        const unsigned work = pump(x->agent);
         if (x->finished) return x->status == KVHAL_OK ? KVHAL_OK : ERR(x->status, "%s", x->message);
         if (now_ns() >= until)
             return ERR(KVHAL_BUSY, "xfer: request %llu still in flight after %u ms", (unsigned long long)x->request_id,
                        (unsigned)timeout_ms);
-        idle_wait(&spins);
+        idle_wait(&spins, work);
     }
 }
 
