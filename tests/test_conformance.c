@@ -386,6 +386,53 @@ static void test_paged_caching(void **state)
     printf("[ info     ] paged_caching: %d cases matched the reference\n", cases);
 }
 
+/* Signed zeros into every fp8 format at every scale mode, dense (DK = 20, DV = 12 with eight lanes: the vector body
+ * and a scalar tail of each row) and with a dim stride (the scalar loop): +0 must give 0x00, -0 0x80 (0x00 in the
+ * fnuz formats). The CPU backend's reciprocal + fma tail once took the code's sign from the quotient, which is
+ * -(+0) + (+0): +0 on hardware, -0 under valgrind's vfnmadd (docs/measurements/session6/valgrind_fnmadd_zero.c),
+ * so a +0 input became 0x80 there; the sign now comes from the input on every path. */
+static void test_paged_signed_zeros(void **state)
+{
+    kvhal_device dev = device_of(state);
+    ref_rng r = {77};
+    static const kvhal_dtype ins[3] = {KVHAL_F32, KVHAL_F16, KVHAL_BF16};
+    static const kvhal_dtype outs[4] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
+    static const float scales[4][2] = {{0.37f, 3.0f}, {0.0123f, 0.5f}, {1.0f, 0.25f}, {1e-30f, 3e30f}};
+    for (int i = 0; i < 3; i++) {
+        for (int o = 0; o < 4; o++) {
+            for (int form = 0; form < 2; form++) {
+                pc_setup p;
+                const int pf = form ? FORM_STRIDED_DIM : FORM_DENSE;
+                pc_build(&p, dev, ins[i], outs[o], KVHAL_I64, KVHAL_LAYOUT_NHD, pf, &r);
+                for (int sc = 0; sc < 4; sc++) {
+                    const float ks = scales[sc][0], vs = scales[sc][1];
+                    pc_fill(&p, ins[i], ks, vs, &r, -1, 0);
+                    /* every element a zero, +0 and -0 in runs of three so both signs meet every lane */
+                    dbuf *ins2[2] = {&p.kin, &p.vin};
+                    const size_t es = kvhal_dtype_size(ins[i]);
+                    for (int b = 0; b < 2; b++) {
+                        for (size_t e = 0; e < ins2[b]->size / es; e++) {
+                            memset(ins2[b]->mirror + e * es, 0, es);
+                            if ((e / 3) % 2) ins2[b]->mirror[e * es + es - 1] = 0x80;
+                        }
+                        dbuf_upload(ins2[b]);
+                    }
+                    char label[160];
+                    snprintf(label, sizeof label, "signed zeros in=%s cache=%s %s scales %g %g",
+                             kvhal_dtype_name(ins[i]), kvhal_dtype_name(outs[o]), form_names[pf], (double)ks,
+                             (double)vs);
+                    OK(kvhal_paged_caching(&p.kc, &p.vc, &p.k, &p.v, &p.s, ks, vs, NULL));
+                    OK(kvhal_device_synchronize(dev));
+                    ref_paged_caching(p.cache.mirror, &p.kc, p.cache.mirror, &p.vc, p.kin.mirror, &p.k, p.vin.mirror,
+                                      &p.v, p.slots.mirror, &p.s, ks, vs);
+                    pc_expect_all(&p, label);
+                }
+                pc_free(&p);
+            }
+        }
+    }
+}
+
 static void test_paged_out_of_range(void **state)
 {
     kvhal_device dev = device_of(state);
@@ -1048,7 +1095,7 @@ static void test_paged_mla(void **state)
 }
 
 static const test_fn device_tests[] = {
-    {"paged_caching", test_paged_caching},   {"paged_out_of_range", test_paged_out_of_range},
+    {"paged_caching", test_paged_caching}, {"paged_signed_zeros", test_paged_signed_zeros},   {"paged_out_of_range", test_paged_out_of_range},
     {"paged_edge_cases", test_paged_edge_cases}, {"copy_blocks", test_copy_blocks},
     {"tensor_copy", test_tensor_copy},       {"paged_shape_class", test_paged_shape_class},
     {"paged_mla", test_paged_mla},

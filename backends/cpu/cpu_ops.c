@@ -351,8 +351,11 @@ static inline WIDE_TARGET float quot_fma(float x, float s, float inv)
     const __m128 vx = _mm_set_ss(x), vinv = _mm_set_ss(inv);
     const __m128 y = _mm_mul_ss(vx, vinv);
     const float q = _mm_cvtss_f32(_mm_fnmadd_ss(_mm_fmsub_ss(y, _mm_set_ss(s), vx), vinv, y));
-    /* an infinite y gives NaN: the division's infinity, which saturates (a NaN x stays NaN) */
-    return q != q && x == x ? (x < 0 ? -HUGE_VALF : HUGE_VALF) : q;
+    /* an infinite y gives NaN: the division's infinity, which saturates (a NaN x stays NaN). The sign is x's (s > 0),
+     * as codes8 takes it on the vector body: the scalar encoders read q's sign, and for x = +0 q is -(+0) + (+0),
+     * +0 by IEEE 754 and on hardware, but -0 under valgrind 3.19, whose vfnmadd acts as -(a*b - c)
+     * (docs/measurements/session6/valgrind_fnmadd_zero.c) and so made a +0 input the code 0x80 */
+    return q != q && x == x ? (x < 0 ? -HUGE_VALF : HUGE_VALF) : copysignf(q, x);
 }
 
 #define QUOT_FMA(x) quot_fma(x, scale, inv)
