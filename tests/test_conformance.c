@@ -1095,12 +1095,17 @@ static void test_paged_mla(void **state)
 }
 
 static const test_fn device_tests[] = {
-    {"paged_caching", test_paged_caching}, {"paged_signed_zeros", test_paged_signed_zeros},   {"paged_out_of_range", test_paged_out_of_range},
-    {"paged_edge_cases", test_paged_edge_cases}, {"copy_blocks", test_copy_blocks},
-    {"tensor_copy", test_tensor_copy},       {"paged_shape_class", test_paged_shape_class},
+    {"paged_caching", test_paged_caching},
+    {"paged_signed_zeros", test_paged_signed_zeros},
+    {"paged_out_of_range", test_paged_out_of_range},
+    {"paged_edge_cases", test_paged_edge_cases},
+    {"copy_blocks", test_copy_blocks},
+    {"tensor_copy", test_tensor_copy},
+    {"paged_shape_class", test_paged_shape_class},
     {"paged_mla", test_paged_mla},
-    {"tensor_copy", test_tensor_copy},       {"page_transfer", test_page_transfer},
-    {"paged_cache_transfer", test_paged_cache_transfer}, {"page_transfer_large", test_page_transfer_large},
+    {"page_transfer", test_page_transfer},
+    {"paged_cache_transfer", test_paged_cache_transfer},
+    {"page_transfer_large", test_page_transfer_large},
 };
 #define NUM_DEVICE_TESTS (sizeof device_tests / sizeof device_tests[0])
 
