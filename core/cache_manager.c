@@ -752,75 +752,43 @@ kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *t
                                        kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
                                        size_t pages_cap)
 {
-    KVHAL_TRY(check_cm(cm));
-    kvhal_cache_manager *o = cm;
-    KVHAL_OWNER_ENTER(o, "cm");
-    kvhal_status st = kvhal_cache_manager_match__body(cm, tokens, num_tokens, handle, cached_len, pages, pages_cap);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_cm(cm), cm, "cm",
+                     kvhal_cache_manager_match__body(cm, tokens, num_tokens, handle, cached_len, pages, pages_cap));
 }
 
 kvhal_status kvhal_cache_manager_evict(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
 {
-    KVHAL_TRY(check_cm(cm));
-    kvhal_cache_manager *o = cm;
-    KVHAL_OWNER_ENTER(o, "cm");
-    kvhal_status st = kvhal_cache_manager_evict__body(cm, num_tokens, evicted);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_cm(cm), cm, "cm", kvhal_cache_manager_evict__body(cm, num_tokens, evicted));
 }
 
 kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, int32_t *pages)
 {
-    KVHAL_TRY(check_cm(cm));
-    kvhal_cache_manager *o = cm;
-    KVHAL_OWNER_ENTER(o, "cm");
-    kvhal_status st = kvhal_cache_manager_allocate__body(cm, n, pages);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_cm(cm), cm, "cm", kvhal_cache_manager_allocate__body(cm, n, pages));
 }
 
 kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const int32_t *pages, int32_t n)
 {
-    KVHAL_TRY(check_cm(cm));
-    kvhal_cache_manager *o = cm;
-    KVHAL_OWNER_ENTER(o, "cm");
-    kvhal_status st = kvhal_cache_manager_free__body(cm, pages, n);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_cm(cm), cm, "cm", kvhal_cache_manager_free__body(cm, pages, n));
 }
 
 kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                                 const int32_t *pages, kvhal_prefix_handle handle)
 {
-    KVHAL_TRY(check_cm(cm));
-    kvhal_cache_manager *o = cm;
-    KVHAL_OWNER_ENTER(o, "cm");
-    kvhal_status st = kvhal_cache_manager_cache_finished__body(cm, tokens, num_tokens, pages, handle);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_cm(cm), cm, "cm",
+                     kvhal_cache_manager_cache_finished__body(cm, tokens, num_tokens, pages, handle));
 }
 
 kvhal_status kvhal_cache_manager_cache_finished_suffix(kvhal_cache_manager *cm, kvhal_prefix_handle handle,
                                                        const int32_t *tokens, size_t num_tokens,
                                                        const int32_t *pages)
 {
-    KVHAL_TRY(check_cm(cm));
-    kvhal_cache_manager *o = cm;
-    KVHAL_OWNER_ENTER(o, "cm");
-    kvhal_status st = kvhal_cache_manager_cache_finished_suffix__body(cm, handle, tokens, num_tokens, pages);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_cm(cm), cm, "cm",
+                     kvhal_cache_manager_cache_finished_suffix__body(cm, handle, tokens, num_tokens, pages));
 }
 
 kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm)
 {
-    KVHAL_TRY(check_cm(cm));
-    kvhal_cache_manager *o = (kvhal_cache_manager *)cm;
-    KVHAL_OWNER_ENTER(o, "cm");
-    kvhal_status st = kvhal_cache_manager_check_integrity__body(cm);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_cm(cm), (kvhal_cache_manager *)cm, "cm", kvhal_cache_manager_check_integrity__body(cm));
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */

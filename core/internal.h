@@ -99,6 +99,16 @@ KVHAL_HIDDEN void kvhal__utf8_trim(char *s);
                               "back in); it is single-owner: serialise the calls on it", what, (const void *)(obj)); \
     } while (0)
 #define KVHAL_OWNER_LEAVE(obj) atomic_store_explicit(&(obj)->in_use, false, memory_order_release)
+/* The whole of a single-owner entry point: check (a status expression), take obj (a non-const pointer; KVHAL_BUSY
+ * naming what if another call holds it), return call's status after letting obj go. */
+#define KVHAL_OWNED_CALL(check, obj, what, call)                                                                  \
+    do {                                                                                                        \
+        KVHAL_TRY(check);                                                                                       \
+        KVHAL_OWNER_ENTER(obj, what);                                                                           \
+        const kvhal_status owned_st_ = (call);                                                                  \
+        KVHAL_OWNER_LEAVE(obj);                                                                                 \
+        return owned_st_;                                                                                       \
+    } while (0)
 /* ---- versions (version.c) ---- */
 /* Copies the caller's config struct cfg (a leading size_t struct_size) into local, whose type is the current one:
  * struct_size must be one of known[0..nknown) (the sizes the struct has had in releases, oldest first, the last

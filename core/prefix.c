@@ -1330,32 +1330,18 @@ done:
 kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
                                 kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages, size_t pages_cap)
 {
-    KVHAL_TRY(check_pc(pc));
-    kvhal_prefix_cache *o = pc;
-    KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal_prefix_match__body(pc, tokens, num_tokens, handle, cached_len, pages, pages_cap);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_pc(pc), pc, "pc",
+                     kvhal_prefix_match__body(pc, tokens, num_tokens, handle, cached_len, pages, pages_cap));
 }
 
 kvhal_status kvhal_prefix_lock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
 {
-    KVHAL_TRY(check_pc(pc));
-    kvhal_prefix_cache *o = pc;
-    KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal_prefix_lock__body(pc, handle);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_pc(pc), pc, "pc", kvhal_prefix_lock__body(pc, handle));
 }
 
 kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle handle)
 {
-    KVHAL_TRY(check_pc(pc));
-    kvhal_prefix_cache *o = pc;
-    KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal_prefix_unlock__body(pc, handle);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_pc(pc), pc, "pc", kvhal_prefix_unlock__body(pc, handle));
 }
 
 kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h, kvhal_prefix_handle *out)
@@ -1371,12 +1357,7 @@ kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_prefix_handle no
 kvhal_status kvhal_prefix_insert(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens, const int32_t *pages,
                                  size_t *already_cached)
 {
-    KVHAL_TRY(check_pc(pc));
-    kvhal_prefix_cache *o = pc;
-    KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal_prefix_insert__body(pc, tokens, num_tokens, pages, already_cached);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_pc(pc), pc, "pc", kvhal_prefix_insert__body(pc, tokens, num_tokens, pages, already_cached));
 }
 
 kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
@@ -1404,32 +1385,17 @@ kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix
 kvhal_status kvhal_prefix_evict(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn, void *user,
                                 size_t *evicted)
 {
-    KVHAL_TRY(check_pc(pc));
-    kvhal_prefix_cache *o = pc;
-    KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal_prefix_evict__body(pc, num_tokens, fn, user, evicted);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_pc(pc), pc, "pc", kvhal_prefix_evict__body(pc, num_tokens, fn, user, evicted));
 }
 
 kvhal_status kvhal_prefix_size_info_get(const kvhal_prefix_cache *pc, kvhal_prefix_size_info *out)
 {
-    KVHAL_TRY(check_pc(pc));
-    kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
-    KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal_prefix_size_info_get__body(pc, out);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_pc(pc), (kvhal_prefix_cache *)pc, "pc", kvhal_prefix_size_info_get__body(pc, out));
 }
 
 kvhal_status kvhal_prefix_reset(kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
 {
-    KVHAL_TRY(check_pc(pc));
-    kvhal_prefix_cache *o = pc;
-    KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal_prefix_reset__body(pc, fn, user);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_pc(pc), pc, "pc", kvhal_prefix_reset__body(pc, fn, user));
 }
 
 kvhal_status kvhal__prefix_for_each_page(const kvhal_prefix_cache *pc, kvhal_pages_fn fn, void *user)
@@ -1444,52 +1410,28 @@ kvhal_status kvhal__prefix_for_each_page(const kvhal_prefix_cache *pc, kvhal_pag
 
 kvhal_status kvhal_prefix_check_integrity(const kvhal_prefix_cache *pc)
 {
-    KVHAL_TRY(check_pc(pc));
-    kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
-    KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal_prefix_check_integrity__body(pc);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_pc(pc), (kvhal_prefix_cache *)pc, "pc", kvhal_prefix_check_integrity__body(pc));
 }
 
 kvhal_status kvhal__prefix_match_owned(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
                                        kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages, size_t pages_cap)
 {
-    KVHAL_TRY(check_pc_magic(pc));
-    kvhal_prefix_cache *o = pc;
-    KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal_prefix_match__body(pc, tokens, num_tokens, handle, cached_len, pages, pages_cap);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_pc_magic(pc), pc, "pc",
+                     kvhal_prefix_match__body(pc, tokens, num_tokens, handle, cached_len, pages, pages_cap));
 }
 
 kvhal_status kvhal__prefix_size_info_get_owned(const kvhal_prefix_cache *pc, kvhal_prefix_size_info *out)
 {
-    KVHAL_TRY(check_pc_magic(pc));
-    kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
-    KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal_prefix_size_info_get__body(pc, out);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_pc_magic(pc), (kvhal_prefix_cache *)pc, "pc", kvhal_prefix_size_info_get__body(pc, out));
 }
 
 kvhal_status kvhal__prefix_evict_owned(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn, void *user,
                                        size_t *evicted)
 {
-    KVHAL_TRY(check_pc_magic(pc));
-    kvhal_prefix_cache *o = pc;
-    KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal_prefix_evict__body(pc, num_tokens, fn, user, evicted);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_pc_magic(pc), pc, "pc", kvhal_prefix_evict__body(pc, num_tokens, fn, user, evicted));
 }
 
 kvhal_status kvhal__prefix_check_integrity_owned(const kvhal_prefix_cache *pc)
 {
-    KVHAL_TRY(check_pc_magic(pc));
-    kvhal_prefix_cache *o = (kvhal_prefix_cache *)pc;
-    KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal_prefix_check_integrity__body(pc);
-    KVHAL_OWNER_LEAVE(o);
-    return st;
+    KVHAL_OWNED_CALL(check_pc_magic(pc), (kvhal_prefix_cache *)pc, "pc", kvhal_prefix_check_integrity__body(pc));
 }
