@@ -2069,6 +2069,24 @@ static void send_cb(void *request, ucs_status_t status, void *user_data)
         xfer_settle(x);
 }
 
+/* Posts frame fi of x to p (its header, then count units of buf as prm's datatype says); a send still in flight is
+ * counted until send_cb. false when UCX refused it: x has failed then, and the caller posts no further frame. */
+static bool post_frame(kvhal_xfer_peer *p, kvhal_xfer *x, int32_t fi, const void *buf, size_t count,
+                       const ucp_request_param_t *prm)
+{
+    send_frame *f = &x->frames[fi];
+    void *r = ucp_am_send_nbx(p->ep, XW_AM_ID, f->hdr, f->hdr_len, buf, count, prm);
+    if (UCS_PTR_IS_ERR(r)) {
+        xfer_finish(x, KVHAL_PEER_FAILED, "UCX refused frame %d: %s", (int)fi, ucs_status_string(UCS_PTR_STATUS(r)));
+        return false;
+    }
+    if (r) {
+        f->in_flight = true;
+        x->sends_inflight++;
+    }
+    return true;
+}
+
 /* The IPC path of kvhal_xfer_send_pages: the peer imported our cache, so frames carry (src, dst) page ids only and
  * the peer copies the pages itself. Our pages' writes must be complete before they are announced (the device is
  * synchronized first), and they must stay unchanged until the peer's ACK (the transfer's completion). */
@@ -2126,15 +2144,7 @@ static kvhal_status send_pages_ipc(kvhal_xfer_peer *p, uint64_t request_id, cons
                                                    UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
                                    .cb.send = send_cb, .user_data = f, .datatype = ucp_dt_make_contig(1),
                                    .flags = UCP_AM_SEND_FLAG_EAGER};
-        void *r = ucp_am_send_nbx(p->ep, XW_AM_ID, f->hdr, f->hdr_len, f->staging, cnt * 2u * sizeof(int32_t), &prm);
-        if (UCS_PTR_IS_ERR(r)) {
-            xfer_finish(x, KVHAL_PEER_FAILED, "UCX refused frame %d: %s", (int)fi, ucs_status_string(UCS_PTR_STATUS(r)));
-            break;
-        }
-        if (r) {
-            f->in_flight = true;
-            x->sends_inflight++;
-        }
+        if (!post_frame(p, x, fi, f->staging, cnt * 2u * sizeof(int32_t), &prm)) break;
     }
     *out = x;
     return KVHAL_OK;
@@ -2253,15 +2263,7 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
             buf = f->staging;
             count = f->bytes;
         }
-        void *r = ucp_am_send_nbx(p->ep, XW_AM_ID, f->hdr, f->hdr_len, buf, count, &prm);
-        if (UCS_PTR_IS_ERR(r)) {
-            xfer_finish(x, KVHAL_PEER_FAILED, "UCX refused frame %d: %s", (int)fi, ucs_status_string(UCS_PTR_STATUS(r)));
-            break;
-        }
-        if (r) {
-            f->in_flight = true;
-            x->sends_inflight++;
-        }
+        if (!post_frame(p, x, fi, buf, count, &prm)) break;
     }
     *out = x;
     return KVHAL_OK;

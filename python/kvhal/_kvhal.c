@@ -1290,6 +1290,21 @@ static int as_scale(PyObject *o, const char *arg, float *out)
     return 0;
 }
 
+/* The five array arguments of paged caching (k_cache, v_cache, k, v, slot_mapping: a[0..4], names[0..4]) imported
+ * for the stream object stream, and the kvhal stream for it on k_cache's device. *n counts the imported ones, which
+ * the caller releases (imp_release) whatever this returns; -1 with a Python exception set on failure. */
+static int import_paged_args(PyObject *const *a, const char *const *names, PyObject *stream, imp_t t[5], int *n,
+                             kvhal_stream **s)
+{
+    *n = 0;
+    intptr_t native;
+    if (stream_int_of(stream, &native) != 0) return -1;
+    const intptr_t dls = dlpack_stream_number(stream, native);
+    for (; *n < 5; (*n)++)
+        if (import_dlpack(a[*n], names[*n], *n < 2, dls, &t[*n]) != 0) return -1;
+    return stream_for(stream, native, kvhal_buffer_device(t[0].t.buffer), s);
+}
+
 static PyObject *py_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     g_call_serial++; /* a new call: producers' current streams are asked again */
@@ -1299,16 +1314,11 @@ static PyObject *py_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize
     if (parse_fast("paged_caching", args, nargs, kwnames, names, 8, 5, a) != 0) return NULL;
     float ks, vs;
     if (as_scale(a[5], "k_scale", &ks) != 0 || as_scale(a[6], "v_scale", &vs) != 0) return NULL;
-    intptr_t native;
-    if (stream_int_of(a[7], &native) != 0) return NULL;
-    const intptr_t dls = dlpack_stream_number(a[7], native);
     imp_t t[5];
     int n = 0;
     PyObject *ret = NULL;
-    for (; n < 5; n++)
-        if (import_dlpack(a[n], names[n], n < 2, dls, &t[n]) != 0) goto out;
     kvhal_stream *s;
-    if (stream_for(a[7], native, kvhal_buffer_device(t[0].t.buffer), &s) != 0) goto out;
+    if (import_paged_args(a, names, a[7], t, &n, &s) != 0) goto out;
     kvhal_status st;
     if (kvhal_buffer_device(t[0].t.buffer).type == KVHAL_DEVICE_CPU && kvhal_tensor_numel(&t[2].t) >= (1 << 16)) {
         /* the CPU copies in the call: other Python threads run meanwhile (kvhal calls are thread-safe) */
@@ -1351,16 +1361,11 @@ static PyObject *py_time_paged_caching(PyObject *mod, PyObject *const *args, Py_
     const long reps = PyLong_AsLong(a[5]);
     if (reps == -1 && PyErr_Occurred()) return NULL;
     if (reps < 1) return bad_arg("reps: %ld is not positive", reps);
-    intptr_t native;
-    if (stream_int_of(a[6], &native) != 0) return NULL;
-    const intptr_t dls = dlpack_stream_number(a[6], native);
     imp_t t[5];
     int n = 0;
     PyObject *ret = NULL;
-    for (; n < 5; n++)
-        if (import_dlpack(a[n], names[n], n < 2, dls, &t[n]) != 0) goto out;
     kvhal_stream *s;
-    if (stream_for(a[6], native, kvhal_buffer_device(t[0].t.buffer), &s) != 0) goto out;
+    if (import_paged_args(a, names, a[6], t, &n, &s) != 0) goto out;
     struct timespec t0, t1;
     kvhal_status st = KVHAL_OK;
     clock_gettime(CLOCK_MONOTONIC, &t0);
