@@ -1339,20 +1339,20 @@ KVHAL_API kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_man
 /** Test hook: the n-th host or device allocation made on a caller's behalf from now on fails (the call returns
  *  KVHAL_OUT_OF_MEMORY and undoes what it did). KVHAL_FAULT_ALLOC=n in the environment does the same at load.
  *  @param n >= 1 to arm; 0 turns it off.
- *  Thread safety: process-wide (allocations on every thread count). */
+ *  Thread safety: process-wide (allocations on every thread count). Graph capture: host only (no device work). */
 KVHAL_API void kvhal_fault_inject_alloc(int64_t n);
 /** Allocations counted since the last kvhal_fault_inject_alloc() call (to walk every allocation point).
- *  @return the count. Thread safety: process-wide. */
+ *  @return the count. Thread safety: process-wide. Graph capture: host only. */
 KVHAL_API int64_t kvhal_fault_alloc_count(void);
 /** Test hook: while hold is nonzero, kvhal_stream_query and the tiered manager's polling of its copies
  *  (kvhal_cache_manager_transfer_query, and the cheap queries inside match and allocate) report the queued work as
  *  still running (KVHAL_BUSY), whatever the device did; waits (kvhal_stream_synchronize, kvhal_device_synchronize)
  *  still complete and are counted. It lets a test keep a copy "in flight" on a device whose copies are synchronous.
  *  @param hold nonzero to hold, 0 to release. The wait count restarts at 0.
- *  Thread safety: process-wide. */
+ *  Thread safety: process-wide. Graph capture: host only (no device work). */
 KVHAL_API void kvhal_fault_hold_streams(int hold);
 /** Waits (kvhal_stream_synchronize, kvhal_device_synchronize) since the last kvhal_fault_hold_streams() call.
- *  @return the count. Thread safety: process-wide. */
+ *  @return the count. Thread safety: process-wide. Graph capture: host only. */
 KVHAL_API int64_t kvhal_fault_stream_waits(void);
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -1676,7 +1676,8 @@ KVHAL_API kvhal_status kvhal_memcpy_d2d_batch(kvhal_buffer *dst, const kvhal_buf
 /** kvhal_paged_cache_create() whose memory comes from kvhal_buffer_create_shareable(), so that another process of
  *  this host can import it (the buffer of its layer views, kvhal_paged_cache_layer(), to kvhal_buffer_ipc_export()); the transfer agent
  *  (kvhal_xfer.h) then moves pages device to device instead of through host memory.
- *  @param cfg as for kvhal_paged_cache_create(). @param out receives the cache.
+ *  @param cfg as for kvhal_paged_cache_create(). @param out receives the cache; kvhal_paged_cache_destroy() frees
+ *         it and its shareable memory (imports of that memory in other processes must be closed first).
  *  @return what kvhal_paged_cache_create() returns; KVHAL_UNSUPPORTED where the device has no shareable memory.
  *  Thread safety: any thread. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_paged_cache_create_shareable(const kvhal_paged_cache_config *cfg, kvhal_paged_cache **out);
