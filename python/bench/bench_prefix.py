@@ -228,7 +228,7 @@ def _first_diff_helper():
     if _compare is not None:
         return _compare
     import ctypes
-    import os
+    import shutil
     import subprocess
     import tempfile
     try:
@@ -239,6 +239,7 @@ def _first_diff_helper():
         subprocess.run([os.environ.get("CC", "cc"), "-O3", "-shared", "-fPIC", "-o", so, src], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         lib = ctypes.CDLL(so)
+        shutil.rmtree(d, ignore_errors=True)  # the library stays mapped
         f32, f64 = lib.bench_mismatch_i32, lib.bench_mismatch_i64
         for fn in (f32, f64):
             fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
