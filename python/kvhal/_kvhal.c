@@ -106,7 +106,10 @@ static int parse_fast(const char *fn, PyObject *const *args, Py_ssize_t nargs, P
             if (!kn) return -1;
             int found = -1;
             for (int i = 0; i < n; i++)
-                if (!strcmp(kn, names[i])) found = i;
+                if (kn[0] == names[i][0] && !strcmp(kn, names[i])) { /* the names of one function are distinct */
+                    found = i;
+                    break;
+                }
             if (found < 0) {
                 PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", fn, kn);
                 return -1;
