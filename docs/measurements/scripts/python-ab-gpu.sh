@@ -26,9 +26,9 @@ for dev in cuda:0 cpu:0; do
     for which in old new; do
       pp=$B/python; [ $which = old ] && pp=/tmp/oldpy
       PYTHONPATH=$pp:$B/python/tests:$PYTHONPATH python3 "$NEW/python/bench/bench_host.py" --device $dev --json \
-        > "$OUT/host-$dev-$which-$r.json" 2>&1
+        > "$OUT/host-${dev/:/}-$which-$r.json" 2>&1
       python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], sys.argv[3], 'torch-C %.0f ns (fastest round %.0f), views-C %.0f, c_call %.0f, path %s' % (d['python_minus_c_ns'], d['fastest_round_ns']['python_torch_ns']-d['fastest_round_ns']['c_call_ns'], d['python_views_minus_c_ns'], d['c_call_ns'], d['dlpack_path']))" \
-        "$OUT/host-$dev-$which-$r.json" $dev $which || tail -5 "$OUT/host-$dev-$which-$r.json"
+        "$OUT/host-${dev/:/}-$which-$r.json" $dev $which || tail -5 "$OUT/host-${dev/:/}-$which-$r.json"
     done
   done
 done
