@@ -106,7 +106,10 @@ static int parse_fast(const char *fn, PyObject *const *args, Py_ssize_t nargs, P
             if (!kn) return -1;
             int found = -1;
             for (int i = 0; i < n; i++)
-                if (!strcmp(kn, names[i])) found = i;
+                if (kn[0] == names[i][0] && !strcmp(kn, names[i])) { /* the names of one function are distinct */
+                    found = i;
+                    break;
+                }
             if (found < 0) {
                 PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", fn, kn);
                 return -1;
@@ -682,12 +685,14 @@ static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, in
         return -1;
     }
     kvhal_dtype dt;
-    const kvhal_dtype by_size[9] = {PY_DTYPE_N, KVHAL_FP8_E4M3, KVHAL_F16, PY_DTYPE_N, KVHAL_I32,
-                                    PY_DTYPE_N, PY_DTYPE_N, PY_DTYPE_N, KVHAL_I64};
-    if (dl_to_kvhal(dl->dtype, &dt) != 0 && raw && dl->dtype.lanes == 1 && dl->dtype.bits % 8 == 0 &&
-        dl->dtype.bits <= 64 && by_size[dl->dtype.bits / 8] != PY_DTYPE_N)
+    static const kvhal_dtype by_size[9] = {PY_DTYPE_N, KVHAL_FP8_E4M3, KVHAL_F16, PY_DTYPE_N, KVHAL_I32,
+                                           PY_DTYPE_N, PY_DTYPE_N, PY_DTYPE_N, KVHAL_I64};
+    if (dl_to_kvhal(dl->dtype, &dt) == 0)
+        ;
+    else if (raw && dl->dtype.lanes == 1 && dl->dtype.bits % 8 == 0 && dl->dtype.bits <= 64 &&
+             by_size[dl->dtype.bits / 8] != PY_DTYPE_N)
         dt = by_size[dl->dtype.bits / 8];
-    else if (dl_to_kvhal(dl->dtype, &dt) != 0) {
+    else {
         taken_release(&out->taken);
         bad_arg("%s: DLPack dtype (code %u, %u bits, %u lanes) is not one kvhal has (f32, f16, bf16, fp8_e4m3fn, "
                 "fp8_e5m2, int32, int64)",
@@ -700,32 +705,65 @@ static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, in
         return -1;
     }
     const size_t esz = kvhal_dtype_size(dt);
-    int64_t shape[KVHAL_MAX_DIMS], strides[KVHAL_MAX_DIMS];
-    int64_t numel = 1, last = 0; /* last: the farthest element's index in elements */
-    for (int i = dl->ndim - 1, run = 1; i >= 0; i--) {
-        shape[i] = dl->shape[i];
-        strides[i] = dl->strides ? dl->strides[i] : run;
-        if (strides[i] < 0) {
+    /* The view is checked here as kvhal_tensor_make would (shape and strides >= 0, no 64-bit overflow, the byte
+     * offset a multiple of the element size) and the buffer wrapped is exactly the bytes it spans, so every element
+     * lies inside it by construction: the tensor is filled in directly (kvhal_tensor_make's second pass over the
+     * same checks cost a fifth of an argument's import). */
+    kvhal_tensor *t = &out->t;
+    int64_t run = 1, numel = 1, last = 0; /* last: the farthest element's index in elements */
+    int overflow = 0;
+    for (int i = dl->ndim - 1; i >= 0; i--) {
+        const int64_t n = dl->shape[i], sd = dl->strides ? dl->strides[i] : run;
+        if (n < 0) {
             taken_release(&out->taken);
-            bad_arg("%s: stride %lld of dim %d is negative (kvhal takes strides >= 0)", arg, (long long)strides[i], i);
+            bad_arg("%s: dim %d has a negative size %lld", arg, i, (long long)n);
             return -1;
         }
-        run *= (int)(shape[i] > 0 ? shape[i] : 1);
-        numel *= shape[i];
-        if (shape[i] > 0) last += (shape[i] - 1) * strides[i];
+        if (sd < 0) {
+            taken_release(&out->taken);
+            bad_arg("%s: stride %lld of dim %d is negative (kvhal takes strides >= 0)", arg, (long long)sd, i);
+            return -1;
+        }
+        t->shape[i] = n;
+        t->strides[i] = sd;
+        int64_t span;
+        overflow |= __builtin_mul_overflow(run, n > 0 ? n : 1, &run) | __builtin_mul_overflow(numel, n, &numel);
+        if (n > 0) overflow |= __builtin_mul_overflow(n - 1, sd, &span) | __builtin_add_overflow(last, span, &last);
     }
-    size_t bytes = (size_t)dl->byte_offset + (numel > 0 ? (size_t)(last + 1) * esz : 0);
+    uint64_t bytes64 = 0;
+    if (!overflow && numel > 0)
+        overflow = __builtin_mul_overflow((uint64_t)last + 1, (uint64_t)esz, &bytes64) ||
+                   __builtin_add_overflow(bytes64, (uint64_t)dl->byte_offset, &bytes64);
+    else if (!overflow)
+        bytes64 = dl->byte_offset;
+    if (overflow || bytes64 > SIZE_MAX || dl->byte_offset % esz) {
+        taken_release(&out->taken);
+        if (overflow || bytes64 > SIZE_MAX)
+            bad_arg("%s: shape and strides overflow 64-bit byte offsets", arg);
+        else
+            bad_arg("%s: byte offset %llu is not a multiple of the element size %zu", arg,
+                    (unsigned long long)dl->byte_offset, esz);
+        return -1;
+    }
+    for (int i = dl->ndim; i < KVHAL_MAX_DIMS; i++) {
+        t->shape[i] = 1;
+        t->strides[i] = 0;
+    }
+    size_t bytes = (size_t)bytes64;
     void *data = dl->data;
+    t->offset = (size_t)dl->byte_offset;
     if (numel == 0 && dev.type == KVHAL_DEVICE_CPU && (!data || !bytes)) {
         data = &g_empty_byte;
         bytes = 1;
+        t->offset = 0;
     }
+    t->dtype = dt;
+    t->ndim = (int32_t)dl->ndim;
     kvhal_status st = !(mode & IMP_KEEP) && (dev.type == KVHAL_DEVICE_CPU || is_gpu(dev))
                           ? wrap_cached(dev, data, bytes, out)
                           : kvhal_buffer_wrap(dev, data, bytes, &out->buf);
-    if (st == KVHAL_OK)
-        st = kvhal_tensor_make(out->buf, numel == 0 && data == &g_empty_byte ? 0 : (size_t)dl->byte_offset, dt,
-                               (int32_t)dl->ndim, shape, strides, &out->t);
+    t->buffer = out->buf;
+    if (st == KVHAL_OK && (mode & IMP_KEEP)) st = kvhal_tensor_validate(t); /* kept views: checked in full once */
     if (st != KVHAL_OK) {
         PyObject *e = raise_status(st);
         (void)e;

@@ -37,6 +37,8 @@ static struct {
 } g_counts;
 static const char *g_fail; /* which function fails next (and every time after) */
 static intptr_t g_stream;  /* what current_work_stream reports */
+static const char *g_hostile; /* a malformed view to hand out: "neg_shape", "neg_stride", "overflow", "misaligned" */
+static int64_t g_hostile_dims[MAXD];
 static PyTypeObject XArrayType;
 
 typedef struct {
@@ -69,6 +71,14 @@ static void fill(XArray *x, DLTensor *t, int64_t *shape, int64_t *strides)
     t->shape = shape;
     t->strides = strides;
     t->byte_offset = 0;
+    if (!g_hostile) return;
+    /* a broken or hostile producer: the consumer must refuse the view without touching memory */
+    memcpy(g_hostile_dims, shape, sizeof g_hostile_dims);
+    t->shape = g_hostile_dims;
+    if (!strcmp(g_hostile, "neg_shape")) g_hostile_dims[0] = -3;
+    else if (!strcmp(g_hostile, "neg_stride")) t->strides = g_hostile_dims, g_hostile_dims[0] = -1;
+    else if (!strcmp(g_hostile, "overflow")) g_hostile_dims[0] = INT64_MAX / 2;
+    else if (!strcmp(g_hostile, "misaligned")) t->byte_offset = 1;
 }
 
 static int failing(const char *which)
@@ -226,13 +236,20 @@ static PyObject *m_reset(PyObject *mod, PyObject *unused)
 static PyObject *m_configure(PyObject *mod, PyObject *args, PyObject *kw)
 {
     (void)mod;
-    static char *names[] = {"major", "dltensor", "fail", "stream", NULL};
+    static char *names[] = {"major", "dltensor", "fail", "stream", "hostile", NULL};
     unsigned int major = 1;
     int dlt = 1;
     const char *fail = NULL;
     Py_ssize_t stream = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Ipzn", names, &major, &dlt, &fail, &stream)) return NULL;
-    static char failbuf[32];
+    const char *hostile = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Ipznz", names, &major, &dlt, &fail, &stream, &hostile)) return NULL;
+    static char failbuf[32], hostilebuf[32];
+    if (hostile) {
+        snprintf(hostilebuf, sizeof hostilebuf, "%s", hostile);
+        g_hostile = hostilebuf;
+    } else {
+        g_hostile = NULL;
+    }
     g_api.header.version.major = major;
     g_api.dltensor_from_py_object_no_sync = dlt ? x_dltensor : NULL;
     if (fail) {

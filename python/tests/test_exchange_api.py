@@ -290,3 +290,26 @@ def test_other_ops_take_exchange_api_arrays():
     t.copy_to(XArray(back))
     assert np.array_equal(back, kc)
     assert xp.counts()["dlpack"] == 0 and xp.counts()["dltensor"] == 6
+
+
+@pytest.mark.parametrize("hostile, message", [("neg_shape", "negative size"), ("neg_stride", "negative"),
+                                              ("overflow", "overflow"), ("misaligned", "multiple of the element")])
+@pytest.mark.parametrize("borrowed", [True, False])
+def test_malformed_views_from_the_producer_are_refused(hostile, message, borrowed):
+    """The binding checks a producer's view itself (it fills kvhal's tensor without kvhal_tensor_make): a negative
+    size or stride, a shape whose byte span overflows, a byte offset that is not a multiple of the element size are
+    each an InvalidArgument naming the argument, and nothing is written."""
+    arrays = problem()
+    before = [a.copy() for a in arrays]
+    wrapped = [XArray(a) for a in arrays]
+    xp.configure(dltensor=borrowed, hostile=hostile)
+    with pytest.raises(kvhal.InvalidArgument, match="k_cache: .*" + message):
+        kvhal.paged_caching(*wrapped)
+    with pytest.raises(kvhal.InvalidArgument, match="array: .*" + message):
+        kvhal.from_dlpack(wrapped[2])
+    xp.configure()
+    for a, b in zip(arrays, before):
+        assert np.array_equal(a, b)
+    if not borrowed:  # every managed tensor handed out was given back
+        c = xp.counts()
+        assert c["managed"] == c["deleter"]
