@@ -77,11 +77,26 @@ static void mark_granted(rig *r, const int32_t *pages, int32_t n)
     }
 }
 
+/* At exit: the shareable cache's segment would outlive the process otherwise. */
+static void teardown(void)
+{
+    for (int i = 0; i < 2; i++) {
+        kvhal_xfer_agent_destroy(rigs[i].ag);
+        kvhal_paged_cache_destroy(rigs[i].cache);
+        free(rigs[i].pattern);
+        free(rigs[i].granted);
+    }
+    memset(rigs, 0, sizeof rigs);
+    kvhal_paged_cache_destroy(sender);
+    sender = NULL;
+}
+
 static rig *get_rig(int which)
 {
     rig *r = &rigs[which];
     if (r->ag) return r;
     if (!sender) {
+        atexit(teardown);
         kvhal_paged_cache_config c = cache_config(FX_SEND_PAGES, KVHAL_LAYER_FIRST);
         REQUIRE(kvhal_paged_cache_create_shareable(&c, &sender) == KVHAL_OK);
         kvhal_tensor k, v;
