@@ -48,20 +48,6 @@ static kvhal_paged_cache *sender; /* the peers' cache as the IPC path imports it
 static uint8_t send_blob[XW_IPC_BLOB_MAX];
 static size_t send_blob_len;
 
-static kvhal_paged_cache_config cache_config(int64_t pages, kvhal_paged_order order)
-{
-    kvhal_paged_cache_config c = KVHAL_PAGED_CACHE_CONFIG_INIT;
-    c.num_layers = FX_LAYERS;
-    c.num_heads = FX_HEADS;
-    c.head_dim = FX_DIM;
-    c.block_size = FX_BLOCK;
-    c.dtype = KVHAL_F16;
-    c.order = order;
-    c.memory_budget = (uint64_t)pages * 2u * FX_LAYERS * FX_CHUNK;
-    c.device = (kvhal_device){KVHAL_DEVICE_CPU, 0};
-    return c;
-}
-
 static void mark_granted(rig *r, const int32_t *pages, int32_t n)
 {
     for (int32_t l = 0; l < FX_LAYERS; l++) {
@@ -97,13 +83,13 @@ static rig *get_rig(int which)
     if (r->ag) return r;
     if (!sender) {
         atexit(teardown);
-        kvhal_paged_cache_config c = cache_config(FX_SEND_PAGES, KVHAL_LAYER_FIRST);
+        kvhal_paged_cache_config c = fx_cache_config(FX_SEND_PAGES, KVHAL_LAYER_FIRST);
         REQUIRE(kvhal_paged_cache_create_shareable(&c, &sender) == KVHAL_OK);
         kvhal_tensor k, v;
         REQUIRE(kvhal_paged_cache_layer(sender, 0, &k, &v) == KVHAL_OK);
         REQUIRE(kvhal_buffer_ipc_export(k.buffer, send_blob, sizeof send_blob, &send_blob_len) == KVHAL_OK);
     }
-    kvhal_paged_cache_config c = cache_config(FX_PAGES, which ? KVHAL_PAGE_FIRST : KVHAL_LAYER_FIRST);
+    kvhal_paged_cache_config c = fx_cache_config(FX_PAGES, which ? KVHAL_PAGE_FIRST : KVHAL_LAYER_FIRST);
     REQUIRE(kvhal_paged_cache_create(&c, &r->cache) == KVHAL_OK);
     REQUIRE(kvhal_paged_cache_num_blocks(r->cache) == FX_PAGES);
     kvhal_tensor k, v;
@@ -249,9 +235,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int32_t p = 0; p < FX_PAGES; p++)
         if (!keep[p]) REQUIRE(kvhal_cache_manager_free(u.cm, &p, 1) == KVHAL_OK);
 
-    const xw_geometry g = {.num_layers = FX_LAYERS, .num_heads = FX_HEADS, .head_dim = FX_DIM,
-                           .block_size = FX_BLOCK, .dtype = KVHAL_F16, .layout = KVHAL_LAYOUT_NHD,
-                           .num_blocks = FX_SEND_PAGES, .chunk_bytes = FX_CHUNK};
+    const xw_geometry g = fx_geometry();
     REQUIRE(kvhal__xfer_attach_peer(r->ag, FX_SESSION_A, &g, &u.peer[0]) == KVHAL_OK);
     REQUIRE(kvhal__xfer_attach_peer(r->ag, FX_SESSION_B, &g, &u.peer[1]) == KVHAL_OK);
     u.rx[0] = (recv_state){NULL, FX_GRANT_A, FX_GRANT_A_N};

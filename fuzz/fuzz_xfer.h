@@ -15,6 +15,9 @@
 
 #include <stdint.h>
 
+#include "kvhal.h"
+#include "xfer_wire.h"
+
 #define FX_TOKEN "fuzz-token"
 #define FX_LAYERS 3
 #define FX_HEADS 2
@@ -38,5 +41,28 @@ enum { FX_FRAME = 0, FX_FRAME_PUMP = 1, FX_PUMP = 2, FX_CANCEL = 3, FX_DISCONNEC
 #define FX_SECOND 0x08
 #define FX_RNDV 0x80
 #define FX_SENDBLOB "SENDBLOB"
+
+/* The receiver's caches (FX_PAGES, either order) and the peers' (FX_SEND_PAGES, layer-first, shareable). */
+static inline kvhal_paged_cache_config fx_cache_config(int64_t pages, kvhal_paged_order order)
+{
+    kvhal_paged_cache_config c = KVHAL_PAGED_CACHE_CONFIG_INIT;
+    c.num_layers = FX_LAYERS;
+    c.num_heads = FX_HEADS;
+    c.head_dim = FX_DIM;
+    c.block_size = FX_BLOCK;
+    c.dtype = KVHAL_F16;
+    c.order = order;
+    c.memory_budget = (uint64_t)pages * 2u * FX_LAYERS * FX_CHUNK;
+    c.device = (kvhal_device){KVHAL_DEVICE_CPU, 0};
+    return c;
+}
+
+/* The peers' geometry, as their HELLOs say it. */
+static inline xw_geometry fx_geometry(void)
+{
+    return (xw_geometry){.num_layers = FX_LAYERS, .num_heads = FX_HEADS, .head_dim = FX_DIM, .block_size = FX_BLOCK,
+                         .dtype = KVHAL_F16, .layout = KVHAL_LAYOUT_NHD, .num_blocks = FX_SEND_PAGES,
+                         .chunk_bytes = FX_CHUNK};
+}
 
 #endif

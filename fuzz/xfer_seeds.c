@@ -103,13 +103,6 @@ static void complete_both(uint8_t config, bool pump_each)
     (void)config;
 }
 
-static xw_geometry geometry(void)
-{
-    return (xw_geometry){.num_layers = FX_LAYERS, .num_heads = FX_HEADS, .head_dim = FX_DIM, .block_size = FX_BLOCK,
-                         .dtype = KVHAL_F16, .layout = KVHAL_LAYOUT_NHD, .num_blocks = FX_SEND_PAGES,
-                         .chunk_bytes = FX_CHUNK};
-}
-
 static void hello(uint8_t op, const char *token, uint64_t src_session)
 {
     xw_hello h;
@@ -118,7 +111,7 @@ static void hello(uint8_t op, const char *token, uint64_t src_session)
     h.src_session = src_session;
     snprintf(h.name, sizeof h.name, "prefill");
     snprintf(h.token, sizeof h.token, "%s", token);
-    h.g = geometry();
+    h.g = fx_geometry();
     h.addr_len = 4;
     snprintf(h.host, sizeof h.host, "some-boot-id/some-host");
     record(op, &h, sizeof h, "SELF", 4);
@@ -132,14 +125,7 @@ int main(int argc, char **argv)
     }
     dir = argv[1];
     /* the peers' cache as fuzz_xfer makes it: its layers' byte offsets and page stride go in IPC_MAP frames */
-    kvhal_paged_cache_config c = KVHAL_PAGED_CACHE_CONFIG_INIT;
-    c.num_layers = FX_LAYERS;
-    c.num_heads = FX_HEADS;
-    c.head_dim = FX_DIM;
-    c.block_size = FX_BLOCK;
-    c.dtype = KVHAL_F16;
-    c.memory_budget = (uint64_t)FX_SEND_PAGES * 2u * FX_LAYERS * FX_CHUNK;
-    c.device = (kvhal_device){KVHAL_DEVICE_CPU, 0};
+    kvhal_paged_cache_config c = fx_cache_config(FX_SEND_PAGES, KVHAL_LAYER_FIRST);
     kvhal_paged_cache *pc = NULL;
     if (kvhal_paged_cache_create_shareable(&c, &pc) != KVHAL_OK) {
         fprintf(stderr, "xfer_seeds: %s\n", kvhal_last_error());
@@ -239,7 +225,7 @@ int main(int argc, char **argv)
         memset(&k, 0, sizeof k);
         k.c = common(XW_HELLO_ACK, 0x1234);
         k.src_session = FX_SESSION_A;
-        k.g = geometry();
+        k.g = fx_geometry();
         record(FX_FRAME_PUMP, &k, sizeof k, NULL, 0);
     }
     complete_both(1, true);
