@@ -7,7 +7,8 @@
  * local cancels and disconnects. Record format: fuzz_xfer.h.
  *
  * Checked (abort on failure): after every record, the cache manager's free pages are exactly those of no receive
- * that is pending or completed (a failed or cancelled receive gave its pages back, nothing else did); after the
+ * that is pending or completed (a failed or cancelled receive gave its pages back, nothing else did) and a
+ * completed receive has every byte; one RECV_DONE event per finished receive, none for another; after the
  * input, once every transfer is released and every peer disconnected, the agent holds nothing
  * (kvhal__xfer_agent_held), every page is free again, the manager's integrity holds, and every byte of the cache
  * outside the granted pages is the pattern written before. ASan catches a write past the cache buffer, LeakSanitizer
@@ -120,6 +121,7 @@ typedef struct recv_state {
     kvhal_xfer *x;
     const int32_t *pages;
     int32_t n;
+    int done_events; /* RECV_DONE events seen for it: one once it finished, never two */
 } recv_state;
 
 typedef struct run {
@@ -134,7 +136,7 @@ typedef struct run {
 /* Progress until no event is left; keeps the peers HELLOs made (to disconnect them at the end). */
 static void pump(run *u)
 {
-    for (int i = 0; i < 64; i++) {
+    for (;;) { /* every call of progress pumps once: events are finite */
         kvhal_xfer_event ev;
         REQUIRE(kvhal_xfer_progress(u->r->ag, 0, &ev) == KVHAL_OK);
         if (ev.type == KVHAL_XFER_EVENT_NONE) return;
@@ -142,8 +144,10 @@ static void pump(run *u)
             REQUIRE(ev.peer && u->n_accepted < MAX_ACCEPTED); /* max_peers keeps it far below */
             u->accepted[u->n_accepted++] = ev.peer;
         }
-        if (ev.type == KVHAL_XFER_EVENT_RECV_DONE) /* only ours are posted */
+        if (ev.type == KVHAL_XFER_EVENT_RECV_DONE) { /* only ours are posted */
             REQUIRE(ev.xfer == u->rx[0].x || ev.xfer == u->rx[1].x);
+            REQUIRE(++u->rx[ev.xfer == u->rx[1].x].done_events == 1);
+        }
         if (ev.type == KVHAL_XFER_EVENT_SEND_DONE) abort(); /* nothing is sent */
     }
 }
@@ -156,6 +160,7 @@ static void check_pages(run *u)
         kvhal_xfer_info info;
         REQUIRE(kvhal_xfer_get_info(u->rx[i].x, &info) == KVHAL_OK);
         REQUIRE(info.is_receive && info.bytes_done <= info.bytes_total);
+        REQUIRE(info.status != KVHAL_OK || info.bytes_done == info.bytes_total); /* complete: every byte written */
         if (info.status == KVHAL_BUSY || info.status == KVHAL_OK) held += u->rx[i].n;
     }
     kvhal_clear_error();
@@ -238,8 +243,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const xw_geometry g = fx_geometry();
     REQUIRE(kvhal__xfer_attach_peer(r->ag, FX_SESSION_A, &g, &u.peer[0]) == KVHAL_OK);
     REQUIRE(kvhal__xfer_attach_peer(r->ag, FX_SESSION_B, &g, &u.peer[1]) == KVHAL_OK);
-    u.rx[0] = (recv_state){NULL, FX_GRANT_A, FX_GRANT_A_N};
-    u.rx[1] = (recv_state){NULL, FX_GRANT_B, FX_GRANT_B_N};
+    u.rx[0] = (recv_state){NULL, FX_GRANT_A, FX_GRANT_A_N, 0};
+    u.rx[1] = (recv_state){NULL, FX_GRANT_B, FX_GRANT_B_N, 0};
     REQUIRE(kvhal_xfer_post_receive(u.peer[0], FX_REQUEST_A, FX_GRANT_A, FX_GRANT_A_N, u.cm, &u.rx[0].x) == KVHAL_OK);
     REQUIRE(kvhal_xfer_post_receive(u.peer[1], FX_REQUEST_B, FX_GRANT_B, FX_GRANT_B_N, u.cm, &u.rx[1].x) == KVHAL_OK);
     check_pages(&u);
@@ -273,6 +278,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     pump(&u);
     check_pages(&u);
+    for (int i = 0; i < 2; i++) { /* a finished receive said so once */
+        kvhal_xfer_info info;
+        REQUIRE(kvhal_xfer_get_info(u.rx[i].x, &info) == KVHAL_OK);
+        REQUIRE(u.rx[i].done_events == (info.status != KVHAL_BUSY));
+    }
 
     /* the end: completed receives' pages are ours to free; the rest go back as the receives are released */
     for (int i = 0; i < 2; i++) {
