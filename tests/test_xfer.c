@@ -8,6 +8,8 @@
  *
  * The receiver agent B is progressed by a server thread (kvhal_xfer_connect blocks on the connecting side); every
  * call on B takes the lock that thread holds while it progresses. */
+#define _GNU_SOURCE /* RTLD_NEXT */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -49,6 +51,53 @@ static double now_s(void)
 static void assert_contains(const char *s, const char *needle)
 {
     if (!strstr(s, needle)) fail_msg("\"%s\" does not contain \"%s\"", s, needle);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* the agents' endpoints, counted: this program exports its symbols (meson: export_dynamic), so libkvhal-xfer's */
+/* calls of ucp_ep_create and ucp_ep_close_nbx land here first and go on to UCX's                              */
+/* ---------------------------------------------------------------------------------------------------------- */
+static pthread_mutex_t eps_mu = PTHREAD_MUTEX_INITIALIZER;
+static ucp_ep_h agent_eps[1024]; /* created by an agent and not closed (a close UCX refused leaves it here) */
+static int n_agent_eps;
+static _Thread_local bool raw_call; /* set around the hand-made peer's own calls, which are not counted */
+
+ucs_status_t ucp_ep_create(ucp_worker_h worker, const ucp_ep_params_t *params, ucp_ep_h *ep_p)
+{
+    ucs_status_t (*real)(ucp_worker_h, const ucp_ep_params_t *, ucp_ep_h *);
+    void *sym = dlsym(RTLD_NEXT, "ucp_ep_create");
+    memcpy(&real, &sym, sizeof real);
+    const ucs_status_t st = real(worker, params, ep_p);
+    pthread_mutex_lock(&eps_mu);
+    if (st == UCS_OK && !raw_call && n_agent_eps < (int)(sizeof agent_eps / sizeof agent_eps[0]))
+        agent_eps[n_agent_eps++] = *ep_p;
+    pthread_mutex_unlock(&eps_mu);
+    return st;
+}
+
+ucs_status_ptr_t ucp_ep_close_nbx(ucp_ep_h ep, const ucp_request_param_t *param)
+{
+    ucs_status_ptr_t (*real)(ucp_ep_h, const ucp_request_param_t *);
+    void *sym = dlsym(RTLD_NEXT, "ucp_ep_close_nbx");
+    memcpy(&real, &sym, sizeof real);
+    const ucs_status_ptr_t r = real(ep, param);
+    pthread_mutex_lock(&eps_mu);
+    if (!UCS_PTR_IS_ERR(r))
+        for (int i = 0; i < n_agent_eps; i++)
+            if (agent_eps[i] == ep) {
+                agent_eps[i] = agent_eps[--n_agent_eps];
+                break;
+            }
+    pthread_mutex_unlock(&eps_mu);
+    return r;
+}
+
+static int open_agent_eps(void)
+{
+    pthread_mutex_lock(&eps_mu);
+    const int n = n_agent_eps;
+    pthread_mutex_unlock(&eps_mu);
+    return n;
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -501,7 +550,9 @@ static void raw_open(raw *r, const uint8_t *blob, size_t len, const char *token)
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
                           .address = (const ucp_address_t *)(blob + sizeof b),
                           .err_mode = strstr(tls, "tcp") ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE};
+    raw_call = true;
     assert_int_equal(ucp_ep_create(r->w, &ep, &r->ep), UCS_OK);
+    raw_call = false;
     xw_hello h;
     memset(&h, 0, sizeof h);
     h.c = (xw_common){XW_MAGIC, XW_VERSION, XW_HELLO, 0};
@@ -1521,6 +1572,39 @@ static void test_hostile_ipc(void **state)
     free(hpat);
 }
 
+/* Dropping a peer closes its endpoint (found by fuzz_xfer): UCX force-closes only endpoints with peer-failure
+ * handling, which shared-memory transports lack, and the agent, refused, used to leave the endpoint open until
+ * it was destroyed. Peers that connect, are dropped (a BYE, an unknown frame type) and disconnected leave no
+ * endpoint of the receiver open, whatever the transport. */
+static void test_dropped_peers_close_endpoints(void **state)
+{
+    (void)state;
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    server s;
+    server_start(&s, cpu, 2000);
+    uint8_t blob[4096];
+    size_t len = server_blob(&s, blob, sizeof blob);
+    const int before = open_agent_eps();
+    for (int round = 0, from = 0; round < 4; round++) {
+        raw r;
+        raw_open(&r, blob, len, TOKEN);
+        assert_int_equal(r.hello_status, 0);
+        const int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, from, 5);
+        assert_int_equal(open_agent_eps(), before + 1);
+        xw_common c = {XW_MAGIC, XW_VERSION, round % 2 ? XW_BYE : 77, r.their_session};
+        raw_send(&r, &c, sizeof c, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+        from = wait_event(&s, KVHAL_XFER_EVENT_PEER_FAILED, e + 1, 5) + 1;
+        pthread_mutex_lock(&s.mu);
+        assert_int_equal(kvhal_xfer_disconnect(s.evs[e].peer), KVHAL_OK);
+        pthread_mutex_unlock(&s.mu);
+        raw_close(&r);
+        if (open_agent_eps() != before)
+            fail_msg("round %d: the receiver left %d endpoint(s) of dropped peers open", round, open_agent_eps() - before);
+    }
+    all_pages_free(&s);
+    server_stop(&s);
+}
+
 int main(int argc, char **argv)
 {
     const char *t = getenv("TRANSFER_TLS");
@@ -1541,6 +1625,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_silent_agent_and_destroy_with_grants),
         cmocka_unit_test(test_ipc_two_processes),
         cmocka_unit_test(test_hostile_ipc),
+        cmocka_unit_test(test_dropped_peers_close_endpoints),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

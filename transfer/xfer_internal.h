@@ -1,0 +1,35 @@
+/* xfer_internal.h — the receive side of libkvhal-xfer without a UCX connection, for the fuzzer (fuzz/fuzz_xfer.c).
+ * Private to transfer/ and fuzz/: not installed, not exported (the library's symbols are hidden; the fuzzer links
+ * the library's object file). Frames given here go through the same handler UCX calls for every active message,
+ * so everything a remote peer can send is checked by the code that checks it in production. */
+#ifndef KVHAL_XFER_INTERNAL_H
+#define KVHAL_XFER_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ucp/api/ucp.h>
+
+#include "kvhal_xfer.h"
+#include "xfer_wire.h"
+
+/* One frame from a peer, as UCX hands it to the agent's active-message handler (header, then data) and what the
+ * handler returns to UCX. rndv: the frame came by rendezvous, data being UCX's descriptor of it; only frames the
+ * handler refuses before fetching their data (anything but a well-formed DATA frame for a pending grant) may be
+ * passed so, as the handler hands an accepted one's descriptor to UCX. */
+ucs_status_t kvhal__xfer_recv_frame(kvhal_xfer_agent *a, const void *header, size_t header_length, void *data,
+                                    size_t length, bool rndv);
+
+/* A peer connected to a, as a HELLO with the right token makes one, but without an endpoint: frames whose
+ * dest_session is session reach it, and what a sends it is dropped. g: its cache geometry (num_blocks: its page
+ * count). Freed by kvhal_xfer_disconnect (or kvhal_xfer_agent_destroy). */
+kvhal_status kvhal__xfer_attach_peer(kvhal_xfer_agent *a, uint64_t session, const xw_geometry *g,
+                                     kvhal_xfer_peer **out);
+
+/* What a holds for transfers and peers: transfers, peers, frames being received, messages queued or in flight,
+ * HELLOs and IPC copies not yet processed, queued events, endpoints closing. 0 once every peer is disconnected,
+ * every transfer released and every event taken; anything else is held past its owner's life. */
+size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a);
+
+#endif
