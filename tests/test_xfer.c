@@ -392,6 +392,12 @@ static void test_wrong_token_and_geometry(void **state)
     assert_int_equal(kvhal_xfer_connect(a, blob, len - 1, TOKEN, &p), KVHAL_INVALID_ARGUMENT);
     assert_contains(kvhal_last_error(), "len");
     assert_int_equal(kvhal_xfer_connect(a, blob, 3, TOKEN, &p), KVHAL_INVALID_ARGUMENT);
+    /* an address of another wire version */
+    memcpy(bad, blob, len);
+    const uint16_t old_version = XW_VERSION - 1;
+    memcpy(bad + offsetof(xw_blob, version), &old_version, sizeof old_version);
+    assert_int_equal(kvhal_xfer_connect(a, bad, len, TOKEN, &p), KVHAL_INVALID_ARGUMENT);
+    assert_contains(kvhal_last_error(), "wire version 2, this agent speaks 3");
     assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
     kvhal_paged_cache_destroy(sc);
     /* another geometry (heads) */
@@ -478,7 +484,8 @@ static void raw_send(raw *r, const void *hdr, size_t hlen, const void *data, siz
     }
 }
 
-static void raw_open(raw *r, const uint8_t *blob, size_t len, const char *token)
+/* Connects as an agent of wire version `version` would (its HELLO in our layout) and waits for the answer. */
+static void raw_open_v(raw *r, const uint8_t *blob, size_t len, const char *token, uint16_t version)
 {
     memset(r, 0, sizeof *r);
     ucp_config_t *uc;
@@ -504,7 +511,7 @@ static void raw_open(raw *r, const uint8_t *blob, size_t len, const char *token)
     assert_int_equal(ucp_ep_create(r->w, &ep, &r->ep), UCS_OK);
     xw_hello h;
     memset(&h, 0, sizeof h);
-    h.c = (xw_common){XW_MAGIC, XW_VERSION, XW_HELLO, 0};
+    h.c = (xw_common){XW_MAGIC, version, XW_HELLO, 0};
     r->my_session = 0x1234567890abcdefull;
     h.src_session = r->my_session;
     snprintf(h.name, sizeof h.name, "hostile");
@@ -515,6 +522,11 @@ static void raw_open(raw *r, const uint8_t *blob, size_t len, const char *token)
     const double until = now_s() + 5;
     while (!r->got_hello_ack && now_s() < until) raw_progress(r, 0.001);
     assert_true(r->got_hello_ack);
+}
+
+static void raw_open(raw *r, const uint8_t *blob, size_t len, const char *token)
+{
+    raw_open_v(r, blob, len, token, XW_VERSION);
 }
 
 static void raw_close(raw *r)
@@ -553,6 +565,34 @@ static void raw_data(raw *r, uint64_t session, uint64_t req, int32_t first, int3
     } else {
         fail_msg("%s", "raw_data: more frames than the peer keeps");
     }
+}
+
+/* A connector of another wire version (3 changed HELLO and HELLO_ACK): refused with a reason that names both
+ * versions, on both sides; nothing written, no page taken. */
+static void test_wire_version(void **state)
+{
+    (void)state;
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    server s;
+    server_start(&s, cpu, 2000);
+    uint8_t blob[4096];
+    size_t len = server_blob(&s, blob, sizeof blob);
+    const uint16_t versions[] = {XW_VERSION - 1, XW_VERSION + 1};
+    for (int i = 0; i < 2; i++) {
+        const int ev0 = s.nev;
+        raw r;
+        raw_open_v(&r, blob, len, TOKEN, versions[i]);
+        assert_int_not_equal(r.hello_status, 0);
+        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_REJECTED, ev0, 5);
+        char want[64];
+        snprintf(want, sizeof want, "wire version %u, this agent speaks %u", (unsigned)versions[i],
+                 (unsigned)XW_VERSION);
+        assert_contains(s.evs[e].message, want);
+        raw_close(&r);
+    }
+    check_cache(&s, NULL, 0);
+    all_pages_free(&s);
+    server_stop(&s);
 }
 
 typedef struct hostile_case {
@@ -1532,6 +1572,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_transfer_every_device),
         cmocka_unit_test(test_wrong_token_and_geometry),
         cmocka_unit_test(test_hostile_frames),
+        cmocka_unit_test(test_wire_version),
         cmocka_unit_test(test_cancel_and_duplicates),
         cmocka_unit_test(test_stalled_peer),
         cmocka_unit_test(test_peer_killed_mid_transfer),

@@ -7,6 +7,7 @@
  * connection set-up, acknowledgements and deadlines are handled after ucp_worker_progress returns. */
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,8 +33,14 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 #define MAX_EVENTS 65536
 #define MAX_FRAME_PAGES 256
 #define RNDV_FRAME_BYTES 65536u         /* DATA frames of this size and more go by rendezvous */
-#define BOUNCE_POOL 8                     /* idle bounce buffers an agent keeps */
+#define BOUNCE_POOL 256                   /* idle bounce buffers an agent keeps */
 #define BOUNCE_POOL_BYTES (256ull << 20)  /* and their bytes at most */
+#ifndef GATHER_AHEAD_BYTES
+#define GATHER_AHEAD_BYTES (4ull << 20)   /* gathered frames posted and not yet sent, at most (one at least) */
+#endif
+#ifndef GATHER_FRAME_BYTES
+#define GATHER_FRAME_BYTES (1ull << 20)   /* a gathered frame's bytes at most (one page at least) */
+#endif
 
 #define ERR(st, ...) kvhal_error_set((st), __VA_ARGS__)
 #define CHECK_ARG(cond, ...)                                                                                    \
@@ -60,6 +67,7 @@ struct kvhal_xfer_peer {
     uint64_t their_session; /* dest_session of frames we send */
     char name[XW_NAME_LEN];
     xw_geometry g;          /* the peer's */
+    xw_runs runs;           /* its cache's run layout (where its frames are cut, see kvhal_xfer_send_pages) */
     kvhal_status fail_status;
     char fail_msg[256];
     uint64_t deadline_ns;   /* connecting only */
@@ -86,8 +94,10 @@ typedef struct send_frame {
     ucp_dt_iov_t *iov;
     size_t iov_count;
     void *staging;
-    void *bounce;           /* host caches over TCP: the frame's chunks gathered here (a pool buffer) */
+    void *bounce;           /* gathered frames: the frame's chunks copied here (a pool buffer) until it is sent */
     uint64_t bytes;
+    bool gather;            /* gathered into a bounce buffer when it is posted (see kvhal_xfer_send_pages) */
+    bool posted;
     bool in_flight;
 } send_frame;
 
@@ -126,6 +136,7 @@ struct kvhal_xfer {
     /* send */
     send_frame *frames;
     int32_t num_frames, frames_acked, sends_inflight;
+    int32_t next_post;      /* frames before it are posted (post_pending) */
     kvhal_xfer *next;
 };
 
@@ -144,6 +155,7 @@ typedef struct pending_msg { /* a frame to send from pump(), not from a UCX call
 
 typedef struct pending_hello {
     xw_hello h;
+    uint16_t version;       /* another wire version than ours: refused (h holds what its header had of ours) */
     void *addr;
     struct pending_hello *next;
 } pending_hello;
@@ -181,6 +193,7 @@ struct kvhal_xfer_agent {
     bool no_peer_errors;    /* the transports have no peer-failure handling (UCX shared memory) */
     struct { void *p; size_t cap; } pool[BOUNCE_POOL]; /* idle bounce buffers, kept for reuse */
     size_t pool_bytes;
+    uint64_t gathered;      /* bytes of gathered frames posted and not yet sent */
     /* the cache */
     kvhal_paged_cache *cache;
     kvhal_buffer *cache_buf;
@@ -188,6 +201,7 @@ struct kvhal_xfer_agent {
     uint8_t *host_base;
     ucp_mem_h memh;
     xw_geometry g;
+    xw_runs runs;           /* ours, told to peers in HELLO / HELLO_ACK */
     size_t *k_off, *v_off;  /* byte offset of block 0 of each layer's K and V */
     size_t block_stride;    /* bytes between blocks */
     /* state */
@@ -403,6 +417,15 @@ static void flush_msgs(kvhal_xfer_agent *a)
 /* ---------------------------------------------------------------------------------------------------------- */
 static void bounce_put(kvhal_xfer_agent *a, void *p);
 
+/* A gathered frame was sent (or will not be): its bounce buffer goes back to the pool. */
+static void frame_unbounce(kvhal_xfer_agent *a, send_frame *f)
+{
+    if (!f->bounce) return;
+    bounce_put(a, f->bounce);
+    f->bounce = NULL;
+    a->gathered -= f->bytes;
+}
+
 static void xfer_free(kvhal_xfer *x)
 {
     kvhal_xfer_agent *a = x->agent;
@@ -417,7 +440,7 @@ static void xfer_free(kvhal_xfer *x)
             free(x->frames[i].hdr);
             free(x->frames[i].iov);
             free(x->frames[i].staging);
-            bounce_put(a, x->frames[i].bounce);
+            frame_unbounce(a, &x->frames[i]);
         }
         free(x->frames);
     }
@@ -871,6 +894,10 @@ static void on_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, 
     kvhal_xfer *x = find_xfer_id(a, k.xfer_id);
     if (!x || x->is_recv || x->peer != p || k.frame >= (uint32_t)x->num_frames || x->finished) return; /* stale */
     send_frame *f = &x->frames[k.frame];
+    if (!f->posted) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "ACK of frame %u, which was not sent yet", (unsigned)k.frame);
+        return;
+    }
     if (k.status != KVHAL_OK) {
         kvhal_status st = (k.status > 0 && k.status < XFER_STATUS_N) ? (kvhal_status)k.status : KVHAL_PEER_FAILED;
         xfer_finish(x, st, "peer %s refused frame %u: %s", p->name, (unsigned)k.frame, k.reason);
@@ -1297,13 +1324,27 @@ static void on_grant(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header
                "peer %s granted %d pages for request %llu", p->name, (int)g.n_pages, (unsigned long long)g.request_id);
 }
 
-static void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length, uint64_t dest)
+static void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length, uint64_t dest,
+                         uint16_t version)
 {
     xw_hello_ack k;
     kvhal_xfer_peer *p = NULL;
     for (kvhal_xfer_peer *q = a->peers; q; q = q->next)
         if (q->my_session == dest && q->state == P_CONNECTING) p = q;
     if (!p) return; /* not for a connect in progress: ignore */
+    if (version != XW_VERSION) { /* its reason (a refusal's) is where ours is, whatever the version */
+        char why[XW_REASON_LEN] = "";
+        const size_t ro = offsetof(xw_hello_ack, reason);
+        if (header_length >= ro + XW_REASON_LEN) {
+            memcpy(why, (const uint8_t *)header + ro, XW_REASON_LEN);
+            why[XW_REASON_LEN - 1] = '\0';
+            for (char *q = why; *q; q++)
+                if ((unsigned char)*q < 0x20 || (unsigned char)*q > 0x7e) *q = '?';
+        }
+        peer_fail(p, KVHAL_PEER_FAILED, false, "speaks wire version %u, this agent %u: not compatible%s%s",
+                  (unsigned)version, (unsigned)XW_VERSION, why[0] ? "; it said: " : "", why);
+        return;
+    }
     if (header_length != sizeof k) {
         peer_fail(p, KVHAL_PEER_FAILED, false, "malformed HELLO_ACK (%zu bytes)", header_length);
         return;
@@ -1322,6 +1363,7 @@ static void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_
     }
     p->their_session = k.src_session;
     p->g = k.g;
+    p->runs = k.runs;
     p->state = P_CONNECTED;
     k.host[sizeof k.host - 1] = '\0';
     p->same_host = a->host_id[0] && strcmp(k.host, a->host_id) == 0;
@@ -1365,7 +1407,11 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     unsigned diff = 0;
     h->token[sizeof h->token - 1] = '\0';
     for (size_t i = 0; i < XW_TOKEN_LEN; i++) diff |= (unsigned)(uint8_t)(h->token[i] ^ a->token[i]);
-    if (diff) snprintf(reason, sizeof reason, "wrong token");
+    if (ph->version) {
+        snprintf(name, sizeof name, "?");
+        snprintf(reason, sizeof reason, "wire version %u, this agent speaks %u", (unsigned)ph->version,
+                 (unsigned)XW_VERSION);
+    } else if (diff) snprintf(reason, sizeof reason, "wrong token");
     else if (!a->cache) snprintf(reason, sizeof reason, "no paged cache registered");
     else if (!same_geometry(&h->g, &a->g))
         snprintf(reason, sizeof reason, "cache geometry differs (layers %d/%d heads %d/%d dim %d/%d block %d/%d "
@@ -1401,6 +1447,7 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     k.c = (xw_common){XW_MAGIC, XW_VERSION, XW_HELLO_ACK, h->src_session};
     copy_name(k.name, sizeof k.name, a->name);
     k.g = a->g;
+    k.runs = a->runs;
     memcpy(k.host, a->host_id, sizeof k.host);
     if (reason[0]) {
         k.status = KVHAL_PEER_FAILED;
@@ -1418,6 +1465,7 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     p->my_session = random_session();
     p->their_session = h->src_session;
     p->g = h->g;
+    p->runs = h->runs;
     memcpy(p->name, name, sizeof name);
     p->next = a->peers;
     a->peers = p;
@@ -1447,7 +1495,34 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     xw_common c;
     if (header_length < sizeof c) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK; /* nobody to blame: dropped */
     memcpy(&c, header, sizeof c);
-    if (c.magic != XW_MAGIC || c.version != XW_VERSION) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    if (c.magic != XW_MAGIC) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    if (c.version != XW_VERSION) { /* a connection attempt or its answer gets a clear error; the rest is dropped */
+        if (c.type == XW_HELLO && !rndv && length > 0 && length <= XW_MAX_ADDR &&
+            header_length >= offsetof(xw_hello, name)) {
+            pending_hello *ph = calloc(1, sizeof *ph);
+            void *addr = malloc(length);
+            if (!ph || !addr) {
+                free(ph);
+                free(addr);
+                return UCS_OK;
+            }
+            /* the common header and src_session sit at the same offsets in every version; the rest may not */
+            memcpy(&ph->h, header, offsetof(xw_hello, name));
+            memcpy(addr, data, length);
+            ph->h.addr_len = (uint32_t)length;
+            ph->version = c.version ? c.version : UINT16_MAX;
+            ph->addr = addr;
+            ph->next = a->hellos;
+            a->hellos = ph;
+        } else if (c.type == XW_HELLO && !rndv) {
+            push_event(a, KVHAL_XFER_EVENT_PEER_REJECTED, NULL, NULL, 0, KVHAL_PEER_FAILED, NULL, 0,
+                       "malformed HELLO of wire version %u (this agent speaks %u)", (unsigned)c.version,
+                       (unsigned)XW_VERSION);
+        } else if (c.type == XW_HELLO_ACK && !rndv) {
+            on_hello_ack(a, header, header_length, c.dest_session, c.version);
+        }
+        return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    }
     if (c.type == XW_HELLO) {
         xw_hello h;
         if (header_length != sizeof h || rndv) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
@@ -1472,7 +1547,7 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
         return UCS_OK;
     }
     if (c.type == XW_HELLO_ACK) {
-        if (!rndv) on_hello_ack(a, header, header_length, c.dest_session);
+        if (!rndv) on_hello_ack(a, header, header_length, c.dest_session, c.version);
         return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
     }
     kvhal_xfer_peer *p = find_session(a, c.dest_session);
@@ -1512,6 +1587,8 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
 /* progress                                                                                                    */
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Returns how much UCX progressed (0: nothing moved; the caller may back off). */
+static void post_pending(kvhal_xfer_agent *a);
+
 static unsigned pump(kvhal_xfer_agent *a)
 {
     unsigned work = 0;
@@ -1544,6 +1621,7 @@ static unsigned pump(kvhal_xfer_agent *a)
             peer_fail(p, KVHAL_PEER_FAILED, false, "unreachable: %s", ucs_status_string(p->ep_status));
         }
     flush_msgs(a);
+    post_pending(a);
     const uint64_t now = now_ns();
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->state == P_CONNECTING && now > p->deadline_ns)
@@ -1845,6 +1923,12 @@ kvhal_status kvhal_xfer_register_paged_cache(kvhal_xfer_agent *a, kvhal_paged_ca
     a->k_off = ko;
     a->v_off = vo;
     a->block_stride = (size_t)k0.strides[0] * es;
+    /* host memory whose pages are each one run of chunks in wire order (a page-first cache): peers cut their frames
+     * where our runs end (see kvhal_xfer_send_pages) */
+    bool page_run = host;
+    for (int32_t l = 0; l < L && page_run; l++)
+        page_run = vo[l] == ko[l] + g.chunk_bytes && (l + 1 == L || ko[l + 1] == vo[l] + g.chunk_bytes);
+    a->runs = (xw_runs){.block_stride = a->block_stride, .flags = page_run ? XW_RUN_PAGE : 0};
     /* a shareable cache: its handle for peers on this host (the IPC path), and a stream for our copies from theirs */
     if (kvhal_buffer_is_shareable(buf) &&
         kvhal_buffer_ipc_export(buf, a->ipc_blob, sizeof a->ipc_blob, &a->ipc_blob_len) != KVHAL_OK)
@@ -1887,8 +1971,9 @@ kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t le
     xw_blob b;
     CHECK_ARG(len > sizeof b, "len: %zu bytes is too short for an address blob", len);
     memcpy(&b, blob, sizeof b);
-    CHECK_ARG(b.magic == XW_BLOB_MAGIC && b.version == XW_VERSION, "blob: not a kvhal transfer address (version %u)",
-              (unsigned)b.version);
+    CHECK_ARG(b.magic == XW_BLOB_MAGIC, "blob: not a kvhal transfer address");
+    CHECK_ARG(b.version == XW_VERSION, "blob: an address of wire version %u, this agent speaks %u: not compatible",
+              (unsigned)b.version, (unsigned)XW_VERSION);
     CHECK_ARG(b.addr_len > 0 && b.addr_len <= XW_MAX_ADDR && len == sizeof b + b.addr_len,
               "len: %zu bytes, the blob says %zu", len, sizeof b + (size_t)b.addr_len);
     CHECK_ARG(a->live_peers < a->max_peers, "agent: already %d peers (cfg.max_peers)", (int)a->max_peers);
@@ -1927,6 +2012,7 @@ kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t le
     copy_name(h.name, sizeof h.name, a->name);
     memcpy(h.token, token, strlen(token));
     h.g = a->g;
+    h.runs = a->runs;
     h.addr_len = (uint32_t)a->addr_len;
     memcpy(h.host, a->host_id, sizeof h.host);
     queue_msg(a, p, p->ep, &h, sizeof h, a->addr, a->addr_len, false);
@@ -2061,6 +2147,7 @@ static void send_cb(void *request, ucs_status_t status, void *user_data)
     kvhal_xfer *x = f->x;
     f->in_flight = false;
     x->sends_inflight--;
+    frame_unbounce(x->agent, f);
     ucp_request_free(request);
     if (status != UCS_OK && !x->failing) /* settles: may free x */
         xfer_finish(x, KVHAL_PEER_FAILED, "sending frame to peer %s failed: %s", x->peer ? x->peer->name : "?",
@@ -2077,14 +2164,82 @@ static bool post_frame(kvhal_xfer_peer *p, kvhal_xfer *x, int32_t fi, const void
     send_frame *f = &x->frames[fi];
     void *r = ucp_am_send_nbx(p->ep, XW_AM_ID, f->hdr, f->hdr_len, buf, count, prm);
     if (UCS_PTR_IS_ERR(r)) {
+        frame_unbounce(x->agent, f);
         xfer_finish(x, KVHAL_PEER_FAILED, "UCX refused frame %d: %s", (int)fi, ucs_status_string(UCS_PTR_STATUS(r)));
         return false;
     }
+    f->posted = true;
     if (r) {
         f->in_flight = true;
         x->sends_inflight++;
+    } else {
+        frame_unbounce(x->agent, f); /* sent already */
     }
     return true;
+}
+
+/* Posts x's next frames, gathering those that are gathered (into bounce buffers) just before: at most
+ * GATHER_AHEAD_BYTES of them wait for UCX at a time, so that the copies stay in cache, a transfer's first frame
+ * does not wait for its last to be gathered, and memory stays bounded. false: x is blocked on that limit. */
+static bool post_frames(kvhal_xfer *x)
+{
+    kvhal_xfer_agent *a = x->agent;
+    kvhal_xfer_peer *p = x->peer;
+    while (x->next_post < x->num_frames && !x->failing && p && p->state == P_CONNECTED) {
+        const int32_t fi = x->next_post;
+        send_frame *f = &x->frames[fi];
+        if (f->gather) {
+            if (a->gathered && a->gathered + f->bytes > GATHER_AHEAD_BYTES) return false;
+            uint8_t *b = f->bounce = bounce_get(a, f->bytes);
+            if (!b) {
+                xfer_finish(x, KVHAL_OUT_OF_MEMORY, "sending frame %d: no host memory to gather its %llu bytes",
+                            (int)fi, (unsigned long long)f->bytes);
+                return true;
+            }
+            a->gathered += f->bytes;
+            for (size_t i = 0; i < f->iov_count; i++) {
+                memcpy(b, f->iov[i].buffer, f->iov[i].length);
+                b += f->iov[i].length;
+            }
+        }
+        x->next_post++;
+        /* rendezvous for every frame but small ones, whatever UCX's threshold says: an eager frame of megabytes is
+         * assembled in a buffer of the receiver's UCX before the handler sees it (one more copy) */
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
+                                   .cb.send = send_cb, .user_data = f,
+                                   .flags = f->bytes >= RNDV_FRAME_BYTES ? UCP_AM_SEND_FLAG_RNDV : 0};
+        const void *buf;
+        size_t count;
+        if (a->host && (f->iov_count == 1 || f->bounce)) {
+            prm.datatype = ucp_dt_make_contig(1);
+            buf = f->bounce ? f->bounce : f->iov[0].buffer;
+            count = f->bytes;
+        } else if (a->host) {
+            prm.datatype = ucp_dt_make_iov();
+            buf = f->iov;
+            count = f->iov_count;
+        } else {
+            prm.datatype = ucp_dt_make_contig(1);
+            buf = f->staging;
+            count = f->bytes;
+        }
+        if (!post_frame(p, x, fi, buf, count, &prm)) return true; /* x failed (and may be gone) */
+    }
+    return true;
+}
+
+/* Frames not yet posted, oldest transfer first, until the gathering limit blocks one. */
+static void post_pending(kvhal_xfer_agent *a)
+{
+    for (;;) {
+        kvhal_xfer *old = NULL;
+        for (kvhal_xfer *x = a->xfers; x; x = x->next)
+            if (!x->is_recv && x->next_post < x->num_frames && !x->failing && x->path != PATH_IPC &&
+                (!old || x->xfer_id < old->xfer_id))
+                old = x;
+        if (!old || !post_frames(old)) return;
+    }
 }
 
 /* The IPC path of kvhal_xfer_send_pages: the peer imported our cache, so frames carry (src, dst) page ids only and
@@ -2150,6 +2305,15 @@ static kvhal_status send_pages_ipc(kvhal_xfer_peer *p, uint64_t request_id, cons
     return KVHAL_OK;
 }
 
+/* The end of the frame that starts at page index first: at most per pages and, where frames are cut at the
+ * receiver's runs, only pages that continue one (joins: its consecutive pages are adjacent). */
+static int32_t frame_end(const int32_t *dst, int32_t first, int32_t n, size_t per, bool cut, bool joins)
+{
+    int32_t e = first + 1;
+    while (e < n && (size_t)(e - first) < per && (!cut || (joins && dst[e] == dst[e - 1] + 1))) e++;
+    return e;
+}
+
 kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, const int32_t *src_pages,
                                    const int32_t *dst_pages, int32_t n, int32_t first_layer, int32_t num_layers,
                                    kvhal_xfer **out)
@@ -2176,27 +2340,41 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
      * sent zero-copy in 64 KiB fragments from a contiguous buffer. So on endpoints with peer-failure handling
      * (TCP) a frame of several runs is gathered here into a contiguous bounce buffer (the same one copy that the
      * pack made, then 64 KiB sendmsg calls); the receiver's UCX writes every fragment straight into its scattered
-     * chunks (an IOV receive) either way. Over shared memory (no peer-failure handling) frames stay IOVs: UCX
-     * copies them through its FIFO, one copy on each side at once, where a gathered frame would cost a third. */
+     * chunks (an IOV receive) either way.
+     * Without peer-failure handling (shared memory), UCX's rendezvous reads a frame straight from the sender's
+     * buffer into the receiver's (one copy, CMA) when both are contiguous, and otherwise pushes it through its FIFO
+     * (a copy on each side, 8 KiB at a time). So there, where the peer's pages are each one run (its XW_RUN_PAGE),
+     * frames are cut where the peer's runs end (consecutive pages join when the peer's pages are adjacent) and a
+     * frame of several runs of ours is gathered too: the peer's UCX then reads each frame into its page. */
     size_t per = MAX_FRAME_PAGES;
     if (a->max_am_header > sizeof(xw_data)) {
         const size_t fit = (a->max_am_header - sizeof(xw_data)) / sizeof(int32_t);
         if (fit < per) per = fit;
     }
     if (per < 1) return ERR(KVHAL_BACKEND_ERROR, "UCX allows active-message headers of %zu bytes only", a->max_am_header);
+    const uint64_t frame_chunk = (uint64_t)num_layers * 2u * a->g.chunk_bytes;
+    const bool cut = a->no_peer_errors && (p->runs.flags & XW_RUN_PAGE);
+    const bool joins = num_layers == p->g.num_layers && p->runs.block_stride == frame_chunk;
+    if (a->host && (!a->no_peer_errors || cut)) { /* frames that may be gathered: small enough to pipeline */
+        const size_t fit = GATHER_FRAME_BYTES / frame_chunk;
+        per = fit < 1 ? 1 : fit < per ? fit : per;
+    }
     kvhal_xfer *x = xfer_new(a, p, false, request_id);
     if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate the transfer");
     x->n = n;
     x->path = a->host ? PATH_HOST : PATH_STAGED;
-    x->num_frames = (int32_t)(((size_t)n + per - 1) / per);
+    x->num_frames = 0;
+    for (int32_t first = 0; first < n; x->num_frames++)
+        first = frame_end(dst_pages, first, n, per, cut, joins);
     x->frames = calloc((size_t)x->num_frames, sizeof *x->frames);
-    const uint64_t frame_chunk = (uint64_t)num_layers * 2u * a->g.chunk_bytes;
     x->bytes_total = (uint64_t)n * frame_chunk;
     bool ok = x->frames != NULL;
+    int32_t next_first = 0;
     for (int32_t fi = 0; ok && fi < x->num_frames; fi++) {
         send_frame *f = &x->frames[fi];
-        const int32_t first = fi * (int32_t)per;
-        const int32_t cnt = (int32_t)((size_t)(n - first) < per ? (size_t)(n - first) : per);
+        const int32_t first = next_first;
+        next_first = frame_end(dst_pages, first, n, per, cut, joins);
+        const int32_t cnt = next_first - first;
         f->x = x;
         f->hdr_len = sizeof(xw_data) + (size_t)cnt * sizeof(int32_t);
         f->hdr = calloc(1, f->hdr_len);
@@ -2212,14 +2390,7 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
         if (a->host) {
             f->iov = build_iov(a, src_pages + first, cnt, first_layer, num_layers, &f->iov_count);
             ok = f->iov != NULL;
-            if (ok && f->iov_count > 1 && !a->no_peer_errors) { /* gathered: see above */
-                uint8_t *b = f->bounce = bounce_get(a, f->bytes);
-                ok = b != NULL;
-                for (size_t i = 0; ok && i < f->iov_count; i++) {
-                    memcpy(b, f->iov[i].buffer, f->iov[i].length);
-                    b += f->iov[i].length;
-                }
-            }
+            f->gather = ok && f->iov_count > 1 && (!a->no_peer_errors || cut); /* see above; from post_frames */
         } else {
             f->staging = malloc(f->bytes);
             ok = f->staging != NULL;
@@ -2240,31 +2411,7 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
         return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate %d frames", (int)x->num_frames);
     }
     flush_msgs(a);
-    for (int32_t fi = 0; fi < x->num_frames; fi++) {
-        send_frame *f = &x->frames[fi];
-        /* rendezvous for every frame but small ones, whatever UCX's threshold says: an eager frame of megabytes is
-         * assembled in a buffer of the receiver's UCX before the handler sees it (one more copy) */
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                                                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
-                                   .cb.send = send_cb, .user_data = f,
-                                   .flags = f->bytes >= RNDV_FRAME_BYTES ? UCP_AM_SEND_FLAG_RNDV : 0};
-        const void *buf;
-        size_t count;
-        if (a->host && (f->iov_count == 1 || f->bounce)) {
-            prm.datatype = ucp_dt_make_contig(1);
-            buf = f->bounce ? f->bounce : f->iov[0].buffer;
-            count = f->bytes;
-        } else if (a->host) {
-            prm.datatype = ucp_dt_make_iov();
-            buf = f->iov;
-            count = f->iov_count;
-        } else {
-            prm.datatype = ucp_dt_make_contig(1);
-            buf = f->staging;
-            count = f->bytes;
-        }
-        if (!post_frame(p, x, fi, buf, count, &prm)) break;
-    }
+    post_pending(a);
     *out = x;
     return KVHAL_OK;
 }

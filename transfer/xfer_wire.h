@@ -10,7 +10,8 @@
 #define XW_AM_ID 0x4b56u        /* the one active-message id */
 #define XW_MAGIC 0x4b565846u    /* KVXF */
 #define XW_BLOB_MAGIC 0x4b564142u /* KVAB: an address blob */
-#define XW_VERSION 2u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames */
+#define XW_VERSION 3u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames; 3: the cache's run layout
+                         (xw_runs) in HELLO / HELLO_ACK, so that a sender can cut frames at the receiver's runs */
 #define XW_NAME_LEN 32
 #define XW_TOKEN_LEN 64
 #define XW_REASON_LEN 128
@@ -48,6 +49,16 @@ typedef struct xw_geometry {
     uint64_t chunk_bytes; /* one block of one layer's K (or V) */
 } xw_geometry;
 
+/* Where a cache's chunks lie, as far as a sender needs it to cut DATA frames so that each lands in one contiguous
+ * run of the receiver (UCX's rendezvous then copies straight into it): only a hint, the receiver builds its own
+ * addresses from its own layout and checks every frame as before. */
+#define XW_RUN_PAGE 1u /* a page's chunks (layer by layer, K then V) are one contiguous run in wire order */
+typedef struct xw_runs {
+    uint64_t block_stride; /* bytes between the starts of consecutive pages */
+    uint32_t flags;        /* XW_RUN_* */
+    uint32_t pad;
+} xw_runs;
+
 typedef struct xw_blob {
     uint32_t magic;
     uint16_t version;
@@ -66,6 +77,7 @@ typedef struct xw_hello {
     uint32_t addr_len;
     uint32_t pad;
     char host[XW_HOST_LEN]; /* the connector's host identity (same host: the IPC path may be offered) */
+    xw_runs runs;           /* the connector's cache (version 3) */
 } xw_hello;
 
 typedef struct xw_hello_ack {
@@ -75,8 +87,9 @@ typedef struct xw_hello_ack {
     uint32_t pad;
     char name[XW_NAME_LEN];
     xw_geometry g;
-    char reason[XW_REASON_LEN];
+    char reason[XW_REASON_LEN]; /* at the same offset in every version: a refusal stays readable */
     char host[XW_HOST_LEN];
+    xw_runs runs;           /* the listener's cache (version 3) */
 } xw_hello_ack;
 
 typedef struct xw_grant {
