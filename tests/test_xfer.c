@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -85,6 +86,12 @@ static void *serve(void *arg)
         usleep(100);
     }
     return NULL;
+}
+
+/* Whether the agent's transports let it take the CMA path (host caches on one host): as kvhal_xfer.c decides. */
+static bool tls_cma(const char *t)
+{
+    return !t || strstr(t, "shm") || strstr(t, "cma") || !strcmp(t, "sm") || strstr(t, "all");
 }
 
 static kvhal_paged_cache *make_cache(kvhal_device dev, int32_t heads, int64_t pages, kvhal_paged_order order)
@@ -293,9 +300,14 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
     assert_int_equal(kvhal_xfer_send_pages(pa, 77, src, ev.pages, N, 1, L - 1, &tx1), KVHAL_OK);
     assert_int_equal(kvhal_xfer_wait(tx0, 5000), KVHAL_OK);
     assert_int_equal(kvhal_xfer_wait(tx1, 5000), KVHAL_OK);
-    /* plain (not shareable) caches: through UCX, in place on the host, else staged */
-    assert_string_equal(kvhal_xfer_path(tx0), sdev.type == KVHAL_DEVICE_CPU ? "host" : "staged");
-    assert_string_equal(kvhal_xfer_peer_ipc(pa), "same host, no shareable cache");
+    /* plain (not shareable) caches: through UCX, in place on the host, else staged; host to host where the
+     * transports include CMA (shm): read by the receiver from the sender's process (the CMA path) */
+    const bool cma_offered = sdev.type == KVHAL_DEVICE_CPU && tls_cma(tls);
+    const bool cma = cma_offered && rdev.type == KVHAL_DEVICE_CPU;
+    assert_string_equal(kvhal_xfer_path(tx0), cma ? "cma" : sdev.type == KVHAL_DEVICE_CPU ? "host" : "staged");
+    if (cma) assert_string_equal(kvhal_xfer_peer_ipc(pa), "cma");
+    else if (cma_offered) assert_contains(kvhal_xfer_peer_ipc(pa), "not in host memory");
+    else assert_string_equal(kvhal_xfer_peer_ipc(pa), "same host, no shareable cache");
     char msg[512];
     assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_OK);
     kvhal_xfer_info info;
@@ -304,7 +316,7 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
     assert_int_equal(info.bytes_total, info.bytes_done);
     assert_true(info.is_receive);
     pthread_mutex_lock(&s.mu);
-    assert_string_equal(kvhal_xfer_path(rx), rdev.type == KVHAL_DEVICE_CPU ? "host" : "staged");
+    assert_string_equal(kvhal_xfer_path(rx), cma ? "cma" : rdev.type == KVHAL_DEVICE_CPU ? "host" : "staged");
     pthread_mutex_unlock(&s.mu);
     for (int i = 0; i < N; i++)
         for (int l = 0; l < L; l++)
@@ -1344,8 +1356,8 @@ static void raw_keep(raw *r, void *p)
     r->keep[r->nkeep++] = p;
 }
 
-static void raw_map(raw *r, const uint8_t *blob, size_t blen, const uint64_t *off, uint64_t stride, int64_t blocks,
-                    bool wait_ack)
+static void raw_map_kind(raw *r, uint32_t kind, const uint8_t *blob, size_t blen, const uint64_t *off,
+                         uint64_t stride, int64_t blocks, bool wait_ack)
 {
     xw_ipc_map *m = calloc(1, sizeof *m);
     const size_t dlen = blen + 2u * L * sizeof(uint64_t);
@@ -1353,7 +1365,7 @@ static void raw_map(raw *r, const uint8_t *blob, size_t blen, const uint64_t *of
     assert_non_null(m);
     assert_non_null(d);
     *m = (xw_ipc_map){.c = {XW_MAGIC, XW_VERSION, XW_IPC_MAP, r->their_session}, .blob_len = (uint32_t)blen,
-                      .num_layers = L, .block_stride = stride, .num_blocks = blocks};
+                      .num_layers = L, .block_stride = stride, .num_blocks = blocks, .kind = kind};
     memcpy(d, blob, blen);
     memcpy(d + blen, off, 2u * L * sizeof(uint64_t));
     r->got_map_ack = false;
@@ -1363,6 +1375,25 @@ static void raw_map(raw *r, const uint8_t *blob, size_t blen, const uint64_t *of
     const double until = now_s() + 5;
     while (wait_ack && !r->got_map_ack && now_s() < until) raw_progress(r, 0.001);
     if (wait_ack) assert_true(r->got_map_ack);
+}
+
+static void raw_map(raw *r, const uint8_t *blob, size_t blen, const uint64_t *off, uint64_t stride, int64_t blocks,
+                    bool wait_ack)
+{
+    raw_map_kind(r, XW_IPC_HANDLE, blob, blen, off, stride, blocks, wait_ack);
+}
+
+/* The CMA kind of IPC_MAP: "read my pages from process pid at base" (here: this process, the pattern buffer). */
+static xw_cma_blob cma_blob(uint32_t pid, const void *base, uint64_t size, const uint8_t *probe)
+{
+    xw_cma_blob b;
+    memset(&b, 0, sizeof b);
+    b.pid = pid;
+    b.base = (uint64_t)(uintptr_t)base;
+    b.size = size;
+    b.probe_addr = (uint64_t)(uintptr_t)probe;
+    memcpy(b.probe, probe, XW_CMA_PROBE);
+    return b;
 }
 
 static void raw_data_ipc(raw *r, uint64_t req, int32_t first, int32_t nl, const int32_t *pairs, int32_t n,
@@ -1555,6 +1586,93 @@ static void test_hostile_ipc(void **state)
         pthread_mutex_unlock(&s.mu);
         raw_close(&r);
         all_pages_free(&s);
+    }
+    /* 4. the CMA kind (read the sender's host pages from its process): refused without CMA among the transports,
+     * a probe that is not there, a process that is gone, pages past the declared size; a malformed map drops the
+     * peer; memory that is no longer mapped fails the frame (nothing written, pages back); a good one is copied */
+    {
+        static const uint8_t probe[XW_CMA_PROBE] = "kvhal-cma-probe";
+        uint8_t wrong[XW_CMA_PROBE];
+        memcpy(wrong, probe, sizeof wrong);
+        wrong[3] ^= 1;
+        pid_t gone = fork();
+        if (gone == 0) _exit(0);
+        waitpid(gone, NULL, 0);
+        void *unmapped = mmap(NULL, hbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0); /* unreadable */
+        assert_true(unmapped != MAP_FAILED);
+        const uint32_t me = (uint32_t)getpid();
+        struct {
+            const char *name, *expect;
+            xw_cma_blob b;
+            size_t blen;
+            int data; /* 0: map refused or peer dropped; 1: frame fails (unmapped); 2: frame copied */
+        } cc[] = {
+            {"probe elsewhere", "probe", cma_blob(me, hpat, hbytes, probe), sizeof(xw_cma_blob), 0},
+            {"process gone", "cannot read process", cma_blob((uint32_t)gone, hpat, hbytes, probe), sizeof(xw_cma_blob), 0},
+            {"pages past the size", "past the", cma_blob(me, hpat, hbytes / 2, probe), sizeof(xw_cma_blob), 0},
+            {"short blob", "malformed IPC_MAP", cma_blob(me, hpat, hbytes, probe), sizeof(xw_cma_blob) - 1, 0},
+            {"unmapped pages", "reading the peer's pages", cma_blob(me, unmapped, hbytes, probe), sizeof(xw_cma_blob), 1},
+            {"good", "", cma_blob(me, hpat, hbytes, probe), sizeof(xw_cma_blob), 2},
+        };
+        memcpy(cc[0].b.probe, wrong, sizeof wrong);
+        for (size_t ci = 0; ci < sizeof cc / sizeof cc[0]; ci++) {
+            const bool allowed = tls_cma(tls);
+            const bool malformed = cc[ci].blen != sizeof(xw_cma_blob);
+            const int ev0 = s.nev;
+            raw r;
+            raw_open(&r, blob, len, TOKEN);
+            int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
+            kvhal_xfer_peer *pb = s.evs[e].peer;
+            raw_map_kind(&r, XW_IPC_CMA, (const uint8_t *)&cc[ci].b, cc[ci].blen, off, stride, 16, !malformed);
+            if (malformed) {
+                int f = wait_event(&s, KVHAL_XFER_EVENT_PEER_FAILED, ev0, 5);
+                assert_contains(s.evs[f].message, cc[ci].expect);
+            } else if (!allowed) {
+                assert_int_not_equal(r.map_ack.status, 0);
+                assert_contains(r.map_ack.reason, "CMA is not among");
+            } else if (cc[ci].data == 0) {
+                assert_int_not_equal(r.map_ack.status, 0);
+                assert_contains(r.map_ack.reason, cc[ci].expect);
+            } else {
+                if (r.map_ack.status != 0) fail_msg("%s: CMA map refused: %s", cc[ci].name, r.map_ack.reason);
+                int32_t granted[2];
+                kvhal_xfer *rx;
+                assert_int_equal(grant(&s, pb, 9, 2, granted, &rx), KVHAL_OK);
+                int32_t pairs[4] = {15, granted[0], 3, granted[1]};
+                raw_data_ipc(&r, 9, 0, L, pairs, 2, 16, UCP_AM_SEND_FLAG_EAGER);
+                char msg[512];
+                kvhal_status st = wait_recv(&s, rx, 5, msg, sizeof msg);
+                if (cc[ci].data == 1) {
+                    if (st != KVHAL_PEER_FAILED) fail_msg("%s: status %s", cc[ci].name, kvhal_status_name(st));
+                    assert_contains(msg, cc[ci].expect);
+                } else {
+                    assert_int_equal(st, KVHAL_OK);
+                    uint8_t got[CHUNK];
+                    for (int i = 0; i < 2; i++)
+                        for (int l = 0; l < L; l++)
+                            for (int kv = 0; kv < 2; kv++) {
+                                assert_int_equal(kvhal_memcpy_d2h(got, s.buf, chunk_at(s.cache, l, kv, granted[i]),
+                                                                  CHUNK, NULL), KVHAL_OK);
+                                assert_memory_equal(got, hpat + chunk_at(hc, l, kv, pairs[2 * i]), CHUNK);
+                            }
+                    check_cache(&s, granted, 2);
+                    pthread_mutex_lock(&s.mu);
+                    assert_string_equal(kvhal_xfer_path(rx), "cma");
+                    pthread_mutex_unlock(&s.mu);
+                    assert_int_equal(kvhal_cache_manager_free(s.cm, granted, 2), KVHAL_OK);
+                }
+                pthread_mutex_lock(&s.mu);
+                kvhal_xfer_release(rx);
+                pthread_mutex_unlock(&s.mu);
+            }
+            pthread_mutex_lock(&s.mu);
+            assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+            pthread_mutex_unlock(&s.mu);
+            raw_close(&r);
+            if (cc[ci].data != 2) check_cache(&s, NULL, 0);
+            all_pages_free(&s);
+        }
+        munmap(unmapped, hbytes);
     }
     server_stop(&s);
     kvhal_paged_cache_destroy(hc);

@@ -5,6 +5,7 @@
  *
  * Everything runs on the caller's thread inside pump(): UCX callbacks only record (frames, completions, errors);
  * connection set-up, acknowledgements and deadlines are handled after ucp_worker_progress returns. */
+#define _GNU_SOURCE /* process_vm_readv (the CMA path) */
 #include <errno.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/uio.h>
 #include <sched.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,9 +40,7 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 #ifndef GATHER_AHEAD_BYTES
 #define GATHER_AHEAD_BYTES (4ull << 20)   /* gathered frames posted and not yet sent, at most (one at least) */
 #endif
-#ifndef GATHER_FRAME_BYTES
-#define GATHER_FRAME_BYTES (1ull << 20)   /* a gathered frame's bytes at most (one page at least) */
-#endif
+
 
 #define ERR(st, ...) kvhal_error_set((st), __VA_ARGS__)
 #define CHECK_ARG(cond, ...)                                                                                    \
@@ -67,7 +67,6 @@ struct kvhal_xfer_peer {
     uint64_t their_session; /* dest_session of frames we send */
     char name[XW_NAME_LEN];
     xw_geometry g;          /* the peer's */
-    xw_runs runs;           /* its cache's run layout (where its frames are cut, see kvhal_xfer_send_pages) */
     kvhal_status fail_status;
     char fail_msg[256];
     uint64_t deadline_ns;   /* connecting only */
@@ -75,7 +74,11 @@ struct kvhal_xfer_peer {
     bool same_host;         /* the HELLO / HELLO_ACK named our host */
     int ipc_state;          /* as the sender: IPC_NONE, IPC_OFFERED (map sent), IPC_READY (peer imported it), IPC_REFUSED */
     char ipc_reason[XW_REASON_LEN]; /* why the peer refused our handle */
+    int ipc_kind;           /* as the sender: what we offered (XW_IPC_HANDLE, XW_IPC_CMA) */
     kvhal_buffer *ipc_buf;  /* as the receiver: the peer's cache, imported on our cache's device */
+    bool cma;               /* as the receiver: we read the peer's host cache with process_vm_readv */
+    uint32_t cma_pid;       /* its process */
+    uint64_t cma_base;      /* its cache's address there */
     uint64_t *ipc_off;      /* its 2 x num_layers byte offsets of block 0 (K, V of each layer) */
     uint64_t ipc_stride;    /* its bytes between blocks */
     int64_t ipc_blocks;     /* its page count */
@@ -85,7 +88,7 @@ struct kvhal_xfer_peer {
 };
 
 enum { IPC_NONE = 0, IPC_OFFERED = 1, IPC_READY = 2, IPC_REFUSED = -1 };
-enum { PATH_NONE = 0, PATH_HOST = 1, PATH_STAGED = 2, PATH_IPC = 3 };
+enum { PATH_NONE = 0, PATH_HOST = 1, PATH_STAGED = 2, PATH_IPC = 3, PATH_CMA = 4 };
 
 typedef struct send_frame {
     kvhal_xfer *x;
@@ -168,6 +171,7 @@ typedef struct ipc_job { /* a DATA_IPC frame accepted (pages claimed), copied fr
     int32_t l0, nl, n;
     int32_t *pairs;         /* n (src, dst) */
     int32_t *idx;           /* n grant indices of dst */
+    int path;               /* PATH_IPC (from an imported handle) or PATH_CMA (process_vm_readv) */
     int slot;               /* running: the stream of a->ipc_streams it was queued on */
     struct ipc_job *next;
 } ipc_job;
@@ -191,6 +195,8 @@ struct kvhal_xfer_agent {
     size_t addr_len;
     size_t max_am_header;
     bool no_peer_errors;    /* the transports have no peer-failure handling (UCX shared memory) */
+    bool cma_ok;            /* the transports allow CMA (cma, shm, sm, all or UCX's choice): the CMA path */
+    uint8_t cma_probe[XW_CMA_PROBE]; /* random; a peer reading them proves it can read our cache (offer_ipc) */
     struct { void *p; size_t cap; } pool[BOUNCE_POOL]; /* idle bounce buffers, kept for reuse */
     size_t pool_bytes;
     uint64_t gathered;      /* bytes of gathered frames posted and not yet sent */
@@ -201,7 +207,6 @@ struct kvhal_xfer_agent {
     uint8_t *host_base;
     ucp_mem_h memh;
     xw_geometry g;
-    xw_runs runs;           /* ours, told to peers in HELLO / HELLO_ACK */
     size_t *k_off, *v_off;  /* byte offset of block 0 of each layer's K and V */
     size_t block_stride;    /* bytes between blocks */
     /* state */
@@ -939,13 +944,25 @@ static void host_identity(char *out, size_t cap)
 /* Sender: offers our cache's handle to a peer on our host (once per connection). */
 static void offer_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
 {
-    if (!a->ipc_blob_len || !p->same_host || p->ipc_state != IPC_NONE) return;
+    if (!p->same_host || p->ipc_state != IPC_NONE) return;
+    /* a shareable cache: its handle; else a host cache, where CMA is among the transports: where to read it */
+    const bool cma = !a->ipc_blob_len && a->host && a->cma_ok;
+    if (!a->ipc_blob_len && !cma) return;
+    xw_cma_blob cb;
+    memset(&cb, 0, sizeof cb);
+    cb.pid = (uint32_t)getpid();
+    cb.base = (uint64_t)(uintptr_t)a->host_base;
+    cb.size = a->cache_buf ? kvhal_buffer_size(a->cache_buf) : 0;
+    cb.probe_addr = (uint64_t)(uintptr_t)a->cma_probe;
+    memcpy(cb.probe, a->cma_probe, sizeof cb.probe);
+    const void *blob = cma ? (const void *)&cb : (const void *)a->ipc_blob;
+    const size_t blob_len = cma ? sizeof cb : a->ipc_blob_len;
     const int32_t L = a->g.num_layers;
-    const size_t dlen = a->ipc_blob_len + 2u * (size_t)L * sizeof(uint64_t);
+    const size_t dlen = blob_len + 2u * (size_t)L * sizeof(uint64_t);
     uint8_t *d = malloc(dlen);
-    if (!d) return; /* staged then */
-    memcpy(d, a->ipc_blob, a->ipc_blob_len);
-    uint64_t *off = (uint64_t *)(void *)(d + a->ipc_blob_len);
+    if (!d) return; /* through UCX then */
+    memcpy(d, blob, blob_len);
+    uint64_t *off = (uint64_t *)(void *)(d + blob_len);
     for (int32_t l = 0; l < L; l++) {
         const uint64_t ko = a->k_off[l], vo = a->v_off[l];
         memcpy(&off[2 * l], &ko, sizeof ko);
@@ -954,13 +971,15 @@ static void offer_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
     xw_ipc_map m;
     memset(&m, 0, sizeof m);
     m.c = (xw_common){XW_MAGIC, XW_VERSION, XW_IPC_MAP, p->their_session};
-    m.blob_len = (uint32_t)a->ipc_blob_len;
+    m.blob_len = (uint32_t)blob_len;
     m.num_layers = L;
     m.block_stride = a->block_stride;
     m.num_blocks = a->g.num_blocks;
+    m.kind = cma ? XW_IPC_CMA : XW_IPC_HANDLE;
     queue_msg(a, p, NULL, &m, sizeof m, d, dlen, false);
     free(d);
     p->ipc_state = IPC_OFFERED;
+    p->ipc_kind = (int)m.kind;
 }
 
 static void send_map_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, kvhal_status st, const char *reason)
@@ -971,6 +990,32 @@ static void send_map_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, kvhal_status s
     k.status = (int32_t)st;
     copy_name(k.reason, sizeof k.reason, reason);
     queue_msg(a, p, NULL, &k, sizeof k, NULL, 0, false);
+}
+
+/* Receiver: may we read a peer's host cache with process_vm_readv (the XW_IPC_CMA kind of IPC_MAP)? Our cache in
+ * host memory, CMA among our transports, and the peer's probe bytes read back from its process, which proves the
+ * pid and that the kernel lets us (ptrace rules). Else why says why not. */
+static void cma_probe(kvhal_xfer_agent *a, const xw_cma_blob *cb, char *why, size_t cap)
+{
+    uint64_t end;
+    if (!a->host) {
+        snprintf(why, cap, "this cache is not in host memory");
+        return;
+    }
+    if (!a->cma_ok) {
+        snprintf(why, cap, "CMA is not among this agent's transports");
+        return;
+    }
+    if (cb->pid == 0 || cb->base == 0 || __builtin_add_overflow(cb->base, cb->size, &end)) {
+        snprintf(why, cap, "bad CMA map (pid %u, %llu bytes)", (unsigned)cb->pid, (unsigned long long)cb->size);
+        return;
+    }
+    uint8_t got[XW_CMA_PROBE];
+    struct iovec l = {got, sizeof got}, r = {(void *)(uintptr_t)cb->probe_addr, sizeof got};
+    const ssize_t n = process_vm_readv((pid_t)cb->pid, &l, 1, &r, 1, 0);
+    if (n < 0) snprintf(why, cap, "cannot read process %u: %s", (unsigned)cb->pid, strerror(errno));
+    else if ((size_t)n != sizeof got || memcmp(got, cb->probe, sizeof got) != 0)
+        snprintf(why, cap, "process %u does not hold the peer's probe", (unsigned)cb->pid);
 }
 
 /* Receiver (from pump): checks a peer's IPC_MAP, imports its handle on our cache's device, checks that every page
@@ -988,12 +1033,14 @@ static void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
     const size_t dlen = len - sizeof m;
     const int32_t L = a->g.num_layers;
     char why[XW_REASON_LEN] = "";
-    if (p->ipc_buf) {
+    if (p->ipc_buf || p->cma) {
         free(fr);
         peer_fail(p, KVHAL_PEER_FAILED, true, "a second IPC_MAP on one connection");
         return;
     }
     if (m.blob_len < 1 || m.blob_len > XW_IPC_BLOB_MAX || m.num_layers != L ||
+        (m.kind != XW_IPC_HANDLE && m.kind != XW_IPC_CMA) ||
+        (m.kind == XW_IPC_CMA && m.blob_len != sizeof(xw_cma_blob)) ||
         dlen != (size_t)m.blob_len + 2u * (size_t)L * sizeof(uint64_t) || m.num_blocks != p->g.num_blocks ||
         m.block_stride < a->g.chunk_bytes) {
         peer_fail(p, KVHAL_PEER_FAILED, true, "malformed IPC_MAP frame (handle %u bytes, %d layers, %lld pages, "
@@ -1004,12 +1051,20 @@ static void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
     }
     uint64_t *off = malloc(2u * (size_t)L * sizeof *off);
     kvhal_buffer *buf = NULL;
+    xw_cma_blob cb;
+    uint64_t size = 0;
     if (!off) snprintf(why, sizeof why, "out of host memory");
     else memcpy(off, data + m.blob_len, 2u * (size_t)L * sizeof *off);
-    if (!why[0] && kvhal_buffer_ipc_import(kvhal_buffer_device(a->cache_buf), data, m.blob_len, &buf) != KVHAL_OK)
-        snprintf(why, sizeof why, "import failed: %s", kvhal_last_error());
+    if (!why[0] && m.kind == XW_IPC_CMA) {
+        memcpy(&cb, data, sizeof cb);
+        cma_probe(a, &cb, why, sizeof why);
+        size = cb.size;
+    } else if (!why[0]) {
+        if (kvhal_buffer_ipc_import(kvhal_buffer_device(a->cache_buf), data, m.blob_len, &buf) != KVHAL_OK)
+            snprintf(why, sizeof why, "import failed: %s", kvhal_last_error());
+        else size = kvhal_buffer_size(buf);
+    }
     if (!why[0]) { /* the last byte any (page, layer, side) can reach, overflow-checked */
-        const uint64_t size = kvhal_buffer_size(buf);
         uint64_t span;
         if (__builtin_mul_overflow((uint64_t)(m.num_blocks - 1), m.block_stride, &span) ||
             __builtin_add_overflow(span, a->g.chunk_bytes, &span))
@@ -1031,6 +1086,11 @@ static void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
         return;
     }
     p->ipc_buf = buf;
+    if (m.kind == XW_IPC_CMA) {
+        p->cma = true;
+        p->cma_pid = cb.pid;
+        p->cma_base = cb.base;
+    }
     p->ipc_off = off;
     p->ipc_stride = m.block_stride;
     p->ipc_blocks = m.num_blocks;
@@ -1066,7 +1126,7 @@ static void on_data_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *hea
         return;
     }
     memcpy(&h, header, sizeof h);
-    if (!p->ipc_buf) {
+    if (!p->ipc_buf && !p->cma) {
         peer_fail(p, KVHAL_PEER_FAILED, true, "DATA_IPC frame without an imported IPC handle");
         return;
     }
@@ -1144,6 +1204,7 @@ static void on_data_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *hea
     j->n = h.n_pages;
     j->pairs = pairs;
     j->idx = idx;
+    j->path = p->cma ? PATH_CMA : PATH_IPC;
     if (a->ipc_jobs_tail) a->ipc_jobs_tail->next = j;
     else a->ipc_jobs = j;
     a->ipc_jobs_tail = j;
@@ -1158,7 +1219,7 @@ static void ipc_job_complete(kvhal_xfer_agent *a, ipc_job *j, kvhal_status st, c
     char reason[XW_REASON_LEN];
     snprintf(reason, sizeof reason, "%s", why);
     x->inflight--;
-    x->path = PATH_IPC;
+    x->path = j->path;
     if (p && p->state == P_CONNECTED) send_ack(a, p, j->xfer_id, j->frame, st, st == KVHAL_OK ? bytes : 0, reason);
     if (st == KVHAL_OK) {
         x->bytes_done += bytes;
@@ -1194,6 +1255,56 @@ static bool ipc_job_reap(kvhal_xfer_agent *a, bool wait)
     return true;
 }
 
+/* Receiver (from pump), the CMA kind: every (page, layer, K/V) chunk of a DATA_IPC frame read from the peer's
+ * process straight into our granted pages with process_vm_readv (chunks adjacent on both sides merged, up to 1024
+ * of them a call), then acknowledged. The source addresses are the peer's map, checked against its size when it
+ * came; whatever the peer's process no longer holds fails the frame. */
+static bool cma_read(uint32_t pid, struct iovec *lv, struct iovec *rv, size_t c, char *why, size_t cap)
+{
+    size_t want = 0;
+    for (size_t k = 0; k < c; k++) want += lv[k].iov_len;
+    ssize_t n;
+    do n = process_vm_readv((pid_t)pid, lv, (unsigned long)c, rv, (unsigned long)c, 0);
+    while (n < 0 && errno == EINTR);
+    if (n >= 0 && (size_t)n == want) return true;
+    snprintf(why, cap, "reading the peer's pages (process %u) failed: %s", (unsigned)pid,
+             n < 0 ? strerror(errno) : "short read");
+    return false;
+}
+
+static void cma_copy(kvhal_xfer_agent *a, ipc_job *j)
+{
+    kvhal_xfer_peer *p = j->p;
+    const uint64_t cb = a->g.chunk_bytes;
+    enum { BATCH = 1024 };
+    struct iovec lv[BATCH], rv[BATCH];
+    size_t c = 0;
+    bool ok = true;
+    char why[XW_REASON_LEN] = "";
+    for (int32_t i = 0; i < j->n && ok; i++)
+        for (int32_t l = j->l0; l < j->l0 + j->nl && ok; l++)
+            for (int sd = 0; sd < 2 && ok; sd++) {
+                uint8_t *d = a->host_base + chunk_off(a, l, sd, j->pairs[2 * i + 1]);
+                uint8_t *s = (uint8_t *)(uintptr_t)(p->cma_base + p->ipc_off[2 * l + sd] +
+                                                    (uint64_t)j->pairs[2 * i] * p->ipc_stride);
+                if (c && (uint8_t *)lv[c - 1].iov_base + lv[c - 1].iov_len == d &&
+                    (uint8_t *)rv[c - 1].iov_base + rv[c - 1].iov_len == s) {
+                    lv[c - 1].iov_len += cb;
+                    rv[c - 1].iov_len += cb;
+                    continue;
+                }
+                if (c == BATCH) {
+                    ok = cma_read(p->cma_pid, lv, rv, c, why, sizeof why);
+                    c = 0;
+                }
+                lv[c] = (struct iovec){d, cb};
+                rv[c] = (struct iovec){s, cb};
+                c++;
+            }
+    if (ok && c) ok = cma_read(p->cma_pid, lv, rv, c, why, sizeof why);
+    ipc_job_complete(a, j, ok ? KVHAL_OK : KVHAL_PEER_FAILED, why);
+}
+
 /* Receiver (from pump): one batched copy of every (page, layer, K/V) chunk of a DATA_IPC frame from the imported
  * cache into our granted pages (adjacent chunks merged), queued on a stream of its own; pump acknowledges it once
  * that stream is done, so the copies of several frames and transfers run back to back on the device. */
@@ -1208,8 +1319,12 @@ static void ipc_job_launch(kvhal_xfer_agent *a, ipc_job *j)
         ipc_job_complete(a, j, KVHAL_CANCELED, why);
         return;
     }
-    if (p->state != P_CONNECTED || !p->ipc_buf) {
+    if (p->state != P_CONNECTED || (!p->ipc_buf && !p->cma)) {
         ipc_job_complete(a, j, KVHAL_PEER_FAILED, "peer gone");
+        return;
+    }
+    if (p->cma) {
+        cma_copy(a, j);
         return;
     }
     /* a free stream: made on first use; when all are busy, wait for the oldest copy */
@@ -1288,6 +1403,7 @@ static void peer_ipc_free(kvhal_xfer_peer *p)
 {
     if (p->ipc_buf) kvhal_buffer_destroy(p->ipc_buf);
     p->ipc_buf = NULL;
+    p->cma = false;
     free(p->ipc_off);
     p->ipc_off = NULL;
     free(p->map_frame);
@@ -1363,7 +1479,6 @@ static void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_
     }
     p->their_session = k.src_session;
     p->g = k.g;
-    p->runs = k.runs;
     p->state = P_CONNECTED;
     k.host[sizeof k.host - 1] = '\0';
     p->same_host = a->host_id[0] && strcmp(k.host, a->host_id) == 0;
@@ -1447,7 +1562,6 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     k.c = (xw_common){XW_MAGIC, XW_VERSION, XW_HELLO_ACK, h->src_session};
     copy_name(k.name, sizeof k.name, a->name);
     k.g = a->g;
-    k.runs = a->runs;
     memcpy(k.host, a->host_id, sizeof k.host);
     if (reason[0]) {
         k.status = KVHAL_PEER_FAILED;
@@ -1465,7 +1579,6 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     p->my_session = random_session();
     p->their_session = h->src_session;
     p->g = h->g;
-    p->runs = h->runs;
     memcpy(p->name, name, sizeof name);
     p->next = a->peers;
     a->peers = p;
@@ -1565,7 +1678,7 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     case XW_BYE: peer_fail(p, KVHAL_PEER_FAILED, false, "closed the connection"); break;
     case XW_IPC_MAP: /* kept for pump, which imports it */
         if (rndv || header_length != sizeof(xw_ipc_map) || length > XW_IPC_BLOB_MAX + 2u * 65536u * 8u ||
-            p->map_frame || p->ipc_buf) {
+            p->map_frame || p->ipc_buf || p->cma) {
             peer_fail(p, KVHAL_PEER_FAILED, true, "malformed or repeated IPC_MAP frame");
         } else if ((p->map_frame = malloc(header_length + length)) != NULL) {
             memcpy(p->map_frame, header, header_length);
@@ -1700,6 +1813,24 @@ static kvhal_status check_xfer(const kvhal_xfer *x)
     return KVHAL_OK;
 }
 
+/* Whether a UCX_TLS-style list lets UCX use CMA (cma, or shm / sm / all, which include it; NULL: UCX's choice):
+ * then on one host the peer may read our host cache itself with process_vm_readv (offer_ipc), which is what UCX's
+ * CMA transport does, for scattered pages too. "^list" excludes. */
+static bool transports_allow_cma(const char *t)
+{
+    if (!t) return true;
+    const bool exclude = t[0] == '^';
+    bool named = false;
+    for (const char *q = t + exclude; *q;) {
+        size_t n = strcspn(q, ",");
+        if ((n == 3 && !strncmp(q, "cma", 3)) || (n == 3 && !strncmp(q, "shm", 3)) ||
+            (n == 2 && !strncmp(q, "sm", 2)) || (n == 3 && !strncmp(q, "all", 3)))
+            named = true;
+        q += n + (q[n] == ',');
+    }
+    return exclude ? !named : named;
+}
+
 kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
 {
     CHECK_ARG(out, "out: NULL");
@@ -1725,6 +1856,10 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
         !strstr(cfg->transports, "ib") && !strstr(cfg->transports, "rc") && !strstr(cfg->transports, "ud") &&
         !strstr(cfg->transports, "dc") && !strstr(cfg->transports, "cuda") && !strstr(cfg->transports, "rocm"))
         a->no_peer_errors = true;
+
+    a->cma_ok = transports_allow_cma(cfg->transports);
+    if (getrandom(a->cma_probe, sizeof a->cma_probe, 0) != (ssize_t)sizeof a->cma_probe)
+        for (size_t i = 0; i < sizeof a->cma_probe; i++) a->cma_probe[i] = (uint8_t)(random_session() >> 13);
 
     ucp_config_t *uc = NULL;
     ucs_status_t us = ucp_config_read(NULL, NULL, &uc);
@@ -1923,12 +2058,7 @@ kvhal_status kvhal_xfer_register_paged_cache(kvhal_xfer_agent *a, kvhal_paged_ca
     a->k_off = ko;
     a->v_off = vo;
     a->block_stride = (size_t)k0.strides[0] * es;
-    /* host memory whose pages are each one run of chunks in wire order (a page-first cache): peers cut their frames
-     * where our runs end (see kvhal_xfer_send_pages) */
-    bool page_run = host;
-    for (int32_t l = 0; l < L && page_run; l++)
-        page_run = vo[l] == ko[l] + g.chunk_bytes && (l + 1 == L || ko[l + 1] == vo[l] + g.chunk_bytes);
-    a->runs = (xw_runs){.block_stride = a->block_stride, .flags = page_run ? XW_RUN_PAGE : 0};
+
     /* a shareable cache: its handle for peers on this host (the IPC path), and a stream for our copies from theirs */
     if (kvhal_buffer_is_shareable(buf) &&
         kvhal_buffer_ipc_export(buf, a->ipc_blob, sizeof a->ipc_blob, &a->ipc_blob_len) != KVHAL_OK)
@@ -2012,7 +2142,6 @@ kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t le
     copy_name(h.name, sizeof h.name, a->name);
     memcpy(h.token, token, strlen(token));
     h.g = a->g;
-    h.runs = a->runs;
     h.addr_len = (uint32_t)a->addr_len;
     memcpy(h.host, a->host_id, sizeof h.host);
     queue_msg(a, p, p->ep, &h, sizeof h, a->addr, a->addr_len, false);
@@ -2235,7 +2364,7 @@ static void post_pending(kvhal_xfer_agent *a)
     for (;;) {
         kvhal_xfer *old = NULL;
         for (kvhal_xfer *x = a->xfers; x; x = x->next)
-            if (!x->is_recv && x->next_post < x->num_frames && !x->failing && x->path != PATH_IPC &&
+            if (!x->is_recv && x->next_post < x->num_frames && !x->failing &&
                 (!old || x->xfer_id < old->xfer_id))
                 old = x;
         if (!old || !post_frames(old)) return;
@@ -2256,8 +2385,9 @@ static kvhal_status send_pages_ipc(kvhal_xfer_peer *p, uint64_t request_id, cons
     if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate the transfer");
     const int32_t per = XW_IPC_FRAME_PAGES;
     x->n = n;
-    x->path = PATH_IPC;
+    x->path = p->ipc_kind == XW_IPC_CMA ? PATH_CMA : PATH_IPC;
     x->num_frames = (n + per - 1) / per;
+    x->next_post = x->num_frames; /* posted here, all at once (post_pending leaves it alone) */
     x->frames = calloc((size_t)x->num_frames, sizeof *x->frames);
     const uint64_t frame_chunk = (uint64_t)num_layers * 2u * a->g.chunk_bytes;
     x->bytes_total = (uint64_t)n * frame_chunk;
@@ -2305,15 +2435,6 @@ static kvhal_status send_pages_ipc(kvhal_xfer_peer *p, uint64_t request_id, cons
     return KVHAL_OK;
 }
 
-/* The end of the frame that starts at page index first: at most per pages and, where frames are cut at the
- * receiver's runs, only pages that continue one (joins: its consecutive pages are adjacent). */
-static int32_t frame_end(const int32_t *dst, int32_t first, int32_t n, size_t per, bool cut, bool joins)
-{
-    int32_t e = first + 1;
-    while (e < n && (size_t)(e - first) < per && (!cut || (joins && dst[e] == dst[e - 1] + 1))) e++;
-    return e;
-}
-
 kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, const int32_t *src_pages,
                                    const int32_t *dst_pages, int32_t n, int32_t first_layer, int32_t num_layers,
                                    kvhal_xfer **out)
@@ -2340,12 +2461,10 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
      * sent zero-copy in 64 KiB fragments from a contiguous buffer. So on endpoints with peer-failure handling
      * (TCP) a frame of several runs is gathered here into a contiguous bounce buffer (the same one copy that the
      * pack made, then 64 KiB sendmsg calls); the receiver's UCX writes every fragment straight into its scattered
-     * chunks (an IOV receive) either way.
-     * Without peer-failure handling (shared memory), UCX's rendezvous reads a frame straight from the sender's
-     * buffer into the receiver's (one copy, CMA) when both are contiguous, and otherwise pushes it through its FIFO
-     * (a copy on each side, 8 KiB at a time). So there, where the peer's pages are each one run (its XW_RUN_PAGE),
-     * frames are cut where the peer's runs end (consecutive pages join when the peer's pages are adjacent) and a
-     * frame of several runs of ours is gathered too: the peer's UCX then reads each frame into its page. */
+     * chunks (an IOV receive) either way. Over shared memory (no peer-failure handling) frames stay IOVs: UCX
+     * copies them through its FIFO, one copy on each side at once, where a gathered frame would cost a third
+     * (measured in session 7: gathered frames cut at the receiver's pages, read by CMA, were slower). On one host,
+     * where the transports allow CMA, host caches skip this: the peer reads our pages itself (see offer_ipc). */
     size_t per = MAX_FRAME_PAGES;
     if (a->max_am_header > sizeof(xw_data)) {
         const size_t fit = (a->max_am_header - sizeof(xw_data)) / sizeof(int32_t);
@@ -2353,28 +2472,18 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
     }
     if (per < 1) return ERR(KVHAL_BACKEND_ERROR, "UCX allows active-message headers of %zu bytes only", a->max_am_header);
     const uint64_t frame_chunk = (uint64_t)num_layers * 2u * a->g.chunk_bytes;
-    const bool cut = a->no_peer_errors && (p->runs.flags & XW_RUN_PAGE);
-    const bool joins = num_layers == p->g.num_layers && p->runs.block_stride == frame_chunk;
-    if (a->host && (!a->no_peer_errors || cut)) { /* frames that may be gathered: small enough to pipeline */
-        const size_t fit = GATHER_FRAME_BYTES / frame_chunk;
-        per = fit < 1 ? 1 : fit < per ? fit : per;
-    }
     kvhal_xfer *x = xfer_new(a, p, false, request_id);
     if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate the transfer");
     x->n = n;
     x->path = a->host ? PATH_HOST : PATH_STAGED;
-    x->num_frames = 0;
-    for (int32_t first = 0; first < n; x->num_frames++)
-        first = frame_end(dst_pages, first, n, per, cut, joins);
+    x->num_frames = (int32_t)(((size_t)n + per - 1) / per);
     x->frames = calloc((size_t)x->num_frames, sizeof *x->frames);
     x->bytes_total = (uint64_t)n * frame_chunk;
     bool ok = x->frames != NULL;
-    int32_t next_first = 0;
     for (int32_t fi = 0; ok && fi < x->num_frames; fi++) {
         send_frame *f = &x->frames[fi];
-        const int32_t first = next_first;
-        next_first = frame_end(dst_pages, first, n, per, cut, joins);
-        const int32_t cnt = next_first - first;
+        const int32_t first = fi * (int32_t)per;
+        const int32_t cnt = (int32_t)((size_t)(n - first) < per ? (size_t)(n - first) : per);
         f->x = x;
         f->hdr_len = sizeof(xw_data) + (size_t)cnt * sizeof(int32_t);
         f->hdr = calloc(1, f->hdr_len);
@@ -2390,7 +2499,7 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
         if (a->host) {
             f->iov = build_iov(a, src_pages + first, cnt, first_layer, num_layers, &f->iov_count);
             ok = f->iov != NULL;
-            f->gather = ok && f->iov_count > 1 && (!a->no_peer_errors || cut); /* see above; from post_frames */
+            f->gather = ok && f->iov_count > 1 && !a->no_peer_errors; /* see above; from post_frames */
         } else {
             f->staging = malloc(f->bytes);
             ok = f->staging != NULL;
@@ -2514,6 +2623,7 @@ const char *kvhal_xfer_path(const kvhal_xfer *x)
     case PATH_HOST: return "host";
     case PATH_STAGED: return "staged";
     case PATH_IPC: return "ipc";
+    case PATH_CMA: return "cma";
     default: return "";
     }
 }
@@ -2522,7 +2632,7 @@ const char *kvhal_xfer_peer_ipc(const kvhal_xfer_peer *p)
 {
     if (!p || p->magic != PEER_MAGIC) return "";
     switch (p->ipc_state) {
-    case IPC_READY: return "ipc";
+    case IPC_READY: return p->ipc_kind == XW_IPC_CMA ? "cma" : "ipc";
     case IPC_OFFERED: return "offered";
     case IPC_REFUSED: return p->ipc_reason[0] ? p->ipc_reason : "refused";
     default: return p->same_host ? "same host, no shareable cache" : "other host";
