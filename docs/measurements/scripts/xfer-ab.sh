@@ -5,7 +5,7 @@
 # flight, each granted by the decode side first; the last transfer of each size verified); the anchors are
 # ucx_perftest -t ucp_am_bw, one contiguous buffer each side, -O 4 like kvhal's window, and over TCP also with -e
 # (endpoints with peer-failure handling, as kvhal's TCP endpoints must have).
-# Usage: OUT=dir xfer-ab.sh ROUNDS name=builddir [name=builddir ...]
+# Usage: OUT=dir xfer-ab.sh ROUNDS name=builddir[@VAR=value] ...   (VAR=value: in the environment of that build's runs)
 # MIB (default 320): MiB per size and tool (at least 20 messages).
 set -uo pipefail
 ROUNDS=$1
@@ -37,8 +37,10 @@ for r in $(seq 1 "$ROUNDS"); do
     for s in "${SIZES[@]}"; do
       line="$r $tls $s"
       for nb in "$@"; do
-        name=${nb%%=*} b=${nb#*=}
-        g=$(timeout 60 "$b"/tools/kvhal-xfer --transport=$tls --sizes=$s --iters "$(iters "$s")" --window 4 --json 2> "$OUT/err-$name-$tls-$s-$r.txt" |
+        name=${nb%%=*} b=${nb#*=} ev=
+        case $b in *@*) ev=${b#*@}; ev=${ev//@/ }; b=${b%%@*} ;; esac
+        echo "== $name $tls $s round $r" >> "$OUT/err.txt"
+        g=$(env $ev timeout 60 "$b"/tools/kvhal-xfer --transport=$tls --sizes=$s --iters "$(iters "$s")" --window 4 --json 2>> "$OUT/err.txt" |
             python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.3f" % d["results"][0]["gbps"])' 2>/dev/null || echo nan)
         line="$line $name=$g"
       done
