@@ -496,6 +496,8 @@ static void raw_send(raw *r, const void *hdr, size_t hlen, const void *data, siz
     }
 }
 
+static const char *raw_tcp_seg = ""; /* the TCP receive segments the raw peer's HELLO claims ("": no TCP) */
+
 /* Connects as an agent of wire version `version` would (its HELLO in our layout) and waits for the answer. */
 static void raw_open_v(raw *r, const uint8_t *blob, size_t len, const char *token, uint16_t version)
 {
@@ -530,6 +532,7 @@ static void raw_open_v(raw *r, const uint8_t *blob, size_t len, const char *toke
     snprintf(h.token, sizeof h.token, "%s", token);
     h.g = (xw_geometry){L, HEADS, DIM, BLOCK, KVHAL_F16, KVHAL_LAYOUT_NHD, 16, CHUNK};
     h.addr_len = (uint32_t)r->alen;
+    snprintf(h.tcp_seg, sizeof h.tcp_seg, "%s", raw_tcp_seg);
     raw_send(r, &h, sizeof h, r->addr, r->alen, UCP_AM_SEND_FLAG_EAGER);
     const double until = now_s() + 5;
     while (!r->got_hello_ack && now_s() < until) raw_progress(r, 0.001);
@@ -600,6 +603,19 @@ static void test_wire_version(void **state)
         snprintf(want, sizeof want, "wire version %u, this agent speaks %u", (unsigned)versions[i],
                  (unsigned)XW_VERSION);
         assert_contains(s.evs[e].message, want);
+        raw_close(&r);
+    }
+    /* over TCP, UCX 1.13 cannot mix endpoints whose receive segments differ (a fragment larger than the receiver's
+     * segment breaks it): refused with the reason */
+    if (strstr(tls, "tcp")) {
+        const int ev0 = s.nev;
+        raw r;
+        raw_tcp_seg = "1m";
+        raw_open(&r, blob, len, TOKEN);
+        raw_tcp_seg = "";
+        assert_int_not_equal(r.hello_status, 0);
+        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_REJECTED, ev0, 5);
+        assert_contains(s.evs[e].message, "receive segments differ");
         raw_close(&r);
     }
     check_cache(&s, NULL, 0);

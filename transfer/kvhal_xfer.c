@@ -196,6 +196,7 @@ struct kvhal_xfer_agent {
     size_t max_am_header;
     bool no_peer_errors;    /* the transports have no peer-failure handling (UCX shared memory) */
     bool cma_ok;            /* the transports allow CMA (cma, shm, sm, all or UCX's choice): the CMA path */
+    char tcp_seg[XW_SEG_LEN]; /* UCX's TCP receive segment size as configured, "" when TCP is not used */
     uint8_t cma_probe[XW_CMA_PROBE]; /* random; a peer reading them proves it can read our cache (offer_ipc) */
     struct { void *p; size_t cap; } pool[BOUNCE_POOL]; /* idle bounce buffers, kept for reuse */
     size_t pool_bytes;
@@ -1521,6 +1522,9 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     /* constant-time token comparison over the whole field */
     unsigned diff = 0;
     h->token[sizeof h->token - 1] = '\0';
+    h->tcp_seg[sizeof h->tcp_seg - 1] = '\0';
+    for (char *q = h->tcp_seg; *q; q++)
+        if ((unsigned char)*q < 0x20 || (unsigned char)*q > 0x7e) *q = '?';
     for (size_t i = 0; i < XW_TOKEN_LEN; i++) diff |= (unsigned)(uint8_t)(h->token[i] ^ a->token[i]);
     if (ph->version) {
         snprintf(name, sizeof name, "?");
@@ -1534,6 +1538,9 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
                  (int)a->g.num_heads, (int)h->g.head_dim, (int)a->g.head_dim, (int)h->g.block_size,
                  (int)a->g.block_size, (int)h->g.dtype, (int)a->g.dtype, (int)h->g.layout, (int)a->g.layout);
     else if (h->g.num_blocks < 1) snprintf(reason, sizeof reason, "the connector's cache has no pages");
+    else if (h->tcp_seg[0] && a->tcp_seg[0] && strncmp(h->tcp_seg, a->tcp_seg, XW_SEG_LEN) != 0)
+        snprintf(reason, sizeof reason, "UCX TCP receive segments differ (%.15s here, %.15s there; "
+                 "UCX_TCP_RX_SEG_SIZE): UCX cannot mix them", a->tcp_seg, h->tcp_seg);
     else if (a->live_peers >= a->max_peers) snprintf(reason, sizeof reason, "too many peers (%d)", (int)a->max_peers);
     else if (h->src_session == 0) snprintf(reason, sizeof reason, "session 0");
 
@@ -1563,6 +1570,7 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     copy_name(k.name, sizeof k.name, a->name);
     k.g = a->g;
     memcpy(k.host, a->host_id, sizeof k.host);
+    memcpy(k.tcp_seg, a->tcp_seg, sizeof k.tcp_seg);
     if (reason[0]) {
         k.status = KVHAL_PEER_FAILED;
         copy_name(k.reason, sizeof k.reason, reason);
@@ -1816,19 +1824,23 @@ static kvhal_status check_xfer(const kvhal_xfer *x)
 /* Whether a UCX_TLS-style list lets UCX use CMA (cma, or shm / sm / all, which include it; NULL: UCX's choice):
  * then on one host the peer may read our host cache itself with process_vm_readv (offer_ipc), which is what UCX's
  * CMA transport does, for scattered pages too. "^list" excludes. */
-static bool transports_allow_cma(const char *t)
+static bool transports_name(const char *t, const char *want)
 {
     if (!t) return true;
     const bool exclude = t[0] == '^';
     bool named = false;
     for (const char *q = t + exclude; *q;) {
-        size_t n = strcspn(q, ",");
-        if ((n == 3 && !strncmp(q, "cma", 3)) || (n == 3 && !strncmp(q, "shm", 3)) ||
-            (n == 2 && !strncmp(q, "sm", 2)) || (n == 3 && !strncmp(q, "all", 3)))
-            named = true;
+        const size_t n = strcspn(q, ",");
+        if ((n == strlen(want) && !strncmp(q, want, n)) || (n == 3 && !strncmp(q, "all", 3))) named = true;
         q += n + (q[n] == ',');
     }
     return exclude ? !named : named;
+}
+
+static bool transports_allow_cma(const char *t)
+{
+    if (t && t[0] == '^') return transports_name(t, "cma") && transports_name(t, "shm") && transports_name(t, "sm");
+    return transports_name(t, "cma") || transports_name(t, "shm") || transports_name(t, "sm");
 }
 
 kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
@@ -1864,6 +1876,16 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
     ucp_config_t *uc = NULL;
     ucs_status_t us = ucp_config_read(NULL, NULL, &uc);
     if (us == UCS_OK && cfg->transports) us = ucp_config_modify(uc, "TLS", cfg->transports);
+    /* TCP: 256 KiB receive segments instead of UCX 1.13's 64 KiB, unless the environment sets them: a rendezvous
+     * frame then goes in 256 KiB zero-copy fragments (a quarter of the sendmsg calls, of the receiver's handler
+     * rounds); measured with UCX_TCP_RX_SEG_SIZE=256k on the 16-core host: 0.64-0.74 -> 0.69-0.87 of
+     * ucx_perftest -e (docs/measurements/session7). Only where TCP may be used (else UCX warns of an unused key). */
+    if (us == UCS_OK && transports_name(cfg->transports, "tcp")) {
+        const char *env = getenv("UCX_TCP_RX_SEG_SIZE");
+        if (env) copy_name(a->tcp_seg, sizeof a->tcp_seg, env);
+        else if (ucp_config_modify(uc, "RX_SEG_SIZE", "256k") == UCS_OK) copy_name(a->tcp_seg, sizeof a->tcp_seg, "256k");
+        else copy_name(a->tcp_seg, sizeof a->tcp_seg, "64k"); /* UCX 1.13's default */
+    }
     if (us != UCS_OK) {
         if (uc) ucp_config_release(uc);
         free(a);
@@ -2144,6 +2166,7 @@ kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t le
     h.g = a->g;
     h.addr_len = (uint32_t)a->addr_len;
     memcpy(h.host, a->host_id, sizeof h.host);
+    memcpy(h.tcp_seg, a->tcp_seg, sizeof h.tcp_seg);
     queue_msg(a, p, p->ep, &h, sizeof h, a->addr, a->addr_len, false);
     idle_state spins = {0, 0};
     /* and, on the same host with a shareable cache, for the peer's answer to our IPC handle (bounded by the

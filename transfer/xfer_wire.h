@@ -10,7 +10,9 @@
 #define XW_AM_ID 0x4b56u        /* the one active-message id */
 #define XW_MAGIC 0x4b565846u    /* KVXF */
 #define XW_BLOB_MAGIC 0x4b564142u /* KVAB: an address blob */
-#define XW_VERSION 3u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames; 3: IPC_MAP kinds (CMA) */
+#define XW_VERSION 3u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames; 3: IPC_MAP kinds (CMA), the TCP
+                         receive segment size in HELLO / HELLO_ACK */
+#define XW_SEG_LEN 16           /* UCX's TCP receive segment size as configured ("256k"), "" without TCP */
 #define XW_NAME_LEN 32
 #define XW_TOKEN_LEN 64
 #define XW_REASON_LEN 128
@@ -67,6 +69,7 @@ typedef struct xw_hello {
     uint32_t addr_len;
     uint32_t pad;
     char host[XW_HOST_LEN]; /* the connector's host identity (same host: the IPC path may be offered) */
+    char tcp_seg[XW_SEG_LEN]; /* UCX 1.13 cannot mix TCP endpoints whose receive segments differ: refused */
 } xw_hello;
 
 typedef struct xw_hello_ack {
@@ -78,6 +81,7 @@ typedef struct xw_hello_ack {
     xw_geometry g;
     char reason[XW_REASON_LEN]; /* at the same offset in every version: a refusal stays readable */
     char host[XW_HOST_LEN];
+    char tcp_seg[XW_SEG_LEN];
 } xw_hello_ack;
 
 typedef struct xw_grant {
