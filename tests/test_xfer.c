@@ -582,40 +582,41 @@ static void raw_data(raw *r, uint64_t session, uint64_t req, int32_t first, int3
     }
 }
 
-/* A connector of another wire version (3 changed HELLO and HELLO_ACK): refused with a reason that names both
- * versions, on both sides; nothing written, no page taken. */
+/* A CPU server (the decode side) and its address blob; returns the blob's length. */
+static size_t cpu_server(server *s, uint32_t timeout_ms, uint8_t *blob, size_t cap)
+{
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    server_start(s, cpu, timeout_ms);
+    return server_blob(s, blob, cap);
+}
+
+/* Connectors the listener refuses before anything else, with a reason naming both sides: another wire version
+ * (version 3 changed HELLO and HELLO_ACK), and over TCP other UCX receive segments (UCX 1.13 cannot mix them: a
+ * fragment larger than the receiver's segment breaks it). Nothing written, no page taken. */
 static void test_wire_version(void **state)
 {
     (void)state;
-    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
     server s;
-    server_start(&s, cpu, 2000);
     uint8_t blob[4096];
-    size_t len = server_blob(&s, blob, sizeof blob);
-    const uint16_t versions[] = {XW_VERSION - 1, XW_VERSION + 1};
-    for (int i = 0; i < 2; i++) {
+    const size_t len = cpu_server(&s, 2000, blob, sizeof blob);
+    const struct {
+        uint16_t version;
+        const char *seg; /* TCP only */
+    } cases[] = {{XW_VERSION - 1, ""}, {XW_VERSION + 1, ""}, {XW_VERSION, "1m"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].seg[0] && !strstr(tls, "tcp")) continue;
+        char want[80];
+        if (cases[i].seg[0]) snprintf(want, sizeof want, "receive segments differ");
+        else snprintf(want, sizeof want, "wire version %u, this agent speaks %u", (unsigned)cases[i].version,
+                      (unsigned)XW_VERSION);
         const int ev0 = s.nev;
         raw r;
-        raw_open_v(&r, blob, len, TOKEN, versions[i]);
-        assert_int_not_equal(r.hello_status, 0);
-        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_REJECTED, ev0, 5);
-        char want[64];
-        snprintf(want, sizeof want, "wire version %u, this agent speaks %u", (unsigned)versions[i],
-                 (unsigned)XW_VERSION);
-        assert_contains(s.evs[e].message, want);
-        raw_close(&r);
-    }
-    /* over TCP, UCX 1.13 cannot mix endpoints whose receive segments differ (a fragment larger than the receiver's
-     * segment breaks it): refused with the reason */
-    if (strstr(tls, "tcp")) {
-        const int ev0 = s.nev;
-        raw r;
-        raw_tcp_seg = "1m";
-        raw_open(&r, blob, len, TOKEN);
+        raw_tcp_seg = cases[i].seg;
+        raw_open_v(&r, blob, len, TOKEN, cases[i].version);
         raw_tcp_seg = "";
         assert_int_not_equal(r.hello_status, 0);
         int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_REJECTED, ev0, 5);
-        assert_contains(s.evs[e].message, "receive segments differ");
+        assert_contains(s.evs[e].message, want);
         raw_close(&r);
     }
     check_cache(&s, NULL, 0);
@@ -1435,6 +1436,18 @@ typedef struct ipc_case {
     bool rndv, second_map, no_map;
 } ipc_case;
 
+/* Grants two pages for req and sends one DATA_IPC frame of source pages 15 and 3 into them (pairs: what it sent);
+ * returns how the receive ended (msg: why). */
+static kvhal_status ipc_two_pages(server *s, raw *r, kvhal_xfer_peer *pb, uint64_t req, int32_t granted[2],
+                                  int32_t pairs[4], kvhal_xfer **rx, char *msg, size_t cap)
+{
+    assert_int_equal(grant(s, pb, req, 2, granted, rx), KVHAL_OK);
+    const int32_t p[4] = {15, granted[0], 3, granted[1]};
+    memcpy(pairs, p, sizeof p);
+    raw_data_ipc(r, req, 0, L, pairs, 2, 16, UCP_AM_SEND_FLAG_EAGER);
+    return wait_recv(s, *rx, 5, msg, cap);
+}
+
 static void test_hostile_ipc(void **state)
 {
     (void)state;
@@ -1573,13 +1586,10 @@ static void test_hostile_ipc(void **state)
         kvhal_xfer_peer *pb = s.evs[e].peer;
         raw_map(&r, hblob, hlen, off, stride, 16, true);
         assert_int_equal(r.map_ack.status, 0);
-        int32_t granted[2];
+        int32_t granted[2], pairs[4];
         kvhal_xfer *rx;
-        assert_int_equal(grant(&s, pb, 8, 2, granted, &rx), KVHAL_OK);
-        int32_t pairs[4] = {15, granted[0], 3, granted[1]};
-        raw_data_ipc(&r, 8, 0, L, pairs, 2, 16, UCP_AM_SEND_FLAG_EAGER);
         char msg[512];
-        assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_OK);
+        assert_int_equal(ipc_two_pages(&s, &r, pb, 8, granted, pairs, &rx, msg, sizeof msg), KVHAL_OK);
         const double until = now_s() + 5;
         while (r.nacks == 0 && now_s() < until) raw_progress(&r, 0.001);
         assert_int_equal(r.nacks, 1);
@@ -1653,13 +1663,10 @@ static void test_hostile_ipc(void **state)
                 assert_contains(r.map_ack.reason, cc[ci].expect);
             } else {
                 if (r.map_ack.status != 0) fail_msg("%s: CMA map refused: %s", cc[ci].name, r.map_ack.reason);
-                int32_t granted[2];
+                int32_t granted[2], pairs[4];
                 kvhal_xfer *rx;
-                assert_int_equal(grant(&s, pb, 9, 2, granted, &rx), KVHAL_OK);
-                int32_t pairs[4] = {15, granted[0], 3, granted[1]};
-                raw_data_ipc(&r, 9, 0, L, pairs, 2, 16, UCP_AM_SEND_FLAG_EAGER);
                 char msg[512];
-                kvhal_status st = wait_recv(&s, rx, 5, msg, sizeof msg);
+                kvhal_status st = ipc_two_pages(&s, &r, pb, 9, granted, pairs, &rx, msg, sizeof msg);
                 if (cc[ci].data == 1) {
                     if (st != KVHAL_PEER_FAILED) fail_msg("%s: status %s", cc[ci].name, kvhal_status_name(st));
                     assert_contains(msg, cc[ci].expect);

@@ -686,6 +686,20 @@ static kvhal_xfer *find_grant(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t 
 
 static void recv_frame_done(kvhal_xfer_agent *a, recv_frame *f);
 
+/* What UCX sends a frame from or receives it into, as prm's datatype and count: a contiguous buffer (gathered,
+ * staged) as bytes, else the host chunks: their one run as bytes, or the IOV. */
+static void *frame_buffer(ucp_dt_iov_t *iov, size_t iov_count, void *contig, size_t bytes, ucp_request_param_t *prm,
+                          size_t *count)
+{
+    prm->datatype = ucp_dt_make_contig(1);
+    *count = bytes;
+    if (contig) return contig;
+    if (iov_count == 1) return iov[0].buffer;
+    prm->datatype = ucp_dt_make_iov();
+    *count = iov_count;
+    return iov;
+}
+
 static void recv_data_cb(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     (void)length;
@@ -816,21 +830,8 @@ static ucs_status_t on_data(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void 
     ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                                                UCP_OP_ATTR_FIELD_DATATYPE,
                                .cb.recv_am = recv_data_cb, .user_data = f};
-    void *buf;
-    size_t count;
-    if (a->host && f->iov_count == 1) { /* one run: straight into it */
-        prm.datatype = ucp_dt_make_contig(1);
-        buf = f->iov[0].buffer;
-        count = length;
-    } else if (a->host) { /* UCX writes each fragment straight into its chunks (see send_pages) */
-        prm.datatype = ucp_dt_make_iov();
-        buf = f->iov;
-        count = f->iov_count;
-    } else {
-        prm.datatype = ucp_dt_make_contig(1);
-        buf = f->staging;
-        count = length;
-    }
+    size_t count; /* UCX writes each fragment straight into its chunks (see send_pages), or into the staging buffer */
+    void *buf = frame_buffer(f->iov, f->iov_count, f->staging, length, &prm, &count);
     void *r = ucp_am_recv_data_nbx(a->worker, data, buf, count, &prm);
     if (r == NULL) {
         f->done = true;
@@ -1608,6 +1609,27 @@ static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     p->ep_status = status;
 }
 
+/* Keeps a HELLO for pump (accept_hello): hlen bytes of its header (the rest zero), the connector's address (its
+ * data), and its wire version when it is not ours (0: ours). Out of memory: dropped, the connector times out. */
+static void queue_hello(kvhal_xfer_agent *a, const void *header, size_t hlen, const void *data, size_t length,
+                        uint16_t version)
+{
+    pending_hello *ph = calloc(1, sizeof *ph);
+    void *addr = malloc(length);
+    if (!ph || !addr) {
+        free(ph);
+        free(addr);
+        return;
+    }
+    memcpy(&ph->h, header, hlen);
+    ph->h.addr_len = (uint32_t)length;
+    memcpy(addr, data, length);
+    ph->version = version;
+    ph->addr = addr;
+    ph->next = a->hellos;
+    a->hellos = ph;
+}
+
 static ucs_status_t am_handler(void *arg, const void *header, size_t header_length, void *data, size_t length,
                                const ucp_am_recv_param_t *param)
 {
@@ -1620,21 +1642,8 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     if (c.version != XW_VERSION) { /* a connection attempt or its answer gets a clear error; the rest is dropped */
         if (c.type == XW_HELLO && !rndv && length > 0 && length <= XW_MAX_ADDR &&
             header_length >= offsetof(xw_hello, name)) {
-            pending_hello *ph = calloc(1, sizeof *ph);
-            void *addr = malloc(length);
-            if (!ph || !addr) {
-                free(ph);
-                free(addr);
-                return UCS_OK;
-            }
             /* the common header and src_session sit at the same offsets in every version; the rest may not */
-            memcpy(&ph->h, header, offsetof(xw_hello, name));
-            memcpy(addr, data, length);
-            ph->h.addr_len = (uint32_t)length;
-            ph->version = c.version ? c.version : UINT16_MAX;
-            ph->addr = addr;
-            ph->next = a->hellos;
-            a->hellos = ph;
+            queue_hello(a, header, offsetof(xw_hello, name), data, length, c.version ? c.version : UINT16_MAX);
         } else if (c.type == XW_HELLO && !rndv) {
             push_event(a, KVHAL_XFER_EVENT_PEER_REJECTED, NULL, NULL, 0, KVHAL_PEER_FAILED, NULL, 0,
                        "malformed HELLO of wire version %u (this agent speaks %u)", (unsigned)c.version,
@@ -1653,18 +1662,7 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
                        "malformed HELLO: address of %u bytes with %zu data bytes", (unsigned)h.addr_len, length);
             return UCS_OK;
         }
-        pending_hello *ph = calloc(1, sizeof *ph);
-        void *addr = malloc(length);
-        if (!ph || !addr) {
-            free(ph);
-            free(addr);
-            return UCS_OK;
-        }
-        memcpy(addr, data, length);
-        ph->h = h;
-        ph->addr = addr;
-        ph->next = a->hellos;
-        a->hellos = ph;
+        queue_hello(a, &h, sizeof h, data, length, 0);
         return UCS_OK;
     }
     if (c.type == XW_HELLO_ACK) {
@@ -2361,21 +2359,8 @@ static bool post_frames(kvhal_xfer *x)
                                                    UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
                                    .cb.send = send_cb, .user_data = f,
                                    .flags = f->bytes >= RNDV_FRAME_BYTES ? UCP_AM_SEND_FLAG_RNDV : 0};
-        const void *buf;
         size_t count;
-        if (a->host && (f->iov_count == 1 || f->bounce)) {
-            prm.datatype = ucp_dt_make_contig(1);
-            buf = f->bounce ? f->bounce : f->iov[0].buffer;
-            count = f->bytes;
-        } else if (a->host) {
-            prm.datatype = ucp_dt_make_iov();
-            buf = f->iov;
-            count = f->iov_count;
-        } else {
-            prm.datatype = ucp_dt_make_contig(1);
-            buf = f->staging;
-            count = f->bytes;
-        }
+        const void *buf = frame_buffer(f->iov, f->iov_count, f->bounce ? f->bounce : f->staging, f->bytes, &prm, &count);
         if (!post_frame(p, x, fi, buf, count, &prm)) return true; /* x failed (and may be gone) */
     }
     return true;
