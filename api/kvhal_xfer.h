@@ -180,7 +180,10 @@ KVHAL_API kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *peer, uint64_t r
  * shareable (kvhal_paged_cache_create_shareable) and the peer imported its handle at connect time, frames carry
  * page ids only and the receiver copies the pages itself, device to device (one batched copy per frame), then
  * acknowledges; this call synchronizes the cache's device first, so that every write queued to the source pages is
- * complete before they are announced. Otherwise pages go through UCX (in place for host caches, staged through
+ * complete before they are announced. Host caches on one host whose agents' transports allow CMA (cfg.transports
+ * NULL, or naming cma, shm, sm or all) take the CMA path instead: the same frames, and the receiver reads the pages
+ * from this process with process_vm_readv straight into its own (one kernel copy, scattered to scattered), after a
+ * probe at connect time proved it can. Otherwise pages go through UCX (in place for host caches, staged through
  * host memory for device caches).
  * @param peer         a connected peer.
  * @param request_id   the receiver's request id (from the GRANT event).
@@ -249,8 +252,9 @@ KVHAL_API kvhal_status kvhal_xfer_get_info(const kvhal_xfer *xfer, kvhal_xfer_in
 
 /**
  * How a transfer's pages moved: "ipc" (the receiver copied them device to device from the sender's cache, imported
- * through the backend's IPC), "staged" (device caches through host memory and UCX), "host" (host caches, UCX in
- * place); "" before any frame (receiver) or for an invalid handle.
+ * through the backend's IPC), "cma" (host caches on one host: the receiver read them from the sender's process with
+ * process_vm_readv), "staged" (device caches through host memory and UCX), "host" (host caches, UCX in place); ""
+ * before any frame (receiver) or for an invalid handle.
  * @param xfer  the transfer (either side).
  * @return a static string. Thread safety: as the agent.
  */
@@ -258,7 +262,7 @@ KVHAL_API const char *kvhal_xfer_path(const kvhal_xfer *xfer);
 
 /**
  * The IPC state of a connection as this side's sends see it: "ipc" (the peer imported this agent's cache),
- * "offered" (no answer yet), the peer's reason for refusing the handle, "same host, no shareable cache" or
+ * "cma" (the peer reads this agent's host cache from this process), "offered" (no answer yet), the peer's reason for refusing the handle, "same host, no shareable cache" or
  * "other host". For logs and the tool.
  * @param peer  the peer. @return a string valid while the peer lives; "" for an invalid handle.
  */

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -134,6 +135,12 @@ static void *serve(void *arg)
         usleep(100);
     }
     return NULL;
+}
+
+/* Whether the agent's transports let it take the CMA path (host caches on one host): as kvhal_xfer.c decides. */
+static bool tls_cma(const char *t)
+{
+    return !t || strstr(t, "shm") || strstr(t, "cma") || !strcmp(t, "sm") || strstr(t, "all");
 }
 
 static kvhal_paged_cache *make_cache(kvhal_device dev, int32_t heads, int64_t pages, kvhal_paged_order order)
@@ -342,9 +349,14 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
     assert_int_equal(kvhal_xfer_send_pages(pa, 77, src, ev.pages, N, 1, L - 1, &tx1), KVHAL_OK);
     assert_int_equal(kvhal_xfer_wait(tx0, 5000), KVHAL_OK);
     assert_int_equal(kvhal_xfer_wait(tx1, 5000), KVHAL_OK);
-    /* plain (not shareable) caches: through UCX, in place on the host, else staged */
-    assert_string_equal(kvhal_xfer_path(tx0), sdev.type == KVHAL_DEVICE_CPU ? "host" : "staged");
-    assert_string_equal(kvhal_xfer_peer_ipc(pa), "same host, no shareable cache");
+    /* plain (not shareable) caches: through UCX, in place on the host, else staged; host to host where the
+     * transports include CMA (shm): read by the receiver from the sender's process (the CMA path) */
+    const bool cma_offered = sdev.type == KVHAL_DEVICE_CPU && tls_cma(tls);
+    const bool cma = cma_offered && rdev.type == KVHAL_DEVICE_CPU;
+    assert_string_equal(kvhal_xfer_path(tx0), cma ? "cma" : sdev.type == KVHAL_DEVICE_CPU ? "host" : "staged");
+    if (cma) assert_string_equal(kvhal_xfer_peer_ipc(pa), "cma");
+    else if (cma_offered) assert_contains(kvhal_xfer_peer_ipc(pa), "not in host memory");
+    else assert_string_equal(kvhal_xfer_peer_ipc(pa), "same host, no shareable cache");
     char msg[512];
     assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_OK);
     kvhal_xfer_info info;
@@ -353,7 +365,7 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
     assert_int_equal(info.bytes_total, info.bytes_done);
     assert_true(info.is_receive);
     pthread_mutex_lock(&s.mu);
-    assert_string_equal(kvhal_xfer_path(rx), rdev.type == KVHAL_DEVICE_CPU ? "host" : "staged");
+    assert_string_equal(kvhal_xfer_path(rx), cma ? "cma" : rdev.type == KVHAL_DEVICE_CPU ? "host" : "staged");
     pthread_mutex_unlock(&s.mu);
     for (int i = 0; i < N; i++)
         for (int l = 0; l < L; l++)
@@ -441,6 +453,12 @@ static void test_wrong_token_and_geometry(void **state)
     assert_int_equal(kvhal_xfer_connect(a, blob, len - 1, TOKEN, &p), KVHAL_INVALID_ARGUMENT);
     assert_contains(kvhal_last_error(), "len");
     assert_int_equal(kvhal_xfer_connect(a, blob, 3, TOKEN, &p), KVHAL_INVALID_ARGUMENT);
+    /* an address of another wire version */
+    memcpy(bad, blob, len);
+    const uint16_t old_version = XW_VERSION - 1;
+    memcpy(bad + offsetof(xw_blob, version), &old_version, sizeof old_version);
+    assert_int_equal(kvhal_xfer_connect(a, bad, len, TOKEN, &p), KVHAL_INVALID_ARGUMENT);
+    assert_contains(kvhal_last_error(), "wire version 2, this agent speaks 3");
     assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
     kvhal_paged_cache_destroy(sc);
     /* another geometry (heads) */
@@ -527,7 +545,10 @@ static void raw_send(raw *r, const void *hdr, size_t hlen, const void *data, siz
     }
 }
 
-static void raw_open(raw *r, const uint8_t *blob, size_t len, const char *token)
+static const char *raw_tcp_seg = ""; /* the TCP receive segments the raw peer's HELLO claims ("": no TCP) */
+
+/* Connects as an agent of wire version `version` would (its HELLO in our layout) and waits for the answer. */
+static void raw_open_v(raw *r, const uint8_t *blob, size_t len, const char *token, uint16_t version)
 {
     memset(r, 0, sizeof *r);
     ucp_config_t *uc;
@@ -555,17 +576,23 @@ static void raw_open(raw *r, const uint8_t *blob, size_t len, const char *token)
     raw_call = false;
     xw_hello h;
     memset(&h, 0, sizeof h);
-    h.c = (xw_common){XW_MAGIC, XW_VERSION, XW_HELLO, 0};
+    h.c = (xw_common){XW_MAGIC, version, XW_HELLO, 0};
     r->my_session = 0x1234567890abcdefull;
     h.src_session = r->my_session;
     snprintf(h.name, sizeof h.name, "hostile");
     snprintf(h.token, sizeof h.token, "%s", token);
     h.g = (xw_geometry){L, HEADS, DIM, BLOCK, KVHAL_F16, KVHAL_LAYOUT_NHD, 16, CHUNK};
     h.addr_len = (uint32_t)r->alen;
+    snprintf(h.tcp_seg, sizeof h.tcp_seg, "%s", raw_tcp_seg);
     raw_send(r, &h, sizeof h, r->addr, r->alen, UCP_AM_SEND_FLAG_EAGER);
     const double until = now_s() + 5;
     while (!r->got_hello_ack && now_s() < until) raw_progress(r, 0.001);
     assert_true(r->got_hello_ack);
+}
+
+static void raw_open(raw *r, const uint8_t *blob, size_t len, const char *token)
+{
+    raw_open_v(r, blob, len, token, XW_VERSION);
 }
 
 static void raw_close(raw *r)
@@ -604,6 +631,48 @@ static void raw_data(raw *r, uint64_t session, uint64_t req, int32_t first, int3
     } else {
         fail_msg("%s", "raw_data: more frames than the peer keeps");
     }
+}
+
+/* A CPU server (the decode side) and its address blob; returns the blob's length. */
+static size_t cpu_server(server *s, uint32_t timeout_ms, uint8_t *blob, size_t cap)
+{
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    server_start(s, cpu, timeout_ms);
+    return server_blob(s, blob, cap);
+}
+
+/* Connectors the listener refuses before anything else, with a reason naming both sides: another wire version
+ * (version 3 changed HELLO and HELLO_ACK), and over TCP other UCX receive segments (UCX 1.13 cannot mix them: a
+ * fragment larger than the receiver's segment breaks it). Nothing written, no page taken. */
+static void test_wire_version(void **state)
+{
+    (void)state;
+    server s;
+    uint8_t blob[4096];
+    const size_t len = cpu_server(&s, 2000, blob, sizeof blob);
+    const struct {
+        uint16_t version;
+        const char *seg; /* TCP only */
+    } cases[] = {{XW_VERSION - 1, ""}, {XW_VERSION + 1, ""}, {XW_VERSION, "1m"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].seg[0] && !strstr(tls, "tcp")) continue;
+        char want[80];
+        if (cases[i].seg[0]) snprintf(want, sizeof want, "receive segments differ");
+        else snprintf(want, sizeof want, "wire version %u, this agent speaks %u", (unsigned)cases[i].version,
+                      (unsigned)XW_VERSION);
+        const int ev0 = s.nev;
+        raw r;
+        raw_tcp_seg = cases[i].seg;
+        raw_open_v(&r, blob, len, TOKEN, cases[i].version);
+        raw_tcp_seg = "";
+        assert_int_not_equal(r.hello_status, 0);
+        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_REJECTED, ev0, 5);
+        assert_contains(s.evs[e].message, want);
+        raw_close(&r);
+    }
+    check_cache(&s, NULL, 0);
+    all_pages_free(&s);
+    server_stop(&s);
 }
 
 typedef struct hostile_case {
@@ -1355,8 +1424,8 @@ static void raw_keep(raw *r, void *p)
     r->keep[r->nkeep++] = p;
 }
 
-static void raw_map(raw *r, const uint8_t *blob, size_t blen, const uint64_t *off, uint64_t stride, int64_t blocks,
-                    bool wait_ack)
+static void raw_map_kind(raw *r, uint32_t kind, const uint8_t *blob, size_t blen, const uint64_t *off,
+                         uint64_t stride, int64_t blocks, bool wait_ack)
 {
     xw_ipc_map *m = calloc(1, sizeof *m);
     const size_t dlen = blen + 2u * L * sizeof(uint64_t);
@@ -1364,7 +1433,7 @@ static void raw_map(raw *r, const uint8_t *blob, size_t blen, const uint64_t *of
     assert_non_null(m);
     assert_non_null(d);
     *m = (xw_ipc_map){.c = {XW_MAGIC, XW_VERSION, XW_IPC_MAP, r->their_session}, .blob_len = (uint32_t)blen,
-                      .num_layers = L, .block_stride = stride, .num_blocks = blocks};
+                      .num_layers = L, .block_stride = stride, .num_blocks = blocks, .kind = kind};
     memcpy(d, blob, blen);
     memcpy(d + blen, off, 2u * L * sizeof(uint64_t));
     r->got_map_ack = false;
@@ -1374,6 +1443,25 @@ static void raw_map(raw *r, const uint8_t *blob, size_t blen, const uint64_t *of
     const double until = now_s() + 5;
     while (wait_ack && !r->got_map_ack && now_s() < until) raw_progress(r, 0.001);
     if (wait_ack) assert_true(r->got_map_ack);
+}
+
+static void raw_map(raw *r, const uint8_t *blob, size_t blen, const uint64_t *off, uint64_t stride, int64_t blocks,
+                    bool wait_ack)
+{
+    raw_map_kind(r, XW_IPC_HANDLE, blob, blen, off, stride, blocks, wait_ack);
+}
+
+/* The CMA kind of IPC_MAP: "read my pages from process pid at base" (here: this process, the pattern buffer). */
+static xw_cma_blob cma_blob(uint32_t pid, const void *base, uint64_t size, const uint8_t *probe)
+{
+    xw_cma_blob b;
+    memset(&b, 0, sizeof b);
+    b.pid = pid;
+    b.base = (uint64_t)(uintptr_t)base;
+    b.size = size;
+    b.probe_addr = (uint64_t)(uintptr_t)probe;
+    memcpy(b.probe, probe, XW_CMA_PROBE);
+    return b;
 }
 
 static void raw_data_ipc(raw *r, uint64_t req, int32_t first, int32_t nl, const int32_t *pairs, int32_t n,
@@ -1398,6 +1486,18 @@ typedef struct ipc_case {
     int dlen_delta;         /* data bytes off by this much */
     bool rndv, second_map, no_map;
 } ipc_case;
+
+/* Grants two pages for req and sends one DATA_IPC frame of source pages 15 and 3 into them (pairs: what it sent);
+ * returns how the receive ended (msg: why). */
+static kvhal_status ipc_two_pages(server *s, raw *r, kvhal_xfer_peer *pb, uint64_t req, int32_t granted[2],
+                                  int32_t pairs[4], kvhal_xfer **rx, char *msg, size_t cap)
+{
+    assert_int_equal(grant(s, pb, req, 2, granted, rx), KVHAL_OK);
+    const int32_t p[4] = {15, granted[0], 3, granted[1]};
+    memcpy(pairs, p, sizeof p);
+    raw_data_ipc(r, req, 0, L, pairs, 2, 16, UCP_AM_SEND_FLAG_EAGER);
+    return wait_recv(s, *rx, 5, msg, cap);
+}
 
 static void test_hostile_ipc(void **state)
 {
@@ -1537,13 +1637,10 @@ static void test_hostile_ipc(void **state)
         kvhal_xfer_peer *pb = s.evs[e].peer;
         raw_map(&r, hblob, hlen, off, stride, 16, true);
         assert_int_equal(r.map_ack.status, 0);
-        int32_t granted[2];
+        int32_t granted[2], pairs[4];
         kvhal_xfer *rx;
-        assert_int_equal(grant(&s, pb, 8, 2, granted, &rx), KVHAL_OK);
-        int32_t pairs[4] = {15, granted[0], 3, granted[1]};
-        raw_data_ipc(&r, 8, 0, L, pairs, 2, 16, UCP_AM_SEND_FLAG_EAGER);
         char msg[512];
-        assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_OK);
+        assert_int_equal(ipc_two_pages(&s, &r, pb, 8, granted, pairs, &rx, msg, sizeof msg), KVHAL_OK);
         const double until = now_s() + 5;
         while (r.nacks == 0 && now_s() < until) raw_progress(&r, 0.001);
         assert_int_equal(r.nacks, 1);
@@ -1566,6 +1663,92 @@ static void test_hostile_ipc(void **state)
         pthread_mutex_unlock(&s.mu);
         raw_close(&r);
         all_pages_free(&s);
+    }
+    /* 4. the CMA kind (read the sender's host pages from its process): refused without CMA among the transports,
+     * a probe that is not there, a process that is gone, pages past the declared size; a malformed map drops the
+     * peer; memory that is no longer mapped fails the frame (nothing written, pages back); a good one is copied */
+    {
+        static const uint8_t probe[XW_CMA_PROBE] = "kvhal-cma-probe";
+        uint8_t wrong[XW_CMA_PROBE];
+        memcpy(wrong, probe, sizeof wrong);
+        wrong[3] ^= 1;
+        pid_t gone = fork();
+        if (gone == 0) _exit(0);
+        waitpid(gone, NULL, 0);
+        void *unmapped = mmap(NULL, hbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0); /* unreadable */
+        assert_true(unmapped != MAP_FAILED);
+        const uint32_t me = (uint32_t)getpid();
+        struct {
+            const char *name, *expect;
+            xw_cma_blob b;
+            size_t blen;
+            int data; /* 0: map refused or peer dropped; 1: frame fails (unmapped); 2: frame copied */
+        } cc[] = {
+            {"probe elsewhere", "probe", cma_blob(me, hpat, hbytes, probe), sizeof(xw_cma_blob), 0},
+            {"process gone", "cannot read process", cma_blob((uint32_t)gone, hpat, hbytes, probe), sizeof(xw_cma_blob), 0},
+            {"pages past the size", "past the", cma_blob(me, hpat, hbytes / 2, probe), sizeof(xw_cma_blob), 0},
+            {"short blob", "malformed IPC_MAP", cma_blob(me, hpat, hbytes, probe), sizeof(xw_cma_blob) - 1, 0},
+            {"unmapped pages", "reading the peer's pages", cma_blob(me, unmapped, hbytes, probe), sizeof(xw_cma_blob), 1},
+            {"good", "", cma_blob(me, hpat, hbytes, probe), sizeof(xw_cma_blob), 2},
+        };
+        memcpy(cc[0].b.probe, wrong, sizeof wrong);
+        for (size_t ci = 0; ci < sizeof cc / sizeof cc[0]; ci++) {
+            const bool allowed = tls_cma(tls);
+            const bool malformed = cc[ci].blen != sizeof(xw_cma_blob);
+            const int ev0 = s.nev;
+            raw r;
+            raw_open(&r, blob, len, TOKEN);
+            int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
+            kvhal_xfer_peer *pb = s.evs[e].peer;
+            raw_map_kind(&r, XW_IPC_CMA, (const uint8_t *)&cc[ci].b, cc[ci].blen, off, stride, 16, !malformed);
+            if (malformed) { /* this peer's failure (the previous one's may come late) */
+                int f = ev0 - 1;
+                do f = wait_event(&s, KVHAL_XFER_EVENT_PEER_FAILED, f + 1, 5);
+                while (s.evs[f].peer != pb);
+                assert_contains(s.evs[f].message, cc[ci].expect);
+            } else if (!allowed) {
+                assert_int_not_equal(r.map_ack.status, 0);
+                assert_contains(r.map_ack.reason, "CMA is not among");
+            } else if (cc[ci].data == 0) {
+                assert_int_not_equal(r.map_ack.status, 0);
+                assert_contains(r.map_ack.reason, cc[ci].expect);
+            } else {
+                if (r.map_ack.status != 0) fail_msg("%s: CMA map refused: %s", cc[ci].name, r.map_ack.reason);
+                int32_t granted[2], pairs[4];
+                kvhal_xfer *rx;
+                char msg[512];
+                kvhal_status st = ipc_two_pages(&s, &r, pb, 9, granted, pairs, &rx, msg, sizeof msg);
+                if (cc[ci].data == 1) {
+                    if (st != KVHAL_PEER_FAILED) fail_msg("%s: status %s", cc[ci].name, kvhal_status_name(st));
+                    assert_contains(msg, cc[ci].expect);
+                } else {
+                    assert_int_equal(st, KVHAL_OK);
+                    uint8_t got[CHUNK];
+                    for (int i = 0; i < 2; i++)
+                        for (int l = 0; l < L; l++)
+                            for (int kv = 0; kv < 2; kv++) {
+                                assert_int_equal(kvhal_memcpy_d2h(got, s.buf, chunk_at(s.cache, l, kv, granted[i]),
+                                                                  CHUNK, NULL), KVHAL_OK);
+                                assert_memory_equal(got, hpat + chunk_at(hc, l, kv, pairs[2 * i]), CHUNK);
+                            }
+                    check_cache(&s, granted, 2);
+                    pthread_mutex_lock(&s.mu);
+                    assert_string_equal(kvhal_xfer_path(rx), "cma");
+                    pthread_mutex_unlock(&s.mu);
+                    assert_int_equal(kvhal_cache_manager_free(s.cm, granted, 2), KVHAL_OK);
+                }
+                pthread_mutex_lock(&s.mu);
+                kvhal_xfer_release(rx);
+                pthread_mutex_unlock(&s.mu);
+            }
+            pthread_mutex_lock(&s.mu);
+            assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+            pthread_mutex_unlock(&s.mu);
+            raw_close(&r);
+            if (cc[ci].data != 2) check_cache(&s, NULL, 0);
+            all_pages_free(&s);
+        }
+        munmap(unmapped, hbytes);
     }
     server_stop(&s);
     kvhal_paged_cache_destroy(hc);
@@ -1616,6 +1799,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_transfer_every_device),
         cmocka_unit_test(test_wrong_token_and_geometry),
         cmocka_unit_test(test_hostile_frames),
+        cmocka_unit_test(test_wire_version),
         cmocka_unit_test(test_cancel_and_duplicates),
         cmocka_unit_test(test_stalled_peer),
         cmocka_unit_test(test_peer_killed_mid_transfer),

@@ -11,7 +11,8 @@
  * The two sides may sit on other devices (--send-device cuda:0 --recv-device cuda:1): their pages are then staged
  * through host memory, or, with --ipc (the prefill cache shareable, both processes on one host), copied device to
  * device by the decode side from the prefill cache it imported. Every result names the path its transfers took
- * ("path": "host" in place, "staged", or "ipc"). */
+ * ("path": "host" in place, "staged", "ipc", or "cma": host caches on one host read by the decode side from the
+ * prefill process with process_vm_readv). */
 #include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>

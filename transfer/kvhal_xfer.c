@@ -5,12 +5,15 @@
  *
  * Everything runs on the caller's thread inside pump(): UCX callbacks only record (frames, completions, errors);
  * connection set-up, acknowledgements and deadlines are handled after ucp_worker_progress returns. */
+#define _GNU_SOURCE /* process_vm_readv (the CMA path) */
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/uio.h>
 #include <sched.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,8 +36,12 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 #define MAX_EVENTS 65536
 #define MAX_FRAME_PAGES 256
 #define RNDV_FRAME_BYTES 65536u         /* DATA frames of this size and more go by rendezvous */
-#define BOUNCE_POOL 8                     /* idle bounce buffers an agent keeps */
+#define BOUNCE_POOL 256                   /* idle bounce buffers an agent keeps */
 #define BOUNCE_POOL_BYTES (256ull << 20)  /* and their bytes at most */
+#ifndef GATHER_AHEAD_BYTES
+#define GATHER_AHEAD_BYTES (4ull << 20)   /* gathered frames posted and not yet sent, at most (one at least) */
+#endif
+
 
 #define ERR(st, ...) kvhal_error_set((st), __VA_ARGS__)
 #define CHECK_ARG(cond, ...)                                                                                    \
@@ -68,7 +75,11 @@ struct kvhal_xfer_peer {
     bool same_host;         /* the HELLO / HELLO_ACK named our host */
     int ipc_state;          /* as the sender: IPC_NONE, IPC_OFFERED (map sent), IPC_READY (peer imported it), IPC_REFUSED */
     char ipc_reason[XW_REASON_LEN]; /* why the peer refused our handle */
+    int ipc_kind;           /* as the sender: what we offered (XW_IPC_HANDLE, XW_IPC_CMA) */
     kvhal_buffer *ipc_buf;  /* as the receiver: the peer's cache, imported on our cache's device */
+    bool cma;               /* as the receiver: we read the peer's host cache with process_vm_readv */
+    uint32_t cma_pid;       /* its process */
+    uint64_t cma_base;      /* its cache's address there */
     uint64_t *ipc_off;      /* its 2 x num_layers byte offsets of block 0 (K, V of each layer) */
     uint64_t ipc_stride;    /* its bytes between blocks */
     int64_t ipc_blocks;     /* its page count */
@@ -78,7 +89,7 @@ struct kvhal_xfer_peer {
 };
 
 enum { IPC_NONE = 0, IPC_OFFERED = 1, IPC_READY = 2, IPC_REFUSED = -1 };
-enum { PATH_NONE = 0, PATH_HOST = 1, PATH_STAGED = 2, PATH_IPC = 3 };
+enum { PATH_NONE = 0, PATH_HOST = 1, PATH_STAGED = 2, PATH_IPC = 3, PATH_CMA = 4 };
 
 typedef struct send_frame {
     kvhal_xfer *x;
@@ -87,8 +98,10 @@ typedef struct send_frame {
     ucp_dt_iov_t *iov;
     size_t iov_count;
     void *staging;
-    void *bounce;           /* host caches over TCP: the frame's chunks gathered here (a pool buffer) */
+    void *bounce;           /* gathered frames: the frame's chunks copied here (a pool buffer) until it is sent */
     uint64_t bytes;
+    bool gather;            /* gathered into a bounce buffer when it is posted (see kvhal_xfer_send_pages) */
+    bool posted;
     bool in_flight;
 } send_frame;
 
@@ -127,6 +140,7 @@ struct kvhal_xfer {
     /* send */
     send_frame *frames;
     int32_t num_frames, frames_acked, sends_inflight;
+    int32_t next_post;      /* frames before it are posted (post_pending) */
     kvhal_xfer *next;
 };
 
@@ -145,6 +159,7 @@ typedef struct pending_msg { /* a frame to send from pump(), not from a UCX call
 
 typedef struct pending_hello {
     xw_hello h;
+    uint16_t version;       /* another wire version than ours: refused (h holds what its header had of ours) */
     void *addr;
     struct pending_hello *next;
 } pending_hello;
@@ -157,6 +172,7 @@ typedef struct ipc_job { /* a DATA_IPC frame accepted (pages claimed), copied fr
     int32_t l0, nl, n;
     int32_t *pairs;         /* n (src, dst) */
     int32_t *idx;           /* n grant indices of dst */
+    int path;               /* PATH_IPC (from an imported handle) or PATH_CMA (process_vm_readv) */
     int slot;               /* running: the stream of a->ipc_streams it was queued on */
     struct ipc_job *next;
 } ipc_job;
@@ -180,8 +196,12 @@ struct kvhal_xfer_agent {
     size_t addr_len;
     size_t max_am_header;
     bool no_peer_errors;    /* the transports have no peer-failure handling (UCX shared memory) */
+    bool cma_ok;            /* the transports allow CMA (cma, shm, sm, all or UCX's choice): the CMA path */
+    char tcp_seg[XW_SEG_LEN]; /* UCX's TCP receive segment size as configured, "" when TCP is not used */
+    uint8_t cma_probe[XW_CMA_PROBE]; /* random; a peer reading them proves it can read our cache (offer_ipc) */
     struct { void *p; size_t cap; } pool[BOUNCE_POOL]; /* idle bounce buffers, kept for reuse */
     size_t pool_bytes;
+    uint64_t gathered;      /* bytes of gathered frames posted and not yet sent */
     /* the cache */
     kvhal_paged_cache *cache;
     kvhal_buffer *cache_buf;
@@ -397,6 +417,15 @@ static void flush_msgs(kvhal_xfer_agent *a)
 /* ---------------------------------------------------------------------------------------------------------- */
 static void bounce_put(kvhal_xfer_agent *a, void *p);
 
+/* A gathered frame was sent (or will not be): its bounce buffer goes back to the pool. */
+static void frame_unbounce(kvhal_xfer_agent *a, send_frame *f)
+{
+    if (!f->bounce) return;
+    bounce_put(a, f->bounce);
+    f->bounce = NULL;
+    a->gathered -= f->bytes;
+}
+
 static void xfer_free(kvhal_xfer *x)
 {
     kvhal_xfer_agent *a = x->agent;
@@ -411,7 +440,7 @@ static void xfer_free(kvhal_xfer *x)
             free(x->frames[i].hdr);
             free(x->frames[i].iov);
             free(x->frames[i].staging);
-            bounce_put(a, x->frames[i].bounce);
+            frame_unbounce(a, &x->frames[i]);
         }
         free(x->frames);
     }
@@ -651,6 +680,20 @@ static kvhal_xfer *find_grant(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t 
 
 static void recv_frame_done(kvhal_xfer_agent *a, recv_frame *f);
 
+/* What UCX sends a frame from or receives it into, as prm's datatype and count: a contiguous buffer (gathered,
+ * staged) as bytes, else the host chunks: their one run as bytes, or the IOV. */
+static void *frame_buffer(ucp_dt_iov_t *iov, size_t iov_count, void *contig, size_t bytes, ucp_request_param_t *prm,
+                          size_t *count)
+{
+    prm->datatype = ucp_dt_make_contig(1);
+    *count = bytes;
+    if (contig) return contig;
+    if (iov_count == 1) return iov[0].buffer;
+    prm->datatype = ucp_dt_make_iov();
+    *count = iov_count;
+    return iov;
+}
+
 static void recv_data_cb(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     (void)length;
@@ -781,21 +824,8 @@ static ucs_status_t on_data(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void 
     ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                                                UCP_OP_ATTR_FIELD_DATATYPE,
                                .cb.recv_am = recv_data_cb, .user_data = f};
-    void *buf;
-    size_t count;
-    if (a->host && f->iov_count == 1) { /* one run: straight into it */
-        prm.datatype = ucp_dt_make_contig(1);
-        buf = f->iov[0].buffer;
-        count = length;
-    } else if (a->host) { /* UCX writes each fragment straight into its chunks (see send_pages) */
-        prm.datatype = ucp_dt_make_iov();
-        buf = f->iov;
-        count = f->iov_count;
-    } else {
-        prm.datatype = ucp_dt_make_contig(1);
-        buf = f->staging;
-        count = length;
-    }
+    size_t count; /* UCX writes each fragment straight into its chunks (see send_pages), or into the staging buffer */
+    void *buf = frame_buffer(f->iov, f->iov_count, f->staging, length, &prm, &count);
     void *r = ucp_am_recv_data_nbx(a->worker, data, buf, count, &prm);
     if (r == NULL) {
         f->done = true;
@@ -865,6 +895,10 @@ static void on_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, 
     kvhal_xfer *x = find_xfer_id(a, k.xfer_id);
     if (!x || x->is_recv || x->peer != p || k.frame >= (uint32_t)x->num_frames || x->finished) return; /* stale */
     send_frame *f = &x->frames[k.frame];
+    if (!f->posted) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "ACK of frame %u, which was not sent yet", (unsigned)k.frame);
+        return;
+    }
     if (k.status != KVHAL_OK) {
         kvhal_status st = (k.status > 0 && k.status < XFER_STATUS_N) ? (kvhal_status)k.status : KVHAL_PEER_FAILED;
         xfer_finish(x, st, "peer %s refused frame %u: %s", p->name, (unsigned)k.frame, k.reason);
@@ -906,13 +940,25 @@ static void host_identity(char *out, size_t cap)
 /* Sender: offers our cache's handle to a peer on our host (once per connection). */
 static void offer_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
 {
-    if (!a->ipc_blob_len || !p->same_host || p->ipc_state != IPC_NONE) return;
+    if (!p->same_host || p->ipc_state != IPC_NONE) return;
+    /* a shareable cache: its handle; else a host cache, where CMA is among the transports: where to read it */
+    const bool cma = !a->ipc_blob_len && a->host && a->cma_ok;
+    if (!a->ipc_blob_len && !cma) return;
+    xw_cma_blob cb;
+    memset(&cb, 0, sizeof cb);
+    cb.pid = (uint32_t)getpid();
+    cb.base = (uint64_t)(uintptr_t)a->host_base;
+    cb.size = a->cache_buf ? kvhal_buffer_size(a->cache_buf) : 0;
+    cb.probe_addr = (uint64_t)(uintptr_t)a->cma_probe;
+    memcpy(cb.probe, a->cma_probe, sizeof cb.probe);
+    const void *blob = cma ? (const void *)&cb : (const void *)a->ipc_blob;
+    const size_t blob_len = cma ? sizeof cb : a->ipc_blob_len;
     const int32_t L = a->g.num_layers;
-    const size_t dlen = a->ipc_blob_len + 2u * (size_t)L * sizeof(uint64_t);
+    const size_t dlen = blob_len + 2u * (size_t)L * sizeof(uint64_t);
     uint8_t *d = malloc(dlen);
-    if (!d) return; /* staged then */
-    memcpy(d, a->ipc_blob, a->ipc_blob_len);
-    uint64_t *off = (uint64_t *)(void *)(d + a->ipc_blob_len);
+    if (!d) return; /* through UCX then */
+    memcpy(d, blob, blob_len);
+    uint64_t *off = (uint64_t *)(void *)(d + blob_len);
     for (int32_t l = 0; l < L; l++) {
         const uint64_t ko = a->k_off[l], vo = a->v_off[l];
         memcpy(&off[2 * l], &ko, sizeof ko);
@@ -921,13 +967,15 @@ static void offer_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
     xw_ipc_map m;
     memset(&m, 0, sizeof m);
     m.c = (xw_common){XW_MAGIC, XW_VERSION, XW_IPC_MAP, p->their_session};
-    m.blob_len = (uint32_t)a->ipc_blob_len;
+    m.blob_len = (uint32_t)blob_len;
     m.num_layers = L;
     m.block_stride = a->block_stride;
     m.num_blocks = a->g.num_blocks;
+    m.kind = cma ? XW_IPC_CMA : XW_IPC_HANDLE;
     queue_msg(a, p, NULL, &m, sizeof m, d, dlen, false);
     free(d);
     p->ipc_state = IPC_OFFERED;
+    p->ipc_kind = (int)m.kind;
 }
 
 static void send_map_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, kvhal_status st, const char *reason)
@@ -938,6 +986,32 @@ static void send_map_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, kvhal_status s
     k.status = (int32_t)st;
     copy_name(k.reason, sizeof k.reason, reason);
     queue_msg(a, p, NULL, &k, sizeof k, NULL, 0, false);
+}
+
+/* Receiver: may we read a peer's host cache with process_vm_readv (the XW_IPC_CMA kind of IPC_MAP)? Our cache in
+ * host memory, CMA among our transports, and the peer's probe bytes read back from its process, which proves the
+ * pid and that the kernel lets us (ptrace rules). Else why says why not. */
+static void cma_probe(kvhal_xfer_agent *a, const xw_cma_blob *cb, char *why, size_t cap)
+{
+    uint64_t end;
+    if (!a->host) {
+        snprintf(why, cap, "this cache is not in host memory");
+        return;
+    }
+    if (!a->cma_ok) {
+        snprintf(why, cap, "CMA is not among this agent's transports");
+        return;
+    }
+    if (cb->pid == 0 || cb->base == 0 || __builtin_add_overflow(cb->base, cb->size, &end)) {
+        snprintf(why, cap, "bad CMA map (pid %u, %llu bytes)", (unsigned)cb->pid, (unsigned long long)cb->size);
+        return;
+    }
+    uint8_t got[XW_CMA_PROBE];
+    struct iovec l = {got, sizeof got}, r = {(void *)(uintptr_t)cb->probe_addr, sizeof got};
+    const ssize_t n = process_vm_readv((pid_t)cb->pid, &l, 1, &r, 1, 0);
+    if (n < 0) snprintf(why, cap, "cannot read process %u: %s", (unsigned)cb->pid, strerror(errno));
+    else if ((size_t)n != sizeof got || memcmp(got, cb->probe, sizeof got) != 0)
+        snprintf(why, cap, "process %u does not hold the peer's probe", (unsigned)cb->pid);
 }
 
 /* Receiver (from pump): checks a peer's IPC_MAP, imports its handle on our cache's device, checks that every page
@@ -955,12 +1029,14 @@ static void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
     const size_t dlen = len - sizeof m;
     const int32_t L = a->g.num_layers;
     char why[XW_REASON_LEN] = "";
-    if (p->ipc_buf) {
+    if (p->ipc_buf || p->cma) {
         free(fr);
         peer_fail(p, KVHAL_PEER_FAILED, true, "a second IPC_MAP on one connection");
         return;
     }
     if (m.blob_len < 1 || m.blob_len > XW_IPC_BLOB_MAX || m.num_layers != L ||
+        (m.kind != XW_IPC_HANDLE && m.kind != XW_IPC_CMA) ||
+        (m.kind == XW_IPC_CMA && m.blob_len != sizeof(xw_cma_blob)) ||
         dlen != (size_t)m.blob_len + 2u * (size_t)L * sizeof(uint64_t) || m.num_blocks != p->g.num_blocks ||
         m.block_stride < a->g.chunk_bytes) {
         peer_fail(p, KVHAL_PEER_FAILED, true, "malformed IPC_MAP frame (handle %u bytes, %d layers, %lld pages, "
@@ -971,12 +1047,20 @@ static void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
     }
     uint64_t *off = malloc(2u * (size_t)L * sizeof *off);
     kvhal_buffer *buf = NULL;
+    xw_cma_blob cb;
+    uint64_t size = 0;
     if (!off) snprintf(why, sizeof why, "out of host memory");
     else memcpy(off, data + m.blob_len, 2u * (size_t)L * sizeof *off);
-    if (!why[0] && kvhal_buffer_ipc_import(kvhal_buffer_device(a->cache_buf), data, m.blob_len, &buf) != KVHAL_OK)
-        snprintf(why, sizeof why, "import failed: %s", kvhal_last_error());
+    if (!why[0] && m.kind == XW_IPC_CMA) {
+        memcpy(&cb, data, sizeof cb);
+        cma_probe(a, &cb, why, sizeof why);
+        size = cb.size;
+    } else if (!why[0]) {
+        if (kvhal_buffer_ipc_import(kvhal_buffer_device(a->cache_buf), data, m.blob_len, &buf) != KVHAL_OK)
+            snprintf(why, sizeof why, "import failed: %s", kvhal_last_error());
+        else size = kvhal_buffer_size(buf);
+    }
     if (!why[0]) { /* the last byte any (page, layer, side) can reach, overflow-checked */
-        const uint64_t size = kvhal_buffer_size(buf);
         uint64_t span;
         if (__builtin_mul_overflow((uint64_t)(m.num_blocks - 1), m.block_stride, &span) ||
             __builtin_add_overflow(span, a->g.chunk_bytes, &span))
@@ -998,6 +1082,11 @@ static void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
         return;
     }
     p->ipc_buf = buf;
+    if (m.kind == XW_IPC_CMA) {
+        p->cma = true;
+        p->cma_pid = cb.pid;
+        p->cma_base = cb.base;
+    }
     p->ipc_off = off;
     p->ipc_stride = m.block_stride;
     p->ipc_blocks = m.num_blocks;
@@ -1033,7 +1122,7 @@ static void on_data_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *hea
         return;
     }
     memcpy(&h, header, sizeof h);
-    if (!p->ipc_buf) {
+    if (!p->ipc_buf && !p->cma) {
         peer_fail(p, KVHAL_PEER_FAILED, true, "DATA_IPC frame without an imported IPC handle");
         return;
     }
@@ -1111,6 +1200,7 @@ static void on_data_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *hea
     j->n = h.n_pages;
     j->pairs = pairs;
     j->idx = idx;
+    j->path = p->cma ? PATH_CMA : PATH_IPC;
     if (a->ipc_jobs_tail) a->ipc_jobs_tail->next = j;
     else a->ipc_jobs = j;
     a->ipc_jobs_tail = j;
@@ -1125,7 +1215,7 @@ static void ipc_job_complete(kvhal_xfer_agent *a, ipc_job *j, kvhal_status st, c
     char reason[XW_REASON_LEN];
     snprintf(reason, sizeof reason, "%s", why);
     x->inflight--;
-    x->path = PATH_IPC;
+    x->path = j->path;
     if (p && p->state == P_CONNECTED) send_ack(a, p, j->xfer_id, j->frame, st, st == KVHAL_OK ? bytes : 0, reason);
     if (st == KVHAL_OK) {
         x->bytes_done += bytes;
@@ -1161,6 +1251,56 @@ static bool ipc_job_reap(kvhal_xfer_agent *a, bool wait)
     return true;
 }
 
+/* Receiver (from pump), the CMA kind: every (page, layer, K/V) chunk of a DATA_IPC frame read from the peer's
+ * process straight into our granted pages with process_vm_readv (chunks adjacent on both sides merged, up to 1024
+ * of them a call), then acknowledged. The source addresses are the peer's map, checked against its size when it
+ * came; whatever the peer's process no longer holds fails the frame. */
+static bool cma_read(uint32_t pid, struct iovec *lv, struct iovec *rv, size_t c, char *why, size_t cap)
+{
+    size_t want = 0;
+    for (size_t k = 0; k < c; k++) want += lv[k].iov_len;
+    ssize_t n;
+    do n = process_vm_readv((pid_t)pid, lv, (unsigned long)c, rv, (unsigned long)c, 0);
+    while (n < 0 && errno == EINTR);
+    if (n >= 0 && (size_t)n == want) return true;
+    snprintf(why, cap, "reading the peer's pages (process %u) failed: %s", (unsigned)pid,
+             n < 0 ? strerror(errno) : "short read");
+    return false;
+}
+
+static void cma_copy(kvhal_xfer_agent *a, ipc_job *j)
+{
+    kvhal_xfer_peer *p = j->p;
+    const uint64_t cb = a->g.chunk_bytes;
+    enum { BATCH = 1024 };
+    struct iovec lv[BATCH], rv[BATCH];
+    size_t c = 0;
+    bool ok = true;
+    char why[XW_REASON_LEN] = "";
+    for (int32_t i = 0; i < j->n && ok; i++)
+        for (int32_t l = j->l0; l < j->l0 + j->nl && ok; l++)
+            for (int sd = 0; sd < 2 && ok; sd++) {
+                uint8_t *d = a->host_base + chunk_off(a, l, sd, j->pairs[2 * i + 1]);
+                uint8_t *s = (uint8_t *)(uintptr_t)(p->cma_base + p->ipc_off[2 * l + sd] +
+                                                    (uint64_t)j->pairs[2 * i] * p->ipc_stride);
+                if (c && (uint8_t *)lv[c - 1].iov_base + lv[c - 1].iov_len == d &&
+                    (uint8_t *)rv[c - 1].iov_base + rv[c - 1].iov_len == s) {
+                    lv[c - 1].iov_len += cb;
+                    rv[c - 1].iov_len += cb;
+                    continue;
+                }
+                if (c == BATCH) {
+                    ok = cma_read(p->cma_pid, lv, rv, c, why, sizeof why);
+                    c = 0;
+                }
+                lv[c] = (struct iovec){d, cb};
+                rv[c] = (struct iovec){s, cb};
+                c++;
+            }
+    if (ok && c) ok = cma_read(p->cma_pid, lv, rv, c, why, sizeof why);
+    ipc_job_complete(a, j, ok ? KVHAL_OK : KVHAL_PEER_FAILED, why);
+}
+
 /* Receiver (from pump): one batched copy of every (page, layer, K/V) chunk of a DATA_IPC frame from the imported
  * cache into our granted pages (adjacent chunks merged), queued on a stream of its own; pump acknowledges it once
  * that stream is done, so the copies of several frames and transfers run back to back on the device. */
@@ -1175,8 +1315,12 @@ static void ipc_job_launch(kvhal_xfer_agent *a, ipc_job *j)
         ipc_job_complete(a, j, KVHAL_CANCELED, why);
         return;
     }
-    if (p->state != P_CONNECTED || !p->ipc_buf) {
+    if (p->state != P_CONNECTED || (!p->ipc_buf && !p->cma)) {
         ipc_job_complete(a, j, KVHAL_PEER_FAILED, "peer gone");
+        return;
+    }
+    if (p->cma) {
+        cma_copy(a, j);
         return;
     }
     /* a free stream: made on first use; when all are busy, wait for the oldest copy */
@@ -1255,6 +1399,7 @@ static void peer_ipc_free(kvhal_xfer_peer *p)
 {
     if (p->ipc_buf) kvhal_buffer_destroy(p->ipc_buf);
     p->ipc_buf = NULL;
+    p->cma = false;
     free(p->ipc_off);
     p->ipc_off = NULL;
     free(p->map_frame);
@@ -1291,13 +1436,27 @@ static void on_grant(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header
                "peer %s granted %d pages for request %llu", p->name, (int)g.n_pages, (unsigned long long)g.request_id);
 }
 
-static void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length, uint64_t dest)
+static void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length, uint64_t dest,
+                         uint16_t version)
 {
     xw_hello_ack k;
     kvhal_xfer_peer *p = NULL;
     for (kvhal_xfer_peer *q = a->peers; q; q = q->next)
         if (q->my_session == dest && q->state == P_CONNECTING) p = q;
     if (!p) return; /* not for a connect in progress: ignore */
+    if (version != XW_VERSION) { /* its reason (a refusal's) is where ours is, whatever the version */
+        char why[XW_REASON_LEN] = "";
+        const size_t ro = offsetof(xw_hello_ack, reason);
+        if (header_length >= ro + XW_REASON_LEN) {
+            memcpy(why, (const uint8_t *)header + ro, XW_REASON_LEN);
+            why[XW_REASON_LEN - 1] = '\0';
+            for (char *q = why; *q; q++)
+                if ((unsigned char)*q < 0x20 || (unsigned char)*q > 0x7e) *q = '?';
+        }
+        peer_fail(p, KVHAL_PEER_FAILED, false, "speaks wire version %u, this agent %u: not compatible%s%s",
+                  (unsigned)version, (unsigned)XW_VERSION, why[0] ? "; it said: " : "", why);
+        return;
+    }
     if (header_length != sizeof k) {
         peer_fail(p, KVHAL_PEER_FAILED, false, "malformed HELLO_ACK (%zu bytes)", header_length);
         return;
@@ -1358,8 +1517,15 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     /* constant-time token comparison over the whole field */
     unsigned diff = 0;
     h->token[sizeof h->token - 1] = '\0';
+    h->tcp_seg[sizeof h->tcp_seg - 1] = '\0';
+    for (char *q = h->tcp_seg; *q; q++)
+        if ((unsigned char)*q < 0x20 || (unsigned char)*q > 0x7e) *q = '?';
     for (size_t i = 0; i < XW_TOKEN_LEN; i++) diff |= (unsigned)(uint8_t)(h->token[i] ^ a->token[i]);
-    if (diff) snprintf(reason, sizeof reason, "wrong token");
+    if (ph->version) {
+        snprintf(name, sizeof name, "?");
+        snprintf(reason, sizeof reason, "wire version %u, this agent speaks %u", (unsigned)ph->version,
+                 (unsigned)XW_VERSION);
+    } else if (diff) snprintf(reason, sizeof reason, "wrong token");
     else if (!a->cache) snprintf(reason, sizeof reason, "no paged cache registered");
     else if (!same_geometry(&h->g, &a->g))
         snprintf(reason, sizeof reason, "cache geometry differs (layers %d/%d heads %d/%d dim %d/%d block %d/%d "
@@ -1367,6 +1533,9 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
                  (int)a->g.num_heads, (int)h->g.head_dim, (int)a->g.head_dim, (int)h->g.block_size,
                  (int)a->g.block_size, (int)h->g.dtype, (int)a->g.dtype, (int)h->g.layout, (int)a->g.layout);
     else if (h->g.num_blocks < 1) snprintf(reason, sizeof reason, "the connector's cache has no pages");
+    else if (h->tcp_seg[0] && a->tcp_seg[0] && strncmp(h->tcp_seg, a->tcp_seg, XW_SEG_LEN) != 0)
+        snprintf(reason, sizeof reason, "UCX TCP receive segments differ (%.15s here, %.15s there; "
+                 "UCX_TCP_RX_SEG_SIZE): UCX cannot mix them", a->tcp_seg, h->tcp_seg);
     else if (a->live_peers >= a->max_peers) snprintf(reason, sizeof reason, "too many peers (%d)", (int)a->max_peers);
     else if (h->src_session == 0) snprintf(reason, sizeof reason, "session 0");
 
@@ -1396,6 +1565,7 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     copy_name(k.name, sizeof k.name, a->name);
     k.g = a->g;
     memcpy(k.host, a->host_id, sizeof k.host);
+    memcpy(k.tcp_seg, a->tcp_seg, sizeof k.tcp_seg);
     if (reason[0]) {
         k.status = KVHAL_PEER_FAILED;
         copy_name(k.reason, sizeof k.reason, reason);
@@ -1433,6 +1603,27 @@ static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     p->ep_status = status;
 }
 
+/* Keeps a HELLO for pump (accept_hello): hlen bytes of its header (the rest zero), the connector's address (its
+ * data), and its wire version when it is not ours (0: ours). Out of memory: dropped, the connector times out. */
+static void queue_hello(kvhal_xfer_agent *a, const void *header, size_t hlen, const void *data, size_t length,
+                        uint16_t version)
+{
+    pending_hello *ph = calloc(1, sizeof *ph);
+    void *addr = malloc(length);
+    if (!ph || !addr) {
+        free(ph);
+        free(addr);
+        return;
+    }
+    memcpy(&ph->h, header, hlen);
+    ph->h.addr_len = (uint32_t)length;
+    memcpy(addr, data, length);
+    ph->version = version;
+    ph->addr = addr;
+    ph->next = a->hellos;
+    a->hellos = ph;
+}
+
 static ucs_status_t am_handler(void *arg, const void *header, size_t header_length, void *data, size_t length,
                                const ucp_am_recv_param_t *param)
 {
@@ -1441,7 +1632,21 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     xw_common c;
     if (header_length < sizeof c) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK; /* nobody to blame: dropped */
     memcpy(&c, header, sizeof c);
-    if (c.magic != XW_MAGIC || c.version != XW_VERSION) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    if (c.magic != XW_MAGIC) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    if (c.version != XW_VERSION) { /* a connection attempt or its answer gets a clear error; the rest is dropped */
+        if (c.type == XW_HELLO && !rndv && length > 0 && length <= XW_MAX_ADDR &&
+            header_length >= offsetof(xw_hello, name)) {
+            /* the common header and src_session sit at the same offsets in every version; the rest may not */
+            queue_hello(a, header, offsetof(xw_hello, name), data, length, c.version ? c.version : UINT16_MAX);
+        } else if (c.type == XW_HELLO && !rndv) {
+            push_event(a, KVHAL_XFER_EVENT_PEER_REJECTED, NULL, NULL, 0, KVHAL_PEER_FAILED, NULL, 0,
+                       "malformed HELLO of wire version %u (this agent speaks %u)", (unsigned)c.version,
+                       (unsigned)XW_VERSION);
+        } else if (c.type == XW_HELLO_ACK && !rndv) {
+            on_hello_ack(a, header, header_length, c.dest_session, c.version);
+        }
+        return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    }
     if (c.type == XW_HELLO) {
         xw_hello h;
         if (header_length != sizeof h || rndv) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
@@ -1451,22 +1656,11 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
                        "malformed HELLO: address of %u bytes with %zu data bytes", (unsigned)h.addr_len, length);
             return UCS_OK;
         }
-        pending_hello *ph = calloc(1, sizeof *ph);
-        void *addr = malloc(length);
-        if (!ph || !addr) {
-            free(ph);
-            free(addr);
-            return UCS_OK;
-        }
-        memcpy(addr, data, length);
-        ph->h = h;
-        ph->addr = addr;
-        ph->next = a->hellos;
-        a->hellos = ph;
+        queue_hello(a, &h, sizeof h, data, length, 0);
         return UCS_OK;
     }
     if (c.type == XW_HELLO_ACK) {
-        if (!rndv) on_hello_ack(a, header, header_length, c.dest_session);
+        if (!rndv) on_hello_ack(a, header, header_length, c.dest_session, c.version);
         return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
     }
     kvhal_xfer_peer *p = find_session(a, c.dest_session);
@@ -1484,7 +1678,7 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     case XW_BYE: peer_fail(p, KVHAL_PEER_FAILED, false, "closed the connection"); break;
     case XW_IPC_MAP: /* kept for pump, which imports it */
         if (rndv || header_length != sizeof(xw_ipc_map) || length > XW_IPC_BLOB_MAX + 2u * 65536u * 8u ||
-            p->map_frame || p->ipc_buf) {
+            p->map_frame || p->ipc_buf || p->cma) {
             peer_fail(p, KVHAL_PEER_FAILED, true, "malformed or repeated IPC_MAP frame");
         } else if ((p->map_frame = malloc(header_length + length)) != NULL) {
             memcpy(p->map_frame, header, header_length);
@@ -1506,6 +1700,8 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
 /* progress                                                                                                    */
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Returns how much UCX progressed (0: nothing moved; the caller may back off). */
+static void post_pending(kvhal_xfer_agent *a);
+
 static unsigned pump(kvhal_xfer_agent *a)
 {
     unsigned work = 0;
@@ -1538,6 +1734,7 @@ static unsigned pump(kvhal_xfer_agent *a)
             peer_fail(p, KVHAL_PEER_FAILED, false, "unreachable: %s", ucs_status_string(p->ep_status));
         }
     flush_msgs(a);
+    post_pending(a);
     const uint64_t now = now_ns();
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->state == P_CONNECTING && now > p->deadline_ns)
@@ -1616,6 +1813,28 @@ static kvhal_status check_xfer(const kvhal_xfer *x)
     return KVHAL_OK;
 }
 
+/* Whether a UCX_TLS-style list lets UCX use CMA (cma, or shm / sm / all, which include it; NULL: UCX's choice):
+ * then on one host the peer may read our host cache itself with process_vm_readv (offer_ipc), which is what UCX's
+ * CMA transport does, for scattered pages too. "^list" excludes. */
+static bool transports_name(const char *t, const char *want)
+{
+    if (!t) return true;
+    const bool exclude = t[0] == '^';
+    bool named = false;
+    for (const char *q = t + exclude; *q;) {
+        const size_t n = strcspn(q, ",");
+        if ((n == strlen(want) && !strncmp(q, want, n)) || (n == 3 && !strncmp(q, "all", 3))) named = true;
+        q += n + (q[n] == ',');
+    }
+    return exclude ? !named : named;
+}
+
+static bool transports_allow_cma(const char *t)
+{
+    if (t && t[0] == '^') return transports_name(t, "cma") && transports_name(t, "shm") && transports_name(t, "sm");
+    return transports_name(t, "cma") || transports_name(t, "shm") || transports_name(t, "sm");
+}
+
 kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
 {
     CHECK_ARG(out, "out: NULL");
@@ -1642,9 +1861,23 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
         !strstr(cfg->transports, "dc") && !strstr(cfg->transports, "cuda") && !strstr(cfg->transports, "rocm"))
         a->no_peer_errors = true;
 
+    a->cma_ok = transports_allow_cma(cfg->transports);
+    if (getrandom(a->cma_probe, sizeof a->cma_probe, 0) != (ssize_t)sizeof a->cma_probe)
+        for (size_t i = 0; i < sizeof a->cma_probe; i++) a->cma_probe[i] = (uint8_t)(random_session() >> 13);
+
     ucp_config_t *uc = NULL;
     ucs_status_t us = ucp_config_read(NULL, NULL, &uc);
     if (us == UCS_OK && cfg->transports) us = ucp_config_modify(uc, "TLS", cfg->transports);
+    /* TCP: 256 KiB receive segments instead of UCX 1.13's 64 KiB, unless the environment sets them: a rendezvous
+     * frame then goes in 256 KiB zero-copy fragments (a quarter of the sendmsg calls, of the receiver's handler
+     * rounds); measured with UCX_TCP_RX_SEG_SIZE=256k on the 16-core host: 0.64-0.74 -> 0.69-0.87 of
+     * ucx_perftest -e (docs/measurements/session7). Only where TCP may be used (else UCX warns of an unused key). */
+    if (us == UCS_OK && transports_name(cfg->transports, "tcp")) {
+        const char *env = getenv("UCX_TCP_RX_SEG_SIZE");
+        if (env) copy_name(a->tcp_seg, sizeof a->tcp_seg, env);
+        else if (ucp_config_modify(uc, "RX_SEG_SIZE", "256k") == UCS_OK) copy_name(a->tcp_seg, sizeof a->tcp_seg, "256k");
+        else copy_name(a->tcp_seg, sizeof a->tcp_seg, "64k"); /* UCX 1.13's default */
+    }
     if (us != UCS_OK) {
         if (uc) ucp_config_release(uc);
         free(a);
@@ -1839,6 +2072,7 @@ kvhal_status kvhal_xfer_register_paged_cache(kvhal_xfer_agent *a, kvhal_paged_ca
     a->k_off = ko;
     a->v_off = vo;
     a->block_stride = (size_t)k0.strides[0] * es;
+
     /* a shareable cache: its handle for peers on this host (the IPC path), and a stream for our copies from theirs */
     if (kvhal_buffer_is_shareable(buf) &&
         kvhal_buffer_ipc_export(buf, a->ipc_blob, sizeof a->ipc_blob, &a->ipc_blob_len) != KVHAL_OK)
@@ -1881,8 +2115,9 @@ kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t le
     xw_blob b;
     CHECK_ARG(len > sizeof b, "len: %zu bytes is too short for an address blob", len);
     memcpy(&b, blob, sizeof b);
-    CHECK_ARG(b.magic == XW_BLOB_MAGIC && b.version == XW_VERSION, "blob: not a kvhal transfer address (version %u)",
-              (unsigned)b.version);
+    CHECK_ARG(b.magic == XW_BLOB_MAGIC, "blob: not a kvhal transfer address");
+    CHECK_ARG(b.version == XW_VERSION, "blob: an address of wire version %u, this agent speaks %u: not compatible",
+              (unsigned)b.version, (unsigned)XW_VERSION);
     CHECK_ARG(b.addr_len > 0 && b.addr_len <= XW_MAX_ADDR && len == sizeof b + b.addr_len,
               "len: %zu bytes, the blob says %zu", len, sizeof b + (size_t)b.addr_len);
     CHECK_ARG(a->live_peers < a->max_peers, "agent: already %d peers (cfg.max_peers)", (int)a->max_peers);
@@ -1923,6 +2158,7 @@ kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t le
     h.g = a->g;
     h.addr_len = (uint32_t)a->addr_len;
     memcpy(h.host, a->host_id, sizeof h.host);
+    memcpy(h.tcp_seg, a->tcp_seg, sizeof h.tcp_seg);
     queue_msg(a, p, p->ep, &h, sizeof h, a->addr, a->addr_len, false);
     idle_state spins = {0, 0};
     /* and, on the same host with a shareable cache, for the peer's answer to our IPC handle (bounded by the
@@ -2055,6 +2291,7 @@ static void send_cb(void *request, ucs_status_t status, void *user_data)
     kvhal_xfer *x = f->x;
     f->in_flight = false;
     x->sends_inflight--;
+    frame_unbounce(x->agent, f);
     ucp_request_free(request);
     if (status != UCS_OK && !x->failing) /* settles: may free x */
         xfer_finish(x, KVHAL_PEER_FAILED, "sending frame to peer %s failed: %s", x->peer ? x->peer->name : "?",
@@ -2071,14 +2308,69 @@ static bool post_frame(kvhal_xfer_peer *p, kvhal_xfer *x, int32_t fi, const void
     send_frame *f = &x->frames[fi];
     void *r = ucp_am_send_nbx(p->ep, XW_AM_ID, f->hdr, f->hdr_len, buf, count, prm);
     if (UCS_PTR_IS_ERR(r)) {
+        frame_unbounce(x->agent, f);
         xfer_finish(x, KVHAL_PEER_FAILED, "UCX refused frame %d: %s", (int)fi, ucs_status_string(UCS_PTR_STATUS(r)));
         return false;
     }
+    f->posted = true;
     if (r) {
         f->in_flight = true;
         x->sends_inflight++;
+    } else {
+        frame_unbounce(x->agent, f); /* sent already */
     }
     return true;
+}
+
+/* Posts x's next frames, gathering those that are gathered (into bounce buffers) just before: at most
+ * GATHER_AHEAD_BYTES of them wait for UCX at a time, so that the copies stay in cache, a transfer's first frame
+ * does not wait for its last to be gathered, and memory stays bounded. false: x is blocked on that limit. */
+static bool post_frames(kvhal_xfer *x)
+{
+    kvhal_xfer_agent *a = x->agent;
+    kvhal_xfer_peer *p = x->peer;
+    while (x->next_post < x->num_frames && !x->failing && p && p->state == P_CONNECTED) {
+        const int32_t fi = x->next_post;
+        send_frame *f = &x->frames[fi];
+        if (f->gather) {
+            if (a->gathered && a->gathered + f->bytes > GATHER_AHEAD_BYTES) return false;
+            uint8_t *b = f->bounce = bounce_get(a, f->bytes);
+            if (!b) {
+                xfer_finish(x, KVHAL_OUT_OF_MEMORY, "sending frame %d: no host memory to gather its %llu bytes",
+                            (int)fi, (unsigned long long)f->bytes);
+                return true;
+            }
+            a->gathered += f->bytes;
+            for (size_t i = 0; i < f->iov_count; i++) {
+                memcpy(b, f->iov[i].buffer, f->iov[i].length);
+                b += f->iov[i].length;
+            }
+        }
+        x->next_post++;
+        /* rendezvous for every frame but small ones, whatever UCX's threshold says: an eager frame of megabytes is
+         * assembled in a buffer of the receiver's UCX before the handler sees it (one more copy) */
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
+                                   .cb.send = send_cb, .user_data = f,
+                                   .flags = f->bytes >= RNDV_FRAME_BYTES ? UCP_AM_SEND_FLAG_RNDV : 0};
+        size_t count;
+        const void *buf = frame_buffer(f->iov, f->iov_count, f->bounce ? f->bounce : f->staging, f->bytes, &prm, &count);
+        if (!post_frame(p, x, fi, buf, count, &prm)) return true; /* x failed (and may be gone) */
+    }
+    return true;
+}
+
+/* Frames not yet posted, oldest transfer first, until the gathering limit blocks one. */
+static void post_pending(kvhal_xfer_agent *a)
+{
+    for (;;) {
+        kvhal_xfer *old = NULL;
+        for (kvhal_xfer *x = a->xfers; x; x = x->next)
+            if (!x->is_recv && x->next_post < x->num_frames && !x->failing &&
+                (!old || x->xfer_id < old->xfer_id))
+                old = x;
+        if (!old || !post_frames(old)) return;
+    }
 }
 
 /* The IPC path of kvhal_xfer_send_pages: the peer imported our cache, so frames carry (src, dst) page ids only and
@@ -2095,8 +2387,9 @@ static kvhal_status send_pages_ipc(kvhal_xfer_peer *p, uint64_t request_id, cons
     if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate the transfer");
     const int32_t per = XW_IPC_FRAME_PAGES;
     x->n = n;
-    x->path = PATH_IPC;
+    x->path = p->ipc_kind == XW_IPC_CMA ? PATH_CMA : PATH_IPC;
     x->num_frames = (n + per - 1) / per;
+    x->next_post = x->num_frames; /* posted here, all at once (post_pending leaves it alone) */
     x->frames = calloc((size_t)x->num_frames, sizeof *x->frames);
     const uint64_t frame_chunk = (uint64_t)num_layers * 2u * a->g.chunk_bytes;
     x->bytes_total = (uint64_t)n * frame_chunk;
@@ -2171,20 +2464,22 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
      * (TCP) a frame of several runs is gathered here into a contiguous bounce buffer (the same one copy that the
      * pack made, then 64 KiB sendmsg calls); the receiver's UCX writes every fragment straight into its scattered
      * chunks (an IOV receive) either way. Over shared memory (no peer-failure handling) frames stay IOVs: UCX
-     * copies them through its FIFO, one copy on each side at once, where a gathered frame would cost a third. */
+     * copies them through its FIFO, one copy on each side at once, where a gathered frame would cost a third
+     * (measured in session 7: gathered frames cut at the receiver's pages, read by CMA, were slower). On one host,
+     * where the transports allow CMA, host caches skip this: the peer reads our pages itself (see offer_ipc). */
     size_t per = MAX_FRAME_PAGES;
     if (a->max_am_header > sizeof(xw_data)) {
         const size_t fit = (a->max_am_header - sizeof(xw_data)) / sizeof(int32_t);
         if (fit < per) per = fit;
     }
     if (per < 1) return ERR(KVHAL_BACKEND_ERROR, "UCX allows active-message headers of %zu bytes only", a->max_am_header);
+    const uint64_t frame_chunk = (uint64_t)num_layers * 2u * a->g.chunk_bytes;
     kvhal_xfer *x = xfer_new(a, p, false, request_id);
     if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate the transfer");
     x->n = n;
     x->path = a->host ? PATH_HOST : PATH_STAGED;
     x->num_frames = (int32_t)(((size_t)n + per - 1) / per);
     x->frames = calloc((size_t)x->num_frames, sizeof *x->frames);
-    const uint64_t frame_chunk = (uint64_t)num_layers * 2u * a->g.chunk_bytes;
     x->bytes_total = (uint64_t)n * frame_chunk;
     bool ok = x->frames != NULL;
     for (int32_t fi = 0; ok && fi < x->num_frames; fi++) {
@@ -2206,14 +2501,7 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
         if (a->host) {
             f->iov = build_iov(a, src_pages + first, cnt, first_layer, num_layers, &f->iov_count);
             ok = f->iov != NULL;
-            if (ok && f->iov_count > 1 && !a->no_peer_errors) { /* gathered: see above */
-                uint8_t *b = f->bounce = bounce_get(a, f->bytes);
-                ok = b != NULL;
-                for (size_t i = 0; ok && i < f->iov_count; i++) {
-                    memcpy(b, f->iov[i].buffer, f->iov[i].length);
-                    b += f->iov[i].length;
-                }
-            }
+            f->gather = ok && f->iov_count > 1 && !a->no_peer_errors; /* see above; from post_frames */
         } else {
             f->staging = malloc(f->bytes);
             ok = f->staging != NULL;
@@ -2234,31 +2522,7 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
         return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate %d frames", (int)x->num_frames);
     }
     flush_msgs(a);
-    for (int32_t fi = 0; fi < x->num_frames; fi++) {
-        send_frame *f = &x->frames[fi];
-        /* rendezvous for every frame but small ones, whatever UCX's threshold says: an eager frame of megabytes is
-         * assembled in a buffer of the receiver's UCX before the handler sees it (one more copy) */
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                                                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
-                                   .cb.send = send_cb, .user_data = f,
-                                   .flags = f->bytes >= RNDV_FRAME_BYTES ? UCP_AM_SEND_FLAG_RNDV : 0};
-        const void *buf;
-        size_t count;
-        if (a->host && (f->iov_count == 1 || f->bounce)) {
-            prm.datatype = ucp_dt_make_contig(1);
-            buf = f->bounce ? f->bounce : f->iov[0].buffer;
-            count = f->bytes;
-        } else if (a->host) {
-            prm.datatype = ucp_dt_make_iov();
-            buf = f->iov;
-            count = f->iov_count;
-        } else {
-            prm.datatype = ucp_dt_make_contig(1);
-            buf = f->staging;
-            count = f->bytes;
-        }
-        if (!post_frame(p, x, fi, buf, count, &prm)) break;
-    }
+    post_pending(a);
     *out = x;
     return KVHAL_OK;
 }
@@ -2361,6 +2625,7 @@ const char *kvhal_xfer_path(const kvhal_xfer *x)
     case PATH_HOST: return "host";
     case PATH_STAGED: return "staged";
     case PATH_IPC: return "ipc";
+    case PATH_CMA: return "cma";
     default: return "";
     }
 }
@@ -2369,7 +2634,7 @@ const char *kvhal_xfer_peer_ipc(const kvhal_xfer_peer *p)
 {
     if (!p || p->magic != PEER_MAGIC) return "";
     switch (p->ipc_state) {
-    case IPC_READY: return "ipc";
+    case IPC_READY: return p->ipc_kind == XW_IPC_CMA ? "cma" : "ipc";
     case IPC_OFFERED: return "offered";
     case IPC_REFUSED: return p->ipc_reason[0] ? p->ipc_reason : "refused";
     default: return p->same_host ? "same host, no shareable cache" : "other host";

@@ -10,7 +10,9 @@
 #define XW_AM_ID 0x4b56u        /* the one active-message id */
 #define XW_MAGIC 0x4b565846u    /* KVXF */
 #define XW_BLOB_MAGIC 0x4b564142u /* KVAB: an address blob */
-#define XW_VERSION 2u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames */
+#define XW_VERSION 3u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames; 3: IPC_MAP kinds (CMA), the TCP
+                         receive segment size in HELLO / HELLO_ACK */
+#define XW_SEG_LEN 16           /* UCX's TCP receive segment size as configured ("256k"), "" without TCP */
 #define XW_NAME_LEN 32
 #define XW_TOKEN_LEN 64
 #define XW_REASON_LEN 128
@@ -27,8 +29,9 @@ enum xw_type {
     XW_DATA = 4,      /* sender -> receiver: one frame of pages x layers; header: dst pages; data: K/V chunks */
     XW_ACK = 5,       /* receiver -> sender: a frame was written (status OK) or refused (status, reason) */
     XW_BYE = 6,       /* either way: the peer closes the connection */
-    XW_IPC_MAP = 7,   /* sender -> receiver, once per connection, same host only: its cache's IPC handle; data:
-                         blob_len bytes of handle, then num_layers x {K, V} byte offsets of block 0 (uint64) */
+    XW_IPC_MAP = 7,   /* sender -> receiver, once per connection, same host only: its cache's IPC handle (kind
+                         XW_IPC_HANDLE) or where to read it with process_vm_readv (XW_IPC_CMA, an xw_cma_blob); data:
+                         blob_len bytes of that, then num_layers x {K, V} byte offsets of block 0 (uint64) */
     XW_IPC_MAP_ACK = 8, /* receiver -> sender: the handle was imported (status OK: DATA_IPC may follow) or not */
     XW_DATA_IPC = 9,  /* sender -> receiver: copy these pages yourself from the imported cache; data: n_pages
                          (src, dst) int32 pairs; acknowledged (XW_ACK) once the copy completed */
@@ -66,6 +69,7 @@ typedef struct xw_hello {
     uint32_t addr_len;
     uint32_t pad;
     char host[XW_HOST_LEN]; /* the connector's host identity (same host: the IPC path may be offered) */
+    char tcp_seg[XW_SEG_LEN]; /* UCX 1.13 cannot mix TCP endpoints whose receive segments differ: refused */
 } xw_hello;
 
 typedef struct xw_hello_ack {
@@ -75,8 +79,9 @@ typedef struct xw_hello_ack {
     uint32_t pad;
     char name[XW_NAME_LEN];
     xw_geometry g;
-    char reason[XW_REASON_LEN];
+    char reason[XW_REASON_LEN]; /* at the same offset in every version: a refusal stays readable */
     char host[XW_HOST_LEN];
+    char tcp_seg[XW_SEG_LEN];
 } xw_hello_ack;
 
 typedef struct xw_grant {
@@ -106,13 +111,31 @@ typedef struct xw_ack {
     char reason[XW_REASON_LEN];
 } xw_ack;
 
+enum { XW_IPC_HANDLE = 0, XW_IPC_CMA = 1 };
+
 typedef struct xw_ipc_map {
     xw_common c;
     uint32_t blob_len;    /* 1..XW_IPC_BLOB_MAX */
     int32_t num_layers;   /* the sender's (equal to the receiver's) */
     uint64_t block_stride; /* bytes between blocks */
     int64_t num_blocks;   /* the sender's page count */
+    uint32_t kind;        /* XW_IPC_HANDLE or XW_IPC_CMA */
+    uint32_t pad;
 } xw_ipc_map;
+
+/* XW_IPC_CMA: the sender's host cache, to be read by the receiver with process_vm_readv (one kernel copy from the
+ * sender's scattered pages into the receiver's, the transfer UCX's rendezvous makes over CMA for contiguous
+ * buffers only). The receiver first reads probe_len bytes at probe_addr from pid and compares them with probe:
+ * that the pid is the sender's and that the kernel lets it read there (ptrace rules), else it refuses the map. */
+#define XW_CMA_PROBE 16
+typedef struct xw_cma_blob {
+    uint32_t pid;
+    uint32_t pad;
+    uint64_t base;        /* the cache's first byte in the sender's address space */
+    uint64_t size;        /* its bytes */
+    uint64_t probe_addr;
+    uint8_t probe[XW_CMA_PROBE];
+} xw_cma_blob;
 
 typedef struct xw_ipc_map_ack {
     xw_common c;
