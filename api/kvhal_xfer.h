@@ -134,8 +134,10 @@ KVHAL_API kvhal_status kvhal_xfer_local_address(kvhal_xfer_agent *agent, void *b
  * @param token     the token the peer was configured with.
  * @param out       receives the peer, owned by the agent (kvhal_xfer_disconnect frees it earlier).
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, a malformed blob, no cache registered); KVHAL_PEER_FAILED (the
- *         peer refused: wrong token, different cache geometry, too many peers; or it is unreachable);
- *         KVHAL_TIMEOUT (no answer within the timeout).
+ *         peer refused with a reason: different cache geometry, too many peers, ...; or it is unreachable);
+ *         KVHAL_TIMEOUT (no answer within the timeout: also what a wrong token or another wire version gets, since
+ *         a receiver does not answer a HELLO it cannot authenticate, nor connect to the address it carries; the
+ *         receiver's KVHAL_XFER_EVENT_PEER_REJECTED names the reason).
  */
 KVHAL_API kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *agent, const void *blob, size_t len, const char *token,
                                           kvhal_xfer_peer **out);

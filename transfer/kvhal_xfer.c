@@ -1539,6 +1539,14 @@ static void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     else if (a->live_peers >= a->max_peers) snprintf(reason, sizeof reason, "too many peers (%d)", (int)a->max_peers);
     else if (h->src_session == 0) snprintf(reason, sizeof reason, "session 0");
 
+    if (ph->version || diff) {
+        /* Not authenticated (another wire version cannot be checked either): no endpoint to the address it carries
+         * and no answer, so an unknown peer cannot make this agent connect out to an address of its choosing. The
+         * connector sees its connect time out; the reason is this side's event. */
+        push_event(a, KVHAL_XFER_EVENT_PEER_REJECTED, NULL, NULL, 0, KVHAL_PEER_FAILED, NULL, 0,
+                   "connection from %s refused without an answer: %s", name, reason);
+        return;
+    }
     ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
                                  .address = (const ucp_address_t *)ph->addr};
     kvhal_xfer_peer *p = NULL;
@@ -1738,7 +1746,10 @@ static unsigned pump(kvhal_xfer_agent *a)
     const uint64_t now = now_ns();
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->state == P_CONNECTING && now > p->deadline_ns)
-            peer_fail(p, KVHAL_TIMEOUT, false, "no answer to the connection within %u ms", (unsigned)a->timeout_ms);
+            peer_fail(p, KVHAL_TIMEOUT, false,
+                      "no answer to the connection within %u ms (unreachable, or the receiver refused it without an "
+                      "answer: a wrong token or another wire version; its PEER_REJECTED event says which)",
+                      (unsigned)a->timeout_ms);
 again: /* failing one transfer may free others (released ones of the same peer): start over after each */
     for (kvhal_xfer *x = a->xfers; x; x = x->next) {
         if (x->failing || x->finished || now <= x->deadline_ns) continue;
