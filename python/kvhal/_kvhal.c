@@ -693,15 +693,17 @@ static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, in
              by_size[dl->dtype.bits / 8] != PY_DTYPE_N)
         dt = by_size[dl->dtype.bits / 8];
     else {
+        const DLDataType t = dl->dtype; /* dl dies with the taken tensor */
         taken_release(&out->taken);
         bad_arg("%s: DLPack dtype (code %u, %u bits, %u lanes) is not one kvhal has (f32, f16, bf16, fp8_e4m3fn, "
                 "fp8_e5m2, int32, int64)",
-                arg, (unsigned)dl->dtype.code, (unsigned)dl->dtype.bits, (unsigned)dl->dtype.lanes);
+                arg, (unsigned)t.code, (unsigned)t.bits, (unsigned)t.lanes);
         return -1;
     }
     if (dl->ndim < 1 || dl->ndim > KVHAL_MAX_DIMS) {
+        const int nd = (int)dl->ndim;
         taken_release(&out->taken);
-        bad_arg("%s: %d dimensions (kvhal takes 1 to %d)", arg, (int)dl->ndim, KVHAL_MAX_DIMS);
+        bad_arg("%s: %d dimensions (kvhal takes 1 to %d)", arg, nd, KVHAL_MAX_DIMS);
         return -1;
     }
     const size_t esz = kvhal_dtype_size(dt);
@@ -737,12 +739,12 @@ static int finish_import(const DLTensor *dl, uint64_t flags, const char *arg, in
     else if (!overflow)
         bytes64 = dl->byte_offset;
     if (overflow || bytes64 > SIZE_MAX || dl->byte_offset % esz) {
+        const unsigned long long off = (unsigned long long)dl->byte_offset; /* dl dies with the taken tensor */
         taken_release(&out->taken);
         if (overflow || bytes64 > SIZE_MAX)
             bad_arg("%s: shape and strides overflow 64-bit byte offsets", arg);
         else
-            bad_arg("%s: byte offset %llu is not a multiple of the element size %zu", arg,
-                    (unsigned long long)dl->byte_offset, esz);
+            bad_arg("%s: byte offset %llu is not a multiple of the element size %zu", arg, off, esz);
         return -1;
     }
     for (int i = dl->ndim; i < KVHAL_MAX_DIMS; i++) {

@@ -313,3 +313,18 @@ def test_malformed_views_from_the_producer_are_refused(hostile, message, borrowe
     if not borrowed:  # every managed tensor handed out was given back
         c = xp.counts()
         assert c["managed"] == c["deleter"]
+
+
+@pytest.mark.parametrize("borrowed", [True, False])
+def test_refused_dtype_names_it_after_the_tensor_is_given_back(borrowed):
+    """The message about a dtype kvhal does not have is written from a copy: a managed tensor is given back first
+    (ASan caught the message reading the freed tensor)."""
+    kc, vc, k, v, s = problem()
+    xp.configure(dltensor=borrowed)
+    with pytest.raises(kvhal.InvalidArgument, match="k: DLPack dtype .code 2, 64 bits"):
+        kvhal.paged_caching(XArray(kc), XArray(vc), XArray(k.astype(np.float64)), XArray(v), XArray(s))
+    with pytest.raises(kvhal.InvalidArgument, match="array: DLPack dtype .code 2, 64 bits"):
+        kvhal.from_dlpack(XArray(k.astype(np.float64)))
+    if not borrowed:
+        c = xp.counts()
+        assert c["managed"] == c["deleter"]
