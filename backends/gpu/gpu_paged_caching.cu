@@ -81,28 +81,29 @@ int kdt(kvhal_dtype d)
 enum {
     VS_SIDES = 0,     /* the per-side form (variants 0-2) */
     VS_ROWS = 1,      /* the row form, as many units in flight per thread as the per-side form */
-    VS_ROWS_WIDE = 2, /* the row form with twice that, for fewer resident blocks (variants 4, 5) */
-    VS_ROWS_MID = 3,  /* the row form with 1.5 times that (fp8, variant 6) */
-    VS_COUNT = 4
+    VS_ROWS_WIDE = 2, /* the row form with twice that, for fewer resident blocks (copies of long rows) */
+    VS_ROWS_2 = 3,    /* the row form with 2 units per thread for 16 blocks (fp8, variant 4) */
+    VS_ROWS_3 = 4,    /* the row form with 3 units per thread for 14 blocks (fp8, variant 5) */
+    VS_COUNT = 5
 };
 #define KVHAL_GPU_ROWS_U (2 * KVHAL_GPU_PAGED_UNROLL)
 #define KVHAL_GPU_ROWS_WIDE_U (4 * KVHAL_GPU_PAGED_UNROLL)
-#define KVHAL_GPU_ROWS_MID_U (3 * KVHAL_GPU_PAGED_UNROLL)
 
-/* ALL: every shape is built for X, else VS_ROWS stands in for the wide and mid shapes */
+/* ALL: every shape is built for X, else VS_ROWS stands in for the measured ones (VS_ROWS_2, VS_ROWS_3) */
 template <class X, bool ALL = true> PagedLaunch vec_launcher(int shape)
 {
+    if (shape == VS_ROWS_WIDE)
+        return paged_launcher<Rows<X, KVHAL_GPU_ROWS_WIDE_U, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS>>();
     if constexpr (ALL) {
-        if (shape == VS_ROWS_WIDE)
-            return paged_launcher<Rows<X, KVHAL_GPU_ROWS_WIDE_U, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS>>();
-        if (shape == VS_ROWS_MID) return paged_launcher<Rows<X, KVHAL_GPU_ROWS_MID_U, 10>>();
+        if (shape == VS_ROWS_2) return paged_launcher<Rows<X, 2, 16>>();
+        if (shape == VS_ROWS_3) return paged_launcher<Rows<X, 3, 14>>();
     }
     if (shape != VS_SIDES) return paged_launcher<Rows<X, KVHAL_GPU_ROWS_U, KVHAL_GPU_PAGED_MIN_BLOCKS>>();
     return paged_launcher<X>();
 }
 
-/* vec < 0: the scalar path; else the vector path's shape (VS_*). The wide and mid shapes of variants 4-6 are built
- * for bf16 input only (the rows they are measured on); other inputs take VS_ROWS there. */
+/* vec < 0: the scalar path; else the vector path's shape (VS_*). The shapes of variants 4 and 5 are built for bf16
+ * input only (the rows they are measured on); other inputs take VS_ROWS there. */
 template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher(int vec)
 {
     return vec >= 0 ? vec_launcher<XFp8Vec<IN, OUT, MODE>, IN == DT_BF16>(vec)
@@ -255,12 +256,9 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
         /* the wide copy for rows of at least 64 units (1 KiB), except in variant 0 (KVHAL_GPU_VARIANT) */
         const uint32_t row = d->pv.k.row_units > d->pv.v.row_units ? d->pv.k.row_units : d->pv.v.row_units;
         d->sc[SM_MUL] = copy_launcher(es, false);
-        d->vec[SM_MUL] = copy_launcher(es, true, c->variant == 5 || (c->variant != 0 && d->vec_ok && row >= 64), rows);
+        d->vec[SM_MUL] = copy_launcher(es, true, c->variant != 0 && d->vec_ok && row >= 64, rows);
     } else {
-        const int shape = c->variant == 4 || c->variant == 5 ? VS_ROWS_WIDE
-                          : c->variant == 6                 ? VS_ROWS_MID
-                          : rows                            ? VS_ROWS
-                                                            : VS_SIDES;
+        const int shape = c->variant == 4 ? VS_ROWS_2 : c->variant == 5 ? VS_ROWS_3 : rows ? VS_ROWS : VS_SIDES;
         d->sc[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, -1);
         d->sc[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, -1);
         d->sc[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, -1);

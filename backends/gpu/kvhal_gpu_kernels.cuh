@@ -66,10 +66,9 @@ namespace kvhal_gpu {
  *   2  as 1 with the staging upload of 0 (0.89 / 0.88: the upload, not the kernel's shape, was the gap)
  *   3  as 1, paged caching's vector path in the row form (Rows): 2 * KVHAL_GPU_PAGED_UNROLL units per thread (4 *
  *      for same-dtype rows whose longer side has at least 64 units), the per-side form's units in flight
- *   4  as 3, fp8 rows with 4 * KVHAL_GPU_PAGED_UNROLL units per thread for KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS blocks
- *   5  as 4, and same-dtype rows of every length with the wide shape
- *   6  as 3, fp8 rows with 3 * KVHAL_GPU_PAGED_UNROLL units per thread for 10 blocks */
-#define KVHAL_GPU_VARIANTS 7
+ *   4  as 3, bf16 -> fp8 rows with 2 units per thread for 16 resident blocks
+ *   5  as 3, bf16 -> fp8 rows with 3 units per thread for 14 resident blocks */
+#define KVHAL_GPU_VARIANTS 6
 #ifndef KVHAL_GPU_VARIANT_DEFAULT
 #define KVHAL_GPU_VARIANT_DEFAULT 1
 #endif
@@ -494,18 +493,18 @@ __device__ __forceinline__ void paged_store(const PagedSide &sd, const int64_t *
     }
 }
 
-/* The row form's unit j of one side (j < tokens * row_units): its input unit, and its cache unit's offset from the
- * token's cache offset. A one-run row needs no head split (one division instead of two, no 64-bit multiplies). */
+/* The row form's unit j of one side (j < tokens * row_units): unit r of token t's row, t = j / row_units, divided
+ * again for the store rather than kept across the barrier (registers: keeping t costs spills). A one-run row needs
+ * no head split (no second division, no 64-bit multiplies). The row form runs on the vector path only, where unit
+ * dim strides are 1 (build_side). */
 template <class X>
 __device__ __forceinline__ typename X::In rows_load(const PagedSide &sd, const int64_t *s_in, uint32_t j)
 {
     const typename X::In *in = reinterpret_cast<const typename X::In *>(sd.input);
-    if (sd.one_run) {
-        const uint32_t t = kvhal_fastdiv32_div(j, sd.div_row);
-        return in[s_in[t] + (int64_t)(j - t * sd.row_units)];
-    }
-    const UnitPos q = unit_pos(sd, j);
-    return in[s_in[q.t] + (int64_t)q.h * sd.in_head + (int64_t)q.c * sd.in_dim];
+    const uint32_t t = kvhal_fastdiv32_div(j, sd.div_row), r = j - t * sd.row_units;
+    if (sd.one_run) return in[s_in[t] + (int64_t)r];
+    const uint32_t h = kvhal_fastdiv32_div(r, sd.div_head);
+    return in[s_in[t] + (int64_t)h * sd.in_head + (int64_t)(r - h * sd.div_head.d)];
 }
 
 template <class X>
@@ -513,15 +512,15 @@ __device__ __forceinline__ void rows_store(const PagedSide &sd, const int64_t *s
                                            const typename X::In &v)
 {
     typename X::Out *out = reinterpret_cast<typename X::Out *>(sd.cache);
+    const uint32_t t = kvhal_fastdiv32_div(j, sd.div_row), r = j - t * sd.row_units;
+    const int64_t co = s_cache[t];
+    if (co < 0) return;
     if (sd.one_run) {
-        const uint32_t t = kvhal_fastdiv32_div(j, sd.div_row);
-        const int64_t co = s_cache[t];
-        if (co >= 0) out[co + (int64_t)(j - t * sd.row_units)] = X::apply(v, sd.scale, sd.inv);
+        out[co + (int64_t)r] = X::apply(v, sd.scale, sd.inv);
         return;
     }
-    const UnitPos q = unit_pos(sd, j);
-    const int64_t co = s_cache[q.t];
-    if (co >= 0) out[co + (int64_t)q.h * sd.cache_head + (int64_t)q.c * sd.cache_dim] = X::apply(v, sd.scale, sd.inv);
+    const uint32_t h = kvhal_fastdiv32_div(r, sd.div_head);
+    out[co + (int64_t)h * sd.cache_head + (int64_t)(r - h * sd.div_head.d)] = X::apply(v, sd.scale, sd.inv);
 }
 
 /* Token tid's cache offsets in shared memory (-1: padding, or a slot out of range, which is flagged), from the slot
