@@ -83,7 +83,7 @@ enum {
     VS_ROWS = 1,      /* the row form, as many units in flight per thread as the per-side form */
     VS_ROWS_WIDE = 2, /* the row form with twice that, for fewer resident blocks (copies of long rows) */
     VS_ROWS_2 = 3,    /* the row form with 2 units per thread for 16 blocks (fp8, variant 4) */
-    VS_ROWS_3 = 4,    /* the row form with 3 units per thread for 14 blocks (fp8, variant 5) */
+    VS_ROWS_3 = 4,    /* the row form with 3 units per thread for 12 blocks (fp8, variant 5) */
     VS_COUNT = 5
 };
 #define KVHAL_GPU_ROWS_U (2 * KVHAL_GPU_PAGED_UNROLL)
@@ -96,7 +96,7 @@ template <class X, bool ALL = true> PagedLaunch vec_launcher(int shape)
         return paged_launcher<Rows<X, KVHAL_GPU_ROWS_WIDE_U, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS>>();
     if constexpr (ALL) {
         if (shape == VS_ROWS_2) return paged_launcher<Rows<X, 2, 16>>();
-        if (shape == VS_ROWS_3) return paged_launcher<Rows<X, 3, 14>>();
+        if (shape == VS_ROWS_3) return paged_launcher<Rows<X, 3, 12>>();
     }
     if (shape != VS_SIDES) return paged_launcher<Rows<X, KVHAL_GPU_ROWS_U, KVHAL_GPU_PAGED_MIN_BLOCKS>>();
     return paged_launcher<X>();

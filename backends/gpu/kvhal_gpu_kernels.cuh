@@ -67,7 +67,7 @@ namespace kvhal_gpu {
  *   3  as 1, paged caching's vector path in the row form (Rows): 2 * KVHAL_GPU_PAGED_UNROLL units per thread (4 *
  *      for same-dtype rows whose longer side has at least 64 units), the per-side form's units in flight
  *   4  as 3, bf16 -> fp8 rows with 2 units per thread for 16 resident blocks
- *   5  as 3, bf16 -> fp8 rows with 3 units per thread for 14 resident blocks */
+ *   5  as 3, bf16 -> fp8 rows with 3 units per thread for 12 resident blocks */
 #define KVHAL_GPU_VARIANTS 6
 #ifndef KVHAL_GPU_VARIANT_DEFAULT
 #define KVHAL_GPU_VARIANT_DEFAULT 1
