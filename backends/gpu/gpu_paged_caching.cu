@@ -77,45 +77,38 @@ int kdt(kvhal_dtype d)
     }
 }
 
-/* The vector path's kernel shapes (Rows geometry: units per thread, resident blocks): */
+/* The vector path's kernel shapes. The row form (Rows) measured against the per-side form on an H100
+ * (docs/measurements/session7): as many units in flight per thread, it lifts the MLA rows (one 64-unit side beside an
+ * 8-unit one, which left most threads idle on V) and matches the others; fp8 rows of at least
+ * KVHAL_GPU_ROWS_FP8_LONG units per token (llama-sized heads: 256 units for 8 x 128 bf16 per side) gain from 2 units
+ * per thread at 16 resident blocks (more warps to overlap the conversion with the loads: +0.01 to +0.02 at 8192
+ * tokens), which is no better for shorter rows (an MLA row makes 3-token blocks, more than one wave of them). */
 enum {
-    VS_SIDES = 0,     /* the per-side form (variants 0-2) */
-    VS_ROWS = 1,      /* the row form, as many units in flight per thread as the per-side form */
-    VS_ROWS_WIDE = 2, /* the row form with twice that, for fewer resident blocks (copies of long rows) */
-    VS_ROWS_2 = 3,    /* the row form with 2 units per thread for 16 blocks (fp8, variant 4) */
-    VS_ROWS_3 = 4,    /* the row form with 3 units per thread for 12 blocks (fp8, variant 5) */
-    VS_COUNT = 5
+    VS_SIDES = 0,   /* the per-side form (variants 0-2) */
+    VS_ROWS = 1,    /* the row form with 2 * KVHAL_GPU_PAGED_UNROLL units per thread, KVHAL_GPU_PAGED_MIN_BLOCKS */
+    VS_ROWS_2 = 2,  /* the row form with 2 units per thread, 16 resident blocks (fp8 of long rows) */
+    VS_COUNT = 3
 };
-#define KVHAL_GPU_ROWS_U (2 * KVHAL_GPU_PAGED_UNROLL)
-#define KVHAL_GPU_ROWS_WIDE_U (4 * KVHAL_GPU_PAGED_UNROLL)
+#define KVHAL_GPU_ROWS_FP8_LONG 128
 
-/* ALL: every shape is built for X, else VS_ROWS stands in for the measured ones (VS_ROWS_2, VS_ROWS_3) */
-template <class X, bool ALL = true> PagedLaunch vec_launcher(int shape)
+template <class X> PagedLaunch vec_launcher(int shape)
 {
-    if (shape == VS_ROWS_WIDE)
-        return paged_launcher<Rows<X, KVHAL_GPU_ROWS_WIDE_U, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS>>();
-    if constexpr (ALL) {
-        if (shape == VS_ROWS_2) return paged_launcher<Rows<X, 2, 16>>();
-        if (shape == VS_ROWS_3) return paged_launcher<Rows<X, 3, 12>>();
-    }
-    if (shape != VS_SIDES) return paged_launcher<Rows<X, KVHAL_GPU_ROWS_U, KVHAL_GPU_PAGED_MIN_BLOCKS>>();
+    if (shape == VS_ROWS_2) return paged_launcher<Rows<X, 2, 16>>();
+    if (shape == VS_ROWS) return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS>>();
     return paged_launcher<X>();
 }
 
-/* vec < 0: the scalar path; else the vector path's shape (VS_*). The shapes of variants 4 and 5 are built for bf16
- * input only (the rows they are measured on); other inputs take VS_ROWS there. */
+/* vec < 0: the scalar path; else the vector path's shape (VS_*) */
 template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher(int vec)
 {
-    return vec >= 0 ? vec_launcher<XFp8Vec<IN, OUT, MODE>, IN == DT_BF16>(vec)
-                    : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
+    return vec >= 0 ? vec_launcher<XFp8Vec<IN, OUT, MODE>>(vec) : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
 /* fnuz: the vector path converts q2 = 2 * (x / s) through the OCP conversion (XFp8VecFnuz; for SM_MUL and SM_RCP
  * the call passes s / 2 and 2 / s). */
 template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher_fnuz(int vec)
 {
-    return vec >= 0 ? vec_launcher<XFp8VecFnuz<IN, OUT, MODE>, IN == DT_BF16>(vec)
-                    : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
+    return vec >= 0 ? vec_launcher<XFp8VecFnuz<IN, OUT, MODE>>(vec) : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
 template <int IN, int MODE> PagedLaunch fp8_launcher_out(int out, int vec)
@@ -137,11 +130,13 @@ template <int MODE> PagedLaunch fp8_launcher_in(int in, int out, int vec)
     }
 }
 
-/* Same-dtype copies. Vector path: wide = twice the units per thread (XCopyWide, or the row form's wide shape);
- * rows = the row form. */
+/* Same-dtype copies. Vector path: wide = twice the units per thread, for KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS resident
+ * blocks (XCopyWide, or the row form's wide shape); rows = the row form. */
 PagedLaunch copy_launcher(size_t es, bool vec, bool wide = false, bool rows = false)
 {
-    if (vec && rows) return wide ? vec_launcher<XCopy<uint4>>(VS_ROWS_WIDE) : vec_launcher<XCopy<uint4>>(VS_ROWS);
+    if (vec && rows && wide)
+        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS>>();
+    if (vec && rows) return vec_launcher<XCopy<uint4>>(VS_ROWS);
     if (vec) return wide ? paged_launcher<XCopyWide<uint4>>() : paged_launcher<XCopy<uint4>>();
     switch (es) {
     case 1: return paged_launcher<XCopy<uint8_t>>();
@@ -258,7 +253,10 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
         d->sc[SM_MUL] = copy_launcher(es, false);
         d->vec[SM_MUL] = copy_launcher(es, true, c->variant != 0 && d->vec_ok && row >= 64, rows);
     } else {
-        const int shape = c->variant == 4 ? VS_ROWS_2 : c->variant == 5 ? VS_ROWS_3 : rows ? VS_ROWS : VS_SIDES;
+        /* the long-row fp8 shape in variants 4 (every input dtype) and 5 (bf16 input only) */
+        const bool long_rows = d->pv.k.row_units + d->pv.v.row_units >= KVHAL_GPU_ROWS_FP8_LONG;
+        const bool two = long_rows && (c->variant == 4 || (c->variant == 5 && in == DT_BF16));
+        const int shape = !rows ? VS_SIDES : two ? VS_ROWS_2 : VS_ROWS;
         d->sc[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, -1);
         d->sc[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, -1);
         d->sc[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, -1);
@@ -291,7 +289,7 @@ void paged_caching_rtc_exprs(RtcExprFn add, void *user)
         int n = 0;
         if (vec < 0)
             for (int i = 0; i < 3; i++) l[n++] = copy_launcher(sizes[i], false);
-        else if (vec != VS_ROWS_WIDE) /* the vector copies: narrow and wide, per-side or row form */
+        else if (vec != VS_ROWS_2) /* the vector copies: narrow and wide, per-side or row form */
             for (int w = 0; w < 2; w++) l[n++] = copy_launcher(16, true, w != 0, vec == VS_ROWS);
         for (int i = 0; i < 3; i++)
             for (int o = 0; o < 4; o++) {

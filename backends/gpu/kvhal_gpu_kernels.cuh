@@ -64,13 +64,14 @@ namespace kvhal_gpu {
  *      copy_blocks.cl), 32-bit multiply-shift index divisions (0.99 / 0.99). Too many caches for the parameters
  *      (over 144): as 2
  *   2  as 1 with the staging upload of 0 (0.89 / 0.88: the upload, not the kernel's shape, was the gap)
- *   3  as 1, paged caching's vector path in the row form (Rows): 2 * KVHAL_GPU_PAGED_UNROLL units per thread (4 *
+ *   3  as 1 (copy_blocks too), paged caching's vector path in the row form (Rows): 2 * KVHAL_GPU_PAGED_UNROLL units per thread (4 *
  *      for same-dtype rows whose longer side has at least 64 units), the per-side form's units in flight
- *   4  as 3, bf16 -> fp8 rows with 2 units per thread for 16 resident blocks
- *   5  as 3, bf16 -> fp8 rows with 3 units per thread for 12 resident blocks */
+ *   4  the default: as 3, and fp8 rows of at least KVHAL_GPU_ROWS_FP8_LONG units per token (K's and V's together)
+ *      with 2 units per thread for 16 resident blocks (gpu_paged_caching.cu says why)
+ *   5  as 4 for bf16 input only (other inputs as 3) */
 #define KVHAL_GPU_VARIANTS 6
 #ifndef KVHAL_GPU_VARIANT_DEFAULT
-#define KVHAL_GPU_VARIANT_DEFAULT 1
+#define KVHAL_GPU_VARIANT_DEFAULT 4
 #endif
 
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4, DT_E4M3FNUZ = 5, DT_E5M2FNUZ = 6 };
