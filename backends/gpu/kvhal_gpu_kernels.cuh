@@ -88,8 +88,9 @@ template <typename T> struct XCopy {
 
 /* The same copy with twice the units in flight per thread (2 * KVHAL_GPU_PAGED_UNROLL, compiled for
  * KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS resident blocks): same-dtype caches whose token row is at least 64 units (1 KiB;
- * gpu_paged_caching.cu), in the default variant. At 8192 tokens of a 576-dim bf16 MLA row it runs the whole call in
- * one wave of blocks (1.29 waves at the narrow unroll, latency-bound: 33% of DRAM bandwidth under ncu). */
+ * gpu_paged_caching.cu), in variants 1 and 2 (the row form has its own wide shape). At 8192 tokens of a 576-dim
+ * bf16 MLA row it runs the whole call in one wave of blocks (1.29 waves at the narrow unroll, latency-bound: 33% of
+ * DRAM bandwidth under ncu). */
 template <typename T> struct XCopyWide : XCopy<T> {};
 
 /* The row form of the paged kernel (paged_rows_pass; gpu_paged_caching.cu chooses it): transform X with U units in
