@@ -180,9 +180,10 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
     p.num_caches = a->num_caches;
     p.chunks = (largest + KVHAL_GPU_CHUNK - 1) / KVHAL_GPU_CHUNK;
     p.cache_major = v >= 1;
-    /* variant 1: pairs per launch that fit in the parameters beside the table (at least 16, else staged) */
+    /* variant 1 and the later ones (their changes are paged caching's): pairs per launch that fit in the parameters
+     * beside the table (at least 16, else staged); variants 0 and 2 stage */
     const int64_t fit = ((int64_t)KVHAL_GPU_CB_INLINE_WORDS - 3 * (int64_t)a->num_caches) / 2;
-    p.inline_table = v == 1 && fit >= 16;
+    p.inline_table = v != 0 && v != 2 && fit >= 16;
     StagingSlot *sl = NULL;
     if (p.inline_table) {
         p.caches = NULL;

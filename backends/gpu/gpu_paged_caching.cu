@@ -19,13 +19,14 @@ struct PagedLaunch {
     const void *sym;
     void *fn;
     const char *(*spelling)(); /* X's C++ spelling, for the run-time compiled path (HIP on AMD) */
-    int unroll;                /* units each thread loads per pass (PagedGeom<X>::UNROLL) */
+    int unroll;                /* units each thread loads per pass (PagedGeom<X>::UNROLL), per side or in all */
+    bool rows;                 /* the row form (PagedGeom<X>::ROWS): a token's units are K's row plus V's */
 };
 
 template <class X> PagedLaunch paged_launcher()
 {
     PagedLaunch l = {launch_paged<X>, reinterpret_cast<const void *>(paged_caching_kernel<X, X>), nullptr,
-                     type_spelling<X>, (int)PagedGeom<X>::UNROLL};
+                     type_spelling<X>, (int)PagedGeom<X>::UNROLL, PagedGeom<X>::ROWS != 0};
     return l;
 }
 
@@ -76,19 +77,41 @@ int kdt(kvhal_dtype d)
     }
 }
 
-template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher(bool vec)
+/* The vector path's kernel shapes. The row form (Rows) measured against the per-side form on an H100
+ * (docs/measurements/session7): as many units in flight per thread, it lifts the MLA rows (one 64-unit side beside an
+ * 8-unit one, which left most threads idle on V) and matches the others; fp8 rows of at least
+ * KVHAL_GPU_ROWS_FP8_LONG units per token (llama-sized heads: 256 units for 8 x 128 bf16 per side) gain from 2 units
+ * per thread at 16 resident blocks (more warps to overlap the conversion with the loads: +0.01 to +0.02 at 8192
+ * tokens), which is no better for shorter rows (an MLA row makes 3-token blocks, more than one wave of them). */
+enum {
+    VS_SIDES = 0,   /* the per-side form (variants 0-2) */
+    VS_ROWS = 1,    /* the row form with 2 * KVHAL_GPU_PAGED_UNROLL units per thread, KVHAL_GPU_PAGED_MIN_BLOCKS */
+    VS_ROWS_2 = 2,  /* the row form with 2 units per thread, 16 resident blocks (fp8 of long rows) */
+    VS_COUNT = 3
+};
+#define KVHAL_GPU_ROWS_FP8_LONG 128
+
+template <class X> PagedLaunch vec_launcher(int shape)
 {
-    return vec ? paged_launcher<XFp8Vec<IN, OUT, MODE>>() : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
+    if (shape == VS_ROWS_2) return paged_launcher<Rows<X, 2, 16>>();
+    if (shape == VS_ROWS) return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS>>();
+    return paged_launcher<X>();
+}
+
+/* vec < 0: the scalar path; else the vector path's shape (VS_*) */
+template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher(int vec)
+{
+    return vec >= 0 ? vec_launcher<XFp8Vec<IN, OUT, MODE>>(vec) : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
 /* fnuz: the vector path converts q2 = 2 * (x / s) through the OCP conversion (XFp8VecFnuz; for SM_MUL and SM_RCP
  * the call passes s / 2 and 2 / s). */
-template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher_fnuz(bool vec)
+template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher_fnuz(int vec)
 {
-    return vec ? paged_launcher<XFp8VecFnuz<IN, OUT, MODE>>() : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
+    return vec >= 0 ? vec_launcher<XFp8VecFnuz<IN, OUT, MODE>>(vec) : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
-template <int IN, int MODE> PagedLaunch fp8_launcher_out(int out, bool vec)
+template <int IN, int MODE> PagedLaunch fp8_launcher_out(int out, int vec)
 {
     switch (out) {
     case DT_E4M3: return fp8_launcher<IN, DT_E4M3, MODE>(vec);
@@ -98,7 +121,7 @@ template <int IN, int MODE> PagedLaunch fp8_launcher_out(int out, bool vec)
     }
 }
 
-template <int MODE> PagedLaunch fp8_launcher_in(int in, int out, bool vec)
+template <int MODE> PagedLaunch fp8_launcher_in(int in, int out, int vec)
 {
     switch (in) {
     case DT_F32: return fp8_launcher_out<DT_F32, MODE>(out, vec);
@@ -107,8 +130,13 @@ template <int MODE> PagedLaunch fp8_launcher_in(int in, int out, bool vec)
     }
 }
 
-PagedLaunch copy_launcher(size_t es, bool vec, bool wide = false)
+/* Same-dtype copies. Vector path: wide = twice the units per thread, for KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS resident
+ * blocks (XCopyWide, or the row form's wide shape); rows = the row form. */
+PagedLaunch copy_launcher(size_t es, bool vec, bool wide = false, bool rows = false)
 {
+    if (vec && rows && wide)
+        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS>>();
+    if (vec && rows) return vec_launcher<XCopy<uint4>>(VS_ROWS);
     if (vec) return wide ? paged_launcher<XCopyWide<uint4>>() : paged_launcher<XCopy<uint4>>();
     switch (es) {
     case 1: return paged_launcher<XCopy<uint8_t>>();
@@ -142,6 +170,7 @@ bool build_side(const kvhal_bk_paged_side *s, const kvhal_bk_paged_caching *a, i
     }
     const int64_t uph = ed / n, row = eh * uph;
     if (uph < 1 || row > (int64_t)(1u << 31) / KVHAL_GPU_MAX_TPC) return false;
+    o->one_run = eh == 1 && in_dim == 1 && cache_dim == 1;
     o->cache = NULL;
     o->input = NULL;
     o->block_stride = block_stride;
@@ -161,10 +190,12 @@ bool build_side(const kvhal_bk_paged_side *s, const kvhal_bk_paged_caching *a, i
 }
 
 /* Tokens per block: enough units per thread to keep unroll loads in flight (the kernel's PagedGeom), fewer when the
- * call is too small to fill every multiprocessor several times over. */
-void paged_geometry(PagedParams *p, int sm_count, int unroll, uint32_t *threads)
+ * call is too small to fill every multiprocessor several times over. A token's units: its longer side's row in
+ * the per-side form, both rows in the row form. */
+void paged_geometry(PagedParams *p, int sm_count, int unroll, bool rows, uint32_t *threads)
 {
-    const uint32_t row = p->k.row_units > p->v.row_units ? p->k.row_units : p->v.row_units;
+    const uint32_t row = rows ? p->k.row_units + p->v.row_units
+                              : (p->k.row_units > p->v.row_units ? p->k.row_units : p->v.row_units);
     int64_t tpc = (int64_t)(KVHAL_GPU_PAGED_THREADS * unroll) / row;
     if (tpc < 1) tpc = 1;
     if (tpc > KVHAL_GPU_MAX_TPC) tpc = KVHAL_GPU_MAX_TPC;
@@ -215,18 +246,23 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
     d->vec_ok = build_side(&a->k, a, vec, &d->pv.k) && build_side(&a->v, a, vec, &d->pv.v);
     d->out_align = (uint32_t)(vec * (int64_t)out_es);
 
+    const bool rows = c->variant >= 3; /* the vector path's row form (KVHAL_GPU_VARIANT) */
     if (same) {
         /* the wide copy for rows of at least 64 units (1 KiB), except in variant 0 (KVHAL_GPU_VARIANT) */
         const uint32_t row = d->pv.k.row_units > d->pv.v.row_units ? d->pv.k.row_units : d->pv.v.row_units;
         d->sc[SM_MUL] = copy_launcher(es, false);
-        d->vec[SM_MUL] = copy_launcher(es, true, c->variant != 0 && d->vec_ok && row >= 64);
+        d->vec[SM_MUL] = copy_launcher(es, true, c->variant != 0 && d->vec_ok && row >= 64, rows);
     } else {
-        d->sc[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, false);
-        d->sc[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, false);
-        d->sc[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, false);
-        d->vec[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, true);
-        d->vec[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, true);
-        d->vec[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, true);
+        /* the long-row fp8 shape in variants 4 (every input dtype) and 5 (bf16 input only) */
+        const bool long_rows = d->pv.k.row_units + d->pv.v.row_units >= KVHAL_GPU_ROWS_FP8_LONG;
+        const bool two = long_rows && (c->variant == 4 || (c->variant == 5 && in == DT_BF16));
+        const int shape = !rows ? VS_SIDES : two ? VS_ROWS_2 : VS_ROWS;
+        d->sc[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, -1);
+        d->sc[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, -1);
+        d->sc[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, -1);
+        d->vec[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, shape);
+        d->vec[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, shape);
+        d->vec[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, shape);
     }
     /* the driver functions (CUDA) or run-time compiled kernels (HIP on AMD without an embedded code object) of every
      * launch the descriptor may make; the vector path's only where the shape allows it */
@@ -247,16 +283,19 @@ void paged_caching_rtc_exprs(RtcExprFn add, void *user)
     static const int outs[4] = {DT_E4M3, DT_E5M2, DT_E4M3FNUZ, DT_E5M2FNUZ};
     static const size_t sizes[3] = {1, 2, 4};
     char expr[384];
-    for (int vec = 0; vec < 2; vec++) {
+    /* the scalar path, then the vector path's shapes (VS_*) */
+    for (int vec = -1; vec < VS_COUNT; vec++) {
         PagedLaunch l[4 + 3 * 4 * 3];
         int n = 0;
-        for (int i = 0; i < 3; i++) l[n++] = copy_launcher(sizes[i], vec != 0);
-        if (vec) l[n++] = copy_launcher(16, true, true);
+        if (vec < 0)
+            for (int i = 0; i < 3; i++) l[n++] = copy_launcher(sizes[i], false);
+        else if (vec != VS_ROWS_2) /* the vector copies: narrow and wide, per-side or row form */
+            for (int w = 0; w < 2; w++) l[n++] = copy_launcher(16, true, w != 0, vec == VS_ROWS);
         for (int i = 0; i < 3; i++)
             for (int o = 0; o < 4; o++) {
-                l[n++] = fp8_launcher_in<SM_MUL>(ins[i], outs[o], vec != 0);
-                l[n++] = fp8_launcher_in<SM_RCP>(ins[i], outs[o], vec != 0);
-                l[n++] = fp8_launcher_in<SM_DIV>(ins[i], outs[o], vec != 0);
+                l[n++] = fp8_launcher_in<SM_MUL>(ins[i], outs[o], vec);
+                l[n++] = fp8_launcher_in<SM_RCP>(ins[i], outs[o], vec);
+                l[n++] = fp8_launcher_in<SM_DIV>(ins[i], outs[o], vec);
             }
         for (int i = 0; i < n; i++) {
             kernel_expr(expr, sizeof expr, "kvhal_gpu::paged_caching_kernel<%s, %s>", l[i].spelling());
@@ -353,7 +392,8 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     p.fast32 = d->fast32_shape && a->num_tokens <= (int64_t)UINT32_MAX;
     uint32_t threads;
     const PagedLaunch &run = vec ? d->vec[mode] : d->sc[mode];
-    paged_geometry(&p, c->dev[id].sm_count, run.unroll, &threads); /* tokens per block follow the token count */
+    /* tokens per block follow the token count */
+    paged_geometry(&p, c->dev[id].sm_count, run.unroll, run.rows, &threads);
     /* depends on the path (tokens per block), which depends on the call's addresses: checked here, not in
      * paged_caching_supports */
     const int64_t grid = (a->num_tokens + p.tpc - 1) / p.tpc;

@@ -35,7 +35,7 @@ struct CopyBlocksParams {
     int32_t fast32;      /* total < 2^32: items split with div_chunks and div_inner (variants >= 1) */
     int32_t cache_major; /* item = cache * num_pairs + pair (else pair * num_caches + cache) */
     kvhal_fastdiv32 div_chunks, div_inner; /* by chunks; by num_pairs (caches major) or num_caches */
-    int32_t inline_table; /* variants 1: the table and this launch's pairs are in words (3 per cache: base,
+    int32_t inline_table; /* variants 1, 3-5: the table and this launch's pairs are in words (3 per cache: base,
                              stride, bytes; then 2 per pair), not behind caches and pairs */
     uint64_t words[KVHAL_GPU_CB_INLINE_WORDS];
 };

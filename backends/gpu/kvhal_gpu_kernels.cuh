@@ -52,9 +52,9 @@ namespace kvhal_gpu {
 #define KVHAL_GPU_ERR_BYTES 8
 
 /* Kernel variants (KVHAL_GPU_VARIANT, read once when the module loads: gpu_device.cu; docs/guide.md): launch
- * shapes of copy_blocks, kept selectable so that one GPU run compares them interleaved
+ * shapes of copy_blocks and paged caching, kept selectable so that one GPU run compares them interleaved
  * (docs/measurements/scripts/kernel-variants-gpu.sh). Every variant copies the same bytes (the conformance suite
- * runs under each); paged caching and the other kernels are the same in all of them.
+ * runs under each); the other kernels are the same in all of them.
  *   0  session 5's shape: the cache table and the pairs uploaded through a pinned staging ring, then a grid of 32
  *      blocks per multiprocessor that loops over 16 KiB work items, (pair, cache) jobs pairs major, 64-bit index
  *      divisions (0.84 / 0.88 of a copy, layer-first / page-first, on an H100)
@@ -63,10 +63,15 @@ namespace kvhal_gpu {
  *      caches major (consecutive blocks copy one cache's blocks for consecutive pairs, the order of NVIDIA's OpenCL
  *      copy_blocks.cl), 32-bit multiply-shift index divisions (0.99 / 0.99). Too many caches for the parameters
  *      (over 144): as 2
- *   2  as 1 with the staging upload of 0 (0.89 / 0.88: the upload, not the kernel's shape, was the gap) */
-#define KVHAL_GPU_VARIANTS 3
+ *   2  as 1 with the staging upload of 0 (0.89 / 0.88: the upload, not the kernel's shape, was the gap)
+ *   3  as 1 (copy_blocks too), paged caching's vector path in the row form (Rows): 2 * KVHAL_GPU_PAGED_UNROLL units per thread (4 *
+ *      for same-dtype rows whose longer side has at least 64 units), the per-side form's units in flight
+ *   4  the default: as 3, and fp8 rows of at least KVHAL_GPU_ROWS_FP8_LONG units per token (K's and V's together)
+ *      with 2 units per thread for 16 resident blocks (gpu_paged_caching.cu says why)
+ *   5  as 4 for bf16 input only (other inputs as 3) */
+#define KVHAL_GPU_VARIANTS 6
 #ifndef KVHAL_GPU_VARIANT_DEFAULT
-#define KVHAL_GPU_VARIANT_DEFAULT 1
+#define KVHAL_GPU_VARIANT_DEFAULT 4
 #endif
 
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4, DT_E4M3FNUZ = 5, DT_E5M2FNUZ = 6 };
@@ -83,16 +88,27 @@ template <typename T> struct XCopy {
 
 /* The same copy with twice the units in flight per thread (2 * KVHAL_GPU_PAGED_UNROLL, compiled for
  * KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS resident blocks): same-dtype caches whose token row is at least 64 units (1 KiB;
- * gpu_paged_caching.cu), in the default variant. At 8192 tokens of a 576-dim bf16 MLA row it runs the whole call in
- * one wave of blocks (1.29 waves at the narrow unroll, latency-bound: 33% of DRAM bandwidth under ncu). */
+ * gpu_paged_caching.cu), in variants 1 and 2 (the row form has its own wide shape). At 8192 tokens of a 576-dim
+ * bf16 MLA row it runs the whole call in one wave of blocks (1.29 waves at the narrow unroll, latency-bound: 33% of
+ * DRAM bandwidth under ncu). */
 template <typename T> struct XCopyWide : XCopy<T> {};
 
-/* Per transform: units each thread loads per pass, and the resident blocks the kernel is compiled for. */
+/* The row form of the paged kernel (paged_rows_pass; gpu_paged_caching.cu chooses it): transform X with U units in
+ * flight per thread, compiled for MINB resident blocks. The units of a block are one index space, all K units of
+ * its tokens first, then all V units, so every thread loads U useful units whatever the two sides' row lengths
+ * (an MLA row, 512 latent + 64 rotary dims, is 64 + 8 units: the per-side form keeps most threads idle on V). */
+template <class X, int U, int MINB> struct Rows : X {};
+
+/* Per transform: units each thread loads per pass (per side, or in all for Rows), the resident blocks the kernel is
+ * compiled for, and whether it is the row form. */
 template <class X> struct PagedGeom {
-    enum { UNROLL = KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_MIN_BLOCKS };
+    enum { UNROLL = KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_MIN_BLOCKS, ROWS = 0 };
 };
 template <typename T> struct PagedGeom<XCopyWide<T>> {
-    enum { UNROLL = 2 * KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS };
+    enum { UNROLL = 2 * KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, ROWS = 0 };
+};
+template <class X, int U, int MINB> struct PagedGeom<Rows<X, U, MINB>> {
+    enum { UNROLL = U, MIN_BLOCKS = MINB, ROWS = 1 };
 };
 
 template <int IN> __device__ __forceinline__ float load_elem(uint32_t bits)
@@ -413,6 +429,8 @@ struct PagedSide {
     uint32_t row_units;                                    /* heads * units_per_head */
     kvhal_fastdiv32 div_row;                               /* by row_units */
     kvhal_fastdiv32 div_head;                              /* by units_per_head */
+    uint32_t one_run; /* the row is one run of units, contiguous in the input and the cache (heads folded, unit
+                       * dim strides 1: the vector path's NHD and MLA rows): the row form skips the head split */
 };
 
 struct PagedParams {
@@ -477,9 +495,88 @@ __device__ __forceinline__ void paged_store(const PagedSide &sd, const int64_t *
     }
 }
 
+/* The row form's unit j of one side (j < tokens * row_units): unit r of token t's row, t = j / row_units, divided
+ * again for the store rather than kept across the barrier (registers: keeping t costs spills). A one-run row needs
+ * no head split (no second division, no 64-bit multiplies). The row form runs on the vector path only, where unit
+ * dim strides are 1 (build_side). */
+template <class X>
+__device__ __forceinline__ typename X::In rows_load(const PagedSide &sd, const int64_t *s_in, uint32_t j)
+{
+    const typename X::In *in = reinterpret_cast<const typename X::In *>(sd.input);
+    const uint32_t t = kvhal_fastdiv32_div(j, sd.div_row), r = j - t * sd.row_units;
+    if (sd.one_run) return in[s_in[t] + (int64_t)r];
+    const uint32_t h = kvhal_fastdiv32_div(r, sd.div_head);
+    return in[s_in[t] + (int64_t)h * sd.in_head + (int64_t)(r - h * sd.div_head.d)];
+}
+
+template <class X>
+__device__ __forceinline__ void rows_store(const PagedSide &sd, const int64_t *s_cache, uint32_t j,
+                                           const typename X::In &v)
+{
+    typename X::Out *out = reinterpret_cast<typename X::Out *>(sd.cache);
+    const uint32_t t = kvhal_fastdiv32_div(j, sd.div_row), r = j - t * sd.row_units;
+    const int64_t co = s_cache[t];
+    if (co < 0) return;
+    if (sd.one_run) {
+        out[co + (int64_t)r] = X::apply(v, sd.scale, sd.inv);
+        return;
+    }
+    const uint32_t h = kvhal_fastdiv32_div(r, sd.div_head);
+    out[co + (int64_t)h * sd.cache_head + (int64_t)(r - h * sd.div_head.d)] = X::apply(v, sd.scale, sd.inv);
+}
+
+/* Token tid's cache offsets in shared memory (-1: padding, or a slot out of range, which is flagged), from the slot
+ * the thread loaded; every thread then meets at the barrier. */
+__device__ __forceinline__ void paged_slot_offsets(const PagedParams &p, int64_t slot, uint32_t tid, uint32_t ntok,
+                                                   int64_t *s_ck, int64_t *s_cv)
+{
+    if (tid < ntok) {
+        int64_t ck = -1, cv = -1;
+        if (slot >= p.num_slots) {
+            p.err[KVHAL_GPU_ERR_SLOT] = 1;
+        } else if (slot >= 0) {
+            const int64_t blk = p.fast32 ? (int64_t)kvhal_fastdiv32_div((uint32_t)slot, p.div_bs) : slot / p.block_size;
+            const int64_t off = slot - blk * p.block_size;
+            ck = blk * p.k.block_stride + off * p.k.offset_stride;
+            cv = blk * p.v.block_stride + off * p.v.offset_stride;
+        }
+        s_ck[tid] = ck;
+        s_cv[tid] = cv;
+    }
+    __syncthreads();
+}
+
+/* The row form's passes over a block's ntok tokens: nk K units then the V units, U per thread per pass. */
+template <class X>
+__device__ __forceinline__ void paged_rows_pass(const PagedParams &p, int64_t slot, uint32_t ntok, int64_t *s_ck,
+                                                int64_t *s_cv, const int64_t *s_ik, const int64_t *s_iv)
+{
+    enum { U = PagedGeom<X>::UNROLL };
+    const uint32_t tid = threadIdx.x;
+    const uint32_t nk = ntok * p.k.row_units, n = nk + ntok * p.v.row_units;
+    for (uint32_t b0 = 0; b0 < n; b0 += U * blockDim.x) { /* uniform trip count */
+        typename X::In val[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const uint32_t i = b0 + (uint32_t)u * blockDim.x + tid;
+            if (i < nk) val[u] = rows_load<X>(p.k, s_ik, i);
+            else if (i < n) val[u] = rows_load<X>(p.v, s_iv, i - nk);
+        }
+        if (b0 == 0) paged_slot_offsets(p, slot, tid, ntok, s_ck, s_cv);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const uint32_t i = b0 + (uint32_t)u * blockDim.x + tid;
+            if (i < nk) rows_store<X>(p.k, s_ck, i, val[u]);
+            else if (i < n) rows_store<X>(p.v, s_cv, i - nk, val[u]);
+        }
+    }
+}
+
 /* Block b handles tokens [b * tpc, b * tpc + tpc). The only memory latency it waits for is its data loads: each
  * token's slot load is issued first and consumed only after every K and V load of the first pass is in flight,
- * then the slots become cache offsets in shared memory (padding skipped, out-of-range flagged) and the stores go. */
+ * then the slots become cache offsets in shared memory (padding skipped, out-of-range flagged) and the stores go.
+ * XK and XV are one type in every instantiation; a Rows transform runs the row form (paged_rows_pass), any other
+ * the per-side form, where thread i loads unit i of K and unit i of V. */
 template <class XK, class XV>
 __global__ void __launch_bounds__(KVHAL_GPU_PAGED_THREADS, PagedGeom<XK>::MIN_BLOCKS) paged_caching_kernel(const PagedParams p)
 {
@@ -504,29 +601,17 @@ __global__ void __launch_bounds__(KVHAL_GPU_PAGED_THREADS, PagedGeom<XK>::MIN_BL
         s_iv[tid] = b * p.v.tok_outer + s * p.v.tok_inner;
     }
     __syncthreads();
+    if (PagedGeom<XK>::ROWS) {
+        paged_rows_pass<XK>(p, slot, ntok, s_ck, s_cv, s_ik, s_iv);
+        return;
+    }
     const uint32_t nk = ntok * p.k.row_units, nv = ntok * p.v.row_units, n = nk > nv ? nk : nv;
     for (uint32_t b0 = 0; b0 < n; b0 += PagedGeom<XK>::UNROLL * blockDim.x) { /* uniform trip count */
         typename XK::In vk[PagedGeom<XK>::UNROLL];
         typename XV::In vv[PagedGeom<XK>::UNROLL];
         paged_load<XK>(p.k, s_ik, nk, b0, vk);
         paged_load<XV>(p.v, s_iv, nv, b0, vv);
-        if (b0 == 0) {
-            if (tid < ntok) {
-                int64_t ck = -1, cv = -1;
-                if (slot >= p.num_slots) {
-                    p.err[KVHAL_GPU_ERR_SLOT] = 1;
-                } else if (slot >= 0) {
-                    const int64_t blk = p.fast32 ? (int64_t)kvhal_fastdiv32_div((uint32_t)slot, p.div_bs)
-                                                 : slot / p.block_size;
-                    const int64_t off = slot - blk * p.block_size;
-                    ck = blk * p.k.block_stride + off * p.k.offset_stride;
-                    cv = blk * p.v.block_stride + off * p.v.offset_stride;
-                }
-                s_ck[tid] = ck;
-                s_cv[tid] = cv;
-            }
-            __syncthreads();
-        }
+        if (b0 == 0) paged_slot_offsets(p, slot, tid, ntok, s_ck, s_cv);
         paged_store<XK>(p.k, s_ck, nk, b0, vk);
         paged_store<XV>(p.v, s_cv, nv, b0, vv);
     }

@@ -56,6 +56,7 @@ ROWS=${ROWS:-"--op=copy_blocks
 --op=paged_caching --preset=llama3-8b --tokens=8192,65536
 --op=paged_caching --preset=llama2-7b --tokens=8192,65536
 --op=paged_caching --preset=small --tokens=8192,65536"}
+export ROWS # read again by the table below (rows run with --slots=blocks are marked)
 for r in $(seq 1 $ROUNDS); do
   i=0
   while IFS= read -r args; do
@@ -71,16 +72,21 @@ done
 python3 - "$OUT" $VARIANTS <<'PY' | tee "$OUT/variants.txt"
 import glob, json, os, re, statistics, sys
 out, variants = sys.argv[1], sys.argv[2:]
+# rows run with --slots=blocks are told apart by their ROWS line (the file's last number)
+lines = [l for l in os.environ.get("ROWS", "").split("\n") if l.strip()]
 rows, names, order = {}, {}, []
 for f in sorted(glob.glob(os.path.join(out, "bench-v*-r*-*.json"))):
-    v = re.match(r"bench-v(\d+)-", os.path.basename(f)).group(1)
+    m = re.match(r"bench-v(\d+)-r\d+-(\d+)\.json", os.path.basename(f))
+    v, line = m.group(1), int(m.group(2))
+    blocks = line <= len(lines) and "--slots=blocks" in lines[line - 1]
     try:
         d = json.load(open(f))
     except Exception:
         continue
     names[v] = d.get("platform", "")
     for x in d["records"]:
-        key = (x["op"], x["preset"], x["tokens"], x["layout"], x["dtype"], x["cache_dtype"], x["scale"])
+        key = (x["op"] + ("/blk" if blocks else ""), x["preset"], x["tokens"], x["layout"], x["dtype"],
+               x["cache_dtype"], x["scale"])
         if key not in rows:
             rows[key] = {}
             order.append(key)
@@ -91,7 +97,7 @@ for f in sorted(glob.glob(os.path.join(out, "bench-v*-r*-*.json"))):
 for v in variants:
     print("variant %s: %s" % (v, names.get(v, "(no run)")))
 print("ratio to memcpy, median over rounds; cold (warm)")
-print("%-17s %-12s %6s %-4s %-5s %-13s %-6s | " % ("op", "preset", "tokens", "lay", "dtype", "cache", "scale") +
+print("%-21s %-12s %6s %-4s %-5s %-13s %-6s | " % ("op", "preset", "tokens", "lay", "dtype", "cache", "scale") +
       " | ".join("v%-12s" % v for v in variants))
 for key in order:
     cells = []
@@ -99,11 +105,11 @@ for key in order:
         c, w = rows[key].get((v, "cold")), rows[key].get((v, "warm"))
         cells.append("%5s (%5s)" % ("%.3f" % statistics.median(c) if c else "-", "%.3f" % statistics.median(w) if w else "-"))
     op, pr, tok, lay, dt, cdt, sc = key
-    print("%-17s %-12s %6s %-4s %-5s %-13s %-6s | " % (op, pr, tok, lay, dt, cdt, "-" if sc is None else "%.3g" % sc) +
+    print("%-21s %-12s %6s %-4s %-5s %-13s %-6s | " % (op, pr, tok, lay, dt, cdt, "-" if sc is None else "%.3g" % sc) +
           " | ".join(cells))
 PY
 # at most 8 files come back from the GPU machine: the raw runs go into one archive
-(cd "$OUT" && files=$(ls bench-v*-r*-* conformance-v*.txt gpu_paths-v*.txt 2>/dev/null) && [ -n "$files" ] &&
+(cd "$OUT" && files=$(ls bench-v*-r*-* conformance-v*.txt gpu_paths-v*.txt 2>/dev/null; true) && [ -n "$files" ] &&
   tar czf bench-runs.tgz $files && rm -f $files)
 echo "total: $(elapsed) s, rc $rc"
 exit $rc
