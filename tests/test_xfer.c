@@ -1779,11 +1779,9 @@ static void test_hostile_ipc(void **state)
 static void test_dropped_peers_close_endpoints(void **state)
 {
     (void)state;
-    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
     server s;
-    server_start(&s, cpu, 2000);
     uint8_t blob[4096];
-    size_t len = server_blob(&s, blob, sizeof blob);
+    const size_t len = cpu_server(&s, 2000, blob, sizeof blob);
     const int before = open_agent_eps();
     for (int round = 0, from = 0; round < 4; round++) {
         raw r;

@@ -608,20 +608,12 @@ def main():
         res["baseline_minisgl"] = ("MiniSglStyleRadix (this file; mini-sglang 20fcd7f radix_cache.py + "
                                    "scheduler/cache.py, torch 1-D int32 tensors; compare: " + _compare[1] + ")")
         res["torch"] = torch.__version__
-    for k in names:
-        res[col[k] + "_rps"] = med[k]
-    if "kvhal" in names:
-        if "python" in names:
-            res["ratio"] = med["kvhal"] / med["python"]
-        if "minisgl" in names:
-            res["ratio_minisgl"] = med["kvhal"] / med["minisgl"]
-    for k in names:
-        res[col[k] + "_best_rps"] = best[k]
-    if "kvhal" in names:
-        if "python" in names:
-            res["best_ratio"] = best["kvhal"] / best["python"]
-        if "minisgl" in names:
-            res["best_ratio_minisgl"] = best["kvhal"] / best["minisgl"]
+    for prefix, fig in (("", med), ("best_", best)):  # the medians, then the best passes
+        for k in names:
+            res[col[k] + "_" + prefix + "rps"] = fig[k]
+        for base, suffix in (("python", ""), ("minisgl", "_minisgl")):
+            if "kvhal" in names and base in names:
+                res[prefix + "ratio" + suffix] = fig["kvhal"] / fig[base]
     if a.json:
         print(json.dumps(res, indent=1))
     else:
