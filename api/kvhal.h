@@ -640,8 +640,10 @@ KVHAL_API kvhal_status kvhal_tensor_permute(const kvhal_tensor *t, const int32_t
  * stream, the process's first call included (they allocate nothing: per-device state is made when a buffer or
  * stream is made or wrapped on the device, which may itself happen inside the capture). A replay reads the tensors'
  * memory at replay time (same addresses, new contents) and uses the scales of the captured call. kvhal_copy_blocks
- * stages its pairs through host memory and may not be captured: on a capturing stream it returns
- * KVHAL_UNSUPPORTED and records nothing (the capture stays valid). */
+ * may be captured when its cache table and pairs travel in the kernel parameters (up to 138 caches, the default
+ * kernel variant; the pairs are those of the captured call); with more caches (or KVHAL_GPU_VARIANT 0 or 2) it
+ * stages the pairs through host memory per call, and on a capturing stream it then returns KVHAL_UNSUPPORTED and
+ * records nothing (the capture stays valid). */
 /** dst = src elementwise (same shape and dtype, same device, any strides). Elements are copied in parallel on
  *  devices: dst must not overlap src (unless it is the same view) nor itself (a stride 0 of a dim longer than 1),
  *  or the result differs between backends.
@@ -696,8 +698,9 @@ KVHAL_API kvhal_status kvhal_paged_caching(const kvhal_tensor *k_cache, const kv
  *  @param s the stream (NULL: default).
  *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (including overlapping pairs); KVHAL_OUT_OF_RANGE (a block id past a
  *  cache); KVHAL_DEVICE_MISMATCH; KVHAL_INVALID_HANDLE; KVHAL_UNSUPPORTED; KVHAL_OUT_OF_MEMORY; KVHAL_BACKEND_ERROR.
- *  Thread safety: any thread. Graph capture: only where the backend's copy of pairs is itself capturable; make
- *  the first call of a shape outside the capture. Stream: asynchronous on s. */
+ *  Thread safety: any thread. Graph capture: only where the backend's copy of pairs is itself capturable (CUDA/HIP:
+ *  up to 138 caches, the pairs in the kernel parameters; else KVHAL_UNSUPPORTED); make the first call of a shape
+ *  outside the capture. Stream: asynchronous on s. */
 KVHAL_API kvhal_status kvhal_copy_blocks(const kvhal_tensor *caches, int32_t num_caches, const int64_t *pairs,
                                          int32_t num_pairs, kvhal_stream *s);
 
@@ -847,7 +850,7 @@ KVHAL_API kvhal_status kvhal_desc_cache_clear(kvhal_device dev);
 /* The caches below (contiguous, static, paged), threads: one cache is used by one thread at a time (kvhal takes no
  * lock on it); different caches from different threads at once. Graph capture: create, duplicate and destroy
  * allocate and may not be captured; kvhal_paged_cache_update may (it is kvhal_paged_caching);
- * kvhal_paged_cache_copy_blocks may not (kvhal_copy_blocks); the layer views enqueue nothing. */
+ * kvhal_paged_cache_copy_blocks as kvhal_copy_blocks (up to 138 caches); the layer views enqueue nothing. */
 /** A contiguous KV cache over one or more devices (heads split evenly). Single-owner object. */
 typedef struct kvhal_kv_cache kvhal_kv_cache;
 /** Configuration of kvhal_kv_cache_create(). Extensible: initialise with ::KVHAL_KV_CACHE_CONFIG_INIT or

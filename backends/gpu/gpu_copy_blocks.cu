@@ -80,6 +80,16 @@ size_t copy_blocks_bytes(const kvhal_bk_copy_blocks *a)
     return (size_t)a->num_caches * sizeof(CacheEntry) + (size_t)a->num_pairs * 2 * sizeof(int64_t);
 }
 
+/* Whether a call's cache table and pairs travel in the kernel parameters (variant 1 and later, at least 16 pairs
+ * per launch beside the table), not through a host staging slot: such a call allocates nothing and reads nothing a
+ * later call changes, so it may be recorded into a graph. */
+static bool copy_blocks_inline(const Ctx *c, const kvhal_bk_copy_blocks *a, int64_t *fit)
+{
+    const int v = c->variant; /* the launch shape (KVHAL_GPU_VARIANT: kvhal_gpu_kernels.cuh) */
+    *fit = ((int64_t)KVHAL_GPU_CB_INLINE_WORDS - 3 * (int64_t)a->num_caches) / 2;
+    return v != 0 && v != 2 && *fit >= 16;
+}
+
 /* The caller has allocated the device's error flag. */
 kvhal_status copy_blocks_create(Ctx *c, int32_t id, const kvhal_bk_copy_blocks *a, CopyBlocksDesc **out)
 {
@@ -103,8 +113,10 @@ kvhal_status copy_blocks_create(Ctx *c, int32_t id, const kvhal_bk_copy_blocks *
         copy_blocks_destroy(d);
         return st;
     }
-    /* The first slot is sized now, so that the first call of a cached descriptor does not allocate. */
-    st = slot_reserve(c, id, &d->ring[0], copy_blocks_bytes(a));
+    /* A staged shape's first slot is sized now, so that the first call of a cached descriptor does not allocate;
+     * a shape whose pairs travel in the parameters never uses the ring. */
+    int64_t fit;
+    if (!copy_blocks_inline(c, a, &fit)) st = slot_reserve(c, id, &d->ring[0], copy_blocks_bytes(a));
     if (st != KVHAL_OK) {
         copy_blocks_destroy(d);
         return st;
@@ -147,15 +159,21 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
 {
     Ctx *c = ctx_of(ctx);
     if (a->num_pairs <= 0 || a->num_caches <= 0) return KVHAL_OK;
-    /* the pairs travel through a ring of host staging buffers reused by later calls: a graph replaying this call
-     * would read whatever a later call left there, so a capture is refused instead of recorded wrongly */
-    gpuStreamCaptureStatus capturing = gpuStreamCaptureStatusNone;
-    const gpuError_t qe = gpuStreamIsCapturing(native_stream(stream), &capturing);
-    if (qe != gpuSuccess) return rt_fail(c, qe, id, "copy_blocks: stream capture query");
-    if (capturing != gpuStreamCaptureStatusNone)
-        return fail(c, KVHAL_UNSUPPORTED,
-                    "s: copy_blocks cannot be recorded into a graph (its pairs are staged through host memory per "
-                    "call); call it outside the capture");
+    int64_t fit;
+    const bool inline_table = copy_blocks_inline(c, a, &fit);
+    if (!inline_table) {
+        /* the pairs travel through a ring of host staging buffers reused by later calls: a graph replaying this
+         * call would read whatever a later call left there, so a capture is refused instead of recorded wrongly */
+        gpuStreamCaptureStatus capturing = gpuStreamCaptureStatusNone;
+        const gpuError_t qe = gpuStreamIsCapturing(native_stream(stream), &capturing);
+        if (qe != gpuSuccess) return rt_fail(c, qe, id, "copy_blocks: stream capture query");
+        if (capturing != gpuStreamCaptureStatusNone)
+            return fail(c, KVHAL_UNSUPPORTED,
+                        "s: this copy_blocks cannot be recorded into a graph: with %d caches (more than %d) or "
+                        "KVHAL_GPU_VARIANT 0 or 2 its pairs are staged through host memory per call; call it "
+                        "outside the capture",
+                        (int)a->num_caches, (int)((KVHAL_GPU_CB_INLINE_WORDS - 32) / 3));
+    }
     CopyBlocksDesc *d = static_cast<CopyBlocksDesc *>(desc);
     if (!d) { /* a one-off descriptor */
         kvhal_status st = check_id(c, id);
@@ -181,9 +199,8 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
     p.chunks = (largest + KVHAL_GPU_CHUNK - 1) / KVHAL_GPU_CHUNK;
     p.cache_major = v >= 1;
     /* variant 1 and the later ones (their changes are paged caching's): pairs per launch that fit in the parameters
-     * beside the table (at least 16, else staged); variants 0 and 2 stage */
-    const int64_t fit = ((int64_t)KVHAL_GPU_CB_INLINE_WORDS - 3 * (int64_t)a->num_caches) / 2;
-    p.inline_table = v != 0 && v != 2 && fit >= 16;
+     * beside the table (at least 16, else staged); variants 0 and 2 stage (copy_blocks_inline) */
+    p.inline_table = inline_table;
     StagingSlot *sl = NULL;
     if (p.inline_table) {
         p.caches = NULL;

@@ -3,7 +3,9 @@
  * layers' paged_caching at decode size (64 tokens, 8 KV heads x 128, f16) are captured into one graph, which is
  * replayed 20 times with new slot mappings and K/V uploaded before each replay; every replay is compared bit for
  * bit with a host reference. Also: the caller's current device is unchanged by every call, and the default and
- * per-thread streams wrap and run the op. Exit 0 on success, 1 on a mismatch or error. */
+ * per-thread streams wrap and run the op, and copy_blocks is recorded into a graph where its pairs travel in the
+ * kernel parameters (refused with KVHAL_UNSUPPORTED where they are staged). Exit 0 on success, 1 on a mismatch or
+ * error. */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,5 +134,63 @@ int main(void)
     (void)ref;
     printf("graph_capture: OK: 32 layers captured with the first kvhal call inside the capture, 20 replays "
            "bit-exact, current device kept, legacy and per-thread default streams\n");
+
+    /* copy_blocks: the 64 caches (K and V of the 32 layers) with 8 pairs carry their table and pairs in the kernel
+     * parameters, so the call is recorded; replays copy blocks of whatever the caches hold then. 140 caches are
+     * staged: refused on the capturing stream with KVHAL_UNSUPPORTED, and the capture stays valid. */
+    enum { NC = 2 * LAYERS, NP = 8, NC_STAGED = 140 };
+    kvhal_tensor caches[NC_STAGED];
+    for (int i = 0; i < NC_STAGED; i++)
+        KV(kvhal_tensor_make(i % NC < LAYERS ? bk[i % NC] : bv[i % NC - LAYERS], 0, KVHAL_F16, 4, csh, NULL,
+                             &caches[i]));
+    int64_t pairs[2 * NP];
+    for (int p = 0; p < NP; p++) {
+        pairs[2 * p] = 3 * p + 1;           /* sources 1, 4, .., 22 */
+        pairs[2 * p + 1] = NB - 1 - 2 * p; /* destinations 63, 61, .., 49 */
+    }
+    cudaGraph_t cg;
+    CU(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+    KV(kvhal_copy_blocks(caches, NC, pairs, NP, ks));
+    const kvhal_status refused = kvhal_copy_blocks(caches, NC_STAGED, pairs, NP, ks);
+    CU(cudaStreamEndCapture(cs, &cg));
+    if (refused != KVHAL_UNSUPPORTED) {
+        fprintf(stderr, "graph_capture: error: copy_blocks of %d caches (staged) gave %s on a capturing stream\n",
+                NC_STAGED, kvhal_status_name(refused));
+        return 1;
+    }
+    cudaGraphExec_t cexec;
+    CU(cudaGraphInstantiate(&cexec, cg, 0));
+    const size_t block = (size_t)BS * row; /* elements per block */
+    for (int rep = 0; rep < 3; rep++) {
+        for (int i = 0; i < NC; i += NC - 1) { /* caches 0 (K of layer 0) and 63 (V of layer 31): new contents */
+            for (size_t e = 0; e < cache_elems; e++) {
+                rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+                ref[e] = (uint16_t)(rng >> 48) & 0x7bff;
+            }
+            CU(cudaMemcpy(i < LAYERS ? kc[i] : vc[i - LAYERS], ref, cache_elems * 2, cudaMemcpyHostToDevice));
+        }
+        CU(cudaGraphLaunch(cexec, cs));
+        CU(cudaStreamSynchronize(cs));
+        KV(kvhal_stream_check_errors(ks));
+        for (int i = 0; i < NC; i += NC - 1) {
+            void *d = i < LAYERS ? kc[i] : vc[i - LAYERS];
+            CU(cudaMemcpy(got, d, cache_elems * 2, cudaMemcpyDeviceToHost));
+            /* each destination block equals its source block (no pair writes a source) */
+            for (int p = 0; p < NP; p++)
+                if (memcmp(got + (size_t)pairs[2 * p + 1] * block, got + (size_t)pairs[2 * p] * block, block * 2)) {
+                    fprintf(stderr, "graph_capture: error: copy_blocks replay %d cache %d pair %d: block %lld is not "
+                                    "a copy of block %lld\n",
+                            rep, i, p, (long long)pairs[2 * p + 1], (long long)pairs[2 * p]);
+                    return 1;
+                }
+            if (rep == 0 && i == NC - 1 && memcmp(got, ref, (size_t)pairs[2 * (NP - 1) + 1] * block * 2)) {
+                fprintf(stderr, "graph_capture: error: copy_blocks replay wrote outside its destination blocks\n");
+                return 1;
+            }
+        }
+    }
+    printf("graph_capture: OK: copy_blocks of %d caches x %d pairs captured and replayed 3 times bit-exact; %d "
+           "caches (staged) refused on the capturing stream with KVHAL_UNSUPPORTED, the capture kept\n",
+           NC, NP, NC_STAGED);
     return 0;
 }
