@@ -120,15 +120,28 @@ def test_graph_capture_replays_with_new_slots():
         assert torch.equal(kc.view(-1, 8, 128), ek), f"replay {rep}"
 
 
-def test_copy_blocks_refused_inside_a_capture():
-    caches = [torch.randn(8, 16, 2, 64, device="cuda")]
+def test_copy_blocks_inside_a_capture():
+    """copy_blocks is recorded where its cache table and pairs travel in the kernel parameters (up to 138 caches):
+    a replay copies what the blocks hold then. With more caches the pairs are staged through host memory: refused
+    on the capturing stream (kvhal.Unsupported), and the capture stays valid."""
+    caches = [torch.randn(8, 16, 2, 64, device="cuda") for _ in range(2)]
     kvhal.copy_blocks(caches, [(0, 1)])  # outside: fine
+    many = [torch.zeros(8, 16, 2, 64, device="cuda") for _ in range(140)]
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
+        kvhal.copy_blocks(caches, [(2, 3), (4, 6)], stream=torch.cuda.current_stream())
         with raises(kvhal.Unsupported):
-            kvhal.copy_blocks(caches, [(2, 3)], stream=torch.cuda.current_stream())
-    g.replay()  # the capture stayed valid (empty)
-    torch.cuda.synchronize()
+            kvhal.copy_blocks(many, [(0, 1)], stream=torch.cuda.current_stream())
+    for _ in range(3):
+        for c in caches:
+            c.copy_(torch.randn_like(c))
+        before = [c.clone() for c in caches]
+        g.replay()
+        torch.cuda.synchronize()
+        for c, b in zip(caches, before):
+            b[3] = b[2]
+            b[6] = b[4]
+            assert torch.equal(c, b)
 
 
 def test_errors_cuda():

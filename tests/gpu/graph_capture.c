@@ -167,7 +167,10 @@ int main(void)
                 rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
                 ref[e] = (uint16_t)(rng >> 48) & 0x7bff;
             }
-            CU(cudaMemcpy(i < LAYERS ? kc[i] : vc[i - LAYERS], ref, cache_elems * 2, cudaMemcpyHostToDevice));
+            /* on cs: a pageable cudaMemcpy may return before its DMA lands, and cs does not wait for the legacy
+             * stream (the first version of this check raced its own upload) */
+            CU(cudaMemcpyAsync(i < LAYERS ? kc[i] : vc[i - LAYERS], ref, cache_elems * 2, cudaMemcpyHostToDevice, cs));
+            CU(cudaStreamSynchronize(cs));
         }
         CU(cudaGraphLaunch(cexec, cs));
         CU(cudaStreamSynchronize(cs));
