@@ -96,8 +96,9 @@ static void check_target(const char *target, unsigned mach_want)
 
 /* Every name expression the module's ops can ask for (its own list, from the same launchers the descriptors use),
  * deduplicated. */
+#define EXPR_MAX 512
 typedef struct {
-    char *e[128], *needle[128];
+    char *e[EXPR_MAX], *needle[EXPR_MAX];
     int n;
 } expr_list;
 
@@ -106,10 +107,9 @@ static void add_expr(void *user, const char *expr, const char *needle)
     expr_list *l = (expr_list *)user;
     for (int i = 0; i < l->n; i++)
         if (!strcmp(l->e[i], expr)) return;
-    if (l->n < 128) {
-        l->e[l->n] = strdup(expr);
-        l->needle[l->n++] = strdup(needle);
-    }
+    if (l->n == EXPR_MAX) fail_msg("more than %d kernel expressions: raise EXPR_MAX", EXPR_MAX); /* never cut */
+    l->e[l->n] = strdup(expr);
+    l->needle[l->n++] = strdup(needle);
 }
 
 typedef struct {
