@@ -62,7 +62,7 @@ namespace kvhal_gpu {
  *      launches as the pairs need), so no upload precedes the kernel on the stream; one block per 16 KiB work item,
  *      caches major (consecutive blocks copy one cache's blocks for consecutive pairs, the order of NVIDIA's OpenCL
  *      copy_blocks.cl), 32-bit multiply-shift index divisions (0.99 / 0.99). Too many caches for the parameters
- *      (over 144): as 2
+ *      (over 138, where fewer than 16 pairs fit beside the table): as 2
  *   2  as 1 with the staging upload of 0 (0.89 / 0.88: the upload, not the kernel's shape, was the gap)
  *   3  as 1 (copy_blocks too), paged caching's vector path in the row form (Rows): 2 * KVHAL_GPU_PAGED_UNROLL units per thread (4 *
  *      for same-dtype rows whose longer side has at least 64 units), the per-side form's units in flight
