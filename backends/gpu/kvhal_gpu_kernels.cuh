@@ -58,7 +58,7 @@ namespace kvhal_gpu {
  *   0  session 5's shape: the cache table and the pairs uploaded through a pinned staging ring, then a grid of 32
  *      blocks per multiprocessor that loops over 16 KiB work items, (pair, cache) jobs pairs major, 64-bit index
  *      divisions (0.84 / 0.88 of a copy, layer-first / page-first, on an H100)
- *   1  the default: the table and the pairs travel in the kernel's parameters (KVHAL_GPU_CB_INLINE_WORDS; as many
+ *   1  session 6's default: the table and the pairs travel in the kernel's parameters (KVHAL_GPU_CB_INLINE_WORDS; as many
  *      launches as the pairs need), so no upload precedes the kernel on the stream; one block per 16 KiB work item,
  *      caches major (consecutive blocks copy one cache's blocks for consecutive pairs, the order of NVIDIA's OpenCL
  *      copy_blocks.cl), 32-bit multiply-shift index divisions (0.99 / 0.99). Too many caches for the parameters
