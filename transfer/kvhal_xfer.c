@@ -103,6 +103,7 @@ typedef struct send_frame {
     bool gather;            /* gathered into a bounce buffer when it is posted (see kvhal_xfer_send_pages) */
     bool posted;
     bool in_flight;
+    bool acked;             /* the receiver acknowledged it (once: a second ACK of it breaks the protocol) */
 } send_frame;
 
 typedef struct recv_frame {
@@ -904,11 +905,17 @@ static void on_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, 
         xfer_finish(x, st, "peer %s refused frame %u: %s", p->name, (unsigned)k.frame, k.reason);
         return;
     }
+    if (f->acked) { /* counted once: a repeated ACK must not complete a transfer whose other frames never arrived */
+        peer_fail(p, KVHAL_PEER_FAILED, true, "ACK of frame %u of request %llu, which was acknowledged already",
+                  (unsigned)k.frame, (unsigned long long)x->request_id);
+        return;
+    }
     if (k.bytes != f->bytes) {
         peer_fail(p, KVHAL_PEER_FAILED, true, "ACK of frame %u says %llu bytes, %llu were sent", (unsigned)k.frame,
                   (unsigned long long)k.bytes, (unsigned long long)f->bytes);
         return;
     }
+    f->acked = true;
     x->frames_acked++;
     x->bytes_done += f->bytes;
     x->deadline_ns = deadline_from_now(a);
@@ -2317,7 +2324,8 @@ static bool post_frame(kvhal_xfer_peer *p, kvhal_xfer *x, int32_t fi, const void
                        const ucp_request_param_t *prm)
 {
     send_frame *f = &x->frames[fi];
-    void *r = ucp_am_send_nbx(p->ep, XW_AM_ID, f->hdr, f->hdr_len, buf, count, prm);
+    /* a peer attached without an endpoint (kvhal__xfer_attach_peer, the fuzzer's) drops what it is sent */
+    void *r = p->ep ? ucp_am_send_nbx(p->ep, XW_AM_ID, f->hdr, f->hdr_len, buf, count, prm) : NULL;
     if (UCS_PTR_IS_ERR(r)) {
         frame_unbounce(x->agent, f);
         xfer_finish(x, KVHAL_PEER_FAILED, "UCX refused frame %d: %s", (int)fi, ucs_status_string(UCS_PTR_STATUS(r)));
@@ -2687,6 +2695,8 @@ kvhal_status kvhal__xfer_attach_peer(kvhal_xfer_agent *a, uint64_t session, cons
     *out = p;
     return KVHAL_OK;
 }
+
+uint64_t kvhal__xfer_id(const kvhal_xfer *x) { return x ? x->xfer_id : 0; }
 
 size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a)
 {
