@@ -3,7 +3,7 @@
 # Two processes, prefill on cuda:0 and decode on cuda:0 (plain caches: no IPC, so pages go GPU -> host staging ->
 # UCX (shm or tcp) -> host staging -> GPU), kvhal-xfer's default batches (256 KiB to 16 MiB of 16-token pages,
 # window 4), ROUNDS interleaved rounds of builds A and B. Also kvhal-xfer --self-test with both sides on cuda:0
-# (every byte verified) under build B.
+# (every byte verified) and the transfer suite (tcp, shm) under build B.
 # Usage (from the device's checkout, .devdeps carried): OUT=dir bash xfer-staged-gpu.sh A_TREE B_TREE [ROUNDS]
 set -uo pipefail
 source .devdeps/env.sh
@@ -17,12 +17,17 @@ for v in A B; do
   tree=$A_TREE; [ $v = B ] && tree=$B_TREE
   b=/tmp/xs-$v; rm -rf $b
   (cd "$tree" && meson setup $b -Dbackends=cpu,cuda -Dtransfer=ucx -Dwerror=true -Dnvcc_arch=90 &&
-     ninja -C $b -j16 tools/kvhal-xfer backends/cuda/libkvhal-cuda.so) > "$OUT/build-$v.txt" 2>&1 ||
+     ninja -C $b -j16 tools/kvhal-xfer backends/cuda/libkvhal-cuda.so tests/test_xfer) > "$OUT/build-$v.txt" 2>&1 ||
     { echo "BUILD $v FAILED"; tail -30 "$OUT/build-$v.txt"; exit 1; }
 done
 KVHAL_BACKEND_PATH=/tmp/xs-B/backends timeout 120 /tmp/xs-B/tools/kvhal-xfer --self-test --send-device=cuda:0 \
   --recv-device=cuda:0 > "$OUT/selftest-B.txt" 2>&1 || { echo "self-test B failed"; fail=1; }
 cat "$OUT/selftest-B.txt"
+for tls in tcp shm; do # the transfer suite under B: staged cuda transfers (part-of-the-layers frames), IPC, faults
+  TRANSFER_TLS=$tls KVHAL_BACKEND_PATH=/tmp/xs-B/backends timeout 300 /tmp/xs-B/tests/test_xfer > "$OUT/test_xfer-B-$tls.txt" 2>&1 ||
+    { echo "test_xfer B $tls failed"; fail=1; }
+  grep -E "^# |PASSED|FAILED" "$OUT/test_xfer-B-$tls.txt" | head -20
+done
 for r in $(seq 1 "$ROUNDS"); do
   for v in A B; do
     for tls in shm tcp; do
