@@ -19,8 +19,9 @@
  * Threads: an agent and everything made from it (peers, transfers) are used by one thread at a time.
  * Graph capture: no call here may be made while a CUDA/HIP stream of the cache's device is capturing (caches on a
  * GPU are staged through host memory, or copied from an imported peer cache, with blocking copies).
- * Stream: the default stream of the cache's device (staged path) or the agent's own stream (the IPC path's copies,
- * waited for before acknowledging); copies are complete when a call returns. */
+ * Stream: the agent's own streams, waited for before a frame is sent or acknowledged: the staged path's copies
+ * between the cache and pinned staging (a sender synchronizes the cache's device first, so that every write queued
+ * to its pages is in) and the IPC path's copies; copies are complete when a call returns. */
 #ifndef KVHAL_XFER_H
 #define KVHAL_XFER_H
 
@@ -109,7 +110,8 @@ KVHAL_API kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *agent);
  * registered before connecting; the cache must outlive the agent. Two connected agents' caches must have the same
  * num_layers, num_heads, head_dim, block_size, dtype and layout (order, page count and device may differ).
  * Host caches are read and written in place (UCX registers them); caches on other devices are staged through host
- * memory with kvhal_memcpy_d2h / kvhal_memcpy_h2d.
+ * memory of the device (kvhal_host_memory_create: pinned on CUDA and HIP, kept in a pool for reuse), a frame of
+ * every layer in one batched page copy (kvhal_paged_cache_transfer), other frames with kvhal_memcpy_d2h / _h2d.
  * @param agent  the agent.
  * @param cache  borrowed; not destroyed by the agent.
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, a second cache); KVHAL_BACKEND_ERROR (UCX could not register it).

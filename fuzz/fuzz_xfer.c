@@ -1,14 +1,17 @@
-/* fuzz_xfer.c — libFuzzer target over the transfer agent's handling of what remote peers send (issue 18). A
- * receiver agent (UCX "self" transport, made once) with a small CPU paged cache registered has two peers attached
- * (A and B, sessions of fuzz_xfer.h) and a pending receive from each into pages it chose from a cache manager;
- * the input is a stream of frames (HELLO, HELLO_ACK, GRANT, DATA, ACK, BYE, IPC_MAP, IPC_MAP_ACK, DATA_IPC or any
- * other bytes) handed to the agent's active-message handler through kvhal__xfer_recv_frame (xfer_internal.h),
- * interleaved with progress (acknowledgements, IPC imports and copies, HELLOs accepted over an endpoint to itself),
- * local cancels and disconnects. Record format: fuzz_xfer.h.
+/* fuzz_xfer.c — libFuzzer target over the transfer agent's handling of what remote peers send (issue 18). An
+ * agent (UCX "self" transport, made once) with a small CPU paged cache registered has three peers attached (A, B
+ * and C, sessions of fuzz_xfer.h): a pending receive from A and from B into pages it chose from a cache manager,
+ * and, once C grants pages for request C, a send of its own pages to C. The input is a stream of frames (HELLO,
+ * HELLO_ACK, GRANT, DATA, ACK, BYE, IPC_MAP, IPC_MAP_ACK, DATA_IPC or any other bytes) handed to the agent's
+ * active-message handler through kvhal__xfer_recv_frame (xfer_internal.h), interleaved with progress
+ * (acknowledgements, IPC imports and copies, HELLOs accepted over an endpoint to itself), local cancels and
+ * disconnects. Record format: fuzz_xfer.h.
  *
  * Checked (abort on failure): after every record, the cache manager's free pages are exactly those of no receive
  * that is pending or completed (a failed or cancelled receive gave its pages back, nothing else did) and a
- * completed receive has every byte; one RECV_DONE event per finished receive, none for another; after the
+ * completed receive has every byte; one RECV_DONE event per finished receive, none for another; the send's
+ * acknowledged bytes never exceed its total, it completes only with every byte acknowledged, and says so in one
+ * SEND_DONE event; send_pages takes whatever pages a GRANT event names or refuses them with a status; after the
  * input, once every transfer is released and every peer disconnected, the agent holds nothing
  * (kvhal__xfer_agent_held), every page is free again, the manager's integrity holds, and every byte of the cache
  * outside the granted pages is the pattern written before. ASan catches a write past the cache buffer, LeakSanitizer
@@ -124,14 +127,37 @@ typedef struct recv_state {
     int done_events; /* RECV_DONE events seen for it: one once it finished, never two */
 } recv_state;
 
+typedef struct send_state {
+    kvhal_xfer *x;   /* made on C's first GRANT for request C */
+    int done_events; /* SEND_DONE events seen for it */
+} send_state;
+
 typedef struct run {
     rig *r;
     kvhal_cache_manager *cm;
-    kvhal_xfer_peer *peer[2];     /* A, B (NULL once disconnected) */
+    kvhal_xfer_peer *peer[3];     /* A, B, C (NULL once disconnected) */
     recv_state rx[2];
+    send_state tx;
     kvhal_xfer_peer *accepted[MAX_ACCEPTED]; /* peers made by HELLOs */
     int n_accepted;
 } run;
+
+/* C's GRANT for request C: sends the first pages of FX_SEND_SRC into what it granted, once. The pages are
+ * checked by the handler (inside C's page count); send_pages may still refuse them (a peer failed meanwhile). */
+static void on_grant(run *u, const kvhal_xfer_event *ev)
+{
+    if (!u->peer[2] || ev->peer != u->peer[2] || ev->request_id != FX_REQUEST_C || u->tx.x) return;
+    REQUIRE(ev->num_pages >= 1 && ev->pages);
+    for (int32_t i = 0; i < ev->num_pages; i++) REQUIRE(ev->pages[i] >= 0 && ev->pages[i] < FX_SEND_PAGES);
+    const int32_t n = ev->num_pages < FX_SEND_MAX ? ev->num_pages : FX_SEND_MAX;
+    int32_t src[FX_SEND_MAX];
+    for (int32_t i = 0; i < n; i++) src[i] = FX_SEND_SRC[i % FX_SEND_SRC_N];
+    const kvhal_status st = kvhal_xfer_send_pages(u->peer[2], FX_REQUEST_C, src, ev->pages, n, 0, FX_LAYERS, &u->tx.x);
+    REQUIRE((st == KVHAL_OK) == (u->tx.x != NULL));
+    /* the pages a GRANT event names are always ones send_pages takes; a peer that failed meanwhile is refused */
+    REQUIRE(st != KVHAL_INVALID_ARGUMENT && st != KVHAL_OUT_OF_RANGE && st != KVHAL_INVALID_HANDLE);
+    kvhal_clear_error();
+}
 
 /* Progress until no event is left; keeps the peers HELLOs made (to disconnect them at the end). */
 static void pump(run *u)
@@ -148,7 +174,13 @@ static void pump(run *u)
             REQUIRE(ev.xfer == u->rx[0].x || ev.xfer == u->rx[1].x);
             REQUIRE(++u->rx[ev.xfer == u->rx[1].x].done_events == 1);
         }
-        if (ev.type == KVHAL_XFER_EVENT_SEND_DONE) abort(); /* nothing is sent */
+        if (ev.type == KVHAL_XFER_EVENT_SEND_DONE) {
+            REQUIRE(ev.xfer && ev.xfer == u->tx.x && ++u->tx.done_events == 1);
+            kvhal_xfer_info info;
+            REQUIRE(kvhal_xfer_get_info(ev.xfer, &info) == KVHAL_OK);
+            REQUIRE(info.status == ev.status && info.status != KVHAL_BUSY);
+        }
+        if (ev.type == KVHAL_XFER_EVENT_GRANT) on_grant(u, &ev);
     }
 }
 
@@ -165,6 +197,12 @@ static void check_pages(run *u)
     }
     kvhal_clear_error();
     REQUIRE(kvhal_cache_manager_num_free(u->cm) == FX_PAGES - held);
+    if (u->tx.x) { /* acknowledged bytes: never past the total; complete only with all of them */
+        kvhal_xfer_info info;
+        REQUIRE(kvhal_xfer_get_info(u->tx.x, &info) == KVHAL_OK);
+        REQUIRE(!info.is_receive && info.request_id == FX_REQUEST_C && info.bytes_done <= info.bytes_total);
+        REQUIRE(info.status != KVHAL_OK || info.bytes_done == info.bytes_total);
+    }
 }
 
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
@@ -197,6 +235,12 @@ static void deliver(run *u, const uint8_t *hdr, size_t hlen, const uint8_t *dat,
             memcpy(d + send_blob_len, dat + 8, dlen - 8);
             dlen = send_blob_len + dlen - 8;
         }
+    }
+    if (c.type == XW_ACK && hlen == sizeof(xw_ack) && u->tx.x) {
+        xw_ack k;
+        memcpy(&k, h, sizeof k);
+        if (k.xfer_id == FX_XFER_SEND) k.xfer_id = kvhal__xfer_id(u->tx.x);
+        memcpy(h, &k, sizeof k);
     }
     if (!d) {
         d = malloc(dlen ? dlen : 1);
@@ -243,6 +287,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const xw_geometry g = fx_geometry();
     REQUIRE(kvhal__xfer_attach_peer(r->ag, FX_SESSION_A, &g, &u.peer[0]) == KVHAL_OK);
     REQUIRE(kvhal__xfer_attach_peer(r->ag, FX_SESSION_B, &g, &u.peer[1]) == KVHAL_OK);
+    REQUIRE(kvhal__xfer_attach_peer(r->ag, FX_SESSION_C, &g, &u.peer[2]) == KVHAL_OK);
     u.rx[0] = (recv_state){NULL, FX_GRANT_A, FX_GRANT_A_N, 0};
     u.rx[1] = (recv_state){NULL, FX_GRANT_B, FX_GRANT_B_N, 0};
     REQUIRE(kvhal_xfer_post_receive(u.peer[0], FX_REQUEST_A, FX_GRANT_A, FX_GRANT_A_N, u.cm, &u.rx[0].x) == KVHAL_OK);
@@ -263,15 +308,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const uint8_t *dat = data;
         data += dlen;
         size -= dlen;
-        const int second = (op & FX_SECOND) ? 1 : 0;
+        const int which = (op & FX_THIRD) ? 2 : (op & FX_SECOND) ? 1 : 0;
         switch (op & 7) {
         case FX_FRAME: deliver(&u, hdr, hlen, dat, dlen, op & FX_RNDV); break;
         case FX_FRAME_PUMP:
             deliver(&u, hdr, hlen, dat, dlen, op & FX_RNDV);
             pump(&u);
             break;
-        case FX_CANCEL: REQUIRE(kvhal_xfer_cancel(u.rx[second].x) == KVHAL_OK); break;
-        case FX_DISCONNECT: disconnect(&u.peer[second]); break;
+        case FX_CANCEL:
+            if (which < 2) REQUIRE(kvhal_xfer_cancel(u.rx[which].x) == KVHAL_OK);
+            else if (u.tx.x) REQUIRE(kvhal_xfer_cancel(u.tx.x) == KVHAL_OK);
+            break;
+        case FX_DISCONNECT: disconnect(&u.peer[which]); break;
         default: pump(&u); break;
         }
         check_pages(&u);
@@ -283,6 +331,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         REQUIRE(kvhal_xfer_get_info(u.rx[i].x, &info) == KVHAL_OK);
         REQUIRE(u.rx[i].done_events == (info.status != KVHAL_BUSY));
     }
+    if (u.tx.x) {
+        kvhal_xfer_info info;
+        REQUIRE(kvhal_xfer_get_info(u.tx.x, &info) == KVHAL_OK);
+        REQUIRE(u.tx.done_events == (info.status != KVHAL_BUSY));
+    }
 
     /* the end: completed receives' pages are ours to free; the rest go back as the receives are released */
     for (int i = 0; i < 2; i++) {
@@ -291,8 +344,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (info.status == KVHAL_OK) REQUIRE(kvhal_cache_manager_free(u.cm, u.rx[i].pages, u.rx[i].n) == KVHAL_OK);
         REQUIRE(kvhal_xfer_release(u.rx[i].x) == KVHAL_OK);
     }
-    disconnect(&u.peer[0]);
-    disconnect(&u.peer[1]);
+    if (u.tx.x) REQUIRE(kvhal_xfer_release(u.tx.x) == KVHAL_OK);
+    for (int i = 0; i < 3; i++) disconnect(&u.peer[i]);
     for (int i = 0; i < u.n_accepted; i++) disconnect(&u.accepted[i]);
     for (int i = 0; i < 1000 && kvhal__xfer_agent_held(r->ag); i++) {
         kvhal_xfer_event ev;

@@ -1,14 +1,15 @@
-/* fuzz_xfer.h — what fuzz_xfer.c (the libFuzzer target over the transfer agent's receive side) and xfer_seeds.c
- * (which writes its seed corpus) agree on: the receiver's caches, its peers and pending receives, the sender's
- * cache the IPC path imports, and the input's record format.
+/* fuzz_xfer.h — what fuzz_xfer.c (the libFuzzer target over what the transfer agent is sent by its peers) and
+ * xfer_seeds.c (which writes its seed corpus) agree on: the receiver's caches, its peers and pending receives, its
+ * send to a third peer, the sender's cache the IPC path imports, and the input's record format.
  *
  * An input is one configuration byte (bit 0: the receiver's cache is page-first, else layer-first), then records:
  *   op (1 byte), header length (2 bytes, little-endian), data length (2 bytes), header, data
  * cut short where the input ends. op & 7: FX_FRAME, FX_FRAME_PUMP, FX_PUMP, FX_CANCEL, FX_DISCONNECT (others:
- * FX_PUMP); op & FX_SECOND picks receive / peer B instead of A; op & FX_RNDV delivers the frame as a rendezvous
- * one (ignored for DATA frames: an accepted one's data would be fetched through UCX).
+ * FX_PUMP); op & FX_SECOND picks receive / peer B instead of A, op & FX_THIRD the send / peer C (over
+ * FX_SECOND); op & FX_RNDV delivers the frame as a rendezvous one (ignored for DATA frames: an accepted one's data
+ * would be fetched through UCX).
  * Placeholders the target replaces with what exists only at run time: an IPC_MAP whose handle is FX_SENDBLOB
- * (blob_len 8) gets the sender cache's real handle; a HELLO's address is always the receiver's own worker address
+ * (blob_len 8) gets the sender cache's real handle; an ACK's xfer_id FX_XFER_SEND the send's id; a HELLO's address is always the receiver's own worker address
  * (addr_len follows it where it matched the data's length), so no made-up address ever reaches UCX. */
 #ifndef KVHAL_FUZZ_XFER_H
 #define KVHAL_FUZZ_XFER_H
@@ -37,8 +38,21 @@ static const int32_t FX_GRANT_A[FX_GRANT_A_N] = {5, 2, 6}; /* scattered, not in 
 static const int32_t FX_GRANT_B[FX_GRANT_B_N] = {7, 0};
 /* pages 1, 3, 4 are never granted: they and every byte around the cache must stay as they were */
 
+/* The send side: peer C (a receiver) is sent request C once it grants pages for it: min(granted, FX_SEND_MAX)
+ * pages, all layers, page i from FX_SEND_SRC[i % FX_SEND_SRC_N] (a page may be sent into several). Past
+ * FX_FRAME_PAGES pages a send takes two frames. Its ACKs name the sender's transfer by an id known only at run
+ * time: an ACK whose xfer_id is FX_XFER_SEND gets the send's real one. */
+#define FX_SESSION_C 0x5eed00000000000cull
+#define FX_REQUEST_C 303u
+#define FX_SEND_SRC_N 4
+static const int32_t FX_SEND_SRC[FX_SEND_SRC_N] = {3, 1, 4, 5};
+#define FX_FRAME_PAGES 256 /* the sender's pages per DATA frame (MAX_FRAME_PAGES in kvhal_xfer.c) */
+#define FX_SEND_MAX 300
+#define FX_XFER_SEND 0x5e4dull
+
 enum { FX_FRAME = 0, FX_FRAME_PUMP = 1, FX_PUMP = 2, FX_CANCEL = 3, FX_DISCONNECT = 4 };
 #define FX_SECOND 0x08
+#define FX_THIRD 0x10 /* FX_CANCEL, FX_DISCONNECT: the send to peer C / peer C (over FX_SECOND) */
 #define FX_RNDV 0x80
 #define FX_SENDBLOB "SENDBLOB"
 

@@ -2,7 +2,9 @@
  * that complete both pending receives over DATA frames (whole, per layer, per page, either cache order) and over
  * the IPC path, and a few of each refusal (pages not granted or out of range, a (page, layer) twice, an unknown
  * request, frames of one peer for the other's request, cancels and disconnects mid-transfer, GRANT / ACK / BYE /
- * IPC_MAP_ACK / HELLO / HELLO_ACK frames, rendezvous where DATA is not allowed it, truncated and foreign frames).
+ * IPC_MAP_ACK / HELLO / HELLO_ACK frames, rendezvous where DATA is not allowed it, truncated and foreign frames);
+ * and the send to peer C: granted and acknowledged (one frame, two frames in either order), and a receiver that
+ * acknowledges a frame twice, refuses one, names the wrong size, a frame never sent or pages past its end.
  * Built with -Dfuzz=true (build-fuzz/fuzz/xfer_seeds DIR); the geometry and the record format are fuzz_xfer.h's. */
 #include <stdbool.h>
 #include <stdint.h>
@@ -58,7 +60,25 @@ static void finish(const char *name)
 
 static xw_common common(uint16_t type, uint64_t session) { return (xw_common){XW_MAGIC, XW_VERSION, type, session}; }
 
-static uint64_t session_of(int peer) { return peer ? FX_SESSION_B : FX_SESSION_A; }
+static uint64_t session_of(int peer) { return peer == 2 ? FX_SESSION_C : peer ? FX_SESSION_B : FX_SESSION_A; }
+
+/* C's GRANT for request C: n pages, page i being i % FX_SEND_PAGES (or pages, when given). */
+static void grant_c(uint8_t op, int32_t n, const int32_t *pages)
+{
+    static int32_t p[FX_SEND_MAX + 8];
+    for (int32_t i = 0; i < n; i++) p[i] = pages ? pages[i] : i % FX_SEND_PAGES;
+    xw_grant g = {.c = common(XW_GRANT, FX_SESSION_C), .request_id = FX_REQUEST_C, .n_pages = n};
+    record(op, &g, sizeof g, p, (size_t)n * sizeof(int32_t));
+}
+
+/* C's ACK of frame of the send (FX_XFER_SEND: the target puts in the send's id), for pages pages of it. */
+static void ack_c(uint8_t op, uint32_t frame, int32_t status, uint64_t pages, const char *reason)
+{
+    xw_ack k = {.c = common(XW_ACK, FX_SESSION_C), .xfer_id = FX_XFER_SEND, .frame = frame, .status = status,
+                .bytes = pages * FX_LAYERS * 2u * FX_CHUNK};
+    snprintf(k.reason, sizeof k.reason, "%s", reason);
+    record(op, &k, sizeof k, NULL, 0);
+}
 
 /* A DATA frame of peer (0 A, 1 B) for request into pages x layers [l0, l0+nl), the K/V bytes a pattern. */
 static void data_frame(uint8_t op, int peer, uint64_t request, uint32_t frame, int32_t l0, int32_t nl,
@@ -246,5 +266,38 @@ int main(int argc, char **argv)
     complete_both(0, false);
     op_only(FX_PUMP);
     finish("rndv_truncated");
+
+    /* the send to peer C */
+    begin(0); /* one frame, acknowledged; the receives complete meanwhile */
+    grant_c(FX_FRAME_PUMP, 3, (const int32_t[]){5, 0, 2});
+    complete_both(0, true);
+    ack_c(FX_FRAME_PUMP, 0, 0, 3, "");
+    finish("send_one_frame");
+    begin(1); /* two frames (FX_FRAME_PAGES + 4 pages), acknowledged last first */
+    grant_c(FX_FRAME_PUMP, FX_FRAME_PAGES + 4, NULL);
+    ack_c(FX_FRAME_PUMP, 1, 0, 4, "");
+    ack_c(FX_FRAME_PUMP, 0, 0, FX_FRAME_PAGES, "");
+    finish("send_two_frames");
+    begin(0); /* the first of two frames acknowledged twice: the peer is dropped, the send fails */
+    grant_c(FX_FRAME_PUMP, FX_FRAME_PAGES + 4, NULL);
+    ack_c(FX_FRAME_PUMP, 0, 0, FX_FRAME_PAGES, "");
+    ack_c(FX_FRAME_PUMP, 0, 0, FX_FRAME_PAGES, "");
+    ack_c(FX_FRAME_PUMP, 1, 0, 4, "");
+    finish("send_ack_twice");
+    begin(1); /* refusals: a frame never sent, the wrong size, a refusal with its reason, a second GRANT */
+    grant_c(FX_FRAME_PUMP, FX_FRAME_PAGES + 1, NULL);
+    ack_c(FX_FRAME_PUMP, 7, 0, 1, "");
+    ack_c(FX_FRAME_PUMP, 1, 0, 2, "");
+    ack_c(FX_FRAME_PUMP, 0, KVHAL_NOT_FOUND, 0, "no such request");
+    grant_c(FX_FRAME_PUMP, 2, NULL);
+    finish("send_refused");
+    begin(0); /* pages past the peer's end; then a good GRANT, the send cancelled and C disconnected mid-way */
+    grant_c(FX_FRAME_PUMP, 2, (const int32_t[]){1, FX_SEND_PAGES});
+    grant_c(FX_FRAME_PUMP, 2, (const int32_t[]){1, 2});
+    op_only(FX_CANCEL | FX_THIRD);
+    ack_c(FX_FRAME_PUMP, 0, 0, 2, "");
+    op_only(FX_DISCONNECT | FX_THIRD);
+    ack_c(FX_FRAME_PUMP, 0, 0, 2, "");
+    finish("send_cancel");
     return 0;
 }

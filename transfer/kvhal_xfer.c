@@ -1,7 +1,8 @@
 /* kvhal_xfer.c — the transfer agent (api/kvhal_xfer.h): one UCX context and worker per agent, active messages for
  * everything (xfer_wire.h), so that the receiver itself writes every byte into its pages after checking the frame
  * against its own grant. Large frames arrive by UCX rendezvous straight into the granted pages (an IOV of K/V
- * chunks) for host caches, or into a host staging buffer copied to the device with kvhal_memcpy_h2d otherwise.
+ * chunks) for host caches, or into a staging buffer (pinned host memory of the device, pooled) copied to the
+ * device with one batched page copy otherwise (kvhal_paged_cache_transfer; kvhal_memcpy_h2d for part of the layers).
  *
  * Everything runs on the caller's thread inside pump(): UCX callbacks only record (frames, completions, errors);
  * connection set-up, acknowledgements and deadlines are handled after ucp_worker_progress returns. */
@@ -38,6 +39,8 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 #define RNDV_FRAME_BYTES 65536u         /* DATA frames of this size and more go by rendezvous */
 #define BOUNCE_POOL 256                   /* idle bounce buffers an agent keeps */
 #define BOUNCE_POOL_BYTES (256ull << 20)  /* and their bytes at most */
+#define STAGE_POOL 64                     /* idle staging buffers (pinned host memory) a device-cache agent keeps */
+#define STAGE_POOL_BYTES (256ull << 20)   /* and their bytes at most */
 #ifndef GATHER_AHEAD_BYTES
 #define GATHER_AHEAD_BYTES (4ull << 20)   /* gathered frames posted and not yet sent, at most (one at least) */
 #endif
@@ -97,12 +100,14 @@ typedef struct send_frame {
     size_t hdr_len;
     ucp_dt_iov_t *iov;
     size_t iov_count;
-    void *staging;
+    void *staging;          /* device caches: the frame's data (stage_mem's); IPC frames: their (src, dst) pairs */
+    kvhal_host_memory *stage_mem; /* device caches: staging from the agent's pool (pinned where the backend can) */
     void *bounce;           /* gathered frames: the frame's chunks copied here (a pool buffer) until it is sent */
     uint64_t bytes;
     bool gather;            /* gathered into a bounce buffer when it is posted (see kvhal_xfer_send_pages) */
     bool posted;
     bool in_flight;
+    bool acked;             /* the receiver acknowledged it (once: a second ACK of it breaks the protocol) */
 } send_frame;
 
 typedef struct recv_frame {
@@ -111,7 +116,8 @@ typedef struct recv_frame {
     uint32_t frame;
     ucp_dt_iov_t *iov;
     size_t iov_count;
-    void *staging;          /* device caches: received here, then copied chunk by chunk */
+    void *staging;          /* device caches: received here (stage_mem's), then copied to the device */
+    kvhal_host_memory *stage_mem;
     uint64_t bytes;
     ucs_status_t done_status;
     bool done;
@@ -201,6 +207,9 @@ struct kvhal_xfer_agent {
     uint8_t cma_probe[XW_CMA_PROBE]; /* random; a peer reading them proves it can read our cache (offer_ipc) */
     struct { void *p; size_t cap; } pool[BOUNCE_POOL]; /* idle bounce buffers, kept for reuse */
     size_t pool_bytes;
+    kvhal_host_memory *stage_pool[STAGE_POOL]; /* idle staging buffers of a device cache, kept for reuse */
+    size_t stage_pool_bytes;
+    kvhal_stream *stage_stream; /* the staged path's copies between the device cache and staging (made on first use) */
     uint64_t gathered;      /* bytes of gathered frames posted and not yet sent */
     /* the cache */
     kvhal_paged_cache *cache;
@@ -426,6 +435,8 @@ static void frame_unbounce(kvhal_xfer_agent *a, send_frame *f)
     a->gathered -= f->bytes;
 }
 
+static void stage_put(kvhal_xfer_agent *a, kvhal_host_memory *m);
+
 static void xfer_free(kvhal_xfer *x)
 {
     kvhal_xfer_agent *a = x->agent;
@@ -439,7 +450,8 @@ static void xfer_free(kvhal_xfer *x)
         for (int32_t i = 0; i < x->num_frames; i++) {
             free(x->frames[i].hdr);
             free(x->frames[i].iov);
-            free(x->frames[i].staging);
+            if (x->frames[i].stage_mem) stage_put(a, x->frames[i].stage_mem);
+            else free(x->frames[i].staging);
             frame_unbounce(a, &x->frames[i]);
         }
         free(x->frames);
@@ -634,6 +646,82 @@ static kvhal_status stage(kvhal_xfer_agent *a, bool to_host, uint8_t *host, cons
     return run_len ? stage_run(a, to_host, host + run_host, run_dev, run_len) : KVHAL_OK;
 }
 
+/* Staging buffers of a device cache's frames: host memory of the cache's device (pinned on CUDA and HIP, so that
+ * the copies run at the link's speed and UCX reads and writes memory that stays put), reused because pinning is
+ * slow (milliseconds for megabytes). The smallest idle one that fits and wastes at most half, else a new one. */
+static kvhal_host_memory *stage_get(kvhal_xfer_agent *a, size_t len)
+{
+    int best = -1;
+    for (int i = 0; i < STAGE_POOL; i++) {
+        const size_t cap = a->stage_pool[i] ? kvhal_host_memory_size(a->stage_pool[i]) : 0;
+        if (cap >= len && cap / 2 <= len &&
+            (best < 0 || cap < kvhal_host_memory_size(a->stage_pool[best])))
+            best = i;
+    }
+    if (best >= 0) {
+        kvhal_host_memory *m = a->stage_pool[best];
+        a->stage_pool[best] = NULL;
+        a->stage_pool_bytes -= kvhal_host_memory_size(m);
+        return m;
+    }
+    kvhal_host_memory *m = NULL;
+    if (kvhal_host_memory_create(kvhal_buffer_device(a->cache_buf), len ? len : 1, &m) != KVHAL_OK) m = NULL;
+    return m;
+}
+
+static void stage_put(kvhal_xfer_agent *a, kvhal_host_memory *m)
+{
+    if (!m) return;
+    const size_t cap = kvhal_host_memory_size(m);
+    if (a->stage_pool_bytes + cap <= STAGE_POOL_BYTES)
+        for (int i = 0; i < STAGE_POOL; i++)
+            if (!a->stage_pool[i]) {
+                a->stage_pool[i] = m;
+                a->stage_pool_bytes += cap;
+                return;
+            }
+    kvhal_host_memory_destroy(m);
+}
+
+static void stage_pool_free(kvhal_xfer_agent *a)
+{
+    for (int i = 0; i < STAGE_POOL; i++) kvhal_host_memory_destroy(a->stage_pool[i]);
+    memset(a->stage_pool, 0, sizeof a->stage_pool);
+    a->stage_pool_bytes = 0;
+    kvhal_stream_destroy(a->stage_stream);
+    a->stage_stream = NULL;
+}
+
+/* A frame of every layer between the device cache and its staging buffer: the frame's wire order (page, layer, K
+ * then V) is the host-page layout of kvhal_paged_cache_transfer, so pages n move in one batched copy (the page
+ * transfer's kernel on GPU backends) on the agent's own stream, waited for here. false: that copy does not apply
+ * (a page twice in the frame, which the page transfer refuses; a backend without it) and nothing was copied. */
+static bool stage_pages(kvhal_xfer_agent *a, bool to_host, kvhal_host_memory *m, const int32_t *pages, int32_t n,
+                        kvhal_status *st)
+{
+    enum { MAX_PAIRS = 4096 };
+    if (n > MAX_PAIRS || (uint64_t)n * (uint64_t)a->g.num_layers * 2u * a->g.chunk_bytes > kvhal_host_memory_size(m))
+        return false;
+    if (!a->stage_stream && kvhal_stream_create(kvhal_buffer_device(a->cache_buf), &a->stage_stream) != KVHAL_OK) {
+        a->stage_stream = NULL;
+        kvhal_clear_error();
+        return false;
+    }
+    int64_t pairs[2 * MAX_PAIRS];
+    for (int32_t i = 0; i < n; i++) {
+        pairs[2 * i] = pages[i];
+        pairs[2 * i + 1] = i;
+    }
+    *st = kvhal_paged_cache_transfer(a->cache, m, pairs, n, to_host ? KVHAL_TO_HOST : KVHAL_TO_DEVICE,
+                                     a->stage_stream);
+    if (*st == KVHAL_INVALID_ARGUMENT || *st == KVHAL_UNSUPPORTED) { /* refused before anything was copied */
+        kvhal_clear_error();
+        return false;
+    }
+    if (*st == KVHAL_OK) *st = kvhal_stream_synchronize(a->stage_stream);
+    return true;
+}
+
 /* ---------------------------------------------------------------------------------------------------------- */
 /* incoming frames                                                                                             */
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -790,7 +878,8 @@ static ucs_status_t on_data(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void 
     f->frame = h.frame;
     f->bytes = length;
     if (!a->host) {
-        f->staging = malloc(length);
+        f->stage_mem = stage_get(a, length);
+        f->staging = f->stage_mem ? kvhal_host_memory_ptr(f->stage_mem) : NULL;
         f->iov = malloc(sizeof *f->iov + (size_t)h.n_pages * sizeof(int32_t) + 2 * sizeof(int32_t));
         if (!f->staging || !f->iov) goto nomem;
         /* keep the page list and layers for the copy to the device after the data is in */
@@ -836,9 +925,10 @@ static ucs_status_t on_data(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void 
     }
     return UCS_INPROGRESS;
 nomem:
+    kvhal_clear_error();
     if (f) {
         free(f->iov);
-        free(f->staging);
+        stage_put(a, f->stage_mem);
         free(f);
     }
     for (int32_t i = 0; i < h.n_pages; i++)
@@ -860,13 +950,15 @@ static void recv_frame_done(kvhal_xfer_agent *a, recv_frame *f)
         snprintf(reason, sizeof reason, "receiving the frame failed: %s", ucs_status_string(f->done_status));
     } else if (!a->host && !x->failing) {
         const int32_t *keep = (const int32_t *)(f->iov + 1);
-        st = stage(a, false, f->staging, keep + 2, (int32_t)f->iov_count, keep[0], keep[1]);
+        if (keep[0] != 0 || keep[1] != a->g.num_layers ||
+            !stage_pages(a, false, f->stage_mem, keep + 2, (int32_t)f->iov_count, &st))
+            st = stage(a, false, f->staging, keep + 2, (int32_t)f->iov_count, keep[0], keep[1]);
         if (st != KVHAL_OK) snprintf(reason, sizeof reason, "copy to the device failed: %s", kvhal_last_error());
     }
     x->inflight--;
     if (x->peer && x->peer->state == P_CONNECTED) send_ack(a, x->peer, f->xfer_id, f->frame, st, f->bytes, reason);
     free(f->iov);
-    free(f->staging);
+    stage_put(a, f->stage_mem);
     if (st == KVHAL_OK) {
         x->bytes_done += f->bytes;
         free(f);
@@ -904,11 +996,17 @@ static void on_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, 
         xfer_finish(x, st, "peer %s refused frame %u: %s", p->name, (unsigned)k.frame, k.reason);
         return;
     }
+    if (f->acked) { /* counted once: a repeated ACK must not complete a transfer whose other frames never arrived */
+        peer_fail(p, KVHAL_PEER_FAILED, true, "ACK of frame %u of request %llu, which was acknowledged already",
+                  (unsigned)k.frame, (unsigned long long)x->request_id);
+        return;
+    }
     if (k.bytes != f->bytes) {
         peer_fail(p, KVHAL_PEER_FAILED, true, "ACK of frame %u says %llu bytes, %llu were sent", (unsigned)k.frame,
                   (unsigned long long)k.bytes, (unsigned long long)f->bytes);
         return;
     }
+    f->acked = true;
     x->frames_acked++;
     x->bytes_done += f->bytes;
     x->deadline_ns = deadline_from_now(a);
@@ -1962,7 +2060,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
         recv_frame *f = a->rframes;
         a->rframes = f->next;
         free(f->iov);
-        free(f->staging);
+        stage_put(a, f->stage_mem);
         free(f);
     }
     while (a->hellos) {
@@ -2021,6 +2119,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
         free(m);
     }
     bounce_pool_free(a);
+    stage_pool_free(a);
     a->magic = DEAD_MAGIC;
     free(a);
     return KVHAL_OK;
@@ -2317,7 +2416,8 @@ static bool post_frame(kvhal_xfer_peer *p, kvhal_xfer *x, int32_t fi, const void
                        const ucp_request_param_t *prm)
 {
     send_frame *f = &x->frames[fi];
-    void *r = ucp_am_send_nbx(p->ep, XW_AM_ID, f->hdr, f->hdr_len, buf, count, prm);
+    /* a peer attached without an endpoint (kvhal__xfer_attach_peer, the fuzzer's) drops what it is sent */
+    void *r = p->ep ? ucp_am_send_nbx(p->ep, XW_AM_ID, f->hdr, f->hdr_len, buf, count, prm) : NULL;
     if (UCS_PTR_IS_ERR(r)) {
         frame_unbounce(x->agent, f);
         xfer_finish(x, KVHAL_PEER_FAILED, "UCX refused frame %d: %s", (int)fi, ucs_status_string(UCS_PTR_STATUS(r)));
@@ -2485,6 +2585,8 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
     }
     if (per < 1) return ERR(KVHAL_BACKEND_ERROR, "UCX allows active-message headers of %zu bytes only", a->max_am_header);
     const uint64_t frame_chunk = (uint64_t)num_layers * 2u * a->g.chunk_bytes;
+    /* a device cache is copied to staging on the agent's own stream: every write queued to the pages first */
+    if (!a->host && (st = kvhal_device_synchronize(kvhal_buffer_device(a->cache_buf))) != KVHAL_OK) return st;
     kvhal_xfer *x = xfer_new(a, p, false, request_id);
     if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate the transfer");
     x->n = n;
@@ -2514,9 +2616,14 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
             ok = f->iov != NULL;
             f->gather = ok && f->iov_count > 1 && !a->no_peer_errors; /* see above; from post_frames */
         } else {
-            f->staging = malloc(f->bytes);
+            f->stage_mem = stage_get(a, f->bytes);
+            f->staging = f->stage_mem ? kvhal_host_memory_ptr(f->stage_mem) : NULL;
             ok = f->staging != NULL;
-            if (ok && (st = stage(a, true, f->staging, src_pages + first, cnt, first_layer, num_layers)) != KVHAL_OK) {
+            if (!ok) kvhal_clear_error();
+            if (ok && (first_layer != 0 || num_layers != a->g.num_layers ||
+                       !stage_pages(a, true, f->stage_mem, src_pages + first, cnt, &st)))
+                st = stage(a, true, f->staging, src_pages + first, cnt, first_layer, num_layers);
+            if (ok && st != KVHAL_OK) {
                 char msg[512];
                 snprintf(msg, sizeof msg, "%s", kvhal_last_error());
                 x->next = a->xfers;
@@ -2687,6 +2794,8 @@ kvhal_status kvhal__xfer_attach_peer(kvhal_xfer_agent *a, uint64_t session, cons
     *out = p;
     return KVHAL_OK;
 }
+
+uint64_t kvhal__xfer_id(const kvhal_xfer *x) { return x ? x->xfer_id : 0; }
 
 size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a)
 {

@@ -1,6 +1,6 @@
-/* xfer_internal.h — the receive side of libkvhal-xfer without a UCX connection, for the fuzzer (fuzz/fuzz_xfer.c).
- * Private to transfer/ and fuzz/: not installed, not exported (the library's symbols are hidden; the fuzzer links
- * the library's object file). Frames given here go through the same handler UCX calls for every active message,
+/* xfer_internal.h — what remote peers send to libkvhal-xfer (as receivers and as senders), without a UCX
+ * connection, for the fuzzer (fuzz/fuzz_xfer.c). Private to transfer/ and fuzz/: not installed, not exported (the
+ * library's symbols are hidden; the fuzzer links the library's object file). Frames given here go through the same handler UCX calls for every active message,
  * so everything a remote peer can send is checked by the code that checks it in production. */
 #ifndef KVHAL_XFER_INTERNAL_H
 #define KVHAL_XFER_INTERNAL_H
@@ -22,10 +22,13 @@ ucs_status_t kvhal__xfer_recv_frame(kvhal_xfer_agent *a, const void *header, siz
                                     size_t length, bool rndv);
 
 /* A peer connected to a, as a HELLO with the right token makes one, but without an endpoint: frames whose
- * dest_session is session reach it, and what a sends it is dropped. g: its cache geometry (num_blocks: its page
- * count). Freed by kvhal_xfer_disconnect (or kvhal_xfer_agent_destroy). */
+ * dest_session is session reach it, and what a sends it is dropped (a frame of a transfer to it counts as sent).
+ * g: its cache geometry (num_blocks: its page count). Freed by kvhal_xfer_disconnect (or kvhal_xfer_agent_destroy). */
 kvhal_status kvhal__xfer_attach_peer(kvhal_xfer_agent *a, uint64_t session, const xw_geometry *g,
                                      kvhal_xfer_peer **out);
+
+/* The sender's id of x: what the receiver echoes in its ACKs (xw_ack.xfer_id). */
+uint64_t kvhal__xfer_id(const kvhal_xfer *x);
 
 /* What a holds for transfers and peers: transfers, peers, frames being received, messages queued or in flight,
  * HELLOs and IPC copies not yet processed, queued events, endpoints closing. 0 once every peer is disconnected,
