@@ -1,6 +1,6 @@
 #!/bin/bash
-# Session 8, issue 15 on NVIDIA's OpenCL (one H100): the tree before (the checkout's root, BEFORE=..) and after (this
-# tree) built side by side (cpu + opencl, -Dwerror=true), conformance of the new tree on NVIDIA's OpenCL device, then
+# Session 8, issue 15 on NVIDIA's OpenCL (one H100): the tree before (a copy of the checkout's root, BEFORE=.., with
+# this tree's tools/kvhal-bench.c) and after (this tree) built side by side (cpu + opencl, -Dwerror=true), conformance of the new tree on NVIDIA's OpenCL device, then
 # kvhal-bench's paged-caching rows (PRESETS, tokens 8192 and 65536) and MLA rows, before and after alternating per
 # preset (ROUNDS rounds), then (FP8CHECK=1) kvhal-fp8-check on the NVIDIA device for FP8_FORMATS at FP8_SCALES.
 # Stages are cut to fit LIMIT seconds in all (the device call's limit less the archive). Logs under $OUT, archived
@@ -27,11 +27,18 @@ finish() {
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 A=/tmp/s8-before B=/tmp/s8-after
+# the before tree as a copy, with this tree's kvhal-bench.c (the same measuring tool for both; the library's
+# public API is unchanged)
+SA=/tmp/s8-before-src
+if [ ! -d $SA ]; then
+  mkdir -p $SA && tar -C "$BEFORE" --exclude=./.wt-o --exclude=./.wt-k --exclude=./.wt-x --exclude=./.devdeps \
+    --exclude=./.git --exclude=./.hipnv -cf - . | tar -C $SA -xf - && cp tools/kvhal-bench.c $SA/tools/kvhal-bench.c
+fi
 build() { # src dir log
   { [ -f "$2/build.ninja" ] || meson setup "$2" "$1" -Dbackends=cpu,opencl -Dwerror=true; } > "$3" 2>&1 &&
     ninja -C "$2" -j8 >> "$3" 2>&1
 }
-build "$BEFORE" $A "$OUT/build-before.txt" & pa=$!
+build $SA $A "$OUT/build-before.txt" & pa=$!
 build . $B "$OUT/build-after.txt" & pb=$!
 wait $pb || { echo "BUILD (after) FAILED"; grep -E 'error|FAILED' "$OUT/build-after.txt" | head -30; rc=1; finish; }
 wait $pa || { echo "BUILD (before) FAILED"; grep -E 'error|FAILED' "$OUT/build-before.txt" | head -10; rc=1; finish; }
