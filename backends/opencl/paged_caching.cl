@@ -113,46 +113,55 @@ uint pc_nv_fix_nan(uint c, uint sign)
 /* AMD's fnuz formats through the OCP conversion, as the CUDA kernels do (kvhal_gpu_fnuz_from_ocp in
  * backends/gpu/kvhal_gpu_math.h): an fnuz format is its OCP namesake with the exponent bias one higher, so the OCP
  * code of q2 = 2 * (x / s) is the fnuz code of x / s, except where the OCP code's magnitude is at or above the
- * largest OCP finite one (0x7e e4m3, 0x7b e5m2: saturation, q2 past it, NaN), which takes the software conversion
- * of q2 / 2, and a negative zero, which loses its sign. q2 comes from kv_div with (s / 2, 2 / s): every term of its
- * multiply or correction scaled by a power of two, so it is exactly twice kv_div's quotient wherever that is a
- * normal f32 (below that both round to fnuz's zero; above, both saturate). Scale mode 0 becomes a multiply by 2;
- * mode 3, and a 1 / s too large to double, take kv_div's own quotient times 2 (PC_FNUZ_DBL). */
-#define PC_FNUZ_TOP (OUT_DT == KV_E4M3FNUZ ? 0x02020202u : 0x05050505u) /* + magnitude sets bit 7 at the top */
-#define PC_FNUZ_DBL 4u /* in the mode: double kv_div's quotient */
+ * largest OCP finite one (0x7e e4m3, 0x7b e5m2: saturation, q2 past it, NaN) and for a negative zero, which loses
+ * its sign. q2 comes from kv_div with (s / 2, 2 / s) (pc_fnuz_fold): every term of its multiply, correction or
+ * Newton step is then scaled by a power of two, so it is exactly twice kv_div's quotient wherever that is a normal
+ * f32 (below that both round to fnuz's zero; above, both saturate). */
+#define PC_FNUZ_E4 (OUT_DT == KV_E4M3FNUZ)
+#define PC_FNUZ_TOP (PC_FNUZ_E4 ? 0x02020202u : 0x05050505u) /* + magnitude sets bit 7 at the top OCP codes */
 
-/* (s, 1 / s) and mode of the call -> those that give q2 */
-float2 pc_fnuz_scales(float2 sc, uint mode, uint *mode2)
+/* (s, 1 / s) and mode of the call -> those that give q2 = 2 * (x / s): false where halving s or doubling 1 / s is
+ * not exact (s below 2^-125; the caller then converts element by element). Mode 0 becomes a multiply by 2. */
+bool pc_fnuz_fold(float2 sc, uint mode, float2 *sc2, uint *mode2)
 {
-    if (mode == 3u || sc.y > 0x1p126f) {
-        *mode2 = mode | PC_FNUZ_DBL;
-        return sc;
-    }
+    *sc2 = (float2)(sc.x * 0.5f, sc.y * 2.0f);
     *mode2 = mode == 0u ? 1u : mode;
-    return (float2)(sc.x * 0.5f, sc.y * 2.0f);
+    return mode == 0u || (sc.x >= 0x1p-125f && sc.y <= 0x1p126f);
 }
 
-float pc_fnuz_q2(float x, float2 sc2, uint mode2)
+/* The bytes of top (0x80 each) whose OCP code c is at the top: the fnuz code of q = q2 / 2 from the OCP code of
+ * q / 2 = q2 / 4, which lies two binades below q on the same grid (OCP value = 2 x fnuz value of a code): that code
+ * plus two binades (16 codes in e4m3, 8 in e5m2), at most 0x7f, with q2's sign; a NaN byte (OCP 0x7f; e5m2 0x7d and
+ * up) becomes 0x80. Integer work and two more conversions, no per-element branches: cheap even where the compiler
+ * runs it for every word rather than branching around it. keep: the other bytes' codes. */
+uint pc_nv_fnuz_top(uint keep, uint c, uint top, float q0, float q1, float q2, float q3)
 {
-    const float q = kv_div(x, sc2.x, sc2.y, mode2 & 3u);
-    return (mode2 & PC_FNUZ_DBL) ? 2.0f * q : q;
+    const uint d = pc_nv_prmt(pc_nv_sx2(q0 * 0.25f, q1 * 0.25f), pc_nv_sx2(q2 * 0.25f, q3 * 0.25f), 0x5410u);
+    uint md = (d & 0x7f7f7f7fu) + (PC_FNUZ_E4 ? 0x10101010u : 0x08080808u); /* each byte <= 0x8f */
+    const uint over = ((md & 0x80808080u) >> 7) * 0xffu;
+    md = (md & ~over) | (over & 0x7f7f7f7fu);
+    const uint tm = (top >> 7) * 0xffu;
+    const uint nan = ((((c & 0x7f7f7f7fu) + (PC_FNUZ_E4 ? 0x01010101u : 0x03030303u)) & 0x80808080u) >> 7) * 0xffu;
+    const uint r = (keep & ~tm) | (((c & 0x80808080u) | md) & tm);
+    return (r & ~nan) | (nan & 0x80808080u);
 }
 
-/* Four q2 values -> four fnuz codes, byte i from q[i]. */
+/* Four q2 values -> four fnuz codes, byte i from the i-th. */
 uint pc_nv_fnuz4(float q0, float q1, float q2, float q3)
 {
     const uint c = pc_nv_prmt(pc_nv_sx2(q0, q1), pc_nv_sx2(q2, q3), 0x5410u);
     const uint m = c & 0x7f7f7f7fu;
-    if (!((m + PC_FNUZ_TOP) & 0x80808080u))
-        return c & (0x7f7f7f7fu | ((m + 0x7f7f7f7fu) & 0x80808080u)); /* a zero magnitude drops its sign */
-    const float q[4] = {q0, q1, q2, q3}; /* rare: a byte at the top of the OCP range */
-    uint r = 0u;
-    for (int i = 0; i < 4; i++) {
-        const uint b = (c >> (8 * i)) & 0xffu, mb = b & 0x7fu;
-        const uint f = mb >= (OUT_DT == KV_E4M3FNUZ ? 0x7eu : 0x7bu) ? kv_encode(q[i] * 0.5f, OUT_DT) : mb ? b : 0u;
-        r |= f << (8 * i);
-    }
-    return r;
+    const uint keep = c & (0x7f7f7f7fu | ((m + 0x7f7f7f7fu) & 0x80808080u)); /* a zero magnitude drops its sign */
+    const uint top = (m + PC_FNUZ_TOP) & 0x80808080u;
+    return top ? pc_nv_fnuz_top(keep, c, top, q0, q1, q2, q3) : keep;
+}
+
+/* 16 elements element by element (the scales pc_fnuz_fold cannot take) */
+void pc_fnuz16_sw(global uchar *dst, const uint *wi, float2 sc, uint mode)
+{
+    uint wo[4] = {0u, 0u, 0u, 0u};
+    for (int i = 0; i < 16; i++) kv_put_elem(wo, i, 1, pc_convert(kv_get_elem(wi, i, IN_SIZE), sc, mode));
+    *(global uint4 *)dst = (uint4)(wo[0], wo[1], wo[2], wo[3]);
 }
 #endif
 
@@ -195,8 +204,8 @@ uint pc_nv_quad(uint w0, uint w1, float2 sc, uint mode)
 #if PC_FNUZ
 uint pc_nv_fnuz_quad(uint w0, uint w1, float2 sc2, uint mode2)
 {
-    return pc_nv_fnuz4(pc_fnuz_q2(pc_nv_lo(w0), sc2, mode2), pc_fnuz_q2(pc_nv_hi(w0), sc2, mode2),
-                       pc_fnuz_q2(pc_nv_lo(w1), sc2, mode2), pc_fnuz_q2(pc_nv_hi(w1), sc2, mode2));
+    return pc_nv_fnuz4(kv_div(pc_nv_lo(w0), sc2.x, sc2.y, mode2), kv_div(pc_nv_hi(w0), sc2.x, sc2.y, mode2),
+                       kv_div(pc_nv_lo(w1), sc2.x, sc2.y, mode2), kv_div(pc_nv_hi(w1), sc2.x, sc2.y, mode2));
 }
 #endif
 
@@ -237,8 +246,8 @@ bool pc_nv_half_ok(float inv, uint mode, uint *h2)
 /* f32: four words -> four fnuz code bytes. */
 uint pc_nv_fnuz_quad32(uint4 w, float2 sc2, uint mode2)
 {
-    return pc_nv_fnuz4(pc_fnuz_q2(as_float(w.x), sc2, mode2), pc_fnuz_q2(as_float(w.y), sc2, mode2),
-                       pc_fnuz_q2(as_float(w.z), sc2, mode2), pc_fnuz_q2(as_float(w.w), sc2, mode2));
+    return pc_nv_fnuz4(kv_div(as_float(w.x), sc2.x, sc2.y, mode2), kv_div(as_float(w.y), sc2.x, sc2.y, mode2),
+                       kv_div(as_float(w.z), sc2.x, sc2.y, mode2), kv_div(as_float(w.w), sc2.x, sc2.y, mode2));
 }
 #else
 /* f32: four words -> four code bytes. */
@@ -279,19 +288,23 @@ void pc_move16_load(uint *wi, const global uchar *src) { kv_load_chunk(wi, src, 
 
 void pc_move16_store(global uchar *dst, const uint *wi, float2 sc, uint mode)
 {
-#if PC_FNUZ && IN_SIZE == 2
+#if PC_FNUZ
+    float2 sc2;
     uint mode2;
-    const float2 sc2 = pc_fnuz_scales(sc, mode, &mode2);
+    if (!pc_fnuz_fold(sc, mode, &sc2, &mode2)) { /* uniform: the scale of the call */
+        pc_fnuz16_sw(dst, wi, sc, mode);
+        return;
+    }
+#if IN_SIZE == 2
     const uint4 a = vload4(0, wi), b = vload4(1, wi);
     *(global uint4 *)dst = (uint4)(pc_nv_fnuz_quad(a.x, a.y, sc2, mode2), pc_nv_fnuz_quad(a.z, a.w, sc2, mode2),
                                    pc_nv_fnuz_quad(b.x, b.y, sc2, mode2), pc_nv_fnuz_quad(b.z, b.w, sc2, mode2));
-#elif PC_FNUZ
-    uint mode2;
-    const float2 sc2 = pc_fnuz_scales(sc, mode, &mode2);
+#else
     *(global uint4 *)dst = (uint4)(pc_nv_fnuz_quad32(vload4(0, wi), sc2, mode2),
                                    pc_nv_fnuz_quad32(vload4(1, wi), sc2, mode2),
                                    pc_nv_fnuz_quad32(vload4(2, wi), sc2, mode2),
                                    pc_nv_fnuz_quad32(vload4(3, wi), sc2, mode2));
+#endif
 #elif IN_SIZE == 2 && KV_NV_HW
     const uint4 a = vload4(0, wi), b = vload4(1, wi);
 #if IN_DT == KV_F16

@@ -16,6 +16,12 @@ FP8CHECK=${FP8CHECK:-0}
 FP8_FORMATS=${FP8_FORMATS:-fp8_e4m3fnuz,fp8_e5m2fnuz}
 FP8_SCALES=${FP8_SCALES:-0.37,3e30,0x1.5p-64,0.5}
 CONF=${CONF:-1}
+# VARIANTS="name:c_args ...": this tree built again with extra C arguments (e.g. g4:-DKVHAL_OCL_GPU_GROUP=4), benched
+# after the main rows on VARIANT_PRESETS at VARIANT_TOKENS beside the after build
+VARIANTS=${VARIANTS:-}
+VARIANT_PRESETS=${VARIANT_PRESETS:-llama3-8b mla}
+VARIANT_TOKENS=${VARIANT_TOKENS:-8192}
+FP8_FIRST=${FP8_FIRST:-0} # 1: the fp8 check before the bench rows
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
 rc=0; fail() { echo "FAILED: $*"; rc=1; }
@@ -40,6 +46,12 @@ build() { # src dir log
 }
 build $SA $A "$OUT/build-before.txt" & pa=$!
 build . $B "$OUT/build-after.txt" & pb=$!
+pv=()
+for v in $VARIANTS; do
+  n=${v%%:*} ca=${v#*:}
+  { { [ -f /tmp/s8-$n/build.ninja ] || meson setup /tmp/s8-$n . -Dbackends=cpu,opencl -Dwerror=true "-Dc_args=$ca"; } &&
+      ninja -C /tmp/s8-$n -j8 tools/kvhal-bench backends/opencl/libkvhal-opencl.so; } > "$OUT/build-$n.txt" 2>&1 & pv+=($!)
+done
 wait $pb || { echo "BUILD (after) FAILED"; grep -E 'error|FAILED' "$OUT/build-after.txt" | head -30; rc=1; finish; }
 wait $pa || { echo "BUILD (before) FAILED"; grep -E 'error|FAILED' "$OUT/build-before.txt" | head -10; rc=1; finish; }
 grep -ci warning "$OUT/build-after.txt" | sed 's/^/warnings (after): /'
@@ -56,14 +68,26 @@ if [ "$CONF" = 1 ]; then
   el conformance
 fi
 
+for i in "${!pv[@]}"; do wait ${pv[$i]} || { echo "BUILD variant $i FAILED"; tail -5 "$OUT/build-${VARIANTS%%:*}.txt"; }; done
+fp8check() {
+  if [ "$FP8CHECK" = 1 ] && [ "$(left)" -gt 30 ]; then
+    KVHAL_BACKEND_PATH=$B/backends timeout $(( $(left) - 5 )) $B/tools/kvhal-fp8-check --device=$OCL \
+      --formats=$FP8_FORMATS --scales=$FP8_SCALES > "$OUT/fp8-check-ocl.txt" 2>&1 || fail "fp8-check $OCL"
+    tail -20 "$OUT/fp8-check-ocl.txt"
+    el fp8-check
+  fi
+}
+
+TOKENS=8192,65536
 bench() { # build tag preset round
   local args
-  if [ "$3" = mla ]; then args="--op=mla --tokens=8192,65536"
-  else args="--op=paged_caching --preset=$3 --tokens=8192,65536"; fi
+  if [ "$3" = mla ]; then args="--op=mla --tokens=$TOKENS"
+  else args="--op=paged_caching --preset=$3 --tokens=$TOKENS"; fi
   KVHAL_BACKEND_PATH=$1/backends timeout $(( $(left) > 5 ? $(left) - 5 : 1 )) $1/tools/kvhal-bench --device=$OCL $args \
     > "$OUT/bench-$2-$3-r$4.txt" 2>&1 || fail "bench $2 $3 r$4"
   grep -E "^paged" "$OUT/bench-$2-$3-r$4.txt" | sed "s/^/$2 r$4 /"
 }
+[ "$FP8_FIRST" = 1 ] && { fp8check; FP8CHECK=0; }
 for r in $(seq 1 "$ROUNDS"); do
   for p in $PRESETS; do
     [ "$(left)" -gt 40 ] || { echo "skipped $p r$r (time)"; continue; }
@@ -74,10 +98,15 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-if [ "$FP8CHECK" = 1 ] && [ "$(left)" -gt 30 ]; then
-  KVHAL_BACKEND_PATH=$B/backends timeout $(( $(left) - 5 )) $B/tools/kvhal-fp8-check --device=$OCL \
-    --formats=$FP8_FORMATS --scales=$FP8_SCALES > "$OUT/fp8-check-ocl.txt" 2>&1 || fail "fp8-check $OCL"
-  tail -12 "$OUT/fp8-check-ocl.txt"
-  el fp8-check
-fi
+TOKENS=$VARIANT_TOKENS
+for v in $VARIANTS; do
+  n=${v%%:*}
+  for p in $VARIANT_PRESETS; do
+    [ "$(left)" -gt 40 ] || { echo "skipped variant $n $p (time)"; continue; }
+    bench $B after-v $p 1
+    bench /tmp/s8-$n $n $p 1
+    el "variant $n $p"
+  done
+done
+fp8check
 finish
