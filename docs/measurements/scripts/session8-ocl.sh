@@ -103,7 +103,7 @@ for v in $VARIANTS; do
   n=${v%%:*}
   for p in $VARIANT_PRESETS; do
     [ "$(left)" -gt 40 ] || { echo "skipped variant $n $p (time)"; continue; }
-    bench $B after-v $p 1
+    bench $B after-v-$n $p 1
     bench /tmp/s8-$n $n $p 1
     el "variant $n $p"
   done
