@@ -1094,6 +1094,111 @@ static void test_paged_mla(void **state)
     dbuf_free(&b);
 }
 
+/* fp8 caches of rows whose head dims are multiples of 16 (the GPU backends' 16-element paths: OpenCL's PTX and
+ * fnuz-through-OCP conversions, the CUDA/HIP vector kernels), every input float dtype into every fp8 format at
+ * every scale mode, NHD and HND, with a quarter of the elements special: +-inf, NaNs of both signs, +-0, the input
+ * dtype's largest finite value and smallest subnormal, and scale times values at and around the top of each fp8
+ * format (its largest value, the ties above it, the saturation point of the OCP namesake of an fnuz format). */
+static void test_paged_fp8_wide(void **state)
+{
+    enum { W_NB = 8, W_BS = 4, W_H = 2, W_DK = 64, W_DV = 32, W_T = 24 };
+    kvhal_device dev = device_of(state);
+    ref_rng r = {9183};
+    static const kvhal_dtype ins[3] = {KVHAL_F32, KVHAL_F16, KVHAL_BF16};
+    static const kvhal_dtype outs[4] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
+    static const float scales[5][2] = {{1.0f, 0.5f}, {0.37f, 3.0f}, {0.0123f, 2.0f}, {1e-30f, 3e30f}, {4.0f, 0.37f}};
+    /* values around the top of the four formats (before the scale): 224, 240, 248, 256, 416, 432, 448, 464, 480,
+     * 512 cover e4m3fnuz's top (240) and e4m3's (448) with the ties beside them; 26624 .. 65536 e5m2's and e5m2fnuz's */
+    static const float tops[] = {224.0f, 232.0f, 240.0f, 248.0f, 256.0f, 416.0f, 432.0f, 448.0f, 464.0f, 480.0f,
+                                 512.0f, 26624.0f, 28672.0f, 30720.0f, 49152.0f, 53248.0f, 57344.0f, 61440.0f,
+                                 65536.0f, 0x1p-10f, 0x1p-11f, 0x3p-12f, 0x1p-17f, 0x1p-18f, 0x3p-19f};
+    const int ntops = (int)(sizeof tops / sizeof tops[0]);
+    int cases = 0;
+    for (int i = 0; i < 3; i++) {
+        const kvhal_dtype in_dt = ins[i];
+        const size_t ies = kvhal_dtype_size(in_dt);
+        for (int o = 0; o < 4; o++) {
+            for (int layout = 0; layout < 2; layout++) {
+                dbuf kc, vc, kin, vin, sl;
+                dbuf_make(&kc, dev, (size_t)W_NB * W_BS * W_H * W_DK, &r);
+                dbuf_make(&vc, dev, (size_t)W_NB * W_BS * W_H * W_DV, &r);
+                dbuf_make(&kin, dev, (size_t)W_T * W_H * W_DK * ies, &r);
+                dbuf_make(&vin, dev, (size_t)W_T * W_H * W_DV * ies, &r);
+                dbuf_make(&sl, dev, (size_t)W_T * 8, &r);
+                const int64_t kshape[4] = {W_NB, W_BS, W_H, W_DK}, vshape[4] = {W_NB, W_BS, W_H, W_DV};
+                const int64_t khnd[4] = {W_H * W_BS * W_DK, W_DK, W_BS * W_DK, 1};
+                const int64_t vhnd[4] = {W_H * W_BS * W_DV, W_DV, W_BS * W_DV, 1};
+                const kvhal_tensor tkc = tensor(&kc, 0, outs[o], 4, kshape, layout ? khnd : NULL);
+                const kvhal_tensor tvc = tensor(&vc, 0, outs[o], 4, vshape, layout ? vhnd : NULL);
+                const int64_t ksh[3] = {W_T, W_H, W_DK}, vsh[3] = {W_T, W_H, W_DV}, ssh[1] = {W_T};
+                const kvhal_tensor tk = tensor(&kin, 0, in_dt, 3, ksh, NULL), tv = tensor(&vin, 0, in_dt, 3, vsh, NULL);
+                const kvhal_tensor ts = tensor(&sl, 0, KVHAL_I64, 1, ssh, NULL);
+                int64_t drawn[W_T];
+                fill_distinct_slots(&r, drawn, W_T, W_NB * W_BS);
+                memcpy(sl.mirror, drawn, sizeof drawn);
+                dbuf_upload(&sl);
+                for (int sc = 0; sc < 5; sc++) {
+                    const float ks = scales[sc][0], vs = scales[sc][1];
+                    dbuf *bufs[2] = {&kin, &vin};
+                    const float bs[2] = {ks, vs};
+                    for (int b = 0; b < 2; b++) {
+                        dbuf_fill_values(bufs[b], in_dt, &r, bs[b]);
+                        for (size_t e = 0; e < bufs[b]->size / ies; e++) {
+                            const uint64_t pick = ref_rand_below(&r, 16);
+                            if (pick >= 4) continue;
+                            uint8_t *p = bufs[b]->mirror + e * ies;
+                            const uint32_t neg = (uint32_t)(ref_rand(&r) & 1);
+                            uint32_t bits; /* in the input dtype */
+                            if (pick == 0) { /* inf, NaN (quiet; an f32 signalling one too), zero */
+                                static const uint32_t f32s[4] = {0x7f800000u, 0x7fc00000u, 0x7f800001u, 0u};
+                                static const uint32_t f16s[4] = {0x7c00u, 0x7e00u, 0x7c01u, 0u};
+                                static const uint32_t bf16s[4] = {0x7f80u, 0x7fc0u, 0x7f81u, 0u};
+                                const int k = (int)ref_rand_below(&r, 4);
+                                bits = in_dt == KVHAL_F32 ? f32s[k] : in_dt == KVHAL_F16 ? f16s[k] : bf16s[k];
+                            } else if (pick == 1) { /* the dtype's largest finite value or smallest subnormal */
+                                const bool big = ref_rand(&r) & 1;
+                                bits = in_dt == KVHAL_F32 ? (big ? 0x7f7fffffu : 1u)
+                                       : in_dt == KVHAL_F16 ? (big ? 0x7bffu : 1u)
+                                                            : (big ? 0x7f7fu : 1u);
+                            } else { /* near the top (or the bottom) of an fp8 format, times the scale */
+                                const float x = tops[ref_rand_below(&r, (uint64_t)ntops)] * bs[b];
+                                uint32_t u;
+                                memcpy(&u, &x, 4);
+                                bits = in_dt == KVHAL_F32 ? u : in_dt == KVHAL_F16 ? ref_f16_encode(x)
+                                                                                   : ref_bf16_encode(x);
+                                bits &= in_dt == KVHAL_F32 ? 0x7fffffffu : 0x7fffu;
+                            }
+                            bits |= neg << (8 * ies - 1);
+                            memcpy(p, &bits, ies); /* little-endian hosts (kvhal's own check) */
+                        }
+                        dbuf_upload(bufs[b]);
+                    }
+                    char label[160];
+                    snprintf(label, sizeof label, "fp8 wide rows in=%s cache=%s %s scales %g %g",
+                             kvhal_dtype_name(in_dt), kvhal_dtype_name(outs[o]), layout ? "HND" : "NHD", (double)ks,
+                             (double)vs);
+                    OK(kvhal_paged_caching(&tkc, &tvc, &tk, &tv, &ts, ks, vs, NULL));
+                    OK(kvhal_device_synchronize(dev));
+                    ref_paged_caching(kc.mirror, &tkc, vc.mirror, &tvc, kin.mirror, &tk, vin.mirror, &tv, sl.mirror,
+                                      &ts, ks, vs);
+                    char what[200];
+                    snprintf(what, sizeof what, "%s: k cache", label);
+                    dbuf_expect(&kc, what);
+                    snprintf(what, sizeof what, "%s: v cache", label);
+                    dbuf_expect(&vc, what);
+                    cases++;
+                }
+                dbuf_free(&kc);
+                dbuf_free(&vc);
+                dbuf_free(&kin);
+                dbuf_free(&vin);
+                dbuf_free(&sl);
+            }
+        }
+    }
+    printf("[ info     ] paged_fp8_wide: %d calls matched the reference\n", cases);
+}
+
 static const test_fn device_tests[] = {
     {"paged_caching", test_paged_caching},
     {"paged_signed_zeros", test_paged_signed_zeros},
@@ -1102,6 +1207,7 @@ static const test_fn device_tests[] = {
     {"copy_blocks", test_copy_blocks},
     {"tensor_copy", test_tensor_copy},
     {"paged_shape_class", test_paged_shape_class},
+    {"paged_fp8_wide", test_paged_fp8_wide},
     {"paged_mla", test_paged_mla},
     {"page_transfer", test_page_transfer},
     {"paged_cache_transfer", test_paged_cache_transfer},

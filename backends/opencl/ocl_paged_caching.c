@@ -18,6 +18,9 @@ _Static_assert(KVHAL_F32 == 0 && KVHAL_F16 == 1 && KVHAL_BF16 == 2 && KVHAL_FP8_
 #ifndef KVHAL_OCL_GPU_GROUP
 #define KVHAL_OCL_GPU_GROUP 2 /* chunks per work-item of the paged-caching kernel on GPU devices (a power of two) */
 #endif
+#ifndef KVHAL_OCL_GPU_GROUP_CONVERT
+#define KVHAL_OCL_GPU_GROUP_CONVERT 1 /* the same for rows that convert (fp8 caches) */
+#endif
 
 enum { PC_VEC = 0, PC_ANY = 1, PC_NK = 2 };
 static const char *const pc_knames[PC_NK] = {"paged_caching_vec", "paged_caching_any"};
@@ -96,7 +99,12 @@ static void make_plan(const ocl_device *d, const kvhal_bk_paged_caching *a, pc_p
      * math. GPUs need bytes in flight: there a work-item loads KVHAL_OCL_GPU_GROUP chunks a head-dim quarter/half
      * apart (interleaved, so that each of its loads is still coalesced with its neighbours') before it stores. */
     const bool cpu = kvhal__ocl_cpu_plans(d);
-    const int32_t max_group = cpu ? 8 : KVHAL_OCL_GPU_GROUP;
+    /* On GPUs a converting row (fp8 caches) keeps one chunk per work-item: on NVIDIA's OpenCL (H100, session 8,
+     * docs/measurements/session8/README-opencl.md) llama3-8b fp8 at 8192 tokens ran at 0.935-0.953 of a copy with
+     * one chunk, 0.840-0.962 with two (fnuz: 0.910-0.928 against 0.628-0.681; four chunks: 0.43-0.47; not
+     * profiled: the conversion's registers are the likely cost); rows that only copy keep KVHAL_OCL_GPU_GROUP. */
+    const bool converts = a->input_dtype != a->cache_dtype;
+    const int32_t max_group = cpu ? 8 : converts ? KVHAL_OCL_GPU_GROUP_CONVERT : KVHAL_OCL_GPU_GROUP;
     p->group = 1;
     p->interleave = !cpu;
     if (p->vec_k > 1 && p->vec_v > 1)

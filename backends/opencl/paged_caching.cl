@@ -6,7 +6,8 @@
  *   HEADS, BLOCK_SIZE, HD_K, HD_V
  *   VEC_K, VEC_V    elements per chunk; > 1 only where dim is contiguous in both input and cache and every
  *                   stride keeps the chunk aligned to min(16, chunk bytes)
- *   KV_NV_HW        1 on NVIDIA devices of compute capability >= 8.9: fp8 conversion through PTX (see below)
+ *   KV_NV_HW        1 on NVIDIA devices of compute capability >= 8.9: fp8 conversion through PTX (see below), the
+ *                   fnuz formats too (through the OCP conversion of twice the quotient)
  *   GROUP           chunks per work-item in paged_caching_vec, all loaded before any is stored
  *   INTERLEAVE      0: the GROUP chunks are neighbours (CPU devices, where per-item index math dominates);
  *                   1: they are HD / GROUP elements apart, so that on a GPU each load of a work-item is coalesced
@@ -16,6 +17,8 @@
  * with a kv_div mode each (modes: K in bits 0-1, V in bits 2-3). A negative slot is padding; a slot past
  * the cache is skipped and sets *err (read and cleared by the host at synchronize). paged_caching_vec needs every
  * base offset aligned to its chunk; paged_caching_any moves single elements byte by byte and takes any offset.
+ * Where K and V chunks have the same width, one load and one store path serves both (pointers, strides and scales
+ * selected per work-item), so that a warp holding work-items of both sides runs the conversion once.
  * A launch covers `items` work-items from token tok0 on (whole tokens, at most 2^30 items: 32-bit index math);
  * no work-item loops, which CPU devices (PoCL) run several times slower than straight-line work-items. */
 
@@ -52,8 +55,16 @@ uint pc_convert(uint bits, float2 sc, uint mode)
     }
 
 /* The main fp8 case, 16 elements of f32, f16 or bf16 into 16 fp8 bytes: on NVIDIA sm_89+ one 32-bit word at a
- * time through PTX, elsewhere as two 8-wide vector conversions. */
-#define PC_FAST16 (KV_IS_FP8(OUT_DT) && !KV_IS_FNUZ(OUT_DT) && !KV_IS_FP8(IN_DT)) /* fnuz: element by element */
+ * time through PTX, elsewhere as two 8-wide vector conversions. The fnuz formats take it only on NVIDIA sm_89+
+ * (through the OCP conversion, PC_FNUZ below); elsewhere they convert element by element. */
+#define PC_FNUZ (KV_IS_FNUZ(OUT_DT) && !KV_IS_FP8(IN_DT) && KV_NV_HW)
+#define PC_FAST16 (KV_IS_FP8(OUT_DT) && !KV_IS_FP8(IN_DT) && (!KV_IS_FNUZ(OUT_DT) || KV_NV_HW))
+/* The OCP format the hardware converts to: OUT_DT, or for an fnuz cache the OCP format with its mantissa width. */
+#if OUT_DT == KV_E4M3 || OUT_DT == KV_E4M3FNUZ
+#define PC_OCP KV_E4M3
+#else
+#define PC_OCP KV_E5M2
+#endif
 #if PC_FAST16 && KV_NV_HW
 /* NVIDIA devices of compute capability 8.9 and later (the host sets KV_NV_HW only there): f16 -> f32 and f32 -> fp8
  * in hardware through inline PTX, two fp8 values per instruction; the results are bit-identical to the integer
@@ -80,7 +91,7 @@ uint pc_nv_prmt(uint a, uint b, uint sel)
 uint pc_nv_sx2(float lo, float hi) /* lo -> byte 0, hi -> byte 1 */
 {
     ushort r;
-#if OUT_DT == KV_E4M3
+#if PC_OCP == KV_E4M3
     __asm__("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
 #else
     __asm__("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
@@ -97,6 +108,62 @@ uint pc_nv_fix_nan(uint c, uint sign)
     const uint n = (m >> 7) * 0xffu;
     return (c & ~n) | (n & (0x7f7f7f7fu | sign));
 }
+
+#if PC_FNUZ
+/* AMD's fnuz formats through the OCP conversion, as the CUDA kernels do (kvhal_gpu_fnuz_from_ocp in
+ * backends/gpu/kvhal_gpu_math.h): an fnuz format is its OCP namesake with the exponent bias one higher, so the OCP
+ * code of q2 = 2 * (x / s) is the fnuz code of x / s, except where the OCP code's magnitude is at or above the
+ * largest OCP finite one (0x7e e4m3, 0x7b e5m2: saturation, q2 past it, NaN) and for a negative zero, which loses
+ * its sign. q2 comes from kv_div with (s / 2, 2 / s) (pc_fnuz_fold): every term of its multiply, correction or
+ * Newton step is then scaled by a power of two, so it is exactly twice kv_div's quotient wherever that is a normal
+ * f32 (below that both round to fnuz's zero; above, both saturate). */
+#define PC_FNUZ_E4 (OUT_DT == KV_E4M3FNUZ)
+#define PC_FNUZ_TOP (PC_FNUZ_E4 ? 0x02020202u : 0x05050505u) /* + magnitude sets bit 7 at the top OCP codes */
+
+/* (s, 1 / s) and mode of the call -> those that give q2 = 2 * (x / s): false where halving s or doubling 1 / s is
+ * not exact (s below 2^-125; the caller then converts element by element). Mode 0 becomes a multiply by 2. */
+bool pc_fnuz_fold(float2 sc, uint mode, float2 *sc2, uint *mode2)
+{
+    *sc2 = (float2)(sc.x * 0.5f, sc.y * 2.0f);
+    *mode2 = mode == 0u ? 1u : mode;
+    return mode == 0u || (sc.x >= 0x1p-125f && sc.y <= 0x1p126f);
+}
+
+/* The bytes of top (0x80 each) whose OCP code c is at the top: the fnuz code of q = q2 / 2 from the OCP code of
+ * q / 2 = q2 / 4, which lies two binades below q on the same grid (OCP value = 2 x fnuz value of a code): that code
+ * plus two binades (16 codes in e4m3, 8 in e5m2), at most 0x7f, with q2's sign; a NaN byte (OCP 0x7f; e5m2 0x7d and
+ * up) becomes 0x80. Integer work and two more conversions, no per-element branches: cheap even where the compiler
+ * runs it for every word rather than branching around it. keep: the other bytes' codes. */
+uint pc_nv_fnuz_top(uint keep, uint c, uint top, float q0, float q1, float q2, float q3)
+{
+    const uint d = pc_nv_prmt(pc_nv_sx2(q0 * 0.25f, q1 * 0.25f), pc_nv_sx2(q2 * 0.25f, q3 * 0.25f), 0x5410u);
+    uint md = (d & 0x7f7f7f7fu) + (PC_FNUZ_E4 ? 0x10101010u : 0x08080808u); /* each byte <= 0x8f */
+    const uint over = ((md & 0x80808080u) >> 7) * 0xffu;
+    md = (md & ~over) | (over & 0x7f7f7f7fu);
+    const uint tm = (top >> 7) * 0xffu;
+    const uint nan = ((((c & 0x7f7f7f7fu) + (PC_FNUZ_E4 ? 0x01010101u : 0x03030303u)) & 0x80808080u) >> 7) * 0xffu;
+    const uint r = (keep & ~tm) | (((c & 0x80808080u) | md) & tm);
+    return (r & ~nan) | (nan & 0x80808080u);
+}
+
+/* Four q2 values -> four fnuz codes, byte i from the i-th. */
+uint pc_nv_fnuz4(float q0, float q1, float q2, float q3)
+{
+    const uint c = pc_nv_prmt(pc_nv_sx2(q0, q1), pc_nv_sx2(q2, q3), 0x5410u);
+    const uint m = c & 0x7f7f7f7fu;
+    const uint keep = c & (0x7f7f7f7fu | ((m + 0x7f7f7f7fu) & 0x80808080u)); /* a zero magnitude drops its sign */
+    const uint top = (m + PC_FNUZ_TOP) & 0x80808080u;
+    return top ? pc_nv_fnuz_top(keep, c, top, q0, q1, q2, q3) : keep;
+}
+
+/* 16 elements element by element (the scales pc_fnuz_fold cannot take) */
+void pc_fnuz16_sw(global uchar *dst, const uint *wi, float2 sc, uint mode)
+{
+    uint wo[4] = {0u, 0u, 0u, 0u};
+    for (int i = 0; i < 16; i++) kv_put_elem(wo, i, 1, pc_convert(kv_get_elem(wi, i, IN_SIZE), sc, mode));
+    *(global uint4 *)dst = (uint4)(wo[0], wo[1], wo[2], wo[3]);
+}
+#endif
 
 #if IN_SIZE == 2
 float pc_nv_lo(uint w) /* lane 0 of w */
@@ -134,7 +201,15 @@ uint pc_nv_quad(uint w0, uint w1, float2 sc, uint mode)
     return pc_nv_pack(pc_nv_word(w0, sc, mode), pc_nv_word(w1, sc, mode), w0, w1);
 }
 
-#if IN_DT == KV_F16
+#if PC_FNUZ
+uint pc_nv_fnuz_quad(uint w0, uint w1, float2 sc2, uint mode2)
+{
+    return pc_nv_fnuz4(kv_div(pc_nv_lo(w0), sc2.x, sc2.y, mode2), kv_div(pc_nv_hi(w0), sc2.x, sc2.y, mode2),
+                       kv_div(pc_nv_lo(w1), sc2.x, sc2.y, mode2), kv_div(pc_nv_hi(w1), sc2.x, sc2.y, mode2));
+}
+#endif
+
+#if IN_DT == KV_F16 && !PC_FNUZ
 /* f16 straight to fp8, two lanes per cvt and no f32 at all: the f16 -> f32 decodes of the path above are what bound
  * it (it runs out of instruction issue before the memory runs out of bandwidth). Exact, because f16 -> f32 is exact
  * and so rounding the f16 to fp8 directly is the same rounding; a power-of-two scale (mode 1) is one f16x2
@@ -167,6 +242,13 @@ bool pc_nv_half_ok(float inv, uint mode, uint *h2)
     return true;
 }
 #endif
+#elif PC_FNUZ
+/* f32: four words -> four fnuz code bytes. */
+uint pc_nv_fnuz_quad32(uint4 w, float2 sc2, uint mode2)
+{
+    return pc_nv_fnuz4(kv_div(as_float(w.x), sc2.x, sc2.y, mode2), kv_div(as_float(w.y), sc2.x, sc2.y, mode2),
+                       kv_div(as_float(w.z), sc2.x, sc2.y, mode2), kv_div(as_float(w.w), sc2.x, sc2.y, mode2));
+}
 #else
 /* f32: four words -> four code bytes. */
 uint pc_nv_quad32(uint4 w, float2 sc, uint mode)
@@ -206,7 +288,24 @@ void pc_move16_load(uint *wi, const global uchar *src) { kv_load_chunk(wi, src, 
 
 void pc_move16_store(global uchar *dst, const uint *wi, float2 sc, uint mode)
 {
-#if IN_SIZE == 2 && KV_NV_HW
+#if PC_FNUZ
+    float2 sc2;
+    uint mode2;
+    if (!pc_fnuz_fold(sc, mode, &sc2, &mode2)) { /* uniform: the scale of the call */
+        pc_fnuz16_sw(dst, wi, sc, mode);
+        return;
+    }
+#if IN_SIZE == 2
+    const uint4 a = vload4(0, wi), b = vload4(1, wi);
+    *(global uint4 *)dst = (uint4)(pc_nv_fnuz_quad(a.x, a.y, sc2, mode2), pc_nv_fnuz_quad(a.z, a.w, sc2, mode2),
+                                   pc_nv_fnuz_quad(b.x, b.y, sc2, mode2), pc_nv_fnuz_quad(b.z, b.w, sc2, mode2));
+#else
+    *(global uint4 *)dst = (uint4)(pc_nv_fnuz_quad32(vload4(0, wi), sc2, mode2),
+                                   pc_nv_fnuz_quad32(vload4(1, wi), sc2, mode2),
+                                   pc_nv_fnuz_quad32(vload4(2, wi), sc2, mode2),
+                                   pc_nv_fnuz_quad32(vload4(3, wi), sc2, mode2));
+#endif
+#elif IN_SIZE == 2 && KV_NV_HW
     const uint4 a = vload4(0, wi), b = vload4(1, wi);
 #if IN_DT == KV_F16
     uint h2;
@@ -294,6 +393,28 @@ long pc_slot_any(const global uchar *p)
         const long gk = INTERLEAVE ? (long)ck * (VK) : (VK), gv = INTERLEAVE ? (long)cv * (VV) : (VV); /* elements */ \
         uint w[(G) * (KV_WORDS((VK) * IN_SIZE) > KV_WORDS((VV) * IN_SIZE) ? KV_WORDS((VK) * IN_SIZE)          \
                                                                            : KV_WORDS((VV) * IN_SIZE))];       \
+        if ((VK) == (VV)) {                                                                                    \
+            /* one load and one store path for K and V (operands selected): a warp that holds work-items of    \
+             * both (an MLA row: 16 + 2 per token) then runs the conversion once, not once per side */         \
+            const long4 is = is_k ? kis : vis;                                                                 \
+            const long g_el = is_k ? gk : gv;                                                                  \
+            const global uchar *sp = (is_k ? ki + ki_off : vi + vi_off) +                                      \
+                                     (to * is.s0 + ti * is.s1 + h * is.s2 + d * is.s3) * IN_SIZE;              \
+            for (int g = 0; g < (G); g++) MOVE_K##_load(w + g * wk, sp + g * g_el * IN_SIZE);                 \
+            if (slot < 0) return;                                                                              \
+            if (slot >= num_slots) {                                                                           \
+                if (r == 0u && is_k) atomic_or(err, 1);                                                        \
+                return;                                                                                        \
+            }                                                                                                  \
+            const long blk = (long)((ulong)slot / BLOCK_SIZE), off = slot - blk * BLOCK_SIZE;                  \
+            const long4 cs = is_k ? kcs : vcs;                                                                 \
+            global uchar *dp = (is_k ? kc + kc_off : vc + vc_off) +                                            \
+                               (blk * cs.s0 + off * cs.s1 + h * cs.s2 + d * cs.s3) * OUT_SIZE;                 \
+            const float2 sc = is_k ? k_sc : v_sc;                                                              \
+            const uint mode = is_k ? (modes & 3u) : (modes >> 2);                                              \
+            for (int g = 0; g < (G); g++) MOVE_K##_store(dp + g * g_el * OUT_SIZE, w + g * wk, sc, mode);      \
+            return;                                                                                            \
+        }                                                                                                      \
         if (is_k) {                                                                                            \
             const global uchar *sp = ki + ki_off + (to * kis.s0 + ti * kis.s1 + h * kis.s2 + d * kis.s3) * IN_SIZE; \
             for (int g = 0; g < (G); g++) MOVE_K##_load(w + g * wk, sp + g * gk * IN_SIZE);                  \
