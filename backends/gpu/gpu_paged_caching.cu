@@ -87,16 +87,58 @@ enum {
     VS_SIDES = 0,   /* the per-side form (variants 0-2) */
     VS_ROWS = 1,    /* the row form with 2 * KVHAL_GPU_PAGED_UNROLL units per thread, KVHAL_GPU_PAGED_MIN_BLOCKS */
     VS_ROWS_2 = 2,  /* the row form with 2 units per thread, 16 resident blocks (fp8 of long rows) */
-    VS_COUNT = 3
+    VS_ROWS_H6 = 3, /* VS_ROWS and VS_ROWS_2 with variant 6's hints (HINTS_6) */
+    VS_ROWS_2_H6 = 4,
+    VS_ROWS_H7 = 5, /* and with variant 7's (HINTS_7) */
+    VS_ROWS_2_H7 = 6,
+    VS_COUNT = 7
 };
 #define KVHAL_GPU_ROWS_FP8_LONG 128
+#define HINTS_6 (KVHAL_GPU_HINT_IN | KVHAL_GPU_HINT_RUN)
+#define HINTS_7 (KVHAL_GPU_HINT_IN | KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_CS)
 
-template <class X> PagedLaunch vec_launcher(int shape)
+/* shape with variant v's hints (6, 7), or as it is */
+int hinted_shape(int shape, int v)
 {
-    if (shape == VS_ROWS_2) return paged_launcher<Rows<X, 2, 16>>();
-    if (shape == VS_ROWS) return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS>>();
-    return paged_launcher<X>();
+    if (shape != VS_ROWS && shape != VS_ROWS_2) return shape;
+    return v == 6 ? shape + 2 : v == 7 ? shape + 4 : shape;
 }
+
+/* The hinted shapes are built only for the transforms that take them (HintsOk: the OCP fp8 conversions with a
+ * multiply or the reciprocal, and the copies); the others run the plain shape of the same geometry. */
+template <class X> struct HintsOk {
+    enum { value = 1 };
+};
+template <int IN, int OUT> struct HintsOk<XFp8Vec<IN, OUT, SM_DIV>> {
+    enum { value = 0 };
+};
+template <int IN, int OUT, int MODE> struct HintsOk<XFp8VecFnuz<IN, OUT, MODE>> {
+    enum { value = 0 };
+};
+
+template <class X, bool OK = HintsOk<X>::value> struct VecShapes {
+    static PagedLaunch get(int shape)
+    {
+        switch (shape) {
+        case VS_ROWS_H6: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_6>>();
+        case VS_ROWS_2_H6: return paged_launcher<Rows<X, 2, 16, HINTS_6>>();
+        case VS_ROWS_H7: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_7>>();
+        case VS_ROWS_2_H7: return paged_launcher<Rows<X, 2, 16, HINTS_7>>();
+        default: return VecShapes<X, false>::get(shape);
+        }
+    }
+};
+template <class X> struct VecShapes<X, false> {
+    static PagedLaunch get(int shape)
+    {
+        if (shape == VS_ROWS_2 || shape == VS_ROWS_2_H6 || shape == VS_ROWS_2_H7) return paged_launcher<Rows<X, 2, 16>>();
+        if (shape == VS_ROWS || shape == VS_ROWS_H6 || shape == VS_ROWS_H7)
+            return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS>>();
+        return paged_launcher<X>();
+    }
+};
+
+template <class X> PagedLaunch vec_launcher(int shape) { return VecShapes<X>::get(shape); }
 
 /* vec < 0: the scalar path; else the vector path's shape (VS_*) */
 template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher(int vec)
@@ -132,11 +174,15 @@ template <int MODE> PagedLaunch fp8_launcher_in(int in, int out, int vec)
 
 /* Same-dtype copies. Vector path: wide = twice the units per thread, for KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS resident
  * blocks (XCopyWide, or the row form's wide shape); rows = the row form. */
-PagedLaunch copy_launcher(size_t es, bool vec, bool wide = false, bool rows = false)
+PagedLaunch copy_launcher(size_t es, bool vec, bool wide = false, bool rows = false, int hints = 0)
 {
+    if (vec && rows && wide && hints == 6)
+        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_6>>();
+    if (vec && rows && wide && hints == 7)
+        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_7>>();
     if (vec && rows && wide)
         return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS>>();
-    if (vec && rows) return vec_launcher<XCopy<uint4>>(VS_ROWS);
+    if (vec && rows) return vec_launcher<XCopy<uint4>>(hinted_shape(VS_ROWS, hints));
     if (vec) return wide ? paged_launcher<XCopyWide<uint4>>() : paged_launcher<XCopy<uint4>>();
     switch (es) {
     case 1: return paged_launcher<XCopy<uint8_t>>();
@@ -171,6 +217,7 @@ bool build_side(const kvhal_bk_paged_side *s, const kvhal_bk_paged_caching *a, i
     const int64_t uph = ed / n, row = eh * uph;
     if (uph < 1 || row > (int64_t)(1u << 31) / KVHAL_GPU_MAX_TPC) return false;
     o->one_run = eh == 1 && in_dim == 1 && cache_dim == 1;
+    o->in_run = in_dim == 1 && (eh == 1 || in_head == uph);
     o->cache = NULL;
     o->input = NULL;
     o->block_stride = block_stride;
@@ -251,12 +298,13 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
         /* the wide copy for rows of at least 64 units (1 KiB), except in variant 0 (KVHAL_GPU_VARIANT) */
         const uint32_t row = d->pv.k.row_units > d->pv.v.row_units ? d->pv.k.row_units : d->pv.v.row_units;
         d->sc[SM_MUL] = copy_launcher(es, false);
-        d->vec[SM_MUL] = copy_launcher(es, true, c->variant != 0 && d->vec_ok && row >= 64, rows);
+        d->vec[SM_MUL] = copy_launcher(es, true, c->variant != 0 && d->vec_ok && row >= 64, rows, c->variant);
     } else {
-        /* the long-row fp8 shape in variants 4 (every input dtype) and 5 (bf16 input only) */
+        /* the long-row fp8 shape in variants 4, 6, 7 (every input dtype) and 5 (bf16 input only); 6 and 7 are 4 with
+         * their hints */
         const bool long_rows = d->pv.k.row_units + d->pv.v.row_units >= KVHAL_GPU_ROWS_FP8_LONG;
-        const bool two = long_rows && (c->variant == 4 || (c->variant == 5 && in == DT_BF16));
-        const int shape = !rows ? VS_SIDES : two ? VS_ROWS_2 : VS_ROWS;
+        const bool two = long_rows && (c->variant == 4 || c->variant >= 6 || (c->variant == 5 && in == DT_BF16));
+        const int shape = hinted_shape(!rows ? VS_SIDES : two ? VS_ROWS_2 : VS_ROWS, c->variant);
         d->sc[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, -1);
         d->sc[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, -1);
         d->sc[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, -1);
@@ -289,8 +337,10 @@ void paged_caching_rtc_exprs(RtcExprFn add, void *user)
         int n = 0;
         if (vec < 0)
             for (int i = 0; i < 3; i++) l[n++] = copy_launcher(sizes[i], false);
-        else if (vec != VS_ROWS_2) /* the vector copies: narrow and wide, per-side or row form */
+        else if (vec == VS_SIDES || vec == VS_ROWS) /* the vector copies: narrow and wide, per-side or row form */
             for (int w = 0; w < 2; w++) l[n++] = copy_launcher(16, true, w != 0, vec == VS_ROWS);
+        else if (vec == VS_ROWS_H6 || vec == VS_ROWS_H7) /* and the row form's with hints */
+            for (int w = 0; w < 2; w++) l[n++] = copy_launcher(16, true, w != 0, true, vec == VS_ROWS_H6 ? 6 : 7);
         for (int i = 0; i < 3; i++)
             for (int o = 0; o < 4; o++) {
                 l[n++] = fp8_launcher_in<SM_MUL>(ins[i], outs[o], vec);

@@ -68,8 +68,11 @@ namespace kvhal_gpu {
  *      for same-dtype rows whose longer side has at least 64 units), the per-side form's units in flight
  *   4  the default: as 3, and fp8 rows of at least KVHAL_GPU_ROWS_FP8_LONG units per token (K's and V's together)
  *      with 2 units per thread for 16 resident blocks (gpu_paged_caching.cu says why)
- *   5  as 4 for bf16 input only (other inputs as 3) */
-#define KVHAL_GPU_VARIANTS 6
+ *   5  as 4 for bf16 input only (other inputs as 3)
+ *   6  as 4, the row form with input loads L1::no_allocate + L2::256B and HND input rows loaded without the head
+ *      split (KVHAL_GPU_HINT_IN | KVHAL_GPU_HINT_RUN; fnuz and SM_DIV conversions as 4)
+ *   7  as 6, and the cache stores streaming (st.global.cs, KVHAL_GPU_HINT_CS) */
+#define KVHAL_GPU_VARIANTS 8
 #ifndef KVHAL_GPU_VARIANT_DEFAULT
 #define KVHAL_GPU_VARIANT_DEFAULT 4
 #endif
@@ -97,18 +100,29 @@ template <typename T> struct XCopyWide : XCopy<T> {};
  * flight per thread, compiled for MINB resident blocks. The units of a block are one index space, all K units of
  * its tokens first, then all V units, so every thread loads U useful units whatever the two sides' row lengths
  * (an MLA row, 512 latent + 64 rotary dims, is 64 + 8 units: the per-side form keeps most threads idle on V). */
-template <class X, int U, int MINB> struct Rows : X {};
+/* H: the memory hints of variants 6 and 7 (KVHAL_GPU_HINT_*), 0 in the others. */
+template <class X, int U, int MINB, int H = 0> struct Rows : X {};
+
+/* Row-form hints (session 8, variants 6 and 7; CUDA only, HIP builds the plain accesses):
+ *   IN   input loads as ld.global.L1::no_allocate.L2::256B (each input unit is read once: no L1 line is kept, and
+ *        the L2 fetches the 256-byte span a warp's consecutive units cover);
+ *   CS   cache stores as st.global.cs (streaming: evict-first in the L2);
+ *   RUN  a row that is one run in the input (heads contiguous there: the HND layout's input) loads without the
+ *        head split, as a one-run row does; only the cache side divides by the head's units. */
+#define KVHAL_GPU_HINT_IN 1
+#define KVHAL_GPU_HINT_CS 2
+#define KVHAL_GPU_HINT_RUN 4
 
 /* Per transform: units each thread loads per pass (per side, or in all for Rows), the resident blocks the kernel is
- * compiled for, and whether it is the row form. */
+ * compiled for, whether it is the row form, and its hints. */
 template <class X> struct PagedGeom {
-    enum { UNROLL = KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_MIN_BLOCKS, ROWS = 0 };
+    enum { UNROLL = KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_MIN_BLOCKS, ROWS = 0, HINTS = 0 };
 };
 template <typename T> struct PagedGeom<XCopyWide<T>> {
-    enum { UNROLL = 2 * KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, ROWS = 0 };
+    enum { UNROLL = 2 * KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, ROWS = 0, HINTS = 0 };
 };
-template <class X, int U, int MINB> struct PagedGeom<Rows<X, U, MINB>> {
-    enum { UNROLL = U, MIN_BLOCKS = MINB, ROWS = 1 };
+template <class X, int U, int MINB, int H> struct PagedGeom<Rows<X, U, MINB, H>> {
+    enum { UNROLL = U, MIN_BLOCKS = MINB, ROWS = 1, HINTS = H };
 };
 
 template <int IN> __device__ __forceinline__ float load_elem(uint32_t bits)
@@ -431,6 +445,8 @@ struct PagedSide {
     kvhal_fastdiv32 div_head;                              /* by units_per_head */
     uint32_t one_run; /* the row is one run of units, contiguous in the input and the cache (heads folded, unit
                        * dim strides 1: the vector path's NHD and MLA rows): the row form skips the head split */
+    uint32_t in_run;  /* the row is one run of units in the input (unit dim stride 1, heads contiguous or one):
+                       * the hinted row form (KVHAL_GPU_HINT_RUN) loads it without the head split */
 };
 
 struct PagedParams {
@@ -499,30 +515,62 @@ __device__ __forceinline__ void paged_store(const PagedSide &sd, const int64_t *
  * again for the store rather than kept across the barrier (registers: keeping t costs spills). A one-run row needs
  * no head split (no second division, no 64-bit multiplies). The row form runs on the vector path only, where unit
  * dim strides are 1 (build_side). */
+/* The row form's accesses under hints H (KVHAL_GPU_HINT_*): the vector path's input unit is always a uint4, its
+ * cache unit a uint4 (copies), uint2 (16-bit input to fp8) or uint32_t (f32 to fp8). */
+#if defined(__CUDA_ARCH__) && !defined(__HIP_PLATFORM_AMD__) && !defined(__HIPCC_RTC__)
+#define KVHAL_GPU_PTX_HINTS 1
+#endif
+template <int H, class T> __device__ __forceinline__ T ld_in(const T *p) { return *p; }
+template <int H> __device__ __forceinline__ uint4 ld_in(const uint4 *p)
+{
+#ifdef KVHAL_GPU_PTX_HINTS
+    if (H & KVHAL_GPU_HINT_IN) {
+        uint4 v;
+        asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+        return v;
+    }
+#endif
+    return *p;
+}
+template <int H, class T> __device__ __forceinline__ void st_out(T *p, const T &v)
+{
+#ifdef KVHAL_GPU_PTX_HINTS
+    if (H & KVHAL_GPU_HINT_CS) {
+        __stcs(p, v);
+        return;
+    }
+#endif
+    *p = v;
+}
+
 template <class X>
 __device__ __forceinline__ typename X::In rows_load(const PagedSide &sd, const int64_t *s_in, uint32_t j)
 {
+    enum { H = PagedGeom<X>::HINTS };
     const typename X::In *in = reinterpret_cast<const typename X::In *>(sd.input);
     const uint32_t t = kvhal_fastdiv32_div(j, sd.div_row), r = j - t * sd.row_units;
-    if (sd.one_run) return in[s_in[t] + (int64_t)r];
+    if (sd.one_run || ((H & KVHAL_GPU_HINT_RUN) && sd.in_run)) return ld_in<H>(in + s_in[t] + (int64_t)r);
     const uint32_t h = kvhal_fastdiv32_div(r, sd.div_head);
-    return in[s_in[t] + (int64_t)h * sd.in_head + (int64_t)(r - h * sd.div_head.d)];
+    return ld_in<H>(in + s_in[t] + (int64_t)h * sd.in_head + (int64_t)(r - h * sd.div_head.d));
 }
 
 template <class X>
 __device__ __forceinline__ void rows_store(const PagedSide &sd, const int64_t *s_cache, uint32_t j,
                                            const typename X::In &v)
 {
+    enum { H = PagedGeom<X>::HINTS };
     typename X::Out *out = reinterpret_cast<typename X::Out *>(sd.cache);
     const uint32_t t = kvhal_fastdiv32_div(j, sd.div_row), r = j - t * sd.row_units;
     const int64_t co = s_cache[t];
     if (co < 0) return;
     if (sd.one_run) {
-        out[co + (int64_t)r] = X::apply(v, sd.scale, sd.inv);
+        st_out<H>(out + co + (int64_t)r, X::apply(v, sd.scale, sd.inv));
         return;
     }
     const uint32_t h = kvhal_fastdiv32_div(r, sd.div_head);
-    out[co + (int64_t)h * sd.cache_head + (int64_t)(r - h * sd.div_head.d)] = X::apply(v, sd.scale, sd.inv);
+    st_out<H>(out + co + (int64_t)h * sd.cache_head + (int64_t)(r - h * sd.div_head.d), X::apply(v, sd.scale, sd.inv));
 }
 
 /* Token tid's cache offsets in shared memory (-1: padding, or a slot out of range, which is flagged), from the slot
