@@ -91,17 +91,23 @@ enum {
     VS_ROWS_2_H6 = 4,
     VS_ROWS_H7 = 5, /* and with variant 7's (HINTS_7) */
     VS_ROWS_2_H7 = 6,
-    VS_COUNT = 7
+    VS_ROWS_H8 = 7, /* and variant 8's (HINTS_8) */
+    VS_ROWS_2_H8 = 8,
+    VS_ROWS_H9 = 9, /* and variant 9's (HINTS_9) */
+    VS_ROWS_2_H9 = 10,
+    VS_COUNT = 11
 };
 #define KVHAL_GPU_ROWS_FP8_LONG 128
 #define HINTS_6 (KVHAL_GPU_HINT_IN | KVHAL_GPU_HINT_RUN)
 #define HINTS_7 (KVHAL_GPU_HINT_IN | KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_CS)
+#define HINTS_8 (KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_TRIM)
+#define HINTS_9 (KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_TRIM | KVHAL_GPU_HINT_NA)
 
-/* shape with variant v's hints (6, 7), or as it is */
+/* shape with variant v's hints (6 to 9), or as it is */
 int hinted_shape(int shape, int v)
 {
-    if (shape != VS_ROWS && shape != VS_ROWS_2) return shape;
-    return v == 6 ? shape + 2 : v == 7 ? shape + 4 : shape;
+    if ((shape != VS_ROWS && shape != VS_ROWS_2) || v < 6 || v > 9) return shape;
+    return shape + 2 * (v - 5);
 }
 
 /* The hinted shapes are built only for the transforms that take them (HintsOk: the OCP fp8 conversions with a
@@ -124,6 +130,10 @@ template <class X, bool OK = HintsOk<X>::value> struct VecShapes {
         case VS_ROWS_2_H6: return paged_launcher<Rows<X, 2, 16, HINTS_6>>();
         case VS_ROWS_H7: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_7>>();
         case VS_ROWS_2_H7: return paged_launcher<Rows<X, 2, 16, HINTS_7>>();
+        case VS_ROWS_H8: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_8>>();
+        case VS_ROWS_2_H8: return paged_launcher<Rows<X, 2, 16, HINTS_8>>();
+        case VS_ROWS_H9: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_9>>();
+        case VS_ROWS_2_H9: return paged_launcher<Rows<X, 2, 16, HINTS_9>>();
         default: return VecShapes<X, false>::get(shape);
         }
     }
@@ -131,10 +141,10 @@ template <class X, bool OK = HintsOk<X>::value> struct VecShapes {
 template <class X> struct VecShapes<X, false> {
     static PagedLaunch get(int shape)
     {
-        if (shape == VS_ROWS_2 || shape == VS_ROWS_2_H6 || shape == VS_ROWS_2_H7) return paged_launcher<Rows<X, 2, 16>>();
-        if (shape == VS_ROWS || shape == VS_ROWS_H6 || shape == VS_ROWS_H7)
-            return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS>>();
-        return paged_launcher<X>();
+        /* the hinted shapes are VS_ROWS + 2k and VS_ROWS_2 + 2k */
+        if (shape == VS_SIDES) return paged_launcher<X>();
+        if (shape % 2 == 0) return paged_launcher<Rows<X, 2, 16>>();
+        return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS>>();
     }
 };
 
@@ -180,6 +190,10 @@ PagedLaunch copy_launcher(size_t es, bool vec, bool wide = false, bool rows = fa
         return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_6>>();
     if (vec && rows && wide && hints == 7)
         return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_7>>();
+    if (vec && rows && wide && hints == 8)
+        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_8>>();
+    if (vec && rows && wide && hints == 9)
+        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_9>>();
     if (vec && rows && wide)
         return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS>>();
     if (vec && rows) return vec_launcher<XCopy<uint4>>(hinted_shape(VS_ROWS, hints));
@@ -339,8 +353,8 @@ void paged_caching_rtc_exprs(RtcExprFn add, void *user)
             for (int i = 0; i < 3; i++) l[n++] = copy_launcher(sizes[i], false);
         else if (vec == VS_SIDES || vec == VS_ROWS) /* the vector copies: narrow and wide, per-side or row form */
             for (int w = 0; w < 2; w++) l[n++] = copy_launcher(16, true, w != 0, vec == VS_ROWS);
-        else if (vec == VS_ROWS_H6 || vec == VS_ROWS_H7) /* and the row form's with hints */
-            for (int w = 0; w < 2; w++) l[n++] = copy_launcher(16, true, w != 0, true, vec == VS_ROWS_H6 ? 6 : 7);
+        else if (vec % 2 == 1) /* and the row form's with hints (VS_ROWS_H6 .. VS_ROWS_H9: variant (vec + 9) / 2) */
+            for (int w = 0; w < 2; w++) l[n++] = copy_launcher(16, true, w != 0, true, (vec + 9) / 2);
         for (int i = 0; i < 3; i++)
             for (int o = 0; o < 4; o++) {
                 l[n++] = fp8_launcher_in<SM_MUL>(ins[i], outs[o], vec);

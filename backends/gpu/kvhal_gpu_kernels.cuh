@@ -71,8 +71,11 @@ namespace kvhal_gpu {
  *   5  as 4 for bf16 input only (other inputs as 3)
  *   6  as 4, the row form with input loads L1::no_allocate + L2::256B and HND input rows loaded without the head
  *      split (KVHAL_GPU_HINT_IN | KVHAL_GPU_HINT_RUN; fnuz and SM_DIV conversions as 4)
- *   7  as 6, and the cache stores streaming (st.global.cs, KVHAL_GPU_HINT_CS) */
-#define KVHAL_GPU_VARIANTS 8
+ *   7  as 6, and the cache stores streaming (st.global.cs, KVHAL_GPU_HINT_CS)
+ *   8  as 4, HND input rows without the head split and the trimmed OCP fp8 conversion (KVHAL_GPU_HINT_RUN |
+ *      KVHAL_GPU_HINT_TRIM)
+ *   9  as 8, input loads L1::no_allocate (KVHAL_GPU_HINT_NA) */
+#define KVHAL_GPU_VARIANTS 10
 #ifndef KVHAL_GPU_VARIANT_DEFAULT
 #define KVHAL_GPU_VARIANT_DEFAULT 4
 #endif
@@ -103,15 +106,19 @@ template <typename T> struct XCopyWide : XCopy<T> {};
 /* H: the memory hints of variants 6 and 7 (KVHAL_GPU_HINT_*), 0 in the others. */
 template <class X, int U, int MINB, int H = 0> struct Rows : X {};
 
-/* Row-form hints (session 8, variants 6 and 7; CUDA only, HIP builds the plain accesses):
+/* Row-form hints (session 8, variants 6 to 9; CUDA only, HIP builds the plain accesses and conversion):
  *   IN   input loads as ld.global.L1::no_allocate.L2::256B (each input unit is read once: no L1 line is kept, and
  *        the L2 fetches the 256-byte span a warp's consecutive units cover);
  *   CS   cache stores as st.global.cs (streaming: evict-first in the L2);
  *   RUN  a row that is one run in the input (heads contiguous there: the HND layout's input) loads without the
- *        head split, as a one-run row does; only the cache side divides by the head's units. */
+ *        head split, as a one-run row does; only the cache side divides by the head's units;
+ *   TRIM the OCP fp8 conversion with fewer instructions per 16 bytes (sm_89+: XFp8Trim);
+ *   NA   input loads as ld.global.L1::no_allocate only (no L2 prefetch size). */
 #define KVHAL_GPU_HINT_IN 1
 #define KVHAL_GPU_HINT_CS 2
 #define KVHAL_GPU_HINT_RUN 4
+#define KVHAL_GPU_HINT_TRIM 8
+#define KVHAL_GPU_HINT_NA 16
 
 /* Per transform: units each thread loads per pass (per side, or in all for Rows), the resident blocks the kernel is
  * compiled for, whether it is the row form, and its hints. */
@@ -515,6 +522,95 @@ __device__ __forceinline__ void paged_store(const PagedSide &sd, const int64_t *
  * again for the store rather than kept across the barrier (registers: keeping t costs spills). A one-run row needs
  * no head split (no second division, no 64-bit multiplies). The row form runs on the vector path only, where unit
  * dim strides are 1 (build_side). */
+/* The row form's conversion under hints H: X's own, or with KVHAL_GPU_HINT_TRIM the trimmed OCP conversion
+ * (XFp8Trim) where the hardware one exists. */
+template <class X> struct BaseX {
+    typedef X T;
+};
+template <class X, int U, int MINB, int H> struct BaseX<Rows<X, U, MINB, H>> {
+    typedef X T;
+};
+template <class X, int H> struct Conv {
+    static __device__ __forceinline__ typename X::Out apply(const typename X::In &v, float s, float inv)
+    {
+        return X::apply(v, s, inv);
+    }
+};
+
+#ifdef KVHAL_GPU_HW_FP8
+/* Four quotients -> four OCP fp8 codes in one 32-bit word (a0 in byte 0): two packed conversions written straight
+ * into the halves of one register, where fp8_hw_x2's 16-bit results were masked and permuted (session 8: 3
+ * instructions fewer per 4 bytes in the SASS). */
+template <int OUT> __device__ __forceinline__ uint32_t fp8_hw_x4(float a0, float a1, float a2, float a3)
+{
+    uint32_t r;
+    if (OUT == DT_E4M3)
+        asm("{\n\t.reg .b16 lo, hi;\n\tcvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
+            "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\tmov.b32 %0, {lo, hi};\n\t}"
+            : "=r"(r)
+            : "f"(a0), "f"(a1), "f"(a2), "f"(a3));
+    else
+        asm("{\n\t.reg .b16 lo, hi;\n\tcvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n\t"
+            "cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\n\tmov.b32 %0, {lo, hi};\n\t}"
+            : "=r"(r)
+            : "f"(a0), "f"(a1), "f"(a2), "f"(a3));
+    return r;
+}
+
+/* Whether any byte of a or b is a NaN code (fp8_nan_bytes' test, the masks only built when it holds). */
+template <int OUT> __device__ __forceinline__ bool fp8_any_nan(uint32_t a, uint32_t b)
+{
+    const uint32_t add = OUT == DT_E4M3 ? 0x01010101u : 0x03030303u;
+    return ((((a & 0x7f7f7f7fu) + add) | ((b & 0x7f7f7f7fu) + add)) & 0x80808080u) != 0;
+}
+
+/* XFp8Vec's conversion with the same results (the same quotients and hardware rounding, the same NaN fix-up). */
+template <class X> struct XFp8Trim;
+template <int OUT, int MODE> struct XFp8Trim<XFp8Vec<DT_F32, OUT, MODE>> {
+    typedef XFp8Vec<DT_F32, OUT, MODE> V;
+    static __device__ __forceinline__ uint32_t apply(const uint4 &v, float s, float inv)
+    {
+        const uint32_t c = fp8_hw_x4<OUT>(
+            scaled<MODE>(kvhal_gpu_bits_f32(v.x), s, inv), scaled<MODE>(kvhal_gpu_bits_f32(v.y), s, inv),
+            scaled<MODE>(kvhal_gpu_bits_f32(v.z), s, inv), scaled<MODE>(kvhal_gpu_bits_f32(v.w), s, inv));
+        if (!fp8_any_nan<OUT>(c, 0u)) return c;
+        const uint32_t n = fp8_nan_bytes<OUT>(c);
+        const uint32_t sign = ((v.x >> 24) & 0x80u) | ((v.y >> 16) & 0x8000u) | ((v.z >> 8) & 0x800000u) |
+                              (v.w & 0x80000000u);
+        const uint32_t in_nan = V::nan_byte(v.x, 0xffu) | V::nan_byte(v.y, 0xff00u) | V::nan_byte(v.z, 0xff0000u) |
+                                V::nan_byte(v.w, 0xff000000u);
+        return fp8_fix_nan<OUT>(c, n, sign, in_nan);
+    }
+};
+template <int IN, int OUT, int MODE> struct XFp8Trim<XFp8Vec<IN, OUT, MODE>> {
+    typedef XFp8Vec<IN, OUT, MODE> V;
+    static __device__ __forceinline__ uint32_t quad(uint32_t w0, uint32_t w1, float s, float inv)
+    {
+        return fp8_hw_x4<OUT>(scaled<MODE>(V::lane_lo(w0), s, inv), scaled<MODE>(V::lane_hi(w0), s, inv),
+                              scaled<MODE>(V::lane_lo(w1), s, inv), scaled<MODE>(V::lane_hi(w1), s, inv));
+    }
+    static __device__ __forceinline__ uint2 apply(const uint4 &v, float s, float inv)
+    {
+        uint2 o;
+        o.x = quad(v.x, v.y, s, inv);
+        o.y = quad(v.z, v.w, s, inv);
+        if (fp8_any_nan<OUT>(o.x, o.y)) { /* rare: as XFp8Vec */
+            const uint32_t nx = fp8_nan_bytes<OUT>(o.x), ny = fp8_nan_bytes<OUT>(o.y);
+            o.x = fp8_fix_nan<OUT>(o.x, nx, __byte_perm(v.x, v.y, 0x7531) & 0x80808080u, nan_lane_bytes<IN>(v.x, v.y));
+            o.y = fp8_fix_nan<OUT>(o.y, ny, __byte_perm(v.z, v.w, 0x7531) & 0x80808080u, nan_lane_bytes<IN>(v.z, v.w));
+        }
+        return o;
+    }
+};
+template <int IN, int OUT, int MODE, int H> struct Conv<XFp8Vec<IN, OUT, MODE>, H> {
+    typedef XFp8Vec<IN, OUT, MODE> V;
+    static __device__ __forceinline__ typename V::Out apply(const uint4 &v, float s, float inv)
+    {
+        return (H & KVHAL_GPU_HINT_TRIM) && !KVHAL_GPU_FNUZ(OUT) ? XFp8Trim<V>::apply(v, s, inv) : V::apply(v, s, inv);
+    }
+};
+#endif
+
 /* The row form's accesses under hints H (KVHAL_GPU_HINT_*): the vector path's input unit is always a uint4, its
  * cache unit a uint4 (copies), uint2 (16-bit input to fp8) or uint32_t (f32 to fp8). */
 #if defined(__CUDA_ARCH__) && !defined(__HIP_PLATFORM_AMD__) && !defined(__HIPCC_RTC__)
@@ -527,6 +623,13 @@ template <int H> __device__ __forceinline__ uint4 ld_in(const uint4 *p)
     if (H & KVHAL_GPU_HINT_IN) {
         uint4 v;
         asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+        return v;
+    }
+    if (H & KVHAL_GPU_HINT_NA) {
+        uint4 v;
+        asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                      : "l"(p));
         return v;
@@ -566,11 +669,12 @@ __device__ __forceinline__ void rows_store(const PagedSide &sd, const int64_t *s
     const int64_t co = s_cache[t];
     if (co < 0) return;
     if (sd.one_run) {
-        st_out<H>(out + co + (int64_t)r, X::apply(v, sd.scale, sd.inv));
+        st_out<H>(out + co + (int64_t)r, Conv<typename BaseX<X>::T, H>::apply(v, sd.scale, sd.inv));
         return;
     }
     const uint32_t h = kvhal_fastdiv32_div(r, sd.div_head);
-    st_out<H>(out + co + (int64_t)h * sd.cache_head + (int64_t)(r - h * sd.div_head.d), X::apply(v, sd.scale, sd.inv));
+    st_out<H>(out + co + (int64_t)h * sd.cache_head + (int64_t)(r - h * sd.div_head.d),
+              Conv<typename BaseX<X>::T, H>::apply(v, sd.scale, sd.inv));
 }
 
 /* Token tid's cache offsets in shared memory (-1: padding, or a slot out of range, which is flagged), from the slot

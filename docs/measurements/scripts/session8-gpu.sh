@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 8, issue 15: variants 6 and 7 (row-form memory hints, kvhal_gpu_kernels.cuh) against the default (4) on
+# Session 8, issue 15: variants 6 to 9 (row-form hints, kvhal_gpu_kernels.cuh) against the default (4) on
 # one GPU, and the evidence session 7 lacked: which toolkit tools the device machine has, the SASS of the paged
 # kernels (cuobjdump: instruction counts per kernel and opcode), and an Nsight Compute profile of chosen rows.
 # Runs session7-gpu.sh (build, suites, interleaved kvhal-bench rounds, table: same environment as there), then,
@@ -31,9 +31,9 @@ for line in open(sys.argv[1]):
         cur = m.group(1); funcs[cur] = []; continue
     m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;", line)
     if m and cur: funcs[cur].append(m.group(1))
-pats = [r"XFp8VecILi2ELi3ELi1EEELi4ELi12ELi[057]E", r"XFp8VecILi2ELi3ELi1EEELi2ELi16ELi[057]E",
-        r"XCopyI5uint4EELi4ELi12ELi[057]E", r"XCopyI5uint4EELi8ELi8ELi0E", r"XFp8VecILi0ELi3ELi1EEELi4ELi12ELi0E",
-        r"XFp8VecILi2ELi3ELi0EEELi2ELi16ELi0E"]
+pats = [r"XFp8VecILi2ELi3ELi1EEELi4ELi12ELi(0|12)E", r"XFp8VecILi2ELi3ELi1EEELi2ELi16ELi(0|12)E",
+        r"XCopyI5uint4EELi4ELi12ELi0E", r"XCopyI5uint4EELi8ELi8ELi0E", r"XFp8VecILi0ELi3ELi1EEELi4ELi12ELi(0|12)E",
+        r"XFp8VecILi2ELi3ELi0EEELi2ELi16ELi(0|12)E"]
 sel = open(sys.argv[2], "w")
 for name, ins in funcs.items():
     if "paged_caching_kernel" not in name or not any(re.search(p, name) for p in pats): continue
@@ -45,17 +45,20 @@ PY
 fi
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/nsight-compute*/ncu 2>/dev/null | head -1)
 if [ -n "${PROFILE:-}" ] && [ -n "$NCU" ]; then
-  S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis"
-  for v in ${PROFILE_VARIANTS:-4}; do
+  S="--kernel-name-base mangled --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis"
+  PROFILE_VARIANTS=${PROFILE_VARIANTS:-4}
+  for v in $PROFILE_VARIANTS; do
     [ "$(left)" -lt 25 ] && break
     KVHAL_GPU_VARIANT=$v timeout 40 $NCU --clock-control none -k regex:XFp8VecILi2ELi3ELi1 -c 1 $S \
       $B/tools/kvhal-bench --device=cuda:0 --op=mla --tokens=8192 --quick --no-cold > "$OUT/ncu-mla-fp8-v$v.txt" 2>&1
     [ "$(left)" -lt 25 ] && break
+    [ "$v" != "${PROFILE_VARIANTS%% *}" ] && continue # the rest for the first variant only
     KVHAL_GPU_VARIANT=$v timeout 40 $NCU --clock-control none -k regex:XCopyI5uint4 -c 1 $S \
       $B/tools/kvhal-bench --device=cuda:0 --op=mla --tokens=8192 --quick --no-cold > "$OUT/ncu-mla-bf16-v$v.txt" 2>&1
     [ "$(left)" -lt 30 ] && break
     # llama3-8b 8192, bf16 -> e4m3 at 0.37: every launch, NHD rows first, then HND (told apart by order)
-    KVHAL_GPU_VARIANT=$v timeout 45 $NCU --clock-control none -k regex:XFp8VecILi2ELi3ELi1 -c 400 --csv --page raw \
+    KVHAL_GPU_VARIANT=$v timeout 45 $NCU --clock-control none --kernel-name-base mangled -k regex:XFp8VecILi2ELi3ELi1 \
+      -c 400 --csv --page raw \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_executed.sum,lts__t_sectors_op_write.sum \
       $B/tools/kvhal-bench --device=cuda:0 --op=paged_caching --preset=llama3-8b --tokens=8192 --quick --no-cold \
       > "$OUT/ncu-llama-fp8-v$v.csv" 2>&1
