@@ -74,8 +74,10 @@ namespace kvhal_gpu {
  *   7  as 6, and the cache stores streaming (st.global.cs, KVHAL_GPU_HINT_CS)
  *   8  as 4, HND input rows without the head split and the trimmed OCP fp8 conversion (KVHAL_GPU_HINT_RUN |
  *      KVHAL_GPU_HINT_TRIM)
- *   9  as 8, input loads L1::no_allocate (KVHAL_GPU_HINT_NA) */
-#define KVHAL_GPU_VARIANTS 10
+ *   9  as 8, input loads L1::no_allocate (KVHAL_GPU_HINT_NA)
+ *   10 as 4, and a vector-path call whose blocks fit in one wave (grid <= multiprocessors x the kernel's resident
+ *      blocks) loads its input L1::no_allocate (KVHAL_GPU_HINT_NA alone) */
+#define KVHAL_GPU_VARIANTS 11
 #ifndef KVHAL_GPU_VARIANT_DEFAULT
 #define KVHAL_GPU_VARIANT_DEFAULT 4
 #endif

@@ -3,7 +3,7 @@
 # one GPU, and the evidence session 7 lacked: which toolkit tools the device machine has, the SASS of the paged
 # kernels (cuobjdump: instruction counts per kernel and opcode), and an Nsight Compute profile of chosen rows.
 # Runs session7-gpu.sh (build, suites, interleaved kvhal-bench rounds, table: same environment as there), then,
-# with PROFILE=1, the SASS summary and the ncu runs in what is left of LIMIT seconds (default 285).
+# with PROFILE=1, the SASS summary and (unless NO_NCU=1) the ncu runs in what is left of LIMIT seconds (default 285).
 # Run from the repository root (or a copy of the tree) with .devdeps carried; everything ends in $OUT/s8-run.tgz.
 set -uo pipefail
 : "${OUT:?set OUT to the log folder}"
@@ -44,7 +44,7 @@ for name, ins in funcs.items():
 PY
 fi
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/nsight-compute*/ncu 2>/dev/null | head -1)
-if [ -n "${PROFILE:-}" ] && [ -n "$NCU" ]; then
+if [ -n "${PROFILE:-}" ] && [ -z "${NO_NCU:-}" ] && [ -n "$NCU" ]; then
   S="--kernel-name-base mangled --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis"
   PROFILE_VARIANTS=${PROFILE_VARIANTS:-4}
   for v in $PROFILE_VARIANTS; do
@@ -64,6 +64,8 @@ if [ -n "${PROFILE:-}" ] && [ -n "$NCU" ]; then
       > "$OUT/ncu-llama-fp8-v$v.csv" 2>&1
   done
 fi
-(cd "$OUT" && tar czf s8-run.tgz --exclude=s8-run.tgz . 2>/dev/null)
+# few files come back from the device machine: everything in one archive, the table and the SASS summary beside it
+(cd "$OUT" && tar czf /tmp/s8-run.tgz --exclude=run.log . 2>/dev/null &&
+  find . -maxdepth 1 -type f ! -name run.log ! -name variants.txt ! -name sass-summary.txt -delete && mv /tmp/s8-run.tgz .)
 echo "session8-gpu: rc $rc, $(( $(date +%s) - t0 )) s"
 exit $rc
