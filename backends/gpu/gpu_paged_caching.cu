@@ -60,7 +60,7 @@ struct PagedDesc {
     PagedParams pv, ps;                           /* vector and scalar templates (unit strides, divisors) */
     bool fast32_shape; /* num_slots and seq_len allow 32-bit divisions; the token count decides per call */
     PagedLaunch vec[3], sc[3];                    /* by scale mode (SM_MUL, SM_RCP, SM_DIV); one for copies */
-    PagedLaunch vec_wave[3]; /* variant 10: the vector path's kernels for a call that fits in one wave */
+    PagedLaunch vec_wave[3]; /* variants 10, 11: the vector path's kernels for a call that fits in one wave */
     bool wave;               /* vec_wave is built */
     uint32_t out_align; /* bytes the cache bases need on the vector path (inputs need 16) */
     bool vec_ok, fp8;   /* fp8: the kernels convert to the fp8 cache with the call's scales */
@@ -319,16 +319,18 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
     d->out_align = (uint32_t)(vec * (int64_t)out_es);
 
     const bool rows = c->variant >= 3; /* the vector path's row form (KVHAL_GPU_VARIANT) */
-    /* variant 10: variant 4's kernels, and for calls of one wave the same shapes with its hints (vec_wave) */
-    const int kv = c->variant == 10 ? 4 : c->variant;
-    d->wave = c->variant == 10;
+    /* variant 10: variant 4's kernels, and for calls of one wave the same shapes with its hints (vec_wave);
+     * variant 11: variant 8's kernels, and variant 9's for calls of one wave */
+    const int kv = c->variant == 10 ? 4 : c->variant == 11 ? 8 : c->variant;
+    const int wv = c->variant == 10 ? 10 : 9; /* the hints of vec_wave */
+    d->wave = c->variant == 10 || c->variant == 11;
     if (same) {
         /* the wide copy for rows of at least 64 units (1 KiB), except in variant 0 (KVHAL_GPU_VARIANT) */
         const uint32_t row = d->pv.k.row_units > d->pv.v.row_units ? d->pv.k.row_units : d->pv.v.row_units;
         const bool wide = c->variant != 0 && d->vec_ok && row >= 64;
         d->sc[SM_MUL] = copy_launcher(es, false);
         d->vec[SM_MUL] = copy_launcher(es, true, wide, rows, kv);
-        if (d->wave) d->vec_wave[SM_MUL] = copy_launcher(es, true, wide, rows, 10);
+        if (d->wave) d->vec_wave[SM_MUL] = copy_launcher(es, true, wide, rows, wv);
     } else {
         /* the long-row fp8 shape in variants 4, 6, 7 (every input dtype) and 5 (bf16 input only); 6 and 7 are 4 with
          * their hints */
@@ -336,9 +338,9 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
         const bool two = long_rows && (kv == 4 || kv >= 6 || (kv == 5 && in == DT_BF16));
         const int plain = !rows ? VS_SIDES : two ? VS_ROWS_2 : VS_ROWS, shape = hinted_shape(plain, kv);
         if (d->wave) {
-            d->vec_wave[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, hinted_shape(plain, 10));
-            d->vec_wave[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, hinted_shape(plain, 10));
-            d->vec_wave[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, hinted_shape(plain, 10));
+            d->vec_wave[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, hinted_shape(plain, wv));
+            d->vec_wave[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, hinted_shape(plain, wv));
+            d->vec_wave[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, hinted_shape(plain, wv));
         }
         d->sc[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, -1);
         d->sc[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, -1);
@@ -483,7 +485,8 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     /* depends on the path (tokens per block), which depends on the call's addresses: checked here, not in
      * paged_caching_supports */
     const int64_t grid = (a->num_tokens + p.tpc - 1) / p.tpc;
-    /* variant 10: a call whose blocks are all resident at once (one wave) runs the same shape with its hints */
+    /* variants 10, 11: a call whose blocks are all resident at once (one wave) runs the same shape with the
+     * one-wave hints */
     if (vec && d->wave && grid <= (int64_t)c->dev[id].sm_count * runp->min_blocks) runp = &d->vec_wave[mode];
     const PagedLaunch &run = *runp;
     if (grid > 0x7fffffff)

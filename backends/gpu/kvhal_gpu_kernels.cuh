@@ -76,8 +76,9 @@ namespace kvhal_gpu {
  *      KVHAL_GPU_HINT_TRIM)
  *   9  as 8, input loads L1::no_allocate (KVHAL_GPU_HINT_NA)
  *   10 as 4, and a vector-path call whose blocks fit in one wave (grid <= multiprocessors x the kernel's resident
- *      blocks) loads its input L1::no_allocate (KVHAL_GPU_HINT_NA alone) */
-#define KVHAL_GPU_VARIANTS 11
+ *      blocks) loads its input L1::no_allocate (KVHAL_GPU_HINT_NA alone)
+ *   11 as 8, and a call of one wave as 9 */
+#define KVHAL_GPU_VARIANTS 12
 #ifndef KVHAL_GPU_VARIANT_DEFAULT
 #define KVHAL_GPU_VARIANT_DEFAULT 4
 #endif

@@ -19,9 +19,16 @@ B=/tmp/b7
 } > "$OUT/tools.txt" 2>&1
 bash docs/measurements/scripts/session7-gpu.sh; rc=$?
 M=$B/backends/cuda/libkvhal-cuda.so
+# FP8_VARIANT=v: the exhaustive fp8 check (all 2^32 f32 inputs, four scales) under variant v, in what is left
+if [ -n "${FP8_VARIANT:-}" ]; then
+  KVHAL_BACKEND_PATH=$B/backends KVHAL_GPU_VARIANT=$FP8_VARIANT timeout $(( $(left) - 20 )) $B/tools/kvhal-fp8-check \
+    --device=cuda:0 --chunk-log2=26 --scales=0.37,3e30,0x1.5p-64,0.5 > "$OUT/fp8-check-v$FP8_VARIANT.txt" 2>&1 ||
+    { echo "FAILED: kvhal-fp8-check under variant $FP8_VARIANT"; rc=1; }
+  echo "fp8 check (variant $FP8_VARIANT): $(tail -1 "$OUT/fp8-check-v$FP8_VARIANT.txt"), $(( $(date +%s) - t0 )) s"
+fi
 export KVHAL_BACKEND_PATH=$B/backends
 if [ -n "${PROFILE:-}" ] && command -v cuobjdump > /dev/null; then
-  timeout 60 cuobjdump -sass "$M" > /tmp/sass.txt 2> "$OUT/sass-err.txt"
+  timeout 25 cuobjdump -sass "$M" > /tmp/sass.txt 2> "$OUT/sass-err.txt"
   python3 - /tmp/sass.txt "$OUT/sass-selected.txt" <<'PY' > "$OUT/sass-summary.txt"
 import collections, re, sys
 funcs, cur = {}, None
@@ -31,7 +38,7 @@ for line in open(sys.argv[1]):
         cur = m.group(1); funcs[cur] = []; continue
     m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;", line)
     if m and cur: funcs[cur].append(m.group(1))
-pats = [r"XFp8VecILi2ELi3ELi1EEELi4ELi12ELi(0|12)E", r"XFp8VecILi2ELi3ELi1EEELi2ELi16ELi(0|12)E",
+pats = [r"XFp8VecILi2ELi3ELi1EEELi4ELi12ELi(0|12|16)E", r"XFp8VecILi2ELi3ELi1EEELi2ELi16ELi(0|12|16)E",
         r"XCopyI5uint4EELi4ELi12ELi0E", r"XCopyI5uint4EELi8ELi8ELi0E", r"XFp8VecILi0ELi3ELi1EEELi4ELi12ELi(0|12)E",
         r"XFp8VecILi2ELi3ELi0EEELi2ELi16ELi(0|12)E"]
 sel = open(sys.argv[2], "w")
@@ -66,6 +73,6 @@ if [ -n "${PROFILE:-}" ] && [ -z "${NO_NCU:-}" ] && [ -n "$NCU" ]; then
 fi
 # few files come back from the device machine: everything in one archive, the table and the SASS summary beside it
 (cd "$OUT" && tar czf /tmp/s8-run.tgz --exclude=run.log . 2>/dev/null &&
-  find . -maxdepth 1 -type f ! -name run.log ! -name variants.txt ! -name sass-summary.txt -delete && mv /tmp/s8-run.tgz .)
+  find . -maxdepth 1 -type f ! -name run.log ! -name variants.txt ! -name sass-summary.txt ! -name "fp8-check-v*.txt" -delete && mv /tmp/s8-run.tgz .)
 echo "session8-gpu: rc $rc, $(( $(date +%s) - t0 )) s"
 exit $rc
