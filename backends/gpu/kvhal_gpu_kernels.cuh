@@ -66,7 +66,7 @@ namespace kvhal_gpu {
  *   2  as 1 with the staging upload of 0 (0.89 / 0.88: the upload, not the kernel's shape, was the gap)
  *   3  as 1 (copy_blocks too), paged caching's vector path in the row form (Rows): 2 * KVHAL_GPU_PAGED_UNROLL units per thread (4 *
  *      for same-dtype rows whose longer side has at least 64 units), the per-side form's units in flight
- *   4  the default: as 3, and fp8 rows of at least KVHAL_GPU_ROWS_FP8_LONG units per token (K's and V's together)
+ *   4  as 3, and fp8 rows of at least KVHAL_GPU_ROWS_FP8_LONG units per token (K's and V's together)
  *      with 2 units per thread for 16 resident blocks (gpu_paged_caching.cu says why)
  *   5  as 4 for bf16 input only (other inputs as 3)
  *   6  as 4, the row form with input loads L1::no_allocate + L2::256B and HND input rows loaded without the head
@@ -77,10 +77,17 @@ namespace kvhal_gpu {
  *   9  as 8, input loads L1::no_allocate (KVHAL_GPU_HINT_NA)
  *   10 as 4, and a vector-path call whose blocks fit in one wave (grid <= multiprocessors x the kernel's resident
  *      blocks) loads its input L1::no_allocate (KVHAL_GPU_HINT_NA alone)
- *   11 as 8, and a call of one wave as 9 */
+ *   11 the default on CUDA (HIP: 4, see below): as 8, and a call of one wave as 9 (session 8) */
 #define KVHAL_GPU_VARIANTS 12
+/* The default: 11 for CUDA since session 8 (docs/measurements/session8/README-cuda.md: it won the interleaved run
+ * on the one-wave rows and lost none beyond noise); HIP keeps 4, which its platforms were measured and tested
+ * with (variants 6-11 were run on CUDA only). */
 #ifndef KVHAL_GPU_VARIANT_DEFAULT
+#if defined(KVHAL_GPU_HIP)
 #define KVHAL_GPU_VARIANT_DEFAULT 4
+#else
+#define KVHAL_GPU_VARIANT_DEFAULT 11
+#endif
 #endif
 
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4, DT_E4M3FNUZ = 5, DT_E5M2FNUZ = 6 };
