@@ -138,17 +138,19 @@ void resolve_driver_entry_points(Ctx *c)
 }
 #endif
 
-/* The kernel variant (kvhal_gpu_kernels.cuh), from KVHAL_GPU_VARIANT once per module load: a digit 0 to
- * KVHAL_GPU_VARIANTS - 1; unset or empty gives the default, anything else the default with a note in the device
- * info (the module never prints). */
+/* The kernel variant (kvhal_gpu_kernels.cuh), from KVHAL_GPU_VARIANT once per module load: a number 0 to
+ * KVHAL_GPU_VARIANTS - 1 of one or two digits; unset or empty gives the default, anything else the default with a
+ * note in the device info (the module never prints). */
 void choose_variant(Ctx *c)
 {
     c->variant = KVHAL_GPU_VARIANT_DEFAULT;
     c->variant_note[0] = '\0';
     const char *e = secure_getenv("KVHAL_GPU_VARIANT");
     if (!e || !e[0]) return;
-    if (e[0] >= '0' && e[0] < '0' + KVHAL_GPU_VARIANTS && !e[1]) {
-        c->variant = e[0] - '0';
+    const bool d0 = e[0] >= '0' && e[0] <= '9', d1 = d0 && e[1] >= '0' && e[1] <= '9' && e[0] != '0';
+    const int n = !d0 ? -1 : !d1 ? e[0] - '0' : (e[0] - '0') * 10 + (e[1] - '0');
+    if (n >= 0 && n < KVHAL_GPU_VARIANTS && !e[d1 ? 2 : 1]) {
+        c->variant = n;
         snprintf(c->variant_note, sizeof c->variant_note, " (KVHAL_GPU_VARIANT)");
     } else {
         snprintf(c->variant_note, sizeof c->variant_note, " (KVHAL_GPU_VARIANT not 0-%d)", KVHAL_GPU_VARIANTS - 1);

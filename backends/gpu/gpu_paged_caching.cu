@@ -21,12 +21,14 @@ struct PagedLaunch {
     const char *(*spelling)(); /* X's C++ spelling, for the run-time compiled path (HIP on AMD) */
     int unroll;                /* units each thread loads per pass (PagedGeom<X>::UNROLL), per side or in all */
     bool rows;                 /* the row form (PagedGeom<X>::ROWS): a token's units are K's row plus V's */
+    int min_blocks;            /* resident blocks per multiprocessor it is compiled for (PagedGeom<X>::MIN_BLOCKS) */
 };
 
 template <class X> PagedLaunch paged_launcher()
 {
     PagedLaunch l = {launch_paged<X>, reinterpret_cast<const void *>(paged_caching_kernel<X, X>), nullptr,
-                     type_spelling<X>, (int)PagedGeom<X>::UNROLL, PagedGeom<X>::ROWS != 0};
+                     type_spelling<X>, (int)PagedGeom<X>::UNROLL, PagedGeom<X>::ROWS != 0,
+                     (int)PagedGeom<X>::MIN_BLOCKS};
     return l;
 }
 
@@ -58,6 +60,8 @@ struct PagedDesc {
     PagedParams pv, ps;                           /* vector and scalar templates (unit strides, divisors) */
     bool fast32_shape; /* num_slots and seq_len allow 32-bit divisions; the token count decides per call */
     PagedLaunch vec[3], sc[3];                    /* by scale mode (SM_MUL, SM_RCP, SM_DIV); one for copies */
+    PagedLaunch vec_wave[3]; /* variants 10, 11: the vector path's kernels for a call that fits in one wave */
+    bool wave;               /* vec_wave is built */
     uint32_t out_align; /* bytes the cache bases need on the vector path (inputs need 16) */
     bool vec_ok, fp8;   /* fp8: the kernels convert to the fp8 cache with the call's scales */
     bool fnuz;          /* an fnuz cache: the vector path's MUL/RCP kernels take s / 2 and 2 / s */
@@ -87,16 +91,73 @@ enum {
     VS_SIDES = 0,   /* the per-side form (variants 0-2) */
     VS_ROWS = 1,    /* the row form with 2 * KVHAL_GPU_PAGED_UNROLL units per thread, KVHAL_GPU_PAGED_MIN_BLOCKS */
     VS_ROWS_2 = 2,  /* the row form with 2 units per thread, 16 resident blocks (fp8 of long rows) */
-    VS_COUNT = 3
+    VS_ROWS_H6 = 3, /* VS_ROWS and VS_ROWS_2 with variant 6's hints (HINTS_6) */
+    VS_ROWS_2_H6 = 4,
+    VS_ROWS_H7 = 5, /* and with variant 7's (HINTS_7) */
+    VS_ROWS_2_H7 = 6,
+    VS_ROWS_H8 = 7, /* and variant 8's (HINTS_8) */
+    VS_ROWS_2_H8 = 8,
+    VS_ROWS_H9 = 9, /* and variant 9's (HINTS_9) */
+    VS_ROWS_2_H9 = 10,
+    VS_ROWS_H10 = 11, /* and variant 10's one-wave kernels (HINTS_10) */
+    VS_ROWS_2_H10 = 12,
+    VS_COUNT = 13
 };
 #define KVHAL_GPU_ROWS_FP8_LONG 128
+#define HINTS_6 (KVHAL_GPU_HINT_IN | KVHAL_GPU_HINT_RUN)
+#define HINTS_7 (KVHAL_GPU_HINT_IN | KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_CS)
+#define HINTS_8 (KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_TRIM)
+#define HINTS_9 (KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_TRIM | KVHAL_GPU_HINT_NA)
+#define HINTS_10 KVHAL_GPU_HINT_NA
 
-template <class X> PagedLaunch vec_launcher(int shape)
+/* shape with variant v's hints (6 to 10), or as it is */
+int hinted_shape(int shape, int v)
 {
-    if (shape == VS_ROWS_2) return paged_launcher<Rows<X, 2, 16>>();
-    if (shape == VS_ROWS) return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS>>();
-    return paged_launcher<X>();
+    if ((shape != VS_ROWS && shape != VS_ROWS_2) || v < 6 || v > 10) return shape;
+    return shape + 2 * (v - 5);
 }
+
+/* The hinted shapes are built only for the transforms that take them (HintsOk: the OCP fp8 conversions with a
+ * multiply or the reciprocal, and the copies); the others run the plain shape of the same geometry. */
+template <class X> struct HintsOk {
+    enum { value = 1 };
+};
+template <int IN, int OUT> struct HintsOk<XFp8Vec<IN, OUT, SM_DIV>> {
+    enum { value = 0 };
+};
+template <int IN, int OUT, int MODE> struct HintsOk<XFp8VecFnuz<IN, OUT, MODE>> {
+    enum { value = 0 };
+};
+
+template <class X, bool OK = HintsOk<X>::value> struct VecShapes {
+    static PagedLaunch get(int shape)
+    {
+        switch (shape) {
+        case VS_ROWS_H6: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_6>>();
+        case VS_ROWS_2_H6: return paged_launcher<Rows<X, 2, 16, HINTS_6>>();
+        case VS_ROWS_H7: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_7>>();
+        case VS_ROWS_2_H7: return paged_launcher<Rows<X, 2, 16, HINTS_7>>();
+        case VS_ROWS_H8: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_8>>();
+        case VS_ROWS_2_H8: return paged_launcher<Rows<X, 2, 16, HINTS_8>>();
+        case VS_ROWS_H9: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_9>>();
+        case VS_ROWS_2_H9: return paged_launcher<Rows<X, 2, 16, HINTS_9>>();
+        case VS_ROWS_H10: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_10>>();
+        case VS_ROWS_2_H10: return paged_launcher<Rows<X, 2, 16, HINTS_10>>();
+        default: return VecShapes<X, false>::get(shape);
+        }
+    }
+};
+template <class X> struct VecShapes<X, false> {
+    static PagedLaunch get(int shape)
+    {
+        /* the hinted shapes are VS_ROWS + 2k and VS_ROWS_2 + 2k */
+        if (shape == VS_SIDES) return paged_launcher<X>();
+        if (shape % 2 == 0) return paged_launcher<Rows<X, 2, 16>>();
+        return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS>>();
+    }
+};
+
+template <class X> PagedLaunch vec_launcher(int shape) { return VecShapes<X>::get(shape); }
 
 /* vec < 0: the scalar path; else the vector path's shape (VS_*) */
 template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher(int vec)
@@ -132,11 +193,21 @@ template <int MODE> PagedLaunch fp8_launcher_in(int in, int out, int vec)
 
 /* Same-dtype copies. Vector path: wide = twice the units per thread, for KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS resident
  * blocks (XCopyWide, or the row form's wide shape); rows = the row form. */
-PagedLaunch copy_launcher(size_t es, bool vec, bool wide = false, bool rows = false)
+PagedLaunch copy_launcher(size_t es, bool vec, bool wide = false, bool rows = false, int hints = 0)
 {
+    if (vec && rows && wide && hints == 6)
+        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_6>>();
+    if (vec && rows && wide && hints == 7)
+        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_7>>();
+    if (vec && rows && wide && hints == 8)
+        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_8>>();
+    if (vec && rows && wide && hints == 9)
+        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_9>>();
+    if (vec && rows && wide && hints == 10)
+        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_10>>();
     if (vec && rows && wide)
         return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS>>();
-    if (vec && rows) return vec_launcher<XCopy<uint4>>(VS_ROWS);
+    if (vec && rows) return vec_launcher<XCopy<uint4>>(hinted_shape(VS_ROWS, hints));
     if (vec) return wide ? paged_launcher<XCopyWide<uint4>>() : paged_launcher<XCopy<uint4>>();
     switch (es) {
     case 1: return paged_launcher<XCopy<uint8_t>>();
@@ -171,6 +242,7 @@ bool build_side(const kvhal_bk_paged_side *s, const kvhal_bk_paged_caching *a, i
     const int64_t uph = ed / n, row = eh * uph;
     if (uph < 1 || row > (int64_t)(1u << 31) / KVHAL_GPU_MAX_TPC) return false;
     o->one_run = eh == 1 && in_dim == 1 && cache_dim == 1;
+    o->in_run = in_dim == 1 && (eh == 1 || in_head == uph);
     o->cache = NULL;
     o->input = NULL;
     o->block_stride = block_stride;
@@ -247,16 +319,29 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
     d->out_align = (uint32_t)(vec * (int64_t)out_es);
 
     const bool rows = c->variant >= 3; /* the vector path's row form (KVHAL_GPU_VARIANT) */
+    /* variant 10: variant 4's kernels, and for calls of one wave the same shapes with its hints (vec_wave);
+     * variant 11: variant 8's kernels, and variant 9's for calls of one wave */
+    const int kv = c->variant == 10 ? 4 : c->variant == 11 ? 8 : c->variant;
+    const int wv = c->variant == 10 ? 10 : 9; /* the hints of vec_wave */
+    d->wave = c->variant == 10 || c->variant == 11;
     if (same) {
         /* the wide copy for rows of at least 64 units (1 KiB), except in variant 0 (KVHAL_GPU_VARIANT) */
         const uint32_t row = d->pv.k.row_units > d->pv.v.row_units ? d->pv.k.row_units : d->pv.v.row_units;
+        const bool wide = c->variant != 0 && d->vec_ok && row >= 64;
         d->sc[SM_MUL] = copy_launcher(es, false);
-        d->vec[SM_MUL] = copy_launcher(es, true, c->variant != 0 && d->vec_ok && row >= 64, rows);
+        d->vec[SM_MUL] = copy_launcher(es, true, wide, rows, kv);
+        if (d->wave) d->vec_wave[SM_MUL] = copy_launcher(es, true, wide, rows, wv);
     } else {
-        /* the long-row fp8 shape in variants 4 (every input dtype) and 5 (bf16 input only) */
+        /* the long-row fp8 shape in variants 4, 6, 7 (every input dtype) and 5 (bf16 input only); 6 and 7 are 4 with
+         * their hints */
         const bool long_rows = d->pv.k.row_units + d->pv.v.row_units >= KVHAL_GPU_ROWS_FP8_LONG;
-        const bool two = long_rows && (c->variant == 4 || (c->variant == 5 && in == DT_BF16));
-        const int shape = !rows ? VS_SIDES : two ? VS_ROWS_2 : VS_ROWS;
+        const bool two = long_rows && (kv == 4 || kv >= 6 || (kv == 5 && in == DT_BF16));
+        const int plain = !rows ? VS_SIDES : two ? VS_ROWS_2 : VS_ROWS, shape = hinted_shape(plain, kv);
+        if (d->wave) {
+            d->vec_wave[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, hinted_shape(plain, wv));
+            d->vec_wave[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, hinted_shape(plain, wv));
+            d->vec_wave[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, hinted_shape(plain, wv));
+        }
         d->sc[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, -1);
         d->sc[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, -1);
         d->sc[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, -1);
@@ -270,6 +355,7 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
     for (int m = 0; m < (same ? 1 : 3) && st == KVHAL_OK; m++) {
         st = resolve_driver_fn(c, id, &d->sc[m]);
         if (st == KVHAL_OK && d->vec_ok) st = resolve_driver_fn(c, id, &d->vec[m]);
+        if (st == KVHAL_OK && d->vec_ok && d->wave) st = resolve_driver_fn(c, id, &d->vec_wave[m]);
     }
     return st;
 }
@@ -289,8 +375,10 @@ void paged_caching_rtc_exprs(RtcExprFn add, void *user)
         int n = 0;
         if (vec < 0)
             for (int i = 0; i < 3; i++) l[n++] = copy_launcher(sizes[i], false);
-        else if (vec != VS_ROWS_2) /* the vector copies: narrow and wide, per-side or row form */
+        else if (vec == VS_SIDES || vec == VS_ROWS) /* the vector copies: narrow and wide, per-side or row form */
             for (int w = 0; w < 2; w++) l[n++] = copy_launcher(16, true, w != 0, vec == VS_ROWS);
+        else if (vec % 2 == 1) /* and the row form's with hints (VS_ROWS_H6 .. VS_ROWS_H10: variant (vec + 9) / 2) */
+            for (int w = 0; w < 2; w++) l[n++] = copy_launcher(16, true, w != 0, true, (vec + 9) / 2);
         for (int i = 0; i < 3; i++)
             for (int o = 0; o < 4; o++) {
                 l[n++] = fp8_launcher_in<SM_MUL>(ins[i], outs[o], vec);
@@ -391,12 +479,16 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     p.seq_len = a->seq_len;
     p.fast32 = d->fast32_shape && a->num_tokens <= (int64_t)UINT32_MAX;
     uint32_t threads;
-    const PagedLaunch &run = vec ? d->vec[mode] : d->sc[mode];
+    const PagedLaunch *runp = vec ? &d->vec[mode] : &d->sc[mode];
     /* tokens per block follow the token count */
-    paged_geometry(&p, c->dev[id].sm_count, run.unroll, run.rows, &threads);
+    paged_geometry(&p, c->dev[id].sm_count, runp->unroll, runp->rows, &threads);
     /* depends on the path (tokens per block), which depends on the call's addresses: checked here, not in
      * paged_caching_supports */
     const int64_t grid = (a->num_tokens + p.tpc - 1) / p.tpc;
+    /* variants 10, 11: a call whose blocks are all resident at once (one wave) runs the same shape with the
+     * one-wave hints */
+    if (vec && d->wave && grid <= (int64_t)c->dev[id].sm_count * runp->min_blocks) runp = &d->vec_wave[mode];
+    const PagedLaunch &run = *runp;
     if (grid > 0x7fffffff)
         return fail(c, KVHAL_UNSUPPORTED, "num_tokens: %lld is too many for one launch", (long long)a->num_tokens);
 #if !defined(KVHAL_GPU_HIP)

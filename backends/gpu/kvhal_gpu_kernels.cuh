@@ -66,12 +66,28 @@ namespace kvhal_gpu {
  *   2  as 1 with the staging upload of 0 (0.89 / 0.88: the upload, not the kernel's shape, was the gap)
  *   3  as 1 (copy_blocks too), paged caching's vector path in the row form (Rows): 2 * KVHAL_GPU_PAGED_UNROLL units per thread (4 *
  *      for same-dtype rows whose longer side has at least 64 units), the per-side form's units in flight
- *   4  the default: as 3, and fp8 rows of at least KVHAL_GPU_ROWS_FP8_LONG units per token (K's and V's together)
+ *   4  as 3, and fp8 rows of at least KVHAL_GPU_ROWS_FP8_LONG units per token (K's and V's together)
  *      with 2 units per thread for 16 resident blocks (gpu_paged_caching.cu says why)
- *   5  as 4 for bf16 input only (other inputs as 3) */
-#define KVHAL_GPU_VARIANTS 6
+ *   5  as 4 for bf16 input only (other inputs as 3)
+ *   6  as 4, the row form with input loads L1::no_allocate + L2::256B and HND input rows loaded without the head
+ *      split (KVHAL_GPU_HINT_IN | KVHAL_GPU_HINT_RUN; fnuz and SM_DIV conversions as 4)
+ *   7  as 6, and the cache stores streaming (st.global.cs, KVHAL_GPU_HINT_CS)
+ *   8  as 4, HND input rows without the head split and the trimmed OCP fp8 conversion (KVHAL_GPU_HINT_RUN |
+ *      KVHAL_GPU_HINT_TRIM)
+ *   9  as 8, input loads L1::no_allocate (KVHAL_GPU_HINT_NA)
+ *   10 as 4, and a vector-path call whose blocks fit in one wave (grid <= multiprocessors x the kernel's resident
+ *      blocks) loads its input L1::no_allocate (KVHAL_GPU_HINT_NA alone)
+ *   11 the default on CUDA (HIP: 4, see below): as 8, and a call of one wave as 9 (session 8) */
+#define KVHAL_GPU_VARIANTS 12
+/* The default: 11 for CUDA since session 8 (docs/measurements/session8/README-cuda.md: it won the interleaved run
+ * on the one-wave rows and lost none beyond noise); HIP keeps 4, which its platforms were measured and tested
+ * with (variants 6-11 were run on CUDA only). */
 #ifndef KVHAL_GPU_VARIANT_DEFAULT
+#if defined(KVHAL_GPU_HIP)
 #define KVHAL_GPU_VARIANT_DEFAULT 4
+#else
+#define KVHAL_GPU_VARIANT_DEFAULT 11
+#endif
 #endif
 
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4, DT_E4M3FNUZ = 5, DT_E5M2FNUZ = 6 };
@@ -97,18 +113,33 @@ template <typename T> struct XCopyWide : XCopy<T> {};
  * flight per thread, compiled for MINB resident blocks. The units of a block are one index space, all K units of
  * its tokens first, then all V units, so every thread loads U useful units whatever the two sides' row lengths
  * (an MLA row, 512 latent + 64 rotary dims, is 64 + 8 units: the per-side form keeps most threads idle on V). */
-template <class X, int U, int MINB> struct Rows : X {};
+/* H: the memory hints of variants 6 and 7 (KVHAL_GPU_HINT_*), 0 in the others. */
+template <class X, int U, int MINB, int H = 0> struct Rows : X {};
+
+/* Row-form hints (session 8, variants 6 to 9; CUDA only, HIP builds the plain accesses and conversion):
+ *   IN   input loads as ld.global.L1::no_allocate.L2::256B (each input unit is read once: no L1 line is kept, and
+ *        the L2 fetches the 256-byte span a warp's consecutive units cover);
+ *   CS   cache stores as st.global.cs (streaming: evict-first in the L2);
+ *   RUN  a row that is one run in the input (heads contiguous there: the HND layout's input) loads without the
+ *        head split, as a one-run row does; only the cache side divides by the head's units;
+ *   TRIM the OCP fp8 conversion with fewer instructions per 16 bytes (sm_89+: XFp8Trim);
+ *   NA   input loads as ld.global.L1::no_allocate only (no L2 prefetch size). */
+#define KVHAL_GPU_HINT_IN 1
+#define KVHAL_GPU_HINT_CS 2
+#define KVHAL_GPU_HINT_RUN 4
+#define KVHAL_GPU_HINT_TRIM 8
+#define KVHAL_GPU_HINT_NA 16
 
 /* Per transform: units each thread loads per pass (per side, or in all for Rows), the resident blocks the kernel is
- * compiled for, and whether it is the row form. */
+ * compiled for, whether it is the row form, and its hints. */
 template <class X> struct PagedGeom {
-    enum { UNROLL = KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_MIN_BLOCKS, ROWS = 0 };
+    enum { UNROLL = KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_MIN_BLOCKS, ROWS = 0, HINTS = 0 };
 };
 template <typename T> struct PagedGeom<XCopyWide<T>> {
-    enum { UNROLL = 2 * KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, ROWS = 0 };
+    enum { UNROLL = 2 * KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, ROWS = 0, HINTS = 0 };
 };
-template <class X, int U, int MINB> struct PagedGeom<Rows<X, U, MINB>> {
-    enum { UNROLL = U, MIN_BLOCKS = MINB, ROWS = 1 };
+template <class X, int U, int MINB, int H> struct PagedGeom<Rows<X, U, MINB, H>> {
+    enum { UNROLL = U, MIN_BLOCKS = MINB, ROWS = 1, HINTS = H };
 };
 
 template <int IN> __device__ __forceinline__ float load_elem(uint32_t bits)
@@ -431,6 +462,8 @@ struct PagedSide {
     kvhal_fastdiv32 div_head;                              /* by units_per_head */
     uint32_t one_run; /* the row is one run of units, contiguous in the input and the cache (heads folded, unit
                        * dim strides 1: the vector path's NHD and MLA rows): the row form skips the head split */
+    uint32_t in_run;  /* the row is one run of units in the input (unit dim stride 1, heads contiguous or one):
+                       * the hinted row form (KVHAL_GPU_HINT_RUN) loads it without the head split */
 };
 
 struct PagedParams {
@@ -499,30 +532,159 @@ __device__ __forceinline__ void paged_store(const PagedSide &sd, const int64_t *
  * again for the store rather than kept across the barrier (registers: keeping t costs spills). A one-run row needs
  * no head split (no second division, no 64-bit multiplies). The row form runs on the vector path only, where unit
  * dim strides are 1 (build_side). */
+/* The row form's conversion under hints H: X's own, or with KVHAL_GPU_HINT_TRIM the trimmed OCP conversion
+ * (XFp8Trim) where the hardware one exists. */
+template <class X> struct BaseX {
+    typedef X T;
+};
+template <class X, int U, int MINB, int H> struct BaseX<Rows<X, U, MINB, H>> {
+    typedef X T;
+};
+template <class X, int H> struct Conv {
+    static __device__ __forceinline__ typename X::Out apply(const typename X::In &v, float s, float inv)
+    {
+        return X::apply(v, s, inv);
+    }
+};
+
+#ifdef KVHAL_GPU_HW_FP8
+/* Four quotients -> four OCP fp8 codes in one 32-bit word (a0 in byte 0): two packed conversions written straight
+ * into the halves of one register, where fp8_hw_x2's 16-bit results were masked and permuted (session 8: 3
+ * instructions fewer per 4 bytes in the SASS). */
+template <int OUT> __device__ __forceinline__ uint32_t fp8_hw_x4(float a0, float a1, float a2, float a3)
+{
+    uint32_t r;
+    if (OUT == DT_E4M3)
+        asm("{\n\t.reg .b16 lo, hi;\n\tcvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
+            "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\tmov.b32 %0, {lo, hi};\n\t}"
+            : "=r"(r)
+            : "f"(a0), "f"(a1), "f"(a2), "f"(a3));
+    else
+        asm("{\n\t.reg .b16 lo, hi;\n\tcvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n\t"
+            "cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\n\tmov.b32 %0, {lo, hi};\n\t}"
+            : "=r"(r)
+            : "f"(a0), "f"(a1), "f"(a2), "f"(a3));
+    return r;
+}
+
+/* Whether any byte of a or b is a NaN code (fp8_nan_bytes' test, the masks only built when it holds). */
+template <int OUT> __device__ __forceinline__ bool fp8_any_nan(uint32_t a, uint32_t b)
+{
+    const uint32_t add = OUT == DT_E4M3 ? 0x01010101u : 0x03030303u;
+    return ((((a & 0x7f7f7f7fu) + add) | ((b & 0x7f7f7f7fu) + add)) & 0x80808080u) != 0;
+}
+
+/* XFp8Vec's conversion with the same results (the same quotients and hardware rounding, the same NaN fix-up). */
+template <class X> struct XFp8Trim;
+template <int OUT, int MODE> struct XFp8Trim<XFp8Vec<DT_F32, OUT, MODE>> {
+    typedef XFp8Vec<DT_F32, OUT, MODE> V;
+    static __device__ __forceinline__ uint32_t apply(const uint4 &v, float s, float inv)
+    {
+        const uint32_t c = fp8_hw_x4<OUT>(
+            scaled<MODE>(kvhal_gpu_bits_f32(v.x), s, inv), scaled<MODE>(kvhal_gpu_bits_f32(v.y), s, inv),
+            scaled<MODE>(kvhal_gpu_bits_f32(v.z), s, inv), scaled<MODE>(kvhal_gpu_bits_f32(v.w), s, inv));
+        if (!fp8_any_nan<OUT>(c, 0u)) return c;
+        const uint32_t n = fp8_nan_bytes<OUT>(c);
+        const uint32_t sign = ((v.x >> 24) & 0x80u) | ((v.y >> 16) & 0x8000u) | ((v.z >> 8) & 0x800000u) |
+                              (v.w & 0x80000000u);
+        const uint32_t in_nan = V::nan_byte(v.x, 0xffu) | V::nan_byte(v.y, 0xff00u) | V::nan_byte(v.z, 0xff0000u) |
+                                V::nan_byte(v.w, 0xff000000u);
+        return fp8_fix_nan<OUT>(c, n, sign, in_nan);
+    }
+};
+template <int IN, int OUT, int MODE> struct XFp8Trim<XFp8Vec<IN, OUT, MODE>> {
+    typedef XFp8Vec<IN, OUT, MODE> V;
+    static __device__ __forceinline__ uint32_t quad(uint32_t w0, uint32_t w1, float s, float inv)
+    {
+        return fp8_hw_x4<OUT>(scaled<MODE>(V::lane_lo(w0), s, inv), scaled<MODE>(V::lane_hi(w0), s, inv),
+                              scaled<MODE>(V::lane_lo(w1), s, inv), scaled<MODE>(V::lane_hi(w1), s, inv));
+    }
+    static __device__ __forceinline__ uint2 apply(const uint4 &v, float s, float inv)
+    {
+        uint2 o;
+        o.x = quad(v.x, v.y, s, inv);
+        o.y = quad(v.z, v.w, s, inv);
+        if (fp8_any_nan<OUT>(o.x, o.y)) { /* rare: as XFp8Vec */
+            const uint32_t nx = fp8_nan_bytes<OUT>(o.x), ny = fp8_nan_bytes<OUT>(o.y);
+            o.x = fp8_fix_nan<OUT>(o.x, nx, __byte_perm(v.x, v.y, 0x7531) & 0x80808080u, nan_lane_bytes<IN>(v.x, v.y));
+            o.y = fp8_fix_nan<OUT>(o.y, ny, __byte_perm(v.z, v.w, 0x7531) & 0x80808080u, nan_lane_bytes<IN>(v.z, v.w));
+        }
+        return o;
+    }
+};
+template <int IN, int OUT, int MODE, int H> struct Conv<XFp8Vec<IN, OUT, MODE>, H> {
+    typedef XFp8Vec<IN, OUT, MODE> V;
+    static __device__ __forceinline__ typename V::Out apply(const uint4 &v, float s, float inv)
+    {
+        return (H & KVHAL_GPU_HINT_TRIM) && !KVHAL_GPU_FNUZ(OUT) ? XFp8Trim<V>::apply(v, s, inv) : V::apply(v, s, inv);
+    }
+};
+#endif
+
+/* The row form's accesses under hints H (KVHAL_GPU_HINT_*): the vector path's input unit is always a uint4, its
+ * cache unit a uint4 (copies), uint2 (16-bit input to fp8) or uint32_t (f32 to fp8). */
+#if defined(__CUDA_ARCH__) && !defined(__HIP_PLATFORM_AMD__) && !defined(__HIPCC_RTC__)
+#define KVHAL_GPU_PTX_HINTS 1
+#endif
+template <int H, class T> __device__ __forceinline__ T ld_in(const T *p) { return *p; }
+template <int H> __device__ __forceinline__ uint4 ld_in(const uint4 *p)
+{
+#ifdef KVHAL_GPU_PTX_HINTS
+    if (H & KVHAL_GPU_HINT_IN) {
+        uint4 v;
+        asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+        return v;
+    }
+    if (H & KVHAL_GPU_HINT_NA) {
+        uint4 v;
+        asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+        return v;
+    }
+#endif
+    return *p;
+}
+template <int H, class T> __device__ __forceinline__ void st_out(T *p, const T &v)
+{
+#ifdef KVHAL_GPU_PTX_HINTS
+    if (H & KVHAL_GPU_HINT_CS) {
+        __stcs(p, v);
+        return;
+    }
+#endif
+    *p = v;
+}
+
 template <class X>
 __device__ __forceinline__ typename X::In rows_load(const PagedSide &sd, const int64_t *s_in, uint32_t j)
 {
+    enum { H = PagedGeom<X>::HINTS };
     const typename X::In *in = reinterpret_cast<const typename X::In *>(sd.input);
     const uint32_t t = kvhal_fastdiv32_div(j, sd.div_row), r = j - t * sd.row_units;
-    if (sd.one_run) return in[s_in[t] + (int64_t)r];
+    if (sd.one_run || ((H & KVHAL_GPU_HINT_RUN) && sd.in_run)) return ld_in<H>(in + s_in[t] + (int64_t)r);
     const uint32_t h = kvhal_fastdiv32_div(r, sd.div_head);
-    return in[s_in[t] + (int64_t)h * sd.in_head + (int64_t)(r - h * sd.div_head.d)];
+    return ld_in<H>(in + s_in[t] + (int64_t)h * sd.in_head + (int64_t)(r - h * sd.div_head.d));
 }
 
 template <class X>
 __device__ __forceinline__ void rows_store(const PagedSide &sd, const int64_t *s_cache, uint32_t j,
                                            const typename X::In &v)
 {
+    enum { H = PagedGeom<X>::HINTS };
     typename X::Out *out = reinterpret_cast<typename X::Out *>(sd.cache);
     const uint32_t t = kvhal_fastdiv32_div(j, sd.div_row), r = j - t * sd.row_units;
     const int64_t co = s_cache[t];
     if (co < 0) return;
     if (sd.one_run) {
-        out[co + (int64_t)r] = X::apply(v, sd.scale, sd.inv);
+        st_out<H>(out + co + (int64_t)r, Conv<typename BaseX<X>::T, H>::apply(v, sd.scale, sd.inv));
         return;
     }
     const uint32_t h = kvhal_fastdiv32_div(r, sd.div_head);
-    out[co + (int64_t)h * sd.cache_head + (int64_t)(r - h * sd.div_head.d)] = X::apply(v, sd.scale, sd.inv);
+    st_out<H>(out + co + (int64_t)h * sd.cache_head + (int64_t)(r - h * sd.div_head.d),
+              Conv<typename BaseX<X>::T, H>::apply(v, sd.scale, sd.inv));
 }
 
 /* Token tid's cache offsets in shared memory (-1: padding, or a slot out of range, which is flagged), from the slot
