@@ -2005,7 +2005,9 @@ static unsigned pump(kvhal_xfer_agent *a)
     }
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->map_frame && p->state == P_CONNECTED) process_ipc_map(a, p);
-    work += ipc_jobs_run(a); /* copies completed count as work: the loops do not nap while frames land */
+    /* copies completed, and copies still with the workers, count as work: the loops do not nap (20 us, which the
+     * kernel's timer slack makes ~70) while frames land, and see a copy's end at once */
+    work += ipc_jobs_run(a) + (a->cma_running != NULL);
     while (a->hellos) {
         pending_hello *ph = a->hellos;
         a->hellos = ph->next;
@@ -2152,7 +2154,7 @@ static void cma_config(kvhal_xfer_agent *a)
     if (cores < 1) cores = 1;
     const long def = cores / 2 < CMA_THREADS_DEFAULT ? cores / 2 : CMA_THREADS_DEFAULT;
     a->cma_threads = (int)env_long("KVHAL_XFER_CMA_THREADS", 0, CMA_THREADS_MAX, def);
-    a->cma_piece = (size_t)env_long("KVHAL_XFER_CMA_PIECE_KIB", 4, 1l << 20, CMA_PIECE_BYTES >> 10) << 10;
+    a->cma_piece = (size_t)env_long("KVHAL_XFER_CMA_PIECE_KIB", 1, 1l << 20, CMA_PIECE_BYTES >> 10) << 10;
 }
 
 kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
