@@ -102,15 +102,6 @@ struct kvhal_xfer_peer {
 enum { IPC_NONE = 0, IPC_OFFERED = 1, IPC_READY = 2, IPC_REFUSED = -1 };
 enum { PATH_NONE = 0, PATH_HOST = 1, PATH_STAGED = 2, PATH_IPC = 3, PATH_CMA = 4 };
 
-struct ipc_job;
-struct send_frame;
-typedef struct cma_piece { /* a copy worker's task: a share of a CMA job's runs, or a frame to gather */
-    struct ipc_job *j;      /* a CMA read: runs j->lv[first .. first + count) */
-    size_t first, count;
-    struct send_frame *f;   /* a gather (j NULL): f's chunks into f->bounce */
-    struct cma_piece *next; /* in a->cma_head's queue */
-} cma_piece;
-
 typedef struct send_frame {
     kvhal_xfer *x;
     xw_data *hdr;           /* kept until the send completes */
@@ -123,11 +114,6 @@ typedef struct send_frame {
     bool gather;            /* gathered into a bounce buffer when it is posted (see kvhal_xfer_send_pages) */
     bool posted;
     bool in_flight;
-    /* gathered by a copy worker (gather_submit): counted in x->sends_inflight until pump reaps it */
-    bool gathering;         /* pump's: queued or being gathered */
-    bool gdone, gskip;      /* under a->cma_mu: the worker is done with it; pump: skip it (the transfer failed) */
-    cma_piece task;
-    struct send_frame *gnext; /* in a->gathering */
 } send_frame;
 
 typedef struct recv_frame {
@@ -211,6 +197,12 @@ typedef struct ipc_job { /* a DATA_IPC frame accepted (pages claimed), copied fr
     struct ipc_job *next;
 } ipc_job;
 
+typedef struct cma_piece { /* a share of a job's runs, read by one worker */
+    ipc_job *j;
+    size_t first, count;    /* runs j->lv[first .. first + count) */
+    struct cma_piece *next; /* in a->cma_head's queue */
+} cma_piece;
+
 #define IPC_STREAMS 8 /* copies from imported caches in flight at once, one stream each */
 
 typedef struct event_item {
@@ -280,7 +272,6 @@ struct kvhal_xfer_agent {
     atomic_int cma_queued;  /* pieces in the queue (read without the lock by spinning workers) */
     cma_piece *cma_head, *cma_tail;
     ipc_job *cma_running;   /* pump's: jobs handed to the workers, completed once pieces_left is 0 */
-    send_frame *gathering;  /* pump's: frames handed to the workers to gather, posted once gdone */
 };
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -1386,22 +1377,6 @@ static void *cma_worker(void *arg)
         a->cma_head = pc->next;
         if (!a->cma_head) a->cma_tail = NULL;
         atomic_fetch_sub_explicit(&a->cma_queued, 1, memory_order_relaxed);
-        if (!pc->j) { /* a gather: the frame's chunks (our cache) into its bounce buffer, both left alone by pump */
-            send_frame *f = pc->f;
-            const bool gskip = f->gskip;
-            pthread_mutex_unlock(&a->cma_mu);
-            if (!gskip) {
-                uint8_t *b = f->bounce;
-                for (size_t i = 0; i < f->iov_count; i++) {
-                    memcpy(b, f->iov[i].buffer, f->iov[i].length);
-                    b += f->iov[i].length;
-                }
-            }
-            pthread_mutex_lock(&a->cma_mu);
-            f->gdone = true;
-            pthread_cond_broadcast(&a->cma_done);
-            continue;
-        }
         ipc_job *j = pc->j;
         const bool skip = j->skip || j->failed;
         pthread_mutex_unlock(&a->cma_mu);
@@ -1591,80 +1566,6 @@ static unsigned cma_reap(kvhal_xfer_agent *a, bool wait)
 static void cma_jobs_drain(kvhal_xfer_agent *a)
 {
     while (a->cma_running) cma_reap(a, true);
-}
-
-/* Sender (from post_frames): a frame to gather (its bounce buffer taken) handed to a copy worker, so that pump goes
- * on sending while it is copied; false: no workers, the caller gathers it. The frame counts as a send in flight
- * (its transfer cannot settle, its buffers stay) until gather_reap. */
-static bool gather_submit(kvhal_xfer_agent *a, send_frame *f)
-{
-    if (!cma_pool_start(a)) return false;
-    f->gathering = true;
-    f->gdone = f->gskip = false;
-    f->task = (cma_piece){.f = f};
-    f->x->sends_inflight++;
-    f->gnext = a->gathering;
-    a->gathering = f;
-    pthread_mutex_lock(&a->cma_mu);
-    if (a->cma_tail) a->cma_tail->next = &f->task;
-    else a->cma_head = &f->task;
-    a->cma_tail = &f->task;
-    atomic_fetch_add_explicit(&a->cma_queued, 1, memory_order_relaxed);
-    pthread_cond_signal(&a->cma_work);
-    pthread_mutex_unlock(&a->cma_mu);
-    return true;
-}
-
-static bool post_frame(kvhal_xfer_peer *p, kvhal_xfer *x, int32_t fi, const void *buf, size_t count,
-                       const ucp_request_param_t *prm);
-static void frame_prm(send_frame *f, ucp_request_param_t *prm);
-
-/* Posts the frames whose gathering is over (wait: blocks until one is, unless none is out); returns how many were
- * reaped. A frame of a transfer that failed meanwhile is not posted: its buffer goes back and the transfer settles
- * (which may free it). Frames of failed transfers not yet started are skipped. */
-static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
-{
-    if (!a->gathering) return 0;
-    send_frame *done = NULL;
-    pthread_mutex_lock(&a->cma_mu);
-    for (;;) {
-        for (send_frame **pp = &a->gathering; *pp;) {
-            send_frame *f = *pp;
-            if (f->gdone) {
-                *pp = f->gnext;
-                f->gnext = done;
-                done = f;
-            } else {
-                if (f->x->failing) f->gskip = true;
-                pp = &f->gnext;
-            }
-        }
-        if (!wait || done || !a->gathering) break;
-        pthread_cond_wait(&a->cma_done, &a->cma_mu);
-    }
-    pthread_mutex_unlock(&a->cma_mu);
-    unsigned n = 0;
-    while (done) {
-        send_frame *f = done;
-        done = f->gnext;
-        kvhal_xfer *x = f->x;
-        f->gathering = false;
-        x->sends_inflight--;
-        n++;
-        kvhal_xfer_peer *p = x->peer;
-        if (f->gskip || x->failing || !p || p->state != P_CONNECTED) {
-            frame_unbounce(a, f);
-            if (!x->failing) xfer_finish(x, KVHAL_PEER_FAILED, "peer gone"); /* settles: may free x */
-            else xfer_settle(x);
-            continue;
-        }
-        ucp_request_param_t prm;
-        frame_prm(f, &prm);
-        size_t count;
-        const void *buf = frame_buffer(f->iov, f->iov_count, f->bounce, f->bytes, &prm, &count);
-        post_frame(p, x, (int32_t)(f - x->frames), buf, count, &prm); /* may fail x */
-    }
-    return n;
 }
 
 /* A peer going away (kvhal_xfer_disconnect): its jobs still with the workers forget it (they read its process by
@@ -2107,7 +2008,6 @@ static unsigned pump(kvhal_xfer_agent *a)
     /* copies completed, and copies still with the workers, count as work: the loops do not nap (20 us, which the
      * kernel's timer slack makes ~70) while frames land, and see a copy's end at once */
     work += ipc_jobs_run(a) + (a->cma_running != NULL);
-    work += gather_reap(a, false) + (a->gathering != NULL); /* gathered frames posted (before post_pending) */
     while (a->hellos) {
         pending_hello *ph = a->hellos;
         a->hellos = ph->next;
@@ -2358,11 +2258,9 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     /* let UCX finish or cancel what it holds (bounded: force-closed endpoints complete their requests) */
     const uint64_t until = now_ns() + 2000000000ull;
     pump(a); /* the BYEs */
-    while ((a->rframes || a->closing || a->msgs || a->sent || a->ipc_running || a->cma_running || a->gathering) &&
-           now_ns() < until)
+    while ((a->rframes || a->closing || a->msgs || a->sent || a->ipc_running || a->cma_running) && now_ns() < until)
         pump(a);
     ipc_jobs_drain(a); /* copies still writing our pages wait here: before the transfers go */
-    while (a->gathering) gather_reap(a, true); /* and gathers still writing bounce buffers (nothing is posted: failed) */
     cma_pool_stop(a);  /* nothing is queued any more */
     for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) { /* whatever is left: UCX is going away, give pages back */
         nx = x->next;
@@ -2751,16 +2649,6 @@ static bool post_frame(kvhal_xfer_peer *p, kvhal_xfer *x, int32_t fi, const void
     return true;
 }
 
-/* rendezvous for every frame but small ones, whatever UCX's threshold says: an eager frame of megabytes is assembled
- * in a buffer of the receiver's UCX before the handler sees it (one more copy) */
-static void frame_prm(send_frame *f, ucp_request_param_t *prm)
-{
-    *prm = (ucp_request_param_t){.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                                                 UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
-                                 .cb.send = send_cb, .user_data = f,
-                                 .flags = f->bytes >= RNDV_FRAME_BYTES ? UCP_AM_SEND_FLAG_RNDV : 0};
-}
-
 /* Posts x's next frames, gathering those that are gathered (into bounce buffers) just before: at most
  * GATHER_AHEAD_BYTES of them wait for UCX at a time, so that the copies stay in cache, a transfer's first frame
  * does not wait for its last to be gathered, and memory stays bounded. false: x is blocked on that limit. */
@@ -2780,18 +2668,18 @@ static bool post_frames(kvhal_xfer *x)
                 return true;
             }
             a->gathered += f->bytes;
-            if (gather_submit(a, f)) { /* a copy worker gathers it; posted by gather_reap */
-                x->next_post++;
-                continue;
-            }
             for (size_t i = 0; i < f->iov_count; i++) {
                 memcpy(b, f->iov[i].buffer, f->iov[i].length);
                 b += f->iov[i].length;
             }
         }
         x->next_post++;
-        ucp_request_param_t prm;
-        frame_prm(f, &prm);
+        /* rendezvous for every frame but small ones, whatever UCX's threshold says: an eager frame of megabytes is
+         * assembled in a buffer of the receiver's UCX before the handler sees it (one more copy) */
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
+                                   .cb.send = send_cb, .user_data = f,
+                                   .flags = f->bytes >= RNDV_FRAME_BYTES ? UCP_AM_SEND_FLAG_RNDV : 0};
         size_t count;
         const void *buf = frame_buffer(f->iov, f->iov_count, f->bounce ? f->bounce : f->staging, f->bytes, &prm, &count);
         if (!post_frame(p, x, fi, buf, count, &prm)) return true; /* x failed (and may be gone) */
@@ -3128,7 +3016,6 @@ size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a)
     for (const ipc_job *j = a->ipc_jobs; j; j = j->next) n++;
     for (const ipc_job *j = a->ipc_running; j; j = j->next) n++;
     for (const ipc_job *j = a->cma_running; j; j = j->next) n++;
-    for (const send_frame *f = a->gathering; f; f = f->gnext) n++;
     for (const closing_ep *c = a->closing; c; c = c->next) n++;
     return n;
 }
