@@ -9,7 +9,6 @@
  * process_vm_readv, and touch nothing but the runs pump hands them and the job's completion fields (under cma_mu). */
 #define _GNU_SOURCE /* process_vm_readv (the CMA path) */
 #include <errno.h>
-#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1544,6 +1543,10 @@ static unsigned cma_reap(kvhal_xfer_agent *a, bool wait)
         pthread_cond_wait(&a->cma_done, &a->cma_mu);
     }
     pthread_mutex_unlock(&a->cma_mu);
+    if (a->cma_running) { /* a receive whose frames our workers still copy is not stalled by its peer */
+        const uint64_t deadline = deadline_from_now(a);
+        for (ipc_job *j = a->cma_running; j; j = j->next) j->x->deadline_ns = deadline;
+    }
     unsigned n = 0;
     while (done) { /* the workers are done with these: pump's alone now */
         ipc_job *j = done;
