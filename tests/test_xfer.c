@@ -14,12 +14,14 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -95,6 +97,50 @@ ucs_status_ptr_t ucp_ep_close_nbx(ucp_ep_h ep, const ucp_request_param_t *param)
     return r;
 }
 
+/* The CMA path's reads, counted and, while the gate is closed, held (test_cma_copies_in_flight): a copy worker
+ * that reaches process_vm_readv waits here, so that the test can cancel, release, disconnect or destroy while
+ * copies are in flight. */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static bool gate_closed;
+static int gate_held; /* reads waiting at the gate now */
+static int vm_reads;  /* every process_vm_readv call */
+
+ssize_t process_vm_readv(pid_t pid, const struct iovec *lv, unsigned long lc, const struct iovec *rv, unsigned long rc,
+                         unsigned long flags)
+{
+    ssize_t (*real)(pid_t, const struct iovec *, unsigned long, const struct iovec *, unsigned long, unsigned long);
+    void *sym = dlsym(RTLD_NEXT, "process_vm_readv");
+    memcpy(&real, &sym, sizeof real);
+    pthread_mutex_lock(&gate_mu);
+    vm_reads++;
+    if (gate_closed) {
+        gate_held++;
+        pthread_cond_broadcast(&gate_cv);
+        while (gate_closed) pthread_cond_wait(&gate_cv, &gate_mu);
+        gate_held--;
+    }
+    pthread_mutex_unlock(&gate_mu);
+    return real(pid, lv, lc, rv, rc, flags);
+}
+
+static void gate_set(bool closed)
+{
+    pthread_mutex_lock(&gate_mu);
+    gate_closed = closed;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+static int gate_count(int *reads)
+{
+    pthread_mutex_lock(&gate_mu);
+    const int n = gate_held;
+    if (reads) *reads = vm_reads;
+    pthread_mutex_unlock(&gate_mu);
+    return n;
+}
+
 static int created_agent_eps(void)
 {
     pthread_mutex_lock(&eps_mu);
@@ -121,7 +167,7 @@ typedef struct server {
     kvhal_buffer *buf;
     pthread_t th;
     pthread_mutex_t mu;
-    volatile int stop;
+    atomic_int stop; /* atomic: read by the server thread (a volatile int was a data race under TSan) */
     kvhal_xfer_event evs[1024];
     int32_t grant_pages[1024][8];
     int nev;
@@ -132,7 +178,7 @@ typedef struct server {
 static void *serve(void *arg)
 {
     server *s = arg;
-    while (!s->stop) {
+    while (!atomic_load(&s->stop)) {
         pthread_mutex_lock(&s->mu);
         kvhal_xfer_event ev;
         if (kvhal_xfer_progress(s->ag, 2, &ev) == KVHAL_OK && ev.type != KVHAL_XFER_EVENT_NONE && s->nev < 1024) {
@@ -212,7 +258,7 @@ static void server_start(server *s, kvhal_device dev, uint32_t timeout_ms)
 
 static void server_stop(server *s)
 {
-    s->stop = 1;
+    atomic_store(&s->stop, 1);
     pthread_join(s->th, NULL);
     assert_int_equal(kvhal_xfer_agent_destroy(s->ag), KVHAL_OK);
     assert_int_equal(kvhal_cache_manager_check_integrity(s->cm), KVHAL_OK);
@@ -229,6 +275,15 @@ static size_t server_blob(server *s, uint8_t *blob, size_t cap)
     assert_int_equal(kvhal_xfer_local_address(s->ag, blob, cap, &len), KVHAL_OK);
     pthread_mutex_unlock(&s->mu);
     return len;
+}
+
+/* The server's event count now (under its lock: the server thread appends). */
+static int server_nev(server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    const int n = s->nev;
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 /* Waits for an event of type on the server; returns its index or fails. */
@@ -677,7 +732,7 @@ static void test_wire_version(void **state)
         if (cases[i].seg[0]) snprintf(want, sizeof want, "receive segments differ");
         else snprintf(want, sizeof want, "wire version %u, this agent speaks %u", (unsigned)cases[i].version,
                       (unsigned)XW_VERSION);
-        const int ev0 = s.nev;
+        const int ev0 = server_nev(&s);
         raw r;
         raw_tcp_seg = cases[i].seg;
         raw_open_v(&r, blob, len, TOKEN, cases[i].version);
@@ -726,7 +781,7 @@ static void test_hostile_frames(void **state)
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const hostile_case *hc = &cases[c];
         for (int rndv = 0; rndv < 2; rndv++) {
-            const int ev0 = s.nev;
+            const int ev0 = server_nev(&s);
             raw r;
             raw_open(&r, blob, len, TOKEN);
             assert_int_equal(r.hello_status, 0);
@@ -1552,7 +1607,7 @@ static void test_hostile_ipc(void **state)
 
     /* 1. handles that do not import, offsets past the memory: refused (the peer may still send through host memory) */
     {
-        const int ev0 = s.nev;
+        const int ev0 = server_nev(&s);
         raw r;
         raw_open(&r, blob, len, TOKEN);
         int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
@@ -1569,7 +1624,7 @@ static void test_hostile_ipc(void **state)
         pthread_mutex_unlock(&s.mu);
     }
     {
-        const int ev0 = s.nev;
+        const int ev0 = server_nev(&s);
         raw r;
         raw_open(&r, blob, len, TOKEN);
         int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
@@ -1613,7 +1668,7 @@ static void test_hostile_ipc(void **state)
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const ipc_case *k = &cases[ci];
-        const int ev0 = s.nev;
+        const int ev0 = server_nev(&s);
         raw r;
         raw_open(&r, blob, len, TOKEN);
         int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
@@ -1647,7 +1702,7 @@ static void test_hostile_ipc(void **state)
     }
     /* 3. a good handle and a good frame: the receiver copies the named pages itself and acknowledges */
     {
-        const int ev0 = s.nev;
+        const int ev0 = server_nev(&s);
         raw r;
         raw_open(&r, blob, len, TOKEN);
         int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
@@ -1712,7 +1767,7 @@ static void test_hostile_ipc(void **state)
         for (size_t ci = 0; ci < sizeof cc / sizeof cc[0]; ci++) {
             const bool allowed = tls_cma(tls);
             const bool malformed = cc[ci].blen != sizeof(xw_cma_blob);
-            const int ev0 = s.nev;
+            const int ev0 = server_nev(&s);
             raw r;
             raw_open(&r, blob, len, TOKEN);
             int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
@@ -1772,6 +1827,153 @@ static void test_hostile_ipc(void **state)
     free(hpat);
 }
 
+/* The CMA path's copy workers with copies in flight (held at process_vm_readv by the gate above): a transfer
+ * canceled or released, its peer disconnected, or the agent destroyed while workers still read into its pages.
+ * Cancel and release leave the pages out of the pool until the copies are over, then give them back (the transfer
+ * ends CANCELED); disconnect does not wait for the copies (they read the peer's process by pid) and the transfer
+ * ends once they are over; destroy waits for them. Under ASan/TSan: no use after free, no leak, no race. */
+static void *open_gate_later(void *arg)
+{
+    (void)arg;
+    usleep(300000);
+    gate_set(false);
+    return NULL;
+}
+
+static void test_cma_copies_in_flight(void **state)
+{
+    (void)state;
+    if (!tls_cma(tls)) {
+        printf("# %s: no CMA among the transports, skipped\n", tls);
+        return;
+    }
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    char old_threads[32] = "", old_piece[32] = "";
+    const char *ot = getenv("KVHAL_XFER_CMA_THREADS"), *op = getenv("KVHAL_XFER_CMA_PIECE_KIB");
+    if (ot) snprintf(old_threads, sizeof old_threads, "%s", ot);
+    if (op) snprintf(old_piece, sizeof old_piece, "%s", op);
+    setenv("KVHAL_XFER_CMA_THREADS", "2", 1);
+    setenv("KVHAL_XFER_CMA_PIECE_KIB", "1", 1); /* frames of a few KiB split across both workers */
+    server s;
+    server_start(&s, cpu, 3000);
+    if (ot) setenv("KVHAL_XFER_CMA_THREADS", old_threads, 1);
+    else unsetenv("KVHAL_XFER_CMA_THREADS");
+    if (op) setenv("KVHAL_XFER_CMA_PIECE_KIB", old_piece, 1);
+    else unsetenv("KVHAL_XFER_CMA_PIECE_KIB");
+    uint8_t blob[4096];
+    const size_t len = server_blob(&s, blob, sizeof blob);
+    /* the sender's pages: a pattern in this process, laid out as a 16-page layer-first cache */
+    kvhal_paged_cache *hc = make_cache(cpu, HEADS, 16, KVHAL_LAYER_FIRST);
+    const size_t hbytes = kvhal_buffer_size(cache_buffer(hc));
+    uint8_t *hpat = malloc(hbytes);
+    assert_non_null(hpat);
+    fill_pattern(hpat, hbytes, 4242);
+    uint64_t off[2 * L];
+    for (int l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++) off[2 * l + kv] = chunk_at(hc, l, kv, 0);
+    const uint64_t stride = chunk_at(hc, 0, 0, 1) - chunk_at(hc, 0, 0, 0);
+    static const uint8_t probe[XW_CMA_PROBE] = "kvhal-cma-gate";
+    const xw_cma_blob b = cma_blob((uint32_t)getpid(), hpat, hbytes, probe);
+    enum { N = 8 };
+    const char *names[] = {"cancel", "release", "disconnect", "none", "destroy"};
+    for (int sc = 0; sc < 5; sc++) {
+        const int ev0 = server_nev(&s);
+        raw r;
+        raw_open(&r, blob, len, TOKEN);
+        const int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
+        kvhal_xfer_peer *pb = s.evs[e].peer;
+        raw_map_kind(&r, XW_IPC_CMA, (const uint8_t *)&b, sizeof b, off, stride, 16, true);
+        if (r.map_ack.status != 0) fail_msg("CMA map refused: %s", r.map_ack.reason);
+        int32_t granted[N], pairs[2 * N];
+        kvhal_xfer *rx;
+        assert_int_equal(grant(&s, pb, 50 + (uint64_t)sc, N, granted, &rx), KVHAL_OK);
+        for (int i = 0; i < N; i++) {
+            pairs[2 * i] = 15 - 2 * i; /* scattered, both sides */
+            pairs[2 * i + 1] = granted[i];
+        }
+        int reads0 = 0;
+        gate_count(&reads0);
+        gate_set(true);
+        raw_data_ipc(&r, 50 + (uint64_t)sc, 0, L, pairs, N, N * 8, UCP_AM_SEND_FLAG_EAGER);
+        /* both workers hold a piece of the frame at the gate (the pump is free: it keeps progressing) */
+        const double until = now_s() + 5;
+        while (gate_count(NULL) < 2 && now_s() < until) raw_progress(&r, 0.001);
+        if (gate_count(NULL) < 2) fail_msg("%s: %d copy worker(s) at the gate, 2 expected", names[sc], gate_count(NULL));
+        kvhal_xfer_info info;
+        char msg[512];
+        if (sc == 4) { /* destroy: waits for the copies (the gate opens 0.3 s later), then frees everything */
+            pthread_t opener;
+            assert_int_equal(pthread_create(&opener, NULL, open_gate_later, NULL), 0);
+            const double t0 = now_s();
+            server_stop(&s);
+            if (now_s() - t0 < 0.25) fail_msg("destroy returned after %.3f s, before the copies were over", now_s() - t0);
+            pthread_join(opener, NULL);
+            raw_close(&r);
+            printf("# %s: CMA copies in flight, %s: ok\n", tls, names[sc]);
+            break;
+        }
+        pthread_mutex_lock(&s.mu);
+        if (sc == 0) assert_int_equal(kvhal_xfer_cancel(rx), KVHAL_OK);
+        if (sc == 1) assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);
+        if (sc == 2) assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK); /* does not wait for the copies */
+        assert_int_equal(gate_count(NULL), 2);
+        assert_true(kvhal_cache_manager_num_free(s.cm) <= PAGES - N); /* the pages are still being written */
+        if (sc != 1) {
+            assert_int_equal(kvhal_xfer_get_info(rx, &info), KVHAL_OK);
+            assert_int_equal(info.status, KVHAL_BUSY);
+        }
+        pthread_mutex_unlock(&s.mu);
+        usleep(20000); /* the server keeps pumping: nothing completes while the copies are held */
+        pthread_mutex_lock(&s.mu);
+        assert_true(kvhal_cache_manager_num_free(s.cm) <= PAGES - N);
+        pthread_mutex_unlock(&s.mu);
+        gate_set(false);
+        if (sc == 1) { /* no handle left: the pages come back once the copies are over */
+            const double u2 = now_s() + 5;
+            for (;;) {
+                pthread_mutex_lock(&s.mu);
+                const int32_t f = kvhal_cache_manager_num_free(s.cm);
+                pthread_mutex_unlock(&s.mu);
+                if (f == PAGES || now_s() > u2) break;
+                usleep(1000);
+            }
+        } else {
+            const kvhal_status st = wait_recv(&s, rx, 5, msg, sizeof msg);
+            if (sc < 3 && st != KVHAL_CANCELED) fail_msg("%s: status %s (%s)", names[sc], kvhal_status_name(st), msg);
+            if (sc == 3) { /* nothing in the way: the frame is copied and acknowledged */
+                assert_int_equal(st, KVHAL_OK);
+                uint8_t got[CHUNK];
+                for (int i = 0; i < N; i++)
+                    for (int l = 0; l < L; l++)
+                        for (int kv = 0; kv < 2; kv++) {
+                            assert_int_equal(kvhal_memcpy_d2h(got, s.buf, chunk_at(s.cache, l, kv, granted[i]), CHUNK,
+                                                              NULL), KVHAL_OK);
+                            assert_memory_equal(got, hpat + chunk_at(hc, l, kv, pairs[2 * i]), CHUNK);
+                        }
+                pthread_mutex_lock(&s.mu);
+                assert_int_equal(kvhal_cache_manager_free(s.cm, granted, N), KVHAL_OK);
+                pthread_mutex_unlock(&s.mu);
+            }
+            pthread_mutex_lock(&s.mu);
+            assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);
+            pthread_mutex_unlock(&s.mu);
+        }
+        if (sc != 2) {
+            pthread_mutex_lock(&s.mu);
+            assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+            pthread_mutex_unlock(&s.mu);
+        }
+        raw_close(&r);
+        all_pages_free(&s);
+        int reads = 0;
+        gate_count(&reads);
+        assert_true(reads - reads0 >= 2); /* the frame went through process_vm_readv, split in two pieces at least */
+        printf("# %s: CMA copies in flight, %s: ok\n", tls, names[sc]);
+    }
+    kvhal_paged_cache_destroy(hc);
+    free(hpat);
+}
+
 /* Dropping a peer closes its endpoint (found by fuzz_xfer): UCX force-closes only endpoints with peer-failure
  * handling, which shared-memory transports lack, and the agent, refused, used to leave the endpoint open until
  * it was destroyed. Peers that connect, are dropped (a BYE, an unknown frame type) and disconnected leave no
@@ -1825,6 +2027,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ipc_two_processes),
         cmocka_unit_test(test_hostile_ipc),
         cmocka_unit_test(test_dropped_peers_close_endpoints),
+        cmocka_unit_test(test_cma_copies_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

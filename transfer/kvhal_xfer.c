@@ -5,10 +5,15 @@
  * device with one batched page copy otherwise (kvhal_paged_cache_transfer; kvhal_memcpy_h2d for part of the layers).
  *
  * Everything runs on the caller's thread inside pump(): UCX callbacks only record (frames, completions, errors);
- * connection set-up, acknowledgements and deadlines are handled after ucp_worker_progress returns. */
+ * connection set-up, acknowledgements and deadlines are handled after ucp_worker_progress returns. The one exception
+ * is the CMA path's copying: the agent's copy workers (cma_worker) read the peer's pages into ours with
+ * process_vm_readv, and touch nothing but the runs pump hands them and the job's completion fields (under cma_mu). */
 #define _GNU_SOURCE /* process_vm_readv (the CMA path) */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +49,11 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 #ifndef GATHER_AHEAD_BYTES
 #define GATHER_AHEAD_BYTES (4ull << 20)   /* gathered frames posted and not yet sent, at most (one at least) */
 #endif
+#define CMA_THREADS_MAX 64                /* copy workers of the CMA path at most (KVHAL_XFER_CMA_THREADS) */
+#define CMA_THREADS_DEFAULT 4             /* and by default at most, half the online cores */
+#define CMA_PIECE_BYTES (512u << 10)      /* a frame is split across workers in pieces of this size at least */
+#define CMA_IOV_MAX 1024                  /* runs in one process_vm_readv call (the kernel's UIO_MAXIOV) */
+#define CMA_SPIN_NS 50000ull              /* an idle worker polls this long for the next piece before it sleeps */
 
 
 #define ERR(st, ...) kvhal_error_set((st), __VA_ARGS__)
@@ -180,8 +190,23 @@ typedef struct ipc_job { /* a DATA_IPC frame accepted (pages claimed), copied fr
     int32_t *idx;           /* n grant indices of dst */
     int path;               /* PATH_IPC (from an imported handle) or PATH_CMA (process_vm_readv) */
     int slot;               /* running: the stream of a->ipc_streams it was queued on */
+    /* the CMA kind on the copy workers (cma_submit): the runs to read, built by pump and read-only afterwards */
+    uint32_t pid;           /* the peer's process */
+    struct iovec *lv, *rv;  /* runs: ours (the granted pages), the peer's */
+    struct cma_piece *pieces;
+    int pieces_left;        /* under a->cma_mu: pieces not yet read (or skipped); 0: the workers are done with it */
+    bool skip;              /* under a->cma_mu: set by pump, the transfer failed: pieces not started are skipped */
+    bool skipped;           /* under a->cma_mu: a piece was skipped (the frame is not complete) */
+    bool failed;            /* under a->cma_mu: a read failed or came short (why says how) */
+    char why[XW_REASON_LEN];
     struct ipc_job *next;
 } ipc_job;
+
+typedef struct cma_piece { /* a share of a job's runs, read by one worker */
+    ipc_job *j;
+    size_t first, count;    /* runs j->lv[first .. first + count) */
+    struct cma_piece *next; /* in a->cma_head's queue */
+} cma_piece;
 
 #define IPC_STREAMS 8 /* copies from imported caches in flight at once, one stream each */
 
@@ -243,6 +268,18 @@ struct kvhal_xfer_agent {
     bool ipc_stream_busy[IPC_STREAMS];
     ipc_job *ipc_jobs, *ipc_jobs_tail;  /* accepted DATA_IPC frames, launched from pump */
     ipc_job *ipc_running;               /* launched, oldest first, acknowledged once their stream is done */
+    /* the CMA path's copy workers (started on the first CMA frame, stopped by kvhal_xfer_agent_destroy) */
+    int cma_threads;        /* wanted (KVHAL_XFER_CMA_THREADS, else min(4, online cores / 2)); 0: pump copies */
+    size_t cma_piece;       /* split frames in pieces of this many bytes at least (KVHAL_XFER_CMA_PIECE_KIB) */
+    int cma_started;        /* running */
+    pthread_t cma_th[CMA_THREADS_MAX];
+    pthread_mutex_t cma_mu; /* guards the queue, cma_stop, and the jobs' pieces_left, skip, skipped, failed, why */
+    pthread_cond_t cma_work, cma_done; /* a piece queued (or stop); a job's last piece done */
+    bool cma_sync;          /* cma_mu and the conditions are initialized */
+    bool cma_stop;
+    atomic_int cma_queued;  /* pieces in the queue (read without the lock by spinning workers) */
+    cma_piece *cma_head, *cma_tail;
+    ipc_job *cma_running;   /* pump's: jobs handed to the workers, completed once pieces_left is 0 */
 };
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -1304,6 +1341,16 @@ static void on_data_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *hea
     a->ipc_jobs_tail = j;
 }
 
+static void ipc_job_free(ipc_job *j)
+{
+    free(j->pairs);
+    free(j->idx);
+    free(j->lv);
+    free(j->rv);
+    free(j->pieces);
+    free(j);
+}
+
 /* Receiver: a DATA_IPC frame's copy is over (st: how it went): the pages are written, acknowledge. */
 static void ipc_job_complete(kvhal_xfer_agent *a, ipc_job *j, kvhal_status st, const char *why)
 {
@@ -1328,9 +1375,7 @@ static void ipc_job_complete(kvhal_xfer_agent *a, ipc_job *j, kvhal_status st, c
     } else {
         xfer_settle(x);
     }
-    free(j->pairs);
-    free(j->idx);
-    free(j);
+    ipc_job_free(j);
 }
 
 /* Takes the oldest running copy off the list once its stream is done (wait: block for it), and completes it. */
@@ -1399,6 +1444,245 @@ static void cma_copy(kvhal_xfer_agent *a, ipc_job *j)
     ipc_job_complete(a, j, ok ? KVHAL_OK : KVHAL_PEER_FAILED, why);
 }
 
+
+/* Reads runs [0, c) of lv/rv from the peer's process, CMA_IOV_MAX a call. */
+static bool cma_read_runs(uint32_t pid, struct iovec *lv, struct iovec *rv, size_t c, char *why, size_t cap)
+{
+    for (size_t k = 0; k < c; k += CMA_IOV_MAX)
+        if (!cma_read(pid, lv + k, rv + k, c - k < CMA_IOV_MAX ? c - k : CMA_IOV_MAX, why, cap)) return false;
+    return true;
+}
+
+/* A copy worker: takes pieces off the queue and reads them (nothing else of the agent is touched); when the queue
+ * is empty it polls it for CMA_SPIN_NS (the next frame usually follows within microseconds) before it sleeps. */
+static void *cma_worker(void *arg)
+{
+    kvhal_xfer_agent *a = arg;
+    pthread_mutex_lock(&a->cma_mu);
+    for (;;) {
+        if (!a->cma_head && !a->cma_stop) {
+            pthread_mutex_unlock(&a->cma_mu);
+            const uint64_t until = now_ns() + CMA_SPIN_NS;
+            unsigned spins = 0;
+            while (atomic_load_explicit(&a->cma_queued, memory_order_relaxed) == 0 && now_ns() < until)
+                if ((++spins & 63) == 0) sched_yield();
+            pthread_mutex_lock(&a->cma_mu);
+            while (!a->cma_head && !a->cma_stop) pthread_cond_wait(&a->cma_work, &a->cma_mu);
+        }
+        if (!a->cma_head) break; /* stopped, nothing left */
+        cma_piece *pc = a->cma_head;
+        a->cma_head = pc->next;
+        if (!a->cma_head) a->cma_tail = NULL;
+        atomic_fetch_sub_explicit(&a->cma_queued, 1, memory_order_relaxed);
+        ipc_job *j = pc->j;
+        const bool skip = j->skip || j->failed;
+        pthread_mutex_unlock(&a->cma_mu);
+        char why[XW_REASON_LEN] = "";
+        const bool ok = skip || cma_read_runs(j->pid, j->lv + pc->first, j->rv + pc->first, pc->count, why, sizeof why);
+        pthread_mutex_lock(&a->cma_mu);
+        if (skip) j->skipped = true;
+        if (!ok && !j->failed) {
+            j->failed = true;
+            memcpy(j->why, why, sizeof why);
+        }
+        if (--j->pieces_left == 0) pthread_cond_broadcast(&a->cma_done);
+    }
+    pthread_mutex_unlock(&a->cma_mu);
+    return NULL;
+}
+
+/* Starts the copy workers on the first CMA frame (false: none, pump copies). Their signals are blocked: the
+ * application's handlers run on its own threads. A thread that does not start leaves fewer workers. */
+static bool cma_pool_start(kvhal_xfer_agent *a)
+{
+    if (a->cma_started) return true;
+    if (a->cma_threads <= 0) return false;
+    if (!a->cma_sync) {
+        if (pthread_mutex_init(&a->cma_mu, NULL)) {
+            a->cma_threads = 0;
+            return false;
+        }
+        if (pthread_cond_init(&a->cma_work, NULL)) {
+            pthread_mutex_destroy(&a->cma_mu);
+            a->cma_threads = 0;
+            return false;
+        }
+        if (pthread_cond_init(&a->cma_done, NULL)) {
+            pthread_cond_destroy(&a->cma_work);
+            pthread_mutex_destroy(&a->cma_mu);
+            a->cma_threads = 0;
+            return false;
+        }
+        a->cma_sync = true;
+    }
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    while (a->cma_started < a->cma_threads && pthread_create(&a->cma_th[a->cma_started], NULL, cma_worker, a) == 0)
+        a->cma_started++;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!a->cma_started) a->cma_threads = 0; /* no threads to be had: pump copies from now on */
+    return a->cma_started > 0;
+}
+
+/* Stops and joins the workers (every job reaped before: cma_jobs_drain). */
+static void cma_pool_stop(kvhal_xfer_agent *a)
+{
+    if (a->cma_started) {
+        pthread_mutex_lock(&a->cma_mu);
+        a->cma_stop = true;
+        pthread_cond_broadcast(&a->cma_work);
+        pthread_mutex_unlock(&a->cma_mu);
+        for (int k = 0; k < a->cma_started; k++) pthread_join(a->cma_th[k], NULL);
+        a->cma_started = 0;
+    }
+    if (a->cma_sync) {
+        pthread_cond_destroy(&a->cma_done);
+        pthread_cond_destroy(&a->cma_work);
+        pthread_mutex_destroy(&a->cma_mu);
+        a->cma_sync = false;
+    }
+}
+
+/* Receiver (from pump), the CMA kind with copy workers: the frame's runs (as cma_copy merges them, but no longer
+ * than a piece) are built here, cut into up to one piece per worker (CMA_PIECE_BYTES at least each) and queued;
+ * pump completes the job once every piece is read (cma_reap). false: not queued (no workers, or no memory for the
+ * runs): the caller copies it itself. */
+static bool cma_submit(kvhal_xfer_agent *a, ipc_job *j)
+{
+    if (!cma_pool_start(a)) return false;
+    kvhal_xfer_peer *p = j->p;
+    const uint64_t cb = a->g.chunk_bytes;
+    const size_t max = (size_t)j->n * (size_t)j->nl * 2u;
+    const uint64_t total = (uint64_t)max * cb;
+    size_t per = a->cma_piece; /* bytes of a piece: the frame shared by the workers, a piece's worth at least */
+    if (total / (uint64_t)a->cma_started > per) per = (size_t)((total + (uint64_t)a->cma_started - 1) / (uint64_t)a->cma_started);
+    j->lv = malloc(max * sizeof *j->lv);
+    j->rv = malloc(max * sizeof *j->rv);
+    j->pieces = malloc((size_t)a->cma_started * sizeof *j->pieces);
+    if (!j->lv || !j->rv || !j->pieces) {
+        free(j->lv);
+        free(j->rv);
+        free(j->pieces);
+        j->lv = j->rv = NULL;
+        j->pieces = NULL;
+        return false;
+    }
+    size_t c = 0;
+    for (int32_t i = 0; i < j->n; i++)
+        for (int32_t l = j->l0; l < j->l0 + j->nl; l++)
+            for (int sd = 0; sd < 2; sd++) {
+                uint8_t *d = a->host_base + chunk_off(a, l, sd, j->pairs[2 * i + 1]);
+                uint8_t *src = (uint8_t *)(uintptr_t)(p->cma_base + p->ipc_off[2 * l + sd] +
+                                                      (uint64_t)j->pairs[2 * i] * p->ipc_stride);
+                if (c && (uint8_t *)j->lv[c - 1].iov_base + j->lv[c - 1].iov_len == d &&
+                    (uint8_t *)j->rv[c - 1].iov_base + j->rv[c - 1].iov_len == src && j->lv[c - 1].iov_len + cb <= per) {
+                    j->lv[c - 1].iov_len += cb;
+                    j->rv[c - 1].iov_len += cb;
+                    continue;
+                }
+                j->lv[c] = (struct iovec){d, cb};
+                j->rv[c] = (struct iovec){src, cb};
+                c++;
+            }
+    /* pieces: consecutive runs of about per bytes each, the last one taking what is left */
+    int np = 0;
+    for (size_t k = 0; k < c;) {
+        cma_piece *pc = &j->pieces[np];
+        pc->j = j;
+        pc->first = k;
+        size_t bytes = 0;
+        if (np == a->cma_started - 1) {
+            k = c;
+        } else {
+            while (k < c && bytes < per) bytes += j->rv[k++].iov_len;
+        }
+        pc->count = k - pc->first;
+        np++;
+    }
+    j->pid = p->cma_pid;
+    j->pieces_left = np;
+    j->next = a->cma_running;
+    a->cma_running = j;
+    pthread_mutex_lock(&a->cma_mu);
+    for (int k = 0; k < np; k++) {
+        j->pieces[k].next = NULL;
+        if (a->cma_tail) a->cma_tail->next = &j->pieces[k];
+        else a->cma_head = &j->pieces[k];
+        a->cma_tail = &j->pieces[k];
+    }
+    atomic_fetch_add_explicit(&a->cma_queued, np, memory_order_relaxed);
+    if (np > 1) pthread_cond_broadcast(&a->cma_work);
+    else pthread_cond_signal(&a->cma_work);
+    pthread_mutex_unlock(&a->cma_mu);
+    return true;
+}
+
+/* Completes the jobs whose pieces are all done (wait: blocks until one is, unless none runs); returns how many.
+ * Jobs of transfers that failed meanwhile are marked so that their pieces not yet started are skipped. */
+static unsigned cma_reap(kvhal_xfer_agent *a, bool wait)
+{
+    if (!a->cma_running) return 0;
+    ipc_job *done = NULL;
+    pthread_mutex_lock(&a->cma_mu);
+    for (;;) {
+        for (ipc_job **pp = &a->cma_running; *pp;) {
+            ipc_job *j = *pp;
+            if (j->pieces_left == 0) {
+                *pp = j->next;
+                j->next = done;
+                done = j;
+            } else {
+                if (j->x->failing || !j->p) j->skip = true;
+                pp = &j->next;
+            }
+        }
+        if (!wait || done || !a->cma_running) break;
+        pthread_cond_wait(&a->cma_done, &a->cma_mu);
+    }
+    pthread_mutex_unlock(&a->cma_mu);
+    if (a->cma_running) { /* a receive whose frames our workers still copy is not stalled by its peer */
+        const uint64_t deadline = deadline_from_now(a);
+        for (ipc_job *j = a->cma_running; j; j = j->next) j->x->deadline_ns = deadline;
+    }
+    unsigned n = 0;
+    while (done) { /* the workers are done with these: pump's alone now */
+        ipc_job *j = done;
+        done = j->next;
+        kvhal_status st = KVHAL_OK;
+        char why[XW_REASON_LEN] = "";
+        if (j->failed) {
+            st = KVHAL_PEER_FAILED;
+            memcpy(why, j->why, sizeof why);
+        } else if (j->skipped) {
+            st = KVHAL_CANCELED;
+            snprintf(why, sizeof why, "request %llu is no longer received", (unsigned long long)j->x->request_id);
+        }
+        ipc_job_complete(a, j, st, why);
+        n++;
+    }
+    return n;
+}
+
+static void cma_jobs_drain(kvhal_xfer_agent *a)
+{
+    while (a->cma_running) cma_reap(a, true);
+}
+
+/* A peer going away (kvhal_xfer_disconnect): its jobs still with the workers forget it (they read its process by
+ * pid, and complete without an acknowledgement); what is not started yet is skipped. */
+static void cma_jobs_detach(kvhal_xfer_agent *a, const kvhal_xfer_peer *p)
+{
+    if (!a->cma_running) return;
+    pthread_mutex_lock(&a->cma_mu);
+    for (ipc_job *j = a->cma_running; j; j = j->next)
+        if (j->p == p) {
+            j->p = NULL;
+            j->skip = true;
+        }
+    pthread_mutex_unlock(&a->cma_mu);
+}
+
 /* Receiver (from pump): one batched copy of every (page, layer, K/V) chunk of a DATA_IPC frame from the imported
  * cache into our granted pages (adjacent chunks merged), queued on a stream of its own; pump acknowledges it once
  * that stream is done, so the copies of several frames and transfers run back to back on the device. */
@@ -1418,7 +1702,7 @@ static void ipc_job_launch(kvhal_xfer_agent *a, ipc_job *j)
         return;
     }
     if (p->cma) {
-        cma_copy(a, j);
+        if (!cma_submit(a, j)) cma_copy(a, j); /* no workers: copied here, now */
         return;
     }
     /* a free stream: made on first use; when all are busy, wait for the oldest copy */
@@ -1474,7 +1758,8 @@ static void ipc_job_launch(kvhal_xfer_agent *a, ipc_job *j)
     *tail = j;
 }
 
-static void ipc_jobs_run(kvhal_xfer_agent *a)
+/* Launches the accepted frames, completes the copies that are over; returns how many completed. */
+static unsigned ipc_jobs_run(kvhal_xfer_agent *a)
 {
     while (a->ipc_jobs) {
         ipc_job *j = a->ipc_jobs;
@@ -1482,15 +1767,18 @@ static void ipc_jobs_run(kvhal_xfer_agent *a)
         if (!a->ipc_jobs) a->ipc_jobs_tail = NULL;
         ipc_job_launch(a, j);
     }
-    while (ipc_job_reap(a, false)) {
-    }
+    unsigned n = cma_reap(a, false);
+    while (ipc_job_reap(a, false)) n++;
+    return n;
 }
 
-/* Waits for every running copy (they read a peer's imported memory and write our pages) and completes them. */
+/* Waits for every running copy (they read a peer's imported memory or process and write our pages) and completes
+ * them. */
 static void ipc_jobs_drain(kvhal_xfer_agent *a)
 {
     while (ipc_job_reap(a, true)) {
     }
+    cma_jobs_drain(a);
 }
 
 static void peer_ipc_free(kvhal_xfer_peer *p)
@@ -1818,7 +2106,9 @@ static unsigned pump(kvhal_xfer_agent *a)
     }
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->map_frame && p->state == P_CONNECTED) process_ipc_map(a, p);
-    ipc_jobs_run(a);
+    /* copies completed, and copies still with the workers, count as work: the loops do not nap (20 us, which the
+     * kernel's timer slack makes ~70) while frames land, and see a copy's end at once */
+    work += ipc_jobs_run(a) + (a->cma_running != NULL);
     while (a->hellos) {
         pending_hello *ph = a->hellos;
         a->hellos = ph->next;
@@ -1944,6 +2234,30 @@ static bool transports_allow_cma(const char *t)
     return transports_name(t, "cma") || transports_name(t, "shm") || transports_name(t, "sm");
 }
 
+/* An environment variable holding a whole number in [lo, hi]; else def (a value that is not one is ignored). */
+static long env_long(const char *name, long lo, long hi, long def)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return def;
+    char *end = NULL;
+    errno = 0;
+    const long n = strtol(v, &end, 10);
+    if (errno || !end || *end || n < lo || n > hi) return def;
+    return n;
+}
+
+/* The CMA path's copy workers: KVHAL_XFER_CMA_THREADS (0 .. CMA_THREADS_MAX; 0: pump copies each frame itself, as
+ * before session 8), else min(4, online cores / 2); frames are split across them in pieces of at least
+ * KVHAL_XFER_CMA_PIECE_KIB KiB (default 512). */
+static void cma_config(kvhal_xfer_agent *a)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    const long def = cores / 2 < CMA_THREADS_DEFAULT ? cores / 2 : CMA_THREADS_DEFAULT;
+    a->cma_threads = (int)env_long("KVHAL_XFER_CMA_THREADS", 0, CMA_THREADS_MAX, def);
+    a->cma_piece = (size_t)env_long("KVHAL_XFER_CMA_PIECE_KIB", 1, 1l << 20, CMA_PIECE_BYTES >> 10) << 10;
+}
+
 kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
 {
     CHECK_ARG(out, "out: NULL");
@@ -1971,6 +2285,7 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
         a->no_peer_errors = true;
 
     a->cma_ok = transports_allow_cma(cfg->transports);
+    cma_config(a);
     if (getrandom(a->cma_probe, sizeof a->cma_probe, 0) != (ssize_t)sizeof a->cma_probe)
         for (size_t i = 0; i < sizeof a->cma_probe; i++) a->cma_probe[i] = (uint8_t)(random_session() >> 13);
 
@@ -2044,8 +2359,10 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     /* let UCX finish or cancel what it holds (bounded: force-closed endpoints complete their requests) */
     const uint64_t until = now_ns() + 2000000000ull;
     pump(a); /* the BYEs */
-    while ((a->rframes || a->closing || a->msgs || a->sent || a->ipc_running) && now_ns() < until) pump(a);
+    while ((a->rframes || a->closing || a->msgs || a->sent || a->ipc_running || a->cma_running) && now_ns() < until)
+        pump(a);
     ipc_jobs_drain(a); /* copies still writing our pages wait here: before the transfers go */
+    cma_pool_stop(a);  /* nothing is queued any more */
     for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) { /* whatever is left: UCX is going away, give pages back */
         nx = x->next;
         if (!x->finished) {
@@ -2293,7 +2610,9 @@ kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
     kvhal_xfer_agent *a = p->agent;
     if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "disconnected by %s", a->name);
     ipc_jobs_run(a);   /* frames accepted but not launched: refused now (the peer failed) */
-    ipc_jobs_drain(a); /* copies may still read the peer's imported cache (closed below) */
+    while (ipc_job_reap(a, true)) { /* device copies may still read the peer's imported cache (closed below) */
+    }
+    cma_jobs_detach(a, p); /* CMA copies read its process by pid: they finish (or are skipped) without it */
     flush_msgs(a); /* the BYE, and the endpoint's close */
     for (kvhal_xfer *x = a->xfers; x; x = x->next)
         if (x->peer == p) x->peer = NULL;
@@ -2808,6 +3127,7 @@ size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a)
     for (const pending_hello *h = a->hellos; h; h = h->next) n++;
     for (const ipc_job *j = a->ipc_jobs; j; j = j->next) n++;
     for (const ipc_job *j = a->ipc_running; j; j = j->next) n++;
+    for (const ipc_job *j = a->cma_running; j; j = j->next) n++;
     for (const closing_ep *c = a->closing; c; c = c->next) n++;
     return n;
 }

@@ -6,13 +6,14 @@
 # ucx_perftest -t ucp_am_bw, one contiguous buffer each side, -O 4 like kvhal's window, and over TCP also with -e
 # (endpoints with peer-failure handling, as kvhal's TCP endpoints must have).
 # Usage: OUT=dir xfer-ab.sh ROUNDS name=builddir[@VAR=value] ...   (VAR=value: in the environment of that build's runs)
-# MIB (default 320): MiB per size and tool (at least 20 messages).
+# MIB (default 320): MiB per size and tool (at least 20 messages). TLS (default "tcp shm"): the transports.
 set -uo pipefail
 ROUNDS=$1
 shift
 OUT=${OUT:-/tmp/xfer-ab}
 MIB=${MIB:-320}
 SIZES=(${SIZES:-262144 1048576 4194304 16777216})
+TLS_LIST=(${TLS:-tcp shm})
 mkdir -p "$OUT"
 port=$((20000 + RANDOM % 20000))
 {
@@ -33,7 +34,7 @@ perftest() { # tls size [flag] -> GB/s (10^9 bytes/s)
   echo "$line" | awk '{ if (NF >= 7) printf "%.3f\n", $7 * 1048576 / 1e9; else print "nan" }'
 }
 for r in $(seq 1 "$ROUNDS"); do
-  for tls in tcp shm; do
+  for tls in "${TLS_LIST[@]}"; do
     for s in "${SIZES[@]}"; do
       line="$r $tls $s"
       for nb in "$@"; do
