@@ -16,7 +16,10 @@
  * its transfer completed; on failure, timeout or cancel the receiver's granted pages go back to the cache manager
  * given to kvhal_xfer_post_receive. A peer that dies or stalls fails its transfers within the agent's timeout.
  *
- * Threads: an agent and everything made from it (peers, transfers) are used by one thread at a time.
+ * Threads: an agent and everything made from it (peers, transfers) are used by one thread at a time. An agent
+ * belongs to the process that created it: a child made by fork() must not use it (UCX's context is not fork-safe;
+ * the CMA path's copy workers are not in the child). kvhal_xfer_agent_destroy waits for reads of peer pages already
+ * under way (process_vm_readv), however long the peer's memory takes to read.
  * Graph capture: no call here may be made while a CUDA/HIP stream of the cache's device is capturing (caches on a
  * GPU are staged through host memory, or copied from an imported peer cache, with blocking copies).
  * Stream: the agent's own streams, waited for before a frame is sent or acknowledged: the staged path's copies

@@ -46,6 +46,8 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 #define BOUNCE_POOL_BYTES (256ull << 20)  /* and their bytes at most */
 #define STAGE_POOL 64                     /* idle staging buffers (pinned host memory) a device-cache agent keeps */
 #define STAGE_POOL_BYTES (256ull << 20)   /* and their bytes at most */
+#define STAGE_PINNED_MAX (1ull << 30)     /* pinned staging held by frames at once; past it frames stage in malloc'd
+                                           * (pageable) memory, so a huge send cannot pin the host's memory away */
 #ifndef GATHER_AHEAD_BYTES
 #define GATHER_AHEAD_BYTES (4ull << 20)   /* gathered frames posted and not yet sent, at most (one at least) */
 #endif
@@ -234,6 +236,7 @@ struct kvhal_xfer_agent {
     size_t pool_bytes;
     kvhal_host_memory *stage_pool[STAGE_POOL]; /* idle staging buffers of a device cache, kept for reuse */
     size_t stage_pool_bytes;
+    uint64_t stage_live;    /* bytes of pinned staging held by frames (not in the pool) */
     kvhal_stream *stage_stream; /* the staged path's copies between the device cache and staging (made on first use) */
     uint64_t gathered;      /* bytes of gathered frames posted and not yet sent */
     /* the cache */
@@ -272,6 +275,7 @@ struct kvhal_xfer_agent {
     int cma_threads;        /* wanted (KVHAL_XFER_CMA_THREADS, else min(4, online cores / 2)); 0: pump copies */
     size_t cma_piece;       /* split frames in pieces of this many bytes at least (KVHAL_XFER_CMA_PIECE_KIB) */
     int cma_started;        /* running */
+    pid_t cma_pid;          /* the process that started them (a forked child has none of them) */
     pthread_t cma_th[CMA_THREADS_MAX];
     pthread_mutex_t cma_mu; /* guards the queue, cma_stop, and the jobs' pieces_left, skip, skipped, failed, why */
     pthread_cond_t cma_work, cma_done; /* a piece queued (or stop); a job's last piece done */
@@ -472,7 +476,7 @@ static void frame_unbounce(kvhal_xfer_agent *a, send_frame *f)
     a->gathered -= f->bytes;
 }
 
-static void stage_put(kvhal_xfer_agent *a, kvhal_host_memory *m);
+static void stage_release(kvhal_xfer_agent *a, kvhal_host_memory *mem, void *p);
 
 static void xfer_free(kvhal_xfer *x)
 {
@@ -487,8 +491,7 @@ static void xfer_free(kvhal_xfer *x)
         for (int32_t i = 0; i < x->num_frames; i++) {
             free(x->frames[i].hdr);
             free(x->frames[i].iov);
-            if (x->frames[i].stage_mem) stage_put(a, x->frames[i].stage_mem);
-            else free(x->frames[i].staging);
+            stage_release(a, x->frames[i].stage_mem, x->frames[i].staging);
             frame_unbounce(a, &x->frames[i]);
         }
         free(x->frames);
@@ -688,6 +691,7 @@ static kvhal_status stage(kvhal_xfer_agent *a, bool to_host, uint8_t *host, cons
  * slow (milliseconds for megabytes). The smallest idle one that fits and wastes at most half, else a new one. */
 static kvhal_host_memory *stage_get(kvhal_xfer_agent *a, size_t len)
 {
+    if (len > STAGE_POOL_BYTES || a->stage_live + len > STAGE_PINNED_MAX) return NULL; /* pageable then */
     int best = -1;
     for (int i = 0; i < STAGE_POOL; i++) {
         const size_t cap = a->stage_pool[i] ? kvhal_host_memory_size(a->stage_pool[i]) : 0;
@@ -699,17 +703,30 @@ static kvhal_host_memory *stage_get(kvhal_xfer_agent *a, size_t len)
         kvhal_host_memory *m = a->stage_pool[best];
         a->stage_pool[best] = NULL;
         a->stage_pool_bytes -= kvhal_host_memory_size(m);
+        a->stage_live += kvhal_host_memory_size(m);
         return m;
     }
     kvhal_host_memory *m = NULL;
     if (kvhal_host_memory_create(kvhal_buffer_device(a->cache_buf), len ? len : 1, &m) != KVHAL_OK) m = NULL;
+    kvhal_clear_error();
+    if (m) a->stage_live += kvhal_host_memory_size(m);
     return m;
 }
+
+/* A frame's staging: pinned from the pool where it may (stage_get), else malloc'd; *mem says which (NULL: malloc). */
+static void *stage_alloc(kvhal_xfer_agent *a, size_t len, kvhal_host_memory **mem)
+{
+    *mem = stage_get(a, len);
+    return *mem ? kvhal_host_memory_ptr(*mem) : malloc(len ? len : 1);
+}
+
+
 
 static void stage_put(kvhal_xfer_agent *a, kvhal_host_memory *m)
 {
     if (!m) return;
     const size_t cap = kvhal_host_memory_size(m);
+    a->stage_live -= cap;
     if (a->stage_pool_bytes + cap <= STAGE_POOL_BYTES)
         for (int i = 0; i < STAGE_POOL; i++)
             if (!a->stage_pool[i]) {
@@ -718,6 +735,13 @@ static void stage_put(kvhal_xfer_agent *a, kvhal_host_memory *m)
                 return;
             }
     kvhal_host_memory_destroy(m);
+}
+
+/* Gives a frame's staging back: to the pool (pinned) or to the heap (stage_alloc's malloc). */
+static void stage_release(kvhal_xfer_agent *a, kvhal_host_memory *mem, void *p)
+{
+    if (mem) stage_put(a, mem);
+    else free(p);
 }
 
 static void stage_pool_free(kvhal_xfer_agent *a)
@@ -736,7 +760,7 @@ static void stage_pool_free(kvhal_xfer_agent *a)
 static bool stage_pages(kvhal_xfer_agent *a, bool to_host, kvhal_host_memory *m, const int32_t *pages, int32_t n,
                         kvhal_status *st)
 {
-    enum { MAX_PAIRS = 4096 };
+    enum { MAX_PAIRS = MAX_FRAME_PAGES }; /* a frame's pages at most (DATA frames of a device cache) */
     if (n > MAX_PAIRS || (uint64_t)n * (uint64_t)a->g.num_layers * 2u * a->g.chunk_bytes > kvhal_host_memory_size(m))
         return false;
     if (!a->stage_stream && kvhal_stream_create(kvhal_buffer_device(a->cache_buf), &a->stage_stream) != KVHAL_OK) {
@@ -755,7 +779,10 @@ static bool stage_pages(kvhal_xfer_agent *a, bool to_host, kvhal_host_memory *m,
         kvhal_clear_error();
         return false;
     }
-    if (*st == KVHAL_OK) *st = kvhal_stream_synchronize(a->stage_stream);
+    /* waited for even after an error: a copy that failed part-way may have queued some of its work, which must be
+     * done before the staging buffer or the pages are used again */
+    const kvhal_status ws = kvhal_stream_synchronize(a->stage_stream);
+    if (*st == KVHAL_OK) *st = ws;
     return true;
 }
 
@@ -915,8 +942,7 @@ static ucs_status_t on_data(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void 
     f->frame = h.frame;
     f->bytes = length;
     if (!a->host) {
-        f->stage_mem = stage_get(a, length);
-        f->staging = f->stage_mem ? kvhal_host_memory_ptr(f->stage_mem) : NULL;
+        f->staging = stage_alloc(a, length, &f->stage_mem);
         f->iov = malloc(sizeof *f->iov + (size_t)h.n_pages * sizeof(int32_t) + 2 * sizeof(int32_t));
         if (!f->staging || !f->iov) goto nomem;
         /* keep the page list and layers for the copy to the device after the data is in */
@@ -965,7 +991,7 @@ nomem:
     kvhal_clear_error();
     if (f) {
         free(f->iov);
-        stage_put(a, f->stage_mem);
+        stage_release(a, f->stage_mem, f->staging);
         free(f);
     }
     for (int32_t i = 0; i < h.n_pages; i++)
@@ -987,7 +1013,7 @@ static void recv_frame_done(kvhal_xfer_agent *a, recv_frame *f)
         snprintf(reason, sizeof reason, "receiving the frame failed: %s", ucs_status_string(f->done_status));
     } else if (!a->host && !x->failing) {
         const int32_t *keep = (const int32_t *)(f->iov + 1);
-        if (keep[0] != 0 || keep[1] != a->g.num_layers ||
+        if (!f->stage_mem || keep[0] != 0 || keep[1] != a->g.num_layers ||
             !stage_pages(a, false, f->stage_mem, keep + 2, (int32_t)f->iov_count, &st))
             st = stage(a, false, f->staging, keep + 2, (int32_t)f->iov_count, keep[0], keep[1]);
         if (st != KVHAL_OK) snprintf(reason, sizeof reason, "copy to the device failed: %s", kvhal_last_error());
@@ -995,7 +1021,7 @@ static void recv_frame_done(kvhal_xfer_agent *a, recv_frame *f)
     x->inflight--;
     if (x->peer && x->peer->state == P_CONNECTED) send_ack(a, x->peer, f->xfer_id, f->frame, st, f->bytes, reason);
     free(f->iov);
-    stage_put(a, f->stage_mem);
+    stage_release(a, f->stage_mem, f->staging);
     if (st == KVHAL_OK) {
         x->bytes_done += f->bytes;
         free(f);
@@ -1400,15 +1426,33 @@ static bool ipc_job_reap(kvhal_xfer_agent *a, bool wait)
  * came; whatever the peer's process no longer holds fails the frame. */
 static bool cma_read(uint32_t pid, struct iovec *lv, struct iovec *rv, size_t c, char *why, size_t cap)
 {
-    size_t want = 0;
-    for (size_t k = 0; k < c; k++) want += lv[k].iov_len;
-    ssize_t n;
-    do n = process_vm_readv((pid_t)pid, lv, (unsigned long)c, rv, (unsigned long)c, 0);
-    while (n < 0 && errno == EINTR);
-    if (n >= 0 && (size_t)n == want) return true;
-    snprintf(why, cap, "reading the peer's pages (process %u) failed: %s", (unsigned)pid,
-             n < 0 ? strerror(errno) : "short read");
-    return false;
+    /* One call moves at most MAX_RW_COUNT (about 2 GiB) and returns that much: the rest is read by the next call,
+     * from where it stopped (the runs moved past are not given back: both lists are the caller's scratch). */
+    while (c > 0) {
+        ssize_t n;
+        do n = process_vm_readv((pid_t)pid, lv, (unsigned long)c, rv, (unsigned long)c, 0);
+        while (n < 0 && errno == EINTR);
+        if (n <= 0) {
+            char buf[128];
+            snprintf(why, cap, "reading the peer's pages (process %u) failed: %s", (unsigned)pid,
+                     n < 0 ? strerror_r(errno, buf, sizeof buf) : "nothing read");
+            return false;
+        }
+        size_t done = (size_t)n;
+        while (c > 0 && done >= lv->iov_len) { /* local and remote runs have the same lengths */
+            done -= lv->iov_len;
+            lv++;
+            rv++;
+            c--;
+        }
+        if (c > 0 && done) {
+            lv->iov_base = (uint8_t *)lv->iov_base + done;
+            lv->iov_len -= done;
+            rv->iov_base = (uint8_t *)rv->iov_base + done;
+            rv->iov_len -= done;
+        }
+    }
+    return true;
 }
 
 static void cma_copy(kvhal_xfer_agent *a, ipc_job *j)
@@ -1493,8 +1537,20 @@ static void *cma_worker(void *arg)
 
 /* Starts the copy workers on the first CMA frame (false: none, pump copies). Their signals are blocked: the
  * application's handlers run on its own threads. A thread that does not start leaves fewer workers. */
+/* In a child forked while workers ran, their threads are gone and their mutex may be held for ever: forget them
+ * (nothing to join or destroy there) and let pump copy. */
+static void cma_pool_forget_if_forked(kvhal_xfer_agent *a)
+{
+    if ((a->cma_started || a->cma_sync) && a->cma_pid != getpid()) {
+        a->cma_started = 0;
+        a->cma_sync = false;
+        a->cma_threads = 0;
+    }
+}
+
 static bool cma_pool_start(kvhal_xfer_agent *a)
 {
+    cma_pool_forget_if_forked(a);
     if (a->cma_started) return true;
     if (a->cma_threads <= 0) return false;
     if (!a->cma_sync) {
@@ -1514,6 +1570,7 @@ static bool cma_pool_start(kvhal_xfer_agent *a)
             return false;
         }
         a->cma_sync = true;
+        a->cma_pid = getpid();
     }
     sigset_t all, old;
     sigfillset(&all);
@@ -1528,6 +1585,7 @@ static bool cma_pool_start(kvhal_xfer_agent *a)
 /* Stops and joins the workers (every job reaped before: cma_jobs_drain). */
 static void cma_pool_stop(kvhal_xfer_agent *a)
 {
+    cma_pool_forget_if_forked(a);
     if (a->cma_started) {
         pthread_mutex_lock(&a->cma_mu);
         a->cma_stop = true;
@@ -1666,6 +1724,7 @@ static unsigned cma_reap(kvhal_xfer_agent *a, bool wait)
 
 static void cma_jobs_drain(kvhal_xfer_agent *a)
 {
+    if (a->cma_pid && a->cma_pid != getpid()) return; /* a forked child: the parent's workers will never answer */
     while (a->cma_running) cma_reap(a, true);
 }
 
@@ -2377,7 +2436,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
         recv_frame *f = a->rframes;
         a->rframes = f->next;
         free(f->iov);
-        stage_put(a, f->stage_mem);
+        stage_release(a, f->stage_mem, f->staging);
         free(f);
     }
     while (a->hellos) {
@@ -2935,11 +2994,9 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
             ok = f->iov != NULL;
             f->gather = ok && f->iov_count > 1 && !a->no_peer_errors; /* see above; from post_frames */
         } else {
-            f->stage_mem = stage_get(a, f->bytes);
-            f->staging = f->stage_mem ? kvhal_host_memory_ptr(f->stage_mem) : NULL;
+            f->staging = stage_alloc(a, f->bytes, &f->stage_mem);
             ok = f->staging != NULL;
-            if (!ok) kvhal_clear_error();
-            if (ok && (first_layer != 0 || num_layers != a->g.num_layers ||
+            if (ok && (!f->stage_mem || first_layer != 0 || num_layers != a->g.num_layers ||
                        !stage_pages(a, true, f->stage_mem, src_pages + first, cnt, &st)))
                 st = stage(a, true, f->staging, src_pages + first, cnt, first_layer, num_layers);
             if (ok && st != KVHAL_OK) {

@@ -1,7 +1,8 @@
 /* xfer_internal.h — what remote peers send to libkvhal-xfer (as receivers and as senders), without a UCX
  * connection, for the fuzzer (fuzz/fuzz_xfer.c). Private to transfer/ and fuzz/: not installed, not exported (the
- * library's symbols are hidden; the fuzzer links the library's object file). Frames given here go through the same handler UCX calls for every active message,
- * so everything a remote peer can send is checked by the code that checks it in production. */
+ * library's symbols are hidden; the fuzzer links the library's object file). Frames given here go through the
+ * same handler UCX calls for every active message, so everything a remote peer can send is checked by the code
+ * that checks it in production. */
 #ifndef KVHAL_XFER_INTERNAL_H
 #define KVHAL_XFER_INTERNAL_H
 
