@@ -720,8 +720,6 @@ static void *stage_alloc(kvhal_xfer_agent *a, size_t len, kvhal_host_memory **me
     return *mem ? kvhal_host_memory_ptr(*mem) : malloc(len ? len : 1);
 }
 
-
-
 static void stage_put(kvhal_xfer_agent *a, kvhal_host_memory *m)
 {
     if (!m) return;
@@ -1535,8 +1533,6 @@ static void *cma_worker(void *arg)
     return NULL;
 }
 
-/* Starts the copy workers on the first CMA frame (false: none, pump copies). Their signals are blocked: the
- * application's handlers run on its own threads. A thread that does not start leaves fewer workers. */
 /* In a child forked while workers ran, their threads are gone and their mutex may be held for ever: forget them
  * (nothing to join or destroy there) and let pump copy. */
 static void cma_pool_forget_if_forked(kvhal_xfer_agent *a)
@@ -1548,6 +1544,8 @@ static void cma_pool_forget_if_forked(kvhal_xfer_agent *a)
     }
 }
 
+/* Starts the copy workers on the first CMA frame (false: none, pump copies). Their signals are blocked: the
+ * application's handlers run on its own threads. A thread that does not start leaves fewer workers. */
 static bool cma_pool_start(kvhal_xfer_agent *a)
 {
     cma_pool_forget_if_forked(a);
