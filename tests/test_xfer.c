@@ -97,6 +97,37 @@ ucs_status_ptr_t ucp_ep_close_nbx(ucp_ep_h ep, const ucp_request_param_t *param)
     return r;
 }
 
+/* DATA frames posted by the agents (ucp_am_send_nbx with a DATA header), and copy workers started by
+ * libkvhal-xfer (pthread_create of a routine inside it): how the TCP path cut and gathered a transfer */
+static atomic_int data_frames, xfer_threads;
+
+ucs_status_ptr_t ucp_am_send_nbx(ucp_ep_h ep, unsigned id, const void *header, size_t header_length,
+                                 const void *buffer, size_t count, const ucp_request_param_t *param)
+{
+    ucs_status_ptr_t (*real)(ucp_ep_h, unsigned, const void *, size_t, const void *, size_t,
+                             const ucp_request_param_t *);
+    void *sym = dlsym(RTLD_NEXT, "ucp_am_send_nbx");
+    memcpy(&real, &sym, sizeof real);
+    xw_common c;
+    if (header_length >= sizeof c) {
+        memcpy(&c, header, sizeof c);
+        if (c.magic == XW_MAGIC && c.type == XW_DATA) atomic_fetch_add(&data_frames, 1);
+    }
+    return real(ep, id, header, header_length, buffer, count, param);
+}
+
+int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*start)(void *), void *arg)
+{
+    int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+    void *sym = dlsym(RTLD_NEXT, "pthread_create");
+    memcpy(&real, &sym, sizeof real);
+    Dl_info di;
+    void *fp;
+    memcpy(&fp, &start, sizeof fp);
+    if (dladdr(fp, &di) && di.dli_fname && strstr(di.dli_fname, "libkvhal-xfer")) atomic_fetch_add(&xfer_threads, 1);
+    return real(th, attr, start, arg);
+}
+
 /* The CMA path's reads, counted and, while the gate is closed, held (test_cma_copies_in_flight): a copy worker
  * that reaches process_vm_readv waits here, so that the test can cancel, release, disconnect or destroy while
  * copies are in flight. With vm_read_cap set, a call reads that many bytes at most and says so, as the kernel does
@@ -430,10 +461,26 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
     assert_memory_equal(ev.pages, dst, sizeof dst);
     /* layer 0 alone, then layers 1..2: two transfers for one request */
     kvhal_xfer *tx0, *tx1;
+    const int frames0 = atomic_load(&data_frames), threads0 = atomic_load(&xfer_threads);
     assert_int_equal(kvhal_xfer_send_pages(pa, 77, src, ev.pages, N, 0, 1, &tx0), KVHAL_OK);
     assert_int_equal(kvhal_xfer_send_pages(pa, 77, src, ev.pages, N, 1, L - 1, &tx1), KVHAL_OK);
     assert_int_equal(kvhal_xfer_wait(tx0, 5000), KVHAL_OK);
     assert_int_equal(kvhal_xfer_wait(tx1, 5000), KVHAL_OK);
+    if (sdev.type == KVHAL_DEVICE_CPU && strcmp(tls, "tcp") == 0) {
+        /* host pages over TCP are gathered: frames of KVHAL_XFER_GATHER_FRAME_KIB at most (one page at least), by
+         * the copy workers where there are any and the frame is large enough (KVHAL_XFER_GATHER_KIB) */
+        const char *fk = getenv("KVHAL_XFER_GATHER_FRAME_KIB"), *gk = getenv("KVHAL_XFER_GATHER_KIB"),
+                   *wk = getenv("KVHAL_XFER_CMA_THREADS");
+        const size_t cap = (fk ? (size_t)atol(fk) : 1024) * 1024;
+        int frames = 0;
+        for (int nl = 1; nl <= 2; nl++) {
+            const size_t fit = cap / ((size_t)nl * 2 * CHUNK), per = fit ? fit : 1;
+            frames += (int)((N + per - 1) / per);
+        }
+        assert_int_equal(atomic_load(&data_frames) - frames0, frames);
+        if (wk && atoi(wk) == 0) assert_int_equal(atomic_load(&xfer_threads) - threads0, 0);
+        else if (wk && gk && atoi(gk) == 0) assert_int_equal(atomic_load(&xfer_threads) - threads0, atoi(wk));
+    }
     /* plain (not shareable) caches: through UCX, in place on the host, else staged; host to host where the
      * transports include CMA (shm): read by the receiver from the sender's process (the CMA path) */
     const bool cma_offered = sdev.type == KVHAL_DEVICE_CPU && tls_cma(tls);

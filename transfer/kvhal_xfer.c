@@ -49,8 +49,11 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 #define STAGE_PINNED_MAX (1ull << 30)     /* pinned staging held by frames at once; past it frames stage in malloc'd
                                            * (pageable) memory, so a huge send cannot pin the host's memory away */
 #ifndef GATHER_AHEAD_BYTES
-#define GATHER_AHEAD_BYTES (4ull << 20)   /* gathered frames posted and not yet sent, at most (one at least) */
+#define GATHER_AHEAD_BYTES (8ull << 20)   /* gathered frames posted and not yet sent, at most (one at least) */
 #endif
+#define GATHER_FRAME_BYTES (1u << 20)     /* gathered (TCP) frames carry this much at most (one page at least;
+                                           * KVHAL_XFER_GATHER_FRAME_KIB) */
+#define GATHER_WORKER_BYTES (1u << 20)    /* gathered by copy workers from this size (KVHAL_XFER_GATHER_KIB) */
 #define CMA_THREADS_MAX 64                /* copy workers of the CMA path at most (KVHAL_XFER_CMA_THREADS) */
 #define CMA_THREADS_DEFAULT 4             /* and by default at most, half the online cores */
 #define CMA_PIECE_BYTES (512u << 10)      /* a frame is split across workers in pieces of this size at least */
@@ -106,6 +109,15 @@ struct kvhal_xfer_peer {
 enum { IPC_NONE = 0, IPC_OFFERED = 1, IPC_READY = 2, IPC_REFUSED = -1 };
 enum { PATH_NONE = 0, PATH_HOST = 1, PATH_STAGED = 2, PATH_IPC = 3, PATH_CMA = 4 };
 
+struct ipc_job;
+struct send_frame;
+typedef struct cma_piece { /* a copy worker's task: a share of a CMA job's runs, or a frame to gather */
+    struct ipc_job *j;      /* a CMA read: runs j->lv[first .. first + count) */
+    size_t first, count;
+    struct send_frame *f;   /* a gather (j NULL): f's chunks into f->bounce */
+    struct cma_piece *next; /* in a->cma_head's queue */
+} cma_piece;
+
 typedef struct send_frame {
     kvhal_xfer *x;
     xw_data *hdr;           /* kept until the send completes */
@@ -120,6 +132,11 @@ typedef struct send_frame {
     bool posted;
     bool in_flight;
     bool acked;             /* the receiver acknowledged it (once: a second ACK of it breaks the protocol) */
+    /* gathered by a copy worker (gather_submit): counted in x->sends_inflight until pump reaps it */
+    bool gathering;         /* pump's: queued or being gathered */
+    bool gdone, gskip;      /* under a->cma_mu: the worker is done with it; pump: skip it (the transfer failed) */
+    cma_piece task;
+    struct send_frame *gnext; /* in a->gathering */
 } send_frame;
 
 typedef struct recv_frame {
@@ -204,12 +221,6 @@ typedef struct ipc_job { /* a DATA_IPC frame accepted (pages claimed), copied fr
     struct ipc_job *next;
 } ipc_job;
 
-typedef struct cma_piece { /* a share of a job's runs, read by one worker */
-    ipc_job *j;
-    size_t first, count;    /* runs j->lv[first .. first + count) */
-    struct cma_piece *next; /* in a->cma_head's queue */
-} cma_piece;
-
 #define IPC_STREAMS 8 /* copies from imported caches in flight at once, one stream each */
 
 typedef struct event_item {
@@ -274,6 +285,9 @@ struct kvhal_xfer_agent {
     /* the CMA path's copy workers (started on the first CMA frame, stopped by kvhal_xfer_agent_destroy) */
     int cma_threads;        /* wanted (KVHAL_XFER_CMA_THREADS, else min(4, online cores / 2)); 0: pump copies */
     size_t cma_piece;       /* split frames in pieces of this many bytes at least (KVHAL_XFER_CMA_PIECE_KIB) */
+    size_t gather_min;      /* TCP frames of this many bytes and more are gathered by the copy workers
+                             * (KVHAL_XFER_GATHER_KIB), smaller ones by pump */
+    size_t gather_frame;    /* TCP frames carry this many bytes at most (KVHAL_XFER_GATHER_FRAME_KIB) */
     int cma_started;        /* running */
     pid_t cma_pid;          /* the process that started them (a forked child has none of them) */
     pthread_t cma_th[CMA_THREADS_MAX];
@@ -284,6 +298,7 @@ struct kvhal_xfer_agent {
     atomic_int cma_queued;  /* pieces in the queue (read without the lock by spinning workers) */
     cma_piece *cma_head, *cma_tail;
     ipc_job *cma_running;   /* pump's: jobs handed to the workers, completed once pieces_left is 0 */
+    send_frame *gathering;  /* pump's: frames handed to the workers to gather, posted once gdone */
 };
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -1516,6 +1531,22 @@ static void *cma_worker(void *arg)
         a->cma_head = pc->next;
         if (!a->cma_head) a->cma_tail = NULL;
         atomic_fetch_sub_explicit(&a->cma_queued, 1, memory_order_relaxed);
+        if (!pc->j) { /* a gather: the frame's chunks (our cache) into its bounce buffer, both left alone by pump */
+            send_frame *f = pc->f;
+            const bool gskip = f->gskip;
+            pthread_mutex_unlock(&a->cma_mu);
+            if (!gskip) {
+                uint8_t *b = f->bounce;
+                for (size_t i = 0; i < f->iov_count; i++) {
+                    memcpy(b, f->iov[i].buffer, f->iov[i].length);
+                    b += f->iov[i].length;
+                }
+            }
+            pthread_mutex_lock(&a->cma_mu);
+            f->gdone = true;
+            pthread_cond_broadcast(&a->cma_done);
+            continue;
+        }
         ipc_job *j = pc->j;
         const bool skip = j->skip || j->failed;
         pthread_mutex_unlock(&a->cma_mu);
@@ -1724,6 +1755,80 @@ static void cma_jobs_drain(kvhal_xfer_agent *a)
 {
     if (a->cma_pid && a->cma_pid != getpid()) return; /* a forked child: the parent's workers will never answer */
     while (a->cma_running) cma_reap(a, true);
+}
+
+/* Sender (from post_frames): a frame to gather (its bounce buffer taken) handed to a copy worker, so that pump goes
+ * on sending while it is copied; false: no workers, the caller gathers it. The frame counts as a send in flight
+ * (its transfer cannot settle, its buffers stay) until gather_reap. */
+static bool gather_submit(kvhal_xfer_agent *a, send_frame *f)
+{
+    if (!cma_pool_start(a)) return false;
+    f->gathering = true;
+    f->gdone = f->gskip = false;
+    f->task = (cma_piece){.f = f};
+    f->x->sends_inflight++;
+    f->gnext = a->gathering;
+    a->gathering = f;
+    pthread_mutex_lock(&a->cma_mu);
+    if (a->cma_tail) a->cma_tail->next = &f->task;
+    else a->cma_head = &f->task;
+    a->cma_tail = &f->task;
+    atomic_fetch_add_explicit(&a->cma_queued, 1, memory_order_relaxed);
+    pthread_cond_signal(&a->cma_work);
+    pthread_mutex_unlock(&a->cma_mu);
+    return true;
+}
+
+static bool post_frame(kvhal_xfer_peer *p, kvhal_xfer *x, int32_t fi, const void *buf, size_t count,
+                       const ucp_request_param_t *prm);
+static void frame_prm(send_frame *f, ucp_request_param_t *prm);
+
+/* Posts the frames whose gathering is over (wait: blocks until one is, unless none is out); returns how many were
+ * reaped. A frame of a transfer that failed meanwhile is not posted: its buffer goes back and the transfer settles
+ * (which may free it). Frames of failed transfers not yet started are skipped. */
+static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
+{
+    if (!a->gathering) return 0;
+    send_frame *done = NULL;
+    pthread_mutex_lock(&a->cma_mu);
+    for (;;) {
+        for (send_frame **pp = &a->gathering; *pp;) {
+            send_frame *f = *pp;
+            if (f->gdone) {
+                *pp = f->gnext;
+                f->gnext = done;
+                done = f;
+            } else {
+                if (f->x->failing) f->gskip = true;
+                pp = &f->gnext;
+            }
+        }
+        if (!wait || done || !a->gathering) break;
+        pthread_cond_wait(&a->cma_done, &a->cma_mu);
+    }
+    pthread_mutex_unlock(&a->cma_mu);
+    unsigned n = 0;
+    while (done) {
+        send_frame *f = done;
+        done = f->gnext;
+        kvhal_xfer *x = f->x;
+        f->gathering = false;
+        x->sends_inflight--;
+        n++;
+        kvhal_xfer_peer *p = x->peer;
+        if (f->gskip || x->failing || !p || p->state != P_CONNECTED) {
+            frame_unbounce(a, f);
+            if (!x->failing) xfer_finish(x, KVHAL_PEER_FAILED, "peer gone"); /* settles: may free x */
+            else xfer_settle(x);
+            continue;
+        }
+        ucp_request_param_t prm;
+        frame_prm(f, &prm);
+        size_t count;
+        const void *buf = frame_buffer(f->iov, f->iov_count, f->bounce, f->bytes, &prm, &count);
+        post_frame(p, x, (int32_t)(f - x->frames), buf, count, &prm); /* may fail x */
+    }
+    return n;
 }
 
 /* A peer going away (kvhal_xfer_disconnect): its jobs still with the workers forget it (they read its process by
@@ -2166,6 +2271,7 @@ static unsigned pump(kvhal_xfer_agent *a)
     /* copies completed, and copies still with the workers, count as work: the loops do not nap (20 us, which the
      * kernel's timer slack makes ~70) while frames land, and see a copy's end at once */
     work += ipc_jobs_run(a) + (a->cma_running != NULL);
+    work += gather_reap(a, false) + (a->gathering != NULL); /* gathered frames posted (before post_pending) */
     while (a->hellos) {
         pending_hello *ph = a->hellos;
         a->hellos = ph->next;
@@ -2303,9 +2409,11 @@ static long env_long(const char *name, long lo, long hi, long def)
     return n;
 }
 
-/* The CMA path's copy workers: KVHAL_XFER_CMA_THREADS (0 .. CMA_THREADS_MAX; 0: pump copies each frame itself, as
- * before session 8), else min(4, online cores / 2); frames are split across them in pieces of at least
- * KVHAL_XFER_CMA_PIECE_KIB KiB (default 512). */
+/* The copy workers: KVHAL_XFER_CMA_THREADS (0 .. CMA_THREADS_MAX; 0: pump copies each frame itself, as before
+ * session 8), else min(4, online cores / 2); CMA frames are split across them in pieces of at least
+ * KVHAL_XFER_CMA_PIECE_KIB KiB (default 512); TCP frames of KVHAL_XFER_GATHER_KIB KiB and more (default 1024) are
+ * gathered by them (smaller ones by pump: handing a frame over costs more than its copy); TCP frames carry at most
+ * KVHAL_XFER_GATHER_FRAME_KIB KiB (default 1024, one page at least). */
 static void cma_config(kvhal_xfer_agent *a)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -2313,6 +2421,8 @@ static void cma_config(kvhal_xfer_agent *a)
     const long def = cores / 2 < CMA_THREADS_DEFAULT ? cores / 2 : CMA_THREADS_DEFAULT;
     a->cma_threads = (int)env_long("KVHAL_XFER_CMA_THREADS", 0, CMA_THREADS_MAX, def);
     a->cma_piece = (size_t)env_long("KVHAL_XFER_CMA_PIECE_KIB", 1, 1l << 20, CMA_PIECE_BYTES >> 10) << 10;
+    a->gather_min = (size_t)env_long("KVHAL_XFER_GATHER_KIB", 0, 1l << 20, GATHER_WORKER_BYTES >> 10) << 10;
+    a->gather_frame = (size_t)env_long("KVHAL_XFER_GATHER_FRAME_KIB", 1, 1l << 20, GATHER_FRAME_BYTES >> 10) << 10;
 }
 
 kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
@@ -2416,9 +2526,11 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     /* let UCX finish or cancel what it holds (bounded: force-closed endpoints complete their requests) */
     const uint64_t until = now_ns() + 2000000000ull;
     pump(a); /* the BYEs */
-    while ((a->rframes || a->closing || a->msgs || a->sent || a->ipc_running || a->cma_running) && now_ns() < until)
+    while ((a->rframes || a->closing || a->msgs || a->sent || a->ipc_running || a->cma_running || a->gathering) &&
+           now_ns() < until)
         pump(a);
     ipc_jobs_drain(a); /* copies still writing our pages wait here: before the transfers go */
+    while (a->gathering) gather_reap(a, true); /* and gathers still writing bounce buffers (nothing is posted: failed) */
     cma_pool_stop(a);  /* nothing is queued any more */
     for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) { /* whatever is left: UCX is going away, give pages back */
         nx = x->next;
@@ -2809,6 +2921,16 @@ static bool post_frame(kvhal_xfer_peer *p, kvhal_xfer *x, int32_t fi, const void
     return true;
 }
 
+/* rendezvous for every frame but small ones, whatever UCX's threshold says: an eager frame of megabytes is assembled
+ * in a buffer of the receiver's UCX before the handler sees it (one more copy) */
+static void frame_prm(send_frame *f, ucp_request_param_t *prm)
+{
+    *prm = (ucp_request_param_t){.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                                 UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
+                                 .cb.send = send_cb, .user_data = f,
+                                 .flags = f->bytes >= RNDV_FRAME_BYTES ? UCP_AM_SEND_FLAG_RNDV : 0};
+}
+
 /* Posts x's next frames, gathering those that are gathered (into bounce buffers) just before: at most
  * GATHER_AHEAD_BYTES of them wait for UCX at a time, so that the copies stay in cache, a transfer's first frame
  * does not wait for its last to be gathered, and memory stays bounded. false: x is blocked on that limit. */
@@ -2828,18 +2950,18 @@ static bool post_frames(kvhal_xfer *x)
                 return true;
             }
             a->gathered += f->bytes;
+            if (f->bytes >= a->gather_min && gather_submit(a, f)) { /* a copy worker gathers it; posted by gather_reap */
+                x->next_post++;
+                continue;
+            }
             for (size_t i = 0; i < f->iov_count; i++) {
                 memcpy(b, f->iov[i].buffer, f->iov[i].length);
                 b += f->iov[i].length;
             }
         }
         x->next_post++;
-        /* rendezvous for every frame but small ones, whatever UCX's threshold says: an eager frame of megabytes is
-         * assembled in a buffer of the receiver's UCX before the handler sees it (one more copy) */
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                                                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
-                                   .cb.send = send_cb, .user_data = f,
-                                   .flags = f->bytes >= RNDV_FRAME_BYTES ? UCP_AM_SEND_FLAG_RNDV : 0};
+        ucp_request_param_t prm;
+        frame_prm(f, &prm);
         size_t count;
         const void *buf = frame_buffer(f->iov, f->iov_count, f->bounce ? f->bounce : f->staging, f->bytes, &prm, &count);
         if (!post_frame(p, x, fi, buf, count, &prm)) return true; /* x failed (and may be gone) */
@@ -2961,6 +3083,14 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
     }
     if (per < 1) return ERR(KVHAL_BACKEND_ERROR, "UCX allows active-message headers of %zu bytes only", a->max_am_header);
     const uint64_t frame_chunk = (uint64_t)num_layers * 2u * a->g.chunk_bytes;
+    /* gathered frames are cut to GATHER_FRAME_BYTES: several of them fit GATHER_AHEAD_BYTES, so that one is
+     * gathered (by a copy worker) while those before it are sent; a 16 MiB frame alone in that limit was gathered,
+     * then sent, then the next one gathered (0.53-0.57 of perftest at 4 and 16 MiB; cut to 1 MiB and gathered by
+     * the workers, 0.73-0.82: docs/measurements/session9) */
+    if (a->host && !a->no_peer_errors) {
+        const uint64_t fit = a->gather_frame / frame_chunk;
+        if (fit < per) per = fit ? (size_t)fit : 1;
+    }
     /* a device cache is copied to staging on the agent's own stream: every write queued to the pages first */
     if (!a->host && (st = kvhal_device_synchronize(kvhal_buffer_device(a->cache_buf))) != KVHAL_OK) return st;
     kvhal_xfer *x = xfer_new(a, p, false, request_id);
@@ -3183,6 +3313,7 @@ size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a)
     for (const ipc_job *j = a->ipc_jobs; j; j = j->next) n++;
     for (const ipc_job *j = a->ipc_running; j; j = j->next) n++;
     for (const ipc_job *j = a->cma_running; j; j = j->next) n++;
+    for (const send_frame *f = a->gathering; f; f = f->gnext) n++;
     for (const closing_ep *c = a->closing; c; c = c->next) n++;
     return n;
 }
