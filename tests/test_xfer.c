@@ -468,7 +468,8 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
     assert_int_equal(kvhal_xfer_wait(tx1, 5000), KVHAL_OK);
     if (sdev.type == KVHAL_DEVICE_CPU && strcmp(tls, "tcp") == 0) {
         /* host pages over TCP are gathered: frames of KVHAL_XFER_GATHER_FRAME_KIB at most (one page at least), by
-         * the copy workers where there are any and the frame is large enough (KVHAL_XFER_GATHER_KIB) */
+         * the copy workers where there are any, in a transfer of several frames, if large enough
+         * (KVHAL_XFER_GATHER_KIB) */
         const char *fk = getenv("KVHAL_XFER_GATHER_FRAME_KIB"), *gk = getenv("KVHAL_XFER_GATHER_KIB"),
                    *wk = getenv("KVHAL_XFER_CMA_THREADS");
         const size_t cap = (fk ? (size_t)atol(fk) : 1024) * 1024;

@@ -286,7 +286,7 @@ struct kvhal_xfer_agent {
     int cma_threads;        /* wanted (KVHAL_XFER_CMA_THREADS, else min(4, online cores / 2)); 0: pump copies */
     size_t cma_piece;       /* split frames in pieces of this many bytes at least (KVHAL_XFER_CMA_PIECE_KIB) */
     size_t gather_min;      /* TCP frames of this many bytes and more are gathered by the copy workers
-                             * (KVHAL_XFER_GATHER_KIB), smaller ones by pump */
+                             * (KVHAL_XFER_GATHER_KIB) in transfers of several frames, others by pump */
     size_t gather_frame;    /* TCP frames carry this many bytes at most (KVHAL_XFER_GATHER_FRAME_KIB) */
     int cma_started;        /* running */
     pid_t cma_pid;          /* the process that started them (a forked child has none of them) */
@@ -2411,9 +2411,10 @@ static long env_long(const char *name, long lo, long hi, long def)
 
 /* The copy workers: KVHAL_XFER_CMA_THREADS (0 .. CMA_THREADS_MAX; 0: pump copies each frame itself, as before
  * session 8), else min(4, online cores / 2); CMA frames are split across them in pieces of at least
- * KVHAL_XFER_CMA_PIECE_KIB KiB (default 512); TCP frames of KVHAL_XFER_GATHER_KIB KiB and more (default 1024) are
- * gathered by them (smaller ones by pump: handing a frame over costs more than its copy); TCP frames carry at most
- * KVHAL_XFER_GATHER_FRAME_KIB KiB (default 1024, one page at least). */
+ * KVHAL_XFER_CMA_PIECE_KIB KiB (default 512); TCP frames carry at most KVHAL_XFER_GATHER_FRAME_KIB KiB (default
+ * 1024, one page at least), and those of KVHAL_XFER_GATHER_KIB KiB and more (default 1024) of a transfer of several
+ * frames are gathered by the workers while pump sends the frames before them (a transfer of one frame, or a small
+ * frame, is gathered by pump: there is nothing to overlap, and the hand-over measured slower at 256 KiB-1 MiB). */
 static void cma_config(kvhal_xfer_agent *a)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -2530,7 +2531,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
            now_ns() < until)
         pump(a);
     ipc_jobs_drain(a); /* copies still writing our pages wait here: before the transfers go */
-    while (a->gathering) gather_reap(a, true); /* and gathers still writing bounce buffers (nothing is posted: failed) */
+    while (a->gathering) gather_reap(a, true); /* gathers still writing bounce buffers (nothing is posted: failed) */
     cma_pool_stop(a);  /* nothing is queued any more */
     for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) { /* whatever is left: UCX is going away, give pages back */
         nx = x->next;
@@ -2950,7 +2951,8 @@ static bool post_frames(kvhal_xfer *x)
                 return true;
             }
             a->gathered += f->bytes;
-            if (f->bytes >= a->gather_min && gather_submit(a, f)) { /* a copy worker gathers it; posted by gather_reap */
+            /* a copy worker gathers it; posted by gather_reap */
+            if (x->num_frames > 1 && f->bytes >= a->gather_min && gather_submit(a, f)) {
                 x->next_post++;
                 continue;
             }
