@@ -336,15 +336,63 @@ void pc_move16_store(global uchar *dst, const uint *wi, float2 sc, uint mode)
 }
 #endif
 
+#if PC_FAST16 && KV_NV_HW
+/* 8 elements in, one 8-byte word out: the chunk of NVIDIA sm_89+ plans made with KVHAL_OCL_NV_FP8_VEC=8 (the host
+ * caps the chunk of converting rows at 8 elements there, so that with two interleaved chunks per work-item every
+ * load and store of a warp is one contiguous span). The same conversions as pc_move16_store, half as many. */
+void pc_move8_load(uint *wi, const global uchar *src) { kv_load_chunk(wi, src, 8 * IN_SIZE); }
+
+void pc_move8_store(global uchar *dst, const uint *wi, float2 sc, uint mode)
+{
+#if PC_FNUZ
+    float2 sc2;
+    uint mode2;
+    if (!pc_fnuz_fold(sc, mode, &sc2, &mode2)) { /* uniform: the scale of the call */
+        uint wo[2] = {0u, 0u};
+        for (int i = 0; i < 8; i++) kv_put_elem(wo, i, 1, pc_convert(kv_get_elem(wi, i, IN_SIZE), sc, mode));
+        *(global uint2 *)dst = (uint2)(wo[0], wo[1]);
+        return;
+    }
+#if IN_SIZE == 2
+    const uint4 a = vload4(0, wi);
+    *(global uint2 *)dst = (uint2)(pc_nv_fnuz_quad(a.x, a.y, sc2, mode2), pc_nv_fnuz_quad(a.z, a.w, sc2, mode2));
+#else
+    *(global uint2 *)dst = (uint2)(pc_nv_fnuz_quad32(vload4(0, wi), sc2, mode2),
+                                   pc_nv_fnuz_quad32(vload4(1, wi), sc2, mode2));
+#endif
+#elif IN_SIZE == 2
+    const uint4 a = vload4(0, wi);
+#if IN_DT == KV_F16
+    uint h2;
+    if (pc_nv_half_ok(sc.y, mode, &h2)) {
+        *(global uint2 *)dst =
+            (uint2)(pc_nv_pack(pc_nv_word_h(a.x, h2, mode), pc_nv_word_h(a.y, h2, mode), a.x, a.y),
+                    pc_nv_pack(pc_nv_word_h(a.z, h2, mode), pc_nv_word_h(a.w, h2, mode), a.z, a.w));
+        return;
+    }
+#endif
+    *(global uint2 *)dst = (uint2)(pc_nv_quad(a.x, a.y, sc, mode), pc_nv_quad(a.z, a.w, sc, mode));
+#else
+    *(global uint2 *)dst = (uint2)(pc_nv_quad32(vload4(0, wi), sc, mode), pc_nv_quad32(vload4(1, wi), sc, mode));
+#endif
+}
+#endif
+
 #if PC_FAST16 && VEC_K == 16
 #define pc_move_k_load pc_move16_load
 #define pc_move_k_store pc_move16_store
+#elif PC_FAST16 && KV_NV_HW && VEC_K == 8
+#define pc_move_k_load pc_move8_load
+#define pc_move_k_store pc_move8_store
 #else
 PC_DEFINE_MOVE(pc_move_k, VEC_K)
 #endif
 #if PC_FAST16 && VEC_V == 16
 #define pc_move_v_load pc_move16_load
 #define pc_move_v_store pc_move16_store
+#elif PC_FAST16 && KV_NV_HW && VEC_V == 8
+#define pc_move_v_load pc_move8_load
+#define pc_move_v_store pc_move8_store
 #else
 PC_DEFINE_MOVE(pc_move_v, VEC_V)
 #endif
