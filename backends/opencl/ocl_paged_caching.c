@@ -26,7 +26,8 @@ _Static_assert(KVHAL_F32 == 0 && KVHAL_F16 == 1 && KVHAL_BF16 == 2 && KVHAL_FP8_
  * the defaults above). KVHAL_OCL_NV_FP8_VEC=8 caps the chunk of converting rows (f32/f16/bf16 into fp8) at 8
  * elements on NVIDIA sm_89+ (KV_NV_HW; default 16); KVHAL_OCL_GPU_GROUP_CONVERT=N (1, 2, 4) overrides
  * KVHAL_OCL_GPU_GROUP_CONVERT on GPUs; KVHAL_OCL_PC_LOCAL=N sets the work-group size of the paged-caching kernels
- * (capped at the kernel's and the device's limits; default 256). */
+ * (capped at the kernel's and the device's limits; default 256); KVHAL_OCL_PC_OPTIONS is appended to the program's
+ * options (paged_caching.cl's knobs PC_CS, PC_IDX). */
 static int env_int(const char *name, int dflt, int lo, int hi)
 {
     const char *v = getenv(name);
@@ -244,6 +245,13 @@ kvhal_status ocl_paged_caching_desc_create(ocl_device *d, const kvhal_bk_paged_c
              "-DVEC_V=%d -DGROUP=%d -DINTERLEAVE=%d -DKV_NV_HW=%d",
              p->in_dt, p->out_dt, p->slot_i64, p->heads, p->block_size, p->hd_k, p->hd_v, p->vec_k, p->vec_v,
              p->group, p->interleave, d->nv_fp8 ? 1 : 0);
+    /* KVHAL_OCL_PC_OPTIONS: extra -D options (paged_caching.cl's variant knobs), for measurements */
+    const char *extra = getenv("KVHAL_OCL_PC_OPTIONS");
+    if (extra && *extra) {
+        const size_t used = strlen(pd->base.options);
+        if (used + 1 + strlen(extra) < sizeof pd->base.options)
+            snprintf(pd->base.options + used, sizeof pd->base.options - used, " %s", extra);
+    }
     return kvhal__ocl_desc_build(d, &pd->base, (cl_mem)a->k.cache, ocl_paged_caching_desc_destroy, out);
 }
 

@@ -16,10 +16,10 @@ ROUNDS=${ROUNDS:-3}
 LIMIT=${LIMIT:-280}
 LLAMA_TOKENS=${LLAMA_TOKENS:-8192}
 MLA_TOKENS=${MLA_TOKENS:-8192,65536}
-ENV_VARIANTS=${ENV_VARIANTS:-}
+ENV_VARIANTS=${ENV_VARIANTS:-} # e.g. "v8g2:KVHAL_OCL_NV_FP8_VEC=8,KVHAL_OCL_GPU_GROUP_CONVERT=2 cs:KVHAL_OCL_PC_OPTIONS=-DPC_CS=1+-DPC_IDX=1"
 CONF_ENVS=${CONF_ENVS:-$ENV_VARIANTS}
 FP8CHECK=${FP8CHECK:-0}
-FP8_ENV=${FP8_ENV:-}
+FP8_ENV=${FP8_ENV:-} # "A=1,B=2" as in a variant
 FP8_FORMATS=${FP8_FORMATS:-fp8_e4m3,fp8_e5m2,fp8_e4m3fnuz,fp8_e5m2fnuz}
 FP8_SCALES=${FP8_SCALES:-0.37}
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
@@ -30,7 +30,8 @@ finish() {
   (cd "$OUT" && tar czf /tmp/s9-ocl-logs.tgz . && rm -rf ./* && mv /tmp/s9-ocl-logs.tgz .)
   exit $rc
 }
-envs() { echo "${1#*:}" | tr ',' ' '; } # "name:A=1,B=2" -> "A=1 B=2"
+# "name:A=1,B=x+y" -> lines "A=1", "B=x y" ('+' stands for a space inside a value)
+envs() { echo "${1#*:}" | tr ',' '\n' | tr '+' ' ' | grep -v '^$'; }
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 A=/tmp/s9-before B=/tmp/s9-after SA=/tmp/s9-before-src
@@ -59,7 +60,7 @@ conf() { # tag env...
 }
 pc=()
 conf default & pc+=($!)
-for v in $CONF_ENVS; do conf "${v%%:*}" $(envs "$v") & pc+=($!); done
+for v in $CONF_ENVS; do mapfile -t E < <(envs "$v"); conf "${v%%:*}" "${E[@]}" & pc+=($!); done
 for p in "${pc[@]}"; do wait $p; done
 for f in "$OUT"/conformance-*.txt; do
   echo "$(basename $f .txt): $(grep -cE '^\[       OK' $f) ok, $(grep -cE '^\[  FAILED  \] [a-z]' $f) failed"
@@ -80,7 +81,7 @@ bench() { # build tag round env...
 for r in $(seq 1 "$ROUNDS"); do
   bench $A before $r
   bench $B after $r
-  for v in $ENV_VARIANTS; do bench $B "${v%%:*}" $r $(envs "$v"); done
+  for v in $ENV_VARIANTS; do mapfile -t E < <(envs "$v"); bench $B "${v%%:*}" $r "${E[@]}"; done
   el "round $r"
 done
 
@@ -91,16 +92,17 @@ summary() {
     grep -E "^paged" "$f" | awk -F'|' -v t="$t" '{split($1,a," "); split($2,b," "); split($3,c," ");
       print t, a[2], a[3], a[4], a[6], a[7], b[3], c[3]}'
   done | sort -s -k2,6 -k1,1 | awk '
-    function med(s,  n, v, i, j, x) { n = split(s, v, " "); for (i = 2; i <= n; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] + 0 > x + 0; j--) v[j + 1] = v[j]; v[j + 1] = x }
+    function med(s,  n, v, i, j, x) { n = split(s, v, " "); if (!n) return "-"; for (i = 2; i <= n; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] + 0 > x + 0; j--) v[j + 1] = v[j]; v[j + 1] = x }
       return n % 2 ? v[(n + 1) / 2] : sprintf("%.3f", (v[n / 2] + v[n / 2 + 1]) / 2) }
     { k = $1 " " $2 " " $3 " " $4 " " $5 " " $6; if (!(k in cold)) order[++n] = k; cold[k] = cold[k] " " ($7 == "-" ? "" : $7); warm[k] = warm[k] " " $8; all[k] = all[k] " " $7 }
     END { for (i = 1; i <= n; i++) { k = order[i]; print k, "cold", med(cold[k]), "warm", med(warm[k]), "| cold rounds" all[k] } }'
 }
 summary > "$OUT/summary.txt"
-grep -v " bf16 - " "$OUT/summary.txt" | grep -v "^.* llama3-8b .* bf16 bf16" | cut -c1-120
+grep -v "^[^ ]* llama3-8b [0-9]* [A-Z]* bf16 -" "$OUT/summary.txt" | cut -c1-120
 
 if [ "$FP8CHECK" = 1 ] && [ "$(left)" -gt 20 ]; then
-  env $FP8_ENV KVHAL_BACKEND_PATH=$B/backends timeout $(( $(left) - 5 )) $B/tools/kvhal-fp8-check --device=$OCL \
+  mapfile -t E < <(envs "x:$FP8_ENV")
+  env "${E[@]}" KVHAL_BACKEND_PATH=$B/backends timeout $(( $(left) - 5 )) $B/tools/kvhal-fp8-check --device=$OCL \
     --formats=$FP8_FORMATS --scales=$FP8_SCALES > "$OUT/fp8-check.txt" 2>&1 || fail "fp8-check $OCL ($FP8_ENV)"
   echo "fp8-check env: ${FP8_ENV:-default}"; tail -12 "$OUT/fp8-check.txt"
   el fp8-check
