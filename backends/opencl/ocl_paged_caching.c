@@ -26,7 +26,8 @@ _Static_assert(KVHAL_F32 == 0 && KVHAL_F16 == 1 && KVHAL_BF16 == 2 && KVHAL_FP8_
  * the defaults above). KVHAL_OCL_NV_FP8_VEC=8 caps the chunk of converting rows (f32/f16/bf16 into fp8) at 8
  * elements on NVIDIA sm_89+ (KV_NV_HW; default 16); KVHAL_OCL_GPU_GROUP_CONVERT=N (1, 2, 4) overrides
  * KVHAL_OCL_GPU_GROUP_CONVERT on GPUs; KVHAL_OCL_PC_LOCAL=N sets the work-group size of the paged-caching kernels
- * (capped at the kernel's and the device's limits; default 256); KVHAL_OCL_PC_OPTIONS is appended to the program's
+ * (capped at the kernel's and the device's limits; default 256); KVHAL_OCL_PC_TOKPAD=1 pads a token's work-items
+ * to a multiple of 32 on GPUs (an MLA row: 36 -> 64, so that no warp holds two tokens); KVHAL_OCL_PC_OPTIONS is appended to the program's
  * options (paged_caching.cl's knobs PC_CS, PC_IDX). */
 static int env_int(const char *name, int dflt, int lo, int hi)
 {
@@ -51,6 +52,7 @@ enum {
 /* Everything the options are made of, and the launch plan of each kernel. */
 typedef struct pc_plan {
     int32_t in_dt, out_dt, slot_i64, heads, block_size, hd_k, hd_v, vec_k, vec_v, group, interleave;
+    int32_t tok_items;                    /* > 0: the vec kernel's items per token padded to this (TOK_ITEMS) */
     int32_t lin_k, lout_k, lin_v, lout_v; /* alignment (bytes) the vec kernel needs of each base offset */
     uint64_t per_tok[PC_NK];              /* work-items per token */
     uint64_t per_launch[PC_NK];           /* tokens per launch (0: the kernel cannot run this shape) */
@@ -141,6 +143,10 @@ static void make_plan(const ocl_device *d, const kvhal_bk_paged_caching *a, pc_p
     const int64_t per_item[PC_NK][2] = {{(int64_t)p->vec_k * p->group, (int64_t)p->vec_v * p->group}, {1, 1}};
     for (int ki = 0; ki < PC_NK; ki++) {
         p->per_tok[ki] = (uint64_t)p->heads * (uint64_t)(p->hd_k / per_item[ki][0] + p->hd_v / per_item[ki][1]);
+        if (ki == PC_VEC && !cpu && env_int("KVHAL_OCL_PC_TOKPAD", 0, 0, 1) && p->per_tok[ki] % 32) {
+            p->per_tok[ki] = (p->per_tok[ki] + 31) / 32 * 32;
+            p->tok_items = (int32_t)p->per_tok[ki];
+        }
         p->per_launch[ki] = p->per_tok[ki] <= OCL_MAX_ITEMS ? OCL_MAX_ITEMS / p->per_tok[ki] : 0;
     }
 }
@@ -242,9 +248,9 @@ kvhal_status ocl_paged_caching_desc_create(ocl_device *d, const kvhal_bk_paged_c
     pd->base.preset = pc_preset;
     snprintf(pd->base.options, sizeof pd->base.options,
              "-DIN_DT=%d -DOUT_DT=%d -DSLOT_I64=%d -DHEADS=%d -DBLOCK_SIZE=%d -DHD_K=%d -DHD_V=%d -DVEC_K=%d "
-             "-DVEC_V=%d -DGROUP=%d -DINTERLEAVE=%d -DKV_NV_HW=%d",
+             "-DVEC_V=%d -DGROUP=%d -DINTERLEAVE=%d -DKV_NV_HW=%d -DTOK_ITEMS=%d",
              p->in_dt, p->out_dt, p->slot_i64, p->heads, p->block_size, p->hd_k, p->hd_v, p->vec_k, p->vec_v,
-             p->group, p->interleave, d->nv_fp8 ? 1 : 0);
+             p->group, p->interleave, d->nv_fp8 ? 1 : 0, p->tok_items);
     /* KVHAL_OCL_PC_OPTIONS: extra -D options (paged_caching.cl's variant knobs), for measurements */
     const char *extra = getenv("KVHAL_OCL_PC_OPTIONS");
     if (extra && *extra) {

@@ -33,6 +33,10 @@
 #ifndef PC_IDX
 #define PC_IDX 0
 #endif
+#ifndef TOK_ITEMS
+#define TOK_ITEMS 0 /* > 0: paged_caching_vec's work-items per token in the index space, the row's items padded to it
+                     * (set by the host with KVHAL_OCL_PC_TOKPAD=1: a multiple of 32, so no warp holds two tokens) */
+#endif
 
 #define IN_SIZE KV_DT_SIZE(IN_DT)
 #define OUT_SIZE KV_DT_SIZE(OUT_DT)
@@ -456,7 +460,7 @@ long pc_slot_any(const global uchar *p)
     return (long)(int)kv_load_bytes(p, 4);
 }
 
-#define PC_KERNEL(NAME, VK, VV, G, MOVE_K, MOVE_V, SLOT)                                                       \
+#define PC_KERNEL(NAME, VK, VV, G, MOVE_K, MOVE_V, SLOT, PAD)                                                  \
     kernel void NAME(global uchar *kc, ulong kc_off, long4 kcs, const global uchar *ki, ulong ki_off, long4 kis, \
                      float2 k_sc, global uchar *vc, ulong vc_off, long4 vcs, const global uchar *vi,            \
                      ulong vi_off, long4 vis, float2 v_sc, const global uchar *slots, ulong slots_off,          \
@@ -468,8 +472,10 @@ long pc_slot_any(const global uchar *p)
         const uint per_tok = HEADS * (ck + cv);                                                                \
         const uint i = (uint)get_global_id(0);                                                                 \
         if (i >= items) return;                                                                                \
-        const ulong t = tok0 + i / per_tok;                                                                    \
-        uint r = i % per_tok;                                                                                  \
+        const uint stride = (PAD) ? (PAD) : per_tok; /* work-items per token in the index space */           \
+        const ulong t = tok0 + i / stride;                                                                     \
+        uint r = i % stride;                                                                                   \
+        if ((PAD) && r >= per_tok) return;                                                                     \
         long to = 0, ti = (long)t;                                                                             \
         if (seq_len != num_tokens) {                                                                           \
             to = (long)(t / seq_len);                                                                          \
@@ -528,5 +534,5 @@ long pc_slot_any(const global uchar *p)
         }                                                                                                      \
     }
 
-PC_KERNEL(paged_caching_vec, VEC_K, VEC_V, GROUP, pc_move_k, pc_move_v, pc_slot_aligned)
-PC_KERNEL(paged_caching_any, 1, 1, 1, pc_move_any, pc_move_any, pc_slot_any)
+PC_KERNEL(paged_caching_vec, VEC_K, VEC_V, GROUP, pc_move_k, pc_move_v, pc_slot_aligned, TOK_ITEMS)
+PC_KERNEL(paged_caching_any, 1, 1, 1, pc_move_any, pc_move_any, pc_slot_any, 0)
