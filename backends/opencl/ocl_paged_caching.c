@@ -22,22 +22,6 @@ _Static_assert(KVHAL_F32 == 0 && KVHAL_F16 == 1 && KVHAL_BF16 == 2 && KVHAL_FP8_
 #define KVHAL_OCL_GPU_GROUP_CONVERT 1 /* the same for rows that convert (fp8 caches) */
 #endif
 
-/* Plan knobs read from the environment at each plan (for measuring variants side by side with one build; unset:
- * the defaults above). KVHAL_OCL_NV_FP8_VEC=8 caps the chunk of converting rows (f32/f16/bf16 into fp8) at 8
- * elements on NVIDIA sm_89+ (KV_NV_HW; default 16); KVHAL_OCL_GPU_GROUP_CONVERT=N (1, 2, 4) overrides
- * KVHAL_OCL_GPU_GROUP_CONVERT on GPUs; KVHAL_OCL_PC_LOCAL=N sets the work-group size of the paged-caching kernels
- * (capped at the kernel's and the device's limits; default 256); KVHAL_OCL_PC_TOKPAD=1 pads a token's work-items
- * to a multiple of 32 on GPUs (an MLA row: 36 -> 64, so that no warp holds two tokens); KVHAL_OCL_PC_OPTIONS is appended to the program's
- * options (paged_caching.cl's knobs PC_CS, PC_IDX). */
-static int env_int(const char *name, int dflt, int lo, int hi)
-{
-    const char *v = getenv(name);
-    if (!v || !*v) return dflt;
-    char *end;
-    long x = strtol(v, &end, 10);
-    return *end || x < lo || x > hi ? dflt : (int)x;
-}
-
 enum { PC_VEC = 0, PC_ANY = 1, PC_NK = 2 };
 static const char *const pc_knames[PC_NK] = {"paged_caching_vec", "paged_caching_any"};
 /* Argument indices of the kernels (paged_caching.cl). */
@@ -52,7 +36,6 @@ enum {
 /* Everything the options are made of, and the launch plan of each kernel. */
 typedef struct pc_plan {
     int32_t in_dt, out_dt, slot_i64, heads, block_size, hd_k, hd_v, vec_k, vec_v, group, interleave;
-    int32_t tok_items;                    /* > 0: the vec kernel's items per token padded to this (TOK_ITEMS) */
     int32_t lin_k, lout_k, lin_v, lout_v; /* alignment (bytes) the vec kernel needs of each base offset */
     uint64_t per_tok[PC_NK];              /* work-items per token */
     uint64_t per_launch[PC_NK];           /* tokens per launch (0: the kernel cannot run this shape) */
@@ -112,11 +95,6 @@ static void make_plan(const ocl_device *d, const kvhal_bk_paged_caching *a, pc_p
     bool inner = !a->batched || a->seq_len > 1, heads = a->num_heads > 1, offset = a->block_size > 1;
     p->vec_k = pick_vec(&a->k, in, out, a->batched, inner, heads, offset);
     p->vec_v = pick_vec(&a->v, in, out, a->batched, inner, heads, offset);
-    const bool nv_fp8_row = d->nv_fp8 && out == 1 && in > 1; /* the KV_NV_HW conversion (paged_caching.cl) */
-    if (nv_fp8_row && env_int("KVHAL_OCL_NV_FP8_VEC", 16, 8, 16) == 8) {
-        if (p->vec_k > 8) p->vec_k = 8; /* a narrower chunk keeps every alignment pick_vec checked */
-        if (p->vec_v > 8) p->vec_v = 8;
-    }
     /* CPU devices run work-items one after another: there several neighbouring chunks per item amortise the index
      * math. GPUs need bytes in flight: there a work-item loads KVHAL_OCL_GPU_GROUP chunks a head-dim quarter/half
      * apart (interleaved, so that each of its loads is still coalesced with its neighbours') before it stores. */
@@ -126,9 +104,7 @@ static void make_plan(const ocl_device *d, const kvhal_bk_paged_caching *a, pc_p
      * one chunk, 0.840-0.962 with two (fnuz: 0.910-0.928 against 0.628-0.681; four chunks: 0.43-0.47; not
      * profiled: the conversion's registers are the likely cost); rows that only copy keep KVHAL_OCL_GPU_GROUP. */
     const bool converts = a->input_dtype != a->cache_dtype;
-    const int32_t max_group =
-        cpu ? 8 : converts ? env_int("KVHAL_OCL_GPU_GROUP_CONVERT", KVHAL_OCL_GPU_GROUP_CONVERT, 1, 4)
-                           : KVHAL_OCL_GPU_GROUP;
+    const int32_t max_group = cpu ? 8 : converts ? KVHAL_OCL_GPU_GROUP_CONVERT : KVHAL_OCL_GPU_GROUP;
     p->group = 1;
     p->interleave = !cpu;
     if (p->vec_k > 1 && p->vec_v > 1)
@@ -143,10 +119,6 @@ static void make_plan(const ocl_device *d, const kvhal_bk_paged_caching *a, pc_p
     const int64_t per_item[PC_NK][2] = {{(int64_t)p->vec_k * p->group, (int64_t)p->vec_v * p->group}, {1, 1}};
     for (int ki = 0; ki < PC_NK; ki++) {
         p->per_tok[ki] = (uint64_t)p->heads * (uint64_t)(p->hd_k / per_item[ki][0] + p->hd_v / per_item[ki][1]);
-        if (ki == PC_VEC && !cpu && env_int("KVHAL_OCL_PC_TOKPAD", 0, 0, 1) && p->per_tok[ki] % 32) {
-            p->per_tok[ki] = (p->per_tok[ki] + 31) / 32 * 32;
-            p->tok_items = (int32_t)p->per_tok[ki];
-        }
         p->per_launch[ki] = p->per_tok[ki] <= OCL_MAX_ITEMS ? OCL_MAX_ITEMS / p->per_tok[ki] : 0;
     }
 }
@@ -193,15 +165,6 @@ static kvhal_status pc_preset(ocl_device *d, const ocl_desc *base, ocl_kset *ks)
     const pc_desc *pd = (const pc_desc *)base;
     cl_mem err_flag = ks->ce->err_flag;
     kvhal_status st = KVHAL_OK;
-    const int local = env_int("KVHAL_OCL_PC_LOCAL", 0, 1, 1024);
-    for (int ki = 0; ki < PC_NK && local; ki++) {
-        size_t kwg = 0;
-        if (clGetKernelWorkGroupInfo(ks->k[ki], d->id, CL_KERNEL_WORK_GROUP_SIZE, sizeof kwg, &kwg, NULL) ==
-            CL_SUCCESS) {
-            size_t l = (size_t)local < kwg ? (size_t)local : kwg;
-            ks->local[ki] = l < d->max_wg ? l : d->max_wg;
-        }
-    }
     for (int ki = 0; ki < PC_NK && st == KVHAL_OK; ki++) {
         const ocl_karg strides[] = {OCL_KA(pd->kcs), OCL_KA(pd->kis)};
         const ocl_karg vstrides[] = {OCL_KA(pd->vcs), OCL_KA(pd->vis)};
@@ -248,16 +211,9 @@ kvhal_status ocl_paged_caching_desc_create(ocl_device *d, const kvhal_bk_paged_c
     pd->base.preset = pc_preset;
     snprintf(pd->base.options, sizeof pd->base.options,
              "-DIN_DT=%d -DOUT_DT=%d -DSLOT_I64=%d -DHEADS=%d -DBLOCK_SIZE=%d -DHD_K=%d -DHD_V=%d -DVEC_K=%d "
-             "-DVEC_V=%d -DGROUP=%d -DINTERLEAVE=%d -DKV_NV_HW=%d -DTOK_ITEMS=%d",
+             "-DVEC_V=%d -DGROUP=%d -DINTERLEAVE=%d -DKV_NV_HW=%d",
              p->in_dt, p->out_dt, p->slot_i64, p->heads, p->block_size, p->hd_k, p->hd_v, p->vec_k, p->vec_v,
-             p->group, p->interleave, d->nv_fp8 ? 1 : 0, p->tok_items);
-    /* KVHAL_OCL_PC_OPTIONS: extra -D options (paged_caching.cl's variant knobs), for measurements */
-    const char *extra = getenv("KVHAL_OCL_PC_OPTIONS");
-    if (extra && *extra) {
-        const size_t used = strlen(pd->base.options);
-        if (used + 1 + strlen(extra) < sizeof pd->base.options)
-            snprintf(pd->base.options + used, sizeof pd->base.options - used, " %s", extra);
-    }
+             p->group, p->interleave, d->nv_fp8 ? 1 : 0);
     return kvhal__ocl_desc_build(d, &pd->base, (cl_mem)a->k.cache, ocl_paged_caching_desc_destroy, out);
 }
 

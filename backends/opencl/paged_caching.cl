@@ -22,22 +22,6 @@
  * A launch covers `items` work-items from token tok0 on (whole tokens, at most 2^30 items: 32-bit index math);
  * no work-item loops, which CPU devices (PoCL) run several times slower than straight-line work-items. */
 
-/* Variant knobs (the host appends KVHAL_OCL_PC_OPTIONS to the options, to measure variants from one build):
- *   PC_CS           1: on NVIDIA sm_89+ (KV_NV_HW) the 16-element and 8-element fp8 chunks load and store through
- *                   PTX with the streaming cache hint (.cs: every byte is touched once); 0: plain accesses
- *   PC_IDX          1: the (head, chunk) of a work-item from constant divisors, K and V apart, rather than one
- *                   division by a selected divisor */
-#ifndef PC_CS
-#define PC_CS 0
-#endif
-#ifndef PC_IDX
-#define PC_IDX 0
-#endif
-#ifndef TOK_ITEMS
-#define TOK_ITEMS 0 /* > 0: paged_caching_vec's work-items per token in the index space, the row's items padded to it
-                     * (set by the host with KVHAL_OCL_PC_TOKPAD=1: a multiple of 32, so no warp holds two tokens) */
-#endif
-
 #define IN_SIZE KV_DT_SIZE(IN_DT)
 #define OUT_SIZE KV_DT_SIZE(OUT_DT)
 #define SLOT_SIZE (SLOT_I64 ? 8 : 4)
@@ -299,37 +283,8 @@ uint2 pc_convert8(uint8 bits, float2 sc, uint mode)
 #endif
 
 #if PC_FAST16
-#if PC_CS && KV_NV_HW
-/* n bytes (a multiple of 16) at src, 16 at a time, with the streaming hint */
-void pc_ld(uint *wi, const global uchar *src, int n)
-{
-    for (int i = 0; i < n / 16; i++) {
-        uint a, b, c, d;
-        __asm__ volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(src + 16 * i));
-        wi[4 * i] = a;
-        wi[4 * i + 1] = b;
-        wi[4 * i + 2] = c;
-        wi[4 * i + 3] = d;
-    }
-}
-void pc_st4(global uchar *dst, uint4 v)
-{
-    __asm__ volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                     : "memory");
-}
-void pc_st2(global uchar *dst, uint2 v)
-{
-    __asm__ volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(dst), "r"(v.x), "r"(v.y) : "memory");
-}
-#else
-void pc_ld(uint *wi, const global uchar *src, int n) { kv_load_chunk(wi, src, n); }
-void pc_st4(global uchar *dst, uint4 v) { *(global uint4 *)dst = v; }
-void pc_st2(global uchar *dst, uint2 v) { *(global uint2 *)dst = v; }
-#endif
-
 /* 16 elements: IN_SIZE 16-byte words in (as 4 * IN_SIZE uints), one 16-byte word out. */
-void pc_move16_load(uint *wi, const global uchar *src) { pc_ld(wi, src, 16 * IN_SIZE); }
+void pc_move16_load(uint *wi, const global uchar *src) { kv_load_chunk(wi, src, 16 * IN_SIZE); }
 
 void pc_move16_store(global uchar *dst, const uint *wi, float2 sc, uint mode)
 {
@@ -342,83 +297,41 @@ void pc_move16_store(global uchar *dst, const uint *wi, float2 sc, uint mode)
     }
 #if IN_SIZE == 2
     const uint4 a = vload4(0, wi), b = vload4(1, wi);
-    pc_st4(dst, (uint4)(pc_nv_fnuz_quad(a.x, a.y, sc2, mode2), pc_nv_fnuz_quad(a.z, a.w, sc2, mode2),
-                                   pc_nv_fnuz_quad(b.x, b.y, sc2, mode2), pc_nv_fnuz_quad(b.z, b.w, sc2, mode2)));
+    *(global uint4 *)dst = (uint4)(pc_nv_fnuz_quad(a.x, a.y, sc2, mode2), pc_nv_fnuz_quad(a.z, a.w, sc2, mode2),
+                                   pc_nv_fnuz_quad(b.x, b.y, sc2, mode2), pc_nv_fnuz_quad(b.z, b.w, sc2, mode2));
 #else
-    pc_st4(dst, (uint4)(pc_nv_fnuz_quad32(vload4(0, wi), sc2, mode2),
+    *(global uint4 *)dst = (uint4)(pc_nv_fnuz_quad32(vload4(0, wi), sc2, mode2),
                                    pc_nv_fnuz_quad32(vload4(1, wi), sc2, mode2),
                                    pc_nv_fnuz_quad32(vload4(2, wi), sc2, mode2),
-                                   pc_nv_fnuz_quad32(vload4(3, wi), sc2, mode2)));
+                                   pc_nv_fnuz_quad32(vload4(3, wi), sc2, mode2));
 #endif
 #elif IN_SIZE == 2 && KV_NV_HW
     const uint4 a = vload4(0, wi), b = vload4(1, wi);
 #if IN_DT == KV_F16
     uint h2;
     if (pc_nv_half_ok(sc.y, mode, &h2)) {
-        pc_st4(dst,
+        *(global uint4 *)dst =
             (uint4)(pc_nv_pack(pc_nv_word_h(a.x, h2, mode), pc_nv_word_h(a.y, h2, mode), a.x, a.y),
                     pc_nv_pack(pc_nv_word_h(a.z, h2, mode), pc_nv_word_h(a.w, h2, mode), a.z, a.w),
                     pc_nv_pack(pc_nv_word_h(b.x, h2, mode), pc_nv_word_h(b.y, h2, mode), b.x, b.y),
-                    pc_nv_pack(pc_nv_word_h(b.z, h2, mode), pc_nv_word_h(b.w, h2, mode), b.z, b.w)));
+                    pc_nv_pack(pc_nv_word_h(b.z, h2, mode), pc_nv_word_h(b.w, h2, mode), b.z, b.w));
         return;
     }
 #endif
-    pc_st4(dst, (uint4)(pc_nv_quad(a.x, a.y, sc, mode), pc_nv_quad(a.z, a.w, sc, mode),
-                                   pc_nv_quad(b.x, b.y, sc, mode), pc_nv_quad(b.z, b.w, sc, mode)));
+    *(global uint4 *)dst = (uint4)(pc_nv_quad(a.x, a.y, sc, mode), pc_nv_quad(a.z, a.w, sc, mode),
+                                   pc_nv_quad(b.x, b.y, sc, mode), pc_nv_quad(b.z, b.w, sc, mode));
 #elif KV_NV_HW
-    pc_st4(dst, (uint4)(pc_nv_quad32(vload4(0, wi), sc, mode), pc_nv_quad32(vload4(1, wi), sc, mode),
-                                   pc_nv_quad32(vload4(2, wi), sc, mode), pc_nv_quad32(vload4(3, wi), sc, mode)));
+    *(global uint4 *)dst = (uint4)(pc_nv_quad32(vload4(0, wi), sc, mode), pc_nv_quad32(vload4(1, wi), sc, mode),
+                                   pc_nv_quad32(vload4(2, wi), sc, mode), pc_nv_quad32(vload4(3, wi), sc, mode));
 #elif IN_SIZE == 4
     uint2 lo = pc_convert8(vload8(0, wi), sc, mode), hi = pc_convert8(vload8(1, wi), sc, mode);
-    pc_st4(dst, (uint4)(lo, hi));
+    *(global uint4 *)dst = (uint4)(lo, hi);
 #else
     const uint8 order = (uint8)(0, 4, 1, 5, 2, 6, 3, 7); /* little-endian: the low half of a word comes first */
     uint4 a = vload4(0, wi), b = vload4(1, wi);
     uint2 lo = pc_convert8(shuffle2(a & 0xffffu, a >> 16, order), sc, mode);
     uint2 hi = pc_convert8(shuffle2(b & 0xffffu, b >> 16, order), sc, mode);
-    pc_st4(dst, (uint4)(lo, hi));
-#endif
-}
-#endif
-
-#if PC_FAST16 && KV_NV_HW
-/* 8 elements in, one 8-byte word out: the chunk of NVIDIA sm_89+ plans made with KVHAL_OCL_NV_FP8_VEC=8 (the host
- * caps the chunk of converting rows at 8 elements there, so that with two interleaved chunks per work-item every
- * load and store of a warp is one contiguous span). The same conversions as pc_move16_store, half as many. */
-void pc_move8_load(uint *wi, const global uchar *src) { pc_ld(wi, src, 8 * IN_SIZE); }
-
-void pc_move8_store(global uchar *dst, const uint *wi, float2 sc, uint mode)
-{
-#if PC_FNUZ
-    float2 sc2;
-    uint mode2;
-    if (!pc_fnuz_fold(sc, mode, &sc2, &mode2)) { /* uniform: the scale of the call */
-        uint wo[2] = {0u, 0u};
-        for (int i = 0; i < 8; i++) kv_put_elem(wo, i, 1, pc_convert(kv_get_elem(wi, i, IN_SIZE), sc, mode));
-        pc_st2(dst, (uint2)(wo[0], wo[1]));
-        return;
-    }
-#if IN_SIZE == 2
-    const uint4 a = vload4(0, wi);
-    pc_st2(dst, (uint2)(pc_nv_fnuz_quad(a.x, a.y, sc2, mode2), pc_nv_fnuz_quad(a.z, a.w, sc2, mode2)));
-#else
-    pc_st2(dst, (uint2)(pc_nv_fnuz_quad32(vload4(0, wi), sc2, mode2),
-                                   pc_nv_fnuz_quad32(vload4(1, wi), sc2, mode2)));
-#endif
-#elif IN_SIZE == 2
-    const uint4 a = vload4(0, wi);
-#if IN_DT == KV_F16
-    uint h2;
-    if (pc_nv_half_ok(sc.y, mode, &h2)) {
-        pc_st2(dst,
-            (uint2)(pc_nv_pack(pc_nv_word_h(a.x, h2, mode), pc_nv_word_h(a.y, h2, mode), a.x, a.y),
-                    pc_nv_pack(pc_nv_word_h(a.z, h2, mode), pc_nv_word_h(a.w, h2, mode), a.z, a.w)));
-        return;
-    }
-#endif
-    pc_st2(dst, (uint2)(pc_nv_quad(a.x, a.y, sc, mode), pc_nv_quad(a.z, a.w, sc, mode)));
-#else
-    pc_st2(dst, (uint2)(pc_nv_quad32(vload4(0, wi), sc, mode), pc_nv_quad32(vload4(1, wi), sc, mode)));
+    *(global uint4 *)dst = (uint4)(lo, hi);
 #endif
 }
 #endif
@@ -426,18 +339,12 @@ void pc_move8_store(global uchar *dst, const uint *wi, float2 sc, uint mode)
 #if PC_FAST16 && VEC_K == 16
 #define pc_move_k_load pc_move16_load
 #define pc_move_k_store pc_move16_store
-#elif PC_FAST16 && KV_NV_HW && VEC_K == 8
-#define pc_move_k_load pc_move8_load
-#define pc_move_k_store pc_move8_store
 #else
 PC_DEFINE_MOVE(pc_move_k, VEC_K)
 #endif
 #if PC_FAST16 && VEC_V == 16
 #define pc_move_v_load pc_move16_load
 #define pc_move_v_store pc_move16_store
-#elif PC_FAST16 && KV_NV_HW && VEC_V == 8
-#define pc_move_v_load pc_move8_load
-#define pc_move_v_store pc_move8_store
 #else
 PC_DEFINE_MOVE(pc_move_v, VEC_V)
 #endif
@@ -460,7 +367,7 @@ long pc_slot_any(const global uchar *p)
     return (long)(int)kv_load_bytes(p, 4);
 }
 
-#define PC_KERNEL(NAME, VK, VV, G, MOVE_K, MOVE_V, SLOT, PAD)                                                  \
+#define PC_KERNEL(NAME, VK, VV, G, MOVE_K, MOVE_V, SLOT)                                                       \
     kernel void NAME(global uchar *kc, ulong kc_off, long4 kcs, const global uchar *ki, ulong ki_off, long4 kis, \
                      float2 k_sc, global uchar *vc, ulong vc_off, long4 vcs, const global uchar *vi,            \
                      ulong vi_off, long4 vis, float2 v_sc, const global uchar *slots, ulong slots_off,          \
@@ -472,10 +379,8 @@ long pc_slot_any(const global uchar *p)
         const uint per_tok = HEADS * (ck + cv);                                                                \
         const uint i = (uint)get_global_id(0);                                                                 \
         if (i >= items) return;                                                                                \
-        const uint stride = (PAD) ? (PAD) : per_tok; /* work-items per token in the index space */           \
-        const ulong t = tok0 + i / stride;                                                                     \
-        uint r = i % stride;                                                                                   \
-        if ((PAD) && r >= per_tok) return;                                                                     \
+        const ulong t = tok0 + i / per_tok;                                                                    \
+        uint r = i % per_tok;                                                                                  \
         long to = 0, ti = (long)t;                                                                             \
         if (seq_len != num_tokens) {                                                                           \
             to = (long)(t / seq_len);                                                                          \
@@ -484,9 +389,7 @@ long pc_slot_any(const global uchar *p)
         const long slot = SLOT(slots + slots_off + (to * ss.s0 + ti * ss.s1) * SLOT_SIZE);                     \
         const bool is_k = r < HEADS * ck;                                                                      \
         if (!is_k) r -= HEADS * ck;                                                                            \
-        const uint hq = PC_IDX ? (is_k ? r / ck : r / cv) : r / (is_k ? ck : cv);                             \
-        const uint hr = PC_IDX ? (is_k ? r % ck : r % cv) : r % (is_k ? ck : cv);                             \
-        const long h = hq, d = (long)hr * (is_k ? (VK) : (VV)) * (INTERLEAVE ? 1 : (G));                      \
+        const long h = r / (is_k ? ck : cv), d = (long)(r % (is_k ? ck : cv)) * (is_k ? (VK) : (VV)) * (INTERLEAVE ? 1 : (G)); \
         const long gk = INTERLEAVE ? (long)ck * (VK) : (VK), gv = INTERLEAVE ? (long)cv * (VV) : (VV); /* elements */ \
         uint w[(G) * (KV_WORDS((VK) * IN_SIZE) > KV_WORDS((VV) * IN_SIZE) ? KV_WORDS((VK) * IN_SIZE)          \
                                                                            : KV_WORDS((VV) * IN_SIZE))];       \
@@ -534,5 +437,5 @@ long pc_slot_any(const global uchar *p)
         }                                                                                                      \
     }
 
-PC_KERNEL(paged_caching_vec, VEC_K, VEC_V, GROUP, pc_move_k, pc_move_v, pc_slot_aligned, TOK_ITEMS)
-PC_KERNEL(paged_caching_any, 1, 1, 1, pc_move_any, pc_move_any, pc_slot_any, 0)
+PC_KERNEL(paged_caching_vec, VEC_K, VEC_V, GROUP, pc_move_k, pc_move_v, pc_slot_aligned)
+PC_KERNEL(paged_caching_any, 1, 1, 1, pc_move_any, pc_move_any, pc_slot_any)

@@ -7,6 +7,10 @@
 #   ROUNDS rounds, each: before, after, then each variant, for llama3-8b paged caching (LLAMA_TOKENS) and the MLA
 #   rows (MLA_TOKENS); then (FP8CHECK=1) kvhal-fp8-check under FP8_ENV on FP8_FORMATS at FP8_SCALES.
 # Stages are cut to fit LIMIT seconds. Logs under $OUT, archived into one .tgz.
+# The knobs the session-9 variants used (KVHAL_OCL_NV_FP8_VEC, KVHAL_OCL_GPU_GROUP_CONVERT, KVHAL_OCL_PC_LOCAL,
+# KVHAL_OCL_PC_TOKPAD, KVHAL_OCL_PC_OPTIONS with PC_CS / PC_IDX) exist in backends/opencl of s9-o commit 55ae2c9
+# only; none won, so the branch's final tree has main's kernels and ignores them (restore them with
+# `git checkout 55ae2c9 -- backends/opencl` to measure again). See docs/measurements/session9/README-opencl.md.
 # Run from the new tree: `source .devdeps/env.sh && cd .wt-o && OUT=... bash <this>`.
 set -uo pipefail
 : "${OUT:?set OUT}"
