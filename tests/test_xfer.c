@@ -116,6 +116,25 @@ ucs_status_ptr_t ucp_am_send_nbx(ucp_ep_h ep, unsigned id, const void *header, s
     return real(ep, id, header, header_length, buffer, count, param);
 }
 
+/* While worker_gate is closed, copy workers started by libkvhal-xfer wait before they run (test_gathers_in_flight:
+ * frames stay queued, not gathered, while the test cancels, disconnects or destroys) */
+static atomic_bool worker_gate;
+static atomic_int workers_held;
+typedef struct held_start {
+    void *(*start)(void *);
+    void *arg;
+} held_start;
+
+static void *held_worker(void *p)
+{
+    held_start h = *(held_start *)p;
+    free(p);
+    atomic_fetch_add(&workers_held, 1);
+    while (atomic_load(&worker_gate)) usleep(1000);
+    atomic_fetch_sub(&workers_held, 1);
+    return h.start(h.arg);
+}
+
 int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*start)(void *), void *arg)
 {
     int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
@@ -124,7 +143,16 @@ int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*start)(voi
     Dl_info di;
     void *fp;
     memcpy(&fp, &start, sizeof fp);
-    if (dladdr(fp, &di) && di.dli_fname && strstr(di.dli_fname, "libkvhal-xfer")) atomic_fetch_add(&xfer_threads, 1);
+    if (dladdr(fp, &di) && di.dli_fname && strstr(di.dli_fname, "libkvhal-xfer")) {
+        atomic_fetch_add(&xfer_threads, 1);
+        held_start *h = atomic_load(&worker_gate) ? malloc(sizeof *h) : NULL;
+        if (h) {
+            *h = (held_start){start, arg};
+            const int rc = real(th, attr, held_worker, h);
+            if (rc) free(h);
+            return rc;
+        }
+    }
     return real(th, attr, start, arg);
 }
 
@@ -2050,6 +2078,113 @@ static void test_cma_copies_in_flight(void **state)
     free(hpat);
 }
 
+/* TCP frames gathered by the copy workers, held before the workers run (worker_gate): the sender's transfer
+ * canceled, released, its peer disconnected, or its agent destroyed while its frames are queued for gathering.
+ * The transfer ends (CANCELED, or failed: the peer gone), destroy waits for the workers, the receiver's grant fails
+ * and its pages come back. Under ASan/TSan/valgrind: no use after free, no leak, no race. */
+static void *open_worker_gate_later(void *arg)
+{
+    (void)arg;
+    usleep(300000);
+    atomic_store(&worker_gate, false);
+    return NULL;
+}
+
+static void test_gathers_in_flight(void **state)
+{
+    (void)state;
+    if (strcmp(tls, "tcp") != 0) {
+        printf("# %s: TCP frames only, skipped\n", tls);
+        return;
+    }
+    const char *names[] = {"cancel", "release", "disconnect", "destroy"};
+    const char *vars[] = {"KVHAL_XFER_CMA_THREADS", "KVHAL_XFER_GATHER_KIB", "KVHAL_XFER_GATHER_FRAME_KIB"};
+    const char *vals[] = {"2", "0", "1"}; /* 2 workers, every frame theirs, one page a frame */
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    for (int sc = 0; sc < 4; sc++) {
+        char old[3][32];
+        bool had[3];
+        for (int v = 0; v < 3; v++) {
+            const char *o = getenv(vars[v]);
+            had[v] = o != NULL;
+            snprintf(old[v], sizeof old[v], "%s", o ? o : "");
+            setenv(vars[v], vals[v], 1);
+        }
+        server s;
+        server_start(&s, cpu, 1500);
+        kvhal_paged_cache *sc_cache = make_cache(cpu, HEADS, 16, KVHAL_LAYER_FIRST);
+        kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 1500, .transports = tls};
+        kvhal_xfer_agent *a;
+        assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
+        for (int v = 0; v < 3; v++)
+            if (had[v]) setenv(vars[v], old[v], 1);
+            else unsetenv(vars[v]);
+        assert_int_equal(kvhal_xfer_register_paged_cache(a, sc_cache), KVHAL_OK);
+        uint8_t blob[4096];
+        const size_t len = server_blob(&s, blob, sizeof blob);
+        kvhal_xfer_peer *pa;
+        assert_int_equal(kvhal_xfer_connect(a, blob, len, TOKEN, &pa), KVHAL_OK);
+        const int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, 0, 5);
+        enum { N = 6 };
+        int32_t dst[N];
+        const int32_t src[N] = {11, 3, 7, 0, 14, 5};
+        kvhal_xfer *rx;
+        assert_int_equal(grant(&s, s.evs[e].peer, 90, N, dst, &rx), KVHAL_OK);
+        kvhal_xfer_event ev;
+        const double until = now_s() + 5;
+        do {
+            assert_int_equal(kvhal_xfer_progress(a, 10, &ev), KVHAL_OK);
+            if (now_s() > until) fail_msg("%s", "no GRANT on the sender");
+        } while (ev.type != KVHAL_XFER_EVENT_GRANT);
+        atomic_store(&worker_gate, true);
+        kvhal_xfer *tx;
+        assert_int_equal(kvhal_xfer_send_pages(pa, 90, src, ev.pages, N, 0, L, &tx), KVHAL_OK);
+        const double u1 = now_s() + 5;
+        while (atomic_load(&workers_held) < 2 && now_s() < u1) kvhal_xfer_progress(a, 1, &ev);
+        if (atomic_load(&workers_held) < 2)
+            fail_msg("%s: %d copy worker(s) held, 2 expected", names[sc], atomic_load(&workers_held));
+        kvhal_xfer_info info;
+        assert_int_equal(kvhal_xfer_get_info(tx, &info), KVHAL_OK);
+        assert_int_equal(info.status, KVHAL_BUSY); /* every frame waits to be gathered */
+        if (sc == 3) { /* destroy: waits for the workers (the gate opens 0.3 s later), then frees everything */
+            pthread_t opener;
+            assert_int_equal(pthread_create(&opener, NULL, open_worker_gate_later, NULL), 0);
+            const double t0 = now_s();
+            assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
+            if (now_s() - t0 < 0.25) fail_msg("destroy returned after %.3f s, before the gathers were over", now_s() - t0);
+            pthread_join(opener, NULL);
+        } else {
+            if (sc == 0) assert_int_equal(kvhal_xfer_cancel(tx), KVHAL_OK);
+            if (sc == 1) assert_int_equal(kvhal_xfer_release(tx), KVHAL_OK);
+            if (sc == 2) assert_int_equal(kvhal_xfer_disconnect(pa), KVHAL_OK);
+            for (int i = 0; i < 20; i++) kvhal_xfer_progress(a, 1, &ev); /* nothing completes while the gate is shut */
+            if (sc != 1) {
+                assert_int_equal(kvhal_xfer_get_info(tx, &info), KVHAL_OK);
+                assert_int_equal(info.status, KVHAL_BUSY);
+            }
+            atomic_store(&worker_gate, false);
+            if (sc != 1) {
+                const kvhal_status st = kvhal_xfer_wait(tx, 5000);
+                if (st == KVHAL_OK || st == KVHAL_BUSY)
+                    fail_msg("%s: the transfer ended %s", names[sc], kvhal_status_name(st));
+                assert_int_equal(kvhal_xfer_release(tx), KVHAL_OK);
+            }
+            if (sc != 2) assert_int_equal(kvhal_xfer_disconnect(pa), KVHAL_OK);
+            assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
+        }
+        char msg[512];
+        const kvhal_status rst = wait_recv(&s, rx, 5, msg, sizeof msg);
+        if (rst == KVHAL_OK || rst == KVHAL_BUSY) fail_msg("%s: the receive ended %s", names[sc], kvhal_status_name(rst));
+        pthread_mutex_lock(&s.mu);
+        assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);
+        pthread_mutex_unlock(&s.mu);
+        all_pages_free(&s);
+        server_stop(&s);
+        kvhal_paged_cache_destroy(sc_cache);
+        printf("# %s: gathers held, %s: ok (receiver: %s)\n", tls, names[sc], kvhal_status_name(rst));
+    }
+}
+
 /* Dropping a peer closes its endpoint (found by fuzz_xfer): UCX force-closes only endpoints with peer-failure
  * handling, which shared-memory transports lack, and the agent, refused, used to leave the endpoint open until
  * it was destroyed. Peers that connect, are dropped (a BYE, an unknown frame type) and disconnected leave no
@@ -2104,6 +2239,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_hostile_ipc),
         cmocka_unit_test(test_dropped_peers_close_endpoints),
         cmocka_unit_test(test_cma_copies_in_flight),
+        cmocka_unit_test(test_gathers_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

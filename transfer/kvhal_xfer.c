@@ -53,7 +53,6 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 #endif
 #define GATHER_FRAME_BYTES (1u << 20)     /* gathered (TCP) frames carry this much at most (one page at least;
                                            * KVHAL_XFER_GATHER_FRAME_KIB) */
-#define GATHER_WORKER_BYTES (1u << 20)    /* gathered by copy workers from this size (KVHAL_XFER_GATHER_KIB) */
 #define CMA_THREADS_MAX 64                /* copy workers of the CMA path at most (KVHAL_XFER_CMA_THREADS) */
 #define CMA_THREADS_DEFAULT 4             /* and by default at most, half the online cores */
 #define CMA_PIECE_BYTES (512u << 10)      /* a frame is split across workers in pieces of this size at least */
@@ -1564,6 +1563,10 @@ static void *cma_worker(void *arg)
     return NULL;
 }
 
+/* A forked child of the process that started the copy workers: none of them runs here, and their mutex may be held
+ * for ever (taken by a worker when the process forked). */
+static bool cma_orphaned(const kvhal_xfer_agent *a) { return a->cma_pid && a->cma_pid != getpid(); }
+
 /* In a child forked while workers ran, their threads are gone and their mutex may be held for ever: forget them
  * (nothing to join or destroy there) and let pump copy. */
 static void cma_pool_forget_if_forked(kvhal_xfer_agent *a)
@@ -1711,8 +1714,20 @@ static unsigned cma_reap(kvhal_xfer_agent *a, bool wait)
 {
     if (!a->cma_running) return 0;
     ipc_job *done = NULL;
-    pthread_mutex_lock(&a->cma_mu);
-    for (;;) {
+    if (cma_orphaned(a)) { /* a forked child: the parent's workers will never finish these; they fail here */
+        while (a->cma_running) {
+            ipc_job *j = a->cma_running;
+            a->cma_running = j->next;
+            j->failed = true;
+            snprintf(j->why, sizeof j->why, "the process forked while the frame was being copied");
+            j->next = done;
+            done = j;
+        }
+        wait = false;
+    } else {
+        pthread_mutex_lock(&a->cma_mu);
+    }
+    for (; !cma_orphaned(a);) {
         for (ipc_job **pp = &a->cma_running; *pp;) {
             ipc_job *j = *pp;
             if (j->pieces_left == 0) {
@@ -1727,7 +1742,7 @@ static unsigned cma_reap(kvhal_xfer_agent *a, bool wait)
         if (!wait || done || !a->cma_running) break;
         pthread_cond_wait(&a->cma_done, &a->cma_mu);
     }
-    pthread_mutex_unlock(&a->cma_mu);
+    if (!cma_orphaned(a)) pthread_mutex_unlock(&a->cma_mu);
     if (a->cma_running) { /* a receive whose frames our workers still copy is not stalled by its peer */
         const uint64_t deadline = deadline_from_now(a);
         for (ipc_job *j = a->cma_running; j; j = j->next) j->x->deadline_ns = deadline;
@@ -1753,8 +1768,7 @@ static unsigned cma_reap(kvhal_xfer_agent *a, bool wait)
 
 static void cma_jobs_drain(kvhal_xfer_agent *a)
 {
-    if (a->cma_pid && a->cma_pid != getpid()) return; /* a forked child: the parent's workers will never answer */
-    while (a->cma_running) cma_reap(a, true);
+    while (a->cma_running) cma_reap(a, true); /* in a forked child: fails them at once */
 }
 
 /* Sender (from post_frames): a frame to gather (its bounce buffer taken) handed to a copy worker, so that pump goes
@@ -1790,8 +1804,19 @@ static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
 {
     if (!a->gathering) return 0;
     send_frame *done = NULL;
-    pthread_mutex_lock(&a->cma_mu);
-    for (;;) {
+    if (cma_orphaned(a)) { /* a forked child: the parent's workers will never gather these; skipped (failed) here */
+        while (a->gathering) {
+            send_frame *f = a->gathering;
+            a->gathering = f->gnext;
+            f->gskip = true;
+            f->gnext = done;
+            done = f;
+        }
+        wait = false;
+    } else {
+        pthread_mutex_lock(&a->cma_mu);
+    }
+    for (; !cma_orphaned(a);) {
         for (send_frame **pp = &a->gathering; *pp;) {
             send_frame *f = *pp;
             if (f->gdone) {
@@ -1806,7 +1831,7 @@ static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
         if (!wait || done || !a->gathering) break;
         pthread_cond_wait(&a->cma_done, &a->cma_mu);
     }
-    pthread_mutex_unlock(&a->cma_mu);
+    if (!cma_orphaned(a)) pthread_mutex_unlock(&a->cma_mu);
     unsigned n = 0;
     while (done) {
         send_frame *f = done;
@@ -2412,9 +2437,10 @@ static long env_long(const char *name, long lo, long hi, long def)
 /* The copy workers: KVHAL_XFER_CMA_THREADS (0 .. CMA_THREADS_MAX; 0: pump copies each frame itself, as before
  * session 8), else min(4, online cores / 2); CMA frames are split across them in pieces of at least
  * KVHAL_XFER_CMA_PIECE_KIB KiB (default 512); TCP frames carry at most KVHAL_XFER_GATHER_FRAME_KIB KiB (default
- * 1024, one page at least), and those of KVHAL_XFER_GATHER_KIB KiB and more (default 1024) of a transfer of several
- * frames are gathered by the workers while pump sends the frames before them (a transfer of one frame, or a small
- * frame, is gathered by pump: there is nothing to overlap, and the hand-over measured slower at 256 KiB-1 MiB). */
+ * 1024, one page at least), and those of KVHAL_XFER_GATHER_KIB KiB and more (default half of the former) of a
+ * transfer of several frames are gathered by the workers while pump sends the frames before them (a transfer of one
+ * frame, or a small frame, is gathered by pump: there is nothing to overlap, and the hand-over measured slower at
+ * 256 KiB-1 MiB). */
 static void cma_config(kvhal_xfer_agent *a)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -2422,8 +2448,9 @@ static void cma_config(kvhal_xfer_agent *a)
     const long def = cores / 2 < CMA_THREADS_DEFAULT ? cores / 2 : CMA_THREADS_DEFAULT;
     a->cma_threads = (int)env_long("KVHAL_XFER_CMA_THREADS", 0, CMA_THREADS_MAX, def);
     a->cma_piece = (size_t)env_long("KVHAL_XFER_CMA_PIECE_KIB", 1, 1l << 20, CMA_PIECE_BYTES >> 10) << 10;
-    a->gather_min = (size_t)env_long("KVHAL_XFER_GATHER_KIB", 0, 1l << 20, GATHER_WORKER_BYTES >> 10) << 10;
     a->gather_frame = (size_t)env_long("KVHAL_XFER_GATHER_FRAME_KIB", 1, 1l << 20, GATHER_FRAME_BYTES >> 10) << 10;
+    /* half the cut by default: a frame is cut to whole pages, so a full one may fall short of the cut itself */
+    a->gather_min = (size_t)env_long("KVHAL_XFER_GATHER_KIB", 0, 1l << 20, (long)(a->gather_frame >> 11)) << 10;
 }
 
 kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
