@@ -437,6 +437,16 @@ static kvhal_status wait_recv(server *s, kvhal_xfer *x, double seconds, char *ms
     }
 }
 
+/* Progresses the sender's agent until the receiver's GRANT arrives (ev: it), failing the test after 5 s. */
+static void sender_grant(kvhal_xfer_agent *a, kvhal_xfer_event *ev)
+{
+    const double until = now_s() + 5;
+    do {
+        assert_int_equal(kvhal_xfer_progress(a, 10, ev), KVHAL_OK);
+        if (now_s() > until) fail_msg("%s", "no GRANT on the sender");
+    } while (ev->type != KVHAL_XFER_EVENT_GRANT);
+}
+
 /* ---------------------------------------------------------------------------------------------------------- */
 /* a transfer verified byte by byte, on every device present                                                   */
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -479,11 +489,7 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
     assert_int_equal(grant(&s, pb, 77, N, dst, &rx), KVHAL_OK);
     /* the sender learns the grant */
     kvhal_xfer_event ev;
-    const double until = now_s() + 5;
-    do {
-        assert_int_equal(kvhal_xfer_progress(a, 10, &ev), KVHAL_OK);
-        if (now_s() > until) fail_msg("%s", "no GRANT on the sender");
-    } while (ev.type != KVHAL_XFER_EVENT_GRANT);
+    sender_grant(a, &ev);
     assert_int_equal(ev.request_id, 77);
     assert_int_equal(ev.num_pages, N);
     assert_memory_equal(ev.pages, dst, sizeof dst);
@@ -2131,11 +2137,7 @@ static void test_gathers_in_flight(void **state)
         kvhal_xfer *rx;
         assert_int_equal(grant(&s, s.evs[e].peer, 90, N, dst, &rx), KVHAL_OK);
         kvhal_xfer_event ev;
-        const double until = now_s() + 5;
-        do {
-            assert_int_equal(kvhal_xfer_progress(a, 10, &ev), KVHAL_OK);
-            if (now_s() > until) fail_msg("%s", "no GRANT on the sender");
-        } while (ev.type != KVHAL_XFER_EVENT_GRANT);
+        sender_grant(a, &ev);
         atomic_store(&worker_gate, true);
         kvhal_xfer *tx;
         assert_int_equal(kvhal_xfer_send_pages(pa, 90, src, ev.pages, N, 0, L, &tx), KVHAL_OK);
