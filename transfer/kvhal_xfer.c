@@ -1511,6 +1511,16 @@ static bool cma_read_runs(uint32_t pid, struct iovec *lv, struct iovec *rv, size
 
 /* A copy worker: takes pieces off the queue and reads them (nothing else of the agent is touched); when the queue
  * is empty it polls it for CMA_SPIN_NS (the next frame usually follows within microseconds) before it sleeps. */
+/* A gathered frame's chunks (our cache) copied one after the other into its bounce buffer. */
+static void gather_copy(const send_frame *f)
+{
+    uint8_t *b = f->bounce;
+    for (size_t i = 0; i < f->iov_count; i++) {
+        memcpy(b, f->iov[i].buffer, f->iov[i].length);
+        b += f->iov[i].length;
+    }
+}
+
 static void *cma_worker(void *arg)
 {
     kvhal_xfer_agent *a = arg;
@@ -1534,13 +1544,7 @@ static void *cma_worker(void *arg)
             send_frame *f = pc->f;
             const bool gskip = f->gskip;
             pthread_mutex_unlock(&a->cma_mu);
-            if (!gskip) {
-                uint8_t *b = f->bounce;
-                for (size_t i = 0; i < f->iov_count; i++) {
-                    memcpy(b, f->iov[i].buffer, f->iov[i].length);
-                    b += f->iov[i].length;
-                }
-            }
+            if (!gskip) gather_copy(f);
             pthread_mutex_lock(&a->cma_mu);
             f->gdone = true;
             pthread_cond_broadcast(&a->cma_done);
@@ -1714,7 +1718,8 @@ static unsigned cma_reap(kvhal_xfer_agent *a, bool wait)
 {
     if (!a->cma_running) return 0;
     ipc_job *done = NULL;
-    if (cma_orphaned(a)) { /* a forked child: the parent's workers will never finish these; they fail here */
+    const bool orphaned = cma_orphaned(a); /* getpid: once a call */
+    if (orphaned) { /* a forked child: the parent's workers will never finish these; they fail here */
         while (a->cma_running) {
             ipc_job *j = a->cma_running;
             a->cma_running = j->next;
@@ -1727,7 +1732,7 @@ static unsigned cma_reap(kvhal_xfer_agent *a, bool wait)
     } else {
         pthread_mutex_lock(&a->cma_mu);
     }
-    for (; !cma_orphaned(a);) {
+    for (; !orphaned;) {
         for (ipc_job **pp = &a->cma_running; *pp;) {
             ipc_job *j = *pp;
             if (j->pieces_left == 0) {
@@ -1742,7 +1747,7 @@ static unsigned cma_reap(kvhal_xfer_agent *a, bool wait)
         if (!wait || done || !a->cma_running) break;
         pthread_cond_wait(&a->cma_done, &a->cma_mu);
     }
-    if (!cma_orphaned(a)) pthread_mutex_unlock(&a->cma_mu);
+    if (!orphaned) pthread_mutex_unlock(&a->cma_mu);
     if (a->cma_running) { /* a receive whose frames our workers still copy is not stalled by its peer */
         const uint64_t deadline = deadline_from_now(a);
         for (ipc_job *j = a->cma_running; j; j = j->next) j->x->deadline_ns = deadline;
@@ -1804,7 +1809,8 @@ static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
 {
     if (!a->gathering) return 0;
     send_frame *done = NULL;
-    if (cma_orphaned(a)) { /* a forked child: the parent's workers will never gather these; skipped (failed) here */
+    const bool orphaned = cma_orphaned(a); /* getpid: once a call */
+    if (orphaned) { /* a forked child: the parent's workers will never gather these; skipped (failed) here */
         while (a->gathering) {
             send_frame *f = a->gathering;
             a->gathering = f->gnext;
@@ -1816,7 +1822,7 @@ static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
     } else {
         pthread_mutex_lock(&a->cma_mu);
     }
-    for (; !cma_orphaned(a);) {
+    for (; !orphaned;) {
         for (send_frame **pp = &a->gathering; *pp;) {
             send_frame *f = *pp;
             if (f->gdone) {
@@ -1831,7 +1837,7 @@ static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
         if (!wait || done || !a->gathering) break;
         pthread_cond_wait(&a->cma_done, &a->cma_mu);
     }
-    if (!cma_orphaned(a)) pthread_mutex_unlock(&a->cma_mu);
+    if (!orphaned) pthread_mutex_unlock(&a->cma_mu);
     unsigned n = 0;
     while (done) {
         send_frame *f = done;
@@ -2971,8 +2977,7 @@ static bool post_frames(kvhal_xfer *x)
         send_frame *f = &x->frames[fi];
         if (f->gather) {
             if (a->gathered && a->gathered + f->bytes > GATHER_AHEAD_BYTES) return false;
-            uint8_t *b = f->bounce = bounce_get(a, f->bytes);
-            if (!b) {
+            if (!(f->bounce = bounce_get(a, f->bytes))) {
                 xfer_finish(x, KVHAL_OUT_OF_MEMORY, "sending frame %d: no host memory to gather its %llu bytes",
                             (int)fi, (unsigned long long)f->bytes);
                 return true;
@@ -2983,10 +2988,7 @@ static bool post_frames(kvhal_xfer *x)
                 x->next_post++;
                 continue;
             }
-            for (size_t i = 0; i < f->iov_count; i++) {
-                memcpy(b, f->iov[i].buffer, f->iov[i].length);
-                b += f->iov[i].length;
-            }
+            gather_copy(f);
         }
         x->next_post++;
         ucp_request_param_t prm;
