@@ -780,6 +780,154 @@ __global__ void __launch_bounds__(KVHAL_GPU_PAGED_THREADS, PagedGeom<XK>::MIN_BL
 }
 
 /* ------------------------------------------------------------------------------------------------------------ */
+/* Paged caching of same-dtype rows by Hopper's bulk copies (CUDA, sm_90 and later; gpu_paged_caching.cu decides  */
+/* when). A block is one warp with a ring of KVHAL_GPU_BULK_STAGES stages in shared memory, each holding the rows  */
+/* of R tokens (lane l: token l of the stage): cp.async.bulk loads each token's K and V rows global -> shared,    */
+/* signalling the stage's mbarrier, and once it completes cp.async.bulk stores each row shared -> global at the   */
+/* token's slot, while the loads of the stages ahead are in flight. No thread touches the data: the copy engine   */
+/* of each multiprocessor (TMA) moves it, so the loads in flight are not bounded by registers. Rows are whole 16-  */
+/* byte units (the vector path's), one run in the input and in the cache (PagedSide::one_run); merge bit 0: V's    */
+/* cache row follows K's (one store of both), bit 1: V's input row follows K's (one load).                       */
+/* S: the stages (KVHAL_GPU_BULK_STAGES; a template, so every translation unit may include it). A build of the   */
+/* kernel for an architecture before sm_90 copies the same rows with 16-byte loads and stores.                   */
+/* ------------------------------------------------------------------------------------------------------------ */
+#define KVHAL_GPU_BULK_STAGES 3
+#ifndef KVHAL_GPU_BULK_MIN_KIB_DEFAULT
+#define KVHAL_GPU_BULK_MIN_KIB_DEFAULT 1024 /* input bytes a call moves at least to take the bulk kernel */
+#endif
+#define KVHAL_GPU_BULK_STAGE_BYTES 8192 /* a stage's rows: at least one token's, else about this many bytes */
+#define KVHAL_GPU_BULK_MAX_ROW 16384     /* K's and V's row bytes together: S stages of one token fit in 48 KiB */
+#if !defined(KVHAL_GPU_HIP)
+
+/* Token t's input offsets and cache offsets in bytes (cache -1: padding or a slot out of range, which is flagged). */
+__device__ __forceinline__ void bulk_token(const PagedParams &p, int64_t t, int64_t *ik, int64_t *iv, int64_t *ck,
+                                           int64_t *cv)
+{
+    const int64_t b = !p.batched ? 0 : p.fast32 ? (int64_t)kvhal_fastdiv32_div((uint32_t)t, p.div_seq) : t / p.seq_len;
+    const int64_t s = t - b * p.seq_len;
+    const int64_t si = b * p.slot_outer + s * p.slot_inner;
+    const int64_t slot = p.slot64 ? reinterpret_cast<const int64_t *>(p.slots)[si]
+                                  : (int64_t)reinterpret_cast<const int32_t *>(p.slots)[si];
+    *ik = (b * p.k.tok_outer + s * p.k.tok_inner) * 16;
+    *iv = (b * p.v.tok_outer + s * p.v.tok_inner) * 16;
+    *ck = *cv = -1;
+    if (slot >= p.num_slots) {
+        p.err[KVHAL_GPU_ERR_SLOT] = 1;
+    } else if (slot >= 0) {
+        const int64_t blk = p.fast32 ? (int64_t)kvhal_fastdiv32_div((uint32_t)slot, p.div_bs) : slot / p.block_size;
+        const int64_t off = slot - blk * p.block_size;
+        *ck = (blk * p.k.block_stride + off * p.k.offset_stride) * 16;
+        *cv = (blk * p.v.block_stride + off * p.v.offset_stride) * 16;
+    }
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t bulk_smem(const void *q) { return (uint32_t)__cvta_generic_to_shared(q); }
+
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     bulk_smem(dst)),
+                 "l"(src), "r"(bytes), "r"(bulk_smem(bar))
+                 : "memory");
+}
+
+__device__ __forceinline__ void bulk_store(void *dst, const void *src, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(bulk_smem(src)),
+                 "r"(bytes)
+                 : "memory");
+}
+#endif
+
+template <int S>
+__global__ void __launch_bounds__(32) paged_bulk_kernel(const PagedParams p, const int32_t R, const int32_t merge)
+{
+    extern __shared__ __align__(128) unsigned char bulk_rows[];
+    const uint32_t lane = threadIdx.x;
+    const uint32_t krow = p.k.row_units * 16u, vrow = p.v.row_units * 16u;
+    const int64_t nbatch = (p.num_tokens + R - 1) / R;
+    const int64_t mine = (int64_t)blockIdx.x < nbatch ? (nbatch - 1 - (int64_t)blockIdx.x) / gridDim.x + 1 : 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t trow = krow + vrow;
+    __shared__ __align__(8) uint64_t bar[S];
+    __shared__ int64_t s_ck[S][32], s_cv[S][32];
+    if (lane == 0)
+        for (int i = 0; i < S; i++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bulk_smem(&bar[i])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncwarp();
+    /* issue the loads of the block's i-th batch into stage i % S, and note its tokens' cache offsets */
+    auto issue = [&](int64_t i) {
+        const int s = (int)(i % S);
+        const int64_t t0 = ((int64_t)blockIdx.x + i * gridDim.x) * R;
+        const int64_t left = p.num_tokens - t0;
+        const uint32_t n = (uint32_t)(left < R ? left : R);
+        if (lane == 0)
+            asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(
+                             bulk_smem(&bar[s])),
+                         "r"(n * trow)
+                         : "memory");
+        __syncwarp();
+        if (lane < n) {
+            int64_t ik, iv;
+            bulk_token(p, t0 + lane, &ik, &iv, &s_ck[s][lane], &s_cv[s][lane]);
+            unsigned char *row = bulk_rows + ((size_t)s * R + lane) * trow;
+            if (merge & 2) {
+                bulk_load(row, p.k.input + ik, trow, &bar[s]);
+            } else {
+                bulk_load(row, p.k.input + ik, krow, &bar[s]);
+                bulk_load(row + krow, p.v.input + iv, vrow, &bar[s]);
+            }
+        }
+    };
+    for (int64_t i = 0; i < S - 1 && i < mine; i++) issue(i);
+    for (int64_t i = 0; i < mine; i++) {
+        const int s = (int)(i % S);
+        const uint32_t parity = (uint32_t)((i / S) & 1);
+        uint32_t done = 0;
+        while (!done)
+            asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+                         : "=r"(done)
+                         : "r"(bulk_smem(&bar[s])), "r"(parity)
+                         : "memory");
+        const int64_t t0 = ((int64_t)blockIdx.x + i * gridDim.x) * R;
+        const int64_t left = p.num_tokens - t0;
+        const uint32_t n = (uint32_t)(left < R ? left : R);
+        if (lane < n && s_ck[s][lane] >= 0) {
+            const unsigned char *row = bulk_rows + ((size_t)s * R + lane) * trow;
+            if (merge & 1) {
+                bulk_store(p.k.cache + s_ck[s][lane], row, trow);
+            } else {
+                bulk_store(p.k.cache + s_ck[s][lane], row, krow);
+                bulk_store(p.v.cache + s_cv[s][lane], row + krow, vrow);
+            }
+        }
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        /* the next loads reuse the stage stored one batch ago: its stores must have read it (this batch's may not) */
+        asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+        __syncwarp();
+        if (i + S - 1 < mine) issue(i + S - 1);
+    }
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#else
+    (void)merge;
+    for (int64_t i = 0; i < mine; i++) {
+        const int64_t t0 = ((int64_t)blockIdx.x + i * gridDim.x) * R;
+        for (int64_t t = t0; t < t0 + R && t < p.num_tokens; t++) {
+            int64_t ik, iv, ck, cv;
+            bulk_token(p, t, &ik, &iv, &ck, &cv);
+            if (ck < 0) continue;
+            for (uint32_t u = lane; u < krow / 16; u += 32)
+                reinterpret_cast<uint4 *>(p.k.cache + ck)[u] = reinterpret_cast<const uint4 *>(p.k.input + ik)[u];
+            for (uint32_t u = lane; u < vrow / 16; u += 32)
+                reinterpret_cast<uint4 *>(p.v.cache + cv)[u] = reinterpret_cast<const uint4 *>(p.v.input + iv)[u];
+        }
+    }
+#endif
+}
+#endif /* !KVHAL_GPU_HIP */
+
+/* ------------------------------------------------------------------------------------------------------------ */
 /* tensor_copy: dims already collapsed on the host; a unit is one element or, when the innermost dim is          */
 /* contiguous in both tensors, 2..16 bytes of it.                                                              */
 /* ------------------------------------------------------------------------------------------------------------ */

@@ -6,7 +6,8 @@
 # times (variants interleaved, so drift hits them alike), and prints one table: per row, the cold ratio to memcpy of
 # each variant (median over rounds). Run from the repository root with .devdeps carried; logs and JSON go to $OUT.
 # Environment: VARIANTS (default "0 1 2"), ROUNDS (default 2), ROWS (default: the issue's rows, see below),
-# SKIP_SUITES=1, SKIP_FP8=1. Exit status non-zero when the build, a suite, the fp8 check or a bench run failed.
+# SKIP_SUITES=1, SKIP_FP8=1, VAR_ENV (default KVHAL_GPU_VARIANT: the variable VARIANTS' values are given to; session
+# 10 measured KVHAL_GPU_BULK 0 against 1 with it). Exit status non-zero when the build, a suite, the fp8 check or a bench run failed.
 set -uo pipefail
 : "${OUT:?set OUT to the log folder}"
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
@@ -63,7 +64,7 @@ for r in $(seq 1 $ROUNDS); do
     [ -z "$args" ] && continue
     i=$((i + 1))
     for v in $VARIANTS; do
-      KVHAL_GPU_VARIANT=$v timeout 240 $B/tools/kvhal-bench --device=cuda:0 $args --json \
+      env "${VAR_ENV:-KVHAL_GPU_VARIANT}=$v" timeout 240 $B/tools/kvhal-bench --device=cuda:0 $args --json \
         > "$OUT/bench-v$v-r$r-$i.json" 2> "$OUT/bench-v$v-r$r-$i.err" || fail "kvhal-bench $args, variant $v"
     done
   done <<< "$ROWS"
