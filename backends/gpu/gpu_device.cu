@@ -168,6 +168,18 @@ void choose_bulk(Ctx *c)
     const char *e = secure_getenv("KVHAL_GPU_BULK");
     if (e && (e[0] == '0' || e[0] == '1') && !e[1]) c->bulk = e[0] - '0';
     else if (e && e[0]) c->bulk_note = " (KVHAL_GPU_BULK not 0 or 1)";
+    c->bulk_stages = KVHAL_GPU_BULK_STAGES;
+    c->bulk_stage_kib = KVHAL_GPU_BULK_STAGE_BYTES >> 10;
+    c->bulk_per_sm = 8;
+    e = secure_getenv("KVHAL_GPU_BULK_GEOM"); /* "stages,KiB,blocks": 3 or 4 stages of 1..64 KiB, 1..32 blocks */
+    int st = 0, kib = 0, per = 0;
+    if (e && e[0]) {
+        if (sscanf(e, "%d,%d,%d", &st, &kib, &per) == 3 && (st == 3 || st == 4) && kib >= 1 && kib <= 64 && per >= 1 &&
+            per <= 32)
+            c->bulk_stages = st, c->bulk_stage_kib = kib, c->bulk_per_sm = per;
+        else
+            c->bulk_note = " (KVHAL_GPU_BULK_GEOM not stages,KiB,blocks)";
+    }
     e = secure_getenv("KVHAL_GPU_BULK_MIN_KIB");
     if (e && e[0]) {
         char *end = NULL;

@@ -64,19 +64,26 @@ kvhal_status resolve_driver_fn(Ctx *c, int32_t id, PagedLaunch *l)
 kvhal_status paged_bulk(Ctx *c, int32_t id, const PagedParams &p, cudaStream_t s)
 {
     const uint32_t krow = 16u * p.k.row_units, trow = krow + 16u * p.v.row_units;
-    int32_t r = (int32_t)(KVHAL_GPU_BULK_STAGE_BYTES / trow);
+    const int stages = c->bulk_stages;
+    int32_t r = (int32_t)(((uint32_t)c->bulk_stage_kib << 10) / trow);
     if (r < 1) r = 1;
     if (r > 32) r = 32;
-    const size_t smem = (size_t)KVHAL_GPU_BULK_STAGES * (size_t)r * trow;
+    const size_t smem = (size_t)stages * (size_t)r * trow;
+    if (smem > KVHAL_GPU_BULK_SMEM) r = 1; /* rows of KVHAL_GPU_BULK_MAX_ROW bytes at most: 4 of them fit */
+    const size_t sm = (size_t)stages * (size_t)r * trow;
     const int64_t batches = (p.num_tokens + r - 1) / r;
-    int64_t grid = (int64_t)c->dev[id].sm_count * 8;
+    int64_t per = (int64_t)(220u << 10) / (int64_t)(sm + 2048);
+    if (per > c->bulk_per_sm) per = c->bulk_per_sm;
+    if (per < 1) per = 1;
+    int64_t grid = (int64_t)c->dev[id].sm_count * per;
     if (grid > batches) grid = batches;
     int32_t merge = 0;
     if (p.v.cache == p.k.cache + krow && p.v.block_stride == p.k.block_stride &&
         p.v.offset_stride == p.k.offset_stride)
         merge |= 1;
     if (p.v.input == p.k.input + krow && p.v.tok_outer == p.k.tok_outer && p.v.tok_inner == p.k.tok_inner) merge |= 2;
-    paged_bulk_kernel<KVHAL_GPU_BULK_STAGES><<<(unsigned)grid, 32, smem, s>>>(p, r, merge);
+    if (stages == 4) paged_bulk_kernel<4><<<(unsigned)grid, 32, sm, s>>>(p, r, merge);
+    else paged_bulk_kernel<3><<<(unsigned)grid, 32, sm, s>>>(p, r, merge);
     KVHAL_GPU_TRY(c, gpuGetLastError(), id, "paged caching launch (bulk copies)");
     return KVHAL_OK;
 }
@@ -406,9 +413,14 @@ bool bulk_arch(const Ctx *c, int32_t id)
          * PTX of an earlier architecture compiled for this one, copies without them) */
         cudaFuncAttributes fa;
         const DeviceGuard guard;
+        /* stages of up to KVHAL_GPU_BULK_SMEM bytes: more shared memory than a launch gets by default (48 KiB) */
         v = guard.select(id) == cudaSuccess &&
-                    cudaFuncGetAttributes(&fa, reinterpret_cast<const void *>(paged_bulk_kernel<KVHAL_GPU_BULK_STAGES>)) == cudaSuccess &&
-                    fa.binaryVersion >= 90
+                    cudaFuncGetAttributes(&fa, reinterpret_cast<const void *>(paged_bulk_kernel<3>)) == cudaSuccess &&
+                    fa.binaryVersion >= 90 &&
+                    cudaFuncSetAttribute(reinterpret_cast<const void *>(paged_bulk_kernel<3>),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, KVHAL_GPU_BULK_SMEM) == cudaSuccess &&
+                    cudaFuncSetAttribute(reinterpret_cast<const void *>(paged_bulk_kernel<4>),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, KVHAL_GPU_BULK_SMEM) == cudaSuccess
                 ? 1
                 : -1;
         (void)cudaGetLastError();

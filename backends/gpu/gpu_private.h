@@ -83,6 +83,7 @@ struct Ctx {
     int bulk;              /* same-dtype paged caching by bulk copies where the device has them (KVHAL_GPU_BULK) */
     uint64_t bulk_min;     /* bytes a call moves at least to take them (KVHAL_GPU_BULK_MIN_KIB) */
     const char *bulk_note; /* "" or why an environment setting was ignored, for the device info */
+    int bulk_stages, bulk_stage_kib, bulk_per_sm; /* its geometry (KVHAL_GPU_BULK_GEOM: stages,KiB,blocks per SM) */
 };
 
 inline Ctx *ctx_of(void *ctx) { return static_cast<Ctx *>(ctx); }

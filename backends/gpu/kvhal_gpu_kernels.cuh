@@ -796,7 +796,8 @@ __global__ void __launch_bounds__(KVHAL_GPU_PAGED_THREADS, PagedGeom<XK>::MIN_BL
 #define KVHAL_GPU_BULK_MIN_KIB_DEFAULT 1024 /* input bytes a call moves at least to take the bulk kernel */
 #endif
 #define KVHAL_GPU_BULK_STAGE_BYTES 8192 /* a stage's rows: at least one token's, else about this many bytes */
-#define KVHAL_GPU_BULK_MAX_ROW 16384     /* K's and V's row bytes together: S stages of one token fit in 48 KiB */
+#define KVHAL_GPU_BULK_MAX_ROW 16384     /* K's and V's row bytes together, at most */
+#define KVHAL_GPU_BULK_SMEM (192 << 10)  /* a block's stages, at most (the launch asks for more than 48 KiB) */
 #if !defined(KVHAL_GPU_HIP)
 
 /* Token t's input offsets and cache offsets in bytes (cache -1: padding or a slot out of range, which is flagged). */
