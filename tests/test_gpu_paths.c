@@ -2,8 +2,8 @@
  * the vectorized paged-caching kernels at model shapes (head_dim 128/64, NHD and HND, every dtype pair, power-of-two
  * and other fp8 scales) and their scalar fallback on misaligned bases, the unit sizes of tensor_copy, copy_blocks
  * calls queued back to back (the staging ring laps and must wait, never corrupt), copy_blocks with more pairs than
- * one launch's parameters carry and with more caches than they hold, the kernel variant (KVHAL_GPU_VARIANT) and
- * the bulk copies (KVHAL_GPU_BULK) named in the device info, the batched copy behind
+ * one launch's parameters carry and with more caches than they hold, the kernel variant (KVHAL_GPU_VARIANT) named
+ * in the device info, the batched copy behind
  * kv_cache_duplicate (more ranges than one launch takes), created streams, borrowed device pointers, and copies
  * between two GPUs. The conformance suite's small odd shapes mostly take the scalar paths; these take the fast ones.
  * Without a CUDA or HIP device every test reports itself skipped. */
@@ -353,13 +353,6 @@ static void test_variant_in_effect(void **state)
     if (v && v[0]) snprintf(want, sizeof want, "kernels: variant %s (KVHAL_GPU_VARIANT)", v);
     else snprintf(want, sizeof want, "kernels: variant ");
     if (!strstr(info.platform, want)) fail_msg("device info '%s' lacks '%s'", info.platform, want);
-    /* and whether same-dtype rows go by bulk copies: off when KVHAL_GPU_BULK is 0, else on where the device has
-     * them (CUDA on sm_90 and later), "not on this device" elsewhere; HIP never has them */
-    const char *b = getenv("KVHAL_GPU_BULK");
-    const bool off = b && !strcmp(b, "0");
-    const char *bw = off ? "bulk copies: off" : "bulk copies: ";
-    if (!strstr(info.platform, bw)) fail_msg("device info '%s' lacks '%s'", info.platform, bw);
-    if (!off && strstr(info.platform, "bulk copies: off")) fail_msg("device info '%s': bulk copies off", info.platform);
 }
 
 /* ---- kv_cache_duplicate: the batched copy, more ranges than one launch carries ---- */

@@ -157,38 +157,6 @@ void choose_variant(Ctx *c)
     }
 }
 
-/* Bulk copies for same-dtype paged caching (gpu_paged_caching.cu): KVHAL_GPU_BULK 0 turns them off, 1 (the
- * default) on where the device can; KVHAL_GPU_BULK_MIN_KIB (default KVHAL_GPU_BULK_MIN_KIB_DEFAULT) is the least a
- * call must move (input bytes) to take them. Anything else keeps the defaults, noted in the device info. */
-void choose_bulk(Ctx *c)
-{
-    c->bulk = 1;
-    c->bulk_note = "";
-    c->bulk_min = (uint64_t)KVHAL_GPU_BULK_MIN_KIB_DEFAULT << 10;
-    const char *e = secure_getenv("KVHAL_GPU_BULK");
-    if (e && (e[0] == '0' || e[0] == '1') && !e[1]) c->bulk = e[0] - '0';
-    else if (e && e[0]) c->bulk_note = " (KVHAL_GPU_BULK not 0 or 1)";
-    c->bulk_stages = KVHAL_GPU_BULK_STAGES;
-    c->bulk_stage_kib = KVHAL_GPU_BULK_STAGE_BYTES >> 10;
-    c->bulk_per_sm = 8;
-    e = secure_getenv("KVHAL_GPU_BULK_GEOM"); /* "stages,KiB,blocks": 3 or 4 stages of 1..64 KiB, 1..32 blocks */
-    int st = 0, kib = 0, per = 0;
-    if (e && e[0]) {
-        if (sscanf(e, "%d,%d,%d", &st, &kib, &per) == 3 && (st == 3 || st == 4) && kib >= 1 && kib <= 64 && per >= 1 &&
-            per <= 32)
-            c->bulk_stages = st, c->bulk_stage_kib = kib, c->bulk_per_sm = per;
-        else
-            c->bulk_note = " (KVHAL_GPU_BULK_GEOM not stages,KiB,blocks)";
-    }
-    e = secure_getenv("KVHAL_GPU_BULK_MIN_KIB");
-    if (e && e[0]) {
-        char *end = NULL;
-        const unsigned long long v = strtoull(e, &end, 10);
-        if (end && !*end && e[0] >= '0' && e[0] <= '9' && v <= (1ull << 40)) c->bulk_min = (uint64_t)v << 10;
-        else c->bulk_note = " (KVHAL_GPU_BULK_MIN_KIB not a number of KiB)";
-    }
-}
-
 } // namespace
 
 /* The context is allocated whatever the device count, so that every later entry has the core's services. */
@@ -216,7 +184,6 @@ kvhal_status gpu_init(const kvhal_core_services *services, void **ctx, int32_t *
     }
     c->svc = services;
     choose_variant(c);
-    choose_bulk(c);
     *ctx = c;
     int n = 0;
     gpuError_t e = gpuGetDeviceCount(&n);
@@ -313,9 +280,6 @@ kvhal_status gpu_device_info(void *ctx, int32_t id, kvhal_device_info *out)
     const size_t used2 = strlen(out->platform); /* and the kernel variant: benchmarks print it */
     snprintf(out->platform + used2, sizeof out->platform - used2, "; kernels: variant %d%s", c->variant,
              c->variant_note);
-    const size_t used3 = strlen(out->platform); /* and whether same-dtype rows go by bulk copies */
-    snprintf(out->platform + used3, sizeof out->platform - used3, "; bulk copies: %s%s",
-             !c->bulk ? "off" : bulk_arch(c, id) ? "on" : "not on this device", c->bulk_note);
     out->total_memory = (uint64_t)prop.totalGlobalMem;
     out->free_memory = 0;
     KVHAL_GPU_SETDEV(c, id);

@@ -56,39 +56,6 @@ kvhal_status resolve_driver_fn(Ctx *c, int32_t id, PagedLaunch *l)
 #endif
 }
 
-#if !defined(KVHAL_GPU_HIP)
-/* The bulk kernel's launch: tokens per stage so that a stage holds about KVHAL_GPU_BULK_STAGE_BYTES, as many blocks
- * as there are batches of them up to 8 per multiprocessor (one warp each, a few KiB of shared memory: the copy
- * engines, not the warps, are what the blocks keep busy). Rows that sit end to end (V's row after K's in both the
- * cache and the input: the MLA forms) move as one. */
-kvhal_status paged_bulk(Ctx *c, int32_t id, const PagedParams &p, cudaStream_t s)
-{
-    const uint32_t krow = 16u * p.k.row_units, trow = krow + 16u * p.v.row_units;
-    const int stages = c->bulk_stages;
-    int32_t r = (int32_t)(((uint32_t)c->bulk_stage_kib << 10) / trow);
-    if (r < 1) r = 1;
-    if (r > 32) r = 32;
-    const size_t smem = (size_t)stages * (size_t)r * trow;
-    if (smem > KVHAL_GPU_BULK_SMEM) r = 1; /* rows of KVHAL_GPU_BULK_MAX_ROW bytes at most: 4 of them fit */
-    const size_t sm = (size_t)stages * (size_t)r * trow;
-    const int64_t batches = (p.num_tokens + r - 1) / r;
-    int64_t per = (int64_t)(220u << 10) / (int64_t)(sm + 2048);
-    if (per > c->bulk_per_sm) per = c->bulk_per_sm;
-    if (per < 1) per = 1;
-    int64_t grid = (int64_t)c->dev[id].sm_count * per;
-    if (grid > batches) grid = batches;
-    int32_t merge = 0;
-    if (p.v.cache == p.k.cache + krow && p.v.block_stride == p.k.block_stride &&
-        p.v.offset_stride == p.k.offset_stride)
-        merge |= 1;
-    if (p.v.input == p.k.input + krow && p.v.tok_outer == p.k.tok_outer && p.v.tok_inner == p.k.tok_inner) merge |= 2;
-    if (stages == 4) paged_bulk_kernel<4><<<(unsigned)grid, 32, sm, s>>>(p, r, merge);
-    else paged_bulk_kernel<3><<<(unsigned)grid, 32, sm, s>>>(p, r, merge);
-    KVHAL_GPU_TRY(c, gpuGetLastError(), id, "paged caching launch (bulk copies)");
-    return KVHAL_OK;
-}
-#endif
-
 struct PagedDesc {
     PagedParams pv, ps;                           /* vector and scalar templates (unit strides, divisors) */
     bool fast32_shape; /* num_slots and seq_len allow 32-bit divisions; the token count decides per call */
@@ -98,7 +65,6 @@ struct PagedDesc {
     uint32_t out_align; /* bytes the cache bases need on the vector path (inputs need 16) */
     bool vec_ok, fp8;   /* fp8: the kernels convert to the fp8 cache with the call's scales */
     bool fnuz;          /* an fnuz cache: the vector path's MUL/RCP kernels take s / 2 and 2 / s */
-    bool bulk;          /* same-dtype rows the bulk kernel can take (paged_bulk_kernel) on this device */
 };
 
 int kdt(kvhal_dtype d)
@@ -364,10 +330,6 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
         const bool wide = c->variant != 0 && d->vec_ok && row >= 64;
         d->sc[SM_MUL] = copy_launcher(es, false);
         d->vec[SM_MUL] = copy_launcher(es, true, wide, rows, kv);
-        /* the bulk kernel: rows that are one run of 16-byte units in the input and the cache (NHD, MLA) */
-        const uint64_t trow = 16ull * (d->pv.k.row_units + d->pv.v.row_units);
-        d->bulk = c->bulk && d->vec_ok && d->pv.k.one_run && d->pv.v.one_run && trow <= KVHAL_GPU_BULK_MAX_ROW &&
-                  bulk_arch(c, id);
         if (d->wave) d->vec_wave[SM_MUL] = copy_launcher(es, true, wide, rows, wv);
     } else {
         /* the long-row fp8 shape in variants 4, 6, 7 (every input dtype) and 5 (bf16 input only); 6 and 7 are 4 with
@@ -399,37 +361,6 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
 }
 
 } // namespace
-
-bool bulk_arch(const Ctx *c, int32_t id)
-{
-#if defined(KVHAL_GPU_HIP)
-    (void)c;
-    (void)id;
-    return false;
-#else
-    int v = __atomic_load_n(&c->dev[id].bulk_arch, __ATOMIC_ACQUIRE);
-    if (v == 0) {
-        /* the code the runtime picked for this device: sm_90 or later runs the bulk copies (an earlier build, or
-         * PTX of an earlier architecture compiled for this one, copies without them) */
-        cudaFuncAttributes fa;
-        const DeviceGuard guard;
-        /* stages of up to KVHAL_GPU_BULK_SMEM bytes: more shared memory than a launch gets by default (48 KiB) */
-        v = guard.select(id) == cudaSuccess &&
-                    cudaFuncGetAttributes(&fa, reinterpret_cast<const void *>(paged_bulk_kernel<3>)) == cudaSuccess &&
-                    fa.binaryVersion >= 90 &&
-                    cudaFuncSetAttribute(reinterpret_cast<const void *>(paged_bulk_kernel<3>),
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, KVHAL_GPU_BULK_SMEM) == cudaSuccess &&
-                    cudaFuncSetAttribute(reinterpret_cast<const void *>(paged_bulk_kernel<4>),
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, KVHAL_GPU_BULK_SMEM) == cudaSuccess
-                ? 1
-                : -1;
-        (void)cudaGetLastError();
-        /* a cache of what the runtime says, set once however many threads race to it */
-        __atomic_store_n(const_cast<int *>(&c->dev[id].bulk_arch), v, __ATOMIC_RELEASE);
-    }
-    return v > 0;
-#endif
-}
 
 #if defined(KVHAL_GPU_RTC)
 void paged_caching_rtc_exprs(RtcExprFn add, void *user)
@@ -547,10 +478,6 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     p.num_tokens = a->num_tokens;
     p.seq_len = a->seq_len;
     p.fast32 = d->fast32_shape && a->num_tokens <= (int64_t)UINT32_MAX;
-#if !defined(KVHAL_GPU_HIP)
-    if (vec && d->bulk && (uint64_t)a->num_tokens * 16u * (p.k.row_units + p.v.row_units) >= c->bulk_min)
-        return paged_bulk(c, id, p, native_stream(stream));
-#endif
     uint32_t threads;
     const PagedLaunch *runp = vec ? &d->vec[mode] : &d->sc[mode];
     /* tokens per block follow the token count */

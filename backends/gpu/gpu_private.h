@@ -54,7 +54,6 @@ struct DevState {
     int wrapped;    /* borrowed streams alive on this device (atomic) */
     signed char peer[KVHAL_MAX_DEVICES_PER_TYPE]; /* peer access to j: 0 not tried, 1 enabled, -1 unavailable */
     struct CodeState *code; /* which code this device runs (gpu_codepath.cu); NULL: not decided */
-    int bulk_arch; /* paged_bulk_kernel runs Hopper's bulk copies here: 0 not asked, 1 yes, -1 no (atomic) */
 };
 
 #if !defined(KVHAL_GPU_HIP)
@@ -80,10 +79,6 @@ struct Ctx {
     DevState dev[KVHAL_MAX_DEVICES_PER_TYPE];
     int variant;           /* kernel variant (KVHAL_GPU_VARIANT at init; kvhal_gpu_kernels.cuh) */
     char variant_note[40]; /* how it was chosen, for the device info */
-    int bulk;              /* same-dtype paged caching by bulk copies where the device has them (KVHAL_GPU_BULK) */
-    uint64_t bulk_min;     /* bytes a call moves at least to take them (KVHAL_GPU_BULK_MIN_KIB) */
-    const char *bulk_note; /* "" or why an environment setting was ignored, for the device info */
-    int bulk_stages, bulk_stage_kib, bulk_per_sm; /* its geometry (KVHAL_GPU_BULK_GEOM: stages,KiB,blocks per SM) */
 };
 
 inline Ctx *ctx_of(void *ctx) { return static_cast<Ctx *>(ctx); }
@@ -103,9 +98,6 @@ kvhal_status injected(const Ctx *c, int32_t id, const char *what);
 /* Zeroed host memory for what (a descriptor) on behalf of a caller: fault injection first, then the allocation. */
 kvhal_status host_alloc(const Ctx *c, int32_t id, size_t bytes, const char *what, void **out);
 kvhal_status check_id(const Ctx *c, int32_t id);
-/* Whether paged_bulk_kernel runs Hopper's bulk copies on device id (CUDA, the module's code for it sm_90 or later);
- * asked once per device (gpu_paged_caching.cu). */
-bool bulk_arch(const Ctx *c, int32_t id);
 /* The per-device error flag: allocated when the device is opened (open_device, from the first buffer or stream made
  * or wrapped on it); ops only check that it is there. Read and cleared by synchronize, check_errors and
  * stream_check_errors once the work they wait for is done. */
