@@ -7,6 +7,8 @@
 # (endpoints with peer-failure handling, as kvhal's TCP endpoints must have).
 # Usage: OUT=dir xfer-ab.sh ROUNDS name=builddir[@VAR=value] ...   (VAR=value: in the environment of that build's runs)
 # MIB (default 320): MiB per size and tool (at least 20 messages). TLS (default "tcp shm"): the transports.
+# PTX (session 10): more TCP anchors, "pt_name=flags[@VAR=value...]" each (flags "-e" or "-"; VAR=value: in the
+# environment of both perftest processes), e.g. PTX="pt_e_rx256=-e@UCX_TCP_RX_SEG_SIZE=256k".
 set -uo pipefail
 ROUNDS=$1
 shift
@@ -22,14 +24,16 @@ port=$((20000 + RANDOM % 20000))
   echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$OUT/env.txt"
 iters() { local n=$(( MIB * 1048576 / $1 )); [ $n -lt 20 ] && n=20; echo $n; }
-perftest() { # tls size [flag] -> GB/s (10^9 bytes/s)
+perftest() { # tls size [flag [VAR=value...]] -> GB/s (10^9 bytes/s)
   local tls=$1 size=$2 fl=${3:-}
+  shift 3 2>/dev/null || shift $#
+  [ "$fl" = - ] && fl=
   port=$((port + 1))
-  UCX_TLS=$tls timeout 60 ucx_perftest $fl -p $port > /dev/null 2>&1 &
+  env "$@" UCX_TLS=$tls timeout 60 ucx_perftest $fl -p $port > /dev/null 2>&1 &
   local srv=$!
   sleep 0.25
   local line
-  line=$(UCX_TLS=$tls timeout 60 ucx_perftest $fl 127.0.0.1 -p $port -t ucp_am_bw -s "$size" -n "$(iters "$size")" -w 4 -O 4 2>&1 | grep -E "^Final:" || true)
+  line=$(env "$@" UCX_TLS=$tls timeout 60 ucx_perftest $fl 127.0.0.1 -p $port -t ucp_am_bw -s "$size" -n "$(iters "$size")" -w 4 -O 4 2>&1 | grep -E "^Final:" || true)
   wait $srv 2>/dev/null
   echo "$line" | awk '{ if (NF >= 7) printf "%.3f\n", $7 * 1048576 / 1e9; else print "nan" }'
 }
@@ -40,13 +44,23 @@ for r in $(seq 1 "$ROUNDS"); do
       for nb in "$@"; do
         name=${nb%%=*} b=${nb#*=} ev=
         case $b in *@*) ev=${b#*@}; ev=${ev//@/ }; b=${b%%@*} ;; esac
+        win=4 # XAB_WINDOW=N among a build's VAR=value (session 10): kvhal-xfer --window N
+        case " $ev " in *" XAB_WINDOW="*) win=${ev#*XAB_WINDOW=}; win=${win%% *} ;; esac
         echo "== $name $tls $s round $r" >> "$OUT/err.txt"
-        g=$(env $ev timeout 60 "$b"/tools/kvhal-xfer --transport=$tls --sizes=$s --iters "$(iters "$s")" --window 4 --json 2>> "$OUT/err.txt" |
+        g=$(env $ev timeout 60 "$b"/tools/kvhal-xfer --transport=$tls --sizes=$s --iters "$(iters "$s")" --window $win --json 2>> "$OUT/err.txt" |
             python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.3f" % d["results"][0]["gbps"])' 2>/dev/null || echo nan)
         line="$line $name=$g"
       done
       line="$line pt=$(perftest $tls $s)"
       [ $tls = tcp ] && line="$line pt_e=$(perftest $tls $s -e)"
+      if [ $tls = tcp ]; then
+        for px in ${PTX:-}; do
+          pn=${px%%=*} pv=${px#*=}
+          pf=${pv%%@*} pev=
+          case $pv in *@*) pev=${pv#*@}; pev=${pev//@/ } ;; esac
+          line="$line $pn=$(perftest $tls $s $pf $pev)"
+        done
+      fi
       echo "$line" | tee -a "$OUT/raw.txt"
     done
   done
