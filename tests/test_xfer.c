@@ -514,7 +514,9 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
         }
         assert_int_equal(atomic_load(&data_frames) - frames0, frames);
         if (wk && atoi(wk) == 0) assert_int_equal(atomic_load(&xfer_threads) - threads0, 0);
-        else if (wk && gk && atoi(gk) == 0) assert_int_equal(atomic_load(&xfer_threads) - threads0, atoi(wk));
+        /* and a receiver of a device cache starts its own, for the copies to the device */
+        else if (wk && gk && atoi(gk) == 0)
+            assert_int_equal(atomic_load(&xfer_threads) - threads0, atoi(wk) * (rdev.type == KVHAL_DEVICE_CPU ? 1 : 2));
     }
     /* plain (not shareable) caches: through UCX, in place on the host, else staged; host to host where the
      * transports include CMA (shm): read by the receiver from the sender's process (the CMA path) */
@@ -2084,8 +2086,9 @@ static void test_cma_copies_in_flight(void **state)
     free(hpat);
 }
 
-/* TCP frames gathered by the copy workers, held before the workers run (worker_gate): the sender's transfer
- * canceled, released, its peer disconnected, or its agent destroyed while its frames are queued for gathering.
+/* TCP frames gathered by the copy workers (and a device cache's frames staged by them), held before the workers run
+ * (worker_gate): the sender's transfer canceled, released, its peer disconnected, or its agent destroyed while its
+ * frames are queued for gathering (staging).
  * The transfer ends (CANCELED, or failed: the peer gone), destroy waits for the workers, the receiver's grant fails
  * and its pages come back. Under ASan/TSan/valgrind: no use after free, no leak, no race. */
 static void *open_worker_gate_later(void *arg)
@@ -2096,17 +2099,13 @@ static void *open_worker_gate_later(void *arg)
     return NULL;
 }
 
-static void test_gathers_in_flight(void **state)
+static void frames_held(kvhal_device sdev)
 {
-    (void)state;
-    if (strcmp(tls, "tcp") != 0) {
-        printf("# %s: TCP frames only, skipped\n", tls);
-        return;
-    }
     const char *names[] = {"cancel", "release", "disconnect", "destroy"};
     const char *vars[] = {"KVHAL_XFER_CMA_THREADS", "KVHAL_XFER_GATHER_KIB", "KVHAL_XFER_GATHER_FRAME_KIB"};
     const char *vals[] = {"2", "0", "1"}; /* 2 workers, every frame theirs, one page a frame */
     kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    const char *what = sdev.type == KVHAL_DEVICE_CPU ? "gathers" : "staging copies";
     for (int sc = 0; sc < 4; sc++) {
         char old[3][32];
         bool had[3];
@@ -2118,7 +2117,7 @@ static void test_gathers_in_flight(void **state)
         }
         server s;
         server_start(&s, cpu, 1500);
-        kvhal_paged_cache *sc_cache = make_cache(cpu, HEADS, 16, KVHAL_LAYER_FIRST);
+        kvhal_paged_cache *sc_cache = make_cache(sdev, HEADS, 16, KVHAL_LAYER_FIRST);
         kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 1500, .transports = tls};
         kvhal_xfer_agent *a;
         assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
@@ -2147,13 +2146,14 @@ static void test_gathers_in_flight(void **state)
             fail_msg("%s: %d copy worker(s) held, 2 expected", names[sc], atomic_load(&workers_held));
         kvhal_xfer_info info;
         assert_int_equal(kvhal_xfer_get_info(tx, &info), KVHAL_OK);
-        assert_int_equal(info.status, KVHAL_BUSY); /* every frame waits to be gathered */
+        assert_int_equal(info.status, KVHAL_BUSY); /* every frame waits to be gathered (staged) */
         if (sc == 3) { /* destroy: waits for the workers (the gate opens 0.3 s later), then frees everything */
             pthread_t opener;
             assert_int_equal(pthread_create(&opener, NULL, open_worker_gate_later, NULL), 0);
             const double t0 = now_s();
             assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
-            if (now_s() - t0 < 0.25) fail_msg("destroy returned after %.3f s, before the gathers were over", now_s() - t0);
+            if (now_s() - t0 < 0.25)
+                fail_msg("destroy returned after %.3f s, before the %s were over", now_s() - t0, what);
             pthread_join(opener, NULL);
         } else {
             if (sc == 0) assert_int_equal(kvhal_xfer_cancel(tx), KVHAL_OK);
@@ -2183,8 +2183,134 @@ static void test_gathers_in_flight(void **state)
         all_pages_free(&s);
         server_stop(&s);
         kvhal_paged_cache_destroy(sc_cache);
-        printf("# %s: gathers held, %s: ok (receiver: %s)\n", tls, names[sc], kvhal_status_name(rst));
+        printf("# %s: %s of %s held, %s: ok (receiver: %s)\n", tls, what, kvhal_device_type_name(sdev.type),
+               names[sc], kvhal_status_name(rst));
     }
+}
+
+/* Frames the copy workers hold while the transfer is canceled, released, disconnected or the agent destroyed:
+ * host pages gathered for TCP, and device pages staged to host memory (any transport) on every other device type
+ * present. */
+static void test_gathers_in_flight(void **state)
+{
+    (void)state;
+    if (strcmp(tls, "tcp") == 0) frames_held((kvhal_device){KVHAL_DEVICE_CPU, 0});
+    else printf("# %s: host pages are gathered for TCP frames only\n", tls);
+    const kvhal_device_type types[] = {KVHAL_DEVICE_OPENCL, KVHAL_DEVICE_CUDA, KVHAL_DEVICE_HIP};
+    for (int t = 0; t < 3; t++) {
+        int32_t n = 0;
+        kvhal_device_count(types[t], &n);
+        if (n > 0) frames_held((kvhal_device){types[t], 0});
+    }
+}
+
+/* A receiver of a device cache copies each frame from its staging to the device on a copy worker (so that pump
+ * goes on receiving): with the receiver's workers held (worker_gate), its grant canceled, or its agent destroyed,
+ * while a frame waits for the copy. The grant ends (not OK), destroy waits for the worker, every page comes back.
+ * The sender keeps no workers (its frames go from pump), so only the receiver's are held. */
+static void recv_staging_held(kvhal_device rdev)
+{
+    const char *names[] = {"cancel", "destroy"};
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    for (int sc = 0; sc < 2; sc++) {
+        const char *o = getenv("KVHAL_XFER_CMA_THREADS");
+        char old[32];
+        snprintf(old, sizeof old, "%s", o ? o : "");
+        setenv("KVHAL_XFER_CMA_THREADS", "2", 1);
+        server s;
+        server_start(&s, rdev, 1500);
+        setenv("KVHAL_XFER_CMA_THREADS", "0", 1);
+        kvhal_paged_cache *sc_cache = make_cache(cpu, HEADS, 16, KVHAL_LAYER_FIRST);
+        kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 1500, .transports = tls};
+        kvhal_xfer_agent *a;
+        assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
+        if (o) setenv("KVHAL_XFER_CMA_THREADS", old, 1);
+        else unsetenv("KVHAL_XFER_CMA_THREADS");
+        assert_int_equal(kvhal_xfer_register_paged_cache(a, sc_cache), KVHAL_OK);
+        uint8_t blob[4096];
+        const size_t len = server_blob(&s, blob, sizeof blob);
+        kvhal_xfer_peer *pa;
+        assert_int_equal(kvhal_xfer_connect(a, blob, len, TOKEN, &pa), KVHAL_OK);
+        const int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, 0, 5);
+        enum { N = 6 };
+        int32_t dst[N];
+        const int32_t src[N] = {11, 3, 7, 0, 14, 5};
+        kvhal_xfer *rx;
+        assert_int_equal(grant(&s, s.evs[e].peer, 91, N, dst, &rx), KVHAL_OK);
+        kvhal_xfer_event ev;
+        sender_grant(a, &ev);
+        const int held0 = atomic_load(&workers_held);
+        atomic_store(&worker_gate, true);
+        kvhal_xfer *tx;
+        assert_int_equal(kvhal_xfer_send_pages(pa, 91, src, ev.pages, N, 0, L, &tx), KVHAL_OK);
+        const double u1 = now_s() + 5;
+        while (atomic_load(&workers_held) - held0 < 2 && now_s() < u1) kvhal_xfer_progress(a, 1, &ev);
+        if (atomic_load(&workers_held) - held0 < 2)
+            fail_msg("%s: %d receiving copy worker(s) held, 2 expected", names[sc], atomic_load(&workers_held) - held0);
+        for (int i = 0; i < 20; i++) kvhal_xfer_progress(a, 1, &ev); /* the sender waits for the receiver's ACKs */
+        kvhal_xfer_info info;
+        pthread_mutex_lock(&s.mu);
+        assert_int_equal(kvhal_xfer_get_info(rx, &info), KVHAL_OK);
+        pthread_mutex_unlock(&s.mu);
+        assert_int_equal(info.status, KVHAL_BUSY); /* a frame waits for its copy to the device */
+        assert_int_equal(kvhal_xfer_get_info(tx, &info), KVHAL_OK);
+        assert_int_equal(info.status, KVHAL_BUSY); /* not acknowledged before its copy is done */
+        if (sc == 0) {
+            pthread_mutex_lock(&s.mu);
+            assert_int_equal(kvhal_xfer_cancel(rx), KVHAL_OK);
+            pthread_mutex_unlock(&s.mu);
+            atomic_store(&worker_gate, false);
+            char msg[512];
+            const kvhal_status rst = wait_recv(&s, rx, 5, msg, sizeof msg);
+            if (rst == KVHAL_OK || rst == KVHAL_BUSY) fail_msg("%s: the receive ended %s", names[sc], kvhal_status_name(rst));
+            pthread_mutex_lock(&s.mu);
+            assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);
+            pthread_mutex_unlock(&s.mu);
+            const kvhal_status tst = kvhal_xfer_wait(tx, 5000);
+            if (tst == KVHAL_BUSY) fail_msg("%s: the send did not end", names[sc]);
+            all_pages_free(&s);
+            server_stop(&s);
+        } else { /* the receiver's agent destroyed while the worker is held: destroy waits for it */
+            pthread_t opener;
+            atomic_store(&s.stop, 1);
+            pthread_join(s.th, NULL);
+            atomic_store(&s.stop, 0);
+            assert_int_equal(pthread_create(&opener, NULL, open_worker_gate_later, NULL), 0);
+            const double t0 = now_s();
+            assert_int_equal(kvhal_xfer_agent_destroy(s.ag), KVHAL_OK);
+            if (now_s() - t0 < 0.25) fail_msg("destroy returned after %.3f s, before the copy was over", now_s() - t0);
+            pthread_join(opener, NULL);
+            assert_int_equal(kvhal_cache_manager_check_integrity(s.cm), KVHAL_OK);
+            assert_int_equal(kvhal_cache_manager_num_free(s.cm), PAGES);
+            kvhal_cache_manager_destroy(s.cm);
+            kvhal_paged_cache_destroy(s.cache);
+            pthread_mutex_destroy(&s.mu);
+            free(s.canary);
+            const kvhal_status tst = kvhal_xfer_wait(tx, 5000);
+            if (tst == KVHAL_OK || tst == KVHAL_BUSY) fail_msg("%s: the send ended %s", names[sc], kvhal_status_name(tst));
+        }
+        assert_int_equal(kvhal_xfer_release(tx), KVHAL_OK);
+        assert_int_equal(kvhal_xfer_disconnect(pa), KVHAL_OK);
+        assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
+        kvhal_paged_cache_destroy(sc_cache);
+        printf("# %s: copies to %s held, %s: ok\n", tls, kvhal_device_type_name(rdev.type), names[sc]);
+    }
+}
+
+static void test_recv_staging_in_flight(void **state)
+{
+    (void)state;
+    int ran = 0;
+    const kvhal_device_type types[] = {KVHAL_DEVICE_OPENCL, KVHAL_DEVICE_CUDA, KVHAL_DEVICE_HIP};
+    for (int t = 0; t < 3; t++) {
+        int32_t n = 0;
+        kvhal_device_count(types[t], &n);
+        if (n > 0) {
+            recv_staging_held((kvhal_device){types[t], 0});
+            ran++;
+        }
+    }
+    if (!ran) printf("# no device besides the CPU: no staged receive to hold here\n");
 }
 
 /* Dropping a peer closes its endpoint (found by fuzz_xfer): UCX force-closes only endpoints with peer-failure
@@ -2242,6 +2368,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_dropped_peers_close_endpoints),
         cmocka_unit_test(test_cma_copies_in_flight),
         cmocka_unit_test(test_gathers_in_flight),
+        cmocka_unit_test(test_recv_staging_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

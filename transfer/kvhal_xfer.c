@@ -110,10 +110,12 @@ enum { PATH_NONE = 0, PATH_HOST = 1, PATH_STAGED = 2, PATH_IPC = 3, PATH_CMA = 4
 
 struct ipc_job;
 struct send_frame;
-typedef struct cma_piece { /* a copy worker's task: a share of a CMA job's runs, or a frame to gather */
+struct recv_frame;
+typedef struct cma_piece { /* a copy worker's task: a share of a CMA job's runs, a frame to gather or stage */
     struct ipc_job *j;      /* a CMA read: runs j->lv[first .. first + count) */
     size_t first, count;
-    struct send_frame *f;   /* a gather (j NULL): f's chunks into f->bounce */
+    struct send_frame *f;   /* (j NULL) a gather: f's chunks into f->bounce; or (f->stage_src) f's pages staged */
+    struct recv_frame *rf;  /* (j, f NULL) a received frame of a device cache: its staging copied to the device */
     struct cma_piece *next; /* in a->cma_head's queue */
 } cma_piece;
 
@@ -136,6 +138,12 @@ typedef struct send_frame {
     bool gdone, gskip;      /* under a->cma_mu: the worker is done with it; pump: skip it (the transfer failed) */
     cma_piece task;
     struct send_frame *gnext; /* in a->gathering */
+    /* device caches: the frame's source pages, copied to its staging by a copy worker before it is posted (the
+     * same gather_submit / gather_reap), so that pump sends one frame while the next ones are copied; NULL once
+     * staged (or staged by send_pages where no worker runs) */
+    int32_t *stage_src;
+    kvhal_status gstatus;   /* under a->cma_mu with gdone: how the worker's staging copy went */
+    char gwhy[XW_REASON_LEN];
 } send_frame;
 
 typedef struct recv_frame {
@@ -150,6 +158,12 @@ typedef struct recv_frame {
     ucs_status_t done_status;
     bool done;
     struct recv_frame *next;
+    /* device caches with copy workers: the copy of the staging to the device runs on a worker (rstage_submit),
+     * so that pump receives the next frames meanwhile; pump completes the frame in rstage_reap */
+    bool rdone, rskip;      /* under a->cma_mu: the worker is done; pump: skip the copy (the transfer failed) */
+    kvhal_status rstatus;   /* under a->cma_mu with rdone */
+    char rwhy[XW_REASON_LEN];
+    cma_piece task;
 } recv_frame;
 
 struct kvhal_xfer {
@@ -298,6 +312,7 @@ struct kvhal_xfer_agent {
     cma_piece *cma_head, *cma_tail;
     ipc_job *cma_running;   /* pump's: jobs handed to the workers, completed once pieces_left is 0 */
     send_frame *gathering;  /* pump's: frames handed to the workers to gather, posted once gdone */
+    recv_frame *rstaging;   /* pump's: received frames whose copy to the device a worker makes (rstage_submit) */
 };
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -505,6 +520,7 @@ static void xfer_free(kvhal_xfer *x)
         for (int32_t i = 0; i < x->num_frames; i++) {
             free(x->frames[i].hdr);
             free(x->frames[i].iov);
+            free(x->frames[i].stage_src);
             stage_release(a, x->frames[i].stage_mem, x->frames[i].staging);
             frame_unbounce(a, &x->frames[i]);
         }
@@ -769,14 +785,14 @@ static void stage_pool_free(kvhal_xfer_agent *a)
  * then V) is the host-page layout of kvhal_paged_cache_transfer, so pages n move in one batched copy (the page
  * transfer's kernel on GPU backends) on the agent's own stream, waited for here. false: that copy does not apply
  * (a page twice in the frame, which the page transfer refuses; a backend without it) and nothing was copied. */
-static bool stage_pages(kvhal_xfer_agent *a, bool to_host, kvhal_host_memory *m, const int32_t *pages, int32_t n,
-                        kvhal_status *st)
+static bool stage_pages(kvhal_xfer_agent *a, kvhal_stream **stream, bool to_host, kvhal_host_memory *m,
+                        const int32_t *pages, int32_t n, kvhal_status *st)
 {
     enum { MAX_PAIRS = MAX_FRAME_PAGES }; /* a frame's pages at most (DATA frames of a device cache) */
     if (n > MAX_PAIRS || (uint64_t)n * (uint64_t)a->g.num_layers * 2u * a->g.chunk_bytes > kvhal_host_memory_size(m))
         return false;
-    if (!a->stage_stream && kvhal_stream_create(kvhal_buffer_device(a->cache_buf), &a->stage_stream) != KVHAL_OK) {
-        a->stage_stream = NULL;
+    if (!*stream && kvhal_stream_create(kvhal_buffer_device(a->cache_buf), stream) != KVHAL_OK) {
+        *stream = NULL;
         kvhal_clear_error();
         return false;
     }
@@ -785,17 +801,29 @@ static bool stage_pages(kvhal_xfer_agent *a, bool to_host, kvhal_host_memory *m,
         pairs[2 * i] = pages[i];
         pairs[2 * i + 1] = i;
     }
-    *st = kvhal_paged_cache_transfer(a->cache, m, pairs, n, to_host ? KVHAL_TO_HOST : KVHAL_TO_DEVICE,
-                                     a->stage_stream);
+    *st = kvhal_paged_cache_transfer(a->cache, m, pairs, n, to_host ? KVHAL_TO_HOST : KVHAL_TO_DEVICE, *stream);
     if (*st == KVHAL_INVALID_ARGUMENT || *st == KVHAL_UNSUPPORTED) { /* refused before anything was copied */
         kvhal_clear_error();
         return false;
     }
     /* waited for even after an error: a copy that failed part-way may have queued some of its work, which must be
      * done before the staging buffer or the pages are used again */
-    const kvhal_status ws = kvhal_stream_synchronize(a->stage_stream);
+    const kvhal_status ws = kvhal_stream_synchronize(*stream);
     if (*st == KVHAL_OK) *st = ws;
     return true;
+}
+
+/* A frame's pages (layers l0 .. l0 + nl) between the device cache and its staging host (m's, or a heap buffer when
+ * m is NULL): by stage_pages on *stream (made on first use) where that applies, else run by run (stage). Called by
+ * pump (the agent's stage_stream) and by the copy workers (a stream each): it reads nothing of the agent that
+ * changes after kvhal_xfer_agent_create. */
+static kvhal_status stage_frame(kvhal_xfer_agent *a, kvhal_stream **stream, bool to_host, kvhal_host_memory *m,
+                                void *host, const int32_t *pages, int32_t n, int32_t l0, int32_t nl)
+{
+    kvhal_status st = KVHAL_OK;
+    if (!m || l0 != 0 || nl != a->g.num_layers || !stage_pages(a, stream, to_host, m, pages, n, &st))
+        st = stage(a, to_host, host, pages, n, l0, nl);
+    return st;
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -1015,6 +1043,20 @@ nomem:
 }
 
 /* A finished receive frame (from pump): copy staged data to the device, account, acknowledge. */
+static bool rstage_submit(kvhal_xfer_agent *a, recv_frame *f);
+static void recv_frame_finish(kvhal_xfer_agent *a, recv_frame *f, kvhal_status st, const char *reason);
+
+/* A device cache's received frame: its staging copied to the granted pages (the page list and layers were kept
+ * after the IOV head), then acknowledged. */
+static kvhal_status recv_stage(kvhal_xfer_agent *a, kvhal_stream **stream, recv_frame *f, char *reason, size_t cap)
+{
+    const int32_t *keep = (const int32_t *)(f->iov + 1);
+    const kvhal_status st = stage_frame(a, stream, false, f->stage_mem, f->staging, keep + 2, (int32_t)f->iov_count,
+                                        keep[0], keep[1]);
+    if (st != KVHAL_OK) snprintf(reason, cap, "copy to the device failed: %s", kvhal_last_error());
+    return st;
+}
+
 static void recv_frame_done(kvhal_xfer_agent *a, recv_frame *f)
 {
     kvhal_xfer *x = f->x;
@@ -1024,12 +1066,16 @@ static void recv_frame_done(kvhal_xfer_agent *a, recv_frame *f)
         st = KVHAL_PEER_FAILED;
         snprintf(reason, sizeof reason, "receiving the frame failed: %s", ucs_status_string(f->done_status));
     } else if (!a->host && !x->failing) {
-        const int32_t *keep = (const int32_t *)(f->iov + 1);
-        if (!f->stage_mem || keep[0] != 0 || keep[1] != a->g.num_layers ||
-            !stage_pages(a, false, f->stage_mem, keep + 2, (int32_t)f->iov_count, &st))
-            st = stage(a, false, f->staging, keep + 2, (int32_t)f->iov_count, keep[0], keep[1]);
-        if (st != KVHAL_OK) snprintf(reason, sizeof reason, "copy to the device failed: %s", kvhal_last_error());
+        if (rstage_submit(a, f)) return; /* a copy worker copies it; completed by rstage_reap */
+        st = recv_stage(a, &a->stage_stream, f, reason, sizeof reason);
     }
+    recv_frame_finish(a, f, st, reason);
+}
+
+/* The frame's end: acknowledged, its buffers freed, its transfer settled (which may free it). */
+static void recv_frame_finish(kvhal_xfer_agent *a, recv_frame *f, kvhal_status st, const char *reason)
+{
+    kvhal_xfer *x = f->x;
     x->inflight--;
     if (x->peer && x->peer->state == P_CONNECTED) send_ack(a, x->peer, f->xfer_id, f->frame, st, f->bytes, reason);
     free(f->iov);
@@ -1524,6 +1570,7 @@ static void gather_copy(const send_frame *f)
 static void *cma_worker(void *arg)
 {
     kvhal_xfer_agent *a = arg;
+    kvhal_stream *stream = NULL; /* the worker's own, for the staging copies of a device cache's frames */
     pthread_mutex_lock(&a->cma_mu);
     for (;;) {
         if (!a->cma_head && !a->cma_stop) {
@@ -1540,12 +1587,36 @@ static void *cma_worker(void *arg)
         a->cma_head = pc->next;
         if (!a->cma_head) a->cma_tail = NULL;
         atomic_fetch_sub_explicit(&a->cma_queued, 1, memory_order_relaxed);
-        if (!pc->j) { /* a gather: the frame's chunks (our cache) into its bounce buffer, both left alone by pump */
+        if (!pc->j && pc->rf) { /* a received frame's staging to the device cache (pump leaves the frame alone meanwhile) */
+            recv_frame *rf = pc->rf;
+            const bool rskip = rf->rskip;
+            pthread_mutex_unlock(&a->cma_mu);
+            char why[XW_REASON_LEN] = "";
+            const kvhal_status st = rskip ? KVHAL_CANCELED : recv_stage(a, &stream, rf, why, sizeof why);
+            pthread_mutex_lock(&a->cma_mu);
+            rf->rstatus = st;
+            memcpy(rf->rwhy, why, sizeof why);
+            rf->rdone = true;
+            pthread_cond_broadcast(&a->cma_done);
+            continue;
+        }
+        if (!pc->j) { /* a gather: the frame's chunks (our cache) into its bounce buffer, both left alone by pump;
+                       * or a device cache's frame: its source pages copied to its staging */
             send_frame *f = pc->f;
             const bool gskip = f->gskip;
             pthread_mutex_unlock(&a->cma_mu);
-            if (!gskip) gather_copy(f);
+            kvhal_status st = KVHAL_OK;
+            char why[XW_REASON_LEN] = "";
+            if (!gskip && f->stage_src) {
+                st = stage_frame(a, &stream, true, f->stage_mem, f->staging, f->stage_src, f->hdr->n_pages,
+                                 f->hdr->first_layer, f->hdr->num_layers);
+                if (st != KVHAL_OK) snprintf(why, sizeof why, "%s", kvhal_last_error());
+            } else if (!gskip) {
+                gather_copy(f);
+            }
             pthread_mutex_lock(&a->cma_mu);
+            f->gstatus = st;
+            memcpy(f->gwhy, why, sizeof why);
             f->gdone = true;
             pthread_cond_broadcast(&a->cma_done);
             continue;
@@ -1564,6 +1635,7 @@ static void *cma_worker(void *arg)
         if (--j->pieces_left == 0) pthread_cond_broadcast(&a->cma_done);
     }
     pthread_mutex_unlock(&a->cma_mu);
+    kvhal_stream_destroy(stream); /* its copies were all waited for */
     return NULL;
 }
 
@@ -1683,7 +1755,7 @@ static bool cma_submit(kvhal_xfer_agent *a, ipc_job *j)
     int np = 0;
     for (size_t k = 0; k < c;) {
         cma_piece *pc = &j->pieces[np];
-        pc->j = j;
+        *pc = (cma_piece){.j = j};
         pc->first = k;
         size_t bytes = 0;
         if (np == a->cma_started - 1) {
@@ -1784,6 +1856,7 @@ static bool gather_submit(kvhal_xfer_agent *a, send_frame *f)
     if (!cma_pool_start(a)) return false;
     f->gathering = true;
     f->gdone = f->gskip = false;
+    f->gstatus = KVHAL_OK;
     f->task = (cma_piece){.f = f};
     f->x->sends_inflight++;
     f->gnext = a->gathering;
@@ -1846,6 +1919,8 @@ static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
         f->gathering = false;
         x->sends_inflight--;
         n++;
+        free(f->stage_src); /* staged (or skipped): the page list is done with */
+        f->stage_src = NULL;
         kvhal_xfer_peer *p = x->peer;
         if (f->gskip || x->failing || !p || p->state != P_CONNECTED) {
             frame_unbounce(a, f);
@@ -1853,11 +1928,93 @@ static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
             else xfer_settle(x);
             continue;
         }
+        if (f->gstatus != KVHAL_OK) {
+            xfer_finish(x, f->gstatus, "src_pages: copying frame %d to host memory failed: %s", (int)(f - x->frames),
+                        f->gwhy); /* settles: may free x */
+            continue;
+        }
         ucp_request_param_t prm;
         frame_prm(f, &prm);
         size_t count;
-        const void *buf = frame_buffer(f->iov, f->iov_count, f->bounce, f->bytes, &prm, &count);
+        const void *buf = frame_buffer(f->iov, f->iov_count, f->bounce ? f->bounce : f->staging, f->bytes, &prm, &count);
         post_frame(p, x, (int32_t)(f - x->frames), buf, count, &prm); /* may fail x */
+    }
+    return n;
+}
+
+/* Receiver (recv_frame_done), a device cache's frame whose data is in: a copy worker copies its staging to the
+ * device, so that pump goes on receiving; the frame stays in flight in its transfer (which cannot settle) until
+ * rstage_reap. false: no workers, the caller copies it. */
+static bool rstage_submit(kvhal_xfer_agent *a, recv_frame *f)
+{
+    if (!cma_pool_start(a)) return false;
+    f->rdone = f->rskip = false;
+    f->rstatus = KVHAL_OK;
+    f->rwhy[0] = '\0';
+    f->task = (cma_piece){.rf = f};
+    f->next = a->rstaging;
+    a->rstaging = f;
+    pthread_mutex_lock(&a->cma_mu);
+    if (a->cma_tail) a->cma_tail->next = &f->task;
+    else a->cma_head = &f->task;
+    a->cma_tail = &f->task;
+    atomic_fetch_add_explicit(&a->cma_queued, 1, memory_order_relaxed);
+    pthread_cond_signal(&a->cma_work);
+    pthread_mutex_unlock(&a->cma_mu);
+    return true;
+}
+
+/* Completes the received frames whose copy to the device is over (wait: blocks until one is, unless none is out);
+ * returns how many. Copies of transfers that failed meanwhile and not started yet are skipped. */
+static unsigned rstage_reap(kvhal_xfer_agent *a, bool wait)
+{
+    if (!a->rstaging) return 0;
+    recv_frame *done = NULL;
+    const bool orphaned = cma_orphaned(a); /* getpid: once a call */
+    if (orphaned) { /* a forked child: the parent's workers will never copy these; they fail here */
+        while (a->rstaging) {
+            recv_frame *f = a->rstaging;
+            a->rstaging = f->next;
+            f->rstatus = KVHAL_PEER_FAILED;
+            snprintf(f->rwhy, sizeof f->rwhy, "the process forked while the frame was being copied");
+            f->next = done;
+            done = f;
+        }
+        wait = false;
+    } else {
+        pthread_mutex_lock(&a->cma_mu);
+    }
+    for (; !orphaned;) {
+        for (recv_frame **pp = &a->rstaging; *pp;) {
+            recv_frame *f = *pp;
+            if (f->rdone) {
+                *pp = f->next;
+                f->next = done;
+                done = f;
+            } else {
+                if (f->x->failing) f->rskip = true;
+                pp = &f->next;
+            }
+        }
+        if (!wait || done || !a->rstaging) break;
+        pthread_cond_wait(&a->cma_done, &a->cma_mu);
+    }
+    if (!orphaned) pthread_mutex_unlock(&a->cma_mu);
+    if (a->rstaging) { /* a receive whose frames our workers still copy is not stalled by its peer */
+        const uint64_t deadline = deadline_from_now(a);
+        for (recv_frame *f = a->rstaging; f; f = f->next) f->x->deadline_ns = deadline;
+    }
+    unsigned n = 0;
+    while (done) { /* the workers are done with these: pump's alone now */
+        recv_frame *f = done;
+        done = f->next;
+        char why[XW_REASON_LEN];
+        if (f->rstatus == KVHAL_CANCELED && !f->rwhy[0])
+            snprintf(why, sizeof why, "request %llu is no longer received", (unsigned long long)f->x->request_id);
+        else
+            memcpy(why, f->rwhy, sizeof why);
+        recv_frame_finish(a, f, f->rstatus, why); /* may free its transfer */
+        n++;
     }
     return n;
 }
@@ -2303,6 +2460,7 @@ static unsigned pump(kvhal_xfer_agent *a)
      * kernel's timer slack makes ~70) while frames land, and see a copy's end at once */
     work += ipc_jobs_run(a) + (a->cma_running != NULL);
     work += gather_reap(a, false) + (a->gathering != NULL); /* gathered frames posted (before post_pending) */
+    work += rstage_reap(a, false) + (a->rstaging != NULL); /* received frames copied to the device, acknowledged */
     while (a->hellos) {
         pending_hello *ph = a->hellos;
         a->hellos = ph->next;
@@ -2560,11 +2718,13 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     /* let UCX finish or cancel what it holds (bounded: force-closed endpoints complete their requests) */
     const uint64_t until = now_ns() + 2000000000ull;
     pump(a); /* the BYEs */
-    while ((a->rframes || a->closing || a->msgs || a->sent || a->ipc_running || a->cma_running || a->gathering) &&
+    while ((a->rframes || a->closing || a->msgs || a->sent || a->ipc_running || a->cma_running || a->gathering ||
+            a->rstaging) &&
            now_ns() < until)
         pump(a);
     ipc_jobs_drain(a); /* copies still writing our pages wait here: before the transfers go */
     while (a->gathering) gather_reap(a, true); /* gathers still writing bounce buffers (nothing is posted: failed) */
+    while (a->rstaging) rstage_reap(a, true); /* copies still writing our pages */
     cma_pool_stop(a);  /* nothing is queued any more */
     for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) { /* whatever is left: UCX is going away, give pages back */
         nx = x->next;
@@ -2975,6 +3135,22 @@ static bool post_frames(kvhal_xfer *x)
     while (x->next_post < x->num_frames && !x->failing && p && p->state == P_CONNECTED) {
         const int32_t fi = x->next_post;
         send_frame *f = &x->frames[fi];
+        if (f->stage_src) { /* a device cache's frame: a copy worker stages it; posted by gather_reap */
+            if (gather_submit(a, f)) {
+                x->next_post++;
+                continue;
+            }
+            const kvhal_status st = stage_frame(a, &a->stage_stream, true, f->stage_mem, f->staging, f->stage_src,
+                                                f->hdr->n_pages, f->hdr->first_layer, f->hdr->num_layers);
+            free(f->stage_src);
+            f->stage_src = NULL;
+            if (st != KVHAL_OK) {
+                char why[XW_REASON_LEN];
+                snprintf(why, sizeof why, "%s", kvhal_last_error());
+                xfer_finish(x, st, "src_pages: copying frame %d to host memory failed: %s", (int)fi, why);
+                return true;
+            }
+        }
         if (f->gather) {
             if (a->gathered && a->gathered + f->bytes > GATHER_AHEAD_BYTES) return false;
             if (!(f->bounce = bounce_get(a, f->bytes))) {
@@ -3155,9 +3331,14 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
         } else {
             f->staging = stage_alloc(a, f->bytes, &f->stage_mem);
             ok = f->staging != NULL;
-            if (ok && (!f->stage_mem || first_layer != 0 || num_layers != a->g.num_layers ||
-                       !stage_pages(a, true, f->stage_mem, src_pages + first, cnt, &st)))
-                st = stage(a, true, f->staging, src_pages + first, cnt, first_layer, num_layers);
+            /* with copy workers, the pages are copied to the staging by a worker when the frame is posted
+             * (post_frames), so that the frames before it are sent meanwhile; else here */
+            if (ok && a->cma_threads > 0 && (f->stage_src = malloc((size_t)cnt * sizeof(int32_t))) != NULL) {
+                memcpy(f->stage_src, src_pages + first, (size_t)cnt * sizeof(int32_t));
+                continue;
+            }
+            if (ok) st = stage_frame(a, &a->stage_stream, true, f->stage_mem, f->staging, src_pages + first, cnt,
+                                     first_layer, num_layers);
             if (ok && st != KVHAL_OK) {
                 char msg[512];
                 snprintf(msg, sizeof msg, "%s", kvhal_last_error());
@@ -3338,6 +3519,7 @@ size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a)
     for (const kvhal_xfer *x = a->xfers; x; x = x->next) n++;
     for (const kvhal_xfer_peer *p = a->peers; p; p = p->next) n++;
     for (const recv_frame *f = a->rframes; f; f = f->next) n++;
+    for (const recv_frame *f = a->rstaging; f; f = f->next) n++;
     for (const pending_msg *m = a->msgs; m; m = m->next) n++;
     for (const pending_msg *m = a->sent; m; m = m->next) n++;
     for (const pending_hello *h = a->hellos; h; h = h->next) n++;
