@@ -2099,6 +2099,22 @@ static void *open_worker_gate_later(void *arg)
     return NULL;
 }
 
+/* The sender's agent a (cache c) connected to the server, which grants request req (n pages, into dst; rx its
+ * receive); ev: the GRANT as the sender saw it. */
+static kvhal_xfer_peer *connect_granted(server *s, kvhal_xfer_agent *a, kvhal_paged_cache *c, uint64_t req, int32_t n,
+                                        int32_t *dst, kvhal_xfer **rx, kvhal_xfer_event *ev)
+{
+    assert_int_equal(kvhal_xfer_register_paged_cache(a, c), KVHAL_OK);
+    uint8_t blob[4096];
+    const size_t len = server_blob(s, blob, sizeof blob);
+    kvhal_xfer_peer *pa;
+    assert_int_equal(kvhal_xfer_connect(a, blob, len, TOKEN, &pa), KVHAL_OK);
+    const int e = wait_event(s, KVHAL_XFER_EVENT_PEER_CONNECTED, 0, 5);
+    assert_int_equal(grant(s, s->evs[e].peer, req, n, dst, rx), KVHAL_OK);
+    sender_grant(a, ev);
+    return pa;
+}
+
 static void frames_held(kvhal_device sdev)
 {
     const char *names[] = {"cancel", "release", "disconnect", "destroy"};
@@ -2124,19 +2140,12 @@ static void frames_held(kvhal_device sdev)
         for (int v = 0; v < 3; v++)
             if (had[v]) setenv(vars[v], old[v], 1);
             else unsetenv(vars[v]);
-        assert_int_equal(kvhal_xfer_register_paged_cache(a, sc_cache), KVHAL_OK);
-        uint8_t blob[4096];
-        const size_t len = server_blob(&s, blob, sizeof blob);
-        kvhal_xfer_peer *pa;
-        assert_int_equal(kvhal_xfer_connect(a, blob, len, TOKEN, &pa), KVHAL_OK);
-        const int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, 0, 5);
         enum { N = 6 };
         int32_t dst[N];
         const int32_t src[N] = {11, 3, 7, 0, 14, 5};
         kvhal_xfer *rx;
-        assert_int_equal(grant(&s, s.evs[e].peer, 90, N, dst, &rx), KVHAL_OK);
         kvhal_xfer_event ev;
-        sender_grant(a, &ev);
+        kvhal_xfer_peer *pa = connect_granted(&s, a, sc_cache, 90, N, dst, &rx, &ev);
         atomic_store(&worker_gate, true);
         kvhal_xfer *tx;
         assert_int_equal(kvhal_xfer_send_pages(pa, 90, src, ev.pages, N, 0, L, &tx), KVHAL_OK);
@@ -2226,19 +2235,12 @@ static void recv_staging_held(kvhal_device rdev)
         assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
         if (o) setenv("KVHAL_XFER_CMA_THREADS", old, 1);
         else unsetenv("KVHAL_XFER_CMA_THREADS");
-        assert_int_equal(kvhal_xfer_register_paged_cache(a, sc_cache), KVHAL_OK);
-        uint8_t blob[4096];
-        const size_t len = server_blob(&s, blob, sizeof blob);
-        kvhal_xfer_peer *pa;
-        assert_int_equal(kvhal_xfer_connect(a, blob, len, TOKEN, &pa), KVHAL_OK);
-        const int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, 0, 5);
         enum { N = 6 };
         int32_t dst[N];
         const int32_t src[N] = {11, 3, 7, 0, 14, 5};
         kvhal_xfer *rx;
-        assert_int_equal(grant(&s, s.evs[e].peer, 91, N, dst, &rx), KVHAL_OK);
         kvhal_xfer_event ev;
-        sender_grant(a, &ev);
+        kvhal_xfer_peer *pa = connect_granted(&s, a, sc_cache, 91, N, dst, &rx, &ev);
         const int held0 = atomic_load(&workers_held);
         atomic_store(&worker_gate, true);
         kvhal_xfer *tx;

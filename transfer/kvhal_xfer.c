@@ -1710,6 +1710,22 @@ static void cma_pool_stop(kvhal_xfer_agent *a)
     }
 }
 
+/* Queues n tasks (pcs[0 .. n)) for the copy workers and wakes as many. */
+static void cma_enqueue(kvhal_xfer_agent *a, cma_piece *pcs, int n)
+{
+    pthread_mutex_lock(&a->cma_mu);
+    for (int k = 0; k < n; k++) {
+        pcs[k].next = NULL;
+        if (a->cma_tail) a->cma_tail->next = &pcs[k];
+        else a->cma_head = &pcs[k];
+        a->cma_tail = &pcs[k];
+    }
+    atomic_fetch_add_explicit(&a->cma_queued, n, memory_order_relaxed);
+    if (n > 1) pthread_cond_broadcast(&a->cma_work);
+    else pthread_cond_signal(&a->cma_work);
+    pthread_mutex_unlock(&a->cma_mu);
+}
+
 /* Receiver (from pump), the CMA kind with copy workers: the frame's runs (as cma_copy merges them, but no longer
  * than a piece) are built here, cut into up to one piece per worker (CMA_PIECE_BYTES at least each) and queued;
  * pump completes the job once every piece is read (cma_reap). false: not queued (no workers, or no memory for the
@@ -1770,17 +1786,7 @@ static bool cma_submit(kvhal_xfer_agent *a, ipc_job *j)
     j->pieces_left = np;
     j->next = a->cma_running;
     a->cma_running = j;
-    pthread_mutex_lock(&a->cma_mu);
-    for (int k = 0; k < np; k++) {
-        j->pieces[k].next = NULL;
-        if (a->cma_tail) a->cma_tail->next = &j->pieces[k];
-        else a->cma_head = &j->pieces[k];
-        a->cma_tail = &j->pieces[k];
-    }
-    atomic_fetch_add_explicit(&a->cma_queued, np, memory_order_relaxed);
-    if (np > 1) pthread_cond_broadcast(&a->cma_work);
-    else pthread_cond_signal(&a->cma_work);
-    pthread_mutex_unlock(&a->cma_mu);
+    cma_enqueue(a, j->pieces, np);
     return true;
 }
 
@@ -1861,13 +1867,7 @@ static bool gather_submit(kvhal_xfer_agent *a, send_frame *f)
     f->x->sends_inflight++;
     f->gnext = a->gathering;
     a->gathering = f;
-    pthread_mutex_lock(&a->cma_mu);
-    if (a->cma_tail) a->cma_tail->next = &f->task;
-    else a->cma_head = &f->task;
-    a->cma_tail = &f->task;
-    atomic_fetch_add_explicit(&a->cma_queued, 1, memory_order_relaxed);
-    pthread_cond_signal(&a->cma_work);
-    pthread_mutex_unlock(&a->cma_mu);
+    cma_enqueue(a, &f->task, 1);
     return true;
 }
 
@@ -1954,13 +1954,7 @@ static bool rstage_submit(kvhal_xfer_agent *a, recv_frame *f)
     f->task = (cma_piece){.rf = f};
     f->next = a->rstaging;
     a->rstaging = f;
-    pthread_mutex_lock(&a->cma_mu);
-    if (a->cma_tail) a->cma_tail->next = &f->task;
-    else a->cma_head = &f->task;
-    a->cma_tail = &f->task;
-    atomic_fetch_add_explicit(&a->cma_queued, 1, memory_order_relaxed);
-    pthread_cond_signal(&a->cma_work);
-    pthread_mutex_unlock(&a->cma_mu);
+    cma_enqueue(a, &f->task, 1);
     return true;
 }
 
