@@ -1463,8 +1463,9 @@ KVHAL_API size_t kvhal_paged_cache_host_page_bytes(const kvhal_paged_cache *c);
  * kvhal_paged_cache_host_page_bytes(c) each: a host page holds [layers][K, V][block] in the cache's layout.
  * @param c the cache. @param host, pairs, num_pairs, dir, s as kvhal_page_transfer.
  * @return as kvhal_page_transfer; KVHAL_INVALID_HANDLE for c.
- * Thread safety: the cache is single-owner, as for kvhal_paged_cache_update. Graph capture: not supported (call it
- * outside a capture). */
+ * Thread safety: any thread, several at once (it reads the cache's shape, fixed at creation; concurrent transfers
+ * into the same pages race), while no thread destroys the cache. Graph capture: not supported (call it outside a
+ * capture). */
 KVHAL_API kvhal_status kvhal_paged_cache_transfer(kvhal_paged_cache *c, kvhal_host_memory *host,
                                                   const int64_t *pairs, int32_t num_pairs, kvhal_transfer_dir dir,
                                                   kvhal_stream *s);

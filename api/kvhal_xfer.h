@@ -16,15 +16,20 @@
  * its transfer completed; on failure, timeout or cancel the receiver's granted pages go back to the cache manager
  * given to kvhal_xfer_post_receive. A peer that dies or stalls fails its transfers within the agent's timeout.
  *
- * Threads: an agent and everything made from it (peers, transfers) are used by one thread at a time. An agent
- * belongs to the process that created it: a child made by fork() must not use it (UCX's context is not fork-safe;
- * the CMA path's copy workers are not in the child). kvhal_xfer_agent_destroy waits for reads of peer pages already
- * under way (process_vm_readv), however long the peer's memory takes to read.
- * Graph capture: no call here may be made while a CUDA/HIP stream of the cache's device is capturing (caches on a
- * GPU are staged through host memory, or copied from an imported peer cache, with blocking copies).
+ * Threads: an agent and everything made from it (peers, transfers) are used by one thread at a time. The agent's
+ * copy workers (KVHAL_XFER_CMA_THREADS, started on first use) run beside it: they read peer pages (the CMA path),
+ * gather TCP frames and make the staging copies of a device cache (its pages to and from host memory, on streams of
+ * their own); they touch only the registered cache and the frames the agent hands them, and may run between calls
+ * while transfers are in flight. An agent belongs to the process that created it: a child made by fork() must not
+ * use it (UCX's context is not fork-safe; the copy workers are not in the child). kvhal_xfer_agent_destroy waits
+ * for the copies already under way (process_vm_readv, staging copies), however long they take.
+ * Graph capture: no call here may be made while a CUDA/HIP stream of the cache's device is capturing, and while a
+ * transfer of a GPU cache is in flight no stream of that device may capture in the global capture mode (the
+ * workers' staging copies, made between calls, would break it): capture in thread-local or relaxed mode.
  * Stream: the agent's own streams, waited for before a frame is sent or acknowledged: the staged path's copies
- * between the cache and pinned staging (a sender synchronizes the cache's device first, so that every write queued
- * to its pages is in) and the IPC path's copies; copies are complete when a call returns. */
+ * between the cache and pinned staging (a sender synchronizes the cache's device in kvhal_xfer_send_pages, so that
+ * every write queued to its pages is in) and the IPC path's copies. A staged frame is acknowledged only once its
+ * pages are on the device, so a completed receive's pages hold the data. */
 #ifndef KVHAL_XFER_H
 #define KVHAL_XFER_H
 
@@ -201,7 +206,10 @@ KVHAL_API kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *peer, uint64_t r
  * @param num_layers   layers to send (the cache's num_layers for all).
  * @param out          receives the transfer (release with kvhal_xfer_release).
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT / KVHAL_OUT_OF_RANGE naming the argument (pages past either cache,
- *         layers out of range); KVHAL_PEER_FAILED (the peer is gone); KVHAL_BACKEND_ERROR (UCX refused the send).
+ *         layers out of range); KVHAL_PEER_FAILED (the peer is gone); KVHAL_BACKEND_ERROR (UCX refused the send);
+ *         KVHAL_OUT_OF_MEMORY. A device cache's pages are copied to host memory after the call (by a copy worker,
+ *         or by the agent's progress where none runs): a copy that fails fails the transfer (SEND_DONE with its
+ *         status), not this call.
  */
 KVHAL_API kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *peer, uint64_t request_id, const int32_t *src_pages,
                                              const int32_t *dst_pages, int32_t n, int32_t first_layer,

@@ -2230,7 +2230,8 @@ static void recv_staging_held(kvhal_device rdev)
         server_start(&s, rdev, 1500);
         setenv("KVHAL_XFER_CMA_THREADS", "0", 1);
         kvhal_paged_cache *sc_cache = make_cache(cpu, HEADS, 16, KVHAL_LAYER_FIRST);
-        kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 1500, .transports = tls};
+        /* the sender's timeout: the held frame is never acknowledged while the test looks (slow under valgrind) */
+        kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 5000, .transports = tls};
         kvhal_xfer_agent *a;
         assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
         if (o) setenv("KVHAL_XFER_CMA_THREADS", old, 1);
@@ -2259,8 +2260,15 @@ static void recv_staging_held(kvhal_device rdev)
         assert_int_equal(info.status, KVHAL_BUSY); /* not acknowledged before its copy is done */
         if (sc == 0) {
             pthread_mutex_lock(&s.mu);
+            const int32_t free0 = kvhal_cache_manager_num_free(s.cm);
             assert_int_equal(kvhal_xfer_cancel(rx), KVHAL_OK);
             pthread_mutex_unlock(&s.mu);
+            usleep(20000); /* the server progresses: the canceled grant keeps its pages while the copy is held */
+            pthread_mutex_lock(&s.mu);
+            assert_int_equal(kvhal_cache_manager_num_free(s.cm), free0);
+            assert_int_equal(kvhal_xfer_get_info(rx, &info), KVHAL_OK);
+            pthread_mutex_unlock(&s.mu);
+            assert_int_equal(info.status, KVHAL_BUSY);
             atomic_store(&worker_gate, false);
             char msg[512];
             const kvhal_status rst = wait_recv(&s, rx, 5, msg, sizeof msg);

@@ -51,6 +51,9 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 #ifndef GATHER_AHEAD_BYTES
 #define GATHER_AHEAD_BYTES (8ull << 20)   /* gathered frames posted and not yet sent, at most (one at least) */
 #endif
+#define STAGE_AHEAD_BYTES (64ull << 20)   /* device caches: frames with the copy workers at once, each way, at most
+                                           * (one at least): later ones wait (sender) or are copied by pump
+                                           * (receiver: its UCX then waits too) */
 #define GATHER_FRAME_BYTES (1u << 20)     /* gathered (TCP) frames carry this much at most (one page at least;
                                            * KVHAL_XFER_GATHER_FRAME_KIB) */
 #define CMA_THREADS_MAX 64                /* copy workers of the CMA path at most (KVHAL_XFER_CMA_THREADS) */
@@ -304,7 +307,9 @@ struct kvhal_xfer_agent {
     int cma_started;        /* running */
     pid_t cma_pid;          /* the process that started them (a forked child has none of them) */
     pthread_t cma_th[CMA_THREADS_MAX];
-    pthread_mutex_t cma_mu; /* guards the queue, cma_stop, and the jobs' pieces_left, skip, skipped, failed, why */
+    pthread_mutex_t cma_mu; /* guards the queue, cma_stop, the jobs' pieces_left, skip, skipped, failed, why, the
+                             * send frames' gdone, gskip, gstatus, gwhy and the receive frames' rdone, rskip,
+                             * rstatus, rwhy */
     pthread_cond_t cma_work, cma_done; /* a piece queued (or stop); a job's last piece done */
     bool cma_sync;          /* cma_mu and the conditions are initialized */
     bool cma_stop;
@@ -313,6 +318,7 @@ struct kvhal_xfer_agent {
     ipc_job *cma_running;   /* pump's: jobs handed to the workers, completed once pieces_left is 0 */
     send_frame *gathering;  /* pump's: frames handed to the workers to gather, posted once gdone */
     recv_frame *rstaging;   /* pump's: received frames whose copy to the device a worker makes (rstage_submit) */
+    uint64_t staging_out, rstaging_out; /* pump's: bytes of frames with the workers for staging, send and receive */
 };
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -686,15 +692,15 @@ static ucp_dt_iov_t *build_iov(const kvhal_xfer_agent *a, const int32_t *pages, 
 }
 
 /* Device caches: chunks between the cache and a contiguous host buffer in wire order. */
-static kvhal_status stage_run(kvhal_xfer_agent *a, bool to_host, uint8_t *host, size_t co, size_t len)
+static kvhal_status stage_run(kvhal_xfer_agent *a, kvhal_stream *s, bool to_host, uint8_t *host, size_t co,
+                              size_t len)
 {
-    return to_host ? kvhal_memcpy_d2h(host, a->cache_buf, co, len, NULL)
-                   : kvhal_memcpy_h2d(a->cache_buf, co, host, len, NULL);
+    return to_host ? kvhal_memcpy_d2h(host, a->cache_buf, co, len, s) : kvhal_memcpy_h2d(a->cache_buf, co, host, len, s);
 }
 
 /* One copy per run of chunks that are adjacent in the cache too (a page-first cache: a page's layers). */
-static kvhal_status stage(kvhal_xfer_agent *a, bool to_host, uint8_t *host, const int32_t *pages, int32_t n,
-                          int32_t l0, int32_t nl)
+static kvhal_status stage(kvhal_xfer_agent *a, kvhal_stream *sm, bool to_host, uint8_t *host, const int32_t *pages,
+                          int32_t n, int32_t l0, int32_t nl)
 {
     size_t o = 0, run_host = 0, run_dev = 0, run_len = 0;
     for (int32_t i = 0; i < n; i++)
@@ -706,14 +712,14 @@ static kvhal_status stage(kvhal_xfer_agent *a, bool to_host, uint8_t *host, cons
                     continue;
                 }
                 if (run_len) {
-                    kvhal_status st = stage_run(a, to_host, host + run_host, run_dev, run_len);
+                    kvhal_status st = stage_run(a, sm, to_host, host + run_host, run_dev, run_len);
                     if (st != KVHAL_OK) return st;
                 }
                 run_host = o;
                 run_dev = co;
                 run_len = a->g.chunk_bytes;
             }
-    return run_len ? stage_run(a, to_host, host + run_host, run_dev, run_len) : KVHAL_OK;
+    return run_len ? stage_run(a, sm, to_host, host + run_host, run_dev, run_len) : KVHAL_OK;
 }
 
 /* Staging buffers of a device cache's frames: host memory of the cache's device (pinned on CUDA and HIP, so that
@@ -821,8 +827,18 @@ static kvhal_status stage_frame(kvhal_xfer_agent *a, kvhal_stream **stream, bool
                                 void *host, const int32_t *pages, int32_t n, int32_t l0, int32_t nl)
 {
     kvhal_status st = KVHAL_OK;
-    if (!m || l0 != 0 || nl != a->g.num_layers || !stage_pages(a, stream, to_host, m, pages, n, &st))
-        st = stage(a, to_host, host, pages, n, l0, nl);
+    if (m && l0 == 0 && nl == a->g.num_layers && stage_pages(a, stream, to_host, m, pages, n, &st)) return st;
+    /* run by run on the same stream (never the device's default one, which would wait for the application's
+     * streams), waited for here: also after an error, for the runs already queued */
+    if (!*stream && kvhal_stream_create(kvhal_buffer_device(a->cache_buf), stream) != KVHAL_OK) {
+        *stream = NULL;
+        kvhal_clear_error();
+    }
+    st = stage(a, *stream, to_host, host, pages, n, l0, nl);
+    if (*stream) {
+        const kvhal_status ws = kvhal_stream_synchronize(*stream);
+        if (st == KVHAL_OK) st = ws;
+    }
     return st;
 }
 
@@ -1066,7 +1082,9 @@ static void recv_frame_done(kvhal_xfer_agent *a, recv_frame *f)
         st = KVHAL_PEER_FAILED;
         snprintf(reason, sizeof reason, "receiving the frame failed: %s", ucs_status_string(f->done_status));
     } else if (!a->host && !x->failing) {
-        if (rstage_submit(a, f)) return; /* a copy worker copies it; completed by rstage_reap */
+        /* a copy worker copies it (completed by rstage_reap), up to STAGE_AHEAD_BYTES at once; past that pump
+         * does, and receives nothing meanwhile */
+        if ((!a->rstaging || a->rstaging_out + f->bytes <= STAGE_AHEAD_BYTES) && rstage_submit(a, f)) return;
         st = recv_stage(a, &a->stage_stream, f, reason, sizeof reason);
     }
     recv_frame_finish(a, f, st, reason);
@@ -1555,8 +1573,6 @@ static bool cma_read_runs(uint32_t pid, struct iovec *lv, struct iovec *rv, size
     return true;
 }
 
-/* A copy worker: takes pieces off the queue and reads them (nothing else of the agent is touched); when the queue
- * is empty it polls it for CMA_SPIN_NS (the next frame usually follows within microseconds) before it sleeps. */
 /* A gathered frame's chunks (our cache) copied one after the other into its bounce buffer. */
 static void gather_copy(const send_frame *f)
 {
@@ -1567,6 +1583,10 @@ static void gather_copy(const send_frame *f)
     }
 }
 
+/* A copy worker: takes tasks off the queue (CMA reads, gathers, staging copies of a device cache's frames: the
+ * latter on a stream of its own) and does them, touching only the task's frame or job and what of the agent is
+ * fixed after kvhal_xfer_agent_create (its cache and geometry); when the queue is empty it polls it for
+ * CMA_SPIN_NS (the next frame usually follows within microseconds) before it sleeps. */
 static void *cma_worker(void *arg)
 {
     kvhal_xfer_agent *a = arg;
@@ -1911,6 +1931,10 @@ static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
         pthread_cond_wait(&a->cma_done, &a->cma_mu);
     }
     if (!orphaned) pthread_mutex_unlock(&a->cma_mu);
+    if (a->gathering) { /* a send whose frames our workers still gather or stage is not stalled by its peer */
+        const uint64_t deadline = deadline_from_now(a);
+        for (send_frame *f = a->gathering; f; f = f->gnext) f->x->deadline_ns = deadline;
+    }
     unsigned n = 0;
     while (done) {
         send_frame *f = done;
@@ -1919,8 +1943,11 @@ static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
         f->gathering = false;
         x->sends_inflight--;
         n++;
-        free(f->stage_src); /* staged (or skipped): the page list is done with */
-        f->stage_src = NULL;
+        if (f->stage_src) { /* staged (or skipped): the page list is done with */
+            a->staging_out -= f->bytes;
+            free(f->stage_src);
+            f->stage_src = NULL;
+        }
         kvhal_xfer_peer *p = x->peer;
         if (f->gskip || x->failing || !p || p->state != P_CONNECTED) {
             frame_unbounce(a, f);
@@ -1954,6 +1981,7 @@ static bool rstage_submit(kvhal_xfer_agent *a, recv_frame *f)
     f->task = (cma_piece){.rf = f};
     f->next = a->rstaging;
     a->rstaging = f;
+    a->rstaging_out += f->bytes;
     cma_enqueue(a, &f->task, 1);
     return true;
 }
@@ -2002,6 +2030,7 @@ static unsigned rstage_reap(kvhal_xfer_agent *a, bool wait)
     while (done) { /* the workers are done with these: pump's alone now */
         recv_frame *f = done;
         done = f->next;
+        a->rstaging_out -= f->bytes;
         char why[XW_REASON_LEN];
         if (f->rstatus == KVHAL_CANCELED && !f->rwhy[0])
             snprintf(why, sizeof why, "request %llu is no longer received", (unsigned long long)f->x->request_id);
@@ -3130,7 +3159,9 @@ static bool post_frames(kvhal_xfer *x)
         const int32_t fi = x->next_post;
         send_frame *f = &x->frames[fi];
         if (f->stage_src) { /* a device cache's frame: a copy worker stages it; posted by gather_reap */
+            if (a->staging_out && a->staging_out + f->bytes > STAGE_AHEAD_BYTES) return false;
             if (gather_submit(a, f)) {
+                a->staging_out += f->bytes;
                 x->next_post++;
                 continue;
             }
@@ -3325,22 +3356,11 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
         } else {
             f->staging = stage_alloc(a, f->bytes, &f->stage_mem);
             ok = f->staging != NULL;
-            /* with copy workers, the pages are copied to the staging by a worker when the frame is posted
-             * (post_frames), so that the frames before it are sent meanwhile; else here */
-            if (ok && a->cma_threads > 0 && (f->stage_src = malloc((size_t)cnt * sizeof(int32_t))) != NULL) {
-                memcpy(f->stage_src, src_pages + first, (size_t)cnt * sizeof(int32_t));
-                continue;
-            }
-            if (ok) st = stage_frame(a, &a->stage_stream, true, f->stage_mem, f->staging, src_pages + first, cnt,
-                                     first_layer, num_layers);
-            if (ok && st != KVHAL_OK) {
-                char msg[512];
-                snprintf(msg, sizeof msg, "%s", kvhal_last_error());
-                x->next = a->xfers;
-                a->xfers = x;
-                xfer_free(x);
-                return ERR(st, "src_pages: copying them to host memory failed: %s", msg);
-            }
+            /* the pages are copied to the staging when the frame is posted (post_frames): by a copy worker, so that
+             * the frames before it are sent meanwhile, or by pump where none runs; a copy that fails fails the
+             * transfer (SEND_DONE with the error), whichever copies it */
+            ok = ok && (f->stage_src = malloc((size_t)cnt * sizeof(int32_t))) != NULL;
+            if (ok) memcpy(f->stage_src, src_pages + first, (size_t)cnt * sizeof(int32_t));
         }
     }
     x->next = a->xfers;
