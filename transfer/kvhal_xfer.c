@@ -142,8 +142,8 @@ typedef struct send_frame {
     cma_piece task;
     struct send_frame *gnext; /* in a->gathering */
     /* device caches: the frame's source pages, copied to its staging by a copy worker before it is posted (the
-     * same gather_submit / gather_reap), so that pump sends one frame while the next ones are copied; NULL once
-     * staged (or staged by send_pages where no worker runs) */
+     * same gather_submit / gather_reap), so that pump sends one frame while the next ones are copied, or by pump
+     * in post_frames where no worker runs; NULL once staged */
     int32_t *stage_src;
     kvhal_status gstatus;   /* under a->cma_mu with gdone: how the worker's staging copy went */
     char gwhy[XW_REASON_LEN];
