@@ -1629,7 +1629,8 @@ KVHAL_API kvhal_status kvhal_cache_manager_events_read(kvhal_cache_manager *cm, 
 /** Allocates device memory that other processes of this host can import (kvhal_buffer_ipc_export()): cuda and hip
  *  from cudaMalloc / hipMalloc (not the stream-ordered pool of kvhal_buffer_create(), which the IPC API cannot
  *  export), cpu from a POSIX shared-memory segment (shm_open, mmap; named while the buffer lives, unlinked by
- *  kvhal_buffer_destroy(); a process killed before that leaves its segment in /dev/shm). Otherwise like
+ *  kvhal_buffer_destroy(); the segment of a process killed before that is unlinked by the next shareable CPU
+ *  allocation of any process of the host). Otherwise like
  *  kvhal_buffer_create().
  *  @param dev the device.
  *  @param bytes the size, at least 1.

@@ -12,6 +12,14 @@
 
 #include <cmocka.h>
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "kvhal.h"
 
 static void fill(uint8_t *p, size_t n, uint32_t seed)
@@ -315,11 +323,120 @@ static void test_other_devices(void **state)
     }
 }
 
+/* The /dev/shm entries of pid's shareable CPU buffers. */
+static int segments_of(long pid)
+{
+    char prefix[40];
+    snprintf(prefix, sizeof prefix, "kvhal-%ld-", pid);
+    DIR *d = opendir("/dev/shm");
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+/* A child that exports one shareable CPU buffer, writes its handle to out, then waits until the parent closes
+ * in_w, the write end of in (or kills it); returns its pid. */
+static pid_t exporting_child(int out, int in, int in_w)
+{
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid) return pid;
+    close(in_w);
+    kvhal_buffer *b = NULL;
+    uint8_t blob[KVHAL_IPC_HANDLE_MAX];
+    size_t len = 0;
+    int rc = kvhal_buffer_create_shareable((kvhal_device){KVHAL_DEVICE_CPU, 0}, 8192, &b) == KVHAL_OK &&
+                     kvhal_buffer_ipc_export(b, blob, sizeof blob, &len) == KVHAL_OK
+                 ? 0
+                 : 1;
+    if (write(out, &len, sizeof len) != (ssize_t)sizeof len || write(out, blob, len) != (ssize_t)len) rc = 2;
+    char c;
+    while (read(in, &c, 1) > 0) {
+    }
+    kvhal_buffer_destroy(b);
+    _exit(rc);
+}
+
+/* A CPU process killed while it exports leaves its segment named in /dev/shm; the next export of any process
+ * unlinks it, and only it: a living exporter's segment stays (and imports), as do a segment still being created
+ * (empty) and one of the first format (no owner lock). */
+static void test_orphan_segments_swept(void **state)
+{
+    (void)state;
+    const kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    if (segments_of(getpid()) < 0) skip(); /* no /dev/shm here: nothing is named there */
+    int a_out[2], a_in[2], b_out[2], b_in[2];
+    assert_int_equal(pipe(a_out), 0);
+    assert_int_equal(pipe(a_in), 0);
+    assert_int_equal(pipe(b_out), 0);
+    assert_int_equal(pipe(b_in), 0);
+    const pid_t a = exporting_child(a_out[1], a_in[0], a_in[1]);
+    const pid_t b = exporting_child(b_out[1], b_in[0], b_in[1]);
+    size_t alen = 0, blen = 0;
+    uint8_t blob[KVHAL_IPC_HANDLE_MAX];
+    assert_int_equal(read(a_out[0], &alen, sizeof alen), (ssize_t)sizeof alen);
+    assert_true(alen > 0 && alen <= sizeof blob);
+    assert_int_equal(read(a_out[0], blob, alen), (ssize_t)alen);
+    assert_int_equal(read(b_out[0], &blen, sizeof blen), (ssize_t)sizeof blen);
+    assert_true(blen > 0 && blen <= sizeof blob);
+    assert_int_equal(read(b_out[0], blob, blen), (ssize_t)blen);
+    /* a: killed with its buffer exported, its segment stays named */
+    assert_int_equal(kill(a, SIGKILL), 0);
+    int status;
+    assert_int_equal(waitpid(a, &status, 0), a);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(segments_of(a), 1);
+    assert_int_equal(segments_of(b), 1);
+    /* segments that must survive a sweep: one being created (empty) and one of the first format */
+    char empty[48], old[48];
+    snprintf(empty, sizeof empty, "/kvhal-%ld-00000000000000e1", (long)getpid());
+    snprintf(old, sizeof old, "/kvhal-%ld-00000000000000e2", (long)getpid());
+    int fd = shm_open(empty, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    fd = shm_open(old, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    uint8_t page[4096] = {0};
+    const uint64_t magic1 = 0x4b5653484d454d31ull; /* KVSHMEM1 */
+    memcpy(page, &magic1, sizeof magic1);
+    assert_int_equal(write(fd, page, sizeof page), (ssize_t)sizeof page);
+    close(fd);
+    assert_int_equal(segments_of(getpid()), 2);
+    /* this export sweeps */
+    kvhal_buffer *mine = NULL, *imp = NULL;
+    assert_int_equal(kvhal_buffer_create_shareable(cpu, 4096, &mine), KVHAL_OK);
+    assert_int_equal(segments_of(a), 0);
+    assert_int_equal(segments_of(b), 1);
+    assert_int_equal(segments_of(getpid()), 3);
+    assert_int_equal(kvhal_buffer_ipc_import(cpu, blob, blen, &imp), KVHAL_OK); /* b's still opens */
+    assert_int_equal(kvhal_buffer_destroy(imp), KVHAL_OK);
+    assert_int_equal(kvhal_buffer_destroy(mine), KVHAL_OK);
+    assert_int_equal(segments_of(getpid()), 2);
+    shm_unlink(empty);
+    shm_unlink(old);
+    /* b frees its buffer and exits cleanly: nothing of it remains */
+    close(b_in[1]);
+    assert_int_equal(waitpid(b, &status, 0), b);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(segments_of(b), 0);
+    close(a_in[1]);
+    for (int i = 0; i < 2; i++) {
+        close(a_out[i]);
+        close(b_out[i]);
+    }
+    close(a_in[0]);
+    close(b_in[0]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_every_device),
         cmocka_unit_test(test_cpu_export_import),
+        cmocka_unit_test(test_orphan_segments_swept),
         cmocka_unit_test(test_hostile_handles),
         cmocka_unit_test(test_other_devices),
     };

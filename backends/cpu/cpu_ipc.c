@@ -8,14 +8,24 @@
  * unless the segment is big enough for the size the handle claims and its header holds the same token (a guessed
  * or stale name fails cleanly). Unlinking: the exporter's segment stays named while its buffer lives (any number of
  * peers may import it, at any time) and is unlinked when the buffer is freed; importers' mappings stay valid after
- * that until they close them. A process killed before freeing leaves its segment in /dev/shm (remove
- * /dev/shm/kvhal-<pid>-* of a dead pid). */
+ * that until they close them.
+ *
+ * A process killed before it freed its segments cannot unlink them. So the exporter holds a shared flock on each
+ * segment it owns, for as long as the buffer lives (the kernel drops it when the process dies, however it dies),
+ * and every new export first sweeps /dev/shm: a segment of this format whose lock nobody holds (an exclusive
+ * non-blocking flock succeeds) and whose header is complete has lost its owner, and is unlinked. The lock, not the
+ * pid in the name, says whether the owner lives: a pid tells nothing across pid namespaces (two containers that
+ * share /dev/shm but not their pids). The exporter takes its lock before it sizes the segment and writes the
+ * header, so a segment being created (size 0, or no magic yet) is never taken for an orphan; segments of the first
+ * format (magic KVSHMEM1, no lock) are never swept. Importers hold no lock: their mappings outlive the name. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -23,7 +33,7 @@
 
 #include "cpu_ops.h"
 
-#define SHM_MAGIC 0x4b5653484d454d31ull /* "KVSHMEM1" */
+#define SHM_MAGIC 0x4b5653484d454d32ull /* "KVSHMEM2": the owner holds a flock while it lives */
 #define BLOB_MAGIC 0x4b565348u          /* KVSH */
 #define HDR 4096u
 #define NAME_LEN 48
@@ -49,6 +59,7 @@ typedef struct cpu_map {
     void *native; /* base + HDR */
     size_t maplen;
     bool exported;
+    int fd; /* exported: held open with the owner's shared flock until the buffer is freed */
     char name[NAME_LEN];
     struct cpu_map *next;
 } cpu_map;
@@ -98,6 +109,45 @@ static bool maps_find(void *ctx, void *native, char *name, uint8_t *token, uint6
     return ok;
 }
 
+/* The segment names this module makes: "kvhal-" (no slash in /dev/shm), decimal digits, '-', 16 hex digits. */
+static bool is_segment_name(const char *n)
+{
+    if (strncmp(n, "kvhal-", 6) != 0) return false;
+    const char *p = n + 6;
+    const char *digits = p;
+    while (*p >= '0' && *p <= '9') p++;
+    if (p == digits || *p != '-') return false;
+    p++;
+    int hex = 0;
+    for (; (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'); p++) hex++;
+    return hex == 16 && *p == '\0';
+}
+
+/* Unlinks the segments of this format in /dev/shm whose owner is gone (see the top of this file). Best effort and
+ * silent: a segment that cannot be opened (another user's), locked (its owner lives) or read is left alone, and a
+ * system without /dev/shm has nothing to sweep. */
+static void sweep_orphans(void)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!is_segment_name(de->d_name)) continue;
+        char name[NAME_LEN];
+        if (snprintf(name, sizeof name, "/%s", de->d_name) >= (int)sizeof name) continue;
+        const int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+        if (fd < 0) continue;
+        struct stat st;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+            st.st_size >= (off_t)sizeof(seg_header)) {
+            seg_header h;
+            if (pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && h.magic == SHM_MAGIC) shm_unlink(name);
+        }
+        close(fd);
+    }
+    closedir(d);
+}
+
 CPU_HIDDEN kvhal_status cpu_buffer_alloc_shareable(void *ctx, int32_t id, size_t bytes, void **native)
 {
     (void)id;
@@ -114,22 +164,29 @@ CPU_HIDDEN kvhal_status cpu_buffer_alloc_shareable(void *ctx, int32_t id, size_t
     int n = snprintf(m->name, sizeof m->name, "/kvhal-%ld-", (long)getpid());
     for (int i = 0; i < 8; i++) n += snprintf(m->name + n, sizeof m->name - (size_t)n, "%02x", rnd[i]);
     const size_t len = HDR + bytes;
-    int fd = shm_open(m->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    sweep_orphans();
+    int fd = shm_open(m->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
         const int e = errno;
         free(m);
         return svc->set_error(KVHAL_BACKEND_ERROR, "bytes: shm_open of a %zu-byte segment failed: %s", bytes,
                               strerror(e));
     }
+    /* the owner's lock first: until the header is written the segment is empty, which the sweep leaves alone (a
+     * sweep of another process may hold its exclusive lock on the new segment for a moment: wait for it) */
+    int locked;
+    while ((locked = flock(fd, LOCK_SH)) != 0 && errno == EINTR) {
+    }
     void *base = MAP_FAILED;
-    if (ftruncate(fd, (off_t)len) == 0) base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (locked == 0 && ftruncate(fd, (off_t)len) == 0)
+        base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     const int e = errno;
-    close(fd);
     if (base == MAP_FAILED) {
         shm_unlink(m->name);
+        close(fd);
         free(m);
         return svc->set_error(e == ENOMEM || e == ENOSPC ? KVHAL_OUT_OF_MEMORY : KVHAL_BACKEND_ERROR,
-                              "bytes: cannot size or map a %zu-byte shared segment: %s", bytes, strerror(e));
+                              "bytes: cannot lock, size or map a %zu-byte shared segment: %s", bytes, strerror(e));
     }
     seg_header *h = base;
     h->magic = SHM_MAGIC;
@@ -138,6 +195,7 @@ CPU_HIDDEN kvhal_status cpu_buffer_alloc_shareable(void *ctx, int32_t id, size_t
     m->native = (uint8_t *)base + HDR;
     m->maplen = len;
     m->exported = true;
+    m->fd = fd;
     maps_push(ctx, m);
     *native = m->native;
     return KVHAL_OK;
@@ -150,6 +208,7 @@ CPU_HIDDEN kvhal_status cpu_buffer_free_shareable(void *ctx, int32_t id, void *n
     if (!m) return svc_of(ctx)->set_error(KVHAL_INVALID_ARGUMENT, "native: %p is not a shared segment", native);
     munmap((uint8_t *)native - HDR, m->maplen);
     shm_unlink(m->name);
+    close(m->fd); /* the lock goes with the last descriptor, after the name */
     free(m);
     return KVHAL_OK;
 }
