@@ -28,6 +28,10 @@ lintian --fail-on error "$changes" | tee "$work/lintian.txt" || {
   echo "debian: lintian reported errors" >&2; exit 1; }
 echo "lintian: $(grep -c '^E:' "$work/lintian.txt" || true) errors, $(grep -c '^W:' "$work/lintian.txt" || true) warnings"
 
+echo "debian: no file in two packages (dpkg would refuse to install the second)"
+for d in "$work"/*.deb; do dpkg -c "$d" | awk '$1 !~ /^d/ {print $6}'; done | sort | uniq -d > "$work/shared-files.txt"
+if [ -s "$work/shared-files.txt" ]; then echo "debian: files in more than one package:" >&2; cat "$work/shared-files.txt" >&2; exit 1; fi
+
 echo "debian: unpack into a scratch root and use it"
 root=$work/root
 for d in "$work"/*.deb; do dpkg -x "$d" "$root"; done
@@ -49,4 +53,27 @@ cp .ci/consumer/CMakeLists.txt .ci/consumer/consumer.cpp examples/paged_cache.c 
 cmake -S "$work/cmake-src" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$root/usr" >/dev/null
 cmake --build "$work/cmake-build" -j2 >/dev/null
 LD_LIBRARY_PATH=$libdir "$work/cmake-build/paged_cache"
+# libkvhal-xfer: a consumer through its pkg-config file (which requires kvhal's), and the packaged tool's self-test
+test -f "$libdir/libkvhal-xfer.so.0"
+cat > "$work/xfer_consumer.c" <<'C'
+#include <stdio.h>
+#include <kvhal_xfer.h>
+int main(void)
+{
+    kvhal_xfer_config cfg = {0};
+    cfg.name = "deb-consumer";
+    cfg.token = "t";
+    kvhal_xfer_agent *a = NULL;
+    kvhal_status st = kvhal_xfer_agent_create(&cfg, &a);
+    if (st != KVHAL_OK) {
+        fprintf(stderr, "kvhal_xfer_agent_create: %s: %s\n", kvhal_status_name(st), kvhal_last_error());
+        return 1;
+    }
+    printf("libkvhal-xfer agent created and destroyed (kvhal %s)\n", kvhal_version());
+    return kvhal_xfer_agent_destroy(a) == KVHAL_OK ? 0 : 1;
+}
+C
+cc -std=c11 -Wall -Wextra -pedantic -Werror "$work/xfer_consumer.c" $(pcflags --cflags --libs kvhal-xfer) -o "$work/xfer_consumer"
+LD_LIBRARY_PATH=$libdir "$work/xfer_consumer"
+LD_LIBRARY_PATH=$libdir KVHAL_BACKEND_PATH= "$root/usr/bin/kvhal-xfer" --self-test --quiet
 echo "debian: packages built, lintian clean of errors, consumers built against them and run"
