@@ -1,8 +1,10 @@
 #!/bin/bash
 # CI stage (runs alone too): kvhal consumed the four ways an engine's build does it.
-#   1. C through pkg-config from an installed tree (#include <kvhal/kvhal.h>), run.
+#   1. C through pkg-config from an installed tree (#include <kvhal/kvhal.h>), run; libkvhal-xfer through
+#      pkg-config kvhal-xfer, run.
 #   2. C++ (g++ -std=c++17 -Wall -Wextra -pedantic -Werror) through pkg-config, run.
-#   3. CMake find_package(kvhal 0.1) -> kvhal::kvhal, run; find_package(kvhal 1) must fail (version file).
+#   3. CMake find_package(kvhal 0.1 COMPONENTS xfer) -> kvhal::kvhal and kvhal::xfer, run; find_package(kvhal 1)
+#      and an unknown component must fail.
 #   4. Meson: a project using kvhal as a subproject (dependency('kvhal'), no cmocka, no kvhal tests or tools).
 # The tree is installed with its own prefix (/tmp/kvhal-consumers/usr) and moved afterwards, to check that pkg-config
 # (--define-variable=prefix), CMake and the tools' $ORIGIN runpath do not depend on where it was installed.
@@ -14,7 +16,7 @@ rm -rf "$work" && mkdir -p "$work"
 step() { printf '\n--- consumers: %s ---\n' "$*"; }
 
 step "build and install (cpu, static library too) into $work/usr"
-meson setup "$work/build" -Dbackends=cpu -Dtests=false -Dexamples=false -Dstatic_library=true \
+meson setup "$work/build" -Dbackends=cpu -Dtests=false -Dexamples=false -Dstatic_library=true -Dtransfer=ucx \
   --prefix="$work/usr" --libdir=lib/x86_64-linux-gnu >/dev/null
 ninja -C "$work/build" >/dev/null
 meson install -C "$work/build" --quiet
@@ -40,6 +42,11 @@ cc -std=c11 -Wall -Wextra -pedantic -Werror examples/engine_step.c $(pcflags --c
 if objdump -p "$work/engine_step_static" | grep -q 'NEEDED.*libkvhal'; then echo "static link needs libkvhal.so" >&2; exit 1; fi
 "$work/engine_step_static"
 
+step "1c. C through pkg-config kvhal-xfer (libkvhal-xfer, which requires kvhal)"
+cc -std=c11 -Wall -Wextra -pedantic -Werror .ci/consumer/xfer_consumer.c $(pkg-config --define-variable=prefix="$root" \
+  --cflags --libs kvhal-xfer) -Wl,-rpath,"$libdir" -o "$work/xfer_consumer_c"
+"$work/xfer_consumer_c"
+
 step "2. C++ (g++ -Wall -Wextra -pedantic)"
 g++ -std=c++17 -Wall -Wextra -pedantic -Werror .ci/consumer/consumer.cpp $(pcflags --cflags --libs) \
   -Wl,-rpath,"$libdir" -o "$work/consumer_cpp"
@@ -47,12 +54,19 @@ g++ -std=c++17 -Wall -Wextra -pedantic -Werror .ci/consumer/consumer.cpp $(pcfla
 
 step "3. CMake find_package(kvhal)"
 mkdir -p "$work/cmake-src"
-cp .ci/consumer/CMakeLists.txt .ci/consumer/consumer.cpp examples/paged_cache.c "$work/cmake-src/"
-cmake -S "$work/cmake-src" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$root" -DCMAKE_BUILD_TYPE=Release \
+cp .ci/consumer/CMakeLists.txt .ci/consumer/consumer.cpp .ci/consumer/xfer_consumer.c examples/paged_cache.c "$work/cmake-src/"
+cmake -S "$work/cmake-src" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$root" -DCMAKE_BUILD_TYPE=Release -DKVHAL_CONSUMER_XFER=ON \
   -DCMAKE_C_FLAGS="-Wall -Wextra -Werror" -DCMAKE_CXX_FLAGS="-Wall -Wextra -pedantic -Werror" | grep -i kvhal
 cmake --build "$work/cmake-build" -j2 >/dev/null
 "$work/cmake-build/paged_cache"
 "$work/cmake-build/consumer_cpp"
+"$work/cmake-build/xfer_consumer"
+mkdir -p "$work/cmake-nosuch"
+printf 'cmake_minimum_required(VERSION 3.16)\nproject(v C)\nfind_package(kvhal 0.1 REQUIRED COMPONENTS nosuch)\n' > "$work/cmake-nosuch/CMakeLists.txt"
+if cmake -S "$work/cmake-nosuch" -B "$work/cmake-nosuch/b" -DCMAKE_PREFIX_PATH="$root" >/dev/null 2>&1; then
+  echo "find_package(kvhal COMPONENTS nosuch) accepted" >&2; exit 1
+fi
+echo "find_package(kvhal COMPONENTS nosuch) refused, as it must be"
 mkdir -p "$work/cmake-v1"
 printf 'cmake_minimum_required(VERSION 3.16)\nproject(v C)\nfind_package(kvhal 1 REQUIRED)\n' > "$work/cmake-v1/CMakeLists.txt"
 if cmake -S "$work/cmake-v1" -B "$work/cmake-v1/b" -DCMAKE_PREFIX_PATH="$root" >/dev/null 2>&1; then

@@ -49,31 +49,15 @@ pcflags() { PKG_CONFIG_PATH=$libdir/pkgconfig pkg-config --define-variable=prefi
 cc -std=c11 -Wall -Wextra -pedantic -Werror examples/engine_step.c $(pcflags --cflags --libs) -o "$work/engine_step"
 LD_LIBRARY_PATH=$libdir "$work/engine_step"
 mkdir -p "$work/cmake-src"
-cp .ci/consumer/CMakeLists.txt .ci/consumer/consumer.cpp examples/paged_cache.c "$work/cmake-src/"
-cmake -S "$work/cmake-src" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$root/usr" >/dev/null
+cp .ci/consumer/CMakeLists.txt .ci/consumer/consumer.cpp .ci/consumer/xfer_consumer.c examples/paged_cache.c "$work/cmake-src/"
+cmake -S "$work/cmake-src" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$root/usr" -DKVHAL_CONSUMER_XFER=ON >/dev/null
 cmake --build "$work/cmake-build" -j2 >/dev/null
 LD_LIBRARY_PATH=$libdir "$work/cmake-build/paged_cache"
-# libkvhal-xfer: a consumer through its pkg-config file (which requires kvhal's), and the packaged tool's self-test
+LD_LIBRARY_PATH=$libdir "$work/cmake-build/xfer_consumer"
+# libkvhal-xfer: a consumer through its pkg-config file (which requires kvhal's; CMake's kvhal::xfer above), and
+# the packaged tool's self-test
 test -f "$libdir/libkvhal-xfer.so.0"
-cat > "$work/xfer_consumer.c" <<'C'
-#include <stdio.h>
-#include <kvhal_xfer.h>
-int main(void)
-{
-    kvhal_xfer_config cfg = {0};
-    cfg.name = "deb-consumer";
-    cfg.token = "t";
-    kvhal_xfer_agent *a = NULL;
-    kvhal_status st = kvhal_xfer_agent_create(&cfg, &a);
-    if (st != KVHAL_OK) {
-        fprintf(stderr, "kvhal_xfer_agent_create: %s: %s\n", kvhal_status_name(st), kvhal_last_error());
-        return 1;
-    }
-    printf("libkvhal-xfer agent created and destroyed (kvhal %s)\n", kvhal_version());
-    return kvhal_xfer_agent_destroy(a) == KVHAL_OK ? 0 : 1;
-}
-C
-cc -std=c11 -Wall -Wextra -pedantic -Werror "$work/xfer_consumer.c" $(pcflags --cflags --libs kvhal-xfer) -o "$work/xfer_consumer"
+cc -std=c11 -Wall -Wextra -pedantic -Werror .ci/consumer/xfer_consumer.c $(pcflags --cflags --libs kvhal-xfer) -o "$work/xfer_consumer"
 LD_LIBRARY_PATH=$libdir "$work/xfer_consumer"
 LD_LIBRARY_PATH=$libdir KVHAL_BACKEND_PATH= "$root/usr/bin/kvhal-xfer" --self-test --quiet
 echo "debian: packages built, lintian clean of errors, consumers built against them and run"
