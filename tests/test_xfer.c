@@ -2525,11 +2525,11 @@ static void test_worker_copy_fails(void **state)
         if (tst != KVHAL_BACKEND_ERROR) fail_msg("side %d: the send ended %s (%s)", side, kvhal_status_name(tst), tmsg);
         assert_contains(tmsg, "simulated DMA failure");
         if (side == 0) {
-            assert_contains(tmsg, "copying frame 0 to host memory failed");
+            assert_contains(tmsg, "to host memory failed"); /* frame 0, or another if frames are cut small */
             if (rst != KVHAL_TIMEOUT) fail_msg("the receive ended %s (%s)", kvhal_status_name(rst), msg);
             assert_contains(msg, "no data from peer prefill");
         } else {
-            assert_contains(tmsg, "refused frame 0: copy to the device failed");
+            assert_contains(tmsg, "copy to the device failed");
             if (rst != KVHAL_BACKEND_ERROR) fail_msg("the receive ended %s (%s)", kvhal_status_name(rst), msg);
             assert_contains(msg, "copy to the device failed");
             assert_contains(msg, "simulated DMA failure");
