@@ -1944,7 +1944,9 @@ static void test_hostile_ipc(void **state)
  * canceled or released, its peer disconnected, or the agent destroyed while workers still read into its pages.
  * Cancel and release leave the pages out of the pool until the copies are over, then give them back (the transfer
  * ends CANCELED); disconnect does not wait for the copies (they read the peer's process by pid) and the transfer
- * ends once they are over; destroy waits for them. Under ASan/TSan: no use after free, no leak, no race. */
+ * ends once they are over; destroy waits for them. A child forked meanwhile fails the frame at once (pages back in
+ * its own copy of the cache manager) and acknowledges nothing: the parent's copy completes and is the only ACK the
+ * peer gets. Under ASan/TSan: no use after free, no leak, no race. */
 static void *open_gate_later(void *arg)
 {
     (void)arg;
@@ -1988,8 +1990,8 @@ static void test_cma_copies_in_flight(void **state)
     static const uint8_t probe[XW_CMA_PROBE] = "kvhal-cma-gate";
     const xw_cma_blob b = cma_blob((uint32_t)getpid(), hpat, hbytes, probe);
     enum { N = 8 };
-    const char *names[] = {"cancel", "release", "disconnect", "none (short reads)", "destroy"};
-    for (int sc = 0; sc < 5; sc++) {
+    const char *names[] = {"cancel", "release", "disconnect", "none (short reads)", "fork", "destroy"};
+    for (int sc = 0; sc < 6; sc++) {
         const int ev0 = server_nev(&s);
         raw r;
         raw_open(&r, blob, len, TOKEN);
@@ -2014,7 +2016,7 @@ static void test_cma_copies_in_flight(void **state)
         if (gate_count(NULL) < 2) fail_msg("%s: %d copy worker(s) at the gate, 2 expected", names[sc], gate_count(NULL));
         kvhal_xfer_info info;
         char msg[512];
-        if (sc == 4) { /* destroy: waits for the copies (the gate opens 0.3 s later), then frees everything */
+        if (sc == 5) { /* destroy: waits for the copies (the gate opens 0.3 s later), then frees everything */
             pthread_t opener;
             assert_int_equal(pthread_create(&opener, NULL, open_gate_later, NULL), 0);
             const double t0 = now_s();
@@ -2024,6 +2026,26 @@ static void test_cma_copies_in_flight(void **state)
             raw_close(&r);
             printf("# %s: CMA copies in flight, %s: ok\n", tls, names[sc]);
             break;
+        }
+        if (sc == 4) { /* a child forked now fails the frame at once, and acknowledges nothing: the copy is its parent's */
+            pthread_mutex_lock(&s.mu); /* the server thread is not in the agent when the child takes it */
+            const pid_t child = fork();
+            if (child == 0) {
+                alarm(20);
+                const kvhal_status st = kvhal_xfer_wait(rx, 3000);
+                int bad = st == KVHAL_OK || st == KVHAL_BUSY ? 1 : !strstr(kvhal_last_error(), "forked") ? 2 : 0;
+                if (!bad && kvhal_cache_manager_num_free(s.cm) != PAGES) bad = 3;
+                if (bad) fprintf(stderr, "child: %s (%s)\n", kvhal_status_name(st), kvhal_last_error());
+                _exit(bad);
+            }
+            pthread_mutex_unlock(&s.mu);
+            int wst = 0;
+            assert_int_equal(waitpid(child, &wst, 0), child);
+            if (!WIFEXITED(wst) || WEXITSTATUS(wst))
+                fail_msg("fork: the child %s %d", WIFEXITED(wst) ? "exited" : "was killed by signal",
+                         WIFEXITED(wst) ? WEXITSTATUS(wst) : WTERMSIG(wst));
+            raw_progress(&r, 0.05);
+            assert_int_equal(r.nacks, 0);
         }
         pthread_mutex_lock(&s.mu);
         if (sc == 0) assert_int_equal(kvhal_xfer_cancel(rx), KVHAL_OK);
@@ -2058,11 +2080,11 @@ static void test_cma_copies_in_flight(void **state)
         } else {
             const kvhal_status st = wait_recv(&s, rx, 5, msg, sizeof msg);
             if (sc < 3 && st != KVHAL_CANCELED) fail_msg("%s: status %s (%s)", names[sc], kvhal_status_name(st), msg);
-            if (sc == 3) { /* nothing in the way: the frame is copied, read after read, and acknowledged */
+            if (sc >= 3) { /* nothing in the way: the frame is copied, read after read, and acknowledged */
                 pthread_mutex_lock(&gate_mu);
                 vm_read_cap = 0;
                 pthread_mutex_unlock(&gate_mu);
-                if (st != KVHAL_OK) fail_msg("short reads: status %s (%s)", kvhal_status_name(st), msg);
+                if (st != KVHAL_OK) fail_msg("%s: status %s (%s)", names[sc], kvhal_status_name(st), msg);
                 uint8_t got[CHUNK];
                 for (int i = 0; i < N; i++)
                     for (int l = 0; l < L; l++)
@@ -2074,6 +2096,10 @@ static void test_cma_copies_in_flight(void **state)
                 pthread_mutex_lock(&s.mu);
                 assert_int_equal(kvhal_cache_manager_free(s.cm, granted, N), KVHAL_OK);
                 pthread_mutex_unlock(&s.mu);
+                const double u3 = now_s() + 5;
+                while (r.nacks == 0 && now_s() < u3) raw_progress(&r, 0.001);
+                assert_int_equal(r.nacks, 1); /* the parent's, and no other */
+                assert_int_equal(r.last_ack.status, KVHAL_OK);
             }
             pthread_mutex_lock(&s.mu);
             assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);

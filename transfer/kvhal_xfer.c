@@ -1822,6 +1822,7 @@ static unsigned cma_reap(kvhal_xfer_agent *a, bool wait)
             ipc_job *j = a->cma_running;
             a->cma_running = j->next;
             j->failed = true;
+            j->p = NULL; /* no ACK from here: the connection is the parent's, whose workers still copy the frame */
             snprintf(j->why, sizeof j->why, "the process forked while the frame was being copied");
             j->next = done;
             done = j;
