@@ -1950,19 +1950,14 @@ static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
             free(f->stage_src);
             f->stage_src = NULL;
         }
-        if (orphaned) { /* not "peer gone": the peer is the parent's, which still sends this frame */
+        kvhal_xfer_peer *p = x->peer;
+        if (orphaned || f->gskip || x->failing || !p || p->state != P_CONNECTED) {
             frame_unbounce(a, f);
-            if (!x->failing)
+            if (x->failing) xfer_settle(x);
+            else if (orphaned) /* not "peer gone": the peer is the parent's, which still sends this frame */
                 xfer_finish(x, KVHAL_PEER_FAILED, "frame %d: the process forked while the frame was being %s",
                             (int)(f - x->frames), staged ? "staged" : "gathered"); /* settles: may free x */
-            else xfer_settle(x);
-            continue;
-        }
-        kvhal_xfer_peer *p = x->peer;
-        if (f->gskip || x->failing || !p || p->state != P_CONNECTED) {
-            frame_unbounce(a, f);
-            if (!x->failing) xfer_finish(x, KVHAL_PEER_FAILED, "peer gone"); /* settles: may free x */
-            else xfer_settle(x);
+            else xfer_finish(x, KVHAL_PEER_FAILED, "peer gone"); /* settles: may free x */
             continue;
         }
         if (f->gstatus != KVHAL_OK) {
