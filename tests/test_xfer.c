@@ -1940,6 +1940,32 @@ static void test_hostile_ipc(void **state)
     free(hpat);
 }
 
+/* A child forked while the server's copy workers (or the sender's) hold a frame of x waits for x on its own: it
+ * must fail at once naming the fork (an alarm ends a child that hangs) and, with cm, leave every page of cm free
+ * in its copy of it. The server's lock is held across the fork: its agent is not in use when the child takes it. */
+static void fork_fails_held(server *s, kvhal_xfer *x, kvhal_cache_manager *cm, const char *what)
+{
+    pthread_mutex_lock(&s->mu);
+    const pid_t child = fork();
+    if (child == 0) {
+        alarm(20);
+        const kvhal_status st = kvhal_xfer_wait(x, 3000);
+        int bad = st == KVHAL_OK || st == KVHAL_BUSY ? 1 : !strstr(kvhal_last_error(), "forked") ? 2 : 0;
+        if (!bad && cm && (kvhal_cache_manager_num_free(cm) != PAGES || kvhal_cache_manager_check_integrity(cm)))
+            bad = 3;
+        if (bad) fprintf(stderr, "child: %s (%s)\n", kvhal_status_name(st), kvhal_last_error());
+        if (!bad && kvhal_xfer_release(x) != KVHAL_OK) bad = 4;
+        _exit(bad);
+    }
+    pthread_mutex_unlock(&s->mu);
+    assert_true(child > 0);
+    int wst = 0;
+    assert_int_equal(waitpid(child, &wst, 0), child);
+    if (!WIFEXITED(wst) || WEXITSTATUS(wst))
+        fail_msg("%s: the child %s %d", what, WIFEXITED(wst) ? "exited" : "was killed by signal",
+                 WIFEXITED(wst) ? WEXITSTATUS(wst) : WTERMSIG(wst));
+}
+
 /* The CMA path's copy workers with copies in flight (held at process_vm_readv by the gate above): a transfer
  * canceled or released, its peer disconnected, or the agent destroyed while workers still read into its pages.
  * Cancel and release leave the pages out of the pool until the copies are over, then give them back (the transfer
@@ -2027,23 +2053,8 @@ static void test_cma_copies_in_flight(void **state)
             printf("# %s: CMA copies in flight, %s: ok\n", tls, names[sc]);
             break;
         }
-        if (sc == 4) { /* a child forked now fails the frame at once, and acknowledges nothing: the copy is its parent's */
-            pthread_mutex_lock(&s.mu); /* the server thread is not in the agent when the child takes it */
-            const pid_t child = fork();
-            if (child == 0) {
-                alarm(20);
-                const kvhal_status st = kvhal_xfer_wait(rx, 3000);
-                int bad = st == KVHAL_OK || st == KVHAL_BUSY ? 1 : !strstr(kvhal_last_error(), "forked") ? 2 : 0;
-                if (!bad && kvhal_cache_manager_num_free(s.cm) != PAGES) bad = 3;
-                if (bad) fprintf(stderr, "child: %s (%s)\n", kvhal_status_name(st), kvhal_last_error());
-                _exit(bad);
-            }
-            pthread_mutex_unlock(&s.mu);
-            int wst = 0;
-            assert_int_equal(waitpid(child, &wst, 0), child);
-            if (!WIFEXITED(wst) || WEXITSTATUS(wst))
-                fail_msg("fork: the child %s %d", WIFEXITED(wst) ? "exited" : "was killed by signal",
-                         WIFEXITED(wst) ? WEXITSTATUS(wst) : WTERMSIG(wst));
+        if (sc == 4) { /* a child forked now fails the frame at once, acknowledging nothing: the copy is the parent's */
+            fork_fails_held(&s, rx, s.cm, names[sc]);
             raw_progress(&r, 0.05);
             assert_int_equal(r.nacks, 0);
         }
@@ -2483,7 +2494,8 @@ static void pair_pattern(pair *p, const int32_t *dst, uint64_t seed)
                 }
                 assert_int_equal(kvhal_memcpy_d2h(got, p->s.buf, chunk_at(p->s.cache, l, kv, dst[i]), CHUNK, NULL),
                                  KVHAL_OK);
-                if (memcmp(got, want, CHUNK)) fail_msg("page %d (dst %d) layer %d %c differs", i, dst[i], l, kv ? 'V' : 'K');
+                if (memcmp(got, want, CHUNK))
+                    fail_msg("page %d (dst %d) layer %d %c differs", i, dst[i], l, kv ? 'V' : 'K');
             }
 }
 
@@ -2618,37 +2630,18 @@ static void test_fork_with_frames_held(void **state)
         kvhal_xfer_event ev;
         const double until = now_s() + 5;
         while (atomic_load(&workers_held) - held0 < 2 && now_s() < until) kvhal_xfer_progress(p.a, 1, &ev);
-        if (atomic_load(&workers_held) - held0 < 2) fail_msg("side %d: %d copy worker(s) held", side, atomic_load(&workers_held) - held0);
-        /* the server's lock held across the fork: the receiver's frame was handed to its workers (they started in
-         * that call), and its agent is not in use when the child takes it */
-        pthread_mutex_lock(&p.s.mu);
-        const pid_t child = fork();
-        if (child == 0) {
-            alarm(20);
-            kvhal_xfer *x = side == 0 ? tx : rx;
-            const kvhal_status st = kvhal_xfer_wait(x, 3000);
-            int bad = st == KVHAL_OK || st == KVHAL_BUSY ? 1 : !strstr(kvhal_last_error(), "forked") ? 2 : 0;
-            if (!bad && side == 1 && (kvhal_cache_manager_num_free(p.s.cm) != PAGES ||
-                                      kvhal_cache_manager_check_integrity(p.s.cm) != KVHAL_OK))
-                bad = 3;
-            if (bad) fprintf(stderr, "child: %s (%s)\n", kvhal_status_name(st), kvhal_last_error());
-            if (!bad && kvhal_xfer_release(x) != KVHAL_OK) bad = 4;
-            _exit(bad);
-        }
-        pthread_mutex_unlock(&p.s.mu);
-        assert_true(child > 0);
-        int wst = 0;
-        assert_int_equal(waitpid(child, &wst, 0), child);
-        if (!WIFEXITED(wst) || WEXITSTATUS(wst))
-            fail_msg("side %d: the child %s %d", side, WIFEXITED(wst) ? "exited" : "was killed by signal",
-                     WIFEXITED(wst) ? WEXITSTATUS(wst) : WTERMSIG(wst));
+        if (atomic_load(&workers_held) - held0 < 2)
+            fail_msg("side %d: %d copy worker(s) held", side, atomic_load(&workers_held) - held0);
+        /* the receiver's frame is with its workers: they started in the server's call that handed it to them,
+         * which the lock fork_fails_held takes waits for */
+        fork_fails_held(&p.s, side == 0 ? tx : rx, side == 0 ? NULL : p.s.cm, side == 0 ? "sender" : "receiver");
         atomic_store(&worker_gate, false);
         char tmsg[512], msg[512];
         kvhal_status tst;
         const kvhal_status rst = pair_wait(&p, rx, tx, &tst, tmsg, msg, sizeof msg);
         if (tst != KVHAL_OK || rst != KVHAL_OK)
-            fail_msg("side %d: the parent's request: sent %s (%s), received %s (%s)", side, kvhal_status_name(tst), tmsg,
-                     kvhal_status_name(rst), msg);
+            fail_msg("side %d: the parent's request: sent %s (%s), received %s (%s)", side, kvhal_status_name(tst),
+                     tmsg, kvhal_status_name(rst), msg);
         pair_pattern(&p, dst, 80);
         pthread_mutex_lock(&p.s.mu);
         assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);

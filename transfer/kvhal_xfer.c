@@ -1095,7 +1095,8 @@ static void recv_frame_finish(kvhal_xfer_agent *a, recv_frame *f, kvhal_status s
 {
     kvhal_xfer *x = f->x;
     x->inflight--;
-    if (ack && x->peer && x->peer->state == P_CONNECTED) send_ack(a, x->peer, f->xfer_id, f->frame, st, f->bytes, reason);
+    if (ack && x->peer && x->peer->state == P_CONNECTED)
+        send_ack(a, x->peer, f->xfer_id, f->frame, st, f->bytes, reason);
     free(f->iov);
     stage_release(a, f->stage_mem, f->staging);
     if (st == KVHAL_OK) {
