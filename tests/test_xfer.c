@@ -2,9 +2,10 @@
  * host pattern on every device present (CPU in place, others staged), and the faults: a wrong token, another cache
  * geometry, hostile frames from a hand-made UCX peer (page ids past the end or not granted, layers out of range,
  * sizes that do not add up, truncated headers, a (page, layer) sent twice, unknown sessions), a stalled peer, a peer
- * process killed mid-transfer, cancel, and bad arguments. After each: the receiver's error is clear, not one byte of
- * its cache outside the delivered pages changed, every granted page is back in the cache manager, and (under
- * ASan/valgrind) nothing leaked.
+ * process killed mid-transfer, cancel, bad arguments, and the copy workers' own failures (a device copy failing on
+ * one, their threads refused, a fork while they hold frames). After each: the receiver's error is clear, not one
+ * byte of its cache outside the delivered pages changed, every granted page is back in the cache manager, and
+ * (under ASan/valgrind) nothing leaked.
  *
  * The receiver agent B is progressed by a server thread (kvhal_xfer_connect blocks on the connecting side); every
  * call on B takes the lock that thread holds while it progresses. */
