@@ -2,14 +2,16 @@
  * host pattern on every device present (CPU in place, others staged), and the faults: a wrong token, another cache
  * geometry, hostile frames from a hand-made UCX peer (page ids past the end or not granted, layers out of range,
  * sizes that do not add up, truncated headers, a (page, layer) sent twice, unknown sessions), a stalled peer, a peer
- * process killed mid-transfer, cancel, and bad arguments. After each: the receiver's error is clear, not one byte of
- * its cache outside the delivered pages changed, every granted page is back in the cache manager, and (under
- * ASan/valgrind) nothing leaked.
+ * process killed mid-transfer, cancel, bad arguments, and the copy workers' own failures (a device copy failing on
+ * one, their threads refused, a fork while they hold frames). After each: the receiver's error is clear, not one
+ * byte of its cache outside the delivered pages changed, every granted page is back in the cache manager, and
+ * (under ASan/valgrind) nothing leaked.
  *
  * The receiver agent B is progressed by a server thread (kvhal_xfer_connect blocks on the connecting side); every
  * call on B takes the lock that thread holds while it progresses. */
 #define _GNU_SOURCE /* RTLD_NEXT */
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -120,6 +122,10 @@ ucs_status_ptr_t ucp_am_send_nbx(ucp_ep_h ep, unsigned id, const void *header, s
  * frames stay queued, not gathered, while the test cancels, disconnects or destroys) */
 static atomic_bool worker_gate;
 static atomic_int workers_held;
+/* Bit k of threads_refuse refuses (EAGAIN, as a process out of threads gets) libkvhal-xfer's k-th thread start
+ * counted from refuse_base (xfer_threads when the test set it): test_worker_threads_refused */
+static atomic_uint threads_refuse;
+static atomic_int refuse_base, threads_refused;
 typedef struct held_start {
     void *(*start)(void *);
     void *arg;
@@ -144,7 +150,11 @@ int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*start)(voi
     void *fp;
     memcpy(&fp, &start, sizeof fp);
     if (dladdr(fp, &di) && di.dli_fname && strstr(di.dli_fname, "libkvhal-xfer")) {
-        atomic_fetch_add(&xfer_threads, 1);
+        const int k = atomic_fetch_add(&xfer_threads, 1) - atomic_load(&refuse_base);
+        if (k >= 0 && k < 32 && (atomic_load(&threads_refuse) >> k & 1u)) {
+            atomic_fetch_add(&threads_refused, 1);
+            return EAGAIN;
+        }
         held_start *h = atomic_load(&worker_gate) ? malloc(sizeof *h) : NULL;
         if (h) {
             *h = (held_start){start, arg};
@@ -1931,11 +1941,39 @@ static void test_hostile_ipc(void **state)
     free(hpat);
 }
 
+/* A child forked while the server's copy workers (or the sender's) hold a frame of x waits for x on its own: it
+ * must fail at once naming the fork (an alarm ends a child that hangs) and, with cm, leave every page of cm free
+ * in its copy of it. The server's lock is held across the fork: its agent is not in use when the child takes it. */
+static void fork_fails_held(server *s, kvhal_xfer *x, kvhal_cache_manager *cm, const char *what)
+{
+    pthread_mutex_lock(&s->mu);
+    const pid_t child = fork();
+    if (child == 0) {
+        alarm(20);
+        const kvhal_status st = kvhal_xfer_wait(x, 3000);
+        int bad = st == KVHAL_OK || st == KVHAL_BUSY ? 1 : !strstr(kvhal_last_error(), "forked") ? 2 : 0;
+        if (!bad && cm && (kvhal_cache_manager_num_free(cm) != PAGES || kvhal_cache_manager_check_integrity(cm)))
+            bad = 3;
+        if (bad) fprintf(stderr, "child: %s (%s)\n", kvhal_status_name(st), kvhal_last_error());
+        if (!bad && kvhal_xfer_release(x) != KVHAL_OK) bad = 4;
+        _exit(bad);
+    }
+    pthread_mutex_unlock(&s->mu);
+    assert_true(child > 0);
+    int wst = 0;
+    assert_int_equal(waitpid(child, &wst, 0), child);
+    if (!WIFEXITED(wst) || WEXITSTATUS(wst))
+        fail_msg("%s: the child %s %d", what, WIFEXITED(wst) ? "exited" : "was killed by signal",
+                 WIFEXITED(wst) ? WEXITSTATUS(wst) : WTERMSIG(wst));
+}
+
 /* The CMA path's copy workers with copies in flight (held at process_vm_readv by the gate above): a transfer
  * canceled or released, its peer disconnected, or the agent destroyed while workers still read into its pages.
  * Cancel and release leave the pages out of the pool until the copies are over, then give them back (the transfer
  * ends CANCELED); disconnect does not wait for the copies (they read the peer's process by pid) and the transfer
- * ends once they are over; destroy waits for them. Under ASan/TSan: no use after free, no leak, no race. */
+ * ends once they are over; destroy waits for them. A child forked meanwhile fails the frame at once (pages back in
+ * its own copy of the cache manager) and acknowledges nothing: the parent's copy completes and is the only ACK the
+ * peer gets. Under ASan/TSan: no use after free, no leak, no race. */
 static void *open_gate_later(void *arg)
 {
     (void)arg;
@@ -1979,8 +2017,8 @@ static void test_cma_copies_in_flight(void **state)
     static const uint8_t probe[XW_CMA_PROBE] = "kvhal-cma-gate";
     const xw_cma_blob b = cma_blob((uint32_t)getpid(), hpat, hbytes, probe);
     enum { N = 8 };
-    const char *names[] = {"cancel", "release", "disconnect", "none (short reads)", "destroy"};
-    for (int sc = 0; sc < 5; sc++) {
+    const char *names[] = {"cancel", "release", "disconnect", "none (short reads)", "fork", "destroy"};
+    for (int sc = 0; sc < 6; sc++) {
         const int ev0 = server_nev(&s);
         raw r;
         raw_open(&r, blob, len, TOKEN);
@@ -2005,7 +2043,7 @@ static void test_cma_copies_in_flight(void **state)
         if (gate_count(NULL) < 2) fail_msg("%s: %d copy worker(s) at the gate, 2 expected", names[sc], gate_count(NULL));
         kvhal_xfer_info info;
         char msg[512];
-        if (sc == 4) { /* destroy: waits for the copies (the gate opens 0.3 s later), then frees everything */
+        if (sc == 5) { /* destroy: waits for the copies (the gate opens 0.3 s later), then frees everything */
             pthread_t opener;
             assert_int_equal(pthread_create(&opener, NULL, open_gate_later, NULL), 0);
             const double t0 = now_s();
@@ -2015,6 +2053,11 @@ static void test_cma_copies_in_flight(void **state)
             raw_close(&r);
             printf("# %s: CMA copies in flight, %s: ok\n", tls, names[sc]);
             break;
+        }
+        if (sc == 4) { /* a child forked now fails the frame at once, acknowledging nothing: the copy is the parent's */
+            fork_fails_held(&s, rx, s.cm, names[sc]);
+            raw_progress(&r, 0.05);
+            assert_int_equal(r.nacks, 0);
         }
         pthread_mutex_lock(&s.mu);
         if (sc == 0) assert_int_equal(kvhal_xfer_cancel(rx), KVHAL_OK);
@@ -2049,11 +2092,11 @@ static void test_cma_copies_in_flight(void **state)
         } else {
             const kvhal_status st = wait_recv(&s, rx, 5, msg, sizeof msg);
             if (sc < 3 && st != KVHAL_CANCELED) fail_msg("%s: status %s (%s)", names[sc], kvhal_status_name(st), msg);
-            if (sc == 3) { /* nothing in the way: the frame is copied, read after read, and acknowledged */
+            if (sc >= 3) { /* nothing in the way: the frame is copied, read after read, and acknowledged */
                 pthread_mutex_lock(&gate_mu);
                 vm_read_cap = 0;
                 pthread_mutex_unlock(&gate_mu);
-                if (st != KVHAL_OK) fail_msg("short reads: status %s (%s)", kvhal_status_name(st), msg);
+                if (st != KVHAL_OK) fail_msg("%s: status %s (%s)", names[sc], kvhal_status_name(st), msg);
                 uint8_t got[CHUNK];
                 for (int i = 0; i < N; i++)
                     for (int l = 0; l < L; l++)
@@ -2065,6 +2108,10 @@ static void test_cma_copies_in_flight(void **state)
                 pthread_mutex_lock(&s.mu);
                 assert_int_equal(kvhal_cache_manager_free(s.cm, granted, N), KVHAL_OK);
                 pthread_mutex_unlock(&s.mu);
+                const double u3 = now_s() + 5;
+                while (r.nacks == 0 && now_s() < u3) raw_progress(&r, 0.001);
+                assert_int_equal(r.nacks, 1); /* the parent's, and no other */
+                assert_int_equal(r.last_ack.status, KVHAL_OK);
             }
             pthread_mutex_lock(&s.mu);
             assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);
@@ -2099,10 +2146,8 @@ static void *open_worker_gate_later(void *arg)
     return NULL;
 }
 
-/* The sender's agent a (cache c) connected to the server, which grants request req (n pages, into dst; rx its
- * receive); ev: the GRANT as the sender saw it. */
-static kvhal_xfer_peer *connect_granted(server *s, kvhal_xfer_agent *a, kvhal_paged_cache *c, uint64_t req, int32_t n,
-                                        int32_t *dst, kvhal_xfer **rx, kvhal_xfer_event *ev)
+/* The sender's agent a (cache c) connected to the server; *pb: the sender as the server's peer. */
+static kvhal_xfer_peer *connect_to(server *s, kvhal_xfer_agent *a, kvhal_paged_cache *c, kvhal_xfer_peer **pb)
 {
     assert_int_equal(kvhal_xfer_register_paged_cache(a, c), KVHAL_OK);
     uint8_t blob[4096];
@@ -2110,8 +2155,29 @@ static kvhal_xfer_peer *connect_granted(server *s, kvhal_xfer_agent *a, kvhal_pa
     kvhal_xfer_peer *pa;
     assert_int_equal(kvhal_xfer_connect(a, blob, len, TOKEN, &pa), KVHAL_OK);
     const int e = wait_event(s, KVHAL_XFER_EVENT_PEER_CONNECTED, 0, 5);
-    assert_int_equal(grant(s, s->evs[e].peer, req, n, dst, rx), KVHAL_OK);
+    pthread_mutex_lock(&s->mu);
+    *pb = s->evs[e].peer;
+    pthread_mutex_unlock(&s->mu);
+    return pa;
+}
+
+/* The server grants request req (n pages, into dst; rx its receive) to its peer pb, agent a's connection; ev: the
+ * GRANT as a saw it. */
+static void grant_seen(server *s, kvhal_xfer_peer *pb, kvhal_xfer_agent *a, uint64_t req, int32_t n, int32_t *dst,
+                       kvhal_xfer **rx, kvhal_xfer_event *ev)
+{
+    assert_int_equal(grant(s, pb, req, n, dst, rx), KVHAL_OK);
     sender_grant(a, ev);
+}
+
+/* The sender's agent a (cache c) connected to the server, which grants request req (n pages, into dst; rx its
+ * receive); ev: the GRANT as the sender saw it. */
+static kvhal_xfer_peer *connect_granted(server *s, kvhal_xfer_agent *a, kvhal_paged_cache *c, uint64_t req, int32_t n,
+                                        int32_t *dst, kvhal_xfer **rx, kvhal_xfer_event *ev)
+{
+    kvhal_xfer_peer *pb;
+    kvhal_xfer_peer *pa = connect_to(s, a, c, &pb);
+    grant_seen(s, pb, a, req, n, dst, rx, ev);
     return pa;
 }
 
@@ -2354,6 +2420,240 @@ static void test_dropped_peers_close_endpoints(void **state)
     server_stop(&s);
 }
 
+/* ---------------------------------------------------------------------------------------------------------- */
+/* the copy workers failing: a copy that fails, threads that do not start, a fork while they hold frames       */
+/* ---------------------------------------------------------------------------------------------------------- */
+/* A device whose copies to and from the host fail on demand: tests/plugins_rt's copyfail module (host memory behind
+ * a backend module, so that its caches are staged like a GPU's), loaded explicitly (KVHAL_BACKENDS does not filter
+ * it: valgrind's CPU-only runs have it too). While *copyfail_mask has bit 1 its copies to the host fail, with bit 2
+ * those to the device, with the module's own error and before a byte is written. */
+static atomic_int *copyfail_mask;
+
+static kvhal_device copyfail_device(void)
+{
+    static kvhal_device dev;
+    if (!copyfail_mask) {
+        assert_int_equal(kvhal_backend_load(KVHAL_TEST_BUILD_ROOT "/tests/plugins_rt/libkvhal-copyfail.so"), KVHAL_OK);
+        assert_int_equal(kvhal_device_type_find("copyfail", &dev.type), KVHAL_OK);
+        void *p = NULL;
+        assert_int_equal(kvhal_backend_get_proc_address(dev.type, "tp_copy_fail", &p), KVHAL_OK);
+        copyfail_mask = p;
+    }
+    return dev;
+}
+
+/* A receiver (the server: a cache on rdev, rworkers copy workers, timeout rtimeout ms) and a sender connected to it
+ * (agent a, a 16-page cache on sdev, sworkers copy workers); pb: the sender as the server's peer. */
+typedef struct pair {
+    server s;
+    kvhal_xfer_agent *a;
+    kvhal_paged_cache *sc;
+    kvhal_xfer_peer *pa, *pb;
+} pair;
+
+static void pair_start(pair *p, kvhal_device rdev, const char *rworkers, uint32_t rtimeout, kvhal_device sdev,
+                       const char *sworkers)
+{
+    const char *o = getenv("KVHAL_XFER_CMA_THREADS");
+    char old[32];
+    snprintf(old, sizeof old, "%s", o ? o : "");
+    setenv("KVHAL_XFER_CMA_THREADS", rworkers, 1);
+    server_start(&p->s, rdev, rtimeout);
+    setenv("KVHAL_XFER_CMA_THREADS", sworkers, 1);
+    p->sc = make_cache(sdev, HEADS, 16, KVHAL_LAYER_FIRST);
+    kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 5000, .transports = tls};
+    assert_int_equal(kvhal_xfer_agent_create(&cfg, &p->a), KVHAL_OK);
+    if (o) setenv("KVHAL_XFER_CMA_THREADS", old, 1);
+    else unsetenv("KVHAL_XFER_CMA_THREADS");
+    p->pa = connect_to(&p->s, p->a, p->sc, &p->pb);
+}
+
+static void pair_stop(pair *p)
+{
+    assert_int_equal(kvhal_xfer_disconnect(p->pa), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_agent_destroy(p->a), KVHAL_OK);
+    kvhal_paged_cache_destroy(p->sc);
+    all_pages_free(&p->s);
+    server_stop(&p->s);
+}
+
+enum { PN = 6 }; /* pages of a request in the tests below */
+static const int32_t pair_src[PN] = {11, 3, 7, 0, 14, 5};
+
+/* Pattern seed's data written to the sender's pages pair_src, or checked in the receiver's pages dst. */
+static void pair_pattern(pair *p, const int32_t *dst, uint64_t seed)
+{
+    uint8_t want[CHUNK], got[CHUNK];
+    for (int i = 0; i < PN; i++)
+        for (int l = 0; l < L; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                fill_pattern(want, CHUNK, seed * 1000 + (uint64_t)(i * 100 + l * 10 + kv));
+                if (!dst) {
+                    assert_int_equal(kvhal_memcpy_h2d(cache_buffer(p->sc), chunk_at(p->sc, l, kv, pair_src[i]), want,
+                                                      CHUNK, NULL), KVHAL_OK);
+                    continue;
+                }
+                assert_int_equal(kvhal_memcpy_d2h(got, p->s.buf, chunk_at(p->s.cache, l, kv, dst[i]), CHUNK, NULL),
+                                 KVHAL_OK);
+                if (memcmp(got, want, CHUNK))
+                    fail_msg("page %d (dst %d) layer %d %c differs", i, dst[i], l, kv ? 'V' : 'K');
+            }
+}
+
+/* The sender's request req granted (dst, rx) and sent (tx), its pages written with pattern seed first. */
+static void pair_send(pair *p, uint64_t req, uint64_t seed, int32_t *dst, kvhal_xfer **rx, kvhal_xfer **tx)
+{
+    kvhal_xfer_event ev;
+    pair_pattern(p, NULL, seed);
+    grant_seen(&p->s, p->pb, p->a, req, PN, dst, rx, &ev);
+    assert_int_equal(kvhal_xfer_send_pages(p->pa, req, pair_src, ev.pages, PN, 0, L, tx), KVHAL_OK);
+}
+
+/* Both ends of a request waited for: returns the receive's status (its message in msg); the send's in *tst and
+ * tmsg. */
+static kvhal_status pair_wait(pair *p, kvhal_xfer *rx, kvhal_xfer *tx, kvhal_status *tst, char *tmsg, char *msg,
+                              size_t cap)
+{
+    *tst = kvhal_xfer_wait(tx, 5000);
+    snprintf(tmsg, cap, "%s", kvhal_last_error());
+    return wait_recv(&p->s, rx, 5, msg, cap);
+}
+
+/* Request req sent and received whole, every byte checked, then its pages given back. */
+static void pair_round_trip(pair *p, uint64_t req, uint64_t seed)
+{
+    int32_t dst[PN];
+    kvhal_xfer *rx, *tx;
+    pair_send(p, req, seed, dst, &rx, &tx);
+    char tmsg[512], msg[512];
+    kvhal_status tst;
+    const kvhal_status rst = pair_wait(p, rx, tx, &tst, tmsg, msg, sizeof msg);
+    if (tst != KVHAL_OK || rst != KVHAL_OK)
+        fail_msg("request %llu: sent %s (%s), received %s (%s)", (unsigned long long)req, kvhal_status_name(tst), tmsg,
+                 kvhal_status_name(rst), msg);
+    pair_pattern(p, dst, seed);
+    pthread_mutex_lock(&p->s.mu);
+    assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_free(p->s.cm, dst, PN), KVHAL_OK);
+    pthread_mutex_unlock(&p->s.mu);
+    assert_int_equal(kvhal_xfer_release(tx), KVHAL_OK);
+}
+
+/* A copy worker's copy fails for real (the copyfail device's DMA error): the sender's staging of a frame to host
+ * memory, then the receiver's copy of a frame to its device. The transfer ends with the device's error named on the
+ * side(s) that see it (a receiver never told times out), not a byte of the receiver's cache changes, every granted
+ * page comes back, and the next request on the same agents arrives whole. */
+static void test_worker_copy_fails(void **state)
+{
+    (void)state;
+    const kvhal_device cf = copyfail_device(), cpu = {KVHAL_DEVICE_CPU, 0};
+    for (int side = 0; side < 2; side++) { /* 0: the sender's workers, 1: the receiver's */
+        pair p;
+        const int threads0 = atomic_load(&xfer_threads);
+        if (side == 0) pair_start(&p, cpu, "0", 1500, cf, "2");
+        else pair_start(&p, cf, "2", 5000, cpu, "0");
+        int32_t dst[PN];
+        kvhal_xfer *rx, *tx;
+        atomic_store(copyfail_mask, side == 0 ? 1 : 2);
+        pair_send(&p, 60, 60, dst, &rx, &tx);
+        char tmsg[512], msg[512];
+        kvhal_status tst;
+        const kvhal_status rst = pair_wait(&p, rx, tx, &tst, tmsg, msg, sizeof msg);
+        atomic_store(copyfail_mask, 0);
+        assert_int_equal(atomic_load(&xfer_threads) - threads0, 2); /* the failing side's workers copied */
+        if (tst != KVHAL_BACKEND_ERROR) fail_msg("side %d: the send ended %s (%s)", side, kvhal_status_name(tst), tmsg);
+        assert_contains(tmsg, "simulated DMA failure");
+        if (side == 0) {
+            assert_contains(tmsg, "to host memory failed"); /* frame 0, or another if frames are cut small */
+            if (rst != KVHAL_TIMEOUT) fail_msg("the receive ended %s (%s)", kvhal_status_name(rst), msg);
+            assert_contains(msg, "no data from peer prefill");
+        } else {
+            assert_contains(tmsg, "copy to the device failed");
+            if (rst != KVHAL_BACKEND_ERROR) fail_msg("the receive ended %s (%s)", kvhal_status_name(rst), msg);
+            assert_contains(msg, "copy to the device failed");
+            assert_contains(msg, "simulated DMA failure");
+        }
+        check_cache(&p.s, NULL, 0);
+        pthread_mutex_lock(&p.s.mu);
+        assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);
+        pthread_mutex_unlock(&p.s.mu);
+        assert_int_equal(kvhal_xfer_release(tx), KVHAL_OK);
+        all_pages_free(&p.s);
+        pair_round_trip(&p, 61, 61); /* the agents, and their workers, go on */
+        pair_stop(&p);
+        printf("# %s: %s's copy worker failing: ok (%s)\n", tls, side == 0 ? "sender" : "receiver", side ? msg : tmsg);
+    }
+}
+
+/* The copy workers' threads refused (EAGAIN from pthread_create): every start, or the second of each agent (each
+ * runs with one worker). Staged caches both sides, so that both agents start workers: the requests arrive whole,
+ * copied by pump where no worker started. */
+static void test_worker_threads_refused(void **state)
+{
+    (void)state;
+    const kvhal_device cf = copyfail_device();
+    const char *names[] = {"every start", "the second start of each agent"};
+    const unsigned refuse[] = {~0u, 1u << 1 | 1u << 3};
+    const int tried[] = {2, 4}; /* a refusal ends the agent's starts; the receiver's come after the sender's */
+    for (int sc = 0; sc < 2; sc++) {
+        pair p;
+        pair_start(&p, cf, "2", 5000, cf, "2");
+        atomic_store(&threads_refused, 0);
+        atomic_store(&refuse_base, atomic_load(&xfer_threads));
+        atomic_store(&threads_refuse, refuse[sc]);
+        pair_round_trip(&p, 70, 70);
+        pair_round_trip(&p, 71, 71); /* a pool that started short stays so */
+        atomic_store(&threads_refuse, 0);
+        assert_int_equal(atomic_load(&xfer_threads) - atomic_load(&refuse_base), tried[sc]);
+        assert_int_equal(atomic_load(&threads_refused), 2);
+        pair_stop(&p);
+        printf("# %s: copy worker threads refused, %s: ok\n", tls, names[sc]);
+    }
+}
+
+/* A child forked while the parent's copy workers hold a frame (worker_gate): the sender's staging to host memory,
+ * then the receiver's copy to its device. The child, calling into the agent, gets the frame failed at once, saying
+ * so, with no hang on the workers it does not have (an alarm would end it) and, on the receiver, every granted page
+ * back in its cache manager; it tells the peer nothing, so the parent's request completes, every byte checked. */
+static void test_fork_with_frames_held(void **state)
+{
+    (void)state;
+    const kvhal_device cf = copyfail_device(), cpu = {KVHAL_DEVICE_CPU, 0};
+    for (int side = 0; side < 2; side++) { /* 0: the sender's workers hold it, 1: the receiver's */
+        pair p;
+        if (side == 0) pair_start(&p, cpu, "0", 5000, cf, "2");
+        else pair_start(&p, cf, "2", 5000, cpu, "0");
+        int32_t dst[PN];
+        kvhal_xfer *rx, *tx;
+        const int held0 = atomic_load(&workers_held);
+        atomic_store(&worker_gate, true);
+        pair_send(&p, 80, 80, dst, &rx, &tx);
+        kvhal_xfer_event ev;
+        const double until = now_s() + 5;
+        while (atomic_load(&workers_held) - held0 < 2 && now_s() < until) kvhal_xfer_progress(p.a, 1, &ev);
+        if (atomic_load(&workers_held) - held0 < 2)
+            fail_msg("side %d: %d copy worker(s) held", side, atomic_load(&workers_held) - held0);
+        /* the receiver's frame is with its workers: they started in the server's call that handed it to them,
+         * which the lock fork_fails_held takes waits for */
+        fork_fails_held(&p.s, side == 0 ? tx : rx, side == 0 ? NULL : p.s.cm, side == 0 ? "sender" : "receiver");
+        atomic_store(&worker_gate, false);
+        char tmsg[512], msg[512];
+        kvhal_status tst;
+        const kvhal_status rst = pair_wait(&p, rx, tx, &tst, tmsg, msg, sizeof msg);
+        if (tst != KVHAL_OK || rst != KVHAL_OK)
+            fail_msg("side %d: the parent's request: sent %s (%s), received %s (%s)", side, kvhal_status_name(tst),
+                     tmsg, kvhal_status_name(rst), msg);
+        pair_pattern(&p, dst, 80);
+        pthread_mutex_lock(&p.s.mu);
+        assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);
+        assert_int_equal(kvhal_cache_manager_free(p.s.cm, dst, PN), KVHAL_OK);
+        pthread_mutex_unlock(&p.s.mu);
+        assert_int_equal(kvhal_xfer_release(tx), KVHAL_OK);
+        pair_stop(&p);
+        printf("# %s: fork while the %s's copy workers hold a frame: ok\n", tls, side == 0 ? "sender" : "receiver");
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *t = getenv("TRANSFER_TLS");
@@ -2379,6 +2679,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cma_copies_in_flight),
         cmocka_unit_test(test_gathers_in_flight),
         cmocka_unit_test(test_recv_staging_in_flight),
+        cmocka_unit_test(test_worker_copy_fails),
+        cmocka_unit_test(test_worker_threads_refused),
+        cmocka_unit_test(test_fork_with_frames_held),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1060,7 +1060,7 @@ nomem:
 
 /* A finished receive frame (from pump): copy staged data to the device, account, acknowledge. */
 static bool rstage_submit(kvhal_xfer_agent *a, recv_frame *f);
-static void recv_frame_finish(kvhal_xfer_agent *a, recv_frame *f, kvhal_status st, const char *reason);
+static void recv_frame_finish(kvhal_xfer_agent *a, recv_frame *f, kvhal_status st, const char *reason, bool ack);
 
 /* A device cache's received frame: its staging copied to the granted pages (the page list and layers were kept
  * after the IOV head), then acknowledged. */
@@ -1087,15 +1087,16 @@ static void recv_frame_done(kvhal_xfer_agent *a, recv_frame *f)
         if ((!a->rstaging || a->rstaging_out + f->bytes <= STAGE_AHEAD_BYTES) && rstage_submit(a, f)) return;
         st = recv_stage(a, &a->stage_stream, f, reason, sizeof reason);
     }
-    recv_frame_finish(a, f, st, reason);
+    recv_frame_finish(a, f, st, reason, true);
 }
 
-/* The frame's end: acknowledged, its buffers freed, its transfer settled (which may free it). */
-static void recv_frame_finish(kvhal_xfer_agent *a, recv_frame *f, kvhal_status st, const char *reason)
+/* The frame's end: acknowledged (unless ack is false), its buffers freed, its transfer settled (which may free it). */
+static void recv_frame_finish(kvhal_xfer_agent *a, recv_frame *f, kvhal_status st, const char *reason, bool ack)
 {
     kvhal_xfer *x = f->x;
     x->inflight--;
-    if (x->peer && x->peer->state == P_CONNECTED) send_ack(a, x->peer, f->xfer_id, f->frame, st, f->bytes, reason);
+    if (ack && x->peer && x->peer->state == P_CONNECTED)
+        send_ack(a, x->peer, f->xfer_id, f->frame, st, f->bytes, reason);
     free(f->iov);
     stage_release(a, f->stage_mem, f->staging);
     if (st == KVHAL_OK) {
@@ -1822,6 +1823,7 @@ static unsigned cma_reap(kvhal_xfer_agent *a, bool wait)
             ipc_job *j = a->cma_running;
             a->cma_running = j->next;
             j->failed = true;
+            j->p = NULL; /* no ACK from here: the connection is the parent's, whose workers still copy the frame */
             snprintf(j->why, sizeof j->why, "the process forked while the frame was being copied");
             j->next = done;
             done = j;
@@ -1943,16 +1945,20 @@ static unsigned gather_reap(kvhal_xfer_agent *a, bool wait)
         f->gathering = false;
         x->sends_inflight--;
         n++;
-        if (f->stage_src) { /* staged (or skipped): the page list is done with */
+        const bool staged = f->stage_src != NULL;
+        if (staged) { /* staged (or skipped): the page list is done with */
             a->staging_out -= f->bytes;
             free(f->stage_src);
             f->stage_src = NULL;
         }
         kvhal_xfer_peer *p = x->peer;
-        if (f->gskip || x->failing || !p || p->state != P_CONNECTED) {
+        if (orphaned || f->gskip || x->failing || !p || p->state != P_CONNECTED) {
             frame_unbounce(a, f);
-            if (!x->failing) xfer_finish(x, KVHAL_PEER_FAILED, "peer gone"); /* settles: may free x */
-            else xfer_settle(x);
+            if (x->failing) xfer_settle(x);
+            else if (orphaned) /* not "peer gone": the peer is the parent's, which still sends this frame */
+                xfer_finish(x, KVHAL_PEER_FAILED, "frame %d: the process forked while the frame was being %s",
+                            (int)(f - x->frames), staged ? "staged" : "gathered"); /* settles: may free x */
+            else xfer_finish(x, KVHAL_PEER_FAILED, "peer gone"); /* settles: may free x */
             continue;
         }
         if (f->gstatus != KVHAL_OK) {
@@ -2036,7 +2042,9 @@ static unsigned rstage_reap(kvhal_xfer_agent *a, bool wait)
             snprintf(why, sizeof why, "request %llu is no longer received", (unsigned long long)f->x->request_id);
         else
             memcpy(why, f->rwhy, sizeof why);
-        recv_frame_finish(a, f, f->rstatus, why); /* may free its transfer */
+        /* a forked child does not acknowledge: the connection is the parent's, whose workers still copy the frame
+         * and acknowledge it */
+        recv_frame_finish(a, f, f->rstatus, why, !orphaned); /* may free its transfer */
         n++;
     }
     return n;

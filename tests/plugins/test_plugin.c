@@ -9,8 +9,13 @@
  *   TP_DEVICES n       devices it reports (default 1)
  *   TP_REFUSE          its supports() refuses tensor_copy of f32 tensors, with a reason
  *   TP_REASON_UNTERMINATED its init fails and fills the whole reason buffer with no terminating NUL
+ *   TP_COPY_FAIL       its copies between host and device fail while the mask that its extra "tp_copy_fail" points to
+ *                      (an atomic_int: 1 device to host, 2 host to device) says so (test_xfer: a copy worker's
+ *                      staging copy failing for real, through the core's error path); it has memset too, which
+ *                      a paged cache's creation needs
  * A working module is host memory with tensor_copy as its one op (paged_caching and copy_blocks slots are NULL).
  * Entries that a refused module must never reach return KVHAL_INTERNAL, so a core that called them fails a test. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,14 +85,28 @@ static kvhal_status tp_free(void *ctx, int32_t id, void *native)
     return ctx ? KVHAL_OK : KVHAL_INTERNAL;
 }
 
+#ifdef TP_COPY_FAIL
+static atomic_int tp_copy_fail; /* TP_COPY_FAIL: which directions fail now */
+#define TP_FAIL_IF(bit, what)                                                                                       \
+    do {                                                                                                             \
+        if (atomic_load(&tp_copy_fail) & (bit))                                                                      \
+            return ((tp_ctx *)ctx)->svc->set_error(KVHAL_BACKEND_ERROR, "%s: simulated DMA failure copying %zu bytes " \
+                                                   what, TP_NAME, n);                                               \
+    } while (0)
+#else
+#define TP_FAIL_IF(bit, what) ((void)0)
+#endif
+
 static kvhal_status tp_h2d(void *ctx, int32_t id, void *dst, size_t off, const void *src, size_t n, void *s)
 {
+    TP_FAIL_IF(2, "to the device");
     memmove((char *)dst + off, src, n);
     return ctx ? KVHAL_OK : KVHAL_INTERNAL;
 }
 
 static kvhal_status tp_d2h(void *ctx, int32_t id, void *dst, const void *src, size_t off, size_t n, void *s)
 {
+    TP_FAIL_IF(1, "to the host");
     memmove(dst, (const char *)src + off, n);
     return ctx ? KVHAL_OK : KVHAL_INTERNAL;
 }
@@ -98,6 +117,14 @@ static kvhal_status tp_d2d(void *ctx, int32_t id, void *dst, size_t doff, const 
     memmove((char *)dst + doff, (const char *)src + soff, n);
     return ctx ? KVHAL_OK : KVHAL_INTERNAL;
 }
+
+#ifdef TP_COPY_FAIL
+static kvhal_status tp_memset(void *ctx, int32_t id, void *dst, size_t off, int value, size_t n, void *s)
+{
+    memset((char *)dst + off, value, n);
+    return ctx ? KVHAL_OK : KVHAL_INTERNAL;
+}
+#endif
 
 static kvhal_status tp_sync(void *ctx, int32_t id) { return ctx ? KVHAL_OK : KVHAL_INTERNAL; }
 
@@ -133,7 +160,13 @@ static kvhal_status tp_tensor_copy(void *ctx, int32_t id, void *desc, const kvha
 }
 
 static int tp_magic = 42;
-static void *tp_proc(void *ctx, const char *name) { return !strcmp(name, "tp_magic") ? &tp_magic : NULL; }
+static void *tp_proc(void *ctx, const char *name)
+{
+#ifdef TP_COPY_FAIL
+    if (!strcmp(name, "tp_copy_fail")) return &tp_copy_fail;
+#endif
+    return !strcmp(name, "tp_magic") ? &tp_magic : NULL;
+}
 
 static const kvhal_backend_device_fns tp_device = {
     .struct_size = sizeof(kvhal_backend_device_fns),
@@ -145,6 +178,9 @@ static const kvhal_backend_device_fns tp_device = {
     .memcpy_h2d = tp_h2d,
     .memcpy_d2h = tp_d2h,
     .memcpy_d2d = tp_d2d,
+#ifdef TP_COPY_FAIL
+    .memset = tp_memset,
+#endif
     .synchronize = tp_sync,
 };
 
