@@ -1943,15 +1943,19 @@ static void test_hostile_ipc(void **state)
 
 /* A child forked while the server's copy workers (or the sender's) hold a frame of x waits for x on its own: it
  * must fail at once naming the fork (an alarm ends a child that hangs) and, with cm, leave every page of cm free
- * in its copy of it. The server's lock is held across the fork: its agent is not in use when the child takes it. */
-static void fork_fails_held(server *s, kvhal_xfer *x, kvhal_cache_manager *cm, const char *what)
+ * in its copy of it. With drop, the child first disconnects that peer (its held copies are forgotten without the
+ * workers' lock, which a worker may have held when the process forked): x then fails as disconnected or forked.
+ * The server's lock is held across the fork: its agent is not in use when the child takes it. */
+static void fork_fails_held(server *s, kvhal_xfer *x, kvhal_cache_manager *cm, kvhal_xfer_peer *drop,
+                            const char *what)
 {
     pthread_mutex_lock(&s->mu);
     const pid_t child = fork();
     if (child == 0) {
         alarm(20);
+        if (drop && kvhal_xfer_disconnect(drop) != KVHAL_OK) _exit(5);
         const kvhal_status st = kvhal_xfer_wait(x, 3000);
-        int bad = st == KVHAL_OK || st == KVHAL_BUSY ? 1 : !strstr(kvhal_last_error(), "forked") ? 2 : 0;
+        int bad = st == KVHAL_OK || st == KVHAL_BUSY ? 1 : !drop && !strstr(kvhal_last_error(), "forked") ? 2 : 0;
         if (!bad && cm && (kvhal_cache_manager_num_free(cm) != PAGES || kvhal_cache_manager_check_integrity(cm)))
             bad = 3;
         if (bad) fprintf(stderr, "child: %s (%s)\n", kvhal_status_name(st), kvhal_last_error());
@@ -2055,7 +2059,8 @@ static void test_cma_copies_in_flight(void **state)
             break;
         }
         if (sc == 4) { /* a child forked now fails the frame at once, acknowledging nothing: the copy is the parent's */
-            fork_fails_held(&s, rx, s.cm, names[sc]);
+            fork_fails_held(&s, rx, s.cm, NULL, names[sc]);
+            fork_fails_held(&s, rx, s.cm, pb, names[sc]); /* and one that disconnects the peer first */
             raw_progress(&r, 0.05);
             assert_int_equal(r.nacks, 0);
         }
@@ -2635,7 +2640,7 @@ static void test_fork_with_frames_held(void **state)
             fail_msg("side %d: %d copy worker(s) held", side, atomic_load(&workers_held) - held0);
         /* the receiver's frame is with its workers: they started in the server's call that handed it to them,
          * which the lock fork_fails_held takes waits for */
-        fork_fails_held(&p.s, side == 0 ? tx : rx, side == 0 ? NULL : p.s.cm, side == 0 ? "sender" : "receiver");
+        fork_fails_held(&p.s, side == 0 ? tx : rx, side == 0 ? NULL : p.s.cm, NULL, side == 0 ? "sender" : "receiver");
         atomic_store(&worker_gate, false);
         char tmsg[512], msg[512];
         kvhal_status tst;

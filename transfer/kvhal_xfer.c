@@ -2055,13 +2055,16 @@ static unsigned rstage_reap(kvhal_xfer_agent *a, bool wait)
 static void cma_jobs_detach(kvhal_xfer_agent *a, const kvhal_xfer_peer *p)
 {
     if (!a->cma_running) return;
-    pthread_mutex_lock(&a->cma_mu);
+    /* in a forked child no worker runs, and the mutex may have been taken by one when the process forked: the
+     * jobs are this thread's alone (cma_reap fails them) */
+    const bool orphaned = cma_orphaned(a);
+    if (!orphaned) pthread_mutex_lock(&a->cma_mu);
     for (ipc_job *j = a->cma_running; j; j = j->next)
         if (j->p == p) {
             j->p = NULL;
             j->skip = true;
         }
-    pthread_mutex_unlock(&a->cma_mu);
+    if (!orphaned) pthread_mutex_unlock(&a->cma_mu);
 }
 
 /* Receiver (from pump): one batched copy of every (page, layer, K/V) chunk of a DATA_IPC frame from the imported
