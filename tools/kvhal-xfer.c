@@ -244,6 +244,7 @@ static int prefill(const char *transports, int fd, bool bench)
                 if (inflight[q] == ev.xfer) {
                     kvhal_xfer_release(ev.xfer);
                     inflight[q] = NULL;
+                    break;
                 }
             continue;
         }

@@ -225,6 +225,7 @@ typedef struct ipc_job { /* a DATA_IPC frame accepted (pages claimed), copied fr
     int32_t *idx;           /* n grant indices of dst */
     int path;               /* PATH_IPC (from an imported handle) or PATH_CMA (process_vm_readv) */
     int slot;               /* running: the stream of a->ipc_streams it was queued on */
+    uint64_t launch;        /* running: its launch group (the frames copied by one batched copy) */
     /* the CMA kind on the copy workers (cma_submit): the runs to read, built by pump and read-only afterwards */
     uint32_t pid;           /* the peer's process */
     struct iovec *lv, *rv;  /* runs: ours (the granted pages), the peer's */
@@ -298,6 +299,7 @@ struct kvhal_xfer_agent {
     bool ipc_stream_busy[IPC_STREAMS];
     ipc_job *ipc_jobs, *ipc_jobs_tail;  /* accepted DATA_IPC frames, launched from pump */
     ipc_job *ipc_running;               /* launched, oldest first, acknowledged once their stream is done */
+    uint64_t ipc_launches;              /* launch groups so far */
     /* the CMA path's copy workers (started on the first CMA frame, stopped by kvhal_xfer_agent_destroy) */
     int cma_threads;        /* wanted (KVHAL_XFER_CMA_THREADS, else min(4, online cores / 2)); 0: pump copies */
     size_t cma_piece;       /* split frames in pieces of this many bytes at least (KVHAL_XFER_CMA_PIECE_KIB) */
@@ -1481,7 +1483,8 @@ static void ipc_job_complete(kvhal_xfer_agent *a, ipc_job *j, kvhal_status st, c
     ipc_job_free(j);
 }
 
-/* Takes the oldest running copy off the list once its stream is done (wait: block for it), and completes it. */
+/* Takes the oldest running launch group off the list once its stream is done (wait: block for it), and completes
+ * its frames. */
 static bool ipc_job_reap(kvhal_xfer_agent *a, bool wait)
 {
     ipc_job *j = a->ipc_running;
@@ -1491,9 +1494,12 @@ static bool ipc_job_reap(kvhal_xfer_agent *a, bool wait)
     if (st == KVHAL_BUSY) return false;
     char why[XW_REASON_LEN] = "";
     if (st != KVHAL_OK) snprintf(why, sizeof why, "device copy failed: %s", kvhal_last_error());
-    a->ipc_running = j->next;
     a->ipc_stream_busy[j->slot] = false;
-    ipc_job_complete(a, j, st, why);
+    const uint64_t launch = j->launch;
+    do {
+        a->ipc_running = j->next;
+        ipc_job_complete(a, j, st, why);
+    } while ((j = a->ipc_running) && j->launch == launch);
     return true;
 }
 
@@ -2067,92 +2073,156 @@ static void cma_jobs_detach(kvhal_xfer_agent *a, const kvhal_xfer_peer *p)
     if (!orphaned) pthread_mutex_unlock(&a->cma_mu);
 }
 
-/* Receiver (from pump): one batched copy of every (page, layer, K/V) chunk of a DATA_IPC frame from the imported
- * cache into our granted pages (adjacent chunks merged), queued on a stream of its own; pump acknowledges it once
- * that stream is done, so the copies of several frames and transfers run back to back on the device. */
-static void ipc_job_launch(kvhal_xfer_agent *a, ipc_job *j)
+/* Receiver (from pump): the accepted DATA_IPC frames. Frames that need no device copy are settled first (their
+ * transfer no longer received, their peer gone: refused; the CMA kind: to the copy workers, or read here). The
+ * frames to copy from an imported cache go out in launch groups: every queued frame of one peer, while a stream is
+ * free, becomes one batched copy of all their (page, layer, K/V) chunks (adjacent ones merged) on that stream, and
+ * pump acknowledges each frame of the group once the stream is done. A frame arriving while every stream is busy
+ * waits for the next group instead of blocking pump, so under load the copies of many small transfers share one
+ * launch (a launch costs the host about as much as a 256 KiB transfer's copy takes on NVLink), and a lone frame on
+ * an idle receiver is launched at once. */
+#define IPC_GROUP_RANGES 4096 /* byte ranges of one launch group at most (the frames that make it bigger wait) */
+
+static bool ipc_job_needs_stream(const ipc_job *j)
+{
+    return !j->x->failing && j->p->state == P_CONNECTED && j->p->ipc_buf && !j->p->cma;
+}
+
+/* Settles a frame that needs no stream (see above). */
+static void ipc_job_settle(kvhal_xfer_agent *a, ipc_job *j)
 {
     kvhal_xfer *x = j->x;
     kvhal_xfer_peer *p = j->p;
-    const uint64_t cb = a->g.chunk_bytes;
     if (x->failing) {
         char why[XW_REASON_LEN];
         snprintf(why, sizeof why, "request %llu is no longer received", (unsigned long long)x->request_id);
         ipc_job_complete(a, j, KVHAL_CANCELED, why);
-        return;
-    }
-    if (p->state != P_CONNECTED || (!p->ipc_buf && !p->cma)) {
+    } else if (p->state != P_CONNECTED || (!p->ipc_buf && !p->cma)) {
         ipc_job_complete(a, j, KVHAL_PEER_FAILED, "peer gone");
-        return;
+    } else if (!cma_submit(a, j)) {
+        cma_copy(a, j); /* no workers: copied here, now */
     }
-    if (p->cma) {
-        if (!cma_submit(a, j)) cma_copy(a, j); /* no workers: copied here, now */
-        return;
-    }
-    /* a free stream: made on first use; when all are busy, wait for the oldest copy */
-    int slot = -1;
-    for (;;) {
-        for (int k = 0; k < IPC_STREAMS && slot < 0; k++)
-            if (!a->ipc_stream_busy[k] &&
-                (a->ipc_streams[k] || kvhal_stream_create(kvhal_buffer_device(a->cache_buf), &a->ipc_streams[k]) == KVHAL_OK))
-                slot = k;
-        if (slot >= 0 || !ipc_job_reap(a, true)) break;
-    }
-    if (slot < 0) {
-        char why[XW_REASON_LEN];
-        snprintf(why, sizeof why, "no stream for the copy: %s", kvhal_last_error());
-        ipc_job_complete(a, j, KVHAL_BACKEND_ERROR, why);
-        return;
-    }
-    const size_t max = (size_t)j->n * (size_t)j->nl * 2u;
-    size_t *dof = malloc(max * sizeof *dof), *sof = malloc(max * sizeof *sof), *len = malloc(max * sizeof *len);
-    kvhal_status st = KVHAL_OUT_OF_MEMORY;
-    char why[XW_REASON_LEN] = "receiver out of host memory";
-    if (dof && sof && len) {
-        size_t c = 0;
-        for (int32_t i = 0; i < j->n; i++)
-            for (int32_t l = j->l0; l < j->l0 + j->nl; l++)
-                for (int sd = 0; sd < 2; sd++) {
-                    const size_t so = (size_t)(p->ipc_off[2 * l + sd] + (uint64_t)j->pairs[2 * i] * p->ipc_stride);
-                    const size_t d = chunk_off(a, l, sd, j->pairs[2 * i + 1]);
-                    if (c && sof[c - 1] + len[c - 1] == so && dof[c - 1] + len[c - 1] == d) {
-                        len[c - 1] += cb;
-                    } else {
-                        sof[c] = so;
-                        dof[c] = d;
-                        len[c] = cb;
-                        c++;
-                    }
+}
+
+static int ipc_free_stream(kvhal_xfer_agent *a)
+{
+    for (int k = 0; k < IPC_STREAMS; k++)
+        if (!a->ipc_stream_busy[k] &&
+            (a->ipc_streams[k] || kvhal_stream_create(kvhal_buffer_device(a->cache_buf), &a->ipc_streams[k]) == KVHAL_OK))
+            return k;
+    return -1;
+}
+
+/* Appends a frame's chunks to the group's ranges (merging adjacent ones); false, with nothing appended, when that
+ * would pass cap ranges. */
+static bool ipc_job_ranges(const kvhal_xfer_agent *a, const ipc_job *j, size_t *dof, size_t *sof, size_t *len,
+                           size_t *count, size_t cap)
+{
+    const kvhal_xfer_peer *p = j->p;
+    const uint64_t cb = a->g.chunk_bytes;
+    size_t c = *count;
+    for (int32_t i = 0; i < j->n; i++)
+        for (int32_t l = j->l0; l < j->l0 + j->nl; l++)
+            for (int sd = 0; sd < 2; sd++) {
+                const size_t so = (size_t)(p->ipc_off[2 * l + sd] + (uint64_t)j->pairs[2 * i] * p->ipc_stride);
+                const size_t d = chunk_off(a, l, sd, j->pairs[2 * i + 1]);
+                if (c && sof[c - 1] + len[c - 1] == so && dof[c - 1] + len[c - 1] == d && c > *count) {
+                    len[c - 1] += cb;
+                } else {
+                    if (c == cap) return false;
+                    sof[c] = so;
+                    dof[c] = d;
+                    len[c] = cb;
+                    c++;
                 }
-        st = kvhal_memcpy_d2d_batch(a->cache_buf, p->ipc_buf, dof, sof, len, (int32_t)c, a->ipc_streams[slot]);
-        if (st != KVHAL_OK) snprintf(why, sizeof why, "device copy failed: %s", kvhal_last_error());
+            }
+    *count = c;
+    return true;
+}
+
+static void ipc_jobs_launch(kvhal_xfer_agent *a)
+{
+    for (ipc_job **pp = &a->ipc_jobs, *prev = NULL; *pp;) {
+        ipc_job *j = *pp;
+        if (ipc_job_needs_stream(j)) {
+            prev = j;
+            pp = &j->next;
+            continue;
+        }
+        *pp = j->next;
+        if (a->ipc_jobs_tail == j) a->ipc_jobs_tail = prev;
+        ipc_job_settle(a, j);
     }
-    free(dof);
-    free(sof);
-    free(len);
-    if (st != KVHAL_OK) {
-        ipc_job_complete(a, j, st, why);
-        return;
+    while (a->ipc_jobs) {
+        const int slot = ipc_free_stream(a);
+        if (slot < 0) {
+            if (a->ipc_running) break; /* the next free stream takes them */
+            ipc_job *j = a->ipc_jobs;  /* no stream can be made at all: the frames fail */
+            a->ipc_jobs = j->next;
+            if (!a->ipc_jobs) a->ipc_jobs_tail = NULL;
+            char why[XW_REASON_LEN];
+            snprintf(why, sizeof why, "no stream for the copy: %s", kvhal_last_error());
+            ipc_job_complete(a, j, KVHAL_BACKEND_ERROR, why);
+            continue;
+        }
+        /* the group: the head's peer's queued frames, in order, while their ranges fit in IPC_GROUP_RANGES (the
+         * head always goes, however many it has) */
+        kvhal_xfer_peer *p = a->ipc_jobs->p;
+        const size_t head = (size_t)a->ipc_jobs->n * (size_t)a->ipc_jobs->nl * 2u;
+        const size_t cap = head > IPC_GROUP_RANGES ? head : IPC_GROUP_RANGES;
+        size_t *dof = malloc(cap * sizeof *dof), *sof = malloc(cap * sizeof *sof), *len = malloc(cap * sizeof *len);
+        ipc_job *group = NULL, **gtail = &group;
+        size_t c = 0;
+        for (ipc_job **pp = &a->ipc_jobs, *prev = NULL; *pp;) {
+            ipc_job *j = *pp;
+            if (j->p != p || !ipc_job_needs_stream(j)) {
+                prev = j;
+                pp = &j->next;
+                continue;
+            }
+            if (dof && sof && len && !ipc_job_ranges(a, j, dof, sof, len, &c, cap)) break; /* the next group's */
+            *pp = j->next;
+            if (a->ipc_jobs_tail == j) a->ipc_jobs_tail = prev;
+            j->next = NULL;
+            *gtail = j;
+            gtail = &j->next;
+            if (!dof || !sof || !len) break; /* the head alone, to fail */
+        }
+        kvhal_status st = KVHAL_OUT_OF_MEMORY;
+        char why[XW_REASON_LEN] = "receiver out of host memory";
+        if (dof && sof && len) {
+            st = kvhal_memcpy_d2d_batch(a->cache_buf, p->ipc_buf, dof, sof, len, (int32_t)c, a->ipc_streams[slot]);
+            if (st != KVHAL_OK) snprintf(why, sizeof why, "device copy failed: %s", kvhal_last_error());
+        }
+        free(dof);
+        free(sof);
+        free(len);
+        if (st != KVHAL_OK) {
+            while (group) {
+                ipc_job *j = group;
+                group = j->next;
+                ipc_job_complete(a, j, st, why);
+            }
+            continue;
+        }
+        const uint64_t launch = ++a->ipc_launches;
+        a->ipc_stream_busy[slot] = true;
+        ipc_job **tail = &a->ipc_running;
+        while (*tail) tail = &(*tail)->next;
+        *tail = group;
+        for (ipc_job *j = group; j; j = j->next) {
+            j->slot = slot;
+            j->launch = launch;
+        }
     }
-    j->slot = slot;
-    a->ipc_stream_busy[slot] = true;
-    j->next = NULL;
-    ipc_job **tail = &a->ipc_running;
-    while (*tail) tail = &(*tail)->next;
-    *tail = j;
 }
 
 /* Launches the accepted frames, completes the copies that are over; returns how many completed. */
 static unsigned ipc_jobs_run(kvhal_xfer_agent *a)
 {
-    while (a->ipc_jobs) {
-        ipc_job *j = a->ipc_jobs;
-        a->ipc_jobs = j->next;
-        if (!a->ipc_jobs) a->ipc_jobs_tail = NULL;
-        ipc_job_launch(a, j);
-    }
     unsigned n = cma_reap(a, false);
-    while (ipc_job_reap(a, false)) n++;
+    while (ipc_job_reap(a, false)) n++; /* first: their streams take the frames waiting */
+    ipc_jobs_launch(a);
     return n;
 }
 
