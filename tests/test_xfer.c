@@ -118,6 +118,21 @@ ucs_status_ptr_t ucp_am_send_nbx(ucp_ep_h ep, unsigned id, const void *header, s
     return real(ep, id, header, header_length, buffer, count, param);
 }
 
+/* The receiver's batched device copies (libkvhal-xfer's calls of kvhal_memcpy_d2d_batch: the IPC path's launch
+ * groups), counted: test_hostile_ipc's frames that land together */
+static atomic_int d2d_batches;
+
+kvhal_status kvhal_memcpy_d2d_batch(kvhal_buffer *dst, const kvhal_buffer *src, const size_t *dst_offsets,
+                                    const size_t *src_offsets, const size_t *bytes, int32_t count, kvhal_stream *s)
+{
+    kvhal_status (*real)(kvhal_buffer *, const kvhal_buffer *, const size_t *, const size_t *, const size_t *, int32_t,
+                         kvhal_stream *);
+    void *sym = dlsym(RTLD_NEXT, "kvhal_memcpy_d2d_batch");
+    memcpy(&real, &sym, sizeof real);
+    atomic_fetch_add(&d2d_batches, 1);
+    return real(dst, src, dst_offsets, src_offsets, bytes, count, s);
+}
+
 /* While worker_gate is closed, copy workers started by libkvhal-xfer wait before they run (test_gathers_in_flight:
  * frames stay queued, not gathered, while the test cancels, disconnects or destroys) */
 static atomic_bool worker_gate;
@@ -1845,6 +1860,61 @@ static void test_hostile_ipc(void **state)
         assert_string_equal(kvhal_xfer_path(rx), "ipc");
         kvhal_xfer_release(rx);
         assert_int_equal(kvhal_cache_manager_free(s.cm, granted, 2), KVHAL_OK);
+        assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+        pthread_mutex_unlock(&s.mu);
+        raw_close(&r);
+        all_pages_free(&s);
+    }
+    /* 3b. frames that land together share one batched copy: twelve one-page requests' frames sent while the
+     * server's thread is held off its agent, then let go. Every request completes with its page (and only its
+     * page) written, each frame is acknowledged, and the receiver copied them in fewer batched calls than frames
+     * (one, unless UCX delivered them in several rounds of its progress) */
+    {
+        enum { NG = 12 };
+        const int ev0 = server_nev(&s);
+        raw r;
+        raw_open(&r, blob, len, TOKEN);
+        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
+        kvhal_xfer_peer *pb = s.evs[e].peer;
+        raw_map(&r, hblob, hlen, off, stride, 16, true);
+        assert_int_equal(r.map_ack.status, 0);
+        int32_t gp[NG], src[NG];
+        kvhal_xfer *grx[NG];
+        for (int i = 0; i < NG; i++) {
+            assert_int_equal(grant(&s, pb, 100 + (uint64_t)i, 1, &gp[i], &grx[i]), KVHAL_OK);
+            src[i] = (i * 5 + 1) % 16;
+        }
+        pthread_mutex_lock(&s.mu);
+        const int calls0 = atomic_load(&d2d_batches);
+        for (int i = 0; i < NG; i++) {
+            const int32_t pr[2] = {src[i], gp[i]};
+            raw_data_ipc(&r, 100 + (uint64_t)i, 0, L, pr, 1, 8, UCP_AM_SEND_FLAG_EAGER);
+        }
+        pthread_mutex_unlock(&s.mu);
+        char msg[512];
+        for (int i = 0; i < NG; i++)
+            if (wait_recv(&s, grx[i], 5, msg, sizeof msg) != KVHAL_OK) fail_msg("request %d: %s", 100 + i, msg);
+        const int calls = atomic_load(&d2d_batches) - calls0;
+        const double until = now_s() + 5;
+        while (r.nacks < NG && now_s() < until) raw_progress(&r, 0.001);
+        assert_int_equal(r.nacks, NG);
+        printf("# %s: %d IPC frames landed together, copied in %d batched call(s)\n", tls, NG, calls);
+        if (calls < 1 || calls >= NG) fail_msg("%d frames copied in %d batched calls", NG, calls);
+        uint8_t got[CHUNK];
+        for (int i = 0; i < NG; i++)
+            for (int l = 0; l < L; l++)
+                for (int kv = 0; kv < 2; kv++) {
+                    assert_int_equal(kvhal_memcpy_d2h(got, s.buf, chunk_at(s.cache, l, kv, gp[i]), CHUNK, NULL),
+                                     KVHAL_OK);
+                    assert_memory_equal(got, hpat + chunk_at(hc, l, kv, src[i]), CHUNK);
+                }
+        check_cache(&s, gp, NG);
+        pthread_mutex_lock(&s.mu);
+        for (int i = 0; i < NG; i++) {
+            assert_string_equal(kvhal_xfer_path(grx[i]), "ipc");
+            kvhal_xfer_release(grx[i]);
+        }
+        assert_int_equal(kvhal_cache_manager_free(s.cm, gp, NG), KVHAL_OK);
         assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
         pthread_mutex_unlock(&s.mu);
         raw_close(&r);
