@@ -1700,6 +1700,32 @@ static kvhal_status ipc_two_pages(server *s, raw *r, kvhal_xfer_peer *pb, uint64
     return wait_recv(s, *rx, 5, msg, cap);
 }
 
+/* A hand-made peer connected to s that mapped the shareable cache hblob (its ACK a success); returns s's peer. */
+static kvhal_xfer_peer *raw_mapped(server *s, raw *r, const uint8_t *blob, size_t len, const uint8_t *hblob,
+                                   size_t hlen, const uint64_t *off, uint64_t stride)
+{
+    const int ev0 = server_nev(s);
+    raw_open(r, blob, len, TOKEN);
+    int e = wait_event(s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
+    raw_map(r, hblob, hlen, off, stride, 16, true);
+    assert_int_equal(r->map_ack.status, 0);
+    return s->evs[e].peer;
+}
+
+/* Every layer's K and V of the receiver's pages dst[i] equal the sender's pages src[i] (of hpat, its cache hc). */
+static void check_ipc_pages(server *s, kvhal_paged_cache *hc, const uint8_t *hpat, const int32_t *src,
+                            const int32_t *dst, int n)
+{
+    uint8_t got[CHUNK];
+    for (int i = 0; i < n; i++)
+        for (int l = 0; l < L; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                assert_int_equal(kvhal_memcpy_d2h(got, s->buf, chunk_at(s->cache, l, kv, dst[i]), CHUNK, NULL),
+                                 KVHAL_OK);
+                assert_memory_equal(got, hpat + chunk_at(hc, l, kv, src[i]), CHUNK);
+            }
+}
+
 static void test_hostile_ipc(void **state)
 {
     (void)state;
@@ -1831,13 +1857,8 @@ static void test_hostile_ipc(void **state)
     }
     /* 3. a good handle and a good frame: the receiver copies the named pages itself and acknowledges */
     {
-        const int ev0 = server_nev(&s);
         raw r;
-        raw_open(&r, blob, len, TOKEN);
-        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
-        kvhal_xfer_peer *pb = s.evs[e].peer;
-        raw_map(&r, hblob, hlen, off, stride, 16, true);
-        assert_int_equal(r.map_ack.status, 0);
+        kvhal_xfer_peer *pb = raw_mapped(&s, &r, blob, len, hblob, hlen, off, stride);
         int32_t granted[2], pairs[4];
         kvhal_xfer *rx;
         char msg[512];
@@ -1847,14 +1868,8 @@ static void test_hostile_ipc(void **state)
         assert_int_equal(r.nacks, 1);
         assert_int_equal(r.last_ack.status, 0);
         assert_int_equal(r.last_ack.bytes, 2 * L * 2 * CHUNK);
-        uint8_t got[CHUNK];
-        for (int i = 0; i < 2; i++)
-            for (int l = 0; l < L; l++)
-                for (int kv = 0; kv < 2; kv++) {
-                    assert_int_equal(kvhal_memcpy_d2h(got, s.buf, chunk_at(s.cache, l, kv, granted[i]), CHUNK, NULL),
-                                     KVHAL_OK);
-                    assert_memory_equal(got, hpat + chunk_at(hc, l, kv, pairs[2 * i]), CHUNK);
-                }
+        const int32_t src[2] = {pairs[0], pairs[2]};
+        check_ipc_pages(&s, hc, hpat, src, granted, 2);
         check_cache(&s, granted, 2);
         pthread_mutex_lock(&s.mu);
         assert_string_equal(kvhal_xfer_path(rx), "ipc");
@@ -1871,13 +1886,8 @@ static void test_hostile_ipc(void **state)
      * (one, unless UCX delivered them in several rounds of its progress) */
     {
         enum { NG = 12 };
-        const int ev0 = server_nev(&s);
         raw r;
-        raw_open(&r, blob, len, TOKEN);
-        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
-        kvhal_xfer_peer *pb = s.evs[e].peer;
-        raw_map(&r, hblob, hlen, off, stride, 16, true);
-        assert_int_equal(r.map_ack.status, 0);
+        kvhal_xfer_peer *pb = raw_mapped(&s, &r, blob, len, hblob, hlen, off, stride);
         int32_t gp[NG], src[NG];
         kvhal_xfer *grx[NG];
         for (int i = 0; i < NG; i++) {
@@ -1900,14 +1910,7 @@ static void test_hostile_ipc(void **state)
         assert_int_equal(r.nacks, NG);
         printf("# %s: %d IPC frames landed together, copied in %d batched call(s)\n", tls, NG, calls);
         if (calls < 1 || calls >= NG) fail_msg("%d frames copied in %d batched calls", NG, calls);
-        uint8_t got[CHUNK];
-        for (int i = 0; i < NG; i++)
-            for (int l = 0; l < L; l++)
-                for (int kv = 0; kv < 2; kv++) {
-                    assert_int_equal(kvhal_memcpy_d2h(got, s.buf, chunk_at(s.cache, l, kv, gp[i]), CHUNK, NULL),
-                                     KVHAL_OK);
-                    assert_memory_equal(got, hpat + chunk_at(hc, l, kv, src[i]), CHUNK);
-                }
+        check_ipc_pages(&s, hc, hpat, src, gp, NG);
         check_cache(&s, gp, NG);
         pthread_mutex_lock(&s.mu);
         for (int i = 0; i < NG; i++) {
@@ -1979,14 +1982,8 @@ static void test_hostile_ipc(void **state)
                     assert_contains(msg, cc[ci].expect);
                 } else {
                     assert_int_equal(st, KVHAL_OK);
-                    uint8_t got[CHUNK];
-                    for (int i = 0; i < 2; i++)
-                        for (int l = 0; l < L; l++)
-                            for (int kv = 0; kv < 2; kv++) {
-                                assert_int_equal(kvhal_memcpy_d2h(got, s.buf, chunk_at(s.cache, l, kv, granted[i]),
-                                                                  CHUNK, NULL), KVHAL_OK);
-                                assert_memory_equal(got, hpat + chunk_at(hc, l, kv, pairs[2 * i]), CHUNK);
-                            }
+                    const int32_t src[2] = {pairs[0], pairs[2]};
+                    check_ipc_pages(&s, hc, hpat, src, granted, 2);
                     check_cache(&s, granted, 2);
                     pthread_mutex_lock(&s.mu);
                     assert_string_equal(kvhal_xfer_path(rx), "cma");
