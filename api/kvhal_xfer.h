@@ -190,9 +190,9 @@ KVHAL_API kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *peer, uint64_t r
  * change (no write, no reuse) until the transfer completes (SEND_DONE: the receiver acknowledged every frame).
  * Path (kvhal_xfer_path): when the peer runs on this host (same boot_id and hostname) and this agent's cache is
  * shareable (kvhal_paged_cache_create_shareable) and the peer imported its handle at connect time, frames carry
- * page ids only and the receiver copies the pages itself, device to device (one batched copy per frame), then
- * acknowledges; this call synchronizes the cache's device first, so that every write queued to the source pages is
- * complete before they are announced. Host caches on one host whose agents' transports allow CMA (cfg.transports
+ * page ids only and the receiver copies the pages itself, device to device (frames that arrive together share one
+ * batched copy), then acknowledges; this call synchronizes the cache's device first, so that every write queued to
+ * the source pages is complete before they are announced. Host caches on one host whose agents' transports allow CMA (cfg.transports
  * NULL, or naming cma, shm, sm or all) take the CMA path instead: the same frames, and the receiver reads the pages
  * from this process with process_vm_readv straight into its own (one kernel copy, scattered to scattered), after a
  * probe at connect time proved it can. Otherwise pages go through UCX (in place for host caches, staged through

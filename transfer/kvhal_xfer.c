@@ -2222,6 +2222,8 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
         free(sof);
         free(len);
         if (st != KVHAL_OK) {
+            /* a batch cut in several launches may have started some: they finish before the pages go back */
+            if (mem) kvhal_stream_synchronize(a->ipc_streams[slot]);
             while (group) {
                 ipc_job *j = group;
                 group = j->next;
