@@ -301,6 +301,7 @@ struct kvhal_xfer_agent {
     ipc_job *ipc_running;               /* launched, oldest first, acknowledged once their stream is done */
     uint64_t ipc_launches;              /* launch groups so far */
     int ipc_groups_running;             /* launch groups in ipc_running */
+    pid_t pid;                          /* the process that created the agent (a forked child fails IPC copies) */
     /* the CMA path's copy workers (started on the first CMA frame, stopped by kvhal_xfer_agent_destroy) */
     int cma_threads;        /* wanted (KVHAL_XFER_CMA_THREADS, else min(4, online cores / 2)); 0: pump copies */
     size_t cma_piece;       /* split frames in pieces of this many bytes at least (KVHAL_XFER_CMA_PIECE_KIB) */
@@ -2079,16 +2080,16 @@ static void cma_jobs_detach(kvhal_xfer_agent *a, const kvhal_xfer_peer *p)
  * transfer no longer received, their peer gone: refused; the CMA kind: to the copy workers, or read here). The
  * frames to copy from an imported cache go out in launch groups: queued frames of one peer become one batched copy
  * of all their (page, layer, K/V) chunks (adjacent ones merged) on a free stream, and pump acknowledges each frame
- * of the group once that stream is done. A group is full at IPC_GROUP_FULL ranges (a frame of 16 or more 16-token
- * pages of a 4-layer cache fills one alone): a full group takes the next free stream, so large copies overlap on up
- * to IPC_STREAMS streams, and when every stream is busy pump waits for the oldest copy (it ends within a copy's
- * time). A group not full goes at once only when no other copy runs, else it waits, gathering the frames that
- * arrive meanwhile, until it fills or the running copy ends: a lone frame on an idle receiver is copied at once,
- * and under load the copies of many small transfers share one launch, whose cost on the host is of the order of a
- * 256 KiB transfer's copy over NVLink. Measured on 2 x H200 (session 12, kvhal-xfer cuda:0 -> cuda:1 against
- * cudaMemcpyPeer): with 16 transfers in flight 0.23 -> 0.56 at 256 KiB, 0.40 -> 0.85 at 1 MiB, 0.71 -> 1.00 at
- * 4 MiB against a launch per frame; waiting for the oldest copy rather than going round pump when every stream is
- * busy: 0.94 -> 1.25 at 16 MiB with 64 in flight. */
+ * of the group once that stream is done. A group is full at IPC_GROUP_FULL ranges (a frame of 24 or more pages of
+ * a 4-layer cache fills one alone; frames are added whole, up to IPC_GROUP_RANGES): a full group takes the next
+ * free stream, so large copies overlap on up to IPC_STREAMS streams, and when every stream is busy pump waits for
+ * the oldest copy (it ends within a copy's time). A group not full goes at once only when no other copy runs, else
+ * it waits, gathering the frames that arrive meanwhile, until it fills or the running copy ends: a lone frame on an
+ * idle receiver is copied at once, and under load the copies of many small transfers share one launch, whose cost
+ * on the host is of the order of a 256 KiB transfer's copy over NVLink. Measured on 2 x H200 (session 12,
+ * kvhal-xfer cuda:0 -> cuda:1 against cudaMemcpyPeer): with 16 transfers in flight 0.23 -> 0.56 at 256 KiB,
+ * 0.40 -> 0.85 at 1 MiB, 0.71 -> 1.00 at 4 MiB against a launch per frame; waiting for the oldest copy rather than
+ * going round pump when every stream is busy: 0.94 -> 1.25 at 16 MiB with 64 in flight. */
 #define IPC_GROUP_FULL 192     /* ranges of a full launch group: two launches of the CUDA/HIP batched copy */
 #define IPC_SMALL_GROUPS 1     /* launch groups running beyond which a group not full waits */
 #define IPC_GROUP_RANGES 4096  /* ranges of a launch group at most, unless its first frame alone has more */
@@ -2155,6 +2156,21 @@ static size_t ipc_job_chunks(const ipc_job *j) /* the frame's (page, layer, K/V)
     return (size_t)j->n * (size_t)j->nl * 2u;
 }
 
+/* The first peer in the queue whose queued frames hold IPC_GROUP_FULL chunks, or NULL. */
+static kvhal_xfer_peer *ipc_full_peer(const kvhal_xfer_agent *a)
+{
+    for (const ipc_job *h = a->ipc_jobs; h; h = h->next) {
+        bool seen = false; /* h's peer came earlier in the queue: counted then */
+        for (const ipc_job *e = a->ipc_jobs; e != h && !seen; e = e->next) seen = e->p == h->p;
+        if (seen) continue;
+        size_t want = 0;
+        for (const ipc_job *j = h; j && want < IPC_GROUP_FULL; j = j->next)
+            if (j->p == h->p) want += ipc_job_chunks(j);
+        if (want >= IPC_GROUP_FULL) return h->p;
+    }
+    return NULL;
+}
+
 static void ipc_jobs_launch(kvhal_xfer_agent *a)
 {
     for (;;) {
@@ -2170,13 +2186,14 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
             ipc_job_settle(a, j);
         }
         if (!a->ipc_jobs) return;
-        /* the group: the head's peer's queued frames, in order, until they hold IPC_GROUP_FULL ranges (the head
-         * always goes, however many it has); one not full waits while another group runs (see above) */
-        kvhal_xfer_peer *p = a->ipc_jobs->p;
-        size_t want = 0;
-        for (const ipc_job *j = a->ipc_jobs; j && want < IPC_GROUP_FULL; j = j->next)
-            if (j->p == p) want += ipc_job_chunks(j);
-        if (want < IPC_GROUP_FULL && a->ipc_groups_running >= IPC_SMALL_GROUPS) return;
+        /* the group: a peer's queued frames, in order, until they hold IPC_GROUP_FULL ranges (its first frame
+         * always goes, however many it has): the first peer in the queue whose frames fill a group; none full, the
+         * head's peer, unless another group runs (see above) */
+        kvhal_xfer_peer *p = ipc_full_peer(a);
+        if (!p) {
+            if (a->ipc_groups_running >= IPC_SMALL_GROUPS) return;
+            p = a->ipc_jobs->p;
+        }
         const int slot = ipc_free_stream(a);
         if (slot < 0) {
             if (a->ipc_running) {
@@ -2191,7 +2208,9 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
             ipc_job_complete(a, j, KVHAL_BACKEND_ERROR, why);
             continue;
         }
-        const size_t head = ipc_job_chunks(a->ipc_jobs);
+        const ipc_job *first = a->ipc_jobs;
+        while (first->p != p) first = first->next;
+        const size_t head = ipc_job_chunks(first);
         const size_t cap = head > IPC_GROUP_RANGES ? head : IPC_GROUP_RANGES;
         size_t *dof = malloc(cap * sizeof *dof), *sof = malloc(cap * sizeof *sof), *len = malloc(cap * sizeof *len);
         const bool mem = dof && sof && len;
@@ -2244,12 +2263,37 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
     }
 }
 
-/* Launches the accepted frames, completes the copies that are over; returns how many completed. */
+/* In a process forked from the agent's: the copies queued or on the parent's streams fail here, unacknowledged
+ * (the connection is the parent's, which copies and acknowledges them itself), and their pages go back. */
+static void ipc_jobs_forget_forked(kvhal_xfer_agent *a)
+{
+    for (ipc_job **list = &a->ipc_running; list; list = list == &a->ipc_running ? &a->ipc_jobs : NULL)
+        while (*list) {
+            ipc_job *j = *list;
+            *list = j->next;
+            j->p = NULL;
+            ipc_job_complete(a, j, KVHAL_PEER_FAILED, "the process forked while the frame was being copied");
+        }
+    a->ipc_jobs_tail = NULL;
+    a->ipc_groups_running = 0;
+    memset(a->ipc_stream_busy, 0, sizeof a->ipc_stream_busy);
+}
+
+/* Launches the accepted frames, completes the copies that are over; returns how many groups (and CMA frames)
+ * completed. A transfer whose frames wait or are being copied here is not stalled: its deadline moves on. */
 static unsigned ipc_jobs_run(kvhal_xfer_agent *a)
 {
     unsigned n = cma_reap(a, false);
+    if (!a->ipc_jobs && !a->ipc_running) return n;
+    if (a->pid != getpid()) {
+        ipc_jobs_forget_forked(a);
+        return n;
+    }
     while (ipc_job_reap(a, false)) n++; /* first: their streams take the frames waiting */
     ipc_jobs_launch(a);
+    const uint64_t deadline = deadline_from_now(a);
+    for (ipc_job *j = a->ipc_jobs; j; j = j->next) j->x->deadline_ns = deadline;
+    for (ipc_job *j = a->ipc_running; j; j = j->next) j->x->deadline_ns = deadline;
     return n;
 }
 
@@ -2767,6 +2811,7 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
     memcpy(a->token, cfg->token, strlen(cfg->token));
     a->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 10000;
     a->max_peers = cfg->max_peers ? cfg->max_peers : 64;
+    a->pid = getpid();
     a->next_xfer_id = random_session() & 0xffffffffull;
     host_identity(a->host_id, sizeof a->host_id);
     /* shared memory alone (shm, sm, posix, sysv, cma, self): no peer-failure handling in UCX 1.13 (see ep_create) */
