@@ -1885,8 +1885,8 @@ static void test_hostile_ipc(void **state)
     }
     /* 3b. frames that land together share one batched copy: twelve one-page requests' frames sent while the
      * server's thread is held off its agent, then let go. Every request completes with its page (and only its
-     * page) written, each frame is acknowledged, and the receiver copied them in fewer batched calls than frames
-     * (one, unless UCX delivered them in several rounds of its progress) */
+     * page) written, each frame is acknowledged, and the receiver copied them in one batched call (two at most, if
+     * UCX delivered them in two rounds of its progress) */
     {
         enum { NG = 12 };
         raw r;
