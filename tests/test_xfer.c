@@ -1729,6 +1729,26 @@ static void check_ipc_pages(server *s, kvhal_paged_cache *hc, const uint8_t *hpa
 static void fork_fails_held(server *s, kvhal_xfer *x, kvhal_cache_manager *cm, kvhal_xfer_peer *drop,
                             const char *what);
 
+/* One DATA_IPC frame of one page: the sender's page src into the granted page dst of request req. */
+static void raw_ipc_one(raw *r, uint64_t req, int32_t src, int32_t dst)
+{
+    const int32_t pr[2] = {src, dst};
+    raw_data_ipc(r, req, 0, L, pr, 1, 8, UCP_AM_SEND_FLAG_EAGER);
+}
+
+/* Holds every stream (kvhal_fault_hold_streams: queries report busy), sends one frame (as raw_ipc_one) and waits
+ * until the receiver launched its copy, which then stays "in flight"; returns the batched calls counted before. */
+static int hold_first_copy(raw *r, uint64_t req, int32_t src, int32_t dst)
+{
+    kvhal_fault_hold_streams(1);
+    const int calls0 = atomic_load(&d2d_batches);
+    raw_ipc_one(r, req, src, dst);
+    const double until = now_s() + 5;
+    while (atomic_load(&d2d_batches) == calls0 && now_s() < until) usleep(1000);
+    assert_int_equal(atomic_load(&d2d_batches), calls0 + 1);
+    return calls0;
+}
+
 static void test_hostile_ipc(void **state)
 {
     (void)state;
@@ -1899,10 +1919,7 @@ static void test_hostile_ipc(void **state)
         }
         pthread_mutex_lock(&s.mu);
         const int calls0 = atomic_load(&d2d_batches);
-        for (int i = 0; i < NG; i++) {
-            const int32_t pr[2] = {src[i], gp[i]};
-            raw_data_ipc(&r, 100 + (uint64_t)i, 0, L, pr, 1, 8, UCP_AM_SEND_FLAG_EAGER);
-        }
+        for (int i = 0; i < NG; i++) raw_ipc_one(&r, 100 + (uint64_t)i, src[i], gp[i]);
         pthread_mutex_unlock(&s.mu);
         char msg[512];
         for (int i = 0; i < NG; i++)
@@ -1940,13 +1957,7 @@ static void test_hostile_ipc(void **state)
         kvhal_xfer *x1[3], *x2[4];
         for (int i = 0; i < 3; i++) assert_int_equal(grant(&s, p1, 200 + (uint64_t)i, 1, &g1[i], &x1[i]), KVHAL_OK);
         for (int i = 0; i < 4; i++) assert_int_equal(grant(&s, p2, 300 + (uint64_t)i, 1, &g2[i], &x2[i]), KVHAL_OK);
-        kvhal_fault_hold_streams(1);
-        const int calls0 = atomic_load(&d2d_batches);
-        int32_t pr[2] = {1, g1[0]};
-        raw_data_ipc(&r1, 200, 0, L, pr, 1, 8, UCP_AM_SEND_FLAG_EAGER);
-        double until = now_s() + 5;
-        while (atomic_load(&d2d_batches) == calls0 && now_s() < until) usleep(1000);
-        assert_int_equal(atomic_load(&d2d_batches), calls0 + 1);
+        const int calls0 = hold_first_copy(&r1, 200, 1, g1[0]);
         pthread_mutex_lock(&s.mu);
         const struct {
             raw *r;
@@ -1954,21 +1965,16 @@ static void test_hostile_ipc(void **state)
             int32_t src, dst;
         } q[] = {{&r2, 300, 2, g2[0]}, {&r1, 201, 3, g1[1]}, {&r2, 301, 4, g2[1]}, {&r2, 303, 6, g2[3]},
                  {&r1, 202, 5, g1[2]}};
-        for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
-            const int32_t qp[2] = {q[i].src, q[i].dst};
-            raw_data_ipc(q[i].r, q[i].req, 0, L, qp, 1, 8, UCP_AM_SEND_FLAG_EAGER);
-        }
+        for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) raw_ipc_one(q[i].r, q[i].req, q[i].src, q[i].dst);
         pthread_mutex_unlock(&s.mu);
         usleep(200000);
         assert_int_equal(atomic_load(&d2d_batches), calls0 + 1); /* the small groups wait */
         pthread_mutex_lock(&s.mu);
         kvhal_xfer_release(x2[3]); /* its frame waits in the queue */
         assert_int_equal(kvhal_xfer_disconnect(p1), KVHAL_OK);
-        pr[0] = 7;
-        pr[1] = g2[2];
-        raw_data_ipc(&r2, 302, 0, L, pr, 1, 8, UCP_AM_SEND_FLAG_EAGER);
+        raw_ipc_one(&r2, 302, 7, g2[2]);
         pthread_mutex_unlock(&s.mu);
-        until = now_s() + 5;
+        double until = now_s() + 5;
         while (atomic_load(&d2d_batches) < calls0 + 2 && now_s() < until) usleep(1000);
         usleep(100000);
         kvhal_fault_hold_streams(0);
@@ -2007,17 +2013,9 @@ static void test_hostile_ipc(void **state)
         int32_t g[2];
         kvhal_xfer *x[2];
         for (int i = 0; i < 2; i++) assert_int_equal(grant(&s, pb, 400 + (uint64_t)i, 1, &g[i], &x[i]), KVHAL_OK);
-        kvhal_fault_hold_streams(1);
-        const int calls0 = atomic_load(&d2d_batches);
         const int32_t src[2] = {8, 9};
-        int32_t pr[2] = {src[0], g[0]};
-        raw_data_ipc(&r, 400, 0, L, pr, 1, 8, UCP_AM_SEND_FLAG_EAGER);
-        double until = now_s() + 5;
-        while (atomic_load(&d2d_batches) == calls0 && now_s() < until) usleep(1000);
-        assert_int_equal(atomic_load(&d2d_batches), calls0 + 1);
-        pr[0] = src[1];
-        pr[1] = g[1];
-        raw_data_ipc(&r, 401, 0, L, pr, 1, 8, UCP_AM_SEND_FLAG_EAGER);
+        const int calls0 = hold_first_copy(&r, 400, src[0], g[0]);
+        raw_ipc_one(&r, 401, src[1], g[1]);
         usleep(100000); /* the server takes it in; it waits for the held copy */
         assert_int_equal(atomic_load(&d2d_batches), calls0 + 1);
         fork_fails_held(&s, x[1], s.cm, NULL, "IPC frames copied and waiting");
@@ -2025,7 +2023,7 @@ static void test_hostile_ipc(void **state)
         char msg[512];
         for (int i = 0; i < 2; i++)
             if (wait_recv(&s, x[i], 5, msg, sizeof msg) != KVHAL_OK) fail_msg("request %d: %s", 400 + i, msg);
-        until = now_s() + 5;
+        double until = now_s() + 5;
         while (r.nacks < 2 && now_s() < until) raw_progress(&r, 0.001);
         assert_int_equal(r.nacks, 2); /* the parent's only: the child acknowledged nothing */
         assert_int_equal(r.last_ack.status, 0);
@@ -2056,20 +2054,13 @@ static void test_hostile_ipc(void **state)
             pairs2[2 * i] = src2[i];
             pairs2[2 * i + 1] = g2[i];
         }
-        kvhal_fault_hold_streams(1);
-        const int calls0 = atomic_load(&d2d_batches);
         const int32_t src1[2] = {10, 11};
-        int32_t pr[2] = {src1[0], g1[0]};
-        raw_data_ipc(&r1, 500, 0, L, pr, 1, 8, UCP_AM_SEND_FLAG_EAGER);
-        double until = now_s() + 5;
-        while (atomic_load(&d2d_batches) == calls0 && now_s() < until) usleep(1000);
-        pr[0] = src1[1];
-        pr[1] = g1[1];
-        raw_data_ipc(&r1, 501, 0, L, pr, 1, 8, UCP_AM_SEND_FLAG_EAGER);
+        const int calls0 = hold_first_copy(&r1, 500, src1[0], g1[0]);
+        raw_ipc_one(&r1, 501, src1[1], g1[1]);
         usleep(100000); /* it waits for the held copy */
         assert_int_equal(atomic_load(&d2d_batches), calls0 + 1);
         raw_data_ipc(&r2, 600, 0, L, pairs2, NP, sizeof pairs2, UCP_AM_SEND_FLAG_EAGER);
-        until = now_s() + 5;
+        double until = now_s() + 5;
         while (atomic_load(&d2d_batches) < calls0 + 2 && now_s() < until) usleep(1000);
         assert_int_equal(atomic_load(&d2d_batches), calls0 + 2); /* the full group, past the small one */
         kvhal_fault_hold_streams(0);

@@ -103,6 +103,7 @@ struct kvhal_xfer_peer {
     uint64_t *ipc_off;      /* its 2 x num_layers byte offsets of block 0 (K, V of each layer) */
     uint64_t ipc_stride;    /* its bytes between blocks */
     int64_t ipc_blocks;     /* its page count */
+    size_t ipc_queued;      /* (page, layer, K/V) chunks of its DATA_IPC frames waiting in the agent's ipc_jobs */
     void *map_frame;        /* an IPC_MAP received (header then data), imported from pump */
     size_t map_len;
     kvhal_xfer_peer *next;
@@ -239,6 +240,11 @@ typedef struct ipc_job { /* a DATA_IPC frame accepted (pages claimed), copied fr
 } ipc_job;
 
 #define IPC_STREAMS 8 /* copies from imported caches in flight at once, one stream each */
+
+static size_t ipc_job_chunks(const ipc_job *j) /* the frame's (page, layer, K/V) chunks: its ranges at most */
+{
+    return (size_t)j->n * (size_t)j->nl * 2u;
+}
 
 typedef struct event_item {
     kvhal_xfer_event ev;
@@ -1443,6 +1449,7 @@ static void on_data_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *hea
     j->pairs = pairs;
     j->idx = idx;
     j->path = p->cma ? PATH_CMA : PATH_IPC;
+    p->ipc_queued += ipc_job_chunks(j);
     if (a->ipc_jobs_tail) a->ipc_jobs_tail->next = j;
     else a->ipc_jobs = j;
     a->ipc_jobs_tail = j;
@@ -2151,24 +2158,21 @@ static bool ipc_job_ranges(const kvhal_xfer_agent *a, const ipc_job *j, size_t *
     return true;
 }
 
-static size_t ipc_job_chunks(const ipc_job *j) /* the frame's (page, layer, K/V) chunks: its ranges at most */
-{
-    return (size_t)j->n * (size_t)j->nl * 2u;
-}
-
 /* The first peer in the queue whose queued frames hold IPC_GROUP_FULL chunks, or NULL. */
 static kvhal_xfer_peer *ipc_full_peer(const kvhal_xfer_agent *a)
 {
-    for (const ipc_job *h = a->ipc_jobs; h; h = h->next) {
-        bool seen = false; /* h's peer came earlier in the queue: counted then */
-        for (const ipc_job *e = a->ipc_jobs; e != h && !seen; e = e->next) seen = e->p == h->p;
-        if (seen) continue;
-        size_t want = 0;
-        for (const ipc_job *j = h; j && want < IPC_GROUP_FULL; j = j->next)
-            if (j->p == h->p) want += ipc_job_chunks(j);
-        if (want >= IPC_GROUP_FULL) return h->p;
-    }
+    for (const ipc_job *j = a->ipc_jobs; j; j = j->next)
+        if (j->p->ipc_queued >= IPC_GROUP_FULL) return j->p;
     return NULL;
+}
+
+/* Takes j, which follows prev (NULL: j is the head), off the queue of accepted frames. */
+static void ipc_jobs_unlink(kvhal_xfer_agent *a, ipc_job *prev, ipc_job *j)
+{
+    *(prev ? &prev->next : &a->ipc_jobs) = j->next;
+    if (a->ipc_jobs_tail == j) a->ipc_jobs_tail = prev;
+    j->p->ipc_queued -= ipc_job_chunks(j);
+    j->next = NULL;
 }
 
 static void ipc_jobs_launch(kvhal_xfer_agent *a)
@@ -2181,8 +2185,7 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
                 pp = &j->next;
                 continue;
             }
-            *pp = j->next;
-            if (a->ipc_jobs_tail == j) a->ipc_jobs_tail = prev;
+            ipc_jobs_unlink(a, prev, j);
             ipc_job_settle(a, j);
         }
         if (!a->ipc_jobs) return;
@@ -2201,8 +2204,7 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
                 continue;
             }
             ipc_job *j = a->ipc_jobs; /* no stream can be made at all: the frames fail */
-            a->ipc_jobs = j->next;
-            if (!a->ipc_jobs) a->ipc_jobs_tail = NULL;
+            ipc_jobs_unlink(a, NULL, j);
             char why[XW_REASON_LEN];
             snprintf(why, sizeof why, "no stream for the copy: %s", kvhal_last_error());
             ipc_job_complete(a, j, KVHAL_BACKEND_ERROR, why);
@@ -2224,9 +2226,7 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
                 continue;
             }
             if (mem && !ipc_job_ranges(a, j, dof, sof, len, &c, cap)) break; /* the next group's */
-            *pp = j->next;
-            if (a->ipc_jobs_tail == j) a->ipc_jobs_tail = prev;
-            j->next = NULL;
+            ipc_jobs_unlink(a, prev, j);
             *gtail = j;
             gtail = &j->next;
             if (!mem) break; /* the head alone, to fail */
@@ -2267,14 +2267,19 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
  * (the connection is the parent's, which copies and acknowledges them itself), and their pages go back. */
 static void ipc_jobs_forget_forked(kvhal_xfer_agent *a)
 {
-    for (ipc_job **list = &a->ipc_running; list; list = list == &a->ipc_running ? &a->ipc_jobs : NULL)
-        while (*list) {
-            ipc_job *j = *list;
-            *list = j->next;
-            j->p = NULL;
-            ipc_job_complete(a, j, KVHAL_PEER_FAILED, "the process forked while the frame was being copied");
-        }
-    a->ipc_jobs_tail = NULL;
+    static const char why[] = "the process forked while the frame was being copied";
+    while (a->ipc_running) {
+        ipc_job *j = a->ipc_running;
+        a->ipc_running = j->next;
+        j->p = NULL;
+        ipc_job_complete(a, j, KVHAL_PEER_FAILED, why);
+    }
+    while (a->ipc_jobs) {
+        ipc_job *j = a->ipc_jobs;
+        ipc_jobs_unlink(a, NULL, j);
+        j->p = NULL;
+        ipc_job_complete(a, j, KVHAL_PEER_FAILED, why);
+    }
     a->ipc_groups_running = 0;
     memset(a->ipc_stream_busy, 0, sizeof a->ipc_stream_busy);
 }
