@@ -70,7 +70,11 @@ typedef enum kvhal_xfer_event_type {
                                               kvhal_xfer_disconnect frees it) */
     KVHAL_XFER_EVENT_GRANT = 4,          /**< the peer granted pages for request_id: send into pages[0..num_pages) */
     KVHAL_XFER_EVENT_RECV_DONE = 5,      /**< a posted receive finished (status OK or why not; xfer set) */
-    KVHAL_XFER_EVENT_SEND_DONE = 6       /**< a send finished (status OK or why not; xfer set) */
+    KVHAL_XFER_EVENT_SEND_DONE = 6,      /**< a send finished (status OK or why not; xfer set) */
+    KVHAL_XFER_EVENT_OFFER = 7           /**< the peer offered pages for request_id (kvhal_xfer_offer_pages) and no
+                                              receive is posted for it yet: num_pages is the request's page count;
+                                              post a receive of that many pages to take them (one event per
+                                              offer, e.g. per layer range) */
 } kvhal_xfer_event_type;
 
 /** One notification. pages and message stay valid until the next kvhal_xfer_progress call on the agent. */
@@ -80,8 +84,8 @@ typedef struct kvhal_xfer_event {
     kvhal_xfer *xfer;        /**< RECV_DONE, SEND_DONE: the transfer (still the caller's to release) */
     uint64_t request_id;     /**< GRANT, RECV_DONE, SEND_DONE */
     kvhal_status status;     /**< RECV_DONE, SEND_DONE, PEER_FAILED, PEER_REJECTED */
-    int32_t num_pages;       /**< GRANT */
-    const int32_t *pages;    /**< GRANT: the receiver's page ids, in the receiver's order */
+    int32_t num_pages;       /**< GRANT, OFFER */
+    const int32_t *pages;    /**< GRANT: the receiver's page ids, in the receiver's order (NULL otherwise) */
     char message[256];       /**< what happened, for logs ("" when nothing to say) */
 } kvhal_xfer_event;
 
@@ -214,6 +218,33 @@ KVHAL_API kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *peer, uint64_t r
 KVHAL_API kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *peer, uint64_t request_id, const int32_t *src_pages,
                                              const int32_t *dst_pages, int32_t n, int32_t first_layer,
                                              int32_t num_layers, kvhal_xfer **out);
+
+/**
+ * Sender, on the IPC and CMA paths: offers layers [first_layer, first_layer + num_layers) of K and V of src_pages
+ * (this agent's cache) for request_id before the receiver has granted pages for it, so that the transfer costs no
+ * grant: the receiver copies them at once into the pages of its receive for request_id when that is posted already,
+ * else when it is posted (kvhal_xfer_post_receive takes the pending offers and sends no GRANT; the receiver gets an
+ * OFFER event). Page i of the offer goes into page i of the receive, which must have n pages (else both fail with
+ * KVHAL_OUT_OF_RANGE). A GRANT for request_id that crosses the offer is not reported. Several offers may make up one
+ * request (e.g. one per layer range); kvhal_xfer_send_pages refuses a request with an offer in flight. Like
+ * kvhal_xfer_send_pages on the IPC path, this call synchronizes the cache's device first, and the source pages
+ * must not change until the transfer completes (SEND_DONE: the receiver copied and acknowledged every page).
+ * An offer no receive takes within half the receiver's timeout is refused (SEND_DONE with KVHAL_TIMEOUT). A
+ * canceled or failed offer is withdrawn: it completes once the receiver dropped the frames it had not taken and
+ * finished copying those it had (or the peer failed, or did not answer within the timeout: the message says so).
+ * @param peer         a connected peer that imported this agent's cache (kvhal_xfer_peer_ipc "ipc" or "cma").
+ * @param request_id   the request (the receiver's id for it, agreed out of band, e.g. the engine's request id).
+ * @param src_pages    n page ids of this agent's cache, in the request's order, copied during the call.
+ * @param n            1..65536: the receive's page count.
+ * @param first_layer  first layer offered (0 for all).
+ * @param num_layers   layers offered (the cache's num_layers for all).
+ * @param out          receives the transfer (release with kvhal_xfer_release).
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT / KVHAL_OUT_OF_RANGE naming the argument; KVHAL_UNSUPPORTED when the peer
+ *         reads no pages from this process (another host, no shareable cache, a refused handle: use
+ *         kvhal_xfer_send_pages after its GRANT); KVHAL_PEER_FAILED; KVHAL_OUT_OF_MEMORY.
+ */
+KVHAL_API kvhal_status kvhal_xfer_offer_pages(kvhal_xfer_peer *peer, uint64_t request_id, const int32_t *src_pages,
+                                              int32_t n, int32_t first_layer, int32_t num_layers, kvhal_xfer **out);
 
 /**
  * Progresses the agent and returns the next event, waiting up to timeout_ms for one.

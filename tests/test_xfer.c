@@ -657,7 +657,7 @@ static void test_wrong_token_and_geometry(void **state)
     const uint16_t old_version = XW_VERSION - 1;
     memcpy(bad + offsetof(xw_blob, version), &old_version, sizeof old_version);
     assert_int_equal(kvhal_xfer_connect(a, bad, len, TOKEN, &p), KVHAL_INVALID_ARGUMENT);
-    assert_contains(kvhal_last_error(), "wire version 2, this agent speaks 3");
+    assert_contains(kvhal_last_error(), "wire version 3, this agent speaks 4");
     assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
     kvhal_paged_cache_destroy(sc);
     /* another geometry (heads) */

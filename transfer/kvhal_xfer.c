@@ -71,6 +71,17 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 
 typedef enum { P_CONNECTING, P_CONNECTED, P_FAILED } peer_state;
 
+typedef struct offer_rec { /* receiver: an OFFER frame that no posted receive took yet */
+    uint64_t request_id, xfer_id;
+    uint32_t frame;
+    int32_t l0, nl, first_page, total, n;
+    int32_t *src;           /* n source page ids, checked against the imported cache */
+    uint64_t expires_ns;    /* refused (ACK TIMEOUT) past it: half the agent's timeout after it came */
+    struct offer_rec *next;
+} offer_rec;
+
+#define OFFER_PAGES_MAX (1 << 20) /* pages of one peer's offers waiting for a receive at most (past it: refused) */
+
 typedef struct closing_ep {
     void *req; /* the ucp_ep_close_nbx request still in progress */
     struct closing_ep *next;
@@ -104,6 +115,8 @@ struct kvhal_xfer_peer {
     uint64_t ipc_stride;    /* its bytes between blocks */
     int64_t ipc_blocks;     /* its page count */
     size_t ipc_queued;      /* (page, layer, K/V) chunks of its DATA_IPC frames waiting in the agent's ipc_jobs */
+    offer_rec *offers, *offers_tail; /* as the receiver: its OFFER frames no receive took yet, oldest first */
+    int64_t offered_pages;  /* their pages */
     void *map_frame;        /* an IPC_MAP received (header then data), imported from pump */
     size_t map_len;
     kvhal_xfer_peer *next;
@@ -137,6 +150,7 @@ typedef struct send_frame {
     bool posted;
     bool in_flight;
     bool acked;             /* the receiver acknowledged it (once: a second ACK of it breaks the protocol) */
+    bool answered;          /* an offer's frame: the receiver acknowledged or refused it */
     /* gathered by a copy worker (gather_submit): counted in x->sends_inflight until pump reaps it */
     bool gathering;         /* pump's: queued or being gathered */
     bool gdone, gskip;      /* under a->cma_mu: the worker is done with it; pump: skip it (the transfer failed) */
@@ -193,6 +207,9 @@ struct kvhal_xfer {
     send_frame *frames;
     int32_t num_frames, frames_acked, sends_inflight;
     int32_t next_post;      /* frames before it are posted (post_pending) */
+    bool offer;             /* pages offered (kvhal_xfer_offer_pages): the receiver takes them with a receive */
+    bool withdrawn;         /* an offer that failed: WITHDRAW sent; it settles once the receiver answered every frame */
+    bool abandoned;         /* ... or once the peer failed to answer within the timeout (settled regardless) */
     kvhal_xfer *next;
 };
 
@@ -551,10 +568,35 @@ static void xfer_free(kvhal_xfer *x)
 
 /* The transfer is over when nothing UCX holds points into its pages any more: then the pages go back (receive,
  * failed) and the completion event is queued. */
+/* An offer's frames sent and not yet answered by the receiver (which may still be copying them). */
+static int32_t offer_unanswered(const kvhal_xfer *x)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < x->num_frames; i++) n += x->frames[i].posted && !x->frames[i].answered;
+    return n;
+}
+
+/* An offer that failed (canceled, released, refused, timed out) while its peer is connected: the peer may take its
+ * frames still, and copy our pages, so it is told to drop them (WITHDRAW) and the offer settles only once every frame
+ * sent was answered (copied, or dropped), the peer failed, or it did not answer within the timeout. */
+static bool offer_held(kvhal_xfer *x)
+{
+    if (!x->offer || x->abandoned || !x->peer || x->peer->state != P_CONNECTED || !offer_unanswered(x)) return false;
+    if (!x->withdrawn) {
+        x->withdrawn = true;
+        x->deadline_ns = deadline_from_now(x->agent);
+        xw_withdraw w = {.c = {XW_MAGIC, XW_VERSION, XW_WITHDRAW, x->peer->their_session},
+                         .request_id = x->request_id, .xfer_id = x->xfer_id};
+        queue_msg(x->agent, x->peer, NULL, &w, sizeof w, NULL, 0, false);
+    }
+    return true;
+}
+
 static void xfer_settle(kvhal_xfer *x)
 {
     if (x->finished || !x->failing) return;
     if (x->is_recv ? x->inflight > 0 : x->sends_inflight > 0) return;
+    if (x->status != KVHAL_OK && offer_held(x)) return;
     x->finished = true;
     if (x->is_recv && x->status != KVHAL_OK && x->cm) {
         kvhal_status st = kvhal_cache_manager_free(x->cm, x->pages, x->n);
@@ -1141,6 +1183,18 @@ static void on_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, 
         peer_fail(p, KVHAL_PEER_FAILED, true, "ACK of frame %u, which was not sent yet", (unsigned)k.frame);
         return;
     }
+    if (x->offer) { /* answered once, either way */
+        if (f->answered) {
+            peer_fail(p, KVHAL_PEER_FAILED, true, "ACK of frame %u of the offer of request %llu, which was answered "
+                      "already", (unsigned)k.frame, (unsigned long long)x->request_id);
+            return;
+        }
+        f->answered = true;
+        if (x->failing) { /* withdrawn: waiting for the answers, then it settles */
+            xfer_settle(x);
+            return;
+        }
+    }
     if (k.status != KVHAL_OK) {
         kvhal_status st = (k.status > 0 && k.status < XFER_STATUS_N) ? (kvhal_status)k.status : KVHAL_PEER_FAILED;
         xfer_finish(x, st, "peer %s refused frame %u: %s", p->name, (unsigned)k.frame, k.reason);
@@ -1360,6 +1414,9 @@ static void on_ipc_map_ack(kvhal_xfer_peer *p, const void *header, size_t header
 
 /* Receiver: a DATA_IPC frame, checked like DATA (grant, page ids, each (page, layer) once) plus the source page
  * ids against the imported cache; accepted pages are claimed now and copied from pump. */
+static void ipc_accept(kvhal_xfer_agent *a, kvhal_xfer_peer *p, kvhal_xfer *x, uint64_t request_id, uint64_t xfer_id,
+                       uint32_t frame, int32_t l0, int32_t nl, int32_t *pairs, int32_t n, const char *what);
+
 static void on_data_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length,
                         const void *data, size_t length, bool rndv)
 {
@@ -1392,18 +1449,33 @@ static void on_data_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *hea
                   (int)h.first_layer, (int)h.first_layer, (int)h.num_layers, (int)L);
         return;
     }
-    ipc_job *j = calloc(1, sizeof *j);
-    int32_t *pairs = malloc(length), *idx = malloc((size_t)h.n_pages * sizeof(int32_t));
-    if (!j || !pairs || !idx) {
-        free(j);
-        free(pairs);
-        free(idx);
+    int32_t *pairs = malloc(length);
+    if (!pairs) {
         send_ack(a, p, h.xfer_id, h.frame, KVHAL_OUT_OF_MEMORY, 0, "receiver out of host memory");
         return;
     }
     memcpy(pairs, data, length);
+    ipc_accept(a, p, x, h.request_id, h.xfer_id, h.frame, h.first_layer, h.num_layers, pairs, h.n_pages, "DATA_IPC frame");
+}
+
+/* Receiver: the (src, dst) pairs of a DATA_IPC frame, or of an offer that x took, checked (source pages in the
+ * imported cache, destination pages in x's grant, each (page, layer) once) and claimed, then queued for pump's
+ * copy. pairs: n of them, ours (freed here when refused). A violation drops the peer. */
+static void ipc_accept(kvhal_xfer_agent *a, kvhal_xfer_peer *p, kvhal_xfer *x, uint64_t request_id, uint64_t xfer_id,
+                       uint32_t frame, int32_t l0, int32_t nl, int32_t *pairs, int32_t n, const char *what)
+{
+    const int32_t L = a->g.num_layers;
+    ipc_job *j = calloc(1, sizeof *j);
+    int32_t *idx = malloc((size_t)n * sizeof(int32_t));
+    if (!j || !idx) {
+        free(j);
+        free(pairs);
+        free(idx);
+        send_ack(a, p, xfer_id, frame, KVHAL_OUT_OF_MEMORY, 0, "receiver out of host memory");
+        return;
+    }
     char why[200] = "";
-    for (int32_t i = 0; i < h.n_pages && !why[0]; i++) {
+    for (int32_t i = 0; i < n && !why[0]; i++) {
         const int32_t src = pairs[2 * i], dst = pairs[2 * i + 1];
         if (src < 0 || src >= p->ipc_blocks)
             snprintf(why, sizeof why, "source page %d is out of range [0, %lld)", (int)src, (long long)p->ipc_blocks);
@@ -1411,14 +1483,14 @@ static void on_data_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *hea
             snprintf(why, sizeof why, "page %d is out of range [0, %lld)", (int)dst, (long long)a->g.num_blocks);
         else if ((idx[i] = grant_index(x, dst)) < 0)
             snprintf(why, sizeof why, "page %d is not granted to request %llu", (int)dst,
-                     (unsigned long long)h.request_id);
+                     (unsigned long long)request_id);
     }
     int32_t claimed_pages = 0; /* pages of this frame claimed so far (undone on refusal) */
-    for (int32_t i = 0; i < h.n_pages && !why[0]; i++) {
-        for (int32_t l = h.first_layer; l < h.first_layer + h.num_layers; l++)
+    for (int32_t i = 0; i < n && !why[0]; i++) {
+        for (int32_t l = l0; l < l0 + nl; l++)
             if (x->claimed[(size_t)idx[i] * (size_t)L + (size_t)l]) {
                 snprintf(why, sizeof why, "page %d layer %d was already sent", (int)pairs[2 * i + 1], (int)l);
-                for (int32_t m = h.first_layer; m < l; m++) x->claimed[(size_t)idx[i] * (size_t)L + (size_t)m] = 0;
+                for (int32_t m = l0; m < l; m++) x->claimed[(size_t)idx[i] * (size_t)L + (size_t)m] = 0;
                 break;
             } else {
                 x->claimed[(size_t)idx[i] * (size_t)L + (size_t)l] = 1;
@@ -1427,25 +1499,25 @@ static void on_data_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *hea
     }
     if (why[0]) {
         for (int32_t i = 0; i < claimed_pages; i++)
-            for (int32_t l = h.first_layer; l < h.first_layer + h.num_layers; l++)
+            for (int32_t l = l0; l < l0 + nl; l++)
                 x->claimed[(size_t)idx[i] * (size_t)L + (size_t)l] = 0;
         free(j);
         free(pairs);
         free(idx);
-        peer_fail(p, KVHAL_PEER_FAILED, true, "refused DATA_IPC frame for request %llu: %s",
-                  (unsigned long long)h.request_id, why);
+        peer_fail(p, KVHAL_PEER_FAILED, true, "refused %s for request %llu: %s", what,
+                  (unsigned long long)request_id, why);
         return;
     }
-    x->claimed_count += (int64_t)h.n_pages * h.num_layers;
+    x->claimed_count += (int64_t)n * nl;
     x->deadline_ns = deadline_from_now(a);
     x->inflight++;
     j->x = x;
     j->p = p;
-    j->xfer_id = h.xfer_id;
-    j->frame = h.frame;
-    j->l0 = h.first_layer;
-    j->nl = h.num_layers;
-    j->n = h.n_pages;
+    j->xfer_id = xfer_id;
+    j->frame = frame;
+    j->l0 = l0;
+    j->nl = nl;
+    j->n = n;
     j->pairs = pairs;
     j->idx = idx;
     j->path = p->cma ? PATH_CMA : PATH_IPC;
@@ -1463,6 +1535,181 @@ static void ipc_job_free(ipc_job *j)
     free(j->rv);
     free(j->pieces);
     free(j);
+}
+
+/* ---- offers: the sender names its pages first (kvhal_xfer_offer_pages), the receiver takes them with a receive ---- */
+static void offer_unlink(kvhal_xfer_peer *p, offer_rec *prev, offer_rec *o)
+{
+    if (prev) prev->next = o->next;
+    else p->offers = o->next;
+    if (p->offers_tail == o) p->offers_tail = prev;
+    p->offered_pages -= o->n;
+}
+
+static void offer_free(offer_rec *o)
+{
+    free(o->src);
+    free(o);
+}
+
+/* Receiver: x (a receive posted for o's request) takes the offer o (unlinked; freed here): its source pages, in the
+ * request's order, go into x's pages of the same index. */
+static void offer_take(kvhal_xfer_agent *a, kvhal_xfer_peer *p, kvhal_xfer *x, offer_rec *o)
+{
+    char r[XW_REASON_LEN];
+    if (o->total != x->n) {
+        snprintf(r, sizeof r, "request %llu: %d pages offered, a receive of %d posted", (unsigned long long)o->request_id,
+                 (int)o->total, (int)x->n);
+        send_ack(a, p, o->xfer_id, o->frame, KVHAL_OUT_OF_RANGE, 0, r);
+        xfer_finish(x, KVHAL_OUT_OF_RANGE, "peer %s: %s", p->name, r);
+        offer_free(o);
+        return;
+    }
+    int32_t *pairs = malloc((size_t)o->n * 2u * sizeof(int32_t));
+    if (!pairs) {
+        send_ack(a, p, o->xfer_id, o->frame, KVHAL_OUT_OF_MEMORY, 0, "receiver out of host memory");
+        xfer_finish(x, KVHAL_OUT_OF_MEMORY, "request %llu: out of host memory taking the offer of peer %s",
+                    (unsigned long long)o->request_id, p->name);
+        offer_free(o);
+        return;
+    }
+    for (int32_t i = 0; i < o->n; i++) {
+        pairs[2 * i] = o->src[i];
+        pairs[2 * i + 1] = x->pages[o->first_page + i];
+    }
+    ipc_accept(a, p, x, o->request_id, o->xfer_id, o->frame, o->l0, o->nl, pairs, o->n, "OFFER frame");
+    offer_free(o);
+}
+
+/* Receiver: takes the offers of p for x's request waiting since before the receive was posted. Returns how many. */
+static int offer_take_pending(kvhal_xfer_agent *a, kvhal_xfer_peer *p, kvhal_xfer *x)
+{
+    int taken = 0;
+    for (offer_rec *o = p->offers, *prev = NULL, *nx; o && !x->failing && p->state == P_CONNECTED; o = nx) {
+        nx = o->next;
+        if (o->request_id != x->request_id) {
+            prev = o;
+            continue;
+        }
+        offer_unlink(p, prev, o);
+        offer_take(a, p, x, o);
+        taken++;
+    }
+    return taken;
+}
+
+static void on_offer(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length,
+                     const void *data, size_t length, bool rndv)
+{
+    xw_offer h;
+    if (header_length != sizeof h || rndv) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "malformed OFFER frame (%zu header bytes%s)", header_length,
+                  rndv ? ", rendezvous" : "");
+        return;
+    }
+    memcpy(&h, header, sizeof h);
+    if (!p->ipc_buf && !p->cma) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "OFFER frame without an imported IPC handle");
+        return;
+    }
+    const int32_t L = a->g.num_layers;
+    if (h.n_pages < 1 || h.n_pages > XW_IPC_FRAME_PAGES || length != (size_t)h.n_pages * sizeof(int32_t) ||
+        h.total_pages < 1 || h.total_pages > XW_MAX_GRANT || h.first_page < 0 ||
+        h.first_page > h.total_pages - h.n_pages || h.first_layer < 0 || h.num_layers < 1 ||
+        h.first_layer > L - h.num_layers) {
+        peer_fail(p, KVHAL_PEER_FAILED, true,
+                  "malformed OFFER frame: pages [%d, %d+%d) of %d, layers [%d, %d+%d) of %d, %zu data bytes",
+                  (int)h.first_page, (int)h.first_page, (int)h.n_pages, (int)h.total_pages, (int)h.first_layer,
+                  (int)h.first_layer, (int)h.num_layers, (int)L, length);
+        return;
+    }
+    offer_rec *o = calloc(1, sizeof *o);
+    int32_t *src = malloc(length);
+    if (!o || !src) {
+        free(o);
+        free(src);
+        send_ack(a, p, h.xfer_id, h.frame, KVHAL_OUT_OF_MEMORY, 0, "receiver out of host memory");
+        return;
+    }
+    memcpy(src, data, length);
+    for (int32_t i = 0; i < h.n_pages; i++)
+        if (src[i] < 0 || src[i] >= p->ipc_blocks) {
+            peer_fail(p, KVHAL_PEER_FAILED, true, "refused OFFER frame for request %llu: source page %d is out of "
+                      "range [0, %lld)", (unsigned long long)h.request_id, (int)src[i], (long long)p->ipc_blocks);
+            free(o);
+            free(src);
+            return;
+        }
+    *o = (offer_rec){.request_id = h.request_id, .xfer_id = h.xfer_id, .frame = h.frame, .l0 = h.first_layer,
+                     .nl = h.num_layers, .first_page = h.first_page, .total = h.total_pages, .n = h.n_pages,
+                     .src = src};
+    kvhal_xfer *x = find_grant(a, p, h.request_id);
+    if (x) {
+        offer_take(a, p, x, o);
+        return;
+    }
+    if (p->offered_pages + h.n_pages > OFFER_PAGES_MAX) {
+        char r[XW_REASON_LEN];
+        snprintf(r, sizeof r, "%lld pages offered by %s wait for a receive already (at most %d)",
+                 (long long)p->offered_pages, p->name, OFFER_PAGES_MAX);
+        send_ack(a, p, h.xfer_id, h.frame, KVHAL_OUT_OF_MEMORY, 0, r);
+        offer_free(o);
+        return;
+    }
+    o->expires_ns = now_ns() + (uint64_t)a->timeout_ms * 500000ull;
+    if (p->offers_tail) p->offers_tail->next = o;
+    else p->offers = o;
+    p->offers_tail = o;
+    p->offered_pages += o->n;
+    if (h.first_page == 0)
+        push_event(a, KVHAL_XFER_EVENT_OFFER, p, NULL, h.request_id, KVHAL_OK, NULL, h.total_pages,
+                   "peer %s offered %d pages of layers [%d, %d) for request %llu", p->name, (int)h.total_pages,
+                   (int)h.first_layer, (int)(h.first_layer + h.num_layers), (unsigned long long)h.request_id);
+}
+
+/* Receiver: the sender canceled an offer: its frames no receive took are dropped and refused. */
+static void on_withdraw(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length)
+{
+    xw_withdraw w;
+    if (header_length != sizeof w) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "malformed WITHDRAW frame (%zu bytes)", header_length);
+        return;
+    }
+    memcpy(&w, header, sizeof w);
+    for (offer_rec *o = p->offers, *prev = NULL, *nx; o; o = nx) {
+        nx = o->next;
+        if (o->xfer_id != w.xfer_id) {
+            prev = o;
+            continue;
+        }
+        offer_unlink(p, prev, o);
+        send_ack(a, p, o->xfer_id, o->frame, KVHAL_CANCELED, 0, "offer withdrawn");
+        offer_free(o);
+    }
+}
+
+/* Receiver (pump): offers no receive took within half the timeout are refused (the sender's own deadline is the
+ * whole timeout: it hears of it before it gives up on the peer). */
+static void offers_expire(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t now)
+{
+    while (p->offers && now > p->offers->expires_ns) {
+        offer_rec *o = p->offers;
+        offer_unlink(p, NULL, o);
+        char r[XW_REASON_LEN];
+        snprintf(r, sizeof r, "request %llu: no receive was posted for the offer within %u ms",
+                 (unsigned long long)o->request_id, (unsigned)(a->timeout_ms / 2));
+        send_ack(a, p, o->xfer_id, o->frame, KVHAL_TIMEOUT, 0, r);
+        offer_free(o);
+    }
+}
+
+static void offers_free(kvhal_xfer_peer *p)
+{
+    while (p->offers) {
+        offer_rec *o = p->offers;
+        offer_unlink(p, NULL, o);
+        offer_free(o);
+    }
 }
 
 /* Receiver: a DATA_IPC frame's copy is over (st: how it went): the pages are written, acknowledge. */
@@ -2313,6 +2560,7 @@ static void ipc_jobs_drain(kvhal_xfer_agent *a)
 
 static void peer_ipc_free(kvhal_xfer_peer *p)
 {
+    offers_free(p);
     if (p->ipc_buf) kvhal_buffer_destroy(p->ipc_buf);
     p->ipc_buf = NULL;
     p->cma = false;
@@ -2346,6 +2594,11 @@ static void on_grant(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header
             peer_fail(p, KVHAL_PEER_FAILED, true, "GRANT for request %llu names page %d, outside the peer's [0, %lld)",
                       (unsigned long long)g.request_id, (int)pages[i], (long long)p->g.num_blocks);
             free(pages);
+            return;
+        }
+    for (const kvhal_xfer *x = a->xfers; x; x = x->next)
+        if (x->offer && x->peer == p && x->request_id == g.request_id && !x->failing) {
+            free(pages); /* offered: the receiver takes the pages itself (the grant crossed the offer) */
             return;
         }
     push_event(a, KVHAL_XFER_EVENT_GRANT, p, NULL, g.request_id, KVHAL_OK, pages, g.n_pages,
@@ -2615,6 +2868,8 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
         else on_ipc_map_ack(p, header, header_length);
         break;
     case XW_DATA_IPC: on_data_ipc(a, p, header, header_length, data, length, rndv); break;
+    case XW_OFFER: on_offer(a, p, header, header_length, data, length, rndv); break;
+    case XW_WITHDRAW: on_withdraw(a, p, header, header_length); break;
     default: peer_fail(p, KVHAL_PEER_FAILED, true, "unknown frame type %u", (unsigned)c.type); break;
     }
     return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
@@ -2666,6 +2921,8 @@ static unsigned pump(kvhal_xfer_agent *a)
     post_pending(a);
     const uint64_t now = now_ns();
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->state == P_CONNECTED && p->offers) offers_expire(a, p, now);
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->state == P_CONNECTING && now > p->deadline_ns)
             peer_fail(p, KVHAL_TIMEOUT, false,
                       "no answer to the connection within %u ms (unreachable, or the receiver refused it without an "
@@ -2673,6 +2930,14 @@ static unsigned pump(kvhal_xfer_agent *a)
                       (unsigned)a->timeout_ms);
 again: /* failing one transfer may free others (released ones of the same peer): start over after each */
     for (kvhal_xfer *x = a->xfers; x; x = x->next) {
+        if (x->offer && x->failing && !x->finished && !x->abandoned && now > x->deadline_ns) {
+            x->abandoned = true; /* withdrawn, and the peer did not answer every frame: settled regardless */
+            snprintf(x->message + strlen(x->message), sizeof x->message - strlen(x->message),
+                     " (peer %s did not confirm the withdrawal within %u ms)", x->peer ? x->peer->name : "?",
+                     (unsigned)a->timeout_ms);
+            xfer_settle(x); /* may free x */
+            goto again;
+        }
         if (x->failing || x->finished || now <= x->deadline_ns) continue;
         if (x->is_recv && x->inflight == 0) {
             xfer_finish(x, KVHAL_TIMEOUT, "request %llu: no data from peer %s within %u ms",
@@ -3248,6 +3513,12 @@ kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *p, uint64_t request_id, co
     x->bytes_total = (uint64_t)n * (uint64_t)a->g.num_layers * 2u * a->g.chunk_bytes;
     x->next = a->xfers;
     a->xfers = x;
+    *out = x;
+    /* offered already: the sender waits for no grant, the pages are copied from pump */
+    if (p->offers && offer_take_pending(a, p, x)) {
+        flush_msgs(a);
+        return KVHAL_OK;
+    }
     xw_grant g;
     memset(&g, 0, sizeof g);
     g.c = (xw_common){XW_MAGIC, XW_VERSION, XW_GRANT, p->their_session};
@@ -3255,7 +3526,6 @@ kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *p, uint64_t request_id, co
     g.n_pages = n;
     queue_msg(a, p, NULL, &g, sizeof g, pages, (size_t)n * sizeof(int32_t), false);
     flush_msgs(a);
-    *out = x;
     return KVHAL_OK;
 }
 
@@ -3376,10 +3646,13 @@ static void post_pending(kvhal_xfer_agent *a)
 /* The IPC path of kvhal_xfer_send_pages: the peer imported our cache, so frames carry (src, dst) page ids only and
  * the peer copies the pages itself. Our pages' writes must be complete before they are announced (the device is
  * synchronized first), and they must stay unchanged until the peer's ACK (the transfer's completion). */
+/* The IPC path's sends: DATA_IPC frames of (src, dst) pairs, or (dst_pages NULL: an offer) OFFER frames of
+ * source pages, the receiver's pages being those of its receive. */
 static kvhal_status send_pages_ipc(kvhal_xfer_peer *p, uint64_t request_id, const int32_t *src_pages,
                                    const int32_t *dst_pages, int32_t n, int32_t first_layer, int32_t num_layers,
                                    kvhal_xfer **out)
 {
+    const bool offer = dst_pages == NULL;
     kvhal_xfer_agent *a = p->agent;
     kvhal_status st = kvhal_device_synchronize(kvhal_buffer_device(a->cache_buf));
     if (st != KVHAL_OK) return st;
@@ -3387,6 +3660,7 @@ static kvhal_status send_pages_ipc(kvhal_xfer_peer *p, uint64_t request_id, cons
     if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate the transfer");
     const int32_t per = XW_IPC_FRAME_PAGES;
     x->n = n;
+    x->offer = offer;
     x->path = p->ipc_kind == XW_IPC_CMA ? PATH_CMA : PATH_IPC;
     x->num_frames = (n + per - 1) / per;
     x->next_post = x->num_frames; /* posted here, all at once (post_pending leaves it alone) */
@@ -3399,22 +3673,30 @@ static kvhal_status send_pages_ipc(kvhal_xfer_peer *p, uint64_t request_id, cons
         const int32_t first = fi * per;
         const int32_t cnt = n - first < per ? n - first : per;
         f->x = x;
-        f->hdr_len = sizeof(xw_data_ipc);
-        f->hdr = calloc(1, sizeof(xw_data_ipc));
-        int32_t *pairs = malloc((size_t)cnt * 2u * sizeof(int32_t));
-        f->staging = pairs;
+        f->hdr_len = offer ? sizeof(xw_offer) : sizeof(xw_data_ipc);
+        f->hdr = calloc(1, f->hdr_len);
+        int32_t *ids = malloc((size_t)cnt * (offer ? 1u : 2u) * sizeof(int32_t));
+        f->staging = ids;
         f->bytes = (uint64_t)cnt * frame_chunk;
-        if (!f->hdr || !pairs) {
+        if (!f->hdr || !ids) {
             ok = false;
             break;
+        }
+        if (offer) {
+            xw_offer h = {.c = {XW_MAGIC, XW_VERSION, XW_OFFER, p->their_session}, .request_id = request_id,
+                          .xfer_id = x->xfer_id, .frame = (uint32_t)fi, .first_layer = first_layer,
+                          .num_layers = num_layers, .first_page = first, .total_pages = n, .n_pages = cnt};
+            memcpy(f->hdr, &h, sizeof h);
+            memcpy(ids, src_pages + first, (size_t)cnt * sizeof(int32_t));
+            continue;
         }
         xw_data_ipc h = {.c = {XW_MAGIC, XW_VERSION, XW_DATA_IPC, p->their_session}, .request_id = request_id,
                          .xfer_id = x->xfer_id, .frame = (uint32_t)fi, .first_layer = first_layer,
                          .num_layers = num_layers, .n_pages = cnt};
         memcpy(f->hdr, &h, sizeof h);
         for (int32_t i = 0; i < cnt; i++) {
-            pairs[2 * i] = src_pages[first + i];
-            pairs[2 * i + 1] = dst_pages[first + i];
+            ids[2 * i] = src_pages[first + i];
+            ids[2 * i + 1] = dst_pages[first + i];
         }
     }
     x->next = a->xfers;
@@ -3426,15 +3708,44 @@ static kvhal_status send_pages_ipc(kvhal_xfer_peer *p, uint64_t request_id, cons
     flush_msgs(a);
     for (int32_t fi = 0; fi < x->num_frames; fi++) {
         send_frame *f = &x->frames[fi];
-        const size_t cnt = (size_t)((const xw_data_ipc *)(const void *)f->hdr)->n_pages;
+        const size_t ids = offer ? (size_t)((const xw_offer *)(const void *)f->hdr)->n_pages
+                                 : 2u * (size_t)((const xw_data_ipc *)(const void *)f->hdr)->n_pages;
         ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                                                    UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS,
                                    .cb.send = send_cb, .user_data = f, .datatype = ucp_dt_make_contig(1),
                                    .flags = UCP_AM_SEND_FLAG_EAGER};
-        if (!post_frame(p, x, fi, f->staging, cnt * 2u * sizeof(int32_t), &prm)) break;
+        if (!post_frame(p, x, fi, f->staging, ids * sizeof(int32_t), &prm)) break;
     }
     *out = x;
     return KVHAL_OK;
+}
+
+/* An offer of request_id to p that has not failed. */
+static bool offer_in_flight(const kvhal_xfer_peer *p, uint64_t request_id)
+{
+    for (const kvhal_xfer *x = p->agent->xfers; x; x = x->next)
+        if (x->offer && x->peer == p && x->request_id == request_id && !x->failing) return true;
+    return false;
+}
+
+kvhal_status kvhal_xfer_offer_pages(kvhal_xfer_peer *p, uint64_t request_id, const int32_t *src_pages, int32_t n,
+                                    int32_t first_layer, int32_t num_layers, kvhal_xfer **out)
+{
+    CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    kvhal_status st = check_peer(p);
+    if (st != KVHAL_OK) return st;
+    kvhal_xfer_agent *a = p->agent;
+    CHECK_ARG(src_pages, "src_pages: NULL");
+    CHECK_ARG(n >= 1 && n <= XW_MAX_GRANT, "n: %d is outside [1, %d]", (int)n, XW_MAX_GRANT);
+    if (first_layer < 0 || num_layers < 1 || first_layer > a->g.num_layers - num_layers)
+        return ERR(KVHAL_OUT_OF_RANGE, "first_layer, num_layers: [%d, %d+%d) is outside the cache's [0, %d)",
+                   (int)first_layer, (int)first_layer, (int)num_layers, (int)a->g.num_layers);
+    if ((st = check_pages("src_pages", src_pages, n, a->g.num_blocks)) != KVHAL_OK) return st;
+    if (p->ipc_state != IPC_READY)
+        return ERR(KVHAL_UNSUPPORTED, "peer: %s reads no pages from this process (IPC state: %s); send the pages "
+                   "after its GRANT (kvhal_xfer_send_pages)", p->name, kvhal_xfer_peer_ipc(p));
+    return send_pages_ipc(p, request_id, src_pages, NULL, n, first_layer, num_layers, out);
 }
 
 kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, const int32_t *src_pages,
@@ -3454,6 +3765,8 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
                    (int)first_layer, (int)first_layer, (int)num_layers, (int)a->g.num_layers);
     if ((st = check_pages("src_pages", src_pages, n, a->g.num_blocks)) != KVHAL_OK) return st;
     if ((st = check_pages("dst_pages", dst_pages, n, p->g.num_blocks)) != KVHAL_OK) return st;
+    CHECK_ARG(!offer_in_flight(p, request_id), "request_id: %llu is offered to peer %s (kvhal_xfer_offer_pages): "
+              "its receiver takes the offered pages itself", (unsigned long long)request_id, p->name);
     if (p->ipc_state == IPC_READY) return send_pages_ipc(p, request_id, src_pages, dst_pages, n, first_layer,
                                                          num_layers, out);
     /* Host caches: a frame's K/V chunks are scattered in our cache and in the peer's. UCX 1.13's rendezvous

@@ -10,8 +10,8 @@
 #define XW_AM_ID 0x4b56u        /* the one active-message id */
 #define XW_MAGIC 0x4b565846u    /* KVXF */
 #define XW_BLOB_MAGIC 0x4b564142u /* KVAB: an address blob */
-#define XW_VERSION 3u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames; 3: IPC_MAP kinds (CMA), the TCP
-                         receive segment size in HELLO / HELLO_ACK */
+#define XW_VERSION 4u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames; 3: IPC_MAP kinds (CMA), the TCP
+                         receive segment size in HELLO / HELLO_ACK; 4: OFFER and WITHDRAW */
 #define XW_SEG_LEN 16           /* UCX's TCP receive segment size as configured ("256k"), "" without TCP */
 #define XW_NAME_LEN 32
 #define XW_TOKEN_LEN 64
@@ -35,6 +35,13 @@ enum xw_type {
     XW_IPC_MAP_ACK = 8, /* receiver -> sender: the handle was imported (status OK: DATA_IPC may follow) or not */
     XW_DATA_IPC = 9,  /* sender -> receiver: copy these pages yourself from the imported cache; data: n_pages
                          (src, dst) int32 pairs; acknowledged (XW_ACK) once the copy completed */
+    XW_OFFER = 10,    /* sender -> receiver, after an IPC_MAP the receiver imported: pages [first_page, first_page +
+                         n_pages) of a request (of total_pages) are these source pages; data: n_pages int32 source
+                         page ids. The receiver copies them into the pages it posts for the request (at once when
+                         the receive is already posted, else when it is) and acknowledges (XW_ACK) as for DATA_IPC;
+                         an offer no receive takes within half the receiver's timeout is refused (XW_ACK, TIMEOUT) */
+    XW_WITHDRAW = 11, /* sender -> receiver: an offer was canceled: its frames not yet taken are dropped, each
+                         answered by an XW_ACK (CANCELED); frames already taken are copied and acknowledged */
 };
 
 typedef struct xw_common {
@@ -153,4 +160,19 @@ typedef struct xw_data_ipc {
     int32_t n_pages;  /* 1..XW_IPC_FRAME_PAGES pairs follow as data */
 } xw_data_ipc;
 
+typedef struct xw_offer {
+    xw_common c;
+    uint64_t request_id;
+    uint64_t xfer_id;
+    uint32_t frame;
+    int32_t first_layer, num_layers;
+    int32_t first_page;  /* the index in the request of the frame's first page */
+    int32_t total_pages; /* the request's pages (1..XW_MAX_GRANT): a receive of another size refuses the offer */
+    int32_t n_pages;     /* 1..XW_IPC_FRAME_PAGES source page ids follow as data */
+} xw_offer;
+typedef struct xw_withdraw {
+    xw_common c;
+    uint64_t request_id;
+    uint64_t xfer_id;
+} xw_withdraw;
 #endif
