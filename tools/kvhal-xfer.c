@@ -34,6 +34,7 @@ static char **g_argv;
 static struct {
     bool self_test, json, quiet;
     bool ipc;                               /* the prefill cache shareable: the IPC path on one host */
+    bool offer;                             /* benchmark: the prefill offers its pages ahead (no grants) */
     const char *transports[8];
     int ntransports;
     const char *send_dev, *recv_dev;
@@ -197,6 +198,71 @@ static bool read_all(int fd, void *p, size_t n)
 }
 
 /* ================================ the prefill side (the sender) ======================================== */
+/* The benchmark with --offer: the prefill offers every request's pages as a prefill would once its K/V is written
+ * (kvhal_xfer_offer_pages), up to twice the window ahead of the decode side, which takes them with its receives
+ * (no grants); sizes in order, request ids from 0 for each, as the decode side posts them. GRANT events (a receive
+ * posted before its offer came) need no answer: the offer that follows is taken by that receive. */
+static int prefill_offers(kvhal_xfer_agent *ag, kvhal_xfer_peer *peer, side *s, int32_t *order, uint8_t *host)
+{
+    const int per_size = opt.iters + 4 + 1, ahead = 2 * opt.window;
+    uint64_t seed = 7;
+    int32_t cursor = (int32_t)s->blocks;
+    kvhal_xfer **xs = calloc((size_t)ahead, sizeof *xs);
+    if (!xs) return failed("prefill", KVHAL_OUT_OF_MEMORY);
+    int rc = 0;
+    for (int si = 0; si < opt.nsizes && !rc; si++) {
+        const int32_t n = (int32_t)(opt.sizes[si] / page_bytes());
+        if (n < 1 || n > (int32_t)s->blocks) break; /* the decode side reports it */
+        int offered = 0, done = 0;
+        while (done < per_size && !rc) {
+            for (int w = 0; w < ahead && offered < per_size; w++) {
+                if (xs[w]) continue;
+                if (cursor + n > (int32_t)s->blocks) {
+                    shuffle(order, (int32_t)s->blocks, &seed);
+                    cursor = 0;
+                }
+                const int32_t *src = order + cursor;
+                cursor += n;
+                if (offered == per_size - 1) /* the untimed last request, which the decode side verifies */
+                    for (int32_t i = 0; i < n; i++)
+                        for (int32_t l = 0; l < opt.layers; l++)
+                            for (int kv = 0; kv < 2; kv++) {
+                                pattern(host, s->chunk, (uint64_t)offered, i, l, kv);
+                                TRY("prefill: write K/V", kvhal_memcpy_h2d(s->buf, chunk_at(s, l, kv, src[i]), host,
+                                                                           s->chunk, NULL));
+                            }
+                TRY("prefill: offer", kvhal_xfer_offer_pages(peer, (uint64_t)offered, src, n, 0, opt.layers, &xs[w]));
+                offered++;
+            }
+            kvhal_xfer_event ev;
+            TRY("prefill: progress", kvhal_xfer_progress(ag, 1000, &ev));
+            if (ev.type == KVHAL_XFER_EVENT_PEER_FAILED) {
+                fprintf(stderr, TOOL ": error: prefill: %s\n", ev.message);
+                rc = 1;
+            }
+            if (ev.type != KVHAL_XFER_EVENT_SEND_DONE) continue;
+            if (ev.status != KVHAL_OK) {
+                fprintf(stderr, TOOL ": error: prefill: offer of request %llu: %s\n", (unsigned long long)ev.request_id,
+                        ev.message);
+                rc = 1;
+            }
+            for (int w = 0; w < ahead; w++)
+                if (xs[w] == ev.xfer) {
+                    kvhal_xfer_release(xs[w]);
+                    xs[w] = NULL;
+                    done++;
+                }
+        }
+    }
+    for (int w = 0; w < ahead; w++) kvhal_xfer_release(xs[w]);
+    free(xs);
+    /* until the decode side closes the connection */
+    for (kvhal_xfer_event ev = {0}; !rc && ev.type != KVHAL_XFER_EVENT_PEER_FAILED;)
+        TRY("prefill: progress", kvhal_xfer_progress(ag, 1000, &ev));
+    return rc;
+}
+
+
 /* Connects, then for every GRANT picks its own scattered source pages, writes the request's K/V into them and
  * sends them (odd requests layer by layer), until the decode side closes the connection. */
 static int prefill(const char *transports, int fd, bool bench)
@@ -230,7 +296,8 @@ static int prefill(const char *transports, int fd, bool bench)
     uint64_t seed = 7;
     int32_t cursor = (int32_t)s.blocks; /* next unused source page in order[] */
     int rc = 0;
-    for (;;) {
+    if (bench && opt.offer) rc = prefill_offers(ag, peer, &s, order, host);
+    while (!(bench && opt.offer)) {
         kvhal_xfer_event ev;
         TRY("prefill: progress", kvhal_xfer_progress(ag, 1000, &ev));
         if (ev.type == KVHAL_XFER_EVENT_PEER_FAILED) break; /* the decode side closed: done */
@@ -673,12 +740,14 @@ static int bench_one(const char *transports, bool *first)
                 fprintf(json_results, "%s\n  {\"transport\": \"%s\", \"bytes\": %.0f, \"pages\": %d, \"page_bytes\": %llu, "
                        "\"window\": %d, \"iters\": %d, \"gbps\": %.3f, \"us_per_transfer\": %.1f, \"p50_us\": %.1f, "
                        "\"p99_us\": %.1f, \"p10_us\": %.1f, \"p90_us\": %.1f, \"max_us\": %.1f, \"send_device\": \"%s\", "
-                       "\"recv_device\": \"%s\", \"path\": \"%s\"}",
+                       "\"recv_device\": \"%s\", \"path\": \"%s\", \"offer\": %s}",
                        *first ? "" : ",", transports, bytes, (int)n, (unsigned long long)pb, W, opt.iters, gbps,
-                       elapsed / opt.iters * 1e6, p50, p99, p10, p90, pmax, opt.send_dev, opt.recv_dev, path);
+                       elapsed / opt.iters * 1e6, p50, p99, p10, p90, pmax, opt.send_dev, opt.recv_dev, path,
+                       opt.offer ? "true" : "false");
             else
-                printf("%-8s %9.0f KiB  %4d pages  %8.3f GB/s  %9.1f us/transfer  p50 %9.1f us  p99 %9.1f us  path %s\n",
-                       transports, bytes / 1024, (int)n, gbps, elapsed / opt.iters * 1e6, p50, p99, path);
+                printf("%-8s %9.0f KiB  %4d pages  %8.3f GB/s  %9.1f us/transfer  p50 %9.1f us  p99 %9.1f us  path %s%s\n",
+                       transports, bytes / 1024, (int)n, gbps, elapsed / opt.iters * 1e6, p50, p99, path,
+                       opt.offer ? " (offered)" : "");
             *first = false;
         }
         free(pg);
@@ -703,6 +772,8 @@ static void usage(void)
            "  --ipc                  the prefill cache shareable (kvhal_paged_cache_create_shareable): on one host the\n"
            "                         decode side imports it and copies pages device to device (CUDA/HIP IPC; POSIX\n"
            "                         shared memory for cpu); the self-test then fails unless every request took that path\n"
+           "  --offer                benchmark on the IPC or CMA path: the prefill offers each request's pages ahead\n"
+           "                         (kvhal_xfer_offer_pages), the decode side's receives take them without a grant\n"
            "  --timeout-ms=N         agent timeout (default 10000)\n"
            "  --listen=FILE          decode side only: write the address to FILE, wait for a --connect process\n"
            "  --connect=FILE         prefill side only: connect to the decode process whose address is in FILE\n"
@@ -741,7 +812,7 @@ int main(int argc, char **argv)
         {"recv-device", required_argument, 0, 'R'}, {"timeout-ms", required_argument, 0, 'T'},
         {"json", no_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'}, {"listen", required_argument, 0, 'l'},
-        {"connect", required_argument, 0, 'c'}, {"child", no_argument, 0, 'C'}, {"ipc", no_argument, 0, 'I'},
+        {"connect", required_argument, 0, 'c'}, {"child", no_argument, 0, 'C'}, {"ipc", no_argument, 0, 'I'}, {"offer", no_argument, 0, 'O'},
         {0, 0, 0, 0}};
     int c;
     opterr = 0;
@@ -787,6 +858,7 @@ int main(int argc, char **argv)
         case 'c': opt.connect_file = optarg; break;
         case 'C': opt.child = true; break;
         case 'I': opt.ipc = true; break;
+        case 'O': opt.offer = true; break;
         case 'q': opt.quiet = true; break;
         case 'h': usage(); return 0;
         case 'V': printf(TOOL " %d.%d.%d\n", KVHAL_VERSION_MAJOR, KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH); return 0;
