@@ -1749,6 +1749,30 @@ static int hold_first_copy(raw *r, uint64_t req, int32_t src, int32_t dst)
     return calls0;
 }
 
+/* A shareable CPU cache of 16 pages, layer-first (a sender's on the IPC path), filled with the pattern of seed;
+ * *hpat: a copy of its bytes (free it). */
+static kvhal_paged_cache *shareable_cpu_cache(uint64_t seed, uint8_t **hpat)
+{
+    kvhal_paged_cache_config c = KVHAL_PAGED_CACHE_CONFIG_INIT;
+    c.num_layers = L;
+    c.num_heads = HEADS;
+    c.head_dim = DIM;
+    c.block_size = BLOCK;
+    c.dtype = KVHAL_F16;
+    c.order = KVHAL_LAYER_FIRST;
+    c.memory_budget = (uint64_t)16 * 2 * L * CHUNK;
+    c.device = (kvhal_device){KVHAL_DEVICE_CPU, 0};
+    kvhal_paged_cache *hc;
+    assert_int_equal(kvhal_paged_cache_create_shareable(&c, &hc), KVHAL_OK);
+    kvhal_buffer *hb = cache_buffer(hc);
+    const size_t hbytes = kvhal_buffer_size(hb);
+    *hpat = malloc(hbytes);
+    assert_non_null(*hpat);
+    fill_pattern(*hpat, hbytes, seed);
+    assert_int_equal(kvhal_memcpy_h2d(hb, 0, *hpat, hbytes, NULL), KVHAL_OK);
+    return hc;
+}
+
 static void test_hostile_ipc(void **state)
 {
     (void)state;
@@ -1758,23 +1782,10 @@ static void test_hostile_ipc(void **state)
     uint8_t blob[4096];
     size_t len = server_blob(&s, blob, sizeof blob);
     /* the hostile sender's own cache: shareable, 16 pages (what its HELLO says) */
-    kvhal_paged_cache_config c = KVHAL_PAGED_CACHE_CONFIG_INIT;
-    c.num_layers = L;
-    c.num_heads = HEADS;
-    c.head_dim = DIM;
-    c.block_size = BLOCK;
-    c.dtype = KVHAL_F16;
-    c.order = KVHAL_LAYER_FIRST;
-    c.memory_budget = (uint64_t)16 * 2 * L * CHUNK;
-    c.device = cpu;
-    kvhal_paged_cache *hc;
-    assert_int_equal(kvhal_paged_cache_create_shareable(&c, &hc), KVHAL_OK);
+    uint8_t *hpat;
+    kvhal_paged_cache *hc = shareable_cpu_cache(99, &hpat);
     kvhal_buffer *hb = cache_buffer(hc);
     const size_t hbytes = kvhal_buffer_size(hb);
-    uint8_t *hpat = malloc(hbytes);
-    assert_non_null(hpat);
-    fill_pattern(hpat, hbytes, 99);
-    assert_int_equal(kvhal_memcpy_h2d(hb, 0, hpat, hbytes, NULL), KVHAL_OK);
     uint8_t hblob[KVHAL_IPC_HANDLE_MAX];
     size_t hlen = 0;
     assert_int_equal(kvhal_buffer_ipc_export(hb, hblob, sizeof hblob, &hlen), KVHAL_OK);
@@ -2924,23 +2935,9 @@ static void test_offers(void **state)
     const uint32_t timeout_ms = 1500;
     server_start(&s, cpu, timeout_ms);
     /* the sender: a shareable CPU cache of 16 pages, imported by the receiver (the IPC path) */
-    kvhal_paged_cache_config c = KVHAL_PAGED_CACHE_CONFIG_INIT;
-    c.num_layers = L;
-    c.num_heads = HEADS;
-    c.head_dim = DIM;
-    c.block_size = BLOCK;
-    c.dtype = KVHAL_F16;
-    c.order = KVHAL_LAYER_FIRST;
-    c.memory_budget = (uint64_t)16 * 2 * L * CHUNK;
-    c.device = cpu;
-    kvhal_paged_cache *hc;
-    assert_int_equal(kvhal_paged_cache_create_shareable(&c, &hc), KVHAL_OK);
+    uint8_t *hpat;
+    kvhal_paged_cache *hc = shareable_cpu_cache(4242, &hpat);
     kvhal_buffer *hb = cache_buffer(hc);
-    const size_t hbytes = kvhal_buffer_size(hb);
-    uint8_t *hpat = malloc(hbytes);
-    assert_non_null(hpat);
-    fill_pattern(hpat, hbytes, 4242);
-    assert_int_equal(kvhal_memcpy_h2d(hb, 0, hpat, hbytes, NULL), KVHAL_OK);
     kvhal_xfer_config cfg = {.name = "offering", .token = TOKEN, .timeout_ms = timeout_ms, .transports = tls};
     kvhal_xfer_agent *a;
     assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
