@@ -199,12 +199,14 @@ static bool read_all(int fd, void *p, size_t n)
 
 /* ================================ the prefill side (the sender) ======================================== */
 /* The benchmark with --offer: the prefill offers every request's pages as a prefill would once its K/V is written
- * (kvhal_xfer_offer_pages), up to twice the window ahead of the decode side, which takes them with its receives
- * (no grants); sizes in order, request ids from 0 for each, as the decode side posts them. GRANT events (a receive
- * posted before its offer came) need no answer: the offer that follows is taken by that receive. */
+ * (kvhal_xfer_offer_pages), up to four windows (at least 32 requests) ahead of the decode side, which takes them
+ * with its receives (no grants); sizes in order, request ids from 0 for each, as the decode side posts them. GRANT
+ * events (a receive posted before its offer came) need no answer: the offer that follows is taken by that receive. */
 static int prefill_offers(kvhal_xfer_agent *ag, kvhal_xfer_peer *peer, side *s, int32_t *order, uint8_t *host)
 {
-    const int per_size = opt.iters + 4 + 1, ahead = 2 * opt.window;
+    /* ahead: a prefill runs on its own (its offers do not wait for the decode side's pace); twice the window left
+     * the decode side's receives without an offer half the time (offers come back in bursts, as launch groups end) */
+    const int per_size = opt.iters + 4 + 1, ahead = 4 * opt.window < 32 ? 32 : 4 * opt.window;
     uint64_t seed = 7;
     int32_t cursor = (int32_t)s->blocks;
     kvhal_xfer **xs = calloc((size_t)ahead, sizeof *xs);
