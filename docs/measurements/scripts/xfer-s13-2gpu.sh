@@ -28,7 +28,7 @@ ROUNDS=${ROUNDS:-3} ITERS=${ITERS:-200}
 run() { # name window env...  (base runs get this tree's CUDA module)
   local name=$1 w=$2; shift 2
   local bin=$N/tools/kvhal-xfer; [ "${name%%_*}" = base ] && bin="env KVHAL_BACKEND_PATH=$N/backends/cuda $B/tools/kvhal-xfer"
-  local extra=; [ "$name" = offer ] && extra=--offer
+  local extra=; [ "${name%%_*}" = offer ] && extra=--offer  # offer, offer_<variant>
   env "$@" timeout 120 $bin $extra --ipc --send-device=cuda:0 --recv-device=cuda:1 --transport=shm --window=$w \
     --iters=$ITERS --json > "$OUT/r/$name-w$w-$r.json" 2> "$OUT/r/$name-w$w-$r.err" || echo "$name w$w round $r failed: $(tail -2 "$OUT/r/$name-w$w-$r.err")"
 }
