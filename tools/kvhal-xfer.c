@@ -200,8 +200,9 @@ static bool read_all(int fd, void *p, size_t n)
 /* ================================ the prefill side (the sender) ======================================== */
 /* The benchmark with --offer: the prefill offers every request's pages as a prefill would once its K/V is written
  * (kvhal_xfer_offer_pages), up to four windows (at least 32 requests) ahead of the decode side, which takes them
- * with its receives (no grants); sizes in order, request ids from 0 for each, as the decode side posts them. GRANT
- * events (a receive posted before its offer came) need no answer: the offer that follows is taken by that receive. */
+ * with its receives (no grants); sizes in order, request ids from 0 for each, as the decode side posts them (the
+ * last, verified one when the others are done). GRANT events (a receive posted before its offer came) need no
+ * answer: the offer that follows is taken by that receive. */
 static int prefill_offers(kvhal_xfer_agent *ag, kvhal_xfer_peer *peer, side *s, int32_t *order, uint8_t *host)
 {
     /* ahead: a prefill runs on its own (its offers do not wait for the decode side's pace); twice the window left
@@ -219,6 +220,10 @@ static int prefill_offers(kvhal_xfer_agent *ag, kvhal_xfer_peer *peer, side *s, 
         while (done < per_size && !rc) {
             for (int w = 0; w < ahead && offered < per_size; w++) {
                 if (xs[w]) continue;
+                /* the last request (verified) after every other is done, as the decode side posts it: its K/V is
+                 * written through kvhal first, thousands of small copies during which this process does not
+                 * progress UCX, and offers still queued in UCX then reach the decode side late */
+                if (offered == per_size - 1 && done < per_size - 1) break;
                 if (cursor + n > (int32_t)s->blocks) {
                     shuffle(order, (int32_t)s->blocks, &seed);
                     cursor = 0;

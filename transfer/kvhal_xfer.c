@@ -3858,7 +3858,11 @@ kvhal_status kvhal_xfer_progress(kvhal_xfer_agent *a, uint32_t timeout_ms, kvhal
     const uint64_t until = now_ns() + (uint64_t)timeout_ms * 1000000ull;
     idle_state spins = {0, 0};
     for (;;) {
-        const unsigned work = pump(a);
+        /* an event already queued is returned without a pump first, so that a queue of events costs the caller a
+         * call each, not a pump each (a round of UCX and of the copies, which waits for the oldest copy where every
+         * stream is busy): with 16 and 64 transfers in flight on the IPC path that doubled 256 KiB batches, 0.28 ->
+         * 0.62 and 0.43 -> 0.97 of cudaMemcpyPeer (2 x H200, session 13) */
+        const unsigned work = a->ev_count ? 1 : pump(a);
         if (a->ev_count) {
             event_item *it = &a->events[a->ev_head];
             a->ev_head = (a->ev_head + 1) % a->ev_cap;
