@@ -247,8 +247,8 @@ KVHAL_API kvhal_status kvhal_xfer_offer_pages(kvhal_xfer_peer *peer, uint64_t re
                                               int32_t n, int32_t first_layer, int32_t num_layers, kvhal_xfer **out);
 
 /**
- * Returns the next event, progressing the agent until one comes, at most timeout_ms. An event already queued is
- * returned at once, without progressing (call again: the next call progresses once the queue is empty).
+ * Progresses the agent and returns the next event, waiting up to timeout_ms for one. While the agent's device
+ * copies (the IPC path) are running, an event already queued is returned at once, without progressing.
  * @param agent       the agent.
  * @param timeout_ms  0 = only what is ready now.
  * @param ev          receives the event (type KVHAL_XFER_EVENT_NONE when none came).
