@@ -162,7 +162,7 @@ static void on_grant(run *u, const kvhal_xfer_event *ev)
 /* Progress until no event is left; keeps the peers HELLOs made (to disconnect them at the end). */
 static void pump(run *u)
 {
-    for (;;) { /* every call of progress pumps once: events are finite */
+    for (;;) { /* progress pumps whenever no event is queued: events are finite */
         kvhal_xfer_event ev;
         REQUIRE(kvhal_xfer_progress(u->r->ag, 0, &ev) == KVHAL_OK);
         if (ev.type == KVHAL_XFER_EVENT_NONE) return;

@@ -115,6 +115,21 @@ static void data_ipc(uint8_t op, int peer, uint64_t request, uint32_t frame, int
     record(op, &h, sizeof h, pairs, (size_t)n * 2u * sizeof(int32_t));
 }
 
+/* An OFFER frame: source pages [first, first + n) of a request of total pages. */
+static void offer(uint8_t op, int peer, uint64_t request, uint64_t xfer, uint32_t frame, int32_t l0, int32_t nl,
+                  int32_t first, int32_t total, const int32_t *src, int32_t n)
+{
+    xw_offer h = {.c = common(XW_OFFER, session_of(peer)), .request_id = request, .xfer_id = xfer, .frame = frame,
+                  .first_layer = l0, .num_layers = nl, .first_page = first, .total_pages = total, .n_pages = n};
+    record(op, &h, sizeof h, src, (size_t)n * sizeof(int32_t));
+}
+
+static void withdraw(uint8_t op, int peer, uint64_t request, uint64_t xfer)
+{
+    xw_withdraw w = {.c = common(XW_WITHDRAW, session_of(peer)), .request_id = request, .xfer_id = xfer};
+    record(op, &w, sizeof w, NULL, 0);
+}
+
 static void complete_both(uint8_t config, bool pump_each)
 {
     const uint8_t op = pump_each ? FX_FRAME_PUMP : FX_FRAME;
@@ -181,6 +196,32 @@ int main(int argc, char **argv)
         data_ipc(FX_FRAME | FX_SECOND, 1, FX_REQUEST_B, (uint32_t)l, l, 1, (const int32_t[]){1, 7, 4, 0}, 2);
     op_only(FX_PUMP);
     finish("ipc");
+    begin(1); /* offers: B's pending receive takes one frame per page (layer 0, then the rest); offers no receive
+               * takes wait (one withdrawn, one kept until the peer goes); a size that differs fails receive A */
+    ipc_map(FX_FRAME_PUMP, 0);
+    ipc_map(FX_FRAME_PUMP, 1);
+    offer(FX_FRAME | FX_SECOND, 1, FX_REQUEST_B, 31, 0, 0, 1, 0, FX_GRANT_B_N, (const int32_t[]){4}, 1);
+    offer(FX_FRAME | FX_SECOND, 1, FX_REQUEST_B, 31, 1, 0, 1, 1, FX_GRANT_B_N, (const int32_t[]){2}, 1);
+    offer(FX_FRAME_PUMP | FX_SECOND, 1, FX_REQUEST_B, 32, 0, 1, FX_LAYERS - 1, 0, FX_GRANT_B_N,
+          (const int32_t[]){4, 2}, 2);
+    offer(FX_FRAME_PUMP | FX_SECOND, 1, 777, 33, 0, 0, FX_LAYERS, 0, 2, (const int32_t[]){0, 1}, 2);
+    offer(FX_FRAME_PUMP | FX_SECOND, 1, 778, 34, 0, 0, FX_LAYERS, 0, 1, (const int32_t[]){5}, 1);
+    withdraw(FX_FRAME_PUMP | FX_SECOND, 1, 777, 33);
+    offer(FX_FRAME_PUMP, 0, FX_REQUEST_A, 35, 0, 0, FX_LAYERS, 0, FX_GRANT_A_N + 1, (const int32_t[]){0}, 1);
+    finish("offer");
+    begin(0); /* hostile offers: past the imported cache, past the request, a page twice, no map, short header */
+    offer(FX_FRAME_PUMP, 0, FX_REQUEST_A, 36, 0, 0, FX_LAYERS, 0, FX_GRANT_A_N, (const int32_t[]){0}, 1);
+    ipc_map(FX_FRAME_PUMP, 0);
+    ipc_map(FX_FRAME_PUMP, 1);
+    offer(FX_FRAME_PUMP, 0, FX_REQUEST_A, 37, 0, 0, FX_LAYERS, 2, 2, (const int32_t[]){0}, 1);
+    offer(FX_FRAME_PUMP | FX_SECOND, 1, FX_REQUEST_B, 38, 0, 0, FX_LAYERS, 0, FX_GRANT_B_N,
+          (const int32_t[]){FX_SEND_PAGES, 0}, 2);
+    {
+        xw_withdraw w = {.c = common(XW_WITHDRAW, FX_SESSION_A), .xfer_id = 1};
+        record(FX_FRAME_PUMP, &w, sizeof w - 4, NULL, 0);
+    }
+    complete_both(0, true);
+    finish("offer_hostile");
     begin(1); /* IPC and DATA frames mixed within one receive, a second IPC_MAP */
     ipc_map(FX_FRAME_PUMP, 0);
     data_ipc(FX_FRAME, 0, FX_REQUEST_A, 0, 0, 2, (const int32_t[]){0, 5, 3, 2, 5, 6}, 3);

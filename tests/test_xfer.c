@@ -687,6 +687,7 @@ typedef struct raw {
     bool got_hello_ack;
     int nacks;
     xw_ack last_ack;
+    int ngrants; /* GRANT frames received */
     bool got_map_ack;
     xw_ipc_map_ack map_ack;
     /* frames' memory: a send that did not complete (a rendezvous the receiver never pulls, or pulls after the
@@ -718,6 +719,8 @@ static ucs_status_t raw_am(void *arg, const void *header, size_t header_length, 
     } else if (c.type == XW_ACK && header_length == sizeof(xw_ack)) {
         memcpy(&r->last_ack, header, sizeof r->last_ack);
         r->nacks++;
+    } else if (c.type == XW_GRANT) {
+        r->ngrants++;
     }
     return UCS_OK;
 }
@@ -2975,7 +2978,7 @@ static void test_offers(void **state)
     assert_true(sender_until(a, KVHAL_XFER_EVENT_SEND_DONE, 1, 5, &ev, &grants));
     assert_int_equal(ev.status, KVHAL_OK);
     assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_OK);
-    assert_int_equal(grants, 0); /* no GRANT was sent */
+    assert_int_equal(grants, 0); /* none reported (a GRANT sent would be swallowed here: see the wire count below) */
     pthread_mutex_lock(&s.mu);
     assert_string_equal(kvhal_xfer_path(rx), "ipc");
     pthread_mutex_unlock(&s.mu);
@@ -3184,37 +3187,145 @@ static void test_offers(void **state)
         /* twice: the receive's page (granted, written or not by the first frame) went back with the peer */
         check_cache(&s, dst, cases[i].twice ? 1 : 0);
     }
-    { /* offers beyond OFFER_PAGES_MAX (2^20 pages) waiting for a receive: refused, the peer stays */
+    { /* a receive that takes a waiting offer sends no GRANT (counted on the wire by a hand-made sender); one
+       * without an offer does */
         raw r;
         kvhal_xfer_peer *rp = raw_mapped(&s, &r, blob, blen, hblob, hlen, off, stride);
+        ev0 = server_nev(&s);
+        xw_offer *h = calloc(1, sizeof *h);
+        int32_t *d = calloc(1, sizeof *d);
+        assert_non_null(h);
+        assert_non_null(d);
+        *h = (xw_offer){.c = {XW_MAGIC, XW_VERSION, XW_OFFER, r.their_session}, .request_id = 95, .xfer_id = 7,
+                        .first_layer = 0, .num_layers = L, .first_page = 0, .total_pages = 1, .n_pages = 1};
+        d[0] = 3;
+        raw_keep(&r, h);
+        raw_keep(&r, d);
+        r.nacks = 0;
+        raw_send(&r, h, sizeof *h, d, sizeof *d, UCP_AM_SEND_FLAG_EAGER);
+        wait_event(&s, KVHAL_XFER_EVENT_OFFER, ev0, 5);
+        kvhal_xfer *rx95, *rx96;
+        int32_t d95, d96;
+        assert_int_equal(grant(&s, rp, 95, 1, &d95, &rx95), KVHAL_OK);
+        assert_int_equal(wait_recv(&s, rx95, 5, msg, sizeof msg), KVHAL_OK);
+        const double until3 = now_s() + 5;
+        while (r.nacks < 1 && now_s() < until3) raw_progress(&r, 0.001);
+        assert_int_equal(r.nacks, 1);
+        assert_int_equal(r.last_ack.status, KVHAL_OK);
+        raw_progress(&r, 0.05);
+        assert_int_equal(r.ngrants, 0);
+        check_ipc_pages(&s, hc, hpat, &d[0], &d95, 1);
+        check_cache(&s, &d95, 1);
+        assert_int_equal(grant(&s, rp, 96, 1, &d96, &rx96), KVHAL_OK);
+        const double until4 = now_s() + 5;
+        while (r.ngrants < 1 && now_s() < until4) raw_progress(&r, 0.001);
+        assert_int_equal(r.ngrants, 1);
+        pthread_mutex_lock(&s.mu);
+        kvhal_xfer_release(rx95);
+        kvhal_xfer_release(rx96); /* in flight: canceled, its page goes back */
+        assert_int_equal(kvhal_cache_manager_free(s.cm, &d95, 1), KVHAL_OK);
+        assert_int_equal(kvhal_xfer_disconnect(rp), KVHAL_OK);
+        pthread_mutex_unlock(&s.mu);
+        raw_close(&r);
+    }
+    { /* a sender whose timeout is shorter than half the receiver's: its offer not taken in time is withdrawn by
+       * the sender (SEND_DONE TIMEOUT), and the connection stays */
+        kvhal_xfer_config c3 = cfg;
+        c3.name = "hasty";
+        c3.timeout_ms = 300;
+        kvhal_xfer_agent *a3;
+        assert_int_equal(kvhal_xfer_agent_create(&c3, &a3), KVHAL_OK);
+        assert_int_equal(kvhal_xfer_register_paged_cache(a3, hc), KVHAL_OK);
+        const int ev3 = server_nev(&s);
+        kvhal_xfer_peer *pa3;
+        assert_int_equal(kvhal_xfer_connect(a3, blob, blen, TOKEN, &pa3), KVHAL_OK);
+        const int e3 = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev3, 5);
+        pthread_mutex_lock(&s.mu);
+        kvhal_xfer_peer *pb3 = s.evs[e3].peer;
+        pthread_mutex_unlock(&s.mu);
+        assert_string_equal(kvhal_xfer_peer_ipc(pa3), "ipc");
+        assert_int_equal(kvhal_xfer_offer_pages(pa3, 97, src3, 1, 0, L, &t0), KVHAL_OK);
+        assert_true(sender_until(a3, KVHAL_XFER_EVENT_SEND_DONE, 97, 5, &ev, &grants));
+        assert_int_equal(ev.status, KVHAL_TIMEOUT);
+        assert_contains(ev.message, "did not take the offer");
+        kvhal_xfer_release(t0);
+        assert_int_equal(kvhal_xfer_offer_pages(pa3, 98, src3, 1, 0, L, &t0), KVHAL_OK); /* still connected */
+        assert_int_equal(grant(&s, pb3, 98, 1, dst, &rx), KVHAL_OK);
+        assert_true(sender_until(a3, KVHAL_XFER_EVENT_SEND_DONE, 98, 5, &ev, &grants));
+        assert_int_equal(ev.status, KVHAL_OK);
+        assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_OK);
+        check_ipc_pages(&s, hc, hpat, src3, dst, 1);
+        check_cache(&s, dst, 1);
+        kvhal_xfer_release(t0);
+        pthread_mutex_lock(&s.mu);
+        kvhal_xfer_release(rx);
+        assert_int_equal(kvhal_cache_manager_free(s.cm, dst, 1), KVHAL_OK);
+        pthread_mutex_unlock(&s.mu);
+        assert_int_equal(kvhal_xfer_agent_destroy(a3), KVHAL_OK);
+    }
+    { /* offers past the limits (2^20 pages, 4096 frames) waiting for a receive: refused, the peer stays; a
+       * receiver of a long timeout, so that none expires meanwhile */
+        server s2;
+        server_start(&s2, cpu, 60000);
+        uint8_t blob2[4096];
+        const size_t blen2 = server_blob(&s2, blob2, sizeof blob2);
+        raw r;
+        kvhal_xfer_peer *rp = raw_mapped(&s2, &r, blob2, blen2, hblob, hlen, off, stride);
         xw_offer *h = calloc(1, sizeof *h);
         int32_t *d = calloc(XW_IPC_FRAME_PAGES, sizeof *d);
         assert_non_null(h);
         assert_non_null(d);
-        *h = (xw_offer){.c = {XW_MAGIC, XW_VERSION, XW_OFFER, r.their_session}, .request_id = 91, .xfer_id = 6,
-                        .first_layer = 0, .num_layers = L, .first_page = 0, .total_pages = XW_MAX_GRANT,
-                        .n_pages = XW_IPC_FRAME_PAGES};
+        *h = (xw_offer){.c = {XW_MAGIC, XW_VERSION, XW_OFFER, r.their_session}, .xfer_id = 6, .first_layer = 0,
+                        .num_layers = L, .first_page = 0, .total_pages = XW_MAX_GRANT, .n_pages = XW_IPC_FRAME_PAGES};
         raw_keep(&r, h);
         raw_keep(&r, d);
         r.nacks = 0;
-        for (int f = 0; f <= (1 << 20) / XW_IPC_FRAME_PAGES; f++) {
+        for (int f = 0; f <= (1 << 20) / XW_IPC_FRAME_PAGES; f++) { /* a request a frame: only the last refused */
             h->frame = (uint32_t)f;
+            h->request_id = 1000 + (uint64_t)f;
             raw_send(&r, h, sizeof *h, d, XW_IPC_FRAME_PAGES * sizeof *d, UCP_AM_SEND_FLAG_EAGER);
         }
-        const double until2 = now_s() + 5;
+        double until2 = now_s() + 10;
         while (r.nacks < 1 && now_s() < until2) raw_progress(&r, 0.001);
         assert_int_equal(r.nacks, 1);
         assert_int_equal(r.last_ack.status, KVHAL_OUT_OF_MEMORY);
         assert_int_equal(r.last_ack.frame, (1 << 20) / XW_IPC_FRAME_PAGES);
         assert_contains(r.last_ack.reason, "wait for a receive already");
-        pthread_mutex_lock(&s.mu);
+        pthread_mutex_lock(&s2.mu);
         assert_int_equal(kvhal_xfer_disconnect(rp), KVHAL_OK); /* frees the offers kept */
-        pthread_mutex_unlock(&s.mu);
+        pthread_mutex_unlock(&s2.mu);
         raw_close(&r);
+        rp = raw_mapped(&s2, &r, blob2, blen2, hblob, hlen, off, stride); /* raw_close freed h and d */
+        h = calloc(1, sizeof *h);
+        d = calloc(1, sizeof *d);
+        assert_non_null(h);
+        assert_non_null(d);
+        *h = (xw_offer){.c = {XW_MAGIC, XW_VERSION, XW_OFFER, r.their_session}, .xfer_id = 8, .first_layer = 0,
+                        .num_layers = L, .first_page = 0, .total_pages = 1, .n_pages = 1};
+        raw_keep(&r, h);
+        raw_keep(&r, d);
+        r.nacks = 0;
+        for (int f = 0; f <= 4096; f++) { /* one-page offers of 4097 requests: the last refused */
+            h->frame = (uint32_t)f;
+            h->request_id = 5000 + (uint64_t)f;
+            raw_send(&r, h, sizeof *h, d, sizeof *d, UCP_AM_SEND_FLAG_EAGER);
+        }
+        until2 = now_s() + 10;
+        while (r.nacks < 1 && now_s() < until2) raw_progress(&r, 0.001);
+        assert_int_equal(r.nacks, 1);
+        assert_int_equal(r.last_ack.status, KVHAL_OUT_OF_MEMORY);
+        assert_int_equal(r.last_ack.frame, 4096);
+        pthread_mutex_lock(&s2.mu);
+        assert_int_equal(kvhal_xfer_disconnect(rp), KVHAL_OK);
+        pthread_mutex_unlock(&s2.mu);
+        raw_close(&r);
+        check_cache(&s2, NULL, 0);
+        all_pages_free(&s2);
+        server_stop(&s2);
     }
     check_cache(&s, NULL, 0);
     printf("# %s: offers on the IPC path taken before and after their receives, crossed grants, sizes, expiry, "
-           "withdrawal, 11 hostile frames; a plain cache's offer %s\n", tls, reads ? "taken on the CMA path" : "refused");
+           "withdrawal, no GRANT on the wire, a hasty sender, 11 hostile frames, limits; a plain cache's offer %s\n", tls, reads ? "taken on the CMA path" : "refused");
     assert_int_equal(kvhal_xfer_agent_destroy(a2), KVHAL_OK);
     kvhal_paged_cache_destroy(pc);
     assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);

@@ -81,6 +81,7 @@ typedef struct offer_rec { /* receiver: an OFFER frame that no posted receive to
 } offer_rec;
 
 #define OFFER_PAGES_MAX (1 << 20) /* pages of one peer's offers waiting for a receive at most (past it: refused) */
+#define OFFER_FRAMES_MAX 4096     /* and its OFFER frames waiting at most */
 
 typedef struct closing_ep {
     void *req; /* the ucp_ep_close_nbx request still in progress */
@@ -117,6 +118,7 @@ struct kvhal_xfer_peer {
     size_t ipc_queued;      /* (page, layer, K/V) chunks of its DATA_IPC frames waiting in the agent's ipc_jobs */
     offer_rec *offers, *offers_tail; /* as the receiver: its OFFER frames no receive took yet, oldest first */
     int64_t offered_pages;  /* their pages */
+    int32_t offered_frames; /* and how many */
     void *map_frame;        /* an IPC_MAP received (header then data), imported from pump */
     size_t map_len;
     kvhal_xfer_peer *next;
@@ -641,7 +643,14 @@ static void peer_fail(kvhal_xfer_peer *p, kvhal_status st, bool tell, const char
     a->live_peers--;
     for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) {
         nx = x->next;
-        if (x->peer == p) xfer_finish(x, st, "peer %s: %s", p->name, p->fail_msg);
+        if (x->peer != p) continue;
+        if (x->failing && x->offer && x->withdrawn && !x->finished) { /* it waited for the peer's answers */
+            snprintf(x->message + strlen(x->message), sizeof x->message - strlen(x->message),
+                     " (peer %s failed before it confirmed the withdrawal: %s)", p->name, p->fail_msg);
+            xfer_settle(x); /* may free x */
+            continue;
+        }
+        xfer_finish(x, st, "peer %s: %s", p->name, p->fail_msg);
     }
     /* The endpoint is closed from pump (never from a UCX callback): after a BYE when the peer is to be told,
      * otherwise forcibly, which completes every send still on it with an error and releases its buffers. */
@@ -1544,12 +1553,30 @@ static void offer_unlink(kvhal_xfer_peer *p, offer_rec *prev, offer_rec *o)
     else p->offers = o->next;
     if (p->offers_tail == o) p->offers_tail = prev;
     p->offered_pages -= o->n;
+    p->offered_frames--;
 }
 
 static void offer_free(offer_rec *o)
 {
     free(o->src);
     free(o);
+}
+
+/* Receiver: refuses (ACK st, reason) every OFFER frame of request_id from p still waiting for a receive: a request
+ * is taken whole or not at all, so that a receive never takes part of it and waits for frames refused already. */
+static void offers_refuse_request(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t request_id, kvhal_status st,
+                                  const char *reason)
+{
+    for (offer_rec *o = p->offers, *prev = NULL, *nx; o; o = nx) {
+        nx = o->next;
+        if (o->request_id != request_id) {
+            prev = o;
+            continue;
+        }
+        offer_unlink(p, prev, o);
+        send_ack(a, p, o->xfer_id, o->frame, st, 0, reason);
+        offer_free(o);
+    }
 }
 
 /* Receiver: x (a receive posted for o's request) takes the offer o (unlinked; freed here): its source pages, in the
@@ -1595,6 +1622,8 @@ static int offer_take_pending(kvhal_xfer_agent *a, kvhal_xfer_peer *p, kvhal_xfe
         offer_take(a, p, x, o);
         taken++;
     }
+    if (x->failing && p->state == P_CONNECTED) /* a size that differs: the request's other frames too */
+        offers_refuse_request(a, p, x->request_id, x->status, x->message);
     return taken;
 }
 
@@ -1648,11 +1677,12 @@ static void on_offer(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header
         offer_take(a, p, x, o);
         return;
     }
-    if (p->offered_pages + h.n_pages > OFFER_PAGES_MAX) {
+    if (p->offered_pages + h.n_pages > OFFER_PAGES_MAX || p->offered_frames >= OFFER_FRAMES_MAX) {
         char r[XW_REASON_LEN];
-        snprintf(r, sizeof r, "%lld pages offered by %s wait for a receive already (at most %d)",
-                 (long long)p->offered_pages, p->name, OFFER_PAGES_MAX);
+        snprintf(r, sizeof r, "%lld pages in %d offers of %s wait for a receive already (at most %d, %d)",
+                 (long long)p->offered_pages, (int)p->offered_frames, p->name, OFFER_PAGES_MAX, OFFER_FRAMES_MAX);
         send_ack(a, p, h.xfer_id, h.frame, KVHAL_OUT_OF_MEMORY, 0, r);
+        offers_refuse_request(a, p, h.request_id, KVHAL_OUT_OF_MEMORY, r);
         offer_free(o);
         return;
     }
@@ -1661,6 +1691,7 @@ static void on_offer(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header
     else p->offers = o;
     p->offers_tail = o;
     p->offered_pages += o->n;
+    p->offered_frames++;
     if (h.first_page == 0)
         push_event(a, KVHAL_XFER_EVENT_OFFER, p, NULL, h.request_id, KVHAL_OK, NULL, h.total_pages,
                    "peer %s offered %d pages of layers [%d, %d) for request %llu", p->name, (int)h.total_pages,
@@ -1692,14 +1723,11 @@ static void on_withdraw(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *hea
  * whole timeout: it hears of it before it gives up on the peer). */
 static void offers_expire(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t now)
 {
-    while (p->offers && now > p->offers->expires_ns) {
-        offer_rec *o = p->offers;
-        offer_unlink(p, NULL, o);
+    while (p->offers && now > p->offers->expires_ns) { /* the oldest first: its request's other frames with it */
         char r[XW_REASON_LEN];
         snprintf(r, sizeof r, "request %llu: no receive was posted for the offer within %u ms",
-                 (unsigned long long)o->request_id, (unsigned)(a->timeout_ms / 2));
-        send_ack(a, p, o->xfer_id, o->frame, KVHAL_TIMEOUT, 0, r);
-        offer_free(o);
+                 (unsigned long long)p->offers->request_id, (unsigned)(a->timeout_ms / 2));
+        offers_refuse_request(a, p, p->offers->request_id, KVHAL_TIMEOUT, r);
     }
 }
 
@@ -2597,7 +2625,7 @@ static void on_grant(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header
             return;
         }
     for (const kvhal_xfer *x = a->xfers; x; x = x->next)
-        if (x->offer && x->peer == p && x->request_id == g.request_id && !x->failing) {
+        if (x->offer && x->peer == p && x->request_id == g.request_id && !x->finished) {
             free(pages); /* offered: the receiver takes the pages itself (the grant crossed the offer) */
             return;
         }
@@ -2930,7 +2958,7 @@ static unsigned pump(kvhal_xfer_agent *a)
                       (unsigned)a->timeout_ms);
 again: /* failing one transfer may free others (released ones of the same peer): start over after each */
     for (kvhal_xfer *x = a->xfers; x; x = x->next) {
-        if (x->offer && x->failing && !x->finished && !x->abandoned && now > x->deadline_ns) {
+        if (x->offer && x->withdrawn && x->failing && !x->finished && !x->abandoned && now > x->deadline_ns) {
             x->abandoned = true; /* withdrawn, and the peer did not answer every frame: settled regardless */
             snprintf(x->message + strlen(x->message), sizeof x->message - strlen(x->message),
                      " (peer %s did not confirm the withdrawal within %u ms)", x->peer ? x->peer->name : "?",
@@ -2939,6 +2967,11 @@ again: /* failing one transfer may free others (released ones of the same peer):
             goto again;
         }
         if (x->failing || x->finished || now <= x->deadline_ns) continue;
+        if (x->offer) { /* not taken, or taken and not acknowledged, within the timeout: withdrawn, the peer stays */
+            xfer_finish(x, KVHAL_TIMEOUT, "request %llu: peer %s did not take the offer within %u ms",
+                        (unsigned long long)x->request_id, x->peer ? x->peer->name : "?", (unsigned)a->timeout_ms);
+            goto again;
+        }
         if (x->is_recv && x->inflight == 0) {
             xfer_finish(x, KVHAL_TIMEOUT, "request %llu: no data from peer %s within %u ms",
                         (unsigned long long)x->request_id, x->peer ? x->peer->name : "?", (unsigned)a->timeout_ms);
@@ -3720,11 +3753,12 @@ static kvhal_status send_pages_ipc(kvhal_xfer_peer *p, uint64_t request_id, cons
     return KVHAL_OK;
 }
 
-/* An offer of request_id to p that has not failed. */
-static bool offer_in_flight(const kvhal_xfer_peer *p, uint64_t request_id)
+/* An offer of request_id to p not finished (withdrawing: failing only). */
+static bool offer_in_flight(const kvhal_xfer_peer *p, uint64_t request_id, bool failing_only)
 {
     for (const kvhal_xfer *x = p->agent->xfers; x; x = x->next)
-        if (x->offer && x->peer == p && x->request_id == request_id && !x->failing) return true;
+        if (x->offer && x->peer == p && x->request_id == request_id && !x->finished && (!failing_only || x->failing))
+            return true;
     return false;
 }
 
@@ -3742,6 +3776,8 @@ kvhal_status kvhal_xfer_offer_pages(kvhal_xfer_peer *p, uint64_t request_id, con
         return ERR(KVHAL_OUT_OF_RANGE, "first_layer, num_layers: [%d, %d+%d) is outside the cache's [0, %d)",
                    (int)first_layer, (int)first_layer, (int)num_layers, (int)a->g.num_layers);
     if ((st = check_pages("src_pages", src_pages, n, a->g.num_blocks)) != KVHAL_OK) return st;
+    CHECK_ARG(!offer_in_flight(p, request_id, true), "request_id: an offer of %llu to peer %s is being withdrawn "
+              "(wait for its SEND_DONE)", (unsigned long long)request_id, p->name);
     if (p->ipc_state != IPC_READY)
         return ERR(KVHAL_UNSUPPORTED, "peer: %s reads no pages from this process (IPC state: %s); send the pages "
                    "after its GRANT (kvhal_xfer_send_pages)", p->name, kvhal_xfer_peer_ipc(p));
@@ -3765,8 +3801,9 @@ kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *p, uint64_t request_id, cons
                    (int)first_layer, (int)first_layer, (int)num_layers, (int)a->g.num_layers);
     if ((st = check_pages("src_pages", src_pages, n, a->g.num_blocks)) != KVHAL_OK) return st;
     if ((st = check_pages("dst_pages", dst_pages, n, p->g.num_blocks)) != KVHAL_OK) return st;
-    CHECK_ARG(!offer_in_flight(p, request_id), "request_id: %llu is offered to peer %s (kvhal_xfer_offer_pages): "
-              "its receiver takes the offered pages itself", (unsigned long long)request_id, p->name);
+    CHECK_ARG(!offer_in_flight(p, request_id, false), "request_id: %llu is offered to peer %s "
+              "(kvhal_xfer_offer_pages): its receiver takes the offered pages itself", (unsigned long long)request_id,
+              p->name);
     if (p->ipc_state == IPC_READY) return send_pages_ipc(p, request_id, src_pages, dst_pages, n, first_layer,
                                                          num_layers, out);
     /* Host caches: a frame's K/V chunks are scattered in our cache and in the peer's. UCX 1.13's rendezvous
