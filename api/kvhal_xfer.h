@@ -8,7 +8,9 @@
  * them with kvhal_xfer_post_receive; the sender learns them from a GRANT event and sends its own pages into them
  * with kvhal_xfer_send_pages (all layers, K and V; pages scattered on both sides). Both sides complete a transfer
  * handle: the receiver when every granted page of every layer has arrived, the sender when the receiver
- * acknowledged every byte. Many transfers may be in flight on many peers.
+ * acknowledged every byte. Many transfers may be in flight on many peers. On one host, where the receiver reads
+ * the sender's cache itself (the IPC and CMA paths), the sender may instead offer a request's pages first
+ * (kvhal_xfer_offer_pages): the receive posted for it then takes them without a GRANT.
  *
  * Safety. Remote peers are bad input: a peer that does not present the token is refused; every size, page id and
  * layer index in a frame is checked against the receiver's own grant and cache before anything is written (each
@@ -172,10 +174,12 @@ KVHAL_API kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *peer);
 KVHAL_API const char *kvhal_xfer_peer_name(const kvhal_xfer_peer *peer);
 
 /**
- * Receiver: grants pages for a request to a peer and tells it (a GRANT event on the sender). The pages receive K
- * and V of every layer; the transfer completes when every (page, layer) has arrived. Until then the pages are the
- * agent's: on failure, timeout (the agent's timeout without any data), peer loss or cancel they are given back
- * with kvhal_cache_manager_free(cm, pages, n) when cm is not NULL.
+ * Receiver: grants pages for a request to a peer and tells it (a GRANT event on the sender), or, when the peer
+ * offered the request already (kvhal_xfer_offer_pages, an OFFER event here), takes the offered pages: they are
+ * copied into these pages and no GRANT is sent. The pages receive K and V of every layer; the transfer completes
+ * when every (page, layer) has arrived. Until then the pages are the agent's: on failure, timeout (the agent's
+ * timeout without any data), peer loss or cancel they are given back with kvhal_cache_manager_free(cm, pages, n)
+ * when cm is not NULL.
  * @param peer        a connected peer.
  * @param request_id  the caller's id for the request (unique among this peer's pending receives).
  * @param pages       n page ids of the registered cache, distinct, copied during the call.
@@ -229,9 +233,12 @@ KVHAL_API kvhal_status kvhal_xfer_send_pages(kvhal_xfer_peer *peer, uint64_t req
  * request (e.g. one per layer range); kvhal_xfer_send_pages refuses a request with an offer in flight. Like
  * kvhal_xfer_send_pages on the IPC path, this call synchronizes the cache's device first, and the source pages
  * must not change until the transfer completes (SEND_DONE: the receiver copied and acknowledged every page).
- * An offer no receive takes within half the receiver's timeout is refused (SEND_DONE with KVHAL_TIMEOUT). A
- * canceled or failed offer is withdrawn: it completes once the receiver dropped the frames it had not taken and
- * finished copying those it had (or the peer failed, or did not answer within the timeout: the message says so).
+ * An offer no receive takes within half the receiver's timeout, or within this agent's timeout, fails with
+ * KVHAL_TIMEOUT (SEND_DONE); one past the receiver's limits (2^20 pages, 4096 offers of this peer waiting) with
+ * KVHAL_OUT_OF_MEMORY; the request's other waiting offers fail with it. A canceled or failed offer is withdrawn:
+ * it completes once the receiver dropped the frames it had not taken and finished copying those it had (or the
+ * peer failed, or did not answer within the timeout: the message says so); until then a new offer of the request
+ * is refused.
  * @param peer         a connected peer that imported this agent's cache (kvhal_xfer_peer_ipc "ipc" or "cma").
  * @param request_id   the request (the receiver's id for it, agreed out of band, e.g. the engine's request id).
  * @param src_pages    n page ids of this agent's cache, in the request's order, copied during the call.
