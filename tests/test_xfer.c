@@ -3032,7 +3032,9 @@ static void test_offers(void **state)
     pthread_mutex_unlock(&s.mu);
 
     /* 4. an offer of 2 pages, a receive of 3: both fail naming the sizes; the receive's pages go back */
+    pthread_mutex_lock(&s.mu);
     const uint32_t free0 = (uint32_t)kvhal_cache_manager_num_free(s.cm);
+    pthread_mutex_unlock(&s.mu);
     ev0 = server_nev(&s);
     assert_int_equal(kvhal_xfer_offer_pages(pa, 4, src2, 2, 0, L, &t0), KVHAL_OK);
     wait_event(&s, KVHAL_XFER_EVENT_OFFER, ev0, 5);
@@ -3046,7 +3048,10 @@ static void test_offers(void **state)
     pthread_mutex_lock(&s.mu);
     kvhal_xfer_release(rx);
     pthread_mutex_unlock(&s.mu);
-    assert_int_equal((uint32_t)kvhal_cache_manager_num_free(s.cm), free0);
+    pthread_mutex_lock(&s.mu);
+    const uint32_t free1 = (uint32_t)kvhal_cache_manager_num_free(s.cm);
+    pthread_mutex_unlock(&s.mu);
+    assert_int_equal(free1, free0);
 
     /* 5. an offer no receive takes: refused after half the receiver's timeout, before the sender's own deadline
      *    (the peer stays connected) */
