@@ -259,6 +259,8 @@ static void test_hostile_handles(void **state)
             memset(h + 8, 'x', 16);
         } else if (cases[c].at == hdr + 32 + 9) {
             h[cases[c].at] = h[cases[c].at] == 'f' ? 'e' : 'f';
+        } else if (cases[c].at == hdr + 16) { /* a token byte changed (set, it stayed as it was 1 time in 256) */
+            h[cases[c].at] ^= cases[c].value;
         } else {
             h[cases[c].at] = cases[c].value;
             if (cases[c].at == 24) memset(h + 24, 0, 8);
