@@ -2930,6 +2930,26 @@ static int server_count(server *s, kvhal_xfer_event_type type, uint64_t req, int
     return n;
 }
 
+/* The offer t of request req (sender agent a) and the receive rx it fed complete; the receiver's n pages dst hold
+ * the sender's pages src (of hpat, its cache hc); both released, dst freed. */
+static void offer_landed(server *s, kvhal_xfer_agent *a, uint64_t req, kvhal_xfer *t, kvhal_xfer *rx,
+                         kvhal_paged_cache *hc, const uint8_t *hpat, const int32_t *src, int32_t *dst, int32_t n,
+                         int *grants)
+{
+    kvhal_xfer_event ev;
+    char msg[512];
+    assert_true(sender_until(a, KVHAL_XFER_EVENT_SEND_DONE, req, 5, &ev, grants));
+    assert_int_equal(ev.status, KVHAL_OK);
+    assert_int_equal(wait_recv(s, rx, 5, msg, sizeof msg), KVHAL_OK);
+    check_ipc_pages(s, hc, hpat, src, dst, n);
+    check_cache(s, dst, n);
+    kvhal_xfer_release(t);
+    pthread_mutex_lock(&s->mu);
+    kvhal_xfer_release(rx);
+    assert_int_equal(kvhal_cache_manager_free(s->cm, dst, n), KVHAL_OK);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void test_offers(void **state)
 {
     (void)state;
@@ -2999,16 +3019,7 @@ static void test_offers(void **state)
     sender_grant(a, &ev);
     assert_int_equal(ev.request_id, 2);
     assert_int_equal(kvhal_xfer_offer_pages(pa, 2, src2, 2, 0, L, &t0), KVHAL_OK);
-    assert_true(sender_until(a, KVHAL_XFER_EVENT_SEND_DONE, 2, 5, &ev, &grants));
-    assert_int_equal(ev.status, KVHAL_OK);
-    assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_OK);
-    check_ipc_pages(&s, hc, hpat, src2, dst, 2);
-    check_cache(&s, dst, 2);
-    kvhal_xfer_release(t0);
-    pthread_mutex_lock(&s.mu);
-    kvhal_xfer_release(rx);
-    assert_int_equal(kvhal_cache_manager_free(s.cm, dst, 2), KVHAL_OK);
-    pthread_mutex_unlock(&s.mu);
+    offer_landed(&s, a, 2, t0, rx, hc, hpat, src2, dst, 2, &grants);
 
     /* 3. a GRANT that crosses the offer (the receive posted, the sender offering before it progressed) is not
      *    reported: the offer is taken */
@@ -3259,16 +3270,7 @@ static void test_offers(void **state)
         assert_int_equal(grant(&s, pb3, 98, 1, dst, &rx), KVHAL_OK);
         sender_grant(a3, &ev);
         assert_int_equal(kvhal_xfer_offer_pages(pa3, 98, src3, 1, 0, L, &t0), KVHAL_OK);
-        assert_true(sender_until(a3, KVHAL_XFER_EVENT_SEND_DONE, 98, 5, &ev, &grants));
-        assert_int_equal(ev.status, KVHAL_OK);
-        assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_OK);
-        check_ipc_pages(&s, hc, hpat, src3, dst, 1);
-        check_cache(&s, dst, 1);
-        kvhal_xfer_release(t0);
-        pthread_mutex_lock(&s.mu);
-        kvhal_xfer_release(rx);
-        assert_int_equal(kvhal_cache_manager_free(s.cm, dst, 1), KVHAL_OK);
-        pthread_mutex_unlock(&s.mu);
+        offer_landed(&s, a3, 98, t0, rx, hc, hpat, src3, dst, 1, &grants);
         assert_int_equal(kvhal_xfer_agent_destroy(a3), KVHAL_OK);
     }
     /* offers past the limits (2^20 pages, 4096 frames) waiting for a receive: refused, the peer stays; a receiver
