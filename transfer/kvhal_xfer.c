@@ -3895,13 +3895,15 @@ kvhal_status kvhal_xfer_progress(kvhal_xfer_agent *a, uint32_t timeout_ms, kvhal
     const uint64_t until = now_ns() + (uint64_t)timeout_ms * 1000000ull;
     idle_state spins = {0, 0};
     for (;;) {
-        /* While device copies run, an event already queued is returned without a pump first: there a pump (a
-         * round of UCX and of the copies) may wait for the oldest copy, and a pump per event held 16 and 64
-         * transfers in flight on the IPC path at half their rate (returning queued events at once: 256 KiB
-         * batches 0.28 -> 0.62 and 0.43 -> 0.97 of cudaMemcpyPeer, 2 x H200, session 13). Otherwise a pump per
-         * event is cheap and keeps UCX moving: host caches over TCP and shared memory were 4-13% slower by median
-         * without it at 256 KiB-1 MiB (3 calls, wide spreads). */
-        const unsigned work = (a->ev_count && a->ipc_running) ? 1 : pump(a);
+        /* On a device cache's agent (either side), and wherever device copies run, an event already queued is
+         * returned without a pump first: there a pump (a round of UCX and of the copies) may wait for the oldest
+         * copy, and a pump per event held 16 and 64 transfers in flight on the IPC path at half their rate
+         * (returning queued events at once: 256 KiB batches 0.28 -> 0.62 and 0.43 -> 0.97 of cudaMemcpyPeer, 2 x
+         * H200, session 13). Returning them at once only while this agent's copies run lost part of that again
+         * (256 KiB, 64 in flight, grants: 0.65-0.78 against 0.82-0.89, 2 x H100, session 14: the sender has no
+         * copies of its own). On a host cache's agent a pump per event is cheap and keeps UCX moving: host caches
+         * over TCP and shared memory were 4-13% slower by median without it at 256 KiB-1 MiB (session 13). */
+        const unsigned work = (a->ev_count && ((a->cache_buf && !a->host) || a->ipc_running)) ? 1 : pump(a);
         if (a->ev_count) {
             event_item *it = &a->events[a->ev_head];
             a->ev_head = (a->ev_head + 1) % a->ev_cap;
