@@ -9,18 +9,23 @@
 #     base and this tree (and the experiment knobs of the call's tree, if any: VARIANTS="name=ENV@ENV"), interleaved
 #     per round with cudaMemcpyPeer of the same bytes between the same GPUs (xfer_peer_bw.cu);
 #  3. this tree's transfer suite (cuda:0 and cuda:1 caches, staged and IPC between processes) and the IPC self-tests.
+# Session 14 added: BUILD=0 keeps the builds a warm machine has already, DEADLINE=s starts no round after s seconds
+# (the results so far are tabled); session 14's calls ran it with WINDOWS="4 16 64" or "16 64".
 set -uo pipefail
 source .devdeps/env.sh
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
 export NVCC_APPEND_FLAGS=--split-compile=0
-OUT=${OUT:-/tmp/xs13}; W=/tmp/xs13w; mkdir -p "$OUT" "$W/base"
+OUT=${OUT:-/tmp/xs13}; W=/tmp/xs13w; T0=$(date +%s); mkdir -p "$OUT" "$W/base"
 S=docs/measurements/scripts
 { nvidia-smi -L; nvidia-smi topo -m; lscpu | grep 'Model name'; } > "$OUT/machine.txt" 2>&1
+if [ "${BUILD:-1}" = 1 ]; then
+rm -rf "$W/base" "$W/b-new" "$W/b-base"; mkdir -p "$W/base"
 tar -xf .base.tar -C "$W/base"
 ( meson setup "$W/b-new" -Dbackends=cpu,cuda -Dtransfer=ucx -Dwerror=true -Dnvcc_arch=90 -Dpython=disabled && ninja -C "$W/b-new" ) > "$OUT/build-new.log" 2>&1 &
 ( cd "$W/base" && meson setup "$W/b-base" -Dbackends=cpu -Dtransfer=ucx -Dtests=false -Dexamples=false -Dpython=disabled && ninja -C "$W/b-base" tools/kvhal-xfer ) > "$OUT/build-base.log" 2>&1 &
 nvcc -O2 -o "$W/peer_bw" $S/xfer_peer_bw.cu > "$OUT/peer-build.log" 2>&1 &
 wait
+fi
 tail -n 2 "$OUT/build-new.log" "$OUT/build-base.log" "$OUT/peer-build.log"
 N=$W/b-new B=$W/b-base
 [ -x $N/tools/kvhal-xfer ] && [ -x $B/tools/kvhal-xfer ] || { echo BUILD FAILED; tail -30 "$OUT/build-new.log" "$OUT/build-base.log"; exit 1; }
@@ -34,6 +39,7 @@ run() { # name window env...  (base runs get this tree's CUDA module)
 }
 mkdir -p "$OUT/r"
 for r in $(seq 1 $ROUNDS); do
+  [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) - T0 )) -gt $DEADLINE ] && { echo "stopped before round $r (deadline)"; break; }
   "$W/peer_bw" 0 1 $ITERS > "$OUT/r/peer-$r.txt" 2>&1
   for w in ${WINDOWS:-4 16}; do
     run base $w; run new $w; run offer $w

@@ -1,5 +1,5 @@
 # staged path (plain device caches, not shareable) cuda:0 -> cuda:1 over shm: the event rule 0 (session 13's) against 1
-N=/tmp/xs14w/b-new
+N=/tmp/xs13w/b-new
 for r in 1 2 3; do for rule in 0 1; do
   KVHAL_DIAG_EVRULE=$rule timeout 100 $N/tools/kvhal-xfer --send-device=cuda:0 --recv-device=cuda:1 --transport=shm --window=16 --iters=60 --json > $OUT/staged-$rule-$r.json 2>$OUT/staged-$rule-$r.err || echo "staged $rule $r failed"
 done; done
