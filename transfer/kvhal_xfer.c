@@ -3899,10 +3899,11 @@ kvhal_status kvhal_xfer_progress(kvhal_xfer_agent *a, uint32_t timeout_ms, kvhal
          * returned without a pump first: there a pump (a round of UCX and of the copies) may wait for the oldest
          * copy, and a pump per event held 16 and 64 transfers in flight on the IPC path at half their rate
          * (returning queued events at once: 256 KiB batches 0.28 -> 0.62 and 0.43 -> 0.97 of cudaMemcpyPeer, 2 x
-         * H200, session 13). Returning them at once only while this agent's copies run lost part of that again
-         * (256 KiB, 64 in flight, grants: 0.65-0.78 against 0.82-0.89, 2 x H100, session 14: the sender has no
-         * copies of its own). On a host cache's agent a pump per event is cheap and keeps UCX moving: host caches
-         * over TCP and shared memory were 4-13% slower by median without it at 256 KiB-1 MiB (session 13). */
+         * H200, session 13). Returning them at once only while this agent's copies run (the IPC sender has none)
+         * measured 0.94 of cudaMemcpyPeer where this rule has 1.09 (256 KiB) and 1.03 (1 MiB) with 64 grants in
+         * flight, though 1.03 where this has 0.91 at 4 MiB with 16 (ABBA rounds, 2 x H100, session 14). On a host
+         * cache's agent a pump per event is cheap and keeps UCX moving: host caches over TCP and shared memory
+         * were 4-13% slower by median without it at 256 KiB-1 MiB (session 13). */
         const unsigned work = (a->ev_count && ((a->cache_buf && !a->host) || a->ipc_running)) ? 1 : pump(a);
         if (a->ev_count) {
             event_item *it = &a->events[a->ev_head];
