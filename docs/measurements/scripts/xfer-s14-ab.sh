@@ -1,7 +1,9 @@
-# ABBA: the same build, rule 0 (KVHAL_DIAG_EVRULE0 set: session 13's committed rule) against rule 1 (this tree's),
-# grants and offers, the order flipped every round
-# Needs docs/measurements/session14/diag/evrule0-env.patch applied to the tree (the switch is not committed); run by
-# the device tool on a 2-GPU machine from the repository root with .devdeps carried.
+# ABBA rounds of one build: variants set by the environment, run in one order on odd rounds and reversed on even ones.
+# VARS: name=ENV@ENV ... (a name starting with "o" runs --offer; "-" for no variable); the default is call 5's: the
+# event rule 0 (KVHAL_DIAG_EVRULE0 set: session 13's committed rule) against rule 1, grants (g) and offers (o), which
+# needs docs/measurements/session14/diag/evrule0-env.patch applied to the tree; call 6's chained launch groups
+# (KVHAL_DIAG_IPC_CHAIN) need diag/ipc-chain.patch. WINDOWS (default 16 64), ROUNDS (16), DEADLINE (270 s).
+# Run by the device tool on a 2-GPU machine from the repository root with .devdeps carried.
 source .devdeps/env.sh
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH NVCC_APPEND_FLAGS=--split-compile=0
 W=/tmp/xab; mkdir -p $W $OUT/r
@@ -9,14 +11,16 @@ W=/tmp/xab; mkdir -p $W $OUT/r
 nvcc -O2 -o $W/peer_bw docs/measurements/scripts/xfer_peer_bw.cu > $OUT/peer-build.log 2>&1 &
 wait; tail -1 $OUT/build.log
 T0=$(date +%s)
-run() { local name=$1 w=$2 extra=; [ "${name#o}" != "$name" ] && extra=--offer
-  local e=; [ "${name%0}" != "$name" ] && e="KVHAL_DIAG_EVRULE0=1"
+VARS=${VARS:-"g0=KVHAL_DIAG_EVRULE0=1 g1=- o0=KVHAL_DIAG_EVRULE0=1 o1=-"}
+run() { local v=$1 w=$2 extra=; local name=${v%%=*} e=${v#*=}; [ "${name#o}" != "$name" ] && extra=--offer
+  [ "$e" = - ] && e=; e=${e//@/ }
   env $e timeout 60 $W/b/tools/kvhal-xfer $extra --ipc --send-device=cuda:0 --recv-device=cuda:1 --transport=shm --window=$w --iters=200 --json > $OUT/r/$name-w$w-$r.json 2>$OUT/r/$name-w$w-$r.err || echo "$name $w $r failed"; }
-for r in $(seq 1 16); do
-  [ $(( $(date +%s) - T0 )) -gt 270 ] && { echo "stopped before round $r"; break; }
+REV=$(echo $VARS | tr ' ' '\n' | tac | tr '\n' ' ')
+for r in $(seq 1 ${ROUNDS:-16}); do
+  [ $(( $(date +%s) - T0 )) -gt ${DEADLINE:-270} ] && { echo "stopped before round $r"; break; }
   $W/peer_bw 0 1 200 > $OUT/r/peer-$r.txt 2>&1
-  for w in 16 64; do
-    if [ $((r % 2)) = 1 ]; then run g0 $w; run g1 $w; run o0 $w; run o1 $w; else run o1 $w; run o0 $w; run g1 $w; run g0 $w; fi
+  for w in ${WINDOWS:-16 64}; do
+    if [ $((r % 2)) = 1 ]; then for v in $VARS; do run $v $w; done; else for v in $REV; do run $v $w; done; fi
   done
 done
 python3 - $OUT/r <<'PY'
