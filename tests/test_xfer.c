@@ -3062,8 +3062,6 @@ static void test_offers(void **state)
     kvhal_xfer_release(t0);
     pthread_mutex_lock(&s.mu);
     kvhal_xfer_release(rx);
-    pthread_mutex_unlock(&s.mu);
-    pthread_mutex_lock(&s.mu);
     const uint32_t free1 = (uint32_t)kvhal_cache_manager_num_free(s.cm);
     pthread_mutex_unlock(&s.mu);
     assert_int_equal(free1, free0);
@@ -3280,8 +3278,9 @@ static void test_offers(void **state)
     /* offers past the limits (2^20 pages, 4096 frames) waiting for a receive: refused, the peer stays; a receiver
      * of a long timeout, so that none expires meanwhile. Not under valgrind: thousands of frames sent one at a
      * time over shared memory took minutes there, and the limits are counts, checked natively and under ASan. */
-    if (valgrind) printf("# %s: the offer limits not run under valgrind\n", tls);
-    if (!valgrind) {
+    if (valgrind) {
+        printf("# %s: the offer limits not run under valgrind\n", tls);
+    } else {
         server s2;
         server_start(&s2, cpu, 3600000); /* no offer expires, even under valgrind */
         uint8_t blob2[4096];
