@@ -439,6 +439,57 @@ KVHAL_API kvhal_device kvhal_stream_device(const kvhal_stream *s);
  */
 KVHAL_API kvhal_status kvhal_stream_check_errors(kvhal_stream *s);
 
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Events: a point in a stream's work, to poll or wait for, or to make another stream of the device wait for.     */
+/* ------------------------------------------------------------------------------------------------------------ */
+/** A device event (cudaEvent_t / hipEvent_t without timing, an OpenCL marker). Owned by the caller from
+ *  kvhal_event_create to kvhal_event_destroy. On a backend without events of its own (cpu, and any module that
+ *  leaves the plugin table's event slots NULL) kvhal_event_record waits for the stream's work, so the event is
+ *  complete on return: correct everywhere, and free where the work is synchronous anyway. */
+typedef struct kvhal_event kvhal_event;
+/** Creates an event on a device. A new event counts as complete (query: KVHAL_OK) until it is first recorded.
+ *  @param dev the device. @param out receives the event; the caller destroys it with kvhal_event_destroy().
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (out NULL); KVHAL_NO_DEVICE / KVHAL_BACKEND_UNAVAILABLE (dev);
+ *          KVHAL_OUT_OF_MEMORY; KVHAL_BACKEND_ERROR.
+ *  Thread safety: any thread. Graph capture: may be called while a stream is capturing (it enqueues nothing). */
+KVHAL_API kvhal_status kvhal_event_create(kvhal_device dev, kvhal_event **out);
+/** Destroys an event (a recorded one may still be pending: the runtime lets go of it once it completes).
+ *  @param e the event; NULL is KVHAL_OK.
+ *  @return KVHAL_OK; KVHAL_INVALID_HANDLE for a destroyed or foreign pointer; KVHAL_BACKEND_ERROR.
+ *  Thread safety: not concurrently with other calls using e. Graph capture: enqueues nothing. */
+KVHAL_API kvhal_status kvhal_event_destroy(kvhal_event *e);
+/** Places the event after the work queued on s so far (recording it again moves it).
+ *  @param e a live event. @param s a stream of e's device (NULL: the device's default stream).
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (e NULL); KVHAL_INVALID_HANDLE (e or s not live);
+ *          KVHAL_DEVICE_MISMATCH (s on another device than e); KVHAL_BACKEND_ERROR (and, on a backend without
+ *          events, whatever waiting for s returned).
+ *  Thread safety: not concurrently with other calls using e. Graph capture: CUDA/HIP record into a capturing
+ *  stream as the runtime does (the event then marks the graph's work); without backend events, not while s is
+ *  capturing (it waits). Stream: enqueues on s. */
+KVHAL_API kvhal_status kvhal_event_record(kvhal_event *e, kvhal_stream *s);
+/** Polls an event.
+ *  @param e a live event.
+ *  @return KVHAL_OK when the work before its last record is done (or it was never recorded); KVHAL_BUSY while it is
+ *          pending (and while kvhal_fault_hold_streams holds); KVHAL_INVALID_ARGUMENT; KVHAL_INVALID_HANDLE;
+ *          KVHAL_BACKEND_ERROR (a failed kernel before it).
+ *  Thread safety: any thread. Graph capture: host only, enqueues nothing. Stream: never waits. */
+KVHAL_API kvhal_status kvhal_event_query(kvhal_event *e);
+/** Waits until the work before the event's last record is done (returns at once for one never recorded).
+ *  @param e a live event.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_INVALID_HANDLE; KVHAL_BACKEND_ERROR.
+ *  Thread safety: any thread. Graph capture: host only; waits. */
+KVHAL_API kvhal_status kvhal_event_synchronize(kvhal_event *e);
+/** Makes the work queued on s from now on wait for the event (the host does not wait, where the backend has events).
+ *  @param s a stream of e's device (NULL: the device's default stream). @param e a live event.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (e NULL); KVHAL_INVALID_HANDLE; KVHAL_DEVICE_MISMATCH;
+ *          KVHAL_BACKEND_ERROR.
+ *  Thread safety: any thread. Graph capture: as the runtime's cudaStreamWaitEvent. Stream: enqueues on s. */
+KVHAL_API kvhal_status kvhal_stream_wait_event(kvhal_stream *s, kvhal_event *e);
+/** The device an event belongs to.
+ *  @param e the event. @return its device; {::KVHAL_MAX_DEVICE_TYPES, -1} for NULL or a pointer that is not a live
+ *  event. Thread safety: any thread. */
+KVHAL_API kvhal_device kvhal_event_device(const kvhal_event *e);
+
 /* Buffers and copies, threads: any thread; a buffer may be read by several threads' calls at once, and destroyed
  * once no call uses it. Graph capture (CUDA/HIP): kvhal_buffer_wrap, _destroy of a wrapped buffer and the accessors
  * enqueue nothing and may be called while a stream is captured; kvhal_buffer_create and _destroy of an owned

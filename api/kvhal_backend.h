@@ -329,6 +329,23 @@ typedef struct kvhal_backend_device_fns {
     kvhal_status (*ipc_import)(void *ctx, int32_t id, const void *blob, size_t len, size_t bytes, void **native);
     /** Appended (issue 18). Closes what ipc_import opened (the exporter's memory is not freed). */
     kvhal_status (*ipc_close)(void *ctx, int32_t id, void *native);
+    /** Appended (issue 18, kvhal_event). Device events, all six set or none. event_create makes an event of
+     *  device id (counting as complete until recorded); event_destroy frees it (it may still be pending);
+     *  event_record places it after the work queued on stream so far; event_query returns KVHAL_OK once that work
+     *  is done and KVHAL_BUSY while it is pending, never waiting; event_synchronize waits for it; stream_wait_event
+     *  makes the work queued on stream later wait for it. NULL event_create: the core records by waiting for the
+     *  stream (stream_synchronize), so that its events are complete once recorded. */
+    kvhal_status (*event_create)(void *ctx, int32_t id, void **ev);
+    /** See event_create. */
+    kvhal_status (*event_destroy)(void *ctx, int32_t id, void *ev);
+    /** See event_create. */
+    kvhal_status (*event_record)(void *ctx, int32_t id, void *ev, void *stream);
+    /** See event_create. */
+    kvhal_status (*event_query)(void *ctx, int32_t id, void *ev);
+    /** See event_create. */
+    kvhal_status (*event_synchronize)(void *ctx, int32_t id, void *ev);
+    /** See event_create. */
+    kvhal_status (*stream_wait_event)(void *ctx, int32_t id, void *stream, void *ev);
     /** Append new entries here only. */
 } kvhal_backend_device_fns;
 

@@ -24,6 +24,7 @@ enum {
     KVHAL_MAGIC_STREAM = 0x4b565354,  /* KVST */
     KVHAL_MAGIC_DEAD = 0x44454144,
     KVHAL_MAGIC_HOSTMEM = 0x4b56484d, /* KVHM */
+    KVHAL_MAGIC_EVENT = 0x4b564556,   /* KVEV */
 };
 
 /* A loaded backend module as the core calls it: its two function groups copied full-size (slots past the module's
@@ -57,6 +58,13 @@ struct kvhal_stream {
     kvhal_device device;
     const kvhal__bk *backend;
     void *bk_stream;         /* what the backend's stream_create/stream_wrap returned */
+};
+
+struct kvhal_event {
+    uint32_t magic;
+    kvhal_device device;
+    const kvhal__bk *backend;
+    void *bk_event;          /* what the backend's event_create returned; NULL where it has no events */
 };
 
 struct kvhal_host_memory {

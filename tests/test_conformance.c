@@ -1199,6 +1199,99 @@ static void test_paged_fp8_wide(void **state)
     printf("[ info     ] paged_fp8_wide: %d calls matched the reference\n", cases);
 }
 
+/* ---- events ---- */
+
+/* Polls e until it completes (bounded), requiring only KVHAL_OK or KVHAL_BUSY on the way. */
+static void poll_event(kvhal_event *e)
+{
+    kvhal_status st;
+    for (long i = 0; (st = kvhal_event_query(e)) == KVHAL_BUSY; i++)
+        if (i > 100000000L) fail_msg("%s", "kvhal_event_query: still busy after 1e8 polls");
+    OK(st);
+}
+
+/* Events order work across two streams of one device: copies a -> b on s1 (eight times over, so that the GPU is
+ * still at them when s2 is given its work), an event after them, s2 waits for it and copies b -> c; c must then
+ * hold a's bytes. Recording again moves the event; bad handles and streams of another device are refused. On a
+ * backend without events of its own (cpu, opencl in this release) the event is complete once recorded. */
+static void test_events(void **state)
+{
+    kvhal_device dev = device_of(state);
+    ref_rng r = {71};
+    const size_t size = 4u << 20;
+    dbuf a, b, c;
+    dbuf_make(&a, dev, size, &r);
+    dbuf_make(&b, dev, size, &r);
+    dbuf_make(&c, dev, size, &r);
+    kvhal_event *e = NULL, *e2 = NULL;
+    OK(kvhal_event_create(dev, &e));
+    OK(kvhal_event_create(dev, &e2));
+    const kvhal_device ed = kvhal_event_device(e);
+    assert_int_equal(ed.type, dev.type);
+    assert_int_equal(ed.id, dev.id);
+    OK(kvhal_event_query(e)); /* never recorded: complete */
+    OK(kvhal_event_synchronize(e));
+    kvhal_stream *s1 = NULL, *s2 = NULL;
+    OK(kvhal_stream_create(dev, &s1));
+    OK(kvhal_stream_create(dev, &s2));
+    for (int round = 0; round < 3; round++) {
+        for (int k = 0; k < 8; k++) OK(kvhal_memcpy_d2d(b.buf, 0, a.buf, 0, size, s1));
+        OK(kvhal_event_record(e, s1));
+        OK(kvhal_stream_wait_event(s2, e));
+        OK(kvhal_memcpy_d2d(c.buf, 0, b.buf, 0, size, s2));
+        OK(kvhal_event_record(e2, s2));
+        poll_event(e2);
+        OK(kvhal_event_query(e)); /* s2's copy ran after it */
+        memcpy(b.mirror, a.mirror, size);
+        memcpy(c.mirror, a.mirror, size);
+        dbuf_expect(&c, "events: the copy behind the event");
+        /* the next round copies new bytes */
+        for (size_t i = 0; i < size; i += 8) a.mirror[i] = (uint8_t)ref_rand(&r);
+        dbuf_upload(&a);
+    }
+    /* the default stream; a wait on it */
+    OK(kvhal_memcpy_d2d(b.buf, 0, a.buf, 0, size, NULL));
+    OK(kvhal_event_record(e, NULL));
+    OK(kvhal_stream_wait_event(NULL, e));
+    OK(kvhal_event_synchronize(e));
+    OK(kvhal_event_query(e));
+    memcpy(b.mirror, a.mirror, size);
+    dbuf_expect(&b, "events: the default stream's copy");
+    /* the test hook holds queries */
+    kvhal_fault_hold_streams(1);
+    assert_int_equal(kvhal_event_query(e), KVHAL_BUSY);
+    kvhal_fault_hold_streams(0);
+    OK(kvhal_event_query(e));
+    /* bad input */
+    assert_int_equal(kvhal_event_create(dev, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_event_record(NULL, s1), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "e: NULL"));
+    assert_int_equal(kvhal_event_query(NULL), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_event_synchronize(NULL), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_stream_wait_event(s1, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_event_query((kvhal_event *)(void *)s1), KVHAL_INVALID_HANDLE); /* a stream */
+    assert_int_equal(kvhal_event_record(e, (kvhal_stream *)(void *)e2), KVHAL_INVALID_HANDLE); /* an event */
+    if (dev.type != KVHAL_DEVICE_CPU) {
+        kvhal_stream *cs = NULL;
+        OK(kvhal_stream_create((kvhal_device){KVHAL_DEVICE_CPU, 0}, &cs));
+        assert_int_equal(kvhal_event_record(e, cs), KVHAL_DEVICE_MISMATCH);
+        assert_non_null(strstr(kvhal_last_error(), "s: stream is on cpu:0"));
+        assert_int_equal(kvhal_stream_wait_event(cs, e), KVHAL_DEVICE_MISMATCH);
+        OK(kvhal_stream_destroy(cs));
+    }
+    OK(kvhal_stream_destroy(s1));
+    OK(kvhal_stream_destroy(s2));
+    OK(kvhal_event_destroy(e2));
+    OK(kvhal_event_destroy(e));
+    assert_int_equal(kvhal_event_query(e), KVHAL_INVALID_HANDLE); /* destroyed (not read: not in the live set) */
+    assert_int_equal(kvhal_event_destroy(e), KVHAL_INVALID_HANDLE);
+    assert_int_equal(kvhal_event_device(e).id, -1);
+    OK(kvhal_event_destroy(NULL));
+    dbuf_free(&a);
+    dbuf_free(&b);
+    dbuf_free(&c);
+}
+
 static const test_fn device_tests[] = {
     {"paged_caching", test_paged_caching},
     {"paged_signed_zeros", test_paged_signed_zeros},
@@ -1212,6 +1305,7 @@ static const test_fn device_tests[] = {
     {"page_transfer", test_page_transfer},
     {"paged_cache_transfer", test_paged_cache_transfer},
     {"page_transfer_large", test_page_transfer_large},
+    {"events", test_events},
 };
 #define NUM_DEVICE_TESTS (sizeof device_tests / sizeof device_tests[0])
 

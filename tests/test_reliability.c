@@ -636,6 +636,22 @@ static void test_d6_unterminated_module_reason_bounded(void **state)
     assert_non_null(strstr(m->reason, "xxxx"));
 }
 
+/* A module that sets some of the event slots but not all is refused at load, naming the first one missing: a core
+ * that called event_record of a module without event_destroy would leak, one without event_query would crash. */
+static void test_half_event_slots_refused(void **state)
+{
+    (void)state;
+    assert_int_equal(kvhal_backend_load(KVHAL_TEST_BUILD_ROOT "/tests/plugins_rt/libkvhal-halfevents.so"),
+                     KVHAL_LOAD_FAILED);
+    kvhal_backend_module_info mi;
+    const kvhal_backend_module_info *m = find_module("halfevents", &mi);
+    assert_non_null(m);
+    assert_false(m->loaded);
+    assert_non_null(strstr(m->reason, "device.event_destroy (the event slots go together)"));
+    kvhal_device dev;
+    assert_int_not_equal(kvhal_device_parse("halfevents:0", &dev), KVHAL_OK);
+}
+
 static int copy_file(const char *from, const char *to, mode_t mode)
 {
     FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
@@ -703,6 +719,7 @@ int main(void)
         cmocka_unit_test(test_d1_unsafe_module_permissions_refused),
         cmocka_unit_test(test_d1_secure_execution_ignores_module_env),
         cmocka_unit_test(test_d6_unterminated_module_reason_bounded),
+        cmocka_unit_test(test_half_event_slots_refused),
         cmocka_unit_test(test_d4_desc_destroy_reentry_terminates),
         cmocka_unit_test(test_d5_live_handle_table_shrinks),
         cmocka_unit_test(test_d7_span_bytes_does_not_wrap),

@@ -1781,7 +1781,11 @@ static void test_hostile_ipc(void **state)
     (void)state;
     kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
     server s;
+    /* launch groups not full wait for the running one here (sections 3c-3e count the launches): no chaining
+     * (test_ipc_chain tests that) */
+    setenv("KVHAL_XFER_IPC_CHAIN", "0", 1);
     server_start(&s, cpu, 3000);
+    unsetenv("KVHAL_XFER_IPC_CHAIN");
     uint8_t blob[4096];
     size_t len = server_blob(&s, blob, sizeof blob);
     /* the hostile sender's own cache: shareable, 16 pages (what its HELLO says) */
@@ -2183,6 +2187,82 @@ static void test_hostile_ipc(void **state)
     server_stop(&s);
     kvhal_paged_cache_destroy(hc);
     free(hpat);
+}
+
+/* Chaining (KVHAL_XFER_IPC_CHAIN=1): while one launch group is held in flight, the next frame to land is queued
+ * behind it on its stream at once (a second launch; the first group is then reaped by its stream's event), a third
+ * waits for them (groups not full: no third launch while two run), and once the streams are let go every frame
+ * arrives whole, each acknowledged, every page back. Then the same with chaining off: the second frame waits. */
+static void test_ipc_chain(void **state)
+{
+    (void)state;
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    for (int chain = 1; chain >= 0; chain--) {
+        server s;
+        setenv("KVHAL_XFER_IPC_CHAIN", chain ? "1" : "0", 1);
+        server_start(&s, cpu, 3000);
+        unsetenv("KVHAL_XFER_IPC_CHAIN");
+        uint8_t blob[4096];
+        size_t len = server_blob(&s, blob, sizeof blob);
+        uint8_t *hpat;
+        kvhal_paged_cache *hc = shareable_cpu_cache(77, &hpat);
+        uint8_t hblob[KVHAL_IPC_HANDLE_MAX];
+        size_t hlen = 0;
+        assert_int_equal(kvhal_buffer_ipc_export(cache_buffer(hc), hblob, sizeof hblob, &hlen), KVHAL_OK);
+        uint64_t off[2 * L];
+        for (int l = 0; l < L; l++)
+            for (int kv = 0; kv < 2; kv++) off[2 * l + kv] = chunk_at(hc, l, kv, 0);
+        const uint64_t stride = chunk_at(hc, 0, 0, 1) - chunk_at(hc, 0, 0, 0);
+        raw r;
+        kvhal_xfer_peer *pb = raw_mapped(&s, &r, blob, len, hblob, hlen, off, stride);
+        enum { N = 3 };
+        int32_t g[N];
+        kvhal_xfer *x[N];
+        const int32_t src[N] = {12, 3, 9};
+        for (int i = 0; i < N; i++) assert_int_equal(grant(&s, pb, 700 + (uint64_t)i, 1, &g[i], &x[i]), KVHAL_OK);
+        const int calls0 = hold_first_copy(&r, 700, src[0], g[0]);
+        raw_ipc_one(&r, 701, src[1], g[1]);
+        double until = now_s() + 5;
+        while (chain && atomic_load(&d2d_batches) < calls0 + 2 && now_s() < until) usleep(1000);
+        usleep(100000);
+        assert_int_equal(atomic_load(&d2d_batches), calls0 + 1 + chain); /* chained, or waiting */
+        raw_ipc_one(&r, 702, src[2], g[2]);
+        usleep(100000);
+        assert_int_equal(atomic_load(&d2d_batches), calls0 + 1 + chain); /* the third waits either way */
+        pthread_mutex_lock(&s.mu);
+        for (int i = 0; i < N; i++) {
+            kvhal_xfer_info info;
+            assert_int_equal(kvhal_xfer_get_info(x[i], &info), KVHAL_OK);
+            assert_int_equal(info.status, KVHAL_BUSY); /* nothing is visible before its copy is done */
+        }
+        pthread_mutex_unlock(&s.mu);
+        kvhal_fault_hold_streams(0);
+        char msg[512];
+        for (int i = 0; i < N; i++)
+            if (wait_recv(&s, x[i], 5, msg, sizeof msg) != KVHAL_OK) fail_msg("request %d: %s", 700 + i, msg);
+        until = now_s() + 5;
+        while (r.nacks < N && now_s() < until) raw_progress(&r, 0.001);
+        assert_int_equal(r.nacks, N);
+        assert_int_equal(r.last_ack.status, 0);
+        const int calls = atomic_load(&d2d_batches) - calls0;
+        printf("# chain=%d: %d frames copied in %d batched calls\n", chain, N, calls);
+        if (calls < 2 || calls > 3) fail_msg("%d frames copied in %d batched calls", N, calls);
+        check_ipc_pages(&s, hc, hpat, src, g, N);
+        check_cache(&s, g, N);
+        pthread_mutex_lock(&s.mu);
+        for (int i = 0; i < N; i++) {
+            assert_string_equal(kvhal_xfer_path(x[i]), "ipc");
+            kvhal_xfer_release(x[i]);
+        }
+        assert_int_equal(kvhal_cache_manager_free(s.cm, g, N), KVHAL_OK);
+        assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+        pthread_mutex_unlock(&s.mu);
+        raw_close(&r);
+        all_pages_free(&s);
+        server_stop(&s);
+        kvhal_paged_cache_destroy(hc);
+        free(hpat);
+    }
 }
 
 /* A child forked while the server's copy workers (or the sender's) hold a frame of x waits for x on its own: it
@@ -3373,6 +3453,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_silent_agent_and_destroy_with_grants),
         cmocka_unit_test(test_ipc_two_processes),
         cmocka_unit_test(test_hostile_ipc),
+        cmocka_unit_test(test_ipc_chain),
         cmocka_unit_test(test_dropped_peers_close_endpoints),
         cmocka_unit_test(test_cma_copies_in_flight),
         cmocka_unit_test(test_gathers_in_flight),

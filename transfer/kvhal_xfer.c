@@ -246,6 +246,8 @@ typedef struct ipc_job { /* a DATA_IPC frame accepted (pages claimed), copied fr
     int path;               /* PATH_IPC (from an imported handle) or PATH_CMA (process_vm_readv) */
     int slot;               /* running: the stream of a->ipc_streams it was queued on */
     uint64_t launch;        /* running: its launch group (the frames copied by one batched copy) */
+    bool marked;            /* running: a group was chained behind its group on its stream, and ipc_events[slot]
+                             * marks the end of its own (it is reaped by that event, not by the stream) */
     /* the CMA kind on the copy workers (cma_submit): the runs to read, built by pump and read-only afterwards */
     uint32_t pid;           /* the peer's process */
     struct iovec *lv, *rv;  /* runs: ours (the granted pages), the peer's */
@@ -321,11 +323,14 @@ struct kvhal_xfer_agent {
     uint8_t ipc_blob[XW_IPC_BLOB_MAX]; /* our cache's handle (a shareable cache), else ipc_blob_len 0 */
     size_t ipc_blob_len;
     kvhal_stream *ipc_streams[IPC_STREAMS]; /* the receiver's copies from imported caches (made on first use) */
-    bool ipc_stream_busy[IPC_STREAMS];
+    int ipc_stream_groups[IPC_STREAMS];  /* launch groups running on each (0, 1, or 2 with one chained) */
+    kvhal_event *ipc_events[IPC_STREAMS]; /* per stream: the end of the first of two chained groups (made on use) */
     ipc_job *ipc_jobs, *ipc_jobs_tail;  /* accepted DATA_IPC frames, launched from pump */
     ipc_job *ipc_running;               /* launched, oldest first, acknowledged once their stream is done */
     uint64_t ipc_launches;              /* launch groups so far */
     int ipc_groups_running;             /* launch groups in ipc_running */
+    size_t ipc_chain;                   /* chunks waiting from which a group not full is chained behind the one
+                                         * running (KVHAL_XFER_IPC_CHAIN; 0: never) */
     pid_t pid;                          /* the process that created the agent (a forked child fails IPC copies) */
     /* the CMA path's copy workers (started on the first CMA frame, stopped by kvhal_xfer_agent_destroy) */
     int cma_threads;        /* wanted (KVHAL_XFER_CMA_THREADS, else min(4, online cores / 2)); 0: pump copies */
@@ -1774,11 +1779,13 @@ static bool ipc_job_reap(kvhal_xfer_agent *a, bool wait)
     ipc_job *j = a->ipc_running;
     if (!j) return false;
     kvhal_stream *sm = a->ipc_streams[j->slot];
-    kvhal_status st = wait ? kvhal_stream_synchronize(sm) : kvhal_stream_query(sm);
+    kvhal_event *ev = j->marked ? a->ipc_events[j->slot] : NULL;
+    kvhal_status st = ev ? (wait ? kvhal_event_synchronize(ev) : kvhal_event_query(ev))
+                         : (wait ? kvhal_stream_synchronize(sm) : kvhal_stream_query(sm));
     if (st == KVHAL_BUSY) return false;
     char why[XW_REASON_LEN] = "";
     if (st != KVHAL_OK) snprintf(why, sizeof why, "device copy failed: %s", kvhal_last_error());
-    a->ipc_stream_busy[j->slot] = false;
+    a->ipc_stream_groups[j->slot]--;
     a->ipc_groups_running--;
     const uint64_t launch = j->launch;
     do {
@@ -2375,6 +2382,7 @@ static void cma_jobs_detach(kvhal_xfer_agent *a, const kvhal_xfer_peer *p)
 #define IPC_GROUP_FULL 192     /* ranges of a full launch group: two launches of the CUDA/HIP batched copy */
 #define IPC_SMALL_GROUPS 1     /* launch groups running beyond which a group not full waits */
 #define IPC_GROUP_RANGES 4096  /* ranges of a launch group at most, unless its first frame alone has more */
+#define IPC_CHAIN_DEFAULT 1    /* KVHAL_XFER_IPC_CHAIN: see ipc_chain_slot */
 
 static bool ipc_job_needs_stream(const ipc_job *j)
 {
@@ -2400,7 +2408,7 @@ static void ipc_job_settle(kvhal_xfer_agent *a, ipc_job *j)
 static int ipc_free_stream(kvhal_xfer_agent *a)
 {
     for (int k = 0; k < IPC_STREAMS; k++)
-        if (!a->ipc_stream_busy[k] &&
+        if (!a->ipc_stream_groups[k] &&
             (a->ipc_streams[k] || kvhal_stream_create(kvhal_buffer_device(a->cache_buf), &a->ipc_streams[k]) == KVHAL_OK))
             return k;
     return -1;
@@ -2450,6 +2458,23 @@ static void ipc_jobs_unlink(kvhal_xfer_agent *a, ipc_job *prev, ipc_job *j)
     j->next = NULL;
 }
 
+/* Where a group not full may go while another runs: behind the one running, on its stream, when that is the only
+ * group running, alone on its stream, and a->ipc_chain chunks of the head's peer wait. The end of the running group
+ * is marked first with its stream's event, so that it is acknowledged when it is done and not when the group behind
+ * it is. -1: the group waits (no chaining, the load is not light, or the event cannot be made or recorded). */
+static int ipc_chain_slot(kvhal_xfer_agent *a)
+{
+    ipc_job *r = a->ipc_running;
+    if (!a->ipc_chain || a->ipc_groups_running != 1 || !r || a->ipc_jobs->p->ipc_queued < a->ipc_chain) return -1;
+    const int slot = r->slot;
+    if (a->ipc_stream_groups[slot] != 1) return -1;
+    if (!a->ipc_events[slot] && kvhal_event_create(kvhal_buffer_device(a->cache_buf), &a->ipc_events[slot]) != KVHAL_OK)
+        return -1;
+    if (kvhal_event_record(a->ipc_events[slot], a->ipc_streams[slot]) != KVHAL_OK) return -1;
+    for (ipc_job *j = r; j && j->launch == r->launch; j = j->next) j->marked = true;
+    return slot;
+}
+
 static void ipc_jobs_launch(kvhal_xfer_agent *a)
 {
     for (;;) {
@@ -2468,11 +2493,15 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
          * always goes, however many it has): the first peer in the queue whose frames fill a group; none full, the
          * head's peer, unless another group runs (see above) */
         kvhal_xfer_peer *p = ipc_full_peer(a);
+        int slot = -1;
         if (!p) {
-            if (a->ipc_groups_running >= IPC_SMALL_GROUPS) return;
+            if (a->ipc_groups_running >= IPC_SMALL_GROUPS) {
+                slot = ipc_chain_slot(a);
+                if (slot < 0) return;
+            }
             p = a->ipc_jobs->p;
         }
-        const int slot = ipc_free_stream(a);
+        if (slot < 0) slot = ipc_free_stream(a);
         if (slot < 0) {
             if (a->ipc_running) {
                 if (!ipc_job_reap(a, true)) return;
@@ -2527,7 +2556,7 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
         }
         const uint64_t launch = ++a->ipc_launches;
         a->ipc_groups_running++;
-        a->ipc_stream_busy[slot] = true;
+        a->ipc_stream_groups[slot]++;
         ipc_job **tail = &a->ipc_running;
         while (*tail) tail = &(*tail)->next;
         *tail = group;
@@ -2556,7 +2585,7 @@ static void ipc_jobs_forget_forked(kvhal_xfer_agent *a)
         ipc_job_complete(a, j, KVHAL_PEER_FAILED, why);
     }
     a->ipc_groups_running = 0;
-    memset(a->ipc_stream_busy, 0, sizeof a->ipc_stream_busy);
+    memset(a->ipc_stream_groups, 0, sizeof a->ipc_stream_groups);
 }
 
 /* Launches the accepted frames, completes the copies that are over; returns how many groups (and CMA frames)
@@ -3094,6 +3123,7 @@ static void cma_config(kvhal_xfer_agent *a)
     a->gather_frame = (size_t)env_long("KVHAL_XFER_GATHER_FRAME_KIB", 1, 1l << 20, GATHER_FRAME_BYTES >> 10) << 10;
     /* half the cut by default: a frame is cut to whole pages, so a full one may fall short of the cut itself */
     a->gather_min = (size_t)env_long("KVHAL_XFER_GATHER_KIB", 0, 1l << 20, (long)(a->gather_frame >> 11)) << 10;
+    a->ipc_chain = (size_t)env_long("KVHAL_XFER_IPC_CHAIN", 0, 1l << 20, IPC_CHAIN_DEFAULT);
 }
 
 kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
@@ -3265,7 +3295,10 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     free(a->events);
     free(a->last_pages);
     if (a->memh) ucp_mem_unmap(a->ctx, a->memh);
-    for (int k = 0; k < IPC_STREAMS; k++) kvhal_stream_destroy(a->ipc_streams[k]);
+    for (int k = 0; k < IPC_STREAMS; k++) {
+        kvhal_stream_destroy(a->ipc_streams[k]);
+        kvhal_event_destroy(a->ipc_events[k]);
+    }
     free(a->k_off);
     free(a->v_off);
     ucp_worker_release_address(a->worker, a->addr);

@@ -247,6 +247,68 @@ kvhal_status gpu_stream_query(void *ctx, int32_t id, void *stream)
     return KVHAL_OK;
 }
 
+/* Events: the runtime's, without timing (a cheaper record and query). Created with the device opened, so that the
+ * event belongs to the primary context the streams of this module use. */
+kvhal_status gpu_event_create(void *ctx, int32_t id, void **ev)
+{
+    Ctx *c = ctx_of(ctx);
+    kvhal_status st = check_id(c, id);
+    if (st != KVHAL_OK) return st;
+    if (alloc_fail(c)) return injected(c, id, "event");
+    st = open_device(c, id);
+    if (st != KVHAL_OK) return st;
+    KVHAL_GPU_SETDEV(c, id);
+    gpuEvent_t e = NULL;
+    KVHAL_GPU_TRY(c, gpuEventCreateWithFlags(&e, gpuEventDisableTiming), id, "event create");
+    *ev = e;
+    return KVHAL_OK;
+}
+
+kvhal_status gpu_event_destroy(void *ctx, int32_t id, void *ev)
+{
+    const Ctx *c = ctx_of(ctx);
+    KVHAL_GPU_SETDEV(c, id);
+    KVHAL_GPU_TRY(c, gpuEventDestroy(static_cast<gpuEvent_t>(ev)), id, "event destroy");
+    return KVHAL_OK;
+}
+
+kvhal_status gpu_event_record(void *ctx, int32_t id, void *ev, void *stream)
+{
+    const Ctx *c = ctx_of(ctx);
+    KVHAL_GPU_SETDEV(c, id);
+    KVHAL_GPU_TRY(c, gpuEventRecord(static_cast<gpuEvent_t>(ev), native_stream(stream)), id, "event record");
+    return KVHAL_OK;
+}
+
+kvhal_status gpu_event_query(void *ctx, int32_t id, void *ev)
+{
+    const Ctx *c = ctx_of(ctx);
+    /* no device selection: a query reads the event's own context (and costs a driver call less) */
+    const gpuError_t e = gpuEventQuery(static_cast<gpuEvent_t>(ev));
+    if (e == gpuErrorNotReady) {
+        (void)gpuGetLastError();
+        return KVHAL_BUSY;
+    }
+    if (e != gpuSuccess) return rt_fail(c, e, id, "event query");
+    return KVHAL_OK;
+}
+
+kvhal_status gpu_event_synchronize(void *ctx, int32_t id, void *ev)
+{
+    const Ctx *c = ctx_of(ctx);
+    KVHAL_GPU_TRY(c, gpuEventSynchronize(static_cast<gpuEvent_t>(ev)), id, "event synchronize");
+    return KVHAL_OK;
+}
+
+kvhal_status gpu_stream_wait_event(void *ctx, int32_t id, void *stream, void *ev)
+{
+    const Ctx *c = ctx_of(ctx);
+    KVHAL_GPU_SETDEV(c, id);
+    KVHAL_GPU_TRY(c, gpuStreamWaitEvent(native_stream(stream), static_cast<gpuEvent_t>(ev), 0), id,
+                  "stream wait event");
+    return KVHAL_OK;
+}
+
 /* Host memory for page transfers: mapped and portable pinned memory, which kernels on every device can address. */
 kvhal_status gpu_host_alloc(void *ctx, int32_t id, size_t bytes, void **ptr)
 {

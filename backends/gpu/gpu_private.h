@@ -199,6 +199,12 @@ kvhal_status gpu_stream_wrap(void *ctx, int32_t id, void *native, void **stream)
 kvhal_status gpu_stream_destroy(void *ctx, int32_t id, void *stream);
 kvhal_status gpu_stream_synchronize(void *ctx, int32_t id, void *stream);
 kvhal_status gpu_stream_query(void *ctx, int32_t id, void *stream);
+kvhal_status gpu_event_create(void *ctx, int32_t id, void **ev);
+kvhal_status gpu_event_destroy(void *ctx, int32_t id, void *ev);
+kvhal_status gpu_event_record(void *ctx, int32_t id, void *ev, void *stream);
+kvhal_status gpu_event_query(void *ctx, int32_t id, void *ev);
+kvhal_status gpu_event_synchronize(void *ctx, int32_t id, void *ev);
+kvhal_status gpu_stream_wait_event(void *ctx, int32_t id, void *stream, void *ev);
 kvhal_status gpu_host_alloc(void *ctx, int32_t id, size_t bytes, void **ptr);
 kvhal_status gpu_host_free(void *ctx, int32_t id, void *ptr);
 /* gpu_ipc.cu (issue 18) */

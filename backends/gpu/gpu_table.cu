@@ -77,6 +77,12 @@ const kvhal_backend_device_fns g_device = {
     .ipc_export = gpu_ipc_export,
     .ipc_import = gpu_ipc_import,
     .ipc_close = gpu_ipc_close,
+    .event_create = gpu_event_create,
+    .event_destroy = gpu_event_destroy,
+    .event_record = gpu_event_record,
+    .event_query = gpu_event_query,
+    .event_synchronize = gpu_event_synchronize,
+    .stream_wait_event = gpu_stream_wait_event,
 };
 
 const kvhal_backend_op_fns g_ops = {

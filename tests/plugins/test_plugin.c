@@ -9,6 +9,7 @@
  *   TP_DEVICES n       devices it reports (default 1)
  *   TP_REFUSE          its supports() refuses tensor_copy of f32 tensors, with a reason
  *   TP_REASON_UNTERMINATED its init fails and fills the whole reason buffer with no terminating NUL
+ *   TP_HALF_EVENTS     its device group sets event_create and event_query only (the registry refuses it)
  *   TP_COPY_FAIL       its copies between host and device fail while the mask that its extra "tp_copy_fail" points to
  *                      (an atomic_int: 1 device to host, 2 host to device) says so (test_xfer: a copy worker's
  *                      staging copy failing for real, through the core's error path); it has memset too, which
@@ -159,6 +160,23 @@ static kvhal_status tp_tensor_copy(void *ctx, int32_t id, void *desc, const kvha
     return ctx ? KVHAL_OK : KVHAL_INTERNAL;
 }
 
+#ifdef TP_HALF_EVENTS
+static kvhal_status tp_event_create(void *ctx, int32_t id, void **ev)
+{
+    (void)ctx;
+    (void)id;
+    *ev = NULL;
+    return KVHAL_OK;
+}
+static kvhal_status tp_event_query(void *ctx, int32_t id, void *ev)
+{
+    (void)ctx;
+    (void)id;
+    (void)ev;
+    return KVHAL_OK;
+}
+#endif
+
 static int tp_magic = 42;
 static void *tp_proc(void *ctx, const char *name)
 {
@@ -182,6 +200,10 @@ static const kvhal_backend_device_fns tp_device = {
     .memset = tp_memset,
 #endif
     .synchronize = tp_sync,
+#ifdef TP_HALF_EVENTS
+    .event_create = tp_event_create,
+    .event_query = tp_event_query,
+#endif
 };
 
 static const kvhal_backend_op_fns tp_ops = {
