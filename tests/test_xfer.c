@@ -1783,9 +1783,9 @@ static void test_hostile_ipc(void **state)
     server s;
     /* launch groups not full wait for the running one here (sections 3c-3e count the launches): no chaining
      * (test_ipc_chain tests that) */
-    setenv("KVHAL_XFER_IPC_CHAIN", "0", 1);
+    setenv("KVHAL_XFER_IPC_CHAIN_KIB", "0", 1);
     server_start(&s, cpu, 3000);
-    unsetenv("KVHAL_XFER_IPC_CHAIN");
+    unsetenv("KVHAL_XFER_IPC_CHAIN_KIB");
     uint8_t blob[4096];
     size_t len = server_blob(&s, blob, sizeof blob);
     /* the hostile sender's own cache: shareable, 16 pages (what its HELLO says) */
@@ -2189,7 +2189,7 @@ static void test_hostile_ipc(void **state)
     free(hpat);
 }
 
-/* Chaining (KVHAL_XFER_IPC_CHAIN=1): while one launch group is held in flight, the next frame to land is queued
+/* Chaining (KVHAL_XFER_IPC_CHAIN_KIB=1024): while one launch group is held in flight, the next frame to land is queued
  * behind it on its stream at once (a second launch; the first group is then reaped by its stream's event), a third
  * waits for them (groups not full: no third launch while two run), and once the streams are let go every frame
  * arrives whole, each acknowledged, every page back. Then the same with chaining off: the second frame waits. */
@@ -2199,9 +2199,9 @@ static void test_ipc_chain(void **state)
     kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
     for (int chain = 1; chain >= 0; chain--) {
         server s;
-        setenv("KVHAL_XFER_IPC_CHAIN", chain ? "1" : "0", 1);
+        setenv("KVHAL_XFER_IPC_CHAIN_KIB", chain ? "1024" : "0", 1);
         server_start(&s, cpu, 3000);
-        unsetenv("KVHAL_XFER_IPC_CHAIN");
+        unsetenv("KVHAL_XFER_IPC_CHAIN_KIB");
         uint8_t blob[4096];
         size_t len = server_blob(&s, blob, sizeof blob);
         uint8_t *hpat;

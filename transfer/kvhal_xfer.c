@@ -329,8 +329,8 @@ struct kvhal_xfer_agent {
     ipc_job *ipc_running;               /* launched, oldest first, acknowledged once their stream is done */
     uint64_t ipc_launches;              /* launch groups so far */
     int ipc_groups_running;             /* launch groups in ipc_running */
-    size_t ipc_chain;                   /* chunks waiting from which a group not full is chained behind the one
-                                         * running (KVHAL_XFER_IPC_CHAIN; 0: never) */
+    uint64_t ipc_chain;                 /* bytes a group not full may hold at most to be chained behind the one
+                                         * running (KVHAL_XFER_IPC_CHAIN_KIB; 0: never) */
     pid_t pid;                          /* the process that created the agent (a forked child fails IPC copies) */
     /* the CMA path's copy workers (started on the first CMA frame, stopped by kvhal_xfer_agent_destroy) */
     int cma_threads;        /* wanted (KVHAL_XFER_CMA_THREADS, else min(4, online cores / 2)); 0: pump copies */
@@ -2382,7 +2382,7 @@ static void cma_jobs_detach(kvhal_xfer_agent *a, const kvhal_xfer_peer *p)
 #define IPC_GROUP_FULL 192     /* ranges of a full launch group: two launches of the CUDA/HIP batched copy */
 #define IPC_SMALL_GROUPS 1     /* launch groups running beyond which a group not full waits */
 #define IPC_GROUP_RANGES 4096  /* ranges of a launch group at most, unless its first frame alone has more */
-#define IPC_CHAIN_DEFAULT 1    /* KVHAL_XFER_IPC_CHAIN: see ipc_chain_slot */
+#define IPC_CHAIN_KIB 1048576  /* KVHAL_XFER_IPC_CHAIN_KIB: see ipc_chain_slot */
 
 static bool ipc_job_needs_stream(const ipc_job *j)
 {
@@ -2459,13 +2459,15 @@ static void ipc_jobs_unlink(kvhal_xfer_agent *a, ipc_job *prev, ipc_job *j)
 }
 
 /* Where a group not full may go while another runs: behind the one running, on its stream, when that is the only
- * group running, alone on its stream, and a->ipc_chain chunks of the head's peer wait. The end of the running group
+ * group running, alone on its stream, and the head's peer's waiting chunks hold at most a->ipc_chain bytes. The end of the running group
  * is marked first with its stream's event, so that it is acknowledged when it is done and not when the group behind
  * it is. -1: the group waits (no chaining, the load is not light, or the event cannot be made or recorded). */
 static int ipc_chain_slot(kvhal_xfer_agent *a)
 {
     ipc_job *r = a->ipc_running;
-    if (!a->ipc_chain || a->ipc_groups_running != 1 || !r || a->ipc_jobs->p->ipc_queued < a->ipc_chain) return -1;
+    if (!a->ipc_chain || a->ipc_groups_running != 1 || !r ||
+        (uint64_t)a->ipc_jobs->p->ipc_queued * a->g.chunk_bytes > a->ipc_chain)
+        return -1;
     const int slot = r->slot;
     if (a->ipc_stream_groups[slot] != 1) return -1;
     if (!a->ipc_events[slot] && kvhal_event_create(kvhal_buffer_device(a->cache_buf), &a->ipc_events[slot]) != KVHAL_OK)
@@ -3123,7 +3125,7 @@ static void cma_config(kvhal_xfer_agent *a)
     a->gather_frame = (size_t)env_long("KVHAL_XFER_GATHER_FRAME_KIB", 1, 1l << 20, GATHER_FRAME_BYTES >> 10) << 10;
     /* half the cut by default: a frame is cut to whole pages, so a full one may fall short of the cut itself */
     a->gather_min = (size_t)env_long("KVHAL_XFER_GATHER_KIB", 0, 1l << 20, (long)(a->gather_frame >> 11)) << 10;
-    a->ipc_chain = (size_t)env_long("KVHAL_XFER_IPC_CHAIN", 0, 1l << 20, IPC_CHAIN_DEFAULT);
+    a->ipc_chain = (uint64_t)env_long("KVHAL_XFER_IPC_CHAIN_KIB", 0, 1l << 30, IPC_CHAIN_KIB) << 10;
 }
 
 kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
