@@ -1213,7 +1213,7 @@ static void poll_event(kvhal_event *e)
 /* Events order work across two streams of one device: copies a -> b on s1 (eight times over, so that the GPU is
  * still at them when s2 is given its work), an event after them, s2 waits for it and copies b -> c; c must then
  * hold a's bytes. Recording again moves the event; bad handles and streams of another device are refused. On a
- * backend without events of its own (cpu, opencl in this release) the event is complete once recorded. */
+ * backend without events of its own (cpu) the event is complete once recorded. */
 static void test_events(void **state)
 {
     kvhal_device dev = device_of(state);

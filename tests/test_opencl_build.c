@@ -867,6 +867,29 @@ static void test_wrap_from_a_context_of_the_callers_own(void **state)
     assert_int_equal(kvhal_memcpy_d2h(tmp, fb, 0, sizeof tmp, ks), KVHAL_DEVICE_MISMATCH);
     assert_contains(kvhal_last_error(), "cl_context");
     OK(kvhal_device_synchronize(dev));
+
+    /* Events across the two contexts: one recorded on the caller's queue and waited for by a stream of kvhal's
+     * context (a marker of another context: the host waits); one recorded on the default stream (a marker on each
+     * context's default queue) and waited for by the caller's queue (a barrier for its own context's marker, a host
+     * wait for the other); the copy behind each wait sees the bytes written before the event. */
+    kvhal_event *e;
+    OK(kvhal_event_create(dev, &e));
+    kvhal_buffer *kb;
+    OK(kvhal_buffer_create(dev, sizeof tmp, &kb));
+    unsigned char pat[64], got[64];
+    for (int round = 0; round < 2; round++) {
+        for (size_t i = 0; i < sizeof pat; i++) pat[i] = (unsigned char)(i * 7 + 3 + round);
+        OK(kvhal_memcpy_h2d(round ? kb : fb, 0, pat, sizeof pat, round ? NULL : ws));
+        OK(kvhal_event_record(e, round ? NULL : ws));
+        OK(kvhal_stream_wait_event(round ? ws : ks, e));
+        memset(got, 0, sizeof got);
+        OK(kvhal_memcpy_d2h(got, round ? kb : fb, 0, sizeof got, round ? NULL : ws));
+        OK(kvhal_event_synchronize(e));
+        OK(kvhal_event_query(e));
+        assert_memory_equal(got, pat, sizeof pat);
+    }
+    OK(kvhal_buffer_destroy(kb));
+    OK(kvhal_event_destroy(e));
     OK(kvhal_stream_destroy(ks));
     OK(kvhal_buffer_destroy(fb));
     OK(kvhal_stream_destroy(ws));

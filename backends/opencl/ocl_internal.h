@@ -157,6 +157,12 @@ OCL_HIDDEN kvhal_status kvhal__ocl_stream_destroy(void *ctx, int32_t id, void *s
 OCL_HIDDEN kvhal_status kvhal__ocl_stream_synchronize(void *ctx, int32_t id, void *stream);
 /* KVHAL_OK when the queue's work is done, KVHAL_BUSY otherwise (a marker's status; never waits). */
 OCL_HIDDEN kvhal_status kvhal__ocl_stream_query(void *ctx, int32_t id, void *stream);
+OCL_HIDDEN kvhal_status kvhal__ocl_event_create(void *ctx, int32_t id, void **ev);
+OCL_HIDDEN kvhal_status kvhal__ocl_event_destroy(void *ctx, int32_t id, void *ev);
+OCL_HIDDEN kvhal_status kvhal__ocl_event_record(void *ctx, int32_t id, void *ev, void *stream);
+OCL_HIDDEN kvhal_status kvhal__ocl_event_query(void *ctx, int32_t id, void *ev);
+OCL_HIDDEN kvhal_status kvhal__ocl_event_synchronize(void *ctx, int32_t id, void *ev);
+OCL_HIDDEN kvhal_status kvhal__ocl_stream_wait_event(void *ctx, int32_t id, void *stream, void *ev);
 OCL_HIDDEN kvhal_status kvhal__ocl_memcpy_h2d(void *ctx, int32_t id, void *dst, size_t dst_off, const void *src,
                                               size_t bytes, void *stream);
 OCL_HIDDEN kvhal_status kvhal__ocl_memcpy_d2h(void *ctx, int32_t id, void *dst, const void *src, size_t src_off,

@@ -646,3 +646,123 @@ kvhal_status kvhal__ocl_check_errors(void *ctx, int32_t id)
     return kvhal__ocl_synchronize(ctx, id);
 }
 
+
+/* ---- events ----
+ * An event is one marker per queue it was recorded on: a stream's queue, or for the default stream every context's
+ * default queue (the default stream is all of them, as stream_synchronize(NULL) finishes all). A marker is flushed
+ * when made, so that it completes without another call. A wait on a queue of the marker's context is a barrier
+ * with the marker in its wait list; a marker of another cl_context cannot be waited on by a queue, so the host waits
+ * for it (the event of a stream made on one context and a wait on a queue of another). */
+typedef struct ocl_event {
+    int n;
+    cl_event ev[OCL_MAX_CTX];
+    ocl_ctx *ce[OCL_MAX_CTX];
+} ocl_event;
+
+static void event_clear(ocl_event *e)
+{
+    for (int i = 0; i < e->n; i++) clReleaseEvent(e->ev[i]);
+    e->n = 0;
+}
+
+kvhal_status kvhal__ocl_event_create(void *ctx, int32_t id, void **ev)
+{
+    OCL_GET_DEVICE(ctx, id, d);
+    ocl_event *e = kvhal__ocl_malloc(d->m, sizeof *e);
+    if (!e) return OCL_SET_ERROR(d->m, KVHAL_OUT_OF_MEMORY, "opencl:%d: host allocation for an event failed", id);
+    e->n = 0;
+    *ev = e;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal__ocl_event_destroy(void *ctx, int32_t id, void *ev)
+{
+    (void)ctx;
+    (void)id;
+    event_clear(ev);
+    free(ev);
+    return KVHAL_OK;
+}
+
+static kvhal_status mark(ocl_device *d, ocl_event *e, cl_command_queue q, ocl_ctx *ce)
+{
+    cl_event m;
+    cl_int err = clEnqueueMarkerWithWaitList(q, 0, NULL, &m);
+    if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: clEnqueueMarkerWithWaitList", d->index);
+    e->ev[e->n] = m;
+    e->ce[e->n++] = ce;
+    err = clFlush(q);
+    if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: clFlush", d->index);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal__ocl_event_record(void *ctx, int32_t id, void *ev, void *stream)
+{
+    OCL_GET_DEVICE(ctx, id, d);
+    ocl_event *e = ev;
+    event_clear(e);
+    if (stream) return mark(d, e, ((ocl_stream *)stream)->queue, ((ocl_stream *)stream)->ce);
+    const int n = atomic_load_explicit(&d->nctx, memory_order_acquire);
+    for (int c = 0; c < n; c++) {
+        kvhal_status st = mark(d, e, d->ctxs[c].queue, &d->ctxs[c]);
+        if (st != KVHAL_OK) return st;
+    }
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal__ocl_event_query(void *ctx, int32_t id, void *ev)
+{
+    OCL_GET_DEVICE(ctx, id, d);
+    const ocl_event *e = ev;
+    for (int i = 0; i < e->n; i++) {
+        cl_int state = CL_QUEUED;
+        cl_int err = clGetEventInfo(e->ev[i], CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof state, &state, NULL);
+        if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: event query", id);
+        if (state < 0) return kvhal__ocl_fail(d->m, state, "opencl:%d: work before the event failed", id);
+        if (state != CL_COMPLETE) return KVHAL_BUSY;
+    }
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal__ocl_event_synchronize(void *ctx, int32_t id, void *ev)
+{
+    OCL_GET_DEVICE(ctx, id, d);
+    const ocl_event *e = ev;
+    if (!e->n) return KVHAL_OK;
+    cl_int err = CL_SUCCESS;
+    for (int i = 0; i < e->n && err == CL_SUCCESS; i++) err = clWaitForEvents(1, &e->ev[i]);
+    if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: clWaitForEvents", id);
+    return KVHAL_OK;
+}
+
+/* The markers of e that queue q (of context ce) can wait on go into its wait list; the others are waited for here. */
+static kvhal_status wait_on(ocl_device *d, const ocl_event *e, cl_command_queue q, const ocl_ctx *ce)
+{
+    cl_event same[OCL_MAX_CTX];
+    cl_uint n = 0;
+    for (int i = 0; i < e->n; i++) {
+        if (e->ce[i] == ce) {
+            same[n++] = e->ev[i];
+            continue;
+        }
+        cl_int err = clWaitForEvents(1, &e->ev[i]);
+        if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: clWaitForEvents", d->index);
+    }
+    if (!n) return KVHAL_OK;
+    cl_int err = clEnqueueBarrierWithWaitList(q, n, same, NULL);
+    if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: clEnqueueBarrierWithWaitList", d->index);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal__ocl_stream_wait_event(void *ctx, int32_t id, void *stream, void *ev)
+{
+    OCL_GET_DEVICE(ctx, id, d);
+    const ocl_event *e = ev;
+    if (stream) return wait_on(d, e, ((ocl_stream *)stream)->queue, ((ocl_stream *)stream)->ce);
+    const int n = atomic_load_explicit(&d->nctx, memory_order_acquire);
+    for (int c = 0; c < n; c++) {
+        kvhal_status st = wait_on(d, e, d->ctxs[c].queue, &d->ctxs[c]);
+        if (st != KVHAL_OK) return st;
+    }
+    return KVHAL_OK;
+}

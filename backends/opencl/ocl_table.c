@@ -72,6 +72,12 @@ static const kvhal_backend_device_fns device_fns = {
     .host_alloc = NULL, /* plain host memory: no mapped-buffer pool yet */
     .host_free = NULL,
     .stream_query = kvhal__ocl_stream_query,
+    .event_create = kvhal__ocl_event_create,
+    .event_destroy = kvhal__ocl_event_destroy,
+    .event_record = kvhal__ocl_event_record,
+    .event_query = kvhal__ocl_event_query,
+    .event_synchronize = kvhal__ocl_event_synchronize,
+    .stream_wait_event = kvhal__ocl_stream_wait_event,
 };
 
 static const kvhal_backend_op_fns op_fns = {
