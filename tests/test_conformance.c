@@ -1232,7 +1232,16 @@ static void test_events(void **state)
     OK(kvhal_event_query(e)); /* never recorded: complete */
     OK(kvhal_event_synchronize(e));
     kvhal_stream *s1 = NULL, *s2 = NULL;
-    OK(kvhal_stream_create(dev, &s1));
+    const kvhal_status sst = kvhal_stream_create(dev, &s1);
+    if (transfer_unsupported(dev, sst)) { /* a module of another tree without streams: events need them here */
+        OK(kvhal_event_destroy(e2));
+        OK(kvhal_event_destroy(e));
+        dbuf_free(&a);
+        dbuf_free(&b);
+        dbuf_free(&c);
+        skip();
+    }
+    OK(sst);
     OK(kvhal_stream_create(dev, &s2));
     for (int round = 0; round < 3; round++) {
         for (int k = 0; k < 8; k++) OK(kvhal_memcpy_d2d(b.buf, 0, a.buf, 0, size, s1));
