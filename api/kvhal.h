@@ -486,8 +486,8 @@ KVHAL_API kvhal_status kvhal_event_synchronize(kvhal_event *e);
  *  Thread safety: any thread. Graph capture: as the runtime's cudaStreamWaitEvent. Stream: enqueues on s. */
 KVHAL_API kvhal_status kvhal_stream_wait_event(kvhal_stream *s, kvhal_event *e);
 /** The device an event belongs to.
- *  @param e the event. @return its device; {::KVHAL_MAX_DEVICE_TYPES, -1} for NULL or a pointer that is not a live
- *  event. Thread safety: any thread. */
+ *  @param e the event (borrowed). @return its device; {::KVHAL_MAX_DEVICE_TYPES, -1} for NULL or a pointer that is
+ *  not a live event. Thread safety: any thread. Graph capture: host only, enqueues nothing. */
 KVHAL_API kvhal_device kvhal_event_device(const kvhal_event *e);
 
 /* Buffers and copies, threads: any thread; a buffer may be read by several threads' calls at once, and destroyed

@@ -167,16 +167,19 @@ static const char *missing_required(const kvhal_backend *t, const kvhal_backend_
     if (!d->memcpy_d2d) return "device.memcpy_d2d";
     if (!d->synchronize) return "device.synchronize";
     /* the event slots are a group: all six or none (a module with some only is refused, not half-served) */
-    const int ev = !!d->event_create + !!d->event_destroy + !!d->event_record + !!d->event_query +
-                   !!d->event_synchronize + !!d->stream_wait_event;
-    if (ev != 0 && ev != 6) {
-        if (!d->event_create) return "device.event_create (the event slots go together)";
-        if (!d->event_destroy) return "device.event_destroy (the event slots go together)";
-        if (!d->event_record) return "device.event_record (the event slots go together)";
-        if (!d->event_query) return "device.event_query (the event slots go together)";
-        if (!d->event_synchronize) return "device.event_synchronize (the event slots go together)";
-        return "device.stream_wait_event (the event slots go together)";
-    }
+#define KVHAL__EV_SLOT(f) {d->f != NULL, "device." #f " (the event slots go together)"}
+    const struct {
+        bool set;
+        const char *missing;
+    } ev[] = {KVHAL__EV_SLOT(event_create),      KVHAL__EV_SLOT(event_destroy), KVHAL__EV_SLOT(event_record),
+              KVHAL__EV_SLOT(event_query),       KVHAL__EV_SLOT(event_synchronize),
+              KVHAL__EV_SLOT(stream_wait_event)};
+#undef KVHAL__EV_SLOT
+    const size_t n = sizeof ev / sizeof ev[0];
+    size_t set = 0;
+    for (size_t i = 0; i < n; i++) set += ev[i].set;
+    for (size_t i = 0; set && set < n && i < n; i++)
+        if (!ev[i].set) return ev[i].missing;
     return NULL;
 }
 

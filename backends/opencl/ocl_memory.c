@@ -728,8 +728,7 @@ kvhal_status kvhal__ocl_event_synchronize(void *ctx, int32_t id, void *ev)
 {
     OCL_GET_DEVICE(ctx, id, d);
     const ocl_event *e = ev;
-    if (!e->n) return KVHAL_OK;
-    cl_int err = CL_SUCCESS;
+    cl_int err = CL_SUCCESS; /* one marker at a time: a wait list may not mix cl_contexts */
     for (int i = 0; i < e->n && err == CL_SUCCESS; i++) err = clWaitForEvents(1, &e->ev[i]);
     if (err != CL_SUCCESS) return kvhal__ocl_fail(d->m, err, "opencl:%d: clWaitForEvents", id);
     return KVHAL_OK;
