@@ -10,16 +10,16 @@
 # Machine: any with a GPU and its toolchain (figures in docs/performance.md: one NVIDIA H200, one H100);
 #   DEV=opencl:N measures an OpenCL device, DEV=cpu:0 the CPU backend (no cold column there).
 # Run (repository root): bash bench/kernels-gpu.sh
-#   B=build dir (default build-bench, configured with cpu + cuda + opencl if it does not exist), DEV=cuda:0,
+#   B=build dir (default build-bench, configured with BACKENDS=cpu,cuda,opencl if it does not exist), DEV=cuda:0,
 #   ROUNDS=3, OUT=/tmp/kvhal-kernels, TOKENS=8192,65536 (kvhal-bench --tokens), OPS="" (all; or e.g. "paged_caching mla").
 # Output: $OUT/bench-<dev>-<round>.json (kvhal-bench --json) and $OUT/table.txt:
 #   op preset tokens layout dtype cache_dtype scale | cold ratio (p50 us) | warm ratio (p50 us) | host us, gpu us
 set -uo pipefail
 [ -f .devdeps/env.sh ] && . .devdeps/env.sh   # a GPU machine's toolchain outside the system paths, if carried
-B=${B:-build-bench} DEV=${DEV:-cuda:0} ROUNDS=${ROUNDS:-3} OUT=${OUT:-/tmp/kvhal-kernels} TOKENS=${TOKENS:-8192,65536}
+B=${B:-build-bench} BACKENDS=${BACKENDS:-cpu,cuda,opencl} DEV=${DEV:-cuda:0} ROUNDS=${ROUNDS:-3} OUT=${OUT:-/tmp/kvhal-kernels} TOKENS=${TOKENS:-8192,65536}
 mkdir -p "$OUT"
 if [ ! -f "$B/build.ninja" ]; then
-  meson setup "$B" -Dbackends=cpu,cuda,opencl -Dbuildtype=release > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  meson setup "$B" -Dbackends="$BACKENDS" -Dbuildtype=release > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
 ninja -C "$B" tools/kvhal-bench tools/kvhal-info >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 export KVHAL_BACKEND_PATH=$B/backends
