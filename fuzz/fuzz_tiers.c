@@ -1,4 +1,4 @@
-/* fuzz_tiers.c — libFuzzer target over the tiered cache manager (issue 17). The input picks the page size, device
+/* fuzz_tiers.c — libFuzzer target over the tiered cache manager. The input picks the page size, device
  * and host page counts, the write policy and the event queue size, then a stream of operations: requests over a
  * small token alphabet (so prefixes are shared) that match, load back, allocate, write and finish (whole or
  * suffix) or are dropped; evictions; host-tier clears; event reads; injected allocation failures in load_back and

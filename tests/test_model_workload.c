@@ -1,4 +1,4 @@
-/* test_model_workload.c — the model-checked workload of issue 21, at CI size: 10^6 operations on a cache manager
+/* test_model_workload.c — the model-checked workload, at CI size: 10^6 operations on a cache manager
  * (requests that match, allocate, decode, finish whole or by suffix, are dropped; eviction; misuse that must be
  * refused: a second finish or unlock of a request, a stale node handle of its prefix cache), checked against a
  * model after every operation:

@@ -1,7 +1,7 @@
-/* test_reliability.c — regression tests for the reliability and security findings of issue 21, one (or more) per
- * defect, named test_d<N>_... after the defect's number in the issue. Each failed on the tree the fixes started
- * from (the commit messages say how it failed). Handles are only compared with 0 and passed on, so that the same
- * source also compiles against that tree's header. */
+/* test_reliability.c — regression tests for reliability and security defects, one (or more) per
+ * defect, named test_d<N>_... after the defect's number in the review that found them. Each failed before its fix
+ * (the commit messages say how). Handles are only compared with 0 and passed on, so that the same
+ * source also compiles against the header from before the fixes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -279,7 +279,7 @@ static void test_d4_desc_destroy_reentry_terminates(void **state)
 {
     (void)state;
     alarm(60); /* the old loop never ended: fail instead of hanging */
-    assert_int_equal(kvhal_desc_op_register("issue21_reentrant", d4_destroy, NULL, &d4_op), KVHAL_OK);
+    assert_int_equal(kvhal_desc_op_register("reentrant_put", d4_destroy, NULL, &d4_op), KVHAL_OK);
     assert_int_equal(kvhal_desc_cache_set_capacity(d4_op, 4), KVHAL_OK);
     for (int i = 0; i < 50; i++) d4_put_new(); /* evicting puts */
     kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};

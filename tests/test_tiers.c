@@ -1,4 +1,4 @@
-/* test_tiers.c — the hierarchical cache (issue 17): a cache manager with a host tier over a real paged cache on
+/* test_tiers.c — the hierarchical cache: a cache manager with a host tier over a real paged cache on
  * cpu:0 (and the device KVHAL_TEST_DEVICE names), where every page's content is derived from its chain hash, so a
  * page that a device match or a load-back returns is verified byte for byte against what its tokens must hold.
  *   tiers_offload_and_load_back   write-back and write-through: evicted prefixes come back from host, verified

@@ -1,0 +1,61 @@
+#!/bin/bash
+# kernels-gpu.sh: bandwidth of kvhal's device ops against the same device's own memcpy.
+#
+# What: kvhal-bench on one device (default cuda:0): paged caching (llama3-8b bf16, llama2-7b f16, `small`; 8192 and
+#   65536 tokens; NHD and HND; every fp8 format at scale 0.5 and at a calibrated 0.37), MLA, the serving loop,
+#   decode, duplicate, copy_blocks, the descriptor cache, the first call, and page_transfer (host <-> device pages
+#   against the backend's pinned memcpy). Each figure is a ratio to a memcpy of the same bytes (read + written)
+#   on the same device, in the same run. "cold": L2 flushed before each call, slots a random permutation over a 4x
+#   cache; "warm": back to back. ROUNDS runs; the table shows the median ratio over the rounds.
+# Machine: any with a GPU and its toolchain (figures in docs/performance.md: one NVIDIA H200, one H100);
+#   DEV=opencl:N measures an OpenCL device, DEV=cpu:0 the CPU backend (no cold column there).
+# Run (repository root): bash bench/kernels-gpu.sh
+#   B=build dir (default build-bench, configured with BACKENDS=cpu,cuda,opencl if it does not exist), DEV=cuda:0,
+#   ROUNDS=3, OUT=/tmp/kvhal-kernels, TOKENS=8192,65536 (kvhal-bench --tokens), OPS="" (all; or e.g. "paged_caching mla").
+# Output: $OUT/bench-<dev>-<round>.json (kvhal-bench --json) and $OUT/table.txt:
+#   op preset tokens layout dtype cache_dtype scale | cold ratio (p50 us) | warm ratio (p50 us) | host us, gpu us
+set -uo pipefail
+[ -f .devdeps/env.sh ] && . .devdeps/env.sh   # a GPU machine's toolchain outside the system paths, if carried
+B=${B:-build-bench} BACKENDS=${BACKENDS:-cpu,cuda,opencl} DEV=${DEV:-cuda:0} ROUNDS=${ROUNDS:-3} OUT=${OUT:-/tmp/kvhal-kernels} TOKENS=${TOKENS:-8192,65536}
+mkdir -p "$OUT"
+if [ ! -f "$B/build.ninja" ]; then
+  meson setup "$B" -Dbackends="$BACKENDS" -Dbuildtype=release > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+fi
+ninja -C "$B" tools/kvhal-bench tools/kvhal-info >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+export KVHAL_BACKEND_PATH=$B/backends
+{ command -v nvidia-smi > /dev/null && nvidia-smi -L; lscpu | grep 'Model name'; "$B"/tools/kvhal-info; } > "$OUT/machine.txt" 2>&1
+rc=0
+for r in $(seq 1 "$ROUNDS"); do
+  if [ -z "${OPS:-}" ]; then
+    "$B"/tools/kvhal-bench --device="$DEV" --tokens="$TOKENS" --json > "$OUT/bench-${DEV/:/}-$r.json" || rc=1
+  else
+    for op in $OPS; do
+      "$B"/tools/kvhal-bench --device="$DEV" --op="$op" --tokens="$TOKENS" --json > "$OUT/bench-${DEV/:/}-$r-$op.json" || rc=1
+    done
+  fi
+done
+python3 - "$OUT" "${DEV/:/}" <<'PY' | tee "$OUT/table.txt"
+import collections, glob, json, statistics, sys
+out, dev = sys.argv[1], sys.argv[2]
+rows = collections.OrderedDict()
+for f in sorted(glob.glob(f"{out}/bench-{dev}-*.json")):
+    try:
+        d = json.load(open(f))
+    except ValueError:
+        continue
+    for r in d.get("records", []):
+        key = (r["op"], r["preset"], r["tokens"], r["layout"], r["dtype"], r["cache_dtype"], r["scale"])
+        rows.setdefault(key, []).append(r)
+def med(rs, col, k):
+    v = [r[col][k] for r in rs if r.get(col) and r[col].get(k) is not None]
+    return "%.3f" % statistics.median(v) if v else "-"
+def medv(rs, k):
+    v = [r[k] for r in rs if r.get(k) is not None]
+    return "%.2f" % statistics.median(v) if v else "-"
+for key, rs in rows.items():
+    print("%-17s %-11s %6s %-4s %-5s %-13s %-5s | cold %s (%s us) | warm %s (%s us) | host %s gpu %s" % (
+        key[0], key[1], key[2], key[3], key[4], key[5], key[6] if key[6] is not None else "-",
+        med(rs, "cold", "ratio_to_memcpy"), med(rs, "cold", "us_p50"), med(rs, "warm", "ratio_to_memcpy"),
+        med(rs, "warm", "us_p50"), medv(rs, "host_us"), medv(rs, "gpu_us")))
+PY
+exit $rc
