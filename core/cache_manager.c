@@ -19,7 +19,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buffer.h"
+#include "error.h"
+#include "faults.h"
+#include "handles.h"
+#include "kv_events.h"
+#include "owner.h"
+#include "prefix_owned.h"
+#include "prefix_pages.h"
 #include "tier.h"
+#include "tiering.h"
 
 #define CM_MAGIC 0x4b56434du /* KVCM */
 
