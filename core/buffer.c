@@ -293,7 +293,7 @@ kvhal_status kvhal_memset(kvhal_buffer *dst, size_t offset, int value, size_t by
     return bk->dev.memset(bk->ctx, dst->device.id, dst->native, offset, value, bytes, kvhal__bk_stream(s));
 }
 
-/* ---- memory shared between processes (issue 18) ---- */
+/* ---- memory shared between processes ---- */
 /* The core's header in front of the module's part of a handle. Every field is checked on import: the handle comes
  * from another process. */
 #define IPC_MAGIC 0x4b564948u /* KVIH */

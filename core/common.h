@@ -11,7 +11,7 @@
 
 #define KVHAL_HIDDEN __attribute__((visibility("hidden")))
 
-/* Counts the public enums no longer carry (a public *_COUNT would change with every added value). */
+/* Counts the public enums do not carry (a public *_COUNT would change with every added value). */
 #define KVHAL__X_ONE(name, code, msg) +1
 enum { KVHAL__STATUS_COUNT = 0 KVHAL_STATUS_MAP(KVHAL__X_ONE) };
 #undef KVHAL__X_ONE

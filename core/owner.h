@@ -7,7 +7,7 @@
 /* Each such object has an atomic_bool in_use; a status-returning call sets it on entry and clears it on exit. A
  * call that finds it set (another thread inside a call on the same object, or a callback calling back in) returns
  * KVHAL_BUSY with a message naming the object, having touched nothing. It does not make sharing safe: the caller
- * serialises; it turns what used to hang or corrupt the object into a refusal. */
+ * serialises; it turns what would hang or corrupt the object into a refusal. */
 #define KVHAL_OWNER_ENTER(obj, what)                                                                            \
     do {                                                                                                        \
         if (atomic_exchange_explicit(&(obj)->in_use, true, memory_order_acquire))                               \
