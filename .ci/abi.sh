@@ -21,13 +21,13 @@ check_lib() {
   local baseline=$1 lib=$2 name
   name=$(basename "$baseline" .abi)
   if [ "${update:-}" = 1 ]; then
-    abidw --headers-dir api --no-corpus-path --out-file "$baseline" "$lib"
+    abidw --headers-dir include/kvhal --no-corpus-path --out-file "$baseline" "$lib"
     echo "abi: $baseline rewritten from $(basename "$lib"): $(grep -c '<elf-symbol ' "$baseline") symbols; commit it"
     return 0
   fi
   test -f "$baseline" || { echo "abi: no baseline $baseline (run .ci/abi.sh --update)" >&2; return 1; }
   local rc=0 changed
-  abidiff --headers-dir2 api "$baseline" "$lib" > "$b/abidiff-$name.txt" || rc=$?
+  abidiff --headers-dir2 include/kvhal "$baseline" "$lib" > "$b/abidiff-$name.txt" || rc=$?
   cat "$b/abidiff-$name.txt"
   changed=$( (grep -E '^(Functions|Variables) changes summary:' "$b/abidiff-$name.txt" || true) |
             sed -E 's/.*summary: ([0-9]+) Removed(.*), ([0-9]+) Changed.*/\1 \3/' | awk '{s += $1 + $2} END {print s + 0}')

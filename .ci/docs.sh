@@ -1,6 +1,6 @@
 #!/bin/bash
 # CI stage (runs alone too): the reference documentation. Doxygen with WARN_AS_ERROR and every undocumented public
-# symbol or parameter of api/kvhal.h and api/kvhal_backend.h a warning (docs/Doxyfile.in), through -Ddocs=true.
+# symbol or parameter of include/kvhal/kvhal.h, kvhal_backend.h and kvhal_xfer.h a warning (docs/Doxyfile.in), through -Ddocs=true.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${KVHAL_DOCS_BUILD:-/tmp/kvhal-docs-build}

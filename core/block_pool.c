@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "error.h"
+#include "faults.h"
+#include "handles.h"
 
 #define POOL_MAGIC 0x4b56424cu /* KVBL */
 

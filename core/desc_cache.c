@@ -3,7 +3,7 @@
  *
  * Why per thread: a hit is on the path of every op call, so it must take no lock; each thread owns its caches and
  * destroys its descriptors itself (on eviction, clear, or at thread exit through a pthread key destructor). The
- * library keeps a list of all thread caches only so that kvhal__desc_cache_shutdown (library unload) can destroy
+ * library keeps a list of all thread caches only so that its unload hook (a library destructor) can destroy
  * what the still-running threads hold; that list is touched only when a thread cache is born or dies.
  *
  * Each (thread, device, op) LRU is a chained hash table of individually allocated entries threaded on an intrusive
@@ -16,7 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "desc_cache.h"
+#include "error.h"
+#include "faults.h"
+#include "registry.h"
 
 #define MAX_OP_KINDS 256
 #define OP_NAME_MAX 64
@@ -728,7 +731,10 @@ kvhal_status kvhal_desc_cache_clear(kvhal_device dev)
     return KVHAL_OK;
 }
 
-void kvhal__desc_cache_shutdown(void)
+/* Library unload: the descriptors of the unloading thread and of threads still alive go back to their backends
+ * while the modules are still mapped. Modules stay mapped: their runtimes tear down through their own atexit
+ * hooks. */
+__attribute__((destructor)) static void desc_cache_unload(void)
 {
     pthread_mutex_lock(&list_lock);
     /* Threads still running lose their caches: their next call sees a new generation and starts afresh. The key

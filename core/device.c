@@ -5,7 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "device.h"
+#include "error.h"
+#include "faults.h"
+#include "registry.h"
 
 bool kvhal__device_equal(kvhal_device a, kvhal_device b) { return a.type == b.type && a.id == b.id; }
 

@@ -1,9 +1,20 @@
 /* Device events (kvhal_event_*): a handle over the backend's event slots. A backend without them (cpu, a module
  * that leaves them NULL) gets events that are complete once recorded: record waits for the stream, which is what
  * its work does anyway where it is synchronous, and is correct (if slower) where it is not. */
-#include "internal.h"
-
 #include <stdlib.h>
+
+#include "buffer.h"
+#include "error.h"
+#include "faults.h"
+#include "handles.h"
+#include "registry.h"
+
+struct kvhal_event {
+    uint32_t magic;
+    kvhal_device device;
+    const kvhal__bk *backend;
+    void *bk_event;          /* what the backend's event_create returned; NULL where it has no events */
+};
 
 static kvhal_status check_event(const kvhal_event *e, const char *argname)
 {

@@ -5,7 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "faults.h"
 
 static atomic_llong fail_at;  /* 0 = off; else the count at which allocation fails */
 static atomic_llong counter;

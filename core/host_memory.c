@@ -3,7 +3,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "buffer.h"
+#include "error.h"
+#include "faults.h"
+#include "handles.h"
+#include "host_memory.h"
+#include "registry.h"
 
 kvhal_status kvhal_host_memory_create(kvhal_device dev, size_t bytes, kvhal_host_memory **out)
 {

@@ -6,7 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "buffer.h"
+#include "device.h"
+#include "error.h"
+#include "faults.h"
+#include "handles.h"
+#include "registry.h"
+#include "version.h"
 
 #define KV_MAGIC 0x4b564b43u /* KVKC */
 

@@ -6,7 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "error.h"
+#include "faults.h"
+#include "handles.h"
+#include "registry.h"
+#include "version.h"
 
 #define PAGED_MAGIC 0x4b565043u /* KVPC */
 

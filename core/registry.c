@@ -32,7 +32,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "error.h"
+#include "faults.h"
+#include "registry.h"
 
 typedef struct module {
     kvhal_backend_module_info info;
@@ -619,11 +621,4 @@ kvhal_status kvhal_backend_module_get(int32_t index, kvhal_backend_module_info *
     if (index < 0 || index >= n)
         return kvhal__err(KVHAL_OUT_OF_RANGE, "index: %d is out of range [0, %d)", index, n);
     return KVHAL_OK;
-}
-
-__attribute__((destructor)) static void registry_unload(void)
-{
-    /* Descriptors of the unloading thread and of threads still alive go back to their backends while the
-     * modules are still mapped. Modules stay mapped: their runtimes tear down through their own atexit hooks. */
-    kvhal__desc_cache_shutdown();
 }

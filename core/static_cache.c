@@ -4,7 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "buffer.h"
+#include "device.h"
+#include "error.h"
+#include "faults.h"
+#include "handles.h"
+#include "registry.h"
+#include "tensor.h"
+#include "tensor_copy.h"
+#include "version.h"
 
 #define STATIC_MAGIC 0x4b565343u /* KVSC */
 

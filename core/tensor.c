@@ -3,7 +3,9 @@
  * overflow-checked: a tensor whose extent does not fit in the buffer (or in 64 bits) is rejected. */
 #include <string.h>
 
-#include "internal.h"
+#include "buffer.h"
+#include "error.h"
+#include "tensor.h"
 
 static const size_t dtype_sizes[KVHAL__DTYPE_COUNT] = {4, 2, 2, 1, 1, 4, 8, 1, 1};
 static const char *dtype_names[KVHAL__DTYPE_COUNT] = {"f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "i32", "i64",

@@ -2,7 +2,8 @@
  * struct_size, docs/ABI.md). */
 #include <string.h>
 
-#include "internal.h"
+#include "error.h"
+#include "version.h"
 
 const char *kvhal_version(void) { return KVHAL_LIBRARY_VERSION; }
 

@@ -1,4 +1,4 @@
-/* kvhal_xfer.c — the transfer agent (api/kvhal_xfer.h): one UCX context and worker per agent, active messages for
+/* kvhal_xfer.c — the transfer agent (include/kvhal/kvhal_xfer.h): one UCX context and worker per agent, active messages for
  * everything (xfer_wire.h), so that the receiver itself writes every byte into its pages after checking the frame
  * against its own grant. Large frames arrive by UCX rendezvous straight into the granted pages (an IOV of K/V
  * chunks) for host caches, or into a staging buffer (pinned host memory of the device, pooled) copied to the

@@ -1,4 +1,4 @@
-/* gpu_table.cu — the plugin table of the CUDA and HIP backend modules (api/kvhal_backend.h, ABI 2) and their one
+/* gpu_table.cu — the plugin table of the CUDA and HIP backend modules (include/kvhal/kvhal_backend.h, ABI 2) and their one
  * exported symbol. The op slots and the supports / desc_create / desc_destroy dispatch come from KVHAL_BK_OP_LIST:
  * op <name> is served by gpu_<name>, <name>_supports, <name>_desc_create and <name>_desc_destroy of
  * gpu_<name>.cu. */

@@ -3,7 +3,9 @@
  * kvhal__op_dispatch. */
 #include <stdio.h>
 
+#include "device.h"
 #include "ops.h"
+#include "tensor.h"
 
 kvhal_status kvhal__device_mismatch(const char *arg, kvhal_device got, const char *ref, kvhal_device want)
 {

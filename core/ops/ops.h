@@ -4,7 +4,10 @@
 #ifndef KVHAL_CORE_OPS_H
 #define KVHAL_CORE_OPS_H
 
-#include "internal.h"
+#include "buffer.h"
+#include "desc_cache.h"
+#include "error.h"
+#include "registry.h"
 
 /* Whether bk's table has a slot for op. */
 static inline bool kvhal__op_implemented(const kvhal__bk *bk, kvhal_bk_op op)

@@ -3,6 +3,8 @@
  * copy them in parallel. */
 #include <stdlib.h>
 
+#include "faults.h"
+#include "host_memory.h"
 #include "ops.h"
 
 #define STACK_CACHES 64

@@ -3,7 +3,9 @@
  * normalise each side (K, V) into the backend's strides, build the descriptor key, dispatch. */
 #include <math.h>
 
+#include "device.h"
 #include "ops.h"
+#include "tensor.h"
 
 
 static kvhal_status check_dims_fit(const kvhal_tensor *t, const char *arg, int dim, const char *what)

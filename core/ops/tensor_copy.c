@@ -1,6 +1,9 @@
 /* tensor_copy.c — kvhal_tensor_copy (any strides, same shape and dtype) and the K/V pair copy of the static cache,
  * which either runs both copies or fails before writing either. */
+#include "device.h"
 #include "ops.h"
+#include "tensor.h"
+#include "tensor_copy.h"
 
 
 /* Validates one copy and fills its backend arguments and key. *empty: nothing to copy (still a success). */

@@ -1,7 +1,7 @@
 /* npu_backend.c — an example kvhal backend module, written as a device vendor would write one outside the kvhal
  * tree: libkvhal-npu.so serves a made-up device type "npu" with two devices (npu:0, npu:1). Its "device memory" is
  * host memory and its "kernels" are plain C loops (npu_ops.c), so it runs anywhere and shows every part of the
- * plugin interface (api/kvhal_backend.h, ABI 2) without a vendor runtime: the entry point and table, init and
+ * plugin interface (include/kvhal/kvhal_backend.h, ABI 2) without a vendor runtime: the entry point and table, init and
  * shutdown with a context instead of globals, device info, buffers, streams, copies (peer copies included),
  * memset, the device-side error flag read by synchronize and check_errors, a capability query that refuses what
  * the "hardware" cannot do, descriptors, and a backend-specific extra served by get_proc_address.

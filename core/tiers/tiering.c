@@ -5,7 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "error.h"
+#include "faults.h"
+#include "host_tier.h"
+#include "kv_events.h"
+#include "prefix_pages.h"
 #include "tier.h"
+#include "tiering.h"
 
 typedef struct kvhal__page_run {
     int32_t first, step, len; /* pages first, first + step, ... (len of them; step >= 1) */

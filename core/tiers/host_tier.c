@@ -9,6 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "error.h"
+#include "faults.h"
+#include "host_tier.h"
+#include "kv_events.h"
 #include "tier.h"
 
 typedef struct host_tier {

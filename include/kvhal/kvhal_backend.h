@@ -300,41 +300,41 @@ typedef struct kvhal_backend_device_fns {
     kvhal_status (*synchronize)(void *ctx, int32_t id);
     /** Reads the device-side error flag after the work already queued. NULL: synchronize. */
     kvhal_status (*check_errors)(void *ctx, int32_t id);
-    /** Appended (issue 14). Waits for the work queued on one stream (NULL: the default stream) and nothing else,
-     *  then reads and clears the device-side error flag (KVHAL_DEVICE_FAULT when set). NULL: the core calls
-     *  stream_synchronize (or synchronize) and then check_errors. Never called while the stream is captured. */
+    /** Waits for the work queued on one stream (NULL: the default stream) and nothing else, then reads and clears the
+     *  device-side error flag (KVHAL_DEVICE_FAULT when set). NULL: the core calls stream_synchronize (or synchronize)
+     *  and then check_errors. Never called while the stream is captured. */
     kvhal_status (*stream_check_errors)(void *ctx, int32_t id, void *stream);
-    /** Appended (issue 17). Host memory the device copies to and from fastest (pinned, mapped): host_alloc returns a host pointer of at
-     * least bytes, host_free gives it back. NULL host_alloc: the core uses plain (64-byte aligned) host memory. */
+    /** Host memory the device copies to and from fastest (pinned, mapped): host_alloc returns a host pointer of at
+     *  least bytes, host_free gives it back. NULL host_alloc: the core uses plain (64-byte aligned) host memory. */
     kvhal_status (*host_alloc)(void *ctx, int32_t id, size_t bytes, void **ptr);
-    /** Appended (issue 17). Gives back what host_alloc returned. */
+    /** Gives back what host_alloc returned. */
     kvhal_status (*host_free)(void *ctx, int32_t id, void *ptr);
-    /** Appended (issue 17). KVHAL_OK when all work queued on stream is done, KVHAL_BUSY while some is pending (never waits). NULL: the
-     * core waits (stream_synchronize) and reports its status, right for a backend whose work is synchronous. */
+    /** KVHAL_OK when all work queued on stream is done, KVHAL_BUSY while some is pending (never waits). NULL: the core
+     *  waits (stream_synchronize) and reports its status, right for a backend whose work is synchronous. */
     kvhal_status (*stream_query)(void *ctx, int32_t id, void *stream);
-    /** Appended (issue 18). Memory another process of this host can import (ipc_export below): buffer_alloc's
-     *  contract, from memory the device's IPC can share (CUDA/HIP: cudaMalloc'd, not a stream-ordered pool; CPU:
-     *  POSIX shared memory). NULL: kvhal_buffer_create_shareable returns KVHAL_UNSUPPORTED. */
+    /** Memory another process of this host can import (ipc_export below): buffer_alloc's contract, from memory the
+     *  device's IPC can share (CUDA/HIP: cudaMalloc'd, not a stream-ordered pool; CPU: POSIX shared memory). NULL:
+     *  kvhal_buffer_create_shareable returns KVHAL_UNSUPPORTED. */
     kvhal_status (*buffer_alloc_shareable)(void *ctx, int32_t id, size_t bytes, void **native);
-    /** Appended (issue 18). Frees what buffer_alloc_shareable returned. */
+    /** Frees what buffer_alloc_shareable returned. */
     kvhal_status (*buffer_free_shareable)(void *ctx, int32_t id, void *native);
-    /** Appended (issue 18). Writes an opaque handle of the shareable allocation native (buffer_alloc_shareable's,
-     *  all its bytes) into blob: at most cap (KVHAL_BK_IPC_BLOB_MAX) bytes, *len set to the bytes written. The blob
-     *  means something to this module in another process of the same host only. NULL: no IPC. */
+    /** Writes an opaque handle of the shareable allocation native (buffer_alloc_shareable's, all its bytes) into blob:
+     *  at most cap (KVHAL_BK_IPC_BLOB_MAX) bytes, *len set to the bytes written. The blob means something to this
+     *  module in another process of the same host only. NULL: no IPC. */
     kvhal_status (*ipc_export)(void *ctx, int32_t id, void *native, void *blob, size_t cap, size_t *len);
-    /** Appended (issue 18). Opens a peer's blob (len bytes, untrusted: a module checks every field and fails
-     *  cleanly, never crashes, on a malformed or forged one) as memory device id can read (at least read access),
-     *  and sets *native. bytes: how much of it the caller will address; the module fails (KVHAL_OUT_OF_RANGE) when
-     *  the allocation it opened is smaller. */
+    /** Opens a peer's blob (len bytes, untrusted: a module checks every field and fails cleanly, never crashes, on a
+     *  malformed or forged one) as memory device id can read (at least read access), and sets *native. bytes: how
+     *  much of it the caller will address; the module fails (KVHAL_OUT_OF_RANGE) when the allocation it opened is
+     *  smaller. */
     kvhal_status (*ipc_import)(void *ctx, int32_t id, const void *blob, size_t len, size_t bytes, void **native);
-    /** Appended (issue 18). Closes what ipc_import opened (the exporter's memory is not freed). */
+    /** Closes what ipc_import opened (the exporter's memory is not freed). */
     kvhal_status (*ipc_close)(void *ctx, int32_t id, void *native);
-    /** Appended (issue 18, kvhal_event). Device events, all six set or none. event_create makes an event of
-     *  device id (counting as complete until recorded); event_destroy frees it (it may still be pending);
-     *  event_record places it after the work queued on stream so far; event_query returns KVHAL_OK once that work
-     *  is done and KVHAL_BUSY while it is pending, never waiting; event_synchronize waits for it; stream_wait_event
-     *  makes the work queued on stream later wait for it. NULL event_create: the core records by waiting for the
-     *  stream (stream_synchronize), so that its events are complete once recorded. */
+    /** Device events (kvhal_event), all six set or none. event_create makes an event of device id (counting as complete
+     *  until recorded); event_destroy frees it (it may still be pending); event_record places it after the work queued
+     *  on stream so far; event_query returns KVHAL_OK once that work is done and KVHAL_BUSY while it is pending, never
+     *  waiting; event_synchronize waits for it; stream_wait_event makes the work queued on stream later wait for it.
+     *  NULL event_create: the core records by waiting for the stream (stream_synchronize), so that its events are
+     *  complete once recorded. */
     kvhal_status (*event_create)(void *ctx, int32_t id, void **ev);
     /** See event_create. */
     kvhal_status (*event_destroy)(void *ctx, int32_t id, void *ev);

@@ -1561,8 +1561,8 @@ typedef struct kvhal_host_tier_config {
     uint32_t event_capacity;   /**< KV events kept until read (0: no events); at least 2 when set */
 } kvhal_host_tier_config;
 
-/** Creates a cache manager with a host tier (and/or KV events) over a device paged cache. The old functions keep
- * working on it; match, finish, evict and check_integrity also maintain the host tier and the events.
+/** Creates a cache manager with a host tier (and/or KV events) over a device paged cache. Every other cache manager
+ * function works on it; match, finish, evict and check_integrity also maintain the host tier and the events.
  * @param total_pages device pages the manager hands out (<= the cache's blocks). @param page_size = block_size.
  * @param kind the prefix cache (with KVHAL_PREFIX_NAIVE nothing is cached, so the host tier stays empty).
  * @param cfg read during the call.
@@ -1672,8 +1672,8 @@ KVHAL_API kvhal_status kvhal_cache_manager_events_read(kvhal_cache_manager *cm, 
                                                        int32_t *tokens, size_t cap, size_t *n);
 
 /* ------------------------------------------------------------------------------------------------------------ */
-/* Memory shared between processes of one host (issue 18): a buffer exported as an opaque handle, imported by    */
-/* another process onto one of its devices (CUDA/HIP IPC, POSIX shared memory for cpu).                          */
+/* Memory shared between processes of one host: a buffer exported as an opaque handle, imported by another     */
+/* process onto one of its devices (CUDA/HIP IPC, POSIX shared memory for cpu).                                  */
 /* ------------------------------------------------------------------------------------------------------------ */
 /** Largest handle kvhal_buffer_ipc_export() writes, in bytes. */
 #define KVHAL_IPC_HANDLE_MAX 256

@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tier.h"
+#include "error.h"
+#include "faults.h"
+#include "kv_events.h"
 
 static inline uint64_t splitmix64(uint64_t z)
 {

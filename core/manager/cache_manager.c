@@ -19,48 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tier.h"
-
-#define CM_MAGIC 0x4b56434du /* KVCM */
-
-struct kvhal_cache_manager {
-    uint32_t magic;
-    atomic_bool in_use;      /* KVHAL_OWNER_ENTER / LEAVE */
-    int32_t total;
-    int32_t page_size;
-    int32_t nfree;
-    kvhal_prefix_cache *pc;
-    uint64_t *free_bits;     /* bit p: page p is free; bits past total stay 0 */
-    uint64_t *tree_bits;     /* bit p: page p is the prefix cache's (never with its free bit) */
-    uint64_t *free_sum;      /* bit w: free_bits[w] != 0 */
-    uint64_t *drain_bits;    /* bit p: page p left the tree and a copy out of it is in flight (tiered only):
-                              * neither free nor cached nor held; free again once a reap sees the copy done */
-    int32_t ndrain;
-    size_t nwords, nsum;
-    size_t low;              /* every bitmap word below this one is 0 (no free page) */
-    int64_t held;            /* pages held by running requests */
-    uint64_t evicted_pages;
-    kvhal_status cb_status;  /* first error seen inside an eviction callback */
-    kvhal__tiering *tiering; /* NULL unless made by create_tiered (tiering.c, tier.h) */
-};
-
-static kvhal_status check_cm_magic(const kvhal_cache_manager *cm)
-{
-    if (!cm) return kvhal__err(KVHAL_INVALID_HANDLE, "cm: NULL");
-    if (cm->magic != CM_MAGIC)
-        return kvhal__err(KVHAL_INVALID_HANDLE, "cm: %p is not a live cache manager", (const void *)cm);
-    return KVHAL_OK;
-}
-
-/* The entry points' check: the live-handle set first, so that a destroyed cache manager is refused without its memory
- * being read (unless a new object of this kind was created at the same address since: see kvhal.h); the calls
- * behind them use the magic check only. */
-static kvhal_status check_cm(const kvhal_cache_manager *cm)
-{
-    if (cm && !kvhal__handle_live(cm, CM_MAGIC))
-        return kvhal__err(KVHAL_INVALID_HANDLE, "cm: %p is not a live cache manager (destroyed?)", (const void *)cm);
-    return check_cm_magic(cm);
-}
+#include "cache_manager.h"
+#include "faults.h"
+#include "owner.h"
+#include "prefix_owned.h"
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* free pages                                                                                                 */
@@ -69,11 +31,6 @@ static kvhal_status check_cm(const kvhal_cache_manager *cm)
 static inline bool page_is_free(const kvhal_cache_manager *cm, uint32_t p)
 {
     return (cm->free_bits[p >> 6] >> (p & 63)) & 1;
-}
-
-static inline bool page_is_tree(const kvhal_cache_manager *cm, uint32_t p)
-{
-    return (cm->tree_bits[p >> 6] >> (p & 63)) & 1;
 }
 
 /* Cached pages m of word w become free. */
@@ -97,10 +54,7 @@ static inline void tree_to_drain(kvhal_cache_manager *cm, size_t w, uint64_t m)
     cm->drain_bits[w] |= m;
 }
 
-/* Completed drains become free: a query that never waits, or (wait) a wait for the tier's copies. The queued
- * write-backs are stored first (their copies enqueued), except by match (store false), which must see the host
- * tier as it was (storing may drop host entries to make room). */
-static kvhal_status reap_ex(kvhal_cache_manager *cm, bool wait, bool store)
+kvhal_status kvhal__cm_reap(kvhal_cache_manager *cm, bool wait, bool store)
 {
     if (!cm->tiering || !kvhal__tiering_busy(cm->tiering)) return KVHAL_OK;
     const int32_t *done;
@@ -119,8 +73,6 @@ static kvhal_status reap_ex(kvhal_cache_manager *cm, bool wait, bool store)
     }
     return st;
 }
-
-static kvhal_status reap(kvhal_cache_manager *cm, bool wait) { return reap_ex(cm, wait, true); }
 
 /* Page lists as arithmetic progressions. Lowest-first allocation hands a request runs (step 1) at admission and,
  * at page size 1, one page per decode step interleaved with the rest of the batch: p, p + b, p + 2b, ... for a
@@ -341,7 +293,7 @@ static kvhal_status kvhal_cache_manager_match__body(kvhal_cache_manager *cm, con
                                        kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
                                        size_t pages_cap)
 {
-    KVHAL_TRY(check_cm_magic(cm));
+    KVHAL_TRY(kvhal__cm_check_magic(cm));
     KVHAL_CHECK_ARG(handle, "handle: NULL (the request's handle is needed to finish it)");
     kvhal_prefix_handle h = 0, ticket = 0;
     size_t len = 0;
@@ -442,7 +394,7 @@ static kvhal_status evict_tokens(kvhal_cache_manager *cm, size_t num_tokens, siz
 
 static kvhal_status kvhal_cache_manager_evict__body(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
 {
-    KVHAL_TRY(check_cm_magic(cm));
+    KVHAL_TRY(kvhal__cm_check_magic(cm));
     if (evicted) *evicted = 0;
     kvhal_prefix_size_info si;
     KVHAL_TRY(kvhal__prefix_size_info_get_owned(cm->pc, &si));
@@ -452,14 +404,14 @@ static kvhal_status kvhal_cache_manager_evict__body(kvhal_cache_manager *cm, siz
 
 static kvhal_status kvhal_cache_manager_allocate__body(kvhal_cache_manager *cm, int32_t n, int32_t *pages)
 {
-    KVHAL_TRY(check_cm_magic(cm));
+    KVHAL_TRY(kvhal__cm_check_magic(cm));
     if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
     if (n == 0) return KVHAL_OK;
     KVHAL_CHECK_ARG(pages, "pages: NULL for %d pages", (int)n);
     /* free pages first, then copies that completed (a query: drained pages go free, and write-through pages whose
      * copy is done are evicted straight to free), then eviction of what the drains in flight cannot cover, then a
      * query for the pages that eviction made drain (write-back: stored first), and a wait only when still short */
-    if (cm->nfree < n) KVHAL_TRY(reap(cm, false));
+    if (cm->nfree < n) KVHAL_TRY(kvhal__cm_reap(cm, false, true));
     int32_t nfree = cm->nfree;
     if (nfree < n) {
         kvhal_prefix_size_info si;
@@ -471,8 +423,8 @@ static kvhal_status kvhal_cache_manager_allocate__body(kvhal_cache_manager *cm, 
                               (int)cm->ndrain, evictable, (int)cm->total);
         const int64_t short_by = (int64_t)n - nfree - cm->ndrain;
         if (short_by > 0) KVHAL_TRY(evict_tokens(cm, (size_t)short_by * (size_t)cm->page_size, NULL));
-        if (cm->nfree < n) KVHAL_TRY(reap(cm, false));
-        if (cm->nfree < n) KVHAL_TRY(reap(cm, true));
+        if (cm->nfree < n) KVHAL_TRY(kvhal__cm_reap(cm, false, true));
+        if (cm->nfree < n) KVHAL_TRY(kvhal__cm_reap(cm, true, true));
         if (cm->nfree < n)
             return kvhal__err(KVHAL_INTEGRITY, "cache manager: eviction left %d free pages, %d needed", (int)cm->nfree,
                               (int)n);
@@ -571,7 +523,7 @@ static void give_back(kvhal_cache_manager *cm, const int32_t *pages, size_t from
 
 static kvhal_status kvhal_cache_manager_free__body(kvhal_cache_manager *cm, const int32_t *pages, int32_t n)
 {
-    KVHAL_TRY(check_cm_magic(cm));
+    KVHAL_TRY(kvhal__cm_check_magic(cm));
     if (n < 0) return kvhal__err(KVHAL_INVALID_ARGUMENT, "n: %d is negative", (int)n);
     if (n == 0) return KVHAL_OK;
     KVHAL_CHECK_ARG(pages, "pages: NULL for %d pages", (int)n);
@@ -585,7 +537,7 @@ static kvhal_status kvhal_cache_manager_free__body(kvhal_cache_manager *cm, cons
 static kvhal_status finish_impl(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                 const int32_t *pages, kvhal_prefix_handle handle, bool suffix)
 {
-    KVHAL_TRY(check_cm_magic(cm));
+    KVHAL_TRY(kvhal__cm_check_magic(cm));
     size_t ps = (size_t)cm->page_size;
     size_t npages = (num_tokens + ps - 1) / ps;
     KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
@@ -658,123 +610,33 @@ uint64_t kvhal_cache_manager_pages_evicted(const kvhal_cache_manager *cm)
     return (cm && kvhal__handle_live(cm, CM_MAGIC)) ? cm->evicted_pages : 0;
 }
 
-typedef struct tree_count {
-    const kvhal_cache_manager *cm;
-    size_t pages;
-    int32_t bad; /* first page not marked as the tree's, or -1 */
-} tree_count;
-
-static void count_tree_page(const int32_t *pages, size_t n, void *user)
-{
-    tree_count *tc = user;
-    for (size_t i = 0; i < n; i++) {
-        int32_t p = pages[i];
-        if (tc->bad < 0 && (p < 0 || p >= tc->cm->total || !page_is_tree(tc->cm, (uint32_t)p)))
-            tc->bad = p;
-    }
-    tc->pages += n;
-}
-
-/* The free set: bitmap, summary bits and count agree, no bit past the last page, nothing free below `low`. */
-static kvhal_status check_free_set(const kvhal_cache_manager *cm)
-{
-    size_t total = (size_t)cm->total, count = 0;
-    for (size_t w = 0; w < cm->nwords; w++) {
-        uint64_t x = cm->free_bits[w];
-        count += (size_t)__builtin_popcountll(x);
-        if (((cm->free_sum[w >> 6] >> (w & 63)) & 1) != (x != 0))
-            return kvhal__err(KVHAL_INTEGRITY, "cache manager: summary bit of free word %zu is wrong", w);
-    }
-    if (total % 64 && cm->free_bits[cm->nwords - 1] >> (total % 64))
-        return kvhal__err(KVHAL_INTEGRITY, "cache manager: free bits set past the last page");
-    if (cm->nwords % 64 && cm->free_sum[cm->nsum - 1] >> (cm->nwords % 64))
-        return kvhal__err(KVHAL_INTEGRITY, "cache manager: summary bits set past the last word");
-    if (count != (size_t)cm->nfree || cm->nfree < 0 || cm->low >= cm->nwords)
-        return kvhal__err(KVHAL_INTEGRITY, "cache manager: %zu free bits but a count of %d (lowest free word %zu of "
-                          "%zu)", count, (int)cm->nfree, cm->low, cm->nwords);
-    for (size_t w = 0; w < cm->low; w++)
-        if (cm->free_bits[w])
-            return kvhal__err(KVHAL_INTEGRITY, "cache manager: free pages in word %zu, below the lowest free word %zu",
-                              w, cm->low);
-    return KVHAL_OK;
-}
-
-static kvhal_status kvhal_cache_manager_check_integrity__body(const kvhal_cache_manager *cm)
-{
-    KVHAL_TRY(check_cm_magic(cm));
-    KVHAL_TRY(check_free_set(cm));
-    KVHAL_TRY(kvhal__prefix_check_integrity_owned(cm->pc));
-    int64_t cached = 0, draining = 0;
-    for (size_t w = 0; w < cm->nwords; w++) {
-        const uint64_t both = cm->free_bits[w] & cm->tree_bits[w];
-        if (both)
-            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %zu is both free and cached",
-                              (w << 6) + (size_t)__builtin_ctzll(both));
-        const uint64_t dboth = cm->drain_bits[w] & (cm->free_bits[w] | cm->tree_bits[w]);
-        if (dboth)
-            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %zu is draining and also free or cached",
-                              (w << 6) + (size_t)__builtin_ctzll(dboth));
-        if (cm->drain_bits[w] && !cm->tiering)
-            return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %zu is draining in a manager without tiers",
-                              (w << 6) + (size_t)__builtin_ctzll(cm->drain_bits[w]));
-        cached += __builtin_popcountll(cm->tree_bits[w]);
-        draining += __builtin_popcountll(cm->drain_bits[w]);
-    }
-    if (cm->tiering) KVHAL_TRY(kvhal__tiering_check_drain(cm->tiering, cm->drain_bits));
-    if (draining != cm->ndrain)
-        return kvhal__err(KVHAL_INTEGRITY, "cache manager: %lld pages flagged draining, a count of %d",
-                          (long long)draining, (int)cm->ndrain);
-    if (cm->total % 64 && cm->tree_bits[cm->nwords - 1] >> (cm->total % 64))
-        return kvhal__err(KVHAL_INTEGRITY, "cache manager: cached bits set past the last page");
-    const int64_t held = (int64_t)cm->total - cm->nfree - cached - draining; /* no bit */
-    kvhal_prefix_size_info si;
-    KVHAL_TRY(kvhal__prefix_size_info_get_owned(cm->pc, &si));
-    tree_count tc = {cm, 0, -1};
-    KVHAL_TRY(kvhal__prefix_for_each_page(cm->pc, count_tree_page, &tc));
-    if (tc.bad >= 0)
-        return kvhal__err(KVHAL_INTEGRITY, "cache manager: page %d is in the prefix cache but not marked as its own",
-                          (int)tc.bad);
-    size_t tree_pages = si.total_tokens / (size_t)cm->page_size;
-    if (cm->tiering) KVHAL_TRY(kvhal__tiering_check(cm->tiering, cm->pc));
-    int32_t nfree = cm->nfree;
-    if (held != cm->held || (size_t)cached != tree_pages || tc.pages != tree_pages ||
-        (int64_t)nfree + cm->held + (int64_t)tree_pages + cm->ndrain != cm->total)
-        return kvhal__err(KVHAL_INTEGRITY, "cache manager: %d free + %zu cached (%zu evictable, %zu protected) + %lld "
-                          "held by requests + %d draining != %d pages (pages seen: %d free, %lld cached, %lld held)",
-                          (int)nfree, tree_pages, si.evictable_tokens / (size_t)cm->page_size,
-                          si.protected_tokens / (size_t)cm->page_size, (long long)cm->held, (int)cm->ndrain,
-                          (int)cm->total,
-                          (int)nfree, (long long)cached, (long long)held);
-    return KVHAL_OK;
-}
-
 kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                        kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
                                        size_t pages_cap)
 {
-    KVHAL_OWNED_CALL(check_cm(cm), cm, "cm",
+    KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm",
                      kvhal_cache_manager_match__body(cm, tokens, num_tokens, handle, cached_len, pages, pages_cap));
 }
 
 kvhal_status kvhal_cache_manager_evict(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
 {
-    KVHAL_OWNED_CALL(check_cm(cm), cm, "cm", kvhal_cache_manager_evict__body(cm, num_tokens, evicted));
+    KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm", kvhal_cache_manager_evict__body(cm, num_tokens, evicted));
 }
 
 kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, int32_t *pages)
 {
-    KVHAL_OWNED_CALL(check_cm(cm), cm, "cm", kvhal_cache_manager_allocate__body(cm, n, pages));
+    KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm", kvhal_cache_manager_allocate__body(cm, n, pages));
 }
 
 kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const int32_t *pages, int32_t n)
 {
-    KVHAL_OWNED_CALL(check_cm(cm), cm, "cm", kvhal_cache_manager_free__body(cm, pages, n));
+    KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm", kvhal_cache_manager_free__body(cm, pages, n));
 }
 
 kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                                 const int32_t *pages, kvhal_prefix_handle handle)
 {
-    KVHAL_OWNED_CALL(check_cm(cm), cm, "cm",
+    KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm",
                      kvhal_cache_manager_cache_finished__body(cm, tokens, num_tokens, pages, handle));
 }
 
@@ -782,172 +644,6 @@ kvhal_status kvhal_cache_manager_cache_finished_suffix(kvhal_cache_manager *cm, 
                                                        const int32_t *tokens, size_t num_tokens,
                                                        const int32_t *pages)
 {
-    KVHAL_OWNED_CALL(check_cm(cm), cm, "cm",
+    KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm",
                      kvhal_cache_manager_cache_finished_suffix__body(cm, handle, tokens, num_tokens, pages));
-}
-
-kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm)
-{
-    KVHAL_OWNED_CALL(check_cm(cm), (kvhal_cache_manager *)cm, "cm", kvhal_cache_manager_check_integrity__body(cm));
-}
-
-/* ---------------------------------------------------------------------------------------------------------- */
-/* tiers (tier.h, tiering.c, host_tier.c)                                                                     */
-/* ---------------------------------------------------------------------------------------------------------- */
-
-kvhal_status kvhal_cache_manager_create_tiered(int32_t total_pages, int32_t page_size, kvhal_prefix_kind kind,
-                                               const kvhal_host_tier_config *cfg, kvhal_cache_manager **out)
-{
-    KVHAL_CHECK_ARG(out, "out: NULL");
-    *out = NULL;
-    KVHAL_CHECK_ARG(cfg, "cfg: NULL");
-    kvhal_tensor k0;
-    if (!cfg->cache) return kvhal__err(KVHAL_INVALID_ARGUMENT, "cfg.cache: NULL");
-    KVHAL_TRY(kvhal_paged_cache_layer(cfg->cache, 0, &k0, NULL));
-    if (k0.shape[1] != page_size)
-        return kvhal__err(KVHAL_INVALID_ARGUMENT, "page_size: %d, but cfg.cache's blocks hold %lld tokens",
-                          (int)page_size, (long long)k0.shape[1]);
-    if (total_pages > kvhal_paged_cache_num_blocks(cfg->cache))
-        return kvhal__err(KVHAL_INVALID_ARGUMENT, "total_pages: %d, more than cfg.cache's %lld blocks",
-                          (int)total_pages, (long long)kvhal_paged_cache_num_blocks(cfg->cache));
-    KVHAL_CHECK_ARG(cfg->policy == KVHAL_WRITE_THROUGH || cfg->policy == KVHAL_WRITE_BACK,
-                    "cfg.policy: %d is not KVHAL_WRITE_THROUGH or KVHAL_WRITE_BACK", (int)cfg->policy);
-    KVHAL_CHECK_ARG(cfg->event_capacity != 1, "cfg.event_capacity: 1, must be 0 (no events) or >= 2");
-    if (cfg->stream) KVHAL_TRY(kvhal__check_stream(cfg->stream, kvhal_buffer_device(k0.buffer), "cfg.stream"));
-    kvhal_cache_manager *cm;
-    KVHAL_TRY(kvhal_cache_manager_create(total_pages, page_size, kind, &cm));
-    kvhal_status st = kvhal__tiering_create(cfg, total_pages, page_size, &cm->tiering);
-    if (st != KVHAL_OK) {
-        kvhal_cache_manager_destroy(cm);
-        return st;
-    }
-    *out = cm;
-    return KVHAL_OK;
-}
-
-static kvhal_status check_tiered(const kvhal_cache_manager *cm, bool need_host)
-{
-    KVHAL_TRY(check_cm(cm));
-    if (!cm->tiering)
-        return kvhal__err(KVHAL_INVALID_ARGUMENT, "cm: not a tiered manager (kvhal_cache_manager_create_tiered)");
-    if (need_host && !kvhal__tiering_tier(cm->tiering))
-        return kvhal__err(KVHAL_INVALID_ARGUMENT, "cm: has no host tier (cfg.host_budget held no page)");
-    return KVHAL_OK;
-}
-
-kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
-                                              kvhal_prefix_handle *handle, size_t *device_len, size_t *host_len,
-                                              int32_t *pages, size_t pages_cap)
-{
-    size_t len = 0;
-    /* host entries whose copies completed become hits: a query, no wait */
-    if (cm && kvhal__handle_live(cm, CM_MAGIC) && cm->magic == CM_MAGIC && host_len) KVHAL_TRY(reap_ex(cm, false, false));
-    KVHAL_TRY(kvhal_cache_manager_match(cm, tokens, num_tokens, handle, &len, pages, pages_cap));
-    if (device_len) *device_len = len;
-    if (host_len) *host_len = 0;
-    if (!host_len || !cm->tiering) return KVHAL_OK;
-    const size_t ps = (size_t)cm->page_size, np = len / ps;
-    const uint64_t parent = np ? kvhal__tiering_page_hash(cm->tiering, pages[np - 1]) : kvhal__tiering_root(cm->tiering);
-    *host_len = kvhal__tiering_host_run(cm->tiering, tokens, num_tokens, np, parent, NULL, 0) * ps;
-    return KVHAL_OK;
-}
-
-kvhal_status kvhal_cache_manager_load_back(kvhal_cache_manager *cm, kvhal_prefix_handle handle, const int32_t *tokens,
-                                           size_t num_tokens, int32_t *pages, size_t pages_cap, size_t *loaded_len)
-{
-    KVHAL_TRY(check_tiered(cm, true));
-    KVHAL_CHECK_ARG(loaded_len, "loaded_len: NULL");
-    *loaded_len = 0;
-    KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
-    if (!(handle >> 63))
-        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: 0x%016llx is not a request handle (kvhal_cache_manager_match "
-                          "gives one)", (unsigned long long)handle);
-    size_t matched;
-    int32_t last;
-    KVHAL_TRY(kvhal__prefix_handle_len(cm->pc, handle, &matched));
-    KVHAL_TRY(kvhal__prefix_handle_last_page(cm->pc, handle, &last));
-    if (matched > num_tokens)
-        return kvhal__err(KVHAL_INVALID_ARGUMENT, "num_tokens: %zu, fewer than the %zu the handle matched",
-                          num_tokens, matched);
-    kvhal__tiering *t = cm->tiering;
-    kvhal__tier *tier = kvhal__tiering_tier(t);
-    const size_t ps = (size_t)cm->page_size;
-    const uint64_t parent = last >= 0 ? kvhal__tiering_page_hash(t, last) : kvhal__tiering_root(t);
-    const size_t n = kvhal__tiering_host_run(t, tokens, num_tokens, matched / ps, parent, NULL, 0);
-    if (n == 0) return KVHAL_OK;
-    KVHAL_CHECK_ARG(pages, "pages: NULL for %zu pages", n);
-    if (n > pages_cap)
-        return kvhal__err(KVHAL_OUT_OF_RANGE, "pages_cap: %zu, the host tier holds %zu pages to load", pages_cap, n);
-    int32_t *slots = kvhal__malloc(n * sizeof *slots);
-    if (!slots) return kvhal__err(KVHAL_OUT_OF_MEMORY, "load_back: no memory for %zu host page ids", n);
-    kvhal__tiering_host_run(t, tokens, num_tokens, matched / ps, parent, slots, n);
-    /* pinned: the eviction that allocation may do (and its write-backs) must not drop what is about to be read */
-    for (size_t i = 0; i < n; i++) {
-        tier->ops->pin(tier, slots[i], 1);
-        tier->ops->touch(tier, slots[i]);
-    }
-    kvhal_status st = kvhal_cache_manager_allocate(cm, (int32_t)n, pages);
-    if (st == KVHAL_OK) {
-        st = tier->ops->load(tier, n, slots, pages);
-        if (st != KVHAL_OK) (void)kvhal_cache_manager_free(cm, pages, (int32_t)n); /* keeps the copy's error */
-    }
-    for (size_t i = 0; i < n; i++) tier->ops->pin(tier, slots[i], -1);
-    free(slots);
-    KVHAL_TRY(st);
-    *loaded_len = n * ps;
-    return KVHAL_OK;
-}
-
-kvhal_status kvhal_cache_manager_transfer_wait(kvhal_cache_manager *cm)
-{
-    KVHAL_TRY(check_tiered(cm, false));
-    kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
-    if (!tier) return KVHAL_OK;
-    /* copies out pending: the wait also frees the drained pages and validates the host entries */
-    if (kvhal__tiering_busy(cm->tiering)) return reap(cm, true);
-    return tier->ops->wait(tier);
-}
-
-kvhal_status kvhal_cache_manager_transfer_query(kvhal_cache_manager *cm)
-{
-    KVHAL_TRY(check_tiered(cm, false));
-    kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
-    if (!tier) return KVHAL_OK;
-    if (kvhal__tiering_busy(cm->tiering)) {
-        KVHAL_TRY(reap(cm, false));
-        if (kvhal__tiering_busy(cm->tiering)) return KVHAL_BUSY;
-    }
-    return tier->ops->query(tier);
-}
-
-kvhal_status kvhal_cache_manager_tier_stats(const kvhal_cache_manager *cm, kvhal_host_tier_stats *out)
-{
-    KVHAL_TRY(check_tiered(cm, false));
-    KVHAL_CHECK_ARG(out, "out: NULL");
-    memset(out, 0, sizeof *out);
-    kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
-    if (tier) tier->ops->stats(tier, out);
-    out->events_dropped = kvhal__kv_events_dropped(kvhal__tiering_events(cm->tiering));
-    return KVHAL_OK;
-}
-
-kvhal_status kvhal_cache_manager_events_read(kvhal_cache_manager *cm, kvhal_kv_event *out, int32_t *tokens,
-                                             size_t cap, size_t *n)
-{
-    KVHAL_TRY(check_tiered(cm, false));
-    KVHAL_CHECK_ARG(n, "n: NULL");
-    *n = 0;
-    kvhal__kv_events *ev = kvhal__tiering_events(cm->tiering);
-    if (!ev) return kvhal__err(KVHAL_INVALID_ARGUMENT, "cm: created without events (cfg.event_capacity 0)");
-    KVHAL_CHECK_ARG(cap == 0 || (out && tokens), "out, tokens: NULL with cap %zu", cap);
-    *n = kvhal__kv_events_read(ev, out, tokens, cap);
-    return KVHAL_OK;
-}
-
-kvhal_status kvhal_cache_manager_host_tier_clear(kvhal_cache_manager *cm)
-{
-    KVHAL_TRY(check_tiered(cm, true));
-    kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
-    KVHAL_TRY(reap(cm, true)); /* the drained pages go free; every entry valid, then dropped */
-    return tier->ops->clear(tier);
 }

@@ -1,0 +1,168 @@
+/* manager_tiered.c — a cache manager with tiers below its device pages (kvhal_cache_manager_create_tiered): the
+ * host tier's matches, load-back, the wait for its copies, its statistics and the KV events. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "buffer.h"
+#include "cache_manager.h"
+#include "faults.h"
+#include "kv_events.h"
+#include "prefix_owned.h"
+#include "tier.h"
+
+kvhal_status kvhal_cache_manager_create_tiered(int32_t total_pages, int32_t page_size, kvhal_prefix_kind kind,
+                                               const kvhal_host_tier_config *cfg, kvhal_cache_manager **out)
+{
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    KVHAL_CHECK_ARG(cfg, "cfg: NULL");
+    kvhal_tensor k0;
+    if (!cfg->cache) return kvhal__err(KVHAL_INVALID_ARGUMENT, "cfg.cache: NULL");
+    KVHAL_TRY(kvhal_paged_cache_layer(cfg->cache, 0, &k0, NULL));
+    if (k0.shape[1] != page_size)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "page_size: %d, but cfg.cache's blocks hold %lld tokens",
+                          (int)page_size, (long long)k0.shape[1]);
+    if (total_pages > kvhal_paged_cache_num_blocks(cfg->cache))
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "total_pages: %d, more than cfg.cache's %lld blocks",
+                          (int)total_pages, (long long)kvhal_paged_cache_num_blocks(cfg->cache));
+    KVHAL_CHECK_ARG(cfg->policy == KVHAL_WRITE_THROUGH || cfg->policy == KVHAL_WRITE_BACK,
+                    "cfg.policy: %d is not KVHAL_WRITE_THROUGH or KVHAL_WRITE_BACK", (int)cfg->policy);
+    KVHAL_CHECK_ARG(cfg->event_capacity != 1, "cfg.event_capacity: 1, must be 0 (no events) or >= 2");
+    if (cfg->stream) KVHAL_TRY(kvhal__check_stream(cfg->stream, kvhal_buffer_device(k0.buffer), "cfg.stream"));
+    kvhal_cache_manager *cm;
+    KVHAL_TRY(kvhal_cache_manager_create(total_pages, page_size, kind, &cm));
+    kvhal_status st = kvhal__tiering_create(cfg, total_pages, page_size, &cm->tiering);
+    if (st != KVHAL_OK) {
+        kvhal_cache_manager_destroy(cm);
+        return st;
+    }
+    *out = cm;
+    return KVHAL_OK;
+}
+
+static kvhal_status check_tiered(const kvhal_cache_manager *cm, bool need_host)
+{
+    KVHAL_TRY(kvhal__cm_check(cm));
+    if (!cm->tiering)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "cm: not a tiered manager (kvhal_cache_manager_create_tiered)");
+    if (need_host && !kvhal__tiering_tier(cm->tiering))
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "cm: has no host tier (cfg.host_budget held no page)");
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                              kvhal_prefix_handle *handle, size_t *device_len, size_t *host_len,
+                                              int32_t *pages, size_t pages_cap)
+{
+    size_t len = 0;
+    /* host entries whose copies completed become hits: a query, no wait */
+    if (cm && kvhal__handle_live(cm, CM_MAGIC) && cm->magic == CM_MAGIC && host_len) KVHAL_TRY(kvhal__cm_reap(cm, false, false));
+    KVHAL_TRY(kvhal_cache_manager_match(cm, tokens, num_tokens, handle, &len, pages, pages_cap));
+    if (device_len) *device_len = len;
+    if (host_len) *host_len = 0;
+    if (!host_len || !cm->tiering) return KVHAL_OK;
+    const size_t ps = (size_t)cm->page_size, np = len / ps;
+    const uint64_t parent = np ? kvhal__tiering_page_hash(cm->tiering, pages[np - 1]) : kvhal__tiering_root(cm->tiering);
+    *host_len = kvhal__tiering_host_run(cm->tiering, tokens, num_tokens, np, parent, NULL, 0) * ps;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_load_back(kvhal_cache_manager *cm, kvhal_prefix_handle handle, const int32_t *tokens,
+                                           size_t num_tokens, int32_t *pages, size_t pages_cap, size_t *loaded_len)
+{
+    KVHAL_TRY(check_tiered(cm, true));
+    KVHAL_CHECK_ARG(loaded_len, "loaded_len: NULL");
+    *loaded_len = 0;
+    KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
+    if (!(handle >> 63))
+        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: 0x%016llx is not a request handle (kvhal_cache_manager_match "
+                          "gives one)", (unsigned long long)handle);
+    size_t matched;
+    int32_t last;
+    KVHAL_TRY(kvhal__prefix_handle_len(cm->pc, handle, &matched));
+    KVHAL_TRY(kvhal__prefix_handle_last_page(cm->pc, handle, &last));
+    if (matched > num_tokens)
+        return kvhal__err(KVHAL_INVALID_ARGUMENT, "num_tokens: %zu, fewer than the %zu the handle matched",
+                          num_tokens, matched);
+    kvhal__tiering *t = cm->tiering;
+    kvhal__tier *tier = kvhal__tiering_tier(t);
+    const size_t ps = (size_t)cm->page_size;
+    const uint64_t parent = last >= 0 ? kvhal__tiering_page_hash(t, last) : kvhal__tiering_root(t);
+    const size_t n = kvhal__tiering_host_run(t, tokens, num_tokens, matched / ps, parent, NULL, 0);
+    if (n == 0) return KVHAL_OK;
+    KVHAL_CHECK_ARG(pages, "pages: NULL for %zu pages", n);
+    if (n > pages_cap)
+        return kvhal__err(KVHAL_OUT_OF_RANGE, "pages_cap: %zu, the host tier holds %zu pages to load", pages_cap, n);
+    int32_t *slots = kvhal__malloc(n * sizeof *slots);
+    if (!slots) return kvhal__err(KVHAL_OUT_OF_MEMORY, "load_back: no memory for %zu host page ids", n);
+    kvhal__tiering_host_run(t, tokens, num_tokens, matched / ps, parent, slots, n);
+    /* pinned: the eviction that allocation may do (and its write-backs) must not drop what is about to be read */
+    for (size_t i = 0; i < n; i++) {
+        tier->ops->pin(tier, slots[i], 1);
+        tier->ops->touch(tier, slots[i]);
+    }
+    kvhal_status st = kvhal_cache_manager_allocate(cm, (int32_t)n, pages);
+    if (st == KVHAL_OK) {
+        st = tier->ops->load(tier, n, slots, pages);
+        if (st != KVHAL_OK) (void)kvhal_cache_manager_free(cm, pages, (int32_t)n); /* keeps the copy's error */
+    }
+    for (size_t i = 0; i < n; i++) tier->ops->pin(tier, slots[i], -1);
+    free(slots);
+    KVHAL_TRY(st);
+    *loaded_len = n * ps;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_transfer_wait(kvhal_cache_manager *cm)
+{
+    KVHAL_TRY(check_tiered(cm, false));
+    kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
+    if (!tier) return KVHAL_OK;
+    /* copies out pending: the wait also frees the drained pages and validates the host entries */
+    if (kvhal__tiering_busy(cm->tiering)) return kvhal__cm_reap(cm, true, true);
+    return tier->ops->wait(tier);
+}
+
+kvhal_status kvhal_cache_manager_transfer_query(kvhal_cache_manager *cm)
+{
+    KVHAL_TRY(check_tiered(cm, false));
+    kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
+    if (!tier) return KVHAL_OK;
+    if (kvhal__tiering_busy(cm->tiering)) {
+        KVHAL_TRY(kvhal__cm_reap(cm, false, true));
+        if (kvhal__tiering_busy(cm->tiering)) return KVHAL_BUSY;
+    }
+    return tier->ops->query(tier);
+}
+
+kvhal_status kvhal_cache_manager_tier_stats(const kvhal_cache_manager *cm, kvhal_host_tier_stats *out)
+{
+    KVHAL_TRY(check_tiered(cm, false));
+    KVHAL_CHECK_ARG(out, "out: NULL");
+    memset(out, 0, sizeof *out);
+    kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
+    if (tier) tier->ops->stats(tier, out);
+    out->events_dropped = kvhal__kv_events_dropped(kvhal__tiering_events(cm->tiering));
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_events_read(kvhal_cache_manager *cm, kvhal_kv_event *out, int32_t *tokens,
+                                             size_t cap, size_t *n)
+{
+    KVHAL_TRY(check_tiered(cm, false));
+    KVHAL_CHECK_ARG(n, "n: NULL");
+    *n = 0;
+    kvhal__kv_events *ev = kvhal__tiering_events(cm->tiering);
+    if (!ev) return kvhal__err(KVHAL_INVALID_ARGUMENT, "cm: created without events (cfg.event_capacity 0)");
+    KVHAL_CHECK_ARG(cap == 0 || (out && tokens), "out, tokens: NULL with cap %zu", cap);
+    *n = kvhal__kv_events_read(ev, out, tokens, cap);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_host_tier_clear(kvhal_cache_manager *cm)
+{
+    KVHAL_TRY(check_tiered(cm, true));
+    kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
+    KVHAL_TRY(kvhal__cm_reap(cm, true, true)); /* the drained pages go free; every entry valid, then dropped */
+    return tier->ops->clear(tier);
+}
