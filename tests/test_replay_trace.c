@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "../tools/replay_trace.h"
+#include "replay_trace.h"
 
 typedef struct parsed {
     int rc;
