@@ -183,7 +183,7 @@ static int replay_copy_blocks(cudaGraphExec_t cexec, const int64_t *pairs)
         for (int i = 0; i < NC; i += NC - 1) { /* caches 0 (K of layer 0) and 63 (V of layer 31): new contents */
             for (size_t e = 0; e < cache_elems; e++) g.ref[e] = next_f16(48);
             /* on cs: a pageable cudaMemcpy may return before its DMA lands, and cs does not wait for the legacy
-             * stream (the first version of this check raced its own upload) */
+             * stream */
             CU(cudaMemcpyAsync(i < LAYERS ? g.kc[i] : g.vc[i - LAYERS], g.ref, cache_elems * 2,
                                cudaMemcpyHostToDevice, g.cs));
             CU(cudaStreamSynchronize(g.cs));
