@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "../tools/replay_trace.h"
+#include "replay_trace.h"
 
 typedef struct parsed {
     int rc;
@@ -220,8 +220,8 @@ static void test_load_files(void **state)
     }
 }
 
-/* Issue 21 (trace replay): JSON key names are compared decoded, so an escaped spelling of a known field is a
- * duplicate; strings (skipped ones too) must be well-formed UTF-8 with paired surrogates. */
+/* JSON key names are compared decoded, so an escaped spelling of a known field is a duplicate; strings (skipped
+ * ones too) must be well-formed UTF-8 with paired surrogates. */
 static void test_trace_json_keys_decoded_utf8_checked(void **state)
 {
     (void)state;
@@ -255,7 +255,7 @@ static void write_file(const char *path, const char *text)
     fclose(f);
 }
 
-/* Issue 21 (trace replay): hash_ids must be ceil(input_length / block) ids; zero-length requests are not requests;
+/* hash_ids must be ceil(input_length / block) ids; zero-length requests are not requests;
  * timestamps going back are counted and can be sorted (stably). */
 static void test_trace_ids_count_empty_and_timestamps(void **state)
 {
@@ -297,7 +297,7 @@ static void test_trace_ids_count_empty_and_timestamps(void **state)
     assert_int_equal(replay_match_len(1000), 999);
 }
 
-/* Issue 21 (trace replay): a line past REPLAY_TRACE_MAX_LINE is refused without being read whole. */
+/* A line past REPLAY_TRACE_MAX_LINE is refused without being read whole. */
 static void test_trace_line_length_bounded(void **state)
 {
     (void)state;

@@ -421,10 +421,10 @@ static void cold_rounds(op_fn a, void *actx, op_fn b, void *bctx, long n, int ro
 /* Cold: per round, N x (flush, a), N x (flush), N x (flush, b); an op's sample is its sequence minus the flushes',
  * over N. N makes a sequence last about a millisecond (at least 1, at most 64). Part of a sequence's variation does
  * not grow with N (the host's side: the enqueues, the wake-up from the closing synchronize), and at 1 ms it did not
- * always stay under a 10-30 us op (session 7 on NVIDIA's OpenCL: rows of 8192 tokens and MLA rows came out
- * unresolved, "-", or with a ratio of 0.000 where only the copy beside them was). An unresolved result is measured
- * again with 4x, then 16x the calls per sequence (a sequence of at most about 25 ms), which divides that part per op
- * by as much; one still unresolved stays null. */
+ * always stay under a 10-30 us op (on NVIDIA's OpenCL, rows of 8192 tokens and MLA rows came out unresolved,
+ * "-", or with a ratio of 0.000 where only the copy beside them was). An unresolved result is measured again with
+ * 4x, then 16x the calls per sequence (a sequence of at most about 25 ms), which divides that part per op by as
+ * much; one still unresolved stays null. */
 static void measure_cold_pair(op_fn a, void *actx, op_fn b, void *bctx, meas *ma, meas *mb)
 {
     if (!flush_buf) {

@@ -1,6 +1,8 @@
-/* kvhal-fp8-check — the exhaustive proof of kvhal's fp8 quantisation at any scale: for every one of the 2^32 f32
- * bit patterns x and each scale s and fp8 format asked for, the code kvhal stores must be kvhal_f32_to_fp8(x / s),
- * the documented result (x / s the IEEE f32 division, then round to nearest even, saturating).
+/* fp8_check — the exhaustive proof of kvhal's fp8 quantisation at any scale: for every one of the 2^32 f32 bit
+ * patterns x and each scale s and fp8 format asked for, the code kvhal stores must be kvhal_f32_to_fp8(x / s), the
+ * documented result (x / s the IEEE f32 division, then round to nearest even, saturating). A test program: the
+ * suites run slices of the input range (tests/meson.build, suites ops and long); the whole proof runs by hand,
+ * e.g. build/tests/fp8_check --math, or KVHAL_DEVICE=cuda:0 build/tests/fp8_check.
  *
  * Two checks, each over all 2^32 inputs:
  * - math (--math): the arithmetic the GPU kernels use instead of the division (backends/gpu/kvhal_gpu_math.h:
@@ -31,7 +33,7 @@
 #define KVHAL_PROJECT_VERSION "unknown"
 #endif
 
-#define TOOL "kvhal-fp8-check"
+#define TOOL "fp8_check"
 #define MAX_SCALES 64
 #define MAX_FORMATS 8
 
@@ -350,13 +352,18 @@ static bool parse_list(const char *text, bool scales)
 
 int main(int argc, char **argv)
 {
-    enum { O_MATH = 256, O_NAIVE, O_STRIDED, O_DEVICE, O_SCALES, O_FORMATS, O_THREADS, O_CHUNK, O_LIMIT, O_START, O_HELP, O_VERSION };
+    enum {
+        O_MATH = 256, O_NAIVE, O_STRIDED, O_DEVICE, O_SCALES, O_FORMATS, O_THREADS, O_CHUNK, O_LIMIT, O_START, O_HELP,
+        O_VERSION
+    };
     static const struct option longs[] = {
-        {"math", no_argument, NULL, O_MATH},          {"naive", no_argument, NULL, O_NAIVE}, {"strided", no_argument, NULL, O_STRIDED},          {"device", required_argument, NULL, O_DEVICE},
-        {"scales", required_argument, NULL, O_SCALES}, {"formats", required_argument, NULL, O_FORMATS},
+        {"math", no_argument, NULL, O_MATH},             {"naive", no_argument, NULL, O_NAIVE},
+        {"strided", no_argument, NULL, O_STRIDED},       {"device", required_argument, NULL, O_DEVICE},
+        {"scales", required_argument, NULL, O_SCALES},   {"formats", required_argument, NULL, O_FORMATS},
         {"threads", required_argument, NULL, O_THREADS}, {"chunk-log2", required_argument, NULL, O_CHUNK},
-        {"limit", required_argument, NULL, O_LIMIT},  {"start", required_argument, NULL, O_START},  {"help", no_argument, NULL, O_HELP},
-        {"version", no_argument, NULL, O_VERSION},    {NULL, 0, NULL, 0}};
+        {"limit", required_argument, NULL, O_LIMIT},     {"start", required_argument, NULL, O_START},
+        {"help", no_argument, NULL, O_HELP},             {"version", no_argument, NULL, O_VERSION},
+        {NULL, 0, NULL, 0}};
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     opt.threads = n > 0 ? (n > 256 ? 256 : (int)n) : 1;
     opt.chunk_log2 = 24;
@@ -371,10 +378,12 @@ int main(int argc, char **argv)
         case O_STRIDED: opt.strided = true; break;
         case O_DEVICE: opt.device = optarg; break;
         case O_SCALES:
-            if (!parse_list(optarg, true)) return USAGE_ERROR("--scales: '%s' is not a list of finite scales > 0", optarg);
+            if (!parse_list(optarg, true))
+                return USAGE_ERROR("--scales: '%s' is not a list of finite scales > 0", optarg);
             break;
         case O_FORMATS:
-            if (!parse_list(optarg, false)) return USAGE_ERROR("--formats: '%s' is not a list of fp8 dtype names", optarg);
+            if (!parse_list(optarg, false))
+                return USAGE_ERROR("--formats: '%s' is not a list of fp8 dtype names", optarg);
             break;
         case O_THREADS:
             n = strtol(optarg, &end, 10);
