@@ -125,15 +125,9 @@ const kvpy_dtype_info *kvpy_dtype(kvhal_dtype d)
     return (unsigned)d < KVPY_DTYPE_COUNT ? &dtypes[d] : NULL;
 }
 
-int kvpy_dtype_from_dl(DLDataType t, kvhal_dtype *out)
-{
-    for (int d = 0; d < KVPY_DTYPE_COUNT; d++)
-        if (dtypes[d].dl.code == t.code && dtypes[d].dl.bits == t.bits && dtypes[d].dl.lanes == t.lanes) {
-            *out = (kvhal_dtype)d;
-            return 0;
-        }
-    return -1;
-}
+#define KVPY_DTYPE_KEY(e, nm, sz, code, bits) [e] = (uint32_t)(code) | (uint32_t)(bits) << 8 | 1u << 16,
+const uint32_t kvpy_dtype_dl_keys[KVPY_DTYPE_COUNT] = {KVPY_DTYPES(KVPY_DTYPE_KEY)};
+#undef KVPY_DTYPE_KEY
 
 DLDataType kvpy_dtype_to_dl(kvhal_dtype d)
 {

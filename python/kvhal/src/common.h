@@ -43,8 +43,20 @@ typedef struct {
 
 /* The row of a dtype, or NULL for a value that is not one. */
 const kvpy_dtype_info *kvpy_dtype(kvhal_dtype d);
+/* The table's DLPack types packed as code | bits << 8 | lanes << 16, by dtype (the lookup of every import). */
+extern const uint32_t kvpy_dtype_dl_keys[KVPY_DTYPE_COUNT];
+
 /* The kvhal dtype of a DLPack type (fp8 by its float8 code); -1 when kvhal has none. */
-int kvpy_dtype_from_dl(DLDataType t, kvhal_dtype *out);
+static inline int kvpy_dtype_from_dl(DLDataType t, kvhal_dtype *out)
+{
+    const uint32_t key = (uint32_t)t.code | (uint32_t)t.bits << 8 | (uint32_t)t.lanes << 16;
+    for (int d = 0; d < KVPY_DTYPE_COUNT; d++)
+        if (kvpy_dtype_dl_keys[d] == key) {
+            *out = (kvhal_dtype)d;
+            return 0;
+        }
+    return -1;
+}
 /* The DLPack type a tensor of dtype d exports: its row's, with fp8 as uint8 bits where the build's DLPack header
  * predates float8 codes. Never wider than the dtype. */
 DLDataType kvpy_dtype_to_dl(kvhal_dtype d);
