@@ -50,7 +50,8 @@ static kvhal_status wrap_cached(kvpy_state *st, kvhal_device dev, void *data, si
 {
     kvpy_wrap_entry *w = st->wraps;
     for (int i = 0; i < KVPY_WRAP_MAX; i++)
-        if (w[i].buf && w[i].data == data && w[i].bytes == bytes && w[i].dev.type == dev.type && w[i].dev.id == dev.id) {
+        if (w[i].buf && w[i].data == data && w[i].bytes == bytes && w[i].dev.type == dev.type &&
+            w[i].dev.id == dev.id) {
             w[i].inuse++;
             out->buf = w[i].buf;
             out->wrap_slot = i + 1;
@@ -302,8 +303,9 @@ static PyObject *call_dlpack(kvpy_state *st, PyObject *obj, const char *arg, int
             callargs[1 + nk] = st->max_version;
             names[nk++] = st->s_max_version;
         }
-        PyObject *kwargs = nk == 2 ? st->kw_stream_max : nk == 1 ? (names[0] == st->s_stream ? st->kw_stream : st->kw_max)
-                                                                 : NULL;
+        PyObject *kwargs = NULL;
+        if (nk == 2) kwargs = st->kw_stream_max;
+        else if (nk == 1) kwargs = names[0] == st->s_stream ? st->kw_stream : st->kw_max;
         cap = PyObject_VectorcallMethod(st->s_dlpack, callargs, 1, kwargs); /* no bound method made */
         Py_XDECREF(stream_obj);
         if (cap) break;
@@ -425,8 +427,10 @@ static int import_layout(kvpy_state *st, const DLTensor *dl, const char *arg, si
         t->shape[i] = n;
         t->strides[i] = sd;
         int64_t span;
-        overflow |= __builtin_mul_overflow(run, n > 0 ? n : 1, &run) | __builtin_mul_overflow(*numel, n, numel);
-        if (n > 0) overflow |= __builtin_mul_overflow(n - 1, sd, &span) | __builtin_add_overflow(last, span, &last);
+        overflow |=
+            (int)__builtin_mul_overflow(run, n > 0 ? n : 1, &run) | (int)__builtin_mul_overflow(*numel, n, numel);
+        if (n > 0)
+            overflow |= (int)__builtin_mul_overflow(n - 1, sd, &span) | (int)__builtin_add_overflow(last, span, &last);
     }
     uint64_t b = 0;
     if (!overflow && *numel > 0)

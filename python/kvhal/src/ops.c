@@ -62,11 +62,7 @@ PyObject *kvpy_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t na
     } else {
         rc = kvhal_paged_caching(&t[0].t, &t[1].t, &t[2].t, &t[3].t, &t[4].t, ks, vs, s);
     }
-    if (rc != KVHAL_OK) {
-        kvpy_raise(st, rc);
-        goto out;
-    }
-    ret = Py_NewRef(Py_None);
+    ret = rc == KVHAL_OK ? Py_NewRef(Py_None) : kvpy_raise(st, rc);
 out:
     while (n-- > 0) kvpy_import_release(st, &t[n]);
     return ret;
@@ -96,12 +92,8 @@ PyObject *kvpy_time_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize
     for (long i = 0; i < reps && rc == KVHAL_OK; i++)
         rc = kvhal_paged_caching(&t[0].t, &t[1].t, &t[2].t, &t[3].t, &t[4].t, 1.0f, 1.0f, s);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (rc != KVHAL_OK) {
-        kvpy_raise(st, rc);
-        goto out;
-    }
     const double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
-    ret = PyFloat_FromDouble(ns / (double)reps);
+    ret = rc == KVHAL_OK ? PyFloat_FromDouble(ns / (double)reps) : kvpy_raise(st, rc);
 out:
     while (n-- > 0) kvpy_import_release(st, &t[n]);
     return ret;
@@ -125,11 +117,7 @@ PyObject *kvpy_tensor_copy(PyObject *mod, PyObject *const *args, Py_ssize_t narg
     kvhal_stream *s;
     if (kvpy_stream_for(st, a[2], native, kvhal_buffer_device(t[0].t.buffer), &s) != 0) goto out;
     kvhal_status rc = kvhal_tensor_copy(&t[0].t, &t[1].t, s);
-    if (rc != KVHAL_OK) {
-        kvpy_raise(st, rc);
-        goto out;
-    }
-    ret = Py_NewRef(Py_None);
+    ret = rc == KVHAL_OK ? Py_NewRef(Py_None) : kvpy_raise(st, rc);
 out:
     while (n-- > 0) kvpy_import_release(st, &t[n]);
     return ret;

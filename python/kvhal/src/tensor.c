@@ -180,7 +180,8 @@ static PyMethodDef tensor_methods[] = {
     {"__dlpack__", (PyCFunction)(void (*)(void))tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nA DLPack capsule of this tensor "
      "(versioned when max_version >= (1, 0)); zero-copy."},
-    {"__dlpack_device__", tensor_dlpack_device, METH_NOARGS, "__dlpack_device__()\n--\n\n(DLPack device type, device id)."},
+    {"__dlpack_device__", tensor_dlpack_device, METH_NOARGS,
+     "__dlpack_device__()\n--\n\n(DLPack device type, device id)."},
     {"copy_from", tensor_copy_from, METH_O,
      "copy_from(src)\n--\n\nCopies a contiguous host array of the same byte size into this contiguous tensor."},
     {"copy_to", tensor_copy_to, METH_O,
