@@ -10,8 +10,8 @@ The baselines:
   and the page table are CPU int32 torch tensors, children are found by ids[pos:][0].item(), an edge is compared
   by a native first-mismatch helper (theirs is C++ through tvm-ffi; here the same loop in C built with cc and
   called through ctypes, see the class), eviction is a heap of unlocked leaves by timestamp. This is the
-  pure-Python radix the issue names (its ~20k requests/s at page size 1). Needs torch; skipped with a message
-  without it.
+  pure-Python radix of a current serving engine (about 20k requests/s at page size 1). Needs torch; skipped with a
+  message without it.
 - PyRadix (ratio): a stronger stdlib-only radix: edges are int32 bytes, so an edge compares as one memcmp and a
   mismatch is found by binary search over slices; no torch, no per-token or per-op overhead.
 

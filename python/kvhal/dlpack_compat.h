@@ -118,8 +118,22 @@ typedef struct {
 /* The versioned protocol's major version this module speaks. */
 #define KVHAL_PY_DLPACK_MAJOR 1
 #define KVHAL_PY_DLPACK_MINOR 0
-/* DLPack 1.x type codes for fp8 (kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12 in dlpack.h 1.1). */
+/* DLPack's type codes of the fp8 formats (dlpack.h 1.1: kDLFloat8_e4m3fn = 10, kDLFloat8_e4m3fnuz = 11,
+ * kDLFloat8_e5m2 = 12, kDLFloat8_e5m2fnuz = 13). Fixed by the specification, so accepted on import whatever the
+ * header's age. KVHAL_PY_DL_HAS_FLOAT8: the header declares them (DLPack >= 1.1); exports use them only then, and
+ * without them give fp8 tensors as their uint8 bits (consumers of an older DLPack know no float8 codes). */
 #define KVHAL_PY_DL_FLOAT8_E4M3FN 10
+#define KVHAL_PY_DL_FLOAT8_E4M3FNUZ 11
 #define KVHAL_PY_DL_FLOAT8_E5M2 12
+#define KVHAL_PY_DL_FLOAT8_E5M2FNUZ 13
+#if defined(DLPACK_MAJOR_VERSION) && defined(DLPACK_MINOR_VERSION) &&                                           \
+    (DLPACK_MAJOR_VERSION > 1 || (DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION >= 1))
+#define KVHAL_PY_DL_HAS_FLOAT8 1
+_Static_assert(kDLFloat8_e4m3fn == KVHAL_PY_DL_FLOAT8_E4M3FN && kDLFloat8_e4m3fnuz == KVHAL_PY_DL_FLOAT8_E4M3FNUZ &&
+                   kDLFloat8_e5m2 == KVHAL_PY_DL_FLOAT8_E5M2 && kDLFloat8_e5m2fnuz == KVHAL_PY_DL_FLOAT8_E5M2FNUZ,
+               "DLPack's float8 codes");
+#else
+#define KVHAL_PY_DL_HAS_FLOAT8 0
+#endif
 
 #endif

@@ -98,6 +98,41 @@ def test_opencl_round_trip_through_capsules(versioned):
     assert view.device == "opencl:0" and view.shape == (4, 6)
 
 
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_pointer.restype = ctypes.c_void_p
+_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+KDL_UINT, KDL_FLOAT8_CODES = 1, (10, 11, 12, 13)  # DLPack's uint and float8 (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz) codes
+
+
+@pytest.mark.parametrize("dt", ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz"])
+def test_fp8_exports_one_byte_items(dt):
+    """Every fp8 format crosses DLPack as 1-byte items (a float8 code where the build's DLPack header has them, else
+    the uint8 bits), never as a wider type over its bytes; NumPy then sees 4 one-byte items over the 4 bytes."""
+    t = kvhal.empty((4,), dt)
+    t.copy_from(np.array([0x00, 0x38, 0x80, 0x7F], np.uint8))
+    cap = t.__dlpack__()  # kept alive while its DLTensor is read
+    dl = _DLTensor.from_address(_pointer(cap, b"dltensor"))
+    code, bits, lanes = dl.dtype.code, dl.dtype.bits, dl.dtype.lanes
+    del dl, cap
+    assert (bits, lanes) == (8, 1)
+    assert code == KDL_UINT or code in KDL_FLOAT8_CODES
+    if code == KDL_UINT:  # NumPy has no float8 types: it takes the bits
+        a = np.from_dlpack(t)
+        assert a.itemsize == 1 and a.nbytes == 4 and a.shape == (4,)
+        assert a.tolist() == [0x00, 0x38, 0x80, 0x7F]
+
+
 def f32_to_fp8(x, kind):
     """The plain host reference of the fp8 conversion: round to nearest even, saturating (e4m3fn: bias 7, max 448;
     e5m2: bias 15, max 57344)."""

@@ -1,0 +1,42 @@
+/* pages.h — kvhal.Pages (an immutable run of int32 page ids, the one object a match, allocate, evict or reset
+ * returns) and integer arrays on the host as the C calls take them: page lists, block-copy pairs, token ids. */
+#ifndef KVPY_PAGES_H
+#define KVPY_PAGES_H
+
+#include "common.h"
+
+typedef struct {
+    PyObject_VAR_HEAD
+    int32_t v[1];
+} kvpy_pages_object;
+
+extern PyType_Spec kvpy_pages_spec;
+
+/* A new Pages of n ids (copied from v when v is not NULL). */
+PyObject *kvpy_pages_new(kvpy_state *st, const int32_t *v, size_t n);
+
+/* An integer array on the host: the buffer protocol (zero-copy when the item size is the one asked for, else
+ * converted), kvhal.Pages (int32, zero-copy), or any sequence of ints. */
+typedef struct {
+    Py_buffer view;
+    int has_view;
+    void *tmp;
+    const void *data; /* n items of the width asked for */
+    size_t n;
+} kvpy_ints;
+
+/* width 4 (int32, range-checked) or 8 (int64). 0, or -1 with kvhal.InvalidArgument (naming arg) or another
+ * exception set; release either way is safe. */
+int kvpy_ints_get(kvpy_state *st, PyObject *o, const char *arg, int width, kvpy_ints *a);
+void kvpy_ints_release(kvpy_ints *a);
+
+/* Page ids handed out by a C callback (eviction, reset), gathered into one run. */
+typedef struct {
+    int32_t *v;
+    size_t n, cap;
+    int failed;
+} kvpy_page_run;
+
+void kvpy_page_run_collect(const int32_t *pages, size_t n, void *user); /* the kvhal callback; user: a page run */
+
+#endif
