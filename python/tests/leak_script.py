@@ -1,5 +1,5 @@
 """A small script over every entry of the package, run by `meson test` (object counts stay flat) and under valgrind
-(docs/measurements: `valgrind --leak-check=full python3 python/tests/leak_script.py`)."""
+(`valgrind --leak-check=full python3 python/tests/leak_script.py`)."""
 import gc
 import sys
 
