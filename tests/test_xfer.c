@@ -33,7 +33,9 @@
 
 #include "kvhal.h"
 #include "kvhal_xfer.h"
+#include "xfer_internal.h"
 #include "xfer_wire.h"
+#include "xfer_workers.h"
 
 #define TOKEN "test-token"
 #define TIMEOUT_MS 400
@@ -53,14 +55,44 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* A size in KiB from the environment, or def (unset, or not a number). */
+static long env_kib(const char *name, long def)
+{
+    const char *v = getenv(name);
+    char *end = NULL;
+    const long n = v && *v ? strtol(v, &end, 10) : def;
+    return end && *end ? def : n;
+}
+
+/* Agents with the test's sizes (xfer_internal.h), so that its small caches take the paths of large transfers:
+ * TRANSFER_GATHER_FRAME_KIB (TCP frames cut to this many KiB; one page a frame at 1), TRANSFER_GATHER_KIB (frames
+ * of this many KiB and more gathered by the copy workers; default half the former when it is set),
+ * TRANSFER_CMA_PIECE_KIB (CMA frames split across the workers in pieces of this many KiB), TRANSFER_IPC_CHAIN_KIB
+ * (launch groups of at most this many KiB chained; 0: never), set by tests/meson.build or around an agent's
+ * creation by a test; unset: the library's. */
+static kvhal_status agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
+{
+    const kvhal_status st = kvhal_xfer_agent_create(cfg, out);
+    if (st != KVHAL_OK) return st;
+    const long frame = env_kib("TRANSFER_GATHER_FRAME_KIB", 0);
+    const kvhal__xfer_tuning t = {
+        .cma_piece = (size_t)env_kib("TRANSFER_CMA_PIECE_KIB", 0) << 10,
+        .gather_frame = (size_t)frame << 10,
+        .gather_min = env_kib("TRANSFER_GATHER_KIB", frame ? frame / 2 : -1) * 1024,
+        .ipc_chain = env_kib("TRANSFER_IPC_CHAIN_KIB", -1) * 1024,
+    };
+    kvhal__xfer_tune(*out, &t);
+    return st;
+}
+
 static void assert_contains(const char *s, const char *needle)
 {
     if (!strstr(s, needle)) fail_msg("\"%s\" does not contain \"%s\"", s, needle);
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
-/* the agents' endpoints, counted: this program exports its symbols (meson: export_dynamic), so libkvhal-xfer's */
-/* calls of ucp_ep_create and ucp_ep_close_nbx land here first and go on to UCX's                              */
+/* the agents' endpoints, counted: libkvhal-xfer's objects are linked into this program, whose definitions of  */
+/* ucp_ep_create and ucp_ep_close_nbx their calls land in first; these go on to UCX's                           */
 /* ---------------------------------------------------------------------------------------------------------- */
 static pthread_mutex_t eps_mu = PTHREAD_MUTEX_INITIALIZER;
 static ucp_ep_h agent_eps[1024]; /* created by an agent and not closed (a close UCX refused leaves it here) */
@@ -100,7 +132,7 @@ ucs_status_ptr_t ucp_ep_close_nbx(ucp_ep_h ep, const ucp_request_param_t *param)
 }
 
 /* DATA frames posted by the agents (ucp_am_send_nbx with a DATA header), and copy workers started by
- * libkvhal-xfer (pthread_create of a routine inside it): how the TCP path cut and gathered a transfer */
+ * libkvhal-xfer (pthread_create of its pool's xfer_pool_worker): how the TCP path cut and gathered a transfer */
 static atomic_int data_frames, xfer_threads;
 
 ucs_status_ptr_t ucp_am_send_nbx(ucp_ep_h ep, unsigned id, const void *header, size_t header_length,
@@ -161,10 +193,7 @@ int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*start)(voi
     int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
     void *sym = dlsym(RTLD_NEXT, "pthread_create");
     memcpy(&real, &sym, sizeof real);
-    Dl_info di;
-    void *fp;
-    memcpy(&fp, &start, sizeof fp);
-    if (dladdr(fp, &di) && di.dli_fname && strstr(di.dli_fname, "libkvhal-xfer")) {
+    if (start == xfer_pool_worker) { /* a copy worker of libkvhal-xfer (linked in) */
         const int k = atomic_fetch_add(&xfer_threads, 1) - atomic_load(&refuse_base);
         if (k >= 0 && k < 32 && (atomic_load(&threads_refuse) >> k & 1u)) {
             atomic_fetch_add(&threads_refused, 1);
@@ -354,7 +383,7 @@ static void server_start(server *s, kvhal_device dev, uint32_t timeout_ms)
     assert_int_equal(kvhal_memcpy_h2d(s->buf, 0, s->canary, s->bytes, NULL), KVHAL_OK);
     assert_int_equal(kvhal_cache_manager_create(PAGES, BLOCK, KVHAL_PREFIX_RADIX, &s->cm), KVHAL_OK);
     kvhal_xfer_config cfg = {.name = "decode", .token = TOKEN, .timeout_ms = timeout_ms, .transports = tls};
-    assert_int_equal(kvhal_xfer_agent_create(&cfg, &s->ag), KVHAL_OK);
+    assert_int_equal(agent_create(&cfg, &s->ag), KVHAL_OK);
     assert_int_equal(kvhal_xfer_register_paged_cache(s->ag, s->cache), KVHAL_OK);
     pthread_mutex_init(&s->mu, NULL);
     assert_int_equal(pthread_create(&s->th, NULL, serve, s), 0);
@@ -483,7 +512,7 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
     kvhal_buffer *sb = cache_buffer(sc);
     kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 5000, .transports = tls};
     kvhal_xfer_agent *a;
-    assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
+    assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
     assert_int_equal(kvhal_xfer_register_paged_cache(a, sc), KVHAL_OK);
     uint8_t blob[4096];
     size_t len = server_blob(&s, blob, sizeof blob);
@@ -526,11 +555,11 @@ static void transfer_on(kvhal_device rdev, kvhal_device sdev)
     assert_int_equal(kvhal_xfer_wait(tx0, 5000), KVHAL_OK);
     assert_int_equal(kvhal_xfer_wait(tx1, 5000), KVHAL_OK);
     if (sdev.type == KVHAL_DEVICE_CPU && strcmp(tls, "tcp") == 0) {
-        /* host pages over TCP are gathered: frames of KVHAL_XFER_GATHER_FRAME_KIB at most (one page at least), by
+        /* host pages over TCP are gathered: frames of TRANSFER_GATHER_FRAME_KIB at most (one page at least), by
          * the copy workers where there are any, in a transfer of several frames, if large enough
-         * (KVHAL_XFER_GATHER_KIB) */
-        const char *fk = getenv("KVHAL_XFER_GATHER_FRAME_KIB"), *gk = getenv("KVHAL_XFER_GATHER_KIB"),
-                   *wk = getenv("KVHAL_XFER_CMA_THREADS");
+         * (TRANSFER_GATHER_KIB) */
+        const char *fk = getenv("TRANSFER_GATHER_FRAME_KIB"), *gk = getenv("TRANSFER_GATHER_KIB"),
+                   *wk = getenv("KVHAL_XFER_THREADS");
         const size_t cap = (fk ? (size_t)atol(fk) : 1024) * 1024;
         int frames = 0;
         for (int nl = 1; nl <= 2; nl++) {
@@ -624,7 +653,7 @@ static void test_wrong_token_and_geometry(void **state)
     kvhal_paged_cache *sc = make_cache(cpu, HEADS, 8, KVHAL_LAYER_FIRST);
     kvhal_xfer_config cfg = {.name = "intruder", .token = "something", .timeout_ms = 2000, .transports = tls};
     kvhal_xfer_agent *a;
-    assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
+    assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
     kvhal_xfer_peer *p = (kvhal_xfer_peer *)1;
     /* no cache registered yet */
     assert_int_equal(kvhal_xfer_connect(a, blob, len, TOKEN, &p), KVHAL_INVALID_ARGUMENT);
@@ -662,7 +691,7 @@ static void test_wrong_token_and_geometry(void **state)
     kvhal_paged_cache_destroy(sc);
     /* another geometry (heads) */
     sc = make_cache(cpu, HEADS * 2, 8, KVHAL_LAYER_FIRST);
-    assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
+    assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
     assert_int_equal(kvhal_xfer_register_paged_cache(a, sc), KVHAL_OK);
     assert_int_equal(kvhal_xfer_connect(a, blob, len, TOKEN, &p), KVHAL_PEER_FAILED);
     assert_contains(kvhal_last_error(), "geometry");
@@ -1093,7 +1122,7 @@ static void test_many_peers(void **state)
     assert_int_equal(kvhal_cache_manager_create(PAGES, BLOCK, KVHAL_PREFIX_RADIX, &s.cm), KVHAL_OK);
     kvhal_xfer_config cfg = {.name = "decode", .token = TOKEN, .timeout_ms = 5000, .transports = tls,
                              .max_peers = NP};
-    assert_int_equal(kvhal_xfer_agent_create(&cfg, &s.ag), KVHAL_OK);
+    assert_int_equal(agent_create(&cfg, &s.ag), KVHAL_OK);
     assert_int_equal(kvhal_xfer_register_paged_cache(s.ag, s.cache), KVHAL_OK);
     pthread_mutex_init(&s.mu, NULL);
     assert_int_equal(pthread_create(&s.th, NULL, serve, &s), 0);
@@ -1108,7 +1137,7 @@ static void test_many_peers(void **state)
         snprintf(name, sizeof name, "prefill%d", i);
         sc[i] = make_cache(cpu, HEADS, 16, KVHAL_LAYER_FIRST);
         kvhal_xfer_config c = {.name = name, .token = TOKEN, .timeout_ms = 5000, .transports = tls};
-        assert_int_equal(kvhal_xfer_agent_create(&c, &a[i]), KVHAL_OK);
+        assert_int_equal(agent_create(&c, &a[i]), KVHAL_OK);
         assert_int_equal(kvhal_xfer_register_paged_cache(a[i], sc[i]), KVHAL_OK);
         /* each sender's pages: its index in every byte of layer l's K (l*2) and V (l*2+1) */
         for (int32_t p = 0; p < 16; p++)
@@ -1134,7 +1163,7 @@ static void test_many_peers(void **state)
         kvhal_xfer_config c = {.name = "extra", .token = TOKEN, .timeout_ms = 5000, .transports = tls};
         kvhal_xfer_agent *xa;
         kvhal_xfer_peer *xp;
-        assert_int_equal(kvhal_xfer_agent_create(&c, &xa), KVHAL_OK);
+        assert_int_equal(agent_create(&c, &xa), KVHAL_OK);
         assert_int_equal(kvhal_xfer_register_paged_cache(xa, xc), KVHAL_OK);
         assert_int_equal(kvhal_xfer_connect(xa, blob, len, TOKEN, &xp), KVHAL_PEER_FAILED);
         assert_contains(kvhal_last_error(), "too many peers");
@@ -1207,7 +1236,7 @@ static void test_peer_killed_mid_transfer(void **state)
         kvhal_xfer_config cfg = {.name = "doomed", .token = TOKEN, .timeout_ms = 5000, .transports = tls};
         kvhal_xfer_agent *a;
         kvhal_xfer_peer *p;
-        if (kvhal_xfer_agent_create(&cfg, &a) || kvhal_xfer_register_paged_cache(a, sc) ||
+        if (agent_create(&cfg, &a) || kvhal_xfer_register_paged_cache(a, sc) ||
             kvhal_xfer_connect(a, blob, l32, TOKEN, &p))
             _exit(4);
         kvhal_xfer_event ev;
@@ -1268,26 +1297,26 @@ static void test_bad_arguments(void **state)
     (void)state;
     kvhal_xfer_agent *a = (kvhal_xfer_agent *)1;
     kvhal_xfer_config cfg = {.token = TOKEN, .transports = tls};
-    assert_int_equal(kvhal_xfer_agent_create(NULL, &a), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(agent_create(NULL, &a), KVHAL_INVALID_ARGUMENT);
     assert_null(a);
-    assert_int_equal(kvhal_xfer_agent_create(&cfg, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(agent_create(&cfg, NULL), KVHAL_INVALID_ARGUMENT);
     kvhal_xfer_config c2 = cfg;
     c2.token = "";
-    assert_int_equal(kvhal_xfer_agent_create(&c2, &a), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(agent_create(&c2, &a), KVHAL_INVALID_ARGUMENT);
     assert_contains(kvhal_last_error(), "cfg.token");
     char longtok[100];
     memset(longtok, 'x', 99);
     longtok[99] = 0;
     c2.token = longtok;
-    assert_int_equal(kvhal_xfer_agent_create(&c2, &a), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(agent_create(&c2, &a), KVHAL_INVALID_ARGUMENT);
     assert_contains(kvhal_last_error(), "cfg.token");
     c2 = cfg;
     c2.max_peers = -1;
-    assert_int_equal(kvhal_xfer_agent_create(&c2, &a), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(agent_create(&c2, &a), KVHAL_INVALID_ARGUMENT);
     assert_contains(kvhal_last_error(), "cfg.max_peers");
     c2 = cfg;
     c2.transports = "no-such-transport";
-    kvhal_status st = kvhal_xfer_agent_create(&c2, &a);
+    kvhal_status st = agent_create(&c2, &a);
     assert_true(st == KVHAL_BACKEND_ERROR);
     assert_contains(kvhal_last_error(), "UCX");
     assert_int_equal(kvhal_xfer_agent_destroy(NULL), KVHAL_OK);
@@ -1310,7 +1339,7 @@ static void test_bad_arguments(void **state)
     assert_int_equal(kvhal_xfer_progress(s.ag, 0, NULL), KVHAL_INVALID_ARGUMENT);
     pthread_mutex_unlock(&s.mu);
     kvhal_paged_cache *sc = make_cache(cpu, HEADS, 8, KVHAL_LAYER_FIRST);
-    assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
+    assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
     assert_int_equal(kvhal_xfer_register_paged_cache(a, NULL), KVHAL_INVALID_ARGUMENT);
     assert_int_equal(kvhal_xfer_register_paged_cache(a, sc), KVHAL_OK);
     kvhal_xfer_peer *p;
@@ -1365,7 +1394,7 @@ static void test_destroy_in_flight(void **state)
     kvhal_paged_cache *sc = make_cache(cpu, HEADS, 8, KVHAL_LAYER_FIRST);
     kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .transports = tls};
     kvhal_xfer_agent *a;
-    assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
+    assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
     assert_int_equal(kvhal_xfer_register_paged_cache(a, sc), KVHAL_OK);
     kvhal_xfer_peer *p;
     assert_int_equal(kvhal_xfer_connect(a, blob, len, TOKEN, &p), KVHAL_OK);
@@ -1403,9 +1432,9 @@ static void test_silent_agent_and_destroy_with_grants(void **state)
     kvhal_xfer_config cb = {.name = "silent", .token = TOKEN, .timeout_ms = TIMEOUT_MS, .transports = tls};
     kvhal_xfer_config ca = {.name = "prefill", .token = TOKEN, .timeout_ms = TIMEOUT_MS, .transports = tls};
     kvhal_xfer_agent *b, *a;
-    assert_int_equal(kvhal_xfer_agent_create(&cb, &b), KVHAL_OK);
+    assert_int_equal(agent_create(&cb, &b), KVHAL_OK);
     assert_int_equal(kvhal_xfer_register_paged_cache(b, bc), KVHAL_OK);
-    assert_int_equal(kvhal_xfer_agent_create(&ca, &a), KVHAL_OK);
+    assert_int_equal(agent_create(&ca, &a), KVHAL_OK);
     assert_int_equal(kvhal_xfer_register_paged_cache(a, ac), KVHAL_OK);
     uint8_t blob[4096];
     size_t len = 0;
@@ -1495,7 +1524,7 @@ static int ipc_sender_main(int argc, char **argv)
     kvhal_xfer_config cfg = {.name = "ipc-prefill", .token = TOKEN, .timeout_ms = 5000, .transports = tls};
     kvhal_xfer_agent *a;
     kvhal_xfer_peer *p;
-    if (kvhal_xfer_agent_create(&cfg, &a) || kvhal_xfer_register_paged_cache(a, sc) ||
+    if (agent_create(&cfg, &a) || kvhal_xfer_register_paged_cache(a, sc) ||
         kvhal_xfer_connect(a, blob, l32, TOKEN, &p))
         return 6;
     if ((strcmp(kvhal_xfer_peer_ipc(p), "ipc") == 0) != expect_ipc) {
@@ -1783,9 +1812,9 @@ static void test_hostile_ipc(void **state)
     server s;
     /* launch groups not full wait for the running one here (sections 3c-3e count the launches): no chaining
      * (test_ipc_chain tests that) */
-    setenv("KVHAL_XFER_IPC_CHAIN_KIB", "0", 1);
+    setenv("TRANSFER_IPC_CHAIN_KIB", "0", 1);
     server_start(&s, cpu, 3000);
-    unsetenv("KVHAL_XFER_IPC_CHAIN_KIB");
+    unsetenv("TRANSFER_IPC_CHAIN_KIB");
     uint8_t blob[4096];
     size_t len = server_blob(&s, blob, sizeof blob);
     /* the hostile sender's own cache: shareable, 16 pages (what its HELLO says) */
@@ -2189,7 +2218,7 @@ static void test_hostile_ipc(void **state)
     free(hpat);
 }
 
-/* Chaining (KVHAL_XFER_IPC_CHAIN_KIB=1024): while one launch group is held in flight, the next frame to land is queued
+/* Chaining (TRANSFER_IPC_CHAIN_KIB=1024): while one launch group is held in flight, the next frame to land is queued
  * behind it on its stream at once (a second launch; the first group is then reaped by its stream's event), a third
  * waits for them (groups not full: no third launch while two run), and once the streams are let go every frame
  * arrives whole, each acknowledged, every page back. Then the same with chaining off: the second frame waits. */
@@ -2199,9 +2228,9 @@ static void test_ipc_chain(void **state)
     kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
     for (int chain = 1; chain >= 0; chain--) {
         server s;
-        setenv("KVHAL_XFER_IPC_CHAIN_KIB", chain ? "1024" : "0", 1);
+        setenv("TRANSFER_IPC_CHAIN_KIB", chain ? "1024" : "0", 1);
         server_start(&s, cpu, 3000);
-        unsetenv("KVHAL_XFER_IPC_CHAIN_KIB");
+        unsetenv("TRANSFER_IPC_CHAIN_KIB");
         uint8_t blob[4096];
         size_t len = server_blob(&s, blob, sizeof blob);
         uint8_t *hpat;
@@ -2319,17 +2348,17 @@ static void test_cma_copies_in_flight(void **state)
     }
     kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
     char old_threads[32] = "", old_piece[32] = "";
-    const char *ot = getenv("KVHAL_XFER_CMA_THREADS"), *op = getenv("KVHAL_XFER_CMA_PIECE_KIB");
+    const char *ot = getenv("KVHAL_XFER_THREADS"), *op = getenv("TRANSFER_CMA_PIECE_KIB");
     if (ot) snprintf(old_threads, sizeof old_threads, "%s", ot);
     if (op) snprintf(old_piece, sizeof old_piece, "%s", op);
-    setenv("KVHAL_XFER_CMA_THREADS", "2", 1);
-    setenv("KVHAL_XFER_CMA_PIECE_KIB", "1", 1); /* frames of a few KiB split across both workers */
+    setenv("KVHAL_XFER_THREADS", "2", 1);
+    setenv("TRANSFER_CMA_PIECE_KIB", "1", 1); /* frames of a few KiB split across both workers */
     server s;
     server_start(&s, cpu, 3000);
-    if (ot) setenv("KVHAL_XFER_CMA_THREADS", old_threads, 1);
-    else unsetenv("KVHAL_XFER_CMA_THREADS");
-    if (op) setenv("KVHAL_XFER_CMA_PIECE_KIB", old_piece, 1);
-    else unsetenv("KVHAL_XFER_CMA_PIECE_KIB");
+    if (ot) setenv("KVHAL_XFER_THREADS", old_threads, 1);
+    else unsetenv("KVHAL_XFER_THREADS");
+    if (op) setenv("TRANSFER_CMA_PIECE_KIB", old_piece, 1);
+    else unsetenv("TRANSFER_CMA_PIECE_KIB");
     uint8_t blob[4096];
     const size_t len = server_blob(&s, blob, sizeof blob);
     /* the sender's pages: a pattern in this process, laid out as a 16-page layer-first cache */
@@ -2513,7 +2542,7 @@ static kvhal_xfer_peer *connect_granted(server *s, kvhal_xfer_agent *a, kvhal_pa
 static void frames_held(kvhal_device sdev)
 {
     const char *names[] = {"cancel", "release", "disconnect", "destroy"};
-    const char *vars[] = {"KVHAL_XFER_CMA_THREADS", "KVHAL_XFER_GATHER_KIB", "KVHAL_XFER_GATHER_FRAME_KIB"};
+    const char *vars[] = {"KVHAL_XFER_THREADS", "TRANSFER_GATHER_KIB", "TRANSFER_GATHER_FRAME_KIB"};
     const char *vals[] = {"2", "0", "1"}; /* 2 workers, every frame theirs, one page a frame */
     kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
     const char *what = sdev.type == KVHAL_DEVICE_CPU ? "gathers" : "staging copies";
@@ -2531,7 +2560,7 @@ static void frames_held(kvhal_device sdev)
         kvhal_paged_cache *sc_cache = make_cache(sdev, HEADS, 16, KVHAL_LAYER_FIRST);
         kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 1500, .transports = tls};
         kvhal_xfer_agent *a;
-        assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
+        assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
         for (int v = 0; v < 3; v++)
             if (had[v]) setenv(vars[v], old[v], 1);
             else unsetenv(vars[v]);
@@ -2617,20 +2646,20 @@ static void recv_staging_held(kvhal_device rdev)
     const char *names[] = {"cancel", "destroy"};
     kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
     for (int sc = 0; sc < 2; sc++) {
-        const char *o = getenv("KVHAL_XFER_CMA_THREADS");
+        const char *o = getenv("KVHAL_XFER_THREADS");
         char old[32];
         snprintf(old, sizeof old, "%s", o ? o : "");
-        setenv("KVHAL_XFER_CMA_THREADS", "2", 1);
+        setenv("KVHAL_XFER_THREADS", "2", 1);
         server s;
         server_start(&s, rdev, 1500);
-        setenv("KVHAL_XFER_CMA_THREADS", "0", 1);
+        setenv("KVHAL_XFER_THREADS", "0", 1);
         kvhal_paged_cache *sc_cache = make_cache(cpu, HEADS, 16, KVHAL_LAYER_FIRST);
         /* the sender's timeout: the held frame is never acknowledged while the test looks (slow under valgrind) */
         kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 5000, .transports = tls};
         kvhal_xfer_agent *a;
-        assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
-        if (o) setenv("KVHAL_XFER_CMA_THREADS", old, 1);
-        else unsetenv("KVHAL_XFER_CMA_THREADS");
+        assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
+        if (o) setenv("KVHAL_XFER_THREADS", old, 1);
+        else unsetenv("KVHAL_XFER_THREADS");
         enum { N = 6 };
         int32_t dst[N];
         const int32_t src[N] = {11, 3, 7, 0, 14, 5};
@@ -2783,17 +2812,17 @@ typedef struct pair {
 static void pair_start(pair *p, kvhal_device rdev, const char *rworkers, uint32_t rtimeout, kvhal_device sdev,
                        const char *sworkers)
 {
-    const char *o = getenv("KVHAL_XFER_CMA_THREADS");
+    const char *o = getenv("KVHAL_XFER_THREADS");
     char old[32];
     snprintf(old, sizeof old, "%s", o ? o : "");
-    setenv("KVHAL_XFER_CMA_THREADS", rworkers, 1);
+    setenv("KVHAL_XFER_THREADS", rworkers, 1);
     server_start(&p->s, rdev, rtimeout);
-    setenv("KVHAL_XFER_CMA_THREADS", sworkers, 1);
+    setenv("KVHAL_XFER_THREADS", sworkers, 1);
     p->sc = make_cache(sdev, HEADS, 16, KVHAL_LAYER_FIRST);
     kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 5000, .transports = tls};
-    assert_int_equal(kvhal_xfer_agent_create(&cfg, &p->a), KVHAL_OK);
-    if (o) setenv("KVHAL_XFER_CMA_THREADS", old, 1);
-    else unsetenv("KVHAL_XFER_CMA_THREADS");
+    assert_int_equal(agent_create(&cfg, &p->a), KVHAL_OK);
+    if (o) setenv("KVHAL_XFER_THREADS", old, 1);
+    else unsetenv("KVHAL_XFER_THREADS");
     p->pa = connect_to(&p->s, p->a, p->sc, &p->pb);
 }
 
@@ -3038,7 +3067,7 @@ static void test_offers(void **state)
     const char *preload = getenv("LD_PRELOAD");
     const bool valgrind = preload && strstr(preload, "vgpreload");
     /* short, so that the expiry cases below take a second; under valgrind an offer's plain round trip took longer
-     * than 1.5 s once (CI, session 14: the sender's deadline passed, SEND_DONE TIMEOUT in part 1) */
+     * than 1.5 s once (CI: the sender's deadline passed, SEND_DONE TIMEOUT in part 1) */
     const uint32_t timeout_ms = valgrind ? 6000 : 1500;
     server_start(&s, cpu, timeout_ms);
     /* the sender: a shareable CPU cache of 16 pages, imported by the receiver (the IPC path) */
@@ -3047,7 +3076,7 @@ static void test_offers(void **state)
     kvhal_buffer *hb = cache_buffer(hc);
     kvhal_xfer_config cfg = {.name = "offering", .token = TOKEN, .timeout_ms = timeout_ms, .transports = tls};
     kvhal_xfer_agent *a;
-    assert_int_equal(kvhal_xfer_agent_create(&cfg, &a), KVHAL_OK);
+    assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
     kvhal_xfer_peer *pb;
     kvhal_xfer_peer *pa = connect_to(&s, a, hc, &pb);
     assert_string_equal(kvhal_xfer_peer_ipc(pa), "ipc");
@@ -3197,7 +3226,7 @@ static void test_offers(void **state)
     kvhal_paged_cache *pc = make_cache(cpu, HEADS, 16, KVHAL_LAYER_FIRST);
     kvhal_xfer_agent *a2;
     cfg.name = "plain";
-    assert_int_equal(kvhal_xfer_agent_create(&cfg, &a2), KVHAL_OK);
+    assert_int_equal(agent_create(&cfg, &a2), KVHAL_OK);
     assert_int_equal(kvhal_xfer_register_paged_cache(a2, pc), KVHAL_OK);
     uint8_t blob[4096];
     const size_t blen = server_blob(&s, blob, sizeof blob);
@@ -3333,7 +3362,7 @@ static void test_offers(void **state)
         c3.name = "hasty";
         c3.timeout_ms = 300;
         kvhal_xfer_agent *a3;
-        assert_int_equal(kvhal_xfer_agent_create(&c3, &a3), KVHAL_OK);
+        assert_int_equal(agent_create(&c3, &a3), KVHAL_OK);
         assert_int_equal(kvhal_xfer_register_paged_cache(a3, hc), KVHAL_OK);
         const int ev3 = server_nev(&s);
         kvhal_xfer_peer *pa3;

@@ -104,24 +104,23 @@ static long env_long(const char *name, long lo, long hi, long def)
 
 static void stream_free(void *s) { kvhal_stream_destroy(s); }
 
-/* The copy workers: KVHAL_XFER_CMA_THREADS (0 .. XFER_WORKERS_MAX; 0: pump copies each frame itself), else
- * min(4, online cores / 2), each with a stream of its own for a device cache's staging copies; CMA frames are
- * split across them in pieces of at least KVHAL_XFER_CMA_PIECE_KIB KiB (default 512); TCP frames carry at most
- * KVHAL_XFER_GATHER_FRAME_KIB KiB (default 1024, one page at least), and those of KVHAL_XFER_GATHER_KIB KiB and
- * more (default half of the former) of a transfer of several frames are gathered by the workers while pump sends
- * the frames before them (a transfer of one frame, or a small frame, is gathered by pump: there is nothing to
- * overlap, and the hand-over measured slower at 256 KiB-1 MiB). */
+/* The copy workers: KVHAL_XFER_THREADS (0 .. XFER_WORKERS_MAX; 0: pump copies each frame itself), else
+ * min(4, online cores / 2), each with a stream of its own for a device cache's staging copies. CMA frames are split
+ * across them in pieces of CMA_PIECE_BYTES at least; TCP frames carry GATHER_FRAME_BYTES at most (one page at
+ * least), and those of half that and more (a frame is cut to whole pages, so a full one may fall short of the cut
+ * itself) of a transfer of several frames are gathered by the workers while pump sends the frames before them (a
+ * transfer of one frame, or a small frame, is gathered by pump: there is nothing to overlap, and the hand-over
+ * measured slower at 256 KiB-1 MiB). */
 static void agent_config(kvhal_xfer_agent *a)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
     const long def = cores / 2 < WORKERS_DEFAULT ? cores / 2 : WORKERS_DEFAULT;
-    xfer_pool_init(&a->workers, (int)env_long("KVHAL_XFER_CMA_THREADS", 0, XFER_WORKERS_MAX, def), stream_free);
-    a->cma_piece = (size_t)env_long("KVHAL_XFER_CMA_PIECE_KIB", 1, 1l << 20, CMA_PIECE_BYTES >> 10) << 10;
-    a->gather_frame = (size_t)env_long("KVHAL_XFER_GATHER_FRAME_KIB", 1, 1l << 20, GATHER_FRAME_BYTES >> 10) << 10;
-    /* half the cut by default: a frame is cut to whole pages, so a full one may fall short of the cut itself */
-    a->gather_min = (size_t)env_long("KVHAL_XFER_GATHER_KIB", 0, 1l << 20, (long)(a->gather_frame >> 11)) << 10;
-    a->ipc_chain = (uint64_t)env_long("KVHAL_XFER_IPC_CHAIN_KIB", 0, 1l << 30, IPC_CHAIN_BYTES >> 10) << 10;
+    xfer_pool_init(&a->workers, (int)env_long("KVHAL_XFER_THREADS", 0, XFER_WORKERS_MAX, def), stream_free);
+    a->cma_piece = CMA_PIECE_BYTES;
+    a->gather_frame = GATHER_FRAME_BYTES;
+    a->gather_min = GATHER_FRAME_BYTES / 2;
+    a->ipc_chain = IPC_CHAIN_BYTES;
 }
 
 kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
@@ -653,6 +652,15 @@ ucs_status_t kvhal__xfer_recv_frame(kvhal_xfer_agent *a, const void *header, siz
 {
     const ucp_am_recv_param_t prm = {.recv_attr = rndv ? UCP_AM_RECV_ATTR_FLAG_RNDV : 0};
     return am_handler(a, header, header_length, data, length, &prm);
+}
+
+void kvhal__xfer_tune(kvhal_xfer_agent *a, const kvhal__xfer_tuning *t)
+{
+    if (check_agent(a) != KVHAL_OK || !t) return;
+    if (t->cma_piece) a->cma_piece = t->cma_piece;
+    if (t->gather_frame) a->gather_frame = t->gather_frame;
+    if (t->gather_min >= 0) a->gather_min = (size_t)t->gather_min;
+    if (t->ipc_chain >= 0) a->ipc_chain = (uint64_t)t->ipc_chain;
 }
 
 uint64_t kvhal__xfer_id(const kvhal_xfer *x) { return x ? x->xfer_id : 0; }

@@ -44,7 +44,7 @@ static xfer_work *take(xfer_pool *p)
     return w;
 }
 
-static void *worker(void *arg)
+void *xfer_pool_worker(void *arg)
 {
     xfer_pool *p = arg;
     void *local = NULL;
@@ -107,7 +107,7 @@ int xfer_pool_start(xfer_pool *p)
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    while (p->started < p->threads && pthread_create(&p->th[p->started], NULL, worker, p) == 0) p->started++;
+    while (p->started < p->threads && pthread_create(&p->th[p->started], NULL, xfer_pool_worker, p) == 0) p->started++;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (!p->started) p->threads = 0;
     return p->started;

@@ -71,5 +71,7 @@ void xfer_pool_sweep(xfer_pool *p);
 size_t xfer_pool_out(const xfer_pool *p);
 /* Hands back every item (waiting for the workers), then stops and joins them. */
 void xfer_pool_stop(xfer_pool *p);
+/* What the pool's threads run (arg: the pool); tests tell its threads from others by it. */
+void *xfer_pool_worker(void *arg);
 
 #endif
