@@ -1,5 +1,5 @@
 /* xfer_internal.h — what remote peers send to libkvhal-xfer (as receivers and as senders), without a UCX
- * connection, for the fuzzer (fuzz/fuzz_xfer.c), and the agent's sizes for the tests (tests/test_xfer.c). Private to
+ * connection, for the fuzzer (fuzz/fuzz_xfer.c), and the agent's sizes for the tests (tests/xfer/). Private to
  * transfer/, fuzz/ and tests/: not installed, not exported (the library's symbols are hidden; the fuzzer and the
  * tests link the library's object files). Frames given here go through the
  * same handler UCX calls for every active message, so everything a remote peer can send is checked by the code

@@ -267,7 +267,7 @@ void *serve(void *arg)
     return NULL;
 }
 
-/* Whether the agent's transports let it take the CMA path (host caches on one host): as kvhal_xfer.c decides. */
+/* Whether the agent's transports let it take the CMA path (host caches on one host): as transfer/xfer_agent.c decides. */
 bool tls_cma(const char *t)
 {
     return !t || strstr(t, "shm") || strstr(t, "cma") || !strcmp(t, "sm") || strstr(t, "all");
