@@ -2,7 +2,54 @@
  * a copy that fails, threads that do not start, a fork while they hold frames. */
 #include "xfer_test.h"
 
-/* The CMA path's copy workers with copies in flight (held at process_vm_readv by the gate above): a transfer
+/* test_cma_copies_in_flight, scenario sc (name) once its copies are let go: the receive rx ends as the scenario
+ * says (the pages come back; a frame nothing got in the way of is copied, read after read, and acknowledged once). */
+static void cma_held_finish(server *s, raw *r, kvhal_xfer *rx, int sc, const char *name, const int32_t *granted,
+                            const int32_t *pairs, kvhal_paged_cache *hc, const uint8_t *hpat)
+{
+    enum { N = 8 };
+    char msg[512];
+    gate_set(false);
+    if (sc == 1) { /* no handle left: the pages come back once the copies are over */
+        const double u2 = now_s() + 5;
+        for (;;) {
+            pthread_mutex_lock(&s->mu);
+            const int32_t f = kvhal_cache_manager_num_free(s->cm);
+            pthread_mutex_unlock(&s->mu);
+            if (f == PAGES || now_s() > u2) break;
+            usleep(1000);
+        }
+    } else {
+        const kvhal_status st = wait_recv(s, rx, 5, msg, sizeof msg);
+        if (sc < 3 && st != KVHAL_CANCELED) fail_msg("%s: status %s (%s)", name, kvhal_status_name(st), msg);
+        if (sc >= 3) { /* nothing in the way: the frame is copied, read after read, and acknowledged */
+            pthread_mutex_lock(&gate_mu);
+            vm_read_cap = 0;
+            pthread_mutex_unlock(&gate_mu);
+            if (st != KVHAL_OK) fail_msg("%s: status %s (%s)", name, kvhal_status_name(st), msg);
+            uint8_t got[CHUNK];
+            for (int i = 0; i < N; i++)
+                for (int l = 0; l < L; l++)
+                    for (int kv = 0; kv < 2; kv++) {
+                        assert_int_equal(kvhal_memcpy_d2h(got, s->buf, chunk_at(s->cache, l, kv, granted[i]), CHUNK,
+                                                          NULL), KVHAL_OK);
+                        assert_memory_equal(got, hpat + chunk_at(hc, l, kv, pairs[2 * i]), CHUNK);
+                    }
+            pthread_mutex_lock(&s->mu);
+            assert_int_equal(kvhal_cache_manager_free(s->cm, granted, N), KVHAL_OK);
+            pthread_mutex_unlock(&s->mu);
+            const double u3 = now_s() + 5;
+            while (r->nacks == 0 && now_s() < u3) raw_progress(r, 0.001);
+            assert_int_equal(r->nacks, 1); /* the parent's, and no other */
+            assert_int_equal(r->last_ack.status, KVHAL_OK);
+        }
+        pthread_mutex_lock(&s->mu);
+        assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+/* The CMA path's copy workers with copies in flight (held at process_vm_readv by the gate of common.c): a transfer
  * canceled or released, its peer disconnected, or the agent destroyed while workers still read into its pages.
  * Cancel and release leave the pages out of the pool until the copies are over, then give them back (the transfer
  * ends CANCELED); disconnect does not wait for the copies (they read the peer's process by pid) and the transfer
@@ -77,7 +124,6 @@ void test_cma_copies_in_flight(void **state)
         while (gate_count(NULL) < 2 && now_s() < until) raw_progress(&r, 0.001);
         if (gate_count(NULL) < 2) fail_msg("%s: %d copy worker(s) at the gate, 2 expected", names[sc], gate_count(NULL));
         kvhal_xfer_info info;
-        char msg[512];
         if (sc == 5) { /* destroy: waits for the copies (the gate opens 0.3 s later), then frees everything */
             pthread_t opener;
             assert_int_equal(pthread_create(&opener, NULL, open_gate_later, NULL), 0);
@@ -115,44 +161,7 @@ void test_cma_copies_in_flight(void **state)
             vm_read_cap = 1000;
             pthread_mutex_unlock(&gate_mu);
         }
-        gate_set(false);
-        if (sc == 1) { /* no handle left: the pages come back once the copies are over */
-            const double u2 = now_s() + 5;
-            for (;;) {
-                pthread_mutex_lock(&s.mu);
-                const int32_t f = kvhal_cache_manager_num_free(s.cm);
-                pthread_mutex_unlock(&s.mu);
-                if (f == PAGES || now_s() > u2) break;
-                usleep(1000);
-            }
-        } else {
-            const kvhal_status st = wait_recv(&s, rx, 5, msg, sizeof msg);
-            if (sc < 3 && st != KVHAL_CANCELED) fail_msg("%s: status %s (%s)", names[sc], kvhal_status_name(st), msg);
-            if (sc >= 3) { /* nothing in the way: the frame is copied, read after read, and acknowledged */
-                pthread_mutex_lock(&gate_mu);
-                vm_read_cap = 0;
-                pthread_mutex_unlock(&gate_mu);
-                if (st != KVHAL_OK) fail_msg("%s: status %s (%s)", names[sc], kvhal_status_name(st), msg);
-                uint8_t got[CHUNK];
-                for (int i = 0; i < N; i++)
-                    for (int l = 0; l < L; l++)
-                        for (int kv = 0; kv < 2; kv++) {
-                            assert_int_equal(kvhal_memcpy_d2h(got, s.buf, chunk_at(s.cache, l, kv, granted[i]), CHUNK,
-                                                              NULL), KVHAL_OK);
-                            assert_memory_equal(got, hpat + chunk_at(hc, l, kv, pairs[2 * i]), CHUNK);
-                        }
-                pthread_mutex_lock(&s.mu);
-                assert_int_equal(kvhal_cache_manager_free(s.cm, granted, N), KVHAL_OK);
-                pthread_mutex_unlock(&s.mu);
-                const double u3 = now_s() + 5;
-                while (r.nacks == 0 && now_s() < u3) raw_progress(&r, 0.001);
-                assert_int_equal(r.nacks, 1); /* the parent's, and no other */
-                assert_int_equal(r.last_ack.status, KVHAL_OK);
-            }
-            pthread_mutex_lock(&s.mu);
-            assert_int_equal(kvhal_xfer_release(rx), KVHAL_OK);
-            pthread_mutex_unlock(&s.mu);
-        }
+        cma_held_finish(&s, &r, rx, sc, names[sc], granted, pairs, hc, hpat);
         if (sc != 2) {
             pthread_mutex_lock(&s.mu);
             assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
