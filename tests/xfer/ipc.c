@@ -704,7 +704,7 @@ static void hostile_ipc_4(hostile_ipc *c)
         int e = wait_event(&c->s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
         kvhal_xfer_peer *pb = c->s.evs[e].peer;
         raw_map_kind(&r, XW_IPC_CMA, (const uint8_t *)&cc[ci].b, cc[ci].blen, c->off, c->stride, 16, !malformed);
-        if (malformed) { /* this peer's failure (the previous one'c->s may come late) */
+        if (malformed) { /* this peer's failure (the previous one's may come late) */
             int f = ev0 - 1;
             do f = wait_event(&c->s, KVHAL_XFER_EVENT_PEER_FAILED, f + 1, 5);
             while (c->s.evs[f].peer != pb);
