@@ -1,4 +1,4 @@
-/* fuzz_xfer.c — libFuzzer target over the transfer agent's handling of what remote peers send (issue 18). An
+/* fuzz_xfer.c — libFuzzer target over the transfer agent's handling of what remote peers send. An
  * agent (UCX "self" transport, made once) with a small CPU paged cache registered has three peers attached (A, B
  * and C, sessions of fuzz_xfer.h): a pending receive from A and from B into pages it chose from a cache manager,
  * and, once C grants pages for request C, a send of its own pages to C. The input is a stream of frames (HELLO,

@@ -46,7 +46,7 @@ static const int32_t FX_GRANT_B[FX_GRANT_B_N] = {7, 0};
 #define FX_REQUEST_C 303u
 #define FX_SEND_SRC_N 4
 static const int32_t FX_SEND_SRC[FX_SEND_SRC_N] = {3, 1, 4, 5};
-#define FX_FRAME_PAGES 256 /* the sender's pages per DATA frame (MAX_FRAME_PAGES in kvhal_xfer.c) */
+#define FX_FRAME_PAGES 256 /* the sender's pages per DATA frame (MAX_FRAME_PAGES, transfer/xfer_types.h) */
 #define FX_SEND_MAX 300
 #define FX_XFER_SEND 0x5e4dull
 

@@ -152,29 +152,9 @@ static void hello(uint8_t op, const char *token, uint64_t src_session)
     record(op, &h, sizeof h, "SELF", 4);
 }
 
-int main(int argc, char **argv)
+/* Receives on every path: whole and per layer or page, the IPC path, offers (also hostile ones), frames mixed. */
+static void seeds_paths(void)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: xfer_seeds DIR (fuzz/corpus/xfer)\n");
-        return 2;
-    }
-    dir = argv[1];
-    /* the peers' cache as fuzz_xfer makes it: its layers' byte offsets and page stride go in IPC_MAP frames */
-    kvhal_paged_cache_config c = fx_cache_config(FX_SEND_PAGES, KVHAL_LAYER_FIRST);
-    kvhal_paged_cache *pc = NULL;
-    if (kvhal_paged_cache_create_shareable(&c, &pc) != KVHAL_OK) {
-        fprintf(stderr, "xfer_seeds: %s\n", kvhal_last_error());
-        return 1;
-    }
-    for (int32_t l = 0; l < FX_LAYERS; l++) {
-        kvhal_tensor k, v;
-        kvhal_paged_cache_layer(pc, l, &k, &v);
-        ipc_off[2 * l] = k.offset;
-        ipc_off[2 * l + 1] = v.offset;
-        ipc_stride = (uint64_t)k.strides[0] * 2u;
-    }
-    kvhal_paged_cache_destroy(pc);
-
     for (uint8_t cfg = 0; cfg < 2; cfg++) { /* both complete, one frame each; layer-first and page-first */
         begin(cfg);
         complete_both(cfg, true);
@@ -228,7 +208,12 @@ int main(int argc, char **argv)
     data_frame(FX_FRAME_PUMP, 0, FX_REQUEST_A, 1, 2, 1, FX_GRANT_A, FX_GRANT_A_N);
     ipc_map(FX_FRAME_PUMP, 0);
     finish("ipc_mixed");
+}
 
+/* Hostile and unlucky frames for the receives: duplicates, ranges, requests nobody granted, cancel, disconnect,
+ * the other frame types, connections, rendezvous and truncated frames. */
+static void seeds_hostile(void)
+{
     begin(0); /* a (page, layer) twice: within a frame, then across frames */
     data_frame(FX_FRAME_PUMP | FX_SECOND, 1, FX_REQUEST_B, 0, 0, 1, (const int32_t[]){7, 7}, 2);
     data_frame(FX_FRAME_PUMP, 0, FX_REQUEST_A, 0, 1, 2, (const int32_t[]){5}, 1);
@@ -307,7 +292,11 @@ int main(int argc, char **argv)
     complete_both(0, false);
     op_only(FX_PUMP);
     finish("rndv_truncated");
+}
 
+/* The send to peer C: its GRANTs and ACKs, refusals, a cancel mid-way. */
+static void seeds_send(void)
+{
     /* the send to peer C */
     begin(0); /* one frame, acknowledged; the receives complete meanwhile */
     grant_c(FX_FRAME_PUMP, 3, (const int32_t[]){5, 0, 2});
@@ -340,5 +329,33 @@ int main(int argc, char **argv)
     op_only(FX_DISCONNECT | FX_THIRD);
     ack_c(FX_FRAME_PUMP, 0, 0, 2, "");
     finish("send_cancel");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: xfer_seeds DIR (fuzz/corpus/xfer)\n");
+        return 2;
+    }
+    dir = argv[1];
+    /* the peers' cache as fuzz_xfer makes it: its layers' byte offsets and page stride go in IPC_MAP frames */
+    kvhal_paged_cache_config c = fx_cache_config(FX_SEND_PAGES, KVHAL_LAYER_FIRST);
+    kvhal_paged_cache *pc = NULL;
+    if (kvhal_paged_cache_create_shareable(&c, &pc) != KVHAL_OK) {
+        fprintf(stderr, "xfer_seeds: %s\n", kvhal_last_error());
+        return 1;
+    }
+    for (int32_t l = 0; l < FX_LAYERS; l++) {
+        kvhal_tensor k, v;
+        kvhal_paged_cache_layer(pc, l, &k, &v);
+        ipc_off[2 * l] = k.offset;
+        ipc_off[2 * l + 1] = v.offset;
+        ipc_stride = (uint64_t)k.strides[0] * 2u;
+    }
+    kvhal_paged_cache_destroy(pc);
+
+    seeds_paths();
+    seeds_hostile();
+    seeds_send();
     return 0;
 }

@@ -1,4 +1,4 @@
-/* test_ipc.c — memory shared between processes (issue 18): kvhal_memcpy_d2d_batch against a host reference on
+/* test_ipc.c — memory shared between processes: kvhal_memcpy_d2d_batch against a host reference on
  * every device present; shareable buffers, their export and import (in-process on the CPU device, whose handles
  * are POSIX shared-memory segments; GPU handles can only be opened by another process, which test_xfer and
  * kvhal-xfer do); and hostile handles, each refused with a status and a message naming the problem. */

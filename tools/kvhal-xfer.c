@@ -808,7 +808,8 @@ static int usage_error(const char *msg, const char *arg)
     return 2;
 }
 
-int main(int argc, char **argv)
+/* Reads the command line into opt; returns -1 to go on, else the exit status (--help, --version, an error). */
+static int parse_options(int argc, char **argv)
 {
     static const struct option lo[] = {
         {"self-test", no_argument, 0, 's'}, {"transport", required_argument, 0, 't'},
@@ -823,8 +824,6 @@ int main(int argc, char **argv)
         {0, 0, 0, 0}};
     int c;
     opterr = 0;
-    g_argc = argc;
-    g_argv = argv;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         long v = 0;
         char *end = NULL;
@@ -873,6 +872,15 @@ int main(int argc, char **argv)
         }
     }
     if (optind < argc) return usage_error("unexpected argument", argv[optind]);
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    g_argc = argc;
+    g_argv = argv;
+    const int prc = parse_options(argc, argv);
+    if (prc >= 0) return prc;
     if (!opt.ntransports) {
         opt.transports[0] = "tcp";
         opt.transports[1] = "shm";

@@ -1,6 +1,7 @@
 /* xfer_internal.h — what remote peers send to libkvhal-xfer (as receivers and as senders), without a UCX
- * connection, for the fuzzer (fuzz/fuzz_xfer.c). Private to transfer/ and fuzz/: not installed, not exported (the
- * library's symbols are hidden; the fuzzer links the library's object file). Frames given here go through the
+ * connection, for the fuzzer (fuzz/fuzz_xfer.c), and the agent's sizes for the tests (tests/xfer/). Private to
+ * transfer/, fuzz/ and tests/: not installed, not exported (the library's symbols are hidden; the fuzzer and the
+ * tests link the library's object files). Frames given here go through the
  * same handler UCX calls for every active message, so everything a remote peer can send is checked by the code
  * that checks it in production. */
 #ifndef KVHAL_XFER_INTERNAL_H
@@ -35,5 +36,17 @@ uint64_t kvhal__xfer_id(const kvhal_xfer *x);
  * HELLOs and IPC copies not yet processed, queued events, endpoints closing. 0 once every peer is disconnected,
  * every transfer released and every event taken; anything else is held past its owner's life. */
 size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a);
+
+/* Sizes the library fixes (xfer_types.h), set smaller for an agent so that the tests' small caches take the paths
+ * large transfers take: frames split across the copy workers, transfers of several gathered frames, chained launch
+ * groups. 0 (cma_piece, gather_frame) or -1 (gather_min, ipc_chain) keeps the agent's; set right after
+ * kvhal_xfer_agent_create, before any transfer. */
+typedef struct kvhal__xfer_tuning {
+    size_t cma_piece;    /* CMA frames are split in pieces of this many bytes at least */
+    size_t gather_frame; /* TCP frames carry this many bytes at most (one page at least) */
+    int64_t gather_min;  /* TCP frames of this many bytes and more are gathered by the workers */
+    int64_t ipc_chain;   /* a launch group of this many bytes at most is chained behind the one running (0: never) */
+} kvhal__xfer_tuning;
+void kvhal__xfer_tune(kvhal_xfer_agent *a, const kvhal__xfer_tuning *t);
 
 #endif

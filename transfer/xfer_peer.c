@@ -1,0 +1,507 @@
+/* xfer_peer.c — peers: the small frames queued for them (sent from pump) and their endpoints, the handshake
+ * (HELLO, HELLO_ACK: token, geometry, wire version, host identity), connect, disconnect and peer failure. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "xfer_internal.h"
+#include "xfer_rooms.h"
+
+static void close_ep(kvhal_xfer_agent *a, ucp_ep_h ep, bool force);
+static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
+static void peer_link(kvhal_xfer_agent *a, kvhal_xfer_peer *p, peer_state st, uint64_t session);
+
+void queue_msg(kvhal_xfer_agent *a, kvhal_xfer_peer *p, ucp_ep_h ep, const void *hdr, size_t len,
+                      const void *data, size_t data_len, bool close_after)
+{
+    pending_msg *m = calloc(1, sizeof *m);
+    void *b = malloc(len ? len : 1);
+    void *d = data_len ? malloc(data_len) : NULL;
+    if (!m || !b || (data_len && !d)) {
+        free(m);
+        free(b);
+        free(d);
+        if (close_after) close_ep(a, ep, true);
+        return;
+    }
+    if (len) memcpy(b, hdr, len);
+    if (data_len) memcpy(d, data, data_len);
+    m->peer = p;
+    m->ep = ep;
+    m->buf = b;
+    m->len = len;
+    m->data = d;
+    m->data_len = data_len;
+    m->data_owned = d;
+    m->close_after = close_after;
+    if (a->msgs_tail) a->msgs_tail->next = m;
+    else a->msgs = m;
+    a->msgs_tail = m;
+}
+
+static void close_ep(kvhal_xfer_agent *a, ucp_ep_h ep, bool force)
+{
+    if (!ep) return;
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+    void *r = ucp_ep_close_nbx(ep, &prm);
+    if (force && UCS_PTR_IS_ERR(r)) { /* UCX forces only endpoints with peer-failure handling (see ep_create): the
+                                       * refusal left this one open, so it is closed by flushing */
+        prm.flags = 0;
+        r = ucp_ep_close_nbx(ep, &prm);
+    }
+    if (!r || !UCS_PTR_IS_PTR(r)) return;
+    closing_ep *c = malloc(sizeof *c);
+    if (!c) { /* cannot track it: finish it here */
+        while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(a->worker);
+        ucp_request_free(r);
+        return;
+    }
+    c->req = r;
+    c->next = a->closing;
+    a->closing = c;
+}
+
+static void msg_sent_cb(void *request, ucs_status_t status, void *user_data)
+{
+    (void)status;
+    ((pending_msg *)user_data)->done = true;
+    ucp_request_free(request);
+}
+
+/* Hands the queued frames to UCX without waiting for them (a peer that does not progress must not stall us): a
+ * frame's buffers stay on a->sent until its send completes. An endpoint closed after its frame: at once when
+ * forced (the frame may be dropped; its request completes with an error), else once the frame went out. */
+void flush_msgs(kvhal_xfer_agent *a)
+{
+    while (a->msgs) {
+        pending_msg *m = a->msgs;
+        a->msgs = m->next;
+        if (!a->msgs) a->msgs_tail = NULL;
+        ucp_ep_h ep = m->ep ? m->ep : (m->peer && m->peer->state != P_FAILED ? m->peer->ep : NULL);
+        m->ep = ep;
+        m->done = true;
+        if (ep && m->len) {
+            ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                                       UCP_OP_ATTR_FIELD_FLAGS,
+                                       .cb.send = msg_sent_cb, .user_data = m, .flags = UCP_AM_SEND_FLAG_EAGER};
+            void *r = ucp_am_send_nbx(ep, XW_AM_ID, m->buf, m->len, m->data, m->data_len, &prm);
+            if (r && UCS_PTR_IS_PTR(r)) m->done = false;
+        }
+        if (ep && m->close_after && (m->force || m->done)) {
+            close_ep(a, ep, m->force);
+            m->close_after = false;
+        }
+        m->next = a->sent;
+        a->sent = m;
+    }
+    for (pending_msg **pp = &a->sent; *pp;) {
+        pending_msg *m = *pp;
+        if (!m->done) {
+            pp = &m->next;
+            continue;
+        }
+        if (m->ep && m->close_after) close_ep(a, m->ep, m->force);
+        *pp = m->next;
+        free(m->buf);
+        free(m->data_owned);
+        free(m);
+    }
+}
+
+void peer_fail(kvhal_xfer_peer *p, kvhal_status st, bool tell, const char *fmt, ...)
+{
+    if (p->state == P_FAILED) return;
+    kvhal_xfer_agent *a = p->agent;
+    const bool was_connected = p->state == P_CONNECTED;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->fail_msg, sizeof p->fail_msg, fmt, ap);
+    va_end(ap);
+    p->fail_status = st;
+    p->state = P_FAILED;
+    a->live_peers--;
+    for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) {
+        nx = x->next;
+        if (x->peer != p) continue;
+        if (x->failing && x->offer && x->withdrawn && !x->finished) { /* it waited for the peer's answers */
+            snprintf(x->message + strlen(x->message), sizeof x->message - strlen(x->message),
+                     " (peer %s failed before it confirmed the withdrawal: %s)", p->name, p->fail_msg);
+            xfer_settle(x); /* may free x */
+            continue;
+        }
+        xfer_finish(x, st, "peer %s: %s", p->name, p->fail_msg);
+    }
+    /* The endpoint is closed from pump (never from a UCX callback): after a BYE when the peer is to be told,
+     * otherwise forcibly, which completes every send still on it with an error and releases its buffers. */
+    ucp_ep_h ep = p->ep;
+    p->ep = NULL;
+    if (ep) {
+        xw_common bye = {XW_MAGIC, XW_VERSION, XW_BYE, p->their_session};
+        const bool say = tell && was_connected && !p->ep_error;
+        queue_msg(a, NULL, ep, &bye, say ? sizeof bye : 0, NULL, 0, true);
+        if (a->msgs_tail && a->msgs_tail->ep == ep) a->msgs_tail->force = true;
+    }
+    if (was_connected)
+        push_event(a, KVHAL_XFER_EVENT_PEER_FAILED, p, NULL, 0, st, NULL, 0, "peer %s: %s", p->name, p->fail_msg);
+}
+
+kvhal_xfer_peer *find_session(kvhal_xfer_agent *a, uint64_t s)
+{
+    if (s == 0) return NULL;
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->my_session == s && p->state != P_FAILED) return p;
+    return NULL;
+}
+
+/* the IPC path: same host, the sender's cache shareable; the receiver imports it and copies pages itself      */
+/* "boot_id/hostname": two agents with the same one run on the same host (kernel instance). */
+void host_identity(char *out, size_t cap)
+{
+    char boot[64] = "", host[72] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
+        fclose(f);
+    }
+    boot[strcspn(boot, "\n")] = '\0';
+    if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+    host[sizeof host - 1] = '\0';
+    snprintf(out, cap, "%s/%s", boot, host);
+}
+
+void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length, uint64_t dest,
+                         uint16_t version)
+{
+    xw_hello_ack k;
+    kvhal_xfer_peer *p = NULL;
+    for (kvhal_xfer_peer *q = a->peers; q; q = q->next)
+        if (q->my_session == dest && q->state == P_CONNECTING) p = q;
+    if (!p) return; /* not for a connect in progress: ignore */
+    if (version != XW_VERSION) { /* its reason (a refusal's) is where ours is, whatever the version */
+        char why[XW_REASON_LEN] = "";
+        const size_t ro = offsetof(xw_hello_ack, reason);
+        if (header_length >= ro + XW_REASON_LEN) {
+            memcpy(why, (const uint8_t *)header + ro, XW_REASON_LEN);
+            why[XW_REASON_LEN - 1] = '\0';
+            for (char *q = why; *q; q++)
+                if ((unsigned char)*q < 0x20 || (unsigned char)*q > 0x7e) *q = '?';
+        }
+        peer_fail(p, KVHAL_PEER_FAILED, false, "speaks wire version %u, this agent %u: not compatible%s%s",
+                  (unsigned)version, (unsigned)XW_VERSION, why[0] ? "; it said: " : "", why);
+        return;
+    }
+    if (header_length != sizeof k) {
+        peer_fail(p, KVHAL_PEER_FAILED, false, "malformed HELLO_ACK (%zu bytes)", header_length);
+        return;
+    }
+    memcpy(&k, header, sizeof k);
+    k.reason[sizeof k.reason - 1] = '\0';
+    k.name[sizeof k.name - 1] = '\0';
+    copy_name(p->name, sizeof p->name, k.name);
+    if (k.status != 0) {
+        peer_fail(p, KVHAL_PEER_FAILED, false, "refused the connection: %s", k.reason);
+        return;
+    }
+    if (k.src_session == 0 || k.g.num_blocks < 1) {
+        peer_fail(p, KVHAL_PEER_FAILED, false, "malformed HELLO_ACK (session 0 or no pages)");
+        return;
+    }
+    p->their_session = k.src_session;
+    p->g = k.g;
+    p->state = P_CONNECTED;
+    k.host[sizeof k.host - 1] = '\0';
+    p->same_host = a->host_id[0] && strcmp(k.host, a->host_id) == 0;
+    offer_ipc(a, p);
+}
+
+/* An endpoint that reports peer failure where the transports can (tcp); shared-memory transports of UCX 1.13 have
+ * no peer-failure handling, so there the endpoint goes without it and the agent's timeouts alone detect a dead or
+ * stalled peer. */
+ucs_status_t ep_create(kvhal_xfer_agent *a, ucp_ep_params_t *prm, ucp_ep_h *ep)
+{
+    ucs_status_t us = UCS_ERR_UNREACHABLE;
+    if (!a->no_peer_errors) us = ucp_ep_create(a->worker, prm, ep);
+    if (us == UCS_ERR_UNREACHABLE && (prm->field_mask & UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE)) {
+        ucp_ep_params_t q = *prm;
+        q.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        us = ucp_ep_create(a->worker, &q, ep);
+        if (us == UCS_OK) a->no_peer_errors = true; /* the transports cannot: do not ask (and log) again */
+    }
+    return us;
+}
+
+static bool same_geometry(const xw_geometry *x, const xw_geometry *y)
+{
+    return x->num_layers == y->num_layers && x->num_heads == y->num_heads && x->head_dim == y->head_dim &&
+           x->block_size == y->block_size && x->dtype == y->dtype && x->layout == y->layout &&
+           x->chunk_bytes == y->chunk_bytes;
+}
+
+/* A HELLO (from pump): token, bounds, geometry; then an endpoint back to the connector and the answer. */
+void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
+{
+    xw_hello *h = &ph->h;
+    h->name[sizeof h->name - 1] = '\0';
+    char name[XW_NAME_LEN];
+    copy_name(name, sizeof name, h->name);
+    char reason[XW_REASON_LEN] = "";
+    /* constant-time token comparison over the whole field */
+    unsigned diff = 0;
+    h->token[sizeof h->token - 1] = '\0';
+    h->tcp_seg[sizeof h->tcp_seg - 1] = '\0';
+    for (char *q = h->tcp_seg; *q; q++)
+        if ((unsigned char)*q < 0x20 || (unsigned char)*q > 0x7e) *q = '?';
+    for (size_t i = 0; i < XW_TOKEN_LEN; i++) diff |= (unsigned)(uint8_t)(h->token[i] ^ a->token[i]);
+    if (ph->version) {
+        snprintf(name, sizeof name, "?");
+        snprintf(reason, sizeof reason, "wire version %u, this agent speaks %u", (unsigned)ph->version,
+                 (unsigned)XW_VERSION);
+    } else if (diff) snprintf(reason, sizeof reason, "wrong token");
+    else if (!a->cache) snprintf(reason, sizeof reason, "no paged cache registered");
+    else if (!same_geometry(&h->g, &a->g))
+        snprintf(reason, sizeof reason, "cache geometry differs (layers %d/%d heads %d/%d dim %d/%d block %d/%d "
+                 "dtype %d/%d layout %d/%d)", (int)h->g.num_layers, (int)a->g.num_layers, (int)h->g.num_heads,
+                 (int)a->g.num_heads, (int)h->g.head_dim, (int)a->g.head_dim, (int)h->g.block_size,
+                 (int)a->g.block_size, (int)h->g.dtype, (int)a->g.dtype, (int)h->g.layout, (int)a->g.layout);
+    else if (h->g.num_blocks < 1) snprintf(reason, sizeof reason, "the connector's cache has no pages");
+    else if (h->tcp_seg[0] && a->tcp_seg[0] && strncmp(h->tcp_seg, a->tcp_seg, XW_SEG_LEN) != 0)
+        snprintf(reason, sizeof reason, "UCX TCP receive segments differ (%.15s here, %.15s there; "
+                 "UCX_TCP_RX_SEG_SIZE): UCX cannot mix them", a->tcp_seg, h->tcp_seg);
+    else if (a->live_peers >= a->max_peers) snprintf(reason, sizeof reason, "too many peers (%d)", (int)a->max_peers);
+    else if (h->src_session == 0) snprintf(reason, sizeof reason, "session 0");
+
+    if (ph->version || diff) {
+        /* Not authenticated (another wire version cannot be checked either): no endpoint to the address it carries
+         * and no answer, so an unknown peer cannot make this agent connect out to an address of its choosing. The
+         * connector sees its connect time out; the reason is this side's event. */
+        push_event(a, KVHAL_XFER_EVENT_PEER_REJECTED, NULL, NULL, 0, KVHAL_PEER_FAILED, NULL, 0,
+                   "connection from %s refused without an answer: %s", name, reason);
+        return;
+    }
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
+                                 .address = (const ucp_address_t *)ph->addr};
+    kvhal_xfer_peer *p = NULL;
+    if (!reason[0]) {
+        p = calloc(1, sizeof *p);
+        if (!p) snprintf(reason, sizeof reason, "out of memory");
+    }
+    /* the same error handling as every other endpoint (UCX refuses asymmetric ones), also for a refusal's */
+    ep_params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep_params.err_handler.cb = ep_error_cb;
+    ep_params.err_handler.arg = p; /* NULL for a refusal: nothing to report */
+    ucp_ep_h ep = NULL;
+    ucs_status_t us = ep_create(a, &ep_params, &ep);
+    if (us != UCS_OK) {
+        free(p);
+        push_event(a, KVHAL_XFER_EVENT_PEER_REJECTED, NULL, NULL, 0, KVHAL_PEER_FAILED, NULL, 0,
+                   "connection from %s: cannot reach it back: %s", name, ucs_status_string(us));
+        return;
+    }
+    xw_hello_ack k;
+    memset(&k, 0, sizeof k);
+    k.c = (xw_common){XW_MAGIC, XW_VERSION, XW_HELLO_ACK, h->src_session};
+    copy_name(k.name, sizeof k.name, a->name);
+    k.g = a->g;
+    memcpy(k.host, a->host_id, sizeof k.host);
+    memcpy(k.tcp_seg, a->tcp_seg, sizeof k.tcp_seg);
+    if (reason[0]) {
+        k.status = KVHAL_PEER_FAILED;
+        copy_name(k.reason, sizeof k.reason, reason);
+        queue_msg(a, NULL, ep, &k, sizeof k, NULL, 0, true);
+        push_event(a, KVHAL_XFER_EVENT_PEER_REJECTED, NULL, NULL, 0, KVHAL_PEER_FAILED, NULL, 0,
+                   "connection from %s refused: %s", name, reason);
+        return;
+    }
+    peer_link(a, p, P_CONNECTED, random_session());
+    p->ep = ep;
+    p->accepted_side = true;
+    p->their_session = h->src_session;
+    p->g = h->g;
+    memcpy(p->name, name, sizeof name);
+    k.src_session = p->my_session;
+    queue_msg(a, p, NULL, &k, sizeof k, NULL, 0, false);
+    h->host[sizeof h->host - 1] = '\0';
+    p->same_host = a->host_id[0] && strcmp(h->host, a->host_id) == 0;
+    offer_ipc(a, p);
+    push_event(a, KVHAL_XFER_EVENT_PEER_CONNECTED, p, NULL, 0, KVHAL_OK, NULL, 0, "peer %s connected", name);
+}
+
+static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    kvhal_xfer_peer *p = arg;
+    if (!p) return;
+    p->ep_error = true; /* handled in pump */
+    p->ep_status = status;
+}
+
+/* Keeps a HELLO for pump (accept_hello): hlen bytes of its header (the rest zero), the connector's address (its
+ * data), and its wire version when it is not ours (0: ours). Out of memory: dropped, the connector times out. */
+void queue_hello(kvhal_xfer_agent *a, const void *header, size_t hlen, const void *data, size_t length,
+                        uint16_t version)
+{
+    pending_hello *ph = calloc(1, sizeof *ph);
+    void *addr = malloc(length);
+    if (!ph || !addr) {
+        free(ph);
+        free(addr);
+        return;
+    }
+    memcpy(&ph->h, header, hlen);
+    ph->h.addr_len = (uint32_t)length;
+    memcpy(addr, data, length);
+    ph->version = version;
+    ph->addr = addr;
+    ph->next = a->hellos;
+    a->hellos = ph;
+}
+
+/* A new peer, linked into the agent in state st, frames to it naming session; it sends as the agent's DATA path
+ * until it imports our cache. */
+static void peer_link(kvhal_xfer_agent *a, kvhal_xfer_peer *p, peer_state st, uint64_t session)
+{
+    p->magic = PEER_MAGIC;
+    p->agent = a;
+    p->state = st;
+    p->my_session = session;
+    p->tx_path = a->data_path;
+    p->next = a->peers;
+    a->peers = p;
+    a->live_peers++;
+}
+
+kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t len, const char *token,
+                                kvhal_xfer_peer **out)
+{
+    kvhal_status st = check_agent(a);
+    if (st != KVHAL_OK) return st;
+    CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    CHECK_ARG(blob, "blob: NULL");
+    CHECK_ARG(token, "token: NULL");
+    CHECK_ARG(strlen(token) <= KVHAL_XFER_TOKEN_MAX, "token: longer than %d characters", KVHAL_XFER_TOKEN_MAX);
+    CHECK_ARG(a->cache, "agent: register a paged cache before connecting");
+    xw_blob b;
+    CHECK_ARG(len > sizeof b, "len: %zu bytes is too short for an address blob", len);
+    memcpy(&b, blob, sizeof b);
+    CHECK_ARG(b.magic == XW_BLOB_MAGIC, "blob: not a kvhal transfer address");
+    CHECK_ARG(b.version == XW_VERSION, "blob: an address of wire version %u, this agent speaks %u: not compatible",
+              (unsigned)b.version, (unsigned)XW_VERSION);
+    CHECK_ARG(b.addr_len > 0 && b.addr_len <= XW_MAX_ADDR && len == sizeof b + b.addr_len,
+              "len: %zu bytes, the blob says %zu", len, sizeof b + (size_t)b.addr_len);
+    CHECK_ARG(a->live_peers < a->max_peers, "agent: already %d peers (cfg.max_peers)", (int)a->max_peers);
+    kvhal_xfer_peer *p = calloc(1, sizeof *p);
+    void *addr = malloc(b.addr_len);
+    if (!p || !addr) {
+        free(p);
+        free(addr);
+        return ERR(KVHAL_OUT_OF_MEMORY, "connect: cannot allocate the peer");
+    }
+    memcpy(addr, (const uint8_t *)blob + sizeof b, b.addr_len);
+    b.name[sizeof b.name - 1] = '\0';
+    copy_name(p->name, sizeof p->name, b.name);
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                               UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                                 .address = addr, .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                                 .err_handler = {ep_error_cb, p}};
+    ucs_status_t us = ep_create(a, &ep_params, &p->ep);
+    free(addr);
+    if (us != UCS_OK) {
+        free(p);
+        return ERR(KVHAL_PEER_FAILED, "blob: cannot reach %s: %s", b.name, ucs_status_string(us));
+    }
+    peer_link(a, p, P_CONNECTING, random_session());
+    p->deadline_ns = deadline_from_now(a);
+    xw_hello h;
+    memset(&h, 0, sizeof h);
+    h.c = (xw_common){XW_MAGIC, XW_VERSION, XW_HELLO, 0};
+    h.src_session = p->my_session;
+    copy_name(h.name, sizeof h.name, a->name);
+    memcpy(h.token, token, strlen(token));
+    h.g = a->g;
+    h.addr_len = (uint32_t)a->addr_len;
+    memcpy(h.host, a->host_id, sizeof h.host);
+    memcpy(h.tcp_seg, a->tcp_seg, sizeof h.tcp_seg);
+    queue_msg(a, p, p->ep, &h, sizeof h, a->addr, a->addr_len, false);
+    idle_state spins = {0, 0};
+    /* and, on the same host with a shareable cache, for the peer's answer to our IPC handle (bounded by the
+     * timeout: without an answer the transfers go through host memory) */
+    while (p->state == P_CONNECTING || (p->state == P_CONNECTED && p->ipc_state == IPC_OFFERED &&
+                                        now_ns() < p->deadline_ns)) {
+        idle_wait(&spins, pump(a));
+    }
+    if (p->state == P_FAILED) {
+        st = ERR(p->fail_status, "connect to %s: %s", p->name, p->fail_msg);
+        kvhal_xfer_disconnect(p);
+        return st;
+    }
+    *out = p;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
+{
+    if (!p) return KVHAL_OK;
+    if (p->magic != PEER_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
+    kvhal_xfer_agent *a = p->agent;
+    if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "disconnected by %s", a->name);
+    /* frames accepted but not started: refused now (the peer failed); then the copies still reading the peer's
+     * imported cache finish (it is closed below), and those reading its process by pid go on without it */
+    for (int k = 0; k < XFER_PATHS; k++) {
+        if (xfer_paths[k]->progress) xfer_paths[k]->progress(a);
+        if (xfer_paths[k]->peer_lost) xfer_paths[k]->peer_lost(a, p);
+    }
+    flush_msgs(a); /* the BYE, and the endpoint's close */
+    for (kvhal_xfer *x = a->xfers; x; x = x->next)
+        if (x->peer == p) x->peer = NULL;
+    scrub_events(a, p, NULL);
+    for (kvhal_xfer_peer **pp = &a->peers; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    for (pending_msg *m = a->msgs; m; m = m->next)
+        if (m->peer == p) m->peer = NULL;
+    for (pending_msg *m = a->sent; m; m = m->next)
+        if (m->peer == p) m->peer = NULL;
+    peer_ipc_free(p);
+    p->magic = DEAD_MAGIC;
+    free(p);
+    return KVHAL_OK;
+}
+
+const char *kvhal_xfer_peer_name(const kvhal_xfer_peer *p) { return p && p->magic == PEER_MAGIC ? p->name : ""; }
+
+const char *kvhal_xfer_peer_ipc(const kvhal_xfer_peer *p)
+{
+    if (!p || p->magic != PEER_MAGIC) return "";
+    switch (p->ipc_state) {
+    case IPC_READY: return p->ipc_kind == XW_IPC_CMA ? "cma" : "ipc";
+    case IPC_OFFERED: return "offered";
+    case IPC_REFUSED: return p->ipc_reason[0] ? p->ipc_reason : "refused";
+    default: return p->same_host ? "same host, no shareable cache" : "other host";
+    }
+}
+
+kvhal_status kvhal__xfer_attach_peer(kvhal_xfer_agent *a, uint64_t session, const xw_geometry *g,
+                                     kvhal_xfer_peer **out)
+{
+    CHECK_ARG(out, "out: NULL");
+    *out = NULL;
+    kvhal_status st = check_agent(a);
+    if (st != KVHAL_OK) return st;
+    CHECK_ARG(g, "g: NULL");
+    CHECK_ARG(session && !find_session(a, session), "session: 0 or already a peer's");
+    kvhal_xfer_peer *p = calloc(1, sizeof *p);
+    if (!p) return ERR(KVHAL_OUT_OF_MEMORY, "attach: cannot allocate the peer");
+    peer_link(a, p, P_CONNECTED, session);
+    p->accepted_side = true;
+    p->their_session = session;
+    p->g = *g;
+    copy_name(p->name, sizeof p->name, "attached");
+    *out = p;
+    return KVHAL_OK;
+}
