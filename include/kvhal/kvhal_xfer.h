@@ -19,7 +19,7 @@
  * given to kvhal_xfer_post_receive. A peer that dies or stalls fails its transfers within the agent's timeout.
  *
  * Threads: an agent and everything made from it (peers, transfers) are used by one thread at a time. The agent's
- * copy workers (KVHAL_XFER_CMA_THREADS, started on first use) run beside it: they read peer pages (the CMA path),
+ * copy workers (KVHAL_XFER_THREADS, started on first use) run beside it: they read peer pages (the CMA path),
  * gather TCP frames and make the staging copies of a device cache (its pages to and from host memory, on streams of
  * their own); they touch only the registered cache and the frames the agent hands them, and may run between calls
  * while transfers are in flight. An agent belongs to the process that created it: a child made by fork() must not
