@@ -77,8 +77,6 @@ struct Ctx {
     CuMemGetAddressRangeFn cu_mem_range;
 #endif
     DevState dev[KVHAL_MAX_DEVICES_PER_TYPE];
-    int variant;           /* kernel variant (KVHAL_GPU_VARIANT at init; kvhal_gpu_kernels.cuh) */
-    char variant_note[40]; /* how it was chosen, for the device info */
 };
 
 inline Ctx *ctx_of(void *ctx) { return static_cast<Ctx *>(ctx); }
