@@ -343,7 +343,7 @@ static inline WIDE_TARGET void store8(uint8_t *dst, __m256i code)
 #define ENCODE8_E4M3FNUZ(dst, q, x) store8(dst, fnuz8(x, codes8(q, x, 3, 8, 0x43700000u, 0x7fu, 8192.0f)))
 #define ENCODE8_E5M2FNUZ(dst, q, x) store8(dst, fnuz8(x, codes8(q, x, 2, 16, 0x47600000u, 0x7fu, 64.0f)))
 
-/* y = x * inv, r = y * s - x exactly, q = y - r * inv (kvhal_gpu_quot_rcp) */
+/* y = x * inv, r = y * s - x exactly, q = y - r * inv (kvhal_num_quot_rcp) */
 static inline WIDE_TARGET __m256 quot8_fma(__m256 x, __m256 s, __m256 inv)
 {
     const __m256 y = _mm256_mul_ps(x, inv);

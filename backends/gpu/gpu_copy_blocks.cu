@@ -1,6 +1,6 @@
 /* gpu_copy_blocks.cu — the copy_blocks op of the GPU backends and copy_batch, the batched byte-range copies behind
  * kv_cache_duplicate: both copy byte ranges on one device, with the kernels of kvhal_gpu_copy_kernels.cuh (a header
- * of their own, not templates, so that the HIP module can also compile them at run time: gpu_hip_rtc.cu). */
+ * of their own, not templates, so that the HIP module can also compile them at run time: gpu_codepath.cu). */
 #include "gpu_private.h"
 #include "kvhal_gpu_copy_kernels.cuh"
 
@@ -305,5 +305,13 @@ kvhal_status gpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a,
     }
     return KVHAL_OK;
 }
+
+#if defined(KVHAL_GPU_RTC)
+void copy_blocks_rtc_exprs(RtcExprFn add, void *user)
+{
+    add(user, "kvhal_gpu::copy_blocks_kernel");
+    add(user, "kvhal_gpu::copy_batch_kernel"); /* kv_cache_duplicate's batched copy */
+}
+#endif
 
 } // namespace kvhal_gpu

@@ -1,6 +1,6 @@
 /* kvhal_gpu_copy_kernels.cuh — the byte-range copy kernels of copy_blocks and copy_batch (launched from
  * gpu_copy_blocks.cu). Not templates: this header is included by that one file only, and is part of the kernel
- * source the HIP module compiles at run time for a GPU that has no embedded code object (gpu_hip_rtc.cu), so it
+ * source the HIP module compiles at run time for a GPU that has no embedded code object (gpu_codepath.cu), so it
  * includes nothing but kvhal_gpu_kernels.cuh. */
 #ifndef KVHAL_GPU_COPY_KERNELS_CUH
 #define KVHAL_GPU_COPY_KERNELS_CUH
