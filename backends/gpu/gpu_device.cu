@@ -258,8 +258,7 @@ kvhal_status gpu_device_info(void *ctx, int32_t id, kvhal_device_info *out)
     const size_t used = strlen(out->platform); /* then which code the device runs (gpu_codepath.cu) */
     code_path_describe(c, id, out->platform + used, sizeof out->platform - used);
     const size_t used2 = strlen(out->platform); /* and the paged kernel's row-form hints: benchmarks print them */
-    snprintf(out->platform + used2, sizeof out->platform - used2, "; kernels: %s",
-             KVHAL_GPU_WAVE_HINTS ? "rows with run/trim hints, one-wave calls no-allocate loads" : "rows, plain accesses");
+    snprintf(out->platform + used2, sizeof out->platform - used2, "; kernels: %s", KVHAL_GPU_KERNELS_NOTE);
     out->total_memory = (uint64_t)prop.totalGlobalMem;
     out->free_memory = 0;
     KVHAL_GPU_SETDEV(c, id);

@@ -60,7 +60,7 @@ struct PagedDesc {
     PagedParams pv, ps;                           /* vector and scalar templates (unit strides, divisors) */
     bool fast32_shape; /* num_slots and seq_len allow 32-bit divisions; the token count decides per call */
     PagedLaunch vec[3], sc[3];                    /* by scale mode (SM_MUL, SM_RCP, SM_DIV); one for copies */
-    PagedLaunch vec_wave[3]; /* the vector path's kernels for a call that fits in one wave (KVHAL_GPU_WAVE_HINTS) */
+    PagedLaunch vec_wave[3]; /* the vector path's kernels for a call that fits in one wave (KVHAL_GPU_WAVE_KERNELS) */
     bool wave;               /* vec_wave is built */
     uint32_t out_align; /* bytes the cache bases need on the vector path (inputs need 16) */
     bool vec_ok, fp8;   /* fp8: the kernels convert to the fp8 cache with the call's scales */
@@ -270,7 +270,7 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
     d->vec_ok = build_side(&a->k, a, vec, &d->pv.k) && build_side(&a->v, a, vec, &d->pv.v);
     d->out_align = (uint32_t)(vec * (int64_t)out_es);
 
-    d->wave = KVHAL_GPU_WAVE_HINTS != 0;
+    d->wave = KVHAL_GPU_WAVE_KERNELS;
     if (same) {
         const uint32_t row = d->pv.k.row_units > d->pv.v.row_units ? d->pv.k.row_units : d->pv.v.row_units;
         const bool wide = d->vec_ok && row >= 64;
@@ -303,7 +303,7 @@ void paged_caching_rtc_exprs(RtcExprFn add, void *user)
     static const int ins[3] = {DT_F32, DT_F16, DT_BF16};
     static const int outs[4] = {DT_E4M3, DT_E5M2, DT_E4M3FNUZ, DT_E5M2FNUZ};
     static const size_t sizes[3] = {1, 2, 4};
-    static_assert(KVHAL_GPU_WAVE_HINTS == 0, "the run-time compiled module builds no one-wave kernels");
+    static_assert(!KVHAL_GPU_WAVE_KERNELS, "the run-time compiled module builds no one-wave kernels");
     char expr[384];
     /* the scalar path, then the vector path's shapes (VS_*) */
     for (int vec = -1; vec < VS_COUNT; vec++) {

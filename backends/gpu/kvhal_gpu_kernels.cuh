@@ -82,13 +82,18 @@ template <class X, int U, int MINB, int H = 0> struct Rows : X {};
 /* The hints the vector path's row form runs with (gpu_paged_caching.cu): on CUDA RUN and TRIM, and for a call whose
  * blocks are all resident at once (one wave: grid <= multiprocessors x the kernel's resident blocks) NA too, which
  * won on the one-wave rows and lost none beyond noise on an H100; on HIP none, the accesses its platforms were
- * measured with (KVHAL_GPU_WAVE_HINTS 0: no separate one-wave kernels). */
+ * measured with (KVHAL_GPU_WAVE_KERNELS 0: no separate one-wave kernels). KVHAL_GPU_KERNELS_NOTE says which in the
+ * device info. */
 #if defined(KVHAL_GPU_HIP)
 #define KVHAL_GPU_ROW_HINTS 0
+#define KVHAL_GPU_WAVE_KERNELS 0
 #define KVHAL_GPU_WAVE_HINTS 0
+#define KVHAL_GPU_KERNELS_NOTE "rows, plain accesses"
 #else
 #define KVHAL_GPU_ROW_HINTS (KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_TRIM)
+#define KVHAL_GPU_WAVE_KERNELS 1
 #define KVHAL_GPU_WAVE_HINTS (KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_TRIM | KVHAL_GPU_HINT_NA)
+#define KVHAL_GPU_KERNELS_NOTE "rows with run/trim hints, one-wave calls no-allocate loads"
 #endif
 
 /* Per transform: units each thread loads per pass (per side, or in all for Rows), the resident blocks the kernel is
