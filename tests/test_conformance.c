@@ -389,7 +389,7 @@ static void test_paged_caching(void **state)
 /* Signed zeros into every fp8 format at every scale mode, dense (DK = 20, DV = 12 with eight lanes: the vector body
  * and a scalar tail of each row) and with a dim stride (the scalar loop): +0 must give 0x00, -0 0x80 (0x00 in the
  * fnuz formats). The CPU backend's reciprocal + fma tail once took the code's sign from the quotient, which is
- * -(+0) + (+0): +0 on hardware, -0 under valgrind's vfnmadd (docs/measurements/session6/valgrind_fnmadd_zero.c),
+ * -(+0) + (+0): +0 on hardware, -0 under valgrind's vfnmadd,
  * so a +0 input became 0x80 there; the sign now comes from the input on every path. */
 static void test_paged_signed_zeros(void **state)
 {

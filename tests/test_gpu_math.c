@@ -1,8 +1,10 @@
-/* test_gpu_math.c — checks on the host, bit for bit, the arithmetic the CUDA and HIP kernels share
- * (backends/gpu/kvhal_gpu_math.h): bf16 -> f32 and f32 -> fp8 against the library's reference conversions
- * (core/convert.c), the power-of-two scale shortcut against true division, and the fastdiv divisors against '/'.
- * The same header is compiled into the kernels, so this is what makes GPU fp8 output equal kvhal_f32_to_fp8
- * without a GPU in CI. */
+/* test_gpu_math.c — checks on the host, bit for bit, the arithmetic the CUDA and HIP kernels share with the library
+ * (include/kvhal/kvhal_numerics.h, backends/gpu/kvhal_gpu_math.h): f32 -> fp8 in all four formats against an
+ * independent rounding (the generic kvhal_num_round_magnitude, saturated and signed per format), through the
+ * library's kvhal_f32_to_fp8 too; the fnuz conversion through the OCP code of twice the value; bf16 -> f32; the
+ * power-of-two and reciprocal scale shortcuts against true division; and the fastdiv divisors against '/'. The same
+ * headers are compiled into the kernels, so this is what makes GPU fp8 output equal kvhal_f32_to_fp8 without a GPU
+ * in CI. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,31 +26,49 @@ static uint64_t rnd(void)
     return rng_state * 0x2545f4914f6cdd1dull;
 }
 
+/* The reference: f32 bits u rounded by the generic rounding (a different method from the encoders' magic-number
+ * addition), saturated to the format's largest finite code (max_code), with the format's NaN and zero rules. */
+static uint32_t ref_fp8(uint32_t u, int m, int bias, uint32_t max_code, bool fnuz)
+{
+    const uint32_t a = u & 0x7fffffffu, sign = (u >> 24) & 0x80u;
+    if (a > 0x7f800000u) return fnuz ? 0x80u : sign | 0x7fu;
+    uint32_t code = a == 0x7f800000u ? max_code : kvhal_num_round_magnitude(a, m, bias);
+    if (code > max_code) code = max_code;
+    return fnuz && code == 0 ? 0u : sign | code;
+}
+
 static void check_fp8_bits(uint32_t u)
 {
-    const float x = kvhal_gpu_bits_f32(u);
-    const uint32_t e4 = kvhal_gpu_f32_to_e4m3(x), e5 = kvhal_gpu_f32_to_e5m2(x);
-    const uint32_t r4 = kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3), r5 = kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2);
-    const uint32_t z4 = kvhal_gpu_f32_to_e4m3fnuz(x), z5 = kvhal_gpu_f32_to_e5m2fnuz(x);
-    const uint32_t q4 = kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3FNUZ), q5 = kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2FNUZ);
+    const float x = kvhal_num_bits_f32(u);
+    const uint32_t e4 = kvhal_num_f32_to_e4m3fn(x), e5 = kvhal_num_f32_to_e5m2(x);
+    const uint32_t r4 = ref_fp8(u, 3, 7, 0x7e, false), r5 = ref_fp8(u, 2, 15, 0x7b, false);
+    const uint32_t z4 = kvhal_num_f32_to_e4m3fnuz(x), z5 = kvhal_num_f32_to_e5m2fnuz(x);
+    const uint32_t q4 = ref_fp8(u, 3, 8, 0x7f, true), q5 = ref_fp8(u, 2, 16, 0x7f, true);
     /* fnuz through the OCP conversion of twice the value (the kernels' sm_89+ path; the OCP codes as the hardware
-     * gives them, which kvhal_f32_to_fp8 equals) */
+     * gives them, which the reference equals) */
     volatile float q2 = x * 2.0f;
-    const uint32_t h4 = kvhal_gpu_fnuz_from_ocp(kvhal_f32_to_fp8(q2, KVHAL_FP8_E4M3), q2, u, 1);
-    const uint32_t h5 = kvhal_gpu_fnuz_from_ocp(kvhal_f32_to_fp8(q2, KVHAL_FP8_E5M2), q2, u, 0);
+    const uint32_t q2u = kvhal_num_f32_bits(q2);
+    const uint32_t h4 = kvhal_num_fnuz_from_ocp(ref_fp8(q2u, 3, 7, 0x7e, false), q2, u, 1);
+    const uint32_t h5 = kvhal_num_fnuz_from_ocp(ref_fp8(q2u, 2, 15, 0x7b, false), q2, u, 0);
     if (h4 != q4 || h5 != q5) {
         print_error("f32 bits 0x%08x: fnuz from the OCP code of 2x: e4m3fnuz 0x%02x ref 0x%02x, e5m2fnuz 0x%02x ref "
                     "0x%02x\n", (unsigned)u, (unsigned)h4, (unsigned)q4, (unsigned)h5, (unsigned)q5);
         fail();
     }
     if (z4 != q4 || z5 != q5) {
-        print_error("f32 bits 0x%08x: e4m3fnuz gpu 0x%02x ref 0x%02x, e5m2fnuz gpu 0x%02x ref 0x%02x\n", (unsigned)u,
+        print_error("f32 bits 0x%08x: e4m3fnuz 0x%02x ref 0x%02x, e5m2fnuz 0x%02x ref 0x%02x\n", (unsigned)u,
                     (unsigned)z4, (unsigned)q4, (unsigned)z5, (unsigned)q5);
         fail();
     }
     if (e4 != r4 || e5 != r5) {
-        print_error("f32 bits 0x%08x: e4m3 gpu 0x%02x ref 0x%02x, e5m2 gpu 0x%02x ref 0x%02x\n", (unsigned)u,
+        print_error("f32 bits 0x%08x: e4m3 0x%02x ref 0x%02x, e5m2 0x%02x ref 0x%02x\n", (unsigned)u,
                     (unsigned)e4, (unsigned)r4, (unsigned)e5, (unsigned)r5);
+        fail();
+    }
+    /* the library's entry points are these conversions */
+    if (kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3) != r4 || kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2) != r5 ||
+        kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3FNUZ) != q4 || kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2FNUZ) != q5) {
+        print_error("f32 bits 0x%08x: kvhal_f32_to_fp8 differs from the reference\n", (unsigned)u);
         fail();
     }
 }
@@ -79,8 +99,8 @@ static void test_bf16_to_f32(void **state)
 {
     (void)state;
     for (uint32_t h = 0; h < 65536; h++) {
-        const uint32_t gb = kvhal_gpu_f32_bits(kvhal_gpu_bf16_to_f32(h));
-        const uint32_t rb = kvhal_gpu_f32_bits(kvhal_bf16_to_f32((uint16_t)h));
+        const uint32_t gb = kvhal_num_f32_bits(kvhal_num_bf16_to_f32((uint16_t)h));
+        const uint32_t rb = kvhal_num_f32_bits(kvhal_bf16_to_f32((uint16_t)h));
         if (gb != rb) {
             print_error("bf16 0x%04x: gpu 0x%08x ref 0x%08x\n", (unsigned)h, (unsigned)gb, (unsigned)rb);
             fail();
@@ -93,27 +113,27 @@ static void test_bf16_to_f32(void **state)
 static void test_pow2_scale(void **state)
 {
     (void)state;
-    assert_true(kvhal_gpu_scale_is_pow2(1.0f));
-    assert_true(kvhal_gpu_scale_is_pow2(0.5f));
-    assert_true(kvhal_gpu_scale_is_pow2(1024.0f));
-    assert_true(kvhal_gpu_scale_is_pow2(-2.0f));
-    assert_false(kvhal_gpu_scale_is_pow2(3.0f));
-    assert_false(kvhal_gpu_scale_is_pow2(0.1f));
-    assert_false(kvhal_gpu_scale_is_pow2(0.0f));
-    assert_false(kvhal_gpu_scale_is_pow2(kvhal_gpu_bits_f32(0x7f800000u))); /* inf */
-    assert_false(kvhal_gpu_scale_is_pow2(kvhal_gpu_bits_f32(0x7f000000u))); /* 2^127: 1/s is subnormal */
-    assert_false(kvhal_gpu_scale_is_pow2(kvhal_gpu_bits_f32(0x00400000u))); /* subnormal */
+    assert_true(kvhal_num_scale_is_pow2(1.0f));
+    assert_true(kvhal_num_scale_is_pow2(0.5f));
+    assert_true(kvhal_num_scale_is_pow2(1024.0f));
+    assert_true(kvhal_num_scale_is_pow2(-2.0f));
+    assert_false(kvhal_num_scale_is_pow2(3.0f));
+    assert_false(kvhal_num_scale_is_pow2(0.1f));
+    assert_false(kvhal_num_scale_is_pow2(0.0f));
+    assert_false(kvhal_num_scale_is_pow2(kvhal_num_bits_f32(0x7f800000u))); /* inf */
+    assert_false(kvhal_num_scale_is_pow2(kvhal_num_bits_f32(0x7f000000u))); /* 2^127: 1/s is subnormal */
+    assert_false(kvhal_num_scale_is_pow2(kvhal_num_bits_f32(0x00400000u))); /* subnormal */
     for (int k = -126; k <= 126; k++) {
-        const float s = kvhal_gpu_bits_f32((uint32_t)(k + 127) << 23);
-        assert_true(kvhal_gpu_scale_is_pow2(s));
+        const float s = kvhal_num_bits_f32((uint32_t)(k + 127) << 23);
+        assert_true(kvhal_num_scale_is_pow2(s));
         const float inv = 1.0f / s;
         for (int i = 0; i < 2000; i++) {
-            const float x = kvhal_gpu_bits_f32((uint32_t)rnd());
+            const float x = kvhal_num_bits_f32((uint32_t)rnd());
             volatile float q = x / s, m = x * inv;
             if (q != q) continue; /* NaN in, NaN out: compared by the fp8 tests */
-            if (kvhal_gpu_f32_bits(q) != kvhal_gpu_f32_bits(m)) {
-                print_error("x 0x%08x / 2^%d: quotient 0x%08x, product 0x%08x\n", (unsigned)kvhal_gpu_f32_bits(x), k,
-                            (unsigned)kvhal_gpu_f32_bits(q), (unsigned)kvhal_gpu_f32_bits(m));
+            if (kvhal_num_f32_bits(q) != kvhal_num_f32_bits(m)) {
+                print_error("x 0x%08x / 2^%d: quotient 0x%08x, product 0x%08x\n", (unsigned)kvhal_num_f32_bits(x), k,
+                            (unsigned)kvhal_num_f32_bits(q), (unsigned)kvhal_num_f32_bits(m));
                 fail();
             }
         }
@@ -125,8 +145,8 @@ static void test_pow2_scale(void **state)
 static float kernel_quot(float x, float s, float inv, int mode)
 {
     if (x != x) return x; /* the kernels take a NaN's sign and NaN-ness from the input */
-    float q = mode == 0 ? x * inv : mode == 1 ? kvhal_gpu_quot_rcp(x, s, inv) : x / s;
-    if (q != q) q = kvhal_gpu_bits_f32((kvhal_gpu_f32_bits(x) & 0x80000000u) | 0x7f800000u);
+    float q = mode == 0 ? x * inv : mode == 1 ? kvhal_num_quot_rcp(x, s, inv) : x / s;
+    if (q != q) q = kvhal_num_bits_f32((kvhal_num_f32_bits(x) & 0x80000000u) | 0x7f800000u);
     return q;
 }
 
@@ -142,13 +162,13 @@ static bool check_quot(float x, float s, int mode)
         const kvhal_dtype fmt = fmts[f];
         if (kvhal_f32_to_fp8(q, fmt) != kvhal_f32_to_fp8(e, fmt)) {
             print_error("%s: x 0x%08x / scale %a (mode %d): got 0x%02x, x / s gives 0x%02x\n", kvhal_dtype_name(fmt),
-                        (unsigned)kvhal_gpu_f32_bits(x), (double)s, mode, kvhal_f32_to_fp8(q, fmt),
+                        (unsigned)kvhal_num_f32_bits(x), (double)s, mode, kvhal_f32_to_fp8(q, fmt),
                         kvhal_f32_to_fp8(e, fmt));
             fail();
         }
     }
     const float ae = e < 0 ? -e : e;
-    return kvhal_gpu_f32_bits(q) != kvhal_gpu_f32_bits(e) && ae >= 0x1p-20f && ae < 0x1p17f;
+    return kvhal_num_f32_bits(q) != kvhal_num_f32_bits(e) && ae >= 0x1p-20f && ae < 0x1p17f;
 }
 
 /* The scale modes: powers of two multiply, [2^-64, 2^64] takes the reciprocal, the rest divides. */
@@ -181,7 +201,7 @@ static void test_rcp_scale(void **state)
     for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
         const float s = scales[i];
         assert_int_equal(kvhal_gpu_scale_mode(s, s), 1);
-        for (size_t j = 0; j < sizeof sp / sizeof sp[0]; j++) assert_false(check_quot(kvhal_gpu_bits_f32(sp[j]), s, 1));
+        for (size_t j = 0; j < sizeof sp / sizeof sp[0]; j++) assert_false(check_quot(kvhal_num_bits_f32(sp[j]), s, 1));
         /* x = fp8 midpoints and largest values times s: quotients on (or next to) rounding ties and saturation */
         for (int f = 0; f < 4; f++) {
             static const kvhal_dtype fmts[4] = {KVHAL_FP8_E4M3, KVHAL_FP8_E5M2, KVHAL_FP8_E4M3FNUZ, KVHAL_FP8_E5M2FNUZ};
@@ -191,7 +211,7 @@ static void test_rcp_scale(void **state)
                 if (hi != hi || lo != lo) continue;
                 const float mid = (lo + hi) * 0.5f;
                 for (int d = -2; d <= 2; d++) {
-                    const float x = kvhal_gpu_bits_f32(kvhal_gpu_f32_bits(mid * s) + (uint32_t)d);
+                    const float x = kvhal_num_bits_f32(kvhal_num_f32_bits(mid * s) + (uint32_t)d);
                     assert_false(check_quot(x, s, 1));
                     assert_false(check_quot(-x, s, 1));
                     volatile float e = x / s, m = x * (1.0f / s);
@@ -211,27 +231,27 @@ static void test_rcp_scale(void **state)
     assert_true(naive_diffs > 0);
     for (int i = 0; i < 512; i++) {
         const uint32_t sb = 0x1f800000u + (uint32_t)(rnd() % (0x5f800000u - 0x1f800000u + 1));
-        const float s = kvhal_gpu_bits_f32(sb);
+        const float s = kvhal_num_bits_f32(sb);
         const int mode = kvhal_gpu_scale_mode(s, s);
         assert_true(mode == 0 || mode == 1);
         for (int j = 0; j < 4096; j++) {
             /* |x / s| in about [2^-24, 2^20]: x's exponent is s's plus -24..20 */
             const int32_t ex = (int32_t)((sb >> 23) & 0xff) + (int32_t)(rnd() % 45) - 24;
             if (ex < 1 || ex > 254) continue;
-            const float x = kvhal_gpu_bits_f32((uint32_t)(rnd() & 0x807fffffu) | (uint32_t)ex << 23);
+            const float x = kvhal_num_bits_f32((uint32_t)(rnd() & 0x807fffffu) | (uint32_t)ex << 23);
             if (mode == 1) { /* the fnuz kernels' halved scale and doubled reciprocal give exactly twice the quotient */
-                volatile float q1 = kvhal_gpu_quot_rcp(x, s, 1.0f / s), two = 2.0f * q1;
-                const float q2 = kvhal_gpu_quot_rcp(x, s * 0.5f, 2.0f / s);
-                if (two == two && two - two == 0 && kvhal_gpu_f32_bits(q2) != kvhal_gpu_f32_bits(two)) {
+                volatile float q1 = kvhal_num_quot_rcp(x, s, 1.0f / s), two = 2.0f * q1;
+                const float q2 = kvhal_num_quot_rcp(x, s * 0.5f, 2.0f / s);
+                if (two == two && two - two == 0 && kvhal_num_f32_bits(q2) != kvhal_num_f32_bits(two)) {
                     print_error("x 0x%08x, scale %a: rcp(x, s/2, 2/s) 0x%08x, 2 rcp(x, s, 1/s) 0x%08x\n",
-                                (unsigned)kvhal_gpu_f32_bits(x), (double)s, (unsigned)kvhal_gpu_f32_bits(q2),
-                                (unsigned)kvhal_gpu_f32_bits(two));
+                                (unsigned)kvhal_num_f32_bits(x), (double)s, (unsigned)kvhal_num_f32_bits(q2),
+                                (unsigned)kvhal_num_f32_bits(two));
                     fail();
                 }
             }
             if (check_quot(x, s, mode)) {
                 print_error("x 0x%08x / scale %a: the f32 quotient differs from x / s\n",
-                            (unsigned)kvhal_gpu_f32_bits(x), (double)s);
+                            (unsigned)kvhal_num_f32_bits(x), (double)s);
                 fail();
             }
         }

@@ -36,12 +36,14 @@ static const char *const g_exprs[] = {
     "kvhal_gpu::tensor_copy_kernel<uint16_t>",
     "kvhal_gpu::copy_blocks_kernel",
     "kvhal_gpu::copy_batch_kernel",
+    "kvhal_gpu::page_transfer_kernel",
 };
 static const char *const g_families[] = {"paged_caching_kernel", "tensor_copy_kernel", "copy_blocks_kernel",
-                                         "copy_batch_kernel"};
+                                         "copy_batch_kernel", "page_transfer_kernel"};
+#define FAMILIES ((int)(sizeof g_families / sizeof g_families[0]))
 
 typedef struct {
-    int found[4];
+    int found[FAMILIES];
     int kernels;
 } seen;
 
@@ -53,7 +55,7 @@ static void on_kernel(void *user, const char *name, size_t len)
     memcpy(buf, name, len);
     buf[len] = '\0';
     s->kernels++;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < FAMILIES; i++)
         if (strstr(buf, g_families[i])) s->found[i]++;
 }
 
@@ -82,10 +84,10 @@ static void check_target(const char *target, unsigned mach_want)
     unsigned mach = 0;
     seen s;
     memset(&s, 0, sizeof s);
-    assert_int_equal(kvhal_co_amdgpu_kernels(code, size, &mach, on_kernel, &s), 5);
+    assert_int_equal(kvhal_co_amdgpu_kernels(code, size, &mach, on_kernel, &s), 6);
     assert_int_equal(mach, mach_want);
     assert_int_equal(s.found[0], 2);
-    for (int i = 1; i < 4; i++) assert_int_equal(s.found[i], 1);
+    for (int i = 1; i < FAMILIES; i++) assert_int_equal(s.found[i], 1);
     /* the scanner refuses the same bytes cut short or with another machine */
     assert_int_equal(kvhal_co_amdgpu_kernels(code, 63, NULL, NULL, NULL), -1);
     assert_int_equal(kvhal_co_amdgpu_kernels(code, size / 2, NULL, NULL, NULL), -1);
@@ -137,7 +139,15 @@ static void check_module_kernels(const char *target)
     memset(&l, 0, sizeof l);
     g_exprs_of_module(add_expr, &l);
     printf("# %s: %d kernel instantiations\n", target, l.n);
-    assert_true(l.n >= 30); /* paged caching: 4 copies + 24 fp8; tensor_copy: 5; copy_blocks, copy_batch */
+    assert_true(l.n >= 30); /* paged caching: 5 copies + 36 fp8 per path; tensor_copy: 5; copy_blocks, copy_batch,
+                             * page_transfer */
+    static const char *const singles[] = {"kvhal_gpu::copy_blocks_kernel", "kvhal_gpu::copy_batch_kernel",
+                                          "kvhal_gpu::page_transfer_kernel"};
+    for (size_t j = 0; j < sizeof singles / sizeof singles[0]; j++) {
+        bool listed = false;
+        for (int i = 0; i < l.n; i++) listed = listed || !strcmp(l.e[i], singles[j]);
+        if (!listed) fail_msg("the module does not list %s", singles[j]);
+    }
     for (int i = 0; i < l.n; i++) assert_non_null(strstr(l.e[i], "kvhal_gpu::"));
     void *code = NULL;
     size_t size = 0;

@@ -1,4 +1,4 @@
-/* cpu_ipc.c — shareable memory of the CPU backend (issue 18): POSIX shared-memory segments that another process of
+/* cpu_ipc.c — shareable memory of the CPU backend: POSIX shared-memory segments that another process of
  * this host maps, so that the transfer agent's device path (an imported buffer and one batched copy) runs, and is
  * tested, on the CPU device too.
  *

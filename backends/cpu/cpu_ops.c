@@ -12,8 +12,8 @@
 #include <emmintrin.h>
 #endif
 
-#include "cpu_convert.h"
 #include "cpu_ops.h"
+#include "kvhal_numerics.h"
 
 /* How one side (K or V) of a paged-caching call moves a token. */
 typedef enum {
@@ -126,18 +126,22 @@ static inline float load_f16(const char *p, int64_t i)
 {
     uint16_t h;
     memcpy(&h, p + i * 2, 2);
-    return kvhal__f16_to_f32(h);
+    return kvhal_num_f16_to_f32(h);
 }
 
 static inline float load_bf16(const char *p, int64_t i)
 {
     uint16_t h;
     memcpy(&h, p + i * 2, 2);
-    return kvhal__bf16_to_f32(h);
+    return kvhal_num_bf16_to_f32(h);
 }
 
 #if defined(__SSE2__)
-/* Four elements at a time, with the very operations of convert.h (so bit for bit the same codes). */
+/* Four elements at a time. The loads are kvhal_num_f16_to_f32 / kvhal_num_bf16_to_f32 lane by lane; the encoders
+ * round with integer arithmetic on the f32 bits (the carry of a rounded-up mantissa runs into the exponent) and
+ * round subnormal results by adding 2^k, whose ulp is the fp8 subnormal quantum: the same codes as the scalar
+ * kvhal_num_f32_to_* conversions (kvhal_numerics.h) for every input, checked through the CPU backend over all 2^32
+ * inputs for a set of scales by kvhal-fp8-check --device=cpu (and on a slice by the ops suite). */
 static inline __m128 load4_f32(const char *p) { return _mm_loadu_ps((const float *)p); }
 
 static inline __m128 load4_bf16(const char *p)
@@ -166,8 +170,8 @@ static inline __m128 load4_f16(const char *p)
     return _mm_castsi128_ps(_mm_or_si128(r, sign));
 }
 
-/* The codes of four quotients q of inputs x as 32-bit lanes (sign | code), the very operations of cpu_convert.h,
- * except that the sign and NaN-ness come from x (kvhal__scale_mode's mode 1: a NaN q of a non-NaN x saturates). */
+/* The codes of four quotients q of inputs x as 32-bit lanes (sign | code), as the scalar conversions give them,
+ * except that the sign and NaN-ness come from x (cpu_scale_mode's mode 1: a NaN q of a non-NaN x saturates). */
 static inline __m128i codes4(__m128 q, __m128 x, int m, int bias, uint32_t max_bits, uint32_t max_code, float magic)
 {
     const int shift = 23 - m;
@@ -187,7 +191,7 @@ static inline __m128i codes4(__m128 q, __m128 x, int m, int bias, uint32_t max_b
     return _mm_or_si128(sign, _mm_and_si128(code, _mm_set1_epi32(0x7f)));
 }
 
-/* kvhal__f32_to_fp8_fnuz on four lanes: NaN x -> 0x80, a result that rounds to zero -> 0x00 (no negative zero). */
+/* kvhal_num_fnuz_finish on four lanes: NaN x -> 0x80, a result that rounds to zero -> 0x00 (no negative zero). */
 static inline __m128i fnuz4(__m128 x, __m128i code)
 {
     __m128i ax = _mm_and_si128(_mm_castps_si128(x), _mm_set1_epi32(0x7fffffff));
@@ -225,7 +229,7 @@ static inline void store4(uint8_t *dst, __m128i code)
 #define VECTOR_SETUP4 (void)0
 #endif
 
-/* Scalar quotients (kvhal__scale_mode): 0 multiply by the exact 1/s, 2 divide. */
+/* Scalar quotients (cpu_scale_mode): 0 multiply by the exact 1/s, 2 divide. */
 #define QUOT_MUL(x) ((x) * inv)
 #define QUOT_DIV(x) ((x) / scale)
 
@@ -252,16 +256,16 @@ static inline void store4(uint8_t *dst, __m128i code)
 #define CONVERT_ROW(W, QUOT, QUOTV)                                                                             \
     do {                                                                                                        \
         switch (out) {                                                                                          \
-        case KVHAL_FP8_E4M3: CONVERT_BY_INPUT(W, kvhal__f32_to_fp8_e4m3, ENCODE##W##_E4M3, QUOT, QUOTV); break; \
-        case KVHAL_FP8_E5M2: CONVERT_BY_INPUT(W, kvhal__f32_to_fp8_e5m2, ENCODE##W##_E5M2, QUOT, QUOTV); break; \
+        case KVHAL_FP8_E4M3: CONVERT_BY_INPUT(W, kvhal_num_f32_to_e4m3fn, ENCODE##W##_E4M3, QUOT, QUOTV); break; \
+        case KVHAL_FP8_E5M2: CONVERT_BY_INPUT(W, kvhal_num_f32_to_e5m2, ENCODE##W##_E5M2, QUOT, QUOTV); break; \
         case KVHAL_FP8_E4M3FNUZ:                                                                                \
-            CONVERT_BY_INPUT(W, kvhal__f32_to_fp8_e4m3fnuz, ENCODE##W##_E4M3FNUZ, QUOT, QUOTV);                 \
+            CONVERT_BY_INPUT(W, kvhal_num_f32_to_e4m3fnuz, ENCODE##W##_E4M3FNUZ, QUOT, QUOTV);                 \
             break;                                                                                              \
-        default: CONVERT_BY_INPUT(W, kvhal__f32_to_fp8_e5m2fnuz, ENCODE##W##_E5M2FNUZ, QUOT, QUOTV); break;     \
+        default: CONVERT_BY_INPUT(W, kvhal_num_f32_to_e5m2fnuz, ENCODE##W##_E5M2FNUZ, QUOT, QUOTV); break;     \
         }                                                                                                       \
     } while (0)
 
-/* SSE2 (or scalar): modes 0 and 2 of kvhal__scale_mode (inv = 1 / scale, exact in mode 0). */
+/* SSE2 (or scalar): modes 0 and 2 of cpu_scale_mode (inv = 1 / scale, exact in mode 0). */
 static void convert_row_plain(uint8_t *dst, int64_t ds, const char *src, int64_t ss, kvhal_dtype in,
                               kvhal_dtype out, int mode, float scale, float inv, int64_t n)
 {
@@ -275,8 +279,8 @@ static void convert_row_plain(uint8_t *dst, int64_t ds, const char *src, int64_t
 #include <immintrin.h>
 #define KVHAL_CPU_WIDE 1
 /* The wide path: eight elements at a time with AVX2, F16C for f16 inputs and FMA for mode 1 (the reciprocal with
- * its correction, cpu_convert.h), compiled for those extensions and run only where the CPU has all three
- * (cpu_has_wide) and KVHAL_CPU_WIDE is not "0"; every mode of kvhal__scale_mode runs here then, so all scales get
+ * its correction, kvhal_num_quot_rcp), compiled for those extensions and run only where the CPU has all three
+ * (cpu_has_wide) and KVHAL_CPU_WIDE is not "0"; every mode of cpu_scale_mode runs here then, so all scales get
  * the same width. Elsewhere the SSE2 loops run, and a calibrated scale divides. */
 #define WIDE_TARGET __attribute__((target("avx2,fma,f16c")))
 #define VEC8 __m256
@@ -339,7 +343,7 @@ static inline WIDE_TARGET void store8(uint8_t *dst, __m256i code)
 #define ENCODE8_E4M3FNUZ(dst, q, x) store8(dst, fnuz8(x, codes8(q, x, 3, 8, 0x43700000u, 0x7fu, 8192.0f)))
 #define ENCODE8_E5M2FNUZ(dst, q, x) store8(dst, fnuz8(x, codes8(q, x, 2, 16, 0x47600000u, 0x7fu, 64.0f)))
 
-/* y = x * inv, r = y * s - x exactly, q = y - r * inv (kvhal_gpu_quot_rcp) */
+/* y = x * inv, r = y * s - x exactly, q = y - r * inv (kvhal_num_quot_rcp) */
 static inline WIDE_TARGET __m256 quot8_fma(__m256 x, __m256 s, __m256 inv)
 {
     const __m256 y = _mm256_mul_ps(x, inv);
@@ -353,8 +357,8 @@ static inline WIDE_TARGET float quot_fma(float x, float s, float inv)
     const float q = _mm_cvtss_f32(_mm_fnmadd_ss(_mm_fmsub_ss(y, _mm_set_ss(s), vx), vinv, y));
     /* an infinite y gives NaN: the division's infinity, which saturates (a NaN x stays NaN). The sign is x's (s > 0),
      * as codes8 takes it on the vector body: the scalar encoders read q's sign, and for x = +0 q is -(+0) + (+0),
-     * +0 by IEEE 754 and on hardware, but -0 under valgrind 3.19, whose vfnmadd acts as -(a*b - c)
-     * (docs/measurements/session6/valgrind_fnmadd_zero.c) and so made a +0 input the code 0x80 */
+     * +0 by IEEE 754 and on hardware, but -0 under valgrind 3.19, whose vfnmadd acts as -(a*b - c),
+     * and so made a +0 input the code 0x80 */
     return q != q && x == x ? (x < 0 ? -HUGE_VALF : HUGE_VALF) : copysignf(q, x);
 }
 
@@ -394,9 +398,27 @@ static bool cpu_has_wide(void)
 static bool cpu_has_wide(void) { return false; }
 #endif
 
+/* ---- value / scale: how the CPU divides by a scale ----
+ * kvhal stores the fp8 code of RN32(x / s) (the f32 quotient, then the fp8 rounding). The conversion loops form that
+ * quotient one of three ways, picked once per call from the scale:
+ * 0  s = 2^k with 1/s a normal float: x * (1/s), the same real number as x / s, so the same rounding.
+ * 1  a calibrated s in [2^-64, 2^64], on a CPU with FMA: kvhal_num_quot_rcp (the method of the GPU kernels), the
+ *    correctly rounded quotient wherever fp8 can tell. When y = x * inv is infinite (x infinite, or the quotient
+ *    overflows) q is NaN although x is not: the encoders here then take the sign and NaN-ness from x and the
+ *    magnitude from q, so such a q saturates like the division's infinity.
+ * 2  otherwise: the IEEE division x / s.
+ * Checked on all 2^32 inputs for a set of scales through the CPU backend itself by kvhal-fp8-check --device=cpu
+ * (dense: the vector loop; --strided: the scalar loop). */
+static int cpu_scale_mode(float s, int has_fma)
+{
+    if (kvhal_num_scale_is_pow2(s)) return 0;
+    if (has_fma && kvhal_num_scale_rcp_ok(s)) return 1;
+    return 2;
+}
+
 /* How one side divides by its scale (q_make, once per call). */
 typedef struct quot {
-    int mode; /* kvhal__scale_mode */
+    int mode; /* cpu_scale_mode */
     bool wide;
     float scale, inv;
 } quot;
@@ -404,7 +426,7 @@ typedef struct quot {
 static quot q_make(float scale)
 {
     const bool wide = cpu_has_wide();
-    quot q = {kvhal__scale_mode(scale, wide), wide, scale, 1.0f / scale};
+    quot q = {cpu_scale_mode(scale, wide), wide, scale, 1.0f / scale};
     return q;
 }
 

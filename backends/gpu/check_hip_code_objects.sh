@@ -6,7 +6,7 @@
 set -eu
 mod="$1"
 shift
-kernels="paged_caching_kernel copy_blocks_kernel copy_batch_kernel tensor_copy_kernel"
+kernels="paged_caching_kernel copy_blocks_kernel copy_batch_kernel tensor_copy_kernel page_transfer_kernel"
 bundler=""
 for b in clang-offload-bundler clang-offload-bundler-15 /usr/lib/llvm-*/bin/clang-offload-bundler; do
   if command -v "$b" >/dev/null 2>&1; then bundler="$b"; fi

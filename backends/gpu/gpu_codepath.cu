@@ -8,8 +8,8 @@
  * HIP on AMD (KVHAL_GPU_RTC): the module embeds code objects for hip_targets. A device whose target ID
  * (hipDeviceProp_t::gcnArchName, e.g. "gfx942:sramecc+:xnack-") none of them matches, or every device when
  * KVHAL_HIP_FORCE_RTC=1, gets its kernels from hiprtc: each kernel instantiation a descriptor needs is compiled on
- * first use from the kernel source embedded in the module (kvhal_gpu_kernels.cuh and the headers it includes, one
- * name expression per program, so the program holds exactly that kernel), for that exact target ID. The code object
+ * first use from the kernel source embedded in the module (KVHAL_GPU_RTC_SOURCES: one name expression per program,
+ * so the program holds exactly that template kernel beside the non-template ones), for that exact target ID. The code object
  * goes through the disk cache (gpu_codeobj.c: keyed by the hash of source + expression + options, the target ID and
  * the runtime version), is loaded with hipModuleLoadData and launched with hipModuleLaunchKernel; loaded kernels are
  * kept per device until shutdown. hiprtc of a ROCm that does not know the target (Debian 12's HIP 5.2 and gfx940+)
@@ -24,12 +24,22 @@
 #include <dlfcn.h>
 #include <hip/hiprtc.h>
 
-/* The kernel source, embedded at build time (embed_cl.py). */
+/* The kernel source hiprtc compiles: these headers, embedded at build time by embed_cl.py (backends/hip/meson.build)
+ * as kvhal_cl_src_<symbol>, given to hiprtc under their include names; the program includes every one of them, so
+ * it holds every non-template kernel, and each name expression instantiates its template kernel. An op's own kernel
+ * header is one line here (gpu_private.h: the recipe). */
+#define KVHAL_GPU_RTC_SOURCES(X)                                                                                \
+    X(kvhal_numerics, "kvhal_numerics.h")                                                                       \
+    X(kvhal_gpu_runtime, "kvhal_gpu_runtime.h")                                                                 \
+    X(kvhal_gpu_math, "kvhal_gpu_math.h")                                                                       \
+    X(kvhal_gpu_kernels, "kvhal_gpu_kernels.cuh")                                                               \
+    X(kvhal_gpu_copy_kernels, "kvhal_gpu_copy_kernels.cuh")                                                     \
+    X(kvhal_gpu_page_kernels, "kvhal_gpu_page_kernels.cuh")
+
 extern "C" {
-extern const unsigned char kvhal_cl_src_kvhal_gpu_runtime[], kvhal_cl_src_kvhal_gpu_math[],
-    kvhal_cl_src_kvhal_gpu_kernels[], kvhal_cl_src_kvhal_gpu_copy_kernels[];
-extern const size_t kvhal_cl_src_kvhal_gpu_runtime_len, kvhal_cl_src_kvhal_gpu_math_len,
-    kvhal_cl_src_kvhal_gpu_kernels_len, kvhal_cl_src_kvhal_gpu_copy_kernels_len;
+#define KVHAL_GPU_X_EXTERN(sym, name) extern const unsigned char kvhal_cl_src_##sym[]; extern const size_t kvhal_cl_src_##sym##_len;
+KVHAL_GPU_RTC_SOURCES(KVHAL_GPU_X_EXTERN)
+#undef KVHAL_GPU_X_EXTERN
 }
 #endif
 
@@ -135,19 +145,26 @@ char *dup_text(const unsigned char *p, size_t n)
 
 /* hiprtc 5.2 defines the 32- and 64-bit fixed-width types itself, not these (same types as <stdint.h>, so a
  * hiprtc that defines them too accepts the repeated typedefs). */
+#define KVHAL_GPU_X_INCLUDE(sym, name) "#include \"" name "\"\n"
 const char rtc_prelude[] = "typedef unsigned char uint8_t;\ntypedef signed char int8_t;\ntypedef unsigned short uint16_t;\n"
                            "typedef short int16_t;\ntypedef __UINTPTR_TYPE__ uintptr_t;\n"
-                           "#include \"kvhal_gpu_copy_kernels.cuh\"\n";
-const char *const rtc_names[4] = {"kvhal_gpu_runtime.h", "kvhal_gpu_math.h", "kvhal_gpu_kernels.cuh",
-                                  "kvhal_gpu_copy_kernels.cuh"};
+                           KVHAL_GPU_RTC_SOURCES(KVHAL_GPU_X_INCLUDE);
+#undef KVHAL_GPU_X_INCLUDE
+
+struct RtcSource {
+    const unsigned char *text;
+    const size_t *len;
+    const char *name;
+};
+#define KVHAL_GPU_X_SOURCE(sym, name) {kvhal_cl_src_##sym, &kvhal_cl_src_##sym##_len, name},
+const RtcSource rtc_sources[] = {KVHAL_GPU_RTC_SOURCES(KVHAL_GPU_X_SOURCE)};
+#undef KVHAL_GPU_X_SOURCE
+enum { RTC_NSOURCES = sizeof rtc_sources / sizeof rtc_sources[0] };
 
 uint64_t rtc_source_hash(const char *const *exprs, int n)
 {
     uint64_t h = kvhal_co_hash(KVHAL_CO_HASH_INIT, rtc_prelude, sizeof rtc_prelude);
-    h = kvhal_co_hash(h, kvhal_cl_src_kvhal_gpu_runtime, kvhal_cl_src_kvhal_gpu_runtime_len);
-    h = kvhal_co_hash(h, kvhal_cl_src_kvhal_gpu_math, kvhal_cl_src_kvhal_gpu_math_len);
-    h = kvhal_co_hash(h, kvhal_cl_src_kvhal_gpu_kernels, kvhal_cl_src_kvhal_gpu_kernels_len);
-    h = kvhal_co_hash(h, kvhal_cl_src_kvhal_gpu_copy_kernels, kvhal_cl_src_kvhal_gpu_copy_kernels_len);
+    for (int i = 0; i < RTC_NSOURCES; i++) h = kvhal_co_hash(h, rtc_sources[i].text, *rtc_sources[i].len);
     for (int i = 0; i < n; i++) h = kvhal_co_hash(h, exprs[i], strlen(exprs[i]) + 1);
     return h;
 }
@@ -169,25 +186,23 @@ extern "C" int kvhal_hip_rtc_compile(const char *target, const char *const *expr
         return 1;
     }
     if (!comgr_knows(target, err, err_size)) return 1;
-    char *hdr[4] = {dup_text(kvhal_cl_src_kvhal_gpu_runtime, kvhal_cl_src_kvhal_gpu_runtime_len),
-                    dup_text(kvhal_cl_src_kvhal_gpu_math, kvhal_cl_src_kvhal_gpu_math_len),
-                    dup_text(kvhal_cl_src_kvhal_gpu_kernels, kvhal_cl_src_kvhal_gpu_kernels_len),
-                    dup_text(kvhal_cl_src_kvhal_gpu_copy_kernels, kvhal_cl_src_kvhal_gpu_copy_kernels_len)};
+    char *hdr[RTC_NSOURCES];
+    const char *texts[RTC_NSOURCES], *names[RTC_NSOURCES];
+    for (int i = 0; i < RTC_NSOURCES; i++) {
+        texts[i] = hdr[i] = dup_text(rtc_sources[i].text, *rtc_sources[i].len);
+        names[i] = rtc_sources[i].name;
+    }
     int rc = 1;
     hiprtcProgram prog = NULL;
     hiprtcResult r = HIPRTC_SUCCESS;
     char arch[96];
     const char *opts[] = {arch, "-O3", "-std=c++17"};
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < RTC_NSOURCES; i++)
         if (!hdr[i]) {
             snprintf(err, err_size, "hiprtc: host allocation failed");
             goto out;
         }
-    {
-        const char *texts[4] = {hdr[0], hdr[1], hdr[2], hdr[3]};
-        const char *names[4] = {rtc_names[0], rtc_names[1], rtc_names[2], rtc_names[3]};
-        r = hiprtcCreateProgram(&prog, rtc_prelude, "kvhal_gpu_rtc.hip", 4, texts, names);
-    }
+    r = hiprtcCreateProgram(&prog, rtc_prelude, "kvhal_gpu_rtc.hip", RTC_NSOURCES, texts, names);
     if (r != HIPRTC_SUCCESS) {
         snprintf(err, err_size, "hiprtcCreateProgram: %s", hiprtcGetErrorString(r));
         prog = NULL;
@@ -235,7 +250,7 @@ extern "C" int kvhal_hip_rtc_compile(const char *target, const char *const *expr
     }
 out:
     if (prog) (void)hiprtcDestroyProgram(&prog);
-    for (int i = 0; i < 4; i++) free(hdr[i]);
+    for (int i = 0; i < RTC_NSOURCES; i++) free(hdr[i]);
     return rc;
 }
 
@@ -330,10 +345,9 @@ extern "C" void kvhal_hip_rtc_kernel_exprs(void (*add)(void *user, const char *e
             f->add(f->user, expr, needle);
         }
     } fwd = {add, user};
-    paged_caching_rtc_exprs(Fwd::one, &fwd);
-    tensor_copy_rtc_exprs(Fwd::one, &fwd);
-    Fwd::one(&fwd, "kvhal_gpu::copy_blocks_kernel");
-    Fwd::one(&fwd, "kvhal_gpu::copy_batch_kernel");
+#define KVHAL_GPU_X_RTC_EXPRS(E, name, T) name##_rtc_exprs(Fwd::one, &fwd);
+    KVHAL_BK_OP_LIST(KVHAL_GPU_X_RTC_EXPRS)
+#undef KVHAL_GPU_X_RTC_EXPRS
 }
 #endif /* KVHAL_GPU_RTC */
 

@@ -1,6 +1,6 @@
 /* gpu_copy_blocks.cu — the copy_blocks op of the GPU backends and copy_batch, the batched byte-range copies behind
  * kv_cache_duplicate: both copy byte ranges on one device, with the kernels of kvhal_gpu_copy_kernels.cuh (a header
- * of their own, not templates, so that the HIP module can also compile them at run time: gpu_hip_rtc.cu). */
+ * of their own, not templates, so that the HIP module can also compile them at run time: gpu_codepath.cu). */
 #include "gpu_private.h"
 #include "kvhal_gpu_copy_kernels.cuh"
 
@@ -9,10 +9,10 @@ namespace kvhal_gpu {
 namespace {
 
 /* ------------------------------------------------------------------------------------------------------------ */
-/* copy_blocks: the table of caches and the pairs travel in the kernel's parameters (KVHAL_GPU_VARIANT 1, the    */
-/* default, while they fit: one launch per group of pairs), else through a ring of pinned staging slots, each    */
-/* guarded by an event recorded after its kernel, so a call never waits unless it laps a slot still in use. The  */
-/* upload before the kernel cost 10% of a 256 MiB copy on an H100 (docs/measurements/session6).                */
+/* copy_blocks: the table of caches and the pairs travel in the kernel's parameters while they fit (one launch per */
+/* group of pairs), else through a ring of pinned staging slots, each guarded by an event recorded after its      */
+/* kernel, so a call never waits unless it laps a slot still in use. The upload before the kernel cost 10% of a   */
+/* 256 MiB copy on an H100.                                                                                     */
 /* ------------------------------------------------------------------------------------------------------------ */
 #define KVHAL_GPU_RING 4
 
@@ -80,14 +80,13 @@ size_t copy_blocks_bytes(const kvhal_bk_copy_blocks *a)
     return (size_t)a->num_caches * sizeof(CacheEntry) + (size_t)a->num_pairs * 2 * sizeof(int64_t);
 }
 
-/* Whether a call's cache table and pairs travel in the kernel parameters (variant 1 and later, at least 16 pairs
- * per launch beside the table), not through a host staging slot: such a call allocates nothing and reads nothing a
- * later call changes, so it may be recorded into a graph. */
-static bool copy_blocks_inline(const Ctx *c, const kvhal_bk_copy_blocks *a, int64_t *fit)
+/* Whether a call's cache table and pairs travel in the kernel parameters (at least 16 pairs per launch beside the
+ * table), not through a host staging slot: such a call allocates nothing and reads nothing a later call changes, so
+ * it may be recorded into a graph. */
+static bool copy_blocks_inline(const kvhal_bk_copy_blocks *a, int64_t *fit)
 {
-    const int v = c->variant; /* the launch shape (KVHAL_GPU_VARIANT: kvhal_gpu_kernels.cuh) */
     *fit = ((int64_t)KVHAL_GPU_CB_INLINE_WORDS - 3 * (int64_t)a->num_caches) / 2;
-    return v != 0 && v != 2 && *fit >= 16;
+    return *fit >= 16;
 }
 
 /* The caller has allocated the device's error flag. */
@@ -116,7 +115,7 @@ kvhal_status copy_blocks_create(Ctx *c, int32_t id, const kvhal_bk_copy_blocks *
     /* A staged shape's first slot is sized now, so that the first call of a cached descriptor does not allocate;
      * a shape whose pairs travel in the parameters never uses the ring. */
     int64_t fit;
-    if (!copy_blocks_inline(c, a, &fit)) st = slot_reserve(c, id, &d->ring[0], copy_blocks_bytes(a));
+    if (!copy_blocks_inline(a, &fit)) st = slot_reserve(c, id, &d->ring[0], copy_blocks_bytes(a));
     if (st != KVHAL_OK) {
         copy_blocks_destroy(d);
         return st;
@@ -160,7 +159,7 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
     Ctx *c = ctx_of(ctx);
     if (a->num_pairs <= 0 || a->num_caches <= 0) return KVHAL_OK;
     int64_t fit;
-    const bool inline_table = copy_blocks_inline(c, a, &fit);
+    const bool inline_table = copy_blocks_inline(a, &fit);
     if (!inline_table) {
         /* the pairs travel through a ring of host staging buffers reused by later calls: a graph replaying this
          * call would read whatever a later call left there, so a capture is refused instead of recorded wrongly */
@@ -169,9 +168,8 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
         if (qe != gpuSuccess) return rt_fail(c, qe, id, "copy_blocks: stream capture query");
         if (capturing != gpuStreamCaptureStatusNone)
             return fail(c, KVHAL_UNSUPPORTED,
-                        "s: this copy_blocks cannot be recorded into a graph: with %d caches (more than %d) or "
-                        "KVHAL_GPU_VARIANT 0 or 2 its pairs are staged through host memory per call; call it "
-                        "outside the capture",
+                        "s: this copy_blocks cannot be recorded into a graph: with %d caches (more than %d) its "
+                        "pairs are staged through host memory per call; call it outside the capture",
                         (int)a->num_caches, (int)((KVHAL_GPU_CB_INLINE_WORDS - 32) / 3));
     }
     CopyBlocksDesc *d = static_cast<CopyBlocksDesc *>(desc);
@@ -190,17 +188,13 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
         if (a->block_bytes[i] > largest) largest = a->block_bytes[i];
     if (largest <= 0) return KVHAL_OK;
     const gpuStream_t s = native_stream(stream);
-    const int v = c->variant; /* the launch shape (KVHAL_GPU_VARIANT: kvhal_gpu_kernels.cuh) */
     CopyBlocksParams p;
     memset(&p, 0, sizeof p); /* the parameter words past this call's table and pairs travel too: zeros, not garbage */
     p.err = c->dev[id].dflag;
     p.num_blocks = a->num_blocks_min;
     p.num_caches = a->num_caches;
     p.chunks = (largest + KVHAL_GPU_CHUNK - 1) / KVHAL_GPU_CHUNK;
-    p.cache_major = v >= 1;
-    /* variant 1 and the later ones (their changes are paged caching's): pairs per launch that fit in the parameters
-     * beside the table (at least 16, else staged); variants 0 and 2 stage (copy_blocks_inline) */
-    p.inline_table = inline_table;
+    p.inline_table = inline_table; /* pairs per launch that fit beside the table: at least 16, else staged */
     StagingSlot *sl = NULL;
     if (p.inline_table) {
         p.caches = NULL;
@@ -238,14 +232,13 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
             memcpy(&p.words[3 * a->num_caches], a->pairs + 2 * first, (size_t)np * 2 * sizeof(int64_t));
         p.num_pairs = (int32_t)np;
         p.total = np * a->num_caches * p.chunks;
-        p.fast32 = v >= 1 && p.total <= (int64_t)UINT32_MAX;
+        p.fast32 = p.total <= (int64_t)UINT32_MAX;
         if (p.fast32) {
             p.div_chunks = kvhal_fastdiv32_make((uint32_t)p.chunks);
-            p.div_inner = kvhal_fastdiv32_make((uint32_t)(p.cache_major ? np : a->num_caches));
+            p.div_pairs = kvhal_fastdiv32_make((uint32_t)np);
         }
-        /* variant 0: a capped grid whose blocks loop; else one block per work item, as many as a launch takes */
-        const int64_t cap = v == 0 ? (int64_t)c->dev[id].sm_count * 32 : (int64_t)0x7fffffff;
-        const uint32_t grid = (uint32_t)(p.total < cap ? p.total : cap);
+        /* one block per work item, as many as a launch takes */
+        const uint32_t grid = (uint32_t)(p.total < 0x7fffffff ? p.total : 0x7fffffff);
         if (d->fn) {
             const kvhal_status st = launch_fn(c, id, d->fn, grid, KVHAL_GPU_THREADS, &p, s, "copy_blocks launch");
             if (st != KVHAL_OK) return st;
@@ -312,5 +305,13 @@ kvhal_status gpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a,
     }
     return KVHAL_OK;
 }
+
+#if defined(KVHAL_GPU_RTC)
+void copy_blocks_rtc_exprs(RtcExprFn add, void *user)
+{
+    add(user, "kvhal_gpu::copy_blocks_kernel");
+    add(user, "kvhal_gpu::copy_batch_kernel"); /* kv_cache_duplicate's batched copy */
+}
+#endif
 
 } // namespace kvhal_gpu

@@ -138,25 +138,6 @@ void resolve_driver_entry_points(Ctx *c)
 }
 #endif
 
-/* The kernel variant (kvhal_gpu_kernels.cuh), from KVHAL_GPU_VARIANT once per module load: a number 0 to
- * KVHAL_GPU_VARIANTS - 1 of one or two digits; unset or empty gives the default, anything else the default with a
- * note in the device info (the module never prints). */
-void choose_variant(Ctx *c)
-{
-    c->variant = KVHAL_GPU_VARIANT_DEFAULT;
-    c->variant_note[0] = '\0';
-    const char *e = secure_getenv("KVHAL_GPU_VARIANT");
-    if (!e || !e[0]) return;
-    const bool d0 = e[0] >= '0' && e[0] <= '9', d1 = d0 && e[1] >= '0' && e[1] <= '9' && e[0] != '0';
-    const int n = !d0 ? -1 : !d1 ? e[0] - '0' : (e[0] - '0') * 10 + (e[1] - '0');
-    if (n >= 0 && n < KVHAL_GPU_VARIANTS && !e[d1 ? 2 : 1]) {
-        c->variant = n;
-        snprintf(c->variant_note, sizeof c->variant_note, " (KVHAL_GPU_VARIANT)");
-    } else {
-        snprintf(c->variant_note, sizeof c->variant_note, " (KVHAL_GPU_VARIANT not 0-%d)", KVHAL_GPU_VARIANTS - 1);
-    }
-}
-
 } // namespace
 
 /* The context is allocated whatever the device count, so that every later entry has the core's services. */
@@ -183,7 +164,6 @@ kvhal_status gpu_init(const kvhal_core_services *services, void **ctx, int32_t *
         return KVHAL_BACKEND_ERROR;
     }
     c->svc = services;
-    choose_variant(c);
     *ctx = c;
     int n = 0;
     gpuError_t e = gpuGetDeviceCount(&n);
@@ -277,9 +257,8 @@ kvhal_status gpu_device_info(void *ctx, int32_t id, kvhal_device_info *out)
              rt / 1000, (rt % 1000) / 10, drv / 1000, (drv % 1000) / 10);
     const size_t used = strlen(out->platform); /* then which code the device runs (gpu_codepath.cu) */
     code_path_describe(c, id, out->platform + used, sizeof out->platform - used);
-    const size_t used2 = strlen(out->platform); /* and the kernel variant: benchmarks print it */
-    snprintf(out->platform + used2, sizeof out->platform - used2, "; kernels: variant %d%s", c->variant,
-             c->variant_note);
+    const size_t used2 = strlen(out->platform); /* and the paged kernel's row-form hints: benchmarks print them */
+    snprintf(out->platform + used2, sizeof out->platform - used2, "; kernels: %s", KVHAL_GPU_KERNELS_NOTE);
     out->total_memory = (uint64_t)prop.totalGlobalMem;
     out->free_memory = 0;
     KVHAL_GPU_SETDEV(c, id);

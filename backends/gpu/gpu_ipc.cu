@@ -1,4 +1,4 @@
-/* gpu_ipc.cu — shareable buffers of the GPU backends and their IPC handles (issue 18). The buffers of
+/* gpu_ipc.cu — shareable buffers of the GPU backends and their IPC handles. The buffers of
  * gpu_buffer_alloc come from a stream-ordered pool created without a shareable handle type, which
  * cudaIpcGetMemHandle / hipIpcGetMemHandle cannot export; a shareable buffer is its own cudaMalloc / hipMalloc
  * allocation instead (so it is exported whole: the handle needs no offset), freed with cudaFree / hipFree.

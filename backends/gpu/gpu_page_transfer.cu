@@ -12,40 +12,13 @@
 #include <stdlib.h>
 
 #include "gpu_private.h"
+#include "kvhal_gpu_page_kernels.cuh"
 
 #if !defined(KVHAL_GPU_HIP) && defined(CUDART_VERSION) && CUDART_VERSION >= 12080
 #define KVHAL_GPU_PT_BATCH 1
 #endif
 
 namespace kvhal_gpu {
-
-#define KVHAL_GPU_PT_CACHES 64 /* caches per launch: 32 layers' K and V */
-#define KVHAL_GPU_PT_PAIRS 128 /* pages per launch; with the caches, 3 KB of parameters (4 KB allowed) */
-
-struct PageTransferParams {
-    char *base[KVHAL_GPU_PT_CACHES];     /* block 0 of each cache */
-    int64_t stride[KVHAL_GPU_PT_CACHES]; /* bytes between blocks */
-    int64_t block[KVHAL_GPU_PT_PAIRS];   /* device block of each page */
-    int64_t page[KVHAL_GPU_PT_PAIRS];    /* host page */
-    char *host;                          /* device address of the host pages, at the group's first cache */
-    int64_t page_bytes, block_bytes, chunks, total;
-    int32_t num_caches, num_pairs, to_host;
-};
-
-__global__ void __launch_bounds__(KVHAL_GPU_THREADS) page_transfer_kernel(const PageTransferParams p)
-{
-    for (int64_t w = blockIdx.x; w < p.total; w += gridDim.x) {
-        const int64_t item = w / p.chunks, chunk = w - item * p.chunks;
-        const int64_t pair = item / p.num_caches;
-        const int32_t c = (int32_t)(item - pair * p.num_caches);
-        const int64_t begin = chunk * KVHAL_GPU_CHUNK;
-        const int64_t len = p.block_bytes - begin < KVHAL_GPU_CHUNK ? p.block_bytes - begin : KVHAL_GPU_CHUNK;
-        char *dev = p.base[c] + p.block[pair] * p.stride[c] + begin;
-        char *host = p.host + p.page[pair] * p.page_bytes + (int64_t)c * p.block_bytes + begin;
-        if (p.to_host) copy_range(host, dev, (uint64_t)len);
-        else copy_range(dev, host, (uint64_t)len);
-    }
-}
 
 bool page_transfer_supports(Ctx *c, int32_t id, const kvhal_bk_page_transfer *a, char *reason, size_t reason_size)
 {
@@ -94,7 +67,7 @@ static kvhal_status transfer_pageable(const Ctx *c, int32_t id, const kvhal_bk_p
 #if defined(KVHAL_GPU_PT_BATCH)
 /* Below this many bytes per chunk (after coalescing) the copy engines' per-chunk cost dominates: the kernel does
  * better, and its one launch per 128 pages costs the host far less than a batch of thousands of small chunks.
- * Measured on an H100 (docs/measurements/session6/h100-tier.txt): llama3-8b layer-first 32 KiB chunks through
+ * Measured on an H100: llama3-8b layer-first 32 KiB chunks through
  * the batch reached 0.43-0.45 of pinned memcpy, page-first 2 MiB chunks 0.97-0.99; a chunk costs the copy engines
  * about 0.8 us, so 0.85 of the bus needs chunks of about 256 KiB. */
 #define KVHAL_GPU_PT_BATCH_MIN_CHUNK (256u << 10)
@@ -173,7 +146,7 @@ static kvhal_status transfer_batch(const Ctx *c, int32_t id, const kvhal_bk_page
 kvhal_status gpu_page_transfer(void *ctx, int32_t id, void *desc, const kvhal_bk_page_transfer *a, void *stream)
 {
     (void)desc;
-    const Ctx *c = ctx_of(ctx);
+    Ctx *c = ctx_of(ctx);
     kvhal_status st = check_id(c, id);
     if (st != KVHAL_OK) return st;
     if (a->num_pairs <= 0 || a->block_bytes <= 0) return KVHAL_OK;
@@ -192,6 +165,9 @@ kvhal_status gpu_page_transfer(void *ctx, int32_t id, void *desc, const kvhal_bk
         }
     }
 #endif
+    void *fn = NULL; /* the run-time compiled kernel (kernel_fn), else NULL: launched with <<<>>> */
+    st = kernel_fn(c, id, "kvhal_gpu::page_transfer_kernel", &fn);
+    if (st != KVHAL_OK) return st;
     void *dhost = NULL;
     KVHAL_GPU_TRY(c, gpuHostGetDevicePointer(&dhost, a->host, 0), id, "page_transfer host mapping");
     PageTransferParams p;
@@ -215,6 +191,11 @@ kvhal_status gpu_page_transfer(void *ctx, int32_t id, void *desc, const kvhal_bk
             }
             p.total = (int64_t)p.num_pairs * p.num_caches * p.chunks;
             const uint32_t grid = (uint32_t)(p.total < cap ? p.total : cap);
+            if (fn) {
+                st = launch_fn(c, id, fn, grid, KVHAL_GPU_THREADS, &p, s, "page_transfer launch");
+                if (st != KVHAL_OK) return st;
+                continue;
+            }
             page_transfer_kernel<<<grid, KVHAL_GPU_THREADS, 0, s>>>(p);
             KVHAL_GPU_TRY(c, gpuGetLastError(), id, "page_transfer launch");
         }
@@ -223,3 +204,9 @@ kvhal_status gpu_page_transfer(void *ctx, int32_t id, void *desc, const kvhal_bk
 }
 
 } // namespace kvhal_gpu
+
+#if defined(KVHAL_GPU_RTC)
+namespace kvhal_gpu {
+void page_transfer_rtc_exprs(RtcExprFn add, void *user) { add(user, "kvhal_gpu::page_transfer_kernel"); }
+} // namespace kvhal_gpu
+#endif

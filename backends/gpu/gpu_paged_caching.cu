@@ -13,7 +13,7 @@ template <class X> void launch_paged(const PagedParams &p, uint32_t grid, uint32
 
 /* One instantiation of the paged kernel: its runtime launch, its symbol, and (CUDA, once resolved for the
  * descriptor's device) its driver function, launched through cuLaunchKernel: the runtime's launch path costs
- * about 0.3 us more per call on the H200 VM (docs/measurements/h200-launch-probe.txt). */
+ * about 0.3 us more per call on an H200. */
 struct PagedLaunch {
     void (*run)(const PagedParams &p, uint32_t grid, uint32_t threads, gpuStream_t s);
     const void *sym;
@@ -60,7 +60,7 @@ struct PagedDesc {
     PagedParams pv, ps;                           /* vector and scalar templates (unit strides, divisors) */
     bool fast32_shape; /* num_slots and seq_len allow 32-bit divisions; the token count decides per call */
     PagedLaunch vec[3], sc[3];                    /* by scale mode (SM_MUL, SM_RCP, SM_DIV); one for copies */
-    PagedLaunch vec_wave[3]; /* variants 10, 11: the vector path's kernels for a call that fits in one wave */
+    PagedLaunch vec_wave[3]; /* the vector path's kernels for a call that fits in one wave (KVHAL_GPU_WAVE_KERNELS) */
     bool wave;               /* vec_wave is built */
     uint32_t out_align; /* bytes the cache bases need on the vector path (inputs need 16) */
     bool vec_ok, fp8;   /* fp8: the kernels convert to the fp8 cache with the call's scales */
@@ -81,44 +81,22 @@ int kdt(kvhal_dtype d)
     }
 }
 
-/* The vector path's kernel shapes. The row form (Rows) measured against the per-side form on an H100
- * (docs/measurements/session7): as many units in flight per thread, it lifts the MLA rows (one 64-unit side beside an
- * 8-unit one, which left most threads idle on V) and matches the others; fp8 rows of at least
- * KVHAL_GPU_ROWS_FP8_LONG units per token (llama-sized heads: 256 units for 8 x 128 bf16 per side) gain from 2 units
- * per thread at 16 resident blocks (more warps to overlap the conversion with the loads: +0.01 to +0.02 at 8192
- * tokens), which is no better for shorter rows (an MLA row makes 3-token blocks, more than one wave of them). */
+/* The vector path's kernel shapes, both the row form (Rows): as many units in flight per thread as the per-side form,
+ * it lifts the MLA rows (one 64-unit side beside an 8-unit one, which left most threads idle on V) and matches the
+ * others on an H100; fp8 rows of at least KVHAL_GPU_ROWS_FP8_LONG units per token (llama-sized heads: 256 units for
+ * 8 x 128 bf16 per side) gain from 2 units per thread at 16 resident blocks (more warps to overlap the conversion
+ * with the loads: +0.01 to +0.02 at 8192 tokens), which is no better for shorter rows (an MLA row makes 3-token
+ * blocks, more than one wave of them). Each is built with hints H (KVHAL_GPU_ROW_HINTS, or KVHAL_GPU_WAVE_HINTS for
+ * a call of one wave). */
 enum {
-    VS_SIDES = 0,   /* the per-side form (variants 0-2) */
-    VS_ROWS = 1,    /* the row form with 2 * KVHAL_GPU_PAGED_UNROLL units per thread, KVHAL_GPU_PAGED_MIN_BLOCKS */
-    VS_ROWS_2 = 2,  /* the row form with 2 units per thread, 16 resident blocks (fp8 of long rows) */
-    VS_ROWS_H6 = 3, /* VS_ROWS and VS_ROWS_2 with variant 6's hints (HINTS_6) */
-    VS_ROWS_2_H6 = 4,
-    VS_ROWS_H7 = 5, /* and with variant 7's (HINTS_7) */
-    VS_ROWS_2_H7 = 6,
-    VS_ROWS_H8 = 7, /* and variant 8's (HINTS_8) */
-    VS_ROWS_2_H8 = 8,
-    VS_ROWS_H9 = 9, /* and variant 9's (HINTS_9) */
-    VS_ROWS_2_H9 = 10,
-    VS_ROWS_H10 = 11, /* and variant 10's one-wave kernels (HINTS_10) */
-    VS_ROWS_2_H10 = 12,
-    VS_COUNT = 13
+    VS_ROWS = 0,   /* 2 * KVHAL_GPU_PAGED_UNROLL units per thread, KVHAL_GPU_PAGED_MIN_BLOCKS */
+    VS_ROWS_2 = 1, /* 2 units per thread, 16 resident blocks (fp8 of long rows) */
+    VS_COUNT = 2
 };
 #define KVHAL_GPU_ROWS_FP8_LONG 128
-#define HINTS_6 (KVHAL_GPU_HINT_IN | KVHAL_GPU_HINT_RUN)
-#define HINTS_7 (KVHAL_GPU_HINT_IN | KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_CS)
-#define HINTS_8 (KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_TRIM)
-#define HINTS_9 (KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_TRIM | KVHAL_GPU_HINT_NA)
-#define HINTS_10 KVHAL_GPU_HINT_NA
 
-/* shape with variant v's hints (6 to 10), or as it is */
-int hinted_shape(int shape, int v)
-{
-    if ((shape != VS_ROWS && shape != VS_ROWS_2) || v < 6 || v > 10) return shape;
-    return shape + 2 * (v - 5);
-}
-
-/* The hinted shapes are built only for the transforms that take them (HintsOk: the OCP fp8 conversions with a
- * multiply or the reciprocal, and the copies); the others run the plain shape of the same geometry. */
+/* The hints apply to the transforms that take them (HintsOk: the OCP fp8 conversions with a multiply or the
+ * reciprocal, and the copies); the others run the plain shape of the same geometry. */
 template <class X> struct HintsOk {
     enum { value = 1 };
 };
@@ -129,86 +107,60 @@ template <int IN, int OUT, int MODE> struct HintsOk<XFp8VecFnuz<IN, OUT, MODE>> 
     enum { value = 0 };
 };
 
-template <class X, bool OK = HintsOk<X>::value> struct VecShapes {
-    static PagedLaunch get(int shape)
-    {
-        switch (shape) {
-        case VS_ROWS_H6: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_6>>();
-        case VS_ROWS_2_H6: return paged_launcher<Rows<X, 2, 16, HINTS_6>>();
-        case VS_ROWS_H7: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_7>>();
-        case VS_ROWS_2_H7: return paged_launcher<Rows<X, 2, 16, HINTS_7>>();
-        case VS_ROWS_H8: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_8>>();
-        case VS_ROWS_2_H8: return paged_launcher<Rows<X, 2, 16, HINTS_8>>();
-        case VS_ROWS_H9: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_9>>();
-        case VS_ROWS_2_H9: return paged_launcher<Rows<X, 2, 16, HINTS_9>>();
-        case VS_ROWS_H10: return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HINTS_10>>();
-        case VS_ROWS_2_H10: return paged_launcher<Rows<X, 2, 16, HINTS_10>>();
-        default: return VecShapes<X, false>::get(shape);
-        }
-    }
-};
-template <class X> struct VecShapes<X, false> {
-    static PagedLaunch get(int shape)
-    {
-        /* the hinted shapes are VS_ROWS + 2k and VS_ROWS_2 + 2k */
-        if (shape == VS_SIDES) return paged_launcher<X>();
-        if (shape % 2 == 0) return paged_launcher<Rows<X, 2, 16>>();
-        return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS>>();
-    }
-};
-
-template <class X> PagedLaunch vec_launcher(int shape) { return VecShapes<X>::get(shape); }
-
-/* vec < 0: the scalar path; else the vector path's shape (VS_*) */
-template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher(int vec)
+template <class X, int H> PagedLaunch vec_launcher(int shape)
 {
-    return vec >= 0 ? vec_launcher<XFp8Vec<IN, OUT, MODE>>(vec) : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
+    enum { HX = HintsOk<X>::value ? H : 0 };
+    if (shape == VS_ROWS_2) return paged_launcher<Rows<X, 2, 16, HX>>();
+    return paged_launcher<Rows<X, 2 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_MIN_BLOCKS, HX>>();
+}
+
+/* vec < 0: the scalar path; else the vector path's shape (VS_*) with hints H */
+template <int IN, int OUT, int MODE, int H> PagedLaunch fp8_launcher(int vec)
+{
+    return vec >= 0 ? vec_launcher<XFp8Vec<IN, OUT, MODE>, H>(vec) : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
 /* fnuz: the vector path converts q2 = 2 * (x / s) through the OCP conversion (XFp8VecFnuz; for SM_MUL and SM_RCP
  * the call passes s / 2 and 2 / s). */
-template <int IN, int OUT, int MODE> PagedLaunch fp8_launcher_fnuz(int vec)
+template <int IN, int OUT, int MODE, int H> PagedLaunch fp8_launcher_fnuz(int vec)
 {
-    return vec >= 0 ? vec_launcher<XFp8VecFnuz<IN, OUT, MODE>>(vec) : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
+    return vec >= 0 ? vec_launcher<XFp8VecFnuz<IN, OUT, MODE>, H>(vec) : paged_launcher<XFp8Scalar<IN, OUT, MODE>>();
 }
 
-template <int IN, int MODE> PagedLaunch fp8_launcher_out(int out, int vec)
+template <int IN, int MODE, int H> PagedLaunch fp8_launcher_out(int out, int vec)
 {
     switch (out) {
-    case DT_E4M3: return fp8_launcher<IN, DT_E4M3, MODE>(vec);
-    case DT_E5M2: return fp8_launcher<IN, DT_E5M2, MODE>(vec);
-    case DT_E4M3FNUZ: return fp8_launcher_fnuz<IN, DT_E4M3FNUZ, MODE>(vec);
-    default: return fp8_launcher_fnuz<IN, DT_E5M2FNUZ, MODE>(vec);
+    case DT_E4M3: return fp8_launcher<IN, DT_E4M3, MODE, H>(vec);
+    case DT_E5M2: return fp8_launcher<IN, DT_E5M2, MODE, H>(vec);
+    case DT_E4M3FNUZ: return fp8_launcher_fnuz<IN, DT_E4M3FNUZ, MODE, H>(vec);
+    default: return fp8_launcher_fnuz<IN, DT_E5M2FNUZ, MODE, H>(vec);
     }
 }
 
-template <int MODE> PagedLaunch fp8_launcher_in(int in, int out, int vec)
+template <int MODE, int H> PagedLaunch fp8_launcher_in(int in, int out, int vec)
 {
     switch (in) {
-    case DT_F32: return fp8_launcher_out<DT_F32, MODE>(out, vec);
-    case DT_F16: return fp8_launcher_out<DT_F16, MODE>(out, vec);
-    default: return fp8_launcher_out<DT_BF16, MODE>(out, vec);
+    case DT_F32: return fp8_launcher_out<DT_F32, MODE, H>(out, vec);
+    case DT_F16: return fp8_launcher_out<DT_F16, MODE, H>(out, vec);
+    default: return fp8_launcher_out<DT_BF16, MODE, H>(out, vec);
     }
 }
 
-/* Same-dtype copies. Vector path: wide = twice the units per thread, for KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS resident
- * blocks (XCopyWide, or the row form's wide shape); rows = the row form. */
-PagedLaunch copy_launcher(size_t es, bool vec, bool wide = false, bool rows = false, int hints = 0)
+/* The three scale modes' kernels of an fp8 cache, for the scalar path (vec < 0) or a vector shape with hints H. */
+template <int H> void fp8_launchers(int in, int out, int vec, PagedLaunch *l)
 {
-    if (vec && rows && wide && hints == 6)
-        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_6>>();
-    if (vec && rows && wide && hints == 7)
-        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_7>>();
-    if (vec && rows && wide && hints == 8)
-        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_8>>();
-    if (vec && rows && wide && hints == 9)
-        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_9>>();
-    if (vec && rows && wide && hints == 10)
-        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, HINTS_10>>();
-    if (vec && rows && wide)
-        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS>>();
-    if (vec && rows) return vec_launcher<XCopy<uint4>>(hinted_shape(VS_ROWS, hints));
-    if (vec) return wide ? paged_launcher<XCopyWide<uint4>>() : paged_launcher<XCopy<uint4>>();
+    l[SM_MUL] = fp8_launcher_in<SM_MUL, H>(in, out, vec);
+    l[SM_RCP] = fp8_launcher_in<SM_RCP, H>(in, out, vec);
+    l[SM_DIV] = fp8_launcher_in<SM_DIV, H>(in, out, vec);
+}
+
+/* Same-dtype copies: the scalar path by element size, or the vector path's row form with hints H; wide = twice the
+ * units per thread, for KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS resident blocks (rows of at least 64 units, 1 KiB). */
+template <int H> PagedLaunch copy_launcher(size_t es, bool vec, bool wide)
+{
+    if (vec && wide)
+        return paged_launcher<Rows<XCopy<uint4>, 4 * KVHAL_GPU_PAGED_UNROLL, KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, H>>();
+    if (vec) return vec_launcher<XCopy<uint4>, H>(VS_ROWS);
     switch (es) {
     case 1: return paged_launcher<XCopy<uint8_t>>();
     case 2: return paged_launcher<XCopy<uint16_t>>();
@@ -318,36 +270,19 @@ kvhal_status paged_build(Ctx *c, int32_t id, const kvhal_bk_paged_caching *a, Pa
     d->vec_ok = build_side(&a->k, a, vec, &d->pv.k) && build_side(&a->v, a, vec, &d->pv.v);
     d->out_align = (uint32_t)(vec * (int64_t)out_es);
 
-    const bool rows = c->variant >= 3; /* the vector path's row form (KVHAL_GPU_VARIANT) */
-    /* variant 10: variant 4's kernels, and for calls of one wave the same shapes with its hints (vec_wave);
-     * variant 11: variant 8's kernels, and variant 9's for calls of one wave */
-    const int kv = c->variant == 10 ? 4 : c->variant == 11 ? 8 : c->variant;
-    const int wv = c->variant == 10 ? 10 : 9; /* the hints of vec_wave */
-    d->wave = c->variant == 10 || c->variant == 11;
+    d->wave = KVHAL_GPU_WAVE_KERNELS;
     if (same) {
-        /* the wide copy for rows of at least 64 units (1 KiB), except in variant 0 (KVHAL_GPU_VARIANT) */
         const uint32_t row = d->pv.k.row_units > d->pv.v.row_units ? d->pv.k.row_units : d->pv.v.row_units;
-        const bool wide = c->variant != 0 && d->vec_ok && row >= 64;
-        d->sc[SM_MUL] = copy_launcher(es, false);
-        d->vec[SM_MUL] = copy_launcher(es, true, wide, rows, kv);
-        if (d->wave) d->vec_wave[SM_MUL] = copy_launcher(es, true, wide, rows, wv);
+        const bool wide = d->vec_ok && row >= 64;
+        d->sc[SM_MUL] = copy_launcher<0>(es, false, false);
+        d->vec[SM_MUL] = copy_launcher<KVHAL_GPU_ROW_HINTS>(es, true, wide);
+        if (d->wave) d->vec_wave[SM_MUL] = copy_launcher<KVHAL_GPU_WAVE_HINTS>(es, true, wide);
     } else {
-        /* the long-row fp8 shape in variants 4, 6, 7 (every input dtype) and 5 (bf16 input only); 6 and 7 are 4 with
-         * their hints */
         const bool long_rows = d->pv.k.row_units + d->pv.v.row_units >= KVHAL_GPU_ROWS_FP8_LONG;
-        const bool two = long_rows && (kv == 4 || kv >= 6 || (kv == 5 && in == DT_BF16));
-        const int plain = !rows ? VS_SIDES : two ? VS_ROWS_2 : VS_ROWS, shape = hinted_shape(plain, kv);
-        if (d->wave) {
-            d->vec_wave[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, hinted_shape(plain, wv));
-            d->vec_wave[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, hinted_shape(plain, wv));
-            d->vec_wave[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, hinted_shape(plain, wv));
-        }
-        d->sc[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, -1);
-        d->sc[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, -1);
-        d->sc[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, -1);
-        d->vec[SM_MUL] = fp8_launcher_in<SM_MUL>(in, out, shape);
-        d->vec[SM_RCP] = fp8_launcher_in<SM_RCP>(in, out, shape);
-        d->vec[SM_DIV] = fp8_launcher_in<SM_DIV>(in, out, shape);
+        const int shape = long_rows ? VS_ROWS_2 : VS_ROWS;
+        fp8_launchers<0>(in, out, -1, d->sc);
+        fp8_launchers<KVHAL_GPU_ROW_HINTS>(in, out, shape, d->vec);
+        if (d->wave) fp8_launchers<KVHAL_GPU_WAVE_HINTS>(in, out, shape, d->vec_wave);
     }
     /* the driver functions (CUDA) or run-time compiled kernels (HIP on AMD without an embedded code object) of every
      * launch the descriptor may make; the vector path's only where the shape allows it */
@@ -368,23 +303,18 @@ void paged_caching_rtc_exprs(RtcExprFn add, void *user)
     static const int ins[3] = {DT_F32, DT_F16, DT_BF16};
     static const int outs[4] = {DT_E4M3, DT_E5M2, DT_E4M3FNUZ, DT_E5M2FNUZ};
     static const size_t sizes[3] = {1, 2, 4};
+    static_assert(!KVHAL_GPU_WAVE_KERNELS, "the run-time compiled module builds no one-wave kernels");
     char expr[384];
     /* the scalar path, then the vector path's shapes (VS_*) */
     for (int vec = -1; vec < VS_COUNT; vec++) {
-        PagedLaunch l[4 + 3 * 4 * 3];
+        PagedLaunch l[3 + 3 * 4 * 3];
         int n = 0;
         if (vec < 0)
-            for (int i = 0; i < 3; i++) l[n++] = copy_launcher(sizes[i], false);
-        else if (vec == VS_SIDES || vec == VS_ROWS) /* the vector copies: narrow and wide, per-side or row form */
-            for (int w = 0; w < 2; w++) l[n++] = copy_launcher(16, true, w != 0, vec == VS_ROWS);
-        else if (vec % 2 == 1) /* and the row form's with hints (VS_ROWS_H6 .. VS_ROWS_H10: variant (vec + 9) / 2) */
-            for (int w = 0; w < 2; w++) l[n++] = copy_launcher(16, true, w != 0, true, (vec + 9) / 2);
+            for (int i = 0; i < 3; i++) l[n++] = copy_launcher<0>(sizes[i], false, false);
+        else if (vec == VS_ROWS) /* the vector copies: narrow and wide */
+            for (int w = 0; w < 2; w++) l[n++] = copy_launcher<KVHAL_GPU_ROW_HINTS>(16, true, w != 0);
         for (int i = 0; i < 3; i++)
-            for (int o = 0; o < 4; o++) {
-                l[n++] = fp8_launcher_in<SM_MUL>(ins[i], outs[o], vec);
-                l[n++] = fp8_launcher_in<SM_RCP>(ins[i], outs[o], vec);
-                l[n++] = fp8_launcher_in<SM_DIV>(ins[i], outs[o], vec);
-            }
+            for (int o = 0; o < 4; o++, n += 3) fp8_launchers<KVHAL_GPU_ROW_HINTS>(ins[i], outs[o], vec, &l[n]);
         for (int i = 0; i < n; i++) {
             kernel_expr(expr, sizeof expr, "kvhal_gpu::paged_caching_kernel<%s, %s>", l[i].spelling());
             add(user, expr);
@@ -485,8 +415,7 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     /* depends on the path (tokens per block), which depends on the call's addresses: checked here, not in
      * paged_caching_supports */
     const int64_t grid = (a->num_tokens + p.tpc - 1) / p.tpc;
-    /* variants 10, 11: a call whose blocks are all resident at once (one wave) runs the same shape with the
-     * one-wave hints */
+    /* a call whose blocks are all resident at once (one wave) runs the same shape with the one-wave hints */
     if (vec && d->wave && grid <= (int64_t)c->dev[id].sm_count * runp->min_blocks) runp = &d->vec_wave[mode];
     const PagedLaunch &run = *runp;
     if (grid > 0x7fffffff)

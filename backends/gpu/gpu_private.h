@@ -77,8 +77,6 @@ struct Ctx {
     CuMemGetAddressRangeFn cu_mem_range;
 #endif
     DevState dev[KVHAL_MAX_DEVICES_PER_TYPE];
-    int variant;           /* kernel variant (KVHAL_GPU_VARIANT at init; kvhal_gpu_kernels.cuh) */
-    char variant_note[40]; /* how it was chosen, for the device info */
 };
 
 inline Ctx *ctx_of(void *ctx) { return static_cast<Ctx *>(ctx); }
@@ -207,7 +205,7 @@ kvhal_status gpu_event_synchronize(void *ctx, int32_t id, void *ev);
 kvhal_status gpu_stream_wait_event(void *ctx, int32_t id, void *stream, void *ev);
 kvhal_status gpu_host_alloc(void *ctx, int32_t id, size_t bytes, void **ptr);
 kvhal_status gpu_host_free(void *ctx, int32_t id, void *ptr);
-/* gpu_ipc.cu (issue 18) */
+/* gpu_ipc.cu */
 kvhal_status gpu_buffer_alloc_shareable(void *ctx, int32_t id, size_t bytes, void **native);
 kvhal_status gpu_buffer_free_shareable(void *ctx, int32_t id, void *native);
 kvhal_status gpu_ipc_export(void *ctx, int32_t id, void *native, void *blob, size_t cap, size_t *len);
@@ -245,7 +243,7 @@ kvhal_status gpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a,
 /* Which code a device runs (gpu_codepath.cu)                                                                   */
 /* ------------------------------------------------------------------------------------------------------------ */
 /* KVHAL_GPU_RTC: the HIP module on AMD GPUs, which compiles the kernel source with hiprtc at run time for a GPU
- * whose target ID no embedded code object matches (gpu_hip_rtc.cu). CUDA (and HIP on NVIDIA) runs the embedded
+ * whose target ID no embedded code object matches (gpu_codepath.cu). CUDA (and HIP on NVIDIA) runs the embedded
  * cubins or lets the driver JIT-compile the embedded PTX. */
 #if defined(KVHAL_GPU_HIP) && !defined(__HIP_PLATFORM_NVIDIA__)
 #define KVHAL_GPU_RTC 1
@@ -271,13 +269,20 @@ kvhal_status launch_fn(const Ctx *c, int32_t id, void *fn, uint32_t grid, uint32
  * __PRETTY_FUNCTION__, which spells T as valid C++); fmt has one or two %s for T. Used on the run-time path only. */
 template <class T> inline const char *type_spelling() { return __PRETTY_FUNCTION__; }
 void kernel_expr(char *buf, size_t size, const char *fmt, const char *pretty);
+/* An op's kernels, the same recipe for every op of KVHAL_BK_OP_LIST:
+ *   - templates go in kvhal_gpu_kernels.cuh, other kernels in a header of the op's own (kvhal_gpu_copy_kernels.cuh,
+ *     kvhal_gpu_page_kernels.cuh) that only its gpu_<op>.cu includes and that includes only kvhal_gpu_kernels.cuh;
+ *     such a header is listed in KVHAL_GPU_RTC_SOURCES (gpu_codepath.cu) and in backends/hip/meson.build's
+ *     embedded sources, so the run-time compiled source has it;
+ *   - gpu_<op>.cu asks kernel_fn for each kernel by its name expression before it launches (a descriptor's, or the
+ *     call's) and launches the function it gets with launch_fn, else with <<<>>>;
+ *   - gpu_<op>.cu defines <op>_rtc_exprs: every name expression its descriptors may ask kernel_fn for, through add
+ *     (the module's test hook "kvhal_hip_rtc_kernel_exprs" compiles them all with hiprtc in CI). */
 #if defined(KVHAL_GPU_RTC)
-/* Every name expression an op's descriptors may ask kernel_fn for, through add (the module's test hook
- * "kvhal_hip_rtc_kernel_exprs" compiles them all with hiprtc in CI). An op that gains kernel instantiations lists
- * them here too. */
 typedef void (*RtcExprFn)(void *user, const char *expr);
-void paged_caching_rtc_exprs(RtcExprFn add, void *user);
-void tensor_copy_rtc_exprs(RtcExprFn add, void *user);
+#define KVHAL_GPU_X_RTC_DECL(E, name, T) void name##_rtc_exprs(RtcExprFn add, void *user);
+KVHAL_BK_OP_LIST(KVHAL_GPU_X_RTC_DECL)
+#undef KVHAL_GPU_X_RTC_DECL
 #endif
 
 } // namespace kvhal_gpu

@@ -1,6 +1,6 @@
 /* kvhal_gpu_copy_kernels.cuh — the byte-range copy kernels of copy_blocks and copy_batch (launched from
  * gpu_copy_blocks.cu). Not templates: this header is included by that one file only, and is part of the kernel
- * source the HIP module compiles at run time for a GPU that has no embedded code object (gpu_hip_rtc.cu), so it
+ * source the HIP module compiles at run time for a GPU that has no embedded code object (gpu_codepath.cu), so it
  * includes nothing but kvhal_gpu_kernels.cuh. */
 #ifndef KVHAL_GPU_COPY_KERNELS_CUH
 #define KVHAL_GPU_COPY_KERNELS_CUH
@@ -12,9 +12,9 @@ namespace kvhal_gpu {
 /* copy_units / copy_range (the widest unit dividing addresses and length) are in kvhal_gpu_kernels.cuh: the
  * page-transfer kernel uses them too. */
 
-/* copy_blocks: one table entry per cache. In the default variant the table and the pairs travel in the kernel's
- * parameters (words), as many pairs per launch as fit; otherwise (variants 0 and 2, or more caches than the
- * parameters hold) they are uploaded through the descriptor's staging ring (caches, pairs). */
+/* copy_blocks: one table entry per cache. The table and the pairs travel in the kernel's parameters (words), as many
+ * pairs per launch as fit; with more caches than the parameters hold they are uploaded through the descriptor's
+ * staging ring (caches, pairs). */
 struct CacheEntry {
     char *base;     /* block 0 */
     int64_t stride; /* bytes between blocks */
@@ -32,38 +32,36 @@ struct CopyBlocksParams {
     int64_t total;       /* num_pairs * num_caches * chunks */
     int32_t num_caches;
     int32_t num_pairs;
-    int32_t fast32;      /* total < 2^32: items split with div_chunks and div_inner (variants >= 1) */
-    int32_t cache_major; /* item = cache * num_pairs + pair (else pair * num_caches + cache) */
-    kvhal_fastdiv32 div_chunks, div_inner; /* by chunks; by num_pairs (caches major) or num_caches */
-    int32_t inline_table; /* variants 1, 3-5: the table and this launch's pairs are in words (3 per cache: base,
-                             stride, bytes; then 2 per pair), not behind caches and pairs */
+    int32_t fast32;      /* total < 2^32: items split with div_chunks and div_pairs */
+    kvhal_fastdiv32 div_chunks, div_pairs; /* by chunks; by num_pairs */
+    int32_t inline_table; /* the table and this launch's pairs are in words (3 per cache: base, stride, bytes; then 2
+                             per pair), not behind caches and pairs */
     uint64_t words[KVHAL_GPU_CB_INLINE_WORDS];
 };
 
 static_assert(sizeof(CopyBlocksParams) <= 4096, "copy_blocks parameters exceed 4 KiB");
 
-/* Work item w is chunk w % chunks of job w / chunks, a job being one (pair, cache). The host launches one block
- * per item (variants >= 1; the loop then runs once) or, in variant 0, a grid of 32 blocks per multiprocessor.
+/* Work item w is chunk w % chunks of job w / chunks, a job being one (cache, pair), caches major: consecutive blocks
+ * copy one cache's blocks for consecutive pairs. The host launches one block per item (the loop runs once, unless a
+ * launch has more items than a grid takes).
  * KVHAL_GPU_GRID_CONSTANT: the table in the parameters is indexed at run time, and read where it is. */
 __global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_blocks_kernel(const KVHAL_GPU_GRID_CONSTANT CopyBlocksParams p)
 {
     for (int64_t w = blockIdx.x; w < p.total; w += gridDim.x) {
-        int64_t chunk, outer, inner;
+        int64_t chunk, pair;
+        int32_t c;
         if (p.fast32) {
             const uint32_t w32 = (uint32_t)w, j = kvhal_fastdiv32_div(w32, p.div_chunks);
-            const uint32_t o = kvhal_fastdiv32_div(j, p.div_inner);
+            const uint32_t o = kvhal_fastdiv32_div(j, p.div_pairs);
             chunk = (int64_t)(w32 - j * p.div_chunks.d);
-            outer = o;
-            inner = (int64_t)(j - o * p.div_inner.d);
+            c = (int32_t)o;
+            pair = (int64_t)(j - o * p.div_pairs.d);
         } else {
-            const int64_t n_inner = p.cache_major ? p.num_pairs : p.num_caches;
             const int64_t job = w / p.chunks;
             chunk = w - job * p.chunks;
-            outer = job / n_inner;
-            inner = job - outer * n_inner;
+            c = (int32_t)(job / p.num_pairs);
+            pair = job - (int64_t)c * p.num_pairs;
         }
-        const int64_t pair = p.cache_major ? inner : outer;
-        const int32_t c = (int32_t)(p.cache_major ? outer : inner);
         CacheEntry e; /* loaded together with the pair, not after its check */
         int64_t src, dst;
         if (p.inline_table) {

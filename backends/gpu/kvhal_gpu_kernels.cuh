@@ -30,7 +30,7 @@ namespace kvhal_gpu {
 #endif
 #define KVHAL_GPU_MAX_TPC 64 /* tokens per block of the paged-caching kernel, at most */
 #ifndef KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS
-#define KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS 8 /* resident blocks per multiprocessor of the wide copy (XCopyWide) */
+#define KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS 8 /* resident blocks per multiprocessor of the row form's wide copy */
 #endif
 #ifndef KVHAL_GPU_PAGED_THREADS
 #define KVHAL_GPU_PAGED_THREADS 128 /* threads per block of the paged-caching kernel, at most */
@@ -51,45 +51,6 @@ namespace kvhal_gpu {
 #define KVHAL_GPU_ERR_BLOCK 1 /* copy_blocks: a block id outside [0, num_blocks) was skipped */
 #define KVHAL_GPU_ERR_BYTES 8
 
-/* Kernel variants (KVHAL_GPU_VARIANT, read once when the module loads: gpu_device.cu; docs/guide.md): launch
- * shapes of copy_blocks and paged caching, kept selectable so that one GPU run compares them interleaved
- * (docs/measurements/scripts/kernel-variants-gpu.sh). Every variant copies the same bytes (the conformance suite
- * runs under each); the other kernels are the same in all of them.
- *   0  session 5's shape: the cache table and the pairs uploaded through a pinned staging ring, then a grid of 32
- *      blocks per multiprocessor that loops over 16 KiB work items, (pair, cache) jobs pairs major, 64-bit index
- *      divisions (0.84 / 0.88 of a copy, layer-first / page-first, on an H100)
- *   1  session 6's default: the table and the pairs travel in the kernel's parameters (KVHAL_GPU_CB_INLINE_WORDS; as many
- *      launches as the pairs need), so no upload precedes the kernel on the stream; one block per 16 KiB work item,
- *      caches major (consecutive blocks copy one cache's blocks for consecutive pairs, the order of NVIDIA's OpenCL
- *      copy_blocks.cl), 32-bit multiply-shift index divisions (0.99 / 0.99). Too many caches for the parameters
- *      (over 138, where fewer than 16 pairs fit beside the table): as 2
- *   2  as 1 with the staging upload of 0 (0.89 / 0.88: the upload, not the kernel's shape, was the gap)
- *   3  as 1 (copy_blocks too), paged caching's vector path in the row form (Rows): 2 * KVHAL_GPU_PAGED_UNROLL units per thread (4 *
- *      for same-dtype rows whose longer side has at least 64 units), the per-side form's units in flight
- *   4  as 3, and fp8 rows of at least KVHAL_GPU_ROWS_FP8_LONG units per token (K's and V's together)
- *      with 2 units per thread for 16 resident blocks (gpu_paged_caching.cu says why)
- *   5  as 4 for bf16 input only (other inputs as 3)
- *   6  as 4, the row form with input loads L1::no_allocate + L2::256B and HND input rows loaded without the head
- *      split (KVHAL_GPU_HINT_IN | KVHAL_GPU_HINT_RUN; fnuz and SM_DIV conversions as 4)
- *   7  as 6, and the cache stores streaming (st.global.cs, KVHAL_GPU_HINT_CS)
- *   8  as 4, HND input rows without the head split and the trimmed OCP fp8 conversion (KVHAL_GPU_HINT_RUN |
- *      KVHAL_GPU_HINT_TRIM)
- *   9  as 8, input loads L1::no_allocate (KVHAL_GPU_HINT_NA)
- *   10 as 4, and a vector-path call whose blocks fit in one wave (grid <= multiprocessors x the kernel's resident
- *      blocks) loads its input L1::no_allocate (KVHAL_GPU_HINT_NA alone)
- *   11 the default on CUDA (HIP: 4, see below): as 8, and a call of one wave as 9 (session 8) */
-#define KVHAL_GPU_VARIANTS 12
-/* The default: 11 for CUDA since session 8 (docs/measurements/session8/README-cuda.md: it won the interleaved run
- * on the one-wave rows and lost none beyond noise); HIP keeps 4, which its platforms were measured and tested
- * with (variants 6-11 were run on CUDA only). */
-#ifndef KVHAL_GPU_VARIANT_DEFAULT
-#if defined(KVHAL_GPU_HIP)
-#define KVHAL_GPU_VARIANT_DEFAULT 4
-#else
-#define KVHAL_GPU_VARIANT_DEFAULT 11
-#endif
-#endif
-
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_E4M3 = 3, DT_E5M2 = 4, DT_E4M3FNUZ = 5, DT_E5M2FNUZ = 6 };
 #define KVHAL_GPU_FNUZ(OUT) ((OUT) == DT_E4M3FNUZ || (OUT) == DT_E5M2FNUZ)
 
@@ -102,41 +63,43 @@ template <typename T> struct XCopy {
     static __device__ __forceinline__ Out apply(const In &v, float, float) { return v; }
 };
 
-/* The same copy with twice the units in flight per thread (2 * KVHAL_GPU_PAGED_UNROLL, compiled for
- * KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS resident blocks): same-dtype caches whose token row is at least 64 units (1 KiB;
- * gpu_paged_caching.cu), in variants 1 and 2 (the row form has its own wide shape). At 8192 tokens of a 576-dim
- * bf16 MLA row it runs the whole call in one wave of blocks (1.29 waves at the narrow unroll, latency-bound: 33% of
- * DRAM bandwidth under ncu). */
-template <typename T> struct XCopyWide : XCopy<T> {};
-
 /* The row form of the paged kernel (paged_rows_pass; gpu_paged_caching.cu chooses it): transform X with U units in
  * flight per thread, compiled for MINB resident blocks. The units of a block are one index space, all K units of
  * its tokens first, then all V units, so every thread loads U useful units whatever the two sides' row lengths
  * (an MLA row, 512 latent + 64 rotary dims, is 64 + 8 units: the per-side form keeps most threads idle on V). */
-/* H: the memory hints of variants 6 and 7 (KVHAL_GPU_HINT_*), 0 in the others. */
+/* H: the row form's memory hints (KVHAL_GPU_HINT_*), 0 for plain accesses. */
 template <class X, int U, int MINB, int H = 0> struct Rows : X {};
 
-/* Row-form hints (session 8, variants 6 to 9; CUDA only, HIP builds the plain accesses and conversion):
- *   IN   input loads as ld.global.L1::no_allocate.L2::256B (each input unit is read once: no L1 line is kept, and
- *        the L2 fetches the 256-byte span a warp's consecutive units cover);
- *   CS   cache stores as st.global.cs (streaming: evict-first in the L2);
+/* Row-form hints (CUDA; HIP builds the plain accesses and conversion):
  *   RUN  a row that is one run in the input (heads contiguous there: the HND layout's input) loads without the
  *        head split, as a one-run row does; only the cache side divides by the head's units;
  *   TRIM the OCP fp8 conversion with fewer instructions per 16 bytes (sm_89+: XFp8Trim);
- *   NA   input loads as ld.global.L1::no_allocate only (no L2 prefetch size). */
-#define KVHAL_GPU_HINT_IN 1
-#define KVHAL_GPU_HINT_CS 2
+ *   NA   input loads as ld.global.L1::no_allocate (each input unit is read once: no L1 line is kept). */
 #define KVHAL_GPU_HINT_RUN 4
 #define KVHAL_GPU_HINT_TRIM 8
 #define KVHAL_GPU_HINT_NA 16
+
+/* The hints the vector path's row form runs with (gpu_paged_caching.cu): on CUDA RUN and TRIM, and for a call whose
+ * blocks are all resident at once (one wave: grid <= multiprocessors x the kernel's resident blocks) NA too, which
+ * won on the one-wave rows and lost none beyond noise on an H100; on HIP none, the accesses its platforms were
+ * measured with (KVHAL_GPU_WAVE_KERNELS 0: no separate one-wave kernels). KVHAL_GPU_KERNELS_NOTE says which in the
+ * device info. */
+#if defined(KVHAL_GPU_HIP)
+#define KVHAL_GPU_ROW_HINTS 0
+#define KVHAL_GPU_WAVE_KERNELS 0
+#define KVHAL_GPU_WAVE_HINTS 0
+#define KVHAL_GPU_KERNELS_NOTE "rows, plain accesses"
+#else
+#define KVHAL_GPU_ROW_HINTS (KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_TRIM)
+#define KVHAL_GPU_WAVE_KERNELS 1
+#define KVHAL_GPU_WAVE_HINTS (KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_TRIM | KVHAL_GPU_HINT_NA)
+#define KVHAL_GPU_KERNELS_NOTE "rows with run/trim hints, one-wave calls no-allocate loads"
+#endif
 
 /* Per transform: units each thread loads per pass (per side, or in all for Rows), the resident blocks the kernel is
  * compiled for, whether it is the row form, and its hints. */
 template <class X> struct PagedGeom {
     enum { UNROLL = KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_MIN_BLOCKS, ROWS = 0, HINTS = 0 };
-};
-template <typename T> struct PagedGeom<XCopyWide<T>> {
-    enum { UNROLL = 2 * KVHAL_GPU_PAGED_UNROLL, MIN_BLOCKS = KVHAL_GPU_PAGED_WIDE_MIN_BLOCKS, ROWS = 0, HINTS = 0 };
 };
 template <class X, int U, int MINB, int H> struct PagedGeom<Rows<X, U, MINB, H>> {
     enum { UNROLL = U, MIN_BLOCKS = MINB, ROWS = 1, HINTS = H };
@@ -144,17 +107,17 @@ template <class X, int U, int MINB, int H> struct PagedGeom<Rows<X, U, MINB, H>>
 
 template <int IN> __device__ __forceinline__ float load_elem(uint32_t bits)
 {
-    return IN == DT_F16 ? KVHAL_GPU_HALF_TO_FLOAT(bits) : kvhal_gpu_bf16_to_f32(bits);
+    return IN == DT_F16 ? KVHAL_GPU_HALF_TO_FLOAT(bits) : kvhal_num_bf16_to_f32((uint16_t)bits);
 }
 
 /* The quotient x / s as the reference's IEEE division gives it, inv = 1/s rounded by the host. MODE (per call, from
  * kvhal_gpu_scale_mode): SM_MUL x * inv, exact for a power-of-two s; SM_RCP the reciprocal with one fma correction
- * (kvhal_gpu_quot_rcp: the same bits for every quotient fp8 can tell apart, a NaN where the quotient overflows, which
+ * (kvhal_num_quot_rcp: the same bits for every quotient fp8 can tell apart, a NaN where the quotient overflows, which
  * the callers saturate); SM_DIV the division itself, for scales outside the reciprocal's proven range. */
 enum { SM_MUL = 0, SM_RCP = 1, SM_DIV = 2 };
 template <int MODE> __device__ __forceinline__ float scaled(float x, float s, float inv)
 {
-    return MODE == SM_MUL ? x * inv : MODE == SM_RCP ? kvhal_gpu_quot_rcp(x, s, inv) : x / s;
+    return MODE == SM_MUL ? x * inv : MODE == SM_RCP ? kvhal_num_quot_rcp(x, s, inv) : x / s;
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(__HIP_PLATFORM_AMD__)
@@ -213,22 +176,22 @@ __device__ __forceinline__ uint32_t fp8_fix_nan(uint32_t c, uint32_t n, uint32_t
 /* y >= 0 (or a positive NaN): the software vector path converts magnitudes, scale > 0 */
 template <int OUT> __device__ __forceinline__ uint32_t fp8_mag_nonneg(float y)
 {
-    const uint32_t a = kvhal_gpu_f32_bits(y);
-    return OUT == DT_E4M3       ? kvhal_gpu_e4m3_mag_bits(a)
-           : OUT == DT_E5M2     ? kvhal_gpu_e5m2_mag_bits(a)
-           : OUT == DT_E4M3FNUZ ? kvhal_gpu_e4m3fnuz_mag_bits(a)
-                                : kvhal_gpu_e5m2fnuz_mag_bits(a);
+    const uint32_t a = kvhal_num_f32_bits(y);
+    return OUT == DT_E4M3       ? kvhal_num_e4m3fn_mag(a)
+           : OUT == DT_E5M2     ? kvhal_num_e5m2_mag(a)
+           : OUT == DT_E4M3FNUZ ? kvhal_num_e4m3fnuz_mag(a)
+                                : kvhal_num_e5m2fnuz_mag(a);
 }
 
 /* The code of x / s: sign and NaN from x (s > 0), the magnitude from |x| / s. A NaN quotient of a non-NaN |x| (an
  * overflow in SM_RCP) becomes the largest finite code, as both magnitude conversions clamp NaN. */
 template <int OUT, int MODE> __device__ __forceinline__ uint32_t fp8_full(float x, float s, float inv)
 {
-    const uint32_t u = kvhal_gpu_f32_bits(x);
+    const uint32_t u = kvhal_num_f32_bits(x);
     const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-    const uint32_t nan_bit = OUT == DT_E4M3 ? KVHAL_GPU_E4M3_NAN_BIT : KVHAL_GPU_E5M2_NAN_BIT;
-    const float q = scaled<MODE>(kvhal_gpu_bits_f32(u & 0x7fffffffu), s, inv);
-    if (KVHAL_GPU_FNUZ(OUT)) return kvhal_gpu_fnuz_finish(u, fp8_mag_nonneg<OUT>(q)); /* no NVIDIA hardware for fnuz */
+    const uint32_t nan_bit = OUT == DT_E4M3 ? KVHAL_NUM_E4M3FN_NAN_BIT : KVHAL_NUM_E5M2_NAN_BIT;
+    const float q = scaled<MODE>(kvhal_num_bits_f32(u & 0x7fffffffu), s, inv);
+    if (KVHAL_GPU_FNUZ(OUT)) return kvhal_num_fnuz_finish(u, fp8_mag_nonneg<OUT>(q)); /* no NVIDIA hardware for fnuz */
 #ifdef KVHAL_GPU_HW_FP8
     const uint32_t mag = fp8_mag_hw<OUT>(q);
 #else
@@ -267,7 +230,7 @@ template <int OUT, int MODE> struct XFp8Vec<DT_F32, OUT, MODE> {
     typedef uint32_t Out;
     static __device__ __forceinline__ uint32_t one(uint32_t u, float s, float inv)
     {
-        return fp8_full<OUT, MODE>(kvhal_gpu_bits_f32(u), s, inv);
+        return fp8_full<OUT, MODE>(kvhal_num_bits_f32(u), s, inv);
     }
     static __device__ __forceinline__ uint32_t nan_byte(uint32_t u, uint32_t byte)
     {
@@ -276,10 +239,10 @@ template <int OUT, int MODE> struct XFp8Vec<DT_F32, OUT, MODE> {
     static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
     {
 #ifdef KVHAL_GPU_HW_FP8
-        const uint32_t lo = fp8_hw_x2<OUT>(scaled<MODE>(kvhal_gpu_bits_f32(v.x), s, inv),
-                                           scaled<MODE>(kvhal_gpu_bits_f32(v.y), s, inv));
-        const uint32_t hi = fp8_hw_x2<OUT>(scaled<MODE>(kvhal_gpu_bits_f32(v.z), s, inv),
-                                           scaled<MODE>(kvhal_gpu_bits_f32(v.w), s, inv));
+        const uint32_t lo = fp8_hw_x2<OUT>(scaled<MODE>(kvhal_num_bits_f32(v.x), s, inv),
+                                           scaled<MODE>(kvhal_num_bits_f32(v.y), s, inv));
+        const uint32_t hi = fp8_hw_x2<OUT>(scaled<MODE>(kvhal_num_bits_f32(v.z), s, inv),
+                                           scaled<MODE>(kvhal_num_bits_f32(v.w), s, inv));
         const uint32_t c = __byte_perm(lo, hi, 0x5410), n = fp8_nan_bytes<OUT>(c);
         if (!n) return c;
         const uint32_t sign = ((v.x >> 24) & 0x80u) | ((v.y >> 16) & 0x8000u) | ((v.z >> 8) & 0x800000u) |
@@ -299,8 +262,8 @@ template <int OUT, int MODE> struct XFp8Vec<DT_F32, OUT, MODE> {
 template <int IN, int OUT, int MODE> __device__ __forceinline__ uint32_t fp8_pair(uint32_t w, float s, float inv)
 {
     /* magnitudes: with scale > 0 the scaled values stay non-negative */
-    const float lo = IN == DT_BF16 ? kvhal_gpu_bits_f32((w & 0x7fffu) << 16) : KVHAL_GPU_HALF_TO_FLOAT(w & 0x7fffu);
-    const float hi = IN == DT_BF16 ? kvhal_gpu_bits_f32(w & 0x7fff0000u) : KVHAL_GPU_HALF_TO_FLOAT((w >> 16) & 0x7fffu);
+    const float lo = IN == DT_BF16 ? kvhal_num_bits_f32((w & 0x7fffu) << 16) : KVHAL_GPU_HALF_TO_FLOAT(w & 0x7fffu);
+    const float hi = IN == DT_BF16 ? kvhal_num_bits_f32(w & 0x7fff0000u) : KVHAL_GPU_HALF_TO_FLOAT((w >> 16) & 0x7fffu);
     const uint32_t codes =
         __byte_perm(fp8_mag_nonneg<OUT>(scaled<MODE>(lo, s, inv)), fp8_mag_nonneg<OUT>(scaled<MODE>(hi, s, inv)),
                     0x0400);
@@ -327,11 +290,11 @@ template <int IN, int OUT, int MODE> struct XFp8Vec {
 #ifdef KVHAL_GPU_HW_FP8
     static __device__ __forceinline__ float lane_lo(uint32_t w)
     {
-        return IN == DT_BF16 ? kvhal_gpu_bits_f32(w << 16) : KVHAL_GPU_HALF_TO_FLOAT(w & 0xffffu);
+        return IN == DT_BF16 ? kvhal_num_bits_f32(w << 16) : KVHAL_GPU_HALF_TO_FLOAT(w & 0xffffu);
     }
     static __device__ __forceinline__ float lane_hi(uint32_t w)
     {
-        return IN == DT_BF16 ? kvhal_gpu_bits_f32(w & 0xffff0000u) : KVHAL_GPU_HALF_TO_FLOAT(w >> 16);
+        return IN == DT_BF16 ? kvhal_num_bits_f32(w & 0xffff0000u) : KVHAL_GPU_HALF_TO_FLOAT(w >> 16);
     }
     static __device__ __forceinline__ uint32_t word(uint32_t w, float s, float inv) /* 2 lanes -> bytes 0, 1 */
     {
@@ -356,7 +319,7 @@ template <int IN, int OUT, int MODE> struct XFp8Vec {
         uint32_t c2 = fp8_pair<IN, OUT, MODE>(v.z, s, inv), c3 = fp8_pair<IN, OUT, MODE>(v.w, s, inv);
         if (nan_lanes<IN>(v.x) | nan_lanes<IN>(v.y) | nan_lanes<IN>(v.z) | nan_lanes<IN>(v.w)) {
             /* rare: a NaN's magnitude code is the largest finite one; this bit makes it 0x7f */
-            const uint32_t bit = OUT == DT_E4M3 ? KVHAL_GPU_E4M3_NAN_BIT : KVHAL_GPU_E5M2_NAN_BIT;
+            const uint32_t bit = OUT == DT_E4M3 ? KVHAL_NUM_E4M3FN_NAN_BIT : KVHAL_NUM_E5M2_NAN_BIT;
             c0 |= (nan_lanes<IN>(v.x) >> 15) * bit;
             c1 |= (nan_lanes<IN>(v.y) >> 15) * bit;
             c2 |= (nan_lanes<IN>(v.z) >> 15) * bit;
@@ -370,7 +333,7 @@ template <int IN, int OUT, int MODE> struct XFp8Vec {
 #endif
 };
 
-/* AMD's fnuz formats through the OCP conversion (kvhal_gpu_fnuz_from_ocp), 16 input bytes at a time. For SM_MUL
+/* AMD's fnuz formats through the OCP conversion (kvhal_num_fnuz_from_ocp), 16 input bytes at a time. For SM_MUL
  * and SM_RCP the host passes s / 2 and 2 / s, so that scaled<MODE> gives q2 = 2 * (x / s) exactly (a power-of-two
  * factor on every term of the multiply or the correction); SM_DIV takes the call's scale and doubles the quotient
  * (exact, or an overflow, which saturates either way). On sm_89+ the hardware converts q2 two lanes at a time and only
@@ -380,11 +343,11 @@ template <int OUT> __device__ __forceinline__ uint32_t fnuz_one(float x, float q
 {
     const int e4 = OUT == DT_E4M3FNUZ;
 #ifdef KVHAL_GPU_HW_FP8
-    return kvhal_gpu_fnuz_from_ocp(ocp, q2, kvhal_gpu_f32_bits(x), e4);
+    return kvhal_num_fnuz_from_ocp(ocp, q2, kvhal_num_f32_bits(x), e4);
 #else
     (void)ocp;
-    const uint32_t a = kvhal_gpu_f32_bits(q2 * 0.5f) & 0x7fffffffu;
-    return kvhal_gpu_fnuz_finish(kvhal_gpu_f32_bits(x), e4 ? kvhal_gpu_e4m3fnuz_mag_bits(a) : kvhal_gpu_e5m2fnuz_mag_bits(a));
+    const uint32_t a = kvhal_num_f32_bits(q2 * 0.5f) & 0x7fffffffu;
+    return kvhal_num_fnuz_finish(kvhal_num_f32_bits(x), e4 ? kvhal_num_e4m3fnuz_mag(a) : kvhal_num_e5m2fnuz_mag(a));
 #endif
 }
 
@@ -419,8 +382,8 @@ template <int OUT, int MODE> struct XFp8VecFnuz<DT_F32, OUT, MODE> {
     typedef uint32_t Out;
     static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
     {
-        const float x[4] = {kvhal_gpu_bits_f32(v.x), kvhal_gpu_bits_f32(v.y), kvhal_gpu_bits_f32(v.z),
-                            kvhal_gpu_bits_f32(v.w)};
+        const float x[4] = {kvhal_num_bits_f32(v.x), kvhal_num_bits_f32(v.y), kvhal_num_bits_f32(v.z),
+                            kvhal_num_bits_f32(v.w)};
         const float q2[4] = {scaled2<MODE>(x[0], s, inv), scaled2<MODE>(x[1], s, inv), scaled2<MODE>(x[2], s, inv),
                              scaled2<MODE>(x[3], s, inv)};
         return fnuz_four<OUT>(x, q2);
@@ -549,7 +512,7 @@ template <class X, int H> struct Conv {
 
 #ifdef KVHAL_GPU_HW_FP8
 /* Four quotients -> four OCP fp8 codes in one 32-bit word (a0 in byte 0): two packed conversions written straight
- * into the halves of one register, where fp8_hw_x2's 16-bit results were masked and permuted (session 8: 3
+ * into the halves of one register, where fp8_hw_x2's 16-bit results were masked and permuted (3
  * instructions fewer per 4 bytes in the SASS). */
 template <int OUT> __device__ __forceinline__ uint32_t fp8_hw_x4(float a0, float a1, float a2, float a3)
 {
@@ -581,8 +544,8 @@ template <int OUT, int MODE> struct XFp8Trim<XFp8Vec<DT_F32, OUT, MODE>> {
     static __device__ __forceinline__ uint32_t apply(const uint4 &v, float s, float inv)
     {
         const uint32_t c = fp8_hw_x4<OUT>(
-            scaled<MODE>(kvhal_gpu_bits_f32(v.x), s, inv), scaled<MODE>(kvhal_gpu_bits_f32(v.y), s, inv),
-            scaled<MODE>(kvhal_gpu_bits_f32(v.z), s, inv), scaled<MODE>(kvhal_gpu_bits_f32(v.w), s, inv));
+            scaled<MODE>(kvhal_num_bits_f32(v.x), s, inv), scaled<MODE>(kvhal_num_bits_f32(v.y), s, inv),
+            scaled<MODE>(kvhal_num_bits_f32(v.z), s, inv), scaled<MODE>(kvhal_num_bits_f32(v.w), s, inv));
         if (!fp8_any_nan<OUT>(c, 0u)) return c;
         const uint32_t n = fp8_nan_bytes<OUT>(c);
         const uint32_t sign = ((v.x >> 24) & 0x80u) | ((v.y >> 16) & 0x8000u) | ((v.z >> 8) & 0x800000u) |
@@ -621,8 +584,8 @@ template <int IN, int OUT, int MODE, int H> struct Conv<XFp8Vec<IN, OUT, MODE>, 
 };
 #endif
 
-/* The row form's accesses under hints H (KVHAL_GPU_HINT_*): the vector path's input unit is always a uint4, its
- * cache unit a uint4 (copies), uint2 (16-bit input to fp8) or uint32_t (f32 to fp8). */
+/* The row form's input loads under hints H (KVHAL_GPU_HINT_NA, CUDA only): the vector path's input unit is always a
+ * uint4. */
 #if defined(__CUDA_ARCH__) && !defined(__HIP_PLATFORM_AMD__) && !defined(__HIPCC_RTC__)
 #define KVHAL_GPU_PTX_HINTS 1
 #endif
@@ -630,13 +593,6 @@ template <int H, class T> __device__ __forceinline__ T ld_in(const T *p) { retur
 template <int H> __device__ __forceinline__ uint4 ld_in(const uint4 *p)
 {
 #ifdef KVHAL_GPU_PTX_HINTS
-    if (H & KVHAL_GPU_HINT_IN) {
-        uint4 v;
-        asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p));
-        return v;
-    }
     if (H & KVHAL_GPU_HINT_NA) {
         uint4 v;
         asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -646,16 +602,6 @@ template <int H> __device__ __forceinline__ uint4 ld_in(const uint4 *p)
     }
 #endif
     return *p;
-}
-template <int H, class T> __device__ __forceinline__ void st_out(T *p, const T &v)
-{
-#ifdef KVHAL_GPU_PTX_HINTS
-    if (H & KVHAL_GPU_HINT_CS) {
-        __stcs(p, v);
-        return;
-    }
-#endif
-    *p = v;
 }
 
 template <class X>
@@ -679,12 +625,12 @@ __device__ __forceinline__ void rows_store(const PagedSide &sd, const int64_t *s
     const int64_t co = s_cache[t];
     if (co < 0) return;
     if (sd.one_run) {
-        st_out<H>(out + co + (int64_t)r, Conv<typename BaseX<X>::T, H>::apply(v, sd.scale, sd.inv));
+        out[co + (int64_t)r] = Conv<typename BaseX<X>::T, H>::apply(v, sd.scale, sd.inv);
         return;
     }
     const uint32_t h = kvhal_fastdiv32_div(r, sd.div_head);
-    st_out<H>(out + co + (int64_t)h * sd.cache_head + (int64_t)(r - h * sd.div_head.d),
-              Conv<typename BaseX<X>::T, H>::apply(v, sd.scale, sd.inv));
+    out[co + (int64_t)h * sd.cache_head + (int64_t)(r - h * sd.div_head.d)] =
+        Conv<typename BaseX<X>::T, H>::apply(v, sd.scale, sd.inv);
 }
 
 /* Token tid's cache offsets in shared memory (-1: padding, or a slot out of range, which is flagged), from the slot

@@ -11,7 +11,7 @@
 #endif
 
 #if defined(KVHAL_GPU_HIP)
-#ifndef __HIPCC_RTC__ /* hiprtc (the run-time compiled kernels, gpu_hip_rtc.cu) has these built in */
+#ifndef __HIPCC_RTC__ /* hiprtc (the run-time compiled kernels, gpu_codepath.cu) has these built in */
 #include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
 #endif
@@ -66,7 +66,7 @@ typedef hipMemAccessDesc gpuMemAccessDesc;
 #define gpuDeviceEnablePeerAccess hipDeviceEnablePeerAccess
 #define gpuDeviceSynchronize hipDeviceSynchronize
 #define gpuMalloc hipMalloc
-/* IPC (issue 18): handles of hipMalloc'd memory; imports opened with peer access enabled as needed */
+/* IPC: handles of hipMalloc'd memory; imports opened with peer access enabled as needed */
 #ifndef __HIPCC_RTC__ /* a host type: hiprtc's built-ins have no IPC handle */
 typedef hipIpcMemHandle_t gpuIpcMemHandle_t;
 #endif
@@ -176,7 +176,7 @@ typedef cudaMemAccessDesc gpuMemAccessDesc;
 #define gpuDeviceEnablePeerAccess cudaDeviceEnablePeerAccess
 #define gpuDeviceSynchronize cudaDeviceSynchronize
 #define gpuMalloc cudaMalloc
-/* IPC (issue 18): handles of cudaMalloc'd memory; imports opened with peer access enabled as needed */
+/* IPC: handles of cudaMalloc'd memory; imports opened with peer access enabled as needed */
 typedef cudaIpcMemHandle_t gpuIpcMemHandle_t;
 #define gpuIpcGetMemHandle cudaIpcGetMemHandle
 #define gpuIpcOpenMemHandle(p, h) cudaIpcOpenMemHandle((p), (h), cudaIpcMemLazyEnablePeerAccess)

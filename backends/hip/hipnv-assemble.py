@@ -122,7 +122,7 @@ def extract(git_dir, tag, prefix, dest, strip):
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.abspath(os.path.join(here, '..', '..', '..'))
+    root = os.path.abspath(os.path.join(here, '..', '..'))
     ap = argparse.ArgumentParser()
     ap.add_argument('--out', default=os.path.join(root, '.hipnv', 'include'))
     ap.add_argument('--tag', default='rocm-6.0.2')

@@ -1,7 +1,8 @@
 /* kv_common.cl — what every kvhal OpenCL program starts with: dtype codes and sizes, and the conversions between
  * f32 and the stored formats (f16, bf16, fp8 e4m3fn, fp8 e5m2) written with integer operations on the bit patterns,
  * so that no kernel needs cl_khr_fp16 and every OpenCL 1.2 device runs the same code. Each conversion is bit-exact
- * with its host reference in core/convert.c (round to nearest even, subnormals kept, fp8 saturating, NaN kept).
+ * with kvhal_numerics.h, the library's (round to nearest even, subnormals kept, fp8 saturating, NaN kept):
+ * tests/test_opencl_numerics.c runs them against it.
  * Helpers are plain functions, not C99 'inline' ones: an inline definition that a compiler decides not to inline
  * has no external definition to fall back on, and device compilers inline small functions anyway. */
 
@@ -165,7 +166,7 @@ uint kv_encode(float x, int dt)
 /* x / s rounded to nearest even, as the host's IEEE division gives it, for s > 0 and inv = 1 / s rounded by the
  * host. mode 0: s is 1. mode 1: s is a power of two, so x * inv is exact (or far below any fp8 value). mode 2: s in
  * [2^-64, 2^64]: one Markstein correction of x * inv with the exact fma residual q*s - x, the same bits as the
- * division wherever fp8 can tell quotients apart (the CUDA kernels' kvhal_gpu_quot_rcp, proved over all 2^32 inputs
+ * division wherever fp8 can tell quotients apart (kvhal_numerics.h's kvhal_num_quot_rcp, proved over all 2^32 inputs
  * per scale by kvhal-fp8-check); an infinite product is kept (it saturates; the correction would make it NaN).
  * mode 3 (other scales): a Newton step with exact fma residuals, then the neighbour on the residual's side wins if
  * its residual is smaller (a quotient is never exactly halfway between two floats, so there is no tie to break).

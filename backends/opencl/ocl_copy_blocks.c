@@ -128,6 +128,65 @@ static int32_t cb_group(const kvhal_bk_copy_blocks *a, int32_t c0, cl_mem *bufs,
     return c;
 }
 
+/* Uploads the call's pairs and cache table into the descriptor's meta buffer (grown as needed) on q: *written is
+ * the write's event, which the launches wait for. */
+static kvhal_status cb_upload(ocl_device *d, cb_desc *cd, const kvhal_bk_copy_blocks *a, cl_command_queue q,
+                              ocl_ctx *ce, cl_event *written)
+{
+    const int32_t id = d->index;
+    cl_int err;
+    /* meta = pairs, then the cache table. The host copy lives until the (non-blocking) write has read it: an
+     * event callback frees it, so the call never waits for the device. */
+    const size_t nc = (size_t)a->num_caches;
+    size_t words = 2 * (size_t)a->num_pairs + 4 * nc, bytes = words * sizeof(cl_ulong);
+    cl_ulong *host = kvhal__ocl_malloc(d->m, bytes);
+    if (!host)
+        return OCL_SET_ERROR(d->m, KVHAL_OUT_OF_MEMORY, "opencl:%d: copy_blocks: %zu-byte host table", id, bytes);
+    memcpy(host, a->pairs, 2 * (size_t)a->num_pairs * sizeof(int64_t));
+    cl_ulong *table = host + 2 * (size_t)a->num_pairs;
+    memcpy(table, cd->table, 4 * nc * sizeof *table);
+    for (size_t c = 0; c < nc; c++) table[4 * c + 1] = (cl_ulong)a->offsets[c];
+    cl_mem bufs[CB_NBUF];
+    int32_t nb;
+    for (int32_t c0 = 0; c0 < a->num_caches;) c0 = cb_group(a, c0, bufs, &nb, table);
+    if (!cd->meta || cd->meta_ctx != ce->ctx || cd->meta_cap < bytes) {
+        size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
+        if (kvhal__ocl_alloc_refused(d->m)) {
+            free(host);
+            return OCL_SET_ERROR(d->m, KVHAL_OUT_OF_MEMORY, "opencl:%d: copy_blocks table buffer (fault injection)",
+                                 id);
+        }
+        cl_mem mem = clCreateBuffer(ce->ctx, CL_MEM_READ_ONLY, cap, NULL, &err);
+        if (err != CL_SUCCESS) {
+            free(host);
+            return kvhal__ocl_fail(d->m, err, "opencl:%d: clCreateBuffer(copy_blocks table, %zu bytes)", id, cap);
+        }
+        if (cd->meta) clReleaseMemObject(cd->meta); /* deleted after the launches still reading it */
+        if (cd->meta_last_use) clReleaseEvent(cd->meta_last_use);
+        cd->meta = mem;
+        cd->meta_cap = cap;
+        cd->meta_ctx = ce->ctx;
+        cd->meta_last_use = NULL;
+    }
+    /* The previous call's launches may still read meta, possibly on another queue: the write waits for them. */
+    err = clEnqueueWriteBuffer(q, cd->meta, CL_FALSE, 0, bytes, host, cd->meta_last_use ? 1 : 0,
+                               cd->meta_last_use ? &cd->meta_last_use : NULL, written);
+    if (err != CL_SUCCESS) {
+        free(host);
+        return kvhal__ocl_fail(d->m, err, "opencl:%d: clEnqueueWriteBuffer(copy_blocks table, %zu bytes)", id,
+                               bytes);
+    }
+    if (clSetEventCallback(*written, CL_COMPLETE, free_host_copy, host) != CL_SUCCESS) {
+        err = clWaitForEvents(1, written);
+        free(host);
+        if (err != CL_SUCCESS) {
+            clReleaseEvent(*written);
+            return kvhal__ocl_fail(d->m, err, "opencl:%d: copy_blocks table upload", id);
+        }
+    }
+    return KVHAL_OK;
+}
+
 kvhal_status ocl_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_copy_blocks *a, void *stream)
 {
     OCL_GET_DEVICE(ctx, id, d);
@@ -149,59 +208,13 @@ kvhal_status ocl_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
     for (int32_t c = 0; c < a->num_caches; c++) acc |= (uint64_t)a->offsets[c];
     const int ki = widest_kernel(acc);
 
-    /* meta = pairs, then the cache table. The host copy lives until the (non-blocking) write has read it: an
-     * event callback frees it, so the call never waits for the device. */
-    const size_t nc = (size_t)a->num_caches;
-    size_t words = 2 * (size_t)a->num_pairs + 4 * nc, bytes = words * sizeof(cl_ulong);
-    cl_ulong *host = kvhal__ocl_malloc(d->m, bytes);
-    if (!host)
-        return OCL_SET_ERROR(d->m, KVHAL_OUT_OF_MEMORY, "opencl:%d: copy_blocks: %zu-byte host table", id, bytes);
-    memcpy(host, a->pairs, 2 * (size_t)a->num_pairs * sizeof(int64_t));
-    cl_ulong *table = host + 2 * (size_t)a->num_pairs;
-    memcpy(table, cd->table, 4 * nc * sizeof *table);
-    for (size_t c = 0; c < nc; c++) table[4 * c + 1] = (cl_ulong)a->offsets[c];
+    cl_event written;
+    st = cb_upload(d, cd, a, q, ce, &written);
+    if (st != KVHAL_OK) return st;
+
     cl_mem bufs[CB_NBUF];
     int32_t nb;
-    for (int32_t c0 = 0; c0 < a->num_caches;) c0 = cb_group(a, c0, bufs, &nb, table);
-
     cl_int err;
-    if (!cd->meta || cd->meta_ctx != ce->ctx || cd->meta_cap < bytes) {
-        size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
-        if (kvhal__ocl_alloc_refused(d->m)) {
-            free(host);
-            return OCL_SET_ERROR(d->m, KVHAL_OUT_OF_MEMORY, "opencl:%d: copy_blocks table buffer (fault injection)",
-                                 id);
-        }
-        cl_mem mem = clCreateBuffer(ce->ctx, CL_MEM_READ_ONLY, cap, NULL, &err);
-        if (err != CL_SUCCESS) {
-            free(host);
-            return kvhal__ocl_fail(d->m, err, "opencl:%d: clCreateBuffer(copy_blocks table, %zu bytes)", id, cap);
-        }
-        if (cd->meta) clReleaseMemObject(cd->meta); /* deleted after the launches still reading it */
-        if (cd->meta_last_use) clReleaseEvent(cd->meta_last_use);
-        cd->meta = mem;
-        cd->meta_cap = cap;
-        cd->meta_ctx = ce->ctx;
-        cd->meta_last_use = NULL;
-    }
-    /* The previous call's launches may still read meta, possibly on another queue: the write waits for them. */
-    cl_event written;
-    err = clEnqueueWriteBuffer(q, cd->meta, CL_FALSE, 0, bytes, host, cd->meta_last_use ? 1 : 0,
-                               cd->meta_last_use ? &cd->meta_last_use : NULL, &written);
-    if (err != CL_SUCCESS) {
-        free(host);
-        return kvhal__ocl_fail(d->m, err, "opencl:%d: clEnqueueWriteBuffer(copy_blocks table, %zu bytes)", id,
-                               bytes);
-    }
-    if (clSetEventCallback(written, CL_COMPLETE, free_host_copy, host) != CL_SUCCESS) {
-        err = clWaitForEvents(1, &written);
-        free(host);
-        if (err != CL_SUCCESS) {
-            clReleaseEvent(written);
-            return kvhal__ocl_fail(d->m, err, "opencl:%d: copy_blocks table upload", id);
-        }
-    }
-
     cl_event last = NULL;
     int launches = 0;
     cl_uint num_pairs = (cl_uint)a->num_pairs;

@@ -1,10 +1,12 @@
 /* ocl_internal.h — what the OpenCL backend's compilation units share. The module's state lives in one ocl_module
  * (the context init returns, freed at shutdown); every device points back to it.
- *   ocl_device.c   platform and device discovery, init/shutdown, device info, get_proc_address (test hooks)
- *   ocl_memory.c   contexts, buffers, streams (command queues), copies, memset, synchronize, the error flag
- *   ocl_program.c  the kernel-source table, the program cache, a descriptor's kernels per cl_context, launches
+ * The files call one another one way, from the top down (a file calls only the rooms below it):
+ *   ocl_table.c    the table, its op slots and per-op dispatch generated from KVHAL_BK_OP_LIST
  *   ocl_<op>.c     one per op of KVHAL_BK_OP_LIST: supports, desc_create, desc_destroy and the op itself
- *   ocl_table.c    the table, its op slots and per-op dispatch generated from KVHAL_BK_OP_LIST */
+ *   ocl_device.c   platform and device discovery, init/shutdown, device info, get_proc_address (test hooks)
+ *   ocl_program.c  the kernel-source table, the program cache, a descriptor's kernels per cl_context, launches
+ *   ocl_memory.c   contexts, buffers, streams (command queues), copies, memset, synchronize, the error flag
+ *   ocl_error.c    OpenCL error names and statuses, messages, host allocation, the device lookup (ocl_error.h) */
 #ifndef KVHAL_OCL_INTERNAL_H
 #define KVHAL_OCL_INTERNAL_H
 
@@ -14,8 +16,7 @@
 #include <stdatomic.h>
 
 #include "kvhal_backend.h"
-
-#define OCL_HIDDEN __attribute__((visibility("hidden")))
+#include "ocl_error.h"
 
 /* Contexts a device can be used in: its platform's own context (index 0) and those of cl_mem objects or queues a
  * caller wrapped. Entries are appended under the device's mutex and never removed before shutdown, so a reader
@@ -96,31 +97,7 @@ struct ocl_module {
     atomic_int gpu_plans_on_cpu;      /* test hook kvhal_opencl_test_gpu_plans */
 };
 
-#define OCL_SET_ERROR(m, st, ...) (m)->services->set_error((st), __VA_ARGS__)
-
 /* ---- ocl_device.c ---- */
-/* Device id of the module, NULL when out of range. */
-OCL_HIDDEN ocl_device *kvhal__ocl_device(ocl_module *m, int32_t id);
-/* The device for an entry's (ctx, id), or return KVHAL_NO_DEVICE from the enclosing function. */
-#define OCL_GET_DEVICE(ctx, id, d)                                                                              \
-    ocl_device *d = kvhal__ocl_device((ocl_module *)(ctx), (id));                                               \
-    if (!d)                                                                                                     \
-        return OCL_SET_ERROR((ocl_module *)(ctx), KVHAL_NO_DEVICE, "opencl:%d: no such device (%d present)",     \
-                             (int)(id), (int)((ocl_module *)(ctx))->num_devices)
-OCL_HIDDEN const char *kvhal__ocl_err_name(cl_int err);
-OCL_HIDDEN kvhal_status kvhal__ocl_map_err(cl_int err);
-/* Sets the error message "<what>: <CL_ERROR_NAME> (<code>)" with what formatted, and returns the mapped status. */
-OCL_HIDDEN kvhal_status kvhal__ocl_fail(ocl_module *m, cl_int err, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* True once the process exits (the module's destructor ran): OpenCL objects must not be touched any more. */
-OCL_HIDDEN bool kvhal__ocl_finalizing(void);
-/* strdup through malloc (no fault injection: module bookkeeping). */
-OCL_HIDDEN char *kvhal__ocl_strdup(const char *s);
-/* Host allocation on a caller's behalf (fault injection first). */
-OCL_HIDDEN void *kvhal__ocl_malloc(ocl_module *m, size_t n);
-/* Fault injection for device allocations made on a caller's behalf. */
-OCL_HIDDEN bool kvhal__ocl_alloc_refused(ocl_module *m);
-OCL_HIDDEN void kvhal__ocl_device_str(cl_device_id dv, cl_device_info what, char *buf, size_t n);
 /* Whether kernels for d are planned for a CPU device (false on GPUs, and on every device while the test hook
  * kvhal_opencl_test_gpu_plans is on). */
 OCL_HIDDEN bool kvhal__ocl_cpu_plans(const ocl_device *d);

@@ -99,8 +99,8 @@ static void make_plan(const ocl_device *d, const kvhal_bk_paged_caching *a, pc_p
      * math. GPUs need bytes in flight: there a work-item loads KVHAL_OCL_GPU_GROUP chunks a head-dim quarter/half
      * apart (interleaved, so that each of its loads is still coalesced with its neighbours') before it stores. */
     const bool cpu = kvhal__ocl_cpu_plans(d);
-    /* On GPUs a converting row (fp8 caches) keeps one chunk per work-item: on NVIDIA's OpenCL (H100, session 8,
-     * docs/measurements/session8/README-opencl.md) llama3-8b fp8 at 8192 tokens ran at 0.935-0.953 of a copy with
+    /* On GPUs a converting row (fp8 caches) keeps one chunk per work-item: on NVIDIA's OpenCL (H100) llama3-8b
+     * fp8 at 8192 tokens ran at 0.935-0.953 of a copy with
      * one chunk, 0.840-0.962 with two (fnuz: 0.910-0.928 against 0.628-0.681; four chunks: 0.43-0.47; not
      * profiled: the conversion's registers are the likely cost); rows that only copy keep KVHAL_OCL_GPU_GROUP. */
     const bool converts = a->input_dtype != a->cache_dtype;

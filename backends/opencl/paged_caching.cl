@@ -110,8 +110,8 @@ uint pc_nv_fix_nan(uint c, uint sign)
 }
 
 #if PC_FNUZ
-/* AMD's fnuz formats through the OCP conversion, as the CUDA kernels do (kvhal_gpu_fnuz_from_ocp in
- * backends/gpu/kvhal_gpu_math.h): an fnuz format is its OCP namesake with the exponent bias one higher, so the OCP
+/* AMD's fnuz formats through the OCP conversion, as the CUDA kernels do (kvhal_num_fnuz_from_ocp in
+ * kvhal_numerics.h): an fnuz format is its OCP namesake with the exponent bias one higher, so the OCP
  * code of q2 = 2 * (x / s) is the fnuz code of x / s, except where the OCP code's magnitude is at or above the
  * largest OCP finite one (0x7e e4m3, 0x7b e5m2: saturation, q2 past it, NaN) and for a negative zero, which loses
  * its sign. q2 comes from kv_div with (s / 2, 2 / s) (pc_fnuz_fold): every term of its multiply, correction or
