@@ -8,10 +8,10 @@
  * - math (--math): the arithmetic the GPU kernels use instead of the division (backends/gpu/kvhal_gpu_math.h:
  *   a multiply by 1/s for a power-of-two s, the reciprocal with one fma correction for a calibrated s), compiled
  *   for the host, with the kernels' mapping of a NaN quotient of a non-NaN input to the saturated code; for the
- *   fnuz formats the sm_89+ path (twice the quotient through the OCP code, kvhal_gpu_fnuz_from_ocp).
+ *   fnuz formats the sm_89+ path (twice the quotient through the OCP code, kvhal_num_fnuz_from_ocp).
  * - device (default): the paged-caching op itself on the device KVHAL_DEVICE (or --device) selects: chunks of f32
  *   inputs are cached into fp8 K and V caches through kvhal_paged_caching and read back. On cpu:0 this checks the
- *   CPU backend's conversion loops (cpu_ops.c, the quotient of backends/cpu/cpu_convert.h): the vector loop with
+ *   CPU backend's conversion loops (cpu_ops.c and its quotient, cpu_scale_mode): the vector loop with
  *   the inputs dense, the scalar loop with --strided (the inputs read through a transposed [tokens, 128, 8] view,
  *   so the head dim has stride 8; every input is still cached exactly once).
  * Exit status: 0 every code matched, 1 a mismatch or a failed call, 2 a usage error. */
@@ -87,7 +87,7 @@ static uint8_t ref_code(float x, float s, kvhal_dtype fmt) { return kvhal_f32_to
 static float kernel_quot(float x, float s, float inv, int m)
 {
     if (isnan(x)) return x; /* the kernels take a NaN's sign and NaN-ness from the input */
-    float q = m == 0 ? x * inv : m == 1 ? kvhal_gpu_quot_rcp(x, s, inv) : x / s;
+    float q = m == 0 ? x * inv : m == 1 ? kvhal_num_quot_rcp(x, s, inv) : x / s;
     if (isnan(q)) q = copysignf(INFINITY, x);
     return q;
 }
@@ -128,7 +128,7 @@ static void *run_job(void *p)
              * as the hardware gives it (kvhal_f32_to_fp8 of the OCP format equals it), mapped to fnuz */
             const int e4 = j->fmt == KVHAL_FP8_E4M3FNUZ;
             const float q2 = j->mode == 2 ? 2.0f * (x / j->s) : kernel_quot(x, j->s * 0.5f, 2.0f / j->s, j->mode);
-            got = (uint8_t)kvhal_gpu_fnuz_from_ocp(kvhal_f32_to_fp8(q2, e4 ? KVHAL_FP8_E4M3 : KVHAL_FP8_E5M2), q2, u,
+            got = (uint8_t)kvhal_num_fnuz_from_ocp(kvhal_f32_to_fp8(q2, e4 ? KVHAL_FP8_E4M3 : KVHAL_FP8_E5M2), q2, u,
                                                    e4);
         } else {
             const float q = kernel_quot(x, j->s, j->inv, j->mode), e = x / j->s;
@@ -297,7 +297,7 @@ static int check_device(void)
         }
     }
     /* the CPU backend picks its quotient like the kernels, except that its SSE2 loops (a CPU without AVX2, FMA and
-     * F16C, or KVHAL_CPU_WIDE=0) divide by a calibrated scale (cpu_convert.h) */
+     * F16C, or KVHAL_CPU_WIDE=0) divide by a calibrated scale (cpu_ops.c, cpu_scale_mode) */
     const bool cpu = dev.type == KVHAL_DEVICE_CPU;
     if (cpu)
         printf("%s: the modes below are the wide loops'; the SSE2 loops (no AVX2/FMA/F16C, or KVHAL_CPU_WIDE=0) "

@@ -188,7 +188,7 @@ static void test_scale_mode(void **state)
 
 /* Calibrated scales without a division: specials, saturation and exact rounding ties at fixed scales, then random
  * scales over the reciprocal's whole range with inputs drawn around their quotients' fp8 range. (The proof over all
- * 2^32 inputs per scale is tools/kvhal-fp8-check --math.) The plain product x * (1/s) must differ somewhere, or
+ * 2^32 inputs per scale is tests/fp8_check --math.) The plain product x * (1/s) must differ somewhere, or
  * this test could not tell the correction from none. */
 static void test_rcp_scale(void **state)
 {

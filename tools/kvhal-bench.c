@@ -1112,7 +1112,7 @@ int main(int argc, char **argv)
                KVHAL_PROJECT_VERSION, dev_name);
         for (const char *p = info.name; *p; p++)
             if ((unsigned char)*p >= 0x20) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-        printf("\", \"platform\": \""); /* runtime, code path and (GPU modules) the kernel variant */
+        printf("\", \"platform\": \""); /* runtime, code path and (GPU modules) the kernels' form */
         for (const char *p = info.platform; *p; p++)
             if ((unsigned char)*p >= 0x20) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
         printf("\", \"cold_measured\": %s, \"records\": [%s\n]}\n", cold_on ? "true" : "false", jbuf ? jbuf : "");

@@ -141,7 +141,7 @@ static inline float load_bf16(const char *p, int64_t i)
  * round with integer arithmetic on the f32 bits (the carry of a rounded-up mantissa runs into the exponent) and
  * round subnormal results by adding 2^k, whose ulp is the fp8 subnormal quantum: the same codes as the scalar
  * kvhal_num_f32_to_* conversions (kvhal_numerics.h) for every input, checked through the CPU backend over all 2^32
- * inputs for a set of scales by kvhal-fp8-check --device=cpu (and on a slice by the ops suite). */
+ * inputs for a set of scales by tests/fp8_check --device=cpu (and on a slice by the ops suite). */
 static inline __m128 load4_f32(const char *p) { return _mm_loadu_ps((const float *)p); }
 
 static inline __m128 load4_bf16(const char *p)
@@ -407,7 +407,7 @@ static bool cpu_has_wide(void) { return false; }
  *    overflows) q is NaN although x is not: the encoders here then take the sign and NaN-ness from x and the
  *    magnitude from q, so such a q saturates like the division's infinity.
  * 2  otherwise: the IEEE division x / s.
- * Checked on all 2^32 inputs for a set of scales through the CPU backend itself by kvhal-fp8-check --device=cpu
+ * Checked on all 2^32 inputs for a set of scales through the CPU backend itself by tests/fp8_check --device=cpu
  * (dense: the vector loop; --strided: the scalar loop). */
 static int cpu_scale_mode(float s, int has_fma)
 {

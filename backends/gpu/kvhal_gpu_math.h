@@ -13,10 +13,6 @@
 #include "../../include/kvhal/kvhal_numerics.h"
 #endif
 
-/* Names tools/kvhal-fp8-check.c still spells (its own change renames them to kvhal_num_*). */
-#define kvhal_gpu_quot_rcp kvhal_num_quot_rcp
-#define kvhal_gpu_fnuz_from_ocp kvhal_num_fnuz_from_ocp
-
 /* How the kernels divide by the scales: 0 multiply by the exact 1/s (both scales powers of two), 1 the reciprocal
  * with its correction (both in kvhal_num_quot_rcp's range), 2 the IEEE division. */
 KVHAL_NUM_HD int kvhal_gpu_scale_mode(float k_scale, float v_scale)

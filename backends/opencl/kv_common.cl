@@ -167,7 +167,7 @@ uint kv_encode(float x, int dt)
  * host. mode 0: s is 1. mode 1: s is a power of two, so x * inv is exact (or far below any fp8 value). mode 2: s in
  * [2^-64, 2^64]: one Markstein correction of x * inv with the exact fma residual q*s - x, the same bits as the
  * division wherever fp8 can tell quotients apart (kvhal_numerics.h's kvhal_num_quot_rcp, proved over all 2^32 inputs
- * per scale by kvhal-fp8-check); an infinite product is kept (it saturates; the correction would make it NaN).
+ * per scale by tests/fp8_check); an infinite product is kept (it saturates; the correction would make it NaN).
  * mode 3 (other scales): a Newton step with exact fma residuals, then the neighbour on the residual's side wins if
  * its residual is smaller (a quotient is never exactly halfway between two floats, so there is no tie to break).
  * OpenCL's own '/' may be 2.5 ulp off and costs more than this. */

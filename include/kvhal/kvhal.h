@@ -691,10 +691,9 @@ KVHAL_API kvhal_status kvhal_tensor_permute(const kvhal_tensor *t, const int32_t
  * stream, the process's first call included (they allocate nothing: per-device state is made when a buffer or
  * stream is made or wrapped on the device, which may itself happen inside the capture). A replay reads the tensors'
  * memory at replay time (same addresses, new contents) and uses the scales of the captured call. kvhal_copy_blocks
- * may be captured when its cache table and pairs travel in the kernel parameters (up to 138 caches, the default
- * kernel variant; the pairs are those of the captured call); with more caches (or KVHAL_GPU_VARIANT 0 or 2) it
- * stages the pairs through host memory per call, and on a capturing stream it then returns KVHAL_UNSUPPORTED and
- * records nothing (the capture stays valid). */
+ * may be captured when its cache table and pairs travel in the kernel parameters (up to 138 caches; the pairs
+ * are those of the captured call); with more caches it stages the pairs through host memory per call, and on a
+ * capturing stream it then returns KVHAL_UNSUPPORTED and records nothing (the capture stays valid). */
 /** dst = src elementwise (same shape and dtype, same device, any strides). Elements are copied in parallel on
  *  devices: dst must not overlap src (unless it is the same view) nor itself (a stride 0 of a dim longer than 1),
  *  or the result differs between backends.

@@ -282,7 +282,7 @@ KVHAL_NUM_HD int kvhal_num_scale_rcp_ok(float s)
  * (Markstein's correction), wherever no intermediate underflows. That holds for every x whose quotient matters to
  * fp8 when s lies in [2^-64, 2^64]: a residual that underflows belongs to an |x| below 2^-102, whose quotient (below
  * 2^-38) rounds to a zero of either fp8 format either way. Proved on all 2^32 inputs for a set of scales by
- * kvhal-fp8-check (the fp8 codes, against kvhal_f32_to_fp8(x / s)), and on random scales by tests/test_gpu_math.c.
+ * tests/fp8_check.c (the fp8 codes, against kvhal_f32_to_fp8(x / s)), and on random scales by tests/test_gpu_math.c.
  * Specials: the residual is formed as y*s - x and subtracted (not x - y*s and added) so that x = -0 gives -0; a y
  * that is +-inf (x infinite, or the quotient overflows) gives NaN, which callers map to the saturated code (an input
  * NaN stays NaN). */
