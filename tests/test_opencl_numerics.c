@@ -200,7 +200,7 @@ static void test_encode(void **state)
     }
     free(out);
     free(in);
-    if (bad) fail_msg("OpenCL encoders differ from kvhal_numerics.h");
+    if (bad) fail_msg("%s", "OpenCL encoders differ from kvhal_numerics.h");
 }
 
 static void test_decode(void **state)
@@ -224,7 +224,7 @@ static void test_decode(void **state)
             }
     }
     free(out);
-    if (bad) fail_msg("OpenCL decoders differ from kvhal_numerics.h");
+    if (bad) fail_msg("%s", "OpenCL decoders differ from kvhal_numerics.h");
 }
 
 int main(void)
