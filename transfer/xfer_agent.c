@@ -1,8 +1,9 @@
-/* xfer_agent.c — the transfer agent (include/kvhal/kvhal_xfer.h): one UCX context and worker per agent, active messages for
- * everything (xfer_wire.h), so that the receiver itself writes every byte into its pages after checking the frame
- * against its own grant. This room holds the agent's life (create, register the cache, destroy), its progress loop
- * (pump, kvhal_xfer_progress and the waits) and the dispatch of incoming frames to the rooms that handle them; how
- * pages move is the data paths' (xfer_types.h, struct xfer_path). */
+/* xfer_agent.c — the transfer agent (include/kvhal/kvhal_xfer.h): one UCX context and worker per agent, active
+ * messages for everything (xfer_wire.h), so that the receiver itself writes every byte into its pages after checking
+ * the frame against its own grant. This room, the top one (xfer_rooms.h), holds the agent's life (create, register
+ * the cache, destroy), its progress loop (pump, kvhal_xfer_progress and the waits), connect's wait for the answer
+ * and disconnect, and the dispatch of incoming frames to the rooms that handle them; how pages move is the data
+ * paths' (xfer_types.h, struct xfer_path). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

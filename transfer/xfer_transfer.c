@@ -1,5 +1,5 @@
-/* xfer_transfer.c — transfers (their life: settle, finish, release), the agent's event queue, and grants (a
- * receive posted: its GRANT frame; a peer's GRANT: an event for the sender). */
+/* xfer_transfer.c — transfers (their life: new, settle, finish, release, free), the agent's event queue, and the
+ * lookups of transfers and grants the rooms above share. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
