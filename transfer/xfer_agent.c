@@ -1,15 +1,14 @@
-/* xfer_agent.c — the transfer agent (include/kvhal/kvhal_xfer.h): one UCX context and worker per agent, active messages for
- * everything (xfer_wire.h), so that the receiver itself writes every byte into its pages after checking the frame
- * against its own grant. This room holds the agent's life (create, register the cache, destroy), its progress loop
- * (pump, kvhal_xfer_progress and the waits) and the dispatch of incoming frames to the rooms that handle them; how
- * pages move is the data paths' (xfer_types.h, struct xfer_path). */
+/* xfer_agent.c — the transfer agent (include/kvhal/kvhal_xfer.h): one UCX context and worker per agent, active
+ * messages for everything (xfer_wire.h), so that the receiver itself writes every byte into its pages after checking
+ * the frame against its own grant. This room, the top one (xfer_rooms.h), holds the agent's life (create, register
+ * the cache, destroy), its progress loop (pump, kvhal_xfer_progress and the waits), connect's wait for the answer
+ * and disconnect, and the dispatch of incoming frames to the rooms that handle them; how pages move is the data
+ * paths' (xfer_types.h, struct xfer_path). */
 #include <errno.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "xfer_internal.h"
@@ -19,54 +18,7 @@ const xfer_path *const xfer_paths[XFER_PATHS] = {&xfer_path_host, &xfer_path_sta
 
 static ucs_status_t am_handler(void *arg, const void *header, size_t header_length, void *data, size_t length,
                                const ucp_am_recv_param_t *param);
-
-uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t random_session(void)
-{
-    uint64_t v = 0;
-    while (v == 0) {
-        if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) v = now_ns() * 0x9e3779b97f4a7c15ull;
-    }
-    return v;
-}
-
-void copy_name(char *dst, size_t cap, const char *src)
-{
-    size_t i = 0;
-    for (; src && src[i] && i + 1 < cap; i++) dst[i] = (src[i] >= 0x20 && src[i] < 0x7f) ? src[i] : '?';
-    dst[i] = '\0';
-}
-
-uint64_t deadline_from_now(const kvhal_xfer_agent *a) { return now_ns() + (uint64_t)a->timeout_ms * 1000000ull; }
-
-kvhal_status check_agent(const kvhal_xfer_agent *a)
-{
-    CHECK_ARG(a, "agent: NULL");
-    if (a->magic != AGENT_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "agent: %p is not a live transfer agent", (void *)a);
-    return KVHAL_OK;
-}
-
-kvhal_status check_peer(const kvhal_xfer_peer *p)
-{
-    CHECK_ARG(p, "peer: NULL");
-    if (p->magic != PEER_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
-    if (p->state == P_FAILED) return ERR(p->fail_status, "peer %s: %s", p->name, p->fail_msg);
-    return KVHAL_OK;
-}
-
-kvhal_status check_xfer(const kvhal_xfer *x)
-{
-    CHECK_ARG(x, "xfer: NULL");
-    if (x->magic != XFER_MAGIC || x->released)
-        return ERR(KVHAL_INVALID_HANDLE, "xfer: %p is not a live transfer", (const void *)x);
-    return KVHAL_OK;
-}
+static void peer_ipc_free(kvhal_xfer_peer *p);
 
 /* Whether a UCX_TLS-style list lets UCX use CMA (cma, or shm / sm / all, which include it; NULL: UCX's choice):
  * then on one host the peer may read our host cache itself with process_vm_readv (offer_ipc), which is what UCX's
@@ -477,7 +429,6 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
 }
 
 /* Returns how much UCX progressed (0: nothing moved; the caller may back off). */
-
 unsigned pump(kvhal_xfer_agent *a)
 {
     unsigned work = 0;
@@ -566,23 +517,6 @@ again: /* failing one transfer may free others (released ones of the same peer):
         }
     }
     return work;
-}
-
-/* Waiting in the progress loops. A side that naps while a transfer moves stalls the shared-memory FIFO or the
- * socket its peer waits on (the FIFO holds about 64 us of data), so rounds in which UCX did something (work: what
- * pump returned) reset the idle count, and only 2000 idle rounds in a row lead to 20 us naps. Every 64th round
- * yields the CPU: free on an idle core, and on a busy host it lets the peer process (or anyone) run instead of
- * this loop's spinning. */
-
-void idle_wait(idle_state *w, unsigned work)
-{
-    if (work) w->idle = 0;
-    else if (++w->idle >= 2000) {
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
-        return;
-    }
-    if ((++w->rounds & 63) == 0) sched_yield();
 }
 
 kvhal_status kvhal_xfer_progress(kvhal_xfer_agent *a, uint32_t timeout_ms, kvhal_xfer_event *ev)
@@ -679,4 +613,72 @@ size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a)
     n += xfer_pool_out(&a->workers); /* gathers and staging copies, CMA frames' pieces */
     for (const closing_ep *c = a->closing; c; c = c->next) n++;
     return n;
+}
+
+/* A peer's receive state: its offers, its imported cache and map. */
+static void peer_ipc_free(kvhal_xfer_peer *p)
+{
+    offers_free(p);
+    if (p->ipc_buf) kvhal_buffer_destroy(p->ipc_buf);
+    p->ipc_buf = NULL;
+    p->cma = false;
+    p->rx_path = NULL;
+    free(p->ipc_off);
+    p->ipc_off = NULL;
+    free(p->map_frame);
+    p->map_frame = NULL;
+}
+
+kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
+{
+    if (!p) return KVHAL_OK;
+    if (p->magic != PEER_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
+    kvhal_xfer_agent *a = p->agent;
+    if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "disconnected by %s", a->name);
+    /* frames accepted but not started: refused now (the peer failed); then the copies still reading the peer's
+     * imported cache finish (it is closed below), and those reading its process by pid go on without it */
+    for (int k = 0; k < XFER_PATHS; k++) {
+        if (xfer_paths[k]->progress) xfer_paths[k]->progress(a);
+        if (xfer_paths[k]->peer_lost) xfer_paths[k]->peer_lost(a, p);
+    }
+    flush_msgs(a); /* the BYE, and the endpoint's close */
+    for (kvhal_xfer *x = a->xfers; x; x = x->next)
+        if (x->peer == p) x->peer = NULL;
+    scrub_events(a, p, NULL);
+    for (kvhal_xfer_peer **pp = &a->peers; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    for (pending_msg *m = a->msgs; m; m = m->next)
+        if (m->peer == p) m->peer = NULL;
+    for (pending_msg *m = a->sent; m; m = m->next)
+        if (m->peer == p) m->peer = NULL;
+    peer_ipc_free(p);
+    p->magic = DEAD_MAGIC;
+    free(p);
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t len, const char *token,
+                                kvhal_xfer_peer **out)
+{
+    kvhal_status st = peer_connect(a, blob, len, token, out); /* *out: NULL, or the peer */
+    if (st != KVHAL_OK) return st;
+    kvhal_xfer_peer *p = *out;
+    *out = NULL; /* until it connected */
+    idle_state spins = {0, 0};
+    /* and, on the same host with a shareable cache, for the peer's answer to our IPC handle (bounded by the
+     * timeout: without an answer the transfers go through host memory) */
+    while (p->state == P_CONNECTING || (p->state == P_CONNECTED && p->ipc_state == IPC_OFFERED &&
+                                        now_ns() < p->deadline_ns)) {
+        idle_wait(&spins, pump(a));
+    }
+    if (p->state == P_FAILED) {
+        st = ERR(p->fail_status, "connect to %s: %s", p->name, p->fail_msg);
+        kvhal_xfer_disconnect(p);
+        return st;
+    }
+    *out = p;
+    return KVHAL_OK;
 }

@@ -87,7 +87,7 @@ int offer_take_pending(kvhal_xfer_agent *a, kvhal_xfer_peer *p, kvhal_xfer *x)
 }
 
 void on_offer(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length,
-                     const void *data, size_t length, bool rndv)
+              const void *data, size_t length, bool rndv)
 {
     xw_offer h;
     if (header_length != sizeof h || rndv) {
@@ -197,15 +197,6 @@ void offers_free(kvhal_xfer_peer *p)
         offer_unlink(p, NULL, o);
         offer_free(o);
     }
-}
-
-/* An offer of request_id to p not finished (withdrawing: failing only). */
-bool offer_in_flight(const kvhal_xfer_peer *p, uint64_t request_id, bool failing_only)
-{
-    for (const kvhal_xfer *x = p->agent->xfers; x; x = x->next)
-        if (x->offer && x->peer == p && x->request_id == request_id && !x->finished && (!failing_only || x->failing))
-            return true;
-    return false;
 }
 
 kvhal_status kvhal_xfer_offer_pages(kvhal_xfer_peer *p, uint64_t request_id, const int32_t *src_pages, int32_t n,

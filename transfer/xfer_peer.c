@@ -1,5 +1,5 @@
-/* xfer_peer.c — peers: the small frames queued for them (sent from pump) and their endpoints, the handshake
- * (HELLO, HELLO_ACK: token, geometry, wire version, host identity), connect, disconnect and peer failure. */
+/* xfer_peer.c — peers: the handshake (HELLO, HELLO_ACK: token, geometry, wire version, host identity; then, on one
+ * host, our cache offered to the peer with IPC_MAP), the start of a connect, peers attached, and peer failure. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,106 +9,8 @@
 #include "xfer_internal.h"
 #include "xfer_rooms.h"
 
-static void close_ep(kvhal_xfer_agent *a, ucp_ep_h ep, bool force);
 static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
 static void peer_link(kvhal_xfer_agent *a, kvhal_xfer_peer *p, peer_state st, uint64_t session);
-
-void queue_msg(kvhal_xfer_agent *a, kvhal_xfer_peer *p, ucp_ep_h ep, const void *hdr, size_t len,
-                      const void *data, size_t data_len, bool close_after)
-{
-    pending_msg *m = calloc(1, sizeof *m);
-    void *b = malloc(len ? len : 1);
-    void *d = data_len ? malloc(data_len) : NULL;
-    if (!m || !b || (data_len && !d)) {
-        free(m);
-        free(b);
-        free(d);
-        if (close_after) close_ep(a, ep, true);
-        return;
-    }
-    if (len) memcpy(b, hdr, len);
-    if (data_len) memcpy(d, data, data_len);
-    m->peer = p;
-    m->ep = ep;
-    m->buf = b;
-    m->len = len;
-    m->data = d;
-    m->data_len = data_len;
-    m->data_owned = d;
-    m->close_after = close_after;
-    if (a->msgs_tail) a->msgs_tail->next = m;
-    else a->msgs = m;
-    a->msgs_tail = m;
-}
-
-static void close_ep(kvhal_xfer_agent *a, ucp_ep_h ep, bool force)
-{
-    if (!ep) return;
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
-    void *r = ucp_ep_close_nbx(ep, &prm);
-    if (force && UCS_PTR_IS_ERR(r)) { /* UCX forces only endpoints with peer-failure handling (see ep_create): the
-                                       * refusal left this one open, so it is closed by flushing */
-        prm.flags = 0;
-        r = ucp_ep_close_nbx(ep, &prm);
-    }
-    if (!r || !UCS_PTR_IS_PTR(r)) return;
-    closing_ep *c = malloc(sizeof *c);
-    if (!c) { /* cannot track it: finish it here */
-        while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(a->worker);
-        ucp_request_free(r);
-        return;
-    }
-    c->req = r;
-    c->next = a->closing;
-    a->closing = c;
-}
-
-static void msg_sent_cb(void *request, ucs_status_t status, void *user_data)
-{
-    (void)status;
-    ((pending_msg *)user_data)->done = true;
-    ucp_request_free(request);
-}
-
-/* Hands the queued frames to UCX without waiting for them (a peer that does not progress must not stall us): a
- * frame's buffers stay on a->sent until its send completes. An endpoint closed after its frame: at once when
- * forced (the frame may be dropped; its request completes with an error), else once the frame went out. */
-void flush_msgs(kvhal_xfer_agent *a)
-{
-    while (a->msgs) {
-        pending_msg *m = a->msgs;
-        a->msgs = m->next;
-        if (!a->msgs) a->msgs_tail = NULL;
-        ucp_ep_h ep = m->ep ? m->ep : (m->peer && m->peer->state != P_FAILED ? m->peer->ep : NULL);
-        m->ep = ep;
-        m->done = true;
-        if (ep && m->len) {
-            ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                                                       UCP_OP_ATTR_FIELD_FLAGS,
-                                       .cb.send = msg_sent_cb, .user_data = m, .flags = UCP_AM_SEND_FLAG_EAGER};
-            void *r = ucp_am_send_nbx(ep, XW_AM_ID, m->buf, m->len, m->data, m->data_len, &prm);
-            if (r && UCS_PTR_IS_PTR(r)) m->done = false;
-        }
-        if (ep && m->close_after && (m->force || m->done)) {
-            close_ep(a, ep, m->force);
-            m->close_after = false;
-        }
-        m->next = a->sent;
-        a->sent = m;
-    }
-    for (pending_msg **pp = &a->sent; *pp;) {
-        pending_msg *m = *pp;
-        if (!m->done) {
-            pp = &m->next;
-            continue;
-        }
-        if (m->ep && m->close_after) close_ep(a, m->ep, m->force);
-        *pp = m->next;
-        free(m->buf);
-        free(m->data_owned);
-        free(m);
-    }
-}
 
 void peer_fail(kvhal_xfer_peer *p, kvhal_status st, bool tell, const char *fmt, ...)
 {
@@ -155,24 +57,9 @@ kvhal_xfer_peer *find_session(kvhal_xfer_agent *a, uint64_t s)
     return NULL;
 }
 
-/* the IPC path: same host, the sender's cache shareable; the receiver imports it and copies pages itself      */
-/* "boot_id/hostname": two agents with the same one run on the same host (kernel instance). */
-void host_identity(char *out, size_t cap)
-{
-    char boot[64] = "", host[72] = "";
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f) {
-        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
-        fclose(f);
-    }
-    boot[strcspn(boot, "\n")] = '\0';
-    if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-    host[sizeof host - 1] = '\0';
-    snprintf(out, cap, "%s/%s", boot, host);
-}
 
 void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length, uint64_t dest,
-                         uint16_t version)
+                  uint16_t version)
 {
     xw_hello_ack k;
     kvhal_xfer_peer *p = NULL;
@@ -341,7 +228,7 @@ static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 /* Keeps a HELLO for pump (accept_hello): hlen bytes of its header (the rest zero), the connector's address (its
  * data), and its wire version when it is not ours (0: ours). Out of memory: dropped, the connector times out. */
 void queue_hello(kvhal_xfer_agent *a, const void *header, size_t hlen, const void *data, size_t length,
-                        uint16_t version)
+                 uint16_t version)
 {
     pending_hello *ph = calloc(1, sizeof *ph);
     void *addr = malloc(length);
@@ -373,8 +260,9 @@ static void peer_link(kvhal_xfer_agent *a, kvhal_xfer_peer *p, peer_state st, ui
     a->live_peers++;
 }
 
-kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t len, const char *token,
-                                kvhal_xfer_peer **out)
+/* kvhal_xfer_connect's start: the arguments checked, the peer made (connecting) with an endpoint to the blob's
+ * address, and its HELLO queued; the caller waits for the answer (pump). */
+kvhal_status peer_connect(kvhal_xfer_agent *a, const void *blob, size_t len, const char *token, kvhal_xfer_peer **out)
 {
     kvhal_status st = check_agent(a);
     if (st != KVHAL_OK) return st;
@@ -426,50 +314,7 @@ kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *a, const void *blob, size_t le
     memcpy(h.host, a->host_id, sizeof h.host);
     memcpy(h.tcp_seg, a->tcp_seg, sizeof h.tcp_seg);
     queue_msg(a, p, p->ep, &h, sizeof h, a->addr, a->addr_len, false);
-    idle_state spins = {0, 0};
-    /* and, on the same host with a shareable cache, for the peer's answer to our IPC handle (bounded by the
-     * timeout: without an answer the transfers go through host memory) */
-    while (p->state == P_CONNECTING || (p->state == P_CONNECTED && p->ipc_state == IPC_OFFERED &&
-                                        now_ns() < p->deadline_ns)) {
-        idle_wait(&spins, pump(a));
-    }
-    if (p->state == P_FAILED) {
-        st = ERR(p->fail_status, "connect to %s: %s", p->name, p->fail_msg);
-        kvhal_xfer_disconnect(p);
-        return st;
-    }
     *out = p;
-    return KVHAL_OK;
-}
-
-kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
-{
-    if (!p) return KVHAL_OK;
-    if (p->magic != PEER_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
-    kvhal_xfer_agent *a = p->agent;
-    if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "disconnected by %s", a->name);
-    /* frames accepted but not started: refused now (the peer failed); then the copies still reading the peer's
-     * imported cache finish (it is closed below), and those reading its process by pid go on without it */
-    for (int k = 0; k < XFER_PATHS; k++) {
-        if (xfer_paths[k]->progress) xfer_paths[k]->progress(a);
-        if (xfer_paths[k]->peer_lost) xfer_paths[k]->peer_lost(a, p);
-    }
-    flush_msgs(a); /* the BYE, and the endpoint's close */
-    for (kvhal_xfer *x = a->xfers; x; x = x->next)
-        if (x->peer == p) x->peer = NULL;
-    scrub_events(a, p, NULL);
-    for (kvhal_xfer_peer **pp = &a->peers; *pp; pp = &(*pp)->next)
-        if (*pp == p) {
-            *pp = p->next;
-            break;
-        }
-    for (pending_msg *m = a->msgs; m; m = m->next)
-        if (m->peer == p) m->peer = NULL;
-    for (pending_msg *m = a->sent; m; m = m->next)
-        if (m->peer == p) m->peer = NULL;
-    peer_ipc_free(p);
-    p->magic = DEAD_MAGIC;
-    free(p);
     return KVHAL_OK;
 }
 
@@ -504,4 +349,45 @@ kvhal_status kvhal__xfer_attach_peer(kvhal_xfer_agent *a, uint64_t session, cons
     copy_name(p->name, sizeof p->name, "attached");
     *out = p;
     return KVHAL_OK;
+}
+
+/* Sender: offers our cache's handle to a peer on our host (once per connection). */
+void offer_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
+{
+    if (!p->same_host || p->ipc_state != IPC_NONE) return;
+    /* a shareable cache: its handle; else a host cache, where CMA is among the transports: where to read it */
+    const bool cma = !a->ipc_blob_len && a->host && a->cma_ok;
+    if (!a->ipc_blob_len && !cma) return;
+    xw_cma_blob cb;
+    memset(&cb, 0, sizeof cb);
+    cb.pid = (uint32_t)getpid();
+    cb.base = (uint64_t)(uintptr_t)a->host_base;
+    cb.size = a->cache_buf ? kvhal_buffer_size(a->cache_buf) : 0;
+    cb.probe_addr = (uint64_t)(uintptr_t)a->cma_probe;
+    memcpy(cb.probe, a->cma_probe, sizeof cb.probe);
+    const void *blob = cma ? (const void *)&cb : (const void *)a->ipc_blob;
+    const size_t blob_len = cma ? sizeof cb : a->ipc_blob_len;
+    const int32_t L = a->g.num_layers;
+    const size_t dlen = blob_len + 2u * (size_t)L * sizeof(uint64_t);
+    uint8_t *d = malloc(dlen);
+    if (!d) return; /* through UCX then */
+    memcpy(d, blob, blob_len);
+    uint64_t *off = (uint64_t *)(void *)(d + blob_len);
+    for (int32_t l = 0; l < L; l++) {
+        const uint64_t ko = a->k_off[l], vo = a->v_off[l];
+        memcpy(&off[2 * l], &ko, sizeof ko);
+        memcpy(&off[2 * l + 1], &vo, sizeof vo);
+    }
+    xw_ipc_map m;
+    memset(&m, 0, sizeof m);
+    m.c = (xw_common){XW_MAGIC, XW_VERSION, XW_IPC_MAP, p->their_session};
+    m.blob_len = (uint32_t)blob_len;
+    m.num_layers = L;
+    m.block_stride = a->block_stride;
+    m.num_blocks = a->g.num_blocks;
+    m.kind = cma ? XW_IPC_CMA : XW_IPC_HANDLE;
+    queue_msg(a, p, NULL, &m, sizeof m, d, dlen, false);
+    free(d);
+    p->ipc_state = IPC_OFFERED;
+    p->ipc_kind = (int)m.kind;
 }

@@ -6,20 +6,6 @@
 
 #include "xfer_rooms.h"
 
-void send_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t xfer_id, uint32_t frame, kvhal_status st,
-                     uint64_t bytes, const char *reason)
-{
-    xw_ack ack;
-    memset(&ack, 0, sizeof ack);
-    ack.c = (xw_common){XW_MAGIC, XW_VERSION, XW_ACK, p->their_session};
-    ack.xfer_id = xfer_id;
-    ack.frame = frame;
-    ack.status = (int32_t)st;
-    ack.bytes = bytes;
-    copy_name(ack.reason, sizeof ack.reason, reason);
-    queue_msg(a, p, NULL, &ack, sizeof ack, NULL, 0, false);
-}
-
 static void recv_data_cb(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     (void)length;
@@ -210,11 +196,4 @@ void recv_frame_finish(kvhal_xfer_agent *a, recv_frame *f, kvhal_status st, cons
     if (ack && x->peer && x->peer->state == P_CONNECTED) send_ack(a, x->peer, f->xfer_id, f->frame, st, bytes, reason);
     recv_frame_free(a, f);
     recv_frame_end(x, st, bytes, reason); /* may free x */
-}
-
-/* The host path's receive: UCX writes a DATA frame's chunks straight into the granted pages (an IOV). */
-bool host_recv_init(kvhal_xfer_agent *a, recv_frame *f, const int32_t *pages, int32_t n, int32_t l0, int32_t nl)
-{
-    f->iov = build_iov(a, pages, n, l0, nl, &f->iov_count);
-    return f->iov != NULL;
 }
