@@ -39,21 +39,21 @@ static void check(const char *expr, kvhal_status got, kvhal_status want, const c
 
 static const kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
 
-static void test_matrix(void **state)
+/* What every section of the matrix shares: devices that do not exist, a host scratch area, and three CPU buffers
+ * (4096 bytes, 64 bytes, and one already destroyed) made by test_matrix. */
+static const kvhal_device bad_type = {(kvhal_device_type)42, 0}, bad_id = {KVHAL_DEVICE_CPU, 3},
+                          neg_id = {KVHAL_DEVICE_CPU, -1};
+static kvhal_buffer *buf, *small, *dead;
+/* made by the ops section, used again by the caches section: a 5-token f16 input and its slot mapping */
+static kvhal_buffer *cb, *ib, *sb;
+static kvhal_tensor kin16, slots;
+static char host[4096];
+
+static void matrix_devices(void)
 {
-    (void)state;
-    kvhal_device bad_type = {(kvhal_device_type)42, 0}, bad_id = {KVHAL_DEVICE_CPU, 3}, neg_id = {KVHAL_DEVICE_CPU, -1};
     kvhal_device dev;
-    kvhal_buffer *buf = NULL, *small = NULL, *dead = NULL;
-    kvhal_stream *st = NULL;
-    assert_int_equal(kvhal_buffer_create(cpu, 4096, &buf), KVHAL_OK);
-    assert_int_equal(kvhal_buffer_create(cpu, 64, &small), KVHAL_OK);
-    assert_int_equal(kvhal_buffer_create(cpu, 64, &dead), KVHAL_OK);
-    assert_int_equal(kvhal_buffer_destroy(dead), KVHAL_OK);
-    char host[4096];
     int32_t n32;
     kvhal_device_info info;
-
     /* ---- devices ---- */
     CASE(kvhal_device_parse(NULL, &dev), KVHAL_INVALID_ARGUMENT, "text");
     CASE(kvhal_device_parse("cpu", NULL), KVHAL_INVALID_ARGUMENT, "out");
@@ -81,7 +81,11 @@ static void test_matrix(void **state)
     setenv("KVHAL_DEVICE", "cpu:5", 1);
     CASE(kvhal_device_default(&dev), KVHAL_NO_DEVICE, "KVHAL_DEVICE");
     unsetenv("KVHAL_DEVICE");
+}
 
+static void matrix_buffers_streams(void)
+{
+    kvhal_stream *st = NULL;
     /* ---- buffers and streams ---- */
     kvhal_buffer *b2;
     CASE(kvhal_buffer_create(cpu, 0, &b2), KVHAL_INVALID_ARGUMENT, "bytes");
@@ -113,7 +117,10 @@ static void test_matrix(void **state)
     assert_int_equal(kvhal_stream_create(cpu, &st), KVHAL_OK);
     assert_int_equal(kvhal_stream_destroy(st), KVHAL_OK);
     CASE(kvhal_stream_destroy(st), KVHAL_INVALID_HANDLE, "destroyed");
+}
 
+static void matrix_tensors(void)
+{
     /* ---- tensors ---- */
     kvhal_tensor t, v;
     int64_t shape2[2] = {16, 64}, neg[2] = {-1, 4}, big[2] = {INT64_MAX / 2, 4}, strides_neg[2] = {-4, 1};
@@ -153,13 +160,15 @@ static void test_matrix(void **state)
     hand = t;
     hand.ndim = 9;
     CASE(kvhal_tensor_validate(&hand), KVHAL_INVALID_ARGUMENT, "ndim");
+}
 
+static void matrix_ops(void)
+{
     /* ---- ops ---- */
-    kvhal_buffer *cb, *ib, *sb;
     assert_int_equal(kvhal_buffer_create(cpu, 4 * 8 * 2 * 16 * 2, &cb), KVHAL_OK);  /* 4 blocks x 8 x 2 x 16 f16 */
     assert_int_equal(kvhal_buffer_create(cpu, 5 * 2 * 16 * 4, &ib), KVHAL_OK);      /* 5 tokens x 2 x 16 f32 */
     assert_int_equal(kvhal_buffer_create(cpu, 5 * 8, &sb), KVHAL_OK);
-    kvhal_tensor kc, kin, kin16, slots, slots_f;
+    kvhal_tensor kc, kin, slots_f;
     int64_t cshape[4] = {4, 8, 2, 16}, ishape[3] = {5, 2, 16}, sshape[1] = {5}, s4[1] = {4};
     assert_int_equal(kvhal_tensor_make(cb, 0, KVHAL_F16, 4, cshape, NULL, &kc), KVHAL_OK);
     assert_int_equal(kvhal_tensor_make(ib, 0, KVHAL_F32, 3, ishape, NULL, &kin), KVHAL_OK);
@@ -206,7 +215,11 @@ static void test_matrix(void **state)
     CASE(kvhal_copy_blocks(&one_block, 1, (int64_t[]){0, 0}, 1, NULL), KVHAL_OK, NULL);
     CASE(kvhal_tensor_copy(&kin, &kin16, NULL), KVHAL_DTYPE_MISMATCH, "");
     CASE(kvhal_tensor_copy(&kc, &kin16, NULL), KVHAL_SHAPE_MISMATCH, "");
+}
 
+static void matrix_caches(void)
+{
+    kvhal_tensor t, v;
     /* ---- caches ---- */
     kvhal_kv_cache *kv;
     kvhal_kv_cache_config kcfg = {.struct_size = sizeof(kvhal_kv_cache_config), .num_layers = 2, .num_kv_heads = 3, .head_dim_k = 8, .head_dim_v = 8,
@@ -296,7 +309,10 @@ static void test_matrix(void **state)
     int64_t far_pairs[2] = {0, 1 << 30};
     CASE(kvhal_paged_cache_copy_blocks(pc, far_pairs, 1, NULL), KVHAL_OUT_OF_RANGE, "pairs");
     assert_int_equal(kvhal_paged_cache_destroy(pc), KVHAL_OK);
+}
 
+static void matrix_pools_prefix(void)
+{
     /* ---- block pool, prefix cache, cache manager ---- */
     kvhal_block_pool *bp;
     int32_t blocks[8];
@@ -339,7 +355,10 @@ static void test_matrix(void **state)
     assert_int_equal(kvhal_cache_manager_num_free(cm), 2); /* no partial allocation */
     assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
     CASE(kvhal_cache_manager_destroy(cm), KVHAL_INVALID_HANDLE, "destroyed twice");
+}
 
+static void matrix_desc_cache(void)
+{
     /* ---- descriptor cache ---- */
     kvhal_desc_key key;
     kvhal_op_kind op;
@@ -351,7 +370,10 @@ static void test_matrix(void **state)
     CASE(kvhal_desc_key_add_u64(&key, 1), KVHAL_OUT_OF_RANGE, "key");
     void *d;
     CASE(kvhal_desc_cache_get(bad_id, &key, &d), KVHAL_NO_DEVICE, "cpu:3");
+}
 
+static void matrix_trace_lines(void)
+{
     /* ---- kvhal-replay trace lines (the tool's parser): -1 with a message naming the field or position ---- */
     static const struct {
         const char *line, *needle;
@@ -383,7 +405,23 @@ static void test_matrix(void **state)
                      i, bad_lines[i].line, r, err, bad_lines[i].needle);
         }
     }
+}
 
+static void test_matrix(void **state)
+{
+    (void)state;
+    assert_int_equal(kvhal_buffer_create(cpu, 4096, &buf), KVHAL_OK);
+    assert_int_equal(kvhal_buffer_create(cpu, 64, &small), KVHAL_OK);
+    assert_int_equal(kvhal_buffer_create(cpu, 64, &dead), KVHAL_OK);
+    assert_int_equal(kvhal_buffer_destroy(dead), KVHAL_OK);
+    matrix_devices();
+    matrix_buffers_streams();
+    matrix_tensors();
+    matrix_ops();
+    matrix_caches();
+    matrix_pools_prefix();
+    matrix_desc_cache();
+    matrix_trace_lines();
     kvhal_buffer_destroy(cb);
     kvhal_buffer_destroy(ib);
     kvhal_buffer_destroy(sb);
