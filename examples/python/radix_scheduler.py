@@ -21,8 +21,7 @@ def main(groups=8, per_group=16, system_len=512, question_len=64, output_len=32,
             try:
                 own = list(cm.allocate(len(prompt) - cached))
             except kvhal.OutOfMemory:
-                if cached:
-                    cm.unlock(handle)
+                cm.unlock(handle)  # always: a request that matched nothing holds a handle too
                 queue.insert(0, prompt)
                 break
             hit += cached

@@ -1,0 +1,193 @@
+"""kvhal.integrations.transformers on the CPU, without transformers: the attention function's paged write and
+gather against plain attention over the full K/V, and the engine (scheduling, pages, prefix reuse, chunked prefill,
+eviction, positions) driving a tiny Llama-shaped model in plain torch against full-recompute greedy decoding."""
+import random
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import kvhal  # noqa: E402
+from kvhal.integrations import transformers as kt  # noqa: E402
+
+
+def plain_attention(q, k, v, groups, scaling):
+    """q [H, Lq, D] for the last Lq positions of k/v [KVH, L, D], causal."""
+    k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
+    s = q @ k.transpose(-1, -2) * scaling
+    L, Lq = k.shape[1], q.shape[1]
+    mask = torch.arange(L)[None, :] <= torch.arange(L - Lq, L)[:, None]
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def test_import_without_transformers():
+    assert kt.ATTN_NAME == "kvhal_paged"
+    assert kt.kvhal_device("cpu") == "cpu:0"
+
+
+def test_paged_attention_matches_plain_attention():
+    torch.manual_seed(0)
+    H, KVH, D, P, pages = 8, 2, 16, 4, 64
+    cache = kt.PagedKVCache(2, pages, P, KVH, D, torch.float32, "cpu")
+    assert cache.tensor.data_ptr() == torch.from_dlpack(cache.storage).data_ptr()  # a view, not a copy
+    mod = types.SimpleNamespace(layer_idx=1, num_key_value_groups=H // KVH)
+    free = list(range(pages))
+    random.Random(3).shuffle(free)
+    reqs = [(0, 7), (9, 1), (12, 5), (0, 1), (20, 13)]  # (tokens already in pages, new tokens this step)
+    fullk, fullv, pg = [], [], []
+    for c, n in reqs:
+        L = c + n
+        fullk.append(torch.randn(KVH, L, D))
+        fullv.append(torch.randn(KVH, L, D))
+        pg.append([free.pop() for _ in range(-(-L // P))])
+    for (c, n), k, v, p in zip(reqs, fullk, fullv, pg):  # the cached parts, written by an earlier step
+        if c:
+            s = torch.tensor([p[i // P] * P + i % P for i in range(c)])
+            kvhal.paged_caching(cache.k[1], cache.v[1], k[:, :c].transpose(0, 1), v[:, :c].transpose(0, 1), s)
+    qs = [torch.randn(H, n, D) for _, n in reqs]
+    query = torch.cat(qs, 1)[None]
+    key = torch.cat([k[:, c:] for (c, _), k in zip(reqs, fullk)], 1)[None]
+    value = torch.cat([v[:, c:] for (c, _), v in zip(reqs, fullv)], 1)[None]
+    slots, blocks, seqs, q0 = [], [], [], 0
+    for (c, n), p in zip(reqs, pg):
+        L = c + n
+        slots += [p[i // P] * P + i % P for i in range(c, L)]
+        mask = None
+        if 1 < n < L:
+            mask = torch.arange(L)[None, :] <= torch.arange(L - n, L)[:, None]
+        seqs.append((q0, n, L, len(blocks) * P, mask))
+        blocks += p
+        q0 += n
+    b = kt.KvhalBatch(cache, torch.tensor(slots), torch.tensor(blocks), seqs, None)
+    out, _ = kt.kvhal_paged_attention(mod, query, key, value, None, scaling=D ** -0.5, kvhal_batch=b)
+    assert out.shape == (1, q0, H, D)
+    q0 = 0
+    for (c, n), q, k, v in zip(reqs, qs, fullk, fullv):
+        ref = plain_attention(q, k, v, H // KVH, D ** -0.5).transpose(0, 1)
+        assert (out[0, q0:q0 + n] - ref).abs().max().item() < 1e-5
+        q0 += n
+    for (c, n), k, p in zip(reqs, fullk, pg):  # the pages hold every token's K/V at its slot
+        got = cache.k[1][torch.tensor(p)].flatten(0, 1)[:c + n].transpose(0, 1)
+        assert torch.equal(got, k)
+    with pytest.raises(TypeError, match="kvhal_batch"):
+        kt.kvhal_paged_attention(mod, query, key, value, None)
+
+
+# ---- a tiny Llama-shaped model in plain torch, calling attention through a registry as transformers does --------
+ATTN = {kt.ATTN_NAME: kt.kvhal_paged_attention}
+
+
+def rope(x, pos, base=10000.0):  # x [1, h, T, D], pos [T]
+    D = x.shape[-1]
+    inv = 1.0 / base ** (torch.arange(0, D, 2).float() / D)
+    f = pos.float()[:, None] * inv[None]
+    emb = torch.cat([f, f], -1)
+    x1, x2 = x[..., :D // 2], x[..., D // 2:]
+    return x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()
+
+
+class Attn(torch.nn.Module):
+    def __init__(self, cfg, i):
+        super().__init__()
+        self.layer_idx, self.cfg = i, cfg
+        self.hd = cfg.hidden_size // cfg.num_attention_heads
+        self.num_key_value_groups = cfg.num_attention_heads // cfg.num_key_value_heads
+        self.q = torch.nn.Linear(cfg.hidden_size, cfg.num_attention_heads * self.hd, bias=False)
+        self.k = torch.nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * self.hd, bias=False)
+        self.v = torch.nn.Linear(cfg.hidden_size, cfg.num_key_value_heads * self.hd, bias=False)
+        self.o = torch.nn.Linear(cfg.num_attention_heads * self.hd, cfg.hidden_size, bias=False)
+
+    def forward(self, x, pos, **kw):
+        T = x.shape[1]
+        q = self.q(x).view(1, T, -1, self.hd).transpose(1, 2)
+        k = self.k(x).view(1, T, -1, self.hd).transpose(1, 2)
+        v = self.v(x).view(1, T, -1, self.hd).transpose(1, 2)
+        q, k = rope(q, pos), rope(k, pos)
+        if self.cfg._attn_implementation == "eager":  # the reference: full causal attention, no cache
+            o = kt._sdpa(q, k, v, None, True, self.hd ** -0.5, self.num_key_value_groups).transpose(1, 2)
+        else:
+            o, _ = ATTN[self.cfg._attn_implementation](self, q, k, v, None, scaling=self.hd ** -0.5, **kw)
+        return self.o(o.reshape(1, T, -1))
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        self.emb = torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = torch.nn.ModuleList(Attn(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, input_ids, position_ids=None, use_cache=False, logits_to_keep=0, **kw):
+        x = self.emb(input_ids)
+        pos = position_ids[0] if position_ids is not None else torch.arange(input_ids.shape[1])
+        for layer in self.layers:
+            x = x + layer(torch.nn.functional.layer_norm(x, x.shape[-1:]), pos, **kw)
+        x = x if isinstance(logits_to_keep, int) and logits_to_keep == 0 else x[:, logits_to_keep]
+        return types.SimpleNamespace(logits=self.head(x))
+
+
+def greedy_reference(model, prompt, n):
+    model.config._attn_implementation = "eager"
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(model(torch.tensor([seq])).logits[0, -1].argmax().item())
+    return seq[len(prompt):]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    cfg = types.SimpleNamespace(vocab_size=97, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                num_hidden_layers=2, _attn_implementation="eager")
+    model = TinyLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)  # peakier logits: fewer near-ties
+    rng = random.Random(5)
+    tok = lambda n: [rng.randrange(97) for _ in range(n)]  # noqa: E731
+    sys1, sys2 = tok(37), tok(50)
+    reqs = [(tok(9), 6), (sys1 + tok(5), 8), (sys2 + tok(3), 1), (tok(1), 5), (sys1 + tok(9), 7),
+            (sys2 + tok(11), 9), (sys1 + tok(4), 3), (tok(23), 12), (sys2 + tok(2), 4), (sys1, 6)]
+    with torch.no_grad():
+        refs = [greedy_reference(model, p, n) for p, n in reqs]
+    return model, reqs, refs
+
+
+@pytest.mark.parametrize("kw", [dict(max_batch=3), dict(max_batch=2, prefill_chunk=5), dict(max_batch=8),
+                                dict(max_batch=3, num_pages=24)],  # the last: small enough to evict prefixes
+                         ids=["batch3", "chunked", "batch8", "evicting"])
+def test_engine_matches_full_recompute(tiny, kw):
+    model, reqs, refs = tiny
+    model.config._attn_implementation = kt.ATTN_NAME
+    eng = kt.KvhalEngine(model, **{"num_pages": 256, "page_size": 4, **kw})
+    rs = [eng.add(p, n) for p, n in reqs]
+    assert len(eng.run()) == len(reqs)
+    eng.cm.check_integrity()
+    assert [r.rid for r, ref in zip(rs, refs) if r.out != ref] == []
+    assert eng.cm.available == eng.cache.num_pages  # every page back: free or evictable
+    s = eng.stats
+    assert s["prefill_computed"] + s["cached_tokens"] == s["prompt_tokens"]
+    if kw.get("num_pages") == 24:
+        assert eng.cm.pages_evicted > 0
+    else:
+        assert s["cached_tokens"] > 0
+        assert eng.hit_rate() <= kt.ideal_hit_rate([p for p, _ in reqs], 4) + 1e-9
+
+
+def test_engine_argument_checks(tiny):
+    model = tiny[0]
+    with pytest.raises(ValueError, match="page_size"):
+        kt.KvhalEngine(model, num_pages=8, page_size=0)
+    with pytest.raises(TypeError, match="prefill_chunk"):
+        kt.KvhalEngine(model, num_pages=8, prefill_chunk=2.5)
+    eng = kt.KvhalEngine(model, num_pages=8, page_size=4)
+    with pytest.raises(ValueError, match="prompt"):
+        eng.add([], 3)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        eng.add([1, 2], 0)
+    with pytest.raises(kvhal.OutOfMemory):  # needs more pages than the pool has
+        eng.add(list(range(40)), 2)
+        eng.run()
