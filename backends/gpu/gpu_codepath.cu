@@ -288,7 +288,9 @@ void match_kernel(void *user, const char *name, size_t len)
     }
 }
 
-/* "kvhal_gpu::paged_caching_kernel<...>" -> "20paged_caching_kernel" */
+} // namespace
+
+/* "kvhal_gpu::paged_caching_kernel<...>" -> "20paged_caching_kernel" (gpu_private.h) */
 void kernel_needle(const char *expr, char *buf, size_t size)
 {
     const char *lt = strchr(expr, '<');
@@ -298,8 +300,6 @@ void kernel_needle(const char *expr, char *buf, size_t size)
         if (p[0] == ':' && p[1] == ':') start = p + 2;
     snprintf(buf, size, "%d%.*s", (int)(end - start), (int)(end - start), start);
 }
-
-} // namespace
 
 /* The code object of one kernel (name expression expr) for target: from the disk cache (dir, NULL: the documented
  * folder from the environment) or compiled and stored, keyed by the source hash, target ID and runtime version.
@@ -328,27 +328,6 @@ extern "C" int kvhal_hip_rtc_code_object(const char *target, const char *expr, c
     return rc;
 }
 
-/* Test hook "kvhal_hip_rtc_kernel_exprs": every name expression the module's ops may compile (with repeats), each
- * with the mangled-name fragment (needle) by which the module finds its kernel in the code object. */
-extern "C" void kvhal_hip_rtc_kernel_exprs(void (*add)(void *user, const char *expr, const char *needle),
-                                           void *user)
-{
-    if (!add) return;
-    struct Fwd {
-        void (*add)(void *, const char *, const char *);
-        void *user;
-        static void one(void *u, const char *expr)
-        {
-            Fwd *f = static_cast<Fwd *>(u);
-            char needle[96];
-            kernel_needle(expr, needle, sizeof needle);
-            f->add(f->user, expr, needle);
-        }
-    } fwd = {add, user};
-#define KVHAL_GPU_X_RTC_EXPRS(E, name, T) name##_rtc_exprs(Fwd::one, &fwd);
-    KVHAL_BK_OP_LIST(KVHAL_GPU_X_RTC_EXPRS)
-#undef KVHAL_GPU_X_RTC_EXPRS
-}
 #endif /* KVHAL_GPU_RTC */
 
 void code_path_init(Ctx *c, int32_t id)

@@ -1,69 +1,8 @@
 /* gpu_device.cu — the GPU backends' devices: init (which allocates the context), shutdown (which frees it),
- * device info, the error helpers every file uses, the per-device error flag, and get_proc_address. */
+ * device info and the per-device error flag. */
 #include "gpu_private.h"
 
 namespace kvhal_gpu {
-
-/* ------------------------------------------------------------------------------------------------------------ */
-/* Errors                                                                                                       */
-/* ------------------------------------------------------------------------------------------------------------ */
-kvhal_status fail(const Ctx *c, kvhal_status st, const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (c && c->svc && c->svc->set_error) return c->svc->set_error(st, "%s", buf);
-    return st;
-}
-
-void describe(gpuError_t e, char *buf, size_t size)
-{
-    const char *str = gpuGetErrorString(e), *name = gpuGetErrorName(e);
-    if (!str) str = "unknown error";
-    if (!name || !strcmp(str, name)) snprintf(buf, size, "%s (code %d)", str, (int)e);
-    else snprintf(buf, size, "%s (%s, code %d)", str, name, (int)e);
-}
-
-kvhal_status rt_fail(const Ctx *c, gpuError_t e, int32_t id, const char *what)
-{
-    (void)gpuGetLastError(); /* so that a later launch check does not report this error again */
-    const kvhal_status st = e == gpuErrorMemoryAllocation ? KVHAL_OUT_OF_MEMORY : KVHAL_BACKEND_ERROR;
-    char d[160];
-    describe(e, d, sizeof d);
-    return fail(c, st, "%s:%d: %s: %s", KVHAL_GPU_NAME, (int)id, what, d);
-}
-
-bool alloc_fail(const Ctx *c)
-{
-    const kvhal_core_services *svc = c->svc;
-    return svc && svc->struct_size >= offsetof(kvhal_core_services, alloc_should_fail) + sizeof(void *) &&
-           svc->alloc_should_fail && svc->alloc_should_fail();
-}
-
-kvhal_status injected(const Ctx *c, int32_t id, const char *what)
-{
-    return fail(c, KVHAL_OUT_OF_MEMORY, "%s:%d: %s: allocation failed (fault injection)", KVHAL_GPU_NAME, (int)id,
-                what);
-}
-
-kvhal_status host_alloc(const Ctx *c, int32_t id, size_t bytes, const char *what, void **out)
-{
-    if (alloc_fail(c)) return injected(c, id, what);
-    void *p = calloc(1, bytes);
-    if (!p) return fail(c, KVHAL_OUT_OF_MEMORY, "%s:%d: %s: host allocation failed", KVHAL_GPU_NAME, (int)id, what);
-    *out = p;
-    return KVHAL_OK;
-}
-
-kvhal_status check_id(const Ctx *c, int32_t id)
-{
-    if (id < 0 || id >= c->count)
-        return fail(c, KVHAL_NO_DEVICE, "id: %s:%d is not present (%d %s devices)", KVHAL_GPU_NAME, (int)id,
-                    (int)c->count, KVHAL_GPU_NAME);
-    return KVHAL_OK;
-}
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* The device error flag                                                                                        */
@@ -215,31 +154,6 @@ void gpu_shutdown(void *ctx)
     free(c);
 }
 
-#if defined(KVHAL_GPU_RTC)
-extern "C" int kvhal_hip_rtc_compile(const char *target, const char *const *exprs, int n, void **code, size_t *size,
-                                     char *err, size_t err_size);
-extern "C" void kvhal_hip_rtc_kernel_exprs(void (*add)(void *user, const char *expr, const char *needle),
-                                           void *user);
-extern "C" int kvhal_hip_rtc_code_object(const char *target, const char *expr, const char *dir, void **code,
-                                         size_t *size, int *origin, char *note, size_t note_size);
-#endif
-
-/* HIP on AMD, for tests (gpu_codepath.cu): "kvhal_hip_rtc_compile", the run-time compiler,
- * "kvhal_hip_rtc_kernel_exprs", every kernel name expression the ops may compile with it, and
- * "kvhal_hip_rtc_code_object", one kernel's code object through the disk cache. No other extras. */
-void *gpu_get_proc_address(void *ctx, const char *name)
-{
-    (void)ctx;
-#if defined(KVHAL_GPU_RTC)
-    if (name && !strcmp(name, "kvhal_hip_rtc_compile")) return reinterpret_cast<void *>(kvhal_hip_rtc_compile);
-    if (name && !strcmp(name, "kvhal_hip_rtc_kernel_exprs"))
-        return reinterpret_cast<void *>(kvhal_hip_rtc_kernel_exprs);
-    if (name && !strcmp(name, "kvhal_hip_rtc_code_object")) return reinterpret_cast<void *>(kvhal_hip_rtc_code_object);
-#else
-    (void)name;
-#endif
-    return NULL;
-}
 
 kvhal_status gpu_device_info(void *ctx, int32_t id, kvhal_device_info *out)
 {

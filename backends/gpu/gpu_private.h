@@ -2,14 +2,17 @@
  *
  * The host code is split by concern into compilation units, each compiled by nvcc for CUDA and by hipcc -x hip for
  * HIP from the same source (vendor names come from kvhal_gpu_runtime.h, kernels from kvhal_gpu_kernels.cuh):
- *   gpu_device.cu   init, shutdown, the context, device info, error helpers, the device error flag,
- *                   get_proc_address
+ *   gpu_error.cu    error helpers: messages through the core, runtime errors, fault injection, host allocations
+ *                   for descriptors, the device-id check (the bottom: every file uses it, it uses none)
+ *   gpu_device.cu   init, shutdown, the context, device info, the device error flag
  *   gpu_memory.cu   buffers (and their pool), streams, copies (host, device, peer), memset, synchronize,
  *                   check_errors
  *   gpu_ipc.cu      shareable buffers (cudaMalloc / hipMalloc) and their IPC handles: export, import, close
  *   gpu_<op>.cu     one per entry of KVHAL_BK_OP_LIST: <op>_supports, <op>_desc_create, <op>_desc_destroy and
  *                   gpu_<op>, declared below from the list itself (gpu_copy_blocks.cu also holds copy_batch)
- *   gpu_table.cu    the plugin table, generated from the same list, and kvhal_backend_entry
+ *   gpu_codepath.cu which code a device runs (embedded code objects or, for HIP, hiprtc) and the kernel lookup
+ *   gpu_table.cu    the plugin table, generated from the same list, get_proc_address (and the HIP module's
+ *                   test hooks) and kvhal_backend_entry: the top, which names every file below it
  * So an op appended to KVHAL_BK_OP_LIST (and to kvhal_ops in the top-level meson.build) needs one new file,
  * gpu_<op>.cu, and nothing else in this backend. Helpers that only one file uses stay in that file's anonymous
  * namespace; kernels that are not templates live in the one file that launches them.
@@ -82,7 +85,7 @@ struct Ctx {
 inline Ctx *ctx_of(void *ctx) { return static_cast<Ctx *>(ctx); }
 
 /* ------------------------------------------------------------------------------------------------------------ */
-/* Errors and shared helpers (gpu_device.cu)                                                                    */
+/* Errors and shared helpers (gpu_error.cu)                                                                     */
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Sets the thread's error message through the core and returns st. */
 kvhal_status fail(const Ctx *c, kvhal_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -180,7 +183,7 @@ inline gpuStream_t native_stream(void *stream) { return stream ? static_cast<Str
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Entries of the table (gpu_table.cu)                                                                          */
 /* ------------------------------------------------------------------------------------------------------------ */
-/* gpu_device.cu */
+/* gpu_device.cu (gpu_get_proc_address: gpu_table.cu) */
 kvhal_status gpu_init(const kvhal_core_services *services, void **ctx, int32_t *device_count, char *reason,
                       size_t reason_size);
 void gpu_shutdown(void *ctx);
@@ -279,6 +282,8 @@ void kernel_expr(char *buf, size_t size, const char *fmt, const char *pretty);
  *   - gpu_<op>.cu defines <op>_rtc_exprs: every name expression its descriptors may ask kernel_fn for, through add
  *     (the module's test hook "kvhal_hip_rtc_kernel_exprs" compiles them all with hiprtc in CI). */
 #if defined(KVHAL_GPU_RTC)
+/* "kvhal_gpu::paged_caching_kernel<...>" -> "20paged_caching_kernel": how a kernel is found in a code object. */
+void kernel_needle(const char *expr, char *buf, size_t size);
 typedef void (*RtcExprFn)(void *user, const char *expr);
 #define KVHAL_GPU_X_RTC_DECL(E, name, T) void name##_rtc_exprs(RtcExprFn add, void *user);
 KVHAL_BK_OP_LIST(KVHAL_GPU_X_RTC_DECL)

@@ -109,6 +109,53 @@ const kvhal_backend g_table = {
 };
 
 } // namespace
+
+#if defined(KVHAL_GPU_RTC)
+/* Test hook "kvhal_hip_rtc_kernel_exprs": every name expression the module's ops may compile (with repeats), each
+ * with the mangled-name fragment (needle) by which the module finds its kernel in the code object. */
+extern "C" void kvhal_hip_rtc_kernel_exprs(void (*add)(void *user, const char *expr, const char *needle),
+                                           void *user)
+{
+    if (!add) return;
+    struct Fwd {
+        void (*add)(void *, const char *, const char *);
+        void *user;
+        static void one(void *u, const char *expr)
+        {
+            Fwd *f = static_cast<Fwd *>(u);
+            char needle[96];
+            kernel_needle(expr, needle, sizeof needle);
+            f->add(f->user, expr, needle);
+        }
+    } fwd = {add, user};
+#define KVHAL_GPU_X_RTC_EXPRS(E, name, T) name##_rtc_exprs(Fwd::one, &fwd);
+    KVHAL_BK_OP_LIST(KVHAL_GPU_X_RTC_EXPRS)
+#undef KVHAL_GPU_X_RTC_EXPRS
+}
+
+extern "C" int kvhal_hip_rtc_compile(const char *target, const char *const *exprs, int n, void **code, size_t *size,
+                                     char *err, size_t err_size);
+extern "C" int kvhal_hip_rtc_code_object(const char *target, const char *expr, const char *dir, void **code,
+                                         size_t *size, int *origin, char *note, size_t note_size);
+#endif
+
+/* HIP on AMD, for tests: "kvhal_hip_rtc_compile", the run-time compiler (gpu_codepath.cu),
+ * "kvhal_hip_rtc_kernel_exprs", every kernel name expression the ops may compile with it (above), and
+ * "kvhal_hip_rtc_code_object", one kernel's code object through the disk cache (gpu_codepath.cu). No other extras. */
+void *gpu_get_proc_address(void *ctx, const char *name)
+{
+    (void)ctx;
+#if defined(KVHAL_GPU_RTC)
+    if (name && !strcmp(name, "kvhal_hip_rtc_compile")) return reinterpret_cast<void *>(kvhal_hip_rtc_compile);
+    if (name && !strcmp(name, "kvhal_hip_rtc_kernel_exprs"))
+        return reinterpret_cast<void *>(kvhal_hip_rtc_kernel_exprs);
+    if (name && !strcmp(name, "kvhal_hip_rtc_code_object")) return reinterpret_cast<void *>(kvhal_hip_rtc_code_object);
+#else
+    (void)name;
+#endif
+    return NULL;
+}
+
 } // namespace kvhal_gpu
 
 /* The module's one exported symbol. */
