@@ -40,6 +40,7 @@ static xfer_work *take(xfer_pool *p)
     if (!w) return NULL;
     p->head = w->next;
     if (!p->head) p->tail = NULL;
+    w->taken = true;
     atomic_fetch_sub_explicit(&p->queued, 1, memory_order_relaxed);
     return w;
 }
@@ -116,7 +117,7 @@ int xfer_pool_start(xfer_pool *p)
 void xfer_pool_submit(xfer_pool *p, xfer_work *const *w, int n)
 {
     for (int k = 0; k < n; k++) {
-        w[k]->canceled = w[k]->finished = false;
+        w[k]->canceled = w[k]->taken = w[k]->finished = false;
         w[k]->out_next = p->out;
         p->out = w[k];
     }
@@ -143,7 +144,7 @@ static void collect(xfer_pool *p, xfer_work **done)
             w->out_next = *done;
             *done = w;
         } else {
-            if (!w->canceled && w->pending && !w->pending(w)) w->canceled = true;
+            if (!w->taken && !w->canceled && w->pending && !w->pending(w)) w->canceled = true;
             pp = &w->out_next;
         }
     }
@@ -185,7 +186,7 @@ void xfer_pool_sweep(xfer_pool *p)
     if (!p->out || orphaned(p)) return; /* a forked child: poll fails them all */
     pthread_mutex_lock(&p->mu);
     for (xfer_work *w = p->out; w; w = w->out_next)
-        if (!w->finished && !w->canceled && w->pending && !w->pending(w)) w->canceled = true;
+        if (!w->taken && !w->canceled && w->pending && !w->pending(w)) w->canceled = true;
     pthread_mutex_unlock(&p->mu);
 }
 

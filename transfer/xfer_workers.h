@@ -34,7 +34,7 @@ struct xfer_work {
      * it unless a worker took it already. It may not call the pool. */
     bool (*pending)(xfer_work *w);
     /* the pool's */
-    bool canceled, finished;
+    bool canceled, taken, finished; /* taken: a worker has it (canceled is then final: it ran or it did not) */
     xfer_work *next;     /* in the queue */
     xfer_work *out_next; /* in the items out */
 };
@@ -47,7 +47,7 @@ typedef struct xfer_pool {
     pid_t pid;              /* the process that started them (a forked child has none of them) */
     void (*local_free)(void *);
     pthread_t th[XFER_WORKERS_MAX];
-    pthread_mutex_t mu;     /* guards the queue, stop and every item's canceled and finished */
+    pthread_mutex_t mu;     /* guards the queue, stop and every item's canceled, taken and finished */
     pthread_cond_t work_cv, done_cv;
     bool sync;              /* mu and the conditions are initialized */
     bool stop;

@@ -5,7 +5,7 @@
  * the core's public conversions (kvhal_f32_to_fp8 & co.), the CPU backend's loops, the CUDA and HIP kernels (also
  * compiled at run time by hiprtc) and vendors' modules, which may include this header from an install
  * (<kvhal/kvhal_numerics.h>). The OpenCL kernels, compiled at run time from OpenCL C, carry their own copy
- * (backends/opencl/kv_common.cl), which tests/test_opencl_build.c checks against this header.
+ * (backends/opencl/kv_common.cl), which tests/test_opencl_numerics.c checks against this header.
  *
  * Rounding is to nearest, ties to even, subnormals included, in every direction. fp8 saturates: a finite value or an
  * infinity beyond the largest finite code becomes that code (as CUDA's __NV_SATFINITE does), because a KV cache
