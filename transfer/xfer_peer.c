@@ -92,7 +92,7 @@ void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length,
         return;
     }
     if (k.src_session == 0 || k.g.num_blocks < 1) {
-        peer_fail(p, KVHAL_PEER_FAILED, false, "malformed HELLO_ACK (session 0 or no pages)");
+        peer_fail(p, KVHAL_PEER_FAILED, false, "malformed HELLO_ACK (session id 0 or no pages)");
         return;
     }
     p->their_session = k.src_session;
@@ -157,7 +157,7 @@ void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
         snprintf(reason, sizeof reason, "UCX TCP receive segments differ (%.15s here, %.15s there; "
                  "UCX_TCP_RX_SEG_SIZE): UCX cannot mix them", a->tcp_seg, h->tcp_seg);
     else if (a->live_peers >= a->max_peers) snprintf(reason, sizeof reason, "too many peers (%d)", (int)a->max_peers);
-    else if (h->src_session == 0) snprintf(reason, sizeof reason, "session 0");
+    else if (h->src_session == 0) snprintf(reason, sizeof reason, "session id 0");
 
     if (ph->version || diff) {
         /* Not authenticated (another wire version cannot be checked either): no endpoint to the address it carries

@@ -12,7 +12,11 @@
  * must never turn a large activation into inf or NaN; NaN gives sign | 0x7f (OCP formats) or 0x80, the one NaN of
  * the fnuz formats, which also have no negative zero. f16 and bf16 follow IEEE 754 (overflow gives inf, a NaN stays a
  * quiet NaN of its sign). The f32 arithmetic used needs the default rounding mode and f32 evaluation
- * (FLT_EVAL_METHOD 0), which every target kvhal builds for has. */
+ * (FLT_EVAL_METHOD 0), which every target kvhal builds for has.
+ *
+ * Contract: pure functions of their arguments (no state, no allocation, no errors), so any thread may call them at
+ * once, and device code that uses them may be captured in a CUDA/HIP graph. No input is invalid: every f32 bit
+ * pattern (NaN, infinities, subnormals) and every 8- or 16-bit code has a defined result, as above. */
 #ifndef KVHAL_NUMERICS_H
 #define KVHAL_NUMERICS_H
 
