@@ -50,17 +50,19 @@ def test_paged_attention_matches_plain_attention():
     query = torch.cat(qs, 1)[None]
     key = torch.cat([k[:, c:] for (c, _), k in zip(reqs, fullk)], 1)[None]
     value = torch.cat([v[:, c:] for (c, _), v in zip(reqs, fullv)], 1)[None]
-    slots, blocks, seqs, q0 = [], [], [], 0
+    slots, blocks, qlen, kvlen, boff = [], [], [], [], []
     for (c, n), p in zip(reqs, pg):
         L = c + n
         slots += [p[i // P] * P + i % P for i in range(c, L)]
-        mask = None
-        if 1 < n < L:
-            mask = torch.arange(L)[None, :] <= torch.arange(L - n, L)[:, None]
-        seqs.append((q0, n, L, len(blocks) * P, mask))
+        boff.append(len(blocks))
         blocks += p
-        q0 += n
-    b = kt.KvhalBatch(cache, torch.tensor(slots), torch.tensor(blocks), seqs, None)
+        qlen.append(n)
+        kvlen.append(L)
+    b = kt.KvhalBatch.from_lists(cache, slots, blocks, qlen, kvlen, boff, "cpu")
+    # the read index lists every request's tokens in order, through its page table
+    assert b.read_idx.tolist() == [p[i // P] * P + i % P for (c, n), p in zip(reqs, pg) for i in range(c + n)]
+    assert b.cu_q.tolist() == [0, 7, 8, 13, 14, 27] and b.max_q == 13 and b.max_k == 33
+    q0 = sum(qlen)
     out, _ = kt.kvhal_paged_attention(mod, query, key, value, None, scaling=D ** -0.5, kvhal_batch=b)
     assert out.shape == (1, q0, H, D)
     q0 = 0
@@ -157,8 +159,9 @@ def tiny():
 
 
 @pytest.mark.parametrize("kw", [dict(max_batch=3), dict(max_batch=2, prefill_chunk=5), dict(max_batch=8),
+                                dict(max_batch=8, max_step_tokens=7), dict(max_batch=8, share_running=False),
                                 dict(max_batch=3, num_pages=24)],  # the last: small enough to evict prefixes
-                         ids=["batch3", "chunked", "batch8", "evicting"])
+                         ids=["batch3", "chunked", "batch8", "step-budget", "no-sharing", "evicting"])
 def test_engine_matches_full_recompute(tiny, kw):
     model, reqs, refs = tiny
     model.config._attn_implementation = kt.ATTN_NAME
@@ -177,12 +180,55 @@ def test_engine_matches_full_recompute(tiny, kw):
         assert eng.hit_rate() <= kt.ideal_hit_rate([p for p, _ in reqs], 4) + 1e-9
 
 
+def test_running_requests_share_prefixes(tiny):
+    """Requests admitted together behind the same system prompt compute it once: the followers wait for the
+    first one's prefill and match its pages, so the hit rate is the unbounded ideal (and without sharing, lower)."""
+    model = tiny[0]
+    model.config._attn_implementation = kt.ATTN_NAME
+    rng = random.Random(11)
+    tok = lambda n: [rng.randrange(97) for _ in range(n)]  # noqa: E731
+    systems = [tok(21), tok(14)]
+    reqs = [(systems[i % 2] + tok(3 + i), 2 + i % 3) for i in range(8)]
+    ideal = kt.ideal_hit_rate([p for p, _ in reqs], 4)
+    rates = {}
+    for share in (True, False):
+        eng = kt.KvhalEngine(model, num_pages=64, page_size=4, max_batch=8, share_running=share)
+        rs = [eng.add(p, n) for p, n in reqs]
+        eng.run()
+        eng.cm.check_integrity()
+        assert eng.cm.available == 64
+        rates[share] = eng.hit_rate()
+        with torch.no_grad():
+            assert [r.out for r in rs] == [greedy_reference(model, p, n) for p, n in reqs]
+        model.config._attn_implementation = kt.ATTN_NAME
+        if share:
+            assert eng.stats["waits_for_prefix"] > 0
+    assert rates[True] == pytest.approx(ideal) and rates[False] < ideal
+
+
+def test_step_token_budget(tiny):
+    model = tiny[0]
+    model.config._attn_implementation = kt.ATTN_NAME
+    eng = kt.KvhalEngine(model, num_pages=64, page_size=4, max_batch=4, max_step_tokens=5)
+    for n in (13, 2, 9):
+        eng.add(list(range(3, 3 + n)), 3)
+    while eng.step():
+        pass
+    assert eng.stats["max_step_tokens"] == 5 and len(eng.done) == 3
+
+
 def test_engine_argument_checks(tiny):
     model = tiny[0]
     with pytest.raises(ValueError, match="page_size"):
         kt.KvhalEngine(model, num_pages=8, page_size=0)
     with pytest.raises(TypeError, match="prefill_chunk"):
         kt.KvhalEngine(model, num_pages=8, prefill_chunk=2.5)
+    with pytest.raises(ValueError, match="max_step_tokens"):
+        kt.KvhalEngine(model, num_pages=8, max_step_tokens=0)
+    with pytest.raises(ValueError, match="attention"):
+        kt.KvhalEngine(model, num_pages=8, attention="flash")
+    with pytest.raises(ValueError, match="varlen"):  # CPU, float32: the flash path does not apply
+        kt.KvhalEngine(model, num_pages=8, attention="varlen")
     eng = kt.KvhalEngine(model, num_pages=8, page_size=4)
     with pytest.raises(ValueError, match="prompt"):
         eng.add([], 3)

@@ -37,6 +37,10 @@ _HAVE_SDPA = hasattr(F, "scaled_dot_product_attention")
 _TV = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2] if x.isdigit())
 _HAVE_GQA = _HAVE_SDPA and _TV >= (2, 5)
 _KV_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+try:  # torch's variable-length flash attention (torch >= 2.10, CUDA, half precision)
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
+except ImportError:  # pragma: no cover - depends on the torch build
+    _varlen_attn = None
 
 
 def kvhal_device(dev):
@@ -86,14 +90,45 @@ class KvhalBatch:
     """One forward step's metadata, passed as ``model(..., kvhal_batch=...)`` and read by the attention function.
 
     cache: the PagedKVCache; slots: int64 tensor, the page slot (page * page_size + offset) of every new token;
-    blocks: int64 tensor, the block tables of the step's requests concatenated; seqs: per request a tuple
-    (q_start, q_len, kv_len after this step, offset of its pages in ``blocks`` times page_size, mask or None);
-    stream: the torch stream the writes go on (None on the CPU).
+    read_idx: int64 tensor, the page slot of every token each request attends to, request after request (its
+    cached tokens, then the new ones); cu_q / cu_k: int32 tensors [requests + 1], where each request's queries and
+    keys start in the packed step and in read_idx; max_q / max_k: their longest spans; seqs: per request a tuple
+    (q_start, q_len, k_start, kv_len); stream: the torch stream the writes go on (None on the CPU); varlen: whether
+    attention runs as one variable-length flash call per layer (half-precision CUDA) or request by request.
     """
-    __slots__ = ("cache", "slots", "blocks", "seqs", "stream")
+    __slots__ = ("cache", "slots", "read_idx", "cu_q", "cu_k", "max_q", "max_k", "seqs", "stream", "varlen")
 
-    def __init__(self, cache, slots, blocks, seqs, stream):
-        self.cache, self.slots, self.blocks, self.seqs, self.stream = cache, slots, blocks, seqs, stream
+    def __init__(self, cache, slots, read_idx, cu_q, cu_k, max_q, max_k, seqs, stream, varlen):
+        self.cache, self.slots, self.read_idx = cache, slots, read_idx
+        self.cu_q, self.cu_k, self.max_q, self.max_k = cu_q, cu_k, max_q, max_k
+        self.seqs, self.stream, self.varlen = seqs, stream, varlen
+
+    @classmethod
+    def from_tensors(cls, cache, slot_t, block_t, qlen, kvlen, ql, kl, bo, stream=None, varlen=False):
+        """A step from device tensors: slot_t (new tokens' slots), block_t (the step's requests' page lists, one
+        after another), ql / kl / bo (per request: new tokens, tokens after the step, offset of its pages in
+        block_t) and the same qlen / kvlen as host lists. The read index is computed on the device: no per-token
+        work on the host."""
+        dev, P, R, K = block_t.device, cache.page_size, len(qlen), sum(kvlen)
+        cu_q = torch.zeros(R + 1, dtype=torch.int32, device=dev)
+        cu_k = torch.zeros(R + 1, dtype=torch.int32, device=dev)
+        cu_q[1:] = ql.cumsum(0)
+        cu_k[1:] = kl.cumsum(0)
+        seq = torch.repeat_interleave(torch.arange(R, device=dev), kl, output_size=K)
+        j = torch.arange(K, device=dev) - cu_k[:-1].long()[seq]
+        read_idx = block_t[bo[seq] + j // P] * P + j % P
+        seqs, q0, k0 = [], 0, 0
+        for n, kvn in zip(qlen, kvlen):
+            seqs.append((q0, n, k0, kvn))
+            q0 += n
+            k0 += kvn
+        return cls(cache, slot_t, read_idx, cu_q, cu_k, max(qlen), max(kvlen), seqs, stream, varlen)
+
+    @classmethod
+    def from_lists(cls, cache, slots, blocks, qlen, kvlen, boff, device, stream=None, varlen=False):
+        """The same from host lists (each request's new tokens come last among its kv_len tokens)."""
+        t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+        return cls.from_tensors(cache, t(slots), t(blocks), qlen, kvlen, t(qlen), t(kvlen), t(boff), stream, varlen)
 
 
 def _repeat_kv(x, n):
@@ -127,8 +162,10 @@ def kvhal_paged_attention(module, query, key, value, attention_mask, dropout=0.0
     """transformers attention function (AttentionInterface) over kvhal's pages.
 
     query is [1, H, T, D] and key/value [1, KVH, T, D] for the step's T packed tokens, rotary embedding applied.
-    Writes the new K/V into layer ``module.layer_idx``'s pages, then attends each request's queries over its pages
-    (gathered with index_select, a copy). Returns ([1, T, H, D], None).
+    Writes the new K/V into layer ``module.layer_idx``'s pages with kvhal.paged_caching, reads every request's
+    tokens back through the page table (one index_select of the step's tokens per layer: a copy, as transformers'
+    own paged path makes), then attends: one variable-length flash call for the whole step in half precision on
+    CUDA, request by request with scaled_dot_product_attention otherwise. Returns ([1, T, H, D], None).
     """
     b = kvhal_batch
     if not isinstance(b, KvhalBatch):
@@ -138,15 +175,23 @@ def kvhal_paged_attention(module, query, key, value, attention_mask, dropout=0.0
     kc, vc = b.cache.k[layer], b.cache.v[layer]
     # [T, KVH, D] strided views of the new tokens: kvhal takes any strides, nothing is copied
     kvhal.paged_caching(kc, vc, key[0].transpose(0, 1), value[0].transpose(0, 1), b.slots, stream=b.stream)
-    kg = kc.index_select(0, b.blocks).flatten(0, 1)  # [sum of pages * page_size, KVH, D]
-    vg = vc.index_select(0, b.blocks).flatten(0, 1)
+    kg = kc.flatten(0, 1).index_select(0, b.read_idx)  # [sum of kv_len, KVH, D]
+    vg = vc.flatten(0, 1).index_select(0, b.read_idx)
     _, heads, tokens, dim = query.shape
+    if b.varlen:
+        q = query[0].transpose(0, 1).contiguous()  # [T, H, D]
+        o = _varlen_attn(q, kg, vg, b.cu_q, b.cu_k, b.max_q, b.max_k, scale=scaling, window_size=(-1, 0))
+        return o.unsqueeze(0), None
     groups = heads // kc.shape[2]
     out = query.new_empty((1, tokens, heads, dim))
-    for q0, qn, kvn, t0, mask in b.seqs:
+    for q0, qn, k0, kvn in b.seqs:
         q = query[:, :, q0:q0 + qn]
-        k = kg[t0:t0 + kvn].transpose(0, 1).unsqueeze(0).contiguous()
-        v = vg[t0:t0 + kvn].transpose(0, 1).unsqueeze(0).contiguous()
+        k = kg[k0:k0 + kvn].transpose(0, 1).unsqueeze(0).contiguous()
+        v = vg[k0:k0 + kvn].transpose(0, 1).unsqueeze(0).contiguous()
+        mask = None
+        if 1 < qn < kvn:  # a chunk after cached tokens: causal, aligned bottom-right
+            mask = (torch.arange(kvn, device=q.device)[None, :] <=
+                    torch.arange(kvn - qn, kvn, device=q.device)[:, None])
         o = _sdpa(q, k, v, mask, qn > 1 and mask is None, scaling, groups)
         out[0, q0:q0 + qn] = o[0].transpose(0, 1)
     return out, None
@@ -174,46 +219,74 @@ def set_attention(model, name):
 class Request:
     """One request of a KvhalEngine: its prompt, how many tokens to generate, and (as it runs) its output tokens,
     its pages and how many of its prompt tokens came from the prefix cache (``cached``)."""
-    __slots__ = ("rid", "prompt", "max_new", "out", "handle", "cached", "pages", "own", "kv_len", "logits",
-                 "reserve")
+    __slots__ = ("rid", "prompt", "max_new", "out", "handle", "cached", "matched", "pages", "own", "kv_len",
+                 "logits", "reserve", "key")
 
-    def __init__(self, rid, prompt, max_new):
-        self.rid, self.prompt, self.max_new = rid, list(prompt), max_new
+    def __init__(self, rid, prompt, max_new, key):
+        self.rid, self.prompt, self.max_new, self.key = rid, list(prompt), max_new, key
         self.out, self.logits = [], []
-        self.handle, self.cached, self.pages, self.own, self.kv_len, self.reserve = None, 0, [], [], 0, 0
+        self.handle, self.cached, self.matched, self.pages, self.own = None, 0, 0, [], []
+        self.kv_len, self.reserve = 0, 0
+
+
+def _common_pages(a, b, n, page):
+    """Tokens in whole pages that a and b share from the start (at most n)."""
+    k = 0
+    while k + page <= n and a[k:k + page] == b[k:k + page]:
+        k += page
+    return k
 
 
 class KvhalEngine:
     """Serves requests on a transformers causal LM (or any module with the same forward convention) with its KV in
-    kvhal: continuous batching, radix prefix reuse, optional chunked prefill, greedy decoding.
+    kvhal: continuous batching, radix prefix reuse, chunked prefill, greedy decoding.
 
     The model's attention implementation must be ATTN_NAME (register() then set_attention(model, ATTN_NAME)); its
     forward must accept input_ids, position_ids, use_cache, logits_to_keep and pass kvhal_batch to attention.
-    num_pages pages of page_size tokens are allocated once; at most max_batch requests run at a time; prefill_chunk
-    (None: whole prompts) caps the prompt tokens a request computes per step; record_logits keeps each emitted
-    token's logits row in Request.logits (on the CPU).
+
+    - num_pages pages of page_size tokens are allocated once; at most max_batch requests run at a time.
+    - A step computes at most max_step_tokens tokens (None: no limit): decode tokens first, then prompt chunks of
+      at most prefill_chunk tokens per request (None: whole prompts) in admission order.
+    - share_running: a prompt's whole pages enter the prefix cache as soon as its prefill is done (not only when
+      the request finishes), and a waiting request whose prefix a running request is computing waits for it
+      instead of computing it again, so requests that run at the same time share their prefixes.
+    - attention: "varlen" (one variable-length flash call per layer; CUDA, float16/bfloat16), "sdpa" (request by
+      request) or "auto" (varlen where it applies).
+    - record_logits keeps each emitted token's logits row in Request.logits (on the CPU).
     """
 
-    def __init__(self, model, num_pages=2048, page_size=16, max_batch=8, prefill_chunk=None, record_logits=False,
-                 device=None, dtype=None):
+    def __init__(self, model, num_pages=2048, page_size=16, max_batch=8, prefill_chunk=None, max_step_tokens=None,
+                 share_running=True, attention="auto", record_logits=False, device=None, dtype=None):
         _positive("num_pages", num_pages)
         _positive("page_size", page_size)
         _positive("max_batch", max_batch)
-        if prefill_chunk is not None:
-            _positive("prefill_chunk", prefill_chunk)
+        for name, value in (("prefill_chunk", prefill_chunk), ("max_step_tokens", max_step_tokens)):
+            if value is not None:
+                _positive(name, value)
+        if attention not in ("auto", "varlen", "sdpa"):
+            raise ValueError(f"attention must be 'auto', 'varlen' or 'sdpa', got {attention!r}")
         cfg = model.config
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.dtype = dtype if dtype is not None else next(model.parameters()).dtype
+        varlen_ok = (_varlen_attn is not None and self.device.type == "cuda" and
+                     self.dtype in (torch.float16, torch.bfloat16))
+        if attention == "varlen" and not varlen_ok:
+            raise ValueError("attention='varlen' needs torch.nn.attention.varlen, a CUDA device and float16 or "
+                             f"bfloat16 (have {self.device}, {self.dtype}, varlen "
+                             f"{'present' if _varlen_attn is not None else 'absent'})")
+        self.varlen = attention == "varlen" or (attention == "auto" and varlen_ok)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.cache = PagedKVCache(cfg.num_hidden_layers, num_pages, page_size, cfg.num_key_value_heads, head_dim,
                                   self.dtype, self.device)
         self.cm = kvhal.CacheManager(num_pages, page_size, "radix")
         self.P, self.max_batch, self.chunk, self.record = page_size, max_batch, prefill_chunk, record_logits
+        self.max_step_tokens, self.share_running = max_step_tokens, share_running
+        self.admit_window = 4 * max_batch  # waiting requests looked at per step when the first ones must wait
         self.waiting, self.running, self.done = [], [], []
         self.reserved = 0  # pages promised to running requests' future decode tokens
         self.stats = dict(requests=0, prompt_tokens=0, cached_tokens=0, prefill_computed=0, output_tokens=0,
-                          steps=0, max_step_tokens=0, host_s=0.0)
+                          steps=0, max_step_tokens=0, host_s=0.0, cm_s=0.0, waits_for_prefix=0)
         self._rid = 0
 
     def add(self, prompt, max_new_tokens):
@@ -222,7 +295,7 @@ class KvhalEngine:
         if not prompt:
             raise ValueError("prompt must hold at least one token")
         _positive("max_new_tokens", max_new_tokens)
-        r = Request(self._rid, prompt, max_new_tokens)
+        r = Request(self._rid, prompt, max_new_tokens, tuple(prompt[:self.P]))
         self._rid += 1
         self.waiting.append(r)
         return r
@@ -230,20 +303,38 @@ class KvhalEngine:
     def _pages_for(self, n):
         return -(-n // self.P)
 
+    def _computing_prefix(self, r):
+        """Whether a running request is computing (has not yet cached) whole pages r's prompt starts with."""
+        n = len(r.prompt) - 1
+        for s in self.running:
+            if s.key == r.key and s.kv_len < len(s.prompt) and \
+                    _common_pages(r.prompt, s.prompt, min(n, len(s.prompt)), self.P) > s.cached:
+                return True
+        return False
+
     def _admit(self):
-        while self.waiting and len(self.running) < self.max_batch:
-            r = self.waiting[0]
+        i = 0
+        while i < len(self.waiting) and len(self.running) < self.max_batch and i < self.admit_window:
+            r = self.waiting[i]
+            if self.share_running and len(r.prompt) > self.P and self._computing_prefix(r):
+                self.stats["waits_for_prefix"] += 1
+                i += 1
+                continue
+            t = time.perf_counter()
             handle, cached, pages = self.cm.match(r.prompt[:-1])  # the last prompt token is always computed
             need = self._pages_for(len(r.prompt)) - len(pages)
             future = self._pages_for(len(r.prompt) + r.max_new - 1) - self._pages_for(len(r.prompt))
             if self.cm.available - self.reserved < need + future:
                 self.cm.unlock(handle)
+                self.stats["cm_s"] += time.perf_counter() - t
                 if not self.running:
                     raise kvhal.OutOfMemory(f"request {r.rid} needs {need + future} pages, the pool cannot hold it")
                 return
             own = list(self.cm.allocate(need))
-            self.waiting.pop(0)
-            r.handle, r.cached, r.pages, r.own, r.kv_len = handle, cached, list(pages) + own, own, cached
+            self.stats["cm_s"] += time.perf_counter() - t
+            self.waiting.pop(i)
+            r.handle, r.cached, r.matched, r.pages, r.own, r.kv_len = handle, cached, cached, list(pages) + own, \
+                own, cached
             r.reserve = future
             self.reserved += future
             self.running.append(r)
@@ -251,28 +342,50 @@ class KvhalEngine:
             self.stats["prompt_tokens"] += len(r.prompt)
             self.stats["cached_tokens"] += cached
 
+    def _cache_prompt(self, r):
+        """r's prefill is done: its prompt's whole pages enter the prefix cache now, locked for r (pages another
+        request inserted meanwhile replace r's copies, which go back to the pool)."""
+        aligned = len(r.prompt) // self.P * self.P
+        if aligned <= r.cached:
+            return
+        n = aligned // self.P
+        t = time.perf_counter()
+        self.cm.cache_finished(r.prompt[:aligned], r.pages[:n], r.handle)
+        r.handle, got, pages = self.cm.match(r.prompt[:aligned])
+        self.stats["cm_s"] += time.perf_counter() - t
+        if got != aligned:
+            raise kvhal.Internal(f"request {r.rid}: {aligned} prompt tokens inserted, {got} matched back")
+        r.pages[:n] = list(pages)
+        r.own = r.pages[n:]
+        r.cached = aligned
+
     def _finish(self, r):
         kv_tokens = (r.prompt + r.out)[:r.kv_len]
+        t = time.perf_counter()
         self.cm.cache_finished_suffix(r.handle, kv_tokens, r.own, start=r.cached)
+        self.stats["cm_s"] += time.perf_counter() - t
         self.reserved -= r.reserve
         r.handle = None
         self.running.remove(r)
         self.done.append(r)
 
     def _schedule(self):
-        """The step's tokens, positions, slots, block tables and per-request spans."""
+        """The step: per scheduled request (r, tokens it computes, whether it emits), and the packed lists."""
         P = self.P
-        ids, pos, slots, blocks, lidx, sched, seqs = [], [], [], [], [], [], []
-        for r in self.running:
-            if r.kv_len < len(r.prompt):  # prefill, maybe chunked
-                n = len(r.prompt) - r.kv_len
-                if self.chunk:
-                    n = min(n, self.chunk)
-                toks = r.prompt[r.kv_len:r.kv_len + n]
-                emits = r.kv_len + n == len(r.prompt)
+        budget = self.max_step_tokens if self.max_step_tokens is not None else 1 << 62
+        work = []
+        for r in self.running:  # decode tokens first: one each
+            if r.kv_len >= len(r.prompt) and budget > 0:
+                work.append((r, [r.out[-1]], True))
+                budget -= 1
+        for r in self.running:  # then prompt chunks
+            if r.kv_len < len(r.prompt) and budget > 0:
+                n = min(len(r.prompt) - r.kv_len, budget, self.chunk or budget)
+                work.append((r, r.prompt[r.kv_len:r.kv_len + n], r.kv_len + n == len(r.prompt)))
+                budget -= n
                 self.stats["prefill_computed"] += n
-            else:  # decode: feed the last generated token
-                toks, emits = [r.out[-1]], True
+        ids, pos, slots, blocks, lidx, qlen, kvlen, boff = [], [], [], [], [], [], [], []
+        for r, toks, emits in work:
             n, start, kv_after = len(toks), r.kv_len, r.kv_len + len(toks)
             while len(r.pages) < self._pages_for(kv_after):  # a decode crossing into a new (reserved) page
                 page = self.cm.allocate(1)[0]
@@ -280,17 +393,29 @@ class KvhalEngine:
                 r.own.append(page)
                 r.reserve -= 1
                 self.reserved -= 1
-            q0 = len(ids)
+            if emits:
+                lidx.append(len(ids) + n - 1)
             ids += toks
             pos += range(start, kv_after)
             slots += [r.pages[p // P] * P + p % P for p in range(start, kv_after)]
-            t0 = len(blocks) * P
+            boff.append(len(blocks))
             blocks += r.pages[:self._pages_for(kv_after)]
-            seqs.append((q0, n, kv_after, t0))
-            if emits:
-                lidx.append(q0 + n - 1)
-            sched.append((r, n, emits))
-        return ids, pos, slots, blocks, lidx, sched, seqs
+            qlen.append(n)
+            kvlen.append(kv_after)
+        return work, ids, pos, slots, blocks, lidx, qlen, kvlen, boff
+
+    def _batch(self, ids, pos, slots, blocks, lidx, qlen, kvlen, boff):
+        """One host-to-device copy of the step's lists; the read index is built from them on the device."""
+        T, B, R = len(ids), len(blocks), len(qlen)
+        buf = torch.tensor(ids + pos + slots + blocks + lidx + qlen + kvlen + boff, dtype=torch.int64)
+        buf = buf.to(self.device, non_blocking=True)
+        o = [0]
+        for n in (T, T, T, B, len(lidx), R, R, R):
+            o.append(o[-1] + n)
+        input_ids, position_ids, slot_t, block_t, logits_idx, ql, kl, bo = (buf[o[i]:o[i + 1]] for i in range(8))
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        batch = KvhalBatch.from_tensors(self.cache, slot_t, block_t, qlen, kvlen, ql, kl, bo, stream, self.varlen)
+        return input_ids.view(1, T), position_ids.view(1, T), logits_idx, batch
 
     @torch.no_grad()
     def step(self):
@@ -300,21 +425,8 @@ class KvhalEngine:
         self._admit()
         if not self.running:
             return False
-        ids, pos, slots, blocks, lidx, sched, seqs = self._schedule()
-        T = len(ids)
-        buf = torch.tensor(ids + pos + slots + blocks + lidx, dtype=torch.int64).to(self.device, non_blocking=True)
-        input_ids, position_ids = buf[:T].view(1, T), buf[T:2 * T].view(1, T)
-        slot_t, block_t = buf[2 * T:3 * T], buf[3 * T:3 * T + len(blocks)]
-        logits_idx = buf[3 * T + len(blocks):]
-        full = []
-        for q0, n, kvn, t0 in seqs:
-            mask = None
-            if 1 < n < kvn:  # a chunk after cached tokens: causal, aligned bottom-right
-                qpos = torch.arange(kvn - n, kvn, device=self.device)
-                mask = torch.arange(kvn, device=self.device)[None, :] <= qpos[:, None]
-            full.append((q0, n, kvn, t0, mask))
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        batch = KvhalBatch(self.cache, slot_t, block_t, full, stream)
+        work, *lists = self._schedule()
+        input_ids, position_ids, logits_idx, batch = self._batch(*lists)
         self.stats["host_s"] += time.perf_counter() - t_host
         out = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, kvhal_batch=batch,
                          logits_to_keep=logits_idx)
@@ -323,18 +435,21 @@ class KvhalEngine:
         rows = logits.float().cpu() if self.record else None
         t_host = time.perf_counter()
         i = 0
-        for r, n, emits in sched:
-            r.kv_len += n
-            if emits:
-                r.out.append(next_tokens[i])
-                if self.record:
-                    r.logits.append(rows[i])
-                i += 1
-                self.stats["output_tokens"] += 1
-                if len(r.out) >= r.max_new:
-                    self._finish(r)
+        for r, toks, emits in work:
+            r.kv_len += len(toks)
+            if not emits:
+                continue
+            if not r.out and self.share_running:
+                self._cache_prompt(r)
+            r.out.append(next_tokens[i])
+            if self.record:
+                r.logits.append(rows[i])
+            i += 1
+            self.stats["output_tokens"] += 1
+            if len(r.out) >= r.max_new:
+                self._finish(r)
         self.stats["steps"] += 1
-        self.stats["max_step_tokens"] = max(self.stats["max_step_tokens"], T)
+        self.stats["max_step_tokens"] = max(self.stats["max_step_tokens"], input_ids.shape[1])
         self.stats["host_s"] += time.perf_counter() - t_host
         return True
 
