@@ -432,7 +432,7 @@ static PyMethodDef agent_methods[] = {
     {"connect", FAST(agent_connect),
      "connect(address, token)\n--\n\nConnects to the agent whose address (bytes) is given, presenting token; waits "
      "(the GIL released) until it accepts (a Peer) or refuses (kvhal.PeerFailed, kvhal.Timeout). The other agent "
-     "must be progressed meanwhile (another thread or process)."},
+     "must be progressed until this returns (another thread or process): it answers from its progress."},
     {"progress", FAST(agent_progress),
      "progress(timeout_ms=0)\n--\n\nProgresses the agent and returns the next XferEvent, or None when none came "
      "within timeout_ms (the GIL released while waiting)."},
