@@ -71,21 +71,25 @@ def make(device, blocks=8, host_pages=32, policy="write_through", events=256):
     return pc, kvhal.TieredCacheManager(pc, host_pages=host_pages, policy=policy, event_capacity=events)
 
 
-def run(tm, pc, tokens):
-    """One request start to finish: match, load back, verify reused pages, write new ones, finish."""
+def run(tm, pc, tokens, content=True):
+    """One request start to finish: match, load back, verify reused pages, write new ones, finish (content: False
+    leaves the pages' values alone, for threads that would race on them)."""
     n = len(tokens)
     h, dl, hl, pages = tm.match_tiered(tokens)
     assert len(pages) == dl // PS
-    expect_pages(pc, tokens, pages, 0, dl // PS)
+    if content:
+        expect_pages(pc, tokens, pages, 0, dl // PS)
     pages = list(pages)
     if hl:
         loaded = tm.load_back(h, tokens)
         assert len(loaded) * PS == hl
         tm.transfer_wait()
         pages += list(loaded)
-        expect_pages(pc, tokens, pages, dl // PS, hl // PS)
+        if content:
+            expect_pages(pc, tokens, pages, dl // PS, hl // PS)
     pages += list(tm.allocate(n // PS - len(pages)))
-    write_pages(pc, tokens, pages, (dl + hl) // PS)
+    if content:
+        write_pages(pc, tokens, pages, (dl + hl) // PS)
     tm.cache_finished(tokens, pages, h)
     tm.check_integrity()
     return dl, hl
@@ -234,8 +238,9 @@ def test_bad_arguments():
 
 
 def test_load_back_releases_the_gil_and_stays_consistent_across_threads():
-    """Two Python threads driving one manager: the C manager refuses a concurrent call (kvhal.Busy) rather than
-    corrupting it; integrity holds after."""
+    """Two Python threads driving one manager (load_back and transfer_wait release the GIL): the C manager refuses a
+    concurrent call (kvhal.Busy) rather than corrupting itself; integrity holds after. The threads leave the pages'
+    values alone (their writes would race)."""
     import threading
     pc, tm = make("cpu:0", blocks=16, host_pages=64)
     errors = []
@@ -244,7 +249,7 @@ def test_load_back_releases_the_gil_and_stays_consistent_across_threads():
         for r in range(30):
             toks = list(range(base + 16 * (r % 5), base + 16 * (r % 5) + 16))
             try:
-                run(tm, pc, toks)
+                run(tm, pc, toks, content=False)
             except kvhal.Busy:
                 pass
             except Exception as e:  # noqa: BLE001
