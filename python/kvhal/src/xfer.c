@@ -576,11 +576,15 @@ static PyObject *peer_post_receive(PyObject *op, PyObject *const *args, Py_ssize
     kvhal_xfer *x = NULL;
     kvhal_status rc = pg.n > INT32_MAX ? kvhal_error_set(KVHAL_OUT_OF_RANGE, "pages: %zu pages", pg.n)
                                        : kvhal_xfer_post_receive(p, req, pg.v, (int32_t)pg.n, cm, &x);
-    if (rc != KVHAL_OK) kvpy_raise(st, rc);
-    else if (cm && PySequence_Contains(agent->managers, a[2]) == 0 && PyList_Append(agent->managers, a[2]) != 0)
-        (void)kvhal_xfer_release(x); /* not kept: the receive is canceled */
-    else if (!PyErr_Occurred())
-        ret = transfer_new(agent, x, req, 1);
+    if (rc != KVHAL_OK) {
+        kvpy_raise(st, rc);
+    } else {
+        /* the agent keeps the manager its pages go back to (the C agent gives them back until it is destroyed) */
+        int kept = cm ? PySequence_Contains(agent->managers, a[2]) : 1;
+        if (kept == 0) kept = PyList_Append(agent->managers, a[2]) == 0 ? 1 : -1;
+        if (kept < 0) (void)kvhal_xfer_release(x); /* not kept: the receive is canceled */
+        else ret = transfer_new(agent, x, req, 1);
+    }
     kvpy_ids_release(st, &pg);
     return ret;
 }
