@@ -186,6 +186,9 @@ def check_errors(device: str = "cpu:0", stream: StreamLike = None) -> None: ...
 def last_error() -> str: ...
 
 # ---- serving objects: paged caches, the host tier, KV events, block pool, device events, MLA ----
+from typing import Final, final
+
+@final
 class PagedCache:
     num_blocks: int
     num_layers: int
@@ -207,8 +210,10 @@ class PagedCache:
                stream: StreamLike = None) -> None: ...
     def copy_blocks(self, pairs: IntArray, stream: StreamLike = None) -> None: ...
 
+@final
 class KVEvent(Tuple[Any, ...]):
     """One KV event: kind 'stored' | 'removed' | 'cleared' | 'overflow', tier 'device' | 'host'."""
+    __match_args__: Final = ("kind", "tier", "hash", "parent_hash", "page", "tokens", "dropped")
     n_fields: int
     n_sequence_fields: int
     n_unnamed_fields: int
@@ -227,6 +232,7 @@ class KVEvent(Tuple[Any, ...]):
     @property
     def dropped(self) -> int: ...
 
+@final
 class TieredCacheManager(CacheManager):
     cache: PagedCache
     policy: str
@@ -245,6 +251,7 @@ class TieredCacheManager(CacheManager):
     def host_tier_clear(self) -> None: ...
     def events(self, max: Optional[int] = None) -> List[KVEvent]: ...
 
+@final
 class BlockPool:
     num_free: int
     num_total: int
@@ -255,6 +262,7 @@ class BlockPool:
     def ref_count(self, block: int) -> int: ...
     def check_integrity(self) -> None: ...
 
+@final
 class Event:
     device: str
     def __init__(self, device: str = "cpu:0") -> None: ...

@@ -1,10 +1,12 @@
 """Type stubs of kvhal.xfer (the transfer agent; present when kvhal was built with libkvhal-xfer)."""
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Final, Optional, Tuple, final
 
 from . import CacheManager, PagedCache, Pages
 from . import IntArray
 
+@final
 class XferEvent(Tuple[Any, ...]):
+    __match_args__: Final = ("kind", "peer", "transfer", "request_id", "status", "num_pages", "pages", "message")
     n_fields: int
     n_sequence_fields: int
     n_unnamed_fields: int
@@ -25,6 +27,7 @@ class XferEvent(Tuple[Any, ...]):
     @property
     def message(self) -> str: ...
 
+@final
 class Transfer:
     request_id: int
     is_receive: bool
@@ -34,6 +37,7 @@ class Transfer:
     def release(self) -> None: ...
     def info(self) -> Dict[str, Any]: ...
 
+@final
 class Peer:
     name: str
     ipc: str
@@ -44,6 +48,7 @@ class Peer:
                     num_layers: Optional[int] = None) -> Transfer: ...
     def disconnect(self) -> None: ...
 
+@final
 class Agent:
     address: bytes
     cache: Optional[PagedCache]

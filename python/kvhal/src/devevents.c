@@ -112,15 +112,15 @@ static PyObject *event_get_device(PyObject *op, void *c)
 #define FAST(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
 static PyMethodDef event_methods[] = {
     {"record", FAST(event_record),
-     "record(stream=None)\n--\n\nPlaces the event after the work queued on stream so far (None: the device's default "
+     "record($self, stream=None)\n--\n\nPlaces the event after the work queued on stream so far (None: the device's default "
      "stream). Recording again moves it."},
     {"wait", FAST(event_wait),
-     "wait(stream=None)\n--\n\nMakes the work queued on stream from now on wait for the event (the host does not "
+     "wait($self, stream=None)\n--\n\nMakes the work queued on stream from now on wait for the event (the host does not "
      "wait where the backend has events)."},
     {"query", event_query, METH_NOARGS,
-     "query()\n--\n\nTrue when the work before its last record is done (or it was never recorded), else False."},
+     "query($self)\n--\n\nTrue when the work before its last record is done (or it was never recorded), else False."},
     {"synchronize", event_synchronize, METH_NOARGS,
-     "synchronize()\n--\n\nWaits for the work before its last record (the GIL is released)."},
+     "synchronize($self)\n--\n\nWaits for the work before its last record (the GIL is released)."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef event_getset[] = {{"device", event_get_device, NULL, "the device name", NULL},

@@ -234,13 +234,13 @@ static PyObject *pcache_get(PyObject *op, void *which)
 
 static PyMethodDef pcache_methods[] = {
     {"layer", pcache_layer, METH_O,
-     "layer(i)\n--\n\n(k, v): views of layer i, [blocks, block_size, heads, dim] in logical order (the layout in the "
+     "layer($self, i)\n--\n\n(k, v): views of layer i, [blocks, block_size, heads, dim] in logical order (the layout in the "
      "strides), as kvhal.Tensor (zero-copy; DLPack-exportable; each keeps the cache alive)."},
     {"update", (PyCFunction)(void (*)(void))pcache_update, METH_FASTCALL | METH_KEYWORDS,
-     "update(layer, k, v, slot_mapping, stream=None)\n--\n\npaged_caching into one layer with the cache's fp8 "
+     "update($self, layer, k, v, slot_mapping, stream=None)\n--\n\npaged_caching into one layer with the cache's fp8 "
      "scales."},
     {"copy_blocks", (PyCFunction)(void (*)(void))pcache_copy_blocks, METH_FASTCALL | METH_KEYWORDS,
-     "copy_blocks(pairs, stream=None)\n--\n\nCopies blocks src -> dst in every layer's K and V; pairs: a flat or "
+     "copy_blocks($self, pairs, stream=None)\n--\n\nCopies blocks src -> dst in every layer's K and V; pairs: a flat or "
      "(n, 2) integer array."},
     {NULL, NULL, 0, NULL}};
 

@@ -145,14 +145,14 @@ static PyObject *pool_get(PyObject *op, void *which)
 
 static PyMethodDef pool_methods[] = {
     {"allocate", pool_allocate, METH_O,
-     "allocate(n)\n--\n\nn blocks, each with one reference, all or nothing (kvhal.OutOfMemory): kvhal.Pages."},
+     "allocate($self, n)\n--\n\nn blocks, each with one reference, all or nothing (kvhal.OutOfMemory): kvhal.Pages."},
     {"share", pool_share, METH_O,
-     "share(blocks)\n--\n\nOne more reference to each block (an int or an integer array); all checked first."},
+     "share($self, blocks)\n--\n\nOne more reference to each block (an int or an integer array); all checked first."},
     {"release", pool_release, METH_O,
-     "release(blocks)\n--\n\nOne fewer reference to each block (an int or an integer array); a block is free at 0."},
-    {"ref_count", pool_ref_count, METH_O, "ref_count(block)\n--\n\nThe block's reference count (0: free)."},
+     "release($self, blocks)\n--\n\nOne fewer reference to each block (an int or an integer array); a block is free at 0."},
+    {"ref_count", pool_ref_count, METH_O, "ref_count($self, block)\n--\n\nThe block's reference count (0: free)."},
     {"check_integrity", pool_check, METH_NOARGS,
-     "check_integrity()\n--\n\nThe free list against the reference counts, else kvhal.Integrity."},
+     "check_integrity($self)\n--\n\nThe free list against the reference counts, else kvhal.Integrity."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef pool_getset[] = {{"num_free", pool_get, NULL, "free blocks", NULL},

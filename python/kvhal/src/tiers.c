@@ -271,24 +271,24 @@ static PyObject *tiered_get(PyObject *op, void *which)
 #define FAST(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
 static PyMethodDef tiered_methods[] = {
     {"match_tiered", tiered_match, METH_O,
-     "match_tiered(tokens)\n--\n\nmatch + lock, and how far the host tier continues the match: (handle, device_len, "
+     "match_tiered($self, tokens)\n--\n\nmatch + lock, and how far the host tier continues the match: (handle, device_len, "
      "host_len, pages). pages: the device pages of device_len tokens; host_len: whole pages past them that "
      "load_back brings back."},
     {"load_back", FAST(tiered_load_back),
-     "load_back(handle, tokens)\n--\n\nLoads the host pages past the request's device match into device pages it then "
+     "load_back($self, handle, tokens)\n--\n\nLoads the host pages past the request's device match into device pages it then "
      "holds (they follow its matched pages) and returns them (kvhal.Pages; len * page_size tokens). The copies are "
      "complete after transfer_wait() (or once transfer_query() is True); read the pages only then."},
     {"transfer_wait", tiered_transfer_wait, METH_NOARGS,
-     "transfer_wait()\n--\n\nEnqueues queued write-backs and waits for every copy (the GIL is released)."},
+     "transfer_wait($self)\n--\n\nEnqueues queued write-backs and waits for every copy (the GIL is released)."},
     {"transfer_query", tiered_transfer_query, METH_NOARGS,
-     "transfer_query()\n--\n\nEnqueues queued write-backs and polls: True when every copy is done, else False."},
+     "transfer_query($self)\n--\n\nEnqueues queued write-backs and polls: True when every copy is done, else False."},
     {"stats", tiered_stats, METH_NOARGS,
-     "stats()\n--\n\n{host_pages_total, host_pages_used, pages_written, pages_loaded, host_evictions, "
+     "stats($self)\n--\n\n{host_pages_total, host_pages_used, pages_written, pages_loaded, host_evictions, "
      "events_dropped}."},
     {"host_tier_clear", tiered_host_clear, METH_NOARGS,
-     "host_tier_clear()\n--\n\nDrops every host page (after the copies in flight); a 'cleared' event for the host."},
+     "host_tier_clear($self)\n--\n\nDrops every host page (after the copies in flight); a 'cleared' event for the host."},
     {"events", FAST(tiered_events),
-     "events(max=None)\n--\n\nDrains the KV events (oldest first, at most max): a list of kvhal.KVEvent. Needs "
+     "events($self, max=None)\n--\n\nDrains the KV events (oldest first, at most max): a list of kvhal.KVEvent. Needs "
      "event_capacity > 0."},
     {NULL, NULL, 0, NULL}};
 

@@ -427,17 +427,17 @@ static PyObject *agent_exit_ctx(PyObject *op, PyObject *args)
 #define FAST(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
 static PyMethodDef agent_methods[] = {
     {"register_cache", agent_register, METH_O,
-     "register_cache(cache)\n--\n\nThe PagedCache whose pages this agent sends and receives (one, before connecting; "
+     "register_cache($self, cache)\n--\n\nThe PagedCache whose pages this agent sends and receives (one, before connecting; "
      "kept alive by the agent)."},
     {"connect", FAST(agent_connect),
-     "connect(address, token)\n--\n\nConnects to the agent whose address (bytes) is given, presenting token; waits "
+     "connect($self, address, token)\n--\n\nConnects to the agent whose address (bytes) is given, presenting token; waits "
      "(the GIL released) until it accepts (a Peer) or refuses (kvhal.PeerFailed, kvhal.Timeout). The other agent "
      "must be progressed until this returns (another thread or process): it answers from its progress."},
     {"progress", FAST(agent_progress),
-     "progress(timeout_ms=0)\n--\n\nProgresses the agent and returns the next XferEvent, or None when none came "
+     "progress($self, timeout_ms=0)\n--\n\nProgresses the agent and returns the next XferEvent, or None when none came "
      "within timeout_ms (the GIL released while waiting)."},
     {"close", agent_close, METH_NOARGS,
-     "close()\n--\n\nDestroys the agent now: its peers close, transfers in flight fail (granted pages go back to "
+     "close($self)\n--\n\nDestroys the agent now: its peers close, transfers in flight fail (granted pages go back to "
      "their cache manager); its Peer and Transfer objects refuse calls from then on."},
     {"__enter__", agent_enter_ctx, METH_NOARGS, NULL},
     {"__exit__", agent_exit_ctx, METH_VARARGS, NULL},
@@ -675,19 +675,19 @@ static PyObject *peer_get(PyObject *op, void *which)
 
 static PyMethodDef peer_methods[] = {
     {"post_receive", FAST(peer_post_receive),
-     "post_receive(request_id, pages, manager=None)\n--\n\nReceiver: grants pages (ids of the registered cache) for "
+     "post_receive($self, request_id, pages, manager=None)\n--\n\nReceiver: grants pages (ids of the registered cache) for "
      "a request (the sender gets a 'grant' event), or takes the pages the peer offered for it. On failure, timeout "
      "or cancel the pages go back to manager (a CacheManager) when given. Returns a Transfer."},
     {"send_pages", FAST(peer_send_pages),
-     "send_pages(request_id, src_pages, dst_pages, first_layer=0, num_layers=None)\n--\n\nSender: sends K and V of "
+     "send_pages($self, request_id, src_pages, dst_pages, first_layer=0, num_layers=None)\n--\n\nSender: sends K and V of "
      "layers [first_layer, first_layer + num_layers) (None: the rest) of src_pages into the peer's dst_pages (from "
      "its grant). The source pages must not change until the Transfer completes. Returns a Transfer."},
     {"offer_pages", FAST(peer_offer_pages),
-     "offer_pages(request_id, src_pages, first_layer=0, num_layers=None)\n--\n\nSender on one host (IPC, CMA paths): "
+     "offer_pages($self, request_id, src_pages, first_layer=0, num_layers=None)\n--\n\nSender on one host (IPC, CMA paths): "
      "offers the pages before any grant; the receiver's post_receive takes them (page i into its page i). Returns a "
      "Transfer."},
     {"disconnect", peer_disconnect, METH_NOARGS,
-     "disconnect()\n--\n\nCloses the connection; its transfers in flight fail with kvhal.Canceled."},
+     "disconnect($self)\n--\n\nCloses the connection; its transfers in flight fail with kvhal.Canceled."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef peer_getset[] = {{"name", peer_get, NULL, "the peer agent's name", NULL},
@@ -838,17 +838,17 @@ static PyObject *xfer_get(PyObject *op, void *which)
 
 static PyMethodDef xfer_methods[] = {
     {"test", xfer_test, METH_NOARGS,
-     "test()\n--\n\nTrue when complete, False while in flight (progresses the agent once); a failed transfer raises "
+     "test($self)\n--\n\nTrue when complete, False while in flight (progresses the agent once); a failed transfer raises "
      "its status (kvhal.PeerFailed, kvhal.Timeout, kvhal.Canceled, ...)."},
     {"wait", FAST(xfer_wait),
-     "wait(timeout_ms)\n--\n\nWaits at most timeout_ms (the GIL released): True when complete, False when still in "
+     "wait($self, timeout_ms)\n--\n\nWaits at most timeout_ms (the GIL released): True when complete, False when still in "
      "flight; a failure raises. Events arriving meanwhile stay queued for progress()."},
     {"cancel", xfer_cancel, METH_NOARGS,
-     "cancel()\n--\n\nCancels it; it then completes with kvhal.Canceled (wait before reusing source pages)."},
+     "cancel($self)\n--\n\nCancels it; it then completes with kvhal.Canceled (wait before reusing source pages)."},
     {"release", xfer_release, METH_NOARGS,
-     "release()\n--\n\nReleases the handle now (cancelling it when in flight); the object refuses calls after."},
+     "release($self)\n--\n\nReleases the handle now (cancelling it when in flight); the object refuses calls after."},
     {"info", xfer_info, METH_NOARGS,
-     "info()\n--\n\n{request_id, bytes_total, bytes_done, status, is_receive, path} (path: 'ipc', 'cma', 'staged', "
+     "info($self)\n--\n\n{request_id, bytes_total, bytes_done, status, is_receive, path} (path: 'ipc', 'cma', 'staged', "
      "'host', or '' before any frame)."},
     {NULL, NULL, 0, NULL}};
 
