@@ -198,3 +198,59 @@ def test_close_invalidates_peers_and_transfers():
     with pytest.raises(kvhal.InvalidHandle):
         pr.post_receive(2, [1])
     send.close()
+
+
+SENDER = r"""
+import sys, numpy as np, kvhal, kvhal.xfer as X
+from test_xfer import cache, TOKEN
+tls, address = sys.argv[1], bytes.fromhex(sys.stdin.readline().strip())
+with X.Agent(TOKEN, name="prefill-py", timeout_ms=5000, transports=tls) as a:
+    a.register_cache(cache(2))
+    peer = a.connect(address, TOKEN)
+    grant = None
+    while grant is None:
+        ev = a.progress(100)
+        if ev is not None and ev.kind == "grant":
+            grant = ev
+    xs = [peer.send_pages(grant.request_id, [4, 5, 6], grant.pages, first_layer=layer, num_layers=1)
+          for layer in range(a.cache.num_layers)]
+    assert all(x.wait(10000) for x in xs)
+print("sent")
+"""
+
+
+@pytest.mark.parametrize("tls", ["tcp", "shm"])
+def test_two_processes(tls):
+    """A decode process (this one) receives a request's pages from a prefill process, layer by layer."""
+    import os
+    import subprocess
+    import sys
+    recv = X.Agent(TOKEN, name="decode-py", timeout_ms=5000, transports=tls)
+    rc = cache(1)
+    recv.register_cache(rc)
+    before, src = snapshot(rc), snapshot(cache(2))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    child = subprocess.Popen([sys.executable, "-c", SENDER, tls], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        child.stdin.write(recv.address.hex() + "\n")
+        child.stdin.flush()
+        peer = pump([recv], ["peer_connected"], seconds=30)["peer_connected"][0].peer
+        cm = kvhal.CacheManager(BLOCKS, PS)
+        pages = cm.allocate(3)
+        xr = peer.post_receive(11, pages, manager=cm)
+        done = pump([recv], ["recv_done"], seconds=30)["recv_done"][0]
+        assert done.transfer is xr and done.status is None, done.message
+        out, err = child.communicate(timeout=30)
+        assert child.returncode == 0 and out.strip() == "sent", err
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    after = snapshot(rc)
+    for layer in range(LAYERS):
+        for side in range(2):
+            want = before[layer][side].copy()
+            want[np.asarray(pages)] = src[layer][side][[4, 5, 6]]
+            np.testing.assert_array_equal(after[layer][side], want)
+    recv.close()

@@ -172,9 +172,8 @@ static PyObject *pcache_update(PyObject *op, PyObject *const *args, Py_ssize_t n
     if (layer < INT32_MIN || layer > INT32_MAX) return kvpy_raise_msg(st, KVHAL_OUT_OF_RANGE, "layer: %ld", layer);
     const kvhal_device dev = ((kvpy_pcache_object *)op)->cfg.device;
     kvhal_stream *s;
-    if (kvpy_stream_arg(st, a[4], dev, &s) != 0) return NULL;
     intptr_t native;
-    if (kvpy_stream_int(st, a[4], &native) != 0) return NULL;
+    if (kvpy_stream_int(st, a[4], &native) != 0 || kvpy_stream_for(st, a[4], native, dev, &s) != 0) return NULL;
     kvpy_import t[3];
     int n = 0;
     PyObject *ret = NULL;
