@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import kvhal
-from conftest import torch
+from conftest import DEVICES, torch
 
 PS, LAYERS, HEADS, DIM = 4, 2, 1, 2
 M64 = (1 << 64) - 1
@@ -160,6 +160,13 @@ def test_page_ids_from_any_host_array():
         tm.unlock(h)
     with pytest.raises(kvhal.InvalidArgument, match="tokens"):
         tm.match_tiered(np.zeros(8, np.float32))
+    for dev in DEVICES:
+        if not dev.startswith("cpu"):
+            with pytest.raises(kvhal.InvalidArgument, match="tokens: page ids must be on the host"):
+                tm.match_tiered(kvhal.empty((8,), "i32", dev))
+    h, dl, hl, pages = tm.match_tiered(kvhal.from_dlpack(np.asarray(toks, np.int32)))  # a kvhal.Tensor
+    assert dl == 16
+    tm.unlock(h)
     if torch is not None:
         with pytest.raises(kvhal.InvalidArgument, match="tokens"):
             tm.match_tiered(torch.zeros(8, dtype=torch.float32))
