@@ -18,6 +18,8 @@ from ._kvhal import *  # noqa: F401,F403
 from ._kvhal import (Error, Tensor, Stream, PrefixCache, PrefixHandle, CacheManager, Pages, paged_caching,
                      copy_blocks, tensor_copy, empty, from_dlpack, dlpack_path, devices, synchronize, check_errors,
                      last_error, __version__, STREAM_LEGACY, STREAM_PER_THREAD)
+from ._kvhal import (PagedCache, TieredCacheManager, KVEvent, BlockPool, Event, paged_caching_mla, kv_root_hash,
+                     kv_page_hash)
 
 STATUS_ERRORS = {cls.status: cls for cls in Error.__subclasses__()}
 """Status name ("KVHAL_DEVICE_FAULT") -> its exception class."""

@@ -53,14 +53,53 @@ def once(i):
         del w
 
 
+def serving_once(i):
+    """The serving objects: paged cache views, the tiered manager and its events, the block pool, device events."""
+    pc = kvhal.PagedCache(2, 1, 2, 4, num_blocks=4)
+    k, v = pc.layer(i % 2)
+    np.from_dlpack(k)
+    tm = kvhal.TieredCacheManager(pc, host_pages=8, policy="write_back" if i % 2 else "write_through",
+                                  event_capacity=16)
+    toks = np.arange(8 * (i % 3), 8 * (i % 3) + 8, dtype=np.int32)
+    h, dl, hl, pages = tm.match_tiered(toks)
+    got = list(pages) + (list(tm.load_back(h, toks)) if hl else [])
+    tm.transfer_wait()
+    tm.cache_finished(toks, got + list(tm.allocate(2 - len(got))), h)
+    tm.evict(4)
+    tm.events()
+    tm.stats()
+    try:
+        tm.load_back(None, toks)
+    except kvhal.Error:
+        pass
+    bp = kvhal.BlockPool(4)
+    b = bp.allocate(2)
+    bp.share(b)
+    bp.release(b)
+    e = kvhal.Event()
+    e.record()
+    e.query()
+    kvhal.paged_caching_mla(np.zeros((2, 4, 6), np.float32), np.ones((2, 4), np.float32), np.ones((2, 2), np.float32),
+                            np.array([1, 5]))
+    del k, v, pc, tm
+    if i % 25 == 0 and getattr(kvhal._kvhal, "_have_xfer", 0):
+        import kvhal.xfer as X
+        with X.Agent("leak", transports="tcp") as a:
+            a.register_cache(kvhal.PagedCache(1, 1, 1, 4, num_blocks=2))
+            a.address
+            a.progress(0)
+
+
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 500  # fewer under valgrind
     for i in range(50):
         once(i)
+        serving_once(i)
     gc.collect()
     before = len(gc.get_objects())
     for i in range(rounds):
         once(i)
+        serving_once(i)
     gc.collect()
     after = len(gc.get_objects())
     print(f"objects before {before}, after {after}")

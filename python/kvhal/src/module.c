@@ -3,6 +3,7 @@
  * module's functions. The rooms it puts together are listed in module.h. */
 #include <stdio.h>
 
+#include "bind.h"
 #include "common.h"
 #include "dlpack.h"
 #include "ops.h"
@@ -24,6 +25,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->handle_type);
     Py_VISIT(st->manager_type);
     Py_VISIT(st->array_type);
+    for (int i = 0; i < KVPY_BIND_TYPES_MAX; i++) Py_VISIT(st->bind_type[i]);
     Py_VISIT(st->last_stream_obj);
     for (int i = 0; i < st->xapi_n; i++) {
         Py_VISIT(st->xapi[i].tp);
@@ -45,6 +47,7 @@ static int module_clear(PyObject *m)
     Py_CLEAR(st->handle_type);
     Py_CLEAR(st->manager_type);
     Py_CLEAR(st->array_type);
+    for (int i = 0; i < KVPY_BIND_TYPES_MAX; i++) Py_CLEAR(st->bind_type[i]);
     PyObject **names[] = {&st->s_dlpack,      &st->s_dlpack_device, &st->s_stream,      &st->s_max_version,
                           &st->s_cuda_stream_proto, &st->s_cuda_stream_attr, &st->s_xapi, &st->s_xapi_old,
                           &st->max_version,   &st->kw_stream,       &st->kw_max,        &st->kw_stream_max};
@@ -166,7 +169,8 @@ static int module_exec(PyObject *m)
     kvpy_state *st = kvpy_state_of_module(m);
     st->pages_itemsize = sizeof(int32_t);
     st->pages_format[0] = 'i';
-    if (kvpy_dtype_check() != 0 || intern_names(st) != 0 || add_types(m, st) != 0 || add_exceptions(m, st) != 0)
+    if (kvpy_dtype_check() != 0 || intern_names(st) != 0 || add_types(m, st) != 0 || add_exceptions(m, st) != 0 ||
+        kvpy_bind_add(m, st) != 0)
         return -1;
     char ver[32];
     snprintf(ver, sizeof ver, "%d.%d.%d", KVHAL_VERSION_MAJOR, KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH);

@@ -12,6 +12,7 @@
  *   pages      kvhal.Pages and integer arrays on the host (page lists, block tables, token ids)
  *   ops        paged_caching, copy_blocks, tensor_copy, devices, synchronize, check_errors
  *   prefix     kvhal.PrefixCache, kvhal.PrefixHandle, kvhal.CacheManager
+ *   bind.h     paged caches, the host tier, KV events, block pool, device events, MLA, the transfer agent
  *   module.c   init (PEP 489 multi-phase), the state's life, the exceptions, the module's functions */
 #ifndef KVPY_MODULE_H
 #define KVPY_MODULE_H
@@ -72,6 +73,9 @@ typedef struct {
 
 /* Borrowed-stream handles by (device, native handle), made once (stream.c). */
 #define KVPY_STREAM_MAX 64
+
+/* The types of the rooms bind.h lists (paged caches, tiers, events, pool, device events, transfer). */
+#define KVPY_BIND_TYPES_MAX 12
 typedef struct {
     kvhal_device dev;
     intptr_t native;
@@ -86,6 +90,7 @@ typedef struct kvpy_state {
     /* the module's heap types */
     PyTypeObject *tensor_type, *stream_type, *pages_type, *prefix_type, *handle_type, *manager_type;
     PyObject *array_type; /* array.array */
+    PyTypeObject *bind_type[KVPY_BIND_TYPES_MAX]; /* bind.h's, by KVPY_T_* */
 
     /* interned names and the keyword tuples of __dlpack__ calls */
     PyObject *s_dlpack, *s_dlpack_device, *s_stream, *s_max_version, *s_cuda_stream_proto, *s_cuda_stream_attr;

@@ -20,11 +20,7 @@ typedef struct {
     PyObject *cache; /* the PrefixCache or CacheManager it came from (a handle is only valid there) */
 } handle_object;
 
-typedef struct {
-    PyObject_HEAD
-    kvhal_cache_manager *cm;
-    int32_t page_size;
-} manager_object;
+typedef kvpy_manager_object manager_object;
 
 /* ---- kvhal.PrefixHandle ---- */
 static int handle_traverse(PyObject *op, visitproc visit, void *arg)
@@ -64,7 +60,7 @@ PyType_Spec kvpy_handle_spec = {
     .slots = handle_slots,
 };
 
-static PyObject *new_handle(kvpy_state *st, kvpy_handle_t h, PyObject *cache)
+PyObject *kvpy_handle_new(kvpy_state *st, kvpy_handle_t h, PyObject *cache)
 {
     handle_object *o = PyObject_GC_New(handle_object, st->handle_type);
     if (!o) return NULL;
@@ -75,7 +71,7 @@ static PyObject *new_handle(kvpy_state *st, kvpy_handle_t h, PyObject *cache)
 }
 
 /* The handle argument: a PrefixHandle of this cache (or of alt), or None (nothing matched). */
-static int get_handle(kvpy_state *st, PyObject *o, PyObject *cache, PyObject *alt, kvpy_handle_t *out)
+int kvpy_handle_get(kvpy_state *st, PyObject *o, PyObject *cache, PyObject *alt, kvpy_handle_t *out)
 {
     if (o == Py_None) {
         memset(out, 0, sizeof *out);
@@ -141,7 +137,7 @@ static PyObject *match_common(PyObject *self, kvhal_prefix_cache *pc, kvhal_cach
         Py_SET_SIZE(pa, (Py_ssize_t)np);
         pages = (PyObject *)pa;
     }
-    PyObject *ho = pages ? new_handle(st, h, self) : NULL;
+    PyObject *ho = pages ? kvpy_handle_new(st, h, self) : NULL;
     PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
     if (no && (ret = PyTuple_New(3)) != NULL) {
         PyTuple_SET_ITEM(ret, 0, ho);
@@ -235,7 +231,7 @@ static PyObject *prefix_lock_common(PyObject *op, PyObject *h, int lock)
     if (!pc) return NULL;
     kvpy_state *st = kvpy_state_of(op);
     kvpy_handle_t v;
-    if (get_handle(st, h, op, ((prefix_object *)op)->owner, &v) != 0) return NULL;
+    if (kvpy_handle_get(st, h, op, ((prefix_object *)op)->owner, &v) != 0) return NULL;
     kvhal_status rc = lock ? kvhal_prefix_lock(pc, v) : kvhal_prefix_unlock(pc, v);
     if (rc != KVHAL_OK) return kvpy_raise(st, rc);
     Py_RETURN_NONE;
@@ -475,7 +471,7 @@ static PyObject *finish_common(PyObject *op, PyObject *handle, PyObject *tokens,
     kvpy_state *st = kvpy_state_of(op);
     const size_t page_size = (size_t)((manager_object *)op)->page_size;
     kvpy_handle_t h;
-    if (get_handle(st, handle, op, NULL, &h) != 0) return NULL;
+    if (kvpy_handle_get(st, handle, op, NULL, &h) != 0) return NULL;
     Py_ssize_t start = 0;
     if (start_arg) {
         start = PyNumber_AsSsize_t(start_arg, PyExc_OverflowError);
@@ -531,7 +527,7 @@ static PyObject *manager_lock_common(PyObject *op, PyObject *h, int lock)
     if (!cm) return NULL;
     kvpy_state *st = kvpy_state_of(op);
     kvpy_handle_t v;
-    if (get_handle(st, h, op, NULL, &v) != 0) return NULL;
+    if (kvpy_handle_get(st, h, op, NULL, &v) != 0) return NULL;
     kvhal_prefix_cache *pc = kvhal_cache_manager_prefix(cm);
     kvhal_status rc = lock ? kvhal_prefix_lock(pc, v) : kvhal_prefix_unlock(pc, v);
     if (rc != KVHAL_OK) return kvpy_raise(st, rc);
