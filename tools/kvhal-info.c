@@ -26,7 +26,8 @@ static void usage(void)
            "KVHAL_LOG (error|warn|info|debug).\n");
 }
 
-/* -l: "cuda:0<TAB>NVIDIA H100 80GB HBM3", one line per present device. */
+/* -l: "cuda:0<TAB>NVIDIA H100 80GB HBM3", one line per present device; exit status 1 (after the list) when
+ * KVHAL_DEVICE is invalid, as without -l. */
 static int list_devices(void)
 {
     for (int t = 0; t < KVHAL_MAX_DEVICE_TYPES; t++) {
@@ -41,10 +42,31 @@ static int list_devices(void)
             else printf("%s\t%s\n", name, info.name);
         }
     }
+    kvhal_device sel;
+    if (kvhal_device_default(&sel) != KVHAL_OK) {
+        tool_error(tool, "KVHAL_DEVICE: %s", kvhal_last_error());
+        return TOOL_EXIT_FAILED;
+    }
     return TOOL_EXIT_OK;
 }
 
+/* "12.5 GiB" into buf, or "unknown" when the runtime cannot tell (0). */
+static const char *gib(uint64_t bytes, char *buf, size_t cap)
+{
+    if (bytes == 0) snprintf(buf, cap, "unknown");
+    else snprintf(buf, cap, "%.1f GiB", (double)bytes / (1 << 30));
+    return buf;
+}
+
+static int run(int argc, char **argv);
+
 int main(int argc, char **argv)
+{
+    tool_stdout_guard();
+    return tool_exit(tool, run(argc, argv));
+}
+
+static int run(int argc, char **argv)
 {
     int json = 0, list = 0;
     static const struct option longopts[] = {
@@ -74,7 +96,7 @@ int main(int argc, char **argv)
     const char *env = getenv("KVHAL_DEVICE");
 
     if (json) {
-        printf("{\"ok\":%s,\"version\":", sel_st == KVHAL_OK ? "true" : "false");
+        printf("{\"ok\":%s,\"tool\":\"%s\",\"version\":", sel_st == KVHAL_OK ? "true" : "false", tool);
         tool_json_str(stdout, kvhal_version());
         printf(",\"modules\":[");
     } else {
@@ -90,12 +112,17 @@ int main(int argc, char **argv)
             tool_json_str(stdout, mi.device_type);
             printf(",\"type_id\":%d,\"path\":", (int)mi.type_id);
             tool_json_str(stdout, mi.path);
-            printf(",\"abi_version\":%u,\"loaded\":%s,\"devices\":%d,\"reason\":", mi.abi_version,
+            printf(",\"abi_version\":");
+            tool_json_num(stdout, mi.abi_version, mi.abi_version != 0);
+            printf(",\"loaded\":%s,\"devices\":%d,\"reason\":",
                    mi.loaded ? "true" : "false", mi.device_count);
             tool_json_str(stdout, mi.reason);
             printf("}");
         } else {
-            printf("  %-7s %s\n          ABI %u, %s", mi.name, mi.path, mi.abi_version, mi.loaded ? "loaded" : "NOT loaded");
+            /* ABI 0: the module was refused before its version was read */
+            if (mi.abi_version) printf("  %-7s %s\n          ABI %u, %s", mi.name, mi.path, mi.abi_version,
+                                       mi.loaded ? "loaded" : "NOT loaded");
+            else printf("  %-7s %s\n          ABI not read, %s", mi.name, mi.path, mi.loaded ? "loaded" : "NOT loaded");
             if (mi.loaded) printf(", device type %s (id %d)", mi.device_type, (int)mi.type_id);
             if (mi.loaded) printf(", %d device%s", mi.device_count, mi.device_count == 1 ? "" : "s");
             if (mi.reason[0]) printf(" (%s)", mi.reason);
@@ -121,13 +148,17 @@ int main(int argc, char **argv)
                 printf(",\"platform\":");
                 tool_json_str(stdout, info.platform);
                 /* free_memory 0: the runtime cannot tell (null, not 0) */
-                printf(",\"total_memory\":%llu,\"free_memory\":", (unsigned long long)info.total_memory);
+                printf(",\"total_memory\":");
+                tool_json_num(stdout, (double)info.total_memory, info.total_memory != 0);
+                printf(",\"free_memory\":");
                 tool_json_num(stdout, (double)info.free_memory, info.free_memory != 0);
                 printf(",\"compute_units\":%d,\"peer_access\":%s}", info.compute_units,
                        info.peer_access ? "true" : "false");
             } else {
                 printf("  %s:%d  %s\n", kvhal_device_type_name(d.type), id, info.name);
-                printf("          %s | %.1f GiB total, %.1f GiB free | %d compute units%s\n", info.platform, (double)info.total_memory / (1 << 30), (double)info.free_memory / (1 << 30),
+                char tot[32], fr[32];
+                printf("          %s | %s total, %s free | %d compute units%s\n", info.platform,
+                       gib(info.total_memory, tot, sizeof tot), gib(info.free_memory, fr, sizeof fr),
                        info.compute_units, info.peer_access ? " | peer access" : "");
             }
             first = 0;
