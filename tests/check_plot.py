@@ -49,7 +49,7 @@ t = ["--kv-budget", "256KiB", "--timeline-window", "2"]
 run([replay] + w + t + ["--timeline", os.path.join(tmp, "dev.csv")])
 run([replay] + w + t + ["--timeline", os.path.join(tmp, "host.csv"), "--host-tier", "2MiB"])
 sweep = run(["bash", os.path.join(root, "bench", "hit-rate-sweep.sh")],
-            env=dict(os.environ, R=replay, BUDGETS="128KiB 512KiB", ARGS=" ".join(w + ["--host-tier", "2MiB"])))
+            env=dict(os.environ, R=replay, BUDGETS="256KiB 1MiB", ARGS=" ".join(w + ["--host-tier", "2MiB"])))
 with open(os.path.join(tmp, "sweep.csv"), "w") as f:
     f.write(sweep.stdout)
 if len(sweep.stdout.splitlines()) != 3:
