@@ -349,6 +349,7 @@ int parse_options(int argc, char **argv, options *o)
         }
     }
     if (optind < argc) return opt_error("unexpected argument '%s'", argv[optind]);
+    if (soak && o->timeline_path) return opt_error("--timeline is for one run, not with --soak (twelve runs)");
     if (resolve_model(o) != 0) return -1;
     return soak ? 2 : 0;
 }
