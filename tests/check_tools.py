@@ -154,6 +154,18 @@ for ps in ("16", "64"):
     check(rc == 0 and d.get("ok") is True and (d.get("host_hit_rate") or 0) > 0 and
           d["hit_rate"] + d["host_hit_rate"] <= d["unbounded_hit_rate"] + 1e-9,
           f"host tier on a page-aligned trace (page size {ps}): rc {rc}, {out[:400]!r} {err[-300:]!r}")
+# --lazy-tokens: each request's tokens generated once, however often it waits for room (match_calls > requests)
+rc, out, err = run([replay, "--json", "--quiet", "--groups", "8", "--prompts", "8", "--system-len", "256",
+                    "--question-len", "32", "--output-len", "24", "--zipf", "1.0", "--kv-budget", "512KiB",
+                    "--page-size", "4", "--batch", "32", "--lazy-tokens", "--verify-samples", "16"])
+d = json.loads(out) if out.startswith("{") else {}
+check(rc == 0 and d.get("ok") is True and d["requests_generated"] == d["requests"] == 64 and
+      d["match_calls"] > d["requests"], f"--lazy-tokens: rc {rc}, {out[:300]!r}")
+rc, out, err = run([replay, "--json", "--no-kv", "--lazy-tokens", "--repeat", "2", "--page-size", "1",
+                    "--kv-budget", "1MiB"] + small)
+d = json.loads(out) if out.startswith("{") else {}
+check(rc == 0 and d.get("ok") is True and d["requests"] == 32 and d["unbounded_hit_rate"] >= d["hit_rate"] > 0,
+      f"--no-kv --lazy-tokens: rc {rc}, {out[:300]!r}")
 # --timeline: a header and one row per window, the windows' requests adding up to the run's
 tl = os.path.join(tmp, "timeline.csv")
 rc, out, err = run([replay, "--json", "--timeline", tl, "--timeline-window", "3", "--repeat", "2"] + small)

@@ -60,6 +60,7 @@ static void take_tokens(replay *r, slot *s, size_t req)
         if (s->gen_req != req) { /* a request that waited for room keeps what was generated for it */
             gen_tokens(r->w, req, s->tokbuf, s->hashbuf, s->tagbuf);
             s->gen_req = req;
+            r->st.generated++;
         }
         s->tok = s->tokbuf;
         s->hash = s->hashbuf;

@@ -60,6 +60,8 @@ void usage(FILE *f)
             "  --no-kv             page bookkeeping only, no paged cache or K/V writes (radix benchmark)\n"
             "  --cold-tokens       leave each request's tokens where the pre-generated workload has them (by default\n"
             "                      they are read once ahead of the request, unmeasured, as a tokenizer leaves them)\n"
+            "  --lazy-tokens       generate each request's tokens when it is first admitted (outside the measured\n"
+            "                      time), as workloads of more than 32M tokens always do, instead of ahead of the run\n"
             "  --finish-whole      finish requests with cache_finished (the whole request's tokens and pages, the\n"
             "                      matched prefix compared again) instead of cache_finished_suffix (what follows it)\n"
             "  --repeat N          replay the workload N times, each on a fresh cache, for a stable figure (1)\n"
@@ -204,7 +206,7 @@ void default_options(options *o)
 enum {
     O_NO_KV = 256, O_COLD_TOKENS, O_FINISH_WHOLE, O_QUIET, O_SOAK, O_SEED, O_ZIPF, O_TRACE, O_MODEL, O_DTYPE,
     O_KV_BUDGET, O_PREFIX, O_LAYOUT, O_ORDER, O_TRACE_ORDER, O_ARRIVAL_GAPS, O_HOST_TIER, O_WRITE_POLICY, O_EVENTS,
-    O_EVENTS_DROP_OK, O_TIMELINE,
+    O_EVENTS_DROP_OK, O_TIMELINE, O_LAZY_TOKENS,
 #define X_ENUM(name, E, lo, hi, field) E,
     INT_OPTIONS(X_ENUM)
 #undef X_ENUM
@@ -219,6 +221,7 @@ static const struct option longopts[] = {
     {"finish-whole", no_argument, NULL, O_FINISH_WHOLE},
     {"quiet", no_argument, NULL, 'q'},
     {"events-drop-ok", no_argument, NULL, O_EVENTS_DROP_OK},
+    {"lazy-tokens", no_argument, NULL, O_LAZY_TOKENS},
     {"timeline", required_argument, NULL, O_TIMELINE},
     {"soak", no_argument, NULL, O_SOAK},
     {"seed", required_argument, NULL, O_SEED},
@@ -330,6 +333,7 @@ int parse_options(int argc, char **argv, options *o)
         case O_FINISH_WHOLE: o->finish_whole = true; break;
         case 'q': o->quiet = true; break;
         case O_EVENTS_DROP_OK: o->events_drop_ok = true; break;
+        case O_LAZY_TOKENS: o->lazy_tokens = true; break;
         case O_TIMELINE: o->timeline_path = v; break;
         case O_SOAK: soak = true; break;
 #define X_CASE(name, E, lo, hi, field)                                                                          \

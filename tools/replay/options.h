@@ -24,6 +24,7 @@ typedef struct options {
     kvhal_paged_order order;
     int32_t batch, samples, chunk;
     bool no_kv, json, quiet, cold_tokens, finish_whole;
+    bool lazy_tokens;        /* --lazy-tokens: each request's tokens generated when it is admitted */
     bool trace_by_time;      /* --trace-order timestamp */
     double arrival_scale;    /* --arrival-gaps S: seconds per trace timestamp unit, 0 = as fast as the cache allows */
     int64_t repeat, check_every;

@@ -45,6 +45,7 @@ typedef struct stats {
     uint64_t match_calls, finish_calls, bytes_written, pages_evicted, verified, mismatches;
     uint64_t integrity_checks, integrity_failures, errors, evict_calls;
     uint64_t host_hit_tokens, host_hit_requests, loaded_verified, events_written, events_dropped;
+    uint64_t generated; /* requests whose tokens were generated during the passes (--lazy-tokens, large workloads) */
     double t_engine, t_engine_cpu, t_match, t_finish, t_write, t_wall, evict_s;
     double best_pass_rps; /* the least disturbed pass: on a shared machine the others include other programs */
     int64_t peak_in_use, total_pages;

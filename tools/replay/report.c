@@ -107,6 +107,8 @@ static void print_json(const replay *r, const workload *w, const char *device, c
     }
     tool_json_key_int(&j, "events_written", (long long)s->events_written);
     tool_json_key_int(&j, "events_dropped", (long long)s->events_dropped);
+    tool_json_key_int(&j, "requests_generated", (long long)s->generated);
+    tool_json_key_int(&j, "match_calls", (long long)s->match_calls); /* more than requests: some waited for room */
     tool_json_key_num(&j, "requests_per_cpu_s", g->rps_cpu, g->rps_cpu > 0);
     tool_json_key_num(&j, "requests_per_s_best_pass", s->best_pass_rps, s->best_pass_rps > 0);
     tool_json_key_num(&j, "tokens_per_s", g->tps, s->t_engine > 0);
