@@ -20,16 +20,16 @@ void progress(replay *r, bool force)
         bar[width] = '\0';
         double el = t - r->t_start;
         double hit = r->st.in_tokens ? 100.0 * (double)r->st.hit_tokens / (double)r->st.in_tokens : 0;
-        fprintf(stderr, "\r[%s] %3.0f%%  %zu/%zu requests  %.0f req/s  hit %.1f%%  ", bar, 100 * frac, r->done_total,
-                r->work_total, el > 0 ? (double)r->done_total / el : 0, hit);
+        fprintf(stderr, "\r[%s] %3.0f%%  %zu/%zu requests  %.0f req/s  hit %.1f%%  ETA %.0f s  ", bar, 100 * frac,
+                r->done_total, r->work_total, el > 0 ? (double)r->done_total / el : 0, hit,
+                r->done_total ? el / (double)r->done_total * (double)(r->work_total - r->done_total) : 0);
         if (force) fputc('\n', stderr);
         fflush(stderr);
     } else {
         int decile = r->work_total ? (int)(10 * r->done_total / r->work_total) : 10;
         if (decile == r->last_decile) return;
         r->last_decile = decile;
-        fprintf(stderr, "kvhal-replay: %d%% (%zu/%zu requests, %.1f s)\n", decile * 10, r->done_total, r->work_total,
-                t - r->t_start);
+        tool_progress(REPLAY_TOOL, r->done_total, r->work_total, "requests", r->t_start, NULL);
     }
 }
 
