@@ -22,8 +22,10 @@
  *   ops shorter than 20 us take more samples until the median moves by less than 0.5% (at most 101).
  * Bandwidth = (bytes read + bytes written) / time; the memcpy of the same device moves the same total.
  *
- * Output: a table, or with --json one object {"tool", "version", "ok", "device", "records": [...]} where every
- * figure not measured is null; on failure {"ok": false, "error": {"status", "message"}} (exit status 1). */
+ * Output: a table, or with --json one object {"ok", "tool", "version", "device", "records": [...]} where every
+ * figure not measured is null; on failure {"ok": false, "error": {"status", "message"}} (exit status 1); with
+ * --csv FILE also one CSV row per record (empty for what was not measured). Progress (steps done, rows, elapsed
+ * time and ETA) on stderr unless --quiet or --json. */
 #include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
@@ -33,11 +35,7 @@
 #include <time.h>
 
 #include "kvhal.h"
-
-/* The library has no kvhal_version() yet: the tools print the meson project version they were built with. */
-#ifndef KVHAL_PROJECT_VERSION
-#define KVHAL_PROJECT_VERSION "unknown"
-#endif
+#include "tool_common.h"
 #define TOOL "kvhal-bench"
 
 /* ---- options and output ---- */
@@ -56,7 +54,8 @@ static const preset presets[] = {
 #define NUM_PRESETS (int)(sizeof presets / sizeof presets[0])
 
 static struct {
-    bool quick, json, no_cold, warm_only_set;
+    bool quick, json, no_cold, warm_only_set, quiet;
+    const char *csv_path; /* --csv */
     const char *preset; /* NULL = all */
     const char *op;     /* NULL = all */
     const char *device; /* NULL = KVHAL_DEVICE */
@@ -73,50 +72,26 @@ static kvhal_device dev;
 static char dev_name[32];
 static bool cold_on; /* cold rows are measured (not on the CPU device, not with --no-cold) */
 
-/* JSON records accumulate here and are printed at the end, so that a failure prints one error object instead. */
+/* JSON records accumulate in memory (jmem) and are printed at the end, so that a failure prints one error object
+ * instead. */
 static char *jbuf;
-static size_t jlen, jcap;
+static size_t jlen;
+static FILE *jmem;
+static tool_json jrec;
 static int nrecords;
-
-static void jprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void jprintf(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if (jlen + (size_t)n + 1 > jcap) {
-        size_t cap = jcap ? jcap : 4096;
-        while (cap < jlen + (size_t)n + 1) cap *= 2;
-        char *nb = realloc(jbuf, cap);
-        if (!nb) {
-            fprintf(stderr, TOOL ": error: out of host memory for the JSON output\n");
-            exit(1);
-        }
-        jbuf = nb, jcap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(jbuf + jlen, jcap - jlen, fmt, ap);
-    va_end(ap);
-    jlen += (size_t)n;
-}
+static FILE *csv;
 
 /* A failed call: the message on stderr, the error object on stdout with --json, exit status 1. */
 static void fail_run(kvhal_status st, const char *what, const char *msg)
 {
-    fprintf(stderr, TOOL ": error: %s: %s (%s)\n", what, msg, kvhal_status_name(st));
+    tool_error(TOOL, "%s: %s (%s)", what, msg, kvhal_status_name(st));
     if (opt.json) {
-        printf("{\"tool\": \"" TOOL "\", \"version\": \"%s\", \"ok\": false, \"error\": {\"status\": \"%s\", "
-               "\"message\": \"",
-               KVHAL_PROJECT_VERSION, kvhal_status_name(st));
-        for (const char *p = what; *p; p++) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-        printf(": ");
-        for (const char *p = msg; *p; p++)
-            if ((unsigned char)*p >= 0x20) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-        printf("\"}}\n");
+        char m[2048];
+        snprintf(m, sizeof m, "%s: %s", what, msg);
+        tool_json_failure(stdout, TOOL, kvhal_status_name(st), m);
     }
-    exit(1);
+    fflush(stdout);
+    exit(TOOL_EXIT_FAILED);
 }
 
 #define CHECK(expr)                                                                                             \
@@ -157,37 +132,58 @@ static record rec_init(const char *op, const char *preset_name, const char *layo
     return r;
 }
 
-/* "key": v with prec decimals (prec < 0: 9 significant digits), or null. */
-static void jnum(const char *key, double v, bool valid, int prec)
-{
-    jprintf("\"%s\": ", key);
-    if (!valid || !isfinite(v)) jprintf("null");
-    else if (prec < 0) jprintf("%.9g", v);
-    else jprintf("%.*f", prec, v);
-}
-
 static void jmeas(const char *key, const meas *m)
 {
-    jprintf("\"%s\": ", key);
     if (!m->valid) {
-        jprintf("null");
+        tool_json_key_str(&jrec, key, NULL);
         return;
     }
-    jprintf("{");
-    jnum("us_p50", m->p50 * 1e6, true, 3);
-    jprintf(", ");
-    jnum("us_p90", m->p90 * 1e6, true, 3);
-    jprintf(", ");
-    jnum("us_p99", m->p99 * 1e6, true, 3);
-    jprintf(", ");
-    jnum("spread", m->spread, true, 4);
-    jprintf(", ");
-    jnum("gbps", m->gbps, m->gbps > 0, 3);
-    jprintf(", ");
-    jnum("memcpy_gbps", m->memcpy_gbps, m->memcpy_gbps > 0, 3);
-    jprintf(", ");
-    jnum("ratio_to_memcpy", m->ratio, m->ratio > 0, 4);
-    jprintf("}");
+    tool_json_open(&jrec, key);
+    tool_json_key_num(&jrec, "us_p50", m->p50 * 1e6, true);
+    tool_json_key_num(&jrec, "us_p90", m->p90 * 1e6, true);
+    tool_json_key_num(&jrec, "us_p99", m->p99 * 1e6, true);
+    tool_json_key_num(&jrec, "spread", m->spread, true);
+    tool_json_key_num(&jrec, "gbps", m->gbps, m->gbps > 0);
+    tool_json_key_num(&jrec, "memcpy_gbps", m->memcpy_gbps, m->memcpy_gbps > 0);
+    tool_json_key_num(&jrec, "ratio_to_memcpy", m->ratio, m->ratio > 0);
+    tool_json_close(&jrec);
+}
+
+/* A CSV field: the number, or nothing when not measured. */
+static void cnum(double v, bool valid)
+{
+    fputc(',', csv);
+    if (valid && isfinite(v)) fprintf(csv, "%.9g", v);
+}
+
+static void csv_meas(const meas *m)
+{
+    cnum(m->p50 * 1e6, m->valid);
+    cnum(m->p90 * 1e6, m->valid);
+    cnum(m->p99 * 1e6, m->valid);
+    cnum(m->spread, m->valid);
+    cnum(m->gbps, m->valid && m->gbps > 0);
+    cnum(m->memcpy_gbps, m->valid && m->memcpy_gbps > 0);
+    cnum(m->ratio, m->valid && m->ratio > 0);
+}
+
+static void csv_row(const record *r)
+{
+    if (nrecords == 0)
+        fprintf(csv, "op,preset,tokens,layout,dtype,cache_dtype,scale,bytes,cold_us_p50,cold_us_p90,cold_us_p99,"
+                "cold_spread,cold_gbps,cold_memcpy_gbps,cold_ratio,warm_us_p50,warm_us_p90,warm_us_p99,warm_spread,"
+                "warm_gbps,warm_memcpy_gbps,warm_ratio,host_us,gpu_us,ns,descriptors_created\n");
+    fprintf(csv, "%s,%s,%lld,%s,%s,%s", r->op, r->preset, (long long)r->tokens, r->layout, kvhal_dtype_name(r->dtype),
+            kvhal_dtype_name(r->cache_dtype));
+    cnum(r->scale, r->scale > 0);
+    cnum(r->bytes, r->bytes > 0);
+    csv_meas(&r->cold);
+    csv_meas(&r->warm);
+    cnum(r->host_us, r->host_us >= 0);
+    cnum(r->gpu_us, r->gpu_us >= 0);
+    cnum(r->ns, r->ns >= 0);
+    cnum((double)r->descriptors_created, r->descriptors_created >= 0);
+    fputc('\n', csv);
 }
 
 static void fill_bw(meas *m, double bytes)
@@ -214,27 +210,24 @@ static void emit(record *r)
 {
     fill_bw(&r->cold, r->bytes);
     fill_bw(&r->warm, r->bytes);
+    if (csv) csv_row(r);
     if (opt.json) {
-        jprintf("%s\n    {\"op\": \"%s\", \"preset\": \"%s\", \"tokens\": %lld, \"layout\": \"%s\", \"dtype\": \"%s\", "
-                "\"cache_dtype\": \"%s\", ",
-                nrecords ? "," : "", r->op, r->preset, (long long)r->tokens, r->layout, kvhal_dtype_name(r->dtype),
-                kvhal_dtype_name(r->cache_dtype));
-        jnum("scale", r->scale, r->scale > 0, -1);
-        jprintf(", ");
-        jnum("bytes", r->bytes, r->bytes > 0, 0);
-        jprintf(", ");
+        tool_json_open(&jrec, NULL);
+        tool_json_key_str(&jrec, "op", r->op);
+        tool_json_key_str(&jrec, "preset", r->preset);
+        tool_json_key_int(&jrec, "tokens", (long long)r->tokens);
+        tool_json_key_str(&jrec, "layout", r->layout);
+        tool_json_key_str(&jrec, "dtype", kvhal_dtype_name(r->dtype));
+        tool_json_key_str(&jrec, "cache_dtype", kvhal_dtype_name(r->cache_dtype));
+        tool_json_key_num(&jrec, "scale", r->scale, r->scale > 0);
+        tool_json_key_num(&jrec, "bytes", r->bytes, r->bytes > 0);
         jmeas("cold", &r->cold);
-        jprintf(", ");
         jmeas("warm", &r->warm);
-        jprintf(", ");
-        jnum("host_us", r->host_us, r->host_us >= 0, 3);
-        jprintf(", ");
-        jnum("gpu_us", r->gpu_us, r->gpu_us >= 0, 3);
-        jprintf(", ");
-        jnum("ns", r->ns, r->ns >= 0, 2);
-        jprintf(", ");
-        jnum("descriptors_created", (double)r->descriptors_created, r->descriptors_created >= 0, 0);
-        jprintf("}");
+        tool_json_key_num(&jrec, "host_us", r->host_us, r->host_us >= 0);
+        tool_json_key_num(&jrec, "gpu_us", r->gpu_us, r->gpu_us >= 0);
+        tool_json_key_num(&jrec, "ns", r->ns, r->ns >= 0);
+        tool_json_key_num(&jrec, "descriptors_created", (double)r->descriptors_created, r->descriptors_created >= 0);
+        tool_json_close(&jrec);
     } else {
         if (nrecords == 0)
             printf("%-17s %-11s %7s %-6s %-5s %-12s %6s | %10s %8s %6s | %10s %8s %6s %7s | %s\n", "op", "preset",
@@ -1000,17 +993,41 @@ static void usage(void)
            "                        (whole blocks in random order, each filled from its start)\n"
            "  --no-cold             skip the cold column (L2 flushed before each op; never measured on the CPU)\n"
            "  --quick               fewer sizes, formats and samples (CI smoke run)\n"
-           "  --json                one JSON object (figures not measured are null)\n"
-           "  --help, --version\n"
-           "Exit status: 0 done, 1 a call failed, 2 usage error.\n");
+           "  -j, --json            one JSON object (figures not measured are null)\n"
+           "  --csv=FILE            also one CSV row per record (empty fields for what was not measured;\n"
+           "                        bench/plot.py draws it)\n"
+           "  -q, --quiet           no progress on stderr (steps done, rows, elapsed time and ETA; none with\n"
+           "                        --json either)\n"
+           "  -h, --help            this text;  -V, --version: \"kvhal-bench <kvhal version>\"\n"
+           "Exit status: 0 done, 1 a call failed or output was lost (a full disk, a closed stdout), 2 usage error.\n");
 }
 
-#define USAGE_ERROR(fmt, arg) (fprintf(stderr, TOOL ": error: " fmt " (see --help)\n", arg), 2)
+#define USAGE_ERROR(fmt, arg) tool_usage_error(TOOL, fmt, arg)
+
+/* Progress: a step is one bench_* call; rows are the records printed so far. */
+static size_t steps_total, steps_done;
+static double t_start;
+
+static void step(const char *what)
+{
+    if (!opt.quiet && !opt.json) tool_progress(TOOL, steps_done, steps_total, "steps", t_start, what);
+    steps_done++;
+}
+
+static int run(int argc, char **argv);
 
 int main(int argc, char **argv)
 {
-    enum { O_QUICK = 256, O_JSON, O_PRESET, O_OP, O_TOKENS, O_DEVICE, O_SCALE, O_FACTOR, O_SLOTS, O_NO_COLD, O_HELP, O_VERSION };
+    tool_stdout_guard();
+    return tool_exit(TOOL, run(argc, argv));
+}
+
+static int run(int argc, char **argv)
+{
+    enum { O_QUICK = 256, O_JSON, O_PRESET, O_OP, O_TOKENS, O_DEVICE, O_SCALE, O_FACTOR, O_SLOTS, O_NO_COLD, O_HELP,
+           O_VERSION, O_CSV, O_QUIET };
     static const struct option longs[] = {
+        {"csv", required_argument, NULL, O_CSV},       {"quiet", no_argument, NULL, O_QUIET},
         {"quick", no_argument, NULL, O_QUICK},         {"json", no_argument, NULL, O_JSON},
         {"preset", required_argument, NULL, O_PRESET}, {"op", required_argument, NULL, O_OP},
         {"tokens", required_argument, NULL, O_TOKENS}, {"device", required_argument, NULL, O_DEVICE},
@@ -1022,8 +1039,17 @@ int main(int argc, char **argv)
     int c;
     char *end;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "hVjq", longs, NULL)) != -1) {
         switch (c) {
+        case 'h': c = O_HELP; break;
+        case 'V': c = O_VERSION; break;
+        case 'j': c = O_JSON; break;
+        case 'q': c = O_QUIET; break;
+        default: break;
+        }
+        switch (c) {
+        case O_CSV: opt.csv_path = optarg; break;
+        case O_QUIET: opt.quiet = true; break;
         case O_QUICK: opt.quick = true; break;
         case O_JSON: opt.json = true; break;
         case O_NO_COLD: opt.no_cold = true; break;
@@ -1073,7 +1099,7 @@ int main(int argc, char **argv)
             break;
         }
         case O_HELP: usage(); return 0;
-        case O_VERSION: printf(TOOL " %s\n", KVHAL_PROJECT_VERSION); return 0;
+        case O_VERSION: tool_print_version(TOOL); return 0;
         default: return USAGE_ERROR("unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
@@ -1090,33 +1116,71 @@ int main(int argc, char **argv)
     kvhal_device_info info;
     CHECK(kvhal_device_get_info(dev, &info));
     cold_on = !opt.no_cold && dev.type != KVHAL_DEVICE_CPU;
-    if (!opt.json) printf(TOOL " %s on %s: %s (%s)\n", KVHAL_PROJECT_VERSION, dev_name, info.name, info.platform);
+    if (!opt.json) printf(TOOL " %s on %s: %s (%s)\n", kvhal_version(), dev_name, info.name, info.platform);
+    if (opt.json && !(jmem = open_memstream(&jbuf, &jlen))) fail_run(KVHAL_OUT_OF_MEMORY, "json", "out of memory");
+    if (jmem) tool_json_init(&jrec, jmem);
+    if (opt.csv_path && !(csv = fopen(opt.csv_path, "w"))) {
+        tool_error(TOOL, "--csv: cannot write %s", opt.csv_path);
+        return TOOL_EXIT_FAILED;
+    }
 
-    if (want_op("first_call")) bench_first_call(); /* first: nothing may have built its metadata yet */
+    int npresets = 0;
+    for (int p = 0; p < NUM_PRESETS; p++) npresets += !opt.preset || !strcmp(opt.preset, presets[p].name);
+    steps_total = (size_t)want_op("first_call") + (size_t)want_op("paged_caching") * (size_t)(npresets * opt.ntokens) +
+                  (size_t)want_op("mla") * (size_t)opt.ntokens + (size_t)want_op("serving_loop") +
+                  (size_t)want_op("decode") + (size_t)want_op("duplicate") + (size_t)want_op("copy_blocks") +
+                  (size_t)want_op("desc_cache") + (size_t)want_op("page_transfer");
+    t_start = tool_now_s();
+    char what[96];
+    if (want_op("first_call")) step("first_call"), bench_first_call(); /* first: nothing may have built its metadata */
     if (want_op("paged_caching"))
         for (int p = 0; p < NUM_PRESETS; p++)
             if (!opt.preset || !strcmp(opt.preset, presets[p].name))
-                for (int t = 0; t < opt.ntokens; t++) bench_paged(&presets[p], opt.tokens[t]);
+                for (int t = 0; t < opt.ntokens; t++) {
+                    snprintf(what, sizeof what, "paged_caching %s, %lld tokens (%d rows so far)", presets[p].name,
+                             (long long)opt.tokens[t], nrecords);
+                    step(what);
+                    bench_paged(&presets[p], opt.tokens[t]);
+                }
     if (want_op("mla"))
-        for (int t = 0; t < opt.ntokens; t++) bench_mla(opt.tokens[t]);
-    if (want_op("serving_loop")) bench_serving_loop();
-    if (want_op("decode")) bench_host_overhead();
-    if (want_op("duplicate")) bench_duplicate();
-    if (want_op("copy_blocks")) bench_copy_blocks();
-    if (want_op("desc_cache")) bench_desc_cache();
-    if (want_op("page_transfer")) bench_page_transfer();
+        for (int t = 0; t < opt.ntokens; t++) {
+            snprintf(what, sizeof what, "mla, %lld tokens (%d rows so far)", (long long)opt.tokens[t], nrecords);
+            step(what);
+            bench_mla(opt.tokens[t]);
+        }
+    static const struct { const char *name; void (*fn)(void); } rest[] = {
+        {"serving_loop", bench_serving_loop}, {"decode", bench_host_overhead}, {"duplicate", bench_duplicate},
+        {"copy_blocks", bench_copy_blocks},   {"desc_cache", bench_desc_cache}, {"page_transfer", bench_page_transfer},
+    };
+    for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
+        if (want_op(rest[i].name)) {
+            snprintf(what, sizeof what, "%s (%d rows so far)", rest[i].name, nrecords);
+            step(what);
+            rest[i].fn();
+        }
+    if (!opt.quiet && !opt.json) {
+        snprintf(what, sizeof what, "%d rows", nrecords);
+        tool_progress(TOOL, steps_done, steps_total, "steps", t_start, what);
+    }
     release_scratch();
     if (flush_buf) CHECK(kvhal_buffer_destroy(flush_buf));
+    int rc = TOOL_EXIT_OK;
+    if (csv && !tool_close_output(TOOL, csv, "--csv")) rc = TOOL_EXIT_FAILED;
     if (opt.json) {
-        printf("{\"tool\": \"" TOOL "\", \"version\": \"%s\", \"ok\": true, \"device\": \"%s\", \"device_name\": \"",
-               KVHAL_PROJECT_VERSION, dev_name);
-        for (const char *p = info.name; *p; p++)
-            if ((unsigned char)*p >= 0x20) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-        printf("\", \"platform\": \""); /* runtime, code path and (GPU modules) the kernels' form */
-        for (const char *p = info.platform; *p; p++)
-            if ((unsigned char)*p >= 0x20) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-        printf("\", \"cold_measured\": %s, \"records\": [%s\n]}\n", cold_on ? "true" : "false", jbuf ? jbuf : "");
+        fclose(jmem); /* jbuf holds the records */
+        tool_json j;
+        tool_json_init(&j, stdout);
+        tool_json_head(&j, TOOL, rc == TOOL_EXIT_OK);
+        if (rc != TOOL_EXIT_OK) tool_json_error(&j, "IO_ERROR", "--csv: the output was lost");
+        tool_json_key_str(&j, "device", dev_name);
+        tool_json_key_str(&j, "device_name", info.name);
+        tool_json_key_str(&j, "platform", info.platform); /* runtime, code path and (GPU modules) the kernels' form */
+        tool_json_key_bool(&j, "cold_measured", cold_on);
+        tool_json_open_array(&j, "records");
+        fputs(jbuf ? jbuf : "", stdout);
+        tool_json_close_array(&j);
+        tool_json_close(&j);
     }
     free(jbuf);
-    return 0;
+    return rc;
 }

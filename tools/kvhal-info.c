@@ -26,7 +26,8 @@ static void usage(void)
            "KVHAL_LOG (error|warn|info|debug).\n");
 }
 
-/* -l: "cuda:0<TAB>NVIDIA H100 80GB HBM3", one line per present device. */
+/* -l: "cuda:0<TAB>NVIDIA H100 80GB HBM3", one line per present device; exit status 1 (after the list) when
+ * KVHAL_DEVICE is invalid, as without -l. */
 static int list_devices(void)
 {
     for (int t = 0; t < KVHAL_MAX_DEVICE_TYPES; t++) {
@@ -41,10 +42,31 @@ static int list_devices(void)
             else printf("%s\t%s\n", name, info.name);
         }
     }
+    kvhal_device sel;
+    if (kvhal_device_default(&sel) != KVHAL_OK) {
+        tool_error(tool, "KVHAL_DEVICE: %s", kvhal_last_error());
+        return TOOL_EXIT_FAILED;
+    }
     return TOOL_EXIT_OK;
 }
 
+/* "12.5 GiB" into buf, or "unknown" when the runtime cannot tell (0). */
+static const char *gib(uint64_t bytes, char *buf, size_t cap)
+{
+    if (bytes == 0) snprintf(buf, cap, "unknown");
+    else snprintf(buf, cap, "%.1f GiB", (double)bytes / (1 << 30));
+    return buf;
+}
+
+static int run(int argc, char **argv);
+
 int main(int argc, char **argv)
+{
+    tool_stdout_guard();
+    return tool_exit(tool, run(argc, argv));
+}
+
+static int run(int argc, char **argv)
 {
     int json = 0, list = 0;
     static const struct option longopts[] = {
@@ -73,10 +95,13 @@ int main(int argc, char **argv)
     snprintf(sel_err, sizeof sel_err, "%s", kvhal_last_error());
     const char *env = getenv("KVHAL_DEVICE");
 
+    tool_json j;
+    tool_json_init(&j, stdout);
     if (json) {
-        printf("{\"ok\":%s,\"version\":", sel_st == KVHAL_OK ? "true" : "false");
-        tool_json_str(stdout, kvhal_version());
-        printf(",\"modules\":[");
+        tool_json_head(&j, tool, sel_st == KVHAL_OK);
+        if (sel_st != KVHAL_OK) /* the failure object's error, the lists below kept for diagnosis */
+            tool_json_error(&j, kvhal_status_name(sel_st), sel_err);
+        tool_json_open_array(&j, "modules");
     } else {
         printf("kvhal %s\n\nBackend modules:\n", kvhal_version());
     }
@@ -84,27 +109,33 @@ int main(int argc, char **argv)
         kvhal_backend_module_info mi;
         if (kvhal_backend_module_get(i, &mi) != KVHAL_OK) continue;
         if (json) {
-            printf("%s{\"name\":", i ? "," : "");
-            tool_json_str(stdout, mi.name);
-            printf(",\"device_type\":");
-            tool_json_str(stdout, mi.device_type);
-            printf(",\"type_id\":%d,\"path\":", (int)mi.type_id);
-            tool_json_str(stdout, mi.path);
-            printf(",\"abi_version\":%u,\"loaded\":%s,\"devices\":%d,\"reason\":", mi.abi_version,
-                   mi.loaded ? "true" : "false", mi.device_count);
-            tool_json_str(stdout, mi.reason);
-            printf("}");
+            tool_json_open(&j, NULL);
+            tool_json_key_str(&j, "name", mi.name);
+            tool_json_key_str(&j, "device_type", mi.device_type);
+            tool_json_key_int(&j, "type_id", mi.type_id);
+            tool_json_key_str(&j, "path", mi.path);
+            tool_json_key_num(&j, "abi_version", mi.abi_version, mi.abi_version != 0); /* null: refused unread */
+            tool_json_key_bool(&j, "loaded", mi.loaded);
+            tool_json_key_int(&j, "devices", mi.device_count);
+            tool_json_key_str(&j, "reason", mi.reason);
+            tool_json_close(&j);
         } else {
-            printf("  %-7s %s\n          ABI %u, %s", mi.name, mi.path, mi.abi_version, mi.loaded ? "loaded" : "NOT loaded");
+            /* ABI 0: the module was refused before its version was read */
+            if (mi.abi_version) printf("  %-7s %s\n          ABI %u, %s", mi.name, mi.path, mi.abi_version,
+                                       mi.loaded ? "loaded" : "NOT loaded");
+            else printf("  %-7s %s\n          ABI not read, %s", mi.name, mi.path, mi.loaded ? "loaded" : "NOT loaded");
             if (mi.loaded) printf(", device type %s (id %d)", mi.device_type, (int)mi.type_id);
             if (mi.loaded) printf(", %d device%s", mi.device_count, mi.device_count == 1 ? "" : "s");
             if (mi.reason[0]) printf(" (%s)", mi.reason);
             printf("\n");
         }
     }
-    if (json) printf("],\"devices\":[");
-    else printf("\nDevices:\n");
-    int first = 1;
+    if (json) {
+        tool_json_close_array(&j);
+        tool_json_open_array(&j, "devices");
+    } else {
+        printf("\nDevices:\n");
+    }
     for (int t = 0; t < KVHAL_MAX_DEVICE_TYPES; t++) {
         int32_t n = 0;
         if (kvhal_device_count((kvhal_device_type)t, &n) != KVHAL_OK) break; /* past the registered types */
@@ -116,38 +147,34 @@ int main(int argc, char **argv)
                 continue;
             }
             if (json) {
-                printf("%s{\"device\":\"%s:%d\",\"name\":", first ? "" : ",", kvhal_device_type_name(d.type), id);
-                tool_json_str(stdout, info.name);
-                printf(",\"platform\":");
-                tool_json_str(stdout, info.platform);
-                /* free_memory 0: the runtime cannot tell (null, not 0) */
-                printf(",\"total_memory\":%llu,\"free_memory\":", (unsigned long long)info.total_memory);
-                tool_json_num(stdout, (double)info.free_memory, info.free_memory != 0);
-                printf(",\"compute_units\":%d,\"peer_access\":%s}", info.compute_units,
-                       info.peer_access ? "true" : "false");
+                char name[48];
+                kvhal_device_format(d, name, sizeof name);
+                tool_json_open(&j, NULL);
+                tool_json_key_str(&j, "device", name);
+                tool_json_key_str(&j, "name", info.name);
+                tool_json_key_str(&j, "platform", info.platform);
+                /* 0: the runtime cannot tell (null, not 0) */
+                tool_json_key_num(&j, "total_memory", (double)info.total_memory, info.total_memory != 0);
+                tool_json_key_num(&j, "free_memory", (double)info.free_memory, info.free_memory != 0);
+                tool_json_key_int(&j, "compute_units", info.compute_units);
+                tool_json_key_bool(&j, "peer_access", info.peer_access);
+                tool_json_close(&j);
             } else {
                 printf("  %s:%d  %s\n", kvhal_device_type_name(d.type), id, info.name);
-                printf("          %s | %.1f GiB total, %.1f GiB free | %d compute units%s\n", info.platform, (double)info.total_memory / (1 << 30), (double)info.free_memory / (1 << 30),
+                char tot[32], fr[32];
+                printf("          %s | %s total, %s free | %d compute units%s\n", info.platform,
+                       gib(info.total_memory, tot, sizeof tot), gib(info.free_memory, fr, sizeof fr),
                        info.compute_units, info.peer_access ? " | peer access" : "");
             }
-            first = 0;
         }
     }
     if (json) {
-        printf("],\"KVHAL_DEVICE\":");
-        if (env) tool_json_str(stdout, env);
-        else printf("null");
-        printf(",\"selected\":");
-        if (sel_st == KVHAL_OK) printf("\"%s:%d\"", kvhal_device_type_name(sel.type), sel.id);
-        else printf("null");
-        if (sel_st != KVHAL_OK) { /* the failure object's error, the lists above kept for diagnosis */
-            printf(",\"error\":{\"status\":");
-            tool_json_str(stdout, kvhal_status_name(sel_st));
-            printf(",\"message\":");
-            tool_json_str(stdout, sel_err);
-            printf("}");
-        }
-        printf("}\n");
+        tool_json_close_array(&j);
+        tool_json_key_str(&j, "KVHAL_DEVICE", env);
+        char selname[48] = "";
+        if (sel_st == KVHAL_OK) kvhal_device_format(sel, selname, sizeof selname);
+        tool_json_key_str(&j, "selected", sel_st == KVHAL_OK ? selname : NULL);
+        tool_json_close(&j);
     } else {
         printf("\nSelected (KVHAL_DEVICE=%s): ", env ? env : "(unset)");
         if (sel_st == KVHAL_OK) printf("%s:%d\n", kvhal_device_type_name(sel.type), sel.id);

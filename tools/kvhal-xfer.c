@@ -25,6 +25,7 @@
 
 #include "kvhal.h"
 #include "kvhal_xfer.h"
+#include "tool_common.h"
 
 #define TOOL "kvhal-xfer"
 
@@ -63,13 +64,7 @@ static void fail_json(const char *status, const char *msg)
 {
     if (!opt.json || json_error_done) return;
     json_error_done = true;
-    printf("{\"version\": \"%d.%d.%d\", \"ok\": false, \"error\": {\"status\": \"%s\", \"message\": \"", KVHAL_VERSION_MAJOR,
-           KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH, status);
-    for (const char *c = msg; *c; c++) {
-        if (*c == '"' || *c == '\\') putchar('\\');
-        if ((unsigned char)*c >= 0x20) putchar(*c);
-    }
-    printf("\"}}\n");
+    tool_json_failure(stdout, TOOL, status, msg);
 }
 
 /* Prints the failing call and returns 1 (the exit code of a failed run). */
@@ -785,8 +780,10 @@ static void usage(void)
            "  --listen=FILE          decode side only: write the address to FILE, wait for a --connect process\n"
            "  --connect=FILE         prefill side only: connect to the decode process whose address is in FILE\n"
            "                         (same --self-test, sizes, geometry and --transport on both sides)\n"
-           "  --json, --quiet, --help, --version\n"
-           "Exit: 0 success, 1 a run or a verification failed, 2 usage error.\n");
+           "  -j, --json             one JSON object on stdout;  -q, --quiet: no progress\n"
+           "  -h, --help             this text;  -V, --version: \"kvhal-xfer <kvhal version>\"\n"
+           "Exit: 0 success, 1 a run or a verification failed or output was lost (a full disk, a closed stdout),\n"
+           "2 usage error.\n");
 }
 
 static bool parse_size(const char *s, uint64_t *out)
@@ -804,8 +801,7 @@ static bool parse_size(const char *s, uint64_t *out)
 
 static int usage_error(const char *msg, const char *arg)
 {
-    fprintf(stderr, TOOL ": error: %s '%s' (see --help)\n", msg, arg ? arg : "");
-    return 2;
+    return tool_usage_error(TOOL, "%s '%s'", msg, arg ? arg : "");
 }
 
 /* Reads the command line into opt; returns -1 to go on, else the exit status (--help, --version, an error). */
@@ -824,7 +820,7 @@ static int parse_options(int argc, char **argv)
         {0, 0, 0, 0}};
     int c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "hVjq", lo, NULL)) != -1) {
         long v = 0;
         char *end = NULL;
         if (strchr("iwLHDBT", c)) {
@@ -867,7 +863,7 @@ static int parse_options(int argc, char **argv)
         case 'O': opt.offer = true; break;
         case 'q': opt.quiet = true; break;
         case 'h': usage(); return 0;
-        case 'V': printf(TOOL " %d.%d.%d\n", KVHAL_VERSION_MAJOR, KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH); return 0;
+        case 'V': tool_print_version(TOOL); return 0;
         default: return usage_error("unknown or incomplete option", argv[optind - 1]);
         }
     }
@@ -875,7 +871,15 @@ static int parse_options(int argc, char **argv)
     return -1;
 }
 
+static int run(int argc, char **argv);
+
 int main(int argc, char **argv)
+{
+    tool_stdout_guard();
+    return tool_exit(TOOL, run(argc, argv));
+}
+
+static int run(int argc, char **argv)
 {
     g_argc = argc;
     g_argv = argv;
@@ -916,9 +920,13 @@ int main(int argc, char **argv)
     }
     if (opt.self_test) {
         for (int t = 0; t < opt.ntransports; t++) rc |= self_test_one(opt.transports[t]);
-        if (opt.json && !rc)
-            printf("{\"version\": \"%d.%d.%d\", \"ok\": true, \"self_test\": \"passed\"}\n", KVHAL_VERSION_MAJOR,
-                   KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH);
+        if (opt.json && !rc) {
+            tool_json j;
+            tool_json_init(&j, stdout);
+            tool_json_head(&j, TOOL, true);
+            tool_json_key_str(&j, "self_test", "passed");
+            tool_json_close(&j);
+        }
         if (rc) fail_json("KVHAL_INTEGRITY", "the self-test failed (see stderr)");
         return rc ? 1 : 0;
     }
@@ -929,10 +937,15 @@ int main(int argc, char **argv)
     for (int t = 0; t < opt.ntransports && !rc; t++) rc |= bench_one(opt.transports[t], &first);
     if (opt.json) {
         fclose(json_results);
-        if (!rc)
-            printf("{\"version\": \"%d.%d.%d\", \"ok\": true, \"results\": [%s\n]}\n", KVHAL_VERSION_MAJOR,
-                   KVHAL_VERSION_MINOR, KVHAL_VERSION_PATCH, rows ? rows : "");
-        else
+        if (!rc) {
+            tool_json j;
+            tool_json_init(&j, stdout);
+            tool_json_head(&j, TOOL, true);
+            tool_json_open_array(&j, "results");
+            fprintf(stdout, "%s\n", rows ? rows : "");
+            tool_json_close_array(&j);
+            tool_json_close(&j);
+        } else
             fail_json(rc == 2 ? "KVHAL_INVALID_ARGUMENT" : "KVHAL_INTEGRITY", "the benchmark failed (see stderr)");
         free(rows);
     }

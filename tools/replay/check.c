@@ -7,6 +7,7 @@
 
 #include "clock.h"
 #include "mix.h"
+#include "workload.h"
 
 static void report_mismatch(replay *r, const slot *s, size_t pos, int32_t layer, int side, int32_t head)
 {
@@ -75,7 +76,7 @@ static bool ideal_has(const replay *r, uint64_t h)
     }
 }
 
-int ideal_add(replay *r, uint64_t h)
+static int ideal_add(replay *r, uint64_t h)
 {
     h |= 1;
     if (2 * (r->ideal_n + 1) > r->ideal_cap) {
@@ -104,7 +105,7 @@ int ideal_add(replay *r, uint64_t h)
     }
 }
 
-size_t ideal_match(const replay *r, const int32_t *tok, size_t n)
+static size_t ideal_match(const replay *r, const int32_t *tok, size_t n)
 {
     const size_t ps = (size_t)r->ps;
     uint64_t h = kvhal_kv_root_hash(r->ps);
@@ -114,4 +115,64 @@ size_t ideal_match(const replay *r, const int32_t *tok, size_t n)
         if (!ideal_has(r, h)) break;
     }
     return i * ps;
+}
+
+void sched_log(replay *r, const slot *s, bool finish)
+{
+    if (r->nsched >= r->sched_cap) return; /* cannot happen: one admission and one finish per request and pass */
+    sched_entry *e = &r->sched[r->nsched++];
+    e->req = (uint32_t)s->req;
+    e->finish = finish;
+    e->fresh = !finish && kvhal_cache_manager_pages_evicted(r->cm) == 0;
+    e->mlen = (uint32_t)replay_match_len(s->in_len);
+    e->matched = (uint32_t)s->matched;
+    e->dev_matched = (uint32_t)s->dev_matched;
+    e->total = (uint32_t)s->total;
+}
+
+/* The tokens of request req: the workload's, or generated again into the reference's own buffer. */
+static const int32_t *ref_tokens(replay *r, size_t req)
+{
+    if (r->w->tok) return r->w->tok + r->w->toff[req];
+    gen_tokens(r->w, req, r->reftok, r->refhash, NULL);
+    return r->reftok;
+}
+
+int check_reference(replay *r)
+{
+    if (r->ideal_cap) memset(r->ideal, 0, r->ideal_cap * sizeof *r->ideal); /* each pass starts from empty */
+    r->ideal_n = 0;
+    int rc = 0;
+    for (size_t i = 0; i < r->nsched; i++) {
+        const sched_entry *e = &r->sched[i];
+        const int32_t *tok = ref_tokens(r, e->req);
+        if (e->finish) { /* the reference learns every whole page the request handed over */
+            uint64_t h = kvhal_kv_root_hash(r->ps);
+            for (size_t k = 0; (k + 1) * (size_t)r->ps <= e->total; k++) {
+                h = kvhal_kv_page_hash(h, tok + k * (size_t)r->ps, r->ps);
+                if (ideal_add(r, h) != 0) {
+                    fatal_status(r, "unbounded reference (no memory)", KVHAL_OUT_OF_MEMORY);
+                    return -1;
+                }
+            }
+            continue;
+        }
+        const size_t ideal = ideal_match(r, tok, e->mlen);
+        r->st.ideal_hit_tokens += ideal;
+        if (e->matched > ideal) {
+            replay_fail("VERIFICATION_FAILED", "request %u: %u tokens matched (%u device + %u loaded back), more "
+                        "than the %zu an unbounded cache holds on this schedule", e->req, e->matched,
+                        e->dev_matched, e->matched - e->dev_matched, ideal);
+            r->st.errors++;
+            rc = -1;
+        } else if (r->o->kind == KVHAL_PREFIX_RADIX && e->fresh && e->dev_matched != ideal) {
+            /* exact for the radix cache (the naive one keys whole inserted sequences, so it may match less) */
+            replay_fail("VERIFICATION_FAILED", "request %u: %u tokens matched with nothing ever evicted, but an "
+                        "unbounded cache holds %zu on this schedule", e->req, e->dev_matched, ideal);
+            r->st.errors++;
+            rc = -1;
+        }
+    }
+    r->nsched = 0;
+    return rc;
 }

@@ -15,9 +15,12 @@ void verify_row(replay *r, slot *s, size_t pos);
 void verify_hit(replay *r, slot *s);
 /* kvhal_cache_manager_check_integrity, counted (a failure is reported). */
 void check_integrity(replay *r);
-/* The unbounded reference learns the page of chain hash h: 0, or -1 without memory. */
-int ideal_add(replay *r, uint64_t h);
-/* Tokens of tok[0..n) an unbounded cache would match: whole pages, as the manager matches. */
-size_t ideal_match(const replay *r, const int32_t *tok, size_t n);
+/* Logs an admission or a finish of the pass for the reference (a store into a preallocated array: the only part
+ * of the reference inside the pass). */
+void sched_log(replay *r, const slot *s, bool finish);
+/* The unbounded reference of the pass just run, from its log: no cache can hit more than it, and a radix cache
+ * that has never evicted hits exactly that. 0, or -1 when a match broke either rule (reported) or without
+ * memory. */
+int check_reference(replay *r);
 
 #endif

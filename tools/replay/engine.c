@@ -57,7 +57,11 @@ static void take_tokens(replay *r, slot *s, size_t req)
         s->tag = r->w->tag ? r->w->tag + r->w->hoff[req] : NULL;
     } else {
         uint64_t t0 = tick();
-        gen_tokens(r->w, req, s->tokbuf, s->hashbuf, s->tagbuf);
+        if (s->gen_req != req) { /* a request that waited for room keeps what was generated for it */
+            gen_tokens(r->w, req, s->tokbuf, s->hashbuf, s->tagbuf);
+            s->gen_req = req;
+            r->st.generated++;
+        }
         s->tok = s->tokbuf;
         s->hash = s->hashbuf;
         s->tag = s->tagbuf;
@@ -66,17 +70,25 @@ static void take_tokens(replay *r, slot *s, size_t req)
 }
 
 /* The host tier continues the match (host_len tokens): those pages are loaded back after the *have device pages
- * and the copies waited for; every loaded page is read back (one row of each), outside the measured time. */
-static int load_back(replay *r, slot *s, int64_t *have, int64_t *need_now, size_t *cached)
+ * and the copies waited for; every loaded page is read back (one row of each), outside the measured time. Only
+ * the tokens the tiered match reported (device + host) are passed: the prompt's last token is never matched (an
+ * engine computes its logits), so a host page holding it must not be loaded. */
+static int load_back(replay *r, slot *s, size_t host_len, int64_t *have, int64_t *need_now, size_t *cached)
 {
     const size_t ps = (size_t)r->ps;
     size_t loaded = 0;
     uint64_t tl = tick();
-    kvhal_status st = kvhal_cache_manager_load_back(r->cm, s->h, s->tok, s->in_len, s->pages + *have,
+    kvhal_status st = kvhal_cache_manager_load_back(r->cm, s->h, s->tok, *cached + host_len, s->pages + *have,
                                                     div_up(r->w->max_len, ps) - (size_t)*have, &loaded);
     if (st == KVHAL_OK) st = kvhal_cache_manager_transfer_wait(r->cm);
     r->match_ticks += tick() - tl;
     if (st != KVHAL_OK) return fatal_status(r, "load back", st), -2;
+    if (loaded > host_len) {
+        replay_fail("VERIFICATION_FAILED", "request %zu: load_back loaded %zu tokens, past the %zu the tiered match "
+                    "reported", s->req, loaded, host_len);
+        r->st.errors++;
+        return -2;
+    }
     *have += (int64_t)(loaded / ps);
     *need_now -= (int64_t)(loaded / ps);
     *cached += loaded;
@@ -102,31 +114,6 @@ static int prefill(replay *r, const slot *s, size_t cached)
         }
         if (write_kv(r, s->hash + cached + base, r->bslot, m) != 0) return -2;
     }
-    return 0;
-}
-
-/* The unbounded reference for this request, outside the measured time: no cache can hit more, and one that has
- * never evicted (nor lost anything to a tier) hits exactly that. 0, or -2 when the match broke either rule. */
-static int check_ideal(replay *r, const slot *s, size_t req, size_t mlen)
-{
-    uint64_t ti = tick();
-    const size_t ideal = ideal_match(r, s->tok, mlen);
-    r->excluded += tick() - ti;
-    if (s->matched > ideal) {
-        replay_fail("VERIFICATION_FAILED", "request %zu: %zu tokens matched (%zu device + %zu loaded back), more "
-                    "than the %zu an unbounded cache holds on this schedule", req, s->matched, s->dev_matched,
-                    s->matched - s->dev_matched, ideal);
-        r->st.errors++;
-        return -2;
-    }
-    /* exact for the radix cache (the naive one keys whole inserted sequences, so it may match less) */
-    if (r->o->kind == KVHAL_PREFIX_RADIX && kvhal_cache_manager_pages_evicted(r->cm) == 0 && s->dev_matched != ideal) {
-        replay_fail("VERIFICATION_FAILED", "request %zu: %zu tokens matched with nothing ever evicted, but an "
-                    "unbounded cache holds %zu on this schedule", req, s->dev_matched, ideal);
-        r->st.errors++;
-        return -2;
-    }
-    r->st.ideal_hit_tokens += ideal;
     return 0;
 }
 
@@ -169,7 +156,7 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
         return 0;
     }
     s->matched = s->dev_matched = cached;
-    if (host_len && load_back(r, s, &have, &need_now, &cached) != 0) return -2;
+    if (host_len && load_back(r, s, host_len, &have, &need_now, &cached) != 0) return -2;
     st = kvhal_cache_manager_allocate(r->cm, (int32_t)need_now, s->pages + have);
     if (st != KVHAL_OK) return fatal_status(r, "allocate", st), -2;
     note_in_use(r);
@@ -189,7 +176,7 @@ PHASE static int admit(replay *r, slot *s, size_t req, int32_t running)
     else r->fin[r->nfin++] = s;
     s->reserve = need_decode;
     r->reserved += need_decode;
-    if (check_ideal(r, s, req, mlen) != 0) return -2;
+    sched_log(r, s, false);
     r->st.in_tokens += s->in_len;
     r->st.hit_tokens += s->dev_matched;
     r->st.hit_requests += s->dev_matched > 0;
@@ -359,17 +346,7 @@ PHASE static int finish(replay *r, slot *s)
     if (r->n_finish_samples < r->samples_cap) r->finish_samples[r->n_finish_samples++] = t2 - t1;
     r->st.finish_calls++;
     if (st != KVHAL_OK) return fatal_status(r, "cache_finished", st), -1;
-    { /* the unbounded reference learns every whole page the request handed over (outside the measured time) */
-        uint64_t ti = tick(), h = kvhal_kv_root_hash(r->ps);
-        for (size_t i = 0; (i + 1) * ps <= s->total; i++) {
-            h = kvhal_kv_page_hash(h, s->tok + i * ps, r->ps);
-            if (ideal_add(r, h) != 0)
-                return fatal_status(r, "unbounded reference (no memory)", KVHAL_OUT_OF_MEMORY), -1;
-        }
-        const uint64_t te = tick();
-        r->excluded += te - ti;
-        t2 = te; /* the shadow's stretch below starts here: counted once */
-    }
+    sched_log(r, s, true); /* the unbounded reference learns the request's pages after the pass */
     if (!r->kv) {
         /* --no-kv: the shadow learns what the pages filled while decoding hold (the prefix hash of each one's last
          * token; the prompt's full pages were recorded at admission), before any later request can match them.
@@ -437,8 +414,8 @@ int run_once(replay *r)
     size_t n = r->w->n, next = 0, done = 0;
     int32_t running = 0;
     r->reserved = 0;
-    if (r->ideal_cap) memset(r->ideal, 0, r->ideal_cap * sizeof *r->ideal); /* the pass starts from empty */
-    r->ideal_n = 0;
+    r->nsched = 0;
+    if (r->timeline) timeline_pass_start(r);
     r->excluded = r->match_ticks = r->finish_ticks = 0;
     r->n_match_samples = r->n_finish_samples = 0;
     r->ndec = r->nfin = 0;
@@ -449,11 +426,12 @@ int run_once(replay *r)
     while (done < n && rc == 0) {
         while (running < r->nslots && next < n) {
             if (r->o->arrival_scale > 0 && r->w->trace && !arrived(r, next, running, t0)) break;
+            /* a free slot; the one that already holds this request's generated tokens (it waited for room) first */
             slot *s = NULL;
             for (int32_t i = 0; i < r->nslots; i++)
-                if (!r->slots[i].active) {
+                if (!r->slots[i].active && (!s || r->slots[i].gen_req == next)) {
                     s = &r->slots[i];
-                    break;
+                    if (s->gen_req == next) break;
                 }
             int a = admit(r, s, next, running);
             if (a == 0) break;
@@ -488,6 +466,16 @@ int run_once(replay *r)
             r->done_total++;
             if (r->o->check_every && r->st.requests % (uint64_t)r->o->check_every == 0) check_integrity(r);
             if ((r->done_total & 15) == 0) progress(r, false);
+            if (r->timeline) {
+                r->tl_in += s->in_len;
+                r->tl_hit += s->dev_matched;
+                r->tl_host_hit += s->matched - s->dev_matched;
+                if ((r->st.requests - r->tl_last_requests) % r->tl_window == 0) {
+                    uint64_t t = tick();
+                    timeline_row(r, false);
+                    r->excluded += tick() - t;
+                }
+            }
         }
         r->nfin = 0;
         drain_events(r);
@@ -510,12 +498,20 @@ int run_once(replay *r)
     /* the excluded parts were timed on the wall clock: an upper bound of their CPU time */
     r->st.t_engine_cpu += cel - excluded > 0 ? cel - excluded : 0;
     r->st.pages_evicted += kvhal_cache_manager_pages_evicted(r->cm) - evicted_before;
+    if (r->timeline) timeline_row(r, true);
+    if (check_reference(r) != 0) rc = -1;
     check_integrity(r);
     if (rc == 0 && r->o->kind == KVHAL_PREFIX_RADIX) evict_bench(r);
-    /* empty the prefix cache for the next pass (the manager and its memory stay, as in a long-running server) */
-    size_t ev;
-    kvhal_status st = kvhal_cache_manager_evict(r->cm, SIZE_MAX, &ev);
-    if (st != KVHAL_OK) return fatal_status(r, "evict all", st), -1;
+    /* empty the prefix cache for the next pass (the manager and its memory stay, as in a long-running server); with
+     * --events a quarter of the event ring at a time, drained in between, so that the ring never overflows */
+    const size_t step = r->events ? ((size_t)r->o->event_ring / 4 + 1) * (size_t)r->ps : SIZE_MAX;
+    kvhal_status st;
+    for (size_t ev = 1; ev;) {
+        if ((st = kvhal_cache_manager_evict(r->cm, step, &ev)) != KVHAL_OK)
+            return fatal_status(r, "evict all", st), -1;
+        drain_events(r);
+        if (step == SIZE_MAX) break;
+    }
     /* the next pass starts from empty tiers too */
     if (r->tiered && r->o->host_tier && (st = kvhal_cache_manager_host_tier_clear(r->cm)) != KVHAL_OK)
         return fatal_status(r, "host tier clear", st), -1;

@@ -21,6 +21,7 @@ void drain_events(replay *r)
                     e->tier == KVHAL_TIER_HOST ? "host" : "device");
             if (e->type == KVHAL_KV_OVERFLOW) {
                 fprintf(r->events, ", \"dropped\": %llu}\n", (unsigned long long)e->dropped);
+                r->st.events_dropped += e->dropped;
                 continue;
             }
             if (e->type != KVHAL_KV_CLEARED)

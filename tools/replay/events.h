@@ -8,7 +8,8 @@
 #define EV_BATCH 1024
 
 /* Writes every queued event (hashes as hex strings: JSON numbers lose 64-bit precision); nothing without
- * --events. The time it takes is not engine time. */
+ * --events. Events the ring dropped (an overflow event) are counted in st.events_dropped. The time it takes is
+ * not engine time. */
 void drain_events(replay *r);
 
 #endif

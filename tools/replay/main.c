@@ -20,18 +20,18 @@
 
 int main(int argc, char **argv)
 {
+    tool_stdout_guard();
     options o;
     default_options(&o);
     int p = parse_options(argc, argv, &o);
     if (p < 0) return TOOL_EXIT_USAGE;
     if (p == 1) {
         usage(stdout);
-        return TOOL_EXIT_OK;
+        return tool_exit(REPLAY_TOOL, TOOL_EXIT_OK);
     }
     if (p == 3) {
         tool_print_version(REPLAY_TOOL);
-        return TOOL_EXIT_OK;
+        return tool_exit(REPLAY_TOOL, TOOL_EXIT_OK);
     }
-    if (p == 2) return run_soak(&o);
-    return run_replay(&o);
+    return tool_exit(REPLAY_TOOL, p == 2 ? run_soak(&o) : run_replay(&o));
 }

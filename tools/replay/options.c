@@ -60,6 +60,8 @@ void usage(FILE *f)
             "  --no-kv             page bookkeeping only, no paged cache or K/V writes (radix benchmark)\n"
             "  --cold-tokens       leave each request's tokens where the pre-generated workload has them (by default\n"
             "                      they are read once ahead of the request, unmeasured, as a tokenizer leaves them)\n"
+            "  --lazy-tokens       generate each request's tokens when it is first admitted (outside the measured\n"
+            "                      time), as workloads of more than 32M tokens always do, instead of ahead of the run\n"
             "  --finish-whole      finish requests with cache_finished (the whole request's tokens and pages, the\n"
             "                      matched prefix compared again) instead of cache_finished_suffix (what follows it)\n"
             "  --repeat N          replay the workload N times, each on a fresh cache, for a stable figure (1)\n"
@@ -69,16 +71,26 @@ void usage(FILE *f)
             "  --prefill-chunk N   tokens per paged-caching call in prefill (512)\n"
             "  -j, --json          print one JSON summary object on stdout (percentiles of the per-call\n"
             "                      times, null for what was not measured, an error object on failure)\n"
-            "  --quiet             no progress output\n"
-            "  --soak              a fixed set of runs under eviction pressure with frequent integrity checks\n"
+            "  -q, --quiet         no progress output\n"
+            "  --soak              a fixed set of runs under eviction pressure with frequent integrity checks\n");
+    fprintf(f,
             "\nhost tier and KV events\n"
             "  --host-tier SIZE    host pages under the device cache (e.g. 4GiB): evicted prefixes are kept in host\n"
             "                      memory and loaded back on a hit (every loaded page verified); 0: none (default)\n"
             "  --write-policy P    through (copy to host when a request finishes, default) or back (when evicted)\n"
             "  --events FILE       write the KV events (stored/removed/cleared per tier, hash chain, tokens) as JSON\n"
-            "                      lines\n"
+            "                      lines; events the ring dropped fail the run\n"
+            "  --event-ring N      events the manager's ring holds between two reads (1048576)\n"
+            "  --events-drop-ok    dropped events (an \"overflow\" line says how many) are not an error\n"
+            "\npictures\n"
+            "  --timeline FILE     CSV, one row per window of finished requests: prompt tokens, device and host\n"
+            "                      hits, hit rates, pages evicted from the device and host tiers (bench/plot.py\n"
+            "                      draws it)\n"
+            "  --timeline-window N finished requests per row (0, default: a hundredth of the run, at least 1)\n"
+            "\n"
             "  -h, --help          this text;  -V, --version: \"kvhal-replay <kvhal version>\"\n"
-            "\nexit status: 0 every run passed, 1 a run or a verification failed, 2 usage error\n");
+            "\nexit status: 0 every run passed, 1 a run or a verification failed or output was lost (a full disk, a\n"
+            "closed stdout), 2 usage error\n");
 }
 
 static int opt_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -167,6 +179,7 @@ void default_options(options *o)
     o->chunk = 512;
     o->repeat = 1;
     o->seed = 1;
+    o->event_ring = 1 << 20;
 }
 
 #define INT_OPTIONS(X)                                                                                          \
@@ -186,11 +199,14 @@ void default_options(options *o)
     X("repeat", O_REPEAT, 1, 1 << 20, repeat)                                                                   \
     X("check-every", O_CHECK_EVERY, 0, INT64_MAX, check_every)                                                  \
     X("verify-samples", O_VERIFY_SAMPLES, 0, 1 << 16, samples)                                                  \
-    X("prefill-chunk", O_PREFILL_CHUNK, 1, 1 << 16, chunk)
+    X("prefill-chunk", O_PREFILL_CHUNK, 1, 1 << 16, chunk)                                                      \
+    X("timeline-window", O_TIMELINE_WINDOW, 0, INT32_MAX, timeline_window)                                      \
+    X("event-ring", O_EVENT_RING, 2, 1 << 26, event_ring)
 
 enum {
     O_NO_KV = 256, O_COLD_TOKENS, O_FINISH_WHOLE, O_QUIET, O_SOAK, O_SEED, O_ZIPF, O_TRACE, O_MODEL, O_DTYPE,
     O_KV_BUDGET, O_PREFIX, O_LAYOUT, O_ORDER, O_TRACE_ORDER, O_ARRIVAL_GAPS, O_HOST_TIER, O_WRITE_POLICY, O_EVENTS,
+    O_EVENTS_DROP_OK, O_TIMELINE, O_LAZY_TOKENS,
 #define X_ENUM(name, E, lo, hi, field) E,
     INT_OPTIONS(X_ENUM)
 #undef X_ENUM
@@ -203,7 +219,10 @@ static const struct option longopts[] = {
     {"no-kv", no_argument, NULL, O_NO_KV},
     {"cold-tokens", no_argument, NULL, O_COLD_TOKENS},
     {"finish-whole", no_argument, NULL, O_FINISH_WHOLE},
-    {"quiet", no_argument, NULL, O_QUIET},
+    {"quiet", no_argument, NULL, 'q'},
+    {"events-drop-ok", no_argument, NULL, O_EVENTS_DROP_OK},
+    {"lazy-tokens", no_argument, NULL, O_LAZY_TOKENS},
+    {"timeline", required_argument, NULL, O_TIMELINE},
     {"soak", no_argument, NULL, O_SOAK},
     {"seed", required_argument, NULL, O_SEED},
     {"zipf", required_argument, NULL, O_ZIPF},
@@ -288,6 +307,12 @@ static int resolve_model(options *o)
     if ((int)o->dtype == -1) o->dtype = m->dtype;
     if ((o->host_tier || o->events_path) && o->no_kv)
         return opt_error("--host-tier and --events need the paged cache: not with --no-kv");
+    /* checked before the run: a tier that holds no page would only show after the whole replay */
+    const uint64_t page_bytes = (uint64_t)o->layers * 2 * (uint64_t)o->kv_heads * (uint64_t)o->head_dim *
+                                kvhal_dtype_size(o->dtype) * (uint64_t)o->page_size;
+    if (o->host_tier && o->host_tier < page_bytes)
+        return opt_error("--host-tier: %llu bytes hold no page (a page of %d tokens is %llu bytes here)",
+                         (unsigned long long)o->host_tier, (int)o->page_size, (unsigned long long)page_bytes);
     return 0;
 }
 
@@ -297,7 +322,7 @@ int parse_options(int argc, char **argv, options *o)
     int64_t x;
     opterr = 0;
     optind = 1;
-    for (int c; (c = getopt_long(argc, argv, ":hVj", longopts, NULL)) != -1;) {
+    for (int c; (c = getopt_long(argc, argv, ":hVjq", longopts, NULL)) != -1;) {
         const char *v = optarg;
         switch (c) {
         case 'h': return 1;
@@ -306,7 +331,10 @@ int parse_options(int argc, char **argv, options *o)
         case O_NO_KV: o->no_kv = true; break;
         case O_COLD_TOKENS: o->cold_tokens = true; break;
         case O_FINISH_WHOLE: o->finish_whole = true; break;
-        case O_QUIET: o->quiet = true; break;
+        case 'q': o->quiet = true; break;
+        case O_EVENTS_DROP_OK: o->events_drop_ok = true; break;
+        case O_LAZY_TOKENS: o->lazy_tokens = true; break;
+        case O_TIMELINE: o->timeline_path = v; break;
         case O_SOAK: soak = true; break;
 #define X_CASE(name, E, lo, hi, field)                                                                          \
         case E:                                                                                                 \
@@ -325,6 +353,7 @@ int parse_options(int argc, char **argv, options *o)
         }
     }
     if (optind < argc) return opt_error("unexpected argument '%s'", argv[optind]);
+    if (soak && o->timeline_path) return opt_error("--timeline is for one run, not with --soak (twelve runs)");
     if (resolve_model(o) != 0) return -1;
     return soak ? 2 : 0;
 }

@@ -24,6 +24,7 @@ typedef struct options {
     kvhal_paged_order order;
     int32_t batch, samples, chunk;
     bool no_kv, json, quiet, cold_tokens, finish_whole;
+    bool lazy_tokens;        /* --lazy-tokens: each request's tokens generated when it is admitted */
     bool trace_by_time;      /* --trace-order timestamp */
     double arrival_scale;    /* --arrival-gaps S: seconds per trace timestamp unit, 0 = as fast as the cache allows */
     int64_t repeat, check_every;
@@ -32,6 +33,10 @@ typedef struct options {
     uint64_t host_tier;       /* bytes of host pages; 0: none */
     kvhal_write_policy write_policy;
     const char *events_path;  /* JSON lines of KV events; NULL: none */
+    bool events_drop_ok;      /* events the ring dropped are not an error */
+    int64_t event_ring;       /* events the manager's ring holds (kvhal_host_tier_config.event_capacity) */
+    const char *timeline_path; /* CSV of hit rates and evictions per window of finished requests; NULL: none */
+    int64_t timeline_window;  /* finished requests per timeline row; 0: a hundredth of the run */
 } options;
 
 /* The defaults of every option (the model's shape and dtype are filled in by parse_options). */

@@ -20,6 +20,7 @@ typedef struct slot {
     const int32_t *tok;
     const uint64_t *hash; /* K/V mode */
     const uint32_t *tag;  /* --no-kv */
+    size_t gen_req; /* the request whose tokens tokbuf holds (SIZE_MAX: none): generated once, kept on a retry */
     int32_t *tokbuf;
     uint64_t *hashbuf;
     uint32_t *tagbuf;
@@ -31,11 +32,20 @@ typedef struct slot {
     int64_t reserve; /* pages its decode will still allocate */
 } slot;
 
+/* One line of a pass's schedule: request req admitted (matched tokens of mlen looked up, dev_matched of them on
+ * the device; nothing evicted yet when fresh) or finished (total tokens handed to the cache). */
+typedef struct sched_entry {
+    uint32_t req;
+    bool finish, fresh;
+    uint32_t mlen, matched, dev_matched, total;
+} sched_entry;
+
 typedef struct stats {
     uint64_t requests, skipped, in_tokens, out_tokens, hit_tokens, hit_requests;
     uint64_t match_calls, finish_calls, bytes_written, pages_evicted, verified, mismatches;
     uint64_t integrity_checks, integrity_failures, errors, evict_calls;
-    uint64_t host_hit_tokens, host_hit_requests, loaded_verified, events_written;
+    uint64_t host_hit_tokens, host_hit_requests, loaded_verified, events_written, events_dropped;
+    uint64_t generated; /* requests whose tokens were generated during the passes (--lazy-tokens, large workloads) */
     double t_engine, t_engine_cpu, t_match, t_finish, t_write, t_wall, evict_s;
     double best_pass_rps; /* the least disturbed pass: on a shared machine the others include other programs */
     int64_t peak_in_use, total_pages;
@@ -51,10 +61,20 @@ typedef struct replay {
     workload *w;
     kvstate *kv; /* NULL with --no-kv */
     kvhal_cache_manager *cm;
-    /* the unbounded reference on this run's own schedule: the chain hash (kvhal_kv_page_hash) of every page any
-     * finished request handed to the cache in this pass, an open-addressing set (0 = empty slot) */
+    /* the unbounded reference on this run's own schedule, computed after each pass from its log (sched: every
+     * admission and finish, in order), so that its memory traffic stays out of the timed calls: the chain hash
+     * (kvhal_kv_page_hash) of every page any finished request handed to the cache, an open-addressing set (0 =
+     * empty slot) */
     uint64_t *ideal;
     size_t ideal_cap, ideal_n;
+    struct sched_entry *sched;
+    size_t nsched, sched_cap;
+    int32_t *reftok;   /* a request's tokens regenerated for the reference (workloads generated per request) */
+    uint64_t *refhash;
+    FILE *timeline;    /* --timeline */
+    size_t tl_window, tl_row, tl_last_requests;
+    uint64_t tl_in, tl_hit, tl_host_hit;        /* of the requests finished in the current window */
+    uint64_t tl_evicted, tl_host_evicted;       /* the tiers' eviction counters at the last row */
     bool tiered;   /* --host-tier or --events */
     FILE *events;  /* --events */
     int32_t *evtok;

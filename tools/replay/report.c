@@ -20,22 +20,22 @@ void progress(replay *r, bool force)
         bar[width] = '\0';
         double el = t - r->t_start;
         double hit = r->st.in_tokens ? 100.0 * (double)r->st.hit_tokens / (double)r->st.in_tokens : 0;
-        fprintf(stderr, "\r[%s] %3.0f%%  %zu/%zu requests  %.0f req/s  hit %.1f%%  ", bar, 100 * frac, r->done_total,
-                r->work_total, el > 0 ? (double)r->done_total / el : 0, hit);
+        fprintf(stderr, "\r[%s] %3.0f%%  %zu/%zu requests  %.0f req/s  hit %.1f%%  ETA %.0f s  ", bar, 100 * frac,
+                r->done_total, r->work_total, el > 0 ? (double)r->done_total / el : 0, hit,
+                r->done_total ? el / (double)r->done_total * (double)(r->work_total - r->done_total) : 0);
         if (force) fputc('\n', stderr);
         fflush(stderr);
     } else {
         int decile = r->work_total ? (int)(10 * r->done_total / r->work_total) : 10;
         if (decile == r->last_decile) return;
         r->last_decile = decile;
-        fprintf(stderr, "kvhal-replay: %d%% (%zu/%zu requests, %.1f s)\n", decile * 10, r->done_total, r->work_total,
-                t - r->t_start);
+        tool_progress(REPLAY_TOOL, r->done_total, r->work_total, "requests", r->t_start, NULL);
     }
 }
 
 /* The figures of the summary, computed once for either form. */
 typedef struct figures {
-    double rps, rps_cpu, tps, hit, match_us, insert_us, evict_us, gbps, host_hit;
+    double rps, rps_cpu, tps, hit, match_us, insert_us, evict_us, gbps, host_hit, unbounded;
     bool ok, host;
     const char *kind;
     kvhal_host_tier_stats ts; /* the host tier: hits loaded back, and what moved (host: there is a tier) */
@@ -49,7 +49,10 @@ static figures compute_figures(const replay *r)
     figures g = {0};
     double eng = s->t_engine > 0 ? s->t_engine : 1e-9;
     g.rps = (double)s->requests / eng;
+    /* 0 (not measured) when the process got less CPU time than the wall time of the stretches taken out (a busy
+     * machine): the engine's CPU time cannot be told apart then */
     g.rps_cpu = s->t_engine_cpu > 0 ? (double)s->requests / s->t_engine_cpu : 0;
+    g.unbounded = s->in_tokens ? (double)s->ideal_hit_tokens / (double)s->in_tokens : 0;
     g.tps = (double)(s->in_tokens + s->out_tokens) / eng;
     g.hit = s->in_tokens ? (double)s->hit_tokens / (double)s->in_tokens : 0;
     g.match_us = s->match_calls ? 1e6 * s->t_match / (double)s->match_calls : 0;
@@ -73,85 +76,89 @@ static void print_json(const replay *r, const workload *w, const char *device, c
 {
     const stats *s = &r->st;
     const options *o = r->o;
-    char tier_json[512];
-    if (g->host)
-        snprintf(tier_json, sizeof tier_json,
-                 "\"host_hit_rate\": %.6f, \"miss_rate\": %.6f, \"host_hit_requests\": %llu, "
-                 "\"host_pages\": %lld, \"write_policy\": \"%s\", \"pages_written_to_host\": %llu, "
-                 "\"pages_loaded_back\": %llu, \"loaded_pages_verified\": %llu, \"host_evictions\": %llu, ",
-                 g->host_hit, 1 - g->hit - g->host_hit, (unsigned long long)s->host_hit_requests,
-                 (long long)g->ts.host_pages_total,
-                 o->write_policy == KVHAL_WRITE_BACK ? "back" : "through", (unsigned long long)g->ts.pages_written,
-                 (unsigned long long)g->ts.pages_loaded, (unsigned long long)s->loaded_verified,
-                 (unsigned long long)g->ts.host_evictions);
-    else
-        snprintf(tier_json, sizeof tier_json, "\"host_hit_rate\": null, \"miss_rate\": %.6f, \"host_pages\": null, ",
-                 1 - g->hit);
-    FILE *f = stdout;
-    fprintf(f, "{\"ok\": %s, \"version\": ", g->ok ? "true" : "false");
-    tool_json_str(f, kvhal_version());
+    tool_json j;
+    tool_json_init(&j, stdout);
+    tool_json_head(&j, REPLAY_TOOL, g->ok);
     if (!g->ok) {
         char msg[1200];
         snprintf(msg, sizeof msg, "%llu mismatches, %llu integrity failures, %llu errors, %llu requests skipped%s%s",
                  (unsigned long long)s->mismatches, (unsigned long long)s->integrity_failures,
                  (unsigned long long)s->errors, (unsigned long long)s->skipped,
-                 replay_failure_message()[0] ? "; first: " : "",
-                 replay_failure_message());
-        fprintf(f, ", \"error\": {\"status\": ");
-        tool_json_str(f, replay_failure_status()[0] ? replay_failure_status() : "VERIFICATION_FAILED");
-        fprintf(f, ", \"message\": ");
-        tool_json_str(f, msg);
-        fprintf(f, "}");
+                 replay_failure_message()[0] ? "; first: " : "", replay_failure_message());
+        tool_json_error(&j, replay_failure_status()[0] ? replay_failure_status() : "VERIFICATION_FAILED", msg);
     }
-    fprintf(f, ", \"requests\": %llu, \"skipped\": %llu, \"skipped_empty\": %zu, \"repeat\": %lld, "
-            "\"requests_per_s\": ",
-            (unsigned long long)s->requests, (unsigned long long)s->skipped, w->tr.empty, (long long)o->repeat);
-    tool_json_num(f, g->rps, s->t_engine > 0);
-    fprintf(f, ", %s\"events_written\": %llu", tier_json, (unsigned long long)s->events_written);
-    fprintf(f, ", \"requests_per_cpu_s\": ");
-    tool_json_num(f, g->rps_cpu, s->t_engine_cpu > 0);
-    fprintf(f, ", \"requests_per_s_best_pass\": ");
-    tool_json_num(f, s->best_pass_rps, s->best_pass_rps > 0);
-    fprintf(f, ", \"tokens_per_s\": ");
-    tool_json_num(f, g->tps, s->t_engine > 0);
-    fprintf(f, ", \"hit_rate\": ");
-    tool_json_num(f, g->hit, s->in_tokens > 0);
-    fprintf(f, ", \"hit_requests\": %llu, \"pages_evicted\": %llu, \"peak_pages_in_use\": %lld, "
-            "\"pages_total\": %lld, \"page_size\": %d, \"bytes_written\": ",
-            (unsigned long long)s->hit_requests, (unsigned long long)s->pages_evicted, (long long)s->peak_in_use,
-            (long long)s->total_pages, (int)o->page_size);
-    tool_json_num(f, (double)s->bytes_written, !o->no_kv);
-    fprintf(f, ", \"write_gb_per_s\": ");
-    tool_json_num(f, g->gbps, !o->no_kv && s->t_write > 0);
+    tool_json_key_int(&j, "requests", (long long)s->requests);
+    tool_json_key_int(&j, "skipped", (long long)s->skipped);
+    tool_json_key_int(&j, "skipped_empty", (long long)w->tr.empty);
+    tool_json_key_int(&j, "repeat", (long long)o->repeat);
+    tool_json_key_num(&j, "requests_per_s", g->rps, s->t_engine > 0);
+    tool_json_key_num(&j, "host_hit_rate", g->host_hit, g->host);
+    tool_json_key_num(&j, "miss_rate", 1 - g->hit - (g->host ? g->host_hit : 0), s->in_tokens > 0);
+    if (g->host) {
+        tool_json_key_int(&j, "host_hit_requests", (long long)s->host_hit_requests);
+        tool_json_key_int(&j, "host_pages", (long long)g->ts.host_pages_total);
+        tool_json_key_str(&j, "write_policy", o->write_policy == KVHAL_WRITE_BACK ? "back" : "through");
+        tool_json_key_int(&j, "pages_written_to_host", (long long)g->ts.pages_written);
+        tool_json_key_int(&j, "pages_loaded_back", (long long)g->ts.pages_loaded);
+        tool_json_key_int(&j, "loaded_pages_verified", (long long)s->loaded_verified);
+        tool_json_key_int(&j, "host_evictions", (long long)g->ts.host_evictions);
+    } else {
+        tool_json_key_str(&j, "host_pages", NULL);
+    }
+    tool_json_key_int(&j, "events_written", (long long)s->events_written);
+    tool_json_key_int(&j, "events_dropped", (long long)s->events_dropped);
+    tool_json_key_int(&j, "requests_generated", (long long)s->generated);
+    tool_json_key_int(&j, "match_calls", (long long)s->match_calls); /* more than requests: some waited for room */
+    tool_json_key_num(&j, "requests_per_cpu_s", g->rps_cpu, g->rps_cpu > 0);
+    tool_json_key_num(&j, "requests_per_s_best_pass", s->best_pass_rps, s->best_pass_rps > 0);
+    tool_json_key_num(&j, "tokens_per_s", g->tps, s->t_engine > 0);
+    tool_json_key_num(&j, "hit_rate", g->hit, s->in_tokens > 0);
+    tool_json_key_num(&j, "unbounded_hit_rate", g->unbounded, s->in_tokens > 0);
+    tool_json_key_int(&j, "hit_requests", (long long)s->hit_requests);
+    tool_json_key_int(&j, "pages_evicted", (long long)s->pages_evicted);
+    tool_json_key_int(&j, "peak_pages_in_use", (long long)s->peak_in_use);
+    tool_json_key_int(&j, "pages_total", (long long)s->total_pages);
+    tool_json_key_int(&j, "page_size", (long long)o->page_size);
+    tool_json_key_num(&j, "bytes_written", (double)s->bytes_written, !o->no_kv);
+    tool_json_key_num(&j, "write_gb_per_s", g->gbps, !o->no_kv && s->t_write > 0);
     /* means (match_us, insert_us, evict_4096_us); the percentiles are in latency_us */
-    fprintf(f, ", \"match_us\": ");
-    tool_json_num(f, g->match_us, s->match_calls > 0);
-    fprintf(f, ", \"insert_us\": ");
-    tool_json_num(f, g->insert_us, s->finish_calls > 0);
-    fprintf(f, ", \"evict_4096_us\": ");
-    tool_json_num(f, g->evict_us, s->evict_calls > 0);
-    fprintf(f, ", \"latency_us\": {\"match\": {");
-    tool_json_percentiles(f, &g->pm);
-    fprintf(f, "}, \"finish\": {");
-    tool_json_percentiles(f, &g->pf);
-    fprintf(f, "}, \"evict_4096\": {");
-    tool_json_percentiles(f, &g->pe);
-    fprintf(f, "}}, \"evict_calls\": %llu, \"evict_cached_tokens\": ", (unsigned long long)s->evict_calls);
-    tool_json_num(f, (double)s->evict_cached_min, s->evict_calls > 0);
-    fprintf(f, ", \"verified\": %llu, \"mismatches\": %llu, \"integrity_checks\": %llu, "
-            "\"integrity_failures\": %llu, \"errors\": %llu, \"engine_s\": %.6f, \"wall_s\": %.3f, "
-            "\"mode\": \"%s\", \"prefix\": \"%s\", \"device\": ",
-            (unsigned long long)s->verified, (unsigned long long)s->mismatches,
-            (unsigned long long)s->integrity_checks, (unsigned long long)s->integrity_failures,
-            (unsigned long long)s->errors, s->t_engine, s->t_wall, o->no_kv ? "no-kv" : "kv", g->kind);
-    if (o->no_kv) fprintf(f, "null");
-    else tool_json_str(f, device);
-    fprintf(f, ", \"model\": ");
-    tool_json_str(f, o->model);
-    fprintf(f, ", \"layers\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"dtype\": \"%s\", \"batch\": %d, "
-            "\"finish\": \"%s\", \"seed\": %llu}\n", (int)o->layers, (int)o->kv_heads, (int)o->head_dim,
-            kvhal_dtype_name(o->dtype), (int)o->batch, o->finish_whole ? "whole" : "suffix",
-            (unsigned long long)o->seed);
+    tool_json_key_num(&j, "match_us", g->match_us, s->match_calls > 0);
+    tool_json_key_num(&j, "insert_us", g->insert_us, s->finish_calls > 0);
+    tool_json_key_num(&j, "evict_4096_us", g->evict_us, s->evict_calls > 0);
+    tool_json_open(&j, "latency_us");
+    tool_json_open(&j, "match");
+    tool_json_percentiles(j.f, &g->pm);
+    tool_json_close(&j);
+    tool_json_open(&j, "finish");
+    tool_json_percentiles(j.f, &g->pf);
+    tool_json_close(&j);
+    tool_json_open(&j, "evict_4096");
+    tool_json_percentiles(j.f, &g->pe);
+    tool_json_close(&j);
+    tool_json_close(&j);
+    tool_json_key_int(&j, "evict_calls", (long long)s->evict_calls);
+    tool_json_key_num(&j, "evict_cached_tokens", (double)s->evict_cached_min, s->evict_calls > 0);
+    tool_json_key_int(&j, "verified", (long long)s->verified);
+    tool_json_key_int(&j, "mismatches", (long long)s->mismatches);
+    tool_json_key_int(&j, "integrity_checks", (long long)s->integrity_checks);
+    tool_json_key_int(&j, "integrity_failures", (long long)s->integrity_failures);
+    tool_json_key_int(&j, "errors", (long long)s->errors);
+    tool_json_key_num(&j, "engine_s", s->t_engine, true);
+    tool_json_key_num(&j, "wall_s", s->t_wall, true);
+    tool_json_key_str(&j, "mode", o->no_kv ? "no-kv" : "kv");
+    tool_json_key_str(&j, "prefix", g->kind);
+    tool_json_key_str(&j, "device", o->no_kv ? NULL : device);
+    tool_json_key_str(&j, "model", o->model);
+    tool_json_key_int(&j, "layers", o->layers);
+    tool_json_key_int(&j, "kv_heads", o->kv_heads);
+    tool_json_key_int(&j, "head_dim", o->head_dim);
+    tool_json_key_str(&j, "dtype", kvhal_dtype_name(o->dtype));
+    tool_json_key_num(&j, "kv_budget", (double)o->budget, true);
+    tool_json_key_num(&j, "host_tier", (double)o->host_tier, true);
+    tool_json_key_int(&j, "batch", o->batch);
+    tool_json_key_str(&j, "finish", o->finish_whole ? "whole" : "suffix");
+    tool_json_key_num(&j, "seed", (double)o->seed, true);
+    tool_json_close(&j);
 }
 
 static void print_text(const replay *r, const workload *w, const char *device, const figures *g)
@@ -168,14 +175,17 @@ static void print_text(const replay *r, const workload *w, const char *device, c
         printf("  skipped      %llu (larger than the whole cache): the run FAILS, the workload was not replayed\n",
                (unsigned long long)s->skipped);
     if (w->tr.empty) printf("  skipped      %zu zero-length lines of the trace (not requests)\n", w->tr.empty);
-    printf("  throughput   %.0f requests/s, %.0f tokens/s (%.0f requests per CPU second", g->rps, g->tps, g->rps_cpu);
+    printf("  throughput   %.0f requests/s, %.0f tokens/s (", g->rps, g->tps);
+    if (g->rps_cpu > 0) printf("%.0f requests per CPU second", g->rps_cpu);
+    else printf("requests per CPU second not measured: the unmeasured stretches took more wall time than the CPU "
+                "time the process got");
     if (o->repeat > 1) printf("; best pass %.0f requests/s", s->best_pass_rps);
     printf(")\n");
     printf("  prefix hits  %.2f%% of prompt tokens (%llu of %llu requests hit)\n", 100 * g->hit,
            (unsigned long long)s->hit_requests, (unsigned long long)s->requests);
     printf("  unbounded    %.2f%% of prompt tokens: what a cache that never evicts hits on this run's schedule (the "
            "requests running together); device + host hits never exceed it\n",
-           s->in_tokens ? 100.0 * (double)s->ideal_hit_tokens / (double)s->in_tokens : 0);
+           100 * g->unbounded);
     if (g->host)
         printf("  host tier    %lld pages, write-%s: %.2f%% of prompt tokens loaded back (%llu requests), %.2f%% "
                "missed; %llu pages written to host, %llu loaded back (each verified), %llu host evictions\n",
@@ -184,7 +194,9 @@ static void print_text(const replay *r, const workload *w, const char *device, c
                (unsigned long long)g->ts.pages_written, (unsigned long long)g->ts.pages_loaded,
                (unsigned long long)g->ts.host_evictions);
     if (o->events_path)
-        printf("  KV events    %llu written to %s\n", (unsigned long long)s->events_written, o->events_path);
+        printf("  KV events    %llu written to %s, %llu dropped%s\n", (unsigned long long)s->events_written,
+               o->events_path, (unsigned long long)s->events_dropped,
+               s->events_dropped ? (o->events_drop_ok ? " (--events-drop-ok)" : ": the run FAILS") : "");
     printf("  pages        %llu evicted, peak %lld of %lld in use\n", (unsigned long long)s->pages_evicted,
            (long long)s->peak_in_use, (long long)s->total_pages);
     printf("  cache ops    match %.3f us (p50 %.3f, p90 %.3f, p99 %.3f), %s (insert) %.3f us (p50 %.3f, p90 %.3f, "
@@ -207,4 +219,43 @@ void print_summary(const replay *r, const workload *w, const char *device)
     const figures g = compute_figures(r);
     if (r->o->json) print_json(r, w, device, &g);
     else print_text(r, w, device, &g);
+}
+
+void timeline_header(replay *r)
+{
+    fprintf(r->timeline, "pass,requests,prompt_tokens,device_hit_tokens,host_hit_tokens,hit_rate,host_hit_rate,"
+            "pages_evicted,host_pages_evicted\n");
+}
+
+/* The tiers' eviction counters now. */
+static void evictions(const replay *r, uint64_t *device, uint64_t *host)
+{
+    kvhal_host_tier_stats ts;
+    *device = kvhal_cache_manager_pages_evicted(r->cm);
+    *host = r->tiered && r->o->host_tier && kvhal_cache_manager_tier_stats(r->cm, &ts) == KVHAL_OK
+                ? ts.host_evictions : 0;
+}
+
+void timeline_pass_start(replay *r)
+{
+    r->tl_last_requests = r->st.requests;
+    r->tl_in = r->tl_hit = r->tl_host_hit = 0;
+    evictions(r, &r->tl_evicted, &r->tl_host_evicted); /* the previous pass's emptying is no window's */
+}
+
+void timeline_row(replay *r, bool end_of_pass)
+{
+    const stats *s = &r->st;
+    if (end_of_pass && s->requests == r->tl_last_requests) return; /* the last window was written already */
+    uint64_t evicted, host_evicted;
+    evictions(r, &evicted, &host_evicted);
+    const uint64_t in = r->tl_in, hit = r->tl_hit, host = r->tl_host_hit;
+    fprintf(r->timeline, "%lld,%llu,%llu,%llu,%llu,%.6f,%.6f,%llu,%llu\n", (long long)r->repeat_index + 1,
+            (unsigned long long)s->requests, (unsigned long long)in, (unsigned long long)hit,
+            (unsigned long long)host, in ? (double)hit / (double)in : 0, in ? (double)host / (double)in : 0,
+            (unsigned long long)(evicted - r->tl_evicted), (unsigned long long)(host_evicted - r->tl_host_evicted));
+    r->tl_in = r->tl_hit = r->tl_host_hit = 0;
+    r->tl_evicted = evicted;
+    r->tl_host_evicted = host_evicted;
+    r->tl_last_requests = s->requests;
 }

@@ -14,4 +14,12 @@ void progress(replay *r, bool force);
 /* The summary on stdout. device: the device's name (unused with --no-kv). Sorts the per-call samples. */
 void print_summary(const replay *r, const workload *w, const char *device);
 
+/* --timeline: the CSV header, and a row for the window of requests finished since the last row (prompt tokens
+ * admitted, device and host hits, pages evicted from each tier in it). end_of_pass: the pass's last, partial
+ * window (nothing when it is empty). */
+void timeline_header(replay *r);
+/* A pass starts: its first window counts from here. */
+void timeline_pass_start(replay *r);
+void timeline_row(replay *r, bool end_of_pass);
+
 #endif

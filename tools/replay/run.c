@@ -42,11 +42,20 @@ static int alloc_run(replay *r, const workload *w, int64_t pages)
     r->st.evict_us = malloc(r->st.cap_evict_us * sizeof(double));
     if (!r->match_samples || !r->finish_samples || !r->st.match_us || !r->st.finish_us || !r->st.evict_us) return -1;
     r->fin = malloc((size_t)r->nslots * sizeof *r->fin);
+    r->sched_cap = 2 * w->n + 2; /* an admission and a finish per request and pass */
+    r->sched = malloc(r->sched_cap * sizeof *r->sched);
+    if (!r->sched) return -1;
+    if (!w->tok) {
+        r->reftok = malloc((w->max_len + 1) * sizeof *r->reftok);
+        r->refhash = malloc((w->max_len + 1) * sizeof *r->refhash);
+        if (!r->reftok || !r->refhash) return -1;
+    }
     if (o->no_kv) r->shadow = calloc((size_t)pages, sizeof *r->shadow);
     if (!r->slots || !r->bhash || !r->bslot || !r->newpages || !r->dec || !r->fin || (o->no_kv && !r->shadow))
         return -1;
     for (int32_t i = 0; i < r->nslots; i++) {
         slot *s = &r->slots[i];
+        s->gen_req = SIZE_MAX;
         s->pages = malloc(maxp * sizeof *s->pages);
         if (!s->pages) return -1;
         if (!w->tok) {
@@ -68,16 +77,50 @@ static int open_events(replay *r)
     r->evbuf = malloc(EV_BATCH * sizeof *r->evbuf);
     r->evtok = malloc(EV_BATCH * (size_t)o->page_size * sizeof *r->evtok);
     if (!r->events) {
-        fprintf(stderr, "kvhal-replay: --events: cannot write %s\n", o->events_path);
+        replay_fail("IO_ERROR", "--events: cannot write %s", o->events_path);
         return -1;
     }
     if (!r->evbuf || !r->evtok) return -2;
     return 0;
 }
 
+/* --timeline: the file and its header. 0, or -1 when it cannot be written (reported). */
+static int open_timeline(replay *r, const workload *w)
+{
+    const options *o = r->o;
+    r->timeline = fopen(o->timeline_path, "w");
+    if (!r->timeline) {
+        replay_fail("IO_ERROR", "--timeline: cannot write %s", o->timeline_path);
+        return -1;
+    }
+    r->tl_window = o->timeline_window ? (size_t)o->timeline_window : (w->n + 99) / 100;
+    if (r->tl_window == 0) r->tl_window = 1;
+    timeline_header(r);
+    return 0;
+}
+
+/* Closes an output file of the run (--events, --timeline): false when what was written to it was lost (the run
+ * fails with the reason). */
+static bool close_output(replay *r, FILE **f, const char *flag, const char *path)
+{
+    if (!*f) return true;
+    char reason[128];
+    const bool ok = tool_close_file(*f, reason, sizeof reason);
+    *f = NULL;
+    if (!ok) {
+        replay_fail("IO_ERROR", "%s %s: the output was lost (%s)", flag, path, reason);
+        r->st.errors++;
+    }
+    return ok;
+}
+
 static void free_run(replay *r)
 {
     if (r->events) fclose(r->events);
+    if (r->timeline) fclose(r->timeline);
+    free(r->sched);
+    free(r->reftok);
+    free(r->refhash);
     free(r->evbuf);
     free(r->evtok);
     if (r->slots)
@@ -128,8 +171,9 @@ static int replay_passes(replay *r, const workload *w, int64_t pages, const char
         if (e == -1) return 1;
         if (e == -2) return out_of_memory();
     }
+    if (o->timeline_path && open_timeline(r, w) != 0) return 1;
     kvhal_host_tier_config tcfg = {.cache = r->tiered ? r->kv->cache : NULL, .host_budget = o->host_tier,
-                                   .policy = o->write_policy, .event_capacity = o->events_path ? 1u << 20 : 0};
+                                   .policy = o->write_policy, .event_capacity = o->events_path ? (uint32_t)o->event_ring : 0};
     kvhal_status cst = r->tiered ? kvhal_cache_manager_create_tiered((int32_t)pages, r->ps, o->kind, &tcfg, &r->cm)
                                  : kvhal_cache_manager_create((int32_t)pages, r->ps, o->kind, &r->cm);
     if (cst != KVHAL_OK) {
@@ -144,6 +188,14 @@ static int replay_passes(replay *r, const workload *w, int64_t pages, const char
         if (run_once(r) != 0) rc = 1;
     }
     progress(r, true);
+    if (r->st.events_dropped && !o->events_drop_ok) {
+        replay_fail("EVENTS_DROPPED", "%llu KV events dropped: the event ring (%u events) overflowed between two "
+                    "reads (raise --event-ring, or --events-drop-ok accepts that)", (unsigned long long)r->st.events_dropped,
+                    (unsigned)o->event_ring);
+        r->st.errors++;
+    }
+    close_output(r, &r->events, "--events", o->events_path);
+    close_output(r, &r->timeline, "--timeline", o->timeline_path);
     r->st.t_wall = now_s() - t_wall;
     print_summary(r, w, device);
     summary_printed = true;
@@ -199,7 +251,7 @@ int run_replay(const options *o)
     replay_failure_reset();
     int rc = run_replay_once(o);
     if (rc && o->json && !summary_printed)
-        tool_json_failure(stdout, replay_failure_status()[0] ? replay_failure_status() : "FAILED",
+        tool_json_failure(stdout, REPLAY_TOOL, replay_failure_status()[0] ? replay_failure_status() : "FAILED",
                           replay_failure_message()[0] ? replay_failure_message() : "the run failed");
     return rc;
 }

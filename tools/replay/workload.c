@@ -134,7 +134,7 @@ static void materialize(workload *w, const options *o, size_t total, size_t htot
 {
     /* Up to 32M tokens (384 MiB), so that generation stays out of the measured loop; bigger traces are generated
      * per request, with that time taken out of the figures. */
-    if (total > ((size_t)32 << 20)) return;
+    if (total > ((size_t)32 << 20) || o->lazy_tokens) return;
     w->tok = malloc((total + 1) * sizeof *w->tok);
     if (o->no_kv) w->tag = malloc((htotal + 1) * sizeof *w->tag);
     else w->hash = malloc((htotal + 1) * sizeof *w->hash);
