@@ -31,7 +31,8 @@ def test_paged_attention_matches_plain_attention():
     torch.manual_seed(0)
     H, KVH, D, P, pages = 8, 2, 16, 4, 64
     cache = kt.PagedKVCache(2, pages, P, KVH, D, torch.float32, "cpu")
-    assert cache.tensor.data_ptr() == torch.from_dlpack(cache.storage).data_ptr()  # a view, not a copy
+    k0, _ = cache.pc.layer(1)
+    assert cache.k[1].data_ptr() == torch.from_dlpack(k0).data_ptr()  # a view of kvhal's cache, not a copy
     mod = types.SimpleNamespace(layer_idx=1, num_key_value_groups=H // KVH)
     free = list(range(pages))
     random.Random(3).shuffle(free)
@@ -204,6 +205,40 @@ def test_running_requests_share_prefixes(tiny):
         if share:
             assert eng.stats["waits_for_prefix"] > 0
     assert rates[True] == pytest.approx(ideal) and rates[False] < ideal
+
+
+def test_host_tier_loads_back_what_the_device_evicted(tiny):
+    """A device pool too small for the workload's prefixes, a host tier under it: prefixes the device evicted come
+    back by load-back (host hits) instead of being computed again, and the tokens stay the reference's."""
+    model = tiny[0]
+    model.config._attn_implementation = kt.ATTN_NAME
+    rng = random.Random(17)
+    tok = lambda n: [rng.randrange(97) for _ in range(n)]  # noqa: E731
+    systems = [tok(24) for _ in range(4)]
+    reqs = [(systems[i % 4] + tok(2 + i % 3), 3) for i in range(16)]  # groups interleaved: each prefix comes back
+    with torch.no_grad():
+        refs = [greedy_reference(model, p, n) for p, n in reqs]
+    model.config._attn_implementation = kt.ATTN_NAME
+    computed = {}
+    for host in (None, 64):
+        eng = kt.KvhalEngine(model, num_pages=16, page_size=4, max_batch=2, host_pages=host,
+                             event_capacity=256 if host else 0)
+        rs = [eng.add(p, n) for p, n in reqs]
+        eng.run()
+        eng.cm.check_integrity()
+        assert [r.out for r in rs] == refs
+        assert eng.cm.pages_evicted > 0
+        computed[host] = eng.stats["prefill_computed"]
+        if host:
+            st = eng.tier_stats()
+            assert eng.stats["host_tokens"] > 0 and st["pages_loaded"] * 4 == eng.stats["host_tokens"]
+            assert st["pages_written"] > 0
+            kinds = {(e.kind, e.tier) for e in eng.events()}
+            assert ("stored", "device") in kinds and ("stored", "host") in kinds and ("removed", "device") in kinds
+        else:
+            with pytest.raises(kvhal.InvalidArgument, match="events"):
+                eng.events()
+    assert computed[64] < computed[None]
 
 
 def test_step_token_budget(tiny):

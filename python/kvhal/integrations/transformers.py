@@ -57,13 +57,15 @@ def _positive(name, value):
 
 
 class PagedKVCache:
-    """A model's K/V pages: one tensor kvhal allocates, viewed by torch without a copy.
+    """A model's K/V pages: a kvhal.PagedCache (the object kvhal's host tier and transfer agent work on), its layers
+    seen by torch as zero-copy views.
 
-    ``storage`` is the kvhal tensor [layers, 2, pages, page_size, kv_heads, head_dim]; ``tensor`` is torch's view of
-    the same memory; ``k[l]`` and ``v[l]`` are layer l's [pages, page_size, kv_heads, head_dim] views.
+    ``pc`` is the kvhal.PagedCache; ``k[l]`` and ``v[l]`` are torch views of layer l's
+    [pages, page_size, kv_heads, head_dim] K and V (torch.from_dlpack of pc.layer(l): the same memory).
+    shareable: allocated so that another process of the host can map it (the transfer agent's GPU IPC path).
     """
 
-    def __init__(self, num_layers, num_pages, page_size, kv_heads, head_dim, dtype, device):
+    def __init__(self, num_layers, num_pages, page_size, kv_heads, head_dim, dtype, device, shareable=False):
         for name, value in (("num_layers", num_layers), ("num_pages", num_pages), ("page_size", page_size),
                             ("kv_heads", kv_heads), ("head_dim", head_dim)):
             _positive(name, value)
@@ -71,19 +73,22 @@ class PagedKVCache:
             raise TypeError(f"dtype must be one of {', '.join(str(d) for d in _KV_DTYPES)}, got {dtype}")
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
         self.kv_heads, self.head_dim, self.dtype = kv_heads, head_dim, dtype
-        self.storage = kvhal.empty((num_layers, 2, num_pages, page_size, kv_heads, head_dim), _KV_DTYPES[dtype],
-                                   kvhal_device(device))
-        self.tensor = torch.from_dlpack(self.storage)  # zero-copy: the same memory as self.storage
-        if self.tensor.dtype != dtype or tuple(self.tensor.shape) != tuple(self.storage.shape):
-            raise RuntimeError(f"torch sees kvhal's pages as {self.tensor.dtype} {tuple(self.tensor.shape)}, "
-                               f"expected {dtype} {tuple(self.storage.shape)}")
-        self.k = [self.tensor[i, 0] for i in range(num_layers)]
-        self.v = [self.tensor[i, 1] for i in range(num_layers)]
+        self.pc = kvhal.PagedCache(num_layers, kv_heads, head_dim, page_size, num_blocks=num_pages,
+                                   dtype=_KV_DTYPES[dtype], device=kvhal_device(device), shareable=shareable)
+        self.k, self.v = [], []
+        want = (num_pages, page_size, kv_heads, head_dim)
+        for layer in range(num_layers):
+            k, v = (torch.from_dlpack(t) for t in self.pc.layer(layer))  # zero-copy views
+            if k.dtype != dtype or tuple(k.shape) != want or tuple(v.shape) != want:
+                raise RuntimeError(f"torch sees kvhal's layer {layer} as {k.dtype} {tuple(k.shape)}, expected "
+                                   f"{dtype} {want}")
+            self.k.append(k)
+            self.v.append(v)
 
     @property
     def nbytes(self):
         """Size of the page pool in bytes."""
-        return self.tensor.numel() * self.tensor.element_size()
+        return 2 * self.num_layers * self.k[0].numel() * self.k[0].element_size()
 
 
 class KvhalBatch:
@@ -218,15 +223,16 @@ def set_attention(model, name):
 
 class Request:
     """One request of a KvhalEngine: its prompt, how many tokens to generate, and (as it runs) its output tokens,
-    its pages and how many of its prompt tokens came from the prefix cache (``cached``)."""
-    __slots__ = ("rid", "prompt", "max_new", "out", "handle", "cached", "matched", "pages", "own", "kv_len",
-                 "logits", "reserve", "key")
+    its pages, how many of its prompt tokens its prefix-cache handle covers on the device (``cached``) and how many
+    came back from the host tier after them (``host``)."""
+    __slots__ = ("rid", "prompt", "max_new", "out", "handle", "cached", "host", "pages", "own", "kv_len",
+                 "logits", "reserve", "key", "t_first")
 
     def __init__(self, rid, prompt, max_new, key):
         self.rid, self.prompt, self.max_new, self.key = rid, list(prompt), max_new, key
         self.out, self.logits = [], []
-        self.handle, self.cached, self.matched, self.pages, self.own = None, 0, 0, [], []
-        self.kv_len, self.reserve = 0, 0
+        self.handle, self.cached, self.host, self.pages, self.own = None, 0, 0, [], []
+        self.kv_len, self.reserve, self.t_first = 0, 0, None
 
 
 def _common_pages(a, b, n, page):
@@ -252,15 +258,21 @@ class KvhalEngine:
       instead of computing it again, so requests that run at the same time share their prefixes.
     - attention: "varlen" (one variable-length flash call per layer; CUDA, float16/bfloat16), "sdpa" (request by
       request) or "auto" (varlen where it applies).
+    - host_pages: a host tier of that many pages under the device pool (kvhal.TieredCacheManager, write-through:
+      every page entering the prefix cache is copied to the host on the step's stream); a request whose prefix the
+      device evicted but the host holds gets it back by load-back instead of computing it. event_capacity keeps
+      that many KV events (stored / removed, per tier) for events().
     - record_logits keeps each emitted token's logits row in Request.logits (on the CPU).
     """
 
     def __init__(self, model, num_pages=2048, page_size=16, max_batch=8, prefill_chunk=None, max_step_tokens=None,
-                 share_running=True, attention="auto", record_logits=False, device=None, dtype=None):
+                 share_running=True, attention="auto", host_pages=None, event_capacity=0, record_logits=False,
+                 device=None, dtype=None, shareable=False):
         _positive("num_pages", num_pages)
         _positive("page_size", page_size)
         _positive("max_batch", max_batch)
-        for name, value in (("prefill_chunk", prefill_chunk), ("max_step_tokens", max_step_tokens)):
+        for name, value in (("prefill_chunk", prefill_chunk), ("max_step_tokens", max_step_tokens),
+                            ("host_pages", host_pages)):
             if value is not None:
                 _positive(name, value)
         if attention not in ("auto", "varlen", "sdpa"):
@@ -278,15 +290,25 @@ class KvhalEngine:
         self.varlen = attention == "varlen" or (attention == "auto" and varlen_ok)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.cache = PagedKVCache(cfg.num_hidden_layers, num_pages, page_size, cfg.num_key_value_heads, head_dim,
-                                  self.dtype, self.device)
-        self.cm = kvhal.CacheManager(num_pages, page_size, "radix")
+                                  self.dtype, self.device, shareable=shareable)
+        self.stream = None
+        if self.device.type == "cuda":  # kvhal's view of torch's stream: writes and tier copies in torch's order
+            self.stream = kvhal.Stream(kvhal_device(self.device),
+                                       native=torch.cuda.current_stream(self.device).cuda_stream)
+        self.tiered = host_pages is not None or event_capacity > 0
+        if self.tiered:
+            self.cm = kvhal.TieredCacheManager(self.cache.pc, total_pages=num_pages, kind="radix",
+                                               host_pages=host_pages or 0, policy="write_through",
+                                               stream=self.stream, event_capacity=event_capacity)
+        else:
+            self.cm = kvhal.CacheManager(num_pages, page_size, "radix")
         self.P, self.max_batch, self.chunk, self.record = page_size, max_batch, prefill_chunk, record_logits
         self.max_step_tokens, self.share_running = max_step_tokens, share_running
         self.admit_window = 4 * max_batch  # waiting requests looked at per step when the first ones must wait
         self.waiting, self.running, self.done = [], [], []
         self.reserved = 0  # pages promised to running requests' future decode tokens
-        self.stats = dict(requests=0, prompt_tokens=0, cached_tokens=0, prefill_computed=0, output_tokens=0,
-                          steps=0, max_step_tokens=0, host_s=0.0, cm_s=0.0, waits_for_prefix=0)
+        self.stats = dict(requests=0, prompt_tokens=0, cached_tokens=0, host_tokens=0, prefill_computed=0,
+                          output_tokens=0, steps=0, max_step_tokens=0, host_s=0.0, cm_s=0.0, waits_for_prefix=0)
         self._rid = 0
 
     def add(self, prompt, max_new_tokens):
@@ -321,8 +343,11 @@ class KvhalEngine:
                 i += 1
                 continue
             t = time.perf_counter()
-            handle, cached, pages = self.cm.match(r.prompt[:-1])  # the last prompt token is always computed
-            need = self._pages_for(len(r.prompt)) - len(pages)
+            if self.tiered:  # the last prompt token is always computed
+                handle, cached, on_host, pages = self.cm.match_tiered(r.prompt[:-1])
+            else:
+                (handle, cached, pages), on_host = self.cm.match(r.prompt[:-1]), 0
+            need = self._pages_for(len(r.prompt)) - len(pages)  # load-back's pages included
             future = self._pages_for(len(r.prompt) + r.max_new - 1) - self._pages_for(len(r.prompt))
             if self.cm.available - self.reserved < need + future:
                 self.cm.unlock(handle)
@@ -330,17 +355,20 @@ class KvhalEngine:
                 if not self.running:
                     raise kvhal.OutOfMemory(f"request {r.rid} needs {need + future} pages, the pool cannot hold it")
                 return
-            own = list(self.cm.allocate(need))
+            # host pages past the device match come back by copies on the step's stream, ordered before the forward
+            loaded = list(self.cm.load_back(handle, r.prompt[:-1])) if on_host else []
+            own = loaded + list(self.cm.allocate(need - len(loaded)))
             self.stats["cm_s"] += time.perf_counter() - t
             self.waiting.pop(i)
-            r.handle, r.cached, r.matched, r.pages, r.own, r.kv_len = handle, cached, cached, list(pages) + own, \
-                own, cached
+            r.handle, r.cached, r.host, r.pages, r.own = handle, cached, len(loaded) * self.P, list(pages) + own, own
+            r.kv_len = cached + r.host
             r.reserve = future
             self.reserved += future
             self.running.append(r)
             self.stats["requests"] += 1
             self.stats["prompt_tokens"] += len(r.prompt)
             self.stats["cached_tokens"] += cached
+            self.stats["host_tokens"] += r.host
 
     def _cache_prompt(self, r):
         """r's prefill is done: its prompt's whole pages enter the prefix cache now, locked for r (pages another
@@ -460,8 +488,18 @@ class KvhalEngine:
         return self.done
 
     def hit_rate(self):
-        """Share of admitted prompt tokens served from the prefix cache."""
-        return self.stats["cached_tokens"] / max(1, self.stats["prompt_tokens"])
+        """Share of admitted prompt tokens served from the prefix cache (device and host tier)."""
+        return (self.stats["cached_tokens"] + self.stats["host_tokens"]) / max(1, self.stats["prompt_tokens"])
+
+    def events(self, max=None):  # noqa: A002 - the binding's name
+        """The KV events kept since the last call (kvhal.KVEvent records), with event_capacity > 0."""
+        if not self.tiered:
+            raise kvhal.InvalidArgument("events: the engine was made without event_capacity or host_pages")
+        return self.cm.events(max)
+
+    def tier_stats(self):
+        """The host tier's counters (pages written, loaded back, host evictions, ...)."""
+        return self.cm.stats() if self.tiered else {}
 
 
 def ideal_hit_rate(prompts, page_size):
