@@ -140,8 +140,7 @@ def greedy_reference(model, prompt, n):
     return seq[len(prompt):]
 
 
-@pytest.fixture(scope="module")
-def tiny():
+def make_tiny():
     torch.manual_seed(0)
     cfg = types.SimpleNamespace(vocab_size=97, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                 num_hidden_layers=2, _attn_implementation="eager")
@@ -149,6 +148,12 @@ def tiny():
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(3.0)  # peakier logits: fewer near-ties
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = make_tiny()
     rng = random.Random(5)
     tok = lambda n: [rng.randrange(97) for _ in range(n)]  # noqa: E731
     sys1, sys2 = tok(37), tok(50)
@@ -272,3 +277,59 @@ def test_engine_argument_checks(tiny):
     with pytest.raises(kvhal.OutOfMemory):  # needs more pages than the pool has
         eng.add(list(range(40)), 2)
         eng.run()
+
+
+PREFILL = r"""
+import sys
+from multiprocessing.connection import Client
+from kvhal.integrations import disagg, transformers as kt
+import test_integration_transformers as t
+port, key, address, transports = int(sys.argv[1]), bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3]), sys.argv[4]
+conn = Client(("127.0.0.1", port), authkey=key)  # the control connection first: the decode side accepts it
+model = t.make_tiny()
+model.config._attn_implementation = kt.ATTN_NAME
+t.ATTN[kt.ATTN_NAME] = kt.kvhal_paged_attention
+server = disagg.PrefillServer(model, "kvhal-disagg-test", address, transports=transports, num_pages=64, page_size=4)
+server.serve(conn)
+server.close()
+print("prefill served", server.engine.stats["requests"], "requests")
+"""
+
+
+@pytest.mark.parametrize("transports", ["tcp", "shm"])
+def test_disaggregated_prefill_and_decode(tiny, transports):
+    """Prefill in another process, its K/V streamed layer by layer through libkvhal-xfer into the decode side's
+    pages: the tokens are the single-process reference's, every request's timings are reported."""
+    disagg = pytest.importorskip("kvhal.integrations.disagg", reason="kvhal built without libkvhal-xfer")
+    import os
+    import subprocess
+    import sys
+    from multiprocessing.connection import Listener
+    model, reqs, refs = tiny
+    model.config._attn_implementation = kt.ATTN_NAME
+    eng = disagg.DecodeEngine(model, "kvhal-disagg-test", transports=transports, num_pages=96, page_size=4,
+                              max_batch=3)
+    key = os.urandom(16)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with Listener(("127.0.0.1", 0), authkey=key) as lis:
+        child = subprocess.Popen([sys.executable, "-c", PREFILL, str(lis.address[1]), key.hex(), eng.address.hex(),
+                                  transports], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        try:
+            eng.conn = lis.accept()
+            eng.wait_peer(60)
+            rs = [eng.add(p, n) for p, n in reqs]
+            eng.run()
+            eng.close()
+            out, err = child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+    assert child.returncode == 0 and "prefill served 10 requests" in out, err
+    assert [r.out for r in rs] == refs
+    eng.cm.check_integrity()
+    assert eng.cm.available == 96
+    assert len(eng.timings) == len(reqs)
+    for r in rs:
+        t = r.t_first
+        assert t["compute_s"] > 0 and t["exposed_s"] >= 0 and t["ttft_s"] >= t["compute_s"]

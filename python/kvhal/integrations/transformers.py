@@ -99,14 +99,17 @@ class KvhalBatch:
     cached tokens, then the new ones); cu_q / cu_k: int32 tensors [requests + 1], where each request's queries and
     keys start in the packed step and in read_idx; max_q / max_k: their longest spans; seqs: per request a tuple
     (q_start, q_len, k_start, kv_len); stream: the torch stream the writes go on (None on the CPU); varlen: whether
-    attention runs as one variable-length flash call per layer (half-precision CUDA) or request by request.
+    attention runs as one variable-length flash call per layer (half-precision CUDA) or request by request;
+    on_layer: None, or a function called with the layer index right after that layer's writes are enqueued.
     """
-    __slots__ = ("cache", "slots", "read_idx", "cu_q", "cu_k", "max_q", "max_k", "seqs", "stream", "varlen")
+    __slots__ = ("cache", "slots", "read_idx", "cu_q", "cu_k", "max_q", "max_k", "seqs", "stream", "varlen",
+                 "on_layer")
 
-    def __init__(self, cache, slots, read_idx, cu_q, cu_k, max_q, max_k, seqs, stream, varlen):
+    def __init__(self, cache, slots, read_idx, cu_q, cu_k, max_q, max_k, seqs, stream, varlen, on_layer=None):
         self.cache, self.slots, self.read_idx = cache, slots, read_idx
         self.cu_q, self.cu_k, self.max_q, self.max_k = cu_q, cu_k, max_q, max_k
         self.seqs, self.stream, self.varlen = seqs, stream, varlen
+        self.on_layer = on_layer  # called with the layer index once its writes are enqueued (layer streaming)
 
     @classmethod
     def from_tensors(cls, cache, slot_t, block_t, qlen, kvlen, ql, kl, bo, stream=None, varlen=False):
@@ -180,6 +183,8 @@ def kvhal_paged_attention(module, query, key, value, attention_mask, dropout=0.0
     kc, vc = b.cache.k[layer], b.cache.v[layer]
     # [T, KVH, D] strided views of the new tokens: kvhal takes any strides, nothing is copied
     kvhal.paged_caching(kc, vc, key[0].transpose(0, 1), value[0].transpose(0, 1), b.slots, stream=b.stream)
+    if b.on_layer is not None:
+        b.on_layer(layer)
     kg = kc.flatten(0, 1).index_select(0, b.read_idx)  # [sum of kv_len, KVH, D]
     vg = vc.flatten(0, 1).index_select(0, b.read_idx)
     _, heads, tokens, dim = query.shape
@@ -305,6 +310,7 @@ class KvhalEngine:
         self.P, self.max_batch, self.chunk, self.record = page_size, max_batch, prefill_chunk, record_logits
         self.max_step_tokens, self.share_running = max_step_tokens, share_running
         self.admit_window = 4 * max_batch  # waiting requests looked at per step when the first ones must wait
+        self.on_layer = None  # a layer hook for every step's KvhalBatch (the prefill side of a disaggregated pair)
         self.waiting, self.running, self.done = [], [], []
         self.reserved = 0  # pages promised to running requests' future decode tokens
         self.stats = dict(requests=0, prompt_tokens=0, cached_tokens=0, host_tokens=0, prefill_computed=0,
@@ -443,9 +449,9 @@ class KvhalEngine:
         input_ids, position_ids, slot_t, block_t, logits_idx, ql, kl, bo = (buf[o[i]:o[i + 1]] for i in range(8))
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         batch = KvhalBatch.from_tensors(self.cache, slot_t, block_t, qlen, kvlen, ql, kl, bo, stream, self.varlen)
+        batch.on_layer = self.on_layer
         return input_ids.view(1, T), position_ids.view(1, T), logits_idx, batch
 
-    @torch.no_grad()
     def step(self):
         """Admits what fits, runs one forward over every running request, emits tokens, finishes requests.
         Returns False when nothing was left to run."""
@@ -453,13 +459,22 @@ class KvhalEngine:
         self._admit()
         if not self.running:
             return False
+        return self._forward_step(t_host)
+
+    @torch.no_grad()
+    def _forward_step(self, t_host):
         work, *lists = self._schedule()
         input_ids, position_ids, logits_idx, batch = self._batch(*lists)
         self.stats["host_s"] += time.perf_counter() - t_host
         out = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, kvhal_batch=batch,
                          logits_to_keep=logits_idx)
         logits = out.logits[0] if hasattr(out, "logits") else out[0]
-        next_tokens = logits.argmax(-1).tolist()
+        next_ids = logits.argmax(-1)
+        if self.device.type == "cuda":  # wait with the GIL released (other threads run meanwhile)
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+            done.synchronize()
+        next_tokens = next_ids.tolist()
         rows = logits.float().cpu() if self.record else None
         t_host = time.perf_counter()
         i = 0

@@ -1,0 +1,273 @@
+"""Prefill and decode of a transformers model in two processes, the prompt's KV handed over by libkvhal-xfer layer
+by layer while the prefill runs (kvhal.integrations.transformers engines on both sides).
+
+- DecodeEngine (the process that serves): a KvhalEngine whose requests are prefilled elsewhere. At admission it
+  allocates the prompt's pages, posts a receive into them (kvhal.xfer: the grant goes to the prefill side) and
+  asks the prefill process, over a control connection, for the prompt; once the pages arrived and the first token
+  came back, the request decodes here like any other.
+- PrefillServer (the other process): a KvhalEngine of batch 1 that computes each prompt and its first token. Right
+  after a layer's K/V writes are enqueued it records a device event; a sender thread, the only user of that side's
+  agent, sends the layer's pages into the granted ones as soon as the event has completed, so the transfer of
+  layer i overlaps the compute of the layers after it. It answers with the first token and the request's timings:
+  the prefill's compute time and the transfer time left exposed after it.
+
+The control connection is any object with send / recv / poll (multiprocessing.connection): messages
+("prefill", rid, prompt), ("first", rid, token, timings), ("error", rid, text) and ("stop",).
+Both caches are made shareable (kvhal.PagedCache(shareable=True)) so that processes of one host can use GPU IPC.
+"""
+import queue
+import threading
+import time
+
+import torch
+
+import kvhal
+from kvhal import xfer as _xfer
+
+from .transformers import KvhalEngine
+
+__all__ = ["DecodeEngine", "PrefillServer"]
+
+
+class _LayerSender(threading.Thread):
+    """The prefill side's agent, used by this thread alone: grants in, layer sends out, completions counted."""
+
+    def __init__(self, agent, peer, num_layers):
+        super().__init__(name="kvhal-layer-sender", daemon=True)
+        self.agent, self.peer, self.num_layers = agent, peer, num_layers
+        self.items = queue.SimpleQueue()  # (rid, layer, event or None, src pages) or None to stop
+        self.grants, self.sent, self.acked, self.errors = {}, {}, {}, {}
+        self.cv = threading.Condition()
+        self.failure = None
+
+    def run(self):
+        pending, stop = [], False
+        try:
+            while not stop or pending:
+                while True:
+                    try:
+                        item = self.items.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        stop = True
+                    else:
+                        pending.append(item)
+                ev = self.agent.progress(0 if pending else 2)
+                while ev is not None:
+                    self._event(ev)
+                    ev = self.agent.progress(0)
+                still = []
+                for rid, layer, event, src in pending:
+                    dst = self.grants.get(rid)
+                    if dst is None or (event is not None and not event.query()):
+                        still.append((rid, layer, event, src))
+                        continue
+                    self.peer.send_pages(rid, src, dst, first_layer=layer, num_layers=1)
+                    self.sent[rid] = self.sent.get(rid, 0) + 1
+                if pending and len(still) == len(pending):
+                    time.sleep(20e-6)  # nothing ready: let the compute thread run
+                pending = still
+        except BaseException as e:  # noqa: BLE001 - reported to the waiting thread
+            with self.cv:
+                self.failure = e
+                self.cv.notify_all()
+
+    def _event(self, ev):
+        with self.cv:
+            if ev.kind == "grant":
+                self.grants[ev.request_id] = ev.pages
+            elif ev.kind == "send_done":
+                if ev.status is not None:
+                    self.errors[ev.request_id] = f"{ev.status}: {ev.message}"
+                self.acked[ev.request_id] = self.acked.get(ev.request_id, 0) + 1
+            elif ev.kind == "peer_failed":
+                self.failure = kvhal.PeerFailed(f"the decode side failed: {ev.message}")
+            self.cv.notify_all()
+
+    def wait_request(self, rid, timeout):
+        """Blocks until every layer of rid was sent and acknowledged; returns when that happened."""
+        with self.cv:
+            ok = self.cv.wait_for(lambda: self.failure is not None or rid in self.errors or
+                                  self.acked.get(rid, 0) >= self.num_layers, timeout)
+            if self.failure is not None:
+                raise self.failure
+            if rid in self.errors:
+                raise kvhal.PeerFailed(f"request {rid}: a layer's send failed ({self.errors[rid]})")
+            if not ok:
+                raise kvhal.Timeout(f"request {rid}: its layers were not all acknowledged within {timeout} s")
+            for d in (self.grants, self.sent, self.acked):
+                d.pop(rid, None)
+            return time.perf_counter()
+
+
+class PrefillServer:
+    """Computes prompts for a DecodeEngine in another process and streams their K/V to it layer by layer.
+
+    model: the same transformers model (same weights) as the decode side, its attention set to ATTN_NAME;
+    token: the transfer agents' shared secret; decode_address: the DecodeEngine's agent address (bytes);
+    engine keyword arguments (num_pages, page_size, ...) as KvhalEngine's (batch 1, whole prompts).
+    """
+
+    def __init__(self, model, token, decode_address, name="prefill", transports=None, timeout_ms=30000,
+                 send_timeout_s=60.0, **engine_kw):
+        engine_kw.update(max_batch=1, prefill_chunk=None, max_step_tokens=None, shareable=True)
+        self.engine = KvhalEngine(model, **engine_kw)
+        self.agent = _xfer.Agent(token, name=name, timeout_ms=timeout_ms, transports=transports)
+        self.agent.register_cache(self.engine.cache.pc)
+        self.peer = self.agent.connect(decode_address, token)  # the decode side progresses its agent meanwhile
+        self.send_timeout_s = send_timeout_s
+        self.sender = _LayerSender(self.agent, self.peer, self.engine.cache.num_layers)
+        self.sender.start()
+        self.engine.on_layer = self._layer_written
+        self._rid, self._src = None, None
+
+    def _layer_written(self, layer):
+        event = None
+        if self.engine.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.engine.device))
+        self.sender.items.put((self._rid, layer, event, self._src))
+
+    def prefill(self, rid, prompt):
+        """One prompt: (first token, timings dict: compute_s, exposed_s)."""
+        eng = self.engine
+        r = eng.add(prompt, 1)
+        eng._admit()  # the pages it will write: sent as each layer is written
+        if r not in eng.running:
+            raise kvhal.OutOfMemory(f"request {rid}: the prefill side's pool cannot hold {len(prompt)} tokens")
+        self._rid, self._src = rid, list(r.pages[:eng._pages_for(len(r.prompt))])
+        t0 = time.perf_counter()
+        eng.step()  # the forward; its layers go out while it runs; waits for the logits with the GIL released
+        t1 = time.perf_counter()
+        t2 = self.sender.wait_request(rid, self.send_timeout_s)
+        # the pages were read by the sends: from here on the prefix cache may evict and reuse them
+        return r.out[0], dict(compute_s=t1 - t0, exposed_s=t2 - t1, prompt=len(prompt), cached=r.cached)
+
+    def serve(self, conn):
+        """Answers the decode side's messages until ("stop",)."""
+        while True:
+            msg = conn.recv()
+            if msg[0] == "stop":
+                break
+            _, rid, prompt = msg
+            try:
+                token, timings = self.prefill(rid, prompt)
+            except kvhal.Error as e:
+                conn.send(("error", rid, f"{type(e).__name__}: {e}"))
+                continue
+            conn.send(("first", rid, token, timings))
+
+    def close(self):
+        self.sender.items.put(None)
+        self.sender.join(10)
+        self.agent.close()
+
+
+class DecodeEngine(KvhalEngine):
+    """A KvhalEngine whose prompts a PrefillServer in another process computes (see the module's text).
+
+    token: the agents' shared secret; conn: the control connection to the prefill process (or set ``conn`` before
+    the first step); the other keyword arguments as KvhalEngine's. Give ``address`` to the prefill process, then
+    call wait_peer(). Request.t_first holds, once a request decodes here, its timings: the prefill's compute_s,
+    the transfer time exposed after it (exposed_s) and the time to first token seen here (ttft_s).
+    """
+
+    def __init__(self, model, token, conn=None, name="decode", transports=None, timeout_ms=30000, **kw):
+        kw["shareable"] = True
+        super().__init__(model, **kw)
+        self.conn = conn
+        self.agent = _xfer.Agent(token, name=name, timeout_ms=timeout_ms, transports=transports)
+        self.agent.register_cache(self.cache.pc)
+        self.peer = None
+        self.remote = {}  # rid -> Request whose KV or first token has not arrived yet
+        self.timings = []
+
+    @property
+    def address(self):
+        return self.agent.address
+
+    def wait_peer(self, timeout_s=60.0):
+        """Progresses the agent until the prefill process connected."""
+        until = time.monotonic() + timeout_s
+        while self.peer is None:
+            if time.monotonic() > until:
+                raise kvhal.Timeout(f"no prefill process connected within {timeout_s} s")
+            ev = self.agent.progress(10)
+            if ev is not None and ev.kind == "peer_connected":
+                self.peer = ev.peer
+        return self.peer
+
+    def _admit(self):
+        if self.peer is None:
+            raise kvhal.InvalidArgument("DecodeEngine: call wait_peer() before stepping")
+        while self.waiting and len(self.running) + len(self.remote) < self.max_batch:
+            r = self.waiting[0]
+            need = self._pages_for(len(r.prompt))
+            future = self._pages_for(len(r.prompt) + r.max_new - 1) - need
+            if self.cm.available - self.reserved < need + future:
+                if not self.running and not self.remote:
+                    raise kvhal.OutOfMemory(f"request {r.rid} needs {need + future} pages, the pool cannot hold it")
+                return
+            t = time.perf_counter()
+            r.handle = self.cm.match([])[0]  # every prompt page is received; finishing caches them here too
+            r.pages = list(self.cm.allocate(need))
+            self.stats["cm_s"] += time.perf_counter() - t
+            r.own, r.cached, r.reserve = list(r.pages), 0, future
+            r.t_first = dict(t0=time.perf_counter(), kv=False, timings=None)  # until the request decodes here
+            self.reserved += future
+            self.waiting.pop(0)
+            self.peer.post_receive(r.rid, r.pages, manager=self.cm)
+            self.conn.send(("prefill", r.rid, r.prompt))
+            self.remote[r.rid] = r
+            self.stats["requests"] += 1
+            self.stats["prompt_tokens"] += len(r.prompt)
+
+    def _pump(self, timeout_ms):
+        ev = self.agent.progress(timeout_ms)
+        while ev is not None:
+            r = self.remote.get(ev.request_id)
+            if ev.kind == "recv_done" and r is not None:
+                if ev.status is not None:
+                    raise kvhal.PeerFailed(f"request {r.rid}: its K/V did not arrive ({ev.status}: {ev.message})")
+                r.t_first["kv"] = True
+            elif ev.kind == "peer_failed":
+                raise kvhal.PeerFailed(f"the prefill process failed: {ev.message}")
+            ev = self.agent.progress(0)
+        while self.conn.poll():
+            msg = self.conn.recv()
+            r = self.remote.get(msg[1])
+            if r is None:
+                continue
+            if msg[0] == "error":
+                raise kvhal.PeerFailed(f"request {r.rid}: the prefill process refused it ({msg[2]})")
+            r.out.append(msg[2])
+            r.t_first["timings"] = msg[3]
+        for rid, r in list(self.remote.items()):
+            if r.t_first["kv"] and r.t_first["timings"] is not None:  # K/V here and first token back
+                del self.remote[rid]
+                timings = dict(r.t_first["timings"], ttft_s=time.perf_counter() - r.t_first["t0"])
+                self.timings.append(timings)
+                r.t_first = timings
+                r.kv_len = len(r.prompt)
+                self.stats["output_tokens"] += 1
+                self.running.append(r)
+                if len(r.out) >= r.max_new:
+                    self._finish(r)
+
+    def step(self):
+        self._admit()
+        self._pump(0 if self.running else 1)
+        if not self.running:
+            return bool(self.remote or self.waiting)
+        return self._forward_step(time.perf_counter())
+
+    def run(self):
+        while self.waiting or self.running or self.remote:
+            self.step()
+        return self.done
+
+    def close(self):
+        """Stops the prefill process's server loop and closes the agent."""
+        self.conn.send(("stop",))
+        self.agent.close()
