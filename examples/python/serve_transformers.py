@@ -9,14 +9,17 @@ Workloads (--workload):
   mixed   COUNT requests, prompts of 16..4096 tokens (log-uniform), 1..256 output tokens: token for token against
           stock model.generate() (greedy; batched by length with left padding) and, in half precision, the
           log-probability differences of both engines to it (kvhal's and stock generate_batch's).
+  disaggregated  the mixed requests and LONG_COUNT prompts of LONG_PROMPT tokens prefilled by another process
+          (--prefill-device; cuda:1 when there are two GPUs) and decoded here, the K/V streamed layer by layer
+          through libkvhal-xfer: tokens against the single-process engine, the time-to-first-token breakdown
+          (prefill compute, transfer exposed after it, first token seen here).
 
-    python3 serve_transformers.py [--workload shared|mixed|both] [--arch llama,qwen3] [--dtype fp32,bf16]
-                                  [--check] [--json FILE]
+    python3 serve_transformers.py [--workload shared|mixed|both|disaggregated] [--arch llama,qwen3]
+                                  [--dtype fp32,bf16] [--host-tier --kv-budget 0.25] [--check] [--json FILE]
 
 --check exits 1 when, in float32, a request diverges from model.generate() where stock's top-2 logit gap is not
 below --tie-gap, or when kvhal's bf16 log-prob difference exceeds stock generate_batch's. Needs torch >= 2.10 and
-transformers >= 5 (a GPU for useful speeds). Not built yet: the host tier under a device budget (the kvhal engine
-recomputes evicted prefixes) and --disaggregate (prefill and decode in two processes).
+transformers >= 5 (a GPU for useful speeds).
 """
 import argparse
 import json
@@ -123,7 +126,8 @@ def stock_generate_batch(model, reqs, device, args, kv_pages=None, offload_gib=0
     cfg = ContinuousBatchingConfig(**cb)
     sync(device)
     t = time.perf_counter()
-    out = model.generate_batch([p for p, _ in reqs], generation_config=gen, continuous_batching_config=cfg)
+    out = model.generate_batch([p for p, _ in reqs], generation_config=gen, continuous_batching_config=cfg,
+                               progress_bar=True)
     sync(device)
     dt = time.perf_counter() - t
     res = [(o.generated_tokens[:n], list(o.logprobs[:n])) for o, (_, n) in zip(out.values(), reqs)]
@@ -247,23 +251,33 @@ def run_shared(args, arch, dtype, device, out):
         f"{args.page_size} ({pages * args.page_size * kv_bytes_per_token(model, dtype) / 2**30:.2f} GiB; "
         f"distinct KV of the workload {distinct} tokens) ==")
     ntok = sum(n for _, n in reqs)
+    tier = {}
+    if args.host_tier:  # a host tier that holds the whole workload's distinct KV
+        tier = dict(host_pages=distinct // args.page_size + len(reqs))
+        log(f"  kvhal host tier: {tier['host_pages']} pages "
+            f"({tier['host_pages'] * args.page_size * kv_bytes_per_token(model, dtype) / 2**30:.2f} GiB), "
+            f"write-through")
     # warm-up of both paths (kernels, allocator, library handles)
-    kvhal_generate(model, reqs[:4], device, num_pages=pages, page_size=args.page_size)
+    kvhal_generate(model, reqs[:4], device, num_pages=pages, page_size=args.page_size, **tier)
     offload = args.offload_gib if args.kv_budget else 0.0
     stock_pages = pages * args.page_size // args.stock_page_size
     rounds = []
     for rnd in range(args.rounds):  # interleaved rounds: kvhal, stock, kvhal, stock ...
         eng, rs, t_kv = kvhal_generate(model, reqs, device, num_pages=pages, page_size=args.page_size,
                                        max_batch=args.max_batch, max_step_tokens=args.step_tokens,
-                                       prefill_chunk=args.chunk)
+                                       prefill_chunk=args.chunk, **tier)
         s = eng.stats
+        if tier:
+            ts = eng.tier_stats()
+            log(f"  round {rnd}: host tier: {s['host_tokens']} prompt tokens loaded back ({ts['pages_loaded']} "
+                f"pages), {ts['pages_written']} pages written, {ts['host_evictions']} host evictions")
         log(f"  round {rnd}: kvhal {ntok / t_kv:.0f} tok/s ({t_kv:.2f} s): hit rate {100 * eng.hit_rate():.2f}% "
             f"(ideal {100 * ideal:.2f}%), prefill computed {s['prefill_computed']} of {s['prompt_tokens']} prompt "
             f"tokens, {s['steps']} steps, waits for a running prefix {s['waits_for_prefix']}, pages evicted "
             f"{eng.cm.pages_evicted}; host time {100 * s['host_s'] / t_kv:.1f}% of the run (cache manager "
             f"{100 * s['cm_s'] / t_kv:.2f}%)")
         res = dict(workload="shared", arch=arch, dtype=str(dtype)[6:], pages=pages, hit_rate=eng.hit_rate(),
-                   ideal=ideal, prefill_computed=s["prefill_computed"], prompt_tokens=s["prompt_tokens"],
+                   ideal=ideal, host_tokens=s["host_tokens"], device_hit_tokens=s["cached_tokens"], prefill_computed=s["prefill_computed"], prompt_tokens=s["prompt_tokens"],
                    host_share=s["host_s"] / t_kv, cm_share=s["cm_s"] / t_kv)
         if rnd == 0:
             out.append(res)
@@ -314,10 +328,114 @@ def profile_decode(model, reqs, device, args, pages):
     kt.set_attention(model, "sdpa")
 
 
+def weights_sum(model):
+    return float(sum(p.double().sum().item() for p in list(model.parameters())[:4]))
+
+
+def prefill_role(args):
+    """The prefill process of --disaggregate (started by the decode process with --role prefill)."""
+    from multiprocessing.connection import Client
+
+    from kvhal.integrations import disagg
+    conn = Client(("127.0.0.1", args.control), authkey=bytes.fromhex(args.key))
+    device = torch.device(args.device)
+    model = build_model(args.arch, DTYPES[args.dtype], device, args)
+    conn.send(("ready", weights_sum(model), torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"))
+    kt.register()
+    kt.set_attention(model, kt.ATTN_NAME)
+    server = disagg.PrefillServer(model, args.token, bytes.fromhex(args.address), num_pages=args.pages,
+                                  page_size=args.page_size)
+    server.serve(conn)
+    server.close()
+    return 0
+
+
+def long_workload(n, length, vocab, seed=3):
+    rng = random.Random(seed)
+    return [([rng.randrange(3, vocab) for _ in range(length)], 16) for _ in range(n)]
+
+
+def run_disaggregated(args, arch, dtype, device, out):
+    """The mixed workload (and prompts of --long-prompt tokens) prefilled in another process, decoded here:
+    tokens against the single-process engine, and the time-to-first-token breakdown."""
+    import os
+    import subprocess
+    from multiprocessing.connection import Listener
+
+    from kvhal.integrations import disagg
+    model = build_model(arch, dtype, device, args)
+    reqs = mixed_workload(args.count, args.vocab) + long_workload(args.long_count, args.long_prompt, args.vocab)
+    kw = dict(num_pages=args.pages, page_size=args.page_size, max_batch=args.max_batch,
+              max_step_tokens=args.step_tokens)
+    _, ref, t_one = kvhal_generate(model, reqs, device, **kw)
+    kt.set_attention(model, kt.ATTN_NAME)
+    token = os.urandom(16).hex()
+    eng = disagg.DecodeEngine(model, token, **kw)
+    key = os.urandom(16)
+    dname = [k for k, v in DTYPES.items() if v == dtype][0]
+    with Listener(("127.0.0.1", 0), authkey=key) as lis:
+        cmd = [sys.executable, __file__, "--role", "prefill", "--control", str(lis.address[1]), "--key", key.hex(),
+               "--address", eng.address.hex(), "--token", token, "--device", args.prefill_device, "--arch", arch,
+               "--dtype", dname, "--pages", str(args.pages), "--page-size", str(args.page_size)]
+        for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
+            cmd += ["--" + k.replace("_", "-"), str(getattr(args, k))]
+        child = subprocess.Popen(cmd)
+        try:
+            eng.conn = lis.accept()
+            _, wsum, pname = eng.conn.recv()
+            if abs(wsum - weights_sum(model)) > 1e-6 * max(1.0, abs(wsum)):
+                raise RuntimeError(f"the prefill process built other weights ({wsum} against {weights_sum(model)})")
+            eng.wait_peer(120)
+            rs = [eng.add(p, n) for p, n in reqs]
+            sync(device)
+            t = time.perf_counter()
+            eng.run()
+            sync(device)
+            t_two = time.perf_counter() - t
+            eng.close()
+            child.wait(60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    kt.set_attention(model, "sdpa")
+    same = sum(a.out == b.out for a, b in zip(rs, ref))
+    log(f"\n== disaggregated: {arch}, {str(dtype)[6:]}, prefill on {args.prefill_device} ({pname}), decode on "
+        f"{device}: {len(reqs)} requests ==")
+    log(f"  tokens identical to the single-process engine: {same}/{len(reqs)}; wall {t_two:.2f} s (one process "
+        f"{t_one:.2f} s)")
+    longs = [r.t_first for r in rs if len(r.prompt) == args.long_prompt]
+    for name, group in (("all", [r.t_first for r in rs]), (f"{args.long_prompt}-token prompts", longs)):
+        if not group:
+            continue
+        c = sum(g["compute_s"] for g in group) / len(group)
+        e = sum(g["exposed_s"] for g in group) / len(group)
+        f = sum(g["ttft_s"] for g in group) / len(group)
+        worst = max(g["exposed_s"] / g["compute_s"] for g in group)
+        log(f"  {name}: prefill compute {1e3 * c:.2f} ms, transfer exposed after it {1e3 * e:.3f} ms "
+            f"({100 * e / c:.1f}% of the compute; worst request {100 * worst:.1f}%), time to first token here "
+            f"{1e3 * f:.2f} ms (mean of {len(group)})")
+    res = dict(workload="disaggregated", arch=arch, dtype=str(dtype)[6:], prefill_device=args.prefill_device,
+               identical=same, requests=len(reqs),
+               long_exposed_share=[g["exposed_s"] / g["compute_s"] for g in longs])
+    out.append(res)
+    del model
+    torch.cuda.empty_cache() if device.type == "cuda" else None
+    return same == len(reqs)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default="shared", choices=["shared", "mixed", "both"])
+    ap.add_argument("--workload", default="shared", choices=["shared", "mixed", "both", "disaggregated"])
+    ap.add_argument("--prefill-device", default=None,
+                    help="disaggregated: the prefill process's device (default: cuda:1 when there are two GPUs)")
+    ap.add_argument("--long-prompt", type=int, default=4096, help="disaggregated: the long prompts' length")
+    ap.add_argument("--long-count", type=int, default=8, help="disaggregated: how many long prompts")
+    ap.add_argument("--role", default="serve", choices=["serve", "prefill"], help=argparse.SUPPRESS)
+    ap.add_argument("--control", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--key", help=argparse.SUPPRESS)
+    ap.add_argument("--address", help=argparse.SUPPRESS)
+    ap.add_argument("--token", help=argparse.SUPPRESS)
     ap.add_argument("--arch", default="llama", help="comma-separated: llama, qwen3")
     ap.add_argument("--dtype", default="bf16", help="comma-separated: fp32, bf16, fp16")
     ap.add_argument("--check", action="store_true", help="exit 1 on a failed comparison (see above)")
@@ -340,6 +458,7 @@ def main():
     ap.add_argument("--kv-budget", type=float, default=0.0,
                     help="shared: KV pool as a share of the workload's distinct KV (0: --pages)")
     ap.add_argument("--offload-gib", type=float, default=16.0, help="stock's CPU offload space with --kv-budget")
+    ap.add_argument("--host-tier", action="store_true", help="shared: kvhal's host tier, holding the whole workload")
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--step-tokens", type=int, default=8192, help="tokens computed per step at most")
     ap.add_argument("--chunk", type=int, default=None, help="prompt tokens per request per step at most")
@@ -349,6 +468,10 @@ def main():
     ap.add_argument("--tie-gap", type=float, default=1e-5)
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
+    if a.role == "prefill":
+        return prefill_role(a)
+    if a.prefill_device is None:
+        a.prefill_device = "cuda:1" if torch.cuda.device_count() > 1 else a.device
     kt.register()
     device = torch.device(a.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -363,6 +486,8 @@ def main():
                 ok &= run_mixed(a, arch, DTYPES[d], device, out)
             if a.workload in ("shared", "both"):
                 ok &= run_shared(a, arch, DTYPES[d], device, out)
+            if a.workload == "disaggregated":
+                ok &= run_disaggregated(a, arch, DTYPES[d], device, out)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(device=name, results=out), f, indent=1)
