@@ -153,7 +153,14 @@ KVHAL_API kvhal_status kvhal_error_set(kvhal_status status, const char *fmt, ...
  *   destroyed one is KVHAL_INVALID_HANDLE there, without its memory being read, unless a new object of the same
  *   kind has since been created at the same address (a pointer cannot tell the two apart: it then names the new
  *   object). Every other call with a destroyed buffer, stream, cache or block pool is undefined, as with freed
- *   memory: checking each use against the set would put a lock on every op's path. */
+ *   memory: checking each use against the set would put a lock on every op's path.
+ * Fork: a device runtime does not survive fork(). In a child forked (fork(), with its pthread_atfork handlers) from
+ * the process that initialised a backend module (OpenCL, CUDA, HIP, a vendor's), every call that would reach that
+ * module returns KVHAL_BACKEND_UNAVAILABLE naming the device and both process ids, and changes nothing: creating
+ * buffers, streams, events and caches on its devices, device queries and synchronisation, copies and ops, and the
+ * destroys of the parent's objects on them (the child never releases what is the parent's). The built-in cpu device
+ * works in the child, the parent's cpu buffers included. A child that needs another device is started with exec, or
+ * forked before the process's first kvhal call. */
 
 /** The version of the loaded library, "MAJOR.MINOR.PATCH" (compare with ::KVHAL_VERSION_STRING, the header's).
  *  @return a static string, valid for the life of the process.
