@@ -87,7 +87,8 @@ static int get_handle(kvpy_state *st, PyObject *o, PyObject *cache, PyObject *al
     }
     handle_object *h = (handle_object *)o;
     if (h->cache != cache && h->cache != alt) {
-        kvpy_bad_arg(st, "handle: the handle comes from another cache");
+        /* a handle is valid only in the cache that gave it: C says KVHAL_INVALID_HANDLE for another cache's */
+        kvpy_raise_msg(st, KVHAL_INVALID_HANDLE, "handle: the handle comes from another cache");
         return -1;
     }
     *out = h->h;
