@@ -38,13 +38,15 @@ class Managed(ctypes.Structure):
     _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
 
 
-_capsule_new = ctypes.pythonapi.PyCapsule_New
+# function objects of their own (item access makes a new one; attributes of ctypes.pythonapi are shared with the
+# other test files, which declare other argument types)
+_capsule_new = ctypes.pythonapi["PyCapsule_New"]
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_valid = ctypes.pythonapi["PyCapsule_IsValid"]
 _capsule_valid.restype = ctypes.c_int
 _capsule_valid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer = ctypes.pythonapi["PyCapsule_GetPointer"]
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 

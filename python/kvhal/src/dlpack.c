@@ -472,8 +472,12 @@ static int import_layout(kvpy_state *st, const DLTensor *dl, const char *arg, si
                    __builtin_add_overflow(b, (uint64_t)dl->byte_offset, &b);
     else if (!overflow)
         b = dl->byte_offset;
-    if (overflow || b > (uint64_t)PTRDIFF_MAX) {
-        kvpy_bad_arg(st, "%s: shape, strides and byte offset span more than PTRDIFF_MAX bytes", arg);
+    if (overflow) {
+        kvpy_bad_arg(st, "%s: shape and strides overflow 64-bit byte offsets", arg);
+        return -1;
+    }
+    if (b > (uint64_t)PTRDIFF_MAX) {
+        kvpy_bad_arg(st, "%s: the view spans %llu bytes, past PTRDIFF_MAX", arg, (unsigned long long)b);
         return -1;
     }
     if (dl->byte_offset % esz) {
