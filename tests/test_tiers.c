@@ -57,10 +57,11 @@ static kvhal_device test_device(void)
 }
 
 /* total device pages, host pages, policy; layers and head_dim small so that a million operations stay quick */
-static void rig_make(rig *r, int32_t total, int32_t host_pages, int32_t ps, kvhal_write_policy pol, uint32_t events)
+static void rig_make_on(rig *r, kvhal_device dev, int32_t total, int32_t host_pages, int32_t ps,
+                        kvhal_write_policy pol, uint32_t events)
 {
     memset(r, 0, sizeof *r);
-    r->dev = test_device();
+    r->dev = dev;
     r->ps = ps;
     r->layers = 2;
     r->total = total;
@@ -76,6 +77,11 @@ static void rig_make(rig *r, int32_t total, int32_t host_pages, int32_t ps, kvha
     OKS(kvhal_cache_manager_create_tiered(total, ps, KVHAL_PREFIX_RADIX, &tc, &r->cm));
     r->scratch = malloc(r->block_bytes);
     assert_non_null(r->scratch);
+}
+
+static void rig_make(rig *r, int32_t total, int32_t host_pages, int32_t ps, kvhal_write_policy pol, uint32_t events)
+{
+    rig_make_on(r, test_device(), total, host_pages, ps, pol, events);
 }
 
 static void rig_free(rig *r)
@@ -882,16 +888,29 @@ static void finish_checked(rig *r, const int32_t *tokens, size_t n, const int32_
     faults_resume();
 }
 
-static void fault_request(rig *r, const int32_t *tokens, size_t n, bool suffix)
+/* A request in flight: matched, loaded back, its pages allocated and written. */
+typedef struct fault_req {
+    const int32_t *tokens;
+    size_t n, dl;
+    kvhal_prefix_handle h;
+    int32_t pages[32];
+} fault_req;
+
+static void fault_begin(rig *r, fault_req *q, const int32_t *tokens, size_t n)
 {
     const size_t ps = (size_t)r->ps, np = (n + ps - 1) / ps;
-    int32_t pages[32];
+    int32_t *pages = q->pages;
     uint64_t hs[32];
     assert_true(np < 32);
+    q->tokens = tokens;
+    q->n = n;
     chain(r->ps, tokens, n, hs);
     kvhal_prefix_handle h;
     size_t dl = 0, hl = 0, loaded = 0;
-    FALLIBLE(kvhal_cache_manager_match_tiered(r->cm, tokens, n, &h, &dl, &hl, pages, np + 1));
+    /* the engine's way: all but the last token matched, the whole prompt given to load_back */
+    FALLIBLE(kvhal_cache_manager_match_tiered(r->cm, tokens, n - 1, &h, &dl, &hl, pages, np + 1));
+    q->h = h;
+    q->dl = dl;
     faults_pause();
     for (size_t i = 0; i < dl / ps; i++) expect_page(r, pages[i], hs[i], "device hit");
     faults_resume();
@@ -914,27 +933,51 @@ static void fault_request(rig *r, const int32_t *tokens, size_t n, bool suffix)
     faults_pause();
     for (size_t i = have; i < n / ps; i++) write_page(r, pages[i], hs[i]);
     faults_resume();
-    finish_checked(r, tokens, n, pages, h, dl, suffix);
 }
 
-/* Requests over 8 device pages and 6 host pages of 2 tokens: shared prefixes, eviction to host, load-back, a suffix
- * finish, and a request whose pages are all cached already. */
-static void fault_workload(kvhal_write_policy pol, fault_run *fr)
+static void fault_end(rig *r, fault_req *q, bool suffix)
+{
+    finish_checked(r, q->tokens, q->n, q->pages, q->h, q->dl, suffix);
+}
+
+static void fault_request(rig *r, const int32_t *tokens, size_t n, bool suffix)
+{
+    fault_req q;
+    fault_begin(r, &q, tokens, n);
+    fault_end(r, &q, suffix);
+}
+
+/* Requests over 10 device pages and 6 host pages of 2 tokens: shared prefixes, eviction to host, load-back (all but
+ * the last token matched, the whole prompt loaded), suffix finishes, a request whose pages are all cached already,
+ * two requests in flight at once finishing in the other order, an explicit eviction and a host-tier clear. */
+static void fault_workload(kvhal_device dev, kvhal_write_policy pol, fault_run *fr)
 {
     rig r;
-    rig_make(&r, 8, 6, 2, pol, 256);
+    rig_make_on(&r, dev, 10, 6, 2, pol, 256);
     g_fr = fr;
-    int32_t a[12], b[8], c[8];
+    int32_t a[12], b[8], c[8], d[9], e[10];
     for (int i = 0; i < 12; i++) a[i] = 100 + i;
     for (int i = 0; i < 8; i++) b[i] = 200 + i, c[i] = 300 + i;
+    for (int i = 0; i < 9; i++) d[i] = 400 + i;
+    for (int i = 0; i < 10; i++) e[i] = 500 + i;
     memcpy(b, a, 2 * sizeof *b); /* b shares a's first page */
+    memcpy(e, d, 4 * sizeof *e); /* e shares d's first two */
     if (fr->fail_at) kvhal_fault_inject_alloc(fr->fail_at);
-    fault_request(&r, a, 8, false);
+    fault_request(&r, a, 9, false);
     fault_request(&r, b, 8, false);
     fault_request(&r, c, 8, false);  /* evicts: a's pages go to the host tier (or are there already) */
-    fault_request(&r, a, 12, true);  /* a back from host or device, then 2 more pages below it */
+    fault_request(&r, a, 12, true);  /* a back from host or device, then more pages below it */
     fault_request(&r, c, 7, false);  /* all cached: duplicates and a partial page freed */
+    fault_req qd, qe;
+    fault_begin(&r, &qd, d, 9);       /* two in flight: e inserts d's shared pages first */
+    fault_begin(&r, &qe, e, 10);
+    fault_end(&r, &qe, false);
+    fault_end(&r, &qd, true);
+    FALLIBLE(kvhal_cache_manager_evict(r.cm, 8, NULL));
     fault_request(&r, b, 8, true);
+    FALLIBLE(kvhal_cache_manager_transfer_wait(r.cm));
+    FALLIBLE(kvhal_cache_manager_host_tier_clear(r.cm));
+    fault_request(&r, a, 12, false);
     faults_pause();
     kvhal_fault_inject_alloc(0);
     g_fr = NULL;
@@ -945,27 +988,29 @@ static void fault_workload(kvhal_write_policy pol, fault_run *fr)
     rig_free(&r);
 }
 
-static void finish_faults_case(kvhal_write_policy pol)
+static void finish_faults_case(kvhal_device dev, kvhal_write_policy pol)
 {
     fault_run clean = {0};
     /* a clean run: how many allocations the workload makes */
     kvhal_fault_inject_alloc(0);
     clean.fail_at = INT64_MAX;
-    fault_workload(pol, &clean);
+    fault_workload(dev, pol, &clean);
     const int64_t total = clean.used;
     assert_int_equal(clean.refusals, 0);
     assert_true(total > 0);
     int refusals = 0, finish_refusals = 0, copy_failures = 0, lost = 0;
     for (int64_t k = 1; k <= total; k++) {
         fault_run fr = {.fail_at = k};
-        fault_workload(pol, &fr);
+        fault_workload(dev, pol, &fr);
         refusals += fr.refusals;
         finish_refusals += fr.finish_refusals;
         copy_failures += fr.copy_failures;
         lost += fr.lost_copies;
     }
-    printf("[ faults   ] %s: %lld allocation points: %d refused a call (%d a finish), %d failed a host copy (%d "
-           "of them in a finish that went on), %lld absorbed\n",
+    char name[32];
+    OKS(kvhal_device_format(dev, name, sizeof name));
+    printf("[ faults   ] %s %s: %lld allocation points: %d refused a call (%d a finish), %d failed a host copy (%d "
+           "of them in a finish that went on), %lld absorbed\n", name,
            pol == KVHAL_WRITE_THROUGH ? "write-through" : "write-back", (long long)total, refusals, finish_refusals,
            lost, copy_failures, (long long)total - refusals - lost);
     assert_true(refusals + lost <= (int)total); /* the fault fires once per run */
@@ -973,11 +1018,17 @@ static void finish_faults_case(kvhal_write_policy pol)
     if (pol == KVHAL_WRITE_THROUGH) assert_true(copy_failures > 0);
 }
 
+/* on cpu:0 and the first OpenCL device when there is one (its module's allocations are walked too) */
 static void test_finish_alloc_faults(void **state)
 {
     (void)state;
-    finish_faults_case(KVHAL_WRITE_THROUGH);
-    finish_faults_case(KVHAL_WRITE_BACK);
+    kvhal_device devs[2] = {{KVHAL_DEVICE_CPU, 0}, {KVHAL_DEVICE_OPENCL, 0}};
+    int32_t ncl = 0;
+    const int n = kvhal_device_count(KVHAL_DEVICE_OPENCL, &ncl) == KVHAL_OK && ncl > 0 ? 2 : 1;
+    for (int i = 0; i < n; i++) {
+        finish_faults_case(devs[i], KVHAL_WRITE_THROUGH);
+        finish_faults_case(devs[i], KVHAL_WRITE_BACK);
+    }
 }
 
 /* load_back never loads past what the match reported: an engine that matched all but the last token passes the
