@@ -17,7 +17,7 @@ kvhal_status kvhal__check_buffer(const kvhal_buffer *b, const char *argname)
     if (!b) return kvhal__err(KVHAL_INVALID_ARGUMENT, "%s: NULL buffer", argname);
     if (b->magic != KVHAL_MAGIC_BUFFER)
         return kvhal__err(KVHAL_INVALID_HANDLE, "%s: %p is not a live kvhal_buffer", argname, (const void *)b);
-    return KVHAL_OK;
+    return kvhal__bk_here(b->backend, b->device.id, argname);
 }
 
 static kvhal_status make_buffer_ipc(kvhal_device dev, size_t bytes, void *native, bool owned, uint8_t ipc,
@@ -94,6 +94,8 @@ kvhal_status kvhal_buffer_wrap(kvhal_device dev, void *native, size_t bytes, kvh
 kvhal_status kvhal_buffer_destroy(kvhal_buffer *b)
 {
     if (!b) return KVHAL_OK; /* like free(NULL) */
+    /* a forked child keeps the parent's device buffers as they are: releasing them is the parent's */
+    if (kvhal__handle_live(b, KVHAL_MAGIC_BUFFER)) KVHAL_TRY(kvhal__bk_here(b->backend, b->device.id, "buf"));
     if (!kvhal__handle_remove_kind(b, KVHAL_MAGIC_BUFFER))
         return kvhal__err(KVHAL_INVALID_HANDLE, "buf: %p is not a live kvhal_buffer (destroyed twice?)", (void *)b);
     kvhal_status st = KVHAL_OK;
@@ -124,7 +126,7 @@ kvhal_status kvhal__check_stream(const kvhal_stream *s, kvhal_device dev, const 
         return kvhal__err(KVHAL_DEVICE_MISMATCH, "%s: stream is on %s:%d, the operation on %s:%d", argname,
                           kvhal_device_type_name(s->device.type), s->device.id, kvhal_device_type_name(dev.type),
                           dev.id);
-    return KVHAL_OK;
+    return kvhal__bk_here(s->backend, s->device.id, argname);
 }
 
 static kvhal_status make_stream(kvhal_device dev, void *native, bool owned, kvhal_stream **out)
@@ -168,6 +170,7 @@ kvhal_status kvhal_stream_wrap(kvhal_device dev, void *native, kvhal_stream **ou
 kvhal_status kvhal_stream_destroy(kvhal_stream *s)
 {
     if (!s) return KVHAL_OK; /* like free(NULL) */
+    if (kvhal__handle_live(s, KVHAL_MAGIC_STREAM)) KVHAL_TRY(kvhal__bk_here(s->backend, s->device.id, "s"));
     if (!kvhal__handle_remove_kind(s, KVHAL_MAGIC_STREAM))
         return kvhal__err(KVHAL_INVALID_HANDLE, "s: %p is not a live kvhal_stream (destroyed twice?)", (void *)s);
     const kvhal__bk *bk = s->backend;

@@ -248,7 +248,8 @@ static void destroy_desc(struct lru *l, uint32_t op, kvhal_device dev, void *des
 {
     if (op < KVHAL_BK_OP_COUNT) {
         const kvhal__bk *bk = l->owner;
-        if (bk && bk->ops.desc_destroy) bk->ops.desc_destroy(bk->ctx, dev.id, (kvhal_bk_op)op, desc);
+        /* a forked child leaves the parent's descriptors alone (kvhal__bk_usable) */
+        if (bk && bk->ops.desc_destroy && kvhal__bk_usable(bk)) bk->ops.desc_destroy(bk->ctx, dev.id, (kvhal_bk_op)op, desc);
         return;
     }
     kvhal_desc_destroy_fn fn = op_kinds[op].destroy;

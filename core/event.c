@@ -21,7 +21,7 @@ static kvhal_status check_event(const kvhal_event *e, const char *argname)
     if (!e) return kvhal__err(KVHAL_INVALID_ARGUMENT, "%s: NULL", argname);
     if (!kvhal__handle_live(e, KVHAL_MAGIC_EVENT))
         return kvhal__err(KVHAL_INVALID_HANDLE, "%s: %p is not a live kvhal_event", argname, (const void *)e);
-    return KVHAL_OK;
+    return kvhal__bk_here(e->backend, e->device.id, argname);
 }
 
 kvhal_status kvhal_event_create(kvhal_device dev, kvhal_event **out)
@@ -54,6 +54,7 @@ kvhal_status kvhal_event_create(kvhal_device dev, kvhal_event **out)
 kvhal_status kvhal_event_destroy(kvhal_event *e)
 {
     if (!e) return KVHAL_OK; /* like free(NULL) */
+    if (kvhal__handle_live(e, KVHAL_MAGIC_EVENT)) KVHAL_TRY(kvhal__bk_here(e->backend, e->device.id, "e"));
     if (!kvhal__handle_remove_kind(e, KVHAL_MAGIC_EVENT))
         return kvhal__err(KVHAL_INVALID_HANDLE, "e: %p is not a live kvhal_event (destroyed twice?)", (void *)e);
     const kvhal__bk *bk = e->backend;

@@ -109,6 +109,11 @@ bool kvhal__handle_live(const void *p, uint32_t magic)
     return found;
 }
 
+/* fork() while another thread holds the mutex would leave it held for ever in the child: it is taken around fork */
+static void fork_prepare(void) { pthread_mutex_lock(&live_mu); }
+static void fork_done(void) { pthread_mutex_unlock(&live_mu); }
+__attribute__((constructor)) static void live_init(void) { (void)pthread_atfork(fork_prepare, fork_done, fork_done); }
+
 __attribute__((destructor)) static void live_free(void)
 {
     free(live);

@@ -50,6 +50,7 @@ kvhal_status kvhal_host_memory_create(kvhal_device dev, size_t bytes, kvhal_host
 kvhal_status kvhal_host_memory_destroy(kvhal_host_memory *h)
 {
     if (!h) return KVHAL_OK;
+    if (kvhal__handle_live(h, KVHAL_MAGIC_HOSTMEM) && h->pinned) KVHAL_TRY(kvhal__bk_here(h->backend, h->device.id, "h"));
     if (!kvhal__handle_remove_kind(h, KVHAL_MAGIC_HOSTMEM))
         return kvhal__err(KVHAL_INVALID_HANDLE, "h: %p is not live host memory (destroyed twice?)", (void *)h);
     h->magic = KVHAL_MAGIC_DEAD;

@@ -53,6 +53,22 @@ static _Atomic(const kvhal__bk *) by_type[KVHAL_MAX_DEVICE_TYPES];
 static char type_names[KVHAL_MAX_DEVICE_TYPES][KVHAL_DEVICE_TYPE_NAME_MAX] = {"cpu", "cuda", "hip", "opencl"};
 static atomic_int num_types = KVHAL__BUILTIN_TYPES;
 
+/* ---- fork ---- */
+atomic_int kvhal__pid;
+static const kvhal_backend *builtin_cpu; /* the CPU backend's table (written under load_lock) */
+
+static void forked_child(void) { atomic_store_explicit(&kvhal__pid, (int)getpid(), memory_order_relaxed); }
+
+kvhal_status kvhal__bk_forked(const kvhal__bk *bk, int32_t id, const char *arg)
+{
+    return kvhal__err(KVHAL_BACKEND_UNAVAILABLE,
+                      "%s: %s:%d: the %s backend was initialised by process %d and this is process %d, a fork of it: a "
+                      "device runtime does not survive fork (use the device in the parent only, or start the child "
+                      "with exec, or fork before the first kvhal call; the cpu device works in both)",
+                      arg, bk->type_name, (int)id, bk->name, (int)bk->pid,
+                      atomic_load_explicit(&kvhal__pid, memory_order_relaxed));
+}
+
 static const kvhal_core_services services = {
     .abi_version = KVHAL_BACKEND_ABI_VERSION,
     .struct_size = sizeof(kvhal_core_services),
@@ -304,6 +320,8 @@ static kvhal_status adopt(module *m, const kvhal_backend *t)
     bk->type = (kvhal_device_type)type;
     bk->device_count = count;
     bk->get_proc_address = t->get_proc_address;
+    /* the built-in CPU backend holds host memory only: a forked child keeps using it */
+    bk->pid = t == builtin_cpu ? 0 : atomic_load_explicit(&kvhal__pid, memory_order_relaxed);
     snprintf(bk->name, sizeof bk->name, "%s", m->info.name);
     snprintf(bk->type_name, sizeof bk->type_name, "%s", t->device_type);
     if (new_type) {
@@ -507,9 +525,13 @@ static void scan_dir(const char *dir, int depth)
 
 static void load_all(void)
 {
+    /* before any module's init: each backend records the process that ran it (kvhal__bk_here) */
+    atomic_store_explicit(&kvhal__pid, (int)getpid(), memory_order_relaxed);
+    (void)pthread_atfork(NULL, NULL, forked_child);
     pthread_mutex_lock(&load_lock);
     module *cpu = new_module("cpu", "(built in)");
-    if (cpu) adopt(cpu, kvhal__cpu_backend_entry(KVHAL_BACKEND_ABI_VERSION));
+    builtin_cpu = kvhal__cpu_backend_entry(KVHAL_BACKEND_ABI_VERSION);
+    if (cpu) adopt(cpu, builtin_cpu);
 
     const char *env = secure_getenv("KVHAL_BACKEND_PATH");
     if (env && *env) {
@@ -568,6 +590,7 @@ kvhal_status kvhal__lookup(kvhal_device dev, const char *arg, const kvhal__bk **
     if (dev.id < 0 || dev.id >= b->device_count)
         return kvhal__err(KVHAL_NO_DEVICE, "%s: %s:%d: id out of range (%d %s device%s present)", arg,
                           b->type_name, dev.id, b->device_count, b->type_name, b->device_count == 1 ? "" : "s");
+    KVHAL_TRY(kvhal__bk_here(b, dev.id, arg));
     *out = b;
     return KVHAL_OK;
 }

@@ -17,7 +17,26 @@ typedef struct kvhal__bk {
     char type_name[KVHAL_DEVICE_TYPE_NAME_MAX];
     char name[32];
     void *(*get_proc_address)(void *ctx, const char *name);
+    int32_t pid;        /* the process that ran the module's init; 0: the built-in CPU backend, usable after fork */
 } kvhal__bk;
+
+/* This process's id, kept by a fork handler (pthread_atfork) so that the check below is two loads, no system call. */
+KVHAL_HIDDEN extern atomic_int kvhal__pid;
+/* The refusal of kvhal__bk_here: "<arg>: <type>:<id>: the <module> backend was initialised by process P; this is
+ * process C, a fork of it ..." (KVHAL_BACKEND_UNAVAILABLE). */
+KVHAL_HIDDEN kvhal_status kvhal__bk_forked(const kvhal__bk *bk, int32_t id, const char *arg);
+/* Whether this process may call bk: a device runtime initialised before fork() is not usable in the child (PoCL's
+ * threads, CUDA's and HIP's contexts are the parent's; calls hang or fail obscurely), so every entry point that
+ * reaches a backend asks this first. The built-in CPU backend has no state a fork breaks. */
+static inline bool kvhal__bk_usable(const kvhal__bk *bk)
+{
+    return __builtin_expect(bk->pid == 0 || bk->pid == atomic_load_explicit(&kvhal__pid, memory_order_relaxed), 1);
+}
+/* KVHAL_OK, or the refusal (argument arg, device id) when this process is a fork of the one that initialised bk. */
+static inline kvhal_status kvhal__bk_here(const kvhal__bk *bk, int32_t id, const char *arg)
+{
+    return kvhal__bk_usable(bk) ? KVHAL_OK : kvhal__bk_forked(bk, id, arg);
+}
 
 /* The backend serving dev, with the status; the message names the argument arg ("k_cache.device"): not a
  * registered type, no module loaded for it, id out of range. O(1): an array index (the one-time discovery aside). */

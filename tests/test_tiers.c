@@ -15,6 +15,10 @@
  *   tiers_events_evict_overflow   eviction's removed events wrap around the ring in order, then overflow
  *   tiers_hash_stable             the documented hash chain, fixed values
  *   tiers_alloc_faults            every allocation of create_tiered and load_back failing: a clear error, no change
+ *   tiers_finish_alloc_faults     every allocation of a whole workload failing, write-through and write-back: each
+ *                                 refusal has a last error and changes nothing (a refused finish keeps its handle);
+ *                                 a finish whose host copy failed is OK and counted (tier_write_failures)
+ *   tiers_load_back_bounded       load_back never loads past what the match reported, whatever num_tokens
  *   tiers_bad_inputs              refusals name the argument */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -53,10 +57,11 @@ static kvhal_device test_device(void)
 }
 
 /* total device pages, host pages, policy; layers and head_dim small so that a million operations stay quick */
-static void rig_make(rig *r, int32_t total, int32_t host_pages, int32_t ps, kvhal_write_policy pol, uint32_t events)
+static void rig_make_on(rig *r, kvhal_device dev, int32_t total, int32_t host_pages, int32_t ps,
+                        kvhal_write_policy pol, uint32_t events)
 {
     memset(r, 0, sizeof *r);
-    r->dev = test_device();
+    r->dev = dev;
     r->ps = ps;
     r->layers = 2;
     r->total = total;
@@ -72,6 +77,11 @@ static void rig_make(rig *r, int32_t total, int32_t host_pages, int32_t ps, kvha
     OKS(kvhal_cache_manager_create_tiered(total, ps, KVHAL_PREFIX_RADIX, &tc, &r->cm));
     r->scratch = malloc(r->block_bytes);
     assert_non_null(r->scratch);
+}
+
+static void rig_make(rig *r, int32_t total, int32_t host_pages, int32_t ps, kvhal_write_policy pol, uint32_t events)
+{
+    rig_make_on(r, test_device(), total, host_pages, ps, pol, events);
 }
 
 static void rig_free(rig *r)
@@ -772,6 +782,313 @@ static void test_alloc_faults(void **state)
     OKS(kvhal_paged_cache_destroy(pc));
 }
 
+/* ---- the finish (and every other call of a whole workload) under each injected allocation failure ----
+ * The workload runs from a fresh manager once per allocation point k, the k-th allocation failing: every refusal
+ * must be KVHAL_OUT_OF_MEMORY with a last error, and the same call again must succeed (the fault fires once). A
+ * refused finish must have changed nothing (counts, tree, host tier; the handle still live: the retry consumes it);
+ * a finish whose write-through copy failed returns OK and counts the pages in tier_write_failures. The checks
+ * between calls run with the injection paused, so that only the workload's own allocations are walked. */
+typedef struct fault_run {
+    int64_t fail_at, used; /* the allocation that fails (0: none), allocations counted before the current arming */
+    int refusals, finish_refusals, copy_failures;
+    bool lost_copies; /* some copy to the host tier failed (and was counted) during the run */
+} fault_run;
+
+static fault_run *g_fr;
+
+static void faults_pause(void)
+{
+    if (!g_fr || !g_fr->fail_at) return;
+    g_fr->used += kvhal_fault_alloc_count();
+    kvhal_fault_inject_alloc(0);
+}
+
+static void faults_resume(void)
+{
+    if (!g_fr || !g_fr->fail_at) return;
+    /* the counter restarts at every arming: the fault keeps its place in the workload's own allocations */
+    kvhal_fault_inject_alloc(g_fr->used < g_fr->fail_at ? g_fr->fail_at - g_fr->used : 0);
+}
+
+static void refusal(kvhal_status st, const char *what)
+{
+    if (st != KVHAL_OUT_OF_MEMORY)
+        fail_msg("%s at allocation %lld: %s (%s)", what, (long long)g_fr->fail_at, kvhal_status_name(st),
+                 kvhal_last_error());
+    if (!kvhal_last_error()[0])
+        fail_msg("%s at allocation %lld: refused with no last error", what, (long long)g_fr->fail_at);
+    g_fr->refusals++;
+}
+
+/* A workload call: refused only with a message, and then done again. */
+#define FALLIBLE(call)                                                                                          \
+    do {                                                                                                        \
+        kvhal_clear_error();                                                                                    \
+        kvhal_status s_ = (call);                                                                               \
+        if (s_ != KVHAL_OK) {                                                                                   \
+            refusal(s_, #call);                                                                                 \
+            OKS(call);                                                                                          \
+        }                                                                                                       \
+    } while (0)
+
+typedef struct cm_state {
+    int32_t nfree, available;
+    kvhal_prefix_size_info si;
+    kvhal_host_tier_stats ts;
+    uint64_t write_failures;
+} cm_state;
+
+static void state_of(const rig *r, cm_state *s)
+{
+    memset(s, 0, sizeof *s);
+    s->nfree = kvhal_cache_manager_num_free(r->cm);
+    s->available = kvhal_cache_manager_available(r->cm);
+    OKS(kvhal_prefix_size_info_get(kvhal_cache_manager_prefix(r->cm), &s->si));
+    OKS(kvhal_cache_manager_tier_stats(r->cm, &s->ts));
+    OKS(kvhal_cache_manager_tier_write_failures(r->cm, &s->write_failures));
+}
+
+static void finish_checked(rig *r, const int32_t *tokens, size_t n, const int32_t *pages, kvhal_prefix_handle h,
+                           size_t dl, bool suffix)
+{
+    faults_pause();
+    cm_state before, after;
+    state_of(r, &before);
+    faults_resume();
+    kvhal_clear_error();
+    kvhal_status st = suffix ? kvhal_cache_manager_cache_finished_suffix(r->cm, h, tokens + dl, n - dl,
+                                                                         pages + dl / (size_t)r->ps)
+                             : kvhal_cache_manager_cache_finished(r->cm, tokens, n, pages, h);
+    faults_pause();
+    state_of(r, &after);
+    if (st != KVHAL_OK) {
+        refusal(st, suffix ? "cache_finished_suffix" : "cache_finished");
+        g_fr->finish_refusals++;
+        if (memcmp(&before, &after, sizeof before))
+            fail_msg("a refused finish (allocation %lld) changed the manager: free %d -> %d, available %d -> %d, "
+                     "cached tokens %zu -> %zu, host pages %lld -> %lld, written %llu -> %llu",
+                     (long long)g_fr->fail_at, before.nfree, after.nfree, before.available, after.available,
+                     before.si.total_tokens, after.si.total_tokens, (long long)before.ts.host_pages_used,
+                     (long long)after.ts.host_pages_used, (unsigned long long)before.ts.pages_written,
+                     (unsigned long long)after.ts.pages_written);
+        integrity(r);
+        /* the handle is still the request's: the finish goes through now */
+        if (suffix) OKS(kvhal_cache_manager_cache_finished_suffix(r->cm, h, tokens + dl, n - dl, pages + dl / (size_t)r->ps));
+        else OKS(kvhal_cache_manager_cache_finished(r->cm, tokens, n, pages, h));
+    } else if (after.write_failures != before.write_failures) {
+        /* the pages are cached on the device; their host copies are missing and counted, none written */
+        g_fr->copy_failures++;
+        assert_true(after.write_failures > before.write_failures);
+        assert_int_equal(after.ts.pages_written, before.ts.pages_written);
+        assert_true(after.si.total_tokens >= before.si.total_tokens);
+    }
+    /* consumed either way now */
+    assert_int_equal(kvhal_cache_manager_cache_finished(r->cm, tokens, n, pages, h), KVHAL_INVALID_HANDLE);
+    integrity(r);
+    faults_resume();
+}
+
+/* A request in flight: matched, loaded back, its pages allocated and written. */
+typedef struct fault_req {
+    const int32_t *tokens;
+    size_t n, dl;
+    kvhal_prefix_handle h;
+    int32_t pages[32];
+} fault_req;
+
+static void fault_begin(rig *r, fault_req *q, const int32_t *tokens, size_t n)
+{
+    const size_t ps = (size_t)r->ps, np = (n + ps - 1) / ps;
+    int32_t *pages = q->pages;
+    uint64_t hs[32];
+    assert_true(np < 32);
+    q->tokens = tokens;
+    q->n = n;
+    chain(r->ps, tokens, n, hs);
+    kvhal_prefix_handle h;
+    size_t dl = 0, hl = 0, loaded = 0;
+    /* the engine's way: all but the last token matched, the whole prompt given to load_back */
+    FALLIBLE(kvhal_cache_manager_match_tiered(r->cm, tokens, n - 1, &h, &dl, &hl, pages, np + 1));
+    q->h = h;
+    q->dl = dl;
+    faults_pause();
+    for (size_t i = 0; i < dl / ps; i++) expect_page(r, pages[i], hs[i], "device hit");
+    faults_resume();
+    if (hl) {
+        kvhal_clear_error();
+        kvhal_status st = kvhal_cache_manager_load_back(r->cm, h, tokens, n, pages + dl / ps, np - dl / ps, &loaded);
+        if (st != KVHAL_OK) {
+            refusal(st, "load_back");
+            assert_int_equal(loaded, 0);
+            OKS(kvhal_cache_manager_load_back(r->cm, h, tokens, n, pages + dl / ps, np - dl / ps, &loaded));
+        }
+        assert_int_equal(loaded, hl);
+        FALLIBLE(kvhal_cache_manager_transfer_wait(r->cm));
+        faults_pause();
+        for (size_t i = dl / ps; i < (dl + hl) / ps; i++) expect_page(r, pages[i], hs[i], "loaded back");
+        faults_resume();
+    }
+    const size_t have = (dl + loaded) / ps;
+    FALLIBLE(kvhal_cache_manager_allocate(r->cm, (int32_t)(np - have), pages + have));
+    faults_pause();
+    for (size_t i = have; i < n / ps; i++) write_page(r, pages[i], hs[i]);
+    faults_resume();
+}
+
+static void fault_end(rig *r, fault_req *q, bool suffix)
+{
+    finish_checked(r, q->tokens, q->n, q->pages, q->h, q->dl, suffix);
+}
+
+static void fault_request(rig *r, const int32_t *tokens, size_t n, bool suffix)
+{
+    fault_req q;
+    fault_begin(r, &q, tokens, n);
+    fault_end(r, &q, suffix);
+}
+
+/* Requests over 10 device pages and 6 host pages of 2 tokens: shared prefixes, eviction to host, load-back (all but
+ * the last token matched, the whole prompt loaded), suffix finishes, a request whose pages are all cached already,
+ * two requests in flight at once finishing in the other order, an explicit eviction and a host-tier clear. */
+static void fault_workload(kvhal_device dev, kvhal_write_policy pol, fault_run *fr)
+{
+    rig r;
+    rig_make_on(&r, dev, 10, 6, 2, pol, 256);
+    g_fr = fr;
+    int32_t a[12], b[8], c[8], d[9], e[10];
+    for (int i = 0; i < 12; i++) a[i] = 100 + i;
+    for (int i = 0; i < 8; i++) b[i] = 200 + i, c[i] = 300 + i;
+    for (int i = 0; i < 9; i++) d[i] = 400 + i;
+    for (int i = 0; i < 10; i++) e[i] = 500 + i;
+    memcpy(b, a, 2 * sizeof *b); /* b shares a's first page */
+    memcpy(e, d, 4 * sizeof *e); /* e shares d's first two */
+    if (fr->fail_at) kvhal_fault_inject_alloc(fr->fail_at);
+    fault_request(&r, a, 9, false);
+    fault_request(&r, b, 8, false);
+    fault_request(&r, c, 8, false);  /* evicts: a's pages go to the host tier (or are there already) */
+    fault_request(&r, a, 12, true);  /* a back from host or device, then more pages below it */
+    fault_request(&r, c, 7, false);  /* all cached: duplicates and a partial page freed */
+    fault_req qd, qe;
+    fault_begin(&r, &qd, d, 9);       /* two in flight: e inserts d's shared pages first */
+    fault_begin(&r, &qe, e, 10);
+    fault_end(&r, &qe, false);
+    fault_end(&r, &qd, true);
+    FALLIBLE(kvhal_cache_manager_evict(r.cm, 8, NULL));
+    fault_request(&r, b, 8, true);
+    FALLIBLE(kvhal_cache_manager_transfer_wait(r.cm));
+    FALLIBLE(kvhal_cache_manager_host_tier_clear(r.cm));
+    fault_request(&r, a, 12, false);
+    faults_pause();
+    kvhal_fault_inject_alloc(0);
+    g_fr = NULL;
+    integrity(&r);
+    uint64_t wf = 0;
+    OKS(kvhal_cache_manager_tier_write_failures(r.cm, &wf));
+    fr->lost_copies = wf > 0;
+    rig_free(&r);
+}
+
+static void finish_faults_case(kvhal_device dev, kvhal_write_policy pol)
+{
+    fault_run clean = {0};
+    /* a clean run: how many allocations the workload makes */
+    kvhal_fault_inject_alloc(0);
+    clean.fail_at = INT64_MAX;
+    fault_workload(dev, pol, &clean);
+    const int64_t total = clean.used;
+    assert_int_equal(clean.refusals, 0);
+    assert_true(total > 0);
+    int refusals = 0, finish_refusals = 0, copy_failures = 0, lost = 0;
+    for (int64_t k = 1; k <= total; k++) {
+        fault_run fr = {.fail_at = k};
+        fault_workload(dev, pol, &fr);
+        refusals += fr.refusals;
+        finish_refusals += fr.finish_refusals;
+        copy_failures += fr.copy_failures;
+        lost += fr.lost_copies;
+    }
+    char name[32];
+    OKS(kvhal_device_format(dev, name, sizeof name));
+    printf("[ faults   ] %s %s: %lld allocation points: %d refused a call (%d a finish), %d failed a host copy (%d "
+           "of them in a finish that went on), %lld absorbed\n", name,
+           pol == KVHAL_WRITE_THROUGH ? "write-through" : "write-back", (long long)total, refusals, finish_refusals,
+           lost, copy_failures, (long long)total - refusals - lost);
+    assert_true(refusals + lost <= (int)total); /* the fault fires once per run */
+    assert_true(finish_refusals > 0);
+    if (pol == KVHAL_WRITE_THROUGH) assert_true(copy_failures > 0);
+}
+
+/* on cpu:0 and the first OpenCL device when there is one (its module's allocations are walked too) */
+static void test_finish_alloc_faults(void **state)
+{
+    (void)state;
+    kvhal_device devs[2] = {{KVHAL_DEVICE_CPU, 0}, {KVHAL_DEVICE_OPENCL, 0}};
+    int32_t ncl = 0;
+    const int n = kvhal_device_count(KVHAL_DEVICE_OPENCL, &ncl) == KVHAL_OK && ncl > 0 ? 2 : 1;
+    for (int i = 0; i < n; i++) {
+        finish_faults_case(devs[i], KVHAL_WRITE_THROUGH);
+        finish_faults_case(devs[i], KVHAL_WRITE_BACK);
+    }
+}
+
+/* load_back never loads past what the match reported: an engine that matched all but the last token passes the
+ * whole prompt; a shorter match bounds it; a plain match bounds it by its tokens; a second load_back loads
+ * nothing. */
+static void test_load_back_bounded(void **state)
+{
+    (void)state;
+    rig r;
+    rig_make(&r, 8, 16, 4, KVHAL_WRITE_THROUGH, 0);
+    int32_t a[32], b[32];
+    for (int i = 0; i < 32; i++) a[i] = 700 + i, b[i] = 900 + i;
+    uint64_t hs[8];
+    chain(4, a, 32, hs);
+    run_request(&r, a, 32, NULL, NULL, false);
+    run_request(&r, b, 32, NULL, NULL, false); /* a: host only now */
+    OKS(kvhal_cache_manager_transfer_wait(r.cm));
+    kvhal_prefix_handle h;
+    size_t dl, hl, loaded = 99;
+    int32_t pages[8];
+    /* 31 tokens matched: 7 whole pages reported; the whole prompt (32) given to load_back with room for 7 */
+    OKS(kvhal_cache_manager_match_tiered(r.cm, a, 31, &h, &dl, &hl, pages, 8));
+    assert_int_equal(dl, 0);
+    assert_int_equal(hl, 28);
+    OKS(kvhal_cache_manager_load_back(r.cm, h, a, 32, pages, 7, &loaded));
+    assert_int_equal(loaded, 28);
+    OKS(kvhal_cache_manager_transfer_wait(r.cm));
+    for (int i = 0; i < 7; i++) expect_page(&r, pages[i], hs[i], "loaded back");
+    size_t again = 99;
+    OKS(kvhal_cache_manager_load_back(r.cm, h, a, 32, pages + 7, 1, &again)); /* once per request */
+    assert_int_equal(again, 0);
+    OKS(kvhal_cache_manager_free(r.cm, pages, 7));
+    OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r.cm), h));
+    /* a shorter match (16 tokens: 4 pages) bounds a load_back given all 32 */
+    OKS(kvhal_cache_manager_match_tiered(r.cm, a, 16, &h, &dl, &hl, pages, 8));
+    assert_int_equal(dl + hl, 16);
+    OKS(kvhal_cache_manager_load_back(r.cm, h, a, 32, pages + dl / 4, 8, &loaded));
+    assert_int_equal(loaded, hl);
+    OKS(kvhal_cache_manager_transfer_wait(r.cm));
+    OKS(kvhal_cache_manager_free(r.cm, pages + dl / 4, (int32_t)(loaded / 4)));
+    OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r.cm), h));
+    /* match_tiered without host_len, and a plain match: bounded by the tokens they were given */
+    run_request(&r, b, 32, NULL, NULL, false); /* a to host again where it came back */
+    OKS(kvhal_cache_manager_transfer_wait(r.cm));
+    OKS(kvhal_cache_manager_match_tiered(r.cm, a, 13, &h, &dl, NULL, pages, 8));
+    OKS(kvhal_cache_manager_load_back(r.cm, h, a, 32, pages + dl / 4, 8, &loaded));
+    assert_true(dl + loaded <= 12);
+    OKS(kvhal_cache_manager_transfer_wait(r.cm));
+    if (loaded) OKS(kvhal_cache_manager_free(r.cm, pages + dl / 4, (int32_t)(loaded / 4)));
+    OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r.cm), h));
+    OKS(kvhal_cache_manager_match(r.cm, a, 9, &h, &dl, pages, 8));
+    OKS(kvhal_cache_manager_load_back(r.cm, h, a, 32, pages + dl / 4, 8, &loaded));
+    assert_true(dl + loaded <= 8);
+    OKS(kvhal_cache_manager_transfer_wait(r.cm));
+    if (loaded) OKS(kvhal_cache_manager_free(r.cm, pages + dl / 4, (int32_t)(loaded / 4)));
+    OKS(kvhal_prefix_unlock(kvhal_cache_manager_prefix(r.cm), h));
+    integrity(&r);
+    rig_free(&r);
+}
+
 static void test_bad_inputs(void **state)
 {
     (void)state;
@@ -848,6 +1165,7 @@ int main(void)
         cmocka_unit_test(test_drain),                 cmocka_unit_test(test_drain_through),
         cmocka_unit_test(test_events_overflow),       cmocka_unit_test(test_events_evict_overflow),       cmocka_unit_test(test_hash_stable),
         cmocka_unit_test(test_alloc_faults),          cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_finish_alloc_faults),   cmocka_unit_test(test_load_back_bounded),
     };
     return cmocka_run_group_tests_name("tiers", tests, NULL, NULL);
 }

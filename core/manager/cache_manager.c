@@ -299,7 +299,8 @@ static kvhal_status kvhal_cache_manager_match__body(kvhal_cache_manager *cm, con
     size_t len = 0;
     KVHAL_TRY(kvhal__prefix_match_owned(cm->pc, tokens, num_tokens, &h, &len, pages, pages_cap));
     /* a request handle of its own, even for an empty match: finishing it twice is refused */
-    KVHAL_TRY(kvhal__prefix_ticket(cm->pc, h, &ticket));
+    /* bound: a load_back of this request reads no host page past the tokens this match was given */
+    KVHAL_TRY(kvhal__prefix_ticket(cm->pc, h, num_tokens, &ticket));
     *handle = ticket;
     if (cached_len) *cached_len = len;
     return KVHAL_OK;
@@ -574,7 +575,7 @@ static kvhal_status finish_impl(kvhal_cache_manager *cm, const int32_t *tokens, 
     give_back(cm, pages, own, dup_end);
     give_back(cm, pages, aligned, npages);
     /* the pages that entered the tree: page map, stored events, write-through copies */
-    if (cm->tiering) return kvhal__tiering_inserted(cm->tiering, tokens, pages, dup_end, aligned, parent);
+    if (cm->tiering) kvhal__tiering_inserted(cm->tiering, tokens, pages, dup_end, aligned, parent);
     return KVHAL_OK;
 }
 

@@ -64,7 +64,10 @@ kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm, const int
     const size_t ps = (size_t)cm->page_size, np = len / ps;
     const uint64_t parent = np ? kvhal__tiering_page_hash(cm->tiering, pages[np - 1]) : kvhal__tiering_root(cm->tiering);
     *host_len = kvhal__tiering_host_run(cm->tiering, tokens, num_tokens, np, parent, NULL, 0) * ps;
-    return KVHAL_OK;
+    /* what was reported is what load_back may load: never a page past device_len + host_len */
+    const size_t reported = len + *host_len;
+    size_t bound;
+    return kvhal__prefix_ticket_bound(cm->pc, *handle, &reported, &bound);
 }
 
 kvhal_status kvhal_cache_manager_load_back(kvhal_cache_manager *cm, kvhal_prefix_handle handle, const int32_t *tokens,
@@ -77,13 +80,17 @@ kvhal_status kvhal_cache_manager_load_back(kvhal_cache_manager *cm, kvhal_prefix
     if (!(handle >> 63))
         return kvhal__err(KVHAL_INVALID_HANDLE, "handle: 0x%016llx is not a request handle (kvhal_cache_manager_match "
                           "gives one)", (unsigned long long)handle);
-    size_t matched;
+    size_t matched, bound;
     int32_t last;
     KVHAL_TRY(kvhal__prefix_handle_len(cm->pc, handle, &matched));
     KVHAL_TRY(kvhal__prefix_handle_last_page(cm->pc, handle, &last));
+    KVHAL_TRY(kvhal__prefix_ticket_bound(cm->pc, handle, NULL, &bound));
     if (matched > num_tokens)
         return kvhal__err(KVHAL_INVALID_ARGUMENT, "num_tokens: %zu, fewer than the %zu the handle matched",
                           num_tokens, matched);
+    /* never past what the match reported (match_tiered: device_len + host_len; match: the tokens it was given),
+     * whatever num_tokens: a caller may pass the whole prompt after matching all but its last token */
+    if (num_tokens > bound) num_tokens = bound;
     kvhal__tiering *t = cm->tiering;
     kvhal__tier *tier = kvhal__tiering_tier(t);
     const size_t ps = (size_t)cm->page_size;
@@ -110,7 +117,8 @@ kvhal_status kvhal_cache_manager_load_back(kvhal_cache_manager *cm, kvhal_prefix
     free(slots);
     KVHAL_TRY(st);
     *loaded_len = n * ps;
-    return KVHAL_OK;
+    /* loaded once: a second load_back of this request finds nothing more to load */
+    return kvhal__prefix_ticket_bound(cm->pc, handle, &matched, &bound);
 }
 
 kvhal_status kvhal_cache_manager_transfer_wait(kvhal_cache_manager *cm)
@@ -143,6 +151,14 @@ kvhal_status kvhal_cache_manager_tier_stats(const kvhal_cache_manager *cm, kvhal
     kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
     if (tier) tier->ops->stats(tier, out);
     out->events_dropped = kvhal__kv_events_dropped(kvhal__tiering_events(cm->tiering));
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_tier_write_failures(const kvhal_cache_manager *cm, uint64_t *pages)
+{
+    KVHAL_TRY(check_tiered(cm, false));
+    KVHAL_CHECK_ARG(pages, "pages: NULL");
+    *pages = kvhal__tiering_write_failures(cm->tiering);
     return KVHAL_OK;
 }
 

@@ -39,6 +39,7 @@ static inline kvhal_status kvhal__op_run(const kvhal__bk *bk, int32_t id, kvhal_
 static inline kvhal_status kvhal__op_dispatch(kvhal_device dev, const kvhal__bk *bk, kvhal_bk_op op,
                                               const kvhal_desc_key *key, const void *args, const kvhal_stream *s)
 {
+    KVHAL_TRY(kvhal__bk_here(bk, dev.id, "dev"));
     void *desc = NULL;
     if (key) {
         KVHAL_TRY(kvhal__desc_get_or_create(dev, bk, op, key, args, &desc));

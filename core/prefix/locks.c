@@ -36,7 +36,7 @@ static kvhal_status kvhal_prefix_unlock__body(kvhal_prefix_cache *pc, kvhal_pref
     return KVHAL_OK;
 }
 
-static kvhal_status kvhal__prefix_ticket__body(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h,
+static kvhal_status kvhal__prefix_ticket__body(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h, size_t bound,
                                                kvhal_prefix_handle *out)
 {
     KVHAL_TRY(kvhal__pfx_check_pc_magic(pc));
@@ -67,6 +67,7 @@ static kvhal_status kvhal__prefix_ticket__body(kvhal_prefix_cache *pc, kvhal_pre
     t->live = true;
     t->node_id = x == &pc->root ? ROOT_ID : x->id;
     t->node_gen = x == &pc->root ? 0 : x->gen;
+    t->bound = bound;
     pc->tickets_live++;
     *out = H_TICKET | ((uint64_t)t->gen << 32) | ((uint64_t)slot + 1);
     return KVHAL_OK;
@@ -106,14 +107,30 @@ kvhal_status kvhal_prefix_unlock(kvhal_prefix_cache *pc, kvhal_prefix_handle han
     KVHAL_OWNED_CALL(kvhal__pfx_check_pc(pc), pc, "pc", kvhal_prefix_unlock__body(pc, handle));
 }
 
-kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h, kvhal_prefix_handle *out)
+kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h, size_t bound,
+                                  kvhal_prefix_handle *out)
 {
     KVHAL_TRY(kvhal__pfx_check_pc_magic(pc)); /* called by the manager on its own live cache */
     kvhal_prefix_cache *o = pc;
     KVHAL_OWNER_ENTER(o, "pc");
-    kvhal_status st = kvhal__prefix_ticket__body(pc, node_h, out);
+    kvhal_status st = kvhal__prefix_ticket__body(pc, node_h, bound, out);
     KVHAL_OWNER_LEAVE(o);
     return st;
+}
+
+kvhal_status kvhal__prefix_ticket_bound(kvhal_prefix_cache *pc, kvhal_prefix_handle handle, const size_t *set,
+                                        size_t *bound)
+{
+    KVHAL_TRY(kvhal__pfx_check_pc_magic(pc)); /* called by the manager on its own live cache */
+    *bound = 0;
+    if (!(handle & H_TICKET))
+        return kvhal__err(KVHAL_INVALID_HANDLE, "handle: 0x%016llx is not a request handle (kvhal_cache_manager_match "
+                          "gives one)", (unsigned long long)handle);
+    ticket *t;
+    KVHAL_TRY(kvhal__pfx_resolve_ticket(pc, handle, &t));
+    if (set && *set < t->bound) t->bound = *set;
+    *bound = t->bound;
+    return KVHAL_OK;
 }
 
 kvhal_status kvhal__prefix_handle_len(const kvhal_prefix_cache *pc, kvhal_prefix_handle handle, size_t *len)

@@ -22,9 +22,14 @@ KVHAL_HIDDEN kvhal_status kvhal__prefix_handle_last_page(const kvhal_prefix_cach
                                                          int32_t *page);
 /* Locks the node a handle from kvhal_prefix_match names (0: the root, which needs no lock) and gives a request
  * handle (a ticket) for that lock: the cache manager's match hands it out, and finishing or unlocking it consumes
- * it, so that a second finish of one request is KVHAL_INVALID_HANDLE. */
-KVHAL_HIDDEN kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h,
+ * it, so that a second finish of one request is KVHAL_INVALID_HANDLE. bound: the tokens the request's match covered
+ * (kvhal__prefix_ticket_bound). */
+KVHAL_HIDDEN kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_prefix_handle node_h, size_t bound,
                                                kvhal_prefix_handle *out);
+/* A request handle's bound: what the tokens its match reported on reach (set: lowers it to *set first when set is
+ * not NULL). KVHAL_INVALID_HANDLE for anything but a live request handle. */
+KVHAL_HIDDEN kvhal_status kvhal__prefix_ticket_bound(kvhal_prefix_cache *pc, kvhal_prefix_handle handle,
+                                                     const size_t *set, size_t *bound);
 /* The calls a cache manager makes on its own prefix cache: as the public ones (owner flag included), but without
  * the live-handle lookup (the manager's cache lives as long as the manager, which its own entry looked up). */
 KVHAL_HIDDEN kvhal_status kvhal__prefix_match_owned(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,

@@ -49,7 +49,7 @@ static kvhal_status resolve_node(const kvhal_prefix_cache *pc, uint64_t h, node 
 }
 
 /* The live ticket a ticket handle names. */
-static kvhal_status resolve_ticket(const kvhal_prefix_cache *pc, uint64_t h, ticket **out)
+kvhal_status kvhal__pfx_resolve_ticket(const kvhal_prefix_cache *pc, uint64_t h, ticket **out)
 {
     uint32_t slot = (uint32_t)h - 1, gen = (uint32_t)(h >> 32) & GEN_MASK;
     if ((uint32_t)h == 0 || slot >= pc->num_tickets || !pc->tickets[slot].live || pc->tickets[slot].gen != gen)
@@ -67,7 +67,7 @@ kvhal_status kvhal__pfx_resolve(const kvhal_prefix_cache *pc, kvhal_prefix_handl
     }
     if (h & H_TICKET) {
         ticket *t = NULL;
-        KVHAL_TRY(resolve_ticket(pc, h, &t));
+        KVHAL_TRY(kvhal__pfx_resolve_ticket(pc, h, &t));
         if (t->node_id == ROOT_ID) {
             *out = (node *)&pc->root;
             return KVHAL_OK;

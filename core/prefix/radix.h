@@ -81,6 +81,7 @@ typedef struct ticket {
     uint32_t gen;       /* bumped when the ticket is consumed */
     uint32_t next_free; /* free-list link (index + 1, 0 = end) while free */
     bool live;
+    size_t bound;       /* tokens its request's match reported on (the cache manager's load_back loads no further) */
 } ticket;
 
 typedef struct heap_entry {
@@ -188,6 +189,8 @@ KVHAL_HIDDEN kvhal_status kvhal__pfx_check_pc_magic(const kvhal_prefix_cache *pc
 KVHAL_HIDDEN kvhal_status kvhal__pfx_check_pc(const kvhal_prefix_cache *pc);
 /* The node a handle of either kind stands for: the root for 0 and for a ticket of an empty match. */
 KVHAL_HIDDEN kvhal_status kvhal__pfx_resolve(const kvhal_prefix_cache *pc, kvhal_prefix_handle h, node **out);
+/* The live ticket a request handle names; KVHAL_INVALID_HANDLE otherwise. */
+KVHAL_HIDDEN kvhal_status kvhal__pfx_resolve_ticket(const kvhal_prefix_cache *pc, uint64_t h, ticket **out);
 /* Capacity is reserved whenever a node is created (heap entries <= nodes), so a push never allocates. */
 KVHAL_HIDDEN void kvhal__pfx_heap_push(kvhal_prefix_cache *pc, node *x);
 KVHAL_HIDDEN void kvhal__pfx_heap_remove(kvhal_prefix_cache *pc, node *x);

@@ -46,12 +46,22 @@ struct kvhal__tiering {
     size_t q_n, q_pages;
     kvhal__tier *tier;       /* NULL: no host tier (events only) */
     kvhal__kv_events *ev;
+    uint64_t write_failures; /* pages whose copy to the tier failed: device-only, as if the tier had no room */
 };
 
 kvhal__tier *kvhal__tiering_tier(kvhal__tiering *t) { return t->tier; }
 kvhal__kv_events *kvhal__tiering_events(kvhal__tiering *t) { return t->ev; }
 uint64_t kvhal__tiering_root(const kvhal__tiering *t) { return t->root; }
 uint64_t kvhal__tiering_page_hash(const kvhal__tiering *t, int32_t page) { return t->hash[page]; }
+uint64_t kvhal__tiering_write_failures(const kvhal__tiering *t) { return t->write_failures; }
+
+/* A store of n pages failed (its status st; the tier kept nothing of it): the pages stay device-only. */
+static void store_failed(kvhal__tiering *t, size_t n, kvhal_status st, const char *why)
+{
+    t->write_failures += n;
+    kvhal__log(KVHAL_LOG_WARN, "host tier: the %s copy of %zu device pages failed (%s: %s); they stay on the device "
+               "only", why, n, kvhal_status_name(st), kvhal_last_error());
+}
 
 void kvhal__tiering_destroy(kvhal__tiering *t)
 {
@@ -183,8 +193,8 @@ static void note_copies(kvhal__tiering *t, const int32_t *pages, size_t n)
     if (n) t->busy = true;
 }
 
-kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, const int32_t *pages, size_t first,
-                                     size_t aligned, uint64_t parent)
+void kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, const int32_t *pages, size_t first,
+                             size_t aligned, uint64_t parent)
 {
     const size_t ps = (size_t)t->page_size;
     uint64_t h = parent;
@@ -206,14 +216,17 @@ kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, c
             nw++;
         }
     }
-    if (!nw) return KVHAL_OK;
+    if (!nw) return;
     size_t stored = 0;
     /* the copied pages' ids land in wb_hash's memory, free between evictions like the rest of the buffer */
     int32_t *copied = (int32_t *)t->wb_hash;
-    KVHAL_TRY(t->tier->ops->store(t->tier, nw, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored,
-                                  copied));
+    const kvhal_status st =
+        t->tier->ops->store(t->tier, nw, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored, copied);
+    if (st != KVHAL_OK) { /* the request's pages are the tree's already: the finish stands without host copies */
+        store_failed(t, nw, st, "write-through");
+        return;
+    }
     note_copies(t, copied, stored);
-    return KVHAL_OK;
 }
 
 void kvhal__tiering_evicted(kvhal__tiering *t, const int32_t *pages, size_t n)
@@ -241,8 +254,8 @@ void kvhal__tiering_queue(kvhal__tiering *t, int32_t first, int32_t step, int32_
 
 /* The queued write-backs go to the tier (one lookup each: pages it holds are touched, not copied): the pages
  * copied start copying; the others (held already, no room, or a failed store: lost to the host tier only, as
- * they left the device either way) are done at once, appended to done[*nd]. */
-static kvhal_status flush(kvhal__tiering *t, const uint64_t *drain_bits, size_t *nd)
+ * they left the device either way; counted in write_failures) are done at once, appended to done[*nd]. */
+static void flush(kvhal__tiering *t, const uint64_t *drain_bits, size_t *nd)
 {
     const size_t ps = (size_t)t->page_size;
     size_t n = 0;
@@ -263,11 +276,13 @@ static kvhal_status flush(kvhal__tiering *t, const uint64_t *drain_bits, size_t 
     int32_t *copied = (int32_t *)t->q_runs; /* free now (n int32 fit); store writes it after reading its inputs */
     const kvhal_status st =
         t->tier->ops->store(t->tier, n, t->wb_pages, t->wb_hash, t->wb_parent, t->wb_tokens, &stored, copied);
-    if (st != KVHAL_OK) stored = 0;
+    if (st != KVHAL_OK) {
+        stored = 0;
+        store_failed(t, n, st, "write-back");
+    }
     note_copies(t, copied, stored);
     for (size_t i = 0; i < n; i++)
         if (!copying(t, t->wb_pages[i])) t->done[(*nd)++] = t->wb_pages[i];
-    return st;
 }
 
 kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const uint64_t *drain_bits,
@@ -275,11 +290,11 @@ kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const
 {
     *done = t->done;
     *n = 0;
-    kvhal_status st = t->q_n && store ? flush(t, drain_bits, n) : KVHAL_OK;
-    if (!t->busy) return st;
+    if (t->q_n && store) flush(t, drain_bits, n);
+    if (!t->busy) return KVHAL_OK;
     const kvhal_status q = wait ? t->tier->ops->wait(t->tier) : t->tier->ops->query(t->tier);
-    if (q == KVHAL_BUSY) return st;
-    if (q != KVHAL_OK) return st != KVHAL_OK ? st : q;
+    if (q == KVHAL_BUSY) return KVHAL_OK;
+    if (q != KVHAL_OK) return q;
     t->tier->ops->complete(t->tier);
     /* write-through copies of a whole batch of requests complete together: their pages are listed only where some
      * drain (ndrain: the manager's count), and the bits cleared by words once there are many */
@@ -294,7 +309,7 @@ kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const
         }
     t->out_n = 0;
     t->busy = false;
-    return st;
+    return KVHAL_OK;
 }
 
 size_t kvhal__tiering_host_run(kvhal__tiering *t, const int32_t *tokens, size_t num_tokens, size_t first,

@@ -12,9 +12,13 @@ KVHAL_HIDDEN kvhal_status kvhal__tiering_create(const kvhal_host_tier_config *cf
                                                 int32_t page_size, kvhal__tiering **out);
 KVHAL_HIDDEN void kvhal__tiering_destroy(kvhal__tiering *t);
 /* A finished request's pages [first, aligned) of pages (tokens from the same index, parent the hash before page 0)
- * entered the tree; pages [0, first) were already there. */
-KVHAL_HIDDEN kvhal_status kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, const int32_t *pages,
+ * entered the tree; pages [0, first) were already there. It cannot fail: the pages are the tree's now. A
+ * write-through copy that fails (an allocation, a device error) leaves the pages on the device only, counted by
+ * kvhal__tiering_write_failures and logged as a warning. */
+KVHAL_HIDDEN void kvhal__tiering_inserted(kvhal__tiering *t, const int32_t *tokens, const int32_t *pages,
                                                   size_t first, size_t aligned, uint64_t parent);
+/* Pages whose copy to the host tier failed (write-through finishes and write-back stores). */
+KVHAL_HIDDEN uint64_t kvhal__tiering_write_failures(const kvhal__tiering *t);
 /* The hash of a tree page (the parent of what follows it). */
 KVHAL_HIDDEN uint64_t kvhal__tiering_page_hash(const kvhal__tiering *t, int32_t page);
 KVHAL_HIDDEN uint64_t kvhal__tiering_root(const kvhal__tiering *t);
@@ -32,8 +36,9 @@ KVHAL_HIDDEN const uint64_t *kvhal__tiering_copy_bits(const kvhal__tiering *t);
 KVHAL_HIDDEN bool kvhal__tiering_busy(const kvhal__tiering *t);
 /* Stores the queued write-backs (store: their copies enqueued; it may drop host entries to make room), then, when
  * the tier's copies are complete (wait: waits for them; else a query that never waits): host entries become valid. *done[0..*n) lists the device pages now
- * done with (copies finished, or nothing to copy); the manager frees those that drain. An error of the store is
- * returned after *done is filled (the pages are lost to the host tier only). */
+ * done with (copies finished, or nothing to copy); the manager frees those that drain. A store that fails is no
+ * error here: its pages are lost to the host tier only (counted, kvhal__tiering_write_failures); the error returned
+ * is the wait's or the query's (a device error). */
 KVHAL_HIDDEN kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const uint64_t *drain_bits,
                                               int32_t ndrain, const int32_t **done, size_t *n);
 /* Whether a copy out of device page p is in flight. */

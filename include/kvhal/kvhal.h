@@ -153,7 +153,14 @@ KVHAL_API kvhal_status kvhal_error_set(kvhal_status status, const char *fmt, ...
  *   destroyed one is KVHAL_INVALID_HANDLE there, without its memory being read, unless a new object of the same
  *   kind has since been created at the same address (a pointer cannot tell the two apart: it then names the new
  *   object). Every other call with a destroyed buffer, stream, cache or block pool is undefined, as with freed
- *   memory: checking each use against the set would put a lock on every op's path. */
+ *   memory: checking each use against the set would put a lock on every op's path.
+ * Fork: a device runtime does not survive fork(). In a child forked (fork(), with its pthread_atfork handlers) from
+ * the process that initialised a backend module (OpenCL, CUDA, HIP, a vendor's), every call that would reach that
+ * module returns KVHAL_BACKEND_UNAVAILABLE naming the device and both process ids, and changes nothing: creating
+ * buffers, streams, events and caches on its devices, device queries and synchronisation, copies and ops, and the
+ * destroys of the parent's objects on them (the child never releases what is the parent's). The built-in cpu device
+ * works in the child, the parent's cpu buffers included. A child that needs another device is started with exec, or
+ * forked before the process's first kvhal call. */
 
 /** The version of the loaded library, "MAJOR.MINOR.PATCH" (compare with ::KVHAL_VERSION_STRING, the header's).
  *  @return a static string, valid for the life of the process.
@@ -1336,7 +1343,10 @@ KVHAL_API kvhal_status kvhal_cache_manager_free(kvhal_cache_manager *cm, const i
  * @param handle the request handle its kvhal_cache_manager_match gave; consumed on success.
  * @return KVHAL_OK; KVHAL_INVALID_HANDLE when handle is not a live request handle of cm (0, a node handle,
  *         finished or unlocked already, or stale after a reset); KVHAL_INVALID_ARGUMENT for pages not held or not
- *         repeating the matched ones; KVHAL_OUT_OF_MEMORY. Nothing changes on a refusal.
+ *         repeating the matched ones; KVHAL_OUT_OF_MEMORY. Nothing changes on a refusal, and a refusal always
+ *         sets kvhal_last_error(). On a write-through tiered manager, a host copy that fails once the pages are
+ *         in the device cache does not refuse the finish: KVHAL_OK, and kvhal_cache_manager_tier_write_failures
+ *         counts the pages left without a host copy.
  * Thread safety: cm is single-owner (concurrent calls get KVHAL_BUSY). Graph capture: host only, enqueues nothing (a
  * tiered manager's write-through copies: see kvhal_cache_manager_create_tiered). */
 KVHAL_API kvhal_status kvhal_cache_manager_cache_finished(kvhal_cache_manager *cm, const int32_t *tokens,
@@ -1600,8 +1610,14 @@ KVHAL_API kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm,
  * finishing the request caches them on the device again). The copies are complete after
  * kvhal_cache_manager_transfer_wait (or when kvhal_cache_manager_transfer_query says KVHAL_OK); until then the
  * pages must not be read. The host pages stay in the host tier.
+ * Bounded by the match: it never loads a page past the tokens the request's match reported, device_len + host_len
+ * of kvhal_cache_manager_match_tiered (or, for a handle of kvhal_cache_manager_match or a match_tiered without
+ * host_len, the num_tokens that match was given), whatever num_tokens is here: an engine that matched all but the
+ * last prompt token may pass the whole prompt and gets exactly the reported host_len (less when host pages were
+ * dropped since: loaded_len says). Each request loads once: a second load_back of the same handle loads nothing.
  * @param cm a tiered manager. @param handle the request handle of this request's match.
- * @param tokens, num_tokens the request's whole tokens (as given to match; read during the call).
+ * @param tokens, num_tokens the request's tokens (those given to match, or more of the same prompt; read during the
+ *        call).
  * @param pages out: the loaded pages. @param pages_cap entries of room in pages. @param loaded_len out: tokens loaded (a multiple of the page
  *        size; 0 when the host tier holds nothing past the device match).
  * @return KVHAL_OK; KVHAL_INVALID_HANDLE; KVHAL_INVALID_ARGUMENT (not tiered, NULL arrays); KVHAL_OUT_OF_RANGE
@@ -1637,6 +1653,15 @@ typedef struct kvhal_host_tier_stats {
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT when cm is not tiered or out is NULL.
  * Thread safety: the manager is single-owner. Graph capture: host only. */
 KVHAL_API kvhal_status kvhal_cache_manager_tier_stats(const kvhal_cache_manager *cm, kvhal_host_tier_stats *out);
+/** Device pages whose copy to the host tier failed (host memory for the copy's bookkeeping, a device error): a
+ * write-through copy in cache_finished (the finish still succeeds: the request's pages are in the device cache,
+ * only their host copies are missing) or a write-back store. Such pages stay on the device only, as if the host
+ * tier had had no room; each failure is also logged as a warning (kvhal_log_set). A counter of its own because
+ * kvhal_host_tier_stats is frozen.
+ * @param cm a tiered manager. @param pages out: the count since the manager was created.
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT when cm is not tiered or pages is NULL.
+ * Thread safety: the manager is single-owner. Graph capture: host only. */
+KVHAL_API kvhal_status kvhal_cache_manager_tier_write_failures(const kvhal_cache_manager *cm, uint64_t *pages);
 
 /** Drops every host page (after waiting for the transfers in flight); a cleared event for the host tier.
  * @param cm a manager with a host tier. @return KVHAL_OK; KVHAL_INVALID_ARGUMENT when cm has no host tier.

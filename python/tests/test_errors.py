@@ -91,7 +91,7 @@ def test_prefix_and_manager_bad_arguments():
         cm.unlock(42)
     other = kvhal.CacheManager(8, 1)
     h, _, _ = other.match([1, 2])
-    with pytest.raises(kvhal.InvalidArgument, match="another cache"):
+    with pytest.raises(kvhal.InvalidHandle, match="another cache"):
         cm.unlock(h)
     with pytest.raises(kvhal.OutOfMemory):
         cm.allocate(9)

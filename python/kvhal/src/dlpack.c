@@ -1,11 +1,38 @@
 /* dlpack.c — arrays in (the exchange API, __dlpack__ capsules, the wrap cache) and capsules out. */
 #include "dlpack.h"
 
+#include <stdint.h>
 #include <string.h>
+
+/* A producer's code (a deleter, a capsule's destructor) may run Python code: the pending exception, if any, is kept
+ * aside while it runs and put back after, so that a refusal keeps its message. An exception the producer's code
+ * leaves behind is reported as one raised in a destructor (sys.unraisablehook), never returned in its place. */
+typedef struct {
+    PyObject *type, *value, *tb;
+} kept_exception;
+
+static void keep_exception(kept_exception *k) { PyErr_Fetch(&k->type, &k->value, &k->tb); }
+
+static void restore_exception(kept_exception *k)
+{
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
+    PyErr_Restore(k->type, k->value, k->tb);
+}
+
+/* Drops a reference to a producer's capsule (its destructor may run), the pending exception kept. */
+static void capsule_drop(PyObject *cap)
+{
+    kept_exception k;
+    keep_exception(&k);
+    Py_DECREF(cap);
+    restore_exception(&k);
+}
 
 void kvpy_taken_release(kvpy_taken *tk)
 {
     if (!tk->managed) return;
+    kept_exception k;
+    keep_exception(&k);
     if (tk->versioned) {
         DLManagedTensorVersioned *m = tk->managed;
         if (m->deleter) m->deleter(m);
@@ -14,6 +41,7 @@ void kvpy_taken_release(kvpy_taken *tk)
         if (m->deleter) m->deleter(m);
     }
     tk->managed = NULL;
+    restore_exception(&k);
 }
 
 /* ---- devices ---- */
@@ -362,7 +390,7 @@ static int take_capsule(kvpy_state *st, PyObject *cap, const char *arg, kvpy_imp
         kvpy_bad_arg(st, "%s: __dlpack__ returned no DLPack capsule", arg);
         rc = -1;
     }
-    Py_DECREF(cap); /* renamed: its destructor leaves the tensor to us */
+    capsule_drop(cap); /* renamed: its destructor leaves the tensor to us (and a refusal's exception stays) */
     return rc;
 }
 
@@ -407,13 +435,19 @@ static int import_dtype(kvpy_state *st, const DLTensor *dl, const char *arg, int
 /* Shape and strides into t, checked as kvhal_tensor_make would (shape and strides >= 0, no 64-bit overflow, the
  * byte offset a multiple of the element size); *bytes: the bytes the view spans from the buffer's start, so every
  * element lies inside a buffer of that size by construction (kvhal_tensor_make's second pass over the same checks
- * cost a fifth of an argument's import). *numel: the element count. 0, or -1 with an exception set. */
+ * cost a fifth of an argument's import). The byte offset and the span are at most PTRDIFF_MAX (no object is
+ * larger, and pointer arithmetic past it is undefined). *numel: the element count. 0, or -1 with an exception
+ * set. */
 static int import_layout(kvpy_state *st, const DLTensor *dl, const char *arg, size_t esz, kvhal_tensor *t,
                          uint64_t *bytes, int64_t *numel)
 {
     int64_t run = 1, last = 0; /* last: the farthest element's index in elements */
     int overflow = 0;
     *numel = 1;
+    if (dl->byte_offset > (uint64_t)PTRDIFF_MAX) {
+        kvpy_bad_arg(st, "%s: byte offset %llu is past PTRDIFF_MAX", arg, (unsigned long long)dl->byte_offset);
+        return -1;
+    }
     for (int i = dl->ndim - 1; i >= 0; i--) {
         const int64_t n = dl->shape[i], sd = dl->strides ? dl->strides[i] : run;
         if (n < 0) {
@@ -438,8 +472,12 @@ static int import_layout(kvpy_state *st, const DLTensor *dl, const char *arg, si
                    __builtin_add_overflow(b, (uint64_t)dl->byte_offset, &b);
     else if (!overflow)
         b = dl->byte_offset;
-    if (overflow || b > SIZE_MAX) {
+    if (overflow) {
         kvpy_bad_arg(st, "%s: shape and strides overflow 64-bit byte offsets", arg);
+        return -1;
+    }
+    if (b > (uint64_t)PTRDIFF_MAX) {
+        kvpy_bad_arg(st, "%s: the view spans %llu bytes, past PTRDIFF_MAX", arg, (unsigned long long)b);
         return -1;
     }
     if (dl->byte_offset % esz) {
@@ -474,7 +512,21 @@ static int import_view(kvpy_state *st, const DLTensor *dl, uint64_t flags, const
         kvpy_bad_arg(st, "%s: %d dimensions (kvhal takes 1 to %d)", arg, (int)dl->ndim, KVHAL_MAX_DIMS);
         return -1;
     }
+    if (!dl->shape) { /* strides may be NULL (compact row-major), the shape never */
+        kvpy_bad_arg(st, "%s: the DLPack tensor's shape is NULL for %d dimensions", arg, (int)dl->ndim);
+        return -1;
+    }
     if (import_layout(st, dl, arg, kvhal_dtype_size(dt), &out->t, bytes, numel) != 0) return -1;
+    if (*numel > 0 && !dl->data) {
+        kvpy_bad_arg(st, "%s: the DLPack tensor's data is NULL for %lld elements", arg, (long long)*numel);
+        return -1;
+    }
+    /* on the host, data is an address: the view must not run past the end of the address space */
+    if (dev->type == KVHAL_DEVICE_CPU && *numel > 0 && (uintptr_t)dl->data > UINTPTR_MAX - (uintptr_t)*bytes) {
+        kvpy_bad_arg(st, "%s: data %p plus the view's %llu bytes wraps around the address space", arg, dl->data,
+                     (unsigned long long)*bytes);
+        return -1;
+    }
     out->t.dtype = dt;
     out->t.ndim = (int32_t)dl->ndim;
     out->t.offset = (size_t)dl->byte_offset;

@@ -83,7 +83,8 @@ int kvpy_handle_get(kvpy_state *st, PyObject *o, PyObject *cache, PyObject *alt,
     }
     handle_object *h = (handle_object *)o;
     if (h->cache != cache && h->cache != alt) {
-        kvpy_bad_arg(st, "handle: the handle comes from another cache");
+        /* a handle is valid only in the cache that gave it: C says KVHAL_INVALID_HANDLE for another cache's */
+        kvpy_raise_msg(st, KVHAL_INVALID_HANDLE, "handle: the handle comes from another cache");
         return -1;
     }
     *out = h->h;
