@@ -49,6 +49,13 @@ def test_device_events(device):
     assert e.query() is True
     e.wait()  # the default stream waits for it
     e.record(stream=None)
+    s = kvhal.Stream(device)
+    e.record(stream=s)
+    e.wait(stream=s)
+    e.synchronize()
+    if device != "cpu:0":
+        with pytest.raises(kvhal.DeviceMismatch, match="stream"):
+            e.record(stream=kvhal.Stream("cpu:0"))
     with pytest.raises(kvhal.InvalidArgument, match="stream"):
         e.record(stream="fast")
     with pytest.raises(kvhal.InvalidArgument, match="device"):
