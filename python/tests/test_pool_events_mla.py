@@ -116,3 +116,16 @@ def test_paged_caching_mla_bad_arguments():
         kvhal.paged_caching_mla(cache, "kv", None, np.zeros(2, np.int32))
     with pytest.raises(TypeError, match="slot_mapping"):
         kvhal.paged_caching_mla(cache, kv_c, None)
+
+
+def test_paged_caching_mla_large_on_the_host():
+    """A write large enough that the call releases the GIL, against the reference."""
+    rng = np.random.default_rng(9)
+    n, dc, dpe = 1024, 64, 16
+    cache = np.zeros((64, 16, dc + dpe), np.float32)
+    kv_c = rng.standard_normal((n, dc)).astype(np.float32)
+    k_pe = rng.standard_normal((n, dpe)).astype(np.float32)
+    slots = rng.permutation(n).astype(np.int64)
+    want = mla_reference(cache.copy(), kv_c, k_pe, slots)
+    kvhal.paged_caching_mla(cache, kv_c, k_pe, slots)
+    np.testing.assert_array_equal(cache, want)
