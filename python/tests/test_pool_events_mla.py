@@ -49,6 +49,13 @@ def test_device_events(device):
     assert e.query() is True
     e.wait()  # the default stream waits for it
     e.record(stream=None)
+    s = kvhal.Stream(device)
+    e.record(stream=s)
+    e.wait(stream=s)
+    e.synchronize()
+    if device != "cpu:0":
+        with pytest.raises(kvhal.DeviceMismatch, match="stream"):
+            e.record(stream=kvhal.Stream("cpu:0"))
     with pytest.raises(kvhal.InvalidArgument, match="stream"):
         e.record(stream="fast")
     with pytest.raises(kvhal.InvalidArgument, match="device"):
@@ -109,3 +116,16 @@ def test_paged_caching_mla_bad_arguments():
         kvhal.paged_caching_mla(cache, "kv", None, np.zeros(2, np.int32))
     with pytest.raises(TypeError, match="slot_mapping"):
         kvhal.paged_caching_mla(cache, kv_c, None)
+
+
+def test_paged_caching_mla_large_on_the_host():
+    """A write large enough that the call releases the GIL, against the reference."""
+    rng = np.random.default_rng(9)
+    n, dc, dpe = 1024, 64, 16
+    cache = np.zeros((64, 16, dc + dpe), np.float32)
+    kv_c = rng.standard_normal((n, dc)).astype(np.float32)
+    k_pe = rng.standard_normal((n, dpe)).astype(np.float32)
+    slots = rng.permutation(n).astype(np.int64)
+    want = mla_reference(cache.copy(), kv_c, k_pe, slots)
+    kvhal.paged_caching_mla(cache, kv_c, k_pe, slots)
+    np.testing.assert_array_equal(cache, want)

@@ -223,6 +223,12 @@ def test_bad_arguments():
         kvhal.TieredCacheManager(pc, total_pages=9)
     with pytest.raises(kvhal.InvalidArgument, match="num_blocks"):
         kvhal.PagedCache(1, 1, 1, 4)
+    with pytest.raises(kvhal.InvalidArgument, match="num_blocks"):
+        kvhal.PagedCache(1, 1, 1, 4, num_blocks=2, memory_budget=1 << 20)
+    # a budget of 3 blocks' K and V (1 layer, 1 head, dim 2, 4 tokens, f32)
+    assert kvhal.PagedCache(1, 1, 2, 4, memory_budget=3 * 2 * 4 * 2 * 4).num_blocks == 3
+    with pytest.raises(kvhal.InvalidArgument, match="num_heads"):
+        kvhal.PagedCache(1, 0, 1, 4, num_blocks=2)
     with pytest.raises(kvhal.InvalidArgument, match="layout"):
         kvhal.PagedCache(1, 1, 1, 4, num_blocks=2, layout="nchw")
     with pytest.raises(kvhal.InvalidArgument, match="dtype"):
@@ -241,7 +247,8 @@ def test_bad_arguments():
     plain = kvhal.TieredCacheManager.__new__(kvhal.TieredCacheManager)
     with pytest.raises(kvhal.InvalidArgument, match="initialised"):
         plain.stats()
-    assert not tm.transfer_query() or tm.transfer_query() is True
+    tm.transfer_wait()
+    assert tm.transfer_query() is True  # nothing in flight after a wait
 
 
 def test_load_back_releases_the_gil_and_stays_consistent_across_threads():

@@ -6,6 +6,7 @@
  *   devevents.c kvhal.Event (device events: record, query, synchronize, stream waits)
  *   mla.c       kvhal.paged_caching_mla
  *   xfer.c      kvhal.xfer's Agent, Peer, Transfer and XferEvent (built with libkvhal-xfer only)
+ *   bind.c      what they share: registration, page ids from any host array, stream arguments
  * Each room's types live in the module state's bind_type[] at its KVPY_T_* index. */
 #ifndef KVPY_BIND_H
 #define KVPY_BIND_H

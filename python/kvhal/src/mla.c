@@ -35,8 +35,15 @@ static PyObject *paged_caching_mla(PyObject *mod, PyObject *const *args, Py_ssiz
     }
     kvhal_stream *s;
     if (kvpy_stream_for(st, a[5], native, kvhal_buffer_device(t[0].t.buffer), &s) != 0) goto out;
-    kvhal_status rc =
-        kvhal_paged_caching_mla(&t[0].t, &t[1].t, has_pe ? &t[2].t : NULL, &t[3].t, scale, s);
+    kvhal_status rc;
+    if (kvhal_buffer_device(t[0].t.buffer).type == KVHAL_DEVICE_CPU && kvhal_tensor_numel(&t[1].t) >= (1 << 16)) {
+        /* the CPU writes in the call: other Python threads run meanwhile (kvhal calls are thread-safe) */
+        Py_BEGIN_ALLOW_THREADS
+        rc = kvhal_paged_caching_mla(&t[0].t, &t[1].t, has_pe ? &t[2].t : NULL, &t[3].t, scale, s);
+        Py_END_ALLOW_THREADS
+    } else {
+        rc = kvhal_paged_caching_mla(&t[0].t, &t[1].t, has_pe ? &t[2].t : NULL, &t[3].t, scale, s);
+    }
     ret = rc == KVHAL_OK ? Py_NewRef(Py_None) : kvpy_raise(st, rc);
 out:
     while (n-- > 0) kvpy_import_release(st, &t[n]);

@@ -420,8 +420,9 @@ static PyObject *agent_exit_ctx(PyObject *op, PyObject *args)
 {
     (void)args;
     PyObject *r = agent_close(op, NULL);
-    Py_XDECREF(r);
-    return r ? Py_NewRef(Py_False) : NULL;
+    if (!r) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE; /* exceptions of the block propagate */
 }
 
 #define FAST(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
