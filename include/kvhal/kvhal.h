@@ -414,10 +414,12 @@ KVHAL_API kvhal_status kvhal_stream_wrap(kvhal_device dev, void *native, kvhal_s
  *  @return KVHAL_OK; KVHAL_INVALID_HANDLE for a destroyed or foreign pointer; KVHAL_BACKEND_ERROR.
  *  Thread safety: not concurrently with other calls using s. Graph capture: not while s is capturing. */
 KVHAL_API kvhal_status kvhal_stream_destroy(kvhal_stream *s);
-/** Waits until everything queued on the stream has run.
+/** Waits until everything queued on the stream has run. It does not read the device-side error flag: call
+ *  kvhal_stream_check_errors() for that (a module without a stream wait of its own is waited for device-wide, and
+ *  its flag read then, which may give KVHAL_DEVICE_FAULT).
  *  @param s the stream (NULL is refused: use kvhal_device_synchronize() for the default stream).
- *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for NULL; KVHAL_INVALID_HANDLE; KVHAL_DEVICE_FAULT (device-side
- *  error flag) or KVHAL_BACKEND_ERROR.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for NULL; KVHAL_INVALID_HANDLE; KVHAL_BACKEND_ERROR (or
+ *  KVHAL_DEVICE_FAULT, see above).
  *  Thread safety: any thread. Graph capture: not while s is capturing. */
 KVHAL_API kvhal_status kvhal_stream_synchronize(kvhal_stream *s);
 /** The device a stream belongs to.
