@@ -211,6 +211,7 @@ static void print_json(int ok, size_t counts[3])
 int main(int argc, char **argv)
 {
     kvhal_device only[64];
+    const char *only_text[64];
     int nonly = 0, list = 0;
     static const struct option longopts[] = {
         {"device", required_argument, NULL, 'd'}, {"json", no_argument, NULL, 'j'},
@@ -218,15 +219,11 @@ int main(int argc, char **argv)
         {"version", no_argument, NULL, 'V'},      {NULL, 0, NULL, 0},
     };
     opterr = 0;
-    int32_t nmod = 0;
-    kvhal_backend_module_count(&nmod); /* loads the modules, so that their device types are registered */
     for (int c; (c = getopt_long(argc, argv, ":d:jLhV", longopts, NULL)) != -1;) {
         switch (c) {
         case 'd':
             if (nonly == (int)(sizeof only / sizeof only[0])) return tool_usage_error(tool, "too many --device");
-            if (kvhal_device_parse(optarg, &only[nonly]) != KVHAL_OK)
-                return tool_usage_error(tool, "--device=%s: %s", optarg, kvhal_last_error());
-            nonly++;
+            only_text[nonly++] = optarg; /* parsed once the modules have registered their device types */
             break;
         case 'j': out.json = 1; break;
         case 'L': list = 1; break;
@@ -241,6 +238,11 @@ int main(int argc, char **argv)
         list_checks();
         return TOOL_EXIT_OK;
     }
+    int32_t nmod = 0;
+    kvhal_backend_module_count(&nmod); /* loads the modules, so that their device types are registered */
+    for (int i = 0; i < nonly; i++)
+        if (kvhal_device_parse(only_text[i], &only[i]) != KVHAL_OK)
+            return tool_usage_error(tool, "--device=%s: %s", only_text[i], kvhal_last_error());
     for (int i = 0; i < nonly; i++) {
         int32_t count = 0;
         if (kvhal_device_count(only[i].type, &count) != KVHAL_OK || only[i].id >= count) {
