@@ -42,6 +42,13 @@ cc -std=c11 -Wall -Wextra -pedantic -Werror examples/engine_step.c $(pcflags --c
 if objdump -p "$work/engine_step_static" | grep -q 'NEEDED.*libkvhal'; then echo "static link needs libkvhal.so" >&2; exit 1; fi
 "$work/engine_step_static"
 
+step "1b'. a fully static program (cc -static): loading a module is refused with a message, cpu:0 works"
+make -s -C examples/vendor-plugin O="$work/npu" PKG_CONFIG="pkg-config --define-variable=prefix=$root" EXTRA_CFLAGS=-Werror
+cc -std=c11 -Wall -Wextra -pedantic -Werror -static .ci/consumer/static_load.c $(pcflags --cflags) \
+  "$libdir/libkvhal.a" $(pkg-config --libs-only-l --static kvhal | sed 's/-lkvhal//') -o "$work/static_load" 2>"$work/static_link.log" ||
+  { cat "$work/static_link.log" >&2; exit 1; }
+"$work/static_load" "$work/npu/libkvhal-npu.so"
+
 step "1c. C through pkg-config kvhal-xfer (libkvhal-xfer, which requires kvhal)"
 cc -std=c11 -Wall -Wextra -pedantic -Werror .ci/consumer/xfer_consumer.c $(pkg-config --define-variable=prefix="$root" \
   --cflags --libs kvhal-xfer) -Wl,-rpath,"$libdir" -o "$work/xfer_consumer_c"

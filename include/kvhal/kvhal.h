@@ -918,8 +918,14 @@ typedef struct kvhal_kv_cache_config {
     int32_t num_devices;         /**< >= 1 */
     const kvhal_device *devices; /**< num_devices entries, read during create; heads are split evenly between them */
 } kvhal_kv_cache_config;
-/** Static initialiser of a ::kvhal_kv_cache_config: struct_size set, every other field zero (C, C++20). */
+/** Static initialiser of a ::kvhal_kv_cache_config: struct_size set, every other field zero (C; C++11 and later: a value-initialised struct). */
+#ifdef __cplusplus
+/* C++ has designated initializers from C++20 only, and warns (-Wmissing-field-initializers) about the fields
+ * they leave out: a value-initialised struct with struct_size set, from any C++ standard, without warnings. */
+#define KVHAL_KV_CACHE_CONFIG_INIT ([] { kvhal_kv_cache_config c_{}; c_.struct_size = sizeof c_; return c_; }())
+#else
 #define KVHAL_KV_CACHE_CONFIG_INIT {.struct_size = sizeof(kvhal_kv_cache_config)}
+#endif
 /** Initialises a ::kvhal_kv_cache_config: struct_size set, every other field zero (C and any C++).
  *  @param cfg the caller's struct. */
 static inline void kvhal_kv_cache_config_init(kvhal_kv_cache_config *cfg)
@@ -977,8 +983,14 @@ typedef struct kvhal_static_cache_config {
     kvhal_dtype dtype;    /**< f32, f16, bf16, fp8_e4m3, fp8_e5m2 */
     kvhal_device device;  /**< where it lives */
 } kvhal_static_cache_config;
-/** Static initialiser of a ::kvhal_static_cache_config: struct_size set, every other field zero (C, C++20). */
+/** Static initialiser of a ::kvhal_static_cache_config: struct_size set, every other field zero (C; C++11 and later: a value-initialised struct). */
+#ifdef __cplusplus
+/* C++ has designated initializers from C++20 only, and warns (-Wmissing-field-initializers) about the fields
+ * they leave out: a value-initialised struct with struct_size set, from any C++ standard, without warnings. */
+#define KVHAL_STATIC_CACHE_CONFIG_INIT ([] { kvhal_static_cache_config c_{}; c_.struct_size = sizeof c_; return c_; }())
+#else
 #define KVHAL_STATIC_CACHE_CONFIG_INIT {.struct_size = sizeof(kvhal_static_cache_config)}
+#endif
 /** Initialises a ::kvhal_static_cache_config: struct_size set, every other field zero (C and any C++).
  *  @param cfg the caller's struct. */
 static inline void kvhal_static_cache_config_init(kvhal_static_cache_config *cfg)
@@ -1042,8 +1054,14 @@ typedef struct kvhal_paged_cache_config {
     float k_scale;               /**< FP8 scale of K (0 means 1) */
     float v_scale;               /**< FP8 scale of V (0 means 1) */
 } kvhal_paged_cache_config;
-/** Static initialiser of a ::kvhal_paged_cache_config: struct_size set, every other field zero (C, C++20). */
+/** Static initialiser of a ::kvhal_paged_cache_config: struct_size set, every other field zero (C; C++11 and later: a value-initialised struct). */
+#ifdef __cplusplus
+/* C++ has designated initializers from C++20 only, and warns (-Wmissing-field-initializers) about the fields
+ * they leave out: a value-initialised struct with struct_size set, from any C++ standard, without warnings. */
+#define KVHAL_PAGED_CACHE_CONFIG_INIT ([] { kvhal_paged_cache_config c_{}; c_.struct_size = sizeof c_; return c_; }())
+#else
 #define KVHAL_PAGED_CACHE_CONFIG_INIT {.struct_size = sizeof(kvhal_paged_cache_config)}
+#endif
 /** Initialises a ::kvhal_paged_cache_config: struct_size set, every other field zero (C and any C++).
  *  @param cfg the caller's struct. */
 static inline void kvhal_paged_cache_config_init(kvhal_paged_cache_config *cfg)
