@@ -1405,28 +1405,7 @@ KVHAL_API kvhal_status kvhal_cache_manager_evict(kvhal_cache_manager *cm, size_t
  *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm);
 
-/* ------------------------------------------------------------------------------------------------------------ */
-/* Fault injection (for tests): the n-th host or device allocation from now on fails (n >= 1); 0 turns it off.  */
-/* KVHAL_FAULT_ALLOC=n in the environment does the same at load.                                                 */
-/* ------------------------------------------------------------------------------------------------------------ */
-/** Test hook: the n-th host or device allocation made on a caller's behalf from now on fails (the call returns
- *  KVHAL_OUT_OF_MEMORY and undoes what it did). KVHAL_FAULT_ALLOC=n in the environment does the same at load.
- *  @param n >= 1 to arm; 0 turns it off.
- *  Thread safety: process-wide (allocations on every thread count). Graph capture: host only (no device work). */
-KVHAL_API void kvhal_fault_inject_alloc(int64_t n);
-/** Allocations counted since the last kvhal_fault_inject_alloc() call (to walk every allocation point).
- *  @return the count. Thread safety: process-wide. Graph capture: host only. */
-KVHAL_API int64_t kvhal_fault_alloc_count(void);
-/** Test hook: while hold is nonzero, kvhal_stream_query and the tiered manager's polling of its copies
- *  (kvhal_cache_manager_transfer_query, and the cheap queries inside match and allocate) report the queued work as
- *  still running (KVHAL_BUSY), whatever the device did; waits (kvhal_stream_synchronize, kvhal_device_synchronize)
- *  still complete and are counted. It lets a test keep a copy "in flight" on a device whose copies are synchronous.
- *  @param hold nonzero to hold, 0 to release. The wait count restarts at 0.
- *  Thread safety: process-wide. Graph capture: host only (no device work). */
-KVHAL_API void kvhal_fault_hold_streams(int hold);
-/** Waits (kvhal_stream_synchronize, kvhal_device_synchronize) since the last kvhal_fault_hold_streams() call.
- *  @return the count. Thread safety: process-wide. Graph capture: host only. */
-KVHAL_API int64_t kvhal_fault_stream_waits(void);
+/* The fault-injection hooks of the tests are not part of this API: kvhal_test.h (not installed). */
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* MLA caches (multi-head latent attention): one latent vector per token and no V side                           */
