@@ -5,7 +5,8 @@
 #   2. C++ (g++ -std=c++17 -Wall -Wextra -pedantic -Werror) through pkg-config, run.
 #   3. CMake find_package(kvhal 0.1 COMPONENTS xfer) -> kvhal::kvhal and kvhal::xfer, run; find_package(kvhal 1)
 #      and an unknown component must fail.
-#   4. Meson: a project using kvhal as a subproject (dependency('kvhal'), no cmocka, no kvhal tests or tools).
+#   4. Meson: a project using kvhal as a subproject (dependency('kvhal') and dependency('kvhal-xfer'), no cmocka, no
+#      kvhal tests or tools).
 # The tree is installed with its own prefix (/tmp/kvhal-consumers/usr) and moved afterwards, to check that pkg-config
 # (--define-variable=prefix), CMake and the tools' $ORIGIN runpath do not depend on where it was installed.
 set -euo pipefail
@@ -83,7 +84,7 @@ echo "find_package(kvhal 1) refused, as it must be"
 
 step "4. Meson: kvhal as a subproject"
 mkdir -p "$work/meson-src/subprojects"
-cp .ci/consumer/meson.build examples/engine_step.c "$work/meson-src/"
+cp .ci/consumer/meson.build .ci/consumer/xfer_consumer.c examples/engine_step.c "$work/meson-src/"
 git ls-files -z | tar --null -T - -cf - | (mkdir -p "$work/meson-src/subprojects/kvhal" && tar -xf - -C "$work/meson-src/subprojects/kvhal")
 # the working tree's uncommitted changes too (CI runs on commits; this keeps a local run honest)
 git diff --name-only -z | xargs -0 -r -I{} cp {} "$work/meson-src/subprojects/kvhal/{}"
