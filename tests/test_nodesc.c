@@ -7,6 +7,8 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -15,11 +17,18 @@
 static kvhal_device dev;
 static atomic_long *calls;
 
+static bool left_out; /* KVHAL_BACKENDS (CI's valgrind stage: cpu) leaves the module out: the test skips */
+
 static int setup(void **state)
 {
     (void)state;
     int32_t n = 0;
     kvhal_backend_module_count(&n);
+    const char *only = getenv("KVHAL_BACKENDS");
+    if (only && *only && !strstr(only, "npu-nodesc")) {
+        left_out = true;
+        return 0;
+    }
     if (kvhal_device_parse("npu_nodesc:0", &dev) != KVHAL_OK) return -1;
     void *p = NULL;
     if (kvhal_backend_get_proc_address(dev.type, "npu_variant_supports_calls", &p) != KVHAL_OK || !p) return -1;
@@ -39,6 +48,7 @@ static void copy_once(kvhal_buffer *a, kvhal_buffer *b, int64_t n)
 static void test_supports_once_per_key(void **state)
 {
     (void)state;
+    if (left_out) skip();
     kvhal_buffer *a, *b;
     assert_int_equal(kvhal_buffer_create(dev, 4096, &a), KVHAL_OK);
     assert_int_equal(kvhal_buffer_create(dev, 4096, &b), KVHAL_OK);
