@@ -1,5 +1,5 @@
 /* npu_ops.c — the example NPU's ops as plain C loops over host memory: paged_caching (f32/f16/bf16 input into a
- * cache of the same dtype, or into fp8 e4m3/e5m2 with a scale; i32/i64 slots), copy_blocks, tensor_copy over any
+ * cache of the same dtype, or into any fp8 format with a scale; i32/i64 slots), copy_blocks, tensor_copy over any
  * strides and copy_batch, with the number conversions of <kvhal/kvhal_numerics.h> (inline: the module links
  * nothing of kvhal). Arguments arrive validated and normalised by the core (kvhal_backend.h); what the core cannot see, a
  * slot past the cache's end in device memory, is skipped and raised in the device's error flag, as a GPU kernel
