@@ -6,7 +6,7 @@
  * mantissa bits) with each of the low bytes 0x00, 0x01, 0x7f, 0x80, 0x81, 0xff. Every format here rounds at bit 13 of
  * the f32 mantissa or above, so the low byte only ever counts as "some bits below the rounding point" (sticky):
  * these six cover it zero, non-zero, at and around the middle. --all checks all 2^32 inputs (about 20 s of CPU per
- * format; by hand). Exit status 0 all equal, 1 a difference (the first ones printed), 2 usage. */
+ * format: suite long runs it for each format, --format=NAME picking one). Exit status 0 all equal, 1 a difference (the first ones printed), 2 usage. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -89,12 +89,21 @@ static unsigned long long check_encoder(size_t e, int all)
 int main(int argc, char **argv)
 {
     int all = 0;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--all")) all = 1;
+        else if (!strncmp(argv[i], "--format=", 9)) only = argv[i] + 9;
         else {
-            fprintf(stderr, "numerics_check: error: unknown argument '%s' (usage: numerics_check [--all])\n", argv[i]);
+            fprintf(stderr, "numerics_check: error: unknown argument '%s' (usage: numerics_check [--all] "
+                            "[--format=f16|bf16|fp8_e4m3|fp8_e5m2|fp8_e4m3fnuz|fp8_e5m2fnuz])\n", argv[i]);
             return 2;
         }
+    }
+    int known = only == NULL;
+    for (size_t e = 0; e < sizeof encoders / sizeof encoders[0]; e++) known |= only && !strcmp(only, encoders[e].name);
+    if (!known) {
+        fprintf(stderr, "numerics_check: error: --format=%s: not a format\n", only);
+        return 2;
     }
 #ifdef __cplusplus
     const char *lang = "C++";
@@ -104,6 +113,7 @@ int main(int argc, char **argv)
     check_decodes();
     printf("%s: every f16, bf16 and fp8 code decodes as libkvhal does%s\n", lang, failures ? ": NO" : "");
     for (size_t e = 0; e < sizeof encoders / sizeof encoders[0]; e++) {
+        if (only && strcmp(only, encoders[e].name)) continue;
         const unsigned long long before = failures, n = check_encoder(e, all);
         printf("%s: f32 -> %s: %llu inputs, %s\n", lang, encoders[e].name, n,
                failures == before ? "all equal to libkvhal" : "DIFFERENCES");
