@@ -1,10 +1,11 @@
 """check_guide.py — the first steps of docs/guide.md, as a newcomer would type them: the C block (after the marker
 `<!-- first-steps: c`) compiled against this build and run, and the Python block (`<!-- first-steps: python`) run
-with the build's kvhal package. Usage: check_guide.py GUIDE c CC INCLUDE_DIR LIB_DIR [CFLAG...]
+with the build's kvhal package. Usage: check_guide.py GUIDE c 'CC...' INCLUDE_DIR LIB_DIR [CFLAG...]
                                       check_guide.py GUIDE python PYTHONPATH
 Exit status 0 when the block builds and runs and its own check passes, 1 otherwise."""
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ def main():
             flags = sys.argv[6:]  # the build's sanitizers, for a library built with them
             src, exe = os.path.join(tmp, "first.c"), os.path.join(tmp, "first")
             open(src, "w").write(code)
-            subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror"] + flags + ["-I" + inc, src, "-L" + lib, "-lkvhal",
+            subprocess.run(shlex.split(cc) + ["-std=c11", "-Wall", "-Wextra", "-Werror"] + flags + ["-I" + inc, src, "-L" + lib, "-lkvhal",
                             "-Wl,-rpath," + lib, "-o", exe], check=True)
             run = [exe]
         else:
