@@ -7,6 +7,8 @@
 # is additions only (functions added; enumerators appended, which libabigail filters as harmless).
 #   .ci/abi.sh            check
 #   .ci/abi.sh --update   rebuild and rewrite the baselines (at a release, or after an intended change; commit them)
+# The test hooks (include/kvhal/kvhal_test.h, symbol version KVHAL_TEST_0) are left out: abi/test-hooks.suppr. The
+# check also fails if any other symbol than those carries a version (all of the ABI is the base version).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${KVHAL_ABI_BUILD:-/tmp/kvhal-abi-build}
@@ -21,13 +23,13 @@ check_lib() {
   local baseline=$1 lib=$2 name
   name=$(basename "$baseline" .abi)
   if [ "${update:-}" = 1 ]; then
-    abidw --headers-dir include/kvhal --no-corpus-path --out-file "$baseline" "$lib"
+    abidw --headers-dir include/kvhal --suppressions abi/test-hooks.suppr --no-corpus-path --out-file "$baseline" "$lib"
     echo "abi: $baseline rewritten from $(basename "$lib"): $(grep -c '<elf-symbol ' "$baseline") symbols; commit it"
     return 0
   fi
   test -f "$baseline" || { echo "abi: no baseline $baseline (run .ci/abi.sh --update)" >&2; return 1; }
   local rc=0 changed
-  abidiff --headers-dir2 include/kvhal "$baseline" "$lib" > "$b/abidiff-$name.txt" || rc=$?
+  abidiff --headers-dir2 include/kvhal --suppressions abi/test-hooks.suppr "$baseline" "$lib" > "$b/abidiff-$name.txt" || rc=$?
   cat "$b/abidiff-$name.txt"
   changed=$( (grep -E '^(Functions|Variables) changes summary:' "$b/abidiff-$name.txt" || true) |
             sed -E 's/.*summary: ([0-9]+) Removed(.*), ([0-9]+) Changed.*/\1 \3/' | awk '{s += $1 + $2} END {print s + 0}')
@@ -45,4 +47,14 @@ update=0
 status=0
 check_lib abi/libkvhal.so.0.abi "$(ls "$b"/core/libkvhal.so.0.*.* | head -1)" || status=1
 check_lib abi/libkvhal-xfer.so.0.abi "$(ls "$b"/transfer/libkvhal-xfer.so.0.*.* | head -1)" || status=1
+# the symbol versions: KVHAL_TEST_0 for the four test hooks, nothing else versioned
+lib=$(ls "$b"/core/libkvhal.so.0.*.* | head -1)
+tv=$(objdump -T "$lib" | awk '$NF ~ /^kvhal_/ && $(NF-1) == "KVHAL_TEST_0" {print $NF}' | sort | tr '\n' ' ')
+other=$(objdump -T "$lib" | awk '$NF ~ /^kvhal_/ && $(NF-1) != "Base" && $(NF-1) != "KVHAL_TEST_0" {print $NF}')
+if [ "$tv" != "kvhal_fault_alloc_count kvhal_fault_hold_streams kvhal_fault_inject_alloc kvhal_fault_stream_waits " ] ||
+   [ -n "$other" ]; then
+  echo "abi: symbol versions: KVHAL_TEST_0 holds '$tv', other versioned: '$other'" >&2; status=1
+else
+  echo "abi: the four test hooks are KVHAL_TEST_0, every other symbol the base version"
+fi
 exit $status

@@ -5,7 +5,8 @@
 #   2. C++ (g++ -std=c++17 -Wall -Wextra -pedantic -Werror) through pkg-config, run.
 #   3. CMake find_package(kvhal 0.1 COMPONENTS xfer) -> kvhal::kvhal and kvhal::xfer, run; find_package(kvhal 1)
 #      and an unknown component must fail.
-#   4. Meson: a project using kvhal as a subproject (dependency('kvhal'), no cmocka, no kvhal tests or tools).
+#   4. Meson: a project using kvhal as a subproject (dependency('kvhal') and dependency('kvhal-xfer'), no cmocka, no
+#      kvhal tests or tools).
 # The tree is installed with its own prefix (/tmp/kvhal-consumers/usr) and moved afterwards, to check that pkg-config
 # (--define-variable=prefix), CMake and the tools' $ORIGIN runpath do not depend on where it was installed.
 set -euo pipefail
@@ -42,6 +43,13 @@ cc -std=c11 -Wall -Wextra -pedantic -Werror examples/engine_step.c $(pcflags --c
 if objdump -p "$work/engine_step_static" | grep -q 'NEEDED.*libkvhal'; then echo "static link needs libkvhal.so" >&2; exit 1; fi
 "$work/engine_step_static"
 
+step "1b'. a fully static program (cc -static): loading a module is refused with a message, cpu:0 works"
+make -s -C examples/vendor-plugin O="$work/npu" PKG_CONFIG="pkg-config --define-variable=prefix=$root" EXTRA_CFLAGS=-Werror
+cc -std=c11 -Wall -Wextra -pedantic -Werror -static .ci/consumer/static_load.c $(pcflags --cflags) \
+  "$libdir/libkvhal.a" $(pkg-config --libs-only-l --static kvhal | sed 's/-lkvhal//') -o "$work/static_load" 2>"$work/static_link.log" ||
+  { cat "$work/static_link.log" >&2; exit 1; }
+"$work/static_load" "$work/npu/libkvhal-npu.so"
+
 step "1c. C through pkg-config kvhal-xfer (libkvhal-xfer, which requires kvhal)"
 cc -std=c11 -Wall -Wextra -pedantic -Werror .ci/consumer/xfer_consumer.c $(pkg-config --define-variable=prefix="$root" \
   --cflags --libs kvhal-xfer) -Wl,-rpath,"$libdir" -o "$work/xfer_consumer_c"
@@ -76,7 +84,7 @@ echo "find_package(kvhal 1) refused, as it must be"
 
 step "4. Meson: kvhal as a subproject"
 mkdir -p "$work/meson-src/subprojects"
-cp .ci/consumer/meson.build examples/engine_step.c "$work/meson-src/"
+cp .ci/consumer/meson.build .ci/consumer/xfer_consumer.c examples/engine_step.c "$work/meson-src/"
 git ls-files -z | tar --null -T - -cf - | (mkdir -p "$work/meson-src/subprojects/kvhal" && tar -xf - -C "$work/meson-src/subprojects/kvhal")
 # the working tree's uncommitted changes too (CI runs on commits; this keeps a local run honest)
 git diff --name-only -z | xargs -0 -r -I{} cp {} "$work/meson-src/subprojects/kvhal/{}"

@@ -60,4 +60,15 @@ test -f "$libdir/libkvhal-xfer.so.0"
 cc -std=c11 -Wall -Wextra -pedantic -Werror .ci/consumer/xfer_consumer.c $(pcflags --cflags --libs kvhal-xfer) -o "$work/xfer_consumer"
 LD_LIBRARY_PATH=$libdir "$work/xfer_consumer"
 LD_LIBRARY_PATH=$libdir KVHAL_BACKEND_PATH= "$root/usr/bin/kvhal-xfer" --self-test --quiet
+# the tools' man pages are in the packages, one per tool; kvhal-doc holds the HTML reference, the guides, the examples
+for t in "$root"/usr/bin/kvhal-*; do
+  test -s "$root/usr/share/man/man1/$(basename "$t").1.gz" || { echo "debian: no man page for $(basename "$t")" >&2; exit 1; }
+done
+for f in html/kvhal_8h.html html/kvhal__xfer_8h.html html/kvhal__numerics_8h.html guide.md vendor-guide.md \
+         ARCHITECTURE.md examples/vendor-plugin/npu_ops.c; do
+  test -e "$root/usr/share/doc/kvhal/$f" || test -e "$root/usr/share/doc/kvhal/$f.gz" ||
+    { echo "debian: kvhal-doc lacks usr/share/doc/kvhal/$f" >&2; exit 1; }
+done
+# the packaged kvhal-conformance on the CPU
+LD_LIBRARY_PATH=$libdir KVHAL_BACKEND_PATH= "$root/usr/bin/kvhal-conformance" --device=cpu:0 >/dev/null
 echo "debian: packages built, lintian clean of errors, consumers built against them and run"

@@ -248,8 +248,10 @@ static void destroy_desc(struct lru *l, uint32_t op, kvhal_device dev, void *des
 {
     if (op < KVHAL_BK_OP_COUNT) {
         const kvhal__bk *bk = l->owner;
-        /* a forked child leaves the parent's descriptors alone (kvhal__bk_usable) */
-        if (bk && bk->ops.desc_destroy && kvhal__bk_usable(bk)) bk->ops.desc_destroy(bk->ctx, dev.id, (kvhal_bk_op)op, desc);
+        /* a placeholder of a backend without desc_create has nothing to destroy; a forked child leaves the
+         * parent's descriptors alone (kvhal__bk_usable) */
+        if (bk && bk->ops.desc_create && bk->ops.desc_destroy && kvhal__bk_usable(bk))
+            bk->ops.desc_destroy(bk->ctx, dev.id, (kvhal_bk_op)op, desc);
         return;
     }
     kvhal_desc_destroy_fn fn = op_kinds[op].destroy;
@@ -643,10 +645,8 @@ kvhal_status kvhal__desc_get_or_create(kvhal_device dev, const kvhal__bk *bk, kv
     l->owner = bk;
     void *d = NULL;
     KVHAL_TRY(kvhal__desc_make(bk, dev, op, args, &d));
-    if (!bk->ops.desc_create) {
-        *desc = NULL;
-        return KVHAL_OK;
-    }
+    /* A backend without desc_create gets a placeholder entry (desc NULL, nothing to destroy): its supports() answer
+     * is cached under the key like a descriptor, so supports runs once per key, not on every call. */
     size_t cap = op_capacity((uint32_t)op);
     if (cap == 0) {
         /* Not cached, but it must outlive this call's launch: keep it until the next miss (or clear/exit). */

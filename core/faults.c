@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "faults.h"
+#include "kvhal_test.h"
 
 static atomic_llong fail_at;  /* 0 = off; else the count at which allocation fails */
 static atomic_llong counter;

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -455,8 +456,14 @@ static kvhal_status load_file(const char *given, bool explicit)
      * /proc/self/fd/N, whose name the loader would take for a module loaded earlier through the same number */
     close(fd);
     dlerror();
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
+    /* A fully static program has no dynamic loader (no AT_BASE): glibc's dlopen there cannot load a module that
+     * needs the C library (it crashes or loads a second libc), so the module is refused with the reason. A dynamic
+     * program linking libkvhal.a loads modules normally. */
+    void *h = getauxval(AT_BASE) ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (!h && !getauxval(AT_BASE)) {
+        REASON(m, "this program is statically linked (no dynamic loader), and modules cannot be loaded into it: link "
+                  "the program dynamically (libkvhal.a may stay static inside it)");
+    } else if (!h) {
         const char *e = dlerror();
         REASON(m, "dlopen failed: %s", e ? e : "unknown error");
     } else {

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kvhal.h"
+#include "kvhal_test.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

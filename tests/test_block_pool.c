@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "kvhal.h"
+#include "kvhal_test.h"
 
 static void test_allocate_release(void **state)
 {

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "kvhal.h"
+#include "kvhal_test.h"
 
 /* cpu, cuda, hip, opencl: the built-in type ids 0-3 (kvhal.h has no public count). */
 enum { BUILTIN_TYPES = KVHAL_DEVICE_OPENCL + 1 };

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "kvhal.h"
+#include "kvhal_test.h"
 
 static kvhal_cache_manager *make(int32_t total, int32_t ps, kvhal_prefix_kind kind)
 {

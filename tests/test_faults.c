@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "kvhal.h"
+#include "kvhal_test.h"
 
 static const kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
 static int64_t points_walked;
@@ -259,12 +260,32 @@ static void test_manager(void **s) { (void)s; walk("cache_manager requests", sce
 static void test_block_pool(void **s) { (void)s; walk("block_pool", scen_block_pool); }
 static void test_desc(void **s) { (void)s; walk("desc_cache put", scen_desc_put); }
 
+/* kvhal_fault_hold_streams holds event queries too (BUSY while held), on every device type present */
+static void test_hold_streams_events(void **state)
+{
+    (void)state;
+    for (int t = 0; t < KVHAL_MAX_DEVICE_TYPES; t++) {
+        int32_t n = 0;
+        if (kvhal_device_count((kvhal_device_type)t, &n) != KVHAL_OK || n == 0) continue;
+        const kvhal_device dev = {(kvhal_device_type)t, 0};
+        kvhal_event *e = NULL;
+        assert_int_equal(kvhal_event_create(dev, &e), KVHAL_OK);
+        assert_int_equal(kvhal_event_record(e, NULL), KVHAL_OK);
+        assert_int_equal(kvhal_event_synchronize(e), KVHAL_OK);
+        kvhal_fault_hold_streams(1);
+        assert_int_equal(kvhal_event_query(e), KVHAL_BUSY);
+        kvhal_fault_hold_streams(0);
+        assert_int_equal(kvhal_event_query(e), KVHAL_OK);
+        assert_int_equal(kvhal_event_destroy(e), KVHAL_OK);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_buffer),  cmocka_unit_test(test_kv_cache), cmocka_unit_test(test_static_cache),
         cmocka_unit_test(test_paged),   cmocka_unit_test(test_prefix),   cmocka_unit_test(test_manager),
-        cmocka_unit_test(test_block_pool), cmocka_unit_test(test_desc),
+        cmocka_unit_test(test_block_pool), cmocka_unit_test(test_desc), cmocka_unit_test(test_hold_streams_events),
     };
     int r = cmocka_run_group_tests(tests, NULL, NULL);
     printf("fault injection: %lld allocation points walked\n", (long long)points_walked);

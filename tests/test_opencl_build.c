@@ -20,6 +20,7 @@
 
 #include "../backends/opencl/kvhal_opencl_test.h"
 #include "kvhal.h"
+#include "kvhal_test.h"
 
 #if defined(__has_include)
 #if __has_include(<CL/cl.h>)

@@ -31,6 +31,7 @@
 #include <cmocka.h>
 
 #include "kvhal.h"
+#include "kvhal_test.h"
 
 #define OKS(expr)                                                                                               \
     do {                                                                                                        \

@@ -3,7 +3,7 @@
  * kvhal_backend_get_proc_address, a supports() refusal reaching the caller with the module's reason, the device
  * memory bound, peer copies between npu:0 and npu:1, streams (created and wrapped), the error flag read by
  * check_errors on one device only, and loading the same file again by path. The ops themselves are checked
- * against the reference by test_conformance. Skipped when KVHAL_BACKENDS leaves the module out. */
+ * against the reference by kvhal-conformance. Skipped when KVHAL_BACKENDS leaves the module out. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

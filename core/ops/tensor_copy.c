@@ -83,7 +83,8 @@ kvhal_status kvhal__tensor_copy_pair(const kvhal_tensor *dst0, const kvhal_tenso
         d1 = d0;
     } else {
         KVHAL_TRY(kvhal__desc_get_or_create(v1, b1, KVHAL_BK_OP_TENSOR_COPY, &k1, &a1, &d1));
-        if (kvhal__desc_peek(v0, &k0) != d0 || d0 == NULL) {
+        /* (a backend without desc_create has placeholders: nothing of it can be evicted from under the call) */
+        if (b0->ops.desc_create && (kvhal__desc_peek(v0, &k0) != d0 || d0 == NULL)) {
             KVHAL_TRY(kvhal__desc_make(b0, v0, KVHAL_BK_OP_TENSOR_COPY, &a0, &d0));
             kvhal_status st = kvhal__desc_make(b1, v1, KVHAL_BK_OP_TENSOR_COPY, &a1, &d1);
             if (st == KVHAL_OK) {

@@ -1,95 +1,30 @@
 /* npu_ops.c — the example NPU's ops as plain C loops over host memory: paged_caching (f32/f16/bf16 input into a
- * cache of the same dtype, or into fp8 e4m3/e5m2 with a scale; i32/i64 slots), copy_blocks, tensor_copy over any
- * strides and copy_batch, with the number conversions they need written out here (the module links nothing of
- * kvhal). Arguments arrive validated and normalised by the core (kvhal_backend.h); what the core cannot see, a
+ * cache of the same dtype, or into any fp8 format with a scale; i32/i64 slots), copy_blocks, tensor_copy over any
+ * strides and copy_batch, with the number conversions of <kvhal/kvhal_numerics.h> (inline: the module links
+ * nothing of kvhal). Arguments arrive validated and normalised by the core (kvhal_backend.h); what the core cannot see, a
  * slot past the cache's end in device memory, is skipped and raised in the device's error flag, as a GPU kernel
  * does. A head's row moves through a row buffer of NPU_ROW_MAX elements, the limit supports() reports. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvhal_numerics.h"
 #include "npu.h"
 
 /* ------------------------------------------------------------------------------------------------------------ */
-/* Number formats: f16 and bf16 to f32 (exact), f32 to fp8 e4m3fn / e5m2 (round to nearest, ties to even,        */
-/* saturating to the largest finite value, NaN to 0x7f with its sign).                                          */
+/* Number formats: kvhal's own conversions, from the installed <kvhal/kvhal_numerics.h> (inline, nothing to link),  */
+/* so that the fp8 codes this module stores are bit for bit those of kvhal_f32_to_fp8 and the built-in backends.  */
 /* ------------------------------------------------------------------------------------------------------------ */
-static uint32_t f32_bits(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
+typedef uint8_t (*fp8_encoder)(float x);
 
-static float bits_f32(uint32_t u)
+static fp8_encoder fp8_encoder_of(kvhal_dtype dt)
 {
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-static float f16_to_f32(uint16_t h)
-{
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t e = (h >> 10) & 31u, f = h & 1023u;
-    if (e == 31) return bits_f32(sign | 0x7f800000u | (f << 13)); /* inf, or NaN with its payload */
-    if (e == 0) {
-        const float v = (float)f * 0x1p-24f; /* subnormal (or zero): f * 2^-24, exact in f32 */
-        return sign ? -v : v;
+    switch (dt) {
+    case KVHAL_FP8_E5M2: return kvhal_num_f32_to_e5m2;
+    case KVHAL_FP8_E4M3FNUZ: return kvhal_num_f32_to_e4m3fnuz;
+    case KVHAL_FP8_E5M2FNUZ: return kvhal_num_f32_to_e5m2fnuz;
+    default: return kvhal_num_f32_to_e4m3fn;
     }
-    return bits_f32(sign | ((e + 127u - 15u) << 23) | (f << 13));
-}
-
-static float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
-
-/* An fp8 format: m stored mantissa bits, exponent bias, code of the largest finite magnitude, and fnuz (AMD's
- * formats: 0x80 is the one NaN, no negative zero). */
-typedef struct fp8_format {
-    int m, bias;
-    uint32_t max_code;
-    bool fnuz;
-} fp8_format;
-
-static const fp8_format fp8_e4m3 = {3, 7, 0x7e, false};  /* largest finite 448, 0x7f is NaN */
-static const fp8_format fp8_e5m2 = {2, 15, 0x7b, false}; /* largest finite 57344, 0x7c inf, above NaN */
-static const fp8_format fp8_e4m3fnuz = {3, 8, 0x7f, true}; /* largest finite 240 */
-static const fp8_format fp8_e5m2fnuz = {2, 16, 0x7f, true}; /* largest finite 57344 */
-
-static uint8_t f32_to_fp8_ocp(float x, fp8_format f);
-
-static uint8_t f32_to_fp8(float x, fp8_format f)
-{
-    const uint8_t c = f32_to_fp8_ocp(x, f);
-    if (!f.fnuz) return c;
-    if ((f32_bits(x) & 0x7fffffffu) > 0x7f800000u) return 0x80u; /* the one NaN */
-    return (c & 0x7fu) ? c : 0u;                                   /* no negative zero */
-}
-
-static uint8_t f32_to_fp8_ocp(float x, fp8_format f)
-{
-    const uint32_t u = f32_bits(x);
-    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-    const uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7fu; /* NaN */
-    const uint32_t max_bits = ((f.max_code >> f.m) - (uint32_t)f.bias + 127u) << 23 |
-                              (f.max_code & ((1u << f.m) - 1u)) << (23 - f.m);
-    if (a >= max_bits) return sign | (uint8_t)f.max_code; /* saturate, infinity included */
-    if (a < 0x00800000u) return sign;                       /* zero, f32 subnormals: far below fp8's smallest */
-    const int e = (int)(a >> 23) - 127;
-    const uint32_t sig = (a & 0x7fffffu) | 0x800000u;
-    const int emin = 1 - f.bias;
-    int shift = 23 - f.m;
-    uint32_t code;
-    if (e >= emin) {
-        code = (uint32_t)(e + f.bias) << f.m | (a & 0x7fffffu) >> shift;
-    } else {
-        shift += emin - e; /* an fp8 subnormal: the implicit bit moves into the fraction */
-        if (shift > 24) return sign; /* below half the smallest subnormal */
-        code = sig >> shift;
-    }
-    const uint32_t rem = sig & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (code & 1u))) code++; /* a carry runs into the exponent: the next binade */
-    return sign | (uint8_t)code;
 }
 
 static float load_float(const unsigned char *p, kvhal_dtype dt)
@@ -101,7 +36,7 @@ static float load_float(const unsigned char *p, kvhal_dtype dt)
     }
     uint16_t h;
     memcpy(&h, p, 2);
-    return dt == KVHAL_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+    return dt == KVHAL_F16 ? kvhal_num_f16_to_f32(h) : kvhal_num_bf16_to_f32(h);
 }
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -111,7 +46,7 @@ typedef struct paged_plan {
     kvhal_dtype in_dtype;
     size_t in_size, cache_size, slot_size;
     bool convert; /* fp8 cache from a wider input: value / scale, rounded; otherwise the bytes are copied */
-    fp8_format fp8;
+    fp8_encoder fp8;
 } paged_plan;
 
 /* tensor_copy with its dims merged where both sides allow it and size-1 dims dropped (innermost last). */
@@ -136,10 +71,7 @@ static void plan_paged(const kvhal_bk_paged_caching *a, paged_plan *p)
     p->cache_size = kvhal_bk_dtype_size(a->cache_dtype);
     p->slot_size = kvhal_bk_dtype_size(a->slot_dtype);
     p->convert = a->input_dtype != a->cache_dtype;
-    p->fp8 = a->cache_dtype == KVHAL_FP8_E5M2       ? fp8_e5m2
-             : a->cache_dtype == KVHAL_FP8_E4M3FNUZ ? fp8_e4m3fnuz
-             : a->cache_dtype == KVHAL_FP8_E5M2FNUZ ? fp8_e5m2fnuz
-                                                    : fp8_e4m3;
+    p->fp8 = fp8_encoder_of(a->cache_dtype);
 }
 
 static void plan_copy(const kvhal_bk_tensor_copy *a, copy_plan *p)
@@ -238,7 +170,7 @@ static void cache_token(const paged_plan *p, const kvhal_bk_paged_side *s, int32
         const int64_t out_step = s->cache_dim_stride * (int64_t)p->cache_size;
         if (p->convert) {
             for (int32_t d = 0; d < s->head_dim; d++) row[d] = load_float(src + d * in_step, p->in_dtype);
-            for (int32_t d = 0; d < s->head_dim; d++) dst[d * out_step] = f32_to_fp8(row[d] / s->scale, p->fp8);
+            for (int32_t d = 0; d < s->head_dim; d++) dst[d * out_step] = p->fp8(row[d] / s->scale);
         } else {
             for (int32_t d = 0; d < s->head_dim; d++) memcpy(raw + d * p->in_size, src + d * in_step, p->in_size);
             for (int32_t d = 0; d < s->head_dim; d++) memcpy(dst + d * out_step, raw + d * p->in_size, p->in_size);

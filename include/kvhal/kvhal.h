@@ -421,10 +421,12 @@ KVHAL_API kvhal_status kvhal_stream_wrap(kvhal_device dev, void *native, kvhal_s
  *  @return KVHAL_OK; KVHAL_INVALID_HANDLE for a destroyed or foreign pointer; KVHAL_BACKEND_ERROR.
  *  Thread safety: not concurrently with other calls using s. Graph capture: not while s is capturing. */
 KVHAL_API kvhal_status kvhal_stream_destroy(kvhal_stream *s);
-/** Waits until everything queued on the stream has run.
+/** Waits until everything queued on the stream has run. It does not read the device-side error flag: call
+ *  kvhal_stream_check_errors() for that (a module without a stream wait of its own is waited for device-wide, and
+ *  its flag read then, which may give KVHAL_DEVICE_FAULT).
  *  @param s the stream (NULL is refused: use kvhal_device_synchronize() for the default stream).
- *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for NULL; KVHAL_INVALID_HANDLE; KVHAL_DEVICE_FAULT (device-side
- *  error flag) or KVHAL_BACKEND_ERROR.
+ *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT for NULL; KVHAL_INVALID_HANDLE; KVHAL_BACKEND_ERROR (or
+ *  KVHAL_DEVICE_FAULT, see above).
  *  Thread safety: any thread. Graph capture: not while s is capturing. */
 KVHAL_API kvhal_status kvhal_stream_synchronize(kvhal_stream *s);
 /** The device a stream belongs to.
@@ -923,8 +925,14 @@ typedef struct kvhal_kv_cache_config {
     int32_t num_devices;         /**< >= 1 */
     const kvhal_device *devices; /**< num_devices entries, read during create; heads are split evenly between them */
 } kvhal_kv_cache_config;
-/** Static initialiser of a ::kvhal_kv_cache_config: struct_size set, every other field zero (C, C++20). */
+/** Static initialiser of a ::kvhal_kv_cache_config: struct_size set, every other field zero (C; C++11 and later: a value-initialised struct). */
+#ifdef __cplusplus
+/* C++ has designated initializers from C++20 only, and warns (-Wmissing-field-initializers) about the fields
+ * they leave out: a value-initialised struct with struct_size set, from any C++ standard, without warnings. */
+#define KVHAL_KV_CACHE_CONFIG_INIT ([] { kvhal_kv_cache_config c_{}; c_.struct_size = sizeof c_; return c_; }())
+#else
 #define KVHAL_KV_CACHE_CONFIG_INIT {.struct_size = sizeof(kvhal_kv_cache_config)}
+#endif
 /** Initialises a ::kvhal_kv_cache_config: struct_size set, every other field zero (C and any C++).
  *  @param cfg the caller's struct. */
 static inline void kvhal_kv_cache_config_init(kvhal_kv_cache_config *cfg)
@@ -982,8 +990,14 @@ typedef struct kvhal_static_cache_config {
     kvhal_dtype dtype;    /**< f32, f16, bf16, fp8_e4m3, fp8_e5m2 */
     kvhal_device device;  /**< where it lives */
 } kvhal_static_cache_config;
-/** Static initialiser of a ::kvhal_static_cache_config: struct_size set, every other field zero (C, C++20). */
+/** Static initialiser of a ::kvhal_static_cache_config: struct_size set, every other field zero (C; C++11 and later: a value-initialised struct). */
+#ifdef __cplusplus
+/* C++ has designated initializers from C++20 only, and warns (-Wmissing-field-initializers) about the fields
+ * they leave out: a value-initialised struct with struct_size set, from any C++ standard, without warnings. */
+#define KVHAL_STATIC_CACHE_CONFIG_INIT ([] { kvhal_static_cache_config c_{}; c_.struct_size = sizeof c_; return c_; }())
+#else
 #define KVHAL_STATIC_CACHE_CONFIG_INIT {.struct_size = sizeof(kvhal_static_cache_config)}
+#endif
 /** Initialises a ::kvhal_static_cache_config: struct_size set, every other field zero (C and any C++).
  *  @param cfg the caller's struct. */
 static inline void kvhal_static_cache_config_init(kvhal_static_cache_config *cfg)
@@ -1047,8 +1061,14 @@ typedef struct kvhal_paged_cache_config {
     float k_scale;               /**< FP8 scale of K (0 means 1) */
     float v_scale;               /**< FP8 scale of V (0 means 1) */
 } kvhal_paged_cache_config;
-/** Static initialiser of a ::kvhal_paged_cache_config: struct_size set, every other field zero (C, C++20). */
+/** Static initialiser of a ::kvhal_paged_cache_config: struct_size set, every other field zero (C; C++11 and later: a value-initialised struct). */
+#ifdef __cplusplus
+/* C++ has designated initializers from C++20 only, and warns (-Wmissing-field-initializers) about the fields
+ * they leave out: a value-initialised struct with struct_size set, from any C++ standard, without warnings. */
+#define KVHAL_PAGED_CACHE_CONFIG_INIT ([] { kvhal_paged_cache_config c_{}; c_.struct_size = sizeof c_; return c_; }())
+#else
 #define KVHAL_PAGED_CACHE_CONFIG_INIT {.struct_size = sizeof(kvhal_paged_cache_config)}
+#endif
 /** Initialises a ::kvhal_paged_cache_config: struct_size set, every other field zero (C and any C++).
  *  @param cfg the caller's struct. */
 static inline void kvhal_paged_cache_config_init(kvhal_paged_cache_config *cfg)
@@ -1395,28 +1415,7 @@ KVHAL_API kvhal_status kvhal_cache_manager_evict(kvhal_cache_manager *cm, size_t
  *  Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_cache_manager_check_integrity(const kvhal_cache_manager *cm);
 
-/* ------------------------------------------------------------------------------------------------------------ */
-/* Fault injection (for tests): the n-th host or device allocation from now on fails (n >= 1); 0 turns it off.  */
-/* KVHAL_FAULT_ALLOC=n in the environment does the same at load.                                                 */
-/* ------------------------------------------------------------------------------------------------------------ */
-/** Test hook: the n-th host or device allocation made on a caller's behalf from now on fails (the call returns
- *  KVHAL_OUT_OF_MEMORY and undoes what it did). KVHAL_FAULT_ALLOC=n in the environment does the same at load.
- *  @param n >= 1 to arm; 0 turns it off.
- *  Thread safety: process-wide (allocations on every thread count). Graph capture: host only (no device work). */
-KVHAL_API void kvhal_fault_inject_alloc(int64_t n);
-/** Allocations counted since the last kvhal_fault_inject_alloc() call (to walk every allocation point).
- *  @return the count. Thread safety: process-wide. Graph capture: host only. */
-KVHAL_API int64_t kvhal_fault_alloc_count(void);
-/** Test hook: while hold is nonzero, kvhal_stream_query and the tiered manager's polling of its copies
- *  (kvhal_cache_manager_transfer_query, and the cheap queries inside match and allocate) report the queued work as
- *  still running (KVHAL_BUSY), whatever the device did; waits (kvhal_stream_synchronize, kvhal_device_synchronize)
- *  still complete and are counted. It lets a test keep a copy "in flight" on a device whose copies are synchronous.
- *  @param hold nonzero to hold, 0 to release. The wait count restarts at 0.
- *  Thread safety: process-wide. Graph capture: host only (no device work). */
-KVHAL_API void kvhal_fault_hold_streams(int hold);
-/** Waits (kvhal_stream_synchronize, kvhal_device_synchronize) since the last kvhal_fault_hold_streams() call.
- *  @return the count. Thread safety: process-wide. Graph capture: host only. */
-KVHAL_API int64_t kvhal_fault_stream_waits(void);
+/* The fault-injection hooks of the tests are not part of this API: kvhal_test.h (not installed). */
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* MLA caches (multi-head latent attention): one latent vector per token and no V side                           */

@@ -49,7 +49,7 @@ extern "C" {
     X(PAGE_TRANSFER, page_transfer, kvhal_bk_page_transfer)
 
 /** The ops, one KVHAL_BK_OP_<ENUM_SUFFIX> per entry of KVHAL_BK_OP_LIST, in its order (KVHAL_BK_OP_PAGED_CACHING = 0,
- *  KVHAL_BK_OP_COPY_BLOCKS, KVHAL_BK_OP_TENSOR_COPY), then KVHAL_BK_OP_COUNT: the number of ops this header knows.
+ *  KVHAL_BK_OP_COPY_BLOCKS, KVHAL_BK_OP_TENSOR_COPY, KVHAL_BK_OP_PAGE_TRANSFER), then KVHAL_BK_OP_COUNT: the number of ops this header knows.
  *  KVHAL_BK_OP_COUNT grows when an op is appended; a module uses it only to size its own tables at compile time
  *  (the core never trusts a module's count: it reads the op slots the module's kvhal_backend_op_fns::struct_size
  *  covers). */
@@ -281,7 +281,11 @@ typedef struct kvhal_backend_device_fns {
      *  default stream. */
     kvhal_status (*stream_wrap)(void *ctx, int32_t id, void *native, void **stream);
     kvhal_status (*stream_destroy)(void *ctx, int32_t id, void *stream); /**< frees wrappers, destroys owned ones */
-    kvhal_status (*stream_synchronize)(void *ctx, int32_t id, void *stream); /**< NULL: synchronize(id) */
+    /** Waits for the work queued on stream (NULL: the default stream). It does not read the device-side error flag
+     *  (stream_check_errors and synchronize do), so kvhal_stream_synchronize() reports no KVHAL_DEVICE_FAULT from a
+     *  module that sets it. NULL: the core calls synchronize(id), which waits for the whole device and does read
+     *  (and clear) the flag. */
+    kvhal_status (*stream_synchronize)(void *ctx, int32_t id, void *stream);
     /** Required. */
     kvhal_status (*memcpy_h2d)(void *ctx, int32_t id, void *dst, size_t dst_off, const void *src, size_t bytes,
                                void *stream);
@@ -359,10 +363,11 @@ typedef struct kvhal_backend_op_fns {
      * when the op can run with these arguments (metadata only matters: memory pointers may be anything) and false
      * with a reason ("fp8_e5m2 caches are not supported") written into reason, which the core passes on in its
      * KVHAL_UNSUPPORTED message. The core asks once per descriptor (on a descriptor-cache miss) and before every
-     * call it cannot cache, never on a hit; it never calls desc_create or the op after a refusal. */
+     * call it cannot cache, never on a hit; it never calls desc_create or the op after a refusal. A module without
+     * desc_create is asked the same way: the core caches a placeholder (NULL) descriptor per key. */
     bool (*supports)(void *ctx, int32_t id, kvhal_bk_op op, const void *args, char *reason, size_t reason_size);
     /** Descriptors: created from the first call's arguments (metadata only matters), cached by the core per thread
-     * and device under the exact metadata, destroyed on eviction. NULL desc_create: ops get desc NULL. */
+     * and device under the exact metadata, destroyed on eviction. NULL desc_create: ops get desc NULL (and desc_destroy is never called). */
     kvhal_status (*desc_create)(void *ctx, int32_t id, kvhal_bk_op op, const void *args, void **desc);
     /** Destroys a descriptor desc_create made (on eviction, clear or thread exit, on the owning thread). */
     void (*desc_destroy)(void *ctx, int32_t id, kvhal_bk_op op, void *desc);

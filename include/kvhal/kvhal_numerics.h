@@ -1,4 +1,6 @@
-/* kvhal_numerics.h — kvhal's number formats: exact conversions between f32 and the narrow formats a KV cache stores
+/**
+ * @file kvhal_numerics.h
+ * @brief kvhal's number formats: exact conversions between f32 and the narrow formats a KV cache stores
  * (f16, bf16, fp8 e4m3fn / e5m2 and AMD's e4m3fnuz / e5m2fnuz), and the division of a value by its fp8 scale.
  *
  * Every function is static inline (KVHAL_NUM_HD: __host__ __device__ under CUDA and HIP), so one definition serves
@@ -26,18 +28,24 @@
 #include <string.h>
 #endif
 
+/** How every function here is declared: static inline in C and C++, __host__ __device__ inline under CUDA and HIP. */
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIPCC_RTC__)
 #define KVHAL_NUM_HD __host__ __device__ inline __attribute__((always_inline))
 #else
+/** See above. */
 #define KVHAL_NUM_HD static inline
 #endif
 
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+/** Defined in a device compilation pass (CUDA or HIP): the device intrinsics are used. */
 #define KVHAL_NUM_DEVICE_PASS 1
 #endif
 
 /* ---- bit patterns ---- */
 
+/** The bits of an f32.
+ *  @param x any float.
+ *  @return its IEEE 754 bit pattern. */
 KVHAL_NUM_HD uint32_t kvhal_num_f32_bits(float x)
 {
 #ifdef KVHAL_NUM_DEVICE_PASS
@@ -49,6 +57,9 @@ KVHAL_NUM_HD uint32_t kvhal_num_f32_bits(float x)
 #endif
 }
 
+/** The f32 of a bit pattern.
+ *  @param u any 32 bits.
+ *  @return the float with those bits. */
 KVHAL_NUM_HD float kvhal_num_bits_f32(uint32_t u)
 {
 #ifdef KVHAL_NUM_DEVICE_PASS
@@ -61,6 +72,9 @@ KVHAL_NUM_HD float kvhal_num_bits_f32(uint32_t u)
 }
 
 /* Whether the f32 bits u are a NaN. */
+/** Whether f32 bits are a NaN.
+ *  @param u f32 bits.
+ *  @return 1 for a NaN (any sign, any payload), 0 otherwise. */
 KVHAL_NUM_HD int kvhal_num_bits_nan(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
 
 /* ---- generic rounding ----
@@ -69,6 +83,13 @@ KVHAL_NUM_HD int kvhal_num_bits_nan(uint32_t u) { return (u & 0x7fffffffu) > 0x7
  * exponent range yields a code past its largest finite one, which the caller saturates or turns into inf. The carry
  * of a mantissa that rounds up runs into the exponent field, which is exactly the next binade. The f16 encoder's
  * rounding, and the independent reference the fp8 encoders below are tested against (tests/test_gpu_math.c). */
+/** Rounds a non-negative f32 to a binary format of m mantissa bits and the given bias (to nearest, ties to
+ *  even, subnormals included): the f16 encoder's rounding and the tests' independent fp8 reference.
+ *  @param a the bits of a finite, non-negative f32.
+ *  @param m stored mantissa bits of the format.
+ *  @param bias its exponent bias.
+ *  @return the magnitude code (biased exponent << m | mantissa); past the largest finite code when a rounds beyond
+ *  the format's range (the caller saturates or makes it inf). */
 KVHAL_NUM_HD uint32_t kvhal_num_round_magnitude(uint32_t a, int m, int bias)
 {
     const uint32_t e8 = a >> 23;
@@ -93,6 +114,9 @@ KVHAL_NUM_HD uint32_t kvhal_num_round_magnitude(uint32_t a, int m, int bias)
 /* ---- f16 and bf16 ---- */
 
 /* Branch-free (every path computed, one selected) so that conversion loops vectorize. */
+/** f16 to f32, exact (branch-free, so that loops vectorize).
+ *  @param h an f16 code.
+ *  @return its value; a NaN keeps its sign and payload. */
 KVHAL_NUM_HD float kvhal_num_f16_to_f32(uint16_t h)
 {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -108,6 +132,9 @@ KVHAL_NUM_HD float kvhal_num_f16_to_f32(uint16_t h)
 }
 
 /* NaN: a quiet NaN of its sign with the payload's top bits kept; overflow: inf. */
+/** f32 to f16, to nearest, ties to even.
+ *  @param x any float.
+ *  @return the f16 code; overflow gives inf, a NaN a quiet NaN of its sign. */
 KVHAL_NUM_HD uint16_t kvhal_num_f32_to_f16(float x)
 {
     const uint32_t u = kvhal_num_f32_bits(x);
@@ -119,9 +146,15 @@ KVHAL_NUM_HD uint16_t kvhal_num_f32_to_f16(float x)
     return (uint16_t)(sign | (code >= 0x7c00u ? 0x7c00u : code));
 }
 
+/** bf16 to f32, exact.
+ *  @param h a bf16 code.
+ *  @return its value. */
 KVHAL_NUM_HD float kvhal_num_bf16_to_f32(uint16_t h) { return kvhal_num_bits_f32((uint32_t)h << 16); }
 
 /* Adding 0x7fff (+1 when the kept lsb is odd) rounds to nearest even; overflow carries into inf. NaN: quiet. */
+/** f32 to bf16, to nearest, ties to even.
+ *  @param x any float.
+ *  @return the bf16 code; overflow gives inf, a NaN a quiet NaN. */
 KVHAL_NUM_HD uint16_t kvhal_num_f32_to_bf16(float x)
 {
     const uint32_t u = kvhal_num_f32_bits(x);
@@ -142,6 +175,15 @@ KVHAL_NUM_HD uint16_t kvhal_num_f32_to_bf16(float x)
  * has the exponent of the magic), floor_bits the magic of the subnormal step, and the code offset read off the
  * magic's exponent bits (>> shift = 23 - m). The clamp is an integer min on the bits: float min's NaN rules differ
  * between vendors (and for signalling NaNs), while here every NaN deterministically becomes the largest value. */
+/** The fp8 magnitude code of a non-negative f32 (or positive NaN: the largest finite code), the formats'
+ *  shared rounding (see the comment above): the parameters are the format's constants.
+ *  @param a the bits of a non-negative f32 or NaN.
+ *  @param max_bits the bits of the format's largest finite value.
+ *  @param to_magic 2^(23 - m).
+ *  @param floor_bits the bits of the magic of the subnormal step.
+ *  @param shift 23 - m.
+ *  @param offset the code offset read off the magic's exponent.
+ *  @return the magnitude code, saturated at the largest finite one. */
 KVHAL_NUM_HD uint32_t kvhal_num_fp8_mag(uint32_t a, uint32_t max_bits, float to_magic, uint32_t floor_bits,
                                         uint32_t shift, uint32_t offset)
 {
@@ -153,31 +195,47 @@ KVHAL_NUM_HD uint32_t kvhal_num_fp8_mag(uint32_t a, uint32_t max_bits, float to_
 }
 
 /* e4m3fn: largest 448, subnormal step 2^-9 (floor 2^14) */
+/** The e4m3fn magnitude code (largest 448, subnormal step 2^-9).
+ *  @param a the bits of a non-negative f32 or NaN.
+ *  @return the code, 0..0x7e. */
 KVHAL_NUM_HD uint32_t kvhal_num_e4m3fn_mag(uint32_t a)
 {
     return kvhal_num_fp8_mag(a, 0x43e00000u, 1048576.0f, 0x46800000u, 20, 1128u);
 }
 /* e5m2: largest 57344, step 2^-16 (floor 2^7) */
+/** The e5m2 magnitude code (largest 57344, step 2^-16).
+ *  @param a the bits of a non-negative f32 or NaN.
+ *  @return the code, 0..0x7b. */
 KVHAL_NUM_HD uint32_t kvhal_num_e5m2_mag(uint32_t a)
 {
     return kvhal_num_fp8_mag(a, 0x47600000u, 2097152.0f, 0x43000000u, 21, 536u);
 }
 /* e4m3fnuz: bias 8, largest 240 = code 0x7f, step 2^-10 (floor 2^13) */
+/** The e4m3fnuz magnitude code (bias 8, largest 240, step 2^-10).
+ *  @param a the bits of a non-negative f32 or NaN.
+ *  @return the code, 0..0x7f. */
 KVHAL_NUM_HD uint32_t kvhal_num_e4m3fnuz_mag(uint32_t a)
 {
     return kvhal_num_fp8_mag(a, 0x43700000u, 1048576.0f, 0x46000000u, 20, 1120u);
 }
 /* e5m2fnuz: bias 16, largest 57344 = code 0x7f, step 2^-17 (floor 2^6) */
+/** The e5m2fnuz magnitude code (bias 16, largest 57344, step 2^-17).
+ *  @param a the bits of a non-negative f32 or NaN.
+ *  @return the code, 0..0x7f. */
 KVHAL_NUM_HD uint32_t kvhal_num_e5m2fnuz_mag(uint32_t a)
 {
     return kvhal_num_fp8_mag(a, 0x47600000u, 2097152.0f, 0x42800000u, 21, 532u);
 }
 
-/* OR-ing these into a NaN's magnitude code (the largest finite) gives 0x7f, the OCP formats' NaN. */
+/** OR-ed into a NaN's e4m3fn magnitude code (the largest finite, 0x7e), gives 0x7f, the format's NaN. */
 #define KVHAL_NUM_E4M3FN_NAN_BIT 0x01u
+/** OR-ed into a NaN's e5m2 magnitude code (0x7b), gives 0x7f, a NaN. */
 #define KVHAL_NUM_E5M2_NAN_BIT 0x04u
 
 /* OCP formats: sign | magnitude, NaN -> sign | 0x7f. */
+/** f32 to fp8 e4m3fn (OCP), to nearest, ties to even, saturating.
+ *  @param x any float.
+ *  @return the code: sign | magnitude; NaN gives sign | 0x7f. The same as kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3). */
 KVHAL_NUM_HD uint8_t kvhal_num_f32_to_e4m3fn(float x)
 {
     const uint32_t u = kvhal_num_f32_bits(x);
@@ -185,6 +243,9 @@ KVHAL_NUM_HD uint8_t kvhal_num_f32_to_e4m3fn(float x)
     return (uint8_t)(((u >> 24) & 0x80u) | kvhal_num_e4m3fn_mag(u & 0x7fffffffu) | nan);
 }
 
+/** f32 to fp8 e5m2 (OCP), to nearest, ties to even, saturating (no inf is produced from a finite value or inf).
+ *  @param x any float.
+ *  @return the code: sign | magnitude; NaN gives sign | 0x7f. The same as kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2). */
 KVHAL_NUM_HD uint8_t kvhal_num_f32_to_e5m2(float x)
 {
     const uint32_t u = kvhal_num_f32_bits(x);
@@ -194,17 +255,27 @@ KVHAL_NUM_HD uint8_t kvhal_num_f32_to_e5m2(float x)
 
 /* fnuz formats from the input's bits u and the magnitude code: NaN -> 0x80 (the one NaN), a zero magnitude -> 0x00
  * (no negative zero), else sign | mag. */
+/** An fnuz code from the input's bits and its magnitude code.
+ *  @param u the input's f32 bits (sign, NaN-ness).
+ *  @param mag the magnitude code.
+ *  @return 0x80 (the one NaN) for a NaN, 0x00 for a zero magnitude (no negative zero), sign | mag otherwise. */
 KVHAL_NUM_HD uint32_t kvhal_num_fnuz_finish(uint32_t u, uint32_t mag)
 {
     return kvhal_num_bits_nan(u) ? 0x80u : mag ? ((u >> 24) & 0x80u) | mag : 0u;
 }
 
+/** f32 to fp8 e4m3fnuz (AMD), to nearest, ties to even, saturating.
+ *  @param x any float.
+ *  @return the code; NaN gives 0x80, zero of either sign 0x00. The same as kvhal_f32_to_fp8(x, KVHAL_FP8_E4M3FNUZ). */
 KVHAL_NUM_HD uint8_t kvhal_num_f32_to_e4m3fnuz(float x)
 {
     const uint32_t u = kvhal_num_f32_bits(x);
     return (uint8_t)kvhal_num_fnuz_finish(u, kvhal_num_e4m3fnuz_mag(u & 0x7fffffffu));
 }
 
+/** f32 to fp8 e5m2fnuz (AMD), to nearest, ties to even, saturating.
+ *  @param x any float.
+ *  @return the code; NaN gives 0x80, zero of either sign 0x00. The same as kvhal_f32_to_fp8(x, KVHAL_FP8_E5M2FNUZ). */
 KVHAL_NUM_HD uint8_t kvhal_num_f32_to_e5m2fnuz(float x)
 {
     const uint32_t u = kvhal_num_f32_bits(x);
@@ -217,6 +288,12 @@ KVHAL_NUM_HD uint8_t kvhal_num_f32_to_e5m2fnuz(float x)
  * saturated, or q2 beyond it, or NaN) takes the software conversion of q2 / 2, and a negative zero loses its sign.
  * ocp: the OCP code of q2 (one byte); x_bits: the input (sign and NaN-ness); e4m3: which pair. Exactly the fnuz
  * conversion of q2 / 2 for any q2 = 2 * (x / s) (tests/test_gpu_math.c). */
+/** An fnuz code from the OCP code of twice the quotient (a hardware OCP conversion serving fnuz; see above).
+ *  @param ocp the OCP code (e4m3fn or e5m2) of q2, one byte.
+ *  @param q2 twice the quotient.
+ *  @param x_bits the input's f32 bits (sign and NaN-ness).
+ *  @param e4m3 nonzero: e4m3fn to e4m3fnuz; zero: e5m2 to e5m2fnuz.
+ *  @return the fnuz code of q2 / 2. */
 KVHAL_NUM_HD uint32_t kvhal_num_fnuz_from_ocp(uint32_t ocp, float q2, uint32_t x_bits, int e4m3)
 {
     const uint32_t mag = ocp & 0x7fu;
@@ -229,6 +306,11 @@ KVHAL_NUM_HD uint32_t kvhal_num_fnuz_from_ocp(uint32_t ocp, float q2, uint32_t x
 
 /* ---- fp8 -> f32 (exact) ----
  * Magnitude code mag with m mantissa bits and the given bias, finite: its value's bits, without the sign. */
+/** The f32 bits of a finite fp8 magnitude code (exact).
+ *  @param mag the magnitude code (no sign bit).
+ *  @param m the format's mantissa bits.
+ *  @param bias its exponent bias.
+ *  @return the value's bits, without sign. */
 KVHAL_NUM_HD uint32_t kvhal_num_fp8_mag_bits(uint32_t mag, uint32_t m, int bias)
 {
     const uint32_t e = mag >> m, f = mag & ((1u << m) - 1u);
@@ -237,12 +319,18 @@ KVHAL_NUM_HD uint32_t kvhal_num_fp8_mag_bits(uint32_t mag, uint32_t m, int bias)
     return ((e + (uint32_t)(127 - bias)) << 23) | (f << (23u - m));
 }
 
+/** fp8 e4m3fn to f32, exact.
+ *  @param x the code.
+ *  @return its value; 0x7f and 0xff are NaN. */
 KVHAL_NUM_HD float kvhal_num_e4m3fn_to_f32(uint8_t x)
 {
     const uint32_t sign = (uint32_t)(x & 0x80u) << 24, mag = x & 0x7fu;
     return kvhal_num_bits_f32(sign | (mag == 0x7fu ? 0x7fc00000u : kvhal_num_fp8_mag_bits(mag, 3, 7)));
 }
 
+/** fp8 e5m2 to f32, exact.
+ *  @param x the code.
+ *  @return its value; 0x7c is inf, above it NaN (either sign). */
 KVHAL_NUM_HD float kvhal_num_e5m2_to_f32(uint8_t x)
 {
     const uint32_t sign = (uint32_t)(x & 0x80u) << 24, mag = x & 0x7fu;
@@ -251,12 +339,18 @@ KVHAL_NUM_HD float kvhal_num_e5m2_to_f32(uint8_t x)
 }
 
 /* fnuz: no infinities, 0x80 the one NaN (a positive quiet NaN) */
+/** fp8 e4m3fnuz to f32, exact.
+ *  @param x the code.
+ *  @return its value; 0x80 (the one NaN) gives a positive quiet NaN; no infinities. */
 KVHAL_NUM_HD float kvhal_num_e4m3fnuz_to_f32(uint8_t x)
 {
     if (x == 0x80u) return kvhal_num_bits_f32(0x7fc00000u);
     return kvhal_num_bits_f32(((uint32_t)(x & 0x80u) << 24) | kvhal_num_fp8_mag_bits(x & 0x7fu, 3, 8));
 }
 
+/** fp8 e5m2fnuz to f32, exact.
+ *  @param x the code.
+ *  @return its value; 0x80 (the one NaN) gives a positive quiet NaN; no infinities. */
 KVHAL_NUM_HD float kvhal_num_e5m2fnuz_to_f32(uint8_t x)
 {
     if (x == 0x80u) return kvhal_num_bits_f32(0x7fc00000u);
@@ -268,6 +362,9 @@ KVHAL_NUM_HD float kvhal_num_e5m2fnuz_to_f32(uint8_t x)
  * without a division where it gives the same bits:
  * - s = +-2^k with 1/s a normal f32 (kvhal_num_scale_is_pow2): x * (1/s) is the same real number as x / s;
  * - s in [2^-64, 2^64] (kvhal_num_scale_rcp_ok): kvhal_num_quot_rcp below. */
+/** Whether x * (1/s) equals x / s for every x: s = +-2^k with 1/s a normal f32.
+ *  @param s the scale.
+ *  @return 1 or 0. */
 KVHAL_NUM_HD int kvhal_num_scale_is_pow2(float s)
 {
     const uint32_t u = kvhal_num_f32_bits(s);
@@ -275,6 +372,9 @@ KVHAL_NUM_HD int kvhal_num_scale_is_pow2(float s)
     return (u & 0x7fffffu) == 0 && e >= 1u && e <= 253u;
 }
 
+/** Whether kvhal_num_quot_rcp() gives x / s for every x that matters to fp8: s in [2^-64, 2^64].
+ *  @param s the scale.
+ *  @return 1 or 0. */
 KVHAL_NUM_HD int kvhal_num_scale_rcp_ok(float s)
 {
     const uint32_t u = kvhal_num_f32_bits(s);
@@ -290,6 +390,11 @@ KVHAL_NUM_HD int kvhal_num_scale_rcp_ok(float s)
  * Specials: the residual is formed as y*s - x and subtracted (not x - y*s and added) so that x = -0 gives -0; a y
  * that is +-inf (x infinite, or the quotient overflows) gives NaN, which callers map to the saturated code (an input
  * NaN stays NaN). */
+/** x / s without a division: the reciprocal product with one fma correction (see above).
+ *  @param x the value.
+ *  @param s the scale, kvhal_num_scale_rcp_ok(s).
+ *  @param inv 1/s rounded to nearest.
+ *  @return the bits of the IEEE division x / s wherever its fp8 code depends on them (an infinite y gives NaN). */
 KVHAL_NUM_HD float kvhal_num_quot_rcp(float x, float s, float inv)
 {
     const float y = x * inv;

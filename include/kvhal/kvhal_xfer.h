@@ -1,4 +1,6 @@
-/* kvhal_xfer.h — KV transfer between processes and hosts (prefill/decode disaggregation) over UCX.
+/**
+ * @file kvhal_xfer.h
+ * @brief KV transfer between processes and hosts (prefill/decode disaggregation) over UCX (libkvhal-xfer).
  *
  * libkvhal-xfer.so, built when meson finds UCX (-Dtransfer=auto|ucx); libkvhal itself keeps no UCX dependency.
  *
@@ -147,6 +149,7 @@ KVHAL_API kvhal_status kvhal_xfer_local_address(kvhal_xfer_agent *agent, void *b
  * the peer accepts or refuses, at most the agent's timeout.
  * @param agent     the agent (a cache registered).
  * @param blob      the peer's address blob (read during the call), len bytes.
+ * @param len       the blob's size in bytes (kvhal_xfer_local_address of the peer gives it).
  * @param token     the token the peer was configured with.
  * @param out       receives the peer, owned by the agent (kvhal_xfer_disconnect frees it earlier).
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, a malformed blob, no cache registered); KVHAL_PEER_FAILED (the

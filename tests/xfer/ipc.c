@@ -1,6 +1,7 @@
 /* ipc.c — the IPC path: a sender process with a shareable cache on this host, hostile IPC frames and handles,
  * launch groups chained. */
 #include "xfer_test.h"
+#include "kvhal_test.h"
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* the IPC path: a sender process with a shareable cache on this host; the receiver imports it and copies       */
