@@ -51,15 +51,13 @@ def test_paged_attention_matches_plain_attention():
     query = torch.cat(qs, 1)[None]
     key = torch.cat([k[:, c:] for (c, _), k in zip(reqs, fullk)], 1)[None]
     value = torch.cat([v[:, c:] for (c, _), v in zip(reqs, fullv)], 1)[None]
-    slots, blocks, qlen, kvlen, boff = [], [], [], [], []
+    slots, qlen, kvlen = [], [], []
     for (c, n), p in zip(reqs, pg):
         L = c + n
         slots += [p[i // P] * P + i % P for i in range(c, L)]
-        boff.append(len(blocks))
-        blocks += p
         qlen.append(n)
         kvlen.append(L)
-    b = kt.KvhalBatch.from_lists(cache, slots, blocks, qlen, kvlen, boff, "cpu")
+    b = kt.KvhalBatch.from_lists(cache, slots, pg, qlen, kvlen, "cpu")
     # the read index lists every request's tokens in order, through its page table
     assert b.read_idx.tolist() == [p[i // P] * P + i % P for (c, n), p in zip(reqs, pg) for i in range(c + n)]
     assert b.cu_q.tolist() == [0, 7, 8, 13, 14, 27] and b.max_q == 13 and b.max_k == 33

@@ -250,7 +250,7 @@ int main(int argc, char **argv)
             kvhal_device_format(only[i], name, sizeof name);
             tool_error(tool, "--device=%s: not present (%d %s device%s; see kvhal-info)", name, (int)count,
                        kvhal_device_type_name(only[i].type), count == 1 ? "" : "s");
-            if (out.json) tool_json_failure(stdout, "KVHAL_NOT_FOUND", "a device --device names is not present");
+            if (out.json) tool_json_failure(stdout, tool, "KVHAL_NOT_FOUND", "a device --device names is not present");
             return TOOL_EXIT_FAILED;
         }
     }

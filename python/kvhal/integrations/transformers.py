@@ -112,19 +112,18 @@ class KvhalBatch:
         self.on_layer = on_layer  # called with the layer index once its writes are enqueued (layer streaming)
 
     @classmethod
-    def from_tensors(cls, cache, slot_t, block_t, qlen, kvlen, ql, kl, bo, stream=None, varlen=False):
-        """A step from device tensors: slot_t (new tokens' slots), block_t (the step's requests' page lists, one
-        after another), ql / kl / bo (per request: new tokens, tokens after the step, offset of its pages in
-        block_t) and the same qlen / kvlen as host lists. The read index is computed on the device: no per-token
-        work on the host."""
-        dev, P, R, K = block_t.device, cache.page_size, len(qlen), sum(kvlen)
+    def from_table(cls, cache, slot_t, table, rows, qlen, kvlen, ql, kl, stream=None, varlen=False):
+        """A step from device tensors: slot_t (the new tokens' slots), table (a block table: row i lists a
+        request's pages in order), rows / ql / kl (per request: its row, new tokens, tokens after the step) and the
+        same qlen / kvlen as host lists. The read index is computed on the device: no per-token work on the host."""
+        dev, P, R, K = table.device, cache.page_size, len(qlen), sum(kvlen)
         cu_q = torch.zeros(R + 1, dtype=torch.int32, device=dev)
         cu_k = torch.zeros(R + 1, dtype=torch.int32, device=dev)
         cu_q[1:] = ql.cumsum(0)
         cu_k[1:] = kl.cumsum(0)
         seq = torch.repeat_interleave(torch.arange(R, device=dev), kl, output_size=K)
         j = torch.arange(K, device=dev) - cu_k[:-1].long()[seq]
-        read_idx = block_t[bo[seq] + j // P] * P + j % P
+        read_idx = table[rows[seq], j // P] * P + j % P
         seqs, q0, k0 = [], 0, 0
         for n, kvn in zip(qlen, kvlen):
             seqs.append((q0, n, k0, kvn))
@@ -133,10 +132,14 @@ class KvhalBatch:
         return cls(cache, slot_t, read_idx, cu_q, cu_k, max(qlen), max(kvlen), seqs, stream, varlen)
 
     @classmethod
-    def from_lists(cls, cache, slots, blocks, qlen, kvlen, boff, device, stream=None, varlen=False):
-        """The same from host lists (each request's new tokens come last among its kv_len tokens)."""
+    def from_lists(cls, cache, slots, pages, qlen, kvlen, device, stream=None, varlen=False):
+        """The same from host lists: slots of the new tokens, and per request its pages (each request's new tokens
+        come last among its kv_len tokens)."""
         t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
-        return cls.from_tensors(cache, t(slots), t(blocks), qlen, kvlen, t(qlen), t(kvlen), t(boff), stream, varlen)
+        width = max(len(p) for p in pages)
+        table = t([list(p) + [0] * (width - len(p)) for p in pages])
+        return cls.from_table(cache, t(slots), table, t(list(range(len(pages)))), qlen, kvlen, t(qlen), t(kvlen),
+                              stream, varlen)
 
 
 def _repeat_kv(x, n):
@@ -231,13 +234,14 @@ class Request:
     its pages, how many of its prompt tokens its prefix-cache handle covers on the device (``cached``) and how many
     came back from the host tier after them (``host``)."""
     __slots__ = ("rid", "prompt", "max_new", "out", "handle", "cached", "host", "pages", "own", "kv_len",
-                 "logits", "reserve", "key", "t_first")
+                 "logits", "reserve", "key", "t_first", "row", "synced")
 
     def __init__(self, rid, prompt, max_new, key):
         self.rid, self.prompt, self.max_new, self.key = rid, list(prompt), max_new, key
         self.out, self.logits = [], []
         self.handle, self.cached, self.host, self.pages, self.own = None, 0, 0, [], []
         self.kv_len, self.reserve, self.t_first = 0, 0, None
+        self.row, self.synced = None, 0  # its row of the engine's device block table, and how much of it is written
 
 
 def _common_pages(a, b, n, page):
@@ -311,6 +315,9 @@ class KvhalEngine:
         self.max_step_tokens, self.share_running = max_step_tokens, share_running
         self.admit_window = 4 * max_batch  # waiting requests looked at per step when the first ones must wait
         self.on_layer = None  # a layer hook for every step's KvhalBatch (the prefill side of a disaggregated pair)
+        # the running requests' pages on the device, a row each: a step sends only what changed since the last one
+        self.table = torch.zeros((max_batch, 64), dtype=torch.int64, device=self.device)
+        self._rows = list(range(max_batch - 1, -1, -1))
         self.waiting, self.running, self.done = [], [], []
         self.reserved = 0  # pages promised to running requests' future decode tokens
         self.stats = dict(requests=0, prompt_tokens=0, cached_tokens=0, host_tokens=0, prefill_computed=0,
@@ -391,6 +398,7 @@ class KvhalEngine:
             raise kvhal.Internal(f"request {r.rid}: {aligned} prompt tokens inserted, {got} matched back")
         r.pages[:n] = list(pages)
         r.own = r.pages[n:]
+        r.synced = 0  # its row is written again
         r.cached = aligned
 
     def _finish(self, r):
@@ -400,6 +408,9 @@ class KvhalEngine:
         self.stats["cm_s"] += time.perf_counter() - t
         self.reserved -= r.reserve
         r.handle = None
+        if r.row is not None:
+            self._rows.append(r.row)
+            r.row = None
         self.running.remove(r)
         self.done.append(r)
 
@@ -418,7 +429,7 @@ class KvhalEngine:
                 work.append((r, r.prompt[r.kv_len:r.kv_len + n], r.kv_len + n == len(r.prompt)))
                 budget -= n
                 self.stats["prefill_computed"] += n
-        ids, pos, slots, blocks, lidx, qlen, kvlen, boff = [], [], [], [], [], [], [], []
+        ids, pos, lidx, rows, qlen, kvlen, ur, uc, up = [], [], [], [], [], [], [], [], []
         for r, toks, emits in work:
             n, start, kv_after = len(toks), r.kv_len, r.kv_len + len(toks)
             while len(r.pages) < self._pages_for(kv_after):  # a decode crossing into a new (reserved) page
@@ -427,28 +438,44 @@ class KvhalEngine:
                 r.own.append(page)
                 r.reserve -= 1
                 self.reserved -= 1
+            if r.row is None:
+                r.row, r.synced = self._rows.pop(), 0
+            if r.synced < len(r.pages):  # the table's row catches up with the request's pages
+                if len(r.pages) > self.table.shape[1]:
+                    wider = torch.zeros((self.table.shape[0], max(2 * self.table.shape[1], len(r.pages))),
+                                        dtype=torch.int64, device=self.device)
+                    wider[:, :self.table.shape[1]] = self.table
+                    self.table = wider
+                ur += [r.row] * (len(r.pages) - r.synced)
+                uc += range(r.synced, len(r.pages))
+                up += r.pages[r.synced:]
+                r.synced = len(r.pages)
             if emits:
                 lidx.append(len(ids) + n - 1)
             ids += toks
             pos += range(start, kv_after)
-            slots += [r.pages[p // P] * P + p % P for p in range(start, kv_after)]
-            boff.append(len(blocks))
-            blocks += r.pages[:self._pages_for(kv_after)]
+            rows.append(r.row)
             qlen.append(n)
             kvlen.append(kv_after)
-        return work, ids, pos, slots, blocks, lidx, qlen, kvlen, boff
+        return work, ids, pos, lidx, rows, qlen, kvlen, ur, uc, up
 
-    def _batch(self, ids, pos, slots, blocks, lidx, qlen, kvlen, boff):
-        """One host-to-device copy of the step's lists; the read index is built from them on the device."""
-        T, B, R = len(ids), len(blocks), len(qlen)
-        buf = torch.tensor(ids + pos + slots + blocks + lidx + qlen + kvlen + boff, dtype=torch.int64)
+    def _batch(self, ids, pos, lidx, rows, qlen, kvlen, ur, uc, up):
+        """One host-to-device copy of the step's lists and the table's changed entries; the slots and the read
+        index are computed from the table on the device."""
+        T, R, U = len(ids), len(qlen), len(ur)
+        buf = torch.tensor(ids + pos + lidx + rows + qlen + kvlen + ur + uc + up, dtype=torch.int64)
         buf = buf.to(self.device, non_blocking=True)
         o = [0]
-        for n in (T, T, T, B, len(lidx), R, R, R):
+        for n in (T, T, len(lidx), R, R, R, U, U, U):
             o.append(o[-1] + n)
-        input_ids, position_ids, slot_t, block_t, logits_idx, ql, kl, bo = (buf[o[i]:o[i + 1]] for i in range(8))
+        input_ids, position_ids, logits_idx, rows_t, ql, kl, ur_t, uc_t, up_t = (buf[o[i]:o[i + 1]] for i in range(9))
+        if U:
+            self.table[ur_t, uc_t] = up_t
+        row_tok = torch.repeat_interleave(rows_t, ql, output_size=T)
+        slot_t = self.table[row_tok, position_ids // self.P] * self.P + position_ids % self.P
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        batch = KvhalBatch.from_tensors(self.cache, slot_t, block_t, qlen, kvlen, ql, kl, bo, stream, self.varlen)
+        batch = KvhalBatch.from_table(self.cache, slot_t, self.table, rows_t, qlen, kvlen, ql, kl, stream,
+                                      self.varlen)
         batch.on_layer = self.on_layer
         return input_ids.view(1, T), position_ids.view(1, T), logits_idx, batch
 
