@@ -11,6 +11,7 @@
  *   gpu_<op>.cu     one per entry of KVHAL_BK_OP_LIST: <op>_supports, <op>_desc_create, <op>_desc_destroy and
  *                   gpu_<op>, declared below from the list itself (gpu_copy_blocks.cu also holds copy_batch)
  *   gpu_codepath.cu which code a device runs (embedded code objects or, for HIP, hiprtc) and the kernel lookup
+ *   gpu_ceiling.cu  the benchmark's copy ceiling, the extra "kvhal_gpu_scatter_rows" (not an op)
  *   gpu_table.cu    the plugin table, generated from the same list, get_proc_address (and the HIP module's
  *                   test hooks) and kvhal_backend_entry: the top, which names every file below it
  * So an op appended to KVHAL_BK_OP_LIST (and to kvhal_ops in the top-level meson.build) needs one new file,
