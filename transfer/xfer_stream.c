@@ -52,8 +52,8 @@ static kvhal_status layer_send(kvhal_xfer *x, int32_t l, bool written)
 }
 
 /* One round of stream x: finished layers collected, layers whose event completed sent, the failure propagated;
- * *changed: the agent's list of transfers changed (a layer freed or made, x settled). Returns the work left (layers
- * waiting on their events or in flight: pump does not nap). */
+ * *changed: the agent's list of transfers changed (a layer freed or made, x settled) or a round more is due. Returns
+ * the layers still waiting on their events: pump polls them without napping (nothing else wakes it for them). */
 static unsigned stream_step(kvhal_xfer *x, bool *changed)
 {
     struct xfer_stream *s = x->stream;
@@ -64,7 +64,6 @@ static unsigned stream_step(kvhal_xfer *x, bool *changed)
         if (!sub) continue;
         if (!sub->finished) {
             live += sub->bytes_done;
-            work++;
             continue;
         }
         if (sub->status == KVHAL_OK) {
@@ -84,6 +83,7 @@ static unsigned stream_step(kvhal_xfer *x, bool *changed)
         for (int32_t l = 0; l < s->layers; l++)
             if (s->sub[l]) xfer_finish(s->sub[l], x->status, "the stream of request %llu failed: %s",
                                        (unsigned long long)x->request_id, x->message);
+        *changed = true; /* those that settled at once are collected in the next round */
     }
     for (int32_t l = 0; l < s->layers && !x->failing; l++) {
         if (s->state[l] != LAYER_WAITING) continue;

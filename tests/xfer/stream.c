@@ -356,6 +356,31 @@ static void slow_receiver(bool shareable)
     assert_int_equal(kvhal_cache_manager_free(s.cm, dst, SN), KVHAL_OK);
     pthread_mutex_unlock(&s.mu);
 
+    /* a stream released with layers in flight (the receiver held): it and its layers go once UCX lets go */
+    const size_t held0 = kvhal__xfer_agent_held(a); /* the peer */
+    assert_int_equal(grant_layers(&s, rp, 63, dst, &rx), KVHAL_OK);
+    sender_grant(a, &ev);
+    assert_int_equal(kvhal_xfer_stream_open(p, 63, src, ev.pages, SN, &tx), KVHAL_OK);
+    pthread_mutex_lock(&s.mu);
+    assert_int_equal(kvhal_xfer_stream_layer(tx, 0, NULL), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_stream_layer(tx, 2, NULL), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_release(tx), KVHAL_OK);
+    pthread_mutex_unlock(&s.mu);
+    assert_true(kvhal__xfer_agent_held(a) > held0);
+    for (const double t = now_s() + 10; kvhal__xfer_agent_held(a) != held0;) {
+        kvhal_xfer_progress(a, 2, &ev);
+        if (now_s() > t) fail_msg("the released stream is still held (%zu records)", kvhal__xfer_agent_held(a));
+    }
+    pthread_mutex_lock(&s.mu);
+    assert_int_equal(kvhal_xfer_layer_ready(rx, 1), KVHAL_BUSY); /* never sent */
+    assert_int_equal(kvhal_xfer_cancel(rx), KVHAL_OK);
+    pthread_mutex_unlock(&s.mu);
+    assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_CANCELED);
+    pthread_mutex_lock(&s.mu);
+    kvhal_xfer_release(rx);
+    pthread_mutex_unlock(&s.mu);
+    all_pages_free(&s);
+
     /* the receiver drops the connection after the first layer */
     assert_int_equal(grant_layers(&s, rp, 62, dst, &rx), KVHAL_OK);
     sender_grant(a, &ev);
