@@ -3,7 +3,7 @@
 #
 # What: kvhal-bench on one device (default cuda:0): paged caching (llama3-8b bf16, llama2-7b f16, `small`; 8192 and
 #   65536 tokens; NHD and HND; every fp8 format at scale 0.5 and at a calibrated 0.37), MLA, the serving loop,
-#   decode, duplicate, copy_blocks, the descriptor cache, the first call, and page_transfer (host <-> device pages
+#   decode, duplicate, copy_blocks, the descriptor cache, the device's opening and the first call, and page_transfer (host <-> device pages
 #   against the backend's pinned memcpy). Each figure is a ratio to a memcpy of the same bytes (read + written)
 #   on the same device, in the same run. "cold": L2 flushed before each call, slots a random permutation over a 4x
 #   cache; "warm": back to back. ROUNDS runs; the table shows the median ratio over the rounds. On CUDA and HIP each
