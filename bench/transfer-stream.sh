@@ -4,9 +4,9 @@
 # What: kvhal-xfer --stream with the llama3-8b geometry (32 layers, 8 KV heads x 128, bf16, 16-token pages: 2 MiB a
 #   page, 16 MiB a layer, 512 MiB a 4096-token request, scattered on both sides). The prefill process opens a stream
 #   into the decode side's grant (kvhal_xfer_stream_open) and hands it each layer as its simulated compute ends
-#   (kvhal_xfer_stream_layer): on a GPU (MODE=device) copies within a 16 MiB scratch buffer on the prefill's device,
-#   calibrated to LAYER_US per layer, with an event per layer (the agent sends a layer once its event fires, while the
-#   next one computes); on the CPU (MODE=busy) a thread that spins LAYER_US per layer and progresses the agent
+#   (kvhal_xfer_stream_layer): on a GPU (MODE=device) a spin kernel of LAYER_US per layer on the prefill device's
+#   default stream (the module's kvhal_gpu_spin, calibrated; compute, no memory traffic), with an event per layer (the
+#   agent sends a layer once its event fires, while the next one computes); on the CPU (MODE=busy) a thread that spins LAYER_US per layer and progresses the agent
 #   meanwhile, (MODE=sleep) one that sleeps through each layer (nothing progresses meanwhile). Exposed = the stream's
 #   completion (every layer acknowledged by the decode side) minus the end of the last layer's compute, measured by
 #   the prefill process; prefill = the first layer's start to the last layer's end. ITERS timed requests per run

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "kvhal.h"
+#include "kvhal_backend.h" /* the GPU modules' spin kernel (kvhal_gpu_spin) */
 #include "kvhal_xfer.h"
 
 #define TOOL "kvhal-xfer"
@@ -284,12 +285,25 @@ typedef struct stream_round {
 } stream_round;
 
 typedef struct prefill_sim {
-    kvhal_stream *stream;   /* device: the simulated layers' work, and the events after each */
-    kvhal_buffer *scratch;  /* device: copied within itself (halves), a stand-in for a layer's kernel */
+    kvhal_stream *stream;   /* device: the simulated layers' work, and the events after each (NULL with spin) */
+    kvhal_gpu_spin_fn spin; /* CUDA, HIP: a kernel that spins for a number of cycles, on the default stream */
+    int device;
+    uint64_t cycles;        /* spin: cycles per layer, calibrated to --layer-us */
+    kvhal_buffer *scratch;  /* other devices: copied within itself (halves), a stand-in for a layer's kernel */
     size_t half;
-    int copies;             /* device: copies per layer, calibrated to --layer-us */
+    int copies;             /* copies per layer, calibrated to --layer-us */
     kvhal_event **done;     /* device: per layer */
 } prefill_sim;
+
+/* One simulated layer queued: the spin kernel, else the scratch copies. */
+static kvhal_status sim_layer(const prefill_sim *ps)
+{
+    if (ps->spin) return ps->spin(ps->device, ps->cycles, NULL) == 0 ? KVHAL_OK : KVHAL_BACKEND_ERROR;
+    kvhal_status e = KVHAL_OK;
+    for (int i = 0; i < ps->copies && e == KVHAL_OK; i++)
+        e = kvhal_memcpy_d2d(ps->scratch, ps->half, ps->scratch, 0, ps->half, ps->stream);
+    return e;
+}
 
 /* One round of the agent for a stream x: *fin set at x's SEND_DONE (its status in *st). */
 static int stream_pump(kvhal_xfer_agent *ag, kvhal_xfer *x, uint32_t ms, bool *fin, kvhal_status *st)
@@ -307,24 +321,39 @@ static int stream_pump(kvhal_xfer_agent *ag, kvhal_xfer *x, uint32_t ms, bool *f
     return 0;
 }
 
-/* The device mode: scratch copies on a stream of the cache's device, as many per layer as take --layer-us
- * (calibrated here: 32 copies timed). */
+/* The device mode: on CUDA and HIP a spin kernel of --layer-us per layer on the device's default stream (the GPU
+ * module's extra kvhal_gpu_spin: compute, no memory traffic), else copies within a 16 MiB scratch buffer on a stream
+ * of the cache's device, as many per layer as take --layer-us; calibrated here (timed, the first pass a warm-up). */
 static int sim_open(prefill_sim *ps, const side *s)
 {
     const kvhal_device dev = kvhal_buffer_device(s->buf);
-    ps->half = 8u << 20; /* 16 MiB in all: L2-resident on the large GPUs, so that the stand-in takes little HBM */
-    TRY("prefill: stream", kvhal_stream_create(dev, &ps->stream));
-    TRY("prefill: scratch", kvhal_buffer_create(dev, 2 * ps->half, &ps->scratch));
+    void *f = NULL;
+    if ((dev.type == KVHAL_DEVICE_CUDA || dev.type == KVHAL_DEVICE_HIP) &&
+        kvhal_backend_get_proc_address(dev.type, "kvhal_gpu_spin", &f) == KVHAL_OK)
+        memcpy(&ps->spin, &f, sizeof ps->spin); /* a function pointer from void * (ISO C has no cast for it) */
+    kvhal_clear_error();
+    ps->device = dev.id;
+    if (!ps->spin) {
+        ps->half = 8u << 20; /* 16 MiB in all: L2-resident on the large GPUs, so that the stand-in takes little HBM */
+        TRY("prefill: stream", kvhal_stream_create(dev, &ps->stream));
+        TRY("prefill: scratch", kvhal_buffer_create(dev, 2 * ps->half, &ps->scratch));
+    }
     if (!(ps->done = calloc((size_t)opt.layers, sizeof *ps->done))) return failed("prefill", KVHAL_OUT_OF_MEMORY);
     for (int32_t l = 0; l < opt.layers; l++) TRY("prefill: event", kvhal_event_create(dev, &ps->done[l]));
     const int n = 32;
-    for (int pass = 0; pass < 2; pass++) { /* the first pass warms up */
+    ps->copies = 1;
+    ps->cycles = 1u << 20;
+    for (int pass = 0; pass < 2; pass++) {
         const double t0 = now_s();
-        for (int i = 0; i < n; i++)
-            TRY("prefill: copy", kvhal_memcpy_d2d(ps->scratch, ps->half, ps->scratch, 0, ps->half, ps->stream));
-        TRY("prefill: sync", kvhal_stream_synchronize(ps->stream));
-        const double per = (now_s() - t0) / n;
-        ps->copies = (int)(opt.layer_us * 1e-6 / per + 0.5);
+        for (int i = 0; i < n; i++) TRY("prefill: the simulated layer", sim_layer(ps));
+        TRY("prefill: sync", ps->spin ? kvhal_device_synchronize(dev) : kvhal_stream_synchronize(ps->stream));
+        const double per = (now_s() - t0) / n, want = opt.layer_us * 1e-6;
+        if (ps->spin) { /* cycles per second from this pass, for the next one (the first is a warm-up) */
+            const double rate = (double)ps->cycles / per;
+            ps->cycles = (uint64_t)(want * rate) > 0 ? (uint64_t)(want * rate) : 1;
+            continue;
+        }
+        ps->copies = (int)(want / per + 0.5);
         if (ps->copies < 1) ps->copies = 1;
     }
     return 0;
@@ -334,8 +363,8 @@ static void sim_close(prefill_sim *ps)
 {
     for (int32_t l = 0; ps->done && l < opt.layers; l++) kvhal_event_destroy(ps->done[l]);
     free(ps->done);
-    kvhal_buffer_destroy(ps->scratch);
-    kvhal_stream_destroy(ps->stream);
+    if (ps->scratch) kvhal_buffer_destroy(ps->scratch);
+    if (ps->stream) kvhal_stream_destroy(ps->stream);
 }
 
 /* One request: opened as a stream into the GRANT's pages, each layer "computed" (--prefill) and handed to it as it
@@ -353,9 +382,7 @@ static int stream_round_run(kvhal_xfer_agent *ag, kvhal_xfer_peer *peer, prefill
     double t_end = 0;
     for (int32_t l = 0; l < opt.layers && !rc; l++) {
         if (device) { /* the layer's work queued, its event after it: the agent sends the layer once it fires */
-            kvhal_status e = KVHAL_OK;
-            for (int i = 0; i < ps->copies && e == KVHAL_OK; i++)
-                e = kvhal_memcpy_d2d(ps->scratch, ps->half, ps->scratch, 0, ps->half, ps->stream);
+            kvhal_status e = sim_layer(ps);
             if (e == KVHAL_OK) e = kvhal_event_record(ps->done[l], ps->stream);
             if (e != KVHAL_OK) {
                 rc = failed("prefill: the simulated layer", e);
@@ -1066,9 +1093,10 @@ static void usage(void)
            "  --tokens=N             --stream: tokens of a request (default 4096)\n"
            "  --layer-us=N           --stream: simulated prefill time per layer (default 1000)\n"
            "  --prefill=MODE         --stream: busy (the thread spins, progressing the agent; default), sleep (the\n"
-           "                         thread sleeps: nothing progresses meanwhile), device (copies within a 16 MiB\n"
-           "                         scratch buffer on the cache's device, calibrated to --layer-us, and an event\n"
-           "                         per layer handed with it: a GPU computes while the agent sends)\n"
+           "                         thread sleeps: nothing progresses meanwhile), device (work on the cache's device\n"
+           "                         calibrated to --layer-us, an event per layer handed with it: the device computes\n"
+           "                         while the agent sends; CUDA/HIP: a spin kernel on the default stream, other\n"
+           "                         devices: copies within a 16 MiB scratch buffer)\n"
            "  --timeout-ms=N         agent timeout (default 10000)\n"
            "  --listen=FILE          decode side only: write the address to FILE, wait for a --connect process\n"
            "  --connect=FILE         prefill side only: connect to the decode process whose address is in FILE\n"

@@ -1,7 +1,8 @@
-/* gpu_ceiling.cu — the benchmark's copy ceiling (the module's extra "kvhal_gpu_scatter_rows", kvhal_backend.h): the
+/* gpu_ceiling.cu — what the benchmarks measure against (the module's extras, kvhal_backend.h). "kvhal_gpu_scatter_rows", the copy ceiling: the
  * rows a paged-caching call moves, copied by the SMs with nothing else done (16-byte loads, the output's bytes kept
  * as wide stores), so that kvhal-bench can set each paged-caching row against what a copy of the same scattered rows
- * reaches on the same device, in the same run. Not an op: no descriptor, no checks against buffers, no error flag. */
+ * reaches on the same device, in the same run. "kvhal_gpu_spin": a kernel of a chosen duration (kvhal-xfer --stream's
+ * simulated prefill). Not ops: no descriptor, no checks against buffers, no error flag. */
 #include "gpu_private.h"
 
 namespace kvhal_gpu {
@@ -51,6 +52,13 @@ template <int R, int IN> __global__ void __launch_bounds__(KVHAL_GPU_THREADS) sc
         char *d = p.dst[side] + (slot / p.block_size) * p.block_stride + (int64_t)pc * p.piece_stride +
                   (slot % p.block_size) * p.token_stride + (int64_t)v * (16 / R);
         narrow_store<R, IN>(d, x);
+    }
+}
+
+__global__ void spin_kernel(long long cycles)
+{
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
     }
 }
 
@@ -116,4 +124,21 @@ extern "C" int kvhal_gpu_scatter_rows(const kvhal_gpu_scatter_args *a, void *nat
     default: e = scatter_launch<4, 4>(p, s); break;
     }
     return e == gpuSuccess ? 0 : -2;
+}
+
+extern "C" int kvhal_gpu_spin(int device, uint64_t cycles, void *native_stream)
+{
+    using namespace kvhal_gpu;
+    int n = 0;
+    if (gpuGetDeviceCount(&n) != gpuSuccess || device < 0 || device >= n || cycles > (1ull << 62)) {
+        (void)gpuGetLastError();
+        return -1;
+    }
+    const DeviceGuard guard;
+    if (guard.select(device) != gpuSuccess) {
+        (void)gpuGetLastError();
+        return -2;
+    }
+    spin_kernel<<<1, 32, 0, static_cast<gpuStream_t>(native_stream)>>>((long long)cycles);
+    return gpuGetLastError() == gpuSuccess ? 0 : -2;
 }

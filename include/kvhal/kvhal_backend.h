@@ -436,6 +436,11 @@ typedef struct kvhal_gpu_scatter_args {
     int64_t block_size, block_stride, piece_stride, token_stride;
 } kvhal_gpu_scatter_args;
 typedef int (*kvhal_gpu_scatter_rows_fn)(const kvhal_gpu_scatter_args *a, void *native_stream);
+/** kvhal_backend_get_proc_address(KVHAL_DEVICE_CUDA or KVHAL_DEVICE_HIP, "kvhal_gpu_spin") gives a kvhal_gpu_spin_fn:
+ *  a kernel of one block that spins for `cycles` of the device's clock on device `device` (its index), queued on the
+ *  native stream (NULL: the default), and nothing else: a stand-in for a kernel of a chosen duration in benchmarks
+ *  (kvhal-xfer --stream). Returns 0 when launched, -1 for a device index that is not one, -2 when the launch failed. */
+typedef int (*kvhal_gpu_spin_fn)(int device, uint64_t cycles, void *native_stream);
 
 #ifdef __cplusplus
 }
