@@ -3,10 +3,12 @@
 #
 # What: kvhal-bench on one device (default cuda:0): paged caching (llama3-8b bf16, llama2-7b f16, `small`; 8192 and
 #   65536 tokens; NHD and HND; every fp8 format at scale 0.5 and at a calibrated 0.37), MLA, the serving loop,
-#   decode, duplicate, copy_blocks, the descriptor cache, the first call, and page_transfer (host <-> device pages
+#   decode, duplicate, copy_blocks, the descriptor cache, the device's opening and the first call, and page_transfer (host <-> device pages
 #   against the backend's pinned memcpy). Each figure is a ratio to a memcpy of the same bytes (read + written)
 #   on the same device, in the same run. "cold": L2 flushed before each call, slots a random permutation over a 4x
-#   cache; "warm": back to back. ROUNDS runs; the table shows the median ratio over the rounds.
+#   cache; "warm": back to back. ROUNDS runs; the table shows the median ratio over the rounds. On CUDA and HIP each
+#   paged-caching and MLA row has a ceiling row before it (op "<op>_ceiling": the module's plain SM copy of the same
+#   scattered rows, kvhal_gpu_scatter_rows, measured the same way) and its ratio to that row ("of ceiling").
 # Machine: any with a GPU and its toolchain (figures in docs/performance.md: one NVIDIA H200, one H100);
 #   DEV=opencl:N measures an OpenCL device, DEV=cpu:0 the CPU backend (no cold column there).
 # Run (repository root): bash bench/kernels-gpu.sh
@@ -14,6 +16,7 @@
 #   ROUNDS=3, OUT=/tmp/kvhal-kernels, TOKENS=8192,65536 (kvhal-bench --tokens), OPS="" (all; or e.g. "paged_caching mla").
 # Output: $OUT/bench-<dev>-<round>.json (kvhal-bench --json) and $OUT/table.txt:
 #   op preset tokens layout dtype cache_dtype scale | cold ratio (p50 us) | warm ratio (p50 us) | host us, gpu us
+#   | of ceiling
 set -uo pipefail
 [ -f .devdeps/env.sh ] && . .devdeps/env.sh   # a GPU machine's toolchain outside the system paths, if carried
 B=${B:-build-bench} BACKENDS=${BACKENDS:-cpu,cuda,opencl} DEV=${DEV:-cuda:0} ROUNDS=${ROUNDS:-3} OUT=${OUT:-/tmp/kvhal-kernels} TOKENS=${TOKENS:-8192,65536}
@@ -53,9 +56,11 @@ def medv(rs, k):
     v = [r[k] for r in rs if r.get(k) is not None]
     return "%.2f" % statistics.median(v) if v else "-"
 for key, rs in rows.items():
-    print("%-17s %-11s %6s %-4s %-5s %-13s %-5s | cold %s (%s us) | warm %s (%s us) | host %s gpu %s" % (
+    ceil = [r["ratio_to_ceiling"] for r in rs if r.get("ratio_to_ceiling") is not None]
+    print("%-17s %-11s %6s %-4s %-5s %-13s %-5s | cold %s (%s us) | warm %s (%s us) | host %s gpu %s | of ceiling %s" % (
         key[0], key[1], key[2], key[3], key[4], key[5], key[6] if key[6] is not None else "-",
         med(rs, "cold", "ratio_to_memcpy"), med(rs, "cold", "us_p50"), med(rs, "warm", "ratio_to_memcpy"),
-        med(rs, "warm", "us_p50"), medv(rs, "host_us"), medv(rs, "gpu_us")))
+        med(rs, "warm", "us_p50"), medv(rs, "host_us"), medv(rs, "gpu_us"),
+        "%.3f" % statistics.median(ceil) if ceil else "-"))
 PY
 exit $rc

@@ -36,6 +36,7 @@
 
 #include "kvhal.h"
 #include "tool_common.h"
+#include "kvhal_backend.h" /* the GPU modules' copy ceiling (kvhal_gpu_scatter_rows) */
 #define TOOL "kvhal-bench"
 
 /* ---- options and output ---- */
@@ -121,6 +122,7 @@ typedef struct record {
     double bytes;  /* read + written per call; 0 for per-call figures */
     meas cold, warm;
     double host_us, gpu_us, ns; /* < 0: not measured (null) */
+    double of_ceiling;          /* the row's cold (else warm) ratio to memcpy over its ceiling row's; < 0: null */
     int64_t descriptors_created; /* < 0: null */
 } record;
 
@@ -128,7 +130,7 @@ static record rec_init(const char *op, const char *preset_name, const char *layo
                        kvhal_dtype cdt)
 {
     record r = {.op = op, .preset = preset_name, .layout = layout, .tokens = tokens, .dtype = dt, .cache_dtype = cdt,
-                .host_us = -1, .gpu_us = -1, .ns = -1, .descriptors_created = -1};
+                .host_us = -1, .gpu_us = -1, .ns = -1, .of_ceiling = -1, .descriptors_created = -1};
     return r;
 }
 
@@ -226,6 +228,7 @@ static void emit(record *r)
         tool_json_key_num(&jrec, "host_us", r->host_us, r->host_us >= 0);
         tool_json_key_num(&jrec, "gpu_us", r->gpu_us, r->gpu_us >= 0);
         tool_json_key_num(&jrec, "ns", r->ns, r->ns >= 0);
+        tool_json_key_num(&jrec, "ratio_to_ceiling", r->of_ceiling, r->of_ceiling > 0);
         tool_json_key_num(&jrec, "descriptors_created", (double)r->descriptors_created, r->descriptors_created >= 0);
         tool_json_close(&jrec);
     } else {
@@ -246,6 +249,7 @@ static void emit(record *r)
         if (r->host_us >= 0) printf(" host %.2f us", r->host_us);
         if (r->gpu_us >= 0) printf(" gpu %.2f us", r->gpu_us);
         if (r->ns >= 0) printf(" %.1f ns", r->ns);
+        if (r->of_ceiling > 0) printf(" of ceiling %.3f", r->of_ceiling);
         if (r->descriptors_created >= 0) printf(" descriptors %lld", (long long)r->descriptors_created);
         printf("\n");
         fflush(stdout);
@@ -566,6 +570,53 @@ static int cache_cases(kvhal_dtype in, cache_case *out)
     return n;
 }
 
+/* ---- the copy ceiling: the same scattered rows copied by the GPU modules' plain SM copy ---- */
+
+typedef struct ceil_ctx {
+    kvhal_gpu_scatter_rows_fn fn;
+    kvhal_gpu_scatter_args a;
+} ceil_ctx;
+
+static void run_ceiling(void *p)
+{
+    ceil_ctx *c = p;
+    if (c->fn(&c->a, NULL) != 0) fail_run(KVHAL_BACKEND_ERROR, "kvhal_gpu_scatter_rows", "the ceiling copy failed");
+}
+
+/* The device's copy ceiling (CUDA and HIP modules), else NULL: no ceiling rows. */
+static kvhal_gpu_scatter_rows_fn ceiling_fn(void)
+{
+    void *f = NULL;
+    if ((dev.type != KVHAL_DEVICE_CUDA && dev.type != KVHAL_DEVICE_HIP) ||
+        kvhal_backend_get_proc_address(dev.type, "kvhal_gpu_scatter_rows", &f) != KVHAL_OK) {
+        kvhal_clear_error();
+        return NULL;
+    }
+    kvhal_gpu_scatter_rows_fn fn; /* a function pointer from void * (ISO C has no cast for it) */
+    memcpy(&fn, &f, sizeof fn);
+    return fn;
+}
+
+/* A "ceiling" row (op: the row's op + "_ceiling") for the rows c->a describes, measured like the op beside memcpy,
+ * and the op's row r told its ratio to it. Nothing when the device has no ceiling copy or refuses these rows. */
+static void ceiling_row(ceil_ctx *c, record *r)
+{
+    if (!c->fn || c->fn(&c->a, NULL) != 0) return;
+    CHECK(kvhal_device_synchronize(dev));
+    char op[48];
+    snprintf(op, sizeof op, "%s_ceiling", r->op);
+    record cr = rec_init(op, r->preset, r->layout, r->tokens, r->dtype, r->cache_dtype);
+    cr.scale = r->scale;
+    cr.bytes = r->bytes;
+    measure_vs_memcpy(run_ceiling, c, &cr);
+    emit(&cr);
+    fill_bw(&r->cold, r->bytes);
+    fill_bw(&r->warm, r->bytes);
+    const bool cold = r->cold.ratio > 0 && cr.cold.ratio > 0;
+    if (cold) r->of_ceiling = r->cold.ratio / cr.cold.ratio;
+    else if (r->warm.ratio > 0 && cr.warm.ratio > 0) r->of_ceiling = r->warm.ratio / cr.warm.ratio;
+}
+
 static void bench_paged(const preset *p, int64_t tokens)
 {
     const int64_t H = p->heads, D = p->dim, nb = (tokens + BLOCK - 1) / BLOCK * opt.cache_factor;
@@ -605,6 +656,18 @@ static void bench_paged(const preset *p, int64_t tokens)
             r.scale = cc[ci].scale;
             r.bytes = read + written;
             measure_vs_memcpy(run_paged, &c, &r);
+            const size_t hd = (size_t)(H * D);
+            ceil_ctx cl = {.fn = ceiling_fn(),
+                           .a = {.src = {kvhal_buffer_native(in), (char *)kvhal_buffer_native(in) + elems * ies},
+                                 .dst = {kvhal_buffer_native(cache),
+                                         (char *)kvhal_buffer_native(cache) + cache_elems * ces},
+                                 .slots = kvhal_buffer_native(slots), .tokens = tokens, .sides = 2,
+                                 .pieces = layout ? (int32_t)H : 1, .in_elem = (int32_t)ies, .out_elem = (int32_t)ces,
+                                 .piece_elems = layout ? D : (int64_t)hd, .block_size = BLOCK,
+                                 .block_stride = (int64_t)(BLOCK * hd * ces),
+                                 .piece_stride = layout ? (int64_t)(BLOCK * (size_t)D * ces) : 0,
+                                 .token_stride = (int64_t)((layout ? (size_t)D : hd) * ces)}};
+            ceiling_row(&cl, &r);
             emit(&r);
         }
     }
@@ -636,6 +699,13 @@ static void bench_mla(int64_t tokens)
         r.scale = cc[ci].scale;
         r.bytes = (double)(tokens * row) * (2.0 + (double)kvhal_dtype_size(cc[ci].dt)) + (double)tokens * 8;
         measure_vs_memcpy(run_paged, &c, &r);
+        const int64_t ces = (int64_t)kvhal_dtype_size(cc[ci].dt);
+        ceil_ctx cl = {.fn = ceiling_fn(), /* the rows' bytes read as one contiguous input */
+                       .a = {.src = {kvhal_buffer_native(in)}, .dst = {kvhal_buffer_native(cache)},
+                             .slots = kvhal_buffer_native(slots), .tokens = tokens, .sides = 1, .pieces = 1,
+                             .in_elem = 2, .out_elem = (int32_t)ces, .piece_elems = row, .block_size = BLOCK,
+                             .block_stride = BLOCK * row * ces, .token_stride = row * ces}};
+        ceiling_row(&cl, &r);
         emit(&r);
     }
     CHECK(kvhal_buffer_destroy(in));
@@ -757,6 +827,15 @@ static void bench_first_call(void)
 {
     const preset *p = &presets[0];
     const int64_t tokens = SMALL_TOKENS, ssh[1] = {tokens};
+    /* the device's opening as kvhal does it, at its first buffer: on CUDA and HIP the error flag and the load of the
+     * paged-caching kernels' module (which the first call below then does not pay) */
+    kvhal_buffer *first_buf;
+    double t_open = now();
+    CHECK(kvhal_buffer_create(dev, 256, &first_buf));
+    record open = rec_init("device_open", p->name, "-", 0, p->dtype, p->dtype);
+    open.host_us = (now() - t_open) * 1e6;
+    emit(&open);
+    CHECK(kvhal_buffer_destroy(first_buf));
     kvhal_buffer *in, *cache, *slots = make_slots(tokens, tokens, false);
     pc_ctx c;
     small_call_setup(&c, &in, &cache, tokens, tokens / BLOCK);

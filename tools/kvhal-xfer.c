@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "kvhal.h"
+#include "kvhal_backend.h" /* the GPU modules' spin kernel (kvhal_gpu_spin) */
 #include "kvhal_xfer.h"
 #include "tool_common.h"
 
@@ -47,7 +48,12 @@ static struct {
     uint32_t timeout_ms;
     const char *listen_file, *connect_file; /* the two sides as separate processes (other namespaces or hosts) */
     bool child;                             /* started by a decode process: no JSON of its own */
-} opt = {.send_dev = "cpu", .recv_dev = "cpu", .layers = 4, .heads = 8, .dim = 128, .block = 16, .dtype = KVHAL_BF16,
+    bool stream;                            /* benchmark: requests streamed layer by layer against a simulated prefill */
+    int32_t tokens;                         /* --stream: a request's tokens */
+    int32_t layer_us;                       /* --stream: the simulated prefill's time per layer */
+    const char *prefill_mode;               /* --stream: sleep, busy or device */
+    int report_fd;                          /* --stream, the prefill process: where its rounds' times go */
+} opt = {.tokens = 4096, .layer_us = 1000, .prefill_mode = "busy", .report_fd = -1, .send_dev = "cpu", .recv_dev = "cpu", .layers = 4, .heads = 8, .dim = 128, .block = 16, .dtype = KVHAL_BF16,
          .iters = 40, .window = 4, .timeout_ms = 10000};
 
 static double now_s(void)
@@ -265,6 +271,191 @@ static int prefill_offers(kvhal_xfer_agent *ag, kvhal_xfer_peer *peer, side *s, 
 }
 
 
+/* ---- --stream: a request streamed layer by layer while a simulated prefill computes the next layer ---- */
+/* One round's times as the prefill process measured them (its clock), sent to the decode process on a pipe. */
+typedef struct stream_round {
+    double prefill_s; /* the first layer's start to the last layer's end */
+    double exposed_s; /* the last layer's end to the stream's completion (every layer acknowledged) */
+    char path[8];
+} stream_round;
+
+typedef struct prefill_sim {
+    kvhal_stream *stream;   /* device: the simulated layers' work, and the events after each (NULL with spin) */
+    kvhal_gpu_spin_fn spin; /* CUDA, HIP: a kernel that spins for a number of cycles, on the default stream */
+    int device;
+    uint64_t cycles;        /* spin: cycles per layer, calibrated to --layer-us */
+    kvhal_buffer *scratch;  /* other devices: copied within itself (halves), a stand-in for a layer's kernel */
+    size_t half;
+    int copies;             /* copies per layer, calibrated to --layer-us */
+    kvhal_event **done;     /* device: per layer */
+} prefill_sim;
+
+/* One simulated layer queued: the spin kernel, else the scratch copies. */
+static kvhal_status sim_layer(const prefill_sim *ps)
+{
+    if (ps->spin) return ps->spin(ps->device, ps->cycles, NULL) == 0 ? KVHAL_OK : KVHAL_BACKEND_ERROR;
+    kvhal_status e = KVHAL_OK;
+    for (int i = 0; i < ps->copies && e == KVHAL_OK; i++)
+        e = kvhal_memcpy_d2d(ps->scratch, ps->half, ps->scratch, 0, ps->half, ps->stream);
+    return e;
+}
+
+/* One round of the agent for a stream x: *fin set at x's SEND_DONE (its status in *st). */
+static int stream_pump(kvhal_xfer_agent *ag, kvhal_xfer *x, uint32_t ms, bool *fin, kvhal_status *st)
+{
+    kvhal_xfer_event ev;
+    TRY("prefill: progress", kvhal_xfer_progress(ag, ms, &ev));
+    if (ev.type == KVHAL_XFER_EVENT_PEER_FAILED) {
+        fprintf(stderr, TOOL ": error: prefill: %s\n", ev.message);
+        return 1;
+    }
+    if (ev.type == KVHAL_XFER_EVENT_SEND_DONE && ev.xfer == x) {
+        *fin = true;
+        *st = ev.status;
+    }
+    return 0;
+}
+
+/* The device mode: on CUDA and HIP a spin kernel of --layer-us per layer on the device's default stream (the GPU
+ * module's extra kvhal_gpu_spin: compute, no memory traffic), else copies within a 16 MiB scratch buffer on a stream
+ * of the cache's device, as many per layer as take --layer-us; calibrated here (timed, the first pass a warm-up). */
+static int sim_open(prefill_sim *ps, const side *s)
+{
+    const kvhal_device dev = kvhal_buffer_device(s->buf);
+    void *f = NULL;
+    if ((dev.type == KVHAL_DEVICE_CUDA || dev.type == KVHAL_DEVICE_HIP) &&
+        kvhal_backend_get_proc_address(dev.type, "kvhal_gpu_spin", &f) == KVHAL_OK)
+        memcpy(&ps->spin, &f, sizeof ps->spin); /* a function pointer from void * (ISO C has no cast for it) */
+    kvhal_clear_error();
+    ps->device = dev.id;
+    if (!ps->spin) {
+        ps->half = 8u << 20; /* 16 MiB in all: L2-resident on the large GPUs, so that the stand-in takes little HBM */
+        TRY("prefill: stream", kvhal_stream_create(dev, &ps->stream));
+        TRY("prefill: scratch", kvhal_buffer_create(dev, 2 * ps->half, &ps->scratch));
+    }
+    if (!(ps->done = calloc((size_t)opt.layers, sizeof *ps->done))) return failed("prefill", KVHAL_OUT_OF_MEMORY);
+    for (int32_t l = 0; l < opt.layers; l++) TRY("prefill: event", kvhal_event_create(dev, &ps->done[l]));
+    const int n = 32;
+    ps->copies = 1;
+    ps->cycles = 1u << 20;
+    for (int pass = 0; pass < 2; pass++) {
+        const double t0 = now_s();
+        for (int i = 0; i < n; i++) TRY("prefill: the simulated layer", sim_layer(ps));
+        TRY("prefill: sync", ps->spin ? kvhal_device_synchronize(dev) : kvhal_stream_synchronize(ps->stream));
+        const double per = (now_s() - t0) / n, want = opt.layer_us * 1e-6;
+        if (ps->spin) { /* cycles per second from this pass, for the next one (the first is a warm-up) */
+            const double rate = (double)ps->cycles / per;
+            ps->cycles = (uint64_t)(want * rate) > 0 ? (uint64_t)(want * rate) : 1;
+            continue;
+        }
+        ps->copies = (int)(want / per + 0.5);
+        if (ps->copies < 1) ps->copies = 1;
+    }
+    return 0;
+}
+
+static void sim_close(prefill_sim *ps)
+{
+    for (int32_t l = 0; ps->done && l < opt.layers; l++) kvhal_event_destroy(ps->done[l]);
+    free(ps->done);
+    if (ps->scratch) kvhal_buffer_destroy(ps->scratch);
+    if (ps->stream) kvhal_stream_destroy(ps->stream);
+}
+
+/* One request: opened as a stream into the GRANT's pages, each layer "computed" (--prefill) and handed to it as it
+ * is done; the round's times go to the decode process. */
+static int stream_round_run(kvhal_xfer_agent *ag, kvhal_xfer_peer *peer, prefill_sim *ps, const kvhal_xfer_event *g,
+                            const int32_t *src)
+{
+    kvhal_xfer *x;
+    TRY("prefill: stream_open", kvhal_xfer_stream_open(peer, g->request_id, src, g->pages, g->num_pages, &x));
+    const bool device = !strcmp(opt.prefill_mode, "device"), busy = !strcmp(opt.prefill_mode, "busy");
+    bool fin = false;
+    kvhal_status st = KVHAL_OK;
+    int rc = 0;
+    const double t0 = now_s();
+    double t_end = 0;
+    for (int32_t l = 0; l < opt.layers && !rc; l++) {
+        if (device) { /* the layer's work queued, its event after it: the agent sends the layer once it fires */
+            kvhal_status e = sim_layer(ps);
+            if (e == KVHAL_OK) e = kvhal_event_record(ps->done[l], ps->stream);
+            if (e != KVHAL_OK) {
+                rc = failed("prefill: the simulated layer", e);
+                break;
+            }
+            if ((e = kvhal_xfer_stream_layer(x, l, ps->done[l])) != KVHAL_OK) rc = failed("prefill: stream_layer", e);
+            continue;
+        }
+        const double until = t0 + (l + 1) * opt.layer_us * 1e-6;
+        if (busy) { /* the thread computes and progresses the agent between steps */
+            while (now_s() < until && !rc) rc = stream_pump(ag, x, 0, &fin, &st);
+        } else { /* the thread is away for the layer: nothing progresses the agent meanwhile */
+            const double left = until - now_s();
+            if (left > 0) {
+                struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+                nanosleep(&ts, NULL);
+            }
+        }
+        kvhal_status e = rc ? KVHAL_OK : kvhal_xfer_stream_layer(x, l, NULL);
+        if (e != KVHAL_OK) rc = failed("prefill: stream_layer", e);
+    }
+    if (!device) t_end = now_s();
+    while (!rc && !fin) {
+        if (device && !t_end && kvhal_event_query(ps->done[opt.layers - 1]) == KVHAL_OK) t_end = now_s();
+        rc = stream_pump(ag, x, device && !t_end ? 0 : 1, &fin, &st);
+    }
+    if (device && !t_end) t_end = now_s(); /* the stream completed first: its last layer's event had fired */
+    const double t_done = now_s();
+    if (!rc && st != KVHAL_OK) {
+        fprintf(stderr, TOOL ": error: prefill: stream of request %llu: %s\n", (unsigned long long)g->request_id,
+                kvhal_last_error());
+        rc = 1;
+    }
+    stream_round r = {.prefill_s = t_end - t0, .exposed_s = t_done - t_end};
+    snprintf(r.path, sizeof r.path, "%s", kvhal_xfer_path(x));
+    kvhal_xfer_release(x);
+    if (!rc && !write_all(opt.report_fd, &r, sizeof r)) rc = failed("prefill: the report pipe", KVHAL_INTERNAL);
+    return rc;
+}
+
+/* The prefill process of --stream: a round per GRANT (the decode side posts one request at a time), its source
+ * pages scattered anew each time, the K/V of the last (verified) request written first, untimed. */
+static int prefill_stream(kvhal_xfer_agent *ag, kvhal_xfer_peer *peer, side *s, int32_t *order, uint8_t *host)
+{
+    if (opt.report_fd < 0) {
+        fprintf(stderr, TOOL ": error: --stream: the prefill process reports to the decode process that started it\n");
+        return 1;
+    }
+    prefill_sim ps = {0};
+    int rc = !strcmp(opt.prefill_mode, "device") ? sim_open(&ps, s) : 0;
+    uint64_t seed = 11;
+    const uint64_t last = (uint64_t)opt.iters + 2; /* 2 warm-up rounds, then the timed ones, then the verified one */
+    for (kvhal_xfer_event ev = {0}; !rc && ev.type != KVHAL_XFER_EVENT_PEER_FAILED;) {
+        TRY("prefill: progress", kvhal_xfer_progress(ag, 1000, &ev));
+        if (ev.type != KVHAL_XFER_EVENT_GRANT) continue;
+        const int32_t n = ev.num_pages;
+        if (n > (int32_t)s->blocks) return failed("prefill: grant larger than the cache", KVHAL_OUT_OF_RANGE);
+        shuffle(order, (int32_t)s->blocks, &seed);
+        if (ev.request_id == last)
+            for (int32_t i = 0; i < n; i++)
+                for (int32_t l = 0; l < opt.layers; l++)
+                    for (int kv = 0; kv < 2; kv++) {
+                        pattern(host, s->chunk, ev.request_id, i, l, kv);
+                        TRY("prefill: write K/V", kvhal_memcpy_h2d(s->buf, chunk_at(s, l, kv, order[i]), host,
+                                                                   s->chunk, NULL));
+                    }
+        kvhal_xfer_event g = ev;
+        int32_t *pages = malloc((size_t)n * sizeof *pages); /* the event's pages last until the next progress */
+        if (!pages) return failed("prefill", KVHAL_OUT_OF_MEMORY);
+        memcpy(pages, ev.pages, (size_t)n * sizeof *pages);
+        g.pages = pages;
+        rc = stream_round_run(ag, peer, &ps, &g, order);
+        free(pages);
+    }
+    sim_close(&ps);
+    return rc;
+}
+
 /* Connects, then for every GRANT picks its own scattered source pages, writes the request's K/V into them and
  * sends them (odd requests layer by layer), until the decode side closes the connection. */
 static int prefill(const char *transports, int fd, bool bench)
@@ -299,7 +490,8 @@ static int prefill(const char *transports, int fd, bool bench)
     int32_t cursor = (int32_t)s.blocks; /* next unused source page in order[] */
     int rc = 0;
     if (bench && opt.offer) rc = prefill_offers(ag, peer, &s, order, host);
-    while (!(bench && opt.offer)) {
+    if (bench && opt.stream) rc = prefill_stream(ag, peer, &s, order, host);
+    while (!(bench && (opt.offer || opt.stream))) {
         kvhal_xfer_event ev;
         TRY("prefill: progress", kvhal_xfer_progress(ag, 1000, &ev));
         if (ev.type == KVHAL_XFER_EVENT_PEER_FAILED) break; /* the decode side closed: done */
@@ -363,6 +555,7 @@ typedef struct decode {
     pid_t child;
     uint8_t *host, *want;
     char blob_path[256];
+    int report_fd;          /* --stream: the prefill process's rounds (read end; -1 without) */
 } decode;
 
 static int decode_start(decode *d, const char *transports, bool bench)
@@ -375,6 +568,9 @@ static int decode_start(decode *d, const char *transports, bool bench)
      * device runtime crosses a fork), or one the user started (--listen). The address blob goes through FILE. */
     const char *file = opt.listen_file;
     d->child = -1;
+    d->report_fd = -1;
+    int report[2] = {-1, -1};
+    if (opt.stream && !opt.self_test && pipe(report) != 0) return failed("decode: pipe", KVHAL_INTERNAL);
     if (!file) {
         snprintf(d->blob_path, sizeof d->blob_path, "/tmp/kvhal-xfer-%d-%s.blob", (int)getpid(), transports);
         unlink(d->blob_path);
@@ -384,15 +580,20 @@ static int decode_start(decode *d, const char *transports, bool bench)
         d->child = fork();
         if (d->child < 0) return failed("decode: fork", KVHAL_INTERNAL);
         if (d->child == 0) {
-            char conn[300], tls[200], child[] = "--child";
+            char conn[300], tls[200], child[] = "--child", rep[40];
             snprintf(conn, sizeof conn, "--connect=%s", d->blob_path);
             snprintf(tls, sizeof tls, "--transport=%s", transports);
-            char **av = calloc((size_t)g_argc + 4, sizeof *av);
+            snprintf(rep, sizeof rep, "--stream-report=%d", report[1]);
+            char **av = calloc((size_t)g_argc + 5, sizeof *av);
             if (!av) _exit(1);
             for (int i = 0; i < g_argc; i++) av[i] = g_argv[i];
             av[g_argc] = conn;
             av[g_argc + 1] = tls;
             av[g_argc + 2] = child; /* its errors go to stderr only: the JSON on stdout is this process's */
+            if (report[1] >= 0) {
+                close(report[0]);
+                av[g_argc + 3] = rep; /* --stream: its rounds' times come back on this pipe */
+            }
             /* this program again: argv[0] (a path, or a name on PATH), else /proc/self/exe (which under valgrind
              * is valgrind's own tool) */
             if (strchr(g_argv[0], '/')) execv(g_argv[0], av);
@@ -401,6 +602,11 @@ static int decode_start(decode *d, const char *transports, bool bench)
             fprintf(stderr, TOOL ": error: cannot start the prefill process\n");
             _exit(1);
         }
+    }
+    if (report[1] >= 0) {
+        close(report[1]);
+        d->report_fd = report[0];
+        if (fcntl(d->report_fd, F_SETFL, O_NONBLOCK) != 0) return failed("decode: pipe", KVHAL_INTERNAL);
     }
     int fds[2] = {-1, -1};
     {
@@ -471,6 +677,7 @@ static int decode_finish(decode *d)
         }
     }
     if (d->blob_path[0]) unlink(d->blob_path);
+    if (d->report_fd >= 0) close(d->report_fd);
     kvhal_xfer_agent_destroy(d->ag);
     kvhal_cache_manager_destroy(d->cm);
     side_close(&d->s);
@@ -761,6 +968,105 @@ static int bench_one(const char *transports, bool *first)
     return rc;
 }
 
+/* ---- --stream: the decode side, one request at a time ---- */
+/* The decode side's wait for the prefill process's times of the round just received (progressing meanwhile: the
+ * acknowledgements of the last frames are still to go out). */
+static int stream_report(decode *d, stream_round *r)
+{
+    size_t got = 0;
+    const double until = now_s() + opt.timeout_ms / 1000.0;
+    while (got < sizeof *r) {
+        const ssize_t n = read(d->report_fd, (uint8_t *)r + got, sizeof *r - got);
+        if (n > 0) {
+            got += (size_t)n;
+            continue;
+        }
+        if (n == 0) return failed("bench: the prefill process closed its report pipe", KVHAL_PEER_FAILED);
+        kvhal_xfer_event ev;
+        TRY("bench: progress", kvhal_xfer_progress(d->ag, 1, &ev));
+        if (now_s() > until) return failed("bench: no report from the prefill process", KVHAL_TIMEOUT);
+    }
+    r->path[sizeof r->path - 1] = '\0';
+    return 0;
+}
+
+static int bench_stream(const char *transports, bool *first)
+{
+    decode d = {0};
+    int rc = decode_start(&d, transports, true);
+    const int32_t n = opt.tokens / opt.block, warm = 2, last = opt.iters + warm;
+    int32_t *pg = rc ? NULL : malloc((size_t)d.s.blocks * sizeof *pg);
+    double *pre = calloc((size_t)opt.iters, sizeof *pre), *exp = calloc((size_t)opt.iters, sizeof *exp);
+    double *first_layer = calloc((size_t)opt.iters, sizeof *first_layer);
+    if (!rc && (!pg || !pre || !exp || !first_layer)) rc = failed("bench", KVHAL_OUT_OF_MEMORY);
+    if (!rc && n > (int32_t)d.s.blocks) rc = failed("bench: --tokens past the cache", KVHAL_OUT_OF_RANGE);
+    uint64_t seed = 5;
+    char path[8] = "";
+    for (int32_t r = 0; r <= last && !rc; r++) {
+        for (int32_t i = 0; i < (int32_t)d.s.blocks; i++) pg[i] = i;
+        shuffle(pg, (int32_t)d.s.blocks, &seed);
+        kvhal_xfer *rx;
+        const double t_post = now_s();
+        TRY("bench: post_receive_layers", kvhal_xfer_post_receive_layers(d.peer, (uint64_t)r, pg, n, NULL, &rx));
+        int32_t layers = 0;
+        double t_first = 0;
+        for (bool done = false; !done && !rc;) {
+            kvhal_xfer_event ev;
+            TRY("bench: progress", kvhal_xfer_progress(d.ag, 1000, &ev));
+            if (ev.type == KVHAL_XFER_EVENT_PEER_FAILED) rc = failed("bench: peer", ev.status);
+            if (ev.xfer != rx) continue;
+            if (ev.type == KVHAL_XFER_EVENT_LAYER_DONE && !layers++) t_first = now_s();
+            if (ev.type != KVHAL_XFER_EVENT_RECV_DONE) continue;
+            done = true;
+            if (ev.status != KVHAL_OK) {
+                fprintf(stderr, TOOL ": error: bench: %s\n", ev.message);
+                rc = 1;
+            } else if (layers != opt.layers) {
+                fprintf(stderr, TOOL ": error: bench: %d layer events for %d layers\n", (int)layers, (int)opt.layers);
+                rc = 1;
+            }
+        }
+        if (!rc && r == last) rc = verify(&d, (uint64_t)r, pg, n);
+        kvhal_xfer_release(rx);
+        stream_round sr;
+        if (!rc) rc = stream_report(&d, &sr);
+        if (!rc && r >= warm && r < last) {
+            pre[r - warm] = sr.prefill_s;
+            exp[r - warm] = sr.exposed_s;
+            first_layer[r - warm] = t_first - t_post;
+        }
+        if (!rc) memcpy(path, sr.path, sizeof path);
+    }
+    if (!rc) {
+        qsort(pre, (size_t)opt.iters, sizeof *pre, cmp_double);
+        qsort(exp, (size_t)opt.iters, sizeof *exp, cmp_double);
+        qsort(first_layer, (size_t)opt.iters, sizeof *first_layer, cmp_double);
+        const int it = opt.iters, p90 = (it * 9) / 10 < it ? (it * 9) / 10 : it - 1;
+        const double bytes = (double)n * (double)page_bytes(), pre50 = pre[it / 2], exp50 = exp[it / 2];
+        if (opt.json)
+            fprintf(json_results, "%s\n  {\"transport\": \"%s\", \"mode\": \"stream\", \"prefill\": \"%s\", "
+                    "\"layers\": %d, \"tokens\": %d, \"pages\": %d, \"bytes\": %.0f, \"layer_us\": %d, "
+                    "\"iters\": %d, \"prefill_ms_p50\": %.3f, \"exposed_ms_p50\": %.3f, \"exposed_ms_p90\": %.3f, "
+                    "\"exposed_ms_max\": %.3f, \"exposed_of_prefill_p50\": %.4f, \"first_layer_ms_p50\": %.3f, "
+                    "\"send_device\": \"%s\", \"recv_device\": \"%s\", \"path\": \"%s\"}",
+                    *first ? "" : ",", transports, opt.prefill_mode, (int)opt.layers, (int)opt.tokens, (int)n, bytes,
+                    (int)opt.layer_us, it, pre50 * 1e3, exp50 * 1e3, exp[p90] * 1e3, exp[it - 1] * 1e3,
+                    exp50 / pre50, first_layer[it / 2] * 1e3, opt.send_dev, opt.recv_dev, path);
+        else
+            printf("%-8s stream %6.1f MiB  %d layers x %d us (%s)  prefill %8.3f ms  exposed p50 %7.3f ms "
+                   "p90 %7.3f ms (%.1f%% of prefill)  first layer %7.3f ms  path %s\n",
+                   transports, bytes / (1 << 20), (int)opt.layers, (int)opt.layer_us, opt.prefill_mode, pre50 * 1e3,
+                   exp50 * 1e3, exp[p90] * 1e3, 100 * exp50 / pre50, first_layer[it / 2] * 1e3, path);
+        *first = false;
+    }
+    free(pg);
+    free(pre);
+    free(exp);
+    free(first_layer);
+    rc |= decode_finish(&d);
+    return rc;
+}
+
 static void usage(void)
 {
     printf("usage: " TOOL " [--self-test] [options]\n"
@@ -776,6 +1082,16 @@ static void usage(void)
            "                         shared memory for cpu); the self-test then fails unless every request took that path\n"
            "  --offer                benchmark on the IPC or CMA path: the prefill offers each request's pages ahead\n"
            "                         (kvhal_xfer_offer_pages), the decode side's receives take them without a grant\n"
+           "  --stream               benchmark: one request at a time streamed layer by layer (kvhal_xfer_stream_open)\n"
+           "                         while the prefill process simulates each layer's compute; reports the transfer\n"
+           "                         time left after the last layer (exposed) against the prefill time\n"
+           "  --tokens=N             --stream: tokens of a request (default 4096)\n"
+           "  --layer-us=N           --stream: simulated prefill time per layer (default 1000)\n"
+           "  --prefill=MODE         --stream: busy (the thread spins, progressing the agent; default), sleep (the\n"
+           "                         thread sleeps: nothing progresses meanwhile), device (work on the cache's device\n"
+           "                         calibrated to --layer-us, an event per layer handed with it: the device computes\n"
+           "                         while the agent sends; CUDA/HIP: a spin kernel on the default stream, other\n"
+           "                         devices: copies within a 16 MiB scratch buffer)\n"
            "  --timeout-ms=N         agent timeout (default 10000)\n"
            "  --listen=FILE          decode side only: write the address to FILE, wait for a --connect process\n"
            "  --connect=FILE         prefill side only: connect to the decode process whose address is in FILE\n"
@@ -817,13 +1133,15 @@ static int parse_options(int argc, char **argv)
         {"json", no_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'},
         {"version", no_argument, 0, 'V'}, {"listen", required_argument, 0, 'l'},
         {"connect", required_argument, 0, 'c'}, {"child", no_argument, 0, 'C'}, {"ipc", no_argument, 0, 'I'}, {"offer", no_argument, 0, 'O'},
+        {"stream", no_argument, 0, 'M'}, {"tokens", required_argument, 0, 'K'}, {"layer-us", required_argument, 0, 'U'},
+        {"prefill", required_argument, 0, 'P'}, {"stream-report", required_argument, 0, 'r'},
         {0, 0, 0, 0}};
     int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "hVjq", lo, NULL)) != -1) {
         long v = 0;
         char *end = NULL;
-        if (strchr("iwLHDBT", c)) {
+        if (strchr("iwLHDBTKUr", c)) {
             v = strtol(optarg, &end, 10);
             if (*end || v < 1 || v > 100000000) return usage_error("not a positive number:", optarg);
         }
@@ -861,6 +1179,15 @@ static int parse_options(int argc, char **argv)
         case 'C': opt.child = true; break;
         case 'I': opt.ipc = true; break;
         case 'O': opt.offer = true; break;
+        case 'M': opt.stream = true; break;
+        case 'K': opt.tokens = (int32_t)v; break;
+        case 'U': opt.layer_us = (int32_t)v; break;
+        case 'r': opt.report_fd = (int)v; break;
+        case 'P':
+            if (strcmp(optarg, "busy") && strcmp(optarg, "sleep") && strcmp(optarg, "device"))
+                return usage_error("--prefill is busy, sleep or device:", optarg);
+            opt.prefill_mode = optarg;
+            break;
         case 'q': opt.quiet = true; break;
         case 'h': usage(); return 0;
         case 'V': tool_print_version(TOOL); return 0;
@@ -897,6 +1224,16 @@ static int run(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     if (opt.listen_file && opt.connect_file) return usage_error("--listen and --connect are the two sides:", "both");
+    if (opt.stream && opt.listen_file)
+        return usage_error("--stream: the prefill process is started by this one (its times come back on a pipe):",
+                           "--listen");
+    if (opt.stream && opt.offer) return usage_error("--stream streams into granted pages:", "--offer");
+    if (opt.stream && !opt.self_test) { /* one request of --tokens: the caches hold it */
+        if (opt.tokens % opt.block) return usage_error("--tokens is not a multiple of --block:", "--tokens");
+        opt.sizes[0] = (uint64_t)(opt.tokens / opt.block) * page_bytes();
+        opt.nsizes = 1;
+        opt.window = 1;
+    }
     if (opt.child) opt.json = false;
     if (!opt.self_test)
         for (int i = 0; i < opt.nsizes; i++)
@@ -934,7 +1271,8 @@ static int run(int argc, char **argv)
     size_t rows_len = 0;
     if (opt.json && !(json_results = open_memstream(&rows, &rows_len))) return failed("json", KVHAL_OUT_OF_MEMORY);
     bool first = true;
-    for (int t = 0; t < opt.ntransports && !rc; t++) rc |= bench_one(opt.transports[t], &first);
+    for (int t = 0; t < opt.ntransports && !rc; t++)
+        rc |= opt.stream ? bench_stream(opt.transports[t], &first) : bench_one(opt.transports[t], &first);
     if (opt.json) {
         fclose(json_results);
         if (!rc) {

@@ -468,6 +468,7 @@ unsigned pump(kvhal_xfer_agent *a)
             peer_fail(p, KVHAL_PEER_FAILED, false, "unreachable: %s", ucs_status_string(p->ep_status));
         }
     flush_msgs(a);
+    work += streams_progress(a);
     post_pending(a);
     const uint64_t now = now_ns();
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)

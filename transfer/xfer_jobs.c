@@ -19,10 +19,11 @@ kvhal_status send_pages_ipc(kvhal_xfer_peer *p, const xfer_send_req *r, kvhal_xf
     const int32_t n = r->n, first_layer = r->first_layer, num_layers = r->num_layers;
     const bool offer = dst_pages == NULL;
     kvhal_xfer_agent *a = p->agent;
-    kvhal_status st = kvhal_device_synchronize(kvhal_buffer_device(a->cache_buf));
+    kvhal_status st = r->written ? KVHAL_OK : kvhal_device_synchronize(kvhal_buffer_device(a->cache_buf));
     if (st != KVHAL_OK) return st;
     kvhal_xfer *x = xfer_new(a, p, false, request_id);
     if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate the transfer");
+    x->quiet = r->quiet;
     const int32_t per = XW_IPC_FRAME_PAGES;
     x->n = n;
     x->offer = offer;
@@ -215,6 +216,7 @@ void ipc_job_complete(kvhal_xfer_agent *a, ipc_job *j, kvhal_status st, const ch
     x->inflight--;
     x->path = j->path;
     if (p && p->state == P_CONNECTED) send_ack(a, p, j->xfer_id, j->frame, st, st == KVHAL_OK ? bytes : 0, reason);
+    if (st == KVHAL_OK) recv_layers_end(x, j->l0, j->nl, j->n);
     ipc_job_free(j);
     recv_frame_end(x, st, bytes, reason); /* may free x */
 }

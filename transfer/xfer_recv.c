@@ -156,7 +156,8 @@ ucs_status_t on_data(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header
     x->path = a->data_path;
     recv_frame *f = calloc(1, sizeof *f);
     if (f) {
-        *f = (recv_frame){.x = x, .xfer_id = h.xfer_id, .frame = h.frame, .bytes = length};
+        *f = (recv_frame){.x = x, .xfer_id = h.xfer_id, .frame = h.frame, .bytes = length, .l0 = h.first_layer,
+                          .nl = h.num_layers, .np = h.n_pages};
         if (a->data_path->recv_init(a, f, pages, h.n_pages, h.first_layer, h.num_layers))
             return recv_start(a, f, data, rndv);
         recv_frame_free(a, f);
@@ -194,6 +195,7 @@ void recv_frame_finish(kvhal_xfer_agent *a, recv_frame *f, kvhal_status st, cons
     const uint64_t bytes = f->bytes;
     x->inflight--;
     if (ack && x->peer && x->peer->state == P_CONNECTED) send_ack(a, x->peer, f->xfer_id, f->frame, st, bytes, reason);
+    if (st == KVHAL_OK) recv_layers_end(x, f->l0, f->nl, f->np);
     recv_frame_free(a, f);
     recv_frame_end(x, st, bytes, reason); /* may free x */
 }

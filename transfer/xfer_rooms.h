@@ -17,6 +17,8 @@
  *      xfer_offer.c    offers: pages named before the grant, taken by a receive
  *   8. xfer_grant.c    grants: a receive posted (or the offers waiting for it taken), a peer's GRANT
  *      xfer_map.c      the IPC map: a peer's IPC_MAP imported (IPC or CMA path), its answer taken
+ *      xfer_stream.c   streams: a request's layers sent as their device events complete, each through the peer's
+ *                      send path as a transfer of its own, collected into the stream's; a receive's layer events
  *   9. xfer_agent.c    the agent: create, destroy, the cache, the progress loop (pump), the active-message dispatch,
  *                      connect and disconnect
  * What a lower room must have done above it goes through the data-path table (struct xfer_path, xfer_types.h),
@@ -80,6 +82,8 @@ kvhal_xfer *find_xfer_id(kvhal_xfer_agent *a, uint64_t id);
 int32_t grant_index(const kvhal_xfer *x, int32_t page);
 kvhal_xfer *find_grant(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t request_id);
 bool offer_in_flight(const kvhal_xfer_peer *p, uint64_t request_id, bool failing_only);
+/* A receive's frame of layers [l0, l0 + nl) x np pages written: its layer events (kvhal_xfer_post_receive_layers). */
+void recv_layers_end(kvhal_xfer *x, int32_t l0, int32_t nl, int32_t np);
 
 /* ---- xfer_frames.c ---- */
 ucp_dt_iov_t *build_iov(const kvhal_xfer_agent *a, const int32_t *pages, int32_t n, int32_t l0, int32_t nl,
@@ -141,6 +145,10 @@ void offers_free(kvhal_xfer_peer *p);
 /* ---- xfer_grant.c ---- */
 void on_grant(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length, const void *data,
               size_t length, bool rndv);
+
+/* ---- xfer_stream.c ---- */
+/* The streams' layers whose events completed sent, their finished layers collected, finished streams settled. */
+unsigned streams_progress(kvhal_xfer_agent *a);
 
 /* ---- xfer_map.c ---- */
 void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p);

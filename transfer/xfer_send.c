@@ -86,9 +86,12 @@ kvhal_status send_data_pages(kvhal_xfer_peer *p, const xfer_send_req *r, kvhal_x
     if (per < 1) return ERR(KVHAL_BACKEND_ERROR, "UCX allows active-message headers of %zu bytes only", a->max_am_header);
     /* a device cache is copied to staging on the agent's own stream: every write queued to the pages first */
     kvhal_status st;
-    if (path->sync_device && (st = kvhal_device_synchronize(kvhal_buffer_device(a->cache_buf))) != KVHAL_OK) return st;
+    if (path->sync_device && !r->written &&
+        (st = kvhal_device_synchronize(kvhal_buffer_device(a->cache_buf))) != KVHAL_OK)
+        return st;
     kvhal_xfer *x = xfer_new(a, p, false, r->request_id);
     if (!x) return ERR(KVHAL_OUT_OF_MEMORY, "send_pages: cannot allocate the transfer");
+    x->quiet = r->quiet;
     x->n = r->n;
     x->path = path;
     x->num_frames = (int32_t)(((size_t)r->n + per - 1) / per);

@@ -87,6 +87,8 @@ void xfer_free(kvhal_xfer *x)
     free(x->pages);
     free(x->sorted);
     free(x->claimed);
+    free(x->stream);
+    free(x->layer_left);
     x->magic = DEAD_MAGIC;
     free(x);
 }
@@ -133,6 +135,7 @@ void xfer_settle(kvhal_xfer *x)
         xfer_free(x);
         return;
     }
+    if (x->quiet) return; /* a stream's layer: the stream collects it from pump (xfer_stream.c) */
     push_event(x->agent, x->is_recv ? KVHAL_XFER_EVENT_RECV_DONE : KVHAL_XFER_EVENT_SEND_DONE, x->peer, x,
                x->request_id, x->status, NULL, 0, "%s", x->message);
 }
@@ -248,4 +251,17 @@ bool offer_in_flight(const kvhal_xfer_peer *p, uint64_t request_id, bool failing
         if (x->offer && x->peer == p && x->request_id == request_id && !x->finished && (!failing_only || x->failing))
             return true;
     return false;
+}
+
+/* A receive with layer events (kvhal_xfer_post_receive_layers): np pages of layers [l0, l0 + nl) are written; a layer
+ * whose every page is in is reported, unless the receive failed or was released meanwhile. */
+void recv_layers_end(kvhal_xfer *x, int32_t l0, int32_t nl, int32_t np)
+{
+    if (!x->layer_left) return;
+    for (int32_t l = l0; l < l0 + nl; l++) {
+        x->layer_left[l] -= np;
+        if (x->layer_left[l] == 0 && !x->failing && !x->released)
+            push_event(x->agent, KVHAL_XFER_EVENT_LAYER_DONE, x->peer, x, x->request_id, KVHAL_OK, NULL, l,
+                       "layer %d of request %llu is in", (int)l, (unsigned long long)x->request_id);
+    }
 }

@@ -150,6 +150,7 @@ typedef struct recv_frame {
     int32_t *stage_pages;   /* device caches: the frame's pages, and its layers [stage_l0, + stage_nl) */
     int32_t stage_n, stage_l0, stage_nl;
     uint64_t bytes;
+    int32_t l0, nl, np;     /* its layers [l0, l0 + nl) of np pages (a receive's layer events) */
     ucs_status_t done_status;
     bool done;
     struct recv_frame *next;
@@ -187,6 +188,10 @@ struct kvhal_xfer {
     bool withdrawn;         /* an offer that failed: WITHDRAW sent; it settles once the receiver answered every frame */
     bool abandoned;         /* ... or once the peer failed to answer within the timeout (settled regardless) */
     kvhal_xfer *next;
+    /* streams (xfer_stream.c) */
+    struct xfer_stream *stream; /* a stream's transfer: its layers, each sent as a transfer of its own (one block) */
+    bool quiet;             /* a stream's layer: settles without an event; its stream collects and frees it */
+    int32_t *layer_left;    /* a receive with layer events: per layer, its pages not yet in */
 };
 
 typedef struct pending_msg { /* a frame to send from pump(), not from a UCX callback */
@@ -257,6 +262,8 @@ typedef struct xfer_send_req {
     uint64_t request_id;
     const int32_t *src, *dst;
     int32_t n, first_layer, num_layers;
+    bool written;   /* a stream's layer whose event completed: the device is not synchronized before the send */
+    bool quiet;     /* a stream's layer: the transfer settles without an event (xfer_stream.c collects it) */
 } xfer_send_req;
 
 /* A data path: how pages move between two agents. Chosen once: the agent's DATA path (host or staged) when its

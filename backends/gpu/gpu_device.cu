@@ -27,6 +27,7 @@ kvhal_status ensure_flag(Ctx *c, int32_t id)
         if (st == KVHAL_OK) {
             ds->flag = static_cast<uint8_t *>(h);
             ds->dflag = static_cast<volatile uint8_t *>(d);
+            if (c->preload) c->preload(); /* the ops' code, now rather than at the first op (Ctx::preload) */
             __atomic_store_n(&ds->ready, 1, __ATOMIC_RELEASE);
         }
     }

@@ -442,4 +442,16 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     return KVHAL_OK;
 }
 
+/* CUDA loads a module's code lazily by default (CUDA_MODULE_LOADING=LAZY): the first paged-caching call of a process
+ * paid for loading this file's module (every instantiation of the paged kernel) on top of its own work. Asking one
+ * of its kernels for its attributes loads the module on the selected device; called when the device is opened
+ * (Ctx::preload), the first call then loads only its own kernel. A device without code for it (HIP's run-time
+ * compiled path) fails here quietly and pays at its first call, as before. */
+void paged_caching_preload(void)
+{
+    gpuFuncAttributes a;
+    (void)gpuFuncGetAttributes(&a, reinterpret_cast<const void *>(paged_caching_kernel<XCopy<uint16_t>, XCopy<uint16_t>>));
+    (void)gpuGetLastError();
+}
+
 } // namespace kvhal_gpu

@@ -11,6 +11,7 @@
  *   gpu_<op>.cu     one per entry of KVHAL_BK_OP_LIST: <op>_supports, <op>_desc_create, <op>_desc_destroy and
  *                   gpu_<op>, declared below from the list itself (gpu_copy_blocks.cu also holds copy_batch)
  *   gpu_codepath.cu which code a device runs (embedded code objects or, for HIP, hiprtc) and the kernel lookup
+ *   gpu_ceiling.cu  the benchmarks' extras (not ops): the copy ceiling "kvhal_gpu_scatter_rows", "kvhal_gpu_spin"
  *   gpu_table.cu    the plugin table, generated from the same list, get_proc_address (and the HIP module's
  *                   test hooks) and kvhal_backend_entry: the top, which names every file below it
  * So an op appended to KVHAL_BK_OP_LIST (and to kvhal_ops in the top-level meson.build) needs one new file,
@@ -80,6 +81,9 @@ struct Ctx {
     CuMemGetAddressRangeFn cu_mem_range;
 #endif
     DevState dev[KVHAL_MAX_DEVICES_PER_TYPE];
+    /* Loads the ops' code on the device selected (set by gpu_table.cu: the ops' files are above this one), called
+     * when a device is opened (open_device), so that the process's first op does not load it. NULL: nothing. */
+    void (*preload)(void);
 };
 
 inline Ctx *ctx_of(void *ctx) { return static_cast<Ctx *>(ctx); }
@@ -188,6 +192,12 @@ kvhal_status gpu_init(const kvhal_core_services *services, void **ctx, int32_t *
                       size_t reason_size);
 void gpu_shutdown(void *ctx);
 void *gpu_get_proc_address(void *ctx, const char *name);
+/* The paged-caching op's module loaded on the selected device (gpu_paged_caching.cu; Ctx::preload). */
+void paged_caching_preload(void);
+/* "kvhal_gpu_scatter_rows", the benchmark's ceiling copy (gpu_ceiling.cu; kvhal_backend.h documents it). */
+extern "C" int kvhal_gpu_scatter_rows(const ::kvhal_gpu_scatter_args *a, void *native_stream);
+/* "kvhal_gpu_spin", a kernel of a chosen duration (gpu_ceiling.cu; kvhal_backend.h). */
+extern "C" int kvhal_gpu_spin(int device, uint64_t cycles, void *native_stream);
 kvhal_status gpu_device_info(void *ctx, int32_t id, kvhal_device_info *out);
 
 /* gpu_memory.cu */

@@ -96,12 +96,21 @@ const kvhal_backend_op_fns g_ops = {
 #undef KVHAL_GPU_X_SLOT
 };
 
+/* init, and the hook that loads the ops' code when a device is opened (Ctx::preload: the ops are above the device). */
+kvhal_status table_init(const kvhal_core_services *services, void **ctx, int32_t *device_count, char *reason,
+                        size_t reason_size)
+{
+    const kvhal_status st = gpu_init(services, ctx, device_count, reason, reason_size);
+    if (st == KVHAL_OK && ctx && *ctx) ctx_of(*ctx)->preload = paged_caching_preload;
+    return st;
+}
+
 const kvhal_backend g_table = {
     .abi_version = KVHAL_BACKEND_ABI_VERSION,
     .struct_size = sizeof(kvhal_backend),
     .name = KVHAL_GPU_NAME,
     .device_type = KVHAL_GPU_NAME,
-    .init = gpu_init,
+    .init = table_init,
     .shutdown = gpu_shutdown,
     .get_proc_address = gpu_get_proc_address,
     .device = &g_device,
@@ -139,12 +148,16 @@ extern "C" int kvhal_hip_rtc_code_object(const char *target, const char *expr, c
                                          size_t *size, int *origin, char *note, size_t note_size);
 #endif
 
-/* HIP on AMD, for tests: "kvhal_hip_rtc_compile", the run-time compiler (gpu_codepath.cu),
- * "kvhal_hip_rtc_kernel_exprs", every kernel name expression the ops may compile with it (above), and
- * "kvhal_hip_rtc_code_object", one kernel's code object through the disk cache (gpu_codepath.cu). No other extras. */
+/* "kvhal_gpu_scatter_rows" and "kvhal_gpu_spin", the benchmarks' extras (gpu_ceiling.cu, kvhal_backend.h); HIP on
+ * AMD, for tests:
+ * "kvhal_hip_rtc_compile", the run-time compiler (gpu_codepath.cu), "kvhal_hip_rtc_kernel_exprs", every kernel name
+ * expression the ops may compile with it (above), and "kvhal_hip_rtc_code_object", one kernel's code object through
+ * the disk cache (gpu_codepath.cu). No other extras. */
 void *gpu_get_proc_address(void *ctx, const char *name)
 {
     (void)ctx;
+    if (name && !strcmp(name, "kvhal_gpu_scatter_rows")) return reinterpret_cast<void *>(kvhal_gpu_scatter_rows);
+    if (name && !strcmp(name, "kvhal_gpu_spin")) return reinterpret_cast<void *>(kvhal_gpu_spin);
 #if defined(KVHAL_GPU_RTC)
     if (name && !strcmp(name, "kvhal_hip_rtc_compile")) return reinterpret_cast<void *>(kvhal_hip_rtc_compile);
     if (name && !strcmp(name, "kvhal_hip_rtc_kernel_exprs"))

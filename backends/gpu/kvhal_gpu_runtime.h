@@ -54,6 +54,8 @@ typedef hipMemAccessDesc gpuMemAccessDesc;
 #define gpuGetErrorString hipGetErrorString
 #define gpuGetErrorName hipGetErrorName
 #define gpuGetLastError hipGetLastError
+#define gpuFuncGetAttributes hipFuncGetAttributes
+typedef hipFuncAttributes gpuFuncAttributes;
 #define gpuGetDeviceCount hipGetDeviceCount
 #define gpuGetDevice hipGetDevice
 #define gpuSetDevice hipSetDevice
@@ -164,6 +166,8 @@ typedef cudaMemAccessDesc gpuMemAccessDesc;
 #define gpuGetErrorString cudaGetErrorString
 #define gpuGetErrorName cudaGetErrorName
 #define gpuGetLastError cudaGetLastError
+#define gpuFuncGetAttributes cudaFuncGetAttributes
+typedef cudaFuncAttributes gpuFuncAttributes;
 #define gpuGetDeviceCount cudaGetDeviceCount
 #define gpuGetDevice cudaGetDevice
 #define gpuSetDevice cudaSetDevice

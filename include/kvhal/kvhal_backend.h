@@ -419,6 +419,34 @@ typedef const kvhal_backend *(*kvhal_backend_entry_fn)(uint32_t core_abi_version
 /** The name of the entry symbol a module exports. */
 #define KVHAL_BACKEND_ENTRY_SYMBOL "kvhal_backend_entry"
 
+/* ---- An extra of the CUDA and HIP modules: the benchmark's copy ceiling ---- */
+/** kvhal_backend_get_proc_address(KVHAL_DEVICE_CUDA or KVHAL_DEVICE_HIP, "kvhal_gpu_scatter_rows") gives a
+ *  kvhal_gpu_scatter_rows_fn: a plain SM copy (16-byte loads, stores as wide as the output allows, no arithmetic) of
+ *  the rows a paged-caching call moves, for kvhal-bench's reference rows: for each side s < sides, token t with
+ *  slots[t] >= 0 and piece p < pieces, piece_elems elements of in_elem bytes at src[s] + (t * pieces + p) * piece_elems *
+ *  in_elem are written, each as its last out_elem bytes (out_elem <= in_elem: an fp8 cache's traffic), to dst[s] +
+ *  (slot / block_size) * block_stride + p * piece_stride + (slot % block_size) * token_stride (bytes). Pointers are
+ *  device addresses of one device (the copy runs there); the stream is a native one of it (NULL: the default).
+ *  Returns 0 when the copy was launched; -1 for arguments it does not take (a piece not a multiple of 16 bytes in,
+ *  in_elem / out_elem not 1, 2 or 4 with out_elem <= in_elem); -2 when the launch failed (the device has no embedded
+ *  code for it: the HIP module's run-time compiled path). Not an op: no checks against buffers, no error flag. */
+typedef struct kvhal_gpu_scatter_args {
+    const void *src[2];
+    void *dst[2];
+    const int64_t *slots;
+    int64_t tokens;
+    int32_t sides, pieces;
+    int32_t in_elem, out_elem;
+    int64_t piece_elems;
+    int64_t block_size, block_stride, piece_stride, token_stride;
+} kvhal_gpu_scatter_args;
+typedef int (*kvhal_gpu_scatter_rows_fn)(const kvhal_gpu_scatter_args *a, void *native_stream);
+/** kvhal_backend_get_proc_address(KVHAL_DEVICE_CUDA or KVHAL_DEVICE_HIP, "kvhal_gpu_spin") gives a kvhal_gpu_spin_fn:
+ *  a kernel of one block that spins for `cycles` of the device's clock on device `device` (its index), queued on the
+ *  native stream (NULL: the default), and nothing else: a stand-in for a kernel of a chosen duration in benchmarks
+ *  (kvhal-xfer --stream). Returns 0 when launched, -1 for a device index that is not one, -2 when the launch failed. */
+typedef int (*kvhal_gpu_spin_fn)(int device, uint64_t cycles, void *native_stream);
+
 #ifdef __cplusplus
 }
 #endif

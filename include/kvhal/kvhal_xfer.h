@@ -75,10 +75,14 @@ typedef enum kvhal_xfer_event_type {
     KVHAL_XFER_EVENT_GRANT = 4,          /**< the peer granted pages for request_id: send into pages[0..num_pages) */
     KVHAL_XFER_EVENT_RECV_DONE = 5,      /**< a posted receive finished (status OK or why not; xfer set) */
     KVHAL_XFER_EVENT_SEND_DONE = 6,      /**< a send finished (status OK or why not; xfer set) */
-    KVHAL_XFER_EVENT_OFFER = 7           /**< the peer offered pages for request_id (kvhal_xfer_offer_pages) and no
+    KVHAL_XFER_EVENT_OFFER = 7,          /**< the peer offered pages for request_id (kvhal_xfer_offer_pages) and no
                                               receive is posted for it yet: num_pages is the request's page count;
                                               post a receive of that many pages to take them (one event per
                                               offer, e.g. per layer range) */
+    KVHAL_XFER_EVENT_LAYER_DONE = 8      /**< a layer of a receive posted with kvhal_xfer_post_receive_layers is
+                                              in (every page of it, K and V): xfer, request_id set; num_pages holds
+                                              the layer's index (kvhal_xfer_event is frozen, see the streaming
+                                              section) */
 } kvhal_xfer_event_type;
 
 /** One notification. pages and message stay valid until the next kvhal_xfer_progress call on the agent. */
@@ -324,6 +328,74 @@ KVHAL_API const char *kvhal_xfer_path(const kvhal_xfer *xfer);
  * @param peer  the peer. @return a string valid while the peer lives; "" for an invalid handle.
  */
 KVHAL_API const char *kvhal_xfer_peer_ipc(const kvhal_xfer_peer *peer);
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Layer-by-layer streaming (prefill/decode): a request's layers sent as prefill writes them.                    */
+/* ------------------------------------------------------------------------------------------------------------ */
+/* The receiver posts its pages once for the whole request (kvhal_xfer_post_receive_layers: one GRANT) and sees a
+ * LAYER_DONE event per layer as it lands, then RECV_DONE, so decode may start on the first layers while the last
+ * ones are still computed and sent. The sender opens a stream into the granted pages (kvhal_xfer_stream_open), then
+ * hands it each layer as prefill writes it (kvhal_xfer_stream_layer), with the device event that marks the layer's
+ * writes: the layer's data moves as soon as the event completes (found by the agent's progress, which polls it),
+ * while the next layer is computed. Each layer is sent as its own frames on the peer's path (host, staged, IPC,
+ * CMA) and acknowledged per frame; there is no grant and no wait for an acknowledgement between layers. A peer
+ * that dies mid-stream fails both sides as for any transfer (the receiver's pages go back to its cache manager). */
+
+/**
+ * Receiver: kvhal_xfer_post_receive, and a KVHAL_XFER_EVENT_LAYER_DONE event for each layer once all its pages
+ * (K and V) are in the receive's pages (on the IPC path: once the copy into them completed). Layers are reported
+ * as their frames complete: in the order the sender streams them, except that frames landing in one progress round
+ * may complete in any order; RECV_DONE follows the last one. A layer's event is not sent when the receive
+ * fails first (RECV_DONE tells why; kvhal_xfer_layer_ready tells which layers were complete).
+ * @param peer, request_id, pages, n, cm, out  as kvhal_xfer_post_receive.
+ * @return as kvhal_xfer_post_receive.
+ */
+KVHAL_API kvhal_status kvhal_xfer_post_receive_layers(kvhal_xfer_peer *peer, uint64_t request_id,
+                                                      const int32_t *pages, int32_t n, kvhal_cache_manager *cm,
+                                                      kvhal_xfer **out);
+
+/**
+ * Receiver: whether one layer of a receive posted with kvhal_xfer_post_receive_layers is in (without progressing).
+ * @param xfer   the receive.
+ * @param layer  0..num_layers-1.
+ * @return KVHAL_OK when every page of the layer is written; KVHAL_BUSY while not; KVHAL_INVALID_ARGUMENT (NULL, not
+ *         such a receive); KVHAL_OUT_OF_RANGE (layer).
+ */
+KVHAL_API kvhal_status kvhal_xfer_layer_ready(const kvhal_xfer *xfer, int32_t layer);
+
+/**
+ * Sender: opens a stream of request_id's layers from src_pages (this agent's cache) into the peer's dst_pages (its
+ * GRANT for the request). Nothing moves until layers are handed to it (kvhal_xfer_stream_layer). The returned
+ * transfer completes (SEND_DONE) once every layer of the cache was handed and acknowledged, or fails with the
+ * first layer that failed (the layers still in flight are canceled); kvhal_xfer_test, _wait, _cancel, _release,
+ * _get_info (bytes acknowledged so far of every layer) and _path work on it as on a send.
+ * @param peer       a connected peer.
+ * @param request_id the receiver's request id (from the GRANT event).
+ * @param src_pages  n page ids of this agent's cache, copied during the call.
+ * @param dst_pages  n page ids of the peer's cache, copied during the call.
+ * @param n          1..65536.
+ * @param out        receives the stream's transfer (release with kvhal_xfer_release).
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT / KVHAL_OUT_OF_RANGE naming the argument; KVHAL_PEER_FAILED;
+ *         KVHAL_OUT_OF_MEMORY.
+ */
+KVHAL_API kvhal_status kvhal_xfer_stream_open(kvhal_xfer_peer *peer, uint64_t request_id, const int32_t *src_pages,
+                                              const int32_t *dst_pages, int32_t n, kvhal_xfer **out);
+
+/**
+ * Sender: layer `layer` of the stream's source pages is written, or will be once `written` completes: its K and V
+ * go to the receiver then. The agent polls the event from its progress (kvhal_xfer_progress, _test, _wait, and
+ * this call), and sends the layer without waiting for the device (the event is the layer's fence); without an event
+ * the layer goes now (a device cache's device is synchronized first, as kvhal_xfer_send_pages does). Each layer is
+ * handed once, in any order.
+ * @param stream   a transfer from kvhal_xfer_stream_open.
+ * @param layer    0..num_layers-1.
+ * @param written  NULL, or an event of the cache's device recorded after the layer's writes; borrowed: it must
+ *                 stay alive, and not be recorded again, until the stream completes.
+ * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (not a stream, a layer handed already, an event of another device);
+ *         KVHAL_OUT_OF_RANGE (layer); the stream's status when it failed already (with its message); what the
+ *         layer's send returned when it went at once (KVHAL_PEER_FAILED, KVHAL_OUT_OF_MEMORY, ...).
+ */
+KVHAL_API kvhal_status kvhal_xfer_stream_layer(kvhal_xfer *stream, int32_t layer, kvhal_event *written);
 
 #ifdef __cplusplus
 }

@@ -654,6 +654,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_worker_threads_refused),
         cmocka_unit_test(test_fork_with_frames_held),
         cmocka_unit_test(test_offers),
+        cmocka_unit_test(test_stream_two_processes),
+        cmocka_unit_test(test_stream_peer_killed),
+        cmocka_unit_test(test_stream_slow_receiver),
     };
     const char *only = getenv("XFER_TESTS"); /* a cmocka name pattern ("test_offers"), to run those alone */
     if (only && *only) cmocka_set_test_filter(only);

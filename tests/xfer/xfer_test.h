@@ -167,5 +167,8 @@ void test_worker_copy_fails(void **state);
 void test_worker_threads_refused(void **state);
 void test_fork_with_frames_held(void **state);
 void test_offers(void **state);
+void test_stream_two_processes(void **state);
+void test_stream_peer_killed(void **state);
+void test_stream_slow_receiver(void **state);
 
 #endif

@@ -1,0 +1,144 @@
+/* gpu_ceiling.cu — what the benchmarks measure against (the module's extras, kvhal_backend.h). "kvhal_gpu_scatter_rows", the copy ceiling: the
+ * rows a paged-caching call moves, copied by the SMs with nothing else done (16-byte loads, the output's bytes kept
+ * as wide stores), so that kvhal-bench can set each paged-caching row against what a copy of the same scattered rows
+ * reaches on the same device, in the same run. "kvhal_gpu_spin": a kernel of a chosen duration (kvhal-xfer --stream's
+ * simulated prefill). Not ops: no descriptor, no checks against buffers, no error flag. */
+#include "gpu_private.h"
+
+namespace kvhal_gpu {
+namespace {
+
+/* R = in_elem / out_elem: 16 input bytes become 16 / R output bytes (the last bytes of each element). */
+template <int R, int IN> __device__ inline void narrow_store(char *dst, uint4 v)
+{
+    if constexpr (R == 1) {
+        *reinterpret_cast<uint4 *>(dst) = v;
+    } else if constexpr (R == 2 && IN == 2) { /* 8 elements of 2 bytes -> their high bytes */
+        auto hi = [](uint32_t a, uint32_t b) {
+            return ((a >> 8) & 0xffu) | ((a >> 16) & 0xff00u) | (((b >> 8) & 0xffu) << 16) | ((b & 0xff000000u));
+        };
+        *reinterpret_cast<uint2 *>(dst) = make_uint2(hi(v.x, v.y), hi(v.z, v.w));
+    } else if constexpr (R == 2) { /* 4 elements of 4 bytes -> their high halves */
+        *reinterpret_cast<uint2 *>(dst) = make_uint2((v.x >> 16) | (v.y & 0xffff0000u), (v.z >> 16) | (v.w & 0xffff0000u));
+    } else { /* R == 4: 4 elements of 4 bytes -> their high bytes */
+        *reinterpret_cast<uint32_t *>(dst) = (v.x >> 24) | ((v.y >> 24) << 8) | ((v.z >> 24) << 16) | (v.w & 0xff000000u);
+    }
+}
+
+struct ScatterParams {
+    const char *src[2];
+    char *dst[2];
+    const int64_t *slots;
+    uint32_t total;        /* tokens * sides * pieces * vecs */
+    uint32_t vecs, pieces, sides;
+    int64_t piece_in;      /* bytes */
+    int64_t block_size, block_stride, piece_stride, token_stride;
+};
+
+template <int R, int IN> __global__ void __launch_bounds__(KVHAL_GPU_THREADS) scatter_rows_kernel(const ScatterParams p)
+{
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < p.total; i += gridDim.x * blockDim.x) {
+        uint32_t r = i;
+        const uint32_t v = r % p.vecs;
+        r /= p.vecs;
+        const uint32_t pc = r % p.pieces;
+        r /= p.pieces;
+        const uint32_t side = r % p.sides;
+        const uint32_t t = r / p.sides;
+        const int64_t slot = p.slots[t];
+        if (slot < 0) continue;
+        const uint4 x = *reinterpret_cast<const uint4 *>(p.src[side] + ((int64_t)t * p.pieces + pc) * p.piece_in +
+                                                         (int64_t)v * 16);
+        char *d = p.dst[side] + (slot / p.block_size) * p.block_stride + (int64_t)pc * p.piece_stride +
+                  (slot % p.block_size) * p.token_stride + (int64_t)v * (16 / R);
+        narrow_store<R, IN>(d, x);
+    }
+}
+
+__global__ void spin_kernel(long long cycles)
+{
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+template <int R, int IN> gpuError_t scatter_launch(const ScatterParams &p, gpuStream_t s)
+{
+    const uint32_t threads = KVHAL_GPU_THREADS;
+    uint32_t grid = (p.total + threads - 1) / threads;
+    if (grid > 65535u * 16u) grid = 65535u * 16u;
+    scatter_rows_kernel<R, IN><<<grid, threads, 0, s>>>(p);
+    return gpuGetLastError();
+}
+
+} // namespace
+} // namespace kvhal_gpu
+
+extern "C" int kvhal_gpu_scatter_rows(const kvhal_gpu_scatter_args *a, void *native_stream)
+{
+    using namespace kvhal_gpu;
+    if (!a || a->sides < 1 || a->sides > 2 || a->pieces < 1 || a->tokens < 1 || a->piece_elems < 1 ||
+        a->block_size < 1 || !a->slots)
+        return -1;
+    const int in = a->in_elem, out = a->out_elem;
+    if ((in != 1 && in != 2 && in != 4) || (out != 1 && out != 2 && out != 4) || out > in) return -1;
+    const int64_t piece_in = a->piece_elems * in;
+    if (piece_in % 16) return -1;
+    const uint64_t total = (uint64_t)a->tokens * (uint64_t)a->sides * (uint64_t)a->pieces * (uint64_t)(piece_in / 16);
+    if (total >= (1ull << 32)) return -1;
+    ScatterParams p;
+    memset(&p, 0, sizeof p);
+    for (int s = 0; s < a->sides; s++) {
+        p.src[s] = static_cast<const char *>(a->src[s]);
+        p.dst[s] = static_cast<char *>(a->dst[s]);
+        if (!p.src[s] || !p.dst[s]) return -1;
+    }
+    p.slots = a->slots;
+    p.total = (uint32_t)total;
+    p.vecs = (uint32_t)(piece_in / 16);
+    p.pieces = (uint32_t)a->pieces;
+    p.sides = (uint32_t)a->sides;
+    p.piece_in = piece_in;
+    p.block_size = a->block_size;
+    p.block_stride = a->block_stride;
+    p.piece_stride = a->piece_stride;
+    p.token_stride = a->token_stride;
+    int dev = -1, is_device = 0; /* launched on the device the output is on */
+    if (gpuPointerDevice(a->dst[0], &dev, &is_device) != gpuSuccess || !is_device) {
+        (void)gpuGetLastError();
+        return -1;
+    }
+    const DeviceGuard guard;
+    if (guard.select(dev) != gpuSuccess) {
+        (void)gpuGetLastError();
+        return -2;
+    }
+    const gpuStream_t s = static_cast<gpuStream_t>(native_stream);
+    gpuError_t e;
+    switch (in / out * 10 + in) {
+    case 11: e = scatter_launch<1, 1>(p, s); break;
+    case 12: e = scatter_launch<1, 2>(p, s); break;
+    case 14: e = scatter_launch<1, 4>(p, s); break;
+    case 22: e = scatter_launch<2, 2>(p, s); break;
+    case 24: e = scatter_launch<2, 4>(p, s); break;
+    default: e = scatter_launch<4, 4>(p, s); break;
+    }
+    return e == gpuSuccess ? 0 : -2;
+}
+
+extern "C" int kvhal_gpu_spin(int device, uint64_t cycles, void *native_stream)
+{
+    using namespace kvhal_gpu;
+    int n = 0;
+    if (gpuGetDeviceCount(&n) != gpuSuccess || device < 0 || device >= n || cycles > (1ull << 62)) {
+        (void)gpuGetLastError();
+        return -1;
+    }
+    const DeviceGuard guard;
+    if (guard.select(device) != gpuSuccess) {
+        (void)gpuGetLastError();
+        return -2;
+    }
+    spin_kernel<<<1, 32, 0, static_cast<gpuStream_t>(native_stream)>>>((long long)cycles);
+    return gpuGetLastError() == gpuSuccess ? 0 : -2;
+}
