@@ -111,6 +111,45 @@ def test_grant_send_receive_verified(pair):
     cm.check_integrity()
 
 
+def test_stream_layers_with_events(pair):
+    """A stream into the granted pages: layers handed one by one (each with a device event recorded after its
+    writes, or none), a 'layer_done' per layer on the receiver, then recv_done; every page checked."""
+    send, recv, sc, rc, ps, pr = pair
+    before, src = snapshot(rc), snapshot(sc)
+    cm = kvhal.CacheManager(BLOCKS, PS)
+    pages = cm.allocate(4)
+    xr = pr.post_receive_layers(9, pages, manager=cm)
+    grant = pump([send, recv], ["grant"])["grant"][0]
+    src_pages = [2, 14, 6, 11]
+    xs = ps.stream_open(9, src_pages, grant.pages)
+    assert not xs.is_receive and xs.request_id == 9
+    events = []
+    for layer in (1, 0):  # any order; layer 2 not yet: the receive is not complete
+        e = kvhal.Event("cpu:0")
+        e.record()
+        events.append(e)
+        xs.stream_layer(layer, e)
+    seen = pump([send, recv], ["layer_done"])
+    assert xr.test() is False
+    xs.stream_layer(2)  # without an event: it goes now
+    seen2 = pump([send, recv], ["recv_done", "send_done"])
+    done = sorted(e.num_pages for e in seen.get("layer_done", []) + seen2.get("layer_done", []))
+    assert done == [0, 1, 2] and seen2["recv_done"][0].status is None
+    after = snapshot(rc)
+    for layer in range(LAYERS):
+        for side in range(2):
+            want = before[layer][side].copy()
+            want[np.asarray(pages)] = src[layer][side][src_pages]
+            np.testing.assert_array_equal(after[layer][side], want)
+    with pytest.raises(kvhal.InvalidArgument, match="written"):
+        ps.stream_open(10, [1], [1]).stream_layer(0, "not an event")
+    with pytest.raises(kvhal.OutOfRange, match="layer"):
+        ps.stream_open(11, [1], [1]).stream_layer(-1)
+    with pytest.raises(kvhal.InvalidArgument, match="dst_pages"):
+        ps.stream_open(12, [1, 2], [1])
+    cm.free(pages)
+
+
 def test_offer_on_one_host(pair):
     send, recv, sc, rc, ps, pr = pair
     if ps.ipc != "cma":

@@ -2,13 +2,15 @@
 by layer while the prefill runs (kvhal.integrations.transformers engines on both sides).
 
 - DecodeEngine (the process that serves): a KvhalEngine whose requests are prefilled elsewhere. At admission it
-  allocates the prompt's pages, posts a receive into them (kvhal.xfer: the grant goes to the prefill side) and
+  allocates the prompt's pages, posts a receive into them (Peer.post_receive_layers: the grant goes to the prefill
+  side, a 'layer_done' event comes as each layer lands) and
   asks the prefill process, over a control connection, for the prompt; once the pages arrived and the first token
   came back, the request decodes here like any other.
 - PrefillServer (the other process): a KvhalEngine of batch 1 that computes each prompt and its first token. Right
-  after a layer's K/V writes are enqueued it records a device event; a sender thread, the only user of that side's
-  agent, sends the layer's pages into the granted ones as soon as the event has completed, so the transfer of
-  layer i overlaps the compute of the layers after it. It answers with the first token and the request's timings:
+  after a layer's K/V writes are enqueued it records a kvhal.Event on the step's stream and hands the layer to a
+  stream into the granted pages (Peer.stream_open, Transfer.stream_layer); the agent sends the layer once the event
+  has completed, so the transfer of layer i overlaps the compute of the layers after it. A sender thread is the
+  only user of that side's agent. It answers with the first token and the request's timings:
   the prefill's compute time and the transfer time left exposed after it.
 
 The control connection is any object with send / recv / poll (multiprocessing.connection): messages
@@ -19,31 +21,33 @@ import queue
 import threading
 import time
 
-import torch
 
 import kvhal
 from kvhal import xfer as _xfer
 
 from .transformers import KvhalEngine
+from .transformers import kvhal_device as kt_device
 
 __all__ = ["DecodeEngine", "PrefillServer"]
 
 
 class _LayerSender(threading.Thread):
-    """The prefill side's agent, used by this thread alone: grants in, layer sends out, completions counted."""
+    """The prefill side's agent, used by this thread alone: a stream per request into the pages the decode side
+    granted (kvhal.xfer's Peer.stream_open), each layer handed with the event recorded after its writes (the agent
+    sends it once the event completed), completions counted."""
 
-    def __init__(self, agent, peer, num_layers):
+    def __init__(self, agent, peer):
         super().__init__(name="kvhal-layer-sender", daemon=True)
-        self.agent, self.peer, self.num_layers = agent, peer, num_layers
-        self.items = queue.SimpleQueue()  # (rid, layer, event or None, src pages) or None to stop
-        self.grants, self.sent, self.acked, self.errors = {}, {}, {}, {}
+        self.agent, self.peer = agent, peer
+        self.items = queue.SimpleQueue()  # (rid, layer, kvhal.Event or None, src pages) or None to stop
+        self.done, self.errors = {}, {}
         self.cv = threading.Condition()
         self.failure = None
 
     def run(self):
-        pending, stop = [], False
+        grants, sources, layers, streams, stop = {}, {}, {}, {}, False
         try:
-            while not stop or pending:
+            while not stop or streams or layers:
                 while True:
                     try:
                         item = self.items.get_nowait()
@@ -51,54 +55,50 @@ class _LayerSender(threading.Thread):
                         break
                     if item is None:
                         stop = True
-                    else:
-                        pending.append(item)
-                ev = self.agent.progress(0 if pending else 2)
-                while ev is not None:
-                    self._event(ev)
-                    ev = self.agent.progress(0)
-                still = []
-                for rid, layer, event, src in pending:
-                    dst = self.grants.get(rid)
-                    if dst is None or (event is not None and not event.query()):
-                        still.append((rid, layer, event, src))
                         continue
-                    self.peer.send_pages(rid, src, dst, first_layer=layer, num_layers=1)
-                    self.sent[rid] = self.sent.get(rid, 0) + 1
-                if pending and len(still) == len(pending):
-                    time.sleep(20e-6)  # nothing ready: let the compute thread run
-                pending = still
+                    rid, layer, event, src = item
+                    sources.setdefault(rid, src)
+                    layers.setdefault(rid, []).append((layer, event))
+                ev = self.agent.progress(1 if (streams or layers) else 5)
+                while ev is not None:
+                    if ev.kind == "grant":
+                        grants[ev.request_id] = ev.pages
+                    elif ev.kind == "send_done" and ev.request_id in streams:
+                        del streams[ev.request_id]
+                        self._finished(ev.request_id, None if ev.status is None else f"{ev.status}: {ev.message}")
+                    elif ev.kind == "peer_failed":
+                        raise kvhal.PeerFailed(f"the decode side failed: {ev.message}")
+                    ev = self.agent.progress(0)
+                for rid in list(layers):
+                    if rid not in streams:
+                        if rid not in grants:
+                            continue
+                        streams[rid] = self.peer.stream_open(rid, sources.pop(rid), grants.pop(rid))
+                    for layer, event in layers.pop(rid):
+                        streams[rid].stream_layer(layer, event)
         except BaseException as e:  # noqa: BLE001 - reported to the waiting thread
             with self.cv:
                 self.failure = e
                 self.cv.notify_all()
 
-    def _event(self, ev):
+    def _finished(self, rid, error):
         with self.cv:
-            if ev.kind == "grant":
-                self.grants[ev.request_id] = ev.pages
-            elif ev.kind == "send_done":
-                if ev.status is not None:
-                    self.errors[ev.request_id] = f"{ev.status}: {ev.message}"
-                self.acked[ev.request_id] = self.acked.get(ev.request_id, 0) + 1
-            elif ev.kind == "peer_failed":
-                self.failure = kvhal.PeerFailed(f"the decode side failed: {ev.message}")
+            self.done[rid] = time.perf_counter()
+            if error is not None:
+                self.errors[rid] = error
             self.cv.notify_all()
 
     def wait_request(self, rid, timeout):
-        """Blocks until every layer of rid was sent and acknowledged; returns when that happened."""
+        """Blocks until every layer of rid was acknowledged; returns when that happened."""
         with self.cv:
-            ok = self.cv.wait_for(lambda: self.failure is not None or rid in self.errors or
-                                  self.acked.get(rid, 0) >= self.num_layers, timeout)
+            ok = self.cv.wait_for(lambda: self.failure is not None or rid in self.done, timeout)
             if self.failure is not None:
                 raise self.failure
-            if rid in self.errors:
-                raise kvhal.PeerFailed(f"request {rid}: a layer's send failed ({self.errors[rid]})")
             if not ok:
                 raise kvhal.Timeout(f"request {rid}: its layers were not all acknowledged within {timeout} s")
-            for d in (self.grants, self.sent, self.acked):
-                d.pop(rid, None)
-            return time.perf_counter()
+            if rid in self.errors:
+                raise kvhal.PeerFailed(f"request {rid}: its stream failed ({self.errors.pop(rid)})")
+            return self.done.pop(rid)
 
 
 class PrefillServer:
@@ -117,16 +117,16 @@ class PrefillServer:
         self.agent.register_cache(self.engine.cache.pc)
         self.peer = self.agent.connect(decode_address, token)  # the decode side progresses its agent meanwhile
         self.send_timeout_s = send_timeout_s
-        self.sender = _LayerSender(self.agent, self.peer, self.engine.cache.num_layers)
+        self.sender = _LayerSender(self.agent, self.peer)
         self.sender.start()
         self.engine.on_layer = self._layer_written
         self._rid, self._src = None, None
 
     def _layer_written(self, layer):
         event = None
-        if self.engine.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.engine.device))
+        if self.engine.stream is not None:  # the layer's writes are in once this point of torch's stream is reached
+            event = kvhal.Event(kt_device(self.engine.device))
+            event.record(self.engine.stream)
         self.sender.items.put((self._rid, layer, event, self._src))
 
     def prefill(self, rid, prompt):
@@ -217,7 +217,7 @@ class DecodeEngine(KvhalEngine):
             r.t_first = dict(t0=time.perf_counter(), kv=False, timings=None)  # until the request decodes here
             self.reserved += future
             self.waiting.pop(0)
-            self.peer.post_receive(r.rid, r.pages, manager=self.cm)
+            self.peer.post_receive_layers(r.rid, r.pages, manager=self.cm)
             self.conn.send(("prefill", r.rid, r.prompt))
             self.remote[r.rid] = r
             self.stats["requests"] += 1
@@ -231,6 +231,8 @@ class DecodeEngine(KvhalEngine):
                 if ev.status is not None:
                     raise kvhal.PeerFailed(f"request {r.rid}: its K/V did not arrive ({ev.status}: {ev.message})")
                 r.t_first["kv"] = True
+            elif ev.kind == "layer_done":
+                self.stats["layers_received"] = self.stats.get("layers_received", 0) + 1
             elif ev.kind == "peer_failed":
                 raise kvhal.PeerFailed(f"the prefill process failed: {ev.message}")
             ev = self.agent.progress(0)

@@ -55,6 +55,9 @@ void kvpy_ids_release(kvpy_state *st, kvpy_ids *a);
 /* The kvhal stream of a stream argument (None, an int handle, a stream object, kvhal.Stream) on dev. 0, or -1. */
 int kvpy_stream_arg(kvpy_state *st, PyObject *o, kvhal_device dev, kvhal_stream **out);
 
+/* The kvhal_event of a kvhal.Event argument (devevents.c); NULL with an exception naming arg otherwise. */
+kvhal_event *kvpy_event_arg(kvpy_state *st, PyObject *o, const char *arg);
+
 /* KV events of a manager with event_capacity > 0, drained into a list of kvhal.KVEvent (events.c). */
 PyObject *kvpy_events_drain(kvpy_state *st, kvhal_cache_manager *cm, int32_t page_size, Py_ssize_t max);
 

@@ -44,6 +44,17 @@ static kvhal_event *live(PyObject *op)
     return self->e;
 }
 
+kvhal_event *kvpy_event_arg(kvpy_state *st, PyObject *o, const char *arg)
+{
+    if (!PyObject_TypeCheck(o, st->bind_type[KVPY_T_EVENT])) {
+        kvpy_bad_arg(st, "%s: expected a kvhal.Event, got %s", arg, Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    event_object *self = (event_object *)o;
+    if (!self->e) kvpy_bad_arg(st, "%s: the Event was not initialised", arg);
+    return self->e;
+}
+
 /* record(stream=None) and wait(stream=None): the stream argument on the event's device. */
 static PyObject *event_on_stream(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                                  const char *fn, int wait)

@@ -46,6 +46,7 @@ typedef struct {
     kvhal_xfer *x;
     uint64_t request_id;
     int is_receive;
+    PyObject *held; /* a stream's layer events (kvhal.Event), alive until the transfer is released; or NULL */
 } xfer_object;
 
 /* ---- the configuration: the one place mapping Agent's arguments to kvhal_xfer_config ---- */
@@ -290,6 +291,7 @@ static PyObject *transfer_new(agent_object *agent, kvhal_xfer *x, uint64_t req, 
     o->x = x;
     o->request_id = req;
     o->is_receive = is_receive;
+    o->held = NULL;
     PyObject_GC_Track(o);
     PyObject *key = PyLong_FromVoidPtr(x);
     if (!key || PyDict_SetItem(agent->xfers, key, (PyObject *)o) != 0) Py_CLEAR(o);
@@ -310,12 +312,13 @@ static void transfer_done(agent_object *agent, kvhal_xfer *x)
 }
 
 static PyStructSequence_Field xev_fields[] = {
-    {"kind", "'peer_connected', 'peer_rejected', 'peer_failed', 'grant', 'recv_done', 'send_done' or 'offer'"},
+    {"kind", "'peer_connected', 'peer_rejected', 'peer_failed', 'grant', 'recv_done', 'send_done', 'offer' or "
+             "'layer_done'"},
     {"peer", "the Peer concerned (None for a refused connection)"},
     {"transfer", "recv_done, send_done: the Transfer"},
     {"request_id", "grant, recv_done, send_done, offer: the request"},
     {"status", "recv_done, send_done, peer_failed, peer_rejected: None for success, else the status name"},
-    {"num_pages", "grant, offer: the page count"},
+    {"num_pages", "grant, offer: the page count; layer_done: the layer that arrived"},
     {"pages", "grant: the receiver's page ids (kvhal.Pages), to send into; else None"},
     {"message", "what happened, for logs"},
     {NULL, NULL}};
@@ -326,8 +329,9 @@ static PyStructSequence_Desc xev_desc = {
     "reports.",
     xev_fields, 8};
 
-static const char *const xev_kinds[] = {"none", "peer_connected", "peer_rejected", "peer_failed",
-                                        "grant", "recv_done",      "send_done",     "offer"};
+static const char *const xev_kinds[] = {"none",      "peer_connected", "peer_rejected", "peer_failed", "grant",
+                                        "recv_done", "send_done",      "offer",         "layer_done"};
+#define XEV_KINDS ((unsigned)(sizeof xev_kinds / sizeof xev_kinds[0]))
 
 static PyObject *event_object_of(agent_object *self, const kvhal_xfer_event *ev)
 {
@@ -348,7 +352,7 @@ static PyObject *event_object_of(agent_object *self, const kvhal_xfer_event *ev)
     const int done = ev->type == KVHAL_XFER_EVENT_RECV_DONE || ev->type == KVHAL_XFER_EVENT_SEND_DONE;
     const int with_status = done || ev->type == KVHAL_XFER_EVENT_PEER_FAILED ||
                             ev->type == KVHAL_XFER_EVENT_PEER_REJECTED;
-    const unsigned k = (unsigned)ev->type < 8 ? (unsigned)ev->type : 0;
+    const unsigned k = (unsigned)ev->type < XEV_KINDS ? (unsigned)ev->type : 0;
     PyObject *v[8] = {
         PyUnicode_FromString(xev_kinds[k]),
         peer_of(self, ev->peer),
@@ -356,7 +360,7 @@ static PyObject *event_object_of(agent_object *self, const kvhal_xfer_event *ev)
         PyLong_FromUnsignedLongLong(ev->request_id),
         with_status && ev->status != KVHAL_OK ? PyUnicode_FromString(kvhal_status_name(ev->status)) : Py_NewRef(Py_None),
         PyLong_FromLong(ev->num_pages),
-        ev->pages && ev->num_pages > 0 ? kvpy_pages_new(st, ev->pages, (size_t)ev->num_pages) : Py_NewRef(Py_None),
+        ev->pages && ev->num_pages > 0 && ev->type != KVHAL_XFER_EVENT_LAYER_DONE ? kvpy_pages_new(st, ev->pages, (size_t)ev->num_pages) : Py_NewRef(Py_None),
         PyUnicode_DecodeUTF8(ev->message, (Py_ssize_t)strnlen(ev->message, sizeof ev->message), "replace"),
     };
     int ok = 1;
@@ -553,11 +557,12 @@ static int parse_layers(kvpy_state *st, agent_object *agent, PyObject *first, Py
     return 0;
 }
 
-static PyObject *peer_post_receive(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+static PyObject *peer_receive(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int layers)
 {
     static const char *const names[] = {"request_id", "pages", "manager"};
     PyObject *a[3];
-    if (kvpy_parse_fast("post_receive", args, nargs, kwnames, names, 3, 2, a) != 0) return NULL;
+    if (kvpy_parse_fast(layers ? "post_receive_layers" : "post_receive", args, nargs, kwnames, names, 3, 2, a) != 0)
+        return NULL;
     kvhal_xfer_peer *p = peer_enter(op);
     if (!p) return NULL;
     agent_object *agent = ((peer_object *)op)->agent;
@@ -576,6 +581,7 @@ static PyObject *peer_post_receive(PyObject *op, PyObject *const *args, Py_ssize
     PyObject *ret = NULL;
     kvhal_xfer *x = NULL;
     kvhal_status rc = pg.n > INT32_MAX ? kvhal_error_set(KVHAL_OUT_OF_RANGE, "pages: %zu pages", pg.n)
+                      : layers         ? kvhal_xfer_post_receive_layers(p, req, pg.v, (int32_t)pg.n, cm, &x)
                                        : kvhal_xfer_post_receive(p, req, pg.v, (int32_t)pg.n, cm, &x);
     if (rc != KVHAL_OK) {
         kvpy_raise(st, rc);
@@ -587,6 +593,47 @@ static PyObject *peer_post_receive(PyObject *op, PyObject *const *args, Py_ssize
         else ret = transfer_new(agent, x, req, 1);
     }
     kvpy_ids_release(st, &pg);
+    return ret;
+}
+
+static PyObject *peer_post_receive(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return peer_receive(op, args, nargs, kwnames, 0);
+}
+
+static PyObject *peer_post_receive_layers(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return peer_receive(op, args, nargs, kwnames, 1);
+}
+
+/* stream_open(request_id, src_pages, dst_pages): a stream of the request's layers into the peer's granted pages */
+static PyObject *peer_stream_open(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"request_id", "src_pages", "dst_pages"};
+    PyObject *a[3];
+    if (kvpy_parse_fast("stream_open", args, nargs, kwnames, names, 3, 3, a) != 0) return NULL;
+    kvhal_xfer_peer *p = peer_enter(op);
+    if (!p) return NULL;
+    agent_object *agent = ((peer_object *)op)->agent;
+    kvpy_state *st = kvpy_state_of(op);
+    uint64_t req;
+    if (parse_request(st, a[0], &req) != 0) return NULL;
+    kvpy_ids src, dst = {0};
+    if (kvpy_ids_get(st, a[1], "src_pages", &src) != 0) return NULL;
+    PyObject *ret = NULL;
+    if (kvpy_ids_get(st, a[2], "dst_pages", &dst) != 0) goto out;
+    if (dst.n != src.n) {
+        kvpy_bad_arg(st, "dst_pages: %zu pages for %zu src_pages", dst.n, src.n);
+        goto out;
+    }
+    kvhal_xfer *x = NULL;
+    kvhal_status rc = src.n > INT32_MAX ? kvhal_error_set(KVHAL_OUT_OF_RANGE, "src_pages: %zu pages", src.n)
+                                        : kvhal_xfer_stream_open(p, req, src.v, dst.v, (int32_t)src.n, &x);
+    if (rc != KVHAL_OK) kvpy_raise(st, rc);
+    else ret = transfer_new(agent, x, req, 0);
+out:
+    kvpy_ids_release(st, &src);
+    kvpy_ids_release(st, &dst);
     return ret;
 }
 
@@ -679,6 +726,14 @@ static PyMethodDef peer_methods[] = {
      "post_receive($self, request_id, pages, manager=None)\n--\n\nReceiver: grants pages (ids of the registered cache) for "
      "a request (the sender gets a 'grant' event), or takes the pages the peer offered for it. On failure, timeout "
      "or cancel the pages go back to manager (a CacheManager) when given. Returns a Transfer."},
+    {"post_receive_layers", FAST(peer_post_receive_layers),
+     "post_receive_layers($self, request_id, pages, manager=None)\n--\n\nReceiver: post_receive, and a 'layer_done' "
+     "event (num_pages: the layer) as each layer of the request's pages lands, before 'recv_done': decode may start "
+     "on the first layers while the sender still streams the last ones. Returns a Transfer."},
+    {"stream_open", FAST(peer_stream_open),
+     "stream_open($self, request_id, src_pages, dst_pages)\n--\n\nSender: opens a stream of the request's layers from "
+     "src_pages into the peer's dst_pages (its grant); nothing moves until Transfer.stream_layer hands a layer. The "
+     "Transfer completes ('send_done') once every layer was handed and acknowledged."},
     {"send_pages", FAST(peer_send_pages),
      "send_pages($self, request_id, src_pages, dst_pages, first_layer=0, num_layers=None)\n--\n\nSender: sends K and V of "
      "layers [first_layer, first_layer + num_layers) (None: the rest) of src_pages into the peer's dst_pages (from "
@@ -719,6 +774,7 @@ static int xfer_traverse(PyObject *op, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(op));
     Py_VISIT((PyObject *)((xfer_object *)op)->agent);
+    Py_VISIT(((xfer_object *)op)->held);
     return 0;
 }
 
@@ -727,6 +783,7 @@ static int xfer_clear(PyObject *op)
     xfer_object *self = (xfer_object *)op;
     if (self->x && self->agent && self->agent->a) (void)kvhal_xfer_release(self->x);
     self->x = NULL;
+    Py_CLEAR(self->held); /* after the release: the C stream no longer reads the events */
     Py_CLEAR(self->agent);
     return 0;
 }
@@ -816,6 +873,40 @@ static PyObject *xfer_release(PyObject *op, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* stream_layer(layer, written=None): layer `layer` of the stream's source pages goes once `written` completed */
+static PyObject *xfer_stream_layer(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"layer", "written"};
+    PyObject *a[2];
+    if (kvpy_parse_fast("stream_layer", args, nargs, kwnames, names, 2, 1, a) != 0) return NULL;
+    kvhal_xfer *x = xfer_enter(op);
+    if (!x) return NULL;
+    xfer_object *self = (xfer_object *)op;
+    kvpy_state *st = kvpy_state_of(op);
+    const long long layer = PyLong_AsLongLong(a[0]);
+    if (layer == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return kvpy_bad_arg(st, "layer: expected an int");
+    }
+    if (layer < 0 || layer > INT32_MAX) return kvpy_raise_msg(st, KVHAL_OUT_OF_RANGE, "layer: %lld", layer);
+    kvhal_event *ev = NULL;
+    if (a[1] && a[1] != Py_None) {
+        ev = kvpy_event_arg(st, a[1], "written");
+        if (!ev) return NULL;
+        /* the C stream borrows the event until it completes: the transfer object keeps it */
+        if (!self->held && !(self->held = PyList_New(0))) return NULL;
+        if (PyList_Append(self->held, a[1]) != 0) return NULL;
+    }
+    kvhal_status rc;
+    self->agent->busy = 1; /* without an event, a device cache's device is synchronized */
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvhal_xfer_stream_layer(x, (int32_t)layer, ev);
+    Py_END_ALLOW_THREADS
+    self->agent->busy = 0;
+    if (rc != KVHAL_OK) return kvpy_raise(st, rc);
+    Py_RETURN_NONE;
+}
+
 static PyObject *xfer_info(PyObject *op, PyObject *unused)
 {
     (void)unused;
@@ -848,6 +939,11 @@ static PyMethodDef xfer_methods[] = {
      "cancel($self)\n--\n\nCancels it; it then completes with kvhal.Canceled (wait before reusing source pages)."},
     {"release", xfer_release, METH_NOARGS,
      "release($self)\n--\n\nReleases the handle now (cancelling it when in flight); the object refuses calls after."},
+    {"stream_layer", FAST(xfer_stream_layer),
+     "stream_layer($self, layer, written=None)\n--\n\nA stream from Peer.stream_open: layer `layer` of its source pages "
+     "is written once `written` (a kvhal.Event recorded after the layer's writes) has completed, and goes to the peer "
+     "then (the agent polls the event from its progress); without an event it goes now. Each layer once, any order; "
+     "the event is kept until the transfer is released."},
     {"info", xfer_info, METH_NOARGS,
      "info($self)\n--\n\n{request_id, bytes_total, bytes_done, status, is_receive, path} (path: 'ipc', 'cma', 'staged', "
      "'host', or '' before any frame)."},
