@@ -321,7 +321,8 @@ class KvhalEngine:
         self.waiting, self.running, self.done = [], [], []
         self.reserved = 0  # pages promised to running requests' future decode tokens
         self.stats = dict(requests=0, prompt_tokens=0, cached_tokens=0, host_tokens=0, prefill_computed=0,
-                          output_tokens=0, steps=0, max_step_tokens=0, host_s=0.0, cm_s=0.0, waits_for_prefix=0)
+                          output_tokens=0, steps=0, max_step_tokens=0, host_s=0.0, cm_s=0.0, table_s=0.0,
+                          waits_for_prefix=0)
         self._rid = 0
 
     def add(self, prompt, max_new_tokens):
@@ -490,9 +491,12 @@ class KvhalEngine:
 
     @torch.no_grad()
     def _forward_step(self, t_host):
+        t_table = time.perf_counter()
         work, *lists = self._schedule()
         input_ids, position_ids, logits_idx, batch = self._batch(*lists)
-        self.stats["host_s"] += time.perf_counter() - t_host
+        now = time.perf_counter()
+        self.stats["table_s"] += now - t_table  # the step's page tables, slots and read index
+        self.stats["host_s"] += now - t_host
         out = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, kvhal_batch=batch,
                          logits_to_keep=logits_idx)
         logits = out.logits[0] if hasattr(out, "logits") else out[0]
