@@ -5,6 +5,7 @@
  * layer held back by its event until the event completes; bad arguments. */
 #include <fcntl.h>
 
+#include "kvhal_test.h" /* kvhal_fault_hold_streams */
 #include "xfer_test.h"
 
 
