@@ -103,13 +103,23 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
         a->no_peer_errors = true;
 
     a->cma_ok = transports_allow_cma(cfg->transports);
+    a->cma_sock = -1;
+    for (int i = 0; i < CMA_CONNS_MAX; i++) a->cma_conns[i] = -1;
     agent_config(a);
-    if (getrandom(a->cma_probe, sizeof a->cma_probe, 0) != (ssize_t)sizeof a->cma_probe)
-        for (size_t i = 0; i < sizeof a->cma_probe; i++) a->cma_probe[i] = (uint8_t)(random_session() >> 13);
 
     ucp_config_t *uc = NULL;
     ucs_status_t us = ucp_config_read(NULL, NULL, &uc);
     if (us == UCS_OK && cfg->transports) us = ucp_config_modify(uc, "TLS", cfg->transports);
+    /* where the agent listens (and connects from): the network devices named, else UCX_NET_DEVICES, else loopback */
+    const char *devs = cfg->net_devices ? cfg->net_devices : getenv("UCX_NET_DEVICES") ? NULL : "lo";
+    if (us == UCS_OK && devs && strcmp(devs, "all") != 0) {
+        us = ucp_config_modify(uc, "NET_DEVICES", devs);
+        if (us != UCS_OK) {
+            if (uc) ucp_config_release(uc);
+            free(a);
+            return ERR(KVHAL_INVALID_ARGUMENT, "cfg.net_devices: UCX refused \"%s\": %s", devs, ucs_status_string(us));
+        }
+    }
     /* TCP: 256 KiB receive segments instead of UCX 1.13's 64 KiB, unless the environment sets them: a rendezvous
      * frame then goes in 256 KiB zero-copy fragments (a quarter of the sendmsg calls, of the receiver's handler
      * rounds); measured with UCX_TCP_RX_SEG_SIZE=256k on the 16-core host: 0.64-0.74 -> 0.69-0.87 of
@@ -163,6 +173,13 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
         return ERR(KVHAL_BACKEND_ERROR, "transfer agent: UCX worker address of %zu bytes is too large", alen);
     }
     a->magic = AGENT_MAGIC;
+    if (!kvhal__handle_add(a)) {
+        ucp_worker_release_address(a->worker, a->addr);
+        ucp_worker_destroy(a->worker);
+        ucp_cleanup(a->ctx);
+        free(a);
+        return ERR(KVHAL_OUT_OF_MEMORY, "transfer agent: cannot record it");
+    }
     *out = a;
     return KVHAL_OK;
 }
@@ -170,8 +187,9 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
 kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
 {
     if (!a) return KVHAL_OK;
-    kvhal_status st = check_agent(a);
-    if (st != KVHAL_OK) return st;
+    /* out of the live set first: a second destroy, or a call after this one, is refused before a is read */
+    if (!kvhal__handle_remove_kind(a, AGENT_MAGIC))
+        return ERR(KVHAL_INVALID_HANDLE, "agent: %p is not a live transfer agent", (void *)a);
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "the agent was destroyed");
     /* let UCX finish or cancel what it holds (bounded: force-closed endpoints complete their requests) */
@@ -237,6 +255,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
         kvhal_xfer_peer *p = a->peers;
         a->peers = p->next;
         peer_ipc_free(p);
+        kvhal__handle_remove_kind(p, PEER_MAGIC);
         p->magic = DEAD_MAGIC;
         free(p);
     }
@@ -262,6 +281,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     }
     bounce_pool_free(a);
     stage_pool_free(a);
+    cma_sock_close(a);
     a->magic = DEAD_MAGIC;
     free(a);
     return KVHAL_OK;
@@ -394,6 +414,13 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
         return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
     }
     kvhal_xfer_peer *p = find_session(a, c.dest_session);
+    if (p && p->state == P_AUTH) { /* a handshake waiting for the connector's proof: AUTH, or BYE, nothing else */
+        if (c.type == XW_AUTH && !rndv) on_auth(a, p, header, header_length);
+        else if (c.type == XW_BYE) auth_refuse(p, "the connector gave up: this agent's proof did not check there "
+                                                  "(another token)");
+        else auth_refuse(p, "frame of type %u before its proof of the token", (unsigned)c.type);
+        return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    }
     if (!p || p->state != P_CONNECTED) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK; /* unknown session: dropped */
     switch (c.type) {
     case XW_DATA: { /* an eager frame's handler must return OK: UCX takes an error only for rendezvous */
@@ -408,7 +435,7 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     case XW_BYE: peer_fail(p, KVHAL_PEER_FAILED, false, "closed the connection"); break;
     case XW_IPC_MAP: /* kept for pump, which imports it */
         if (rndv || header_length != sizeof(xw_ipc_map) || length > XW_IPC_BLOB_MAX + 2u * 65536u * 8u ||
-            p->map_frame || p->rx_path) {
+            p->map_frame || p->rx_path || p->cma_challenged) {
             peer_fail(p, KVHAL_PEER_FAILED, true, "malformed or repeated IPC_MAP frame");
         } else if ((p->map_frame = malloc(header_length + length)) != NULL) {
             memcpy(p->map_frame, header, header_length);
@@ -423,6 +450,10 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     case XW_DATA_IPC: on_data_ipc(a, p, header, header_length, data, length, rndv); break;
     case XW_OFFER: on_offer(a, p, header, header_length, data, length, rndv); break;
     case XW_WITHDRAW: on_withdraw(a, p, header, header_length); break;
+    case XW_CMA_CHALLENGE:
+        if (rndv) peer_fail(p, KVHAL_PEER_FAILED, true, "CMA_CHALLENGE frame with rendezvous data");
+        else on_cma_challenge(a, p, header, header_length);
+        break;
     default: peer_fail(p, KVHAL_PEER_FAILED, true, "unknown frame type %u", (unsigned)c.type); break;
     }
     return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
@@ -439,6 +470,12 @@ unsigned pump(kvhal_xfer_agent *a)
     }
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->map_frame && p->state == P_CONNECTED) process_ipc_map(a, p);
+    if (a->cma_sock >= 0) {
+        cma_sock_poll(a);
+        const uint64_t t = now_ns();
+        for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+            if (p->cma_claim) cma_claim_check(a, p, t);
+    }
     /* copies completed, and copies still with the workers or on the device, count as work: the loops do not nap
      * (20 us, which the kernel's timer slack makes ~70) while frames land, and see a copy's end at once (a device
      * copy's end frees a stream for the frames waiting, and a nap there left the streams idle). What the workers
@@ -472,6 +509,16 @@ unsigned pump(kvhal_xfer_agent *a)
     const uint64_t now = now_ns();
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->state == P_CONNECTED && p->offers) offers_expire(a, p, now);
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->state == P_AUTH && now > p->deadline_ns)
+            auth_refuse(p, "no proof of the token within %u ms (a replayed HELLO, a connector with another token, "
+                        "or one that died)", (unsigned)a->timeout_ms);
+reap: /* handshakes that failed: the application never saw them */
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->reap && p->state == P_FAILED) {
+            kvhal_xfer_disconnect(p);
+            goto reap;
+        }
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->state == P_CONNECTING && now > p->deadline_ns)
             peer_fail(p, KVHAL_TIMEOUT, false,
@@ -545,6 +592,10 @@ kvhal_status kvhal_xfer_progress(kvhal_xfer_agent *a, uint32_t timeout_ms, kvhal
             a->ev_head = (a->ev_head + 1) % a->ev_cap;
             a->ev_count--;
             *ev = it->ev;
+            if (it->ev.peer) {
+                it->ev.peer->ev_queued--;
+                it->ev.peer->ev_pages -= it->pages_owned ? it->ev.num_pages : 0;
+            }
             ev->pages = it->pages_owned;
             a->last_pages = it->pages_owned;
             return KVHAL_OK;
@@ -623,6 +674,8 @@ static void peer_ipc_free(kvhal_xfer_peer *p)
     p->ipc_buf = NULL;
     p->cma = false;
     p->rx_path = NULL;
+    free(p->cma_claim);
+    p->cma_claim = NULL;
     free(p->ipc_off);
     p->ipc_off = NULL;
     free(p->map_frame);
@@ -632,7 +685,8 @@ static void peer_ipc_free(kvhal_xfer_peer *p)
 kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
 {
     if (!p) return KVHAL_OK;
-    if (p->magic != PEER_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
+    if (!kvhal__handle_live(p, PEER_MAGIC))
+        return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
     kvhal_xfer_agent *a = p->agent;
     if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "disconnected by %s", a->name);
     /* frames accepted but not started: refused now (the peer failed); then the copies still reading the peer's
@@ -655,6 +709,7 @@ kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
     for (pending_msg *m = a->sent; m; m = m->next)
         if (m->peer == p) m->peer = NULL;
     peer_ipc_free(p);
+    kvhal__handle_remove_kind(p, PEER_MAGIC);
     p->magic = DEAD_MAGIC;
     free(p);
     return KVHAL_OK;

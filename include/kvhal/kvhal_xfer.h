@@ -56,10 +56,20 @@ typedef struct kvhal_xfer kvhal_xfer;
 /** Agent configuration. Strings are copied during kvhal_xfer_agent_create. */
 typedef struct kvhal_xfer_config {
     const char *name;       /**< this agent's name in peers' messages (NULL = "kvhal"), at most KVHAL_XFER_NAME_MAX */
-    const char *token;      /**< the token a connecting peer must present: 1..KVHAL_XFER_TOKEN_MAX characters */
-    uint32_t timeout_ms;    /**< connect, stalled transfer and silent-peer limit; 0 = 10000 */
+    const char *token;      /**< the shared secret both sides of a connection prove they hold (never sent):
+                                 1..KVHAL_XFER_TOKEN_MAX characters; a long random one (its proofs cross the wire,
+                                 so a guessable token can be found offline from a recorded handshake) */
+    uint32_t timeout_ms;    /**< connect and handshake limit, stalled transfer limit (a transfer that makes no
+                                 progress for this long fails, and so does its peer); 0 = 10000. An idle peer with
+                                 nothing in flight is not dropped: max_peers bounds them, kvhal_xfer_disconnect ends
+                                 them */
     const char *transports; /**< UCX transports (UCX_TLS syntax: "tcp", "shm", "posix,cma"); NULL = UCX's choice */
-    int32_t max_peers;      /**< live peers at most (a connection past it is refused); 0 = 64 */
+    int32_t max_peers;      /**< live peers at most, connections being authenticated included (a connection past
+                                 it is refused); 0 = 64 */
+    const char *net_devices; /**< where the agent listens and connects (UCX_NET_DEVICES syntax: "lo", "eth1",
+                                  "mlx5_0:1", "eth1,lo"; "all": every device); NULL = the environment's
+                                  UCX_NET_DEVICES, else "lo" (loopback: this host only). Name a private interface
+                                  for other hosts: the link is not encrypted (docs/guide.md) */
 } kvhal_xfer_config;
 
 /** What kvhal_xfer_progress reports. */
