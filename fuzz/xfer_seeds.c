@@ -145,7 +145,7 @@ static void hello(uint8_t op, const char *token, uint64_t src_session)
     h.c = common(XW_HELLO, 0);
     h.src_session = src_session;
     snprintf(h.name, sizeof h.name, "prefill");
-    snprintf(h.token, sizeof h.token, "%s", token);
+    memcpy(h.nonce, token, strnlen(token, sizeof h.nonce)); /* a nonce (the token never crosses the wire) */
     h.g = fx_geometry();
     h.addr_len = 4;
     snprintf(h.host, sizeof h.host, "some-boot-id/some-host");

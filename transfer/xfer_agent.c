@@ -450,6 +450,7 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     case XW_DATA_IPC: on_data_ipc(a, p, header, header_length, data, length, rndv); break;
     case XW_OFFER: on_offer(a, p, header, header_length, data, length, rndv); break;
     case XW_WITHDRAW: on_withdraw(a, p, header, header_length); break;
+    case XW_AUTH: break; /* a replayed or late AUTH to a connection already authenticated: nothing to do */
     case XW_CMA_CHALLENGE:
         if (rndv) peer_fail(p, KVHAL_PEER_FAILED, true, "CMA_CHALLENGE frame with rendezvous data");
         else on_cma_challenge(a, p, header, header_length);

@@ -50,9 +50,8 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
                                            * refused) */
 #define OFFER_FRAMES_MAX 4096             /* and its OFFER frames waiting at most */
 #define CMA_CONNS_MAX 16                  /* connections to the CMA challenge socket waiting for their answer */
-#define PEER_EVENTS_MAX 4096              /* events of one peer queued and not yet taken by kvhal_xfer_progress at
-                                           * most (past it: the peer fails, KVHAL_XFER_PEER_EVENTS_MAX) */
-#define PEER_GRANT_PAGES_MAX (1 << 20)    /* page ids of one peer's GRANT events queued at most (4 MiB) */
+#define PEER_EVENTS_MAX KVHAL_XFER_PEER_EVENTS_MAX           /* kvhal_xfer.h: events of one peer queued */
+#define PEER_GRANT_PAGES_MAX KVHAL_XFER_PEER_GRANT_PAGES_MAX /* and the page ids of its GRANT events (4 MiB) */
 
 #define ERR(st, ...) kvhal_error_set((st), __VA_ARGS__)
 #define CHECK_ARG(cond, ...)                                                                                    \

@@ -45,6 +45,13 @@ extern "C" {
 #define KVHAL_XFER_TOKEN_MAX 63
 /** Longest agent name accepted (characters, without the NUL). */
 #define KVHAL_XFER_NAME_MAX 31
+/** Bounds per peer (a remote peer is bad input): events of one peer queued and not yet taken by
+ * kvhal_xfer_progress, and page ids held by its queued GRANT events, at most. A peer past either fails
+ * (KVHAL_XFER_EVENT_PEER_FAILED, status KVHAL_OUT_OF_MEMORY, "grant flood"); the agent and its other peers go on.
+ * The other per-peer bounds: 2^20 offered pages and 4096 offers waiting (kvhal_xfer_offer_pages), a grant of 65536
+ * pages; frames in flight are bounded by what this side granted or sent; a handshake waits timeout_ms at most. */
+#define KVHAL_XFER_PEER_EVENTS_MAX 4096
+#define KVHAL_XFER_PEER_GRANT_PAGES_MAX (1 << 20)
 
 /** An agent: one UCX worker, one registered paged cache, its peers and transfers. */
 typedef struct kvhal_xfer_agent kvhal_xfer_agent;

@@ -1,0 +1,225 @@
+/* auth.c — the network face: an impostor listener (another token) learns nothing and is sent nothing; a replayed
+ * handshake is refused; a peer naming a bystander process is refused by name and the bystander is never read; a
+ * grant flood fails its peer within the bound while the agent goes on; a destroyed agent is refused, not read. */
+#include "xfer_test.h"
+
+/* the bounds of kvhal_xfer.h (KVHAL_XFER_PEER_EVENTS_MAX, KVHAL_XFER_PEER_GRANT_PAGES_MAX) */
+#define PEER_EVENTS_MAX KVHAL_XFER_PEER_EVENTS_MAX
+#define PEER_GRANT_PAGES_MAX KVHAL_XFER_PEER_GRANT_PAGES_MAX
+
+/* An agent listening with another token: the connect fails naming the proof, before anything is sent to it (no
+ * GRANT, no K/V, no PEER_CONNECTED there); the impostor's side refuses too. The HELLO carries no token field
+ * (xw_hello), and no proof of the connector's is sent to a listener whose own proof did not check. */
+void test_impostor_listener(void **state)
+{
+    (void)state;
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    server imp;
+    server_token = "impostor"; /* an agent the blob could name, without the token */
+    server_start(&imp, cpu, 1500);
+    server_token = NULL;
+    uint8_t blob[4096];
+    const size_t len = server_blob(&imp, blob, sizeof blob);
+    kvhal_paged_cache *sc = make_cache(cpu, HEADS, 8, KVHAL_LAYER_FIRST);
+    kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 1500, .transports = tls};
+    kvhal_xfer_agent *a;
+    assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_register_paged_cache(a, sc), KVHAL_OK);
+    kvhal_xfer_peer *p = (kvhal_xfer_peer *)1;
+    const int ev0 = server_nev(&imp);
+    assert_int_equal(kvhal_xfer_connect(a, blob, len, TOKEN, &p), KVHAL_PEER_FAILED);
+    assert_null(p);
+    assert_contains(kvhal_last_error(), "did not prove that it holds the token");
+    const int e = wait_event(&imp, KVHAL_XFER_EVENT_PEER_REJECTED, ev0, 5);
+    assert_contains(imp.evs[e].message, "prefill");
+    for (int i = ev0; i < server_nev(&imp); i++) assert_int_not_equal(imp.evs[i].type, KVHAL_XFER_EVENT_PEER_CONNECTED);
+    assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
+    kvhal_paged_cache_destroy(sc);
+    check_cache(&imp, NULL, 0);
+    all_pages_free(&imp);
+    server_stop(&imp);
+}
+
+/* A captured HELLO and AUTH sent again from another endpoint: the listener answers the HELLO with a fresh nonce,
+ * and the old proof does not check against it (refused, no new peer); the old AUTH sent to the connected session
+ * changes nothing. A connector with the wrong token is refused naming the token. */
+void test_replayed_hello(void **state)
+{
+    (void)state;
+    server s;
+    uint8_t blob[4096];
+    const size_t len = cpu_server(&s, 1500, blob, sizeof blob);
+    int ev0 = server_nev(&s);
+    raw r;
+    raw_open(&r, blob, len, TOKEN);
+    int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
+    kvhal_xfer_peer *pb = s.evs[e].peer;
+    /* the replay: same HELLO bytes (its address is the replayer's own, as it must be for an answer) */
+    raw r2;
+    raw_open(&r2, blob, len, TOKEN);
+    /* raw_open proved itself with a fresh nonce: that one connects; now replay r's AUTH into a third handshake */
+    e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, e + 1, 5);
+    raw r3;
+    raw_open(&r3, blob, len, "not-the-token"); /* its own proof is wrong: refused */
+    ev0 = server_nev(&s);
+    xw_auth old = r.auth;
+    old.c.dest_session = r3.their_session;
+    raw_send(&r3, &old, sizeof old, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    raw_send(&r, &r.auth, sizeof r.auth, NULL, 0, UCP_AM_SEND_FLAG_EAGER); /* to the connected session: ignored */
+    e = wait_event(&s, KVHAL_XFER_EVENT_PEER_REJECTED, ev0 > 0 ? ev0 - 3 : 0, 5);
+    bool wrong_token = false;
+    for (int i = 0; i < server_nev(&s); i++)
+        if (s.evs[i].type == KVHAL_XFER_EVENT_PEER_REJECTED && strstr(s.evs[i].message, "wrong token")) wrong_token = true;
+    assert_true(wrong_token);
+    raw_progress(&r, 0.2);
+    pthread_mutex_lock(&s.mu);
+    assert_string_equal(kvhal_xfer_peer_name(pb), "hostile"); /* still connected */
+    assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+    pthread_mutex_unlock(&s.mu);
+    int connected = 0;
+    for (int i = 0; i < server_nev(&s); i++) connected += s.evs[i].type == KVHAL_XFER_EVENT_PEER_CONNECTED;
+    assert_int_equal(connected, 2); /* r and r2, never r3 */
+    for (int i = 0; i < server_nev(&s); i++)
+        if (s.evs[i].type == KVHAL_XFER_EVENT_PEER_CONNECTED && s.evs[i].peer != pb) {
+            pthread_mutex_lock(&s.mu);
+            kvhal_xfer_disconnect(s.evs[i].peer);
+            pthread_mutex_unlock(&s.mu);
+        }
+    raw_close(&r);
+    raw_close(&r2);
+    raw_close(&r3);
+    check_cache(&s, NULL, 0);
+    all_pages_free(&s);
+    server_stop(&s);
+}
+
+/* A bystander process holding a secret: an authenticated peer sends a CMA map naming it (its pid, the secret's
+ * address as cache and probe). The receiver's challenge is answered from the peer's own process, so the map is
+ * refused naming both processes, and the bystander is never read (process_vm_readv is counted by pid). */
+static uint8_t bystander_secret[4096] __attribute__((aligned(64)));
+void test_cma_bystander(void **state)
+{
+    (void)state;
+    if (!tls_cma(tls)) skip();
+    memset(bystander_secret, 0, sizeof bystander_secret);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    const pid_t child = fork();
+    if (child == 0) {
+        alarm(30);
+        snprintf((char *)bystander_secret, sizeof bystander_secret, "TENANT-B-SECRET: sk-live-0123456789");
+        char c;
+        close(pfd[1]);
+        (void)!read(pfd[0], &c, 1); /* until the parent closes the pipe */
+        _exit(0);
+    }
+    close(pfd[0]);
+    server s;
+    uint8_t blob[4096];
+    const size_t len = cpu_server(&s, 1500, blob, sizeof blob);
+    const int ev0 = server_nev(&s);
+    raw r;
+    raw_open(&r, blob, len, TOKEN);
+    const int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
+    kvhal_xfer_peer *pb = s.evs[e].peer;
+    uint64_t off[2 * L];
+    for (int l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++) off[2 * l + kv] = (uint64_t)(2 * l + kv) * CHUNK;
+    static uint8_t probe[XW_CMA_PROBE];
+    const xw_cma_blob b = cma_blob((uint32_t)child, bystander_secret, sizeof bystander_secret, probe);
+    vm_watch_pid = child;
+    vm_watch_reads = 0;
+    raw_map_kind(&r, XW_IPC_CMA, (const uint8_t *)&b, sizeof b, off, CHUNK, 16, true);
+    assert_int_not_equal(r.map_ack.status, 0);
+    char want[64];
+    snprintf(want, sizeof want, "names process %u", (unsigned)child);
+    assert_contains(r.map_ack.reason, want);
+    assert_contains(r.map_ack.reason, "answered the challenge: refused");
+    assert_int_equal(r.cma_challenges, 1);
+    assert_int_equal(vm_watch_reads, 0);
+    vm_watch_pid = 0;
+    pthread_mutex_lock(&s.mu);
+    assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+    pthread_mutex_unlock(&s.mu);
+    raw_close(&r);
+    close(pfd[1]);
+    waitpid(child, NULL, 0);
+    check_cache(&s, NULL, 0);
+    all_pages_free(&s);
+    server_stop(&s);
+}
+
+/* GRANT frames nobody takes (kvhal_xfer_progress not called): the peer fails once its queued events or page ids
+ * pass the bound (PEER_EVENTS_MAX, PEER_GRANT_PAGES_MAX), the agent goes on and holds no more than the bound. */
+void test_grant_flood(void **state)
+{
+    (void)state;
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    kvhal_paged_cache *c = make_cache(cpu, HEADS, PAGES, KVHAL_LAYER_FIRST);
+    kvhal_xfer_config cfg = {.name = "flooded", .token = TOKEN, .timeout_ms = 5000, .transports = "self"};
+    kvhal_xfer_agent *a;
+    assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_register_paged_cache(a, c), KVHAL_OK);
+    const xw_geometry g = {L, HEADS, DIM, BLOCK, KVHAL_F16, KVHAL_LAYOUT_NHD, PAGES, CHUNK};
+    for (int round = 0; round < 2; round++) { /* many small grants, then few large ones */
+        kvhal_xfer_peer *p;
+        const uint64_t session = 0x5eed0000ull + (uint64_t)round;
+        assert_int_equal(kvhal__xfer_attach_peer(a, session, &g, &p), KVHAL_OK);
+        const int32_t n = round == 0 ? 1 : XW_MAX_GRANT / 64; /* 1024 pages (of 64: ids repeat, as a peer may) */
+        int32_t *ids = malloc((size_t)n * sizeof *ids);
+        assert_non_null(ids);
+        for (int32_t i = 0; i < n; i++) ids[i] = i % PAGES;
+        const int frames = round == 0 ? PEER_EVENTS_MAX + 100 : PEER_GRANT_PAGES_MAX / n + 100;
+        for (int f = 0; f < frames; f++) {
+            xw_grant gr = {.c = {XW_MAGIC, XW_VERSION, XW_GRANT, session}, .request_id = (uint64_t)f, .n_pages = n};
+            kvhal__xfer_recv_frame(a, &gr, sizeof gr, ids, (size_t)n * sizeof *ids, false);
+        }
+        free(ids);
+        assert_true(kvhal__xfer_agent_held(a) <= (size_t)PEER_EVENTS_MAX + 16);
+        kvhal_xfer_event ev;
+        int grants = 0;
+        bool failed = false;
+        for (;;) {
+            assert_int_equal(kvhal_xfer_progress(a, 0, &ev), KVHAL_OK);
+            if (ev.type == KVHAL_XFER_EVENT_NONE) break;
+            grants += ev.type == KVHAL_XFER_EVENT_GRANT;
+            if (ev.type == KVHAL_XFER_EVENT_PEER_FAILED) {
+                failed = true;
+                assert_contains(ev.message, "grant flood");
+            }
+        }
+        assert_true(failed);
+        assert_true(grants <= PEER_EVENTS_MAX);
+        assert_true((int64_t)grants * n <= PEER_GRANT_PAGES_MAX);
+        assert_int_equal(kvhal_xfer_disconnect(p), KVHAL_OK);
+    }
+    assert_int_equal(kvhal__xfer_agent_held(a), 0);
+    assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
+    kvhal_paged_cache_destroy(c);
+}
+
+/* Destroyed handles are refused by the live set before their memory is read (ASan and valgrind see no read). */
+void test_double_destroy(void **state)
+{
+    (void)state;
+    kvhal_xfer_config cfg = {.name = "once", .token = TOKEN, .transports = "self"};
+    kvhal_xfer_agent *a;
+    assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
+    kvhal_paged_cache *c = make_cache((kvhal_device){KVHAL_DEVICE_CPU, 0}, HEADS, 8, KVHAL_LAYER_FIRST);
+    assert_int_equal(kvhal_xfer_register_paged_cache(a, c), KVHAL_OK);
+    kvhal_xfer_peer *p;
+    const xw_geometry g = {L, HEADS, DIM, BLOCK, KVHAL_F16, KVHAL_LAYOUT_NHD, 8, CHUNK};
+    assert_int_equal(kvhal__xfer_attach_peer(a, 77, &g, &p), KVHAL_OK);
+    const int32_t pages[2] = {1, 2};
+    kvhal_xfer *x;
+    assert_int_equal(kvhal_xfer_post_receive(p, 5, pages, 2, NULL, &x), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_INVALID_HANDLE);
+    kvhal_xfer_event ev;
+    assert_int_equal(kvhal_xfer_progress(a, 0, &ev), KVHAL_INVALID_HANDLE);
+    assert_int_equal(kvhal_xfer_disconnect(p), KVHAL_INVALID_HANDLE);
+    assert_int_equal(kvhal_xfer_test(x), KVHAL_INVALID_HANDLE);
+    assert_string_equal(kvhal_xfer_peer_name(p), "");
+    assert_string_equal(kvhal_xfer_path(x), "");
+    kvhal_paged_cache_destroy(c);
+}
