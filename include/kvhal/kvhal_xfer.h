@@ -12,7 +12,8 @@
  * the sender's cache itself (the IPC and CMA paths), the sender may instead offer a request's pages first
  * (kvhal_xfer_offer_pages): the receive posted for it then takes them without a GRANT.
  *
- * Safety. Remote peers are bad input: a peer that does not present the token is refused; every size, page id and
+ * Safety. Remote peers are bad input: a peer that does not prove it holds the token is refused (and a listener
+ * that does not is sent nothing); every size, page id and
  * layer index in a frame is checked against the receiver's own grant and cache before anything is written (each
  * (page, layer) at most once); a peer that breaks the protocol is dropped. A page is the caller's again only when
  * its transfer completed; on failure, timeout or cancel the receiver's granted pages go back to the cache manager
@@ -166,11 +167,14 @@ KVHAL_API kvhal_status kvhal_xfer_local_address(kvhal_xfer_agent *agent, void *b
  * @param blob      the peer's address blob (read during the call), len bytes.
  * @param token     the token the peer was configured with.
  * @param out       receives the peer, owned by the agent (kvhal_xfer_disconnect frees it earlier).
+ * Both sides prove they hold the token without sending it (HMAC-SHA-256 over fresh nonces of both, both sessions,
+ * names, hosts and geometries; docs/design/transfer.md): this side checks the listener's proof and its cache
+ * geometry before it sends its own proof or anything else.
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, a malformed blob, no cache registered); KVHAL_PEER_FAILED (the
- *         peer refused with a reason: different cache geometry, too many peers, ...; or it is unreachable);
- *         KVHAL_TIMEOUT (no answer within the timeout: also what a wrong token or another wire version gets, since
- *         a receiver does not answer a HELLO it cannot authenticate, nor connect to the address it carries; the
- *         receiver's KVHAL_XFER_EVENT_PEER_REJECTED names the reason).
+ *         peer refused with a reason: different cache geometry, too many peers, ...; it did not prove the token
+ *         (another token, or not the agent the blob names); its geometry differs; or it is unreachable);
+ *         KVHAL_TIMEOUT (no answer within the timeout: also what another wire version gets; the receiver's
+ *         KVHAL_XFER_EVENT_PEER_REJECTED names the reason); KVHAL_BACKEND_ERROR (no random numbers).
  */
 KVHAL_API kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *agent, const void *blob, size_t len, const char *token,
                                           kvhal_xfer_peer **out);
