@@ -784,7 +784,9 @@ static void usage(void)
            "  --timeout-ms=N         agent timeout (default 10000)\n"
            "  --listen=FILE          decode side only: write the address to FILE, wait for a --connect process\n"
            "  --connect=FILE         prefill side only: connect to the decode process whose address is in FILE\n"
-           "                         (same --self-test, sizes, geometry and --transport on both sides)\n"
+           "                         (same --self-test, sizes, geometry and --transport on both sides; the agents\n"
+           "                         listen on loopback: for two hosts set UCX_NET_DEVICES, e.g. to a private\n"
+           "                         interface, on both)\n"
            "  --json, --quiet, --help, --version\n"
            "Exit: 0 success, 1 a run or a verification failed, 2 usage error.\n");
 }

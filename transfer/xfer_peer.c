@@ -100,8 +100,7 @@ void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length,
         if (header_length >= ro + XW_REASON_LEN) {
             memcpy(why, (const uint8_t *)header + ro, XW_REASON_LEN);
             why[XW_REASON_LEN - 1] = '\0';
-            for (char *q = why; *q; q++)
-                if ((unsigned char)*q < 0x20 || (unsigned char)*q > 0x7e) *q = '?';
+            printable(why);
         }
         peer_fail(p, KVHAL_PEER_FAILED, false, "speaks wire version %u, this agent %u: not compatible%s%s",
                   (unsigned)version, (unsigned)XW_VERSION, why[0] ? "; it said: " : "", why);
@@ -113,8 +112,7 @@ void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length,
     }
     memcpy(&k, header, sizeof k);
     k.reason[sizeof k.reason - 1] = '\0';
-    for (char *q = k.reason; *q; q++) /* a peer's words, printable only, like names */
-        if ((unsigned char)*q < 0x20 || (unsigned char)*q > 0x7e) *q = '?';
+    printable(k.reason);
     k.name[sizeof k.name - 1] = '\0';
     k.host[sizeof k.host - 1] = '\0';
     copy_name(p->name, sizeof p->name, k.name);
@@ -194,8 +192,7 @@ void accept_hello(kvhal_xfer_agent *a, pending_hello *ph)
     copy_name(name, sizeof name, h->name);
     char reason[XW_REASON_LEN + 64] = "";
     h->tcp_seg[sizeof h->tcp_seg - 1] = '\0';
-    for (char *q = h->tcp_seg; *q; q++)
-        if ((unsigned char)*q < 0x20 || (unsigned char)*q > 0x7e) *q = '?';
+    printable(h->tcp_seg);
     if (ph->version) {
         /* Another wire version cannot be authenticated: no endpoint to the address it carries and no answer. The
          * connector sees its connect time out; the reason is this side's event. */

@@ -41,6 +41,7 @@ extern const xfer_path *const xfer_paths[XFER_PATHS]; /* all of them, for the ag
 uint64_t now_ns(void);
 uint64_t random_session(void);
 void copy_name(char *dst, size_t cap, const char *src); /* printable ASCII, truncated to cap */
+void printable(char *s); /* a peer's words in place: anything but printable ASCII becomes '?' (like names) */
 uint64_t deadline_from_now(const kvhal_xfer_agent *a);
 kvhal_status check_agent(const kvhal_xfer_agent *a);
 kvhal_status check_peer(const kvhal_xfer_peer *p);

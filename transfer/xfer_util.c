@@ -32,6 +32,12 @@ void copy_name(char *dst, size_t cap, const char *src)
     dst[i] = '\0';
 }
 
+void printable(char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e) *s = '?';
+}
+
 uint64_t deadline_from_now(const kvhal_xfer_agent *a) { return now_ns() + (uint64_t)a->timeout_ms * 1000000ull; }
 
 kvhal_status check_agent(const kvhal_xfer_agent *a)

@@ -223,3 +223,37 @@ void test_double_destroy(void **state)
     assert_string_equal(kvhal_xfer_path(x), "");
     kvhal_paged_cache_destroy(c);
 }
+
+/* A peer's refusal reason reaches the application's message printable only (terminal escapes become '?'). */
+void test_peer_reason_printable(void **state)
+{
+    (void)state;
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    kvhal_paged_cache *c = make_cache(cpu, HEADS, 8, KVHAL_LAYER_FIRST);
+    kvhal_xfer_config cfg = {.name = "sender", .token = TOKEN, .timeout_ms = 5000, .transports = "self"};
+    kvhal_xfer_agent *a;
+    assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_register_paged_cache(a, c), KVHAL_OK);
+    const xw_geometry g = {L, HEADS, DIM, BLOCK, KVHAL_F16, KVHAL_LAYOUT_NHD, 8, CHUNK};
+    kvhal_xfer_peer *p;
+    assert_int_equal(kvhal__xfer_attach_peer(a, 99, &g, &p), KVHAL_OK);
+    const int32_t src[1] = {1}, dst[1] = {2};
+    kvhal_xfer *x;
+    assert_int_equal(kvhal_xfer_send_pages(p, 3, src, dst, 1, 0, L, &x), KVHAL_OK);
+    for (int i = 0; i < 10; i++) (void)kvhal_xfer_test(x); /* posted */
+    xw_ack k;
+    memset(&k, 0, sizeof k);
+    k.c = (xw_common){XW_MAGIC, XW_VERSION, XW_ACK, 99};
+    k.xfer_id = kvhal__xfer_id(x);
+    k.status = KVHAL_OUT_OF_RANGE;
+    snprintf(k.reason, sizeof k.reason, "\x1b]0;owned\x07 \x1b[2Jpage refused");
+    kvhal__xfer_recv_frame(a, &k, sizeof k, NULL, 0, false);
+    assert_int_equal(kvhal_xfer_wait(x, 2000), KVHAL_OUT_OF_RANGE);
+    const char *m = kvhal_last_error();
+    assert_contains(m, "?]0;owned? ?[2Jpage refused");
+    for (const char *q = m; *q; q++) assert_true((unsigned char)*q >= 0x20 && (unsigned char)*q <= 0x7e);
+    assert_int_equal(kvhal_xfer_release(x), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_disconnect(p), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
+    kvhal_paged_cache_destroy(c);
+}

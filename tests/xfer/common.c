@@ -714,6 +714,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cma_bystander),
         cmocka_unit_test(test_grant_flood),
         cmocka_unit_test(test_double_destroy),
+        cmocka_unit_test(test_peer_reason_printable),
     };
     const char *only = getenv("XFER_TESTS"); /* a cmocka name pattern ("test_offers"), to run those alone */
     if (only && *only) cmocka_set_test_filter(only);

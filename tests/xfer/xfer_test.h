@@ -181,6 +181,7 @@ void test_replayed_hello(void **state);
 void test_cma_bystander(void **state);
 void test_grant_flood(void **state);
 void test_double_destroy(void **state);
+void test_peer_reason_printable(void **state);
 extern pid_t vm_watch_pid;
 extern const char *server_token;
 extern int vm_watch_reads;
