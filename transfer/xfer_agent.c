@@ -4,11 +4,16 @@
  * the cache, destroy), its progress loop (pump, kvhal_xfer_progress and the waits), connect's wait for the answer
  * and disconnect, and the dispatch of incoming frames to the rooms that handle them; how pages move is the data
  * paths' (xfer_types.h, struct xfer_path). */
+#include <dirent.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "xfer_internal.h"
@@ -55,6 +60,85 @@ static long env_long(const char *name, long lo, long hi, long def)
 }
 
 static void stream_free(void *s) { kvhal_stream_destroy(s); }
+
+/* The process's listening TCP sockets (up to cap of them): out gets their fds; returns how many. */
+static int listening_tcp(int *out, int cap)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < cap;) {
+        char *end;
+        const long fd = strtol(e->d_name, &end, 10);
+        if (*end || end == e->d_name || fd == dirfd(d)) continue;
+        int v = 0, proto = 0;
+        socklen_t l = sizeof v, lp = sizeof proto;
+        if (getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &v, &l) == 0 && v &&
+            getsockopt((int)fd, SOL_SOCKET, SO_PROTOCOL, &proto, &lp) == 0 && proto == IPPROTO_TCP)
+            out[n++] = (int)fd;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The listening sockets the worker's creation added (those listening before it are another's). */
+static void listen_watch_init(kvhal_xfer_agent *a, const int *before, int nb)
+{
+    int now[64];
+    const int n = listening_tcp(now, 64);
+    for (int i = 0; i < n && a->n_listen_fds < (int)(sizeof a->listen_fds / sizeof a->listen_fds[0]); i++) {
+        bool old = false;
+        for (int j = 0; j < nb; j++) old |= before[j] == now[i];
+        struct stat sb;
+        if (!old && fstat(now[i], &sb) == 0) {
+            a->listen_ino[a->n_listen_fds] = (uint64_t)sb.st_ino;
+            a->listen_fds[a->n_listen_fds++] = now[i];
+        }
+    }
+}
+
+/* UCX accepts connections as they come (its progress, which pump runs). UCX 1.13 closes its listening socket for
+ * good when accept fails with EMFILE; a socket that is gone (or no longer listens), or a connection that waits in
+ * its queue for the whole timeout across pumps (UCX no longer accepting there), is LISTENER_LOST, once. Looked at
+ * four times a timeout. */
+static void listen_watch(kvhal_xfer_agent *a, uint64_t now)
+{
+    if (!a->n_listen_fds || a->listener_lost || now < a->listen_check_ns) return;
+    a->listen_check_ns = now + (uint64_t)a->timeout_ms * 250000ull;
+    uint32_t waiting = 0;
+    bool gone = false;
+    for (int i = 0; i < a->n_listen_fds; i++) {
+        struct tcp_info ti;
+        struct stat sb;
+        socklen_t l = sizeof ti;
+        memset(&ti, 0, sizeof ti);
+        if (fstat(a->listen_fds[i], &sb) != 0 || (uint64_t)sb.st_ino != a->listen_ino[i] ||
+            getsockopt(a->listen_fds[i], IPPROTO_TCP, TCP_INFO, &ti, &l) != 0 || ti.tcpi_state != 10 /* LISTEN */)
+            gone = true;
+        else waiting += ti.tcpi_unacked; /* a listening socket's accept queue */
+    }
+    if (gone) {
+        a->listener_lost = true;
+        push_event(a, KVHAL_XFER_EVENT_LISTENER_LOST, NULL, NULL, 0, KVHAL_BACKEND_ERROR, NULL, 0,
+                   "agent %s: UCX closed its listening socket (the process ran out of file descriptors? raise "
+                   "RLIMIT_NOFILE); existing peers go on, new ones cannot connect", a->name);
+        return;
+    }
+    if (!waiting) {
+        a->listen_stuck_ns = 0;
+        return;
+    }
+    if (!a->listen_stuck_ns) {
+        a->listen_stuck_ns = now;
+        return;
+    }
+    if (now - a->listen_stuck_ns < (uint64_t)a->timeout_ms * 1000000ull) return;
+    a->listener_lost = true;
+    push_event(a, KVHAL_XFER_EVENT_LISTENER_LOST, NULL, NULL, 0, KVHAL_BACKEND_ERROR, NULL, 0,
+               "agent %s: UCX no longer accepts connections (%u waiting unaccepted for %u ms: the process ran out of "
+               "file descriptors? raise RLIMIT_NOFILE); existing peers go on, new ones cannot connect",
+               a->name, (unsigned)waiting, (unsigned)a->timeout_ms);
+}
 
 /* The copy workers: KVHAL_XFER_THREADS (0 .. XFER_WORKERS_MAX; 0: pump copies each frame itself), else
  * min(4, online cores / 2), each with a stream of its own for a device cache's staging copies. CMA frames are split
@@ -146,7 +230,10 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
                    cfg->transports ? cfg->transports : "default", ucs_status_string(us));
     }
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
+    int before[64];
+    const int nb = listening_tcp(before, 64);
     us = ucp_worker_create(a->ctx, &wp, &a->worker);
+    if (us == UCS_OK) listen_watch_init(a, before, nb);
     if (us == UCS_OK) us = ucp_worker_get_address(a->worker, &a->addr, &a->addr_len);
     ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
     if (us == UCS_OK) us = ucp_worker_query(a->worker, &wa);
@@ -508,6 +595,7 @@ unsigned pump(kvhal_xfer_agent *a)
     flush_msgs(a);
     post_pending(a);
     const uint64_t now = now_ns();
+    listen_watch(a, now);
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->state == P_CONNECTED && p->offers) offers_expire(a, p, now);
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)

@@ -324,6 +324,12 @@ struct kvhal_xfer_agent {
     bool no_peer_errors;    /* the transports have no peer-failure handling (UCX shared memory) */
     bool cma_ok;            /* the transports allow CMA (cma, shm, sm, all or UCX's choice): the CMA path */
     char tcp_seg[XW_SEG_LEN]; /* UCX's TCP receive segment size as configured, "" when TCP is not used */
+    int listen_fds[8];      /* the TCP listening sockets UCX opened for the worker (watched: LISTENER_LOST) */
+    uint64_t listen_ino[8]; /* and their inodes (the socket itself, not a descriptor number reused since) */
+    int n_listen_fds;
+    uint64_t listen_check_ns; /* the next look at them */
+    uint64_t listen_stuck_ns; /* since when a connection waits in their queue unaccepted (0: none waits) */
+    bool listener_lost;     /* reported */
     int cma_sock;           /* the receiver's abstract Unix socket for CMA challenges (made on first use; -1 none) */
     char cma_sock_name[XW_SOCK_LEN];
     int cma_conns[CMA_CONNS_MAX]; /* connections accepted on it whose answer has not come yet (-1: none) */

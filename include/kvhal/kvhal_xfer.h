@@ -91,10 +91,16 @@ typedef enum kvhal_xfer_event_type {
     KVHAL_XFER_EVENT_GRANT = 4,          /**< the peer granted pages for request_id: send into pages[0..num_pages) */
     KVHAL_XFER_EVENT_RECV_DONE = 5,      /**< a posted receive finished (status OK or why not; xfer set) */
     KVHAL_XFER_EVENT_SEND_DONE = 6,      /**< a send finished (status OK or why not; xfer set) */
-    KVHAL_XFER_EVENT_OFFER = 7           /**< the peer offered pages for request_id (kvhal_xfer_offer_pages) and no
+    KVHAL_XFER_EVENT_OFFER = 7,          /**< the peer offered pages for request_id (kvhal_xfer_offer_pages) and no
                                               receive is posted for it yet: num_pages is the request's page count;
                                               post a receive of that many pages to take them (one event per
                                               offer, e.g. per layer range) */
+    KVHAL_XFER_EVENT_LISTENER_LOST = 8   /**< UCX stopped accepting connections on the agent's TCP listening socket
+                                              (status KVHAL_BACKEND_ERROR): connections wait in its queue unaccepted
+                                              for timeout_ms, as after the process ran out of file descriptors
+                                              (EMFILE: UCX 1.13 then drops the socket for good). The agent's peers
+                                              go on; new ones cannot reach it: make a new agent (and raise
+                                              RLIMIT_NOFILE). Reported once per agent */
 } kvhal_xfer_event_type;
 
 /** One notification. pages and message stay valid until the next kvhal_xfer_progress call on the agent. */

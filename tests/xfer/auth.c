@@ -257,3 +257,96 @@ void test_peer_reason_printable(void **state)
     assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
     kvhal_paged_cache_destroy(c);
 }
+
+/* The listener side of test_listener_after_fd_exhaustion, in a process of its own (this program run with
+ * --listener-fds WFD, under a low RLIMIT_NOFILE): an agent over TCP writes its blob to WFD, uses up every file
+ * descriptor, pumps while the other side connects, gives the descriptors back, and exits 0 once LISTENER_LOST came
+ * (3 if it never did, 4 if an event said otherwise). */
+int listener_fds_main(int argc, char **argv)
+{
+    if (argc < 3) return 2;
+    const int wfd = atoi(argv[2]);
+    kvhal_paged_cache *c = make_cache((kvhal_device){KVHAL_DEVICE_CPU, 0}, HEADS, 8, KVHAL_LAYER_FIRST);
+    kvhal_xfer_config cfg = {.name = "starved", .token = TOKEN, .timeout_ms = 600, .transports = "tcp"};
+    kvhal_xfer_agent *a;
+    if (!c || kvhal_xfer_agent_create(&cfg, &a) != KVHAL_OK || kvhal_xfer_register_paged_cache(a, c) != KVHAL_OK)
+        return 5;
+    uint8_t blob[4096];
+    size_t len = 0;
+    if (kvhal_xfer_local_address(a, blob, sizeof blob, &len) != KVHAL_OK) return 5;
+    if (write(wfd, &len, sizeof len) != (ssize_t)sizeof len || write(wfd, blob, len) != (ssize_t)len) return 5;
+    close(wfd);
+    enum { MAXFILL = 4096 };
+    static int fill[MAXFILL];
+    int nfill = 0;
+    while (nfill < MAXFILL && (fill[nfill] = dup(0)) >= 0) nfill++;
+    const double t0 = now_s();
+    bool freed = false, lost = false;
+    while (!lost && now_s() < t0 + 10) {
+        kvhal_xfer_event ev;
+        if (kvhal_xfer_progress(a, 10, &ev) != KVHAL_OK) return 4;
+        if (ev.type == KVHAL_XFER_EVENT_LISTENER_LOST) {
+            lost = ev.status == KVHAL_BACKEND_ERROR && strstr(ev.message, "RLIMIT_NOFILE");
+            if (!lost) return 4;
+        }
+        if (!freed && now_s() > t0 + 2) { /* the connection came and failed to be accepted: descriptors back */
+            for (int i = 0; i < nfill; i++) close(fill[i]);
+            freed = true;
+        }
+    }
+    kvhal_xfer_agent_destroy(a);
+    kvhal_paged_cache_destroy(c);
+    return lost ? 0 : 3;
+}
+
+/* A listener that ran out of file descriptors (UCX 1.13 drops its listening socket on EMFILE for good) reports
+ * LISTENER_LOST instead of going deaf in silence; the connector's connect fails within its timeout. */
+void test_listener_after_fd_exhaustion(void **state)
+{
+    (void)state;
+    if (strcmp(tls, "tcp") != 0) skip();
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    const pid_t child = fork();
+    if (child == 0) {
+        close(pfd[0]);
+        struct rlimit rl = {256, 256};
+        setrlimit(RLIMIT_NOFILE, &rl);
+        alarm(30);
+        char fd[16];
+        snprintf(fd, sizeof fd, "%d", pfd[1]);
+        char *args[] = {(char *)self_path, "--listener-fds", fd, NULL};
+        if (strchr(self_path, '/')) execv(self_path, args);
+        else execvp(self_path, args);
+        _exit(6);
+    }
+    close(pfd[1]);
+    size_t len = 0;
+    uint8_t blob[4096];
+    assert_int_equal(read(pfd[0], &len, sizeof len), (ssize_t)sizeof len);
+    assert_true(len <= sizeof blob);
+    size_t got = 0;
+    while (got < len) {
+        const ssize_t n = read(pfd[0], blob + got, len - got);
+        assert_true(n > 0);
+        got += (size_t)n;
+    }
+    close(pfd[0]);
+    usleep(200000); /* its descriptors used up */
+    kvhal_paged_cache *c = make_cache((kvhal_device){KVHAL_DEVICE_CPU, 0}, HEADS, 8, KVHAL_LAYER_FIRST);
+    kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 1000, .transports = "tcp"};
+    kvhal_xfer_agent *a;
+    assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_register_paged_cache(a, c), KVHAL_OK);
+    kvhal_xfer_peer *p = NULL;
+    const kvhal_status st = kvhal_xfer_connect(a, blob, len, TOKEN, &p);
+    assert_int_not_equal(st, KVHAL_OK);
+    assert_null(p);
+    int wst = 0;
+    assert_int_equal(waitpid(child, &wst, 0), child);
+    if (!WIFEXITED(wst) || WEXITSTATUS(wst) != 0)
+        fail_msg("listener process: %s %d", WIFEXITED(wst) ? "exit" : "signal",
+                 WIFEXITED(wst) ? WEXITSTATUS(wst) : WTERMSIG(wst));
+    assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
+    kvhal_paged_cache_destroy(c);
+}

@@ -685,6 +685,7 @@ int main(int argc, char **argv)
     if (t && *t) tls = t;
     if (argc > 0 && argv[0] && argv[0][0]) self_path = argv[0];
     if (argc > 1 && strcmp(argv[1], "--ipc-sender") == 0) return ipc_sender_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--listener-fds") == 0) return listener_fds_main(argc, argv);
     printf("# transports: %s\n", tls);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transfer_every_device),
@@ -715,6 +716,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_grant_flood),
         cmocka_unit_test(test_double_destroy),
         cmocka_unit_test(test_peer_reason_printable),
+        cmocka_unit_test(test_listener_after_fd_exhaustion),
     };
     const char *only = getenv("XFER_TESTS"); /* a cmocka name pattern ("test_offers"), to run those alone */
     if (only && *only) cmocka_set_test_filter(only);

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/uio.h>
@@ -182,6 +183,8 @@ void test_cma_bystander(void **state);
 void test_grant_flood(void **state);
 void test_double_destroy(void **state);
 void test_peer_reason_printable(void **state);
+void test_listener_after_fd_exhaustion(void **state);
+int listener_fds_main(int argc, char **argv);
 extern pid_t vm_watch_pid;
 extern const char *server_token;
 extern int vm_watch_reads;
