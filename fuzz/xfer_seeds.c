@@ -267,6 +267,15 @@ static void seeds_hostile(void)
     hello(FX_FRAME_PUMP, FX_TOKEN, 0x1234);
     hello(FX_FRAME_PUMP, "not-the-token", 0x1235);
     {
+        xw_auth au; /* the first proven (FX_PROVE), a forged one for the other */
+        memset(&au, 0, sizeof au);
+        au.c = common(XW_AUTH, 0x1235);
+        memcpy(au.proof, "forged", 6);
+        record(FX_FRAME_PUMP, &au, sizeof au, NULL, 0);
+        memcpy(au.proof, FX_PROVE, 7);
+        record(FX_FRAME_PUMP, &au, sizeof au, NULL, 0);
+    }
+    {
         xw_hello_ack k;
         memset(&k, 0, sizeof k);
         k.c = common(XW_HELLO_ACK, 0x1234);

@@ -739,6 +739,19 @@ void kvhal__xfer_tune(kvhal_xfer_agent *a, const kvhal__xfer_tuning *t)
 
 uint64_t kvhal__xfer_id(const kvhal_xfer *x) { return x ? x->xfer_id : 0; }
 
+void kvhal__xfer_prove_pending(kvhal_xfer_agent *a)
+{
+    if (check_agent(a) != KVHAL_OK) return;
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->state == P_AUTH) {
+            xw_auth au;
+            memset(&au, 0, sizeof au);
+            au.c = (xw_common){XW_MAGIC, XW_VERSION, XW_AUTH, p->my_session};
+            kvhal__xfer_proof(a->token, &p->tr, XW_LABEL_CONNECTOR, au.proof);
+            kvhal__xfer_recv_frame(a, &au, sizeof au, NULL, 0, false);
+        }
+}
+
 size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a)
 {
     size_t n = a->ev_count;
