@@ -165,6 +165,7 @@ void on_cma_challenge(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *heade
     memcpy(&ch, header, sizeof ch);
     memcpy(p->cma_probe, ch.nonce, sizeof p->cma_probe);
     const size_t n = strnlen(ch.sock, sizeof ch.sock - 1);
+    if (strncmp(ch.sock, "kvhal-xfer-", 11) != 0) return; /* only a transfer agent's socket is written to */
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;

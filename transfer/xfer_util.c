@@ -43,7 +43,8 @@ uint64_t deadline_from_now(const kvhal_xfer_agent *a) { return now_ns() + (uint6
 kvhal_status check_agent(const kvhal_xfer_agent *a)
 {
     CHECK_ARG(a, "agent: NULL");
-    if (!kvhal__handle_live(a, AGENT_MAGIC)) return ERR(KVHAL_INVALID_HANDLE, "agent: %p is not a live transfer agent", (void *)a);
+    if (!kvhal__handle_live(a, AGENT_MAGIC))
+        return ERR(KVHAL_INVALID_HANDLE, "agent: %p is not a live transfer agent", (void *)a);
     return KVHAL_OK;
 }
 

@@ -229,9 +229,10 @@ KVHAL_API kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *peer, uint64_t r
  * batched copy), then acknowledges; this call synchronizes the cache's device first, so that every write queued to
  * the source pages is complete before they are announced. Host caches on one host whose agents' transports allow CMA (cfg.transports
  * NULL, or naming cma, shm, sm or all) take the CMA path instead: the same frames, and the receiver reads the pages
- * from this process with process_vm_readv straight into its own (one kernel copy, scattered to scattered), after a
- * probe at connect time proved it can. Otherwise pages go through UCX (in place for host caches, staged through
- * host memory for device caches).
+ * from this process with process_vm_readv straight into its own (one kernel copy, scattered to scattered), after its
+ * challenge at connect time proved this process is the peer (a nonce of its choosing written here and read back,
+ * and this process's pid from the kernel over a Unix socket). Otherwise pages go through UCX (in place for host
+ * caches, staged through host memory for device caches).
  * @param peer         a connected peer.
  * @param request_id   the receiver's request id (from the GRANT event).
  * @param src_pages    n page ids of this agent's cache, copied during the call.
