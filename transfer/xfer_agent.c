@@ -739,6 +739,19 @@ void kvhal__xfer_tune(kvhal_xfer_agent *a, const kvhal__xfer_tuning *t)
 
 uint64_t kvhal__xfer_id(const kvhal_xfer *x) { return x ? x->xfer_id : 0; }
 
+int kvhal__xfer_listen_ports(const kvhal_xfer_agent *a, uint16_t *ports, int cap)
+{
+    int n = 0;
+    for (int i = 0; check_agent(a) == KVHAL_OK && i < a->n_listen_fds && n < cap; i++) {
+        struct sockaddr_storage ss;
+        socklen_t l = sizeof ss;
+        if (getsockname(a->listen_fds[i], (struct sockaddr *)&ss, &l) != 0) continue;
+        if (ss.ss_family == AF_INET) ports[n++] = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        else if (ss.ss_family == AF_INET6) ports[n++] = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+    return n;
+}
+
 void kvhal__xfer_prove_pending(kvhal_xfer_agent *a)
 {
     if (check_agent(a) != KVHAL_OK) return;

