@@ -177,6 +177,8 @@ static int gate_held; /* reads waiting at the gate now */
 static int vm_reads;  /* every process_vm_readv call */
 size_t vm_read_cap; /* 0: whole reads */
 const char *server_token; /* the token server_start's agent is made with (NULL: TOKEN) */
+uint64_t raw_chunk;       /* the chunk_bytes raw_open's HELLO claims (0: CHUNK) */
+const raw *raw_replay;    /* raw_open replays this connection's HELLO and AUTH (NULL: its own) */
 pid_t vm_watch_pid;   /* reads of this process are counted in vm_watch_reads */
 int vm_watch_reads;
 
@@ -556,9 +558,13 @@ void raw_open_v(raw *r, const uint8_t *blob, size_t len, const char *token, uint
     h.src_session = r->my_session;
     snprintf(h.name, sizeof h.name, "hostile");
     for (size_t i = 0; i < sizeof h.nonce; i++) h.nonce[i] = (uint8_t)rand();
-    h.g = (xw_geometry){L, HEADS, DIM, BLOCK, KVHAL_F16, KVHAL_LAYOUT_NHD, 16, CHUNK};
+    h.g = (xw_geometry){L, HEADS, DIM, BLOCK, KVHAL_F16, KVHAL_LAYOUT_NHD, 16, raw_chunk ? raw_chunk : CHUNK};
     h.addr_len = (uint32_t)r->alen;
     snprintf(h.tcp_seg, sizeof h.tcp_seg, "%s", raw_tcp_seg);
+    if (raw_replay) { /* another connection's HELLO, byte for byte (but for the address the answer comes to) */
+        h = raw_replay->hello;
+        h.addr_len = (uint32_t)r->alen;
+    }
     raw_send(r, &h, sizeof h, r->addr, r->alen, UCP_AM_SEND_FLAG_EAGER);
     r->hello = h;
     /* a HELLO of another wire version gets no answer; ours gets the challenge (or a refusal) */
@@ -576,6 +582,7 @@ void raw_open_v(raw *r, const uint8_t *blob, size_t len, const char *token, uint
     memset(&au, 0, sizeof au);
     au.c = (xw_common){XW_MAGIC, XW_VERSION, XW_AUTH, r->their_session};
     kvhal__xfer_proof(token, &t, XW_LABEL_CONNECTOR, au.proof);
+    if (raw_replay) memcpy(au.proof, raw_replay->auth.proof, XW_PROOF); /* its recorded proof */
     raw_send(r, &au, sizeof au, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
     r->auth = au;
 }

@@ -189,6 +189,8 @@ void test_listener_after_fd_exhaustion(void **state);
 int listener_fds_main(int argc, char **argv);
 extern pid_t vm_watch_pid;
 extern const char *server_token;
+extern uint64_t raw_chunk;
+extern const raw *raw_replay;
 extern int vm_watch_reads;
 
 #endif
