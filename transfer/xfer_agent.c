@@ -508,6 +508,14 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
         else auth_refuse(p, "frame of type %u before its proof of the token", (unsigned)c.type);
         return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
     }
+    if (p && p->state == P_CONNECTING && p->auth_sent && c.type == XW_AUTH_OK && !rndv) {
+        on_auth_ok(a, p, header_length);
+        return UCS_OK;
+    }
+    if (p && p->state == P_CONNECTING && c.type == XW_BYE) { /* the listener refused our proof */
+        peer_fail(p, KVHAL_PEER_FAILED, false, "closed the connection during the handshake");
+        return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    }
     if (!p || p->state != P_CONNECTED) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK; /* unknown session: dropped */
     switch (c.type) {
     case XW_DATA: { /* an eager frame's handler must return OK: UCX takes an error only for rendezvous */
@@ -537,7 +545,8 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     case XW_DATA_IPC: on_data_ipc(a, p, header, header_length, data, length, rndv); break;
     case XW_OFFER: on_offer(a, p, header, header_length, data, length, rndv); break;
     case XW_WITHDRAW: on_withdraw(a, p, header, header_length); break;
-    case XW_AUTH: break; /* a replayed or late AUTH to a connection already authenticated: nothing to do */
+    case XW_AUTH:    /* a replayed or late AUTH to a connection already authenticated: nothing to do */
+    case XW_AUTH_OK: break;
     case XW_CMA_CHALLENGE:
         if (rndv) peer_fail(p, KVHAL_PEER_FAILED, true, "CMA_CHALLENGE frame with rendezvous data");
         else on_cma_challenge(a, p, header, header_length);

@@ -1,7 +1,7 @@
 /* xfer_peer.c — peers: the handshake (HELLO, HELLO_ACK, AUTH: each side proves the token over both nonces, both
  * sessions, names, hosts and geometries, docs/design/transfer-protocol.md; the wire version and geometry checked;
  * then, on one host, our cache offered to the peer with IPC_MAP), the start of a connect, peers attached, and peer
- * failure. */
+ * failure. The connector is connected on AUTH_OK, the listener's word that the proof checked. */
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -158,9 +158,19 @@ void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length,
     }
     p->their_session = k.src_session;
     p->g = k.g;
-    p->state = P_CONNECTED;
-    queue_msg(a, p, NULL, &au, sizeof au, NULL, 0, false);
+    p->auth_sent = true; /* connected once the listener says it checked our proof (AUTH_OK, on_auth_ok) */
+    queue_msg(a, p, p->ep, &au, sizeof au, NULL, 0, false);
     p->same_host = a->host_id[0] && strcmp(k.host, a->host_id) == 0;
+}
+
+/* Connector: the listener checked our proof: connected (then, on one host, our cache offered). */
+void on_auth_ok(kvhal_xfer_agent *a, kvhal_xfer_peer *p, size_t header_length)
+{
+    if (header_length != sizeof(xw_common)) {
+        peer_fail(p, KVHAL_PEER_FAILED, false, "malformed AUTH_OK (%zu bytes)", header_length);
+        return;
+    }
+    p->state = P_CONNECTED;
     offer_ipc(a, p);
 }
 
@@ -289,6 +299,8 @@ void on_auth(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t
     }
     p->state = P_CONNECTED;
     p->same_host = a->host_id[0] && strcmp(p->tr.host_c, a->host_id) == 0;
+    xw_common ok = {XW_MAGIC, XW_VERSION, XW_AUTH_OK, p->their_session};
+    queue_msg(a, p, NULL, &ok, sizeof ok, NULL, 0, false); /* before anything else to it */
     offer_ipc(a, p);
     push_event(a, KVHAL_XFER_EVENT_PEER_CONNECTED, p, NULL, 0, KVHAL_OK, NULL, 0, "peer %s connected", p->name);
 }

@@ -101,6 +101,7 @@ void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length,
 ucs_status_t ep_create(kvhal_xfer_agent *a, ucp_ep_params_t *prm, ucp_ep_h *ep);
 void accept_hello(kvhal_xfer_agent *a, pending_hello *ph);
 void on_auth(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length);
+void on_auth_ok(kvhal_xfer_agent *a, kvhal_xfer_peer *p, size_t header_length);
 void auth_refuse(kvhal_xfer_peer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void queue_hello(kvhal_xfer_agent *a, const void *header, size_t hlen, const void *data, size_t length,
                  uint16_t version);

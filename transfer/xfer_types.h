@@ -100,6 +100,7 @@ struct kvhal_xfer_peer {
     xw_transcript tr;       /* the handshake's transcript (both nonces, sessions, names, hosts, geometries) */
     char token[XW_TOKEN_LEN]; /* connecting: the token given to kvhal_xfer_connect, wiped once the handshake ends */
     bool reap;              /* P_AUTH that failed: pump frees it (the application never saw it) */
+    bool auth_sent;         /* connecting: our proof (AUTH) sent, AUTH_OK awaited */
     int32_t ev_queued;      /* events naming it in the agent's queue (PEER_EVENTS_MAX) */
     int64_t ev_pages;       /* and the page ids they hold (PEER_GRANT_PAGES_MAX) */
     const xfer_path *tx_path; /* how we send it pages: the agent's DATA path, or IPC / CMA once it imported our cache */

@@ -53,6 +53,8 @@ enum xw_type {
     XW_CMA_CHALLENGE = 13, /* receiver -> sender, after an IPC_MAP of kind CMA: a nonce of the receiver's choice and
                               the abstract Unix socket to prove the sender's process on (xw_cma_challenge); the
                               sender answers on that socket, not with a frame */
+    XW_AUTH_OK = 14,  /* listener -> connector: its proof checked, the connection is a peer (header only); the
+                         connector's kvhal_xfer_connect returns once it came */
 };
 
 typedef struct xw_common {
