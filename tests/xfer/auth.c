@@ -268,6 +268,8 @@ int listener_fds_main(int argc, char **argv)
 {
     if (argc < 3) return 2;
     const int wfd = atoi(argv[2]);
+    struct rlimit rl = {256, 256}; /* here, not before the exec: valgrind (running the test) keeps its own */
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return 5;
     kvhal_paged_cache *c = make_cache((kvhal_device){KVHAL_DEVICE_CPU, 0}, HEADS, 8, KVHAL_LAYER_FIRST);
     kvhal_xfer_config cfg = {.name = "starved", .token = TOKEN, .timeout_ms = 600, .transports = "tcp"};
     kvhal_xfer_agent *a;
@@ -312,8 +314,6 @@ void test_listener_after_fd_exhaustion(void **state)
     const pid_t child = fork();
     if (child == 0) {
         close(pfd[0]);
-        struct rlimit rl = {256, 256};
-        setrlimit(RLIMIT_NOFILE, &rl);
         alarm(30);
         char fd[16];
         snprintf(fd, sizeof fd, "%d", pfd[1]);
