@@ -274,6 +274,8 @@ static void seeds_hostile(void)
         record(FX_FRAME_PUMP, &au, sizeof au, NULL, 0);
         memcpy(au.proof, FX_PROVE, 7);
         record(FX_FRAME_PUMP, &au, sizeof au, NULL, 0);
+        xw_common ok = common(XW_AUTH_OK, FX_SESSION_A); /* to a peer connected already: nothing */
+        record(FX_FRAME_PUMP, &ok, sizeof ok, NULL, 0);
     }
     {
         xw_hello_ack k;
