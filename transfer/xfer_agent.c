@@ -161,6 +161,11 @@ static void agent_config(kvhal_xfer_agent *a)
 
 kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
 {
+    return kvhal_xfer_agent_create_on(cfg, NULL, out);
+}
+
+kvhal_status kvhal_xfer_agent_create_on(const kvhal_xfer_config *cfg, const char *net_devices, kvhal_xfer_agent **out)
+{
     CHECK_ARG(out, "out: NULL");
     *out = NULL;
     CHECK_ARG(cfg, "cfg: NULL");
@@ -195,13 +200,13 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
     ucs_status_t us = ucp_config_read(NULL, NULL, &uc);
     if (us == UCS_OK && cfg->transports) us = ucp_config_modify(uc, "TLS", cfg->transports);
     /* where the agent listens (and connects from): the network devices named, else UCX_NET_DEVICES, else loopback */
-    const char *devs = cfg->net_devices ? cfg->net_devices : getenv("UCX_NET_DEVICES") ? NULL : "lo";
-    if (us == UCS_OK && devs && strcmp(devs, "all") != 0) {
+    const char *devs = net_devices ? net_devices : getenv("UCX_NET_DEVICES") ? NULL : "lo";
+    if (us == UCS_OK && devs) {
         us = ucp_config_modify(uc, "NET_DEVICES", devs);
         if (us != UCS_OK) {
             if (uc) ucp_config_release(uc);
             free(a);
-            return ERR(KVHAL_INVALID_ARGUMENT, "cfg.net_devices: UCX refused \"%s\": %s", devs, ucs_status_string(us));
+            return ERR(KVHAL_INVALID_ARGUMENT, "net_devices: UCX refused \"%s\": %s", devs, ucs_status_string(us));
         }
     }
     /* TCP: 256 KiB receive segments instead of UCX 1.13's 64 KiB, unless the environment sets them: a rendezvous

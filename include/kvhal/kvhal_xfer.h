@@ -74,10 +74,6 @@ typedef struct kvhal_xfer_config {
     const char *transports; /**< UCX transports (UCX_TLS syntax: "tcp", "shm", "posix,cma"); NULL = UCX's choice */
     int32_t max_peers;      /**< live peers at most, connections being authenticated included (a connection past
                                  it is refused); 0 = 64 */
-    const char *net_devices; /**< where the agent listens and connects (UCX_NET_DEVICES syntax: "lo", "eth1",
-                                  "mlx5_0:1", "eth1,lo"; "all": every device); NULL = the environment's
-                                  UCX_NET_DEVICES, else "lo" (loopback: this host only). Name a private interface
-                                  for other hosts: the link is not encrypted (docs/guide.md) */
 } kvhal_xfer_config;
 
 /** What kvhal_xfer_progress reports. */
@@ -125,7 +121,8 @@ typedef struct kvhal_xfer_info {
 } kvhal_xfer_info;
 
 /**
- * Creates an agent (a UCX context and worker).
+ * Creates an agent (a UCX context and worker), listening where the environment's UCX_NET_DEVICES says, else on
+ * loopback only ("lo": peers on this host): kvhal_xfer_agent_create_on(cfg, NULL, out).
  * @param cfg  read during the call only; cfg->token is required.
  * @param out  receives the agent (destroy with kvhal_xfer_agent_destroy); NULL on failure.
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (a NULL argument, an empty or too long token or name, a bad max_peers)
@@ -134,6 +131,19 @@ typedef struct kvhal_xfer_info {
  * Thread safety: agents are independent of each other.
  */
 KVHAL_API kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out);
+
+/**
+ * Creates an agent that listens (and connects) on the network devices named.
+ * @param cfg          as kvhal_xfer_agent_create.
+ * @param net_devices  UCX_NET_DEVICES syntax: "lo", "eth1", "mlx5_0:1", "eth1,lo"; "all": every device; NULL: the
+ *                     environment's UCX_NET_DEVICES, else "lo". Name a private interface for peers on other hosts:
+ *                     frames are not encrypted (docs/guide.md says what protects the link).
+ * @param out          as kvhal_xfer_agent_create.
+ * @return as kvhal_xfer_agent_create; KVHAL_INVALID_ARGUMENT naming net_devices when UCX refuses it (a device that
+ *         does not exist is refused when the agent starts: KVHAL_BACKEND_ERROR).
+ */
+KVHAL_API kvhal_status kvhal_xfer_agent_create_on(const kvhal_xfer_config *cfg, const char *net_devices,
+                                                  kvhal_xfer_agent **out);
 
 /**
  * Destroys an agent: closes every peer, fails every transfer still in flight (granted pages go back to their cache

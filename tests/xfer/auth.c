@@ -338,3 +338,22 @@ void test_listener_after_fd_exhaustion(void **state)
                  WIFEXITED(wst) ? WEXITSTATUS(wst) : WTERMSIG(wst));
     close(s1);
 }
+
+/* Where an agent listens: loopback by default; a device named; one that does not exist is refused. */
+void test_net_devices(void **state)
+{
+    (void)state;
+    if (strcmp(tls, "tcp") != 0) skip();
+    kvhal_xfer_config cfg = {.name = "where", .token = TOKEN, .transports = "tcp"};
+    kvhal_xfer_agent *a = NULL;
+    assert_int_equal(kvhal_xfer_agent_create_on(&cfg, "no-such-device0", &a), KVHAL_BACKEND_ERROR);
+    assert_null(a);
+    assert_contains(kvhal_last_error(), "UCX");
+    assert_int_equal(kvhal_xfer_agent_create_on(&cfg, "lo", &a), KVHAL_OK);
+    uint16_t ports[8];
+    assert_true(kvhal__xfer_listen_ports(a, ports, 8) >= 1);
+    assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_agent_create_on(&cfg, "all", &a), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_agent_destroy(a), KVHAL_OK);
+    assert_int_equal(kvhal_xfer_agent_create_on(NULL, "lo", &a), KVHAL_INVALID_ARGUMENT);
+}

@@ -724,6 +724,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_double_destroy),
         cmocka_unit_test(test_peer_reason_printable),
         cmocka_unit_test(test_listener_after_fd_exhaustion),
+        cmocka_unit_test(test_net_devices),
     };
     const char *only = getenv("XFER_TESTS"); /* a cmocka name pattern ("test_offers"), to run those alone */
     if (only && *only) cmocka_set_test_filter(only);

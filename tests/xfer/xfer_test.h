@@ -186,6 +186,7 @@ void test_grant_flood(void **state);
 void test_double_destroy(void **state);
 void test_peer_reason_printable(void **state);
 void test_listener_after_fd_exhaustion(void **state);
+void test_net_devices(void **state);
 int listener_fds_main(int argc, char **argv);
 extern pid_t vm_watch_pid;
 extern const char *server_token;
