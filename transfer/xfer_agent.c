@@ -374,6 +374,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     bounce_pool_free(a);
     stage_pool_free(a);
     cma_sock_close(a);
+    explicit_bzero(a->token, sizeof a->token);
     a->magic = DEAD_MAGIC;
     free(a);
     return KVHAL_OK;

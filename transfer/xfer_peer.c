@@ -26,6 +26,7 @@ void peer_fail(kvhal_xfer_peer *p, kvhal_status st, bool tell, const char *fmt, 
     va_end(ap);
     p->fail_status = st;
     p->state = P_FAILED;
+    explicit_bzero(p->token, sizeof p->token);
     a->live_peers--;
     for (kvhal_xfer *x = a->xfers, *nx; x; x = nx) {
         nx = x->next;
@@ -67,14 +68,25 @@ static bool same_geometry(const xw_geometry *x, const xw_geometry *y)
            x->chunk_bytes == y->chunk_bytes;
 }
 
-/* Why two geometries differ (theirs / ours), every field that must match, chunk_bytes included. */
+/* Why two geometries differ: the fields that do (theirs/ours), of every field that must match, chunk_bytes
+ * included (the differing ones only, so that a reason cut to XW_REASON_LEN still names them). */
 static void geometry_reason(char *out, size_t cap, const xw_geometry *t, const xw_geometry *o)
 {
-    snprintf(out, cap, "cache geometry differs (theirs/ours: layers %d/%d heads %d/%d dim %d/%d block %d/%d "
-             "dtype %d/%d layout %d/%d chunk_bytes %llu/%llu)", (int)t->num_layers, (int)o->num_layers,
-             (int)t->num_heads, (int)o->num_heads, (int)t->head_dim, (int)o->head_dim, (int)t->block_size,
-             (int)o->block_size, (int)t->dtype, (int)o->dtype, (int)t->layout, (int)o->layout,
-             (unsigned long long)t->chunk_bytes, (unsigned long long)o->chunk_bytes);
+    const struct {
+        const char *name;
+        unsigned long long theirs, ours;
+    } f[] = {{"layers", (unsigned long long)t->num_layers, (unsigned long long)o->num_layers},
+             {"heads", (unsigned long long)t->num_heads, (unsigned long long)o->num_heads},
+             {"dim", (unsigned long long)t->head_dim, (unsigned long long)o->head_dim},
+             {"block", (unsigned long long)t->block_size, (unsigned long long)o->block_size},
+             {"dtype", (unsigned long long)t->dtype, (unsigned long long)o->dtype},
+             {"layout", (unsigned long long)t->layout, (unsigned long long)o->layout},
+             {"chunk_bytes", t->chunk_bytes, o->chunk_bytes}};
+    size_t n = (size_t)snprintf(out, cap, "cache geometry differs (theirs/ours:");
+    for (size_t i = 0; i < sizeof f / sizeof f[0] && n < cap; i++)
+        if (f[i].theirs != f[i].ours)
+            n += (size_t)snprintf(out + n, cap - n, " %s %llu/%llu", f[i].name, f[i].theirs, f[i].ours);
+    if (n < cap) snprintf(out + n, cap - n, ")");
 }
 
 kvhal_xfer_peer *find_session(kvhal_xfer_agent *a, uint64_t s)
