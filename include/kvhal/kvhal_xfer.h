@@ -177,7 +177,7 @@ KVHAL_API kvhal_status kvhal_xfer_register_paged_cache(kvhal_xfer_agent *agent, 
 KVHAL_API kvhal_status kvhal_xfer_local_address(kvhal_xfer_agent *agent, void *blob, size_t cap, size_t *len);
 
 /**
- * Connects to the agent whose address blob is given, presenting token, and waits (progressing this agent) until
+ * Connects to the agent whose address blob is given, proving the token, and waits (progressing this agent) until
  * the peer accepts or refuses, at most the agent's timeout.
  * @param agent     the agent (a cache registered).
  * @param blob      the peer's address blob (read during the call), len bytes.
