@@ -2,7 +2,7 @@
  * agent (UCX "self" transport, made once) with a small CPU paged cache registered has three peers attached (A, B
  * and C, sessions of fuzz_xfer.h): a pending receive from A and from B into pages it chose from a cache manager,
  * and, once C grants pages for request C, a send of its own pages to C. The input is a stream of frames (HELLO,
- * HELLO_ACK, GRANT, DATA, ACK, BYE, IPC_MAP, IPC_MAP_ACK, DATA_IPC or any other bytes) handed to the agent's
+ * HELLO_ACK, AUTH, GRANT, DATA, ACK, BYE, IPC_MAP, IPC_MAP_ACK, DATA_IPC or any other bytes) handed to the agent's
  * active-message handler through kvhal__xfer_recv_frame (xfer_internal.h), interleaved with progress
  * (acknowledgements, IPC imports and copies, HELLOs accepted over an endpoint to itself), local cancels and
  * disconnects. Record format: fuzz_xfer.h.
@@ -16,6 +16,7 @@
  * (kvhal__xfer_agent_held), every page is free again, the manager's integrity holds, and every byte of the cache
  * outside the granted pages is the pattern written before. ASan catches a write past the cache buffer, LeakSanitizer
  * anything the input leaked. */
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -247,6 +248,13 @@ static void deliver(run *u, const uint8_t *hdr, size_t hlen, const uint8_t *dat,
         REQUIRE(d);
         if (dlen) memcpy(d, dat, dlen);
     }
+    if (c.type == XW_AUTH && hlen == sizeof(xw_auth) && !memcmp(h + offsetof(xw_auth, proof), FX_PROVE, 7)) {
+        kvhal__xfer_prove_pending(u->r->ag);
+        free(h);
+        free(d);
+        kvhal_clear_error();
+        return;
+    }
     if (c.type == XW_DATA) rndv = false;
     const ucs_status_t st = kvhal__xfer_recv_frame(u->r->ag, h, hlen, d, dlen, rndv);
     /* UCX takes an error from the handler only for a rendezvous frame, and INPROGRESS only for an accepted one */
@@ -323,6 +331,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         default: pump(&u); break;
         }
         check_pages(&u);
+    }
+    for (int i = 0; i < 3; i++) { /* connections still waiting for a proof become peers, disconnected below (a
+                                   * HELLO queued becomes one in a pump) */
+        pump(&u);
+        kvhal__xfer_prove_pending(r->ag);
     }
     pump(&u);
     check_pages(&u);

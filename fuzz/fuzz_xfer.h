@@ -20,6 +20,9 @@
 #include "xfer_wire.h"
 
 #define FX_TOKEN "fuzz-token"
+/* an AUTH frame whose proof starts with these bytes proves every connection waiting for it (the fuzzer cannot
+ * compute a proof over the agent's fresh nonce): kvhal__xfer_prove_pending */
+#define FX_PROVE "FXPROVE"
 #define FX_LAYERS 3
 #define FX_HEADS 2
 #define FX_DIM 4

@@ -145,7 +145,7 @@ static void hello(uint8_t op, const char *token, uint64_t src_session)
     h.c = common(XW_HELLO, 0);
     h.src_session = src_session;
     snprintf(h.name, sizeof h.name, "prefill");
-    snprintf(h.token, sizeof h.token, "%s", token);
+    memcpy(h.nonce, token, strnlen(token, sizeof h.nonce)); /* a nonce (the token never crosses the wire) */
     h.g = fx_geometry();
     h.addr_len = 4;
     snprintf(h.host, sizeof h.host, "some-boot-id/some-host");
@@ -266,6 +266,17 @@ static void seeds_hostile(void)
     begin(1); /* connections: the right token (accepted over an endpoint to itself), a wrong one, a stray answer */
     hello(FX_FRAME_PUMP, FX_TOKEN, 0x1234);
     hello(FX_FRAME_PUMP, "not-the-token", 0x1235);
+    {
+        xw_auth au; /* the first proven (FX_PROVE), a forged one for the other */
+        memset(&au, 0, sizeof au);
+        au.c = common(XW_AUTH, 0x1235);
+        memcpy(au.proof, "forged", 6);
+        record(FX_FRAME_PUMP, &au, sizeof au, NULL, 0);
+        memcpy(au.proof, FX_PROVE, 7);
+        record(FX_FRAME_PUMP, &au, sizeof au, NULL, 0);
+        xw_common ok = common(XW_AUTH_OK, FX_SESSION_A); /* to a peer connected already: nothing */
+        record(FX_FRAME_PUMP, &ok, sizeof ok, NULL, 0);
+    }
     {
         xw_hello_ack k;
         memset(&k, 0, sizeof k);

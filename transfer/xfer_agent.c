@@ -4,11 +4,16 @@
  * the cache, destroy), its progress loop (pump, kvhal_xfer_progress and the waits), connect's wait for the answer
  * and disconnect, and the dispatch of incoming frames to the rooms that handle them; how pages move is the data
  * paths' (xfer_types.h, struct xfer_path). */
+#include <dirent.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "xfer_internal.h"
@@ -56,6 +61,85 @@ static long env_long(const char *name, long lo, long hi, long def)
 
 static void stream_free(void *s) { kvhal_stream_destroy(s); }
 
+/* The process's listening TCP sockets (up to cap of them): out gets their fds; returns how many. */
+static int listening_tcp(int *out, int cap)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < cap;) {
+        char *end;
+        const long fd = strtol(e->d_name, &end, 10);
+        if (*end || end == e->d_name || fd == dirfd(d)) continue;
+        int v = 0, proto = 0;
+        socklen_t l = sizeof v, lp = sizeof proto;
+        if (getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &v, &l) == 0 && v &&
+            getsockopt((int)fd, SOL_SOCKET, SO_PROTOCOL, &proto, &lp) == 0 && proto == IPPROTO_TCP)
+            out[n++] = (int)fd;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The listening sockets the worker's creation added (those listening before it are another's). */
+static void listen_watch_init(kvhal_xfer_agent *a, const int *before, int nb)
+{
+    int now[64];
+    const int n = listening_tcp(now, 64);
+    for (int i = 0; i < n && a->n_listen_fds < (int)(sizeof a->listen_fds / sizeof a->listen_fds[0]); i++) {
+        bool old = false;
+        for (int j = 0; j < nb; j++) old |= before[j] == now[i];
+        struct stat sb;
+        if (!old && fstat(now[i], &sb) == 0) {
+            a->listen_ino[a->n_listen_fds] = (uint64_t)sb.st_ino;
+            a->listen_fds[a->n_listen_fds++] = now[i];
+        }
+    }
+}
+
+/* UCX accepts connections as they come (its progress, which pump runs). UCX 1.13 closes its listening socket for
+ * good when accept fails with EMFILE; a socket that is gone (or no longer listens), or a connection that waits in
+ * its queue for the whole timeout across pumps (UCX no longer accepting there), is LISTENER_LOST, once. Looked at
+ * four times a timeout. */
+static void listen_watch(kvhal_xfer_agent *a, uint64_t now)
+{
+    if (!a->n_listen_fds || a->listener_lost || now < a->listen_check_ns) return;
+    a->listen_check_ns = now + (uint64_t)a->timeout_ms * 250000ull;
+    uint32_t waiting = 0;
+    bool gone = false;
+    for (int i = 0; i < a->n_listen_fds; i++) {
+        struct tcp_info ti;
+        struct stat sb;
+        socklen_t l = sizeof ti;
+        memset(&ti, 0, sizeof ti);
+        if (fstat(a->listen_fds[i], &sb) != 0 || (uint64_t)sb.st_ino != a->listen_ino[i] ||
+            getsockopt(a->listen_fds[i], IPPROTO_TCP, TCP_INFO, &ti, &l) != 0 || ti.tcpi_state != 10 /* LISTEN */)
+            gone = true;
+        else waiting += ti.tcpi_unacked; /* a listening socket's accept queue */
+    }
+    if (gone) {
+        a->listener_lost = true;
+        push_event(a, KVHAL_XFER_EVENT_LISTENER_LOST, NULL, NULL, 0, KVHAL_BACKEND_ERROR, NULL, 0,
+                   "agent %s: UCX closed its listening socket (the process ran out of file descriptors? raise "
+                   "RLIMIT_NOFILE); existing peers go on, new ones cannot connect", a->name);
+        return;
+    }
+    if (!waiting) {
+        a->listen_stuck_ns = 0;
+        return;
+    }
+    if (!a->listen_stuck_ns) {
+        a->listen_stuck_ns = now;
+        return;
+    }
+    if (now - a->listen_stuck_ns < (uint64_t)a->timeout_ms * 1000000ull) return;
+    a->listener_lost = true;
+    push_event(a, KVHAL_XFER_EVENT_LISTENER_LOST, NULL, NULL, 0, KVHAL_BACKEND_ERROR, NULL, 0,
+               "agent %s: UCX no longer accepts connections (%u waiting unaccepted for %u ms: the process ran out of "
+               "file descriptors? raise RLIMIT_NOFILE); existing peers go on, new ones cannot connect",
+               a->name, (unsigned)waiting, (unsigned)a->timeout_ms);
+}
+
 /* The copy workers: KVHAL_XFER_THREADS (0 .. XFER_WORKERS_MAX; 0: pump copies each frame itself), else
  * min(4, online cores / 2), each with a stream of its own for a device cache's staging copies. CMA frames are split
  * across them in pieces of CMA_PIECE_BYTES at least; TCP frames carry GATHER_FRAME_BYTES at most (one page at
@@ -76,6 +160,11 @@ static void agent_config(kvhal_xfer_agent *a)
 }
 
 kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out)
+{
+    return kvhal_xfer_agent_create_on(cfg, NULL, out);
+}
+
+kvhal_status kvhal_xfer_agent_create_on(const kvhal_xfer_config *cfg, const char *net_devices, kvhal_xfer_agent **out)
 {
     CHECK_ARG(out, "out: NULL");
     *out = NULL;
@@ -103,13 +192,23 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
         a->no_peer_errors = true;
 
     a->cma_ok = transports_allow_cma(cfg->transports);
+    a->cma_sock = -1;
+    for (int i = 0; i < CMA_CONNS_MAX; i++) a->cma_conns[i] = -1;
     agent_config(a);
-    if (getrandom(a->cma_probe, sizeof a->cma_probe, 0) != (ssize_t)sizeof a->cma_probe)
-        for (size_t i = 0; i < sizeof a->cma_probe; i++) a->cma_probe[i] = (uint8_t)(random_session() >> 13);
 
     ucp_config_t *uc = NULL;
     ucs_status_t us = ucp_config_read(NULL, NULL, &uc);
     if (us == UCS_OK && cfg->transports) us = ucp_config_modify(uc, "TLS", cfg->transports);
+    /* where the agent listens (and connects from): the network devices named, else UCX_NET_DEVICES, else loopback */
+    const char *devs = net_devices ? net_devices : getenv("UCX_NET_DEVICES") ? NULL : "lo";
+    if (us == UCS_OK && devs) {
+        us = ucp_config_modify(uc, "NET_DEVICES", devs);
+        if (us != UCS_OK) {
+            if (uc) ucp_config_release(uc);
+            free(a);
+            return ERR(KVHAL_INVALID_ARGUMENT, "net_devices: UCX refused \"%s\": %s", devs, ucs_status_string(us));
+        }
+    }
     /* TCP: 256 KiB receive segments instead of UCX 1.13's 64 KiB, unless the environment sets them: a rendezvous
      * frame then goes in 256 KiB zero-copy fragments (a quarter of the sendmsg calls, of the receiver's handler
      * rounds); measured with UCX_TCP_RX_SEG_SIZE=256k on the 16-core host: 0.64-0.74 -> 0.69-0.87 of
@@ -136,7 +235,10 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
                    cfg->transports ? cfg->transports : "default", ucs_status_string(us));
     }
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
+    int before[64];
+    const int nb = listening_tcp(before, 64);
     us = ucp_worker_create(a->ctx, &wp, &a->worker);
+    if (us == UCS_OK) listen_watch_init(a, before, nb);
     if (us == UCS_OK) us = ucp_worker_get_address(a->worker, &a->addr, &a->addr_len);
     ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
     if (us == UCS_OK) us = ucp_worker_query(a->worker, &wa);
@@ -163,6 +265,13 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
         return ERR(KVHAL_BACKEND_ERROR, "transfer agent: UCX worker address of %zu bytes is too large", alen);
     }
     a->magic = AGENT_MAGIC;
+    if (!kvhal__handle_add(a)) {
+        ucp_worker_release_address(a->worker, a->addr);
+        ucp_worker_destroy(a->worker);
+        ucp_cleanup(a->ctx);
+        free(a);
+        return ERR(KVHAL_OUT_OF_MEMORY, "transfer agent: cannot record it");
+    }
     *out = a;
     return KVHAL_OK;
 }
@@ -170,8 +279,9 @@ kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_ag
 kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
 {
     if (!a) return KVHAL_OK;
-    kvhal_status st = check_agent(a);
-    if (st != KVHAL_OK) return st;
+    /* out of the live set first: a second destroy, or a call after this one, is refused before a is read */
+    if (!kvhal__handle_remove_kind(a, AGENT_MAGIC))
+        return ERR(KVHAL_INVALID_HANDLE, "agent: %p is not a live transfer agent", (void *)a);
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "the agent was destroyed");
     /* let UCX finish or cancel what it holds (bounded: force-closed endpoints complete their requests) */
@@ -237,6 +347,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
         kvhal_xfer_peer *p = a->peers;
         a->peers = p->next;
         peer_ipc_free(p);
+        kvhal__handle_remove_kind(p, PEER_MAGIC);
         p->magic = DEAD_MAGIC;
         free(p);
     }
@@ -262,6 +373,8 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
     }
     bounce_pool_free(a);
     stage_pool_free(a);
+    cma_sock_close(a);
+    explicit_bzero(a->token, sizeof a->token);
     a->magic = DEAD_MAGIC;
     free(a);
     return KVHAL_OK;
@@ -394,6 +507,21 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
         return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
     }
     kvhal_xfer_peer *p = find_session(a, c.dest_session);
+    if (p && p->state == P_AUTH) { /* a handshake waiting for the connector's proof: AUTH, or BYE, nothing else */
+        if (c.type == XW_AUTH && !rndv) on_auth(a, p, header, header_length);
+        else if (c.type == XW_BYE) auth_refuse(p, "the connector gave up: this agent's proof did not check there "
+                                                  "(another token)");
+        else auth_refuse(p, "frame of type %u before its proof of the token", (unsigned)c.type);
+        return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    }
+    if (p && p->state == P_CONNECTING && p->auth_sent && c.type == XW_AUTH_OK && !rndv) {
+        on_auth_ok(a, p, header_length);
+        return UCS_OK;
+    }
+    if (p && p->state == P_CONNECTING && c.type == XW_BYE) { /* the listener refused our proof */
+        peer_fail(p, KVHAL_PEER_FAILED, false, "closed the connection during the handshake");
+        return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    }
     if (!p || p->state != P_CONNECTED) return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK; /* unknown session: dropped */
     switch (c.type) {
     case XW_DATA: { /* an eager frame's handler must return OK: UCX takes an error only for rendezvous */
@@ -408,7 +536,7 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     case XW_BYE: peer_fail(p, KVHAL_PEER_FAILED, false, "closed the connection"); break;
     case XW_IPC_MAP: /* kept for pump, which imports it */
         if (rndv || header_length != sizeof(xw_ipc_map) || length > XW_IPC_BLOB_MAX + 2u * 65536u * 8u ||
-            p->map_frame || p->rx_path) {
+            p->map_frame || p->rx_path || p->cma_challenged) {
             peer_fail(p, KVHAL_PEER_FAILED, true, "malformed or repeated IPC_MAP frame");
         } else if ((p->map_frame = malloc(header_length + length)) != NULL) {
             memcpy(p->map_frame, header, header_length);
@@ -423,6 +551,12 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     case XW_DATA_IPC: on_data_ipc(a, p, header, header_length, data, length, rndv); break;
     case XW_OFFER: on_offer(a, p, header, header_length, data, length, rndv); break;
     case XW_WITHDRAW: on_withdraw(a, p, header, header_length); break;
+    case XW_AUTH:    /* a replayed or late AUTH to a connection already authenticated: nothing to do */
+    case XW_AUTH_OK: break;
+    case XW_CMA_CHALLENGE:
+        if (rndv) peer_fail(p, KVHAL_PEER_FAILED, true, "CMA_CHALLENGE frame with rendezvous data");
+        else on_cma_challenge(a, p, header, header_length);
+        break;
     default: peer_fail(p, KVHAL_PEER_FAILED, true, "unknown frame type %u", (unsigned)c.type); break;
     }
     return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
@@ -439,6 +573,12 @@ unsigned pump(kvhal_xfer_agent *a)
     }
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->map_frame && p->state == P_CONNECTED) process_ipc_map(a, p);
+    if (a->cma_sock >= 0) {
+        cma_sock_poll(a);
+        const uint64_t t = now_ns();
+        for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+            if (p->cma_claim) cma_claim_check(a, p, t);
+    }
     /* copies completed, and copies still with the workers or on the device, count as work: the loops do not nap
      * (20 us, which the kernel's timer slack makes ~70) while frames land, and see a copy's end at once (a device
      * copy's end frees a stream for the frames waiting, and a nap there left the streams idle). What the workers
@@ -471,8 +611,19 @@ unsigned pump(kvhal_xfer_agent *a)
     work += streams_progress(a);
     post_pending(a);
     const uint64_t now = now_ns();
+    listen_watch(a, now);
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->state == P_CONNECTED && p->offers) offers_expire(a, p, now);
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->state == P_AUTH && now > p->deadline_ns)
+            auth_refuse(p, "no proof of the token within %u ms (a replayed HELLO, a connector with another token, "
+                        "or one that died)", (unsigned)a->timeout_ms);
+reap: /* handshakes that failed: the application never saw them */
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->reap && p->state == P_FAILED) {
+            kvhal_xfer_disconnect(p);
+            goto reap;
+        }
     for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
         if (p->state == P_CONNECTING && now > p->deadline_ns)
             peer_fail(p, KVHAL_TIMEOUT, false,
@@ -546,6 +697,10 @@ kvhal_status kvhal_xfer_progress(kvhal_xfer_agent *a, uint32_t timeout_ms, kvhal
             a->ev_head = (a->ev_head + 1) % a->ev_cap;
             a->ev_count--;
             *ev = it->ev;
+            if (it->ev.peer) {
+                it->ev.peer->ev_queued--;
+                it->ev.peer->ev_pages -= it->pages_owned ? it->ev.num_pages : 0;
+            }
             ev->pages = it->pages_owned;
             a->last_pages = it->pages_owned;
             return KVHAL_OK;
@@ -600,6 +755,32 @@ void kvhal__xfer_tune(kvhal_xfer_agent *a, const kvhal__xfer_tuning *t)
 
 uint64_t kvhal__xfer_id(const kvhal_xfer *x) { return x ? x->xfer_id : 0; }
 
+int kvhal__xfer_listen_ports(const kvhal_xfer_agent *a, uint16_t *ports, int cap)
+{
+    int n = 0;
+    for (int i = 0; check_agent(a) == KVHAL_OK && i < a->n_listen_fds && n < cap; i++) {
+        struct sockaddr_storage ss;
+        socklen_t l = sizeof ss;
+        if (getsockname(a->listen_fds[i], (struct sockaddr *)&ss, &l) != 0) continue;
+        if (ss.ss_family == AF_INET) ports[n++] = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        else if (ss.ss_family == AF_INET6) ports[n++] = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+    return n;
+}
+
+void kvhal__xfer_prove_pending(kvhal_xfer_agent *a)
+{
+    if (check_agent(a) != KVHAL_OK) return;
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->state == P_AUTH) {
+            xw_auth au;
+            memset(&au, 0, sizeof au);
+            au.c = (xw_common){XW_MAGIC, XW_VERSION, XW_AUTH, p->my_session};
+            kvhal__xfer_proof(a->token, &p->tr, XW_LABEL_CONNECTOR, au.proof);
+            kvhal__xfer_recv_frame(a, &au, sizeof au, NULL, 0, false);
+        }
+}
+
 size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a)
 {
     size_t n = a->ev_count;
@@ -624,6 +805,8 @@ static void peer_ipc_free(kvhal_xfer_peer *p)
     p->ipc_buf = NULL;
     p->cma = false;
     p->rx_path = NULL;
+    free(p->cma_claim);
+    p->cma_claim = NULL;
     free(p->ipc_off);
     p->ipc_off = NULL;
     free(p->map_frame);
@@ -633,7 +816,8 @@ static void peer_ipc_free(kvhal_xfer_peer *p)
 kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
 {
     if (!p) return KVHAL_OK;
-    if (p->magic != PEER_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
+    if (!kvhal__handle_live(p, PEER_MAGIC))
+        return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
     kvhal_xfer_agent *a = p->agent;
     if (p->state != P_FAILED) peer_fail(p, KVHAL_CANCELED, true, "disconnected by %s", a->name);
     /* frames accepted but not started: refused now (the peer failed); then the copies still reading the peer's
@@ -656,6 +840,7 @@ kvhal_status kvhal_xfer_disconnect(kvhal_xfer_peer *p)
     for (pending_msg *m = a->sent; m; m = m->next)
         if (m->peer == p) m->peer = NULL;
     peer_ipc_free(p);
+    kvhal__handle_remove_kind(p, PEER_MAGIC);
     p->magic = DEAD_MAGIC;
     free(p);
     return KVHAL_OK;

@@ -5,35 +5,180 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <nettle/memops.h>
+
+#include "xfer_internal.h"
 #include "xfer_rooms.h"
 
 /* Receiver: may we read a peer's host cache with process_vm_readv (the XW_IPC_CMA kind of IPC_MAP)? Our cache in
- * host memory, CMA among our transports, and the peer's probe bytes read back from its process, which proves the
- * pid and that the kernel lets us (ptrace rules). Else why says why not. */
-void cma_probe(kvhal_xfer_agent *a, const xw_cma_blob *cb, char *why, size_t cap)
+ * host memory, CMA among our transports, a map that makes sense. Else why says why not. What proves the process is
+ * the peer's comes after (the challenge: cma_challenge, cma_readback). */
+void cma_precheck(const kvhal_xfer_agent *a, const xw_cma_blob *cb, char *why, size_t cap)
 {
     uint64_t end;
-    if (!a->host) {
-        snprintf(why, cap, "this cache is not in host memory");
-        return;
-    }
-    if (!a->cma_ok) {
-        snprintf(why, cap, "CMA is not among this agent's transports");
-        return;
-    }
-    if (cb->pid == 0 || cb->base == 0 || __builtin_add_overflow(cb->base, cb->size, &end)) {
+    if (!a->host) snprintf(why, cap, "this cache is not in host memory");
+    else if (!a->cma_ok) snprintf(why, cap, "CMA is not among this agent's transports");
+    else if (cb->pid == 0 || cb->pid > INT32_MAX || cb->base == 0 || __builtin_add_overflow(cb->base, cb->size, &end))
         snprintf(why, cap, "bad CMA map (pid %u, %llu bytes)", (unsigned)cb->pid, (unsigned long long)cb->size);
+}
+
+/* The receiver's abstract Unix socket (this network namespace only), made on first use. */
+static bool cma_sock_open(kvhal_xfer_agent *a, char *why, size_t cap)
+{
+    if (a->cma_sock >= 0) return true;
+    uint8_t r[8];
+    if (!auth_nonce(r, sizeof r)) {
+        snprintf(why, cap, "no random numbers for the challenge");
+        return false;
+    }
+    snprintf(a->cma_sock_name, sizeof a->cma_sock_name, "kvhal-xfer-%d-%02x%02x%02x%02x%02x%02x%02x%02x", (int)getpid(),
+             r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]);
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    const size_t n = strlen(a->cma_sock_name);
+    memcpy(sa.sun_path + 1, a->cma_sock_name, n);
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) != 0 ||
+        listen(fd, CMA_CONNS_MAX) != 0) {
+        snprintf(why, cap, "cannot open the challenge socket: %s", strerror(errno));
+        if (fd >= 0) close(fd);
+        return false;
+    }
+    a->cma_sock = fd;
+    return true;
+}
+
+void cma_sock_close(kvhal_xfer_agent *a)
+{
+    for (int i = 0; i < CMA_CONNS_MAX; i++)
+        if (a->cma_conns[i] >= 0) close(a->cma_conns[i]);
+    for (int i = 0; i < CMA_CONNS_MAX; i++) a->cma_conns[i] = -1;
+    if (a->cma_sock >= 0) close(a->cma_sock);
+    a->cma_sock = -1;
+}
+
+/* Receiver: the challenge for a CMA map: a nonce of ours, the socket to answer on. False: why says why not. */
+bool cma_challenge(kvhal_xfer_agent *a, kvhal_xfer_peer *p, char *why, size_t cap)
+{
+    if (!cma_sock_open(a, why, cap)) return false;
+    if (!auth_nonce(p->cma_nonce, sizeof p->cma_nonce)) {
+        snprintf(why, cap, "no random numbers for the challenge");
+        return false;
+    }
+    xw_cma_challenge ch;
+    memset(&ch, 0, sizeof ch);
+    ch.c = (xw_common){XW_MAGIC, XW_VERSION, XW_CMA_CHALLENGE, p->their_session};
+    memcpy(ch.nonce, p->cma_nonce, sizeof ch.nonce);
+    memcpy(ch.sock, a->cma_sock_name, sizeof ch.sock);
+    queue_msg(a, p, NULL, &ch, sizeof ch, NULL, 0, false);
+    p->cma_challenged = true;
+    p->cma_deadline_ns = deadline_from_now(a);
+    return true;
+}
+
+/* One answer on an accepted connection: {session, nonce}; the kernel's SO_PEERCRED pid recorded on the peer whose
+ * session and nonce it names. False: nothing there yet. */
+static bool cma_conn_read(kvhal_xfer_agent *a, int fd)
+{
+    xw_cma_sock_msg m;
+    const ssize_t n = recv(fd, &m, sizeof m, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+    struct ucred cr;
+    socklen_t cl = sizeof cr;
+    if (n == (ssize_t)sizeof m && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 && cr.pid > 0) {
+        kvhal_xfer_peer *p = find_session(a, m.session);
+        if (p && p->state == P_CONNECTED && p->cma_challenged && !p->cma_cred_pid &&
+            memeql_sec(m.nonce, p->cma_nonce, sizeof m.nonce))
+            p->cma_cred_pid = (int32_t)cr.pid;
+    }
+    return true;
+}
+
+/* Receiver (from pump, while a challenge is out): answers taken from the socket (a few connections at once, each
+ * closed after its one message or when the connections are all taken). */
+void cma_sock_poll(kvhal_xfer_agent *a)
+{
+    if (a->cma_sock < 0) return;
+    for (int i = 0; i < CMA_CONNS_MAX; i++)
+        if (a->cma_conns[i] >= 0 && cma_conn_read(a, a->cma_conns[i])) {
+            close(a->cma_conns[i]);
+            a->cma_conns[i] = -1;
+        }
+    for (int k = 0; k < CMA_CONNS_MAX; k++) {
+        const int fd = accept4(a->cma_sock, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        if (cma_conn_read(a, fd)) {
+            close(fd);
+            continue;
+        }
+        int slot = -1;
+        for (int i = 0; i < CMA_CONNS_MAX && slot < 0; i++)
+            if (a->cma_conns[i] < 0) slot = i;
+        if (slot < 0) { /* full: the oldest goes (its sender may answer again with a new challenge) */
+            slot = a->cma_next_conn++ % CMA_CONNS_MAX;
+            close(a->cma_conns[slot]);
+        }
+        a->cma_conns[slot] = fd;
+    }
+}
+
+/* Receiver: the challenge's end. The process that answered on the socket must be the one the map names, and it
+ * must hold our nonce at the probe address, read through the CMA path itself. Else why says why not. */
+void cma_readback(kvhal_xfer_agent *a, const kvhal_xfer_peer *p, const xw_cma_blob *cb, char *why, size_t cap)
+{
+    if (!p->cma_cred_pid) {
+        snprintf(why, cap, "no answer to the CMA challenge within %u ms (another network namespace?)",
+                 (unsigned)a->timeout_ms);
+        return;
+    }
+    if ((uint32_t)p->cma_cred_pid != cb->pid) {
+        snprintf(why, cap, "the map names process %u, but process %d answered the challenge: refused",
+                 (unsigned)cb->pid, (int)p->cma_cred_pid);
         return;
     }
     uint8_t got[XW_CMA_PROBE];
     struct iovec l = {got, sizeof got}, r = {(void *)(uintptr_t)cb->probe_addr, sizeof got};
     const ssize_t n = process_vm_readv((pid_t)cb->pid, &l, 1, &r, 1, 0);
     if (n < 0) snprintf(why, cap, "cannot read process %u: %s", (unsigned)cb->pid, strerror(errno));
-    else if ((size_t)n != sizeof got || memcmp(got, cb->probe, sizeof got) != 0)
-        snprintf(why, cap, "process %u does not hold the peer's probe", (unsigned)cb->pid);
+    else if ((size_t)n != sizeof got || !memeql_sec(got, p->cma_nonce, sizeof got))
+        snprintf(why, cap, "process %u does not hold the challenge's nonce at the probe address", (unsigned)cb->pid);
+}
+
+/* Sender (from the handler): the receiver's challenge. Its nonce goes where our map's probe address points, then
+ * {its session, the nonce} on its socket, from this process (the kernel tells it our pid). A challenge we did not
+ * ask for (no CMA map offered) breaks the protocol. */
+void on_cma_challenge(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length)
+{
+    (void)a;
+    xw_cma_challenge ch;
+    if (header_length != sizeof ch || p->ipc_state != IPC_OFFERED || p->ipc_kind != XW_IPC_CMA) {
+        peer_fail(p, KVHAL_PEER_FAILED, true, "unexpected or malformed CMA_CHALLENGE (%zu bytes)", header_length);
+        return;
+    }
+    memcpy(&ch, header, sizeof ch);
+    memcpy(p->cma_probe, ch.nonce, sizeof p->cma_probe);
+    const size_t n = strnlen(ch.sock, sizeof ch.sock - 1);
+    if (strncmp(ch.sock, "kvhal-xfer-", 11) != 0) return; /* only a transfer agent's socket is written to */
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path + 1, ch.sock, n);
+    xw_cma_sock_msg m;
+    memset(&m, 0, sizeof m);
+    m.session = p->their_session;
+    memcpy(m.nonce, ch.nonce, sizeof m.nonce);
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return; /* the receiver's challenge times out: it refuses the map, we send through UCX */
+    if (connect(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) == 0)
+        (void)send(fd, &m, sizeof m, MSG_NOSIGNAL);
+    close(fd);
 }
 
 /* Receiver (from pump), the CMA kind: every (page, layer, K/V) chunk of a DATA_IPC frame read from the peer's

@@ -32,10 +32,7 @@ kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *p, uint64_t request_id, co
     x->sorted = malloc((size_t)n * 2 * sizeof(int32_t));
     x->claimed = calloc((size_t)n, (size_t)a->g.num_layers);
     if (!x->pages || !x->sorted || !x->claimed) {
-        free(x->pages);
-        free(x->sorted);
-        free(x->claimed);
-        free(x);
+        xfer_free(x);
         return ERR(KVHAL_OUT_OF_MEMORY, "post_receive: cannot allocate the grant of %d pages", (int)n);
     }
     memcpy(x->pages, pages, (size_t)n * sizeof(int32_t));
@@ -47,10 +44,7 @@ kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *p, uint64_t request_id, co
     for (int32_t i = 1; i < n; i++)
         if (x->sorted[2 * i] == x->sorted[2 * i - 2]) {
             const int32_t pg = x->sorted[2 * i];
-            free(x->pages);
-            free(x->sorted);
-            free(x->claimed);
-            free(x);
+            xfer_free(x);
             return ERR(KVHAL_INVALID_ARGUMENT, "pages: page %d appears twice", (int)pg);
         }
     x->bytes_total = (uint64_t)n * (uint64_t)a->g.num_layers * 2u * a->g.chunk_bytes;
@@ -83,6 +77,12 @@ void on_grant(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_
     memcpy(&g, header, sizeof g);
     if (g.n_pages < 1 || g.n_pages > XW_MAX_GRANT || length != (size_t)g.n_pages * sizeof(int32_t)) {
         peer_fail(p, KVHAL_PEER_FAILED, true, "malformed GRANT frame: %d pages in %zu bytes", (int)g.n_pages, length);
+        return;
+    }
+    if (p->ev_queued >= PEER_EVENTS_MAX || p->ev_pages + g.n_pages > PEER_GRANT_PAGES_MAX) {
+        peer_fail(p, KVHAL_OUT_OF_MEMORY, true, "grant flood: %d events with %lld page ids of this peer not yet "
+                  "taken by kvhal_xfer_progress, and a GRANT of %d more (at most %d events, %d page ids)",
+                  (int)p->ev_queued, (long long)p->ev_pages, (int)g.n_pages, PEER_EVENTS_MAX, PEER_GRANT_PAGES_MAX);
         return;
     }
     int32_t *pages = malloc(length);

@@ -49,4 +49,17 @@ typedef struct kvhal__xfer_tuning {
 } kvhal__xfer_tuning;
 void kvhal__xfer_tune(kvhal_xfer_agent *a, const kvhal__xfer_tuning *t);
 
+/* A proof of the token over a handshake's transcript with the role's label (XW_LABEL_CONNECTOR or
+ * XW_LABEL_LISTENER): HMAC-SHA-256 keyed with the token (xfer_auth.c). The tests' hand-made peer and the fuzzer's
+ * seeds prove themselves with it. */
+void kvhal__xfer_proof(const char *token, const xw_transcript *t, const char *label, uint8_t out[XW_PROOF]);
+/* For the fuzzer, which cannot compute a proof over a nonce it never sees: every connection a waits the
+ * connector's proof for (a HELLO's, over an endpoint to itself) is given its valid AUTH, through the same handler. */
+void kvhal__xfer_prove_pending(kvhal_xfer_agent *a);
+/* The local ports of the TCP listening sockets a watches (LISTENER_LOST), up to cap; returns how many. */
+int kvhal__xfer_listen_ports(const kvhal_xfer_agent *a, uint16_t *ports, int cap);
+/* getrandom's bytes (false: none to be had); whether proof is the token's over t with label (constant time) */
+bool auth_nonce(uint8_t *out, size_t n);
+bool auth_check(const char *token, const xw_transcript *t, const char *label, const uint8_t proof[XW_PROOF]);
+
 #endif

@@ -56,7 +56,17 @@ void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
     else memcpy(off, data + m.blob_len, 2u * (size_t)L * sizeof *off);
     if (!why[0] && m.kind == XW_IPC_CMA) {
         memcpy(&cb, data, sizeof cb);
-        cma_probe(a, &cb, why, sizeof why);
+        cma_precheck(a, &cb, why, sizeof why);
+        if (!why[0] && !p->cma_challenged) { /* first the challenge: the map waits for its answer */
+            if (cma_challenge(a, p, why, sizeof why)) {
+                free(off);
+                p->cma_claim = fr;
+                p->cma_claim_len = len;
+                return;
+            }
+        } else if (!why[0]) {
+            cma_readback(a, p, &cb, why, sizeof why);
+        }
         size = cb.size;
     } else if (!why[0]) {
         if (kvhal_buffer_ipc_import(kvhal_buffer_device(a->cache_buf), data, m.blob_len, &buf) != KVHAL_OK)
@@ -96,6 +106,17 @@ void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p)
     p->ipc_stride = m.block_stride;
     p->ipc_blocks = m.num_blocks;
     send_map_ack(a, p, KVHAL_OK, "");
+}
+
+/* Receiver (from pump): a CMA map waiting for its challenge's answer, taken up again once the socket named a
+ * process for it, or the timeout passed (then refused). */
+void cma_claim_check(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t now)
+{
+    if (!p->cma_claim || p->state != P_CONNECTED || (!p->cma_cred_pid && now <= p->cma_deadline_ns)) return;
+    p->map_frame = p->cma_claim;
+    p->map_len = p->cma_claim_len;
+    p->cma_claim = NULL;
+    process_ipc_map(a, p);
 }
 
 void on_ipc_map_ack(kvhal_xfer_peer *p, const void *header, size_t header_length)

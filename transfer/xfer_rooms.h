@@ -4,10 +4,11 @@
  *   1. xfer_util.c     the clock and deadlines, names, session ids, handle checks, the host's identity, waits
  *      xfer_workers.c  the worker pool (xfer_workers.h), which knows nothing of the rooms
  *      xfer_pools.c    bounce buffers (gathered frames) and staging buffers (device caches)
+ *      xfer_auth.c     the handshake's nonces and proofs of the token (HMAC-SHA-256, Nettle)
  *   2. xfer_msgs.c     small frames queued for a peer and sent from pump, endpoints closed, acknowledgements
  *   3. xfer_transfer.c transfers (new, settle, finish, free, release), events, grant lookups
  *   4. xfer_frames.c   what sending and receiving share: a frame's IOV and buffer, a send frame posted
- *      xfer_peer.c     peers: the handshake (HELLO, HELLO_ACK, our IPC_MAP), the start of a connect, peer failure
+ *      xfer_peer.c     peers: the handshake (HELLO, HELLO_ACK, AUTH; our IPC_MAP), the start of a connect, peer failure
  *   5. xfer_send.c     DATA frames sent, their acknowledgements; the host path (both sides)
  *      xfer_recv.c     DATA frames received
  *   6. xfer_staged.c   the staged path: device caches through host staging, on both sides
@@ -30,6 +31,7 @@
 #ifndef KVHAL_XFER_ROOMS_H
 #define KVHAL_XFER_ROOMS_H
 
+#include "handles.h" /* core/handles.c, built into this library too: its live transfer handles */
 #include "xfer_types.h"
 
 /* ---- the data paths (xfer_send.c, xfer_staged.c, xfer_ipc.c, xfer_cma.c) ---- */
@@ -41,6 +43,7 @@ extern const xfer_path *const xfer_paths[XFER_PATHS]; /* all of them, for the ag
 uint64_t now_ns(void);
 uint64_t random_session(void);
 void copy_name(char *dst, size_t cap, const char *src); /* printable ASCII, truncated to cap */
+void printable(char *s); /* a peer's words in place: anything but printable ASCII becomes '?' (like names) */
 uint64_t deadline_from_now(const kvhal_xfer_agent *a);
 kvhal_status check_agent(const kvhal_xfer_agent *a);
 kvhal_status check_peer(const kvhal_xfer_peer *p);
@@ -101,6 +104,9 @@ kvhal_xfer_peer *find_session(kvhal_xfer_agent *a, uint64_t s);
 void on_hello_ack(kvhal_xfer_agent *a, const void *header, size_t header_length, uint64_t dest, uint16_t version);
 ucs_status_t ep_create(kvhal_xfer_agent *a, ucp_ep_params_t *prm, ucp_ep_h *ep);
 void accept_hello(kvhal_xfer_agent *a, pending_hello *ph);
+void on_auth(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length);
+void on_auth_ok(kvhal_xfer_agent *a, kvhal_xfer_peer *p, size_t header_length);
+void auth_refuse(kvhal_xfer_peer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void queue_hello(kvhal_xfer_agent *a, const void *header, size_t hlen, const void *data, size_t length,
                  uint16_t version);
 void offer_ipc(kvhal_xfer_agent *a, kvhal_xfer_peer *p);
@@ -132,7 +138,12 @@ void ipc_job_free(ipc_job *j);
 void ipc_job_complete(kvhal_xfer_agent *a, ipc_job *j, kvhal_status st, const char *why);
 
 /* ---- xfer_cma.c ---- */
-void cma_probe(kvhal_xfer_agent *a, const xw_cma_blob *cb, char *why, size_t cap);
+void cma_precheck(const kvhal_xfer_agent *a, const xw_cma_blob *cb, char *why, size_t cap);
+bool cma_challenge(kvhal_xfer_agent *a, kvhal_xfer_peer *p, char *why, size_t cap);
+void cma_sock_poll(kvhal_xfer_agent *a);
+void cma_sock_close(kvhal_xfer_agent *a);
+void cma_readback(kvhal_xfer_agent *a, const kvhal_xfer_peer *p, const xw_cma_blob *cb, char *why, size_t cap);
+void on_cma_challenge(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t header_length);
 
 /* ---- xfer_offer.c ---- */
 int offer_take_pending(kvhal_xfer_agent *a, kvhal_xfer_peer *p, kvhal_xfer *x);
@@ -152,6 +163,7 @@ unsigned streams_progress(kvhal_xfer_agent *a);
 
 /* ---- xfer_map.c ---- */
 void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p);
+void cma_claim_check(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t now);
 void on_ipc_map_ack(kvhal_xfer_peer *p, const void *header, size_t header_length);
 
 /* ---- xfer_agent.c ---- */

@@ -163,6 +163,7 @@ void on_ack(kvhal_xfer_agent *a, kvhal_xfer_peer *p, const void *header, size_t 
     }
     memcpy(&k, header, sizeof k);
     k.reason[sizeof k.reason - 1] = '\0';
+    printable(k.reason); /* it reaches the application's messages */
     kvhal_xfer *x = find_xfer_id(a, k.xfer_id);
     if (!x || x->is_recv || x->peer != p || k.frame >= (uint32_t)x->num_frames || x->finished) return; /* stale */
     send_frame *f = &x->frames[k.frame];

@@ -33,6 +33,10 @@ void push_event(kvhal_xfer_agent *a, kvhal_xfer_event_type type, kvhal_xfer_peer
     it->ev.status = st;
     it->ev.num_pages = n;
     it->pages_owned = pages_owned;
+    if (p) {
+        p->ev_queued++;
+        p->ev_pages += pages_owned ? n : 0;
+    }
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(it->ev.message, sizeof it->ev.message, fmt, ap);
@@ -55,6 +59,10 @@ kvhal_xfer *xfer_new(kvhal_xfer_agent *a, kvhal_xfer_peer *p, bool is_recv, uint
     kvhal_xfer *x = calloc(1, sizeof *x);
     if (!x) return NULL;
     x->magic = XFER_MAGIC;
+    if (!kvhal__handle_add(x)) {
+        free(x);
+        return NULL;
+    }
     x->agent = a;
     x->peer = p;
     x->is_recv = is_recv;
@@ -89,6 +97,7 @@ void xfer_free(kvhal_xfer *x)
     free(x->claimed);
     free(x->stream);
     free(x->layer_left);
+    kvhal__handle_remove_kind(x, XFER_MAGIC);
     x->magic = DEAD_MAGIC;
     free(x);
 }
@@ -240,7 +249,7 @@ kvhal_status kvhal_xfer_get_info(const kvhal_xfer *x, kvhal_xfer_info *out)
 
 const char *kvhal_xfer_path(const kvhal_xfer *x)
 {
-    if (!x || x->magic != XFER_MAGIC || !x->path) return "";
+    if (!x || !kvhal__handle_live(x, XFER_MAGIC) || !x->path) return "";
     return x->path->name;
 }
 

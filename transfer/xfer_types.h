@@ -49,6 +49,9 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 #define OFFER_PAGES_MAX (1 << 20)         /* pages of one peer's offers waiting for a receive at most (past it:
                                            * refused) */
 #define OFFER_FRAMES_MAX 4096             /* and its OFFER frames waiting at most */
+#define CMA_CONNS_MAX 16                  /* connections to the CMA challenge socket waiting for their answer */
+#define PEER_EVENTS_MAX KVHAL_XFER_PEER_EVENTS_MAX           /* kvhal_xfer.h: events of one peer queued */
+#define PEER_GRANT_PAGES_MAX KVHAL_XFER_PEER_GRANT_PAGES_MAX /* and the page ids of its GRANT events (4 MiB) */
 
 #define ERR(st, ...) kvhal_error_set((st), __VA_ARGS__)
 #define CHECK_ARG(cond, ...)                                                                                    \
@@ -56,7 +59,9 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
         if (!(cond)) return ERR(KVHAL_INVALID_ARGUMENT, __VA_ARGS__);                                           \
     } while (0)
 
-typedef enum { P_CONNECTING, P_CONNECTED, P_FAILED } peer_state;
+/* P_AUTH: the listener's side of a handshake, its challenge (HELLO_ACK) sent and the connector's proof (AUTH) not
+ * yet checked; never handed to the application, freed by pump when it fails (reap). */
+typedef enum { P_CONNECTING, P_CONNECTED, P_FAILED, P_AUTH } peer_state;
 
 enum { IPC_NONE = 0, IPC_OFFERED = 1, IPC_READY = 2, IPC_REFUSED = -1 };
 
@@ -91,7 +96,13 @@ struct kvhal_xfer_peer {
     xw_geometry g;          /* the peer's */
     kvhal_status fail_status;
     char fail_msg[256];
-    uint64_t deadline_ns;   /* connecting only */
+    uint64_t deadline_ns;   /* connecting and P_AUTH only */
+    xw_transcript tr;       /* the handshake's transcript (both nonces, sessions, names, hosts, geometries) */
+    char token[XW_TOKEN_LEN]; /* connecting: the token given to kvhal_xfer_connect, wiped once the handshake ends */
+    bool reap;              /* P_AUTH that failed: pump frees it (the application never saw it) */
+    bool auth_sent;         /* connecting: our proof (AUTH) sent, AUTH_OK awaited */
+    int32_t ev_queued;      /* events naming it in the agent's queue (PEER_EVENTS_MAX) */
+    int64_t ev_pages;       /* and the page ids they hold (PEER_GRANT_PAGES_MAX) */
     const xfer_path *tx_path; /* how we send it pages: the agent's DATA path, or IPC / CMA once it imported our cache */
     const xfer_path *rx_path; /* how we copy what it names: IPC or CMA once we imported its cache (else NULL) */
     /* the IPC path (same host): */
@@ -104,6 +115,15 @@ struct kvhal_xfer_peer {
     uint32_t cma_pid;       /* its process */
     uint64_t cma_base;      /* its cache's address there */
     uint64_t *ipc_off;      /* its 2 x num_layers byte offsets of block 0 (K, V of each layer) */
+    /* the CMA challenge, as the receiver: the map claimed, the nonce chosen, what the socket proved */
+    void *cma_claim;        /* the IPC_MAP frame of kind CMA waiting for its proof (header then data) */
+    size_t cma_claim_len;
+    uint8_t cma_nonce[XW_CMA_PROBE];
+    bool cma_challenged;    /* CMA_CHALLENGE sent */
+    int32_t cma_cred_pid;   /* the pid SO_PEERCRED gave for a socket message naming this session and nonce (-1: none) */
+    uint64_t cma_deadline_ns;
+    /* as the sender: where the receiver's nonce goes (its address is the probe address of our IPC_MAP) */
+    uint8_t cma_probe[XW_CMA_PROBE];
     uint64_t ipc_stride;    /* its bytes between blocks */
     int64_t ipc_blocks;     /* its page count */
     size_t ipc_queued;      /* (page, layer, K/V) chunks of its DATA_IPC frames waiting in the agent's ipc_jobs */
@@ -312,7 +332,16 @@ struct kvhal_xfer_agent {
     bool no_peer_errors;    /* the transports have no peer-failure handling (UCX shared memory) */
     bool cma_ok;            /* the transports allow CMA (cma, shm, sm, all or UCX's choice): the CMA path */
     char tcp_seg[XW_SEG_LEN]; /* UCX's TCP receive segment size as configured, "" when TCP is not used */
-    uint8_t cma_probe[XW_CMA_PROBE]; /* random; a peer reading them proves it can read our cache (offer_ipc) */
+    int listen_fds[8];      /* the TCP listening sockets UCX opened for the worker (watched: LISTENER_LOST) */
+    uint64_t listen_ino[8]; /* and their inodes (the socket itself, not a descriptor number reused since) */
+    int n_listen_fds;
+    uint64_t listen_check_ns; /* the next look at them */
+    uint64_t listen_stuck_ns; /* since when a connection waits in their queue unaccepted (0: none waits) */
+    bool listener_lost;     /* reported */
+    int cma_sock;           /* the receiver's abstract Unix socket for CMA challenges (made on first use; -1 none) */
+    char cma_sock_name[XW_SOCK_LEN];
+    int cma_conns[CMA_CONNS_MAX]; /* connections accepted on it whose answer has not come yet (-1: none) */
+    unsigned cma_next_conn;
     struct { void *p; size_t cap; } pool[BOUNCE_POOL]; /* idle bounce buffers, kept for reuse */
     size_t pool_bytes;
     kvhal_host_memory *stage_pool[STAGE_POOL]; /* idle staging buffers of a device cache, kept for reuse */

@@ -32,19 +32,27 @@ void copy_name(char *dst, size_t cap, const char *src)
     dst[i] = '\0';
 }
 
+void printable(char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e) *s = '?';
+}
+
 uint64_t deadline_from_now(const kvhal_xfer_agent *a) { return now_ns() + (uint64_t)a->timeout_ms * 1000000ull; }
 
 kvhal_status check_agent(const kvhal_xfer_agent *a)
 {
     CHECK_ARG(a, "agent: NULL");
-    if (a->magic != AGENT_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "agent: %p is not a live transfer agent", (void *)a);
+    if (!kvhal__handle_live(a, AGENT_MAGIC))
+        return ERR(KVHAL_INVALID_HANDLE, "agent: %p is not a live transfer agent", (void *)a);
     return KVHAL_OK;
 }
 
 kvhal_status check_peer(const kvhal_xfer_peer *p)
 {
     CHECK_ARG(p, "peer: NULL");
-    if (p->magic != PEER_MAGIC) return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
+    if (!kvhal__handle_live(p, PEER_MAGIC) || p->state == P_AUTH)
+        return ERR(KVHAL_INVALID_HANDLE, "peer: %p is not a live transfer peer", (void *)p);
     if (p->state == P_FAILED) return ERR(p->fail_status, "peer %s: %s", p->name, p->fail_msg);
     return KVHAL_OK;
 }
@@ -52,7 +60,7 @@ kvhal_status check_peer(const kvhal_xfer_peer *p)
 kvhal_status check_xfer(const kvhal_xfer *x)
 {
     CHECK_ARG(x, "xfer: NULL");
-    if (x->magic != XFER_MAGIC || x->released)
+    if (!kvhal__handle_live(x, XFER_MAGIC) || x->released)
         return ERR(KVHAL_INVALID_HANDLE, "xfer: %p is not a live transfer", (const void *)x);
     return KVHAL_OK;
 }

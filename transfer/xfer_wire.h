@@ -10,11 +10,15 @@
 #define XW_AM_ID 0x4b56u        /* the one active-message id */
 #define XW_MAGIC 0x4b565846u    /* KVXF */
 #define XW_BLOB_MAGIC 0x4b564142u /* KVAB: an address blob */
-#define XW_VERSION 4u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames; 3: IPC_MAP kinds (CMA), the TCP
-                         receive segment size in HELLO / HELLO_ACK; 4: OFFER and WITHDRAW */
+#define XW_VERSION 5u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames; 3: IPC_MAP kinds (CMA), the TCP
+                         receive segment size in HELLO / HELLO_ACK; 4: OFFER and WITHDRAW; 5: mutual authentication
+                         (nonces and HMAC proofs in HELLO / HELLO_ACK / AUTH, no token on the wire), the CMA
+                         challenge (CMA_CHALLENGE) */
 #define XW_SEG_LEN 16           /* UCX's TCP receive segment size as configured ("256k"), "" without TCP */
 #define XW_NAME_LEN 32
-#define XW_TOKEN_LEN 64
+#define XW_TOKEN_LEN 64         /* the token's room in the agent (never on the wire) */
+#define XW_NONCE 32             /* a handshake nonce (getrandom) */
+#define XW_PROOF 32             /* an HMAC-SHA-256 proof */
 #define XW_REASON_LEN 128
 #define XW_MAX_ADDR 65536u      /* largest worker address accepted in a HELLO or a blob */
 #define XW_MAX_GRANT 65536      /* pages in one grant */
@@ -23,8 +27,10 @@
 #define XW_IPC_FRAME_PAGES 4096 /* (src, dst) pairs in one DATA_IPC frame */
 
 enum xw_type {
-    XW_HELLO = 1,     /* connector -> listener: token, name, geometry, session; data: the connector's worker address */
-    XW_HELLO_ACK = 2, /* listener -> connector: accepted (its session, geometry) or refused (reason) */
+    XW_HELLO = 1,     /* connector -> listener: its nonce, name, geometry, session; data: the connector's worker
+                         address. No token, nor anything computed from it */
+    XW_HELLO_ACK = 2, /* listener -> connector: a challenge (its nonce, session, geometry and its proof of the token
+                         over the transcript, xw_transcript) or a refusal (reason) */
     XW_GRANT = 3,     /* receiver -> sender: request id; data: n page ids of the receiver */
     XW_DATA = 4,      /* sender -> receiver: one frame of pages x layers; header: dst pages; data: K/V chunks */
     XW_ACK = 5,       /* receiver -> sender: a frame was written (status OK) or refused (status, reason) */
@@ -42,6 +48,13 @@ enum xw_type {
                          an offer no receive takes within half the receiver's timeout is refused (XW_ACK, TIMEOUT) */
     XW_WITHDRAW = 11, /* sender -> receiver: an offer was canceled: its frames not yet taken are dropped, each
                          answered by an XW_ACK (CANCELED); frames already taken are copied and acknowledged */
+    XW_AUTH = 12,     /* connector -> listener: its proof of the token over the transcript; the listener's peer is
+                         connected once it checks */
+    XW_CMA_CHALLENGE = 13, /* receiver -> sender, after an IPC_MAP of kind CMA: a nonce of the receiver's choice and
+                              the abstract Unix socket to prove the sender's process on (xw_cma_challenge); the
+                              sender answers on that socket, not with a frame */
+    XW_AUTH_OK = 14,  /* listener -> connector: its proof checked, the connection is a peer (header only); the
+                         connector's kvhal_xfer_connect returns once it came */
 };
 
 typedef struct xw_common {
@@ -71,7 +84,7 @@ typedef struct xw_hello {
     xw_common c;
     uint64_t src_session; /* what the listener puts in dest_session of frames to the connector */
     char name[XW_NAME_LEN];
-    char token[XW_TOKEN_LEN];
+    uint8_t nonce[XW_NONCE]; /* the connector's, fresh (getrandom) */
     xw_geometry g;
     uint32_t addr_len;
     uint32_t pad;
@@ -89,7 +102,29 @@ typedef struct xw_hello_ack {
     char reason[XW_REASON_LEN]; /* at the same offset in every version: a refusal stays readable */
     char host[XW_HOST_LEN];
     char tcp_seg[XW_SEG_LEN];
+    uint8_t nonce[XW_NONCE]; /* the listener's, fresh */
+    uint8_t proof[XW_PROOF]; /* HMAC-SHA-256(token, xw_transcript with label XW_LABEL_LISTENER) */
 } xw_hello_ack;
+
+typedef struct xw_auth {
+    xw_common c;
+    uint8_t proof[XW_PROOF]; /* HMAC-SHA-256(token, xw_transcript with label XW_LABEL_CONNECTOR) */
+} xw_auth;
+
+/* What both proofs cover (never sent: each side builds it from the HELLO and HELLO_ACK it sent and received, the
+ * names, hosts and geometry as the 32-, 128- and 40-byte fields on the wire). The label is the role: a listener's
+ * proof is no connector's (a reflected HELLO_ACK fails); both nonces are fresh for each connection (a replayed
+ * HELLO or AUTH fails); the sessions, names, hosts and geometries are both sides' (a spliced one fails). */
+#define XW_LABEL_CONNECTOR "kvhal-xfer-conn"
+#define XW_LABEL_LISTENER "kvhal-xfer-lstn"
+typedef struct xw_transcript {
+    char label[16];
+    uint8_t nonce_c[XW_NONCE], nonce_l[XW_NONCE];
+    uint64_t session_c, session_l;
+    char name_c[XW_NAME_LEN], name_l[XW_NAME_LEN];
+    char host_c[XW_HOST_LEN], host_l[XW_HOST_LEN];
+    xw_geometry g_c, g_l;
+} xw_transcript;
 
 typedef struct xw_grant {
     xw_common c;
@@ -132,8 +167,12 @@ typedef struct xw_ipc_map {
 
 /* XW_IPC_CMA: the sender's host cache, to be read by the receiver with process_vm_readv (one kernel copy from the
  * sender's scattered pages into the receiver's, the transfer UCX's rendezvous makes over CMA for contiguous
- * buffers only). The receiver first reads probe_len bytes at probe_addr from pid and compares them with probe:
- * that the pid is the sender's and that the kernel lets it read there (ptrace rules), else it refuses the map. */
+ * buffers only). The receiver answers with a CMA_CHALLENGE: a nonce of its choosing and the name of an abstract
+ * Unix socket it listens on; the sender writes the nonce at probe_addr (XW_CMA_PROBE bytes of its own memory),
+ * then sends {the receiver's session, the nonce} on that socket (xw_cma_sock_msg). The receiver accepts the map only
+ * when the socket's SO_PEERCRED pid is pid (the kernel's word that the process is the sender's: a peer naming
+ * another process is refused by name) and the nonce, read back from pid at probe_addr with process_vm_readv, is
+ * the one it chose; probe is unused (zero). */
 #define XW_CMA_PROBE 16
 typedef struct xw_cma_blob {
     uint32_t pid;
@@ -143,6 +182,19 @@ typedef struct xw_cma_blob {
     uint64_t probe_addr;
     uint8_t probe[XW_CMA_PROBE];
 } xw_cma_blob;
+
+#define XW_SOCK_LEN 48 /* an abstract socket's name (without the leading NUL) */
+typedef struct xw_cma_challenge {
+    xw_common c;
+    uint8_t nonce[XW_CMA_PROBE];
+    char sock[XW_SOCK_LEN];
+} xw_cma_challenge;
+
+/* What the sender writes on the receiver's abstract socket (one write, then it closes). */
+typedef struct xw_cma_sock_msg {
+    uint64_t session; /* the receiver's session of the connection (dest_session of its frames) */
+    uint8_t nonce[XW_CMA_PROBE];
+} xw_cma_sock_msg;
 
 typedef struct xw_ipc_map_ack {
     xw_common c;

@@ -14,7 +14,8 @@
  * the sender's cache itself (the IPC and CMA paths), the sender may instead offer a request's pages first
  * (kvhal_xfer_offer_pages): the receive posted for it then takes them without a GRANT.
  *
- * Safety. Remote peers are bad input: a peer that does not present the token is refused; every size, page id and
+ * Safety. Remote peers are bad input: a peer that does not prove it holds the token is refused (and a listener
+ * that does not is sent nothing); every size, page id and
  * layer index in a frame is checked against the receiver's own grant and cache before anything is written (each
  * (page, layer) at most once); a peer that breaks the protocol is dropped. A page is the caller's again only when
  * its transfer completed; on failure, timeout or cancel the receiver's granted pages go back to the cache manager
@@ -47,6 +48,13 @@ extern "C" {
 #define KVHAL_XFER_TOKEN_MAX 63
 /** Longest agent name accepted (characters, without the NUL). */
 #define KVHAL_XFER_NAME_MAX 31
+/** Bounds per peer (a remote peer is bad input): events of one peer queued and not yet taken by
+ * kvhal_xfer_progress, and page ids held by its queued GRANT events, at most. A peer past either fails
+ * (KVHAL_XFER_EVENT_PEER_FAILED, status KVHAL_OUT_OF_MEMORY, "grant flood"); the agent and its other peers go on.
+ * The other per-peer bounds: 2^20 offered pages and 4096 offers waiting (kvhal_xfer_offer_pages), a grant of 65536
+ * pages; frames in flight are bounded by what this side granted or sent; a handshake waits timeout_ms at most. */
+#define KVHAL_XFER_PEER_EVENTS_MAX 4096
+#define KVHAL_XFER_PEER_GRANT_PAGES_MAX (1 << 20)
 
 /** An agent: one UCX worker, one registered paged cache, its peers and transfers. */
 typedef struct kvhal_xfer_agent kvhal_xfer_agent;
@@ -58,10 +66,16 @@ typedef struct kvhal_xfer kvhal_xfer;
 /** Agent configuration. Strings are copied during kvhal_xfer_agent_create. */
 typedef struct kvhal_xfer_config {
     const char *name;       /**< this agent's name in peers' messages (NULL = "kvhal"), at most KVHAL_XFER_NAME_MAX */
-    const char *token;      /**< the token a connecting peer must present: 1..KVHAL_XFER_TOKEN_MAX characters */
-    uint32_t timeout_ms;    /**< connect, stalled transfer and silent-peer limit; 0 = 10000 */
+    const char *token;      /**< the shared secret both sides of a connection prove they hold (never sent):
+                                 1..KVHAL_XFER_TOKEN_MAX characters; a long random one (its proofs cross the wire,
+                                 so a guessable token can be found offline from a recorded handshake) */
+    uint32_t timeout_ms;    /**< connect and handshake limit, stalled transfer limit (a transfer that makes no
+                                 progress for this long fails, and so does its peer); 0 = 10000. An idle peer with
+                                 nothing in flight is not dropped: max_peers bounds them, kvhal_xfer_disconnect ends
+                                 them */
     const char *transports; /**< UCX transports (UCX_TLS syntax: "tcp", "shm", "posix,cma"); NULL = UCX's choice */
-    int32_t max_peers;      /**< live peers at most (a connection past it is refused); 0 = 64 */
+    int32_t max_peers;      /**< live peers at most, connections being authenticated included (a connection past
+                                 it is refused); 0 = 64 */
 } kvhal_xfer_config;
 
 /** What kvhal_xfer_progress reports. */
@@ -79,10 +93,16 @@ typedef enum kvhal_xfer_event_type {
                                               receive is posted for it yet: num_pages is the request's page count;
                                               post a receive of that many pages to take them (one event per
                                               offer, e.g. per layer range) */
-    KVHAL_XFER_EVENT_LAYER_DONE = 8      /**< a layer of a receive posted with kvhal_xfer_post_receive_layers is
+    KVHAL_XFER_EVENT_LAYER_DONE = 8,     /**< a layer of a receive posted with kvhal_xfer_post_receive_layers is
                                               in (every page of it, K and V): xfer, request_id set; num_pages holds
                                               the layer's index (kvhal_xfer_event is frozen, see the streaming
                                               section) */
+    KVHAL_XFER_EVENT_LISTENER_LOST = 9   /**< UCX stopped accepting connections on the agent's TCP listening socket
+                                              (status KVHAL_BACKEND_ERROR): connections wait in its queue unaccepted
+                                              for timeout_ms, as after the process ran out of file descriptors
+                                              (EMFILE: UCX 1.13 then drops the socket for good). The agent's peers
+                                              go on; new ones cannot reach it: make a new agent (and raise
+                                              RLIMIT_NOFILE). Reported once per agent */
 } kvhal_xfer_event_type;
 
 /** One notification. pages and message stay valid until the next kvhal_xfer_progress call on the agent. */
@@ -107,7 +127,8 @@ typedef struct kvhal_xfer_info {
 } kvhal_xfer_info;
 
 /**
- * Creates an agent (a UCX context and worker).
+ * Creates an agent (a UCX context and worker), listening where the environment's UCX_NET_DEVICES says, else on
+ * loopback only ("lo": peers on this host): kvhal_xfer_agent_create_on(cfg, NULL, out).
  * @param cfg  read during the call only; cfg->token is required.
  * @param out  receives the agent (destroy with kvhal_xfer_agent_destroy); NULL on failure.
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (a NULL argument, an empty or too long token or name, a bad max_peers)
@@ -116,6 +137,19 @@ typedef struct kvhal_xfer_info {
  * Thread safety: agents are independent of each other.
  */
 KVHAL_API kvhal_status kvhal_xfer_agent_create(const kvhal_xfer_config *cfg, kvhal_xfer_agent **out);
+
+/**
+ * Creates an agent that listens (and connects) on the network devices named.
+ * @param cfg          as kvhal_xfer_agent_create.
+ * @param net_devices  UCX_NET_DEVICES syntax: "lo", "eth1", "mlx5_0:1", "eth1,lo"; "all": every device; NULL: the
+ *                     environment's UCX_NET_DEVICES, else "lo". Name a private interface for peers on other hosts:
+ *                     frames are not encrypted (docs/guide.md says what protects the link).
+ * @param out          as kvhal_xfer_agent_create.
+ * @return as kvhal_xfer_agent_create; KVHAL_INVALID_ARGUMENT naming net_devices when UCX refuses it (a device that
+ *         does not exist is refused when the agent starts: KVHAL_BACKEND_ERROR).
+ */
+KVHAL_API kvhal_status kvhal_xfer_agent_create_on(const kvhal_xfer_config *cfg, const char *net_devices,
+                                                  kvhal_xfer_agent **out);
 
 /**
  * Destroys an agent: closes every peer, fails every transfer still in flight (granted pages go back to their cache
@@ -149,18 +183,21 @@ KVHAL_API kvhal_status kvhal_xfer_register_paged_cache(kvhal_xfer_agent *agent, 
 KVHAL_API kvhal_status kvhal_xfer_local_address(kvhal_xfer_agent *agent, void *blob, size_t cap, size_t *len);
 
 /**
- * Connects to the agent whose address blob is given, presenting token, and waits (progressing this agent) until
+ * Connects to the agent whose address blob is given, proving the token, and waits (progressing this agent) until
  * the peer accepts or refuses, at most the agent's timeout.
  * @param agent     the agent (a cache registered).
  * @param blob      the peer's address blob (read during the call), len bytes.
  * @param len       the blob's size in bytes (kvhal_xfer_local_address of the peer gives it).
  * @param token     the token the peer was configured with.
  * @param out       receives the peer, owned by the agent (kvhal_xfer_disconnect frees it earlier).
+ * Both sides prove they hold the token without sending it (HMAC-SHA-256 over fresh nonces of both, both sessions,
+ * names, hosts and geometries; docs/design/transfer.md): this side checks the listener's proof and its cache
+ * geometry before it sends its own proof or anything else.
  * @return KVHAL_OK; KVHAL_INVALID_ARGUMENT (NULL, a malformed blob, no cache registered); KVHAL_PEER_FAILED (the
- *         peer refused with a reason: different cache geometry, too many peers, ...; or it is unreachable);
- *         KVHAL_TIMEOUT (no answer within the timeout: also what a wrong token or another wire version gets, since
- *         a receiver does not answer a HELLO it cannot authenticate, nor connect to the address it carries; the
- *         receiver's KVHAL_XFER_EVENT_PEER_REJECTED names the reason).
+ *         peer refused with a reason: different cache geometry, too many peers, ...; it did not prove the token
+ *         (another token, or not the agent the blob names); its geometry differs; or it is unreachable);
+ *         KVHAL_TIMEOUT (no answer within the timeout: also what another wire version gets; the receiver's
+ *         KVHAL_XFER_EVENT_PEER_REJECTED names the reason); KVHAL_BACKEND_ERROR (no random numbers).
  */
 KVHAL_API kvhal_status kvhal_xfer_connect(kvhal_xfer_agent *agent, const void *blob, size_t len, const char *token,
                                           kvhal_xfer_peer **out);
@@ -209,9 +246,10 @@ KVHAL_API kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *peer, uint64_t r
  * batched copy), then acknowledges; this call synchronizes the cache's device first, so that every write queued to
  * the source pages is complete before they are announced. Host caches on one host whose agents' transports allow CMA (cfg.transports
  * NULL, or naming cma, shm, sm or all) take the CMA path instead: the same frames, and the receiver reads the pages
- * from this process with process_vm_readv straight into its own (one kernel copy, scattered to scattered), after a
- * probe at connect time proved it can. Otherwise pages go through UCX (in place for host caches, staged through
- * host memory for device caches).
+ * from this process with process_vm_readv straight into its own (one kernel copy, scattered to scattered), after its
+ * challenge at connect time proved this process is the peer (a nonce of its choosing written here and read back,
+ * and this process's pid from the kernel over a Unix socket). Otherwise pages go through UCX (in place for host
+ * caches, staged through host memory for device caches).
  * @param peer         a connected peer.
  * @param request_id   the receiver's request id (from the GRANT event).
  * @param src_pages    n page ids of this agent's cache, copied during the call.

@@ -176,6 +176,11 @@ static bool gate_closed;
 static int gate_held; /* reads waiting at the gate now */
 static int vm_reads;  /* every process_vm_readv call */
 size_t vm_read_cap; /* 0: whole reads */
+const char *server_token; /* the token server_start's agent is made with (NULL: TOKEN) */
+uint64_t raw_chunk;       /* the chunk_bytes raw_open's HELLO claims (0: CHUNK) */
+const raw *raw_replay;    /* raw_open replays this connection's HELLO and AUTH (NULL: its own) */
+pid_t vm_watch_pid;   /* reads of this process are counted in vm_watch_reads */
+int vm_watch_reads;
 
 /* The first cap bytes of an iovec list (into out, up to 1024 entries). */
 static unsigned long iov_cut(const struct iovec *v, unsigned long n, size_t cap, struct iovec *out)
@@ -197,6 +202,7 @@ ssize_t process_vm_readv(pid_t pid, const struct iovec *lv, unsigned long lc, co
     memcpy(&real, &sym, sizeof real);
     pthread_mutex_lock(&gate_mu);
     vm_reads++;
+    if (pid == vm_watch_pid) vm_watch_reads++;
     if (gate_closed) {
         gate_held++;
         pthread_cond_broadcast(&gate_cv);
@@ -323,7 +329,8 @@ void server_start(server *s, kvhal_device dev, uint32_t timeout_ms)
     fill_pattern(s->canary, s->bytes, 1234);
     assert_int_equal(kvhal_memcpy_h2d(s->buf, 0, s->canary, s->bytes, NULL), KVHAL_OK);
     assert_int_equal(kvhal_cache_manager_create(PAGES, BLOCK, KVHAL_PREFIX_RADIX, &s->cm), KVHAL_OK);
-    kvhal_xfer_config cfg = {.name = "decode", .token = TOKEN, .timeout_ms = timeout_ms, .transports = tls};
+    kvhal_xfer_config cfg = {.name = "decode", .token = server_token ? server_token : TOKEN,
+                             .timeout_ms = timeout_ms, .transports = tls};
     assert_int_equal(agent_create(&cfg, &s->ag), KVHAL_OK);
     assert_int_equal(kvhal_xfer_register_paged_cache(s->ag, s->cache), KVHAL_OK);
     pthread_mutex_init(&s->mu, NULL);
@@ -459,6 +466,7 @@ static ucs_status_t raw_am(void *arg, const void *header, size_t header_length, 
         xw_hello_ack k;
         memcpy(&k, header, sizeof k);
         r->got_hello_ack = true;
+        r->ack = k;
         r->hello_status = k.status;
         r->their_session = k.src_session;
     } else if (c.type == XW_IPC_MAP_ACK && header_length == sizeof(xw_ipc_map_ack)) {
@@ -470,6 +478,24 @@ static ucs_status_t raw_am(void *arg, const void *header, size_t header_length, 
         r->nacks++;
     } else if (c.type == XW_GRANT) {
         r->ngrants++;
+    } else if (c.type == XW_CMA_CHALLENGE && header_length == sizeof(xw_cma_challenge)) {
+        /* as the library's sender: the nonce at the probe address, then {session, nonce} on the socket */
+        xw_cma_challenge ch;
+        memcpy(&ch, header, sizeof ch);
+        uint8_t *to = r->cma_write_to ? r->cma_write_to : r->cma_probe_at;
+        if (to) memcpy(to, ch.nonce, XW_CMA_PROBE);
+        xw_cma_sock_msg m = {.session = r->their_session};
+        memcpy(m.nonce, ch.nonce, sizeof m.nonce);
+        struct sockaddr_un sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sun_family = AF_UNIX;
+        const size_t n = strnlen(ch.sock, sizeof ch.sock - 1);
+        memcpy(sa.sun_path + 1, ch.sock, n);
+        const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) == 0)
+            (void)send(fd, &m, sizeof m, MSG_NOSIGNAL);
+        if (fd >= 0) close(fd);
+        r->cma_challenges++;
     }
     return UCS_OK;
 }
@@ -531,16 +557,52 @@ void raw_open_v(raw *r, const uint8_t *blob, size_t len, const char *token, uint
     r->my_session = 0x1234567890abcdefull;
     h.src_session = r->my_session;
     snprintf(h.name, sizeof h.name, "hostile");
-    snprintf(h.token, sizeof h.token, "%s", token);
-    h.g = (xw_geometry){L, HEADS, DIM, BLOCK, KVHAL_F16, KVHAL_LAYOUT_NHD, 16, CHUNK};
+    for (size_t i = 0; i < sizeof h.nonce; i++) h.nonce[i] = (uint8_t)rand();
+    h.g = (xw_geometry){L, HEADS, DIM, BLOCK, KVHAL_F16, KVHAL_LAYOUT_NHD, 16, raw_chunk ? raw_chunk : CHUNK};
     h.addr_len = (uint32_t)r->alen;
     snprintf(h.tcp_seg, sizeof h.tcp_seg, "%s", raw_tcp_seg);
+    if (raw_replay) { /* another connection's HELLO, byte for byte (but for the address the answer comes to) */
+        h = raw_replay->hello;
+        h.addr_len = (uint32_t)r->alen;
+    }
     raw_send(r, &h, sizeof h, r->addr, r->alen, UCP_AM_SEND_FLAG_EAGER);
-    /* a HELLO the receiver cannot authenticate (wrong token, another wire version) gets no answer */
-    const bool answered = version == XW_VERSION && strcmp(token, TOKEN) == 0;
+    r->hello = h;
+    /* a HELLO of another wire version gets no answer; ours gets the challenge (or a refusal) */
+    const bool answered = version == XW_VERSION;
     const double until = now_s() + (answered ? 5 : 0.5);
     while (!r->got_hello_ack && now_s() < until) raw_progress(r, 0.001);
     assert_int_equal(r->got_hello_ack, answered);
+    if (!answered || r->hello_status != 0) return;
+    /* the listener proved the token (ours, TOKEN); our proof is made with the token given */
+    xw_transcript t = raw_transcript(r);
+    uint8_t want[XW_PROOF];
+    kvhal__xfer_proof(TOKEN, &t, XW_LABEL_LISTENER, want);
+    assert_memory_equal(want, r->ack.proof, XW_PROOF);
+    xw_auth au;
+    memset(&au, 0, sizeof au);
+    au.c = (xw_common){XW_MAGIC, XW_VERSION, XW_AUTH, r->their_session};
+    kvhal__xfer_proof(token, &t, XW_LABEL_CONNECTOR, au.proof);
+    if (raw_replay) memcpy(au.proof, raw_replay->auth.proof, XW_PROOF); /* its recorded proof */
+    raw_send(r, &au, sizeof au, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    r->auth = au;
+}
+
+/* The handshake's transcript as the hand-made connector and the listener both see it. */
+xw_transcript raw_transcript(const raw *r)
+{
+    xw_transcript t;
+    memset(&t, 0, sizeof t);
+    memcpy(t.nonce_c, r->hello.nonce, XW_NONCE);
+    memcpy(t.nonce_l, r->ack.nonce, XW_NONCE);
+    t.session_c = r->hello.src_session;
+    t.session_l = r->ack.src_session;
+    memcpy(t.name_c, r->hello.name, XW_NAME_LEN);
+    memcpy(t.name_l, r->ack.name, XW_NAME_LEN);
+    memcpy(t.host_c, r->hello.host, XW_HOST_LEN);
+    memcpy(t.host_l, r->ack.host, XW_HOST_LEN);
+    t.g_c = r->hello.g;
+    t.g_l = r->ack.g;
+    return t;
 }
 
 void raw_open(raw *r, const uint8_t *blob, size_t len, const char *token)
@@ -630,6 +692,7 @@ int main(int argc, char **argv)
     if (t && *t) tls = t;
     if (argc > 0 && argv[0] && argv[0][0]) self_path = argv[0];
     if (argc > 1 && strcmp(argv[1], "--ipc-sender") == 0) return ipc_sender_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--listener-fds") == 0) return listener_fds_main(argc, argv);
     printf("# transports: %s\n", tls);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transfer_every_device),
@@ -657,6 +720,14 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stream_two_processes),
         cmocka_unit_test(test_stream_peer_killed),
         cmocka_unit_test(test_stream_slow_receiver),
+        cmocka_unit_test(test_impostor_listener),
+        cmocka_unit_test(test_replayed_hello),
+        cmocka_unit_test(test_cma_bystander),
+        cmocka_unit_test(test_grant_flood),
+        cmocka_unit_test(test_double_destroy),
+        cmocka_unit_test(test_peer_reason_printable),
+        cmocka_unit_test(test_listener_after_fd_exhaustion),
+        cmocka_unit_test(test_net_devices),
     };
     const char *only = getenv("XFER_TESTS"); /* a cmocka name pattern ("test_offers"), to run those alone */
     if (only && *only) cmocka_set_test_filter(only);

@@ -198,6 +198,11 @@ void raw_map_kind(raw *r, uint32_t kind, const uint8_t *blob, size_t blen, const
     memcpy(d, blob, blen);
     memcpy(d + blen, off, 2u * L * sizeof(uint64_t));
     r->got_map_ack = false;
+    if (kind == XW_IPC_CMA && blen == sizeof(xw_cma_blob)) {
+        xw_cma_blob cb;
+        memcpy(&cb, blob, sizeof cb);
+        r->cma_probe_at = (uint8_t *)(uintptr_t)cb.probe_addr;
+    }
     raw_send(r, m, sizeof *m, d, dlen, UCP_AM_SEND_FLAG_EAGER);
     raw_keep(r, m);
     raw_keep(r, d);
@@ -213,15 +218,14 @@ static void raw_map(raw *r, const uint8_t *blob, size_t blen, const uint64_t *of
 }
 
 /* The CMA kind of IPC_MAP: "read my pages from process pid at base" (here: this process, the pattern buffer). */
-xw_cma_blob cma_blob(uint32_t pid, const void *base, uint64_t size, const uint8_t *probe)
+xw_cma_blob cma_blob(uint32_t pid, const void *base, uint64_t size, uint8_t *probe)
 {
     xw_cma_blob b;
     memset(&b, 0, sizeof b);
     b.pid = pid;
     b.base = (uint64_t)(uintptr_t)base;
     b.size = size;
-    b.probe_addr = (uint64_t)(uintptr_t)probe;
-    memcpy(b.probe, probe, XW_CMA_PROBE);
+    b.probe_addr = (uint64_t)(uintptr_t)probe; /* where the receiver's nonce goes (raw_am answers it) */
     return b;
 }
 
@@ -672,10 +676,7 @@ static void hostile_ipc_3e(hostile_ipc *c)
  * peer; memory that is no longer mapped fails the frame (nothing written, pages back); a good one is copied */
 static void hostile_ipc_4(hostile_ipc *c)
 {
-    static const uint8_t probe[XW_CMA_PROBE] = "kvhal-cma-probe";
-    uint8_t wrong[XW_CMA_PROBE];
-    memcpy(wrong, probe, sizeof wrong);
-    wrong[3] ^= 1;
+    static uint8_t probe[XW_CMA_PROBE], elsewhere[XW_CMA_PROBE];
     pid_t gone = fork();
     if (gone == 0) _exit(0);
     waitpid(gone, NULL, 0);
@@ -688,14 +689,15 @@ static void hostile_ipc_4(hostile_ipc *c)
         size_t blen;
         int data; /* 0: map refused or peer dropped; 1: frame fails (unmapped); 2: frame copied */
     } cc[] = {
-        {"probe elsewhere", "probe", cma_blob(me, c->hpat, c->hbytes, probe), sizeof(xw_cma_blob), 0},
-        {"process gone", "cannot read process", cma_blob((uint32_t)gone, c->hpat, c->hbytes, probe), sizeof(xw_cma_blob), 0},
+        {"nonce elsewhere", "does not hold the challenge's nonce", cma_blob(me, c->hpat, c->hbytes, probe),
+         sizeof(xw_cma_blob), 0},
+        {"process gone", "answered the challenge: refused", cma_blob((uint32_t)gone, c->hpat, c->hbytes, probe),
+         sizeof(xw_cma_blob), 0},
         {"pages past the size", "past the", cma_blob(me, c->hpat, c->hbytes / 2, probe), sizeof(xw_cma_blob), 0},
         {"short blob", "malformed IPC_MAP", cma_blob(me, c->hpat, c->hbytes, probe), sizeof(xw_cma_blob) - 1, 0},
         {"unmapped pages", "reading the peer's pages", cma_blob(me, unmapped, c->hbytes, probe), sizeof(xw_cma_blob), 1},
         {"good", "", cma_blob(me, c->hpat, c->hbytes, probe), sizeof(xw_cma_blob), 2},
     };
-    memcpy(cc[0].b.probe, wrong, sizeof wrong);
     for (size_t ci = 0; ci < sizeof cc / sizeof cc[0]; ci++) {
         const bool allowed = tls_cma(tls);
         const bool malformed = cc[ci].blen != sizeof(xw_cma_blob);
@@ -704,6 +706,7 @@ static void hostile_ipc_4(hostile_ipc *c)
         raw_open(&r, c->blob, c->len, TOKEN);
         int e = wait_event(&c->s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
         kvhal_xfer_peer *pb = c->s.evs[e].peer;
+        if (ci == 0) r.cma_write_to = elsewhere; /* the nonce is not where the map says */
         raw_map_kind(&r, XW_IPC_CMA, (const uint8_t *)&cc[ci].b, cc[ci].blen, c->off, c->stride, 16, !malformed);
         if (malformed) { /* this peer's failure (the previous one's may come late) */
             int f = ev0 - 1;

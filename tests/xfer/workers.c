@@ -96,7 +96,7 @@ void test_cma_copies_in_flight(void **state)
     for (int l = 0; l < L; l++)
         for (int kv = 0; kv < 2; kv++) off[2 * l + kv] = chunk_at(hc, l, kv, 0);
     const uint64_t stride = chunk_at(hc, 0, 0, 1) - chunk_at(hc, 0, 0, 0);
-    static const uint8_t probe[XW_CMA_PROBE] = "kvhal-cma-gate";
+    static uint8_t probe[XW_CMA_PROBE];
     const xw_cma_blob b = cma_blob((uint32_t)getpid(), hpat, hbytes, probe);
     enum { N = 8 };
     const char *names[] = {"cancel", "release", "disconnect", "none (short reads)", "fork", "destroy"};

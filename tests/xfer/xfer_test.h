@@ -27,6 +27,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -76,6 +81,12 @@ typedef struct raw {
     uint64_t my_session, their_session;
     int hello_status;
     bool got_hello_ack;
+    xw_hello_ack ack;     /* the listener's answer as it came */
+    xw_hello hello;       /* what raw_open sent */
+    xw_auth auth;         /* and its proof (zero when it sent none) */
+    uint8_t *cma_write_to; /* where a CMA_CHALLENGE's nonce goes (NULL: its map's probe address) */
+    uint8_t *cma_probe_at; /* its CMA map's probe address (raw_map_kind) */
+    int cma_challenges;    /* CMA_CHALLENGE frames answered */
     int nacks;
     xw_ack last_ack;
     int ngrants; /* GRANT frames received */
@@ -126,6 +137,7 @@ void raw_progress(raw *r, double seconds);
 void raw_send(raw *r, const void *hdr, size_t hlen, const void *data, size_t dlen, uint32_t flags);
 void raw_open_v(raw *r, const uint8_t *blob, size_t len, const char *token, uint16_t version);
 void raw_open(raw *r, const uint8_t *blob, size_t len, const char *token);
+xw_transcript raw_transcript(const raw *r);
 void raw_close(raw *r);
 void raw_data(raw *r, uint64_t session, uint64_t req, int32_t first, int32_t nl, const int32_t *pages,
                      int32_t n, size_t hlen_cut, size_t dlen, uint64_t chunk, uint32_t flags);
@@ -148,7 +160,7 @@ void test_ipc_two_processes(void **state);
 void raw_keep(raw *r, void *p);
 void raw_map_kind(raw *r, uint32_t kind, const uint8_t *blob, size_t blen, const uint64_t *off,
                          uint64_t stride, int64_t blocks, bool wait_ack);
-xw_cma_blob cma_blob(uint32_t pid, const void *base, uint64_t size, const uint8_t *probe);
+xw_cma_blob cma_blob(uint32_t pid, const void *base, uint64_t size, uint8_t *probe);
 void raw_data_ipc(raw *r, uint64_t req, int32_t first, int32_t nl, const int32_t *pairs, int32_t n,
                          size_t dlen, uint32_t flags);
 kvhal_xfer_peer *raw_mapped(server *s, raw *r, const uint8_t *blob, size_t len, const uint8_t *hblob,
@@ -170,5 +182,19 @@ void test_offers(void **state);
 void test_stream_two_processes(void **state);
 void test_stream_peer_killed(void **state);
 void test_stream_slow_receiver(void **state);
+void test_impostor_listener(void **state);
+void test_replayed_hello(void **state);
+void test_cma_bystander(void **state);
+void test_grant_flood(void **state);
+void test_double_destroy(void **state);
+void test_peer_reason_printable(void **state);
+void test_listener_after_fd_exhaustion(void **state);
+void test_net_devices(void **state);
+int listener_fds_main(int argc, char **argv);
+extern pid_t vm_watch_pid;
+extern const char *server_token;
+extern uint64_t raw_chunk;
+extern const raw *raw_replay;
+extern int vm_watch_reads;
 
 #endif
