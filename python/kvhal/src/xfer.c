@@ -312,8 +312,8 @@ static void transfer_done(agent_object *agent, kvhal_xfer *x)
 }
 
 static PyStructSequence_Field xev_fields[] = {
-    {"kind", "'peer_connected', 'peer_rejected', 'peer_failed', 'grant', 'recv_done', 'send_done', 'offer' or "
-             "'layer_done'"},
+    {"kind", "'peer_connected', 'peer_rejected', 'peer_failed', 'grant', 'recv_done', 'send_done', 'offer', "
+             "'layer_done' or 'listener_lost' (make a new agent)"},
     {"peer", "the Peer concerned (None for a refused connection)"},
     {"transfer", "recv_done, send_done: the Transfer"},
     {"request_id", "grant, recv_done, send_done, offer: the request"},
@@ -330,7 +330,7 @@ static PyStructSequence_Desc xev_desc = {
     xev_fields, 8};
 
 static const char *const xev_kinds[] = {"none",      "peer_connected", "peer_rejected", "peer_failed", "grant",
-                                        "recv_done", "send_done",      "offer",         "layer_done"};
+                                        "recv_done", "send_done",      "offer",         "layer_done",  "listener_lost"};
 #define XEV_KINDS ((unsigned)(sizeof xev_kinds / sizeof xev_kinds[0]))
 
 static PyObject *event_object_of(agent_object *self, const kvhal_xfer_event *ev)
@@ -351,7 +351,7 @@ static PyObject *event_object_of(agent_object *self, const kvhal_xfer_event *ev)
     Py_INCREF(xo);
     const int done = ev->type == KVHAL_XFER_EVENT_RECV_DONE || ev->type == KVHAL_XFER_EVENT_SEND_DONE;
     const int with_status = done || ev->type == KVHAL_XFER_EVENT_PEER_FAILED ||
-                            ev->type == KVHAL_XFER_EVENT_PEER_REJECTED;
+                            ev->type == KVHAL_XFER_EVENT_PEER_REJECTED || ev->type == KVHAL_XFER_EVENT_LISTENER_LOST;
     const unsigned k = (unsigned)ev->type < XEV_KINDS ? (unsigned)ev->type : 0;
     PyObject *v[8] = {
         PyUnicode_FromString(xev_kinds[k]),
