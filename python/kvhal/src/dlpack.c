@@ -393,11 +393,18 @@ int kvpy_import_any(kvpy_state *st, PyObject *obj, const char *arg, int writable
 }
 
 /* ---- a DLTensor as a kvhal tensor ---- */
-/* The dtype of dl; raw: any 1, 2, 4 or 8-byte type as a kvhal dtype of that size (host copies move bytes). */
-static int import_dtype(kvpy_state *st, const DLTensor *dl, const char *arg, int raw, kvhal_dtype *dt)
+/* The dtype of dl; KVPY_IMPORT_RAW: any 1, 2, 4 or 8-byte type as a kvhal dtype of that size (host copies move
+ * bytes); KVPY_IMPORT_BYTES: 8-bit integers as fp8_e4m3 with *bytes set. */
+static int import_dtype(kvpy_state *st, const DLTensor *dl, const char *arg, int mode, kvhal_dtype *dt, int *bytes)
 {
     const DLDataType t = dl->dtype;
+    const int raw = mode & KVPY_IMPORT_RAW;
     if (kvpy_dtype_from_dl(t, dt) == 0) return 0;
+    if ((mode & KVPY_IMPORT_BYTES) && t.lanes == 1 && t.bits == 8 && (t.code == kDLUInt || t.code == kDLInt)) {
+        *dt = KVHAL_FP8_E4M3; /* one byte per element; the caller sets the fp8 format */
+        *bytes = 1;
+        return 0;
+    }
     if (raw && t.lanes == 1 && t.bits % 8 == 0 && t.bits <= 64 && kvpy_dtype_of_size(t.bits / 8, dt) == 0) return 0;
     kvpy_bad_arg(st, "%s: DLPack dtype (code %u, %u bits, %u lanes) is not one kvhal has (%s)", arg, (unsigned)t.code,
                  (unsigned)t.bits, (unsigned)t.lanes, KVPY_DTYPE_NAMES);
@@ -469,7 +476,7 @@ static int import_view(kvpy_state *st, const DLTensor *dl, uint64_t flags, const
         return -1;
     }
     kvhal_dtype dt;
-    if (import_dtype(st, dl, arg, mode & KVPY_IMPORT_RAW, &dt) != 0) return -1;
+    if (import_dtype(st, dl, arg, mode, &dt, &out->bytes) != 0) return -1;
     if (dl->ndim < 1 || dl->ndim > KVHAL_MAX_DIMS) {
         kvpy_bad_arg(st, "%s: %d dimensions (kvhal takes 1 to %d)", arg, (int)dl->ndim, KVHAL_MAX_DIMS);
         return -1;
@@ -551,6 +558,13 @@ static void capsule_destructor(PyObject *cap)
 
 PyObject *kvpy_export(PyObject *owner, const kvhal_tensor *t, int versioned, int readonly)
 {
+    /* the exported type is checked against the dtype table: a consumer reads bits * lanes / 8 bytes per element
+     * and must never read past the tensor's memory */
+    const DLDataType dt = kvpy_dtype_to_dl(t->dtype);
+    if (!kvpy_dtype(t->dtype) || (size_t)dt.bits * dt.lanes != 8 * kvhal_dtype_size(t->dtype))
+        return kvpy_raise_msg(kvpy_state_of(owner), KVHAL_INTERNAL,
+                              "__dlpack__: dtype %d exports as %u-bit DLPack elements, not its %zu bytes",
+                              (int)t->dtype, (unsigned)dt.bits * dt.lanes, kvhal_dtype_size(t->dtype));
     export_t *e = PyMem_RawCalloc(1, sizeof *e);
     if (!e) return PyErr_NoMemory();
     const kvhal_device dev = kvhal_buffer_device(t->buffer);
@@ -559,7 +573,7 @@ PyObject *kvpy_export(PyObject *owner, const kvhal_tensor *t, int versioned, int
     dl->device.device_type = (DLDeviceType)kvpy_dl_device_type(dev);
     dl->device.device_id = dev.id;
     dl->ndim = t->ndim;
-    dl->dtype = kvpy_dtype_to_dl(t->dtype);
+    dl->dtype = dt;
     for (int i = 0; i < t->ndim; i++) {
         e->shape[i] = t->shape[i];
         e->strides[i] = t->strides[i];

@@ -40,11 +40,13 @@ typedef struct {
     kvhal_tensor t;
     kvhal_buffer *buf; /* wrapped for this call, or borrowed from the wrap cache (wrap_slot) */
     int wrap_slot;     /* 1 + the wrap cache entry buf came from, 0 when buf is this call's own */
+    int bytes;         /* KVPY_IMPORT_BYTES: the array was 8-bit integers, taken as fp8_e4m3 for the caller to retype */
     kvpy_taken taken;
 } kvpy_import;
 
 #define KVPY_IMPORT_RAW 1  /* host copies: any 1/2/4/8-byte dtype taken by its size */
 #define KVPY_IMPORT_KEEP 2 /* the view outlives the call (from_dlpack): an owning import, never a borrowed DLTensor */
+#define KVPY_IMPORT_BYTES 4 /* fp8 caches kept as uint8/int8 arrays: taken (out->bytes set) for the caller to retype */
 
 /* Every entry point that imports arrays starts a new call: producers' current streams are asked again. */
 static inline void kvpy_new_call(kvpy_state *st) { st->call_serial++; }
