@@ -177,7 +177,9 @@ static PyObject *dtype_object_name(PyObject *o)
     return PyObject_Str(o);
 }
 
-int kvpy_parse_dtype(kvpy_state *st, PyObject *o, kvhal_dtype *out)
+int kvpy_parse_dtype(kvpy_state *st, PyObject *o, kvhal_dtype *out) { return kvpy_parse_dtype_arg(st, o, "dtype", out); }
+
+int kvpy_parse_dtype_arg(kvpy_state *st, PyObject *o, const char *arg, kvhal_dtype *out)
 {
     if (!o || o == Py_None) {
         *out = KVHAL_F32;
@@ -188,10 +190,10 @@ int kvpy_parse_dtype(kvpy_state *st, PyObject *o, kvhal_dtype *out)
     int rc = -1;
     if (!name) {
         PyErr_Clear();
-        kvpy_bad_arg(st, "dtype: expected a name (%s), a NumPy or a torch dtype, got %s", KVPY_DTYPE_NAMES,
+        kvpy_bad_arg(st, "%s: expected a name (%s), a NumPy or a torch dtype, got %s", arg, KVPY_DTYPE_NAMES,
                      Py_TYPE(o)->tp_name);
     } else if (dtype_by_name(name, out) != 0) {
-        kvpy_bad_arg(st, "dtype: '%s' is not one of kvhal's (%s, or NumPy's and torch's names of them)", name,
+        kvpy_bad_arg(st, "%s: '%s' is not one of kvhal's (%s, or NumPy's and torch's names of them)", arg, name,
                      KVPY_DTYPE_NAMES);
     } else {
         rc = 0;

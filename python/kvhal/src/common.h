@@ -65,6 +65,8 @@ int kvpy_dtype_of_size(size_t bytes, kvhal_dtype *out);
 /* A dtype: kvhal's name ('f16'), NumPy's or torch's ('float16', numpy.float16, numpy.dtype('float16'),
  * torch.float16); absent or None: f32. 0, or -1 with kvhal.InvalidArgument set. */
 int kvpy_parse_dtype(kvpy_state *st, PyObject *o, kvhal_dtype *out);
+/* The same for the argument named arg. */
+int kvpy_parse_dtype_arg(kvpy_state *st, PyObject *o, const char *arg, kvhal_dtype *out);
 /* The table against the library's kvhal_dtype_name() and kvhal_dtype_size(); 0, or -1 with ImportError set. */
 int kvpy_dtype_check(void);
 

@@ -182,10 +182,12 @@ static int module_exec(PyObject *m)
 static PyMethodDef module_methods[] = {
     {"paged_caching", FASTCALL_KW(kvpy_paged_caching),
      "paged_caching(k_cache, v_cache, k, v, slot_mapping, k_scale=1.0, v_scale=1.0, stream=None, cache_dtype=None, "
-     "num_tokens=None)\n--\n\n"
+     "num_tokens=None, layout='NHD')\n--\n\n"
      "Writes k and v into the caches (in place) at the slots of slot_mapping; the C API's order and rules. "
      "cache_dtype: the fp8 format of caches kept as uint8 (or int8) arrays of codes ('fp8_e4m3', 'fp8_e5m2', "
-     "'fp8_e4m3fnuz', 'fp8_e5m2fnuz'); num_tokens: only the first num_tokens rows of k and v ([tokens, heads, dim]). "
+     "'fp8_e4m3fnuz', 'fp8_e5m2fnuz'); num_tokens: only the first num_tokens rows of k and v ([tokens, heads, dim]); "
+     "layout: 'NHD' caches are [blocks, block_size, heads, dim], 'HND' ones [blocks, heads, block_size, dim]; "
+     "v_cache=None: k_cache holds both as [blocks, 2, ...] (K at index 0 of dim 1, V at 1). "
      "Asynchronous on GPUs: an out-of-range slot is reported by check_errors."},
     {"copy_blocks", FASTCALL_KW(kvpy_copy_blocks),
      "copy_blocks(caches, pairs, stream=None)\n--\n\nCopies whole blocks src -> dst in every cache; pairs is an "

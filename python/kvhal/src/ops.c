@@ -2,6 +2,7 @@
 #include "ops.h"
 
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "dlpack.h"
@@ -30,14 +31,27 @@ typedef struct {
     int has_cache_dtype;
     kvhal_dtype cache_dtype;
     int64_t num_tokens; /* -1: all of k's */
+    int hnd;            /* the caches are [blocks, heads, block_size, dim] */
 } paged_opts;
 
-static int parse_paged_opts(kvpy_state *st, PyObject *cache_dtype, PyObject *num_tokens, paged_opts *o)
+static int parse_paged_opts(kvpy_state *st, PyObject *cache_dtype, PyObject *num_tokens, PyObject *layout,
+                            paged_opts *o)
 {
     o->has_cache_dtype = cache_dtype && cache_dtype != Py_None;
     o->num_tokens = -1;
+    o->hnd = 0;
+    if (layout && layout != Py_None) {
+        const char *l = PyUnicode_Check(layout) ? PyUnicode_AsUTF8(layout) : NULL;
+        if (l && !strcmp(l, "HND")) {
+            o->hnd = 1;
+        } else if (!l || strcmp(l, "NHD")) {
+            PyErr_Clear();
+            kvpy_bad_arg(st, "layout: expected 'NHD' or 'HND'");
+            return -1;
+        }
+    }
     if (o->has_cache_dtype) {
-        if (kvpy_parse_dtype(st, cache_dtype, &o->cache_dtype) != 0) return -1;
+        if (kvpy_parse_dtype_arg(st, cache_dtype, "cache_dtype", &o->cache_dtype) != 0) return -1;
         if (kvhal_dtype_size(o->cache_dtype) != 1) {
             kvpy_bad_arg(st, "cache_dtype: '%s' is not an fp8 format (the caches' dtype when they are uint8 arrays "
                          "of fp8 codes)", kvpy_dtype(o->cache_dtype)->name);
@@ -61,9 +75,48 @@ static int parse_paged_opts(kvpy_state *st, PyObject *cache_dtype, PyObject *num
     return 0;
 }
 
+/* v_cache None: k_cache is [blocks, 2, ...], K at index 0 of dim 1 and V at 1 (FlashInfer's single-tensor form),
+ * split into two views of the same memory (t[1] owns nothing). 0, or -1 with an exception set. */
+static int split_stacked(kvpy_state *st, kvpy_import t[2])
+{
+    kvhal_tensor kv = t[0].t;
+    if (kv.ndim != 5 || kv.shape[1] != 2) {
+        kvpy_bad_arg(st, "k_cache: with v_cache=None, k_cache holds both as [blocks, 2, ...] (5 dims, dim 1 of size "
+                     "2); it has %d dims", (int)kv.ndim);
+        return -1;
+    }
+    kvhal_tensor k = kv;
+    k.ndim = 4;
+    for (int d = 1; d < KVHAL_MAX_DIMS - 1; d++) {
+        k.shape[d] = kv.shape[d + 1];
+        k.strides[d] = kv.strides[d + 1];
+    }
+    k.shape[KVHAL_MAX_DIMS - 1] = 1;
+    k.strides[KVHAL_MAX_DIMS - 1] = 0;
+    t[1] = t[0];
+    t[1].buf = NULL; /* t[0] releases the buffer and the producer's tensor */
+    t[1].wrap_slot = 0;
+    t[1].taken.managed = NULL;
+    t[0].t = k;
+    t[1].t = k;
+    t[1].t.offset += (size_t)kv.strides[1] * kvhal_dtype_size(kv.dtype);
+    return 0;
+}
+
 /* The options applied to the imported caches (t[0..1]) and k, v (t[2..3]). 0, or -1 with an exception set. */
 static int apply_paged_opts(kvpy_state *st, const paged_opts *o, const char *const *names, kvpy_import t[5])
 {
+    for (int i = 0; o->hnd && i < 2; i++) { /* [blocks, heads, block_size, dim] as kvhal's logical order */
+        if (t[i].t.ndim != 4) {
+            kvpy_bad_arg(st, "%s: layout='HND' takes 4-D caches [blocks, heads, block_size, dim]", names[i]);
+            return -1;
+        }
+        const int64_t sh = t[i].t.shape[1], sd = t[i].t.strides[1];
+        t[i].t.shape[1] = t[i].t.shape[2];
+        t[i].t.strides[1] = t[i].t.strides[2];
+        t[i].t.shape[2] = sh;
+        t[i].t.strides[2] = sd;
+    }
     for (int i = 0; o->has_cache_dtype && i < 2; i++) {
         if (t[i].bytes) {
             t[i].t.dtype = o->cache_dtype;
@@ -95,10 +148,16 @@ static int import_paged_args(kvpy_state *st, PyObject *const *a, const char *con
     intptr_t native;
     if (kvpy_stream_int(st, stream, &native) != 0) return -1;
     const intptr_t dls = kvpy_dlpack_stream_number(stream, native);
-    for (; *n < 5; (*n)++)
+    const int stacked = a[1] == Py_None;
+    for (; *n < 5; (*n)++) {
+        if (*n == 1 && stacked) {
+            if (split_stacked(st, t) != 0) return -1;
+            continue;
+        }
         if (kvpy_import_any(st, a[*n], names[*n], *n < 2, dls, *n < 2 && o->has_cache_dtype ? KVPY_IMPORT_BYTES : 0,
                             &t[*n]) != 0)
             return -1;
+    }
     if (apply_paged_opts(st, o, names, t) != 0) return -1;
     return kvpy_stream_for(st, stream, native, kvhal_buffer_device(t[0].t.buffer), s);
 }
@@ -107,12 +166,12 @@ PyObject *kvpy_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t na
 {
     kvpy_state *st = kvpy_state_of_module(mod);
     kvpy_new_call(st);
-    static const char *const names[] = {"k_cache", "v_cache", "k",      "v",           "slot_mapping",
-                                        "k_scale", "v_scale", "stream", "cache_dtype", "num_tokens"};
-    PyObject *a[10];
-    if (kvpy_parse_fast("paged_caching", args, nargs, kwnames, names, 10, 5, a) != 0) return NULL;
+    static const char *const names[] = {"k_cache", "v_cache",     "k",          "v",     "slot_mapping", "k_scale",
+                                        "v_scale", "stream", "cache_dtype", "num_tokens", "layout"};
+    PyObject *a[11];
+    if (kvpy_parse_fast("paged_caching", args, nargs, kwnames, names, 11, 5, a) != 0) return NULL;
     paged_opts o;
-    if (parse_paged_opts(st, a[8], a[9], &o) != 0) return NULL;
+    if (parse_paged_opts(st, a[8], a[9], a[10], &o) != 0) return NULL;
     float ks, vs;
     if (as_scale(st, a[5], "k_scale", &ks) != 0 || as_scale(st, a[6], "v_scale", &vs) != 0) return NULL;
     kvpy_import t[5];
@@ -152,7 +211,7 @@ PyObject *kvpy_time_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize
     int n = 0;
     PyObject *ret = NULL;
     kvhal_stream *s;
-    const paged_opts o = {0, KVHAL_F32, -1};
+    const paged_opts o = {0, KVHAL_F32, -1, 0};
     if (import_paged_args(st, a, names, a[6], &o, t, &n, &s) != 0) goto out;
     struct timespec t0, t1;
     kvhal_status rc = KVHAL_OK;
