@@ -16,7 +16,7 @@ are kvhal.Tensors elsewhere.
 """
 import numpy as np
 
-from .._kvhal import InvalidArgument, Tensor, empty, paged_caching
+from .. import InvalidArgument, Tensor, empty, paged_caching
 
 __all__ = ["append_paged_kv_cache"]
 

@@ -12,7 +12,7 @@ one-element tensors (a tensor on a GPU is read on the host: a synchronisation pe
 scales are fixed). On AMD GPUs whose fp8 is e4m3fnuz, call :func:`kvhal.paged_caching` with
 ``cache_dtype="fp8_e4m3fnuz"``.
 """
-from .._kvhal import InvalidArgument, paged_caching
+from .. import InvalidArgument, paged_caching
 
 _FP8 = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 

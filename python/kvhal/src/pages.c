@@ -145,7 +145,7 @@ static PyObject *pages_reduce(PyObject *op, PyObject *unused)
 }
 
 static PyMethodDef pages_methods[] = {
-    {"tolist", pages_tolist, METH_NOARGS, "tolist()\n--\n\nThe page ids as a list of ints."},
+    {"tolist", pages_tolist, METH_NOARGS, "tolist($self)\n--\n\nThe page ids as a list of ints."},
     {"__reduce__", pages_reduce, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL}};
 

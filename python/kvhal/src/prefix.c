@@ -353,19 +353,19 @@ static PyObject *prefix_get_page_size(PyObject *op, void *c)
 
 static PyMethodDef prefix_methods[] = {
     {"match", prefix_match, METH_O,
-     "match(tokens)\n--\n\nLongest cached prefix, in whole pages: (handle, cached_len, pages: kvhal.Pages))."},
-    {"lock", prefix_lock, METH_O, "lock(handle)\n--\n\nProtects the handle's path from eviction."},
-    {"unlock", prefix_unlock, METH_O, "unlock(handle)\n--\n\nUndoes one lock."},
+     "match($self, tokens)\n--\n\nLongest cached prefix, in whole pages: (handle, cached_len, pages: kvhal.Pages))."},
+    {"lock", prefix_lock, METH_O, "lock($self, handle)\n--\n\nProtects the handle's path from eviction."},
+    {"unlock", prefix_unlock, METH_O, "unlock($self, handle)\n--\n\nUndoes one lock."},
     {"insert", (PyCFunction)(void (*)(void))prefix_insert, METH_FASTCALL | METH_KEYWORDS,
-     "insert(tokens, pages)\n--\n\nInserts tokens (aligned down to pages) with their pages; returns the length that "
+     "insert($self, tokens, pages)\n--\n\nInserts tokens (aligned down to pages) with their pages; returns the length that "
      "was cached before."},
     {"evict", prefix_evict, METH_O,
-     "evict(num_tokens)\n--\n\nEvicts unlocked leaves (LRU) until num_tokens are freed; returns the freed pages."},
-    {"reset", prefix_reset, METH_NOARGS, "reset()\n--\n\nDrops everything; returns the freed pages."},
+     "evict($self, num_tokens)\n--\n\nEvicts unlocked leaves (LRU) until num_tokens are freed; returns the freed pages."},
+    {"reset", prefix_reset, METH_NOARGS, "reset($self)\n--\n\nDrops everything; returns the freed pages."},
     {"size_info", prefix_size_info, METH_NOARGS,
-     "size_info()\n--\n\n{evictable_tokens, protected_tokens, total_tokens, num_nodes}."},
+     "size_info($self)\n--\n\n{evictable_tokens, protected_tokens, total_tokens, num_nodes}."},
     {"check_integrity", prefix_check_integrity, METH_NOARGS,
-     "check_integrity()\n--\n\nRaises kvhal.Integrity if the tree is inconsistent."},
+     "check_integrity($self)\n--\n\nRaises kvhal.Integrity if the tree is inconsistent."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef prefix_getset[] = {{"page_size", prefix_get_page_size, NULL, "tokens per page", NULL},
@@ -590,24 +590,24 @@ static PyObject *manager_get_prefix(PyObject *op, void *c)
 
 static PyMethodDef manager_methods[] = {
     {"match", manager_match, METH_O,
-     "match(tokens)\n--\n\nmatch + lock: (handle, cached_len, pages: kvhal.Pages). Pass the handle to cache_finished "
+     "match($self, tokens)\n--\n\nmatch + lock: (handle, cached_len, pages: kvhal.Pages). Pass the handle to cache_finished "
      "(or unlock it after freeing the request's own pages)."},
-    {"lock", manager_lock, METH_O, "lock(handle)\n--\n\nOne more lock on the handle's path."},
-    {"unlock", manager_unlock, METH_O, "unlock(handle)\n--\n\nUndoes one lock."},
+    {"lock", manager_lock, METH_O, "lock($self, handle)\n--\n\nOne more lock on the handle's path."},
+    {"unlock", manager_unlock, METH_O, "unlock($self, handle)\n--\n\nUndoes one lock."},
     {"allocate", manager_allocate, METH_O,
-     "allocate(n)\n--\n\nn pages (evicting when free pages run short), all or nothing: kvhal.Pages."},
-    {"free", manager_free, METH_O, "free(pages)\n--\n\nGives pages back."},
+     "allocate($self, n)\n--\n\nn pages (evicting when free pages run short), all or nothing: kvhal.Pages."},
+    {"free", manager_free, METH_O, "free($self, pages)\n--\n\nGives pages back."},
     {"cache_finished", (PyCFunction)(void (*)(void))manager_finished, METH_FASTCALL | METH_KEYWORDS,
-     "cache_finished(tokens, pages, handle)\n--\n\nA request finished: inserts its page-aligned tokens, frees "
+     "cache_finished($self, tokens, pages, handle)\n--\n\nA request finished: inserts its page-aligned tokens, frees "
      "duplicate and partial pages, unlocks handle."},
     {"cache_finished_suffix", (PyCFunction)(void (*)(void))manager_finished_suffix, METH_FASTCALL | METH_KEYWORDS,
-     "cache_finished_suffix(handle, tokens, pages, start=0)\n--\n\nThe same given only the tokens and pages past the "
+     "cache_finished_suffix($self, handle, tokens, pages, start=0)\n--\n\nThe same given only the tokens and pages past the "
      "match: tokens[start:] (start: the matched length, to pass the whole request's tokens without slicing them) "
      "and their pages."},
     {"evict", manager_evict, METH_O,
-     "evict(num_tokens)\n--\n\nEvicts unlocked cached prefixes into the free pages; returns the tokens freed."},
+     "evict($self, num_tokens)\n--\n\nEvicts unlocked cached prefixes into the free pages; returns the tokens freed."},
     {"check_integrity", manager_check_integrity, METH_NOARGS,
-     "check_integrity()\n--\n\nfree + evictable + protected + held == total, else kvhal.Integrity."},
+     "check_integrity($self)\n--\n\nfree + evictable + protected + held == total, else kvhal.Integrity."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef manager_getset[] = {

@@ -185,11 +185,11 @@ static PyObject *stream_cuda_stream(PyObject *op, PyObject *unused)
 
 static PyMethodDef stream_methods[] = {
     {"check_errors", stream_check_errors, METH_NOARGS,
-     "check_errors()\n--\n\nWaits for the work queued on this stream (only) and raises kvhal.DeviceFault if a kernel "
+     "check_errors($self)\n--\n\nWaits for the work queued on this stream (only) and raises kvhal.DeviceFault if a kernel "
      "of the device skipped out-of-range slots since the last check."},
-    {"synchronize", stream_synchronize, METH_NOARGS, "synchronize()\n--\n\nWaits for the stream."},
+    {"synchronize", stream_synchronize, METH_NOARGS, "synchronize($self)\n--\n\nWaits for the stream."},
     {"__cuda_stream__", stream_cuda_stream, METH_NOARGS,
-     "__cuda_stream__()\n--\n\n(0, handle): the CUDA stream protocol."},
+     "__cuda_stream__($self)\n--\n\n(0, handle): the CUDA stream protocol."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef stream_getset[] = {{"device", stream_get_device, NULL, "the device ('cuda:0')", NULL},
