@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "stream.h"
+
 void kvpy_taken_release(kvpy_taken *tk)
 {
     if (!tk->managed) return;
@@ -154,16 +156,6 @@ const kvpy_xapi *kvpy_xapi_of(kvpy_state *st, PyTypeObject *tp)
     return api;
 }
 
-/* Whether the producer's current stream (the exchange API's current_work_stream) is the consumer's stream given as
- * the DLPack stream protocol numbers it (1 legacy default, 2 per-thread default, else a handle; 0, no stream given,
- * is kvhal's legacy default). The producer's NULL is its default stream, the legacy default stream on CUDA/ROCm. */
-static int same_stream(void *producer, intptr_t dls)
-{
-    const intptr_t p = (intptr_t)producer;
-    const intptr_t pk = p == 0 ? 1 : p, ck = dls == 0 ? 1 : dls;
-    return pk == ck;
-}
-
 /* The producer's current stream on dl's device: asked once per call and device (the thread is part of the key: a
  * producer's current stream is per thread, and another thread may run a call while a __dlpack__ fallback lets it).
  * 0, or -1 with an exception set. */
@@ -190,10 +182,10 @@ static int producer_stream(kvpy_state *st, const kvpy_xapi *api, const DLTensor 
 static int finish_import(kvpy_state *st, const DLTensor *dl, uint64_t flags, const char *arg, int writable, int mode,
                          kvpy_import *out);
 
-/* Imports through the exchange API. 1: done; 0: the producer works on another stream than the one kvhal will use
- * (then __dlpack__, given the call's stream or none, orders the two as the protocol says); -1: error set. */
-static int import_xapi(kvpy_state *st, PyObject *obj, const kvpy_xapi *api, const char *arg, int writable,
-                       intptr_t stream_int, int mode, kvpy_import *out)
+/* Imports through the exchange API (no synchronisation: the producer's current stream is noted for
+ * kvpy_call_stream). 1: done; -1: error set. */
+static int import_xapi(kvpy_state *st, PyObject *obj, const kvpy_xapi *api, const char *arg, int writable, int mode,
+                       kvpy_import *out)
 {
     DLTensor borrowed;
     const DLTensor *dl;
@@ -219,18 +211,16 @@ static int import_xapi(kvpy_state *st, PyObject *obj, const kvpy_xapi *api, cons
         dl = &m->dl_tensor;
         flags = m->flags;
     }
-    /* with no stream given kvhal works on the legacy default stream, which torch's __dlpack__(stream=None) also
-     * orders after its current stream: the producer's current stream must be the one kvhal uses either way */
+    /* the producer's current stream, which kvpy_call_stream orders before the call's stream (or uses, when the
+     * caller gave none) */
     if (dl->device.device_type == kDLCUDA || dl->device.device_type == kDLROCM) {
         void *cur;
         if (producer_stream(st, api, dl, &cur) != 0) {
             kvpy_taken_release(&out->taken);
             goto failed;
         }
-        if (!same_stream(cur, stream_int)) {
-            kvpy_taken_release(&out->taken);
-            return 0;
-        }
+        out->producer = KVPY_PRODUCER_XAPI;
+        out->producer_stream = cur;
     }
     return finish_import(st, dl, flags, arg, writable, mode, out) == 0 ? 1 : -1;
 failed:
@@ -366,8 +356,8 @@ static int take_capsule(kvpy_state *st, PyObject *cap, const char *arg, kvpy_imp
     return rc;
 }
 
-int kvpy_import_any(kvpy_state *st, PyObject *obj, const char *arg, int writable, intptr_t stream_int, int mode,
-                    kvpy_import *out)
+static int import_any(kvpy_state *st, PyObject *obj, const char *arg, int writable, intptr_t stream_int, int mode,
+                      kvpy_import *out)
 {
     memset(out, 0, sizeof *out);
     if (PyObject_TypeCheck(obj, st->tensor_type)) {
@@ -381,15 +371,72 @@ int kvpy_import_any(kvpy_state *st, PyObject *obj, const char *arg, int writable
     }
     const kvpy_xapi *api = kvpy_xapi_of(st, Py_TYPE(obj));
     if (api) {
-        const int r = import_xapi(st, obj, api, arg, writable, stream_int, mode, out);
+        const int r = import_xapi(st, obj, api, arg, writable, mode, out);
         if (r != 0) return r < 0 ? -1 : 0;
     }
-    PyObject *cap = call_dlpack(st, obj, arg, stream_int);
+    const int torch = kvpy_is_torch_tensor(st, obj);
+    PyObject *cap = call_dlpack(st, obj, arg, torch ? -1 : stream_int);
     if (!cap) return -1;
     DLTensor *dl = NULL;
     uint64_t flags = 0;
     if (take_capsule(st, cap, arg, out, &dl, &flags) != 0) return -1;
+    if (torch && (dl->device.device_type == kDLCUDA || dl->device.device_type == kDLROCM))
+        out->producer = KVPY_PRODUCER_TORCH;
     return finish_import(st, dl, flags, arg, writable, mode, out);
+}
+
+int kvpy_import_any(kvpy_state *st, PyObject *obj, const char *arg, int writable, intptr_t stream_int, int mode,
+                    kvpy_import *out)
+{
+    if (import_any(st, obj, arg, writable, stream_int, mode, out) == 0) return 0;
+    /* every failure a kvhal.Error: a producer's own exception (torch's BufferError, RuntimeError) keeps its
+     * message, named after the argument */
+    if (!PyErr_ExceptionMatches(st->error) && PyErr_ExceptionMatches(PyExc_Exception) &&
+        !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        PyObject *msg = value ? PyObject_Str(value) : NULL;
+        const char *text = msg ? PyUnicode_AsUTF8(msg) : NULL;
+        if (!text) PyErr_Clear();
+        const size_t al = strlen(arg); /* the exchange API's failures already start with the argument's name */
+        if (text && !strncmp(text, arg, al) && text[al] == ':' && text[al + 1] == ' ') text += al + 2;
+        kvpy_bad_arg(st, "%s: the producer refused the export: %s: %s", arg,
+                     type ? ((PyTypeObject *)type)->tp_name : "?", text ? text : "?");
+        PyObject *t2, *v2, *tb2; /* the producer's exception as the cause */
+        PyErr_Fetch(&t2, &v2, &tb2);
+        PyErr_NormalizeException(&t2, &v2, &tb2);
+        if (v2 && value) PyException_SetCause(v2, Py_NewRef(value));
+        PyErr_Restore(t2, v2, tb2);
+        Py_XDECREF(msg);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
+    return -1;
+}
+
+int kvpy_call_stream(kvpy_state *st, PyObject *stream, intptr_t native, kvhal_device dev, const kvpy_import *t, int n,
+                     kvhal_stream **s)
+{
+    *s = NULL;
+    if (!kvpy_is_gpu(dev)) return kvpy_stream_for(st, stream, native, dev, s);
+    int told = 0;
+    intptr_t producer = 0;
+    for (int i = 0; i < n && !told; i++)
+        if (t[i].producer == KVPY_PRODUCER_XAPI) {
+            producer = (intptr_t)t[i].producer_stream;
+            told = 1;
+        }
+    for (int i = 0; i < n && !told; i++)
+        if (t[i].producer == KVPY_PRODUCER_TORCH) {
+            if (kvpy_torch_current_stream(st, dev, &producer) != 0) return -1;
+            told = 1;
+        }
+    if (!told) return kvpy_stream_for(st, stream, native, dev, s); /* the producers ordered themselves */
+    if (!stream || stream == Py_None) return kvpy_stream_native(st, producer, dev, s); /* torch users' default */
+    if (kvpy_stream_for(st, stream, native, dev, s) != 0) return -1;
+    return kvpy_same_native(producer, native) ? 0 : kvpy_order_after(st, dev, producer, *s);
 }
 
 /* ---- a DLTensor as a kvhal tensor ---- */

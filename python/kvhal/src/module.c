@@ -25,6 +25,8 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->manager_type);
     Py_VISIT(st->array_type);
     Py_VISIT(st->last_stream_obj);
+    Py_VISIT(st->torch_tensor_type);
+    Py_VISIT(st->torch_current_stream);
     for (int i = 0; i < st->xapi_n; i++) {
         Py_VISIT(st->xapi[i].tp);
         Py_VISIT(st->xapi[i].holder);
@@ -50,6 +52,8 @@ static int module_clear(PyObject *m)
                           &st->max_version,   &st->kw_stream,       &st->kw_max,        &st->kw_stream_max};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) Py_CLEAR(*names[i]);
     Py_CLEAR(st->last_stream_obj);
+    Py_CLEAR(st->torch_tensor_type);
+    Py_CLEAR(st->torch_current_stream);
     for (int i = 0; i < st->xapi_n; i++) {
         Py_CLEAR(st->xapi[i].tp);
         Py_CLEAR(st->xapi[i].holder);

@@ -159,7 +159,7 @@ static int import_paged_args(kvpy_state *st, PyObject *const *a, const char *con
             return -1;
     }
     if (apply_paged_opts(st, o, names, t) != 0) return -1;
-    return kvpy_stream_for(st, stream, native, kvhal_buffer_device(t[0].t.buffer), s);
+    return kvpy_call_stream(st, stream, native, kvhal_buffer_device(t[0].t.buffer), t, 5, s);
 }
 
 PyObject *kvpy_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -242,7 +242,7 @@ PyObject *kvpy_tensor_copy(PyObject *mod, PyObject *const *args, Py_ssize_t narg
         if (kvpy_import_any(st, a[n], names[n], n == 0, kvpy_dlpack_stream_number(a[2], native), 0, &t[n]) != 0)
             goto out;
     kvhal_stream *s;
-    if (kvpy_stream_for(st, a[2], native, kvhal_buffer_device(t[0].t.buffer), &s) != 0) goto out;
+    if (kvpy_call_stream(st, a[2], native, kvhal_buffer_device(t[0].t.buffer), t, 2, &s) != 0) goto out;
     kvhal_status rc = kvhal_tensor_copy(&t[0].t, &t[1].t, s);
     ret = rc == KVHAL_OK ? Py_NewRef(Py_None) : kvpy_raise(st, rc);
 out:
@@ -300,7 +300,7 @@ static int copy_blocks_on(kvpy_state *st, PyObject *seq, PyObject *stream, intpt
         ts[*n] = t[*n].t;
     }
     kvhal_stream *s;
-    if (kvpy_stream_for(st, stream, native, kvhal_buffer_device(t[0].t.buffer), &s) != 0) return -1;
+    if (kvpy_call_stream(st, stream, native, kvhal_buffer_device(t[0].t.buffer), t, (int)nc, &s) != 0) return -1;
     kvhal_status rc = kvhal_copy_blocks(ts, (int32_t)nc, (const int64_t *)pr->data, (int32_t)(pr->n / 2), s);
     if (rc != KVHAL_OK) {
         kvpy_raise(st, rc);
