@@ -1,6 +1,8 @@
 /* stream.c — stream arguments resolved to kvhal streams (borrowed handles cached per module), and kvhal.Stream. */
 #include "stream.h"
 
+#include <string.h>
+
 /* A stream object read through __cuda_stream__ or .cuda_stream: its integer handle, or NULL with nothing set. */
 static PyObject *protocol_handle(kvpy_state *st, PyObject *o, int *failed)
 {
@@ -132,6 +134,10 @@ void kvpy_stream_cache_free(kvpy_state *st)
 int kvpy_is_torch_tensor(kvpy_state *st, PyObject *obj)
 {
     if (!st->torch_tensor_type) {
+        /* looked for once a type named "Tensor" comes (torch.Tensor's own name): NumPy's and other producers'
+         * arrays cost a string comparison until then */
+        const char *tn = Py_TYPE(obj)->tp_name;
+        if (strcmp(tn, "Tensor") != 0 && strcmp(tn, "torch.Tensor") != 0) return 0;
         PyObject *name = PyUnicode_FromString("torch");
         PyObject *torch = name ? PyImport_GetModule(name) : NULL; /* only when the caller imported torch */
         Py_XDECREF(name);
