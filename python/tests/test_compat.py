@@ -1,6 +1,7 @@
 """kvhal.compat: vLLM's reshape_and_cache_flash and FlashInfer's append_paged_kv_cache against references written
-in torch from the peers' documented semantics, bit for bit, on every present CPU and OpenCL device; the fp8 path
-of uint8 caches on all 256 codes of each format and on all 65536 f16 inputs; the bad arguments."""
+in torch from the peers' documented semantics, bit for bit, on every present device (CPU and CUDA with torch
+tensors, others with kvhal.Tensor copies); the fp8 path of uint8 caches on all 256 codes of each format and on all
+65536 f16 inputs; the bad arguments."""
 import numpy as np
 import pytest
 
@@ -75,10 +76,19 @@ def ref_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping
                                                                         VLLM_FP8[kv_cache_dtype])
 
 
-def to_device(x, device, kdtype=None):
-    """x (a CPU torch tensor) itself on the CPU, else a kvhal.Tensor copy of it on device."""
+def torch_device(device):
+    """The torch device of a kvhal device where torch has it (cpu; cuda with a CUDA torch), else None."""
     if device.startswith("cpu"):
-        return x
+        return "cpu"
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return device
+    return None
+
+
+def to_device(x, device, kdtype=None):
+    """x (a CPU torch tensor) as a torch tensor on device where torch has it, else a kvhal.Tensor copy of it."""
+    if torch_device(device):
+        return x.to(torch_device(device))
     t = kvhal.empty(tuple(x.shape), kdtype or KV_NAME[x.dtype], device)
     t.copy_from(x.contiguous())
     return t
@@ -86,7 +96,9 @@ def to_device(x, device, kdtype=None):
 
 def to_host(y, like):
     if isinstance(y, torch.Tensor):
-        return y
+        if y.is_cuda:
+            torch.cuda.synchronize(y.device)
+        return y.cpu()
     out = torch.empty_like(like)
     y.copy_to(out)
     return out
@@ -227,8 +239,8 @@ def ref_append_paged_kv_cache(key, value, b_idx, pos, k_cache, v_cache, indices,
 @pytest.mark.parametrize("form", ["tuple", "single"])
 @pytest.mark.parametrize("index_kind", ["torch", "numpy"])
 def test_flashinfer_append_paged_kv_cache(device, layout, form, index_kind):
-    if index_kind == "torch" and not device.startswith("cpu"):
-        pytest.skip("torch index arrays live on torch's devices (cpu here)")
+    if index_kind == "torch" and not torch_device(device):
+        pytest.skip("torch index arrays live on torch's devices")
     g = torch.Generator().manual_seed(11)
     page_size, num_pages, h, d = 4, 16, 2, 8
     b_idx, pos, indices, indptr, last = page_table(g, [3, 0, 8], [2, 5, 1], page_size, num_pages)
@@ -242,6 +254,8 @@ def test_flashinfer_append_paged_kv_cache(device, layout, form, index_kind):
     idx = [b_idx, pos, indices, indptr, last]
     if index_kind == "numpy":
         idx = [t.numpy() for t in idx]
+    else:
+        idx = [t.to(torch_device(device)) for t in idx]
     if form == "tuple":
         kc, vc = to_device(kv[:, 0].contiguous(), device), to_device(kv[:, 1].contiguous(), device)
         cache = (kc, vc)
