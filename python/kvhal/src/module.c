@@ -199,12 +199,11 @@ static PyMethodDef module_methods[] = {
     {"tensor_copy", FASTCALL_KW(kvpy_tensor_copy),
      "tensor_copy(dst, src, stream=None)\n--\n\ndst = src elementwise (same shape and dtype, one device)."},
     {"empty", FASTCALL_KW(kvpy_empty),
-     "empty(shape, dtype='f32', device='cpu:0')\n--\n\nA zeroed contiguous kvhal.Tensor that kvhal owns."},
+     "empty(shape, dtype='f32', device='cpu:0')\n--\n\nA zeroed contiguous kvhal.Tensor that kvhal owns; dtype: kvhal's name ('f16'), NumPy's or "
+     "torch's ('float16', numpy.float16, torch.float16)."},
     {"dlpack_path", kvpy_dlpack_path, METH_O,
      "dlpack_path(array)\n--\n\nHow kvhal imports this array: 'kvhal.Tensor' (a view made once), 'c_exchange_api' (its "
-     "type offers the DLPack C exchange API: no Python call per argument) or '__dlpack__' (a capsule per call). "
-     "On a GPU, an exchange-API array whose producer works on another stream than the call's (None: the legacy "
-     "default) goes through __dlpack__ for that call (the producer then orders its stream before ours)."},
+     "type offers the DLPack C exchange API: no Python call per argument) or '__dlpack__' (a capsule per call)."},
     {"_time_paged_caching", FASTCALL_KW(kvpy_time_paged_caching),
      "_time_paged_caching(k_cache, v_cache, k, v, slot_mapping, reps, stream=None)\n--\n\nBenchmark helper: "
      "mean host ns of reps kvhal_paged_caching calls made in C on arguments imported once."},
