@@ -10,7 +10,8 @@ integer handle, an object with ``__cuda_stream__`` or ``.cuda_stream`` (``torch.
 on the tensors' device whatever torch's current device is: torch's stream (or an exchange-API producer's) is
 ordered before the call's with a device event, other producers' per the DLPack stream protocol. Dtypes are kvhal's
 names, NumPy's or torch's (``'f16'``, ``'float16'``, ``numpy.float16``, ``torch.float16``). Drop-in calls with
-vLLM's and FlashInfer's signatures are in :mod:`kvhal.compat`. Every failure raises a subclass of :class:`Error` named after its status
+vLLM's and FlashInfer's signatures are in :mod:`kvhal.compat`. Every failure raises a subclass of :class:`Error`
+named after its status
 (``kvhal.InvalidArgument``, ``kvhal.DeviceFault``, ...), with the message of ``kvhal_last_error``.
 
 GPU work is asynchronous: an out-of-range slot is skipped by the kernel and reported by the next

@@ -187,7 +187,8 @@ class CacheManager:
     def evict(self, num_tokens: int) -> int: ...
     def check_integrity(self) -> None: ...
 
-def paged_caching(k_cache: _ArrayLike, v_cache: Optional[_ArrayLike], k: _ArrayLike, v: _ArrayLike, slot_mapping: _ArrayLike,
+def paged_caching(k_cache: _ArrayLike, v_cache: Optional[_ArrayLike], k: _ArrayLike, v: _ArrayLike,
+                  slot_mapping: _ArrayLike,
                   k_scale: Union[float, _ArrayLike] = 1.0, v_scale: Union[float, _ArrayLike] = 1.0,
                   stream: _StreamLike = None, cache_dtype: Optional[_DtypeLike] = None,
                   num_tokens: Optional[int] = None, layout: str = "NHD") -> None:

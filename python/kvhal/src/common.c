@@ -177,7 +177,10 @@ static PyObject *dtype_object_name(PyObject *o)
     return PyObject_Str(o);
 }
 
-int kvpy_parse_dtype(kvpy_state *st, PyObject *o, kvhal_dtype *out) { return kvpy_parse_dtype_arg(st, o, "dtype", out); }
+int kvpy_parse_dtype(kvpy_state *st, PyObject *o, kvhal_dtype *out)
+{
+    return kvpy_parse_dtype_arg(st, o, "dtype", out);
+}
 
 int kvpy_parse_dtype_arg(kvpy_state *st, PyObject *o, const char *arg, kvhal_dtype *out)
 {

@@ -199,8 +199,8 @@ static PyMethodDef module_methods[] = {
     {"tensor_copy", FASTCALL_KW(kvpy_tensor_copy),
      "tensor_copy(dst, src, stream=None)\n--\n\ndst = src elementwise (same shape and dtype, one device)."},
     {"empty", FASTCALL_KW(kvpy_empty),
-     "empty(shape, dtype='f32', device='cpu:0')\n--\n\nA zeroed contiguous kvhal.Tensor that kvhal owns; dtype: kvhal's name ('f16'), NumPy's or "
-     "torch's ('float16', numpy.float16, torch.float16)."},
+     "empty(shape, dtype='f32', device='cpu:0')\n--\n\nA zeroed contiguous kvhal.Tensor that kvhal owns; dtype: "
+     "kvhal's name ('f16'), NumPy's or torch's ('float16', numpy.float16, torch.float16)."},
     {"dlpack_path", kvpy_dlpack_path, METH_O,
      "dlpack_path(array)\n--\n\nHow kvhal imports this array: 'kvhal.Tensor' (a view made once), 'c_exchange_api' (its "
      "type offers the DLPack C exchange API: no Python call per argument) or '__dlpack__' (a capsule per call)."},

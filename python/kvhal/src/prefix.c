@@ -357,10 +357,11 @@ static PyMethodDef prefix_methods[] = {
     {"lock", prefix_lock, METH_O, "lock($self, handle)\n--\n\nProtects the handle's path from eviction."},
     {"unlock", prefix_unlock, METH_O, "unlock($self, handle)\n--\n\nUndoes one lock."},
     {"insert", (PyCFunction)(void (*)(void))prefix_insert, METH_FASTCALL | METH_KEYWORDS,
-     "insert($self, tokens, pages)\n--\n\nInserts tokens (aligned down to pages) with their pages; returns the length that "
-     "was cached before."},
+     "insert($self, tokens, pages)\n--\n\nInserts tokens (aligned down to pages) with their pages; returns the "
+     "length that was cached before."},
     {"evict", prefix_evict, METH_O,
-     "evict($self, num_tokens)\n--\n\nEvicts unlocked leaves (LRU) until num_tokens are freed; returns the freed pages."},
+     "evict($self, num_tokens)\n--\n\nEvicts unlocked leaves (LRU) until num_tokens are freed; returns the freed "
+     "pages."},
     {"reset", prefix_reset, METH_NOARGS, "reset($self)\n--\n\nDrops everything; returns the freed pages."},
     {"size_info", prefix_size_info, METH_NOARGS,
      "size_info($self)\n--\n\n{evictable_tokens, protected_tokens, total_tokens, num_nodes}."},
@@ -590,8 +591,8 @@ static PyObject *manager_get_prefix(PyObject *op, void *c)
 
 static PyMethodDef manager_methods[] = {
     {"match", manager_match, METH_O,
-     "match($self, tokens)\n--\n\nmatch + lock: (handle, cached_len, pages: kvhal.Pages). Pass the handle to cache_finished "
-     "(or unlock it after freeing the request's own pages)."},
+     "match($self, tokens)\n--\n\nmatch + lock: (handle, cached_len, pages: kvhal.Pages). Pass the handle to "
+     "cache_finished (or unlock it after freeing the request's own pages)."},
     {"lock", manager_lock, METH_O, "lock($self, handle)\n--\n\nOne more lock on the handle's path."},
     {"unlock", manager_unlock, METH_O, "unlock($self, handle)\n--\n\nUndoes one lock."},
     {"allocate", manager_allocate, METH_O,
@@ -601,9 +602,9 @@ static PyMethodDef manager_methods[] = {
      "cache_finished($self, tokens, pages, handle)\n--\n\nA request finished: inserts its page-aligned tokens, frees "
      "duplicate and partial pages, unlocks handle."},
     {"cache_finished_suffix", (PyCFunction)(void (*)(void))manager_finished_suffix, METH_FASTCALL | METH_KEYWORDS,
-     "cache_finished_suffix($self, handle, tokens, pages, start=0)\n--\n\nThe same given only the tokens and pages past the "
-     "match: tokens[start:] (start: the matched length, to pass the whole request's tokens without slicing them) "
-     "and their pages."},
+     "cache_finished_suffix($self, handle, tokens, pages, start=0)\n--\n\nThe same given only the tokens and pages "
+     "past the match: tokens[start:] (start: the matched length, to pass the whole request's tokens without "
+     "slicing them) and their pages."},
     {"evict", manager_evict, METH_O,
      "evict($self, num_tokens)\n--\n\nEvicts unlocked cached prefixes into the free pages; returns the tokens freed."},
     {"check_integrity", manager_check_integrity, METH_NOARGS,

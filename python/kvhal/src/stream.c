@@ -277,8 +277,8 @@ static PyObject *stream_cuda_stream(PyObject *op, PyObject *unused)
 
 static PyMethodDef stream_methods[] = {
     {"check_errors", stream_check_errors, METH_NOARGS,
-     "check_errors($self)\n--\n\nWaits for the work queued on this stream (only) and raises kvhal.DeviceFault if a kernel "
-     "of the device skipped out-of-range slots since the last check."},
+     "check_errors($self)\n--\n\nWaits for the work queued on this stream (only) and raises kvhal.DeviceFault if a "
+     "kernel of the device skipped out-of-range slots since the last check."},
     {"synchronize", stream_synchronize, METH_NOARGS, "synchronize($self)\n--\n\nWaits for the stream."},
     {"__cuda_stream__", stream_cuda_stream, METH_NOARGS,
      "__cuda_stream__($self)\n--\n\n(0, handle): the CUDA stream protocol."},
