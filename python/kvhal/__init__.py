@@ -20,7 +20,7 @@ into a CUDA graph (``torch.cuda.graph``), the process's first kvhal call include
 the call runs on the capturing stream).
 """
 from ._kvhal import *  # noqa: F401,F403
-from ._kvhal import (Error, Tensor, Stream, PrefixCache, PrefixHandle, CacheManager, Pages, paged_caching,
+from ._kvhal import (Error, Tensor, Stream, PrefixCache, PrefixHandle, CacheManager, Pages, PagesView, paged_caching,
                      copy_blocks, tensor_copy, empty, from_dlpack, dlpack_path, devices, synchronize, check_errors,
                      last_error, __version__, STREAM_LEGACY, STREAM_PER_THREAD)
 

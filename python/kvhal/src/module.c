@@ -23,6 +23,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->prefix_type);
     Py_VISIT(st->handle_type);
     Py_VISIT(st->manager_type);
+    Py_VISIT(st->pages_view_type);
     Py_VISIT(st->array_type);
     Py_VISIT(st->last_stream_obj);
     Py_VISIT(st->torch_tensor_type);
@@ -46,6 +47,7 @@ static int module_clear(PyObject *m)
     Py_CLEAR(st->prefix_type);
     Py_CLEAR(st->handle_type);
     Py_CLEAR(st->manager_type);
+    Py_CLEAR(st->pages_view_type);
     Py_CLEAR(st->array_type);
     PyObject **names[] = {&st->s_dlpack,      &st->s_dlpack_device, &st->s_stream,      &st->s_max_version,
                           &st->s_cuda_stream_proto, &st->s_cuda_stream_attr, &st->s_xapi, &st->s_xapi_old,
@@ -112,6 +114,7 @@ static int add_types(PyObject *m, kvpy_state *st)
         {&kvpy_tensor_spec, &st->tensor_type}, {&kvpy_stream_spec, &st->stream_type},
         {&kvpy_prefix_spec, &st->prefix_type}, {&kvpy_handle_spec, &st->handle_type},
         {&kvpy_manager_spec, &st->manager_type}, {&kvpy_pages_spec, &st->pages_type},
+        {&kvpy_pages_view_spec, &st->pages_view_type},
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(m, types[i].spec, NULL);

@@ -92,6 +92,7 @@ typedef struct kvpy_state {
 
     /* the module's heap types */
     PyTypeObject *tensor_type, *stream_type, *pages_type, *prefix_type, *handle_type, *manager_type;
+    PyTypeObject *pages_view_type;
     PyObject *array_type; /* array.array */
 
     /* interned names and the keyword tuples of __dlpack__ calls */

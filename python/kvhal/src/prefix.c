@@ -24,6 +24,7 @@ typedef struct {
     PyObject_HEAD
     kvhal_cache_manager *cm;
     int32_t page_size;
+    int views; /* live kvhal.PagesView objects over cm's storage */
 } manager_object;
 
 /* ---- kvhal.PrefixHandle ---- */
@@ -402,6 +403,11 @@ static int manager_init(PyObject *op, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "i|iO", names, &total, &page_size, &kind)) return -1;
     kvhal_prefix_kind k;
     if (parse_kind(st, kind, &k) != 0) return -1;
+    if (self->views) {
+        kvpy_bad_arg(st, "self: %d PagesView objects of this CacheManager are alive (they view its storage)",
+                     self->views);
+        return -1;
+    }
     if (self->cm) (void)kvhal_cache_manager_destroy(self->cm);
     self->cm = NULL;
     kvhal_status rc = kvhal_cache_manager_create(total, page_size, k, &self->cm);
@@ -451,6 +457,50 @@ static PyObject *manager_allocate(PyObject *op, PyObject *arg)
     if (rc == KVHAL_OK) return (PyObject *)p;
     Py_DECREF(p);
     return kvpy_raise(st, rc);
+}
+
+/* match_view(tokens): match + lock, the pages a kvhal.PagesView of the manager's own storage. */
+static PyObject *manager_match_view(PyObject *op, PyObject *tokens)
+{
+    kvhal_cache_manager *cm = live_manager(op);
+    if (!cm) return NULL;
+    kvpy_state *st = kvpy_state_of(op);
+    kvpy_ints tk;
+    if (kvpy_ints_get(st, tokens, "tokens", 4, &tk) != 0) return NULL;
+    kvpy_handle_t h;
+    size_t cached = 0, np = 0;
+    const int32_t *v = NULL;
+    kvhal_status rc = kvhal_cache_manager_match_view(cm, tk.data, tk.n, &h, &cached, &v, &np);
+    kvpy_ints_release(&tk);
+    if (rc != KVHAL_OK) return kvpy_raise(st, rc);
+    PyObject *pages = kvpy_pages_view_new(st, op, &((manager_object *)op)->views, v, np);
+    PyObject *ho = pages ? new_handle(st, h, op) : NULL;
+    PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
+    PyObject *ret = no ? PyTuple_New(3) : NULL;
+    if (!ret) {
+        Py_XDECREF(pages);
+        Py_XDECREF(ho);
+        Py_XDECREF(no);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(ret, 0, ho);
+    PyTuple_SET_ITEM(ret, 1, no);
+    PyTuple_SET_ITEM(ret, 2, pages);
+    return ret;
+}
+
+static PyObject *manager_allocate_view(PyObject *op, PyObject *arg)
+{
+    kvhal_cache_manager *cm = live_manager(op);
+    if (!cm) return NULL;
+    kvpy_state *st = kvpy_state_of(op);
+    const long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > INT32_MAX) return kvpy_bad_arg(st, "n: %ld pages is out of range", n);
+    const int32_t *v = NULL;
+    kvhal_status rc = kvhal_cache_manager_allocate_view(cm, (int32_t)n, &v);
+    if (rc != KVHAL_OK) return kvpy_raise(st, rc);
+    return kvpy_pages_view_new(st, op, &((manager_object *)op)->views, v, (size_t)n);
 }
 
 static PyObject *manager_free(PyObject *op, PyObject *arg)
@@ -597,6 +647,12 @@ static PyMethodDef manager_methods[] = {
     {"unlock", manager_unlock, METH_O, "unlock($self, handle)\n--\n\nUndoes one lock."},
     {"allocate", manager_allocate, METH_O,
      "allocate($self, n)\n--\n\nn pages (evicting when free pages run short), all or nothing: kvhal.Pages."},
+    {"match_view", manager_match_view, METH_O,
+     "match_view($self, tokens)\n--\n\nmatch, the pages a kvhal.PagesView of the manager's own storage (no copy; "
+     "valid until the next match_view): (handle, cached_len, pages)."},
+    {"allocate_view", manager_allocate_view, METH_O,
+     "allocate_view($self, n)\n--\n\nallocate, the pages a kvhal.PagesView of the manager's own storage (no copy; "
+     "valid until the next allocate_view)."},
     {"free", manager_free, METH_O, "free($self, pages)\n--\n\nGives pages back."},
     {"cache_finished", (PyCFunction)(void (*)(void))manager_finished, METH_FASTCALL | METH_KEYWORDS,
      "cache_finished($self, tokens, pages, handle)\n--\n\nA request finished: inserts its page-aligned tokens, frees "
