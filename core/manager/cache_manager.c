@@ -653,7 +653,7 @@ kvhal_status kvhal_cache_manager_cache_finished_suffix(kvhal_cache_manager *cm, 
 /* ---- page ids handed out as views of the manager's own storage ---- */
 static kvhal_status view_room(int32_t **buf, int32_t total)
 {
-    if (!*buf && !(*buf = malloc(sizeof(int32_t) * (size_t)total)))
+    if (!*buf && !(*buf = kvhal__malloc(sizeof(int32_t) * (size_t)total)))
         return kvhal__err(KVHAL_OUT_OF_MEMORY, "pages: no room for the manager's page view (%d ids)", (int)total);
     return KVHAL_OK;
 }
