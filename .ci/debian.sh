@@ -71,4 +71,13 @@ for f in html/kvhal_8h.html html/kvhal__xfer_8h.html html/kvhal__numerics_8h.htm
 done
 # the packaged kvhal-conformance on the CPU
 LD_LIBRARY_PATH=$libdir KVHAL_BACKEND_PATH= "$root/usr/bin/kvhal-conformance" --device=cpu:0 >/dev/null
+# python3-kvhal: the packaged Python package over the packaged library, a vLLM-style call through it
+(cd /tmp && PYTHONPATH=$root/usr/lib/python3/dist-packages LD_LIBRARY_PATH=$libdir KVHAL_BACKEND_PATH= /usr/bin/python3 -c '
+import numpy as np, kvhal
+from kvhal.compat import vllm
+assert kvhal.__file__.startswith("'"$root"'"), kvhal.__file__
+kc = np.zeros((2, 4, 1, 8), np.float16); k = np.ones((3, 1, 8), np.float16)
+vllm.reshape_and_cache_flash(k, k, kc, kc.copy(), np.array([0, 5], np.int64), "auto", 1.0, 1.0)
+assert kc[0, 0].all() and kc[1, 1].all() and not kc[0, 1].any()
+print("python3-kvhal:", kvhal.__file__)')
 echo "debian: packages built, lintian clean of errors, consumers built against them and run"

@@ -14,7 +14,8 @@
 #   B=build dir (default build-bench-py, configured with -Dpython=enabled), DEV=cpu:0, PY=python3, OUT=/tmp/kvhal-py.
 # Output: $OUT/host-<dev>.json (c_call_ns, python_torch_ns, python_kvhal_tensor_ns, ..., python_minus_c_ns,
 #   python_views_minus_c_ns, dlpack_path) and $OUT/prefix.json (requests/s per loop; ratio: kvhal over PyRadix,
-#   ratio_minisgl: kvhal over the mini-sglang-style loop).
+#   ratio_minisgl: kvhal over the mini-sglang-style loop; ratio_view: the loop with match_view and allocate_view,
+#   page lists as views of the manager's own storage, over PyRadix).
 set -uo pipefail
 [ -f .devdeps/env.sh ] && . .devdeps/env.sh   # a GPU machine's toolchain outside the system paths, if carried
 B=${B:-build-bench-py} DEV=${DEV:-cpu:0} PY=${PY:-python3} OUT=${OUT:-/tmp/kvhal-py}

@@ -982,6 +982,48 @@ static void test_finish_suffix(void **state)
     assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
 }
 
+/* match_view and allocate_view hand out the same ids as match and allocate, from the manager's own storage (the
+ * same pointer call after call), valid until the next call of the same kind; their bad arguments are refused. */
+static void test_views(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(16, 4, KVHAL_PREFIX_RADIX);
+    cache_a(cm);
+    int32_t b[18], copied[8];
+    kvhal_prefix_handle hc = match_b(cm, b, copied); /* the copy, for comparison */
+    assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), hc), KVHAL_OK);
+    kvhal_prefix_handle h;
+    size_t cached = 0, np = 0;
+    const int32_t *view = NULL;
+    assert_int_equal(kvhal_cache_manager_match_view(cm, b, 18, &h, &cached, &view, &np), KVHAL_OK);
+    assert_int_equal(cached, 12);
+    assert_int_equal(np, 3);
+    assert_non_null(view);
+    assert_memory_equal(view, copied, 3 * sizeof(int32_t));
+    const int32_t *own = NULL;
+    assert_int_equal(kvhal_cache_manager_allocate_view(cm, 2, &own), KVHAL_OK);
+    assert_memory_equal(view, copied, 3 * sizeof(int32_t)); /* allocate_view leaves match_view's ids */
+    int32_t pages[5] = {view[0], view[1], view[2], own[0], own[1]};
+    for (int i = 3; i < 5; i++)
+        for (int j = 0; j < i; j++) assert_int_not_equal(pages[i], pages[j]);
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, b, 18, pages, h), KVHAL_OK);
+    ok(cm);
+    const int32_t *again = NULL;
+    assert_int_equal(kvhal_cache_manager_match_view(cm, b, 18, &h, &cached, &again, &np), KVHAL_OK);
+    assert_ptr_equal(again, view); /* the manager's storage, reused */
+    assert_int_equal(np, 4);
+    assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_match_view(cm, b, 18, &h, &cached, NULL, &np), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_cache_manager_match_view(cm, b, 18, &h, &cached, &again, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_cache_manager_allocate_view(cm, 2, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_cache_manager_allocate_view(cm, 17, &own), KVHAL_OUT_OF_MEMORY);
+    assert_int_equal(kvhal_cache_manager_allocate_view(cm, -1, &own), KVHAL_INVALID_ARGUMENT);
+    assert_int_equal(kvhal_cache_manager_match_view(NULL, b, 18, &h, &cached, &again, &np), KVHAL_INVALID_HANDLE);
+    assert_int_equal(kvhal_cache_manager_allocate_view(NULL, 1, &own), KVHAL_INVALID_HANDLE);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1002,6 +1044,7 @@ int main(void)
         cmocka_unit_test(test_strided_bad_pages),
         cmocka_unit_test(test_finish_suffix),
         cmocka_unit_test(test_progressions_random),
+        cmocka_unit_test(test_views),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

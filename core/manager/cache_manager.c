@@ -229,6 +229,8 @@ static void free_manager(kvhal_cache_manager *cm)
     free(cm->free_bits);
     free(cm->free_sum);
     free(cm->drain_bits);
+    free(cm->view_match);
+    free(cm->view_alloc);
     free(cm);
 }
 
@@ -647,4 +649,57 @@ kvhal_status kvhal_cache_manager_cache_finished_suffix(kvhal_cache_manager *cm, 
 {
     KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm",
                      kvhal_cache_manager_cache_finished_suffix__body(cm, handle, tokens, num_tokens, pages));
+}
+
+/* ---- page ids handed out as views of the manager's own storage ---- */
+static kvhal_status view_room(int32_t **buf, int32_t total)
+{
+    if (!*buf && !(*buf = kvhal__malloc(sizeof(int32_t) * (size_t)total)))
+        return kvhal__err(KVHAL_OUT_OF_MEMORY, "pages: no room for the manager's page view (%d ids)", (int)total);
+    return KVHAL_OK;
+}
+
+static kvhal_status kvhal_cache_manager_match_view__body(kvhal_cache_manager *cm, const int32_t *tokens,
+                                                         size_t num_tokens, kvhal_prefix_handle *handle,
+                                                         size_t *cached_len, const int32_t **pages,
+                                                         size_t *num_pages)
+{
+    KVHAL_TRY(kvhal__cm_check_magic(cm));
+    KVHAL_CHECK_ARG(pages, "pages: NULL (receives the view)");
+    KVHAL_CHECK_ARG(num_pages, "num_pages: NULL");
+    KVHAL_TRY(view_room(&cm->view_match, cm->total));
+    size_t len = 0; /* a match never holds more pages than the manager has */
+    KVHAL_TRY(kvhal_cache_manager_match__body(cm, tokens, num_tokens, handle, &len, cm->view_match,
+                                              (size_t)cm->total));
+    if (cached_len) *cached_len = len;
+    *pages = cm->view_match;
+    *num_pages = len / (size_t)cm->page_size;
+    return KVHAL_OK;
+}
+
+static kvhal_status kvhal_cache_manager_allocate_view__body(kvhal_cache_manager *cm, int32_t n,
+                                                            const int32_t **pages)
+{
+    KVHAL_TRY(kvhal__cm_check_magic(cm));
+    KVHAL_CHECK_ARG(pages, "pages: NULL (receives the view)");
+    KVHAL_TRY(view_room(&cm->view_alloc, cm->total));
+    if (n > cm->total)
+        return kvhal__err(KVHAL_OUT_OF_MEMORY, "n: %d pages requested of a manager of %d", (int)n, (int)cm->total);
+    KVHAL_TRY(kvhal_cache_manager_allocate__body(cm, n, cm->view_alloc));
+    *pages = cm->view_alloc;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_match_view(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                            kvhal_prefix_handle *handle, size_t *cached_len, const int32_t **pages,
+                                            size_t *num_pages)
+{
+    KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm",
+                     kvhal_cache_manager_match_view__body(cm, tokens, num_tokens, handle, cached_len, pages,
+                                                          num_pages));
+}
+
+kvhal_status kvhal_cache_manager_allocate_view(kvhal_cache_manager *cm, int32_t n, const int32_t **pages)
+{
+    KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm", kvhal_cache_manager_allocate_view__body(cm, n, pages));
 }

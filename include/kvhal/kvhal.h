@@ -1347,6 +1347,25 @@ KVHAL_API kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const 
  *  @return KVHAL_OK; KVHAL_INVALID_ARGUMENT; KVHAL_INVALID_HANDLE; KVHAL_OUT_OF_MEMORY (fewer than n free and
  *  evictable). Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, int32_t *pages);
+/** match + lock, as kvhal_cache_manager_match, with the matched page ids handed out as a view of the manager's own
+ *  storage instead of written into the caller's array (no room to size or allocate per call).
+ *  @param cm the manager (single-owner: concurrent calls get KVHAL_BUSY).
+ *  @param tokens, num_tokens, handle, cached_len as for kvhal_cache_manager_match.
+ *  @param pages out: the matched page ids, owned by cm: valid until the next kvhal_cache_manager_match_view on cm
+ *               (which reuses the storage) or cm's destruction; other calls leave them.
+ *  @param num_pages out: their count (cached_len / page_size).
+ *  @return as kvhal_cache_manager_match; KVHAL_OUT_OF_MEMORY when the view's storage (total_pages ids, made at the
+ *          first call) cannot be allocated. Graph capture: host only, enqueues nothing. */
+KVHAL_API kvhal_status kvhal_cache_manager_match_view(kvhal_cache_manager *cm, const int32_t *tokens,
+                                                      size_t num_tokens, kvhal_prefix_handle *handle,
+                                                      size_t *cached_len, const int32_t **pages, size_t *num_pages);
+/** kvhal_cache_manager_allocate with the n page ids handed out as a view of the manager's own storage.
+ *  @param cm the manager.
+ *  @param n >= 0.
+ *  @param pages out: n page ids owned by cm, valid until the next kvhal_cache_manager_allocate_view on cm or cm's
+ *               destruction.
+ *  @return as kvhal_cache_manager_allocate. Thread safety: single-owner. */
+KVHAL_API kvhal_status kvhal_cache_manager_allocate_view(kvhal_cache_manager *cm, int32_t n, const int32_t **pages);
 /** Frees pages a request holds (every page is checked as one the caller's requests hold; all or nothing).
  *  @param cm the manager.
  *  @param pages n page indices.

@@ -18,8 +18,9 @@ The baselines:
 Per request every loop does what a scheduler does: match (and lock) the prompt, allocate the uncached part plus the
 output, and at the end insert the whole sequence and unlock (cache_finished). Only bookkeeping is timed; no K/V.
 The kvhal loop is match -> allocate -> cache_finished_suffix(handle, seq, pages, start=matched): page lists come
-back as kvhal.Pages and go back in without copies or slices. Every pass checks that all loops matched the same
-prefix length for every request (else it fails).
+back as kvhal.Pages and go back in without copies or slices; the kvhal_view loop is the same with match_view and
+allocate_view (page lists as views of the manager's own storage, ratio_view). Every pass checks that all loops
+matched the same prefix length for every request (else it fails).
 
 Each of --passes passes (5) runs every loop, each on a fresh cache, rotating which goes first; the figures are the
 median pass of each (ratio, ratio_minisgl: kvhal's median over the baseline's) and the best pass (best_ratio,
@@ -27,7 +28,7 @@ best_ratio_minisgl). The garbage of the previous loop is collected (gc.collect()
 timing. --only NAME times one loop alone.
 
 usage: bench_prefix.py [--groups N] [--prompts N] [--system-len N] [--question-len N] [--output-len N]
-                       [--pages N] [--passes N] [--only python|minisgl|kvhal] [--json]"""
+                       [--pages N] [--passes N] [--only python|minisgl|kvhal|kvhal_view] [--json]"""
 import argparse
 import collections
 import dataclasses
@@ -203,6 +204,24 @@ def run_kvhal(reqs, pages):
         own = cm.allocate(len(prompt) - n + nout)
         cm.cache_finished_suffix(h, seq, own, start=n)
     rps = len(reqs) / (time.perf_counter() - t0)
+    cm.check_integrity()
+    return rps, matched
+
+
+def run_kvhal_view(reqs, pages):
+    """The kvhal loop with page lists handed out as views of the manager's own storage (match_view,
+    allocate_view): no page-list object sized and filled per call."""
+    cm = kvhal.CacheManager(pages, 1, "radix")
+    arrs = [(array("i", p), array("i", p + o), len(o)) for p, o in reqs]
+    matched = []
+    t0 = time.perf_counter()
+    for prompt, seq, nout in arrs:
+        h, n, got = cm.match_view(prompt)
+        matched.append(n)
+        own = cm.allocate_view(len(prompt) - n + nout)
+        cm.cache_finished_suffix(h, seq, own, start=n)
+    rps = len(reqs) / (time.perf_counter() - t0)
+    del got, own
     cm.check_integrity()
     return rps, matched
 
@@ -555,7 +574,7 @@ def run_minisgl(reqs, pages):
 
 
 
-LOOPS = {"python": "run_python", "minisgl": "run_minisgl", "kvhal": "run_kvhal"}
+LOOPS = {"python": "run_python", "minisgl": "run_minisgl", "kvhal": "run_kvhal", "kvhal_view": "run_kvhal_view"}
 
 
 def main():
@@ -571,7 +590,7 @@ def main():
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     reqs = workload(a.groups, a.prompts, a.system_len, a.question_len, a.output_len)
-    names = [a.only] if a.only else ["python", "minisgl", "kvhal"]
+    names = [a.only] if a.only else ["python", "minisgl", "kvhal", "kvhal_view"]
     if "minisgl" in names and torch is None:
         print("bench_prefix: torch is not installed: the mini-sglang-style baseline (torch tensors) is skipped",
               file=sys.stderr)
@@ -598,7 +617,7 @@ def main():
         hits = got[names[0]][1]
     med = {k: statistics.median(v) for k, v in rps.items()}
     best = {k: max(v) for k, v in rps.items()}
-    col = {"python": "python_radix", "minisgl": "minisgl_radix", "kvhal": "kvhal"}
+    col = {"python": "python_radix", "minisgl": "minisgl_radix", "kvhal": "kvhal", "kvhal_view": "kvhal_view"}
     res = {"version": kvhal.__version__, "requests": len(reqs), "page_size": 1, "pages": a.pages,
            "cached_tokens": sum(hits), "hit_requests": sum(1 for h in hits if h),
            "hits_agree": "+".join(names), "passes": len(rps[names[0]]), "load_average": os.getloadavg()[0]}
@@ -614,6 +633,8 @@ def main():
         for base, suffix in (("python", ""), ("minisgl", "_minisgl")):
             if "kvhal" in names and base in names:
                 res[prefix + "ratio" + suffix] = fig["kvhal"] / fig[base]
+            if "kvhal_view" in names and base in names:
+                res[prefix + "ratio_view" + suffix] = fig["kvhal_view"] / fig[base]
     if a.json:
         print(json.dumps(res, indent=1))
     else:

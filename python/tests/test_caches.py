@@ -133,3 +133,48 @@ def test_cache_finished_suffix_start():
     assert n == 5 and got == first.tolist() + own.tolist()
     cm.unlock(h)
     cm.check_integrity()
+
+
+def test_manager_page_views():
+    """match_view and allocate_view give the ids match and allocate give, as views of the manager's own storage that
+    kvhal calls take back; a view shows the next call of its kind; the manager is not re-initialised under a view."""
+    cm, ref = kvhal.CacheManager(64, 4), kvhal.CacheManager(64, 4)
+    prompt = array("i", range(1, 41))
+    for m in (cm, ref):
+        h, n, got = m.match(prompt)
+        own = m.allocate(10)
+        m.cache_finished(prompt, own, h)
+    h, n, view = cm.match_view(prompt[:30])
+    h2, n2, copy = ref.match(prompt[:30])
+    assert (n, view.tolist(), len(view)) == (n2, copy.tolist(), len(copy)) == (28, copy.tolist(), 7)
+    assert list(view) == copy.tolist() and view[-1] == copy[6] and np.asarray(view).tolist() == copy.tolist()
+    assert memoryview(view).readonly and memoryview(view).format == "i"
+    own = cm.allocate_view(3)
+    own_ref = ref.allocate(3)
+    assert own.tolist() == own_ref.tolist()
+    seq = array("i", list(prompt[:30]) + [7, 7, 7, 7, 7])
+    cm.cache_finished(seq, array("i", list(view) + list(own)), h)  # views go back in as int32 arrays
+    ref.cache_finished(seq, array("i", list(copy) + list(own_ref)), h2)
+    cm.check_integrity()
+    a1 = cm.allocate_view(2)
+    first = a1.tolist()
+    a2 = cm.allocate_view(2)  # other pages (the first two are held), in the same storage: a1 shows them
+    assert a1.tolist() == a2.tolist() and not set(first) & set(a2.tolist())
+    cm.free(a2)
+    cm.free(first)
+    h3, n3, view2 = cm.match_view(array("i", [999] * 8))  # nothing matches: the view of the first match is unchanged
+    assert (n3, len(view2), len(view)) == (0, 0, 7)
+    cm.prefix.unlock(h3)
+    cm.check_integrity()
+    with pytest.raises(kvhal.InvalidArgument, match="PagesView"):
+        cm.__init__(64, 4)
+    with pytest.raises(TypeError):
+        kvhal.PagesView()
+    with pytest.raises(TypeError):
+        memoryview(view)[0] = 1  # read-only
+    with pytest.raises(kvhal.OutOfMemory):
+        cm.allocate_view(65)
+    with pytest.raises(kvhal.InvalidArgument):
+        cm.allocate_view(-1)
+    del view, view2, own, a1, a2
+    cm.__init__(64, 4)  # no view left: allowed

@@ -152,9 +152,9 @@ def test_errors_cuda():
 
 def test_exchange_api_path_and_stream_order():
     """PyTorch builds that offer the DLPack C exchange API (torch.Tensor.__dlpack_c_exchange_api__): kvhal imports
-    through it (no __dlpack__ call) when the call's stream is torch's current stream, and through __dlpack__ with
-    the stream (torch then orders its current stream before it) otherwise; the results are right either way. On
-    builds without the API every argument goes through __dlpack__."""
+    through it (no __dlpack__ call) whatever the call's stream, ordering torch's current stream before another one
+    with an event; with no stream the call runs on torch's current stream. On builds without the API every argument
+    goes through __dlpack__ (stream=-1, the same ordering by kvhal). The results are right either way."""
     has = hasattr(torch.Tensor, "__dlpack_c_exchange_api__") or hasattr(torch.Tensor, "__c_dlpack_exchange_api__")
     path = kvhal.dlpack_path(torch.zeros(1, device="cuda"))
     print(f"torch {torch.__version__}: exchange API {'offered' if has else 'absent'}, kvhal path {path}")
@@ -182,14 +182,57 @@ def test_exchange_api_path_and_stream_order():
             on_current = len(calls)
             kvhal.paged_caching(*made[1], stream=torch.cuda.default_stream())  # another stream than torch's
             on_other = len(calls) - on_current
-            kvhal.paged_caching(*made[2])  # no stream: kvhal's legacy default, not torch's current (side)
+            kvhal.paged_caching(*made[2])  # no stream: torch's current stream (side)
             on_none = len(calls) - on_current - on_other
         torch.cuda.synchronize()
     finally:
         torch.Tensor.__dlpack__ = original
     for args in made:
         expect_paged(*args)
-    assert (on_current, on_other, on_none) == ((0, 5, 5) if has else (5, 5, 5))
+    assert (on_current, on_other, on_none) == ((0, 0, 0) if has else (5, 5, 5))
+
+
+def test_no_stream_is_torch_current_stream():
+    """With no stream given, a torch user's read right after the call on torch's current (side) stream sees the
+    write: the call ran on that stream (a stale read would show zeros)."""
+    side = torch.cuda.Stream()
+    for rep in range(20):
+        with torch.cuda.stream(side):
+            kc = torch.zeros(256, 16, 8, 128, dtype=torch.float16, device="cuda")
+            vc = torch.zeros_like(kc)
+            k = torch.randn(4096, 8, 128, device="cuda").to(torch.float16)
+            s = torch.randperm(256 * 16, device="cuda")[:4096]
+            kvhal.paged_caching(kc, vc, k, k, s)
+            seen = kc.reshape(-1, 8, 128)[s].clone()  # queued on side right after the call
+        side.synchronize()
+        assert torch.equal(seen, k), rep
+
+
+def test_every_stream_form_on_the_non_current_device():
+    """torch's current device cuda:0, the tensors on cuda:1: every stream form works (no raw BufferError), ordered
+    after torch's work on cuda:1. Needs two GPUs: skipped with one."""
+    if torch.cuda.device_count() < 2:
+        if __name__ != "__main__":
+            pytest.skip("needs two GPUs")
+        print("skip test_every_stream_form_on_the_non_current_device: needs two GPUs")
+        return
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda:1")
+    side = torch.cuda.Stream(device=dev)
+    forms = [None, side, side.cuda_stream, kvhal.Stream("cuda:1", side), kvhal.STREAM_PER_THREAD,
+             kvhal.STREAM_LEGACY, torch.cuda.default_stream(dev)]
+    for form in forms:
+        kc = torch.zeros(32, 16, 8, 128, dtype=torch.bfloat16, device=dev)
+        vc = torch.zeros_like(kc)
+        k = torch.randn(64, 8, 128, device=dev).to(torch.bfloat16)
+        v = torch.randn(64, 8, 128, device=dev).to(torch.bfloat16)
+        s = torch.randperm(32 * 16, device=dev)[:64]
+        kvhal.paged_caching(kc, vc, k, v, s, stream=form)
+        kvhal.tensor_copy(vc[:1], kc[:1], stream=form)
+        kvhal.copy_blocks([kc, vc], [(0, 1)], stream=form)
+        torch.cuda.synchronize(dev)
+        kvhal.synchronize("cuda:1")
+        assert torch.cuda.current_device() == 0
 
 
 if __name__ == "__main__":

@@ -147,21 +147,62 @@ int kvpy_dtype_of_size(size_t bytes, kvhal_dtype *out)
     return -1;
 }
 
-int kvpy_parse_dtype(kvpy_state *st, PyObject *o, kvhal_dtype *out)
+/* A dtype by one of its names: kvhal's ('f16') or NumPy's and PyTorch's ('float16', 'half'). */
+static int dtype_by_name(const char *name, kvhal_dtype *out)
 {
-    if (o && !PyUnicode_Check(o)) {
-        kvpy_bad_arg(st, "dtype: expected a name (%s)", KVPY_DTYPE_NAMES);
-        return -1;
-    }
-    const char *name = o ? PyUnicode_AsUTF8(o) : "f32";
-    if (!name) return -1;
+    if (!strncmp(name, "torch.", 6)) name += 6; /* str(torch.float16) */
     for (int d = 0; d < KVPY_DTYPE_COUNT; d++)
         if (!strcmp(name, dtypes[d].name)) {
             *out = (kvhal_dtype)d;
             return 0;
         }
-    kvpy_bad_arg(st, "dtype: '%s' is not one of %s", name, KVPY_DTYPE_NAMES);
+#define KVPY_DTYPE_ALIAS(e, nm)                                                                                       \
+    if (!strcmp(name, nm)) {                                                                                          \
+        *out = e;                                                                                                     \
+        return 0;                                                                                                     \
+    }
+    KVPY_DTYPE_ALIASES(KVPY_DTYPE_ALIAS)
+#undef KVPY_DTYPE_ALIAS
     return -1;
+}
+
+/* The name of a dtype object: a NumPy dtype's .name, a type's __name__ (numpy.float16), str() otherwise
+ * (torch.float16). New reference, or NULL with an exception set. */
+static PyObject *dtype_object_name(PyObject *o)
+{
+    PyObject *n = PyType_Check(o) ? PyObject_GetAttrString(o, "__name__") : PyObject_GetAttrString(o, "name");
+    if (n && PyUnicode_Check(n)) return n;
+    Py_XDECREF(n);
+    PyErr_Clear();
+    return PyObject_Str(o);
+}
+
+int kvpy_parse_dtype(kvpy_state *st, PyObject *o, kvhal_dtype *out)
+{
+    return kvpy_parse_dtype_arg(st, o, "dtype", out);
+}
+
+int kvpy_parse_dtype_arg(kvpy_state *st, PyObject *o, const char *arg, kvhal_dtype *out)
+{
+    if (!o || o == Py_None) {
+        *out = KVHAL_F32;
+        return 0;
+    }
+    PyObject *name_o = PyUnicode_Check(o) ? Py_NewRef(o) : dtype_object_name(o);
+    const char *name = name_o ? PyUnicode_AsUTF8(name_o) : NULL;
+    int rc = -1;
+    if (!name) {
+        PyErr_Clear();
+        kvpy_bad_arg(st, "%s: expected a name (%s), a NumPy or a torch dtype, got %s", arg, KVPY_DTYPE_NAMES,
+                     Py_TYPE(o)->tp_name);
+    } else if (dtype_by_name(name, out) != 0) {
+        kvpy_bad_arg(st, "%s: '%s' is not one of kvhal's (%s, or NumPy's and torch's names of them)", arg, name,
+                     KVPY_DTYPE_NAMES);
+    } else {
+        rc = 0;
+    }
+    Py_XDECREF(name_o);
+    return rc;
 }
 
 int kvpy_dtype_check(void)

@@ -62,8 +62,11 @@ static inline int kvpy_dtype_from_dl(DLDataType t, kvhal_dtype *out)
 DLDataType kvpy_dtype_to_dl(kvhal_dtype d);
 /* A dtype of `bytes` bytes per element (host copies move bytes); -1 when none has that size. */
 int kvpy_dtype_of_size(size_t bytes, kvhal_dtype *out);
-/* A dtype name ('f32'; absent: f32). 0, or -1 with kvhal.InvalidArgument set. */
+/* A dtype: kvhal's name ('f16'), NumPy's or torch's ('float16', numpy.float16, numpy.dtype('float16'),
+ * torch.float16); absent or None: f32. 0, or -1 with kvhal.InvalidArgument set. */
 int kvpy_parse_dtype(kvpy_state *st, PyObject *o, kvhal_dtype *out);
+/* The same for the argument named arg. */
+int kvpy_parse_dtype_arg(kvpy_state *st, PyObject *o, const char *arg, kvhal_dtype *out);
 /* The table against the library's kvhal_dtype_name() and kvhal_dtype_size(); 0, or -1 with ImportError set. */
 int kvpy_dtype_check(void);
 

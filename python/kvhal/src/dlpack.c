@@ -4,6 +4,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "stream.h"
+
 /* A producer's code (a deleter, a capsule's destructor) may run Python code: the pending exception, if any, is kept
  * aside while it runs and put back after, so that a refusal keeps its message. An exception the producer's code
  * leaves behind is reported as one raised in a destructor (sys.unraisablehook), never returned in its place. */
@@ -182,16 +184,6 @@ const kvpy_xapi *kvpy_xapi_of(kvpy_state *st, PyTypeObject *tp)
     return api;
 }
 
-/* Whether the producer's current stream (the exchange API's current_work_stream) is the consumer's stream given as
- * the DLPack stream protocol numbers it (1 legacy default, 2 per-thread default, else a handle; 0, no stream given,
- * is kvhal's legacy default). The producer's NULL is its default stream, the legacy default stream on CUDA/ROCm. */
-static int same_stream(void *producer, intptr_t dls)
-{
-    const intptr_t p = (intptr_t)producer;
-    const intptr_t pk = p == 0 ? 1 : p, ck = dls == 0 ? 1 : dls;
-    return pk == ck;
-}
-
 /* The producer's current stream on dl's device: asked once per call and device (the thread is part of the key: a
  * producer's current stream is per thread, and another thread may run a call while a __dlpack__ fallback lets it).
  * 0, or -1 with an exception set. */
@@ -218,10 +210,10 @@ static int producer_stream(kvpy_state *st, const kvpy_xapi *api, const DLTensor 
 static int finish_import(kvpy_state *st, const DLTensor *dl, uint64_t flags, const char *arg, int writable, int mode,
                          kvpy_import *out);
 
-/* Imports through the exchange API. 1: done; 0: the producer works on another stream than the one kvhal will use
- * (then __dlpack__, given the call's stream or none, orders the two as the protocol says); -1: error set. */
-static int import_xapi(kvpy_state *st, PyObject *obj, const kvpy_xapi *api, const char *arg, int writable,
-                       intptr_t stream_int, int mode, kvpy_import *out)
+/* Imports through the exchange API (no synchronisation: the producer's current stream is noted for
+ * kvpy_call_stream). 1: done; -1: error set. */
+static int import_xapi(kvpy_state *st, PyObject *obj, const kvpy_xapi *api, const char *arg, int writable, int mode,
+                       kvpy_import *out)
 {
     DLTensor borrowed;
     const DLTensor *dl;
@@ -247,18 +239,16 @@ static int import_xapi(kvpy_state *st, PyObject *obj, const kvpy_xapi *api, cons
         dl = &m->dl_tensor;
         flags = m->flags;
     }
-    /* with no stream given kvhal works on the legacy default stream, which torch's __dlpack__(stream=None) also
-     * orders after its current stream: the producer's current stream must be the one kvhal uses either way */
+    /* the producer's current stream, which kvpy_call_stream orders before the call's stream (or uses, when the
+     * caller gave none) */
     if (dl->device.device_type == kDLCUDA || dl->device.device_type == kDLROCM) {
         void *cur;
         if (producer_stream(st, api, dl, &cur) != 0) {
             kvpy_taken_release(&out->taken);
             goto failed;
         }
-        if (!same_stream(cur, stream_int)) {
-            kvpy_taken_release(&out->taken);
-            return 0;
-        }
+        out->producer = KVPY_PRODUCER_XAPI;
+        out->producer_stream = cur;
     }
     return finish_import(st, dl, flags, arg, writable, mode, out) == 0 ? 1 : -1;
 failed:
@@ -394,8 +384,8 @@ static int take_capsule(kvpy_state *st, PyObject *cap, const char *arg, kvpy_imp
     return rc;
 }
 
-int kvpy_import_any(kvpy_state *st, PyObject *obj, const char *arg, int writable, intptr_t stream_int, int mode,
-                    kvpy_import *out)
+static int import_any(kvpy_state *st, PyObject *obj, const char *arg, int writable, intptr_t stream_int, int mode,
+                      kvpy_import *out)
 {
     memset(out, 0, sizeof *out);
     if (PyObject_TypeCheck(obj, st->tensor_type)) {
@@ -409,23 +399,87 @@ int kvpy_import_any(kvpy_state *st, PyObject *obj, const char *arg, int writable
     }
     const kvpy_xapi *api = kvpy_xapi_of(st, Py_TYPE(obj));
     if (api) {
-        const int r = import_xapi(st, obj, api, arg, writable, stream_int, mode, out);
+        const int r = import_xapi(st, obj, api, arg, writable, mode, out);
         if (r != 0) return r < 0 ? -1 : 0;
     }
-    PyObject *cap = call_dlpack(st, obj, arg, stream_int);
+    const int torch = kvpy_is_torch_tensor(st, obj);
+    PyObject *cap = call_dlpack(st, obj, arg, torch ? -1 : stream_int);
     if (!cap) return -1;
     DLTensor *dl = NULL;
     uint64_t flags = 0;
     if (take_capsule(st, cap, arg, out, &dl, &flags) != 0) return -1;
+    if (torch && (dl->device.device_type == kDLCUDA || dl->device.device_type == kDLROCM))
+        out->producer = KVPY_PRODUCER_TORCH;
     return finish_import(st, dl, flags, arg, writable, mode, out);
 }
 
+int kvpy_import_any(kvpy_state *st, PyObject *obj, const char *arg, int writable, intptr_t stream_int, int mode,
+                    kvpy_import *out)
+{
+    if (import_any(st, obj, arg, writable, stream_int, mode, out) == 0) return 0;
+    /* every failure a kvhal.Error: a producer's own exception (torch's BufferError, RuntimeError) keeps its
+     * message, named after the argument */
+    if (!PyErr_ExceptionMatches(st->error) && PyErr_ExceptionMatches(PyExc_Exception) &&
+        !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        PyObject *msg = value ? PyObject_Str(value) : NULL;
+        const char *text = msg ? PyUnicode_AsUTF8(msg) : NULL;
+        if (!text) PyErr_Clear();
+        const size_t al = strlen(arg); /* the exchange API's failures already start with the argument's name */
+        if (text && !strncmp(text, arg, al) && text[al] == ':' && text[al + 1] == ' ') text += al + 2;
+        kvpy_bad_arg(st, "%s: the producer refused the export: %s: %s", arg,
+                     type ? ((PyTypeObject *)type)->tp_name : "?", text ? text : "?");
+        PyObject *t2, *v2, *tb2; /* the producer's exception as the cause */
+        PyErr_Fetch(&t2, &v2, &tb2);
+        PyErr_NormalizeException(&t2, &v2, &tb2);
+        if (v2 && value) PyException_SetCause(v2, Py_NewRef(value));
+        PyErr_Restore(t2, v2, tb2);
+        Py_XDECREF(msg);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
+    return -1;
+}
+
+int kvpy_call_stream(kvpy_state *st, PyObject *stream, intptr_t native, kvhal_device dev, const kvpy_import *t, int n,
+                     kvhal_stream **s)
+{
+    *s = NULL;
+    if (!kvpy_is_gpu(dev)) return kvpy_stream_for(st, stream, native, dev, s);
+    int told = 0;
+    intptr_t producer = 0;
+    for (int i = 0; i < n && !told; i++)
+        if (t[i].producer == KVPY_PRODUCER_XAPI) {
+            producer = (intptr_t)t[i].producer_stream;
+            told = 1;
+        }
+    for (int i = 0; i < n && !told; i++)
+        if (t[i].producer == KVPY_PRODUCER_TORCH) {
+            if (kvpy_torch_current_stream(st, dev, &producer) != 0) return -1;
+            told = 1;
+        }
+    if (!told) return kvpy_stream_for(st, stream, native, dev, s); /* the producers ordered themselves */
+    if (!stream || stream == Py_None) return kvpy_stream_native(st, producer, dev, s); /* torch users' default */
+    if (kvpy_stream_for(st, stream, native, dev, s) != 0) return -1;
+    return kvpy_same_native(producer, native) ? 0 : kvpy_order_after(st, dev, producer, *s);
+}
+
 /* ---- a DLTensor as a kvhal tensor ---- */
-/* The dtype of dl; raw: any 1, 2, 4 or 8-byte type as a kvhal dtype of that size (host copies move bytes). */
-static int import_dtype(kvpy_state *st, const DLTensor *dl, const char *arg, int raw, kvhal_dtype *dt)
+/* The dtype of dl; KVPY_IMPORT_RAW: any 1, 2, 4 or 8-byte type as a kvhal dtype of that size (host copies move
+ * bytes); KVPY_IMPORT_BYTES: 8-bit integers as fp8_e4m3 with *bytes set. */
+static int import_dtype(kvpy_state *st, const DLTensor *dl, const char *arg, int mode, kvhal_dtype *dt, int *bytes)
 {
     const DLDataType t = dl->dtype;
+    const int raw = mode & KVPY_IMPORT_RAW;
     if (kvpy_dtype_from_dl(t, dt) == 0) return 0;
+    if ((mode & KVPY_IMPORT_BYTES) && t.lanes == 1 && t.bits == 8 && (t.code == kDLUInt || t.code == kDLInt)) {
+        *dt = KVHAL_FP8_E4M3; /* one byte per element; the caller sets the fp8 format */
+        *bytes = 1;
+        return 0;
+    }
     if (raw && t.lanes == 1 && t.bits % 8 == 0 && t.bits <= 64 && kvpy_dtype_of_size(t.bits / 8, dt) == 0) return 0;
     kvpy_bad_arg(st, "%s: DLPack dtype (code %u, %u bits, %u lanes) is not one kvhal has (%s)", arg, (unsigned)t.code,
                  (unsigned)t.bits, (unsigned)t.lanes, KVPY_DTYPE_NAMES);
@@ -507,7 +561,7 @@ static int import_view(kvpy_state *st, const DLTensor *dl, uint64_t flags, const
         return -1;
     }
     kvhal_dtype dt;
-    if (import_dtype(st, dl, arg, mode & KVPY_IMPORT_RAW, &dt) != 0) return -1;
+    if (import_dtype(st, dl, arg, mode, &dt, &out->bytes) != 0) return -1;
     if (dl->ndim < 1 || dl->ndim > KVHAL_MAX_DIMS) {
         kvpy_bad_arg(st, "%s: %d dimensions (kvhal takes 1 to %d)", arg, (int)dl->ndim, KVHAL_MAX_DIMS);
         return -1;
@@ -603,6 +657,13 @@ static void capsule_destructor(PyObject *cap)
 
 PyObject *kvpy_export(PyObject *owner, const kvhal_tensor *t, int versioned, int readonly)
 {
+    /* the exported type is checked against the dtype table: a consumer reads bits * lanes / 8 bytes per element
+     * and must never read past the tensor's memory */
+    const DLDataType dt = kvpy_dtype_to_dl(t->dtype);
+    if (!kvpy_dtype(t->dtype) || (size_t)dt.bits * dt.lanes != 8 * kvhal_dtype_size(t->dtype))
+        return kvpy_raise_msg(kvpy_state_of(owner), KVHAL_INTERNAL,
+                              "__dlpack__: dtype %d exports as %u-bit DLPack elements, not its %zu bytes",
+                              (int)t->dtype, (unsigned)dt.bits * dt.lanes, kvhal_dtype_size(t->dtype));
     export_t *e = PyMem_RawCalloc(1, sizeof *e);
     if (!e) return PyErr_NoMemory();
     const kvhal_device dev = kvhal_buffer_device(t->buffer);
@@ -611,7 +672,7 @@ PyObject *kvpy_export(PyObject *owner, const kvhal_tensor *t, int versioned, int
     dl->device.device_type = (DLDeviceType)kvpy_dl_device_type(dev);
     dl->device.device_id = dev.id;
     dl->ndim = t->ndim;
-    dl->dtype = kvpy_dtype_to_dl(t->dtype);
+    dl->dtype = dt;
     for (int i = 0; i < t->ndim; i++) {
         e->shape[i] = t->shape[i];
         e->strides[i] = t->strides[i];

@@ -40,22 +40,43 @@ typedef struct {
     kvhal_tensor t;
     kvhal_buffer *buf; /* wrapped for this call, or borrowed from the wrap cache (wrap_slot) */
     int wrap_slot;     /* 1 + the wrap cache entry buf came from, 0 when buf is this call's own */
+    int bytes;         /* KVPY_IMPORT_BYTES: the array was 8-bit integers, taken as fp8_e4m3 for the caller to retype */
+    /* who orders the producer's work before the call (CUDA/ROCm arrays): KVPY_PRODUCER_PROTOCOL, the producer itself
+     * (__dlpack__ was given the call's stream); KVPY_PRODUCER_TORCH, kvhal (a torch tensor taken with stream=-1:
+     * its work is on torch's current stream of the device); KVPY_PRODUCER_XAPI, kvhal (the exchange API said the
+     * producer's current stream: producer_stream) */
+    int producer;
+    void *producer_stream;
     kvpy_taken taken;
 } kvpy_import;
 
+#define KVPY_PRODUCER_PROTOCOL 0
+#define KVPY_PRODUCER_TORCH 1
+#define KVPY_PRODUCER_XAPI 2
+
 #define KVPY_IMPORT_RAW 1  /* host copies: any 1/2/4/8-byte dtype taken by its size */
 #define KVPY_IMPORT_KEEP 2 /* the view outlives the call (from_dlpack): an owning import, never a borrowed DLTensor */
+#define KVPY_IMPORT_BYTES 4 /* fp8 caches kept as uint8/int8 arrays: taken (out->bytes set) for the caller to retype */
 
 /* Every entry point that imports arrays starts a new call: producers' current streams are asked again. */
 static inline void kvpy_new_call(kvpy_state *st) { st->call_serial++; }
 
 /* Imports obj as the argument named arg (written by the call when writable). stream_int: the consumer's stream as
  * the DLPack stream protocol numbers it (1 legacy default, 2 per-thread, other values a handle), or 0 when the caller
- * gave no stream (then no stream keyword is passed at all). mode: KVPY_IMPORT_* bits. 0, or -1 with an exception
- * set (nothing to release then). */
+ * gave no stream (then no stream keyword is passed at all). torch tensors and exchange-API arrays are taken without
+ * synchronisation (out->producer says so): the caller orders them (kvpy_call_stream). mode: KVPY_IMPORT_* bits.
+ * 0, or -1 with a kvhal exception set naming arg (a producer's own exception becomes kvhal.InvalidArgument with
+ * its message; nothing to release then). */
 int kvpy_import_any(kvpy_state *st, PyObject *obj, const char *arg, int writable, intptr_t stream_int, int mode,
                     kvpy_import *out);
 void kvpy_import_release(kvpy_state *st, kvpy_import *a);
+
+/* The kvhal stream of a call on dev over the imported arrays t[0..n): the caller's stream (stream, native: its
+ * kvpy_stream_int), or with none given the producer's current stream of dev where a producer tells it (torch, the
+ * exchange API), else the default stream; the producer's work ordered before it where the import left that to
+ * kvhal. 0, or -1 with an exception set. */
+int kvpy_call_stream(kvpy_state *st, PyObject *stream, intptr_t native, kvhal_device dev, const kvpy_import *t, int n,
+                     kvhal_stream **s);
 
 /* The DLPack C exchange API of a producer type, or NULL (remembered per type and version tag). */
 const kvpy_xapi *kvpy_xapi_of(kvpy_state *st, PyTypeObject *tp);

@@ -18,6 +18,12 @@ FP8_DLPACK = {
 }
 # name pattern -> DLPack type code of an integer or float of <bits> bits
 SCALAR_DLPACK = [(r"f(\d+)", "kDLFloat"), (r"bf(\d+)", "kDLBfloat"), (r"i(\d+)", "kDLInt"), (r"u(\d+)", "kDLUInt")]
+# name pattern -> the names NumPy, PyTorch and ml_dtypes give the same type (str(torch.float16) is 'torch.float16';
+# the binding drops the 'torch.' prefix): f16 is also 'float16' and 'half', fp8_e4m3 'float8_e4m3fn'
+SCALAR_ALIASES = [(r"f(\d+)", ["float{0}"]), (r"bf(\d+)", ["bfloat{0}"]), (r"i(\d+)", ["int{0}"]),
+                  (r"u(\d+)", ["uint{0}"])]
+EXTRA_ALIASES = {"f16": ["half"], "fp8_e4m3": ["float8_e4m3fn", "fp8_e4m3fn"],
+                 "fp8_e5m2": ["float8_e5m2"], "fp8_e4m3fnuz": ["float8_e4m3fnuz"], "fp8_e5m2fnuz": ["float8_e5m2fnuz"]}
 
 
 def dlpack_type(name):
@@ -29,6 +35,16 @@ def dlpack_type(name):
         if m and int(m.group(1)) in (8, 16, 32, 64):
             return code, int(m.group(1))
     sys.exit(f"gen_dtypes.py: the kvhal dtype '{name}' has no DLPack type here: add a rule for it")
+
+
+def aliases(name):
+    """The other names of a kvhal dtype name (NumPy's, PyTorch's), never one of kvhal's own."""
+    out = []
+    for pattern, forms in SCALAR_ALIASES:
+        m = re.fullmatch(pattern, name)
+        if m:
+            out += [f.format(m.group(1)) for f in forms]
+    return out + EXTRA_ALIASES.get(name, [])
 
 
 def enum_rows(header_text):
@@ -53,7 +69,8 @@ def main():
         rows = enum_rows(f.read())
     lines = [
         "/* kvpy_dtypes.h: written by python/kvhal/src/gen_dtypes.py from the kvhal_dtype enum of api/kvhal.h at",
-        " * build time; do not edit. KVPY_DTYPES(X): X(enumerator, name, item size, DLPack code, DLPack bits). */",
+        " * build time; do not edit. KVPY_DTYPES(X): X(enumerator, name, item size, DLPack code, DLPack bits);",
+        " * KVPY_DTYPE_ALIASES(X): X(enumerator, other name). */",
         "#ifndef KVPY_DTYPES_H",
         "#define KVPY_DTYPES_H",
         "",
@@ -61,12 +78,20 @@ def main():
         "",
         "#define KVPY_DTYPES(X) \\",
     ]
-    names = []
+    names, alias_rows = [], []
     for enum, _ in rows:
         name = enum[len("KVHAL_"):].lower()
         code, bits = dlpack_type(name)
         names.append(name)
         lines.append(f'    X({enum}, "{name}", {bits // 8}, {code}, {bits}) \\')
+        alias_rows += [(enum, a) for a in aliases(name)]
+    lines[-1] = lines[-1][:-2]
+    taken = set(names)
+    for enum, a in alias_rows:
+        if a in taken:
+            sys.exit(f"gen_dtypes.py: the name '{a}' would name two dtypes")
+        taken.add(a)
+    lines += ["", "#define KVPY_DTYPE_ALIASES(X) \\"] + [f'    X({e}, "{a}") \\' for e, a in alias_rows]
     lines[-1] = lines[-1][:-2]
     lines += ["", "/* the names, for messages */", f'#define KVPY_DTYPE_NAMES "{", ".join(names)}"', "", "#endif", ""]
     with open(sys.argv[2], "w", encoding="utf-8") as f:

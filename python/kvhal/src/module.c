@@ -24,9 +24,12 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->prefix_type);
     Py_VISIT(st->handle_type);
     Py_VISIT(st->manager_type);
+    Py_VISIT(st->pages_view_type);
     Py_VISIT(st->array_type);
     for (int i = 0; i < KVPY_BIND_TYPES_MAX; i++) Py_VISIT(st->bind_type[i]);
     Py_VISIT(st->last_stream_obj);
+    Py_VISIT(st->torch_tensor_type);
+    Py_VISIT(st->torch_current_stream);
     for (int i = 0; i < st->xapi_n; i++) {
         Py_VISIT(st->xapi[i].tp);
         Py_VISIT(st->xapi[i].holder);
@@ -46,6 +49,7 @@ static int module_clear(PyObject *m)
     Py_CLEAR(st->prefix_type);
     Py_CLEAR(st->handle_type);
     Py_CLEAR(st->manager_type);
+    Py_CLEAR(st->pages_view_type);
     Py_CLEAR(st->array_type);
     for (int i = 0; i < KVPY_BIND_TYPES_MAX; i++) Py_CLEAR(st->bind_type[i]);
     PyObject **names[] = {&st->s_dlpack,      &st->s_dlpack_device, &st->s_stream,      &st->s_max_version,
@@ -53,6 +57,8 @@ static int module_clear(PyObject *m)
                           &st->max_version,   &st->kw_stream,       &st->kw_max,        &st->kw_stream_max};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) Py_CLEAR(*names[i]);
     Py_CLEAR(st->last_stream_obj);
+    Py_CLEAR(st->torch_tensor_type);
+    Py_CLEAR(st->torch_current_stream);
     for (int i = 0; i < st->xapi_n; i++) {
         Py_CLEAR(st->xapi[i].tp);
         Py_CLEAR(st->xapi[i].holder);
@@ -111,6 +117,7 @@ static int add_types(PyObject *m, kvpy_state *st)
         {&kvpy_tensor_spec, &st->tensor_type}, {&kvpy_stream_spec, &st->stream_type},
         {&kvpy_prefix_spec, &st->prefix_type}, {&kvpy_handle_spec, &st->handle_type},
         {&kvpy_manager_spec, &st->manager_type}, {&kvpy_pages_spec, &st->pages_type},
+        {&kvpy_pages_view_spec, &st->pages_view_type},
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         *types[i].slot = (PyTypeObject *)PyType_FromModuleAndSpec(m, types[i].spec, NULL);
@@ -185,8 +192,13 @@ static int module_exec(PyObject *m)
 
 static PyMethodDef module_methods[] = {
     {"paged_caching", FASTCALL_KW(kvpy_paged_caching),
-     "paged_caching(k_cache, v_cache, k, v, slot_mapping, k_scale=1.0, v_scale=1.0, stream=None)\n--\n\n"
+     "paged_caching(k_cache, v_cache, k, v, slot_mapping, k_scale=1.0, v_scale=1.0, stream=None, cache_dtype=None, "
+     "num_tokens=None, layout='NHD')\n--\n\n"
      "Writes k and v into the caches (in place) at the slots of slot_mapping; the C API's order and rules. "
+     "cache_dtype: the fp8 format of caches kept as uint8 (or int8) arrays of codes ('fp8_e4m3', 'fp8_e5m2', "
+     "'fp8_e4m3fnuz', 'fp8_e5m2fnuz'); num_tokens: only the first num_tokens rows of k and v ([tokens, heads, dim]); "
+     "layout: 'NHD' caches are [blocks, block_size, heads, dim], 'HND' ones [blocks, heads, block_size, dim]; "
+     "v_cache=None: k_cache holds both as [blocks, 2, ...] (K at index 0 of dim 1, V at 1). "
      "Asynchronous on GPUs: an out-of-range slot is reported by check_errors."},
     {"copy_blocks", FASTCALL_KW(kvpy_copy_blocks),
      "copy_blocks(caches, pairs, stream=None)\n--\n\nCopies whole blocks src -> dst in every cache; pairs is an "
@@ -194,12 +206,11 @@ static PyMethodDef module_methods[] = {
     {"tensor_copy", FASTCALL_KW(kvpy_tensor_copy),
      "tensor_copy(dst, src, stream=None)\n--\n\ndst = src elementwise (same shape and dtype, one device)."},
     {"empty", FASTCALL_KW(kvpy_empty),
-     "empty(shape, dtype='f32', device='cpu:0')\n--\n\nA zeroed contiguous kvhal.Tensor that kvhal owns."},
+     "empty(shape, dtype='f32', device='cpu:0')\n--\n\nA zeroed contiguous kvhal.Tensor that kvhal owns; dtype: "
+     "kvhal's name ('f16'), NumPy's or torch's ('float16', numpy.float16, torch.float16)."},
     {"dlpack_path", kvpy_dlpack_path, METH_O,
      "dlpack_path(array)\n--\n\nHow kvhal imports this array: 'kvhal.Tensor' (a view made once), 'c_exchange_api' (its "
-     "type offers the DLPack C exchange API: no Python call per argument) or '__dlpack__' (a capsule per call). "
-     "On a GPU, an exchange-API array whose producer works on another stream than the call's (None: the legacy "
-     "default) goes through __dlpack__ for that call (the producer then orders its stream before ours)."},
+     "type offers the DLPack C exchange API: no Python call per argument) or '__dlpack__' (a capsule per call)."},
     {"_time_paged_caching", FASTCALL_KW(kvpy_time_paged_caching),
      "_time_paged_caching(k_cache, v_cache, k, v, slot_mapping, reps, stream=None)\n--\n\nBenchmark helper: "
      "mean host ns of reps kvhal_paged_caching calls made in C on arguments imported once."},

@@ -82,6 +82,13 @@ typedef struct {
     kvhal_stream *s;
 } kvpy_stream_entry;
 
+/* An event per device, recorded on a producer's stream for the call's stream to wait for (stream.c). */
+#define KVPY_ORDER_EVENTS_MAX 16
+typedef struct {
+    kvhal_device dev;
+    kvhal_event *e;
+} kvpy_event_entry;
+
 typedef struct kvpy_state {
     /* exceptions: kvhal.Error and one subclass per status (index 0 unused) */
     PyObject *error;
@@ -89,6 +96,7 @@ typedef struct kvpy_state {
 
     /* the module's heap types */
     PyTypeObject *tensor_type, *stream_type, *pages_type, *prefix_type, *handle_type, *manager_type;
+    PyTypeObject *pages_view_type;
     PyObject *array_type; /* array.array */
     PyTypeObject *bind_type[KVPY_BIND_TYPES_MAX]; /* bind.h's, by KVPY_T_* */
 
@@ -114,6 +122,11 @@ typedef struct kvpy_state {
     int streams_n;
     PyObject *last_stream_obj; /* strong: the last object read through __cuda_stream__ or .cuda_stream */
     intptr_t last_stream_native;
+    /* torch, once the caller has imported it (stream.c): torch.Tensor and torch.cuda.current_stream (strong) */
+    PyObject *torch_tensor_type, *torch_current_stream;
+    /* one event per device: a producer's stream ordered before the call's (stream.c) */
+    kvpy_event_entry order_events[KVPY_ORDER_EVENTS_MAX];
+    int order_events_n;
 
     /* kvhal.Pages' buffer protocol (pages.c) */
     Py_ssize_t pages_itemsize;

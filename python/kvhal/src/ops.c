@@ -2,6 +2,7 @@
 #include "ops.h"
 
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "dlpack.h"
@@ -24,35 +25,160 @@ static int as_scale(kvpy_state *st, PyObject *o, const char *arg, float *out)
     return 0;
 }
 
+/* paged_caching's options past the C call's arguments: caches of 8-bit integers holding fp8 codes, and a token
+ * count below k's (vLLM pads k and v past the slots it writes). */
+typedef struct {
+    int has_cache_dtype;
+    kvhal_dtype cache_dtype;
+    int64_t num_tokens; /* -1: all of k's */
+    int hnd;            /* the caches are [blocks, heads, block_size, dim] */
+} paged_opts;
+
+static int parse_paged_opts(kvpy_state *st, PyObject *cache_dtype, PyObject *num_tokens, PyObject *layout,
+                            paged_opts *o)
+{
+    o->has_cache_dtype = cache_dtype && cache_dtype != Py_None;
+    o->num_tokens = -1;
+    o->hnd = 0;
+    if (layout && layout != Py_None) {
+        const char *l = PyUnicode_Check(layout) ? PyUnicode_AsUTF8(layout) : NULL;
+        if (l && !strcmp(l, "HND")) {
+            o->hnd = 1;
+        } else if (!l || strcmp(l, "NHD")) {
+            PyErr_Clear();
+            kvpy_bad_arg(st, "layout: expected 'NHD' or 'HND'");
+            return -1;
+        }
+    }
+    if (o->has_cache_dtype) {
+        if (kvpy_parse_dtype_arg(st, cache_dtype, "cache_dtype", &o->cache_dtype) != 0) return -1;
+        if (kvhal_dtype_size(o->cache_dtype) != 1) {
+            kvpy_bad_arg(st, "cache_dtype: '%s' is not an fp8 format (the caches' dtype when they are uint8 arrays "
+                         "of fp8 codes)", kvpy_dtype(o->cache_dtype)->name);
+            return -1;
+        }
+    }
+    if (num_tokens && num_tokens != Py_None) {
+        const Py_ssize_t n = PyNumber_AsSsize_t(num_tokens, PyExc_OverflowError);
+        if (n == -1 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) return -1;
+            PyErr_Clear();
+            kvpy_bad_arg(st, "num_tokens: expected an int, got %s", Py_TYPE(num_tokens)->tp_name);
+            return -1;
+        }
+        if (n < 0) {
+            kvpy_bad_arg(st, "num_tokens: %zd is negative", n);
+            return -1;
+        }
+        o->num_tokens = (int64_t)n;
+    }
+    return 0;
+}
+
+/* v_cache None: k_cache is [blocks, 2, ...], K at index 0 of dim 1 and V at 1 (FlashInfer's single-tensor form),
+ * split into two views of the same memory (t[1] owns nothing). 0, or -1 with an exception set. */
+static int split_stacked(kvpy_state *st, kvpy_import t[2])
+{
+    kvhal_tensor kv = t[0].t;
+    if (kv.ndim != 5 || kv.shape[1] != 2) {
+        kvpy_bad_arg(st, "k_cache: with v_cache=None, k_cache holds both as [blocks, 2, ...] (5 dims, dim 1 of size "
+                     "2); it has %d dims", (int)kv.ndim);
+        return -1;
+    }
+    kvhal_tensor k = kv;
+    k.ndim = 4;
+    for (int d = 1; d < KVHAL_MAX_DIMS - 1; d++) {
+        k.shape[d] = kv.shape[d + 1];
+        k.strides[d] = kv.strides[d + 1];
+    }
+    k.shape[KVHAL_MAX_DIMS - 1] = 1;
+    k.strides[KVHAL_MAX_DIMS - 1] = 0;
+    t[1] = t[0];
+    t[1].buf = NULL; /* t[0] releases the buffer and the producer's tensor */
+    t[1].wrap_slot = 0;
+    t[1].taken.managed = NULL;
+    t[0].t = k;
+    t[1].t = k;
+    t[1].t.offset += (size_t)kv.strides[1] * kvhal_dtype_size(kv.dtype);
+    return 0;
+}
+
+/* The options applied to the imported caches (t[0..1]) and k, v (t[2..3]). 0, or -1 with an exception set. */
+static int apply_paged_opts(kvpy_state *st, const paged_opts *o, const char *const *names, kvpy_import t[5])
+{
+    for (int i = 0; o->hnd && i < 2; i++) { /* [blocks, heads, block_size, dim] as kvhal's logical order */
+        if (t[i].t.ndim != 4) {
+            kvpy_bad_arg(st, "%s: layout='HND' takes 4-D caches [blocks, heads, block_size, dim]", names[i]);
+            return -1;
+        }
+        const int64_t sh = t[i].t.shape[1], sd = t[i].t.strides[1];
+        t[i].t.shape[1] = t[i].t.shape[2];
+        t[i].t.strides[1] = t[i].t.strides[2];
+        t[i].t.shape[2] = sh;
+        t[i].t.strides[2] = sd;
+    }
+    for (int i = 0; o->has_cache_dtype && i < 2; i++) {
+        if (t[i].bytes) {
+            t[i].t.dtype = o->cache_dtype;
+        } else if (t[i].t.dtype != o->cache_dtype) {
+            kvpy_raise_msg(st, KVHAL_DTYPE_MISMATCH, "%s: dtype %s, but cache_dtype is %s", names[i],
+                           kvpy_dtype(t[i].t.dtype)->name, kvpy_dtype(o->cache_dtype)->name);
+            return -1;
+        }
+    }
+    for (int i = 2; o->num_tokens >= 0 && i < 4; i++) {
+        if (t[i].t.ndim != 3 || t[i].t.shape[0] < o->num_tokens) {
+            kvpy_bad_arg(st, "%s: num_tokens=%lld needs a [tokens >= %lld, heads, dim] array (it has %d dims, %lld "
+                         "rows)", names[i], (long long)o->num_tokens, (long long)o->num_tokens, (int)t[i].t.ndim,
+                         (long long)t[i].t.shape[0]);
+            return -1;
+        }
+        t[i].t.shape[0] = o->num_tokens; /* the first rows: inside the array by construction */
+    }
+    return 0;
+}
+
 /* The five array arguments of paged caching (k_cache, v_cache, k, v, slot_mapping: a[0..4], names[0..4]) imported
  * for the stream object stream, and the kvhal stream for it on k_cache's device. *n counts the imported ones, which
  * the caller releases (kvpy_import_release) whatever this returns; -1 with a Python exception set on failure. */
 static int import_paged_args(kvpy_state *st, PyObject *const *a, const char *const *names, PyObject *stream,
-                             kvpy_import t[5], int *n, kvhal_stream **s)
+                             const paged_opts *o, kvpy_import t[5], int *n, kvhal_stream **s)
 {
     *n = 0;
     intptr_t native;
     if (kvpy_stream_int(st, stream, &native) != 0) return -1;
     const intptr_t dls = kvpy_dlpack_stream_number(stream, native);
-    for (; *n < 5; (*n)++)
-        if (kvpy_import_any(st, a[*n], names[*n], *n < 2, dls, 0, &t[*n]) != 0) return -1;
-    return kvpy_stream_for(st, stream, native, kvhal_buffer_device(t[0].t.buffer), s);
+    const int stacked = a[1] == Py_None;
+    for (; *n < 5; (*n)++) {
+        if (*n == 1 && stacked) {
+            if (split_stacked(st, t) != 0) return -1;
+            continue;
+        }
+        if (kvpy_import_any(st, a[*n], names[*n], *n < 2, dls, *n < 2 && o->has_cache_dtype ? KVPY_IMPORT_BYTES : 0,
+                            &t[*n]) != 0)
+            return -1;
+    }
+    if (apply_paged_opts(st, o, names, t) != 0) return -1;
+    return kvpy_call_stream(st, stream, native, kvhal_buffer_device(t[0].t.buffer), t, 5, s);
 }
 
 PyObject *kvpy_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     kvpy_state *st = kvpy_state_of_module(mod);
     kvpy_new_call(st);
-    static const char *const names[] = {"k_cache", "v_cache", "k", "v", "slot_mapping", "k_scale", "v_scale", "stream"};
-    PyObject *a[8];
-    if (kvpy_parse_fast("paged_caching", args, nargs, kwnames, names, 8, 5, a) != 0) return NULL;
+    static const char *const names[] = {"k_cache", "v_cache",     "k",          "v",     "slot_mapping", "k_scale",
+                                        "v_scale", "stream", "cache_dtype", "num_tokens", "layout"};
+    PyObject *a[11];
+    if (kvpy_parse_fast("paged_caching", args, nargs, kwnames, names, 11, 5, a) != 0) return NULL;
+    paged_opts o;
+    if (parse_paged_opts(st, a[8], a[9], a[10], &o) != 0) return NULL;
     float ks, vs;
     if (as_scale(st, a[5], "k_scale", &ks) != 0 || as_scale(st, a[6], "v_scale", &vs) != 0) return NULL;
     kvpy_import t[5];
     int n = 0;
     PyObject *ret = NULL;
     kvhal_stream *s;
-    if (import_paged_args(st, a, names, a[7], t, &n, &s) != 0) goto out;
+    if (import_paged_args(st, a, names, a[7], &o, t, &n, &s) != 0) goto out;
     kvhal_status rc;
     if (kvhal_buffer_device(t[0].t.buffer).type == KVHAL_DEVICE_CPU && kvhal_tensor_numel(&t[2].t) >= (1 << 16)) {
         /* the CPU copies in the call: other Python threads run meanwhile (kvhal calls are thread-safe) */
@@ -85,7 +211,8 @@ PyObject *kvpy_time_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize
     int n = 0;
     PyObject *ret = NULL;
     kvhal_stream *s;
-    if (import_paged_args(st, a, names, a[6], t, &n, &s) != 0) goto out;
+    const paged_opts o = {0, KVHAL_F32, -1, 0};
+    if (import_paged_args(st, a, names, a[6], &o, t, &n, &s) != 0) goto out;
     struct timespec t0, t1;
     kvhal_status rc = KVHAL_OK;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -115,7 +242,7 @@ PyObject *kvpy_tensor_copy(PyObject *mod, PyObject *const *args, Py_ssize_t narg
         if (kvpy_import_any(st, a[n], names[n], n == 0, kvpy_dlpack_stream_number(a[2], native), 0, &t[n]) != 0)
             goto out;
     kvhal_stream *s;
-    if (kvpy_stream_for(st, a[2], native, kvhal_buffer_device(t[0].t.buffer), &s) != 0) goto out;
+    if (kvpy_call_stream(st, a[2], native, kvhal_buffer_device(t[0].t.buffer), t, 2, &s) != 0) goto out;
     kvhal_status rc = kvhal_tensor_copy(&t[0].t, &t[1].t, s);
     ret = rc == KVHAL_OK ? Py_NewRef(Py_None) : kvpy_raise(st, rc);
 out:
@@ -173,7 +300,7 @@ static int copy_blocks_on(kvpy_state *st, PyObject *seq, PyObject *stream, intpt
         ts[*n] = t[*n].t;
     }
     kvhal_stream *s;
-    if (kvpy_stream_for(st, stream, native, kvhal_buffer_device(t[0].t.buffer), &s) != 0) return -1;
+    if (kvpy_call_stream(st, stream, native, kvhal_buffer_device(t[0].t.buffer), t, (int)nc, &s) != 0) return -1;
     kvhal_status rc = kvhal_copy_blocks(ts, (int32_t)nc, (const int64_t *)pr->data, (int32_t)(pr->n / 2), s);
     if (rc != KVHAL_OK) {
         kvpy_raise(st, rc);

@@ -145,7 +145,7 @@ static PyObject *pages_reduce(PyObject *op, PyObject *unused)
 }
 
 static PyMethodDef pages_methods[] = {
-    {"tolist", pages_tolist, METH_NOARGS, "tolist()\n--\n\nThe page ids as a list of ints."},
+    {"tolist", pages_tolist, METH_NOARGS, "tolist($self)\n--\n\nThe page ids as a list of ints."},
     {"__reduce__", pages_reduce, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
@@ -172,6 +172,102 @@ PyType_Spec kvpy_pages_spec = {
     .itemsize = sizeof(int32_t),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = pages_slots,
+};
+
+/* ---- kvhal.PagesView ---- */
+PyObject *kvpy_pages_view_new(kvpy_state *st, PyObject *owner, int *alive, const int32_t *v, size_t n)
+{
+    kvpy_pages_view_object *p = PyObject_New(kvpy_pages_view_object, st->pages_view_type);
+    if (!p) return NULL;
+    p->owner = Py_NewRef(owner);
+    p->alive = alive;
+    (*alive)++;
+    p->v = v;
+    p->n = (Py_ssize_t)n;
+    return (PyObject *)p;
+}
+
+static void view_dealloc(PyObject *op)
+{
+    kvpy_pages_view_object *self = (kvpy_pages_view_object *)op;
+    PyTypeObject *tp = Py_TYPE(op);
+    (*self->alive)--;
+    Py_DECREF(self->owner);
+    tp->tp_free(op);
+    Py_DECREF(tp);
+}
+
+static Py_ssize_t view_len(PyObject *op) { return ((kvpy_pages_view_object *)op)->n; }
+
+static PyObject *view_item(PyObject *op, Py_ssize_t i)
+{
+    const kvpy_pages_view_object *self = (kvpy_pages_view_object *)op;
+    if (i < 0) i += self->n;
+    if (i < 0 || i >= self->n) {
+        PyErr_SetString(PyExc_IndexError, "PagesView index out of range");
+        return NULL;
+    }
+    return PyLong_FromLong(self->v[i]);
+}
+
+static int view_getbuffer(PyObject *op, Py_buffer *view, int flags)
+{
+    kvpy_pages_view_object *self = (kvpy_pages_view_object *)op;
+    if (flags & PyBUF_WRITABLE) {
+        PyErr_SetString(PyExc_BufferError, "kvhal.PagesView is read-only");
+        view->obj = NULL;
+        return -1;
+    }
+    kvpy_state *st = kvpy_state_of(op);
+    view->obj = Py_NewRef(op);
+    view->buf = (void *)self->v;
+    view->len = self->n * (Py_ssize_t)sizeof(int32_t);
+    view->readonly = 1;
+    view->itemsize = sizeof(int32_t);
+    view->format = (flags & PyBUF_FORMAT) ? st->pages_format : NULL;
+    view->ndim = 1;
+    view->shape = (flags & PyBUF_ND) ? &self->n : NULL;
+    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? &st->pages_itemsize : NULL;
+    view->suboffsets = NULL;
+    view->internal = NULL;
+    return 0;
+}
+
+static PyObject *view_tolist(PyObject *op, PyObject *unused)
+{
+    (void)unused;
+    const kvpy_pages_view_object *self = (kvpy_pages_view_object *)op;
+    PyObject *l = PyList_New(self->n);
+    for (Py_ssize_t i = 0; l && i < self->n; i++) {
+        PyObject *x = PyLong_FromLong(self->v[i]);
+        if (!x) Py_CLEAR(l);
+        else PyList_SET_ITEM(l, i, x);
+    }
+    return l;
+}
+
+static PyMethodDef view_methods[] = {
+    {"tolist", view_tolist, METH_NOARGS, "tolist($self)\n--\n\nThe page ids as a list of ints (a copy)."},
+    {NULL, NULL, 0, NULL}};
+
+static PyType_Slot view_slots[] = {
+    {Py_tp_doc, "Page ids (int32) in a CacheManager's own storage, as match_view and allocate_view hand them out: "
+                "no copy. Read-only: len(), indexing, iteration, tolist(), the buffer protocol (format 'i'); kvhal "
+                "calls take it without copies. It shows what the manager's next call of the same kind writes there: "
+                "use it (or copy it: tolist(), array.array('i', view)) before that call."},
+    {Py_tp_dealloc, KVPY_FN(view_dealloc)},
+    {Py_sq_length, KVPY_FN(view_len)},
+    {Py_sq_item, KVPY_FN(view_item)},
+    {Py_bf_getbuffer, KVPY_FN(view_getbuffer)},
+    {Py_tp_hash, KVPY_FN(PyObject_HashNotImplemented)},
+    {Py_tp_methods, view_methods},
+    {0, NULL}};
+
+PyType_Spec kvpy_pages_view_spec = {
+    .name = "kvhal.PagesView",
+    .basicsize = sizeof(kvpy_pages_view_object),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = view_slots,
 };
 
 /* ---- integer arrays on the host ---- */
@@ -279,6 +375,11 @@ int kvpy_ints_get(kvpy_state *st, PyObject *o, const char *arg, int width, kvpy_
     if (width == 4 && Py_IS_TYPE(o, st->pages_type)) { /* ours: no buffer request */
         a->data = ((kvpy_pages_object *)o)->v;
         a->n = (size_t)Py_SIZE(o);
+        return 0;
+    }
+    if (width == 4 && Py_IS_TYPE(o, st->pages_view_type)) {
+        a->data = ((kvpy_pages_view_object *)o)->v;
+        a->n = (size_t)((kvpy_pages_view_object *)o)->n;
         return 0;
     }
     int rc;

@@ -12,6 +12,22 @@ typedef struct {
 
 extern PyType_Spec kvpy_pages_spec;
 
+/* kvhal.PagesView: page ids in a cache manager's own storage (CacheManager.match_view, allocate_view), read-only,
+ * showing what the manager's next call of the same kind writes there; it keeps its manager object alive, and counts
+ * itself in *alive (the manager refuses to be re-initialised while views of it live). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *owner;
+    int *alive;
+    const int32_t *v;
+    Py_ssize_t n;
+} kvpy_pages_view_object;
+
+extern PyType_Spec kvpy_pages_view_spec;
+
+/* A view of n ids at v, owned by owner (a reference is kept; *alive counts the live views). */
+PyObject *kvpy_pages_view_new(kvpy_state *st, PyObject *owner, int *alive, const int32_t *v, size_t n);
+
 /* A new Pages of n ids (copied from v when v is not NULL). */
 PyObject *kvpy_pages_new(kvpy_state *st, const int32_t *v, size_t n);
 

@@ -350,19 +350,20 @@ static PyObject *prefix_get_page_size(PyObject *op, void *c)
 
 static PyMethodDef prefix_methods[] = {
     {"match", prefix_match, METH_O,
-     "match(tokens)\n--\n\nLongest cached prefix, in whole pages: (handle, cached_len, pages: kvhal.Pages))."},
-    {"lock", prefix_lock, METH_O, "lock(handle)\n--\n\nProtects the handle's path from eviction."},
-    {"unlock", prefix_unlock, METH_O, "unlock(handle)\n--\n\nUndoes one lock."},
+     "match($self, tokens)\n--\n\nLongest cached prefix, in whole pages: (handle, cached_len, pages: kvhal.Pages))."},
+    {"lock", prefix_lock, METH_O, "lock($self, handle)\n--\n\nProtects the handle's path from eviction."},
+    {"unlock", prefix_unlock, METH_O, "unlock($self, handle)\n--\n\nUndoes one lock."},
     {"insert", (PyCFunction)(void (*)(void))prefix_insert, METH_FASTCALL | METH_KEYWORDS,
-     "insert(tokens, pages)\n--\n\nInserts tokens (aligned down to pages) with their pages; returns the length that "
-     "was cached before."},
+     "insert($self, tokens, pages)\n--\n\nInserts tokens (aligned down to pages) with their pages; returns the "
+     "length that was cached before."},
     {"evict", prefix_evict, METH_O,
-     "evict(num_tokens)\n--\n\nEvicts unlocked leaves (LRU) until num_tokens are freed; returns the freed pages."},
-    {"reset", prefix_reset, METH_NOARGS, "reset()\n--\n\nDrops everything; returns the freed pages."},
+     "evict($self, num_tokens)\n--\n\nEvicts unlocked leaves (LRU) until num_tokens are freed; returns the freed "
+     "pages."},
+    {"reset", prefix_reset, METH_NOARGS, "reset($self)\n--\n\nDrops everything; returns the freed pages."},
     {"size_info", prefix_size_info, METH_NOARGS,
-     "size_info()\n--\n\n{evictable_tokens, protected_tokens, total_tokens, num_nodes}."},
+     "size_info($self)\n--\n\n{evictable_tokens, protected_tokens, total_tokens, num_nodes}."},
     {"check_integrity", prefix_check_integrity, METH_NOARGS,
-     "check_integrity()\n--\n\nRaises kvhal.Integrity if the tree is inconsistent."},
+     "check_integrity($self)\n--\n\nRaises kvhal.Integrity if the tree is inconsistent."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef prefix_getset[] = {{"page_size", prefix_get_page_size, NULL, "tokens per page", NULL},
@@ -398,6 +399,11 @@ static int manager_init(PyObject *op, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "i|iO", names, &total, &page_size, &kind)) return -1;
     kvhal_prefix_kind k;
     if (parse_kind(st, kind, &k) != 0) return -1;
+    if (self->views) {
+        kvpy_bad_arg(st, "self: %d PagesView objects of this CacheManager are alive (they view its storage)",
+                     self->views);
+        return -1;
+    }
     if (self->cm) (void)kvhal_cache_manager_destroy(self->cm);
     self->cm = NULL;
     kvhal_status rc = kvhal_cache_manager_create(total, page_size, k, &self->cm);
@@ -447,6 +453,50 @@ static PyObject *manager_allocate(PyObject *op, PyObject *arg)
     if (rc == KVHAL_OK) return (PyObject *)p;
     Py_DECREF(p);
     return kvpy_raise(st, rc);
+}
+
+/* match_view(tokens): match + lock, the pages a kvhal.PagesView of the manager's own storage. */
+static PyObject *manager_match_view(PyObject *op, PyObject *tokens)
+{
+    kvhal_cache_manager *cm = live_manager(op);
+    if (!cm) return NULL;
+    kvpy_state *st = kvpy_state_of(op);
+    kvpy_ints tk;
+    if (kvpy_ints_get(st, tokens, "tokens", 4, &tk) != 0) return NULL;
+    kvpy_handle_t h;
+    size_t cached = 0, np = 0;
+    const int32_t *v = NULL;
+    kvhal_status rc = kvhal_cache_manager_match_view(cm, tk.data, tk.n, &h, &cached, &v, &np);
+    kvpy_ints_release(&tk);
+    if (rc != KVHAL_OK) return kvpy_raise(st, rc);
+    PyObject *pages = kvpy_pages_view_new(st, op, &((manager_object *)op)->views, v, np);
+    PyObject *ho = pages ? new_handle(st, h, op) : NULL;
+    PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
+    PyObject *ret = no ? PyTuple_New(3) : NULL;
+    if (!ret) {
+        Py_XDECREF(pages);
+        Py_XDECREF(ho);
+        Py_XDECREF(no);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(ret, 0, ho);
+    PyTuple_SET_ITEM(ret, 1, no);
+    PyTuple_SET_ITEM(ret, 2, pages);
+    return ret;
+}
+
+static PyObject *manager_allocate_view(PyObject *op, PyObject *arg)
+{
+    kvhal_cache_manager *cm = live_manager(op);
+    if (!cm) return NULL;
+    kvpy_state *st = kvpy_state_of(op);
+    const long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > INT32_MAX) return kvpy_bad_arg(st, "n: %ld pages is out of range", n);
+    const int32_t *v = NULL;
+    kvhal_status rc = kvhal_cache_manager_allocate_view(cm, (int32_t)n, &v);
+    if (rc != KVHAL_OK) return kvpy_raise(st, rc);
+    return kvpy_pages_view_new(st, op, &((manager_object *)op)->views, v, (size_t)n);
 }
 
 static PyObject *manager_free(PyObject *op, PyObject *arg)
@@ -587,24 +637,30 @@ static PyObject *manager_get_prefix(PyObject *op, void *c)
 
 static PyMethodDef manager_methods[] = {
     {"match", manager_match, METH_O,
-     "match(tokens)\n--\n\nmatch + lock: (handle, cached_len, pages: kvhal.Pages). Pass the handle to cache_finished "
-     "(or unlock it after freeing the request's own pages)."},
-    {"lock", manager_lock, METH_O, "lock(handle)\n--\n\nOne more lock on the handle's path."},
-    {"unlock", manager_unlock, METH_O, "unlock(handle)\n--\n\nUndoes one lock."},
+     "match($self, tokens)\n--\n\nmatch + lock: (handle, cached_len, pages: kvhal.Pages). Pass the handle to "
+     "cache_finished (or unlock it after freeing the request's own pages)."},
+    {"lock", manager_lock, METH_O, "lock($self, handle)\n--\n\nOne more lock on the handle's path."},
+    {"unlock", manager_unlock, METH_O, "unlock($self, handle)\n--\n\nUndoes one lock."},
     {"allocate", manager_allocate, METH_O,
-     "allocate(n)\n--\n\nn pages (evicting when free pages run short), all or nothing: kvhal.Pages."},
-    {"free", manager_free, METH_O, "free(pages)\n--\n\nGives pages back."},
+     "allocate($self, n)\n--\n\nn pages (evicting when free pages run short), all or nothing: kvhal.Pages."},
+    {"match_view", manager_match_view, METH_O,
+     "match_view($self, tokens)\n--\n\nmatch, the pages a kvhal.PagesView of the manager's own storage (no copy; "
+     "valid until the next match_view): (handle, cached_len, pages)."},
+    {"allocate_view", manager_allocate_view, METH_O,
+     "allocate_view($self, n)\n--\n\nallocate, the pages a kvhal.PagesView of the manager's own storage (no copy; "
+     "valid until the next allocate_view)."},
+    {"free", manager_free, METH_O, "free($self, pages)\n--\n\nGives pages back."},
     {"cache_finished", (PyCFunction)(void (*)(void))manager_finished, METH_FASTCALL | METH_KEYWORDS,
-     "cache_finished(tokens, pages, handle)\n--\n\nA request finished: inserts its page-aligned tokens, frees "
+     "cache_finished($self, tokens, pages, handle)\n--\n\nA request finished: inserts its page-aligned tokens, frees "
      "duplicate and partial pages, unlocks handle."},
     {"cache_finished_suffix", (PyCFunction)(void (*)(void))manager_finished_suffix, METH_FASTCALL | METH_KEYWORDS,
-     "cache_finished_suffix(handle, tokens, pages, start=0)\n--\n\nThe same given only the tokens and pages past the "
-     "match: tokens[start:] (start: the matched length, to pass the whole request's tokens without slicing them) "
-     "and their pages."},
+     "cache_finished_suffix($self, handle, tokens, pages, start=0)\n--\n\nThe same given only the tokens and pages "
+     "past the match: tokens[start:] (start: the matched length, to pass the whole request's tokens without "
+     "slicing them) and their pages."},
     {"evict", manager_evict, METH_O,
-     "evict(num_tokens)\n--\n\nEvicts unlocked cached prefixes into the free pages; returns the tokens freed."},
+     "evict($self, num_tokens)\n--\n\nEvicts unlocked cached prefixes into the free pages; returns the tokens freed."},
     {"check_integrity", manager_check_integrity, METH_NOARGS,
-     "check_integrity()\n--\n\nfree + evictable + protected + held == total, else kvhal.Integrity."},
+     "check_integrity($self)\n--\n\nfree + evictable + protected + held == total, else kvhal.Integrity."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef manager_getset[] = {

@@ -12,6 +12,7 @@ typedef struct {
     PyObject_HEAD
     kvhal_cache_manager *cm;
     int32_t page_size;
+    int views; /* live kvhal.PagesView objects over cm's storage */
 } kvpy_manager_object;
 
 /* A PrefixHandle of h, valid with cache (the object whose call made it). */

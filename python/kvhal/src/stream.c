@@ -1,6 +1,8 @@
 /* stream.c — stream arguments resolved to kvhal streams (borrowed handles cached per module), and kvhal.Stream. */
 #include "stream.h"
 
+#include <string.h>
+
 /* A stream object read through __cuda_stream__ or .cuda_stream: its integer handle, or NULL with nothing set. */
 static PyObject *protocol_handle(kvpy_state *st, PyObject *o, int *failed)
 {
@@ -86,6 +88,12 @@ int kvpy_stream_for(kvpy_state *st, PyObject *o, intptr_t native, kvhal_device d
         *out = so->s;
         return 0;
     }
+    return kvpy_stream_native(st, native, dev, out);
+}
+
+int kvpy_stream_native(kvpy_state *st, intptr_t native, kvhal_device dev, kvhal_stream **out)
+{
+    *out = NULL;
     if (!kvpy_is_gpu(dev) && dev.type != KVHAL_DEVICE_OPENCL) return 0; /* cpu: every stream is the same */
     if (native == 0) return 0;                                            /* legacy default */
     for (int i = 0; i < st->streams_n; i++)
@@ -112,8 +120,92 @@ int kvpy_stream_for(kvpy_state *st, PyObject *o, intptr_t native, kvhal_device d
 
 void kvpy_stream_cache_free(kvpy_state *st)
 {
+    for (int i = 0; i < st->order_events_n; i++) (void)kvhal_event_destroy(st->order_events[i].e);
+    st->order_events_n = 0;
     for (int i = 0; i < st->streams_n; i++) (void)kvhal_stream_destroy(st->streams[i].s);
     st->streams_n = 0;
+}
+
+/* ---- torch's streams ----
+ * torch keeps a current stream per device and thread; its kernels that made a tensor ran there. For torch tensors
+ * the binding takes the capsule with stream=-1 (the protocol's "no synchronisation": torch then checks nothing
+ * about devices or streams) and orders torch's current stream of the tensors' device before the call's stream
+ * itself, so an explicit stream works on any device whatever torch's current device is. */
+int kvpy_is_torch_tensor(kvpy_state *st, PyObject *obj)
+{
+    if (!st->torch_tensor_type) {
+        /* looked for once a type named "Tensor" comes (torch.Tensor's own name): NumPy's and other producers'
+         * arrays cost a string comparison until then */
+        const char *tn = Py_TYPE(obj)->tp_name;
+        if (strcmp(tn, "Tensor") != 0 && strcmp(tn, "torch.Tensor") != 0) return 0;
+        PyObject *name = PyUnicode_FromString("torch");
+        PyObject *torch = name ? PyImport_GetModule(name) : NULL; /* only when the caller imported torch */
+        Py_XDECREF(name);
+        if (torch) {
+            st->torch_tensor_type = PyObject_GetAttrString(torch, "Tensor");
+            Py_DECREF(torch);
+        }
+        if (!st->torch_tensor_type || !PyType_Check(st->torch_tensor_type)) {
+            Py_CLEAR(st->torch_tensor_type);
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor_type);
+}
+
+int kvpy_torch_current_stream(kvpy_state *st, kvhal_device dev, intptr_t *out)
+{
+    if (!st->torch_current_stream) {
+        PyObject *name = PyUnicode_FromString("torch.cuda");
+        PyObject *cuda = name ? PyImport_Import(name) : NULL;
+        Py_XDECREF(name);
+        st->torch_current_stream = cuda ? PyObject_GetAttrString(cuda, "current_stream") : NULL;
+        Py_XDECREF(cuda);
+        if (!st->torch_current_stream) {
+            kvpy_prefix_error("torch.cuda.current_stream");
+            return -1;
+        }
+    }
+    PyObject *s = PyObject_CallFunction(st->torch_current_stream, "i", (int)dev.id);
+    PyObject *h = s ? PyObject_GetAttr(s, st->s_cuda_stream_attr) : NULL;
+    Py_XDECREF(s);
+    const long long v = h ? PyLong_AsLongLong(h) : -1;
+    Py_XDECREF(h);
+    if (v == -1 && PyErr_Occurred()) {
+        kvpy_prefix_error("torch.cuda.current_stream");
+        return -1;
+    }
+    *out = (intptr_t)v;
+    return 0;
+}
+
+int kvpy_order_after(kvpy_state *st, kvhal_device dev, intptr_t producer, kvhal_stream *s)
+{
+    kvhal_stream *ps;
+    if (kvpy_stream_native(st, producer, dev, &ps) != 0) return -1;
+    kvhal_event *e = NULL;
+    for (int i = 0; i < st->order_events_n && !e; i++)
+        if (st->order_events[i].dev.type == dev.type && st->order_events[i].dev.id == dev.id) e = st->order_events[i].e;
+    kvhal_status rc = KVHAL_OK;
+    if (!e) {
+        rc = kvhal_event_create(dev, &e);
+        if (rc == KVHAL_OK && st->order_events_n < KVPY_ORDER_EVENTS_MAX) {
+            st->order_events[st->order_events_n].dev = dev;
+            st->order_events[st->order_events_n].e = e;
+            st->order_events_n++;
+        }
+    }
+    if (rc == KVHAL_OK) rc = kvhal_event_record(e, ps);
+    if (rc == KVHAL_OK) rc = kvhal_stream_wait_event(s, e);
+    int cached = 0;
+    for (int i = 0; i < st->order_events_n; i++) cached |= st->order_events[i].e == e;
+    if (e && !cached) (void)kvhal_event_destroy(e); /* past the bound: the wait is enqueued, the event may go */
+    if (rc != KVHAL_OK) {
+        kvpy_raise(st, rc);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- kvhal.Stream ---- */
@@ -185,11 +277,11 @@ static PyObject *stream_cuda_stream(PyObject *op, PyObject *unused)
 
 static PyMethodDef stream_methods[] = {
     {"check_errors", stream_check_errors, METH_NOARGS,
-     "check_errors()\n--\n\nWaits for the work queued on this stream (only) and raises kvhal.DeviceFault if a kernel "
-     "of the device skipped out-of-range slots since the last check."},
-    {"synchronize", stream_synchronize, METH_NOARGS, "synchronize()\n--\n\nWaits for the stream."},
+     "check_errors($self)\n--\n\nWaits for the work queued on this stream (only) and raises kvhal.DeviceFault if a "
+     "kernel of the device skipped out-of-range slots since the last check."},
+    {"synchronize", stream_synchronize, METH_NOARGS, "synchronize($self)\n--\n\nWaits for the stream."},
     {"__cuda_stream__", stream_cuda_stream, METH_NOARGS,
-     "__cuda_stream__()\n--\n\n(0, handle): the CUDA stream protocol."},
+     "__cuda_stream__($self)\n--\n\n(0, handle): the CUDA stream protocol."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef stream_getset[] = {{"device", stream_get_device, NULL, "the device ('cuda:0')", NULL},

@@ -22,6 +22,23 @@ int kvpy_stream_int(kvpy_state *st, PyObject *o, intptr_t *out);
  * kvpy_stream_int's answer for it. 0, or -1 with an exception set. */
 int kvpy_stream_for(kvpy_state *st, PyObject *o, intptr_t native, kvhal_device dev, kvhal_stream **out);
 
+/* The kvhal stream of a native handle on dev (NULL for 0, the legacy default; cpu: NULL), made once and cached. */
+int kvpy_stream_native(kvpy_state *st, intptr_t native, kvhal_device dev, kvhal_stream **out);
+
+/* Whether obj is a torch.Tensor (torch already imported by the caller; never imports it). */
+int kvpy_is_torch_tensor(kvpy_state *st, PyObject *obj);
+
+/* torch's current stream of a CUDA/ROCm device (torch.cuda.current_stream(dev.id).cuda_stream). 0, or -1 with an
+ * exception set. */
+int kvpy_torch_current_stream(kvpy_state *st, kvhal_device dev, intptr_t *out);
+
+/* Work queued on s from now on waits for the work queued so far on the native stream producer of dev (an event
+ * per device, recorded there). 0, or -1 with an exception set. */
+int kvpy_order_after(kvpy_state *st, kvhal_device dev, intptr_t producer, kvhal_stream *s);
+
+/* Whether two native handles name the same stream (0 and 1 are both the legacy default stream). */
+static inline int kvpy_same_native(intptr_t a, intptr_t b) { return (a == 0 ? 1 : a) == (b == 0 ? 1 : b); }
+
 /* The stream to hand a producer: 0 when the caller gave none (the producer then assumes the legacy default stream,
  * which is what kvhal uses); DLPack numbers the legacy default stream 1 (0 is ambiguous there). */
 static inline intptr_t kvpy_dlpack_stream_number(PyObject *arg, intptr_t native)

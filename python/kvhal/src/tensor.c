@@ -178,14 +178,15 @@ static PyObject *tensor_repr(PyObject *op)
 
 static PyMethodDef tensor_methods[] = {
     {"__dlpack__", (PyCFunction)(void (*)(void))tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
-     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nA DLPack capsule of this tensor "
-     "(versioned when max_version >= (1, 0)); zero-copy."},
+     "__dlpack__($self, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nA DLPack capsule of this "
+     "tensor (versioned when max_version >= (1, 0)); zero-copy."},
     {"__dlpack_device__", tensor_dlpack_device, METH_NOARGS,
-     "__dlpack_device__()\n--\n\n(DLPack device type, device id)."},
+     "__dlpack_device__($self)\n--\n\n(DLPack device type, device id)."},
     {"copy_from", tensor_copy_from, METH_O,
-     "copy_from(src)\n--\n\nCopies a contiguous host array of the same byte size into this contiguous tensor."},
+     "copy_from($self, src)\n--\n\nCopies a contiguous host array of the same byte size into this contiguous tensor."},
     {"copy_to", tensor_copy_to, METH_O,
-     "copy_to(dst)\n--\n\nCopies this contiguous tensor into a contiguous writable host array of the same byte size."},
+     "copy_to($self, dst)\n--\n\nCopies this contiguous tensor into a contiguous writable host array of the same "
+     "byte size."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef tensor_getset[] = {{"shape", tensor_get_shape, NULL, "shape", NULL},
