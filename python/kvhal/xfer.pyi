@@ -2,7 +2,7 @@
 from typing import Any, Dict, Final, Optional, Tuple, final
 
 from . import CacheManager, Event, PagedCache, Pages
-from . import IntArray
+from . import _IntArray as IntArray
 
 @final
 class XferEvent(Tuple[Any, ...]):

@@ -235,7 +235,7 @@ def test_bad_arguments():
         kvhal.PagedCache(1, 1, 1, 4, num_blocks=2, dtype="f128")
     other = kvhal.TieredCacheManager(pc)
     h, _, _, _ = other.match_tiered([1, 2, 3, 4])
-    with pytest.raises(kvhal.InvalidArgument, match="handle"):
+    with pytest.raises(kvhal.InvalidHandle, match="handle"):
         tm.load_back(h, [1, 2, 3, 4])
     with pytest.raises(kvhal.InvalidArgument, match="handle"):
         tm.load_back("h", [1, 2, 3, 4])

@@ -470,7 +470,7 @@ static PyObject *manager_match_view(PyObject *op, PyObject *tokens)
     kvpy_ints_release(&tk);
     if (rc != KVHAL_OK) return kvpy_raise(st, rc);
     PyObject *pages = kvpy_pages_view_new(st, op, &((manager_object *)op)->views, v, np);
-    PyObject *ho = pages ? new_handle(st, h, op) : NULL;
+    PyObject *ho = pages ? kvpy_handle_new(st, h, op) : NULL;
     PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
     PyObject *ret = no ? PyTuple_New(3) : NULL;
     if (!ret) {
