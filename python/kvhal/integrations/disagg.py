@@ -141,8 +141,9 @@ class PrefillServer:
         eng.step()  # the forward; its layers go out while it runs; waits for the logits with the GIL released
         t1 = time.perf_counter()
         t2 = self.sender.wait_request(rid, self.send_timeout_s)
-        # the pages were read by the sends: from here on the prefix cache may evict and reuse them
-        return r.out[0], dict(compute_s=t1 - t0, exposed_s=t2 - t1, prompt=len(prompt), cached=r.cached)
+        # the pages were read by the sends: from here on the prefix cache may evict and reuse them. Exposed: how long
+        # the last acknowledgement came after the compute (0 when it came before: everything hid behind it)
+        return r.out[0], dict(compute_s=t1 - t0, exposed_s=max(0.0, t2 - t1), prompt=len(prompt), cached=r.cached)
 
     def serve(self, conn):
         """Answers the decode side's messages until ("stop",)."""
