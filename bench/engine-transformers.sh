@@ -41,7 +41,7 @@ for run in $RUNS; do
     mixed-bf16) args="--workload mixed --dtype bf16 --arch llama --count 24" ;;
     shared) args="--workload shared --dtype bf16 --arch llama --rounds 1 --profile-steps 20" ;;
     tier) args="--workload shared --dtype bf16 --arch llama --rounds 1 --kv-budget 0.25 --host-tier" ;;
-    disagg) args="--workload disaggregated --dtype fp32 --arch llama --count 24 --long-count 4
+    disagg) args="--workload disaggregated --dtype fp32 --arch llama --count 2 --long-count 3
                   --prefill-device $DISAGG_DEVICE" ;;
     *) echo "unknown run $run"; exit 2 ;;
   esac
