@@ -933,6 +933,9 @@ static void fault_begin(rig *r, fault_req *q, const int32_t *tokens, size_t n)
     FALLIBLE(kvhal_cache_manager_allocate(r->cm, (int32_t)(np - have), pages + have));
     faults_pause();
     for (size_t i = have; i < n / ps; i++) write_page(r, pages[i], hs[i]);
+    /* the writes are in before the manager's own stream copies the pages to the host tier (kvhal.h: a page's K/V
+     * writes must be complete when its request finishes, unless they ran on the tier's stream) */
+    OKS(kvhal_device_synchronize(r->dev));
     faults_resume();
 }
 

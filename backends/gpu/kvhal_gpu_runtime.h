@@ -55,7 +55,9 @@ typedef hipMemAccessDesc gpuMemAccessDesc;
 #define gpuGetErrorName hipGetErrorName
 #define gpuGetLastError hipGetLastError
 #define gpuFuncGetAttributes hipFuncGetAttributes
+#ifndef __HIPCC_RTC__ /* a host type: hiprtc's built-ins have no function attributes */
 typedef hipFuncAttributes gpuFuncAttributes;
+#endif
 #define gpuGetDeviceCount hipGetDeviceCount
 #define gpuGetDevice hipGetDevice
 #define gpuSetDevice hipSetDevice
