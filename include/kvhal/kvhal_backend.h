@@ -431,15 +431,22 @@ typedef const kvhal_backend *(*kvhal_backend_entry_fn)(uint32_t core_abi_version
  *  in_elem / out_elem not 1, 2 or 4 with out_elem <= in_elem); -2 when the launch failed (the device has no embedded
  *  code for it: the HIP module's run-time compiled path). Not an op: no checks against buffers, no error flag. */
 typedef struct kvhal_gpu_scatter_args {
-    const void *src[2];
-    void *dst[2];
-    const int64_t *slots;
-    int64_t tokens;
-    int32_t sides, pieces;
-    int32_t in_elem, out_elem;
-    int64_t piece_elems;
-    int64_t block_size, block_stride, piece_stride, token_stride;
+    const void *src[2];   /**< per side (K, V): the rows read, device addresses */
+    void *dst[2];         /**< per side: the cache written, device addresses */
+    const int64_t *slots; /**< tokens slots on the device; a negative slot skips its token */
+    int64_t tokens;       /**< tokens (rows) to copy */
+    int32_t sides;        /**< 1 or 2 (K only, K and V) */
+    int32_t pieces;       /**< pieces per token (heads, or 1) */
+    int32_t in_elem;      /**< bytes of an element read: 1, 2 or 4 */
+    int32_t out_elem;     /**< bytes of an element written (<= in_elem) */
+    int64_t piece_elems;  /**< elements per piece */
+    int64_t block_size;   /**< tokens per cache block */
+    int64_t block_stride; /**< bytes between cache blocks */
+    int64_t piece_stride; /**< bytes between a token's pieces in the cache */
+    int64_t token_stride; /**< bytes between tokens of a block in the cache */
 } kvhal_gpu_scatter_args;
+/** The copy-ceiling extra (see kvhal_gpu_scatter_args): 0 launched, -1 arguments it does not take, -2 launch
+ *  failed. @param a the copy. @param native_stream a native stream of the device (NULL: its default). */
 typedef int (*kvhal_gpu_scatter_rows_fn)(const kvhal_gpu_scatter_args *a, void *native_stream);
 /** kvhal_backend_get_proc_address(KVHAL_DEVICE_CUDA or KVHAL_DEVICE_HIP, "kvhal_gpu_spin") gives a kvhal_gpu_spin_fn:
  *  a kernel of one block that spins for `cycles` of the device's clock on device `device` (its index), queued on the

@@ -54,6 +54,7 @@ extern "C" {
  * The other per-peer bounds: 2^20 offered pages and 4096 offers waiting (kvhal_xfer_offer_pages), a grant of 65536
  * pages; frames in flight are bounded by what this side granted or sent; a handshake waits timeout_ms at most. */
 #define KVHAL_XFER_PEER_EVENTS_MAX 4096
+/** Page ids held by one peer's queued GRANT events, at most (see KVHAL_XFER_PEER_EVENTS_MAX). */
 #define KVHAL_XFER_PEER_GRANT_PAGES_MAX (1 << 20)
 
 /** An agent: one UCX worker, one registered paged cache, its peers and transfers. */
