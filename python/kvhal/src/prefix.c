@@ -439,14 +439,25 @@ static PyObject *manager_match(PyObject *op, PyObject *tokens)
     return match_common(op, NULL, cm, ((manager_object *)op)->page_size, tokens);
 }
 
+/* allocate's and allocate_view's n: 0..INT32_MAX pages. 0, or -1 with an exception set. */
+static int page_count_arg(kvpy_state *st, PyObject *arg, long *n)
+{
+    *n = PyLong_AsLong(arg);
+    if (*n == -1 && PyErr_Occurred()) return -1;
+    if (*n < 0 || *n > INT32_MAX) {
+        kvpy_bad_arg(st, "n: %ld pages is out of range", *n);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *manager_allocate(PyObject *op, PyObject *arg)
 {
     kvhal_cache_manager *cm = live_manager(op);
     if (!cm) return NULL;
     kvpy_state *st = kvpy_state_of(op);
-    const long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 0 || n > INT32_MAX) return kvpy_bad_arg(st, "n: %ld pages is out of range", n);
+    long n;
+    if (page_count_arg(st, arg, &n) != 0) return NULL;
     kvpy_pages_object *p = (kvpy_pages_object *)kvpy_pages_new(st, NULL, (size_t)n);
     if (!p) return NULL;
     kvhal_status rc = kvhal_cache_manager_allocate(cm, (int32_t)n, p->v); /* straight into the result */
@@ -490,9 +501,8 @@ static PyObject *manager_allocate_view(PyObject *op, PyObject *arg)
     kvhal_cache_manager *cm = live_manager(op);
     if (!cm) return NULL;
     kvpy_state *st = kvpy_state_of(op);
-    const long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 0 || n > INT32_MAX) return kvpy_bad_arg(st, "n: %ld pages is out of range", n);
+    long n;
+    if (page_count_arg(st, arg, &n) != 0) return NULL;
     const int32_t *v = NULL;
     kvhal_status rc = kvhal_cache_manager_allocate_view(cm, (int32_t)n, &v);
     if (rc != KVHAL_OK) return kvpy_raise(st, rc);

@@ -606,6 +606,23 @@ static PyObject *peer_post_receive_layers(PyObject *op, PyObject *const *args, P
     return peer_receive(op, args, nargs, kwnames, 1);
 }
 
+/* src_pages and dst_pages of a send or a stream: the same count. 0, or -1 with an exception set (nothing held). */
+static int take_src_dst(kvpy_state *st, PyObject *src_o, PyObject *dst_o, kvpy_ids *src, kvpy_ids *dst)
+{
+    if (kvpy_ids_get(st, src_o, "src_pages", src) != 0) return -1;
+    if (kvpy_ids_get(st, dst_o, "dst_pages", dst) != 0) {
+        kvpy_ids_release(st, src);
+        return -1;
+    }
+    if (dst->n != src->n) {
+        kvpy_bad_arg(st, "dst_pages: %zu pages for %zu src_pages", dst->n, src->n);
+        kvpy_ids_release(st, src);
+        kvpy_ids_release(st, dst);
+        return -1;
+    }
+    return 0;
+}
+
 /* stream_open(request_id, src_pages, dst_pages): a stream of the request's layers into the peer's granted pages */
 static PyObject *peer_stream_open(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -618,20 +635,14 @@ static PyObject *peer_stream_open(PyObject *op, PyObject *const *args, Py_ssize_
     kvpy_state *st = kvpy_state_of(op);
     uint64_t req;
     if (parse_request(st, a[0], &req) != 0) return NULL;
-    kvpy_ids src, dst = {0};
-    if (kvpy_ids_get(st, a[1], "src_pages", &src) != 0) return NULL;
+    kvpy_ids src, dst;
+    if (take_src_dst(st, a[1], a[2], &src, &dst) != 0) return NULL;
     PyObject *ret = NULL;
-    if (kvpy_ids_get(st, a[2], "dst_pages", &dst) != 0) goto out;
-    if (dst.n != src.n) {
-        kvpy_bad_arg(st, "dst_pages: %zu pages for %zu src_pages", dst.n, src.n);
-        goto out;
-    }
     kvhal_xfer *x = NULL;
     kvhal_status rc = src.n > INT32_MAX ? kvhal_error_set(KVHAL_OUT_OF_RANGE, "src_pages: %zu pages", src.n)
                                         : kvhal_xfer_stream_open(p, req, src.v, dst.v, (int32_t)src.n, &x);
     if (rc != KVHAL_OK) kvpy_raise(st, rc);
     else ret = transfer_new(agent, x, req, 0);
-out:
     kvpy_ids_release(st, &src);
     kvpy_ids_release(st, &dst);
     return ret;
@@ -658,13 +669,8 @@ static PyObject *peer_send(PyObject *op, PyObject *const *args, Py_ssize_t nargs
     int32_t first, num;
     if (parse_request(st, a[0], &req) != 0 || parse_layers(st, agent, a[3], a[4], &first, &num) != 0) return NULL;
     kvpy_ids src, dst = {0};
-    if (kvpy_ids_get(st, a[1], "src_pages", &src) != 0) return NULL;
+    if (offer ? kvpy_ids_get(st, a[1], "src_pages", &src) : take_src_dst(st, a[1], a[2], &src, &dst)) return NULL;
     PyObject *ret = NULL;
-    if (!offer && kvpy_ids_get(st, a[2], "dst_pages", &dst) != 0) goto out;
-    if (!offer && dst.n != src.n) {
-        kvpy_bad_arg(st, "dst_pages: %zu pages for %zu src_pages", dst.n, src.n);
-        goto out;
-    }
     kvhal_xfer *x = NULL;
     kvhal_status rc;
     if (src.n > INT32_MAX) rc = kvhal_error_set(KVHAL_OUT_OF_RANGE, "src_pages: %zu pages", src.n);
@@ -683,7 +689,6 @@ static PyObject *peer_send(PyObject *op, PyObject *const *args, Py_ssize_t nargs
     }
     if (rc != KVHAL_OK) kvpy_raise(st, rc);
     else ret = transfer_new(agent, x, req, 0);
-out:
     kvpy_ids_release(st, &src);
     kvpy_ids_release(st, &dst);
     return ret;
