@@ -170,10 +170,11 @@ uint kv_encode(float x, int dt)
  * per scale by tests/fp8_check); an infinite product is kept (it saturates; the correction would make it NaN).
  * mode 3 (other scales): a Newton step with exact fma residuals, then the neighbour on the residual's side wins if
  * its residual is smaller (a quotient is never exactly halfway between two floats, so there is no tie to break).
- * OpenCL's own '/' may be 2.5 ulp off and costs more than this. */
+ * OpenCL's own '/' may be 2.5 ulp off and costs more than this. A NaN comes back as it came in: GPUs (NVIDIA's)
+ * answer any arithmetic on a NaN with their canonical, positive NaN, and the reference keeps the input's sign. */
 float kv_div(float x, float s, float inv, uint mode)
 {
-    if (mode == 0u) return x;
+    if (mode == 0u || isnan(x)) return x;
     float q = x * inv;
     if (mode == 1u || !isfinite(q)) return q;
     if (mode == 2u) return fma(-fma(q, s, -x), inv, q);
@@ -198,7 +199,7 @@ float8 kv_f16_to_f32_8(uint8 h)
     return as_float8(select(select(normal, sub, e == 0u), infnan, e == 31u));
 }
 
-float8 kv_div_8(float8 x, float s, float inv, uint mode)
+float8 kv_div_8_any(float8 x, float s, float inv, uint mode)
 {
     if (mode == 0u) return x;
     float8 q0 = x * inv;
@@ -212,6 +213,11 @@ float8 kv_div_8(float8 x, float s, float inv, uint mode)
     float8 n = as_float8(select(b - 1u, b + 1u, (r > 0.0f) == (q > 0.0f)));
     q = select(q, n, fabs(fma(-n, sv, x)) < fabs(r));
     return select(q, q0, (q0 == 0.0f) | !isfinite(q0));
+}
+
+float8 kv_div_8(float8 x, float s, float inv, uint mode) /* NaN lanes as they came in, as kv_div */
+{
+    return select(kv_div_8_any(x, s, inv, mode), x, isnan(x));
 }
 
 uint8 kv_f32_to_fp8_8(float8 x, int m, int bias, uint max_code)

@@ -12,7 +12,7 @@ not written: the call fails with :class:`kvhal.OutOfRange` on the CPU, and GPUs 
 
 The slots are computed where the index arrays are: with torch on their device (no synchronisation), with NumPy for
 host arrays; a kvhal.Tensor's indices are read on the host, and host slots go to the caches' device when the caches
-are kvhal.Tensors elsewhere.
+are elsewhere (kvhal.Tensors or torch tensors).
 """
 import numpy as np
 
@@ -100,4 +100,7 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         dev_slots = empty(slots.shape, "i64", k_cache.device)
         dev_slots.copy_from(np.ascontiguousarray(slots))
         slots = dev_slots
+    elif isinstance(slots, np.ndarray) and _is_torch(k_cache) and k_cache.device.type != "cpu":
+        import torch  # host slots of torch caches elsewhere: copied on torch's current stream of that device
+        slots = torch.from_numpy(np.ascontiguousarray(slots)).to(k_cache.device, non_blocking=True)
     paged_caching(k_cache, v_cache, append_key, append_value, slots, stream=stream, layout=kv_layout)
