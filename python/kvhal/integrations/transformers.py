@@ -315,8 +315,11 @@ class KvhalEngine:
         self.max_step_tokens, self.share_running = max_step_tokens, share_running
         self.admit_window = 4 * max_batch  # waiting requests looked at per step when the first ones must wait
         self.on_layer = None  # a layer hook for every step's KvhalBatch (the prefill side of a disaggregated pair)
-        # the running requests' pages on the device, a row each: a step sends only what changed since the last one
-        self.table = torch.zeros((max_batch, 64), dtype=torch.int64, device=self.device)
+        # The running requests' token slots on the device, a row each (row r, column j: the slot of token j of the
+        # request in row r, page(j // page_size) * page_size + j % page_size), written a page at a time where its
+        # pages changed. A step's slots and read index are single gathers from it.
+        self.slot_rows = torch.zeros((max_batch, 64 * page_size), dtype=torch.int64, device=self.device)
+        self._arange = torch.arange(max(8192, 64 * page_size), dtype=torch.int64, device=self.device)
         self._rows = list(range(max_batch - 1, -1, -1))
         self.waiting, self.running, self.done = [], [], []
         self.reserved = 0  # pages promised to running requests' future decode tokens
@@ -416,7 +419,7 @@ class KvhalEngine:
         self.done.append(r)
 
     def _schedule(self):
-        """The step: per scheduled request (r, tokens it computes, whether it emits), and the packed lists."""
+        """The step: per scheduled request (r, tokens it computes, whether it emits), and what _batch sends."""
         P = self.P
         budget = self.max_step_tokens if self.max_step_tokens is not None else 1 << 62
         work = []
@@ -430,54 +433,70 @@ class KvhalEngine:
                 work.append((r, r.prompt[r.kv_len:r.kv_len + n], r.kv_len + n == len(r.prompt)))
                 budget -= n
                 self.stats["prefill_computed"] += n
-        ids, pos, lidx, rows, qlen, kvlen, ur, uc, up = [], [], [], [], [], [], [], [], []
-        for r, toks, emits in work:
-            n, start, kv_after = len(toks), r.kv_len, r.kv_len + len(toks)
-            while len(r.pages) < self._pages_for(kv_after):  # a decode crossing into a new (reserved) page
+        widest = 0
+        for r, toks, _ in work:
+            need = self._pages_for(r.kv_len + len(toks))
+            while len(r.pages) < need:  # a decode crossing into a new (reserved) page
                 page = self.cm.allocate(1)[0]
                 r.pages.append(page)
                 r.own.append(page)
                 r.reserve -= 1
                 self.reserved -= 1
+            widest = max(widest, len(r.pages))
+        if widest * P > self.slot_rows.shape[1]:
+            wider = torch.zeros((self.max_batch, max(2 * self.slot_rows.shape[1], widest * P)), dtype=torch.int64,
+                                device=self.device)
+            wider[:, :self.slot_rows.shape[1]] = self.slot_rows
+            self.slot_rows = wider
+        W = self.slot_rows.shape[1]
+        # per token: ids, positions, flat indices of their slots in slot_rows; per emitting request: its logits row;
+        # per request: row offset of its read index, kv length, cumulative query / key lengths; per changed page:
+        # its first flat index in slot_rows and its first slot
+        ids, pos, sidx, lidx, roff, kvlen, cu_q, cu_k, ut, uv, seqs = [], [], [], [], [], [], [0], [0], [], [], []
+        for r, toks, emits in work:
+            n, start, kv_after = len(toks), r.kv_len, r.kv_len + len(toks)
             if r.row is None:
                 r.row, r.synced = self._rows.pop(), 0
-            if r.synced < len(r.pages):  # the table's row catches up with the request's pages
-                if len(r.pages) > self.table.shape[1]:
-                    wider = torch.zeros((self.table.shape[0], max(2 * self.table.shape[1], len(r.pages))),
-                                        dtype=torch.int64, device=self.device)
-                    wider[:, :self.table.shape[1]] = self.table
-                    self.table = wider
-                ur += [r.row] * (len(r.pages) - r.synced)
-                uc += range(r.synced, len(r.pages))
-                up += r.pages[r.synced:]
+            base = r.row * W
+            if r.synced < len(r.pages):  # the row catches up with the request's pages
+                ut += range(base + r.synced * P, base + len(r.pages) * P, P)
+                uv += [page * P for page in r.pages[r.synced:]]
                 r.synced = len(r.pages)
             if emits:
                 lidx.append(len(ids) + n - 1)
+            seqs.append((len(ids), n, cu_k[-1], kv_after))
             ids += toks
             pos += range(start, kv_after)
-            rows.append(r.row)
-            qlen.append(n)
+            sidx += range(base + start, base + kv_after)
+            roff.append(base - cu_k[-1])
             kvlen.append(kv_after)
-        return work, ids, pos, lidx, rows, qlen, kvlen, ur, uc, up
+            cu_q.append(cu_q[-1] + n)
+            cu_k.append(cu_k[-1] + kv_after)
+        return work, ids, pos, sidx, lidx, roff, kvlen, cu_q, cu_k, ut, uv, seqs
 
-    def _batch(self, ids, pos, lidx, rows, qlen, kvlen, ur, uc, up):
-        """One host-to-device copy of the step's lists and the table's changed entries; the slots and the read
-        index are computed from the table on the device."""
-        T, R, U = len(ids), len(qlen), len(ur)
-        buf = torch.tensor(ids + pos + lidx + rows + qlen + kvlen + ur + uc + up, dtype=torch.int64)
+    def _batch(self, ids, pos, sidx, lidx, roff, kvlen, cu_q, cu_k, ut, uv, seqs):
+        """One host-to-device copy of the step's lists; the changed pages' slots go into slot_rows, and the new
+        tokens' slots and the read index are one gather each from it: a handful of launches whatever the batch."""
+        T, R, U, K = len(ids), len(roff), len(ut), cu_k[-1]
+        buf = torch.tensor(ids + pos + sidx + lidx + roff + kvlen + ut + uv + cu_q + cu_k, dtype=torch.int64)
         buf = buf.to(self.device, non_blocking=True)
         o = [0]
-        for n in (T, T, len(lidx), R, R, R, U, U, U):
+        for n in (T, T, T, len(lidx), R, R, U, U, 2 * R + 2):
             o.append(o[-1] + n)
-        input_ids, position_ids, logits_idx, rows_t, ql, kl, ur_t, uc_t, up_t = (buf[o[i]:o[i + 1]] for i in range(9))
+        input_ids, position_ids, sidx_t, logits_idx, roff_t, kl, ut_t, uv_t, cu = (buf[o[i]:o[i + 1]]
+                                                                                   for i in range(9))
+        flat = self.slot_rows.view(-1)
         if U:
-            self.table[ur_t, uc_t] = up_t
-        row_tok = torch.repeat_interleave(rows_t, ql, output_size=T)
-        slot_t = self.table[row_tok, position_ids // self.P] * self.P + position_ids % self.P
+            offs = self._arange[:self.P]
+            flat[(ut_t[:, None] + offs).view(-1)] = (uv_t[:, None] + offs).view(-1)
+        if K > self._arange.numel():
+            self._arange = torch.arange(2 * K, dtype=torch.int64, device=self.device)
+        slots = flat[sidx_t]
+        read_idx = flat[torch.repeat_interleave(roff_t, kl, output_size=K) + self._arange[:K]]
+        cu = cu.to(torch.int32)
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        batch = KvhalBatch.from_table(self.cache, slot_t, self.table, rows_t, qlen, kvlen, ql, kl, stream,
-                                      self.varlen)
-        batch.on_layer = self.on_layer
+        batch = KvhalBatch(self.cache, slots, read_idx, cu[:R + 1], cu[R + 1:], max(q for _, q, _, _ in seqs),
+                           max(kvlen), seqs, stream, self.varlen, self.on_layer)
         return input_ids.view(1, T), position_ids.view(1, T), logits_idx, batch
 
     def step(self):
