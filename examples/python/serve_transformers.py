@@ -9,12 +9,15 @@ Workloads (--workload):
   mixed   COUNT requests, prompts of 16..4096 tokens (log-uniform), 1..256 output tokens: token for token against
           stock model.generate() (greedy; batched by length with left padding) and, in half precision, the
           log-probability differences of both engines to it (kvhal's and stock generate_batch's).
+  tiered  the shared workload (use small --groups / --per-group) with kvhal's device pool at --kv-budget (default
+          0.25) of its distinct KV and a host tier holding all of it: token for token against model.generate() as
+          in mixed (in half precision beside stock generate_batch under the same pages, its CPU offload on).
   disaggregated  the mixed requests and LONG_COUNT prompts of LONG_PROMPT tokens prefilled by another process
           (--prefill-device; cuda:1 when there are two GPUs) and decoded here, the K/V streamed layer by layer
           through libkvhal-xfer: tokens against the single-process engine, the time-to-first-token breakdown
           (prefill compute, transfer exposed after it, first token seen here).
 
-    python3 serve_transformers.py [--workload shared|mixed|both|disaggregated] [--arch llama,qwen3]
+    python3 serve_transformers.py [--workload shared|mixed|both|tiered|disaggregated] [--arch llama,qwen3]
                                   [--dtype fp32,bf16] [--host-tier --kv-budget 0.25] [--check] [--json FILE]
 
 --check exits 1 when, in float32, a request diverges from model.generate() where stock's top-2 logit gap is not
@@ -194,18 +197,41 @@ def stats_line(d):
     return f"max {d[-1]:.3g}, p99 {d[int(0.99 * (len(d) - 1))]:.3g}, mean {sum(d) / len(d):.3g}"
 
 
-def run_mixed(args, arch, dtype, device, out):
+def run_mixed(args, arch, dtype, device, out, tiered=False):
+    """mixed: the mixed requests against model.generate(). tiered: the shared workload (--groups x --per-group)
+    with the device pool at --kv-budget of its distinct KV and a host tier holding all of it, against
+    model.generate() (and, in half precision, stock generate_batch under the same pages with its CPU offload)."""
     model = build_model(arch, dtype, device, args)
-    reqs = mixed_workload(args.count, args.vocab)
-    log(f"\n== mixed: {arch}, {str(dtype)[6:]}, {len(reqs)} requests, prompts {min(len(p) for p, _ in reqs)}.."
-        f"{max(len(p) for p, _ in reqs)}, outputs {min(n for _, n in reqs)}..{max(n for _, n in reqs)} ==")
+    kw, stock_kw = dict(num_pages=args.pages), {}
+    if tiered:
+        reqs = shared_workload(args.groups, args.per_group, args.system, args.new, args.vocab)
+        distinct = args.groups * args.system + sum(len(p) - args.system + n for p, n in reqs)
+        pages = max(1, int(distinct * (args.kv_budget or 0.25)) // args.page_size)
+        kw = dict(num_pages=pages, host_pages=distinct // args.page_size + len(reqs))
+        stock_kw = dict(kv_pages=pages * args.page_size // args.stock_page_size, offload_gib=args.offload_gib)
+        log(f"\n== tiered: {arch}, {str(dtype)[6:]}, {len(reqs)} requests ({args.groups} groups x "
+            f"{args.per_group} behind {args.system}-token system prompts); device pool {pages} pages of "
+            f"{args.page_size} ({100 * pages * args.page_size / distinct:.0f}% of the distinct KV, {distinct} "
+            f"tokens), host tier {kw['host_pages']} pages ==")
+    else:
+        reqs = mixed_workload(args.count, args.vocab)
+        log(f"\n== mixed: {arch}, {str(dtype)[6:]}, {len(reqs)} requests, prompts {min(len(p) for p, _ in reqs)}.."
+            f"{max(len(p) for p, _ in reqs)}, outputs {min(n for _, n in reqs)}..{max(n for _, n in reqs)} ==")
     t = time.perf_counter()
     ref = stock_generate(model, reqs, device)
     log(f"  stock generate: {time.perf_counter() - t:.1f} s")
-    eng, rs, t_kv = kvhal_generate(model, reqs, device, record=True, num_pages=args.pages,
-                                   page_size=args.page_size, max_batch=args.max_batch,
-                                   max_step_tokens=args.step_tokens, prefill_chunk=args.chunk)
-    res = dict(arch=arch, dtype=str(dtype)[6:], requests=len(reqs), kvhal_s=t_kv)
+    eng, rs, t_kv = kvhal_generate(model, reqs, device, record=True, page_size=args.page_size,
+                                   max_batch=args.max_batch, max_step_tokens=args.step_tokens,
+                                   prefill_chunk=args.chunk, **kw)
+    res = dict(workload="tiered" if tiered else "mixed", arch=arch, dtype=str(dtype)[6:], requests=len(reqs),
+               kvhal_s=t_kv)
+    if tiered:
+        ts = eng.tier_stats()
+        res.update(host_tokens=eng.stats["host_tokens"], device_hit_tokens=eng.stats["cached_tokens"],
+                   pages_evicted=eng.cm.pages_evicted, pages_loaded=ts["pages_loaded"])
+        log(f"  kvhal: {eng.stats['host_tokens']} prompt tokens loaded back from the host tier "
+            f"({ts['pages_loaded']} pages), {eng.stats['cached_tokens']} hit on the device, {eng.cm.pages_evicted} "
+            f"pages evicted, hit rate {100 * eng.hit_rate():.2f}%")
     if dtype == torch.float32:
         same, ties, lines = compare_fp32(ref, rs, args.tie_gap)
         log(f"  kvhal vs generate: {same}/{len(rs)} token-identical, {len(ties)} diverge at ties "
@@ -217,7 +243,7 @@ def run_mixed(args, arch, dtype, device, out):
         kv_out = [(r.out, [torch.log_softmax(x, -1)[t].item() for x, t in zip(r.logits, r.out)]) for r in rs]
         same_kv, d_kv = logprob_diffs(ref, kv_out)
         log(f"  kvhal vs generate: {same_kv}/{len(rs)} identical, |log-prob diff| {stats_line(d_kv)}")
-        gb, t_gb, _ = stock_generate_batch(model, reqs, device, args)
+        gb, t_gb, _ = stock_generate_batch(model, reqs, device, args, **stock_kw)
         same_gb, d_gb = logprob_diffs(ref, gb)
         log(f"  stock generate_batch vs generate: {same_gb}/{len(rs)} identical, |log-prob diff| {stats_line(d_gb)}")
         # kvhal's differences against stock generate_batch's: as many identical requests, mean and p99 within 10 %
@@ -304,7 +330,7 @@ def profile_decode(model, reqs, device, args, pages):
     eng = kt.KvhalEngine(model, num_pages=pages, page_size=args.page_size, max_batch=args.max_batch,
                          max_step_tokens=args.step_tokens, prefill_chunk=args.chunk)
     for p, _ in reqs[:args.max_batch]:
-        eng.add(p, args.profile_steps + 8)
+        eng.add(p, 2 * args.profile_steps + 8)  # running through both timed passes
     while any(r.kv_len < len(r.prompt) for r in eng.running) or not eng.running:
         eng.step()
     for _ in range(3):
@@ -439,7 +465,7 @@ def run_disaggregated(args, arch, dtype, device, out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default="shared", choices=["shared", "mixed", "both", "disaggregated"])
+    ap.add_argument("--workload", default="shared", choices=["shared", "mixed", "both", "tiered", "disaggregated"])
     ap.add_argument("--prefill-device", default=None,
                     help="disaggregated: the prefill process's device (default: cuda:1 when there are two GPUs)")
     ap.add_argument("--long-prompt", type=int, default=4096, help="disaggregated: the long prompts' length")
@@ -499,6 +525,8 @@ def main():
                 ok &= run_mixed(a, arch, DTYPES[d], device, out)
             if a.workload in ("shared", "both"):
                 ok &= run_shared(a, arch, DTYPES[d], device, out)
+            if a.workload == "tiered":
+                ok &= run_mixed(a, arch, DTYPES[d], device, out, tiered=True)
             if a.workload == "disaggregated":
                 ok &= run_disaggregated(a, arch, DTYPES[d], device, out)
     if a.json:
