@@ -2,8 +2,9 @@
 by layer while the prefill runs (kvhal.integrations.transformers engines on both sides).
 
 - DecodeEngine (the process that serves): a KvhalEngine whose requests are prefilled elsewhere. At admission it
-  allocates the prompt's pages, posts a receive into them (Peer.post_receive_layers: the grant goes to the prefill
-  side, a 'layer_done' event comes as each layer lands) and
+  allocates the prompt's pages, has its receiver thread (the only user of its agent, progressing it while decode
+  steps run) post a receive into them (Peer.post_receive_layers: the grant goes to the prefill side, a 'layer_done'
+  event comes as each layer lands) and
   asks the prefill process, over a control connection, for the prompt; once the pages arrived and the first token
   came back, the request decodes here like any other.
 - PrefillServer (the other process): a KvhalEngine of batch 1 that computes each prompt and its first token. Right
@@ -101,6 +102,65 @@ class _LayerSender(threading.Thread):
             return self.done.pop(rid)
 
 
+class _LayerReceiver(threading.Thread):
+    """The decode side's agent once the prefill process connected, used by this thread alone: it posts the
+    receives the engine asks for and progresses the agent without pause, so that layers land while the engine's
+    thread computes decode steps (the receiver side drives the copies of the IPC path). The pages are posted
+    without the cache manager (the engine's thread owns it): on a failure the engine raises and its pages go with
+    it."""
+
+    def __init__(self, agent, peer):
+        super().__init__(name="kvhal-layer-receiver", daemon=True)
+        self.agent, self.peer = agent, peer
+        self.posts = queue.SimpleQueue()  # (rid, pages) or None to stop
+        self.lock = threading.Lock()
+        self.arrived, self.failed = [], {}  # rids whose K/V landed; rid -> reason
+        self.layers = 0
+        self.failure = None
+        self.transfers = {}
+
+    def run(self):
+        try:
+            stop = False
+            while not stop or self.transfers:
+                while True:
+                    try:
+                        item = self.posts.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        stop = True
+                        continue
+                    rid, pages = item
+                    self.transfers[rid] = self.peer.post_receive_layers(rid, pages)
+                ev = self.agent.progress(1)
+                while ev is not None:
+                    if ev.kind == "recv_done" and ev.request_id in self.transfers:
+                        del self.transfers[ev.request_id]
+                        with self.lock:
+                            if ev.status is not None:
+                                self.failed[ev.request_id] = f"{ev.status}: {ev.message}"
+                            else:
+                                self.arrived.append(ev.request_id)
+                    elif ev.kind == "layer_done":
+                        self.layers += 1
+                    elif ev.kind == "peer_failed":
+                        raise kvhal.PeerFailed(f"the prefill process failed: {ev.message}")
+                    ev = self.agent.progress(0)
+        except BaseException as e:  # noqa: BLE001 - reported to the engine's thread
+            with self.lock:
+                self.failure = e
+
+    def take(self):
+        """(rids whose K/V arrived since the last call, {rid: reason} of failed ones); raises the thread's failure."""
+        with self.lock:
+            if self.failure is not None:
+                raise self.failure
+            arrived, failed = self.arrived, self.failed
+            self.arrived, self.failed = [], {}
+            return arrived, failed
+
+
 class PrefillServer:
     """Computes prompts for a DecodeEngine in another process and streams their K/V to it layer by layer.
 
@@ -180,7 +240,7 @@ class DecodeEngine(KvhalEngine):
         self.conn = conn
         self.agent = _xfer.Agent(token, name=name, timeout_ms=timeout_ms, transports=transports)
         self.agent.register_cache(self.cache.pc)
-        self.peer = None
+        self.peer, self.receiver = None, None
         self.remote = {}  # rid -> Request whose KV or first token has not arrived yet
         self.timings = []
 
@@ -197,6 +257,9 @@ class DecodeEngine(KvhalEngine):
             ev = self.agent.progress(10)
             if ev is not None and ev.kind == "peer_connected":
                 self.peer = ev.peer
+        if self.receiver is None:  # from here on the receiver thread alone uses the agent
+            self.receiver = _LayerReceiver(self.agent, self.peer)
+            self.receiver.start()
         return self.peer
 
     def _admit(self):
@@ -218,25 +281,23 @@ class DecodeEngine(KvhalEngine):
             r.t_first = dict(t0=time.perf_counter(), kv=False, timings=None)  # until the request decodes here
             self.reserved += future
             self.waiting.pop(0)
-            self.peer.post_receive_layers(r.rid, r.pages, manager=self.cm)
+            self.receiver.posts.put((r.rid, list(r.pages)))
             self.conn.send(("prefill", r.rid, r.prompt))
             self.remote[r.rid] = r
             self.stats["requests"] += 1
             self.stats["prompt_tokens"] += len(r.prompt)
 
     def _pump(self, timeout_ms):
-        ev = self.agent.progress(timeout_ms)
-        while ev is not None:
-            r = self.remote.get(ev.request_id)
-            if ev.kind == "recv_done" and r is not None:
-                if ev.status is not None:
-                    raise kvhal.PeerFailed(f"request {r.rid}: its K/V did not arrive ({ev.status}: {ev.message})")
+        arrived, failed = self.receiver.take()
+        for rid, reason in failed.items():
+            raise kvhal.PeerFailed(f"request {rid}: its K/V did not arrive ({reason})")
+        for rid in arrived:
+            r = self.remote.get(rid)
+            if r is not None:
                 r.t_first["kv"] = True
-            elif ev.kind == "layer_done":
-                self.stats["layers_received"] = self.stats.get("layers_received", 0) + 1
-            elif ev.kind == "peer_failed":
-                raise kvhal.PeerFailed(f"the prefill process failed: {ev.message}")
-            ev = self.agent.progress(0)
+        self.stats["layers_received"] = self.receiver.layers
+        if timeout_ms and not arrived:
+            self.conn.poll(timeout_ms / 1000)
         while self.conn.poll():
             msg = self.conn.recv()
             r = self.remote.get(msg[1])
@@ -273,4 +334,7 @@ class DecodeEngine(KvhalEngine):
     def close(self):
         """Stops the prefill process's server loop and closes the agent."""
         self.conn.send(("stop",))
+        if self.receiver is not None:
+            self.receiver.posts.put(None)
+            self.receiver.join(30)
         self.agent.close()

@@ -435,14 +435,15 @@ class KvhalEngine:
                 self.stats["prefill_computed"] += n
         widest = 0
         for r, toks, _ in work:
-            need = self._pages_for(r.kv_len + len(toks))
+            need = (r.kv_len + len(toks) + P - 1) // P
             while len(r.pages) < need:  # a decode crossing into a new (reserved) page
                 page = self.cm.allocate(1)[0]
                 r.pages.append(page)
                 r.own.append(page)
                 r.reserve -= 1
                 self.reserved -= 1
-            widest = max(widest, len(r.pages))
+            if need > widest:
+                widest = need
         if widest * P > self.slot_rows.shape[1]:
             wider = torch.zeros((self.max_batch, max(2 * self.slot_rows.shape[1], widest * P)), dtype=torch.int64,
                                 device=self.device)
@@ -453,25 +454,30 @@ class KvhalEngine:
         # per request: row offset of its read index, kv length, cumulative query / key lengths; per changed page:
         # its first flat index in slot_rows and its first slot
         ids, pos, sidx, lidx, roff, kvlen, cu_q, cu_k, ut, uv, seqs = [], [], [], [], [], [], [0], [0], [], [], []
+        q0 = k0 = 0
         for r, toks, emits in work:
-            n, start, kv_after = len(toks), r.kv_len, r.kv_len + len(toks)
+            n, start = len(toks), r.kv_len
+            kv_after = start + n
             if r.row is None:
                 r.row, r.synced = self._rows.pop(), 0
             base = r.row * W
-            if r.synced < len(r.pages):  # the row catches up with the request's pages
-                ut += range(base + r.synced * P, base + len(r.pages) * P, P)
+            npages = len(r.pages)
+            if r.synced < npages:  # the row catches up with the request's pages
+                ut += range(base + r.synced * P, base + npages * P, P)
                 uv += [page * P for page in r.pages[r.synced:]]
-                r.synced = len(r.pages)
+                r.synced = npages
             if emits:
-                lidx.append(len(ids) + n - 1)
-            seqs.append((len(ids), n, cu_k[-1], kv_after))
+                lidx.append(q0 + n - 1)
+            seqs.append((q0, n, k0, kv_after))
             ids += toks
             pos += range(start, kv_after)
             sidx += range(base + start, base + kv_after)
-            roff.append(base - cu_k[-1])
+            roff.append(base - k0)
             kvlen.append(kv_after)
-            cu_q.append(cu_q[-1] + n)
-            cu_k.append(cu_k[-1] + kv_after)
+            q0 += n
+            k0 += kv_after
+            cu_q.append(q0)
+            cu_k.append(k0)
         return work, ids, pos, sidx, lidx, roff, kvlen, cu_q, cu_k, ut, uv, seqs
 
     def _batch(self, ids, pos, sidx, lidx, roff, kvlen, cu_q, cu_k, ut, uv, seqs):
