@@ -165,6 +165,11 @@ unsigned streams_progress(kvhal_xfer_agent *a);
 void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p);
 void cma_claim_check(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t now);
 void on_ipc_map_ack(kvhal_xfer_peer *p, const void *header, size_t header_length);
+void on_ipc_proof(kvhal_xfer_peer *p, const void *header, size_t header_length);
+void ipc_proof_check(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t now);
+void on_ipc_challenge(kvhal_xfer_peer *p, const void *header, size_t header_length);
+void ipc_answer(kvhal_xfer_agent *a, kvhal_xfer_peer *p);
+void ipc_slot_release(kvhal_xfer_peer *p);
 
 /* ---- xfer_agent.c ---- */
 /* One round of UCX, the copies and the deadlines; returns how much moved (0: nothing, the caller may back off). */

@@ -478,6 +478,11 @@ static ucs_status_t raw_am(void *arg, const void *header, size_t header_length, 
         r->nacks++;
     } else if (c.type == XW_GRANT) {
         r->ngrants++;
+    } else if (c.type == XW_IPC_CHALLENGE && header_length == sizeof(xw_ipc_challenge)) {
+        xw_ipc_challenge ch;
+        memcpy(&ch, header, sizeof ch);
+        memcpy(r->ipc_nonce, ch.nonce, sizeof r->ipc_nonce);
+        r->got_ipc_challenge = true;
     } else if (c.type == XW_CMA_CHALLENGE && header_length == sizeof(xw_cma_challenge)) {
         /* as the library's sender: the nonce at the probe address, then {session, nonce} on the socket */
         xw_cma_challenge ch;

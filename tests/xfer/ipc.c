@@ -185,6 +185,10 @@ void raw_keep(raw *r, void *p)
     r->keep[r->nkeep++] = p;
 }
 
+/* The shareable cache shareable_cpu_cache made last: the hand-made sender's own, whose proof area answers the IPC
+ * challenge of a map that names no other (raw.ipc_own). */
+static kvhal_buffer *raw_own_buf;
+
 void raw_map_kind(raw *r, uint32_t kind, const uint8_t *blob, size_t blen, const uint64_t *off,
                          uint64_t stride, int64_t blocks, bool wait_ack)
 {
@@ -198,6 +202,11 @@ void raw_map_kind(raw *r, uint32_t kind, const uint8_t *blob, size_t blen, const
     memcpy(d, blob, blen);
     memcpy(d + blen, off, 2u * L * sizeof(uint64_t));
     r->got_map_ack = false;
+    r->got_ipc_challenge = false;
+    if (kind == XW_IPC_HANDLE && !r->ipc_own && raw_own_buf) { /* its own cache's proof area, by default */
+        r->ipc_own = raw_own_buf;
+        r->ipc_proof_at = kvhal_buffer_size(raw_own_buf) - KVHAL_PAGED_CACHE_PROOF_BYTES;
+    }
     if (kind == XW_IPC_CMA && blen == sizeof(xw_cma_blob)) {
         xw_cma_blob cb;
         memcpy(&cb, blob, sizeof cb);
@@ -207,8 +216,25 @@ void raw_map_kind(raw *r, uint32_t kind, const uint8_t *blob, size_t blen, const
     raw_keep(r, m);
     raw_keep(r, d);
     const double until = now_s() + 5;
-    while (wait_ack && !r->got_map_ack && now_s() < until) raw_progress(r, 0.001);
+    while (wait_ack && !r->got_map_ack && now_s() < until) {
+        raw_progress(r, 0.001);
+        if (r->got_ipc_challenge && r->ipc_own) raw_ipc_prove(r);
+    }
     if (wait_ack) assert_true(r->got_map_ack);
+}
+
+/* The answer to the receiver's IPC_CHALLENGE (as the library's sender): its nonce written into r->ipc_own at
+ * r->ipc_proof_at, then IPC_PROOF naming that offset. */
+void raw_ipc_prove(raw *r)
+{
+    r->got_ipc_challenge = false;
+    assert_int_equal(kvhal_memcpy_h2d(r->ipc_own, (size_t)r->ipc_proof_at, r->ipc_nonce, XW_NONCE, NULL), KVHAL_OK);
+    xw_ipc_proof *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    f->c = (xw_common){XW_MAGIC, XW_VERSION, XW_IPC_PROOF, r->their_session};
+    f->offset = r->ipc_proof_at;
+    raw_send(r, f, sizeof *f, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    raw_keep(r, f);
 }
 
 static void raw_map(raw *r, const uint8_t *blob, size_t blen, const uint64_t *off, uint64_t stride, int64_t blocks,
@@ -331,6 +357,7 @@ kvhal_paged_cache *shareable_cpu_cache(uint64_t seed, uint8_t **hpat)
     assert_non_null(*hpat);
     fill_pattern(*hpat, hbytes, seed);
     assert_int_equal(kvhal_memcpy_h2d(hb, 0, *hpat, hbytes, NULL), KVHAL_OK);
+    raw_own_buf = hb;
     return hc;
 }
 
