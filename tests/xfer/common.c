@@ -714,6 +714,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ipc_two_processes),
         cmocka_unit_test(test_hostile_ipc),
         cmocka_unit_test(test_ipc_chain),
+        cmocka_unit_test(test_ipc_bystander),
         cmocka_unit_test(test_dropped_peers_close_endpoints),
         cmocka_unit_test(test_cma_copies_in_flight),
         cmocka_unit_test(test_gathers_in_flight),

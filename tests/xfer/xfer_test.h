@@ -177,6 +177,7 @@ void check_ipc_pages(server *s, kvhal_paged_cache *hc, const uint8_t *hpat, cons
 kvhal_paged_cache *shareable_cpu_cache(uint64_t seed, uint8_t **hpat);
 void test_hostile_ipc(void **state);
 void test_ipc_chain(void **state);
+void test_ipc_bystander(void **state);
 void test_cma_copies_in_flight(void **state);
 kvhal_xfer_peer *connect_to(server *s, kvhal_xfer_agent *a, kvhal_paged_cache *c, kvhal_xfer_peer **pb);
 void test_gathers_in_flight(void **state);
