@@ -809,6 +809,17 @@ void kvhal__xfer_prove_pending(kvhal_xfer_agent *a)
         }
 }
 
+bool kvhal__xfer_ipc_nonce(const kvhal_xfer_agent *a, uint64_t session, uint8_t out[XW_NONCE])
+{
+    if (check_agent(a) != KVHAL_OK) return false;
+    for (const kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->my_session == session && p->ipc_claim && !p->ipc_proof_in) {
+            memcpy(out, p->ipc_nonce, XW_NONCE);
+            return true;
+        }
+    return false;
+}
+
 size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a)
 {
     size_t n = a->ev_count;

@@ -1,6 +1,8 @@
 /* xfer_map.c — the IPC map: a peer's IPC_MAP (its cache's handle, or where to read it with process_vm_readv)
  * checked and imported by the receiver, which then copies through the IPC or the CMA path, and its answer
- * (IPC_MAP_ACK) taken by the sender, which then sends through that path. */
+ * (IPC_MAP_ACK) taken by the sender, which then sends through that path. A handle is accepted only after its
+ * challenge (xfer_wire.h, XW_IPC_SLOT): the receiver's nonce, written by the sender into its proof area, read back
+ * through the imported memory. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -17,7 +17,7 @@
  *      xfer_cma.c      the CMA path: reads of a peer's process
  *      xfer_offer.c    offers: pages named before the grant, taken by a receive
  *   8. xfer_grant.c    grants: a receive posted (or the offers waiting for it taken), a peer's GRANT
- *      xfer_map.c      the IPC map: a peer's IPC_MAP imported (IPC or CMA path), its answer taken
+ *      xfer_map.c      the IPC map: a peer's IPC_MAP imported (IPC or CMA path), its handle's challenge, its answer taken
  *      xfer_stream.c   streams: a request's layers sent as their device events complete, each through the peer's
  *                      send path as a transfer of its own, collected into the stream's; a receive's layer events
  *   9. xfer_agent.c    the agent: create, destroy, the cache, the progress loop (pump), the active-message dispatch,
