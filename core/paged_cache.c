@@ -80,7 +80,7 @@ static kvhal_status paged_create(const kvhal_paged_cache_config *cfg, kvhal_page
                           "(one block of K and V for %d layers needs %llu bytes)",
                           (unsigned long long)cfg->memory_budget, (int)cfg->num_layers, (unsigned long long)per_block);
     const uint64_t total = num_blocks * per_block;
-    if (total > SIZE_MAX || num_blocks > (uint64_t)INT64_MAX / ((uint64_t)cfg->block_size))
+    if (total > SIZE_MAX - KVHAL_PAGED_CACHE_PROOF_BYTES || num_blocks > (uint64_t)INT64_MAX / ((uint64_t)cfg->block_size))
         return kvhal__err(KVHAL_OUT_OF_RANGE, "cfg.memory_budget: %llu bytes exceeds the addressable size",
                           (unsigned long long)cfg->memory_budget);
 
@@ -91,9 +91,11 @@ static kvhal_status paged_create(const kvhal_paged_cache_config *cfg, kvhal_page
     c->block_elems = (int64_t)block_elems;
     c->k_scale = cfg->k_scale == 0.0f ? 1.0f : cfg->k_scale;
     c->v_scale = cfg->v_scale == 0.0f ? 1.0f : cfg->v_scale;
-    kvhal_status st = shareable ? kvhal_buffer_create_shareable(cfg->device, (size_t)total, &c->buf)
-                                : kvhal_buffer_create(cfg->device, (size_t)total, &c->buf);
-    if (st == KVHAL_OK) st = kvhal_memset(c->buf, 0, 0, (size_t)total, NULL);
+    /* a shareable cache: the transfer agent's proof area past the pages (kvhal.h) */
+    const size_t bytes = (size_t)total + (shareable ? KVHAL_PAGED_CACHE_PROOF_BYTES : 0);
+    kvhal_status st = shareable ? kvhal_buffer_create_shareable(cfg->device, bytes, &c->buf)
+                                : kvhal_buffer_create(cfg->device, bytes, &c->buf);
+    if (st == KVHAL_OK) st = kvhal_memset(c->buf, 0, 0, bytes, NULL);
     if (st == KVHAL_OK && !kvhal__handle_add(c))
         st = kvhal__err(KVHAL_OUT_OF_MEMORY, "paged cache: cannot register the handle");
     if (st != KVHAL_OK) {

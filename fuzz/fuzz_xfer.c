@@ -237,6 +237,18 @@ static void deliver(run *u, const uint8_t *hdr, size_t hlen, const uint8_t *dat,
             dlen = send_blob_len + dlen - 8;
         }
     }
+    if (c.type == XW_IPC_PROOF && hlen == sizeof(xw_ipc_proof) && !memcmp(h + offsetof(xw_ipc_proof, reason),
+                                                                          FX_PROVE, 7)) {
+        xw_ipc_proof f;
+        memcpy(&f, h, sizeof f);
+        uint8_t nonce[XW_NONCE];
+        kvhal_tensor k, v;
+        REQUIRE(kvhal_paged_cache_layer(sender, 0, &k, &v) == KVHAL_OK);
+        const uint64_t size = kvhal_buffer_size(k.buffer);
+        if (kvhal__xfer_ipc_nonce(u->r->ag, c.dest_session, nonce) && f.offset <= size && size - f.offset >= XW_NONCE)
+            REQUIRE(kvhal_memcpy_h2d(k.buffer, (size_t)f.offset, nonce, XW_NONCE, NULL) == KVHAL_OK);
+        kvhal_clear_error();
+    }
     if (c.type == XW_ACK && hlen == sizeof(xw_ack) && u->tx.x) {
         xw_ack k;
         memcpy(&k, h, sizeof k);

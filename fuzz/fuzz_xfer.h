@@ -9,7 +9,9 @@
  * FX_SECOND); op & FX_RNDV delivers the frame as a rendezvous one (ignored for DATA frames: an accepted one's data
  * would be fetched through UCX).
  * Placeholders the target replaces with what exists only at run time: an IPC_MAP whose handle is FX_SENDBLOB
- * (blob_len 8) gets the sender cache's real handle; an ACK's xfer_id FX_XFER_SEND the send's id; a HELLO's address is always the receiver's own worker address
+ * (blob_len 8) gets the sender cache's real handle; an IPC_PROOF whose reason starts with FX_PROVE has the nonce
+ * its peer's receiver waits for written into the sender cache at the offset it names (where that lies inside the
+ * cache's buffer), as the sender would; an ACK's xfer_id FX_XFER_SEND the send's id; a HELLO's address is always the receiver's own worker address
  * (addr_len follows it where it matched the data's length), so no made-up address ever reaches UCX. */
 #ifndef KVHAL_FUZZ_XFER_H
 #define KVHAL_FUZZ_XFER_H

@@ -105,6 +105,23 @@ static void ipc_map(uint8_t op, int peer)
     record(op, &m, sizeof m, dat, sizeof dat);
 }
 
+/* The sender's answer to the receiver's IPC challenge: its nonce written at the proof area's first slot (the
+ * target writes it: FX_PROVE), or at offset (a hostile proof). */
+static uint64_t proof_off;
+static void ipc_proof(uint8_t op, int peer, uint64_t offset, bool prove)
+{
+    xw_ipc_proof f = {.c = common(XW_IPC_PROOF, session_of(peer)), .offset = offset};
+    if (prove) memcpy(f.reason, FX_PROVE, 7);
+    record(op, &f, sizeof f, NULL, 0);
+}
+
+/* An IPC_MAP of the sender cache's handle, imported (pump), then proven. */
+static void ipc_map_proven(uint8_t flags, int peer)
+{
+    ipc_map(FX_FRAME_PUMP | flags, peer);
+    ipc_proof(FX_FRAME_PUMP | flags, peer, proof_off, true);
+}
+
 /* A DATA_IPC frame: (src, dst) pairs. */
 static void data_ipc(uint8_t op, int peer, uint64_t request, uint32_t frame, int32_t l0, int32_t nl,
                      const int32_t *pairs, int32_t n)
@@ -169,8 +186,8 @@ static void seeds_paths(void)
     finish("per_layer_per_page");
 
     begin(0); /* the IPC path: both peers map the sender's cache, A in one frame, B layer by layer */
-    ipc_map(FX_FRAME_PUMP, 0);
-    ipc_map(FX_FRAME_PUMP, 1);
+    ipc_map_proven(0, 0);
+    ipc_map_proven(0, 1);
     data_ipc(FX_FRAME_PUMP, 0, FX_REQUEST_A, 0, 0, FX_LAYERS, (const int32_t[]){0, 5, 3, 2, 5, 6}, 3);
     for (int32_t l = 0; l < FX_LAYERS; l++)
         data_ipc(FX_FRAME | FX_SECOND, 1, FX_REQUEST_B, (uint32_t)l, l, 1, (const int32_t[]){1, 7, 4, 0}, 2);
@@ -178,8 +195,8 @@ static void seeds_paths(void)
     finish("ipc");
     begin(1); /* offers: B's pending receive takes one frame per page (layer 0, then the rest); offers no receive
                * takes wait (one withdrawn, one kept until the peer goes); a size that differs fails receive A */
-    ipc_map(FX_FRAME_PUMP, 0);
-    ipc_map(FX_FRAME_PUMP, 1);
+    ipc_map_proven(0, 0);
+    ipc_map_proven(0, 1);
     offer(FX_FRAME | FX_SECOND, 1, FX_REQUEST_B, 31, 0, 0, 1, 0, FX_GRANT_B_N, (const int32_t[]){4}, 1);
     offer(FX_FRAME | FX_SECOND, 1, FX_REQUEST_B, 31, 1, 0, 1, 1, FX_GRANT_B_N, (const int32_t[]){2}, 1);
     offer(FX_FRAME_PUMP | FX_SECOND, 1, FX_REQUEST_B, 32, 0, 1, FX_LAYERS - 1, 0, FX_GRANT_B_N,
@@ -191,8 +208,8 @@ static void seeds_paths(void)
     finish("offer");
     begin(0); /* hostile offers: past the imported cache, past the request, a page twice, no map, short header */
     offer(FX_FRAME_PUMP, 0, FX_REQUEST_A, 36, 0, 0, FX_LAYERS, 0, FX_GRANT_A_N, (const int32_t[]){0}, 1);
-    ipc_map(FX_FRAME_PUMP, 0);
-    ipc_map(FX_FRAME_PUMP, 1);
+    ipc_map_proven(0, 0);
+    ipc_map_proven(0, 1);
     offer(FX_FRAME_PUMP, 0, FX_REQUEST_A, 37, 0, 0, FX_LAYERS, 2, 2, (const int32_t[]){0}, 1);
     offer(FX_FRAME_PUMP | FX_SECOND, 1, FX_REQUEST_B, 38, 0, 0, FX_LAYERS, 0, FX_GRANT_B_N,
           (const int32_t[]){FX_SEND_PAGES, 0}, 2);
@@ -203,11 +220,20 @@ static void seeds_paths(void)
     complete_both(0, true);
     finish("offer_hostile");
     begin(1); /* IPC and DATA frames mixed within one receive, a second IPC_MAP */
-    ipc_map(FX_FRAME_PUMP, 0);
+    ipc_map_proven(0, 0);
     data_ipc(FX_FRAME, 0, FX_REQUEST_A, 0, 0, 2, (const int32_t[]){0, 5, 3, 2, 5, 6}, 3);
     data_frame(FX_FRAME_PUMP, 0, FX_REQUEST_A, 1, 2, 1, FX_GRANT_A, FX_GRANT_A_N);
     ipc_map(FX_FRAME_PUMP, 0);
     finish("ipc_mixed");
+    begin(0); /* hostile proofs: A's names a slot that does not hold the nonce, B's a byte inside the pages; then
+               * their DATA_IPC frames (no imported cache) and a proof nobody asked for */
+    ipc_map(FX_FRAME_PUMP, 0);
+    ipc_map(FX_FRAME_PUMP, 1);
+    ipc_proof(FX_FRAME_PUMP, 0, proof_off + XW_IPC_SLOT, false);
+    ipc_proof(FX_FRAME_PUMP | FX_SECOND, 1, 0, true);
+    data_ipc(FX_FRAME_PUMP, 0, FX_REQUEST_A, 0, 0, FX_LAYERS, (const int32_t[]){0, 5}, 1);
+    ipc_proof(FX_FRAME_PUMP, 0, proof_off, true);
+    finish("ipc_proof_hostile");
 }
 
 /* Hostile and unlucky frames for the receives: duplicates, ranges, requests nobody granted, cancel, disconnect,
@@ -241,7 +267,7 @@ static void seeds_hostile(void)
     data_frame(FX_FRAME_PUMP | FX_SECOND, 1, FX_REQUEST_B, 0, 0, FX_LAYERS, FX_GRANT_B, FX_GRANT_B_N);
     finish("cancel");
     begin(0); /* a peer disconnected with a frame not yet acknowledged, then frames naming its session */
-    ipc_map(FX_FRAME_PUMP | FX_SECOND, 1);
+    ipc_map_proven(FX_SECOND, 1);
     data_frame(FX_FRAME | FX_SECOND, 1, FX_REQUEST_B, 0, 0, FX_LAYERS, &FX_GRANT_B[0], 1);
     data_ipc(FX_FRAME | FX_SECOND, 1, FX_REQUEST_B, 1, 0, FX_LAYERS, (const int32_t[]){2, 7}, 1);
     op_only(FX_DISCONNECT | FX_SECOND);
@@ -362,6 +388,7 @@ int main(int argc, char **argv)
         ipc_off[2 * l] = k.offset;
         ipc_off[2 * l + 1] = v.offset;
         ipc_stride = (uint64_t)k.strides[0] * 2u;
+        proof_off = kvhal_buffer_size(k.buffer) - KVHAL_PAGED_CACHE_PROOF_BYTES;
     }
     kvhal_paged_cache_destroy(pc);
 

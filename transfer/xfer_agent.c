@@ -439,11 +439,27 @@ kvhal_status kvhal_xfer_register_paged_cache(kvhal_xfer_agent *a, kvhal_paged_ca
     a->v_off = vo;
     a->block_stride = (size_t)k0.strides[0] * es;
 
-    /* a shareable cache: its handle for peers on this host (the IPC path), and a stream for our copies from theirs */
+    /* a shareable cache: its handle for peers on this host (the IPC path), and a stream for our copies from theirs;
+     * offered only with a proof area, the buffer's tail past every page (kvhal_paged_cache_create_shareable's) */
     if (kvhal_buffer_is_shareable(buf) &&
         kvhal_buffer_ipc_export(buf, a->ipc_blob, sizeof a->ipc_blob, &a->ipc_blob_len) != KVHAL_OK)
         a->ipc_blob_len = 0;
     kvhal_clear_error();
+    uint64_t extent = 0;
+    for (int32_t l = 0; l < L; l++) {
+        const uint64_t last = (uint64_t)(g.num_blocks - 1) * a->block_stride + g.chunk_bytes;
+        if (ko[l] + last > extent) extent = ko[l] + last;
+        if (vo[l] + last > extent) extent = vo[l] + last;
+    }
+    extent = (extent + XW_IPC_SLOT - 1) / XW_IPC_SLOT * XW_IPC_SLOT;
+    const uint64_t bsize = kvhal_buffer_size(buf);
+    a->proof_off = extent;
+    a->proof_slots = 0;
+    if (bsize > extent) {
+        const uint64_t n = (bsize - extent) / XW_IPC_SLOT;
+        a->proof_slots = n > PROOF_SLOTS_MAX ? PROOF_SLOTS_MAX : (int)n;
+    }
+    if (!a->proof_slots) a->ipc_blob_len = 0; /* no proof area: no handle offered (CMA or UCX instead) */
     return KVHAL_OK;
 }
 
@@ -536,7 +552,7 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     case XW_BYE: peer_fail(p, KVHAL_PEER_FAILED, false, "closed the connection"); break;
     case XW_IPC_MAP: /* kept for pump, which imports it */
         if (rndv || header_length != sizeof(xw_ipc_map) || length > XW_IPC_BLOB_MAX + 2u * 65536u * 8u ||
-            p->map_frame || p->rx_path || p->cma_challenged) {
+            p->map_frame || p->rx_path || p->cma_challenged || p->ipc_claim) {
             peer_fail(p, KVHAL_PEER_FAILED, true, "malformed or repeated IPC_MAP frame");
         } else if ((p->map_frame = malloc(header_length + length)) != NULL) {
             memcpy(p->map_frame, header, header_length);
@@ -557,6 +573,14 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
         if (rndv) peer_fail(p, KVHAL_PEER_FAILED, true, "CMA_CHALLENGE frame with rendezvous data");
         else on_cma_challenge(a, p, header, header_length);
         break;
+    case XW_IPC_CHALLENGE:
+        if (rndv) peer_fail(p, KVHAL_PEER_FAILED, true, "IPC_CHALLENGE frame with rendezvous data");
+        else on_ipc_challenge(p, header, header_length);
+        break;
+    case XW_IPC_PROOF:
+        if (rndv) peer_fail(p, KVHAL_PEER_FAILED, true, "IPC_PROOF frame with rendezvous data");
+        else on_ipc_proof(p, header, header_length);
+        break;
     default: peer_fail(p, KVHAL_PEER_FAILED, true, "unknown frame type %u", (unsigned)c.type); break;
     }
     return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
@@ -571,8 +595,12 @@ unsigned pump(kvhal_xfer_agent *a)
         if (!n) break;
         work += n;
     }
-    for (kvhal_xfer_peer *p = a->peers; p; p = p->next)
+    const uint64_t t_map = now_ns();
+    for (kvhal_xfer_peer *p = a->peers; p; p = p->next) {
         if (p->map_frame && p->state == P_CONNECTED) process_ipc_map(a, p);
+        if (p->ipc_claim) ipc_proof_check(a, p, t_map);
+        if (p->ipc_chal_pending) ipc_answer(a, p);
+    }
     if (a->cma_sock >= 0) {
         cma_sock_poll(a);
         const uint64_t t = now_ns();
@@ -781,6 +809,17 @@ void kvhal__xfer_prove_pending(kvhal_xfer_agent *a)
         }
 }
 
+bool kvhal__xfer_ipc_nonce(const kvhal_xfer_agent *a, uint64_t session, uint8_t out[XW_NONCE])
+{
+    if (check_agent(a) != KVHAL_OK) return false;
+    for (const kvhal_xfer_peer *p = a->peers; p; p = p->next)
+        if (p->my_session == session && p->ipc_claim && !p->ipc_proof_in) {
+            memcpy(out, p->ipc_nonce, XW_NONCE);
+            return true;
+        }
+    return false;
+}
+
 size_t kvhal__xfer_agent_held(const kvhal_xfer_agent *a)
 {
     size_t n = a->ev_count;
@@ -803,6 +842,9 @@ static void peer_ipc_free(kvhal_xfer_peer *p)
     offers_free(p);
     if (p->ipc_buf) kvhal_buffer_destroy(p->ipc_buf);
     p->ipc_buf = NULL;
+    if (p->ipc_claim) kvhal_buffer_destroy(p->ipc_claim);
+    p->ipc_claim = NULL;
+    ipc_slot_release(p);
     p->cma = false;
     p->rx_path = NULL;
     free(p->cma_claim);

@@ -56,6 +56,9 @@ void kvhal__xfer_proof(const char *token, const xw_transcript *t, const char *la
 /* For the fuzzer, which cannot compute a proof over a nonce it never sees: every connection a waits the
  * connector's proof for (a HELLO's, over an endpoint to itself) is given its valid AUTH, through the same handler. */
 void kvhal__xfer_prove_pending(kvhal_xfer_agent *a);
+/* For the fuzzer, which cannot see the nonce of an IPC handle's challenge: the nonce the peer of session waits to
+ * read back (true), or false when no imported handle of that peer waits for its proof. */
+bool kvhal__xfer_ipc_nonce(const kvhal_xfer_agent *a, uint64_t session, uint8_t out[XW_NONCE]);
 /* The local ports of the TCP listening sockets a watches (LISTENER_LOST), up to cap; returns how many. */
 int kvhal__xfer_listen_ports(const kvhal_xfer_agent *a, uint16_t *ports, int cap);
 /* getrandom's bytes (false: none to be had); whether proof is the token's over t with label (constant time) */

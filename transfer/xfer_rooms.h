@@ -17,7 +17,7 @@
  *      xfer_cma.c      the CMA path: reads of a peer's process
  *      xfer_offer.c    offers: pages named before the grant, taken by a receive
  *   8. xfer_grant.c    grants: a receive posted (or the offers waiting for it taken), a peer's GRANT
- *      xfer_map.c      the IPC map: a peer's IPC_MAP imported (IPC or CMA path), its answer taken
+ *      xfer_map.c      the IPC map: a peer's IPC_MAP imported (IPC or CMA path), its handle's challenge, its answer taken
  *      xfer_stream.c   streams: a request's layers sent as their device events complete, each through the peer's
  *                      send path as a transfer of its own, collected into the stream's; a receive's layer events
  *   9. xfer_agent.c    the agent: create, destroy, the cache, the progress loop (pump), the active-message dispatch,
@@ -165,6 +165,11 @@ unsigned streams_progress(kvhal_xfer_agent *a);
 void process_ipc_map(kvhal_xfer_agent *a, kvhal_xfer_peer *p);
 void cma_claim_check(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t now);
 void on_ipc_map_ack(kvhal_xfer_peer *p, const void *header, size_t header_length);
+void on_ipc_proof(kvhal_xfer_peer *p, const void *header, size_t header_length);
+void ipc_proof_check(kvhal_xfer_agent *a, kvhal_xfer_peer *p, uint64_t now);
+void on_ipc_challenge(kvhal_xfer_peer *p, const void *header, size_t header_length);
+void ipc_answer(kvhal_xfer_agent *a, kvhal_xfer_peer *p);
+void ipc_slot_release(kvhal_xfer_peer *p);
 
 /* ---- xfer_agent.c ---- */
 /* One round of UCX, the copies and the deadlines; returns how much moved (0: nothing, the caller may back off). */

@@ -49,6 +49,8 @@ enum { XFER_STATUS_N = 0 KVHAL_STATUS_MAP(XFER_COUNT_X) };
 #define OFFER_PAGES_MAX (1 << 20)         /* pages of one peer's offers waiting for a receive at most (past it:
                                            * refused) */
 #define OFFER_FRAMES_MAX 4096             /* and its OFFER frames waiting at most */
+#define PROOF_SLOTS_MAX 128               /* nonces of IPC challenges held at once in the proof area (one a peer
+                                           * until it answered our IPC_MAP; more wait for a free slot) */
 #define CMA_CONNS_MAX 16                  /* connections to the CMA challenge socket waiting for their answer */
 #define PEER_EVENTS_MAX KVHAL_XFER_PEER_EVENTS_MAX           /* kvhal_xfer.h: events of one peer queued */
 #define PEER_GRANT_PAGES_MAX KVHAL_XFER_PEER_GRANT_PAGES_MAX /* and the page ids of its GRANT events (4 MiB) */
@@ -124,6 +126,18 @@ struct kvhal_xfer_peer {
     uint64_t cma_deadline_ns;
     /* as the sender: where the receiver's nonce goes (its address is the probe address of our IPC_MAP) */
     uint8_t cma_probe[XW_CMA_PROBE];
+    /* the IPC handle's challenge (xw_wire.h, XW_IPC_SLOT), as the receiver: the imported cache waiting for its
+     * proof (not yet ipc_buf: nothing is read from it but the proof), the nonce, where the pages end */
+    kvhal_buffer *ipc_claim;
+    uint8_t ipc_nonce[XW_NONCE];
+    uint64_t ipc_extent;    /* the first byte past every page the map names: the proof lies at or past it */
+    uint64_t ipc_deadline_ns;
+    bool ipc_proof_in;      /* its IPC_PROOF came (ipc_proof), checked from pump */
+    xw_ipc_proof ipc_proof;
+    /* ... as the sender: the receiver's nonce to write (pending until a slot is free), the slot it holds */
+    bool ipc_chal_pending;
+    uint8_t ipc_chal[XW_NONCE];
+    int ipc_slot;           /* 1 + our proof area's slot holding its nonce until its IPC_MAP_ACK (0: none) */
     uint64_t ipc_stride;    /* its bytes between blocks */
     int64_t ipc_blocks;     /* its page count */
     size_t ipc_queued;      /* (page, layer, K/V) chunks of its DATA_IPC frames waiting in the agent's ipc_jobs */
@@ -378,6 +392,9 @@ struct kvhal_xfer_agent {
     char host_id[XW_HOST_LEN];      /* boot_id/hostname */
     uint8_t ipc_blob[XW_IPC_BLOB_MAX]; /* our cache's handle (a shareable cache), else ipc_blob_len 0 */
     size_t ipc_blob_len;
+    uint64_t proof_off;     /* our shareable cache's proof area: the buffer's tail past every page (IPC_PROOF) */
+    int proof_slots;        /* its slots of XW_IPC_SLOT bytes (at most PROOF_SLOTS_MAX) */
+    uint64_t proof_busy[PROOF_SLOTS_MAX / 64]; /* slots holding a nonce a receiver has not checked yet */
     kvhal_stream *ipc_streams[IPC_STREAMS]; /* the receiver's copies from imported caches (made on first use) */
     int ipc_stream_groups[IPC_STREAMS];  /* launch groups running on each (0, 1, or 2 with one chained) */
     kvhal_event *ipc_events[IPC_STREAMS]; /* per stream: the end of the first of two chained groups (made on use) */

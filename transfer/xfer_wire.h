@@ -10,10 +10,10 @@
 #define XW_AM_ID 0x4b56u        /* the one active-message id */
 #define XW_MAGIC 0x4b565846u    /* KVXF */
 #define XW_BLOB_MAGIC 0x4b564142u /* KVAB: an address blob */
-#define XW_VERSION 5u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames; 3: IPC_MAP kinds (CMA), the TCP
+#define XW_VERSION 6u /* 2: host identity in HELLO / HELLO_ACK, the IPC frames; 3: IPC_MAP kinds (CMA), the TCP
                          receive segment size in HELLO / HELLO_ACK; 4: OFFER and WITHDRAW; 5: mutual authentication
                          (nonces and HMAC proofs in HELLO / HELLO_ACK / AUTH, no token on the wire), the CMA
-                         challenge (CMA_CHALLENGE) */
+                         challenge (CMA_CHALLENGE); 6: the IPC handle's challenge (IPC_CHALLENGE, IPC_PROOF) */
 #define XW_SEG_LEN 16           /* UCX's TCP receive segment size as configured ("256k"), "" without TCP */
 #define XW_NAME_LEN 32
 #define XW_TOKEN_LEN 64         /* the token's room in the agent (never on the wire) */
@@ -55,6 +55,10 @@ enum xw_type {
                               sender answers on that socket, not with a frame */
     XW_AUTH_OK = 14,  /* listener -> connector: its proof checked, the connection is a peer (header only); the
                          connector's kvhal_xfer_connect returns once it came */
+    XW_IPC_CHALLENGE = 15, /* receiver -> sender, after an IPC_MAP of kind HANDLE it imported: a nonce of the
+                              receiver's choice (xw_ipc_challenge), to be written into the exported allocation */
+    XW_IPC_PROOF = 16, /* sender -> receiver: where in its exported allocation it wrote that nonce (xw_ipc_proof);
+                          the receiver reads it back through the imported mapping before it accepts the map */
 };
 
 typedef struct xw_common {
@@ -195,6 +199,27 @@ typedef struct xw_cma_sock_msg {
     uint64_t session; /* the receiver's session of the connection (dest_session of its frames) */
     uint8_t nonce[XW_CMA_PROBE];
 } xw_cma_sock_msg;
+
+/* XW_IPC_HANDLE: the proof that the handle names the sender's own allocation. After importing the handle the
+ * receiver sends IPC_CHALLENGE (XW_NONCE fresh bytes); the sender writes them into its proof area, the tail of its
+ * shareable cache's buffer past every page (kvhal_paged_cache_create_shareable reserves it; never a KV page), in a
+ * slot of XW_IPC_SLOT bytes of its choosing, and answers IPC_PROOF with the slot's byte offset (status 0), or a
+ * status and reason when it cannot. The receiver accepts the map only when the offset lies past every page the map
+ * names and inside the imported size, and the XW_NONCE bytes it reads there through the imported mapping are its
+ * nonce; a mismatch fails the peer, by name. Until then no page is read (DATA_IPC and OFFER fail the peer). */
+#define XW_IPC_SLOT 32
+typedef struct xw_ipc_challenge {
+    xw_common c;
+    uint8_t nonce[XW_NONCE];
+} xw_ipc_challenge;
+
+typedef struct xw_ipc_proof {
+    xw_common c;
+    uint64_t offset;   /* the slot's first byte in the exported buffer */
+    int32_t status;    /* 0: the nonce is there; else the sender could not write it (reason) */
+    uint32_t pad;
+    char reason[XW_REASON_LEN];
+} xw_ipc_proof;
 
 typedef struct xw_ipc_map_ack {
     xw_common c;

@@ -1773,12 +1773,16 @@ KVHAL_API kvhal_status kvhal_memcpy_d2d_batch(kvhal_buffer *dst, const kvhal_buf
                                               kvhal_stream *s);
 /** kvhal_paged_cache_create() whose memory comes from kvhal_buffer_create_shareable(), so that another process of
  *  this host can import it (the buffer of its layer views, kvhal_paged_cache_layer(), to kvhal_buffer_ipc_export()); the transfer agent
- *  (kvhal_xfer.h) then moves pages device to device instead of through host memory.
+ *  (kvhal_xfer.h) then moves pages device to device instead of through host memory. The buffer holds
+ *  KVHAL_PAGED_CACHE_PROOF_BYTES more past the last page: the transfer agent's proof area (it writes a receiver's
+ *  challenge there to prove the handle names its own memory; no page lies there).
  *  @param cfg as for kvhal_paged_cache_create(). @param out receives the cache; kvhal_paged_cache_destroy() frees
  *         it and its shareable memory (imports of that memory in other processes must be closed first).
  *  @return what kvhal_paged_cache_create() returns; KVHAL_UNSUPPORTED where the device has no shareable memory.
  *  Thread safety: any thread. Graph capture: no. */
 KVHAL_API kvhal_status kvhal_paged_cache_create_shareable(const kvhal_paged_cache_config *cfg, kvhal_paged_cache **out);
+/** Bytes a shareable paged cache's buffer holds past its pages (kvhal_paged_cache_create_shareable()). */
+#define KVHAL_PAGED_CACHE_PROOF_BYTES 4096
 /** Whether a buffer can be exported (made by kvhal_buffer_create_shareable()).
  *  @param buf the buffer. @return true for a live shareable buffer; false otherwise (NULL, imported, plain).
  *  Thread safety: any thread. Graph capture: host only. */

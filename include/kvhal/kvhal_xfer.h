@@ -242,7 +242,9 @@ KVHAL_API kvhal_status kvhal_xfer_post_receive(kvhal_xfer_peer *peer, uint64_t r
  * the peer's dst_pages (from its GRANT for request_id), split into frames as needed. The source pages must not
  * change (no write, no reuse) until the transfer completes (SEND_DONE: the receiver acknowledged every frame).
  * Path (kvhal_xfer_path): when the peer runs on this host (same boot_id and hostname) and this agent's cache is
- * shareable (kvhal_paged_cache_create_shareable) and the peer imported its handle at connect time, frames carry
+ * shareable (kvhal_paged_cache_create_shareable) and the peer imported its handle at connect time (after its
+ * challenge proved the handle names this agent's own memory: a nonce of its choosing written into the cache's proof
+ * area, past its pages, and read back through the handle; a peer whose handle fails it is dropped), frames carry
  * page ids only and the receiver copies the pages itself, device to device (frames that arrive together share one
  * batched copy), then acknowledges; this call synchronizes the cache's device first, so that every write queued to
  * the source pages is complete before they are announced. Host caches on one host whose agents' transports allow CMA (cfg.transports

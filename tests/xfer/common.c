@@ -478,6 +478,11 @@ static ucs_status_t raw_am(void *arg, const void *header, size_t header_length, 
         r->nacks++;
     } else if (c.type == XW_GRANT) {
         r->ngrants++;
+    } else if (c.type == XW_IPC_CHALLENGE && header_length == sizeof(xw_ipc_challenge)) {
+        xw_ipc_challenge ch;
+        memcpy(&ch, header, sizeof ch);
+        memcpy(r->ipc_nonce, ch.nonce, sizeof r->ipc_nonce);
+        r->got_ipc_challenge = true;
     } else if (c.type == XW_CMA_CHALLENGE && header_length == sizeof(xw_cma_challenge)) {
         /* as the library's sender: the nonce at the probe address, then {session, nonce} on the socket */
         xw_cma_challenge ch;
@@ -709,6 +714,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ipc_two_processes),
         cmocka_unit_test(test_hostile_ipc),
         cmocka_unit_test(test_ipc_chain),
+        cmocka_unit_test(test_ipc_bystander),
         cmocka_unit_test(test_dropped_peers_close_endpoints),
         cmocka_unit_test(test_cma_copies_in_flight),
         cmocka_unit_test(test_gathers_in_flight),

@@ -185,6 +185,10 @@ void raw_keep(raw *r, void *p)
     r->keep[r->nkeep++] = p;
 }
 
+/* The shareable cache shareable_cpu_cache made last: the hand-made sender's own, whose proof area answers the IPC
+ * challenge of a map that names no other (raw.ipc_own). */
+static kvhal_buffer *raw_own_buf;
+
 void raw_map_kind(raw *r, uint32_t kind, const uint8_t *blob, size_t blen, const uint64_t *off,
                          uint64_t stride, int64_t blocks, bool wait_ack)
 {
@@ -198,6 +202,11 @@ void raw_map_kind(raw *r, uint32_t kind, const uint8_t *blob, size_t blen, const
     memcpy(d, blob, blen);
     memcpy(d + blen, off, 2u * L * sizeof(uint64_t));
     r->got_map_ack = false;
+    r->got_ipc_challenge = false;
+    if (kind == XW_IPC_HANDLE && !r->ipc_own && raw_own_buf) { /* its own cache's proof area, by default */
+        r->ipc_own = raw_own_buf;
+        r->ipc_proof_at = kvhal_buffer_size(raw_own_buf) - KVHAL_PAGED_CACHE_PROOF_BYTES;
+    }
     if (kind == XW_IPC_CMA && blen == sizeof(xw_cma_blob)) {
         xw_cma_blob cb;
         memcpy(&cb, blob, sizeof cb);
@@ -207,8 +216,25 @@ void raw_map_kind(raw *r, uint32_t kind, const uint8_t *blob, size_t blen, const
     raw_keep(r, m);
     raw_keep(r, d);
     const double until = now_s() + 5;
-    while (wait_ack && !r->got_map_ack && now_s() < until) raw_progress(r, 0.001);
+    while (wait_ack && !r->got_map_ack && now_s() < until) {
+        raw_progress(r, 0.001);
+        if (r->got_ipc_challenge && r->ipc_own) raw_ipc_prove(r);
+    }
     if (wait_ack) assert_true(r->got_map_ack);
+}
+
+/* The answer to the receiver's IPC_CHALLENGE (as the library's sender): its nonce written into r->ipc_own at
+ * r->ipc_proof_at, then IPC_PROOF naming that offset. */
+void raw_ipc_prove(raw *r)
+{
+    r->got_ipc_challenge = false;
+    assert_int_equal(kvhal_memcpy_h2d(r->ipc_own, (size_t)r->ipc_proof_at, r->ipc_nonce, XW_NONCE, NULL), KVHAL_OK);
+    xw_ipc_proof *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    f->c = (xw_common){XW_MAGIC, XW_VERSION, XW_IPC_PROOF, r->their_session};
+    f->offset = r->ipc_proof_at;
+    raw_send(r, f, sizeof *f, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    raw_keep(r, f);
 }
 
 static void raw_map(raw *r, const uint8_t *blob, size_t blen, const uint64_t *off, uint64_t stride, int64_t blocks,
@@ -331,6 +357,7 @@ kvhal_paged_cache *shareable_cpu_cache(uint64_t seed, uint8_t **hpat)
     assert_non_null(*hpat);
     fill_pattern(*hpat, hbytes, seed);
     assert_int_equal(kvhal_memcpy_h2d(hb, 0, *hpat, hbytes, NULL), KVHAL_OK);
+    raw_own_buf = hb;
     return hc;
 }
 
@@ -859,4 +886,109 @@ void test_ipc_chain(void **state)
         kvhal_paged_cache_destroy(hc);
         free(hpat);
     }
+}
+
+/* A peer that names a buffer it does not own: another process's shareable cache (a bystander's handle, here one
+ * this process exported), its offsets and page count all valid. The receiver imports it, challenges, and reads the
+ * nonce back through that mapping: the hostile peer wrote it into its own cache (where it can write), so the
+ * bystander's memory does not hold it: the peer fails, by name, before a page is read (no batched copy, the grant
+ * fails, the receiver's cache and the bystander's memory unchanged). Then: a DATA_IPC frame sent before the proof
+ * fails the peer too; a peer that never answers has its map refused after the timeout; a proof that points into
+ * the pages fails the peer; and the same handle proven by its owner's memory is accepted (the control). */
+void test_ipc_bystander(void **state)
+{
+    (void)state;
+    kvhal_device cpu = {KVHAL_DEVICE_CPU, 0};
+    server s;
+    server_start(&s, cpu, 800);
+    uint8_t blob[4096];
+    const size_t len = server_blob(&s, blob, sizeof blob);
+    uint8_t *mine_pat, *by_pat;
+    kvhal_paged_cache *mine = shareable_cpu_cache(11, &mine_pat);
+    kvhal_paged_cache *by = shareable_cpu_cache(12, &by_pat);
+    kvhal_buffer *mb = cache_buffer(mine), *bb = cache_buffer(by);
+    const size_t bbytes = kvhal_buffer_size(bb);
+    uint8_t hblob[KVHAL_IPC_HANDLE_MAX];
+    size_t hlen = 0;
+    assert_int_equal(kvhal_buffer_ipc_export(bb, hblob, sizeof hblob, &hlen), KVHAL_OK);
+    uint64_t off[2 * L];
+    for (int l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++) off[2 * l + kv] = chunk_at(by, l, kv, 0);
+    const uint64_t stride = chunk_at(by, 0, 0, 1) - chunk_at(by, 0, 0, 0);
+    const uint64_t area = bbytes - KVHAL_PAGED_CACHE_PROOF_BYTES;
+    enum { LIE, DATA_FIRST, SILENT, IN_PAGES, OWNER };
+    for (int k = LIE; k <= OWNER; k++) {
+        const int ev0 = server_nev(&s);
+        raw r;
+        raw_open(&r, blob, len, TOKEN);
+        int e = wait_event(&s, KVHAL_XFER_EVENT_PEER_CONNECTED, ev0, 5);
+        kvhal_xfer_peer *pb = s.evs[e].peer;
+        int32_t granted[2];
+        kvhal_xfer *rx;
+        assert_int_equal(grant(&s, pb, 30 + (uint64_t)k, 2, granted, &rx), KVHAL_OK);
+        const int calls0 = atomic_load(&d2d_batches);
+        r.ipc_own = k == OWNER ? bb : mb; /* where the nonce goes: the hostile peer's own cache, or the owner's */
+        r.ipc_proof_at = k == IN_PAGES ? 0 : area + 64;
+        raw_map(&r, hblob, hlen, off, stride, 16, false);
+        if (k == DATA_FIRST) { /* pages named before the proof: nothing is read */
+            const int32_t pr[2] = {3, granted[0]};
+            raw_data_ipc(&r, 30 + (uint64_t)k, 0, L, pr, 1, 8, UCP_AM_SEND_FLAG_EAGER);
+        }
+        double until = now_s() + 5;
+        while (!r.got_map_ack && now_s() < until) {
+            raw_progress(&r, 0.001);
+            if (r.got_ipc_challenge && k != SILENT && k != DATA_FIRST) raw_ipc_prove(&r);
+            pthread_mutex_lock(&s.mu);
+            kvhal_xfer_info info;
+            assert_int_equal(kvhal_xfer_get_info(rx, &info), KVHAL_OK);
+            pthread_mutex_unlock(&s.mu);
+            if (info.status != KVHAL_BUSY && k != SILENT) break; /* the peer failed */
+        }
+        char msg[512];
+        const kvhal_status st = k == SILENT || k == OWNER ? KVHAL_BUSY : wait_recv(&s, rx, 5, msg, sizeof msg);
+        if (k == OWNER) {
+            if (!r.got_map_ack || r.map_ack.status != 0) fail_msg("owner's proof refused: %s", r.map_ack.reason);
+            const int32_t pairs[4] = {5, granted[0], 9, granted[1]};
+            raw_data_ipc(&r, 30 + (uint64_t)k, 0, L, pairs, 2, 16, UCP_AM_SEND_FLAG_EAGER);
+            assert_int_equal(wait_recv(&s, rx, 5, msg, sizeof msg), KVHAL_OK);
+            const int32_t src[2] = {5, 9};
+            check_ipc_pages(&s, by, by_pat, src, granted, 2);
+            check_cache(&s, granted, 2);
+            assert_int_equal(kvhal_cache_manager_free(s.cm, granted, 2), KVHAL_OK);
+        } else if (k == SILENT) {
+            assert_true(r.got_map_ack);
+            assert_int_not_equal(r.map_ack.status, 0);
+            assert_contains(r.map_ack.reason, "no proof of the IPC handle within"); /* the peer stays (UCX) */
+        } else {
+            if (st != KVHAL_PEER_FAILED) fail_msg("case %d: receive %s (%s)", k, kvhal_status_name(st), msg);
+            int f = ev0 - 1;
+            do f = wait_event(&s, KVHAL_XFER_EVENT_PEER_FAILED, f + 1, 5);
+            while (s.evs[f].peer != pb);
+            const char *want = k == LIE ? "does not hold this agent's challenge nonce"
+                             : k == IN_PAGES ? "outside the proof area" : "without an imported IPC handle";
+            assert_contains(s.evs[f].message, want);
+            if (k != DATA_FIRST) assert_contains(s.evs[f].message, "peer hostile");
+            assert_true(!r.got_map_ack || r.map_ack.status != 0);
+        }
+        if (k != OWNER) assert_int_equal(atomic_load(&d2d_batches), calls0); /* not a page read */
+        else assert_true(atomic_load(&d2d_batches) > calls0);
+        pthread_mutex_lock(&s.mu);
+        kvhal_xfer_release(rx);
+        assert_int_equal(kvhal_xfer_disconnect(pb), KVHAL_OK);
+        pthread_mutex_unlock(&s.mu);
+        raw_close(&r);
+        if (k != OWNER) check_cache(&s, NULL, 0); /* a failed receive gives its pages back */
+        all_pages_free(&s);
+        /* the bystander's pages untouched; its proof area holds the owner's nonce only in the control case */
+        uint8_t *now = malloc(bbytes);
+        assert_non_null(now);
+        assert_int_equal(kvhal_memcpy_d2h(now, bb, 0, bbytes, NULL), KVHAL_OK);
+        assert_memory_equal(now, by_pat, area);
+        free(now);
+    }
+    server_stop(&s);
+    kvhal_paged_cache_destroy(by);
+    kvhal_paged_cache_destroy(mine);
+    free(by_pat);
+    free(mine_pat);
 }

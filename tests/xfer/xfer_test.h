@@ -87,6 +87,12 @@ typedef struct raw {
     uint8_t *cma_write_to; /* where a CMA_CHALLENGE's nonce goes (NULL: its map's probe address) */
     uint8_t *cma_probe_at; /* its CMA map's probe address (raw_map_kind) */
     int cma_challenges;    /* CMA_CHALLENGE frames answered */
+    /* the IPC handle's challenge: raw_map_kind answers it by writing the nonce into ipc_own at ipc_proof_at and
+     * naming that offset in IPC_PROOF (ipc_own NULL: no answer) */
+    kvhal_buffer *ipc_own;
+    uint64_t ipc_proof_at;
+    bool got_ipc_challenge;
+    uint8_t ipc_nonce[XW_NONCE];
     int nacks;
     xw_ack last_ack;
     int ngrants; /* GRANT frames received */
@@ -158,6 +164,7 @@ void test_silent_agent_and_destroy_with_grants(void **state);
 int ipc_sender_main(int argc, char **argv);
 void test_ipc_two_processes(void **state);
 void raw_keep(raw *r, void *p);
+void raw_ipc_prove(raw *r);
 void raw_map_kind(raw *r, uint32_t kind, const uint8_t *blob, size_t blen, const uint64_t *off,
                          uint64_t stride, int64_t blocks, bool wait_ack);
 xw_cma_blob cma_blob(uint32_t pid, const void *base, uint64_t size, uint8_t *probe);
@@ -170,6 +177,7 @@ void check_ipc_pages(server *s, kvhal_paged_cache *hc, const uint8_t *hpat, cons
 kvhal_paged_cache *shareable_cpu_cache(uint64_t seed, uint8_t **hpat);
 void test_hostile_ipc(void **state);
 void test_ipc_chain(void **state);
+void test_ipc_bystander(void **state);
 void test_cma_copies_in_flight(void **state);
 kvhal_xfer_peer *connect_to(server *s, kvhal_xfer_agent *a, kvhal_paged_cache *c, kvhal_xfer_peer **pb);
 void test_gathers_in_flight(void **state);
