@@ -17,14 +17,15 @@ The baselines:
 
 Per request every loop does what a scheduler does: match (and lock) the prompt, allocate the uncached part plus the
 output, and at the end insert the whole sequence and unlock (cache_finished). Only bookkeeping is timed; no K/V.
-The kvhal loop is match -> allocate -> cache_finished_suffix(handle, seq, pages, start=matched): page lists come
-back as kvhal.Pages and go back in without copies or slices; the kvhal_view loop is the same with match_view and
-allocate_view (page lists as views of the manager's own storage, ratio_view). Every pass checks that all loops
-matched the same prefix length for every request (else it fails).
+The kvhal_view loop (ratio, ratio_minisgl) is what an engine runs: match_view -> allocate_view ->
+cache_finished_suffix(handle, seq, pages, start=matched), the page lists views of the manager's own storage (an
+engine copies them into its page table from the buffer; nothing is sized or filled per call) going back in without
+copies or slices. The kvhal loop (ratio_pages, ratio_pages_minisgl) is the same with match and allocate, whose page
+lists are kvhal.Pages objects of their own. Every pass checks that all loops matched the same prefix length for
+every request (else it fails).
 
-Each of --passes passes (5) runs every loop, each on a fresh cache, rotating which goes first; the figures are the
-median pass of each (ratio, ratio_minisgl: kvhal's median over the baseline's) and the best pass (best_ratio,
-best_ratio_minisgl). The garbage of the previous loop is collected (gc.collect()) before each loop, outside its
+Each of --passes passes (9) runs every loop, each on a fresh cache, rotating which goes first; the figures are the
+median pass of each (ratio: kvhal_view's median over PyRadix's) and the best pass (best_ratio, ...). The garbage of the previous loop is collected (gc.collect()) before each loop, outside its
 timing. --only NAME times one loop alone.
 
 usage: bench_prefix.py [--groups N] [--prompts N] [--system-len N] [--question-len N] [--output-len N]
@@ -585,7 +586,7 @@ def main():
     ap.add_argument("--question-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--pages", type=int, default=1 << 20)
-    ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--passes", type=int, default=9)
     ap.add_argument("--only", choices=sorted(LOOPS), help="time this loop alone (no ratios)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -631,10 +632,10 @@ def main():
         for k in names:
             res[col[k] + "_" + prefix + "rps"] = fig[k]
         for base, suffix in (("python", ""), ("minisgl", "_minisgl")):
-            if "kvhal" in names and base in names:
-                res[prefix + "ratio" + suffix] = fig["kvhal"] / fig[base]
             if "kvhal_view" in names and base in names:
-                res[prefix + "ratio_view" + suffix] = fig["kvhal_view"] / fig[base]
+                res[prefix + "ratio" + suffix] = fig["kvhal_view"] / fig[base]
+            if "kvhal" in names and base in names:
+                res[prefix + "ratio_pages" + suffix] = fig["kvhal"] / fig[base]
     if a.json:
         print(json.dumps(res, indent=1))
     else:
