@@ -8,17 +8,21 @@
 #   requests/s of the cache-manager loop from Python (kvhal-replay's default workload shape) against two pure-Python
 #   radix caches in the same passes (PyRadix, stdlib only; a mini-sglang-style radix over torch tensors).
 #   PIN=1 pins the process to one core (taskset -c 1): the per-call figure then moves less with the machine.
-# Machine: any; DEV=cuda:0 times CUDA tensors (needs PyTorch with CUDA). Figures in docs/performance.md: the host of
+# Machine: any; a device argument (or DEV=cuda:0) times CUDA tensors (needs PyTorch with CUDA), else CPU tensors.
+#   Beside the C call and kvhal's Python call it times vLLM's call (kvhal.compat.vllm.reshape_and_cache_flash) and
+#   torch's own index-assign of the same write. Figures in docs/performance.md: the host of
 #   an H100 machine with PyTorch 2.11, and a 2-core Debian 12 VM.
-# Run (repository root): bash bench/python-overhead.sh
+# Run (repository root): bash bench/python-overhead.sh [DEVICE]   (e.g. cuda:0; default cpu:0)
 #   B=build dir (default build-bench-py, configured with -Dpython=enabled), DEV=cpu:0, PY=python3, OUT=/tmp/kvhal-py.
-# Output: $OUT/host-<dev>.json (c_call_ns, python_torch_ns, python_kvhal_tensor_ns, ..., python_minus_c_ns,
-#   python_views_minus_c_ns, dlpack_path) and $OUT/prefix.json (requests/s per loop; ratio: kvhal over PyRadix,
-#   ratio_minisgl: kvhal over the mini-sglang-style loop; ratio_view: the loop with match_view and allocate_view,
-#   page lists as views of the manager's own storage, over PyRadix).
+# Output: $OUT/host-<dev>.json (c_call_ns, python_torch_ns, vllm_compat_torch_ns, torch_index_assign_ns,
+#   python_kvhal_tensor_ns, ..., python_minus_c_ns, vllm_compat_minus_c_ns, python_views_minus_c_ns, dlpack_path)
+#   and $OUT/prefix.json (requests/s per loop; ratio: the kvhal loop with match_view and allocate_view, page lists
+#   as views of the manager's own storage, over PyRadix; ratio_minisgl: the same over the mini-sglang-style loop;
+#   ratio_pages: the loop with match and allocate, page lists as kvhal.Pages, over PyRadix).
 set -uo pipefail
 [ -f .devdeps/env.sh ] && . .devdeps/env.sh   # a GPU machine's toolchain outside the system paths, if carried
-B=${B:-build-bench-py} DEV=${DEV:-cpu:0} PY=${PY:-python3} OUT=${OUT:-/tmp/kvhal-py}
+DEV=${1:-${DEV:-cpu:0}}
+B=${B:-build-bench-py} PY=${PY:-python3} OUT=${OUT:-/tmp/kvhal-py}
 mkdir -p "$OUT"
 if [ ! -f "$B/build.ninja" ]; then
   backends=cpu; [ "${DEV%%:*}" != cpu ] && backends=auto

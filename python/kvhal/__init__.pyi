@@ -6,7 +6,7 @@ from array import array
 # ---- the core binding (checked by `python3 -m mypy.stubtest kvhal`, test stubtest of suite python) ----
 _ArrayLike = Any  # any object with __dlpack__ / __dlpack_device__
 _StreamLike = Union[None, int, "Stream", Any]  # int handle, __cuda_stream__ or .cuda_stream objects
-_IntArray = Union["Pages", array, Sequence[int], Any]  # the buffer protocol of integers, or a sequence of ints
+_IntArray = Union["Pages", array, Sequence[int], Any]  # host integers: buffer protocol, 1-D DLPack (torch), ints
 _DtypeLike = Union[str, Any]  # a kvhal name ('f16'), NumPy's or torch's ('float16', numpy.float16, torch.float16)
 
 __version__: str

@@ -34,6 +34,30 @@ def test_prefix_inputs_as_numpy_and_array():
     assert sorted(pc.reset()) == list(range(8))
 
 
+def test_manager_tokens_as_torch_tensors():
+    """Token and page lists as torch CPU int tensors (no buffer protocol: read over DLPack, any stride, int32 or
+    int64) give what the same ids as an array.array give; a float, 2-D or out-of-int32 tensor is refused by name."""
+    torch = pytest.importorskip("torch")
+    cm, ref = kvhal.CacheManager(256, 1), kvhal.CacheManager(256, 1)
+    toks = torch.arange(100, 140, dtype=torch.int64)
+    for prompt, seq in ((toks, toks[::2]), (toks.to(torch.int32), toks.to(torch.int32)[::2])):
+        for m, p, s in ((cm, prompt, seq), (ref, array("i", prompt.tolist()), array("i", seq.tolist()))):
+            h, n, got = m.match(p)
+            own = m.allocate(len(p) - n)
+            m.cache_finished_suffix(h, p, torch.tensor(own, dtype=torch.int32) if m is cm else own, start=n)
+            h, n, got = m.match(s)
+            m.unlock(h)
+    for m in (cm, ref):
+        m.check_integrity()
+    assert cm.match(toks[:30])[2].tolist() == ref.match(array("i", range(100, 130)))[2].tolist()
+    with pytest.raises(kvhal.InvalidArgument, match="tokens: expected a 1-D int32 or int64"):
+        cm.match(torch.arange(4.0))
+    with pytest.raises(kvhal.InvalidArgument, match="tokens: expected a 1-D int32 or int64"):
+        cm.match(torch.zeros(2, 2, dtype=torch.int64))
+    with pytest.raises(kvhal.InvalidArgument, match=r"tokens\[1\]: .* does not fit in int32"):
+        cm.match(torch.tensor([1, 1 << 40]))
+
+
 def test_naive_never_matches():
     pc = kvhal.PrefixCache("naive", 1)
     assert pc.insert([1, 2, 3], [0, 1, 2]) == 3

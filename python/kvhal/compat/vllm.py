@@ -12,9 +12,7 @@ one-element tensors (a tensor on a GPU is read on the host: a synchronisation pe
 scales are fixed). On AMD GPUs whose fp8 is e4m3fnuz, call :func:`kvhal.paged_caching` with
 ``cache_dtype="fp8_e4m3fnuz"``.
 """
-from .. import InvalidArgument, paged_caching
-
-_FP8 = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+from .._kvhal import _reshape_and_cache_flash
 
 __all__ = ["reshape_and_cache_flash"]
 
@@ -22,13 +20,8 @@ __all__ = ["reshape_and_cache_flash"]
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
                             stream=None):
     """Writes key and value into the caches at the slots of slot_mapping (vLLM's reshape_and_cache_flash).
-    stream: as for kvhal.paged_caching (None: torch's current stream of the tensors' device)."""
-    n = slot_mapping.shape[0]
-    if kv_cache_dtype == "auto":
-        paged_caching(key_cache, value_cache, key, value, slot_mapping, stream=stream, num_tokens=n)
-        return
-    fmt = _FP8.get(kv_cache_dtype)
-    if fmt is None:
-        raise InvalidArgument(f"KVHAL_INVALID_ARGUMENT: kv_cache_dtype: {kv_cache_dtype!r} is not one of 'auto', "
-                              f"'fp8', 'fp8_e4m3', 'fp8_e5m2'")
-    paged_caching(key_cache, value_cache, key, value, slot_mapping, k_scale, v_scale, stream, fmt, n)
+    stream: as for kvhal.paged_caching (None: torch's current stream of the tensors' device). One C call: the
+    token count comes from slot_mapping as imported, kv_cache_dtype is checked there, and the scales are read only
+    for an fp8 cache."""
+    _reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
+                             stream)

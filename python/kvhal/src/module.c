@@ -200,6 +200,9 @@ static PyMethodDef module_methods[] = {
      "layout: 'NHD' caches are [blocks, block_size, heads, dim], 'HND' ones [blocks, heads, block_size, dim]; "
      "v_cache=None: k_cache holds both as [blocks, 2, ...] (K at index 0 of dim 1, V at 1). "
      "Asynchronous on GPUs: an out-of-range slot is reported by check_errors."},
+    {"_reshape_and_cache_flash", FASTCALL_KW(kvpy_reshape_and_cache_flash),
+     "_reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, "
+     "stream=None)\n--\n\nvLLM's reshape_and_cache_flash in one C call: use kvhal.compat.vllm."},
     {"copy_blocks", FASTCALL_KW(kvpy_copy_blocks),
      "copy_blocks(caches, pairs, stream=None)\n--\n\nCopies whole blocks src -> dst in every cache; pairs is an "
      "(n, 2) integer array or a sequence of (src, dst)."},

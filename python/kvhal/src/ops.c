@@ -25,12 +25,14 @@ static int as_scale(kvpy_state *st, PyObject *o, const char *arg, float *out)
     return 0;
 }
 
+#define KVPY_TOKENS_OF_SLOTS (-2)
+
 /* paged_caching's options past the C call's arguments: caches of 8-bit integers holding fp8 codes, and a token
  * count below k's (vLLM pads k and v past the slots it writes). */
 typedef struct {
     int has_cache_dtype;
     kvhal_dtype cache_dtype;
-    int64_t num_tokens; /* -1: all of k's */
+    int64_t num_tokens; /* -1: all of k's; KVPY_TOKENS_OF_SLOTS: slot_mapping's length (set once it is imported) */
     int hnd;            /* the caches are [blocks, heads, block_size, dim] */
 } paged_opts;
 
@@ -142,7 +144,7 @@ static int apply_paged_opts(kvpy_state *st, const paged_opts *o, const char *con
  * for the stream object stream, and the kvhal stream for it on k_cache's device. *n counts the imported ones, which
  * the caller releases (kvpy_import_release) whatever this returns; -1 with a Python exception set on failure. */
 static int import_paged_args(kvpy_state *st, PyObject *const *a, const char *const *names, PyObject *stream,
-                             const paged_opts *o, kvpy_import t[5], int *n, kvhal_stream **s)
+                             paged_opts *o, kvpy_import t[5], int *n, kvhal_stream **s)
 {
     *n = 0;
     intptr_t native;
@@ -158,9 +160,14 @@ static int import_paged_args(kvpy_state *st, PyObject *const *a, const char *con
                             &t[*n]) != 0)
             return -1;
     }
+    if (o->num_tokens == KVPY_TOKENS_OF_SLOTS) /* vLLM's rule: as many tokens as slot_mapping has */
+        o->num_tokens = t[4].t.ndim >= 1 ? t[4].t.shape[0] : 0;
     if (apply_paged_opts(st, o, names, t) != 0) return -1;
     return kvpy_call_stream(st, stream, native, kvhal_buffer_device(t[0].t.buffer), t, 5, s);
 }
+
+static PyObject *paged_call(kvpy_state *st, PyObject *const *a, const char *const *names, PyObject *stream,
+                            paged_opts *o, float ks, float vs);
 
 PyObject *kvpy_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -174,11 +181,19 @@ PyObject *kvpy_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t na
     if (parse_paged_opts(st, a[8], a[9], a[10], &o) != 0) return NULL;
     float ks, vs;
     if (as_scale(st, a[5], "k_scale", &ks) != 0 || as_scale(st, a[6], "v_scale", &vs) != 0) return NULL;
+    return paged_call(st, a, names, a[7], &o, ks, vs);
+}
+
+/* The imports, the C call and the releases of paged_caching and reshape_and_cache_flash: a[0..4] the arrays in
+ * paged_caching's order (names: theirs), stream the stream object. */
+static PyObject *paged_call(kvpy_state *st, PyObject *const *a, const char *const *names, PyObject *stream,
+                            paged_opts *o, float ks, float vs)
+{
     kvpy_import t[5];
     int n = 0;
     PyObject *ret = NULL;
     kvhal_stream *s;
-    if (import_paged_args(st, a, names, a[7], &o, t, &n, &s) != 0) goto out;
+    if (import_paged_args(st, a, names, stream, o, t, &n, &s) != 0) goto out;
     kvhal_status rc;
     if (kvhal_buffer_device(t[0].t.buffer).type == KVHAL_DEVICE_CPU && kvhal_tensor_numel(&t[2].t) >= (1 << 16)) {
         /* the CPU copies in the call: other Python threads run meanwhile (kvhal calls are thread-safe) */
@@ -192,6 +207,39 @@ PyObject *kvpy_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize_t na
 out:
     while (n-- > 0) kvpy_import_release(st, &t[n]);
     return ret;
+}
+
+/* vLLM's reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
+ * stream=None) in one C call (kvhal.compat.vllm): the token count read from the imported slot_mapping, the dtype
+ * name compared here, the scales read only for an fp8 cache (a GPU tensor's read synchronizes). */
+PyObject *kvpy_reshape_and_cache_flash(PyObject *mod, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    kvpy_state *st = kvpy_state_of_module(mod);
+    kvpy_new_call(st);
+    static const char *const names[] = {"key",            "value",   "key_cache", "value_cache", "slot_mapping",
+                                        "kv_cache_dtype", "k_scale", "v_scale",   "stream"};
+    PyObject *a[9];
+    if (kvpy_parse_fast("reshape_and_cache_flash", args, nargs, kwnames, names, 9, 8, a) != 0) return NULL;
+    const char *fmt = PyUnicode_Check(a[5]) ? PyUnicode_AsUTF8(a[5]) : NULL;
+    if (!fmt) {
+        PyErr_Clear();
+        return kvpy_bad_arg(st, "kv_cache_dtype: expected a str ('auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2'), got %s",
+                            Py_TYPE(a[5])->tp_name);
+    }
+    paged_opts o = {0, KVHAL_F32, KVPY_TOKENS_OF_SLOTS, 0};
+    float ks = 1.0f, vs = 1.0f;
+    if (strcmp(fmt, "auto") != 0) {
+        if (!strcmp(fmt, "fp8") || !strcmp(fmt, "fp8_e4m3")) o.cache_dtype = KVHAL_FP8_E4M3;
+        else if (!strcmp(fmt, "fp8_e5m2")) o.cache_dtype = KVHAL_FP8_E5M2;
+        else
+            return kvpy_bad_arg(st, "kv_cache_dtype: '%s' is not one of 'auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2'", fmt);
+        o.has_cache_dtype = 1;
+        if (as_scale(st, a[6], "k_scale", &ks) != 0 || as_scale(st, a[7], "v_scale", &vs) != 0) return NULL;
+    }
+    /* paged_caching's order (and its argument names in messages): the caches, key and value, slot_mapping */
+    PyObject *const b[5] = {a[2], a[3], a[0], a[1], a[4]};
+    static const char *const bnames[] = {"k_cache", "v_cache", "k", "v", "slot_mapping"};
+    return paged_call(st, b, bnames, a[8], &o, ks, vs);
 }
 
 /* _time_paged_caching(k_cache, v_cache, k, v, slot_mapping, reps, stream=None): the arguments imported once, then
@@ -211,7 +259,7 @@ PyObject *kvpy_time_paged_caching(PyObject *mod, PyObject *const *args, Py_ssize
     int n = 0;
     PyObject *ret = NULL;
     kvhal_stream *s;
-    const paged_opts o = {0, KVHAL_F32, -1, 0};
+    paged_opts o = {0, KVHAL_F32, -1, 0};
     if (import_paged_args(st, a, names, a[6], &o, t, &n, &s) != 0) goto out;
     struct timespec t0, t1;
     kvhal_status rc = KVHAL_OK;

@@ -274,6 +274,7 @@ PyType_Spec kvpy_pages_view_spec = {
 void kvpy_ints_release(kvpy_ints *a)
 {
     if (a->has_view) PyBuffer_Release(&a->view);
+    if (a->has_imp) kvpy_import_release(a->st, &a->imp);
     PyMem_Free(a->tmp);
     memset(a, 0, sizeof *a);
 }
@@ -340,6 +341,44 @@ static int ints_from_buffer(kvpy_state *st, const char *arg, int width, kvpy_int
     return 0;
 }
 
+/* A DLPack array (a torch tensor has no buffer protocol): 1-D, int32 or int64, on the host; any stride. */
+static int ints_from_dlpack(kvpy_state *st, PyObject *o, const char *arg, int width, kvpy_ints *a)
+{
+    if (kvpy_import_any(st, o, arg, 0, 0, 0, &a->imp) != 0) return -1;
+    a->has_imp = 1;
+    a->st = st;
+    const kvhal_tensor *t = &a->imp.t;
+    if (kvhal_buffer_device(t->buffer).type != KVHAL_DEVICE_CPU) {
+        kvpy_bad_arg(st, "%s: a host (cpu) array is needed, not one on a device", arg);
+        return -1;
+    }
+    if (t->ndim != 1 || (t->dtype != KVHAL_I32 && t->dtype != KVHAL_I64)) {
+        kvpy_bad_arg(st, "%s: expected a 1-D int32 or int64 array, got %d dims of %s", arg, (int)t->ndim,
+                     kvpy_dtype(t->dtype)->name);
+        return -1;
+    }
+    const int isz = t->dtype == KVHAL_I32 ? 4 : 8;
+    const char *base = (const char *)kvhal_buffer_native(t->buffer) + t->offset;
+    const size_t stride = (size_t)t->strides[0] * (size_t)isz;
+    a->n = (size_t)t->shape[0];
+    if (isz == width && (stride == (size_t)isz || a->n <= 1)) {
+        a->data = base;
+        return 0;
+    }
+    a->tmp = PyMem_Malloc(a->n ? a->n * (size_t)width : 1);
+    if (!a->tmp) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < a->n; i++) {
+        const char *p = base + i * stride;
+        const long long v = isz == 4 ? (long long)*(const int32_t *)p : (long long)*(const int64_t *)p;
+        if (put_int(st, a, arg, width, i, v) != 0) return -1;
+    }
+    a->data = a->tmp;
+    return 0;
+}
+
 /* Any sequence of ints. */
 static int ints_from_sequence(kvpy_state *st, PyObject *o, const char *arg, int width, kvpy_ints *a)
 {
@@ -391,6 +430,12 @@ int kvpy_ints_get(kvpy_state *st, PyObject *o, const char *arg, int width, kvpy_
             return rc;
         }
         PyErr_Clear();
+    }
+    if (!PyList_Check(o) && !PyTuple_Check(o) &&
+        (kvpy_xapi_of(st, Py_TYPE(o)) || PyObject_HasAttr((PyObject *)Py_TYPE(o), st->s_dlpack))) {
+        rc = ints_from_dlpack(st, o, arg, width, a);
+        if (rc != 0) kvpy_ints_release(a);
+        return rc;
     }
     rc = ints_from_sequence(st, o, arg, width, a);
     if (rc != 0) kvpy_ints_release(a);

@@ -4,6 +4,7 @@
 #define KVPY_PAGES_H
 
 #include "common.h"
+#include "dlpack.h"
 
 typedef struct {
     PyObject_VAR_HEAD
@@ -31,11 +32,16 @@ PyObject *kvpy_pages_view_new(kvpy_state *st, PyObject *owner, int *alive, const
 /* A new Pages of n ids (copied from v when v is not NULL). */
 PyObject *kvpy_pages_new(kvpy_state *st, const int32_t *v, size_t n);
 
-/* An integer array on the host: the buffer protocol (zero-copy when the item size is the one asked for, else
- * converted), kvhal.Pages (int32, zero-copy), or any sequence of ints. */
+/* An integer array on the host: the buffer protocol (array.array, NumPy, memoryview: zero-copy when the item size is
+ * the one asked for, else converted in C), kvhal.Pages and kvhal.PagesView (int32, zero-copy), a 1-D int32/int64
+ * DLPack array on the host (a torch CPU tensor: zero-copy or converted in C, strided or not), or any sequence of
+ * ints (one Python int read per element). */
 typedef struct {
     Py_buffer view;
     int has_view;
+    kvpy_import imp; /* the DLPack import (has_imp), released with the rest */
+    int has_imp;
+    kvpy_state *st;
     void *tmp;
     const void *data; /* n items of the width asked for */
     size_t n;

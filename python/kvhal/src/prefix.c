@@ -22,25 +22,13 @@ typedef struct {
 
 typedef kvpy_manager_object manager_object;
 
-/* ---- kvhal.PrefixHandle ---- */
-static int handle_traverse(PyObject *op, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(op));
-    Py_VISIT(((handle_object *)op)->cache);
-    return 0;
-}
-
-static int handle_clear(PyObject *op)
-{
-    Py_CLEAR(((handle_object *)op)->cache);
-    return 0;
-}
-
+/* ---- kvhal.PrefixHandle ----
+ * Not tracked by the garbage collector: a handle refers only to its PrefixCache or CacheManager, and neither refers
+ * back to handles, so no cycle runs through one (one is made per match: tracking it would cost every match). */
 static void handle_dealloc(PyObject *op)
 {
     PyTypeObject *tp = Py_TYPE(op);
-    PyObject_GC_UnTrack(op);
-    (void)handle_clear(op);
+    Py_CLEAR(((handle_object *)op)->cache);
     tp->tp_free(op);
     Py_DECREF(tp);
 }
@@ -49,24 +37,21 @@ static PyType_Slot handle_slots[] = {
     {Py_tp_doc, "The deepest node a match reached, to lock, unlock and finish a request with; valid with the cache "
                 "that made it."},
     {Py_tp_dealloc, KVPY_FN(handle_dealloc)},
-    {Py_tp_traverse, KVPY_FN(handle_traverse)},
-    {Py_tp_clear, KVPY_FN(handle_clear)},
     {0, NULL}};
 
 PyType_Spec kvpy_handle_spec = {
     .name = "kvhal.PrefixHandle",
     .basicsize = sizeof(handle_object),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = handle_slots,
 };
 
 PyObject *kvpy_handle_new(kvpy_state *st, kvpy_handle_t h, PyObject *cache)
 {
-    handle_object *o = PyObject_GC_New(handle_object, st->handle_type);
+    handle_object *o = PyObject_New(handle_object, st->handle_type);
     if (!o) return NULL;
     o->h = h;
     o->cache = Py_NewRef(cache);
-    PyObject_GC_Track(o);
     return (PyObject *)o;
 }
 
