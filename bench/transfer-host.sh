@@ -2,7 +2,7 @@
 # transfer-host.sh: KV transfer between two processes over UCX's host transports, against ucx_perftest.
 #
 # What: kvhal-xfer's benchmark (a decode process and the prefill process it starts; 16-token pages of 256 KiB,
-#   4 layers x 8 heads x 128 bf16, scattered on both sides; batches of 256 KiB, 1, 4 and 16 MiB; WINDOW transfers in
+#   4 layers x 8 heads x 128 bf16, scattered on both sides; batches of 256 KiB, 1 and 16 MiB; WINDOW transfers in
 #   flight, each granted by the decode side and acknowledged; the last transfer of each size verified) over TCP
 #   loopback and over shared memory, interleaved in the same rounds with `ucx_perftest -t ucp_am_bw` (the same UCX
 #   active messages, one contiguous buffer each side, the same message sizes and window). Over TCP two more anchors:
@@ -12,16 +12,20 @@
 #   its copy workers). With SEND/RECV set to GPU devices the caches are GPU memory staged through pinned host memory.
 # Machine: any Linux host with UCX (libucx-dev, ucx-utils for ucx_perftest); figures in docs/performance.md: the
 #   32-core Xeon host of a 2 x H200 machine, and a 2-core Debian 12 VM. Only ratios of one run compare.
-# Run (repository root): bash bench/transfer-host.sh
-#   B=build dir (default build-bench-host, cpu only), ROUNDS=4, WINDOW=4, TLS="tcp shm", MIB=160 (MiB per size and
-#   tool, at least 20 messages), SEND=cpu RECV=cpu (e.g. cuda:0 for the staged GPU path), OUT=/tmp/kvhal-host.
+#   kvhal-xfer and the anchors alternate which goes first from round to round; medians over the rounds.
+# Run (repository root): bash bench/transfer-host.sh   (7 rounds of 18 runs; the last line prints the time: a round
+#   took 25 s on the loaded 2-core VM, meant to take well under that on a many-core host)
+#   B=build dir (default build-bench-host, cpu only), ROUNDS=7, WINDOW=4, TLS="tcp shm", MIB=160 (MiB per size and
+#   tool, at least 20 messages), SIZES="262144 1048576 16777216", SEND=cpu RECV=cpu (e.g. cuda:0 for the staged GPU
+#   path), OUT=/tmp/kvhal-host.
 # Output: $OUT/env.txt (machine, UCX version, load), $OUT/raw.txt (one line per measurement) and $OUT/table.txt:
 #   transport, batch, kvhal-xfer GB/s (median, min-max), perftest GB/s (plain / -e / -e rx256), ratios, p50/p99 us.
 set -uo pipefail
-B=${B:-build-bench-host} ROUNDS=${ROUNDS:-4} WINDOW=${WINDOW:-4} MIB=${MIB:-160} OUT=${OUT:-/tmp/kvhal-host}
+B=${B:-build-bench-host} ROUNDS=${ROUNDS:-7} WINDOW=${WINDOW:-4} MIB=${MIB:-160} OUT=${OUT:-/tmp/kvhal-host}
 SEND=${SEND:-cpu} RECV=${RECV:-cpu}
-TLS_LIST=(${TLS:-tcp shm}) SIZES=(262144 1048576 4194304 16777216)
+TLS_LIST=(${TLS:-tcp shm}) SIZES=(${SIZES:-262144 1048576 16777216})
 mkdir -p "$OUT"
+t_start=$(date +%s)
 if [ ! -f "$B/build.ninja" ]; then
   backends=cpu; [ "$SEND$RECV" != cpucpu ] && backends=auto
   meson setup "$B" -Dbackends=$backends -Dtransfer=ucx -Dtests=false -Dpython=disabled -Dbuildtype=release \
@@ -29,6 +33,7 @@ if [ ! -f "$B/build.ninja" ]; then
 fi
 ninja -C "$B" tools/kvhal-xfer >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 export KVHAL_BACKEND_PATH=$B/backends
+t_built=$(date +%s)
 {
   echo "# $(date -u +%FT%TZ) $(lscpu | grep 'Model name' | sed 's/  */ /g') nproc=$(nproc)"
   echo "# $(ucx_info -v | head -1) rounds=$ROUNDS window=$WINDOW MiB/size/tool=$MIB send=$SEND recv=$RECV"
@@ -50,20 +55,25 @@ perftest() { # tls size [flag [VAR=value...]] -> GB/s (10^9 bytes/s, one directi
   echo "$line" | awk '{ if (NF >= 7) printf "%.3f\n", $7 * 1048576 / 1e9; else print "nan" }'
 }
 rc=0
+kvhal() { # tls size round
+  local f="$OUT/kvhal-$1-$2-$3.json"
+  "$B"/tools/kvhal-xfer --transport="$1" --sizes="$2" --iters="$(iters "$2")" --window="$WINDOW" \
+    --send-device="$SEND" --recv-device="$RECV" --json > "$f" 2> "${f%.json}.err" || { echo "kvhal-xfer $1 $2 round $3 failed"; rc=1; }
+  python3 -c 'import json,sys
+for x in json.load(open(sys.argv[1])).get("results", []): print("kvhal", sys.argv[2], sys.argv[3], x["gbps"], x["p50_us"], x["p99_us"])' \
+    "$f" "$1" "$2" >> "$OUT/raw.txt" 2>/dev/null
+}
+anchors() { # tls size
+  echo "pt $1 $2 $(perftest "$1" "$2" "")" >> "$OUT/raw.txt"
+  if [ "$1" = tcp ]; then
+    echo "pt_e $1 $2 $(perftest "$1" "$2" -e)" >> "$OUT/raw.txt"
+    echo "pt_e_rx256 $1 $2 $(perftest "$1" "$2" -e UCX_TCP_RX_SEG_SIZE=256k)" >> "$OUT/raw.txt"
+  fi
+}
 for r in $(seq 1 "$ROUNDS"); do
   for tls in "${TLS_LIST[@]}"; do
     for s in "${SIZES[@]}"; do
-      f="$OUT/kvhal-$tls-$s-$r.json"
-      "$B"/tools/kvhal-xfer --transport="$tls" --sizes="$s" --iters="$(iters "$s")" --window="$WINDOW" \
-        --send-device="$SEND" --recv-device="$RECV" --json > "$f" 2> "${f%.json}.err" || { echo "kvhal-xfer $tls $s round $r failed"; rc=1; }
-      python3 -c 'import json,sys
-for x in json.load(open(sys.argv[1])).get("results", []): print("kvhal", sys.argv[2], sys.argv[3], x["gbps"], x["p50_us"], x["p99_us"])' \
-        "$f" "$tls" "$s" >> "$OUT/raw.txt" 2>/dev/null
-      echo "pt $tls $s $(perftest "$tls" "$s" "")" >> "$OUT/raw.txt"
-      if [ "$tls" = tcp ]; then
-        echo "pt_e $tls $s $(perftest "$tls" "$s" -e)" >> "$OUT/raw.txt"
-        echo "pt_e_rx256 $tls $s $(perftest "$tls" "$s" -e UCX_TCP_RX_SEG_SIZE=256k)" >> "$OUT/raw.txt"
-      fi
+      if [ $((r % 2)) = 1 ]; then kvhal "$tls" "$s" "$r"; anchors "$tls" "$s"; else anchors "$tls" "$s"; kvhal "$tls" "$s" "$r"; fi
     done
   done
 done
@@ -89,4 +99,5 @@ for tls, size in sorted({(k[1], k[2]) for k in v if k[0] == "kvhal"}):
           f"| {p:.2f} / {pe:.2f} / {pr:.2f} | {k / p:.2f} | {k / pe:.2f} | {k / pr:.2f} "
           f"| {statistics.median(a for a, b in l):.0f} / {statistics.median(b for a, b in l):.0f} |")
 PY
+echo "time: build $((t_built - t_start)) s, measurements $(($(date +%s) - t_built)) s"
 exit $rc

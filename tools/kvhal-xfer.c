@@ -148,6 +148,13 @@ static size_t chunk_at(const side *s, int32_t l, int k_or_v, int32_t page)
     return (k_or_v ? s->voff[l] : s->koff[l]) + (size_t)page * s->stride;
 }
 
+/* Untimed transfers of each size before the timed ones: as many as are in flight (at least 4), so that no transfer
+ * of the first window, posted while the paths warm up (streams, kernels, UCX's lanes made on first use), is timed. */
+static int bench_warm(void)
+{
+    return opt.window > 4 ? opt.window : 4;
+}
+
 /* The largest --sizes entry (the list need not be sorted): the caches hold a window of it. */
 static uint64_t max_size(void)
 {
@@ -208,7 +215,7 @@ static int prefill_offers(kvhal_xfer_agent *ag, kvhal_xfer_peer *peer, side *s, 
 {
     /* ahead: a prefill runs on its own (its offers do not wait for the decode side's pace); twice the window left
      * the decode side's receives without an offer half the time (offers come back in bursts, as launch groups end) */
-    const int per_size = opt.iters + 4 + 1, ahead = 4 * opt.window < 32 ? 32 : 4 * opt.window;
+    const int per_size = opt.iters + bench_warm() + 1, ahead = 4 * opt.window < 32 ? 32 : 4 * opt.window;
     uint64_t seed = 7;
     int32_t cursor = (int32_t)s->blocks;
     kvhal_xfer **xs = calloc((size_t)ahead, sizeof *xs);
@@ -518,7 +525,7 @@ static int prefill(const char *transports, int fd, bool bench)
         }
         const int32_t *src = order + cursor;
         cursor += n;
-        if (!bench || ev.request_id == (uint64_t)opt.iters + 4) /* the prompt's K/V (bench: the untimed last transfer's), written through kvhal into the scattered source pages */
+        if (!bench || ev.request_id == (uint64_t)(opt.iters + bench_warm())) /* the prompt's K/V (bench: the untimed last transfer's), written through kvhal into the scattered source pages */
             for (int32_t i = 0; i < n; i++)
                 for (int32_t l = 0; l < opt.layers; l++)
                     for (int kv = 0; kv < 2; kv++) {
@@ -896,10 +903,12 @@ static int bench_one(const char *transports, bool *first)
         shuffle(all, total, &seed);
         memcpy(pg, all, (size_t)W * (size_t)n * sizeof *pg);
         free(all);
-        /* warm-up transfers, then the timed ones, W in flight; then one more, untimed, whose content the prefill
-         * side writes through kvhal first (thousands of small host->device writes, the prefill's work, not the
-         * transfer's) and this side verifies */
-        const int warm = 4, timed_end = opt.iters + warm, last = timed_end;
+        /* warm-up transfers (requests [0, warm)), then the timed ones, W in flight; then one more, untimed, whose
+         * content the prefill side writes through kvhal first (thousands of small host->device writes, the
+         * prefill's work, not the transfer's) and this side verifies. Latencies are those of requests
+         * [warm, timed_end), whatever order they complete in; the bandwidth counts the iters completions after the
+         * warm-th. */
+        const int warm = bench_warm(), timed_end = opt.iters + warm, last = timed_end;
         int posted = 0, done = 0;
         double start = 0, stop = 0;
         const char *path = "";
@@ -926,8 +935,8 @@ static int bench_one(const char *transports, bool *first)
             const double t = now_s();
             if (ev.request_id == (uint64_t)last) {
                 if ((rc = verify(&d, ev.request_id, pg + (size_t)w * n, n))) break;
-            } else if (done >= warm) {
-                lat[done - warm] = t - t0[w];
+            } else if (ev.request_id >= (uint64_t)warm) {
+                lat[ev.request_id - (uint64_t)warm] = t - t0[w];
             }
             path = kvhal_xfer_path(xs[w]);
             if (done == warm - 1) start = t;
@@ -1074,7 +1083,8 @@ static void usage(void)
            "  --self-test            loopback over tcp and shm, CPU caches, every byte verified; exit 0 only if all holds\n"
            "  --transport=LIST       UCX transports, repeatable (default: tcp and shm; any UCX_TLS value)\n"
            "  --sizes=LIST           benchmark batch sizes (default 256KiB,1MiB,4MiB,16MiB)\n"
-           "  --iters=N              timed transfers per size (default 40), --window=N in flight (default 4)\n"
+           "  --iters=N              timed transfers per size (default 40), --window=N in flight (default 4);\n"
+           "                         first as many untimed ones as are in flight (at least 4)\n"
            "  --layers=N --heads=N --dim=N --block=N   cache geometry (default 4 x 8 x 128, 16-token pages, bf16)\n"
            "  --send-device=DEV --recv-device=DEV      the two caches' devices (default cpu)\n"
            "  --ipc                  the prefill cache shareable (kvhal_paged_cache_create_shareable): on one host the\n"

@@ -86,8 +86,14 @@ static void ipc_job_settle(kvhal_xfer_agent *a, ipc_job *j)
     }
 }
 
+/* A stream with no group running, made if need be. The first copy makes every stream (those it cannot make are made
+ * when wanted): a stream made when the load rises (a large group while others run) delayed that group by the
+ * stream's creation, which on a GPU is of the order of a small batch's whole transfer. */
 static int ipc_free_stream(kvhal_xfer_agent *a)
 {
+    if (!a->ipc_streams[0])
+        for (int k = 0; k < IPC_STREAMS; k++)
+            if (kvhal_stream_create(kvhal_buffer_device(a->cache_buf), &a->ipc_streams[k]) != KVHAL_OK) break;
     for (int k = 0; k < IPC_STREAMS; k++)
         if (!a->ipc_stream_groups[k] &&
             (a->ipc_streams[k] || kvhal_stream_create(kvhal_buffer_device(a->cache_buf), &a->ipc_streams[k]) == KVHAL_OK))
@@ -199,10 +205,11 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
         }
         const ipc_job *first = a->ipc_jobs;
         while (first->p != p) first = first->next;
-        const size_t head = ipc_job_chunks(first);
-        const size_t cap = head > IPC_GROUP_RANGES ? head : IPC_GROUP_RANGES;
-        size_t *dof = malloc(cap * sizeof *dof), *sof = malloc(cap * sizeof *sof), *len = malloc(cap * sizeof *len);
-        const bool mem = dof && sof && len;
+        /* the ranges: at most the peer's queued chunks (merging only lowers it), one allocation for the three */
+        const size_t head = ipc_job_chunks(first), queued = p->ipc_queued;
+        const size_t cap = head > IPC_GROUP_RANGES ? head : queued < IPC_GROUP_RANGES ? queued : IPC_GROUP_RANGES;
+        size_t *dof = malloc(3 * cap * sizeof *dof), *sof = dof ? dof + cap : NULL, *len = dof ? dof + 2 * cap : NULL;
+        const bool mem = dof != NULL;
         ipc_job *group = NULL, **gtail = &group;
         size_t c = 0;
         for (ipc_job **pp = &a->ipc_jobs, *prev = NULL; *pp && c < IPC_GROUP_FULL;) {
@@ -225,8 +232,6 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
             if (st != KVHAL_OK) snprintf(why, sizeof why, "device copy failed: %s", kvhal_last_error());
         }
         free(dof);
-        free(sof);
-        free(len);
         if (st != KVHAL_OK) {
             /* a batch cut in several launches may have started some: they finish before the pages go back */
             if (mem) kvhal_stream_synchronize(a->ipc_streams[slot]);
