@@ -10,20 +10,22 @@
 #   shared         64 groups x 16 requests behind 2048-token system prompts, 32 new tokens, bf16: tokens/s of the
 #                  kvhal engine against stock generate_batch (block sharing on, the same batch and step-token
 #                  limits), hit rate against the unbounded ideal, kvhal's share of a decode step (profiled)
-#   tier           the same with the KV pool at 25 % of the workload's distinct KV: kvhal's host tier (write-through,
-#                  load-back) against stock generate_batch with its CPU offload on
-#   disagg         prefill in another process on cuda:1 (DISAGG_DEVICE), decode on cuda:0, the K/V streamed layer by
-#                  layer through libkvhal-xfer: fp32 tokens against the single-process engine, the time-to-first-token
-#                  breakdown for 4096-token prompts
+#   tier           16 groups x 16 requests with the KV pool at 25 % of the workload's distinct KV: kvhal's host tier
+#                  (write-through, load-back) against stock generate_batch with its CPU offload on
+#   tiered-fp32    8 groups x 8 requests, the pool at 25 % and a host tier: fp32 token for token against generate()
+#   profile        kvhal's share of a decode step of 128 requests (8 groups x 16), timed without the profiler
+#   disagg         64 mixed requests and 8 prompts of 4096 tokens prefilled in another process on cuda:1
+#                  (DISAGG_DEVICE), decoded on cuda:0, the K/V streamed layer by layer through libkvhal-xfer: fp32
+#                  tokens against the single-process engine, the time-to-first-token breakdown
 # Machine: one NVIDIA GPU (two for disagg), PyTorch >= 2.10 and transformers >= 5 in $PY; UCX (libucx-dev).
 # Run (repository root): bash bench/engine-transformers.sh
 #   B=build dir (default build-bench-engine), PY=python3, OUT=/tmp/kvhal-engine, RUNS="mixed-llama mixed-qwen3 mixed-bf16
-#   shared tier disagg", LIMIT=seconds per run (default 600), DISAGG_DEVICE=cuda:1
+#   shared tier tiered-fp32 profile disagg", LIMIT=seconds per run (default 600), DISAGG_DEVICE=cuda:1
 # Output: $OUT/<run>.log and $OUT/<run>.json (the example's --json), $OUT/machine.txt.
 set -uo pipefail
 [ -f .devdeps/env.sh ] && . .devdeps/env.sh   # a GPU machine's toolchain outside the system paths, if carried
 B=${B:-build-bench-engine} PY=${PY:-python3} OUT=${OUT:-/tmp/kvhal-engine} LIMIT=${LIMIT:-600}
-RUNS=${RUNS:-mixed-llama mixed-qwen3 mixed-bf16 shared tier disagg} DISAGG_DEVICE=${DISAGG_DEVICE:-cuda:1}
+RUNS=${RUNS:-mixed-llama mixed-qwen3 mixed-bf16 shared tier tiered-fp32 profile disagg} DISAGG_DEVICE=${DISAGG_DEVICE:-cuda:1}
 mkdir -p "$OUT"
 if [ ! -f "$B/build.ninja" ]; then
   meson setup "$B" -Dbackends=cpu,cuda -Dtransfer=ucx -Dpython=enabled -Dtests=false -Dexamples=false \
@@ -39,9 +41,11 @@ for run in $RUNS; do
     mixed-llama) args="--workload mixed --dtype fp32 --arch llama --check" ;;
     mixed-qwen3) args="--workload mixed --dtype fp32 --arch qwen3 --check" ;;
     mixed-bf16) args="--workload mixed --dtype bf16 --arch llama --count 24" ;;
-    shared) args="--workload shared --dtype bf16 --arch llama --rounds 1 --profile-steps 20" ;;
-    tier) args="--workload shared --dtype bf16 --arch llama --rounds 1 --kv-budget 0.25 --host-tier" ;;
-    disagg) args="--workload disaggregated --dtype fp32 --arch llama --count 2 --long-count 3
+    shared) args="--workload shared --dtype bf16 --arch llama --rounds 1" ;;
+    tier) args="--workload shared --dtype bf16 --arch llama --rounds 1 --groups 16 --kv-budget 0.25 --host-tier" ;;
+    tiered-fp32) args="--workload tiered --dtype fp32 --arch llama --groups 8 --per-group 8 --check" ;;
+    profile) args="--workload shared --dtype bf16 --arch llama --rounds 1 --no-stock --groups 8 --profile-steps 20" ;;
+    disagg) args="--workload disaggregated --dtype fp32 --arch llama --count 64 --long-count 8
                   --prefill-device $DISAGG_DEVICE" ;;
     *) echo "unknown run $run"; exit 2 ;;
   esac

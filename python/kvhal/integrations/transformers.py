@@ -1,23 +1,23 @@
 """A Hugging Face transformers causal LM generating with its KV pages in kvhal.
 
-- Pages: a kvhal.CacheManager with the radix policy allocates every page. A request whose prompt prefix is cached
-  computes only the tokens past it (match and lock at admission); a finished request inserts its pages into the
-  prefix cache (cache_finished_suffix).
-- Storage: one kvhal-allocated tensor per model, kvhal.empty([layers, 2, pages, page_size, kv_heads, head_dim]),
-  seen by torch as a zero-copy view (torch.from_dlpack); layer l's K and V caches are views [l, 0] and [l, 1].
+- Pages: a kvhal.CacheManager with the radix policy allocates every page (a kvhal.TieredCacheManager with a host
+  tier when host_pages is given). A request whose prompt prefix is cached computes only the tokens past it (match
+  and lock at admission; host-tier pages come back by load-back); a prompt's whole pages enter the prefix cache as
+  soon as its prefill is done, and a finished request inserts the rest (cache_finished_suffix).
+- Storage: a kvhal.PagedCache per model, each layer's K and V [pages, page_size, kv_heads, head_dim] seen by torch as
+  zero-copy views (torch.from_dlpack).
 - Writes: kvhal.paged_caching(k_cache, v_cache, k, v, slot_mapping) writes the step's new tokens of every request,
   from inside the attention function, on torch's current stream.
 - Attention: kvhal_paged_attention, registered with transformers' public AttentionInterface under "kvhal_paged"
   (register()); the model, its layers and weights stay transformers' own. A step's metadata (a KvhalBatch) travels
-  as the forward keyword argument ``kvhal_batch``, which transformers passes down to the attention function.
-- Scheduling: KvhalEngine batches continuously (admission while pages and batch slots allow, prefill and decode
-  tokens in one step, optional chunked prefill), packs a step into one sequence of shape [1, tokens] with explicit
-  position ids, and decodes greedily.
-
-What it does not do yet: attention gathers each request's pages through its block table with index_select (a copy
-of the pages it reads) and runs torch's scaled_dot_product_attention per request, rather than a paged-attention
-kernel reading the pages in place; pages enter the prefix cache only when a request finishes; there is no host
-tier, no KV events and no split of prefill and decode onto separate workers.
+  as the forward keyword argument ``kvhal_batch``, which transformers passes down to the attention function. It
+  reads each request's tokens through one index_select per layer (a copy; torch has no variable-length flash
+  attention over a block table) and attends with one variable-length flash call (half precision on CUDA) or
+  request by request with scaled_dot_product_attention.
+- Scheduling: KvhalEngine batches continuously (admission while pages and batch slots allow, decode tokens then
+  prompt chunks under a per-step token budget), packs a step into one sequence of shape [1, tokens] with explicit
+  position ids, keeps the running requests' token slots in rows on the device (a step's slots and read index are
+  one gather each), and decodes greedily.
 
 transformers is imported only by register() (and by callers' model code), so this module imports without it.
 """
