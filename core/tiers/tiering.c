@@ -291,7 +291,9 @@ kvhal_status kvhal__tiering_reap(kvhal__tiering *t, bool wait, bool store, const
     *done = t->done;
     *n = 0;
     if (t->q_n && store) flush(t, drain_bits, n);
-    if (!t->busy) return KVHAL_OK;
+    /* no copy out in flight (the stores copied nothing: every page held already, or a store that failed): a wait
+     * still covers the tier's other copies, load_back's among them */
+    if (!t->busy) return wait ? t->tier->ops->wait(t->tier) : KVHAL_OK;
     const kvhal_status q = wait ? t->tier->ops->wait(t->tier) : t->tier->ops->query(t->tier);
     if (q == KVHAL_BUSY) return KVHAL_OK;
     if (q != KVHAL_OK) return q;

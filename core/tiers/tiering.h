@@ -35,7 +35,8 @@ KVHAL_HIDDEN const uint64_t *kvhal__tiering_copy_bits(const kvhal__tiering *t);
 /* Whether write-backs are queued or copies out of device pages (or into host entries) may be in flight. */
 KVHAL_HIDDEN bool kvhal__tiering_busy(const kvhal__tiering *t);
 /* Stores the queued write-backs (store: their copies enqueued; it may drop host entries to make room), then, when
- * the tier's copies are complete (wait: waits for them; else a query that never waits): host entries become valid. *done[0..*n) lists the device pages now
+ * the tier's copies are complete (wait: waits for every copy on the tier's stream, load_back's too, even when no
+ * copy out is in flight; else a query that never waits): host entries become valid. *done[0..*n) lists the device pages now
  * done with (copies finished, or nothing to copy); the manager frees those that drain. A store that fails is no
  * error here: its pages are lost to the host tier only (counted, kvhal__tiering_write_failures); the error returned
  * is the wait's or the query's (a device error). */
