@@ -94,13 +94,13 @@ kvhal_status kvhal_buffer_wrap(kvhal_device dev, void *native, size_t bytes, kvh
 kvhal_status kvhal_buffer_destroy(kvhal_buffer *b)
 {
     if (!b) return KVHAL_OK; /* like free(NULL) */
-    /* a forked child keeps the parent's device buffers as they are: releasing them is the parent's */
-    if (kvhal__handle_live(b, KVHAL_MAGIC_BUFFER)) KVHAL_TRY(kvhal__bk_here(b->backend, b->device.id, "buf"));
     if (!kvhal__handle_remove_kind(b, KVHAL_MAGIC_BUFFER))
         return kvhal__err(KVHAL_INVALID_HANDLE, "buf: %p is not a live kvhal_buffer (destroyed twice?)", (void *)b);
-    kvhal_status st = KVHAL_OK;
+    /* b is this call's alone from here (a racing destroy got INVALID_HANDLE). A forked child keeps the parent's
+     * device buffers as they are (releasing them is the parent's): only its handle goes. */
     const kvhal__bk *bk = b->backend;
-    st = release_native(bk, b->device.id, b->owned, b->ipc, b->native);
+    kvhal_status st = kvhal__bk_here(bk, b->device.id, "buf");
+    if (st == KVHAL_OK) st = release_native(bk, b->device.id, b->owned, b->ipc, b->native);
     b->magic = KVHAL_MAGIC_DEAD;
     free(b);
     return st;
@@ -170,11 +170,11 @@ kvhal_status kvhal_stream_wrap(kvhal_device dev, void *native, kvhal_stream **ou
 kvhal_status kvhal_stream_destroy(kvhal_stream *s)
 {
     if (!s) return KVHAL_OK; /* like free(NULL) */
-    if (kvhal__handle_live(s, KVHAL_MAGIC_STREAM)) KVHAL_TRY(kvhal__bk_here(s->backend, s->device.id, "s"));
     if (!kvhal__handle_remove_kind(s, KVHAL_MAGIC_STREAM))
         return kvhal__err(KVHAL_INVALID_HANDLE, "s: %p is not a live kvhal_stream (destroyed twice?)", (void *)s);
-    const kvhal__bk *bk = s->backend;
-    kvhal_status st = bk->dev.stream_destroy ? bk->dev.stream_destroy(bk->ctx, s->device.id, s->bk_stream) : KVHAL_OK;
+    const kvhal__bk *bk = s->backend; /* s is this call's alone; a forked child leaves the parent's stream */
+    kvhal_status st = kvhal__bk_here(bk, s->device.id, "s");
+    if (st == KVHAL_OK && bk->dev.stream_destroy) st = bk->dev.stream_destroy(bk->ctx, s->device.id, s->bk_stream);
     s->magic = KVHAL_MAGIC_DEAD;
     free(s);
     return st;

@@ -54,11 +54,11 @@ kvhal_status kvhal_event_create(kvhal_device dev, kvhal_event **out)
 kvhal_status kvhal_event_destroy(kvhal_event *e)
 {
     if (!e) return KVHAL_OK; /* like free(NULL) */
-    if (kvhal__handle_live(e, KVHAL_MAGIC_EVENT)) KVHAL_TRY(kvhal__bk_here(e->backend, e->device.id, "e"));
     if (!kvhal__handle_remove_kind(e, KVHAL_MAGIC_EVENT))
         return kvhal__err(KVHAL_INVALID_HANDLE, "e: %p is not a live kvhal_event (destroyed twice?)", (void *)e);
-    const kvhal__bk *bk = e->backend;
-    kvhal_status st = bk->dev.event_create ? bk->dev.event_destroy(bk->ctx, e->device.id, e->bk_event) : KVHAL_OK;
+    const kvhal__bk *bk = e->backend; /* e is this call's alone; a forked child leaves the parent's event */
+    kvhal_status st = kvhal__bk_here(bk, e->device.id, "e");
+    if (st == KVHAL_OK && bk->dev.event_create) st = bk->dev.event_destroy(bk->ctx, e->device.id, e->bk_event);
     e->magic = KVHAL_MAGIC_DEAD;
     free(e);
     return st;

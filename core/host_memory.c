@@ -50,13 +50,16 @@ kvhal_status kvhal_host_memory_create(kvhal_device dev, size_t bytes, kvhal_host
 kvhal_status kvhal_host_memory_destroy(kvhal_host_memory *h)
 {
     if (!h) return KVHAL_OK;
-    if (kvhal__handle_live(h, KVHAL_MAGIC_HOSTMEM) && h->pinned) KVHAL_TRY(kvhal__bk_here(h->backend, h->device.id, "h"));
     if (!kvhal__handle_remove_kind(h, KVHAL_MAGIC_HOSTMEM))
         return kvhal__err(KVHAL_INVALID_HANDLE, "h: %p is not live host memory (destroyed twice?)", (void *)h);
-    h->magic = KVHAL_MAGIC_DEAD;
+    h->magic = KVHAL_MAGIC_DEAD; /* h is this call's alone; a forked child leaves the parent's pinned memory */
     kvhal_status st = KVHAL_OK;
-    if (h->pinned) st = h->backend->dev.host_free(h->backend->ctx, h->device.id, h->ptr);
-    else free(h->ptr);
+    if (h->pinned) {
+        st = kvhal__bk_here(h->backend, h->device.id, "h");
+        if (st == KVHAL_OK) st = h->backend->dev.host_free(h->backend->ctx, h->device.id, h->ptr);
+    } else {
+        free(h->ptr);
+    }
     free(h);
     return st;
 }
