@@ -226,41 +226,29 @@ def empty_manager(cm):
         raise RuntimeError("CacheManager: eviction left pages behind")
 
 
-def run_kvhal(reqs, pages):
+def run_kvhal(reqs, pages, view=False):
+    """The kvhal loop; view: page lists handed out as views of the manager's own storage (match_view,
+    allocate_view), no page-list object sized and filled per call."""
     arrs = [(array("i", p), array("i", p + o), len(o)) for p, o in reqs]  # the tokenizer's output, in arrays
 
     def once(cm):
+        match, allocate = (cm.match_view, cm.allocate_view) if view else (cm.match, cm.allocate)
         matched = []
         t0 = time.perf_counter()
         for prompt, seq, nout in arrs:
-            h, n, got = cm.match(prompt)
+            h, n, got = match(prompt)
             matched.append(n)
-            own = cm.allocate(len(prompt) - n + nout)
+            own = allocate(len(prompt) - n + nout)
             cm.cache_finished_suffix(h, seq, own, start=n)
         rps = len(reqs) / (time.perf_counter() - t0)
+        del got, own  # views are valid until the next call on the manager
         cm.check_integrity()
         return rps, matched
     return warmed(kvhal.CacheManager(pages, 1, "radix"), once, empty_manager)
 
 
 def run_kvhal_view(reqs, pages):
-    """The kvhal loop with page lists handed out as views of the manager's own storage (match_view,
-    allocate_view): no page-list object sized and filled per call."""
-    arrs = [(array("i", p), array("i", p + o), len(o)) for p, o in reqs]
-
-    def once(cm):
-        matched = []
-        t0 = time.perf_counter()
-        for prompt, seq, nout in arrs:
-            h, n, got = cm.match_view(prompt)
-            matched.append(n)
-            own = cm.allocate_view(len(prompt) - n + nout)
-            cm.cache_finished_suffix(h, seq, own, start=n)
-        rps = len(reqs) / (time.perf_counter() - t0)
-        del got, own
-        cm.check_integrity()
-        return rps, matched
-    return warmed(kvhal.CacheManager(pages, 1, "radix"), once, empty_manager)
+    return run_kvhal(reqs, pages, view=True)
 
 
 # ---- the mini-sglang-style baseline -------------------------------------------------------------------------------

@@ -32,6 +32,20 @@ from .transformers import kvhal_device as kt_device
 __all__ = ["DecodeEngine", "PrefillServer"]
 
 
+def _drain(q):
+    """Everything queued on q now: (items, whether the None that asks to stop was among them)."""
+    items, stop = [], False
+    while True:
+        try:
+            item = q.get_nowait()
+        except queue.Empty:
+            return items, stop
+        if item is None:
+            stop = True
+        else:
+            items.append(item)
+
+
 class _LayerSender(threading.Thread):
     """The prefill side's agent, used by this thread alone: a stream per request into the pages the decode side
     granted (kvhal.xfer's Peer.stream_open), each layer handed with the event recorded after its writes (the agent
@@ -49,15 +63,9 @@ class _LayerSender(threading.Thread):
         grants, sources, layers, streams, stop = {}, {}, {}, {}, False
         try:
             while not stop or streams or layers:
-                while True:
-                    try:
-                        item = self.items.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is None:
-                        stop = True
-                        continue
-                    rid, layer, event, src = item
+                items, asked = _drain(self.items)
+                stop = stop or asked
+                for rid, layer, event, src in items:
                     sources.setdefault(rid, src)
                     layers.setdefault(rid, []).append((layer, event))
                 ev = self.agent.progress(1 if (streams or layers) else 5)
@@ -123,15 +131,9 @@ class _LayerReceiver(threading.Thread):
         try:
             stop = False
             while not stop or self.transfers:
-                while True:
-                    try:
-                        item = self.posts.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is None:
-                        stop = True
-                        continue
-                    rid, pages = item
+                posts, asked = _drain(self.posts)
+                stop = stop or asked
+                for rid, pages in posts:
                     self.transfers[rid] = self.peer.post_receive_layers(rid, pages)
                 ev = self.agent.progress(1)
                 while ev is not None:

@@ -309,6 +309,31 @@ static int put_int(kvpy_state *st, kvpy_ints *a, const char *arg, int width, siz
     return 0;
 }
 
+/* a->n integers of isz bytes (1, 2, 4 or 8), stride bytes apart from base, into a->tmp at width bytes each (each
+ * checked by put_int); a->data then points at a->tmp. */
+static int ints_copy(kvpy_state *st, kvpy_ints *a, const char *arg, int width, const char *base, ptrdiff_t stride,
+                     int isz)
+{
+    a->tmp = PyMem_Malloc(a->n ? a->n * (size_t)width : 1);
+    if (!a->tmp) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < a->n; i++) {
+        const char *p = base + (ptrdiff_t)i * stride;
+        int64_t v;
+        switch (isz) {
+        case 1: v = *(const int8_t *)p; break;
+        case 2: v = *(const int16_t *)p; break;
+        case 4: v = *(const int32_t *)p; break;
+        default: v = *(const int64_t *)p; break;
+        }
+        if (put_int(st, a, arg, width, i, (long long)v) != 0) return -1;
+    }
+    a->data = a->tmp;
+    return 0;
+}
+
 /* The buffer a->view (integers, C-contiguous), as items of width bytes. */
 static int ints_from_buffer(kvpy_state *st, const char *arg, int width, kvpy_ints *a)
 {
@@ -321,24 +346,8 @@ static int ints_from_buffer(kvpy_state *st, const char *arg, int width, kvpy_int
         a->data = a->view.buf;
         return 0;
     }
-    a->tmp = PyMem_Malloc(a->n ? a->n * (size_t)width : 1);
-    if (!a->tmp) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (size_t i = 0; i < a->n; i++) {
-        int64_t v;
-        const char *p = (const char *)a->view.buf + i * (size_t)a->view.itemsize;
-        switch (a->view.itemsize) {
-        case 1: v = *(const int8_t *)p; break;
-        case 2: v = *(const int16_t *)p; break;
-        case 4: v = *(const int32_t *)p; break;
-        default: v = *(const int64_t *)p; break;
-        }
-        if (put_int(st, a, arg, width, i, (long long)v) != 0) return -1;
-    }
-    a->data = a->tmp;
-    return 0;
+    return ints_copy(st, a, arg, width, (const char *)a->view.buf, (ptrdiff_t)a->view.itemsize,
+                     (int)a->view.itemsize);
 }
 
 /* A DLPack array (a torch tensor has no buffer protocol): 1-D, int32 or int64, on the host; any stride. */
@@ -359,24 +368,12 @@ static int ints_from_dlpack(kvpy_state *st, PyObject *o, const char *arg, int wi
     }
     const int isz = t->dtype == KVHAL_I32 ? 4 : 8;
     const char *base = (const char *)kvhal_buffer_native(t->buffer) + t->offset;
-    const size_t stride = (size_t)t->strides[0] * (size_t)isz;
     a->n = (size_t)t->shape[0];
-    if (isz == width && (stride == (size_t)isz || a->n <= 1)) {
+    if (isz == width && (t->strides[0] == 1 || a->n <= 1)) {
         a->data = base;
         return 0;
     }
-    a->tmp = PyMem_Malloc(a->n ? a->n * (size_t)width : 1);
-    if (!a->tmp) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (size_t i = 0; i < a->n; i++) {
-        const char *p = base + i * stride;
-        const long long v = isz == 4 ? (long long)*(const int32_t *)p : (long long)*(const int64_t *)p;
-        if (put_int(st, a, arg, width, i, v) != 0) return -1;
-    }
-    a->data = a->tmp;
-    return 0;
+    return ints_copy(st, a, arg, width, base, (ptrdiff_t)t->strides[0] * isz, isz);
 }
 
 /* Any sequence of ints. */
