@@ -156,9 +156,10 @@ KVHAL_API kvhal_status kvhal_error_set(kvhal_status status, const char *fmt, ...
  *   memory: checking each use against the set would put a lock on every op's path.
  * Fork: a device runtime does not survive fork(). In a child forked (fork(), with its pthread_atfork handlers) from
  * the process that initialised a backend module (OpenCL, CUDA, HIP, a vendor's), every call that would reach that
- * module returns KVHAL_BACKEND_UNAVAILABLE naming the device and both process ids, and changes nothing: creating
- * buffers, streams, events and caches on its devices, device queries and synchronisation, copies and ops, and the
- * destroys of the parent's objects on them (the child never releases what is the parent's). The built-in cpu device
+ * module returns KVHAL_BACKEND_UNAVAILABLE naming the device and both process ids: creating buffers, streams,
+ * events and caches on its devices, device queries and synchronisation, copies and ops change nothing; a destroy of
+ * the parent's buffer, stream, event or pinned host memory there frees only the child's handle (the child never
+ * releases the device memory or object, which is the parent's). The built-in cpu device
  * works in the child, the parent's cpu buffers included. A child that needs another device is started with exec, or
  * forked before the process's first kvhal call. */
 
