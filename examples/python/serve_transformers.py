@@ -21,7 +21,8 @@ Workloads (--workload):
                                   [--dtype fp32,bf16] [--host-tier --kv-budget 0.25] [--check] [--json FILE]
 
 --check exits 1 when, in float32, a request diverges from model.generate() where stock's top-2 logit gap is not
-below --tie-gap, or when kvhal's bf16 log-prob difference exceeds stock generate_batch's. Needs torch >= 2.10 and
+below --tie-gap, or when kvhal's half-precision log-prob error against the same weights in float32 (mean or p99,
+along model.generate()'s tokens) exceeds stock generate_batch's by more than 10 %. Needs torch >= 2.10 and
 transformers >= 5 (a GPU for useful speeds).
 """
 import argparse
@@ -192,6 +193,64 @@ def logprob_diffs(ref, outs):
     return same, diffs
 
 
+def fp32_truth(model, reqs, ref, device):
+    """The log-probabilities of model.generate()'s tokens under the same weights in float32 (one teacher-forced
+    forward per request): the reference each half-precision engine's error is measured against."""
+    import copy
+    m32 = copy.deepcopy(model).float()
+    kt.set_attention(m32, "sdpa")
+    truth = []
+    with torch.no_grad():
+        for (p, _), (st, _) in zip(reqs, ref):
+            ids = torch.tensor([list(p) + list(st[:-1])], device=device)
+            lg = m32(ids).logits[0, len(p) - 1:len(p) - 1 + len(st)].float()
+            lp = torch.log_softmax(lg, -1)
+            truth.append(lp[torch.arange(len(st), device=device), torch.tensor(st, device=device)].tolist())
+    del m32
+    torch.cuda.empty_cache() if device.type == "cuda" else None
+    return truth
+
+
+def truth_diffs(ref, truth, outs):
+    """|log-prob - float32 log-prob| over the tokens each engine shares with model.generate() (outs: per request
+    (tokens, log-probs of those tokens))."""
+    diffs = []
+    for (st, _), tr, (tok, lp) in zip(ref, truth, outs):
+        for j in range(first_divergence(st, tok)):
+            diffs.append(abs(lp[j] - tr[j]))
+    return diffs
+
+
+def request_lps(r):
+    """A recorded Request's (tokens, log-probs of those tokens)."""
+    return r.out, [torch.log_softmax(x, -1)[t].item() for x, t in zip(r.logits, r.out)]
+
+
+def half_errors(model, reqs, ref, device, engines):
+    """In half precision: each engine's outputs (name -> per request (tokens, log-probs)) against model.generate()'s
+    (ref) and against the same weights in float32 along generate()'s tokens (logged); name -> (identical,
+    |diff to generate|, |error to float32|)."""
+    truth = fp32_truth(model, reqs, ref, device)
+    gen = [(st, torch.log_softmax(sl[:len(st)], -1)[torch.arange(len(st)), st].tolist()) for st, sl in ref]
+    errs = {}
+    for name, outs in [("generate", gen)] + list(engines.items()):
+        same, d = logprob_diffs(ref, outs)
+        e = truth_diffs(ref, truth, outs)
+        errs[name] = (same, d, e)
+        if name != "generate":
+            log(f"  {name} vs generate: {same}/{len(outs)} identical, |log-prob diff| {stats_line(d)}")
+        log(f"  {name} vs float32 weights: |log-prob error| {stats_line(e)} over {len(e)} tokens")
+    return errs
+
+
+def mean(d):
+    return sum(d) / max(1, len(d))
+
+
+def quantile(d, f):
+    return sorted(d)[int(f * (len(d) - 1))] if d else 0.0
+
+
 def stats_line(d):
     d = sorted(d) or [0.0]
     return f"max {d[-1]:.3g}, p99 {d[int(0.99 * (len(d) - 1))]:.3g}, mean {sum(d) / len(d):.3g}"
@@ -221,6 +280,7 @@ def run_mixed(args, arch, dtype, device, out, tiered=False):
     ref = stock_generate(model, reqs, device)
     log(f"  stock generate: {time.perf_counter() - t:.1f} s")
     eng, rs, t_kv = kvhal_generate(model, reqs, device, record=True, page_size=args.page_size,
+                                   attention=args.attention,
                                    max_batch=args.max_batch, max_step_tokens=args.step_tokens,
                                    prefill_chunk=args.chunk, **kw)
     res = dict(workload="tiered" if tiered else "mixed", arch=arch, dtype=str(dtype)[6:], requests=len(reqs),
@@ -240,19 +300,18 @@ def run_mixed(args, arch, dtype, device, out, tiered=False):
             log(line)
         res.update(identical=same, ties=len(ties), real=len(lines) - len(ties), ok=same + len(ties) == len(rs))
     else:
-        kv_out = [(r.out, [torch.log_softmax(x, -1)[t].item() for x, t in zip(r.logits, r.out)]) for r in rs]
-        same_kv, d_kv = logprob_diffs(ref, kv_out)
-        log(f"  kvhal vs generate: {same_kv}/{len(rs)} identical, |log-prob diff| {stats_line(d_kv)}")
         gb, t_gb, _ = stock_generate_batch(model, reqs, device, args, **stock_kw)
-        same_gb, d_gb = logprob_diffs(ref, gb)
-        log(f"  stock generate_batch vs generate: {same_gb}/{len(rs)} identical, |log-prob diff| {stats_line(d_gb)}")
-        # kvhal's differences against stock generate_batch's: as many identical requests, mean and p99 within 10 %
-        # (the maxima are reported, not compared: one bf16 rounding step decides them)
-        q = lambda d, f: sorted(d)[int(f * (len(d) - 1))] if d else 0.0  # noqa: E731
-        ok = (same_kv >= same_gb and sum(d_kv) / max(1, len(d_kv)) <= 1.1 * sum(d_gb) / max(1, len(d_gb)) and
-              q(d_kv, 0.99) <= 1.1 * q(d_gb, 0.99))
-        res.update(identical=same_kv, stock_batch_identical=same_gb, kvhal_max_lp_diff=max(d_kv, default=0),
-                   stock_batch_max_lp_diff=max(d_gb, default=0), ok=ok)
+        # Two half-precision engines differ from a third (generate) by rounding alone, so the error each makes is
+        # measured against the same weights in float32 along generate()'s tokens: kvhal's mean and p99 within 10 %
+        # of stock generate_batch's (the maxima are reported, not compared: one rounding step decides them).
+        e = half_errors(model, reqs, ref, device, {"kvhal": [request_lps(r) for r in rs], "stock generate_batch": gb})
+        (same_kv, _, e_kv), (same_gb, _, e_gb) = e["kvhal"], e["stock generate_batch"]
+        ok = mean(e_kv) <= 1.1 * mean(e_gb) and quantile(e_kv, 0.99) <= 1.1 * quantile(e_gb, 0.99)
+        res.update(identical=same_kv, stock_batch_identical=same_gb,
+                   lp_diff_to_generate={k: dict(mean=mean(v[1]), p99=quantile(v[1], 0.99), max=max(v[1], default=0))
+                                        for k, v in e.items() if k != "generate"},
+                   fp32_error={k: dict(mean=mean(v[2]), p99=quantile(v[2], 0.99), max=max(v[2], default=0))
+                               for k, v in e.items()}, ok=ok)
     out.append(res)
     del model
     torch.cuda.empty_cache() if device.type == "cuda" else None
@@ -383,7 +442,7 @@ def prefill_role(args):
     kt.register()
     kt.set_attention(model, kt.ATTN_NAME)
     server = disagg.PrefillServer(model, args.token, bytes.fromhex(args.address), num_pages=args.pages,
-                                  page_size=args.page_size)
+                                  page_size=args.page_size, record_logits=args.record)
     server.serve(conn)
     server.close()
     return 0
@@ -406,10 +465,11 @@ def run_disaggregated(args, arch, dtype, device, out):
     reqs = mixed_workload(args.count, args.vocab) + long_workload(args.long_count, args.long_prompt, args.vocab)
     kw = dict(num_pages=args.pages, page_size=args.page_size, max_batch=args.max_batch,
               max_step_tokens=args.step_tokens)
-    _, ref, t_one = kvhal_generate(model, reqs, device, **kw)
+    half = dtype != torch.float32
+    _, ref, t_one = kvhal_generate(model, reqs, device, record=half, **kw)
     kt.set_attention(model, kt.ATTN_NAME)
     token = os.urandom(16).hex()
-    eng = disagg.DecodeEngine(model, token, **kw)
+    eng = disagg.DecodeEngine(model, token, record_logits=half, **kw)
     key = os.urandom(16)
     dname = [k for k, v in DTYPES.items() if v == dtype][0]
     with Listener(("127.0.0.1", 0), authkey=key) as lis:
@@ -418,6 +478,7 @@ def run_disaggregated(args, arch, dtype, device, out):
                "--dtype", dname, "--pages", str(args.pages), "--page-size", str(args.page_size)]
         for k in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
             cmd += ["--" + k.replace("_", "-"), str(getattr(args, k))]
+        cmd += ["--record"] if half else []
         child = subprocess.Popen(cmd)
         try:
             eng.conn = lis.accept()
@@ -456,10 +517,22 @@ def run_disaggregated(args, arch, dtype, device, out):
     res = dict(workload="disaggregated", arch=arch, dtype=str(dtype)[6:], prefill_device=args.prefill_device,
                identical=same, requests=len(reqs),
                long_exposed_share=[g["exposed_s"] / g["compute_s"] for g in longs])
+    ok = same == len(reqs)
+    if half:
+        # in half precision the prefill process's batches of one round differently from one process's packed
+        # steps: tokens may part, so its error against float32 is compared instead (mean and p99 within 10 %)
+        gen = stock_generate(model, reqs, device)
+        e = half_errors(model, reqs, gen, device, {"one process": [request_lps(r) for r in ref],
+                                                   "disaggregated": [request_lps(r) for r in rs]})
+        one, two = e["one process"][2], e["disaggregated"][2]
+        ok = mean(two) <= 1.1 * mean(one) and quantile(two, 0.99) <= 1.1 * quantile(one, 0.99)
+        res.update(fp32_error={k: dict(mean=mean(v[2]), p99=quantile(v[2], 0.99), max=max(v[2], default=0))
+                               for k, v in e.items()})
+    res.update(ok=ok)
     out.append(res)
     del model
     torch.cuda.empty_cache() if device.type == "cuda" else None
-    return same == len(reqs)
+    return ok
 
 
 def main():
@@ -475,6 +548,7 @@ def main():
     ap.add_argument("--key", help=argparse.SUPPRESS)
     ap.add_argument("--address", help=argparse.SUPPRESS)
     ap.add_argument("--token", help=argparse.SUPPRESS)
+    ap.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--arch", default="llama", help="comma-separated: llama, qwen3")
     ap.add_argument("--dtype", default="bf16", help="comma-separated: fp32, bf16, fp16")
     ap.add_argument("--check", action="store_true", help="exit 1 on a failed comparison (see above)")
@@ -504,6 +578,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-stock", action="store_true", help="shared: run the kvhal engine only")
     ap.add_argument("--profile-steps", type=int, default=0, help="shared: profile this many decode steps")
+    ap.add_argument("--attention", default="auto", choices=["auto", "varlen", "sdpa"],
+                    help="mixed/tiered: the kvhal engine's attention path")
     ap.add_argument("--tie-gap", type=float, default=1e-5)
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()

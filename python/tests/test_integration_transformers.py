@@ -287,7 +287,8 @@ conn = Client(("127.0.0.1", port), authkey=key)  # the control connection first:
 model = t.make_tiny()
 model.config._attn_implementation = kt.ATTN_NAME
 t.ATTN[kt.ATTN_NAME] = kt.kvhal_paged_attention
-server = disagg.PrefillServer(model, "kvhal-disagg-test", address, transports=transports, num_pages=64, page_size=4)
+server = disagg.PrefillServer(model, "kvhal-disagg-test", address, transports=transports, num_pages=64, page_size=4,
+                              record_logits=True)
 server.serve(conn)
 server.close()
 print("prefill served", server.engine.stats["requests"], "requests")
@@ -297,7 +298,8 @@ print("prefill served", server.engine.stats["requests"], "requests")
 @pytest.mark.parametrize("transports", ["tcp", "shm"])
 def test_disaggregated_prefill_and_decode(tiny, transports):
     """Prefill in another process, its K/V streamed layer by layer through libkvhal-xfer into the decode side's
-    pages: the tokens are the single-process reference's, every request's timings are reported."""
+    pages: the tokens are the single-process reference's, every request's timings are reported, and each token's
+    logits row (the first one computed by the prefill process) is the single-process engine's."""
     disagg = pytest.importorskip("kvhal.integrations.disagg", reason="kvhal built without libkvhal-xfer")
     import os
     import subprocess
@@ -305,8 +307,11 @@ def test_disaggregated_prefill_and_decode(tiny, transports):
     from multiprocessing.connection import Listener
     model, reqs, refs = tiny
     model.config._attn_implementation = kt.ATTN_NAME
+    one = kt.KvhalEngine(model, num_pages=96, page_size=4, max_batch=3, record_logits=True)
+    ones = [one.add(p, n) for p, n in reqs]
+    one.run()
     eng = disagg.DecodeEngine(model, "kvhal-disagg-test", transports=transports, num_pages=96, page_size=4,
-                              max_batch=3)
+                              max_batch=3, record_logits=True)
     key = os.urandom(16)
     env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with Listener(("127.0.0.1", 0), authkey=key) as lis:
@@ -325,6 +330,9 @@ def test_disaggregated_prefill_and_decode(tiny, transports):
                 child.communicate()
     assert child.returncode == 0 and "prefill served 10 requests" in out, err
     assert [r.out for r in rs] == refs
+    for r, o in zip(rs, ones):
+        assert len(r.logits) == len(r.out) == len(o.logits)
+        assert all(torch.allclose(a, b, atol=1e-4, rtol=1e-4) for a, b in zip(r.logits, o.logits)), r.rid
     eng.cm.check_integrity()
     assert eng.cm.available == 96
     assert len(eng.timings) == len(reqs)

@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 
+import torch
 
 import kvhal
 from kvhal import xfer as _xfer
@@ -168,7 +169,8 @@ class PrefillServer:
 
     model: the same transformers model (same weights) as the decode side, its attention set to ATTN_NAME;
     token: the transfer agents' shared secret; decode_address: the DecodeEngine's agent address (bytes);
-    engine keyword arguments (num_pages, page_size, ...) as KvhalEngine's (batch 1, whole prompts).
+    engine keyword arguments (num_pages, page_size, ...) as KvhalEngine's (batch 1, whole prompts; with
+    record_logits=True each first token's logits row goes back with it, for a DecodeEngine that records them too).
     """
 
     def __init__(self, model, token, decode_address, name="prefill", transports=None, timeout_ms=30000,
@@ -192,7 +194,8 @@ class PrefillServer:
         self.sender.items.put((self._rid, layer, event, self._src))
 
     def prefill(self, rid, prompt):
-        """One prompt: (first token, timings dict: compute_s, exposed_s)."""
+        """One prompt: (first token, timings dict: compute_s, exposed_s; logits, the first token's logits row, when
+        the engine records logits)."""
         eng = self.engine
         r = eng.add(prompt, 1)
         eng._admit()  # the pages it will write: sent as each layer is written
@@ -205,7 +208,10 @@ class PrefillServer:
         t2 = self.sender.wait_request(rid, self.send_timeout_s)
         # the pages were read by the sends: from here on the prefix cache may evict and reuse them. Exposed: how long
         # the last acknowledgement came after the compute (0 when it came before: everything hid behind it)
-        return r.out[0], dict(compute_s=t1 - t0, exposed_s=max(0.0, t2 - t1), prompt=len(prompt), cached=r.cached)
+        timings = dict(compute_s=t1 - t0, exposed_s=max(0.0, t2 - t1), prompt=len(prompt), cached=r.cached)
+        if eng.record:  # the first token's logits row goes back with it (record_logits=True on both sides)
+            timings["logits"] = r.logits[0].numpy()  # by value: a pickled tensor would travel as shared memory
+        return r.out[0], timings
 
     def serve(self, conn):
         """Answers the decode side's messages until ("stop",)."""
@@ -308,6 +314,9 @@ class DecodeEngine(KvhalEngine):
             if msg[0] == "error":
                 raise kvhal.PeerFailed(f"request {r.rid}: the prefill process refused it ({msg[2]})")
             r.out.append(msg[2])
+            logits = msg[3].pop("logits", None)
+            if self.record and logits is not None:
+                r.logits.append(torch.from_numpy(logits))
             r.t_first["timings"] = msg[3]
         for rid, r in list(self.remote.items()):
             if r.t_first["kv"] and r.t_first["timings"] is not None:  # K/V here and first token back
