@@ -205,11 +205,19 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
         }
         const ipc_job *first = a->ipc_jobs;
         while (first->p != p) first = first->next;
-        /* the ranges: at most the peer's queued chunks (merging only lowers it), one allocation for the three */
+        /* the ranges: at most the peer's queued chunks (merging only lowers it), in the agent's arrays (grown when a
+         * group needs more, else reused) */
         const size_t head = ipc_job_chunks(first), queued = p->ipc_queued;
         const size_t cap = head > IPC_GROUP_RANGES ? head : queued < IPC_GROUP_RANGES ? queued : IPC_GROUP_RANGES;
-        size_t *dof = malloc(3 * cap * sizeof *dof), *sof = dof ? dof + cap : NULL, *len = dof ? dof + 2 * cap : NULL;
-        const bool mem = dof != NULL;
+        if (cap > a->ipc_ranges_cap) {
+            size_t *r = realloc(a->ipc_ranges, 3 * cap * sizeof *r);
+            if (r) {
+                a->ipc_ranges = r;
+                a->ipc_ranges_cap = cap;
+            }
+        }
+        const bool mem = cap <= a->ipc_ranges_cap;
+        size_t *dof = mem ? a->ipc_ranges : NULL, *sof = mem ? dof + cap : NULL, *len = mem ? dof + 2 * cap : NULL;
         ipc_job *group = NULL, **gtail = &group;
         size_t c = 0;
         for (ipc_job **pp = &a->ipc_jobs, *prev = NULL; *pp && c < IPC_GROUP_FULL;) {
@@ -231,7 +239,6 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
             st = kvhal_memcpy_d2d_batch(a->cache_buf, p->ipc_buf, dof, sof, len, (int32_t)c, a->ipc_streams[slot]);
             if (st != KVHAL_OK) snprintf(why, sizeof why, "device copy failed: %s", kvhal_last_error());
         }
-        free(dof);
         if (st != KVHAL_OK) {
             /* a batch cut in several launches may have started some: they finish before the pages go back */
             if (mem) kvhal_stream_synchronize(a->ipc_streams[slot]);

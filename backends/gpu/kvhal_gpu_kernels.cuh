@@ -43,6 +43,8 @@ namespace kvhal_gpu {
 #endif
 #define KVHAL_GPU_CHUNK (16 * 1024) /* bytes one block copies per work item: one pass of 256 x 4 x 16 B */
 #define KVHAL_GPU_BATCH_MAX 96      /* ranges per copy_batch launch: they travel as kernel parameters */
+#define KVHAL_GPU_BATCH_SMALL 16    /* copy_batch launches of at most this many ranges carry a smaller struct */
+#define KVHAL_GPU_BATCH_MID 48      /* and of at most this many, a middle one */
 
 /* Bytes of the per-device error flag, in mapped pinned host memory: a kernel that skips an index stores 1 into its
  * op's byte (a plain store: every writer stores the same value, so no atomics are needed and none cross the bus),
