@@ -257,14 +257,22 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
 }
 
 /* ------------------------------------------------------------------------------------------------------------ */
-/* copy_batch: ranges travel as kernel parameters, KVHAL_GPU_BATCH_MAX per launch (one launch for a duplicate, or */
-/* for a batch of pages received over IPC); a batch of at most KVHAL_GPU_BATCH_SMALL or _MID ranges launches a    */
-/* kernel whose parameter struct has only that many slots. With CUDA 12.8+ a batch whose ranges average           */
+/* copy_batch: ranges travel as kernel parameters, KVHAL_GPU_BATCH_MAX per launch, or KVHAL_GPU_BATCH_LARGE where */
+/* the build and the driver take 32 KB of parameters (one launch for a duplicate, or for a batch of pages received */
+/* over IPC); a launch of at most KVHAL_GPU_BATCH_SMALL, _MID or _MAX ranges carries a struct of only that many    */
+/* slots, launched through the driver where it could be resolved. With CUDA 12.8+ a batch whose ranges average     */
 /* KVHAL_GPU_BATCH_MIN_CHUNK or more goes to the copy engines in one cudaMemcpyBatchAsync instead (streams that    */
 /* take batch copies only). KVHAL_GPU_COPY_BATCH=kernel or =engines forces one way (where the stream allows it).   */
 /* ------------------------------------------------------------------------------------------------------------ */
+#if defined(KVHAL_GPU_BATCH_LARGE)
+#define KVHAL_GPU_BATCH_CAP KVHAL_GPU_BATCH_LARGE
+#else
+#define KVHAL_GPU_BATCH_CAP KVHAL_GPU_BATCH_MAX
+#endif
+typedef CopyBatchRanges<KVHAL_GPU_BATCH_CAP> CopyBatchAll; /* what one launch gathers at most */
+
 /* The first p.count ranges of p in a struct of N slots. */
-template <int N> static CopyBatchRanges<N> narrow(const CopyBatchParams &p)
+template <int N> static CopyBatchRanges<N> narrow(const CopyBatchAll &p)
 {
     CopyBatchRanges<N> q;
     const size_t k = (size_t)p.count;
@@ -295,29 +303,41 @@ template <int N> static kvhal_status launch_ranges(const Ctx *c, int32_t id, con
     return KVHAL_OK;
 }
 
-/* copy_batch's kernels (KVHAL_GPU_BATCH_SMALL, _MID, _MAX slots) as driver functions of device id, selected:
- * resolved on the first call (a racing first call stores the same), NULL where not (the runtime launches). */
-static void batch_fns(Ctx *c, int32_t id, void *out[3])
+/* copy_batch's kernels on device id, selected (KVHAL_GPU_BATCH_SMALL, _MID, _MAX, _LARGE slots) as driver functions,
+ * NULL where not resolvable (the runtime launches), resolved on the first call (a racing first call stores the
+ * same); the return: ranges one launch may take (KVHAL_GPU_BATCH_LARGE where the driver takes 32 KB of parameters:
+ * CUDA 12.1 and later). */
+static int32_t batch_fns(Ctx *c, int32_t id, void *out[4])
 {
-    out[0] = out[1] = out[2] = NULL;
+    out[0] = out[1] = out[2] = out[3] = NULL;
 #if !defined(KVHAL_GPU_HIP)
     DevState *ds = &c->dev[id];
     if (!__atomic_load_n(&ds->batch_fn_state, __ATOMIC_ACQUIRE)) {
-        const void *sym[3] = {reinterpret_cast<const void *>(&copy_batch_small_kernel<KVHAL_GPU_BATCH_SMALL>),
+        const void *sym[4] = {reinterpret_cast<const void *>(&copy_batch_small_kernel<KVHAL_GPU_BATCH_SMALL>),
                               reinterpret_cast<const void *>(&copy_batch_small_kernel<KVHAL_GPU_BATCH_MID>),
-                              reinterpret_cast<const void *>(&copy_batch_kernel)};
-        for (int k = 0; k < 3; k++) {
+                              reinterpret_cast<const void *>(&copy_batch_kernel), nullptr};
+        int large = 0;
+#if defined(KVHAL_GPU_BATCH_LARGE)
+        sym[3] = reinterpret_cast<const void *>(&copy_batch_small_kernel<KVHAL_GPU_BATCH_LARGE>);
+        int driver = 0;
+        large = cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12010;
+#endif
+        for (int k = 0; k < 4; k++) {
             cudaFunction_t f = nullptr;
-            void *v = c->cu_launch && cudaGetFuncBySymbol(&f, sym[k]) == cudaSuccess ? static_cast<void *>(f) : nullptr;
+            void *v = sym[k] && c->cu_launch && cudaGetFuncBySymbol(&f, sym[k]) == cudaSuccess ? static_cast<void *>(f)
+                                                                                              : nullptr;
             __atomic_store_n(&ds->batch_fn[k], v, __ATOMIC_RELAXED);
         }
         (void)cudaGetLastError();
+        __atomic_store_n(&ds->batch_large, large, __ATOMIC_RELAXED);
         __atomic_store_n(&ds->batch_fn_state, 1, __ATOMIC_RELEASE);
     }
-    for (int k = 0; k < 3; k++) out[k] = __atomic_load_n(&ds->batch_fn[k], __ATOMIC_RELAXED);
+    for (int k = 0; k < 4; k++) out[k] = __atomic_load_n(&ds->batch_fn[k], __ATOMIC_RELAXED);
+    return __atomic_load_n(&ds->batch_large, __ATOMIC_RELAXED) ? KVHAL_GPU_BATCH_CAP : KVHAL_GPU_BATCH_MAX;
 #else
     (void)c;
     (void)id;
+    return KVHAL_GPU_BATCH_MAX;
 #endif
 }
 
@@ -399,14 +419,14 @@ kvhal_status gpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a,
         if (st != KVHAL_OK || done) return st;
     }
 #endif
-    CopyBatchParams p;
-    void *dfn[3];
-    bool dfn_done = false;
+    void *dfn[4] = {NULL, NULL, NULL, NULL};
+    const int32_t per = fn ? KVHAL_GPU_BATCH_MAX : batch_fns(c, id, dfn); /* ranges a launch takes */
+    CopyBatchAll p;
     int32_t i = 0;
     while (i < a->count) {
         p.count = 0;
         uint64_t chunks = 0;
-        for (; i < a->count && p.count < KVHAL_GPU_BATCH_MAX; i++) {
+        for (; i < a->count && p.count < per; i++) {
             const uint64_t n = a->bytes[i];
             if (!n) continue;
             const uint64_t k = (n + KVHAL_GPU_CHUNK - 1) / KVHAL_GPU_CHUNK;
@@ -429,19 +449,21 @@ kvhal_status gpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a,
         }
         if (!p.count) continue;
         p.first[p.count] = (uint32_t)chunks;
-        if (fn) {
-            st = launch_fn(c, id, fn, (uint32_t)chunks, KVHAL_GPU_THREADS, &p, s, "copy_batch launch");
-            if (st != KVHAL_OK) return st;
-            continue;
-        }
-        if (!dfn_done) {
-            batch_fns(c, id, dfn);
-            dfn_done = true;
-        }
         const uint32_t grid = (uint32_t)chunks;
-        if (p.count <= KVHAL_GPU_BATCH_SMALL) st = launch_ranges(c, id, narrow<KVHAL_GPU_BATCH_SMALL>(p), grid, s, dfn[0]);
-        else if (p.count <= KVHAL_GPU_BATCH_MID) st = launch_ranges(c, id, narrow<KVHAL_GPU_BATCH_MID>(p), grid, s, dfn[1]);
-        else st = launch_ranges(c, id, p, grid, s, dfn[2]);
+        if (fn) { /* the run-time compiled kernel: copy_batch_kernel's struct */
+            CopyBatchParams q = narrow<KVHAL_GPU_BATCH_MAX>(p);
+            st = launch_fn(c, id, fn, grid, KVHAL_GPU_THREADS, &q, s, "copy_batch launch");
+        } else if (p.count <= KVHAL_GPU_BATCH_SMALL) {
+            st = launch_ranges(c, id, narrow<KVHAL_GPU_BATCH_SMALL>(p), grid, s, dfn[0]);
+        } else if (p.count <= KVHAL_GPU_BATCH_MID) {
+            st = launch_ranges(c, id, narrow<KVHAL_GPU_BATCH_MID>(p), grid, s, dfn[1]);
+        } else if (p.count <= KVHAL_GPU_BATCH_MAX) {
+            st = launch_ranges(c, id, narrow<KVHAL_GPU_BATCH_MAX>(p), grid, s, dfn[2]);
+        } else {
+#if defined(KVHAL_GPU_BATCH_LARGE)
+            st = launch_ranges(c, id, p, grid, s, dfn[3]);
+#endif
+        }
         if (st != KVHAL_OK) return st;
     }
     return KVHAL_OK;

@@ -59,8 +59,9 @@ struct DevState {
     signed char peer[KVHAL_MAX_DEVICES_PER_TYPE]; /* peer access to j: 0 not tried, 1 enabled, -1 unavailable */
     struct CodeState *code; /* which code this device runs (gpu_codepath.cu); NULL: not decided */
 #if !defined(KVHAL_GPU_HIP)
-    void *batch_fn[3];  /* copy_batch's kernels (small, middle, full) as driver functions, else NULL (atomic) */
-    int batch_fn_state; /* 0: not resolved yet, 1: batch_fn holds what could be resolved (atomic) */
+    void *batch_fn[4];  /* copy_batch's kernels (small, middle, full, large) as driver functions, else NULL (atomic) */
+    int batch_large;    /* the driver takes copy_batch's large launches (atomic) */
+    int batch_fn_state; /* 0: not resolved yet, 1: batch_fn and batch_large are set (atomic) */
 #endif
 };
 
