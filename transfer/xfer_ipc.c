@@ -54,7 +54,7 @@ static bool ipc_job_reap(kvhal_xfer_agent *a, bool wait)
  * kvhal-xfer cuda:0 -> cuda:1 against cudaMemcpyPeer): with 16 transfers in flight 0.23 -> 0.56 at 256 KiB,
  * 0.40 -> 0.85 at 1 MiB, 0.71 -> 1.00 at 4 MiB against a launch per frame; waiting for the oldest copy rather than
  * going round pump when every stream is busy: 0.94 -> 1.25 at 16 MiB with 64 in flight. */
-#define IPC_GROUP_FULL 192     /* ranges of a full launch group: two launches of the CUDA/HIP batched copy */
+#define IPC_GROUP_FULL 192     /* ranges of a full launch group: two launches of 96 (HIP), one on CUDA where 512 go at once */
 #define IPC_SMALL_GROUPS 1     /* launch groups running beyond which a group not full waits */
 #define IPC_GROUP_RANGES 4096  /* ranges of a launch group at most, unless its first frame alone has more */
 /* Chaining (see ipc_chain_slot): a group not full whose copy is shorter than the launch and the
