@@ -17,7 +17,9 @@
 #   B=build dir (default build-bench-xfer), ROUNDS=7, WINDOWS="4 16", SIZES="262144 1048576 16777216", ITERS=200,
 #   NVCC_ARCH=80,90 (the build's SM architectures; 90 alone builds faster on H100/H200), SEND=cuda:0 RECV=cuda:1,
 #   OUT=/tmp/kvhal-ipc, TRANSPORT=shm (the UCX transport of the control messages; tcp works
-#   too), SELFTEST=1 (then the IPC self-test).
+#   too), SELFTEST=1 (then the IPC self-test). KVHAL_GPU_COPY_BATCH=kernel|engines (docs/guide.md), exported, reaches
+#   both processes: the receiver's batched copy by the kernel always, or by the copy engines always (default: the
+#   engines only where the ranges average 256 KiB; the pages here are copied in 32 KiB ranges).
 # Output: $OUT/r/<variant>-w<window>-<round>.json (kvhal-xfer --json), $OUT/r/peer-<round>.txt, and $OUT/ratio.txt:
 #   one row per batch, window and variant: GB/s, cudaMemcpyPeer GB/s, ratio, p50, p99, p99/p50, rounds; then the
 #   targets met or missed (ratio >= 0.90 at 1 and 16 MiB, >= 0.80 at 256 KiB with 4 in flight, p99 <= 3 x p50).

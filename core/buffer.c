@@ -420,10 +420,12 @@ kvhal_status kvhal_memcpy_d2d_batch(kvhal_buffer *dst, const kvhal_buffer *src, 
                                              src_offsets[i], bytes[i], bs));
         return KVHAL_OK;
     }
-    /* copy_batch takes a native per entry: two arrays of the same pointer, in bounded slices */
+    /* copy_batch takes a native per entry: two arrays of the same pointer, in bounded slices (only as many entries
+     * filled as the batch has: a small batch is a launch's worth of host time, not a slice's) */
     enum { SLICE = 1024 };
     void *dn[SLICE], *sn[SLICE];
-    for (int32_t i = 0; i < SLICE; i++) {
+    const int32_t fill = count < SLICE ? count : SLICE;
+    for (int32_t i = 0; i < fill; i++) {
         dn[i] = dst->native;
         sn[i] = src->native;
     }

@@ -75,7 +75,12 @@ static void batch_on(kvhal_device dev, bool two_buffers)
     doff[11] = doff[10] + by[10]; /* adjacent destination ranges */
     kvhal_stream *s = NULL;
     if (kvhal_stream_create(dev, &s) != KVHAL_OK) s = NULL;
-    assert_int_equal(kvhal_memcpy_d2d_batch(dst, src, doff, so, by, N, s), KVHAL_OK);
+    /* in four calls of 9, 42, 69 and 137 ranges: a GPU launches a kernel of up to 16 ranges, 48, 96, and (CUDA where
+     * kernels take 32 KB of parameters) 512, else the last call's 41 past 96 take the second */
+    const int cut[5] = {0, 10, 60, 140, N};
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(kvhal_memcpy_d2d_batch(dst, src, doff + cut[k], so + cut[k], by + cut[k], cut[k + 1] - cut[k], s),
+                         KVHAL_OK);
     if (s) assert_int_equal(kvhal_stream_synchronize(s), KVHAL_OK);
     assert_int_equal(kvhal_device_synchronize(dev), KVHAL_OK);
     for (int i = 0; i < N; i++) memcpy(hd + doff[i], hs + so[i], by[i]);
@@ -110,6 +115,44 @@ static void batch_on(kvhal_device dev, bool two_buffers)
     free(got);
 }
 
+/* Ranges of 256 KiB and more (CUDA 12.8+ copies them with the copy engines in one batched call on a stream of its
+ * own, else the kernel), one of an odd size, on a stream and on the default stream, against host mirrors. */
+static void batch_large_on(kvhal_device dev)
+{
+    enum { SZ = 3 << 20, N = 5 };
+    const size_t so[N] = {0, 1 << 20, (2 << 20) + 8, 600000, 3 << 19};
+    const size_t doff[N] = {2 << 20, 0, 524298, 1500000, (5 << 19) + 3}; /* disjoint */
+    const size_t by[N] = {300000, 1 << 19, 900001, 262144, 262144};
+    kvhal_buffer *src = NULL, *dst = NULL;
+    assert_int_equal(kvhal_buffer_create(dev, SZ, &src), KVHAL_OK);
+    assert_int_equal(kvhal_buffer_create(dev, SZ, &dst), KVHAL_OK);
+    uint8_t *hs = malloc(SZ), *hd = malloc(SZ), *got = malloc(SZ);
+    assert_non_null(hs);
+    assert_non_null(hd);
+    assert_non_null(got);
+    kvhal_stream *s = NULL;
+    if (kvhal_stream_create(dev, &s) != KVHAL_OK) s = NULL;
+    for (int round = 0; round < 2; round++) {
+        kvhal_stream *on = round ? NULL : s;
+        fill(hs, SZ, 3 + round);
+        fill(hd, SZ, 5 + round);
+        assert_int_equal(kvhal_memcpy_h2d(src, 0, hs, SZ, NULL), KVHAL_OK);
+        assert_int_equal(kvhal_memcpy_h2d(dst, 0, hd, SZ, NULL), KVHAL_OK);
+        assert_int_equal(kvhal_memcpy_d2d_batch(dst, src, doff, so, by, N, on), KVHAL_OK);
+        if (on) assert_int_equal(kvhal_stream_synchronize(on), KVHAL_OK);
+        assert_int_equal(kvhal_device_synchronize(dev), KVHAL_OK);
+        for (int i = 0; i < N; i++) memcpy(hd + doff[i], hs + so[i], by[i]);
+        assert_int_equal(kvhal_memcpy_d2h(got, dst, 0, SZ, NULL), KVHAL_OK);
+        assert_memory_equal(got, hd, SZ);
+    }
+    if (s) kvhal_stream_destroy(s);
+    kvhal_buffer_destroy(dst);
+    kvhal_buffer_destroy(src);
+    free(hs);
+    free(hd);
+    free(got);
+}
+
 static void test_batch_every_device(void **state)
 {
     (void)state;
@@ -122,6 +165,7 @@ static void test_batch_every_device(void **state)
             kvhal_device d = {types[t], i};
             batch_on(d, true);
             batch_on(d, false);
+            batch_large_on(d);
             ran++;
         }
     }

@@ -359,6 +359,7 @@ kvhal_status kvhal_xfer_agent_destroy(kvhal_xfer_agent *a)
         kvhal_stream_destroy(a->ipc_streams[k]);
         kvhal_event_destroy(a->ipc_events[k]);
     }
+    free(a->ipc_ranges);
     free(a->k_off);
     free(a->v_off);
     ucp_worker_release_address(a->worker, a->addr);

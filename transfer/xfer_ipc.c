@@ -54,7 +54,7 @@ static bool ipc_job_reap(kvhal_xfer_agent *a, bool wait)
  * kvhal-xfer cuda:0 -> cuda:1 against cudaMemcpyPeer): with 16 transfers in flight 0.23 -> 0.56 at 256 KiB,
  * 0.40 -> 0.85 at 1 MiB, 0.71 -> 1.00 at 4 MiB against a launch per frame; waiting for the oldest copy rather than
  * going round pump when every stream is busy: 0.94 -> 1.25 at 16 MiB with 64 in flight. */
-#define IPC_GROUP_FULL 192     /* ranges of a full launch group: two launches of the CUDA/HIP batched copy */
+#define IPC_GROUP_FULL 192     /* ranges of a full launch group: two launches of 96 (HIP), one on CUDA where 512 go at once */
 #define IPC_SMALL_GROUPS 1     /* launch groups running beyond which a group not full waits */
 #define IPC_GROUP_RANGES 4096  /* ranges of a launch group at most, unless its first frame alone has more */
 /* Chaining (see ipc_chain_slot): a group not full whose copy is shorter than the launch and the
@@ -205,11 +205,19 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
         }
         const ipc_job *first = a->ipc_jobs;
         while (first->p != p) first = first->next;
-        /* the ranges: at most the peer's queued chunks (merging only lowers it), one allocation for the three */
+        /* the ranges: at most the peer's queued chunks (merging only lowers it), in the agent's arrays (grown when a
+         * group needs more, else reused) */
         const size_t head = ipc_job_chunks(first), queued = p->ipc_queued;
         const size_t cap = head > IPC_GROUP_RANGES ? head : queued < IPC_GROUP_RANGES ? queued : IPC_GROUP_RANGES;
-        size_t *dof = malloc(3 * cap * sizeof *dof), *sof = dof ? dof + cap : NULL, *len = dof ? dof + 2 * cap : NULL;
-        const bool mem = dof != NULL;
+        if (cap > a->ipc_ranges_cap) {
+            size_t *r = realloc(a->ipc_ranges, 3 * cap * sizeof *r);
+            if (r) {
+                a->ipc_ranges = r;
+                a->ipc_ranges_cap = cap;
+            }
+        }
+        const bool mem = cap <= a->ipc_ranges_cap;
+        size_t *dof = mem ? a->ipc_ranges : NULL, *sof = mem ? dof + cap : NULL, *len = mem ? dof + 2 * cap : NULL;
         ipc_job *group = NULL, **gtail = &group;
         size_t c = 0;
         for (ipc_job **pp = &a->ipc_jobs, *prev = NULL; *pp && c < IPC_GROUP_FULL;) {
@@ -231,7 +239,6 @@ static void ipc_jobs_launch(kvhal_xfer_agent *a)
             st = kvhal_memcpy_d2d_batch(a->cache_buf, p->ipc_buf, dof, sof, len, (int32_t)c, a->ipc_streams[slot]);
             if (st != KVHAL_OK) snprintf(why, sizeof why, "device copy failed: %s", kvhal_last_error());
         }
-        free(dof);
         if (st != KVHAL_OK) {
             /* a batch cut in several launches may have started some: they finish before the pages go back */
             if (mem) kvhal_stream_synchronize(a->ipc_streams[slot]);

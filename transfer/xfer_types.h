@@ -401,6 +401,8 @@ struct kvhal_xfer_agent {
     ipc_job *ipc_jobs, *ipc_jobs_tail;  /* accepted DATA_IPC frames of the IPC path, launched from pump */
     ipc_job *ipc_running;               /* launched, oldest first, acknowledged once their stream is done */
     uint64_t ipc_launches;              /* launch groups so far */
+    size_t *ipc_ranges;                 /* a launch group's dst offsets, src offsets, lengths: 3 x ipc_ranges_cap */
+    size_t ipc_ranges_cap;              /* (grown on demand, kept for the next group: no allocation per launch) */
     int ipc_groups_running;             /* launch groups in ipc_running */
     ipc_job *cma_jobs, *cma_jobs_tail;  /* accepted frames of the CMA path, copied from pump */
     ipc_job *cma_running;               /* handed to the copy workers, completed once every piece is back */

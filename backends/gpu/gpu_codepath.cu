@@ -483,6 +483,20 @@ out:
 #endif
 }
 
+#if !defined(KVHAL_GPU_HIP)
+kvhal_status driver_launch(const Ctx *c, int32_t id, void *fn, uint32_t grid, uint32_t threads, void *param,
+                           gpuStream_t s, const char *what)
+{
+    void *args[] = {param};
+    const CUresult r = c->cu_launch(static_cast<CUfunction>(fn), grid, 1, 1, threads, 1, 1, 0, s, args, nullptr);
+    if (r == CUDA_SUCCESS) return KVHAL_OK;
+    if (r == CUDA_ERROR_INVALID_CONTEXT) return KVHAL_BUSY;
+    const char *name = nullptr;
+    if (!c->cu_error_name || c->cu_error_name(r, &name) != CUDA_SUCCESS || !name) name = "unknown error";
+    return fail(c, KVHAL_BACKEND_ERROR, "cuda:%d: %s: cuLaunchKernel: %s (%d)", (int)id, what, name, (int)r);
+}
+#endif
+
 kvhal_status launch_fn(const Ctx *c, int32_t id, void *fn, uint32_t grid, uint32_t threads, void *param,
                        gpuStream_t s, const char *what)
 {

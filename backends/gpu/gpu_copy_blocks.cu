@@ -1,6 +1,9 @@
 /* gpu_copy_blocks.cu — the copy_blocks op of the GPU backends and copy_batch, the batched byte-range copies behind
  * kv_cache_duplicate: both copy byte ranges on one device, with the kernels of kvhal_gpu_copy_kernels.cuh (a header
  * of their own, not templates, so that the HIP module can also compile them at run time: gpu_codepath.cu). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "gpu_private.h"
 #include "kvhal_gpu_copy_kernels.cuh"
 
@@ -254,8 +257,150 @@ kvhal_status gpu_copy_blocks(void *ctx, int32_t id, void *desc, const kvhal_bk_c
 }
 
 /* ------------------------------------------------------------------------------------------------------------ */
-/* copy_batch: ranges travel as kernel parameters, KVHAL_GPU_BATCH_MAX per launch (one launch for a duplicate). */
+/* copy_batch: ranges travel as kernel parameters, KVHAL_GPU_BATCH_MAX per launch, or KVHAL_GPU_BATCH_LARGE where */
+/* the build and the driver take 32 KB of parameters (one launch for a duplicate, or for a batch of pages received */
+/* over IPC); a launch of at most KVHAL_GPU_BATCH_SMALL, _MID or _MAX ranges carries a struct of only that many    */
+/* slots, launched through the driver where it could be resolved. With CUDA 12.8+ a batch whose ranges average     */
+/* KVHAL_GPU_BATCH_MIN_CHUNK or more goes to the copy engines in one cudaMemcpyBatchAsync instead (streams that    */
+/* take batch copies only). KVHAL_GPU_COPY_BATCH=kernel or =engines forces one way (where the stream allows it).   */
 /* ------------------------------------------------------------------------------------------------------------ */
+#if defined(KVHAL_GPU_BATCH_LARGE)
+#define KVHAL_GPU_BATCH_CAP KVHAL_GPU_BATCH_LARGE
+#else
+#define KVHAL_GPU_BATCH_CAP KVHAL_GPU_BATCH_MAX
+#endif
+typedef CopyBatchRanges<KVHAL_GPU_BATCH_CAP> CopyBatchAll; /* what one launch gathers at most */
+
+/* The first p.count ranges of p in a struct of N slots. */
+template <int N> static CopyBatchRanges<N> narrow(const CopyBatchAll &p)
+{
+    CopyBatchRanges<N> q;
+    const size_t k = (size_t)p.count;
+    memcpy(q.dst, p.dst, k * sizeof *q.dst);
+    memcpy(q.src, p.src, k * sizeof *q.src);
+    memcpy(q.bytes, p.bytes, k * sizeof *q.bytes);
+    memcpy(q.first, p.first, (k + 1) * sizeof *q.first);
+    q.count = p.count;
+    return q;
+}
+
+/* One launch of q: through the driver (dfn: its kernel as a driver function), else the runtime. */
+template <int N> static kvhal_status launch_ranges(const Ctx *c, int32_t id, const CopyBatchRanges<N> &q,
+                                                   uint32_t grid, gpuStream_t s, void *dfn)
+{
+#if !defined(KVHAL_GPU_HIP)
+    if (dfn) {
+        const kvhal_status st = driver_launch(c, id, dfn, grid, KVHAL_GPU_THREADS,
+                                              const_cast<CopyBatchRanges<N> *>(&q), s, "copy_batch launch");
+        if (st != KVHAL_BUSY) return st;
+    }
+#else
+    (void)dfn;
+#endif
+    if constexpr (N == KVHAL_GPU_BATCH_MAX) copy_batch_kernel<<<grid, KVHAL_GPU_THREADS, 0, s>>>(q);
+    else copy_batch_small_kernel<N><<<grid, KVHAL_GPU_THREADS, 0, s>>>(q);
+    KVHAL_GPU_TRY(c, gpuGetLastError(), id, "copy_batch launch");
+    return KVHAL_OK;
+}
+
+/* copy_batch's kernels on device id, selected (KVHAL_GPU_BATCH_SMALL, _MID, _MAX, _LARGE slots) as driver functions,
+ * NULL where not resolvable (the runtime launches), resolved on the first call (a racing first call stores the
+ * same); the return: ranges one launch may take (KVHAL_GPU_BATCH_LARGE where the driver takes 32 KB of parameters:
+ * CUDA 12.1 and later). */
+static int32_t batch_fns(Ctx *c, int32_t id, void *out[4])
+{
+    out[0] = out[1] = out[2] = out[3] = NULL;
+#if !defined(KVHAL_GPU_HIP)
+    DevState *ds = &c->dev[id];
+    if (!__atomic_load_n(&ds->batch_fn_state, __ATOMIC_ACQUIRE)) {
+        const void *sym[4] = {reinterpret_cast<const void *>(&copy_batch_small_kernel<KVHAL_GPU_BATCH_SMALL>),
+                              reinterpret_cast<const void *>(&copy_batch_small_kernel<KVHAL_GPU_BATCH_MID>),
+                              reinterpret_cast<const void *>(&copy_batch_kernel), nullptr};
+        int large = 0;
+#if defined(KVHAL_GPU_BATCH_LARGE)
+        sym[3] = reinterpret_cast<const void *>(&copy_batch_small_kernel<KVHAL_GPU_BATCH_LARGE>);
+        int driver = 0;
+        large = cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12010;
+#endif
+        for (int k = 0; k < 4; k++) {
+            cudaFunction_t f = nullptr;
+            void *v = sym[k] && c->cu_launch && cudaGetFuncBySymbol(&f, sym[k]) == cudaSuccess ? static_cast<void *>(f)
+                                                                                              : nullptr;
+            __atomic_store_n(&ds->batch_fn[k], v, __ATOMIC_RELAXED);
+        }
+        (void)cudaGetLastError();
+        __atomic_store_n(&ds->batch_large, large, __ATOMIC_RELAXED);
+        __atomic_store_n(&ds->batch_fn_state, 1, __ATOMIC_RELEASE);
+    }
+    for (int k = 0; k < 4; k++) out[k] = __atomic_load_n(&ds->batch_fn[k], __ATOMIC_RELAXED);
+    return __atomic_load_n(&ds->batch_large, __ATOMIC_RELAXED) ? KVHAL_GPU_BATCH_CAP : KVHAL_GPU_BATCH_MAX;
+#else
+    (void)c;
+    (void)id;
+    return KVHAL_GPU_BATCH_MAX;
+#endif
+}
+
+#if defined(KVHAL_GPU_MEMCPY_BATCH)
+enum { BATCH_AUTO, BATCH_KERNEL, BATCH_ENGINES };
+static int batch_mode() /* read once (a racing first read stores the same value; no thread-safe statics here) */
+{
+    static int mode = -1;
+    int m = __atomic_load_n(&mode, __ATOMIC_RELAXED);
+    if (m >= 0) return m;
+    const char *v = secure_getenv("KVHAL_GPU_COPY_BATCH");
+    m = v && !strcmp(v, "kernel") ? BATCH_KERNEL : v && !strcmp(v, "engines") ? BATCH_ENGINES : BATCH_AUTO;
+    __atomic_store_n(&mode, m, __ATOMIC_RELAXED);
+    return m;
+}
+
+/* The copy engines, where chosen: *done false (nothing enqueued) otherwise. */
+static kvhal_status copy_batch_engines(const Ctx *c, int32_t id, const kvhal_bk_copy_batch *a, gpuStream_t s,
+                                       bool *done)
+{
+    *done = false;
+    const int mode = batch_mode();
+    if (mode == BATCH_KERNEL) return KVHAL_OK;
+    size_t n = 0;
+    uint64_t total = 0;
+    for (int32_t i = 0; i < a->count; i++) {
+        n += a->bytes[i] != 0;
+        total += a->bytes[i];
+    }
+    if (!n || (mode == BATCH_AUTO && total < (uint64_t)n * KVHAL_GPU_BATCH_MIN_CHUNK)) return KVHAL_OK;
+    cudaError_t qe = cudaSuccess;
+    if (!batch_stream(s, &qe)) {
+        KVHAL_GPU_TRY(c, qe, id, "copy_batch capture query");
+        return KVHAL_OK;
+    }
+    void **dst = static_cast<void **>(malloc(n * sizeof(void *)));
+    const void **src = static_cast<const void **>(malloc(n * sizeof(void *)));
+    size_t *len = static_cast<size_t *>(malloc(n * sizeof(size_t)));
+    if (!dst || !src || !len) {
+        free(dst);
+        free(src);
+        free(len);
+        return fail(c, KVHAL_OUT_OF_MEMORY, "%s:%d: copy_batch: no host memory for %zu copy chunks", KVHAL_GPU_NAME,
+                    (int)id, n);
+    }
+    size_t k = 0;
+    for (int32_t i = 0; i < a->count; i++) {
+        if (!a->bytes[i]) continue;
+        dst[k] = static_cast<char *>(a->dst[i]) + a->dst_offsets[i];
+        src[k] = static_cast<const char *>(a->src[i]) + a->src_offsets[i];
+        len[k] = a->bytes[i];
+        k++;
+    }
+    const cudaError_t e = memcpy_batch(dst, src, len, n, s);
+    free(dst);
+    free(src);
+    free(len);
+    KVHAL_GPU_TRY(c, e, id, "copy_batch batch copy");
+    *done = true;
+    return KVHAL_OK;
+}
+#endif
+
 kvhal_status gpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a, void *stream)
 {
     Ctx *c = ctx_of(ctx);
@@ -267,12 +412,21 @@ kvhal_status gpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a,
     if (st != KVHAL_OK) return st;
     KVHAL_GPU_SETDEV(c, id);
     const gpuStream_t s = native_stream(stream);
-    CopyBatchParams p;
+#if defined(KVHAL_GPU_MEMCPY_BATCH)
+    {
+        bool done = false;
+        st = copy_batch_engines(c, id, a, s, &done);
+        if (st != KVHAL_OK || done) return st;
+    }
+#endif
+    void *dfn[4] = {NULL, NULL, NULL, NULL};
+    const int32_t per = fn ? KVHAL_GPU_BATCH_MAX : batch_fns(c, id, dfn); /* ranges a launch takes */
+    CopyBatchAll p;
     int32_t i = 0;
     while (i < a->count) {
         p.count = 0;
         uint64_t chunks = 0;
-        for (; i < a->count && p.count < KVHAL_GPU_BATCH_MAX; i++) {
+        for (; i < a->count && p.count < per; i++) {
             const uint64_t n = a->bytes[i];
             if (!n) continue;
             const uint64_t k = (n + KVHAL_GPU_CHUNK - 1) / KVHAL_GPU_CHUNK;
@@ -295,13 +449,22 @@ kvhal_status gpu_copy_batch(void *ctx, int32_t id, const kvhal_bk_copy_batch *a,
         }
         if (!p.count) continue;
         p.first[p.count] = (uint32_t)chunks;
-        if (fn) {
-            st = launch_fn(c, id, fn, (uint32_t)chunks, KVHAL_GPU_THREADS, &p, s, "copy_batch launch");
-            if (st != KVHAL_OK) return st;
-            continue;
+        const uint32_t grid = (uint32_t)chunks;
+        if (fn) { /* the run-time compiled kernel: copy_batch_kernel's struct */
+            CopyBatchParams q = narrow<KVHAL_GPU_BATCH_MAX>(p);
+            st = launch_fn(c, id, fn, grid, KVHAL_GPU_THREADS, &q, s, "copy_batch launch");
+        } else if (p.count <= KVHAL_GPU_BATCH_SMALL) {
+            st = launch_ranges(c, id, narrow<KVHAL_GPU_BATCH_SMALL>(p), grid, s, dfn[0]);
+        } else if (p.count <= KVHAL_GPU_BATCH_MID) {
+            st = launch_ranges(c, id, narrow<KVHAL_GPU_BATCH_MID>(p), grid, s, dfn[1]);
+        } else if (p.count <= KVHAL_GPU_BATCH_MAX) {
+            st = launch_ranges(c, id, narrow<KVHAL_GPU_BATCH_MAX>(p), grid, s, dfn[2]);
+        } else {
+#if defined(KVHAL_GPU_BATCH_LARGE)
+            st = launch_ranges(c, id, p, grid, s, dfn[3]);
+#endif
         }
-        copy_batch_kernel<<<(uint32_t)chunks, KVHAL_GPU_THREADS, 0, s>>>(p);
-        KVHAL_GPU_TRY(c, gpuGetLastError(), id, "copy_batch launch");
+        if (st != KVHAL_OK) return st;
     }
     return KVHAL_OK;
 }

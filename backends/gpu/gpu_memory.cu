@@ -234,17 +234,33 @@ kvhal_status gpu_stream_synchronize(void *ctx, int32_t id, void *stream)
     return KVHAL_OK;
 }
 
-kvhal_status gpu_stream_query(void *ctx, int32_t id, void *stream)
+static kvhal_status stream_query(const Ctx *c, int32_t id, gpuStream_t s)
 {
-    const Ctx *c = ctx_of(ctx);
-    KVHAL_GPU_SETDEV(c, id);
-    const gpuError_t e = gpuStreamQuery(native_stream(stream));
+    const gpuError_t e = gpuStreamQuery(s);
     if (e == gpuErrorNotReady) {
         (void)gpuGetLastError();
         return KVHAL_BUSY;
     }
     if (e != gpuSuccess) return rt_fail(c, e, id, "stream query");
     return KVHAL_OK;
+}
+
+/* A stream of its own is queried in its own context, as an event is: no device selection (a driver call or two less
+ * per poll); the default streams are the current device's, so for them the device is selected. */
+kvhal_status gpu_stream_query(void *ctx, int32_t id, void *stream)
+{
+    const Ctx *c = ctx_of(ctx);
+    const gpuStream_t s = native_stream(stream);
+#if defined(KVHAL_GPU_HIP)
+    const bool dflt = s == (gpuStream_t)0 || s == gpuStreamPerThreadHandle; /* HIP's legacy handle is 0 */
+#else
+    const bool dflt = s == (gpuStream_t)0 || s == gpuStreamLegacyHandle || s == gpuStreamPerThreadHandle;
+#endif
+    if (dflt) {
+        KVHAL_GPU_SETDEV(c, id);
+        return stream_query(c, id, s);
+    }
+    return stream_query(c, id, s);
 }
 
 /* Events: the runtime's, without timing (a cheaper record and query). Created with the device opened, so that the

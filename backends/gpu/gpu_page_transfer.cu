@@ -14,7 +14,7 @@
 #include "gpu_private.h"
 #include "kvhal_gpu_page_kernels.cuh"
 
-#if !defined(KVHAL_GPU_HIP) && defined(CUDART_VERSION) && CUDART_VERSION >= 12080
+#if defined(KVHAL_GPU_MEMCPY_BATCH)
 #define KVHAL_GPU_PT_BATCH 1
 #endif
 
@@ -65,12 +65,12 @@ static kvhal_status transfer_pageable(const Ctx *c, int32_t id, const kvhal_bk_p
 }
 
 #if defined(KVHAL_GPU_PT_BATCH)
-/* Below this many bytes per chunk (after coalescing) the copy engines' per-chunk cost dominates: the kernel does
- * better, and its one launch per 128 pages costs the host far less than a batch of thousands of small chunks.
- * Measured on an H100: llama3-8b layer-first 32 KiB chunks through
- * the batch reached 0.43-0.45 of pinned memcpy, page-first 2 MiB chunks 0.97-0.99; a chunk costs the copy engines
- * about 0.8 us, so 0.85 of the bus needs chunks of about 256 KiB. */
-#define KVHAL_GPU_PT_BATCH_MIN_CHUNK (256u << 10)
+/* Below KVHAL_GPU_BATCH_MIN_CHUNK bytes per chunk (after coalescing) the copy engines' per-chunk cost dominates: the
+ * kernel does better, and its one launch per 128 pages costs the host far less than a batch of thousands of small
+ * chunks. Measured on an H100: llama3-8b layer-first 32 KiB chunks through the batch reached 0.43-0.45 of pinned
+ * memcpy, page-first 2 MiB chunks 0.97-0.99; a chunk costs the copy engines about 0.8 us, so 0.85 of the bus needs
+ * chunks of about 256 KiB. */
+#define KVHAL_GPU_PT_BATCH_MIN_CHUNK KVHAL_GPU_BATCH_MIN_CHUNK
 
 /* Pinned host pages through the copy engines: every (page, cache) block one chunk, merged with the previous one
  * when both its source and its destination follow it directly. *done false (nothing enqueued) when the chunks
@@ -123,17 +123,7 @@ static kvhal_status transfer_batch(const Ctx *c, int32_t id, const kvhal_bk_page
         free(len);
         return KVHAL_OK;
     }
-    cudaMemcpyAttributes attr = {};
-    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-    size_t attr_idx = 0;
-#if CUDART_VERSION >= 13000
-    const cudaError_t e = cudaMemcpyBatchAsync(dst, src, len, n, &attr, &attr_idx, 1, s);
-#else
-    size_t fail_idx = 0;
-    const cudaError_t e = cudaMemcpyBatchAsync(dst, const_cast<void **>(src), len, n, &attr, &attr_idx, 1,
-                                               &fail_idx, s);
-#endif
+    const cudaError_t e = memcpy_batch(dst, src, len, n, s);
     free(dst);
     free(src);
     free(len);
@@ -155,15 +145,13 @@ kvhal_status gpu_page_transfer(void *ctx, int32_t id, void *desc, const kvhal_bk
     if (!a->host_pinned) return transfer_pageable(c, id, a, s);
 #if defined(KVHAL_GPU_PT_BATCH)
     /* batch copies refuse the legacy default stream (the device's default here): the kernel serves it */
-    if (s != (gpuStream_t)0 && s != cudaStreamLegacy) {
-        cudaStreamCaptureStatus cap_status = cudaStreamCaptureStatusNone;
-        KVHAL_GPU_TRY(c, cudaStreamIsCapturing(s, &cap_status), id, "page_transfer capture query");
-        if (cap_status == cudaStreamCaptureStatusNone) {
-            bool done = false;
-            st = transfer_batch(c, id, a, s, &done);
-            if (st != KVHAL_OK || done) return st;
-        }
+    cudaError_t qe = cudaSuccess;
+    if (batch_stream(s, &qe)) {
+        bool done = false;
+        st = transfer_batch(c, id, a, s, &done);
+        if (st != KVHAL_OK || done) return st;
     }
+    KVHAL_GPU_TRY(c, qe, id, "page_transfer capture query");
 #endif
     void *fn = NULL; /* the run-time compiled kernel (kernel_fn), else NULL: launched with <<<>>> */
     st = kernel_fn(c, id, "kvhal_gpu::page_transfer_kernel", &fn);

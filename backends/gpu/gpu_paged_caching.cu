@@ -422,17 +422,11 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
         return fail(c, KVHAL_UNSUPPORTED, "num_tokens: %lld is too many for one launch", (long long)a->num_tokens);
 #if !defined(KVHAL_GPU_HIP)
     if (run.fn) {
-        void *args[] = {static_cast<void *>(&p)};
-        const CUresult r = c->cu_launch(static_cast<CUfunction>(run.fn), (unsigned)grid, 1, 1, threads, 1, 1, 0,
-                                        native_stream(stream), args, nullptr);
-        if (r == CUDA_SUCCESS) return KVHAL_OK;
-        /* a thread that has not used the runtime yet has no current context: the runtime's launch makes one */
-        if (r != CUDA_ERROR_INVALID_CONTEXT) {
-            const char *name = nullptr;
-            if (!c->cu_error_name || c->cu_error_name(r, &name) != CUDA_SUCCESS || !name) name = "unknown error";
-            return fail(c, KVHAL_BACKEND_ERROR, "cuda:%d: paged caching launch: cuLaunchKernel: %s (%d)", (int)id,
-                        name, (int)r);
-        }
+        /* a thread that has not used the runtime yet has no current context (KVHAL_BUSY): the runtime's launch
+         * makes one */
+        const kvhal_status ls = driver_launch(c, id, run.fn, (uint32_t)grid, threads, static_cast<void *>(&p),
+                                              native_stream(stream), "paged caching launch");
+        if (ls != KVHAL_BUSY) return ls;
     }
 #else
     if (run.fn) return launch_fn(c, id, run.fn, (uint32_t)grid, threads, &p, native_stream(stream), "paged caching launch");

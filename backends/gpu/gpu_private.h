@@ -58,6 +58,11 @@ struct DevState {
     int wrapped;    /* borrowed streams alive on this device (atomic) */
     signed char peer[KVHAL_MAX_DEVICES_PER_TYPE]; /* peer access to j: 0 not tried, 1 enabled, -1 unavailable */
     struct CodeState *code; /* which code this device runs (gpu_codepath.cu); NULL: not decided */
+#if !defined(KVHAL_GPU_HIP)
+    void *batch_fn[4];  /* copy_batch's kernels (small, middle, full, large) as driver functions, else NULL (atomic) */
+    int batch_large;    /* the driver takes copy_batch's large launches (atomic) */
+    int batch_fn_state; /* 0: not resolved yet, 1: batch_fn and batch_large are set (atomic) */
+#endif
 };
 
 #if !defined(KVHAL_GPU_HIP)
@@ -276,6 +281,44 @@ kvhal_status kernel_fn(Ctx *c, int32_t id, const char *expr, void **fn);
 /* Launches fn (from kernel_fn) with one by-value parameter. */
 kvhal_status launch_fn(const Ctx *c, int32_t id, void *fn, uint32_t grid, uint32_t threads, void *param,
                        gpuStream_t s, const char *what);
+#if !defined(KVHAL_GPU_HIP)
+/* Launches fn, a driver function of the device selected (cudaGetFuncBySymbol), with one by-value parameter through
+ * cuLaunchKernel, which skips the runtime's per-launch lookup of the kernel. KVHAL_BUSY, nothing launched and no
+ * error set: the thread has no current context yet (the runtime's launch makes one; launch with it). */
+kvhal_status driver_launch(const Ctx *c, int32_t id, void *fn, uint32_t grid, uint32_t threads, void *param,
+                           gpuStream_t s, const char *what);
+#endif
+
+/* The copy engines' batched copy (CUDA 12.8+, compile time; HIP has none): n chunks in stream order with one runtime
+ * call, for the ops whose chunks are large enough (KVHAL_GPU_BATCH_MIN_CHUNK on average: a chunk costs the copy
+ * engines about 0.8 us, so below it an SM copy in one launch does better). Batch copies refuse the legacy default
+ * stream, and nothing is assumed of them in a graph: batch_stream says whether s takes them (*e: a failed query). */
+#if !defined(KVHAL_GPU_HIP) && defined(CUDART_VERSION) && CUDART_VERSION >= 12080
+#define KVHAL_GPU_MEMCPY_BATCH 1
+#define KVHAL_GPU_BATCH_MIN_CHUNK (256u << 10)
+inline cudaError_t memcpy_batch(void *const *dst, const void *const *src, const size_t *len, size_t n, cudaStream_t s)
+{
+    cudaMemcpyAttributes attr = {};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attr_idx = 0;
+#if CUDART_VERSION >= 13000
+    return cudaMemcpyBatchAsync(dst, src, len, n, &attr, &attr_idx, 1, s);
+#else
+    size_t fail_idx = 0;
+    return cudaMemcpyBatchAsync(const_cast<void **>(dst), const_cast<void **>(src), const_cast<size_t *>(len), n,
+                                &attr, &attr_idx, 1, &fail_idx, s);
+#endif
+}
+inline bool batch_stream(cudaStream_t s, cudaError_t *e)
+{
+    *e = cudaSuccess;
+    if (s == (cudaStream_t)0 || s == cudaStreamLegacy) return false;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    *e = cudaStreamIsCapturing(s, &cap);
+    return *e == cudaSuccess && cap == cudaStreamCaptureStatusNone;
+}
+#endif
 
 /* The name expression of kernel template instantiated with T, e.g. for T = XCopy<uint4>:
  * "kvhal_gpu::paged_caching_kernel<kvhal_gpu::XCopy<HIP_vector_type<unsigned int, 4>>, ...>" (from the compiler's

@@ -86,16 +86,18 @@ __global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_blocks_kernel(const KV
     }
 }
 
-/* copy_batch: up to KVHAL_GPU_BATCH_MAX ranges by value; range r owns chunks [first[r], first[r + 1]). */
-struct CopyBatchParams {
-    char *dst[KVHAL_GPU_BATCH_MAX];
-    const char *src[KVHAL_GPU_BATCH_MAX];
-    uint64_t bytes[KVHAL_GPU_BATCH_MAX];
-    uint32_t first[KVHAL_GPU_BATCH_MAX + 1];
+/* copy_batch: up to N ranges by value; range r owns chunks [first[r], first[r + 1]). The launch carries the whole
+ * struct whatever the count, so small batches go with a smaller N (the host's launch writes fewer parameter bytes). */
+template <int N> struct CopyBatchRanges {
+    char *dst[N];
+    const char *src[N];
+    uint64_t bytes[N];
+    uint32_t first[N + 1];
     int32_t count;
 };
+typedef CopyBatchRanges<KVHAL_GPU_BATCH_MAX> CopyBatchParams;
 
-__global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_batch_kernel(const CopyBatchParams p)
+template <class P> __device__ __forceinline__ void copy_batch_block(const P &p)
 {
     const uint32_t w = blockIdx.x;
     int lo = 0, hi = p.count - 1; /* last r with first[r] <= w */
@@ -107,6 +109,18 @@ __global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_batch_kernel(const Cop
     const uint64_t begin = (uint64_t)(w - p.first[lo]) * KVHAL_GPU_CHUNK;
     const uint64_t left = p.bytes[lo] - begin;
     copy_range(p.dst[lo] + begin, p.src[lo] + begin, left < KVHAL_GPU_CHUNK ? left : KVHAL_GPU_CHUNK);
+}
+
+__global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_batch_kernel(const CopyBatchParams p)
+{
+    copy_batch_block(p);
+}
+
+/* The same for batches of at most N ranges (KVHAL_GPU_BATCH_SMALL): launched with <<<>>> only (the run-time
+ * compiled path launches copy_batch_kernel). */
+template <int N> __global__ void __launch_bounds__(KVHAL_GPU_THREADS) copy_batch_small_kernel(const CopyBatchRanges<N> p)
+{
+    copy_batch_block(p);
 }
 
 } // namespace kvhal_gpu

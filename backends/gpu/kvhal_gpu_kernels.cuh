@@ -43,6 +43,14 @@ namespace kvhal_gpu {
 #endif
 #define KVHAL_GPU_CHUNK (16 * 1024) /* bytes one block copies per work item: one pass of 256 x 4 x 16 B */
 #define KVHAL_GPU_BATCH_MAX 96      /* ranges per copy_batch launch: they travel as kernel parameters */
+#define KVHAL_GPU_BATCH_SMALL 16    /* copy_batch launches of at most this many ranges carry a smaller struct */
+#define KVHAL_GPU_BATCH_MID 48      /* and of at most this many, a middle one */
+/* CUDA 12.1+ on sm_70+ takes kernel parameters of up to 32 KB: where the build's every SM architecture allows it
+ * (KVHAL_GPU_LARGE_PARAMS, backends/cuda/meson.build) and the driver does, copy_batch launches up to this many ranges
+ * at once (14 KB), so that a batch of hundreds of ranges is one launch rather than one per KVHAL_GPU_BATCH_MAX. */
+#if defined(KVHAL_GPU_LARGE_PARAMS) && !defined(KVHAL_GPU_HIP) && defined(CUDART_VERSION) && CUDART_VERSION >= 12010
+#define KVHAL_GPU_BATCH_LARGE 512
+#endif
 
 /* Bytes of the per-device error flag, in mapped pinned host memory: a kernel that skips an index stores 1 into its
  * op's byte (a plain store: every writer stores the same value, so no atomics are needed and none cross the bus),
