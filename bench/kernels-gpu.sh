@@ -24,7 +24,9 @@ mkdir -p "$OUT"
 if [ ! -f "$B/build.ninja" ]; then
   meson setup "$B" -Dbackends="$BACKENDS" -Dbuildtype=release > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
-ninja -C "$B" tools/kvhal-bench tools/kvhal-info >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+# the tools and the device modules the build dir has (the tools do not depend on them)
+mods=$(ninja -C "$B" -t targets all 2> /dev/null | grep -o '^backends/[a-z0-9_]*/libkvhal-[a-z0-9_]*\.so' | sort -u)
+ninja -C "$B" tools/kvhal-bench tools/kvhal-info $mods >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 export KVHAL_BACKEND_PATH=$B/backends
 { command -v nvidia-smi > /dev/null && nvidia-smi -L; lscpu | grep 'Model name'; "$B"/tools/kvhal-info; } > "$OUT/machine.txt" 2>&1
 rc=0
@@ -41,11 +43,13 @@ python3 - "$OUT" "${DEV/:/}" <<'PY' | tee "$OUT/table.txt"
 import collections, glob, json, statistics, sys
 out, dev = sys.argv[1], sys.argv[2]
 rows = collections.OrderedDict()
+docs = []
 for f in sorted(glob.glob(f"{out}/bench-{dev}-*.json")):
     try:
         d = json.load(open(f))
     except ValueError:
         continue
+    docs.append(d)
     for r in d.get("records", []):
         key = (r["op"], r["preset"], r["tokens"], r["layout"], r["dtype"], r["cache_dtype"], r["scale"])
         rows.setdefault(key, []).append(r)
@@ -55,6 +59,9 @@ def med(rs, col, k):
 def medv(rs, k):
     v = [r[k] for r in rs if r.get(k) is not None]
     return "%.2f" % statistics.median(v) if v else "-"
+platforms = sorted({d.get("platform") for d in docs if d.get("platform")})
+for p in platforms:
+    print("platform: %s" % p) # the code path once the device was opened (CUDA: the functions loaded when opened)
 for key, rs in rows.items():
     ceil = [r["ratio_to_ceiling"] for r in rs if r.get("ratio_to_ceiling") is not None]
     print("%-17s %-11s %6s %-4s %-5s %-13s %-5s | cold %s (%s us) | warm %s (%s us) | host %s gpu %s | of ceiling %s" % (
