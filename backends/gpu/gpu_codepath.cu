@@ -18,6 +18,7 @@
 #include "gpu_private.h"
 
 #include "gpu_codeobj.h"
+#include <time.h>
 
 #if defined(KVHAL_GPU_RTC)
 #include <amd_comgr.h> /* types only: the library is opened at first compile (see comgr_knows) */
@@ -72,7 +73,7 @@ struct CodeState {
     pthread_mutex_t lock;             /* kernels, counts */
     RtcKernel *kernels;
     int compiled, cached;
-    int loaded; /* functions load_code loaded when the device was opened (read after the device is ready) */
+    int loaded, loaded_us; /* functions load_code loaded when the device was opened, and the time it took */
 };
 
 void kernel_expr(char *buf, size_t size, const char *fmt, const char *pretty)
@@ -394,8 +395,9 @@ void code_path_describe(const Ctx *c, int32_t id, char *buf, size_t size)
     }
     switch (cs->path) {
     case PATH_CUBIN:
-        if (const int loaded = __atomic_load_n(&cs->loaded, __ATOMIC_RELAXED))
-            snprintf(buf, size, "code: sm_%d cubin, %d functions loaded when opened", cs->arch, loaded);
+        if (const int loaded = __atomic_load_n(&cs->loaded, __ATOMIC_ACQUIRE))
+            snprintf(buf, size, "code: sm_%d cubin, %d functions loaded in %.1f ms when opened", cs->arch, loaded,
+                     __atomic_load_n(&cs->loaded_us, __ATOMIC_RELAXED) / 1000.0);
         else
             snprintf(buf, size, "code: sm_%d cubin", cs->arch);
         break;
@@ -423,6 +425,8 @@ void load_code(Ctx *c, int32_t id, const void *const *kernels, int n)
                      c->cu_func_load;
     CUmodule done[8];
     int ndone = 0, loaded = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int i = 0; i < n; i++) {
         cudaFunction_t f;
         if (cudaGetFuncBySymbol(&f, kernels[i]) != cudaSuccess) continue; /* loads kernels[i] */
@@ -439,7 +443,10 @@ void load_code(Ctx *c, int32_t id, const void *const *kernels, int n)
             for (unsigned j = 0; j < count; j++) loaded += c->cu_func_load(fns[j]) == CUDA_SUCCESS;
         free(fns);
     }
-    __atomic_store_n(&cs->loaded, loaded, __ATOMIC_RELAXED);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const long long us = (t1.tv_sec - t0.tv_sec) * 1000000ll + (t1.tv_nsec - t0.tv_nsec) / 1000;
+    __atomic_store_n(&cs->loaded_us, (int)(us < 0x7fffffff ? us : 0x7fffffff), __ATOMIC_RELAXED);
+    __atomic_store_n(&cs->loaded, loaded, __ATOMIC_RELEASE);
 #else
     for (int i = 0; i < n; i++) {
         gpuFuncAttributes a;
