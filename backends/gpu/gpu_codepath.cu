@@ -396,7 +396,7 @@ void code_path_describe(const Ctx *c, int32_t id, char *buf, size_t size)
     switch (cs->path) {
     case PATH_CUBIN:
         if (const int loaded = __atomic_load_n(&cs->loaded, __ATOMIC_ACQUIRE))
-            snprintf(buf, size, "code: sm_%d cubin, %d functions loaded in %.1f ms when opened", cs->arch, loaded,
+            snprintf(buf, size, "code: sm_%d cubin, %d loaded in %.1f ms", cs->arch, loaded,
                      __atomic_load_n(&cs->loaded_us, __ATOMIC_RELAXED) / 1000.0);
         else
             snprintf(buf, size, "code: sm_%d cubin", cs->arch);

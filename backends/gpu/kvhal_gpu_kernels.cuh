@@ -83,7 +83,7 @@ template <class X, int U, int MINB, int H = 0> struct Rows : X {};
  * blocks are all resident at once (one wave: grid <= multiprocessors x the kernel's resident blocks) NA too, which
  * won on the one-wave rows and lost none beyond noise on an H100; on HIP none, the accesses its platforms were
  * measured with (KVHAL_GPU_WAVE_KERNELS 0: no separate one-wave kernels). KVHAL_GPU_KERNELS_NOTE says which in the
- * device info. */
+ * device info (short: the platform string holds 128 bytes with the runtime and the code path before it). */
 #if defined(KVHAL_GPU_HIP)
 #define KVHAL_GPU_ROW_HINTS 0
 #define KVHAL_GPU_WAVE_KERNELS 0
@@ -93,7 +93,7 @@ template <class X, int U, int MINB, int H = 0> struct Rows : X {};
 #define KVHAL_GPU_ROW_HINTS (KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_TRIM)
 #define KVHAL_GPU_WAVE_KERNELS 1
 #define KVHAL_GPU_WAVE_HINTS (KVHAL_GPU_HINT_RUN | KVHAL_GPU_HINT_TRIM | KVHAL_GPU_HINT_NA)
-#define KVHAL_GPU_KERNELS_NOTE "rows with run/trim hints, one-wave calls no-allocate loads"
+#define KVHAL_GPU_KERNELS_NOTE "rows, run/trim hints, one-wave no-alloc"
 #endif
 
 /* Per transform: units each thread loads per pass (per side, or in all for Rows), the resident blocks the kernel is
