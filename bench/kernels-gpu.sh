@@ -14,9 +14,12 @@
 # Run (repository root): bash bench/kernels-gpu.sh
 #   B=build dir (default build-bench, configured with BACKENDS=cpu,cuda,opencl if it does not exist), DEV=cuda:0,
 #   ROUNDS=3, OUT=/tmp/kvhal-kernels, TOKENS=8192,65536 (kvhal-bench --tokens), OPS="" (all; or e.g. "paged_caching mla").
-# Output: $OUT/bench-<dev>-<round>.json (kvhal-bench --json) and $OUT/table.txt:
+# Output: $OUT/bench-<dev>-<round>.json (kvhal-bench --json) and $OUT/table.txt: the device's platform line once
+#   opened (CUDA: "code: sm_90 cubin, N loaded in T ms", the kernels the module loaded when the device was opened;
+#   KVHAL_GPU_LAZY_LOAD=1 in the environment leaves that to the driver), then one line per row:
 #   op preset tokens layout dtype cache_dtype scale | cold ratio (p50 us) | warm ratio (p50 us) | host us, gpu us
 #   | of ceiling
+#   (device_open and first_call: host us, the device's opening and the process's first paged-caching call)
 set -uo pipefail
 [ -f .devdeps/env.sh ] && . .devdeps/env.sh   # a GPU machine's toolchain outside the system paths, if carried
 B=${B:-build-bench} BACKENDS=${BACKENDS:-cpu,cuda,opencl} DEV=${DEV:-cuda:0} ROUNDS=${ROUNDS:-3} OUT=${OUT:-/tmp/kvhal-kernels} TOKENS=${TOKENS:-8192,65536}
