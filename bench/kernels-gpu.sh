@@ -14,9 +14,12 @@
 # Run (repository root): bash bench/kernels-gpu.sh
 #   B=build dir (default build-bench, configured with BACKENDS=cpu,cuda,opencl if it does not exist), DEV=cuda:0,
 #   ROUNDS=3, OUT=/tmp/kvhal-kernels, TOKENS=8192,65536 (kvhal-bench --tokens), OPS="" (all; or e.g. "paged_caching mla").
-# Output: $OUT/bench-<dev>-<round>.json (kvhal-bench --json) and $OUT/table.txt:
+# Output: $OUT/bench-<dev>-<round>.json (kvhal-bench --json) and $OUT/table.txt: the device's platform line once
+#   opened (CUDA: "code: sm_90 cubin, N loaded in T ms", the kernels the module loaded when the device was opened;
+#   KVHAL_GPU_LAZY_LOAD=1 in the environment leaves that to the driver), then one line per row:
 #   op preset tokens layout dtype cache_dtype scale | cold ratio (p50 us) | warm ratio (p50 us) | host us, gpu us
 #   | of ceiling
+#   (device_open and first_call: host us, the device's opening and the process's first paged-caching call)
 set -uo pipefail
 [ -f .devdeps/env.sh ] && . .devdeps/env.sh   # a GPU machine's toolchain outside the system paths, if carried
 B=${B:-build-bench} BACKENDS=${BACKENDS:-cpu,cuda,opencl} DEV=${DEV:-cuda:0} ROUNDS=${ROUNDS:-3} OUT=${OUT:-/tmp/kvhal-kernels} TOKENS=${TOKENS:-8192,65536}
@@ -24,7 +27,9 @@ mkdir -p "$OUT"
 if [ ! -f "$B/build.ninja" ]; then
   meson setup "$B" -Dbackends="$BACKENDS" -Dbuildtype=release > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
-ninja -C "$B" tools/kvhal-bench tools/kvhal-info >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+# the tools and the device modules the build dir has (the tools do not depend on them)
+mods=$(ninja -C "$B" -t targets all 2> /dev/null | grep -o '^backends/[a-z0-9_]*/libkvhal-[a-z0-9_]*\.so' | sort -u)
+ninja -C "$B" tools/kvhal-bench tools/kvhal-info $mods >> "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 export KVHAL_BACKEND_PATH=$B/backends
 { command -v nvidia-smi > /dev/null && nvidia-smi -L; lscpu | grep 'Model name'; "$B"/tools/kvhal-info; } > "$OUT/machine.txt" 2>&1
 rc=0
@@ -41,11 +46,13 @@ python3 - "$OUT" "${DEV/:/}" <<'PY' | tee "$OUT/table.txt"
 import collections, glob, json, statistics, sys
 out, dev = sys.argv[1], sys.argv[2]
 rows = collections.OrderedDict()
+docs = []
 for f in sorted(glob.glob(f"{out}/bench-{dev}-*.json")):
     try:
         d = json.load(open(f))
     except ValueError:
         continue
+    docs.append(d)
     for r in d.get("records", []):
         key = (r["op"], r["preset"], r["tokens"], r["layout"], r["dtype"], r["cache_dtype"], r["scale"])
         rows.setdefault(key, []).append(r)
@@ -55,6 +62,9 @@ def med(rs, col, k):
 def medv(rs, k):
     v = [r[k] for r in rs if r.get(k) is not None]
     return "%.2f" % statistics.median(v) if v else "-"
+platforms = sorted({d.get("platform") for d in docs if d.get("platform")})
+for p in platforms:
+    print("platform: %s" % p) # the code path once the device was opened (CUDA: the functions loaded when opened)
 for key, rs in rows.items():
     ceil = [r["ratio_to_ceiling"] for r in rs if r.get("ratio_to_ceiling") is not None]
     print("%-17s %-11s %6s %-4s %-5s %-13s %-5s | cold %s (%s us) | warm %s (%s us) | host %s gpu %s | of ceiling %s" % (

@@ -1243,6 +1243,11 @@ static int run(int argc, char **argv)
     }
     release_scratch();
     if (flush_buf) CHECK(kvhal_buffer_destroy(flush_buf));
+    /* the code path again, the device now opened: the GPU modules add how many functions they loaded when it was */
+    char before[sizeof info.platform];
+    memcpy(before, info.platform, sizeof before);
+    CHECK(kvhal_device_get_info(dev, &info));
+    if (!opt.json && strcmp(before, info.platform)) printf("%s once opened: %s\n", dev_name, info.platform);
     int rc = TOOL_EXIT_OK;
     if (csv && !tool_close_output(TOOL, csv, "--csv")) rc = TOOL_EXIT_FAILED;
     if (opt.json) {

@@ -18,6 +18,7 @@
 #include "gpu_private.h"
 
 #include "gpu_codeobj.h"
+#include <time.h>
 
 #if defined(KVHAL_GPU_RTC)
 #include <amd_comgr.h> /* types only: the library is opened at first compile (see comgr_knows) */
@@ -72,6 +73,7 @@ struct CodeState {
     pthread_mutex_t lock;             /* kernels, counts */
     RtcKernel *kernels;
     int compiled, cached;
+    int loaded, loaded_us; /* functions load_code loaded when the device was opened, and the time it took */
 };
 
 void kernel_expr(char *buf, size_t size, const char *fmt, const char *pretty)
@@ -392,7 +394,13 @@ void code_path_describe(const Ctx *c, int32_t id, char *buf, size_t size)
         return;
     }
     switch (cs->path) {
-    case PATH_CUBIN: snprintf(buf, size, "code: sm_%d cubin", cs->arch); break;
+    case PATH_CUBIN:
+        if (const int loaded = __atomic_load_n(&cs->loaded, __ATOMIC_ACQUIRE))
+            snprintf(buf, size, "code: sm_%d cubin, %d loaded in %.1f ms", cs->arch, loaded,
+                     __atomic_load_n(&cs->loaded_us, __ATOMIC_RELAXED) / 1000.0);
+        else
+            snprintf(buf, size, "code: sm_%d cubin", cs->arch);
+        break;
     case PATH_PTX: snprintf(buf, size, "code: PTX compute_%d, JIT-compiled by the driver", cs->arch); break;
     case PATH_EMBEDDED: snprintf(buf, size, "code: embedded (%s)", cs->target); break;
     case PATH_RTC: {
@@ -405,6 +413,47 @@ void code_path_describe(const Ctx *c, int32_t id, char *buf, size_t size)
     }
     default: snprintf(buf, size, "code: none (%s)", cs->why);
     }
+}
+
+void load_code(Ctx *c, int32_t id, const void *const *kernels, int n)
+{
+    CodeState *cs = c->dev[id].code;
+    const char *lazy = secure_getenv("KVHAL_GPU_LAZY_LOAD");
+    if (!cs || cs->path == PATH_NONE || cs->path == PATH_RTC || (lazy && !strcmp(lazy, "1"))) return;
+#if !defined(KVHAL_GPU_HIP)
+    const bool all = cs->path == PATH_CUBIN && c->cu_func_module && c->cu_module_count && c->cu_module_functions &&
+                     c->cu_func_load;
+    CUmodule done[8];
+    int ndone = 0, loaded = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < n; i++) {
+        cudaFunction_t f;
+        if (cudaGetFuncBySymbol(&f, kernels[i]) != cudaSuccess) continue; /* loads kernels[i] */
+        CUmodule m;
+        unsigned count = 0;
+        if (!all || c->cu_func_module(&m, f) != CUDA_SUCCESS) continue;
+        bool seen = false;
+        for (int j = 0; j < ndone; j++) seen = seen || done[j] == m;
+        if (seen || c->cu_module_count(&count, m) != CUDA_SUCCESS || count == 0) continue;
+        if (ndone < (int)(sizeof done / sizeof done[0])) done[ndone++] = m;
+        CUfunction *fns = static_cast<CUfunction *>(malloc(count * sizeof(CUfunction)));
+        if (!fns) continue;
+        if (c->cu_module_functions(fns, count, m) == CUDA_SUCCESS)
+            for (unsigned j = 0; j < count; j++) loaded += c->cu_func_load(fns[j]) == CUDA_SUCCESS;
+        free(fns);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const long long us = (t1.tv_sec - t0.tv_sec) * 1000000ll + (t1.tv_nsec - t0.tv_nsec) / 1000;
+    __atomic_store_n(&cs->loaded_us, (int)(us < 0x7fffffff ? us : 0x7fffffff), __ATOMIC_RELAXED);
+    __atomic_store_n(&cs->loaded, loaded, __ATOMIC_RELEASE);
+#else
+    for (int i = 0; i < n; i++) {
+        gpuFuncAttributes a;
+        (void)gpuFuncGetAttributes(&a, kernels[i]);
+    }
+#endif
+    (void)gpuGetLastError();
 }
 
 kvhal_status kernel_fn(Ctx *c, int32_t id, const char *expr, void **fn)

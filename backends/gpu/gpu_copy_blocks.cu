@@ -477,4 +477,6 @@ void copy_blocks_rtc_exprs(RtcExprFn add, void *user)
 }
 #endif
 
+const void *copy_blocks_one_kernel(void) { return reinterpret_cast<const void *>(copy_blocks_kernel); }
+
 } // namespace kvhal_gpu

@@ -27,7 +27,7 @@ kvhal_status ensure_flag(Ctx *c, int32_t id)
         if (st == KVHAL_OK) {
             ds->flag = static_cast<uint8_t *>(h);
             ds->dflag = static_cast<volatile uint8_t *>(d);
-            if (c->preload) c->preload(); /* the ops' code, now rather than at the first op (Ctx::preload) */
+            if (c->preload) c->preload(c, id); /* the ops' code, now rather than at the first op (Ctx::preload) */
             __atomic_store_n(&ds->ready, 1, __ATOMIC_RELEASE);
         }
     }
@@ -75,6 +75,12 @@ void resolve_driver_entry_points(Ctx *c)
     memcpy(&c->cu_error_name, &name, sizeof name);
     void *range = dlsym(h, "cuMemGetAddressRange_v2");
     memcpy(&c->cu_mem_range, &range, sizeof range);
+    void *fmod = dlsym(h, "cuFuncGetModule"), *count = dlsym(h, "cuModuleGetFunctionCount");
+    void *fns = dlsym(h, "cuModuleEnumerateFunctions"), *load = dlsym(h, "cuFuncLoad");
+    memcpy(&c->cu_func_module, &fmod, sizeof fmod);
+    memcpy(&c->cu_module_count, &count, sizeof count);
+    memcpy(&c->cu_module_functions, &fns, sizeof fns);
+    memcpy(&c->cu_func_load, &load, sizeof load);
 }
 #endif
 

@@ -191,6 +191,8 @@ kvhal_status gpu_page_transfer(void *ctx, int32_t id, void *desc, const kvhal_bk
     return KVHAL_OK;
 }
 
+const void *page_transfer_one_kernel(void) { return reinterpret_cast<const void *>(page_transfer_kernel); }
+
 } // namespace kvhal_gpu
 
 #if defined(KVHAL_GPU_RTC)

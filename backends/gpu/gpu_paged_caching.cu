@@ -95,15 +95,15 @@ enum {
 };
 #define KVHAL_GPU_ROWS_FP8_LONG 128
 
-/* The hints apply to the transforms that take them (HintsOk: the OCP fp8 conversions with a multiply or the
- * reciprocal, and the copies); the others run the plain shape of the same geometry. */
+/* The hints apply to the transforms that take them (HintsOk: the fp8 conversions, OCP and fnuz, with a multiply or
+ * the reciprocal, and the copies); the others run the plain shape of the same geometry. */
 template <class X> struct HintsOk {
     enum { value = 1 };
 };
 template <int IN, int OUT> struct HintsOk<XFp8Vec<IN, OUT, SM_DIV>> {
     enum { value = 0 };
 };
-template <int IN, int OUT, int MODE> struct HintsOk<XFp8VecFnuz<IN, OUT, MODE>> {
+template <int IN, int OUT> struct HintsOk<XFp8VecFnuz<IN, OUT, SM_DIV>> {
     enum { value = 0 };
 };
 
@@ -436,16 +436,9 @@ kvhal_status gpu_paged_caching(void *ctx, int32_t id, void *desc, const kvhal_bk
     return KVHAL_OK;
 }
 
-/* CUDA loads a module's code lazily by default (CUDA_MODULE_LOADING=LAZY): the first paged-caching call of a process
- * paid for loading this file's module (every instantiation of the paged kernel) on top of its own work. Asking one
- * of its kernels for its attributes loads the module on the selected device; called when the device is opened
- * (Ctx::preload), the first call then loads only its own kernel. A device without code for it (HIP's run-time
- * compiled path) fails here quietly and pays at its first call, as before. */
-void paged_caching_preload(void)
+const void *paged_caching_one_kernel(void)
 {
-    gpuFuncAttributes a;
-    (void)gpuFuncGetAttributes(&a, reinterpret_cast<const void *>(paged_caching_kernel<XCopy<uint16_t>, XCopy<uint16_t>>));
-    (void)gpuGetLastError();
+    return reinterpret_cast<const void *>(paged_caching_kernel<XCopy<uint16_t>, XCopy<uint16_t>>);
 }
 
 } // namespace kvhal_gpu

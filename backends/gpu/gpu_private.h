@@ -73,6 +73,12 @@ typedef CUresult (*CuLaunchKernelFn)(CUfunction, unsigned, unsigned, unsigned, u
 typedef CUresult (*CuGetErrorNameFn)(CUresult, const char **);
 /* cuMemGetAddressRange_v2: the allocation an imported IPC pointer lies in, to check a peer's claimed size. */
 typedef CUresult (*CuMemGetAddressRangeFn)(CUdeviceptr *, size_t *, CUdeviceptr);
+/* cuFuncGetModule, cuModuleGetFunctionCount, cuModuleEnumerateFunctions, cuFuncLoad: a module's code loaded at once
+ * when a device is opened (load_code, gpu_codepath.cu); NULL on a driver without them (before CUDA 12.4). */
+typedef CUresult (*CuFuncGetModuleFn)(CUmodule *, CUfunction);
+typedef CUresult (*CuModuleGetFunctionCountFn)(unsigned int *, CUmodule);
+typedef CUresult (*CuModuleEnumerateFunctionsFn)(CUfunction *, unsigned int, CUmodule);
+typedef CUresult (*CuFuncLoadFn)(CUfunction);
 #endif
 
 /* What init allocates and every entry gets back as its ctx. */
@@ -84,11 +90,15 @@ struct Ctx {
     CuLaunchKernelFn cu_launch;
     CuGetErrorNameFn cu_error_name;
     CuMemGetAddressRangeFn cu_mem_range;
+    CuFuncGetModuleFn cu_func_module;
+    CuModuleGetFunctionCountFn cu_module_count;
+    CuModuleEnumerateFunctionsFn cu_module_functions;
+    CuFuncLoadFn cu_func_load;
 #endif
     DevState dev[KVHAL_MAX_DEVICES_PER_TYPE];
-    /* Loads the ops' code on the device selected (set by gpu_table.cu: the ops' files are above this one), called
+    /* Loads the ops' code on device id, selected (set by gpu_table.cu: the ops' files are above this one), called
      * when a device is opened (open_device), so that the process's first op does not load it. NULL: nothing. */
-    void (*preload)(void);
+    void (*preload)(Ctx *c, int32_t id);
 };
 
 inline Ctx *ctx_of(void *ctx) { return static_cast<Ctx *>(ctx); }
@@ -197,8 +207,8 @@ kvhal_status gpu_init(const kvhal_core_services *services, void **ctx, int32_t *
                       size_t reason_size);
 void gpu_shutdown(void *ctx);
 void *gpu_get_proc_address(void *ctx, const char *name);
-/* The paged-caching op's module loaded on the selected device (gpu_paged_caching.cu; Ctx::preload). */
-void paged_caching_preload(void);
+/* One kernel of the ceiling's file (gpu_ceiling.cu), for load_code. */
+const void *ceiling_one_kernel(void);
 /* "kvhal_gpu_scatter_rows", the benchmark's ceiling copy (gpu_ceiling.cu; kvhal_backend.h documents it). */
 extern "C" int kvhal_gpu_scatter_rows(const ::kvhal_gpu_scatter_args *a, void *native_stream);
 /* "kvhal_gpu_spin", a kernel of a chosen duration (gpu_ceiling.cu; kvhal_backend.h). */
@@ -250,7 +260,8 @@ kvhal_status gpu_stream_check_errors(void *ctx, int32_t id, void *stream);
     bool name##_supports(Ctx *c, int32_t id, const T *a, char *reason, size_t reason_size);                     \
     kvhal_status name##_desc_create(Ctx *c, int32_t id, const T *a, void **desc);                               \
     void name##_desc_destroy(Ctx *c, int32_t id, void *desc);                                                   \
-    kvhal_status gpu_##name(void *ctx, int32_t id, void *desc, const T *a, void *stream);
+    kvhal_status gpu_##name(void *ctx, int32_t id, void *desc, const T *a, void *stream);                     \
+    const void *name##_one_kernel(void); /* one of the file's kernels: its module, for load_code */
 KVHAL_BK_OP_LIST(KVHAL_GPU_X_OP_DECL)
 #undef KVHAL_GPU_X_OP_DECL
 
@@ -278,6 +289,14 @@ void code_path_describe(const Ctx *c, int32_t id, char *buf, size_t size);
  * *fn NULL when the device runs the embedded code (launch with <<<>>>), else the run-time compiled kernel (compiled
  * or read from the disk cache on first use, then kept per device). Fails with the compiler's message. */
 kvhal_status kernel_fn(Ctx *c, int32_t id, const char *expr, void **fn);
+/* Loads the code of the modules that hold kernels[0..n) on device id, selected, when it is opened (Ctx::preload):
+ * the CUDA runtime loads a module's kernels lazily by default (CUDA_MODULE_LOADING=LAZY), each at its first use, which
+ * the process's first op paid for (8.9-12.3 ms on an H200). On a device that runs the embedded cubins every function
+ * of each module is loaded now (cuModuleEnumerateFunctions, cuFuncLoad; the driver's lazy loading stays as it is for
+ * the rest of the process); on one that JIT-compiles the PTX, HIP's embedded code objects, or a driver without
+ * those entry points, only kernels[i] themselves (their attributes asked); nothing on HIP's run-time compiled path
+ * or with KVHAL_GPU_LAZY_LOAD=1. Never fails: what is not loaded now is loaded at its first use. */
+void load_code(Ctx *c, int32_t id, const void *const *kernels, int n);
 /* Launches fn (from kernel_fn) with one by-value parameter. */
 kvhal_status launch_fn(const Ctx *c, int32_t id, void *fn, uint32_t grid, uint32_t threads, void *param,
                        gpuStream_t s, const char *what);

@@ -96,12 +96,23 @@ const kvhal_backend_op_fns g_ops = {
 #undef KVHAL_GPU_X_SLOT
 };
 
+/* Every op's module (and the ceiling's) loaded when a device is opened (load_code). */
+void preload_code(Ctx *c, int32_t id)
+{
+    const void *const kernels[] = {
+#define KVHAL_GPU_X_ONE_KERNEL(E, name, T) name##_one_kernel(),
+        KVHAL_BK_OP_LIST(KVHAL_GPU_X_ONE_KERNEL)
+#undef KVHAL_GPU_X_ONE_KERNEL
+            ceiling_one_kernel()};
+    load_code(c, id, kernels, (int)(sizeof kernels / sizeof kernels[0]));
+}
+
 /* init, and the hook that loads the ops' code when a device is opened (Ctx::preload: the ops are above the device). */
 kvhal_status table_init(const kvhal_core_services *services, void **ctx, int32_t *device_count, char *reason,
                         size_t reason_size)
 {
     const kvhal_status st = gpu_init(services, ctx, device_count, reason, reason_size);
-    if (st == KVHAL_OK && ctx && *ctx) ctx_of(*ctx)->preload = paged_caching_preload;
+    if (st == KVHAL_OK && ctx && *ctx) ctx_of(*ctx)->preload = preload_code;
     return st;
 }
 

@@ -183,4 +183,6 @@ kvhal_status gpu_tensor_copy(void *ctx, int32_t id, void *desc, const kvhal_bk_t
     return KVHAL_OK;
 }
 
+const void *tensor_copy_one_kernel(void) { return reinterpret_cast<const void *>(tensor_copy_kernel<uint4>); }
+
 } // namespace kvhal_gpu

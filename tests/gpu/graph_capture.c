@@ -4,8 +4,8 @@
  * times with new slot mappings and K/V uploaded before each replay; every replay is compared bit for bit with a
  * host reference. Also: the caller's current device is unchanged by every call, and the default and per-thread
  * streams wrap and run the op, and copy_blocks is recorded into a graph where its pairs travel in the kernel
- * parameters (refused with KVHAL_UNSUPPORTED where they are staged). Exit 0 on success, 1 on a mismatch or error,
- * 77 (skipped) without a CUDA device. */
+ * parameters (refused with KVHAL_UNSUPPORTED where they are staged), and the module loaded its kernels when the device
+ * was opened (inside the capture). Exit 0 on success, 1 on a mismatch or error, 77 (skipped) without a CUDA device. */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -240,6 +240,29 @@ static int capture_copy_blocks(void)
     return replay_copy_blocks(cexec, pairs);
 }
 
+/* The module loaded every kernel when the device was opened (inside the first capture): with a driver of CUDA 12.4
+ * or later (cuFuncLoad) and the embedded cubins, the device info says how many and how long it took. */
+static int code_loaded_at_open(void)
+{
+    int drv = 0;
+    kvhal_device_info info;
+    CU(cudaDriverGetVersion(&drv));
+    KV(kvhal_device_get_info(dev, &info));
+    const char *lazy = getenv("KVHAL_GPU_LAZY_LOAD");
+    if (drv < 12040 || !strstr(info.platform, "cubin") || (lazy && !strcmp(lazy, "1"))) {
+        printf("graph_capture: the load at open not checked (driver %d, %s%s)\n", drv, info.platform,
+               lazy && !strcmp(lazy, "1") ? ", KVHAL_GPU_LAZY_LOAD=1" : "");
+        return 0;
+    }
+    if (!strstr(info.platform, " loaded in ")) {
+        fprintf(stderr, "graph_capture: error: the module did not load its kernels when the device was opened: %s\n",
+                info.platform);
+        return 1;
+    }
+    printf("graph_capture: OK: %s\n", info.platform);
+    return 0;
+}
+
 int main(void)
 {
     int count = 0;
@@ -256,5 +279,5 @@ int main(void)
     printf("graph_capture: OK: copy_blocks of %d caches x %d pairs captured and replayed 3 times bit-exact; %d "
            "caches (staged) refused on the capturing stream with KVHAL_UNSUPPORTED, the capture kept\n",
            NC, NP, NC_STAGED);
-    return 0;
+    return code_loaded_at_open();
 }
