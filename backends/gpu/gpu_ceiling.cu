@@ -29,29 +29,40 @@ struct ScatterParams {
     const char *src[2];
     char *dst[2];
     const int64_t *slots;
-    uint32_t total;        /* tokens * sides * pieces * vecs */
+    uint32_t rows;         /* tokens * sides */
     uint32_t vecs, pieces, sides;
     int64_t piece_in;      /* bytes */
     int64_t block_size, block_stride, piece_stride, token_stride;
 };
 
+constexpr int kCeilingUnroll = 4; /* 16-byte loads in flight per lane before the stores */
+
+/* One warp per (token, side) row: the row's slot and destination computed once, then its pieces * vecs 16-byte
+ * vectors, kCeilingUnroll loads per lane issued before their stores. */
 template <int R, int IN> __global__ void __launch_bounds__(KVHAL_GPU_THREADS) scatter_rows_kernel(const ScatterParams p)
 {
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < p.total; i += gridDim.x * blockDim.x) {
-        uint32_t r = i;
-        const uint32_t v = r % p.vecs;
-        r /= p.vecs;
-        const uint32_t pc = r % p.pieces;
-        r /= p.pieces;
-        const uint32_t side = r % p.sides;
-        const uint32_t t = r / p.sides;
+    const uint32_t warps = blockDim.x / 32, lane = threadIdx.x % 32;
+    const uint32_t per = p.pieces * p.vecs;
+    for (uint32_t row = blockIdx.x * warps + threadIdx.x / 32; row < p.rows; row += gridDim.x * warps) {
+        const uint32_t side = row % p.sides, t = row / p.sides;
         const int64_t slot = p.slots[t];
         if (slot < 0) continue;
-        const uint4 x = *reinterpret_cast<const uint4 *>(p.src[side] + ((int64_t)t * p.pieces + pc) * p.piece_in +
-                                                         (int64_t)v * 16);
-        char *d = p.dst[side] + (slot / p.block_size) * p.block_stride + (int64_t)pc * p.piece_stride +
-                  (slot % p.block_size) * p.token_stride + (int64_t)v * (16 / R);
-        narrow_store<R, IN>(d, x);
+        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(p.src[side] + (int64_t)t * p.pieces * p.piece_in);
+        char *__restrict__ dst = p.dst[side] + (slot / p.block_size) * p.block_stride + (slot % p.block_size) * p.token_stride;
+        for (uint32_t j0 = lane; j0 < per; j0 += 32 * kCeilingUnroll) {
+            uint4 x[kCeilingUnroll];
+#pragma unroll
+            for (int k = 0; k < kCeilingUnroll; k++)
+                if (j0 + 32 * k < per) x[k] = src[j0 + 32 * k];
+#pragma unroll
+            for (int k = 0; k < kCeilingUnroll; k++) {
+                const uint32_t j = j0 + 32 * k;
+                if (j < per) {
+                    const uint32_t pc = j / p.vecs, v = j - pc * p.vecs;
+                    narrow_store<R, IN>(dst + (int64_t)pc * p.piece_stride + (int64_t)v * (16 / R), x[k]);
+                }
+            }
+        }
     }
 }
 
@@ -64,8 +75,8 @@ __global__ void spin_kernel(long long cycles)
 
 template <int R, int IN> gpuError_t scatter_launch(const ScatterParams &p, gpuStream_t s)
 {
-    const uint32_t threads = KVHAL_GPU_THREADS;
-    uint32_t grid = (p.total + threads - 1) / threads;
+    const uint32_t threads = KVHAL_GPU_THREADS, warps = threads / 32;
+    uint32_t grid = (p.rows + warps - 1) / warps;
     if (grid > 65535u * 16u) grid = 65535u * 16u;
     scatter_rows_kernel<R, IN><<<grid, threads, 0, s>>>(p);
     return gpuGetLastError();
@@ -96,7 +107,7 @@ extern "C" int kvhal_gpu_scatter_rows(const kvhal_gpu_scatter_args *a, void *nat
         if (!p.src[s] || !p.dst[s]) return -1;
     }
     p.slots = a->slots;
-    p.total = (uint32_t)total;
+    p.rows = (uint32_t)(a->tokens * a->sides);
     p.vecs = (uint32_t)(piece_in / 16);
     p.pieces = (uint32_t)a->pieces;
     p.sides = (uint32_t)a->sides;
