@@ -253,8 +253,9 @@ static PyMethodDef view_methods[] = {
 static PyType_Slot view_slots[] = {
     {Py_tp_doc, "Page ids (int32) in a CacheManager's own storage, as match_view and allocate_view hand them out: "
                 "no copy. Read-only: len(), indexing, iteration, tolist(), the buffer protocol (format 'i'); kvhal "
-                "calls take it without copies. It shows what the manager's next call of the same kind writes there: "
-                "use it (or copy it: tolist(), array.array('i', view)) before that call."},
+                "calls take it without copies. It is valid until the manager's next call of the same kind, which "
+                "may reuse the storage for other ids (never freed memory): use it (or copy it: tolist(), "
+                "array.array('i', view)) before that call."},
     {Py_tp_dealloc, KVPY_FN(view_dealloc)},
     {Py_sq_length, KVPY_FN(view_len)},
     {Py_sq_item, KVPY_FN(view_item)},
