@@ -158,8 +158,11 @@ static inline void apw_first(ap_words *a, uint32_t p0, uint32_t d, size_t len)
     a->rem = ap_step[d].rem;
     a->b = p0 & 63;
     a->d = d;
-    /* the first word may start anywhere (b >= d too); from the second on, b < d */
-    a->next_b = a->b + (uint64_t)__builtin_popcountll(a->pat << a->b) * d - 64;
+    /* the first word may start anywhere (b >= d too); from the second on, b < d. Its elements: (63 - b) / d + 1
+     * (a division, not a bit count: without the popcnt instruction, which the baseline x86-64 lacks, a bit count
+     * is a library call); a run (d = 1) needs neither. */
+    const uint64_t in_first = d == 1 ? 64 - a->b : (63 - a->b) / d + 1;
+    a->next_b = a->b + in_first * d - 64;
     a->last_mask = ~0ull >> (63 - (last & 63));
     a->mask = (a->pat << a->b) & (a->w == a->last_w ? a->last_mask : ~0ull);
 }

@@ -272,12 +272,24 @@ PyType_Spec kvpy_pages_view_spec = {
 };
 
 /* ---- integer arrays on the host ---- */
+/* The fields that say what a kvpy_ints holds (the buffer and import structs are only read when their flag is
+ * set: clearing them too would write a few hundred bytes per argument of every call). */
+static inline void ints_clear(kvpy_ints *a)
+{
+    a->has_view = 0;
+    a->has_imp = 0;
+    a->st = NULL;
+    a->tmp = NULL;
+    a->data = NULL;
+    a->n = 0;
+}
+
 void kvpy_ints_release(kvpy_ints *a)
 {
     if (a->has_view) PyBuffer_Release(&a->view);
     if (a->has_imp) kvpy_import_release(a->st, &a->imp);
     PyMem_Free(a->tmp);
-    memset(a, 0, sizeof *a);
+    ints_clear(a);
 }
 
 static int fmt_is_int(const char *f, size_t itemsize)
@@ -408,7 +420,7 @@ static int ints_from_sequence(kvpy_state *st, PyObject *o, const char *arg, int 
 
 int kvpy_ints_get(kvpy_state *st, PyObject *o, const char *arg, int width, kvpy_ints *a)
 {
-    memset(a, 0, sizeof *a);
+    ints_clear(a);
     if (width == 4 && Py_IS_TYPE(o, st->pages_type)) { /* ours: no buffer request */
         a->data = ((kvpy_pages_object *)o)->v;
         a->n = (size_t)Py_SIZE(o);
