@@ -1010,8 +1010,8 @@ static void test_views(void **state)
     ok(cm);
     const int32_t *again = NULL;
     assert_int_equal(kvhal_cache_manager_match_view(cm, b, 18, &h, &cached, &again, &np), KVHAL_OK);
-    assert_ptr_equal(again, view); /* the manager's storage, reused */
     assert_int_equal(np, 4);
+    assert_memory_equal(again, pages, 4 * sizeof(int32_t));
     assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h), KVHAL_OK);
     assert_int_equal(kvhal_cache_manager_match_view(cm, b, 18, &h, &cached, NULL, &np), KVHAL_INVALID_ARGUMENT);
     assert_int_equal(kvhal_cache_manager_match_view(cm, b, 18, &h, &cached, &again, NULL), KVHAL_INVALID_ARGUMENT);
@@ -1022,6 +1022,125 @@ static void test_views(void **state)
     assert_int_equal(kvhal_cache_manager_allocate_view(NULL, 1, &own), KVHAL_INVALID_HANDLE);
     ok(cm);
     assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
+static uint64_t view_rng = 0x9e3779b97f4a7c15ull;
+static uint32_t view_rand(uint32_t n)
+{
+    view_rng ^= view_rng << 13;
+    view_rng ^= view_rng >> 7;
+    view_rng ^= view_rng << 17;
+    return (uint32_t)(view_rng % n);
+}
+
+/* One request with the copying calls on both twins (same results), or unlocked again when its pages do not fit. */
+static void twin_request(kvhal_cache_manager *cm, kvhal_cache_manager *ref, const int32_t *toks, size_t n, int32_t ps)
+{
+    int32_t pages[2][64];
+    kvhal_cache_manager *m[2] = {cm, ref};
+    kvhal_prefix_handle h[2];
+    size_t cached[2];
+    kvhal_status st[2];
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(kvhal_cache_manager_match(m[k], toks, n, &h[k], &cached[k], pages[k], 64), KVHAL_OK);
+        const size_t np = cached[k] / (size_t)ps;
+        st[k] = kvhal_cache_manager_allocate(m[k], (int32_t)((n + (size_t)ps - 1) / (size_t)ps - np), pages[k] + np);
+        if (st[k] == KVHAL_OK)
+            assert_int_equal(kvhal_cache_manager_cache_finished(m[k], toks, n, pages[k], h[k]), KVHAL_OK);
+        else
+            assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(m[k]), h[k]), KVHAL_OK);
+    }
+    assert_int_equal(cached[0], cached[1]);
+    assert_int_equal(st[0], st[1]);
+    assert_memory_equal(pages[0], pages[1], (n + (size_t)ps - 1) / (size_t)ps * sizeof(int32_t));
+}
+
+/* match_view against match on a twin manager given the same requests: the same ids every time, whether the match
+ * lies within one node (the view is the tree's own storage) or runs through several (a copy), and a view stays
+ * unchanged through every other call (allocation that evicts, finishes that split and compact its node, evictions
+ * that free it) until the next match_view. The prompts are prefixes of a few base sequences cut at random lengths
+ * plus short random tails, so that nodes split at every position, have many children and are evicted after
+ * splits; under valgrind a view read from memory the cache gave back would be reported. */
+static void views_random(int32_t ps, int32_t total, int steps)
+{
+    enum { FAMILIES = 3, BASE = 40, MAXT = 64 };
+    kvhal_cache_manager *cm = make(total, ps, KVHAL_PREFIX_RADIX), *ref = make(total, ps, KVHAL_PREFIX_RADIX);
+    int32_t base[FAMILIES][BASE];
+    for (int f = 0; f < FAMILIES; f++)
+        for (int i = 0; i < BASE; i++) base[f][i] = 1000 * (f + 1) + (int32_t)view_rand(4);
+    int32_t toks[MAXT], seen[MAXT], ref_pages[MAXT];
+    const int32_t *view = NULL, *copies = NULL; /* copies: where a view through several nodes is copied */
+    size_t view_n = 0, in_tree = 0;
+    for (int step = 0; step < steps; step++) {
+        const int f = (int)view_rand(FAMILIES);
+        const size_t cut = view_rand(BASE + 1), tail = view_rand(MAXT - BASE + 1);
+        size_t n = cut + tail;
+        memcpy(toks, base[f], cut * sizeof(int32_t));
+        for (size_t i = cut; i < n; i++) toks[i] = (int32_t)view_rand(3);
+        const size_t prompt = n ? view_rand((uint32_t)n + 1) : 0; /* the part the match is given */
+        kvhal_prefix_handle h = 0, rh = 0;
+        size_t cached = 0, rcached = 0, np = 0;
+        assert_int_equal(kvhal_cache_manager_match_view(cm, toks, prompt, &h, &cached, &view, &np), KVHAL_OK);
+        assert_int_equal(kvhal_cache_manager_match(ref, toks, prompt, &rh, &rcached, ref_pages, MAXT), KVHAL_OK);
+        assert_int_equal(cached, rcached);
+        assert_int_equal(np, cached / (size_t)ps);
+        if (np) assert_memory_equal(view, ref_pages, np * sizeof(int32_t));
+        if (!np) copies = view; /* nothing matched: the manager's own array */
+        else if (copies && view != copies) in_tree++;
+        view_n = np;
+        memcpy(seen, view, view_n * sizeof(int32_t));
+        const size_t need = (n + (size_t)ps - 1) / (size_t)ps - np;
+        const int32_t *own = NULL;
+        kvhal_status st = kvhal_cache_manager_allocate_view(cm, (int32_t)need, &own);
+        assert_int_equal(kvhal_cache_manager_allocate(ref, (int32_t)need, ref_pages + np), st);
+        if (view_n) assert_memory_equal(view, seen, view_n * sizeof(int32_t)); /* allocation may have evicted */
+        if (st != KVHAL_OK) {
+            assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h), KVHAL_OK);
+            assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(ref), rh), KVHAL_OK);
+        } else {
+            if (need) assert_memory_equal(own, ref_pages + np, need * sizeof(int32_t));
+            if (view_rand(2)) {
+                assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h, toks + cached, n - cached, own),
+                                 KVHAL_OK);
+            } else { /* the whole request: the view itself goes back in */
+                int32_t all[MAXT];
+                memcpy(all, view, np * sizeof(int32_t));
+                memcpy(all + np, own, need * sizeof(int32_t));
+                assert_int_equal(kvhal_cache_manager_cache_finished(cm, toks, n, all, h), KVHAL_OK);
+            }
+            assert_int_equal(kvhal_cache_manager_cache_finished(ref, toks, n, ref_pages, rh), KVHAL_OK);
+        }
+        if (view_n) assert_memory_equal(view, seen, view_n * sizeof(int32_t)); /* finishing may have split it */
+        if (view_rand(4) == 0) {
+            const size_t want = view_rand((uint32_t)(total * ps) + 1);
+            size_t got = 0, rgot = 0;
+            assert_int_equal(kvhal_cache_manager_evict(cm, want, &got), KVHAL_OK);
+            assert_int_equal(kvhal_cache_manager_evict(ref, want, &rgot), KVHAL_OK);
+            assert_int_equal(got, rgot);
+            if (view_n) assert_memory_equal(view, seen, view_n * sizeof(int32_t)); /* its node may be gone */
+        }
+        /* another request: its new nodes take buffers the cache got back (the most recent first) */
+        const size_t other = view_rand(MAXT - BASE + 1);
+        int32_t more[MAXT];
+        memcpy(more, base[view_rand(FAMILIES)], BASE * sizeof(int32_t));
+        for (size_t i = 0; i < other; i++) more[BASE - other / 2 + i] = (int32_t)view_rand(3);
+        twin_request(cm, ref, more, BASE + other / 2, ps);
+        if (view_n) assert_memory_equal(view, seen, view_n * sizeof(int32_t));
+        ok(cm);
+        ok(ref);
+        assert_int_equal(kvhal_cache_manager_num_free(cm), kvhal_cache_manager_num_free(ref));
+    }
+    assert_true(in_tree > 0); /* some views were the tree's own storage */
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_destroy(ref), KVHAL_OK);
+}
+
+static void test_views_random(void **state)
+{
+    (void)state;
+    views_random(1, 96, 600);  /* token-granular: splits at every position */
+    views_random(4, 24, 400);  /* page-aligned splits */
+    views_random(1, 400, 300); /* room for most of it: long edges, many children */
 }
 
 int main(void)
@@ -1045,6 +1164,7 @@ int main(void)
         cmocka_unit_test(test_finish_suffix),
         cmocka_unit_test(test_progressions_random),
         cmocka_unit_test(test_views),
+        cmocka_unit_test(test_views_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

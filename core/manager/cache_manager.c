@@ -158,8 +158,11 @@ static inline void apw_first(ap_words *a, uint32_t p0, uint32_t d, size_t len)
     a->rem = ap_step[d].rem;
     a->b = p0 & 63;
     a->d = d;
-    /* the first word may start anywhere (b >= d too); from the second on, b < d */
-    a->next_b = a->b + (uint64_t)__builtin_popcountll(a->pat << a->b) * d - 64;
+    /* the first word may start anywhere (b >= d too); from the second on, b < d. Its elements: (63 - b) / d + 1
+     * (a division, not a bit count: without the popcnt instruction, which the baseline x86-64 lacks, a bit count
+     * is a library call); a run (d = 1) needs neither. */
+    const uint64_t in_first = d == 1 ? 64 - a->b : (63 - a->b) / d + 1;
+    a->next_b = a->b + in_first * d - 64;
     a->last_mask = ~0ull >> (63 - (last & 63));
     a->mask = (a->pat << a->b) & (a->w == a->last_w ? a->last_mask : ~0ull);
 }
@@ -291,15 +294,16 @@ kvhal_prefix_cache *kvhal_cache_manager_prefix(kvhal_cache_manager *cm)
     return (cm && kvhal__handle_live(cm, CM_MAGIC)) ? cm->pc : NULL;
 }
 
+/* view: NULL, or match_view's (kvhal__prefix_match_owned). */
 static kvhal_status kvhal_cache_manager_match__body(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                        kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
-                                       size_t pages_cap)
+                                       size_t pages_cap, const int32_t **view)
 {
     KVHAL_TRY(kvhal__cm_check_magic(cm));
     KVHAL_CHECK_ARG(handle, "handle: NULL (the request's handle is needed to finish it)");
     kvhal_prefix_handle h = 0, ticket = 0;
     size_t len = 0;
-    KVHAL_TRY(kvhal__prefix_match_owned(cm->pc, tokens, num_tokens, &h, &len, pages, pages_cap));
+    KVHAL_TRY(kvhal__prefix_match_owned(cm->pc, tokens, num_tokens, &h, &len, pages, pages_cap, view));
     /* a request handle of its own, even for an empty match: finishing it twice is refused */
     /* bound: a load_back of this request reads no host page past the tokens this match was given */
     KVHAL_TRY(kvhal__prefix_ticket(cm->pc, h, num_tokens, &ticket));
@@ -618,7 +622,7 @@ kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *t
                                        size_t pages_cap)
 {
     KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm",
-                     kvhal_cache_manager_match__body(cm, tokens, num_tokens, handle, cached_len, pages, pages_cap));
+                     kvhal_cache_manager_match__body(cm, tokens, num_tokens, handle, cached_len, pages, pages_cap, NULL));
 }
 
 kvhal_status kvhal_cache_manager_evict(kvhal_cache_manager *cm, size_t num_tokens, size_t *evicted)
@@ -669,10 +673,11 @@ static kvhal_status kvhal_cache_manager_match_view__body(kvhal_cache_manager *cm
     KVHAL_CHECK_ARG(num_pages, "num_pages: NULL");
     KVHAL_TRY(view_room(&cm->view_match, cm->total));
     size_t len = 0; /* a match never holds more pages than the manager has */
+    const int32_t *v = NULL; /* the tree's own storage, or view_match */
     KVHAL_TRY(kvhal_cache_manager_match__body(cm, tokens, num_tokens, handle, &len, cm->view_match,
-                                              (size_t)cm->total));
+                                              (size_t)cm->total, &v));
     if (cached_len) *cached_len = len;
-    *pages = cm->view_match;
+    *pages = v;
     *num_pages = len / (size_t)cm->page_size;
     return KVHAL_OK;
 }

@@ -28,7 +28,8 @@ struct kvhal_cache_manager {
     uint64_t evicted_pages;
     kvhal_status cb_status;  /* first error seen inside an eviction callback */
     kvhal__tiering *tiering; /* NULL unless made by create_tiered (tiering.c, tier.h) */
-    int32_t *view_match;     /* match_view's page ids (total of room, made at its first call), then allocate_view's */
+    int32_t *view_match;     /* match_view's page ids when they span several nodes (total of room, made at its first
+                              * call; within one node they are the tree's own), then allocate_view's */
     int32_t *view_alloc;
 };
 

@@ -5,8 +5,12 @@
 #include "prefix_owned.h"
 #include "radix.h"
 
+/* view: NULL, or where the matched pages are handed out without a copy when they are one node's (the node hangs
+ * from the root): a pointer into its buffer, pinned (kvhal__pfx_view_pin) until the next view; else they are
+ * copied into pages and *view points there. */
 static kvhal_status kvhal_prefix_match__body(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
-                                kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages, size_t pages_cap)
+                                kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages, size_t pages_cap,
+                                const int32_t **view)
 {
     KVHAL_TRY(kvhal__pfx_check_pc_magic(pc));
     KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
@@ -14,6 +18,7 @@ static kvhal_status kvhal_prefix_match__body(kvhal_prefix_cache *pc, const int32
     if (pc->kind == KVHAL_PREFIX_NAIVE) {
         if (handle) *handle = 0;
         if (cached_len) *cached_len = 0;
+        if (view) *view = pages;
         return KVHAL_OK;
     }
 
@@ -35,8 +40,17 @@ static kvhal_status kvhal_prefix_match__body(kvhal_prefix_cache *pc, const int32
         x = kvhal__pfx_split(pc, w.partial, w.in_partial, mem, words);
     }
     kvhal__pfx_touch(pc, x, ++pc->clock);
-    for (node *y = x; y != &pc->root; y = y->parent)
-        memcpy(pages + (y->end - y->len) / ps, y->pages, y->len / ps * sizeof(int32_t));
+    if (view && x != &pc->root && x->parent == &pc->root) {
+        kvhal__pfx_view_pin(pc, x->mem);
+        *view = x->pages;
+    } else {
+        if (view) {
+            kvhal__pfx_view_pin(pc, NULL);
+            *view = pages;
+        }
+        for (node *y = x; y != &pc->root; y = y->parent)
+            memcpy(pages + (y->end - y->len) / ps, y->pages, y->len / ps * sizeof(int32_t));
+    }
     if (handle) *handle = node_handle(pc, x);
     if (cached_len) *cached_len = w.pos;
     return KVHAL_OK;
@@ -172,7 +186,7 @@ kvhal_status kvhal_prefix_match(kvhal_prefix_cache *pc, const int32_t *tokens, s
                                 kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages, size_t pages_cap)
 {
     KVHAL_OWNED_CALL(kvhal__pfx_check_pc(pc), pc, "pc",
-                     kvhal_prefix_match__body(pc, tokens, num_tokens, handle, cached_len, pages, pages_cap));
+                     kvhal_prefix_match__body(pc, tokens, num_tokens, handle, cached_len, pages, pages_cap, NULL));
 }
 
 kvhal_status kvhal_prefix_insert(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens, const int32_t *pages,
@@ -196,8 +210,8 @@ kvhal_status kvhal__prefix_insert_unlock(kvhal_prefix_cache *pc, const int32_t *
 
 kvhal_status kvhal__prefix_match_owned(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
                                        kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
-                                       size_t pages_cap)
+                                       size_t pages_cap, const int32_t **view)
 {
     KVHAL_OWNED_CALL(kvhal__pfx_check_pc_magic(pc), pc, "pc",
-                     kvhal_prefix_match__body(pc, tokens, num_tokens, handle, cached_len, pages, pages_cap));
+                     kvhal_prefix_match__body(pc, tokens, num_tokens, handle, cached_len, pages, pages_cap, view));
 }

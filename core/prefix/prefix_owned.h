@@ -31,10 +31,13 @@ KVHAL_HIDDEN kvhal_status kvhal__prefix_ticket(kvhal_prefix_cache *pc, kvhal_pre
 KVHAL_HIDDEN kvhal_status kvhal__prefix_ticket_bound(kvhal_prefix_cache *pc, kvhal_prefix_handle handle,
                                                      const size_t *set, size_t *bound);
 /* The calls a cache manager makes on its own prefix cache: as the public ones (owner flag included), but without
- * the live-handle lookup (the manager's cache lives as long as the manager, which its own entry looked up). */
+ * the live-handle lookup (the manager's cache lives as long as the manager, which its own entry looked up).
+ * match's view (NULL: none): where the matched pages are, either a pointer into the tree's own storage (a match
+ * within one node under the root: no copy; the buffer stays readable and unchanged until the next match with a
+ * view, whatever the calls in between do to its node) or pages, which they were copied into. */
 KVHAL_HIDDEN kvhal_status kvhal__prefix_match_owned(kvhal_prefix_cache *pc, const int32_t *tokens, size_t num_tokens,
                                                     kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
-                                                    size_t pages_cap);
+                                                    size_t pages_cap, const int32_t **view);
 KVHAL_HIDDEN kvhal_status kvhal__prefix_size_info_get_owned(const kvhal_prefix_cache *pc, kvhal_prefix_size_info *out);
 KVHAL_HIDDEN kvhal_status kvhal__prefix_evict_owned(kvhal_prefix_cache *pc, size_t num_tokens, kvhal_pages_fn fn,
                                                     void *user, size_t *evicted);

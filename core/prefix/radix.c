@@ -291,27 +291,56 @@ static size_t edge_class(size_t words, size_t *cap)
     return 1 + (size_t)(b - 4) * 4 + (q - 4);
 }
 
-void kvhal__pfx_edge_release(kvhal_prefix_cache *pc, int32_t *mem, size_t words)
+/* A buffer no free stack takes waits on the spill list for destroy: a released buffer is never handed back to the
+ * system while the cache lives, so that a match view that outlived its call (the Python binding's view objects)
+ * reads memory of the cache, never freed memory. */
+static void edge_spill(kvhal_prefix_cache *pc, int32_t *mem)
 {
-    if (!mem) return;
+    memcpy(mem, &pc->edge_spill, sizeof pc->edge_spill); /* every buffer has room for a pointer (>= 16 words) */
+    pc->edge_spill = mem;
+}
+
+static void edge_pool_put(kvhal_prefix_cache *pc, int32_t *mem, size_t words)
+{
     size_t cap, c = edge_class(words, &cap);
     if (c >= EDGE_CLASSES || cap != words) { /* not a pooled buffer */
-        free(mem);
+        edge_spill(pc, mem);
         return;
     }
     edge_stack *st = &pc->edge_free[c];
     if (st->n == st->cap) {
-        /* plain realloc, not a fault-injection point: without room the buffer simply goes back to malloc */
+        /* plain realloc, not a fault-injection point: without room the buffer waits on the spill list */
         size_t room = st->cap ? 2 * st->cap : 16;
         void **v = room <= SIZE_MAX / sizeof *v ? realloc(st->v, room * sizeof *v) : NULL;
         if (!v) {
-            free(mem);
+            edge_spill(pc, mem);
             return;
         }
         st->v = v;
         st->cap = room;
     }
     st->v[st->n++] = mem;
+}
+
+void kvhal__pfx_edge_release(kvhal_prefix_cache *pc, int32_t *mem, size_t words)
+{
+    if (!mem) return;
+    if (mem == pc->view_mem) { /* a match view still points into it: kept aside until the next pin */
+        pc->view_dead = true;
+        pc->view_words = words;
+        return;
+    }
+    edge_pool_put(pc, mem, words);
+}
+
+void kvhal__pfx_view_pin(kvhal_prefix_cache *pc, int32_t *mem)
+{
+    if (mem == pc->view_mem) return; /* a dead pinned buffer is no live node's: mem is the same live one */
+    int32_t *old = pc->view_mem;
+    const bool dead = pc->view_dead;
+    pc->view_mem = mem;
+    pc->view_dead = false;
+    if (dead) edge_pool_put(pc, old, pc->view_words);
 }
 
 void kvhal__pfx_edge_pool_free(kvhal_prefix_cache *pc)
@@ -321,6 +350,15 @@ void kvhal__pfx_edge_pool_free(kvhal_prefix_cache *pc)
         while (st->n) free(st->v[--st->n]);
         free(st->v);
         *st = (edge_stack){0};
+    }
+    if (pc->view_dead) free(pc->view_mem);
+    pc->view_mem = NULL;
+    pc->view_dead = false;
+    while (pc->edge_spill) {
+        void *next;
+        memcpy(&next, pc->edge_spill, sizeof next);
+        free(pc->edge_spill);
+        pc->edge_spill = next;
     }
 }
 

@@ -14,7 +14,11 @@
  *    the slot's generation, bumped each time the slot dies), so a stale handle names a dead generation and is
  *    refused however the slot was reused since (a slot whose generation would wrap is retired, never reused);
  *  - a cache manager's match hands out a ticket instead (a lock of its own, one per request, consumed by the
- *    request's finish or unlock), so that a request finishing twice is refused even when its node still lives.
+ *    request's finish or unlock), so that a request finishing twice is refused even when its node still lives;
+ *  - its match_view hands a match within one edge under the root out as that edge's own page list: the buffer is
+ *    pinned until the next such match (kept aside if its node dies or moves meanwhile), and no released buffer
+ *    goes back to the system before destroy (the pools, or a spill list), so a view that outlived its call reads
+ *    the cache's memory, never freed memory.
  * Ticks are a per-cache counter bumped by each match and insert (deterministic, unlike a clock); every access
  * touches a whole root path, so a parent's tick is never older than its children's.
  * Not thread-safe: the owner serialises calls; every status-returning call detects a concurrent one (KVHAL_BUSY). */
@@ -114,6 +118,13 @@ struct kvhal_prefix_cache {
     heap_entry *heap;
     size_t heap_n, heap_cap;
     edge_stack edge_free[EDGE_CLASSES]; /* released edge buffers by size class */
+    void *edge_spill;   /* released buffers no stack takes (no room to grow one, or too large to pool): a list
+                         * linked through each buffer's first word, freed at destroy */
+    /* The edge buffer a cache manager's match view points into (kvhal__pfx_view_pin): while pinned it is never
+     * reused; when its node lets it go (eviction, a split's move) it is kept aside, dead, until the next pin. */
+    int32_t *view_mem;
+    size_t view_words;
+    bool view_dead;
 };
 
 /* ---- handles: (generation << 32) | (slot + 1), bit 63 set for a ticket; 0 = nothing matched (the root) ---- */
@@ -205,9 +216,13 @@ KVHAL_HIDDEN void kvhal__pfx_tab_insert_node(kvhal_prefix_cache *pc, node *n);
 KVHAL_HIDDEN kvhal_status kvhal__pfx_reserve(kvhal_prefix_cache *pc, size_t extra_nodes);
 /* Takes a reserved node slot (kvhal__pfx_reserve() guaranteed one) and makes it live. */
 KVHAL_HIDDEN node *kvhal__pfx_node_take(kvhal_prefix_cache *pc);
-/* Gives an edge buffer (mem, words of it; NULL: nothing) back to its size class's free stack, or to malloc. */
+/* Gives an edge buffer (mem, words of it; NULL: nothing) back to its size class's free stack, or to the spill
+ * list; the pinned one is kept aside instead (kvhal__pfx_view_pin). */
 KVHAL_HIDDEN void kvhal__pfx_edge_release(kvhal_prefix_cache *pc, int32_t *mem, size_t words);
-/* Frees every pooled edge buffer (destroy). */
+/* Pins mem (a live node's buffer, or NULL for none) as the one a match view points into, and gives the buffer
+ * pinned before back to the pool if its node let it go meanwhile. */
+KVHAL_HIDDEN void kvhal__pfx_view_pin(kvhal_prefix_cache *pc, int32_t *mem);
+/* Frees every pooled edge buffer, the spilled ones and a dead pinned one (destroy). */
 KVHAL_HIDDEN void kvhal__pfx_edge_pool_free(kvhal_prefix_cache *pc);
 /* Kills a live node: its buffer goes back, every handle to it is stale, its slot is free (or retired). */
 KVHAL_HIDDEN void kvhal__pfx_node_release(kvhal_prefix_cache *pc, node *x);

@@ -1349,11 +1349,14 @@ KVHAL_API kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const 
  *  evictable). Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_cache_manager_allocate(kvhal_cache_manager *cm, int32_t n, int32_t *pages);
 /** match + lock, as kvhal_cache_manager_match, with the matched page ids handed out as a view of the manager's own
- *  storage instead of written into the caller's array (no room to size or allocate per call).
+ *  storage instead of written into the caller's array (no room to size or allocate per call). A match within one
+ *  edge of the prefix tree under its root (a shared system prompt, say) is not copied at all: the view is the
+ *  tree's own page list; a match through several edges is copied into one array of the manager's.
  *  @param cm the manager (single-owner: concurrent calls get KVHAL_BUSY).
  *  @param tokens, num_tokens, handle, cached_len as for kvhal_cache_manager_match.
  *  @param pages out: the matched page ids, owned by cm: valid until the next kvhal_cache_manager_match_view on cm
- *               (which reuses the storage) or cm's destruction; other calls leave them.
+ *               (after which the memory may hold other ids) or cm's destruction; other calls leave them unchanged,
+ *               even those that split or evict the matched prefix.
  *  @param num_pages out: their count (cached_len / page_size).
  *  @return as kvhal_cache_manager_match; KVHAL_OUT_OF_MEMORY when the view's storage (total_pages ids, made at the
  *          first call) cannot be allocated. Graph capture: host only, enqueues nothing. */

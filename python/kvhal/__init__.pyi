@@ -151,8 +151,8 @@ class Pages:
 
 @final
 class PagesView:
-    """Page ids (int32) in a CacheManager's own storage (match_view, allocate_view): no copy; read-only; shows what
-    the manager's next call of the same kind writes there."""
+    """Page ids (int32) in a CacheManager's own storage (match_view, allocate_view): no copy; read-only; valid
+    until the manager's next call of the same kind, which may reuse the memory for other ids."""
     def __len__(self) -> int: ...
     def __getitem__(self, i: int) -> int: ...
     def tolist(self) -> List[int]: ...

@@ -180,6 +180,7 @@ def test_manager_page_views():
     cm.cache_finished(seq, array("i", list(view) + list(own)), h)  # views go back in as int32 arrays
     ref.cache_finished(seq, array("i", list(copy) + list(own_ref)), h2)
     cm.check_integrity()
+    assert view.tolist() == copy.tolist()  # the finish split the matched edge: the view is unchanged
     a1 = cm.allocate_view(2)
     first = a1.tolist()
     a2 = cm.allocate_view(2)  # other pages (the first two are held), in the same storage: a1 shows them
@@ -202,3 +203,23 @@ def test_manager_page_views():
         cm.allocate_view(-1)
     del view, view2, own, a1, a2
     cm.__init__(64, 4)  # no view left: allowed
+
+
+def test_manager_match_view_outlives_its_prefix():
+    """A match within one edge is handed out without a copy; the view keeps its ids through the calls that split
+    and evict that edge, until the next match_view."""
+    cm = kvhal.CacheManager(64, 1)
+    system = array("i", range(100, 140))
+    h, n, _ = cm.match(system)
+    cm.cache_finished(system, cm.allocate(40), h)
+    h, n, view = cm.match_view(system[:25])  # splits the edge after 25 tokens
+    ids = view.tolist()
+    assert (n, len(ids)) == (25, 25)
+    tail = array("i", list(system[:25]) + [1, 2, 3])
+    cm.cache_finished_suffix(h, tail, cm.allocate_view(3), start=n)
+    assert cm.evict(64) == 43 and cm.num_free == 64  # every node gone, the view's too
+    assert view.tolist() == ids and np.asarray(view).tolist() == ids
+    h2, n2, view2 = cm.match_view(array("i", [5, 6]))
+    assert (n2, len(view2)) == (0, 0)
+    cm.prefix.unlock(h2)
+    cm.check_integrity()

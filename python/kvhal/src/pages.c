@@ -253,8 +253,9 @@ static PyMethodDef view_methods[] = {
 static PyType_Slot view_slots[] = {
     {Py_tp_doc, "Page ids (int32) in a CacheManager's own storage, as match_view and allocate_view hand them out: "
                 "no copy. Read-only: len(), indexing, iteration, tolist(), the buffer protocol (format 'i'); kvhal "
-                "calls take it without copies. It shows what the manager's next call of the same kind writes there: "
-                "use it (or copy it: tolist(), array.array('i', view)) before that call."},
+                "calls take it without copies. It is valid until the manager's next call of the same kind, which "
+                "may reuse the storage for other ids (never freed memory): use it (or copy it: tolist(), "
+                "array.array('i', view)) before that call."},
     {Py_tp_dealloc, KVPY_FN(view_dealloc)},
     {Py_sq_length, KVPY_FN(view_len)},
     {Py_sq_item, KVPY_FN(view_item)},
@@ -271,12 +272,24 @@ PyType_Spec kvpy_pages_view_spec = {
 };
 
 /* ---- integer arrays on the host ---- */
+/* The fields that say what a kvpy_ints holds (the buffer and import structs are only read when their flag is
+ * set: clearing them too would write a few hundred bytes per argument of every call). */
+static inline void ints_clear(kvpy_ints *a)
+{
+    a->has_view = 0;
+    a->has_imp = 0;
+    a->st = NULL;
+    a->tmp = NULL;
+    a->data = NULL;
+    a->n = 0;
+}
+
 void kvpy_ints_release(kvpy_ints *a)
 {
     if (a->has_view) PyBuffer_Release(&a->view);
     if (a->has_imp) kvpy_import_release(a->st, &a->imp);
     PyMem_Free(a->tmp);
-    memset(a, 0, sizeof *a);
+    ints_clear(a);
 }
 
 static int fmt_is_int(const char *f, size_t itemsize)
@@ -407,7 +420,7 @@ static int ints_from_sequence(kvpy_state *st, PyObject *o, const char *arg, int 
 
 int kvpy_ints_get(kvpy_state *st, PyObject *o, const char *arg, int width, kvpy_ints *a)
 {
-    memset(a, 0, sizeof *a);
+    ints_clear(a);
     if (width == 4 && Py_IS_TYPE(o, st->pages_type)) { /* ours: no buffer request */
         a->data = ((kvpy_pages_object *)o)->v;
         a->n = (size_t)Py_SIZE(o);

@@ -14,8 +14,9 @@ typedef struct {
 extern PyType_Spec kvpy_pages_spec;
 
 /* kvhal.PagesView: page ids in a cache manager's own storage (CacheManager.match_view, allocate_view), read-only,
- * showing what the manager's next call of the same kind writes there; it keeps its manager object alive, and counts
- * itself in *alive (the manager refuses to be re-initialised while views of it live). */
+ * valid until the manager's next call of the same kind (which may reuse the memory for other ids); it keeps its
+ * manager object alive, and counts itself in *alive (the manager refuses to be re-initialised while views of it
+ * live). */
 typedef struct {
     PyObject_HEAD
     PyObject *owner;

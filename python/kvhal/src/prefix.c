@@ -640,7 +640,7 @@ static PyMethodDef manager_methods[] = {
      "allocate($self, n)\n--\n\nn pages (evicting when free pages run short), all or nothing: kvhal.Pages."},
     {"match_view", manager_match_view, METH_O,
      "match_view($self, tokens)\n--\n\nmatch, the pages a kvhal.PagesView of the manager's own storage (no copy; "
-     "valid until the next match_view): (handle, cached_len, pages)."},
+     "valid until the next match_view, which may reuse it for other ids): (handle, cached_len, pages)."},
     {"allocate_view", manager_allocate_view, METH_O,
      "allocate_view($self, n)\n--\n\nallocate, the pages a kvhal.PagesView of the manager's own storage (no copy; "
      "valid until the next allocate_view)."},
