@@ -8,14 +8,16 @@ event (``pages``: the receiver's page ids) and sends its own pages into them wit
 layer if it likes. Both sides' :class:`Transfer` complete (``recv_done``, ``send_done`` events, or
 :meth:`Transfer.wait`). On one host, :meth:`Peer.offer_pages` hands pages over without a grant.
 
-Available only when kvhal was built with the transfer library (meson ``-Dtransfer=ucx``, Debian's libucx-dev);
-otherwise importing this module raises ImportError saying so.
+Available only when kvhal was built with the transfer library (meson ``-Dtransfer=ucx``, or ``auto`` with UCX found:
+Debian's libucx-dev and nettle-dev; ``pip install .`` builds it into the wheel when they are found); otherwise
+importing this module raises ImportError saying so.
 """
 from . import _kvhal
 
 if not getattr(_kvhal, "_have_xfer", 0):
     raise ImportError("kvhal.xfer: this kvhal was built without the transfer library libkvhal-xfer "
-                      "(build with meson -Dtransfer=ucx and UCX installed: apt-get install libucx-dev)")
+                      "(UCX and Nettle were not found when it was built: apt-get install libucx-dev nettle-dev, "
+                      "then build again, with meson -Dtransfer=ucx or pip install .)")
 
 Agent = _kvhal._XferAgent
 Peer = _kvhal._XferPeer
