@@ -35,34 +35,44 @@ struct ScatterParams {
     int64_t block_size, block_stride, piece_stride, token_stride;
 };
 
-constexpr int kCeilingUnroll = 4; /* 16-byte loads in flight per lane before the stores */
+constexpr int kCeilingUnroll = 4; /* 16-byte loads in flight per thread before the stores */
+constexpr uint32_t kCeilingTile = 32; /* (token, side) rows a block takes at a time */
 
-/* One warp per (token, side) row: the row's slot and destination computed once, then its pieces * vecs 16-byte
- * vectors, kCeilingUnroll loads per lane issued before their stores. */
+/* A block takes kCeilingTile (token, side) rows at a time: its first threads load the rows' slots and compute their
+ * sources and destinations once (one load round trip per tile, kept in shared memory), then the block walks the
+ * rows' 16-byte vectors as one flat range, kCeilingUnroll loads per thread issued before their stores. */
 template <int R, int IN> __global__ void __launch_bounds__(KVHAL_GPU_THREADS) scatter_rows_kernel(const ScatterParams p)
 {
-    const uint32_t warps = blockDim.x / 32, lane = threadIdx.x % 32;
+    __shared__ const char *s_src[kCeilingTile];
+    __shared__ char *s_dst[kCeilingTile];
     const uint32_t per = p.pieces * p.vecs;
-    for (uint32_t row = blockIdx.x * warps + threadIdx.x / 32; row < p.rows; row += gridDim.x * warps) {
-        const uint32_t side = row % p.sides, t = row / p.sides;
-        const int64_t slot = p.slots[t];
-        if (slot < 0) continue;
-        const uint4 *__restrict__ src = reinterpret_cast<const uint4 *>(p.src[side] + (int64_t)t * p.pieces * p.piece_in);
-        char *__restrict__ dst = p.dst[side] + (slot / p.block_size) * p.block_stride + (slot % p.block_size) * p.token_stride;
-        for (uint32_t j0 = lane; j0 < per; j0 += 32 * kCeilingUnroll) {
+    for (uint32_t row0 = blockIdx.x * kCeilingTile; row0 < p.rows; row0 += gridDim.x * kCeilingTile) {
+        const uint32_t n = min(kCeilingTile, p.rows - row0);
+        if (threadIdx.x < n) {
+            const uint32_t row = row0 + threadIdx.x, side = row % p.sides, t = row / p.sides;
+            const int64_t slot = p.slots[t];
+            s_src[threadIdx.x] = p.src[side] + (int64_t)t * p.pieces * p.piece_in;
+            s_dst[threadIdx.x] = slot < 0 ? nullptr
+                                          : p.dst[side] + (slot / p.block_size) * p.block_stride +
+                                                (slot % p.block_size) * p.token_stride;
+        }
+        __syncthreads();
+        const uint32_t total = n * per;
+        for (uint32_t f0 = threadIdx.x; f0 < total; f0 += blockDim.x * kCeilingUnroll) {
             uint4 x[kCeilingUnroll];
-#pragma unroll
-            for (int k = 0; k < kCeilingUnroll; k++)
-                if (j0 + 32 * k < per) x[k] = src[j0 + 32 * k];
+            char *d[kCeilingUnroll];
 #pragma unroll
             for (int k = 0; k < kCeilingUnroll; k++) {
-                const uint32_t j = j0 + 32 * k;
-                if (j < per) {
-                    const uint32_t pc = j / p.vecs, v = j - pc * p.vecs;
-                    narrow_store<R, IN>(dst + (int64_t)pc * p.piece_stride + (int64_t)v * (16 / R), x[k]);
-                }
+                const uint32_t f = f0 + blockDim.x * k, r = f / per, j = f - r * per, pc = j / p.vecs;
+                d[k] = f < total && s_dst[r] ? s_dst[r] + (int64_t)pc * p.piece_stride + (int64_t)(j - pc * p.vecs) * (16 / R)
+                                             : nullptr;
+                if (d[k]) x[k] = *reinterpret_cast<const uint4 *>(s_src[r] + (int64_t)j * 16);
             }
+#pragma unroll
+            for (int k = 0; k < kCeilingUnroll; k++)
+                if (d[k]) narrow_store<R, IN>(d[k], x[k]);
         }
+        __syncthreads();
     }
 }
 
@@ -75,8 +85,8 @@ __global__ void spin_kernel(long long cycles)
 
 template <int R, int IN> gpuError_t scatter_launch(const ScatterParams &p, gpuStream_t s)
 {
-    const uint32_t threads = KVHAL_GPU_THREADS, warps = threads / 32;
-    uint32_t grid = (p.rows + warps - 1) / warps;
+    const uint32_t threads = KVHAL_GPU_THREADS;
+    uint32_t grid = (p.rows + kCeilingTile - 1) / kCeilingTile;
     if (grid > 65535u * 16u) grid = 65535u * 16u;
     scatter_rows_kernel<R, IN><<<grid, threads, 0, s>>>(p);
     return gpuGetLastError();
