@@ -81,7 +81,7 @@ template <class X, int U, int MINB, int H = 0> struct Rows : X {};
 /* Row-form hints (CUDA; HIP builds the plain accesses and conversion):
  *   RUN  a row that is one run in the input (heads contiguous there: the HND layout's input) loads without the
  *        head split, as a one-run row does; only the cache side divides by the head's units;
- *   TRIM the fp8 conversion with fewer instructions per 16 bytes (sm_89+: XFp8Trim, OCP and fnuz);
+ *   TRIM the OCP fp8 conversion with fewer instructions per 16 bytes (sm_89+: XFp8Trim);
  *   NA   input loads as ld.global.L1::no_allocate (each input unit is read once: no L1 line is kept). */
 #define KVHAL_GPU_HINT_RUN 4
 #define KVHAL_GPU_HINT_TRIM 8
@@ -503,8 +503,8 @@ __device__ __forceinline__ void paged_store(const PagedSide &sd, const int64_t *
  * again for the store rather than kept across the barrier (registers: keeping t costs spills). A one-run row needs
  * no head split (no second division, no 64-bit multiplies). The row form runs on the vector path only, where unit
  * dim strides are 1 (build_side). */
-/* The row form's conversion under hints H: X's own, or with KVHAL_GPU_HINT_TRIM the trimmed fp8 conversion
- * (XFp8Trim, OCP and fnuz) where the hardware one exists. */
+/* The row form's conversion under hints H: X's own, or with KVHAL_GPU_HINT_TRIM the trimmed OCP conversion
+ * (XFp8Trim) where the hardware one exists. */
 template <class X> struct BaseX {
     typedef X T;
 };
@@ -581,58 +581,6 @@ template <int IN, int OUT, int MODE> struct XFp8Trim<XFp8Vec<IN, OUT, MODE>> {
             o.y = fp8_fix_nan<OUT>(o.y, ny, __byte_perm(v.z, v.w, 0x7531) & 0x80808080u, nan_lane_bytes<IN>(v.z, v.w));
         }
         return o;
-    }
-};
-/* XFp8VecFnuz's conversion with the same results: the OCP codes of q2 from packed conversions (fp8_hw_x4), one test
- * over all the unit's bytes for one at the largest OCP magnitude (then the unit goes through XFp8VecFnuz itself),
- * else only the negative zeros' signs dropped, as fnuz_four does. */
-template <int OUT> __device__ __forceinline__ bool fnuz_any_top(uint32_t a, uint32_t b)
-{
-    const uint32_t add = OUT == DT_E4M3FNUZ ? 0x02020202u : 0x05050505u;
-    return ((((a & 0x7f7f7f7fu) + add) | ((b & 0x7f7f7f7fu) + add)) & 0x80808080u) != 0;
-}
-__device__ __forceinline__ uint32_t fnuz_unsigned_zeros(uint32_t c)
-{
-    return c & (0x7f7f7f7fu | (((c & 0x7f7f7f7fu) + 0x7f7f7f7fu) & 0x80808080u));
-}
-template <int OUT, int MODE> struct XFp8Trim<XFp8VecFnuz<DT_F32, OUT, MODE>> {
-    typedef XFp8VecFnuz<DT_F32, OUT, MODE> V;
-    enum { OCP = OUT == DT_E4M3FNUZ ? DT_E4M3 : DT_E5M2 };
-    static __device__ __forceinline__ uint32_t apply(const uint4 &v, float s, float inv)
-    {
-        const uint32_t c = fp8_hw_x4<OCP>(
-            scaled2<MODE>(kvhal_num_bits_f32(v.x), s, inv), scaled2<MODE>(kvhal_num_bits_f32(v.y), s, inv),
-            scaled2<MODE>(kvhal_num_bits_f32(v.z), s, inv), scaled2<MODE>(kvhal_num_bits_f32(v.w), s, inv));
-        if (fnuz_any_top<OUT>(c, 0u)) return V::apply(v, s, inv); /* rare: saturation or NaN */
-        return fnuz_unsigned_zeros(c);
-    }
-};
-template <int IN, int OUT, int MODE> struct XFp8Trim<XFp8VecFnuz<IN, OUT, MODE>> {
-    typedef XFp8VecFnuz<IN, OUT, MODE> V;
-    enum { OCP = OUT == DT_E4M3FNUZ ? DT_E4M3 : DT_E5M2 };
-    static __device__ __forceinline__ uint32_t quad(uint32_t w0, uint32_t w1, float s, float inv)
-    {
-        return fp8_hw_x4<OCP>(scaled2<MODE>(load_elem<IN>(w0 & 0xffffu), s, inv),
-                              scaled2<MODE>(load_elem<IN>(w0 >> 16), s, inv),
-                              scaled2<MODE>(load_elem<IN>(w1 & 0xffffu), s, inv),
-                              scaled2<MODE>(load_elem<IN>(w1 >> 16), s, inv));
-    }
-    static __device__ __forceinline__ uint2 apply(const uint4 &v, float s, float inv)
-    {
-        uint2 o;
-        o.x = quad(v.x, v.y, s, inv);
-        o.y = quad(v.z, v.w, s, inv);
-        if (fnuz_any_top<OUT>(o.x, o.y)) return V::apply(v, s, inv); /* rare: saturation or NaN */
-        o.x = fnuz_unsigned_zeros(o.x);
-        o.y = fnuz_unsigned_zeros(o.y);
-        return o;
-    }
-};
-template <int IN, int OUT, int MODE, int H> struct Conv<XFp8VecFnuz<IN, OUT, MODE>, H> {
-    typedef XFp8VecFnuz<IN, OUT, MODE> V;
-    static __device__ __forceinline__ typename V::Out apply(const uint4 &v, float s, float inv)
-    {
-        return (H & KVHAL_GPU_HINT_TRIM) ? XFp8Trim<V>::apply(v, s, inv) : V::apply(v, s, inv);
     }
 };
 template <int IN, int OUT, int MODE, int H> struct Conv<XFp8Vec<IN, OUT, MODE>, H> {
