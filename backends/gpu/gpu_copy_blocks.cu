@@ -318,9 +318,10 @@ static int32_t batch_fns(Ctx *c, int32_t id, void *out[4])
                               reinterpret_cast<const void *>(&copy_batch_kernel), nullptr};
         int large = 0;
 #if defined(KVHAL_GPU_BATCH_LARGE)
-        sym[3] = reinterpret_cast<const void *>(&copy_batch_small_kernel<KVHAL_GPU_BATCH_LARGE>);
         int driver = 0;
         large = cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12010;
+        if (large) /* an older driver is never asked for the kernel of 32 KB parameters */
+            sym[3] = reinterpret_cast<const void *>(&copy_batch_small_kernel<KVHAL_GPU_BATCH_LARGE>);
 #endif
         for (int k = 0; k < 4; k++) {
             cudaFunction_t f = nullptr;

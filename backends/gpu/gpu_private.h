@@ -311,7 +311,8 @@ kvhal_status driver_launch(const Ctx *c, int32_t id, void *fn, uint32_t grid, ui
 /* The copy engines' batched copy (CUDA 12.8+, compile time; HIP has none): n chunks in stream order with one runtime
  * call, for the ops whose chunks are large enough (KVHAL_GPU_BATCH_MIN_CHUNK on average: a chunk costs the copy
  * engines about 0.8 us, so below it an SM copy in one launch does better). Batch copies refuse the legacy default
- * stream, and nothing is assumed of them in a graph: batch_stream says whether s takes them (*e: a failed query). */
+ * stream, and nothing is assumed of them in a graph: batch_stream says whether s takes them (*e: a failed query;
+ * false on a driver older than 12.8). */
 #if !defined(KVHAL_GPU_HIP) && defined(CUDART_VERSION) && CUDART_VERSION >= 12080
 #define KVHAL_GPU_MEMCPY_BATCH 1
 #define KVHAL_GPU_BATCH_MIN_CHUNK (256u << 10)
@@ -329,10 +330,24 @@ inline cudaError_t memcpy_batch(void *const *dst, const void *const *src, const 
                                 &attr, &attr_idx, 1, &fail_idx, s);
 #endif
 }
+/* Whether the driver runs batch copies: a module built with a 12.8+ runtime (linked statically) may meet an older
+ * driver, which would answer cudaErrorCallRequiresNewerDriver; asked once per process. */
+inline bool batch_driver(void)
+{
+    static int state; /* 0: not asked yet, 1: yes, 2: no (atomic; two first callers store the same answer) */
+    int v = __atomic_load_n(&state, __ATOMIC_RELAXED);
+    if (!v) {
+        int driver = 0;
+        v = cudaDriverGetVersion(&driver) == cudaSuccess && driver >= 12080 ? 1 : 2;
+        (void)cudaGetLastError();
+        __atomic_store_n(&state, v, __ATOMIC_RELAXED);
+    }
+    return v == 1;
+}
 inline bool batch_stream(cudaStream_t s, cudaError_t *e)
 {
     *e = cudaSuccess;
-    if (s == (cudaStream_t)0 || s == cudaStreamLegacy) return false;
+    if (s == (cudaStream_t)0 || s == cudaStreamLegacy || !batch_driver()) return false;
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     *e = cudaStreamIsCapturing(s, &cap);
     return *e == cudaSuccess && cap == cudaStreamCaptureStatusNone;

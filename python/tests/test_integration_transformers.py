@@ -283,16 +283,50 @@ from multiprocessing.connection import Client
 from kvhal.integrations import disagg, transformers as kt
 import test_integration_transformers as t
 port, key, address, transports = int(sys.argv[1]), bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3]), sys.argv[4]
+records = sys.argv[5] == "1"
 conn = Client(("127.0.0.1", port), authkey=key)  # the control connection first: the decode side accepts it
 model = t.make_tiny()
 model.config._attn_implementation = kt.ATTN_NAME
 t.ATTN[kt.ATTN_NAME] = kt.kvhal_paged_attention
 server = disagg.PrefillServer(model, "kvhal-disagg-test", address, transports=transports, num_pages=64, page_size=4,
-                              record_logits=True)
+                              record_logits=records)
 server.serve(conn)
 server.close()
 print("prefill served", server.engine.stats["requests"], "requests")
 """
+
+
+def _serve_pair(model, reqs, transports, prefill_records=True):
+    """A DecodeEngine (recording logits) here and a PrefillServer in a child process over transports: the decode
+    side's requests, the engine, and the child's (returncode, stdout, stderr). An error of the run is raised after the
+    child was stopped."""
+    disagg = pytest.importorskip("kvhal.integrations.disagg", reason="kvhal built without libkvhal-xfer")
+    import os
+    import subprocess
+    import sys
+    from multiprocessing.connection import Listener
+    eng = disagg.DecodeEngine(model, "kvhal-disagg-test", transports=transports, num_pages=96, page_size=4,
+                              max_batch=3, record_logits=True)
+    key = os.urandom(16)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with Listener(("127.0.0.1", 0), authkey=key) as lis:
+        child = subprocess.Popen([sys.executable, "-c", PREFILL, str(lis.address[1]), key.hex(), eng.address.hex(),
+                                  transports, str(int(prefill_records))], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, env=env, text=True)
+        try:
+            eng.conn = lis.accept()
+            eng.wait_peer(60)
+            rs = [eng.add(p, n) for p, n in reqs]
+            try:
+                eng.run()
+            finally:
+                eng.close()
+            out, err = child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+    return rs, eng, (child.returncode, out, err)
 
 
 @pytest.mark.parametrize("transports", ["tcp", "shm"])
@@ -300,35 +334,13 @@ def test_disaggregated_prefill_and_decode(tiny, transports):
     """Prefill in another process, its K/V streamed layer by layer through libkvhal-xfer into the decode side's
     pages: the tokens are the single-process reference's, every request's timings are reported, and each token's
     logits row (the first one computed by the prefill process) is the single-process engine's."""
-    disagg = pytest.importorskip("kvhal.integrations.disagg", reason="kvhal built without libkvhal-xfer")
-    import os
-    import subprocess
-    import sys
-    from multiprocessing.connection import Listener
     model, reqs, refs = tiny
     model.config._attn_implementation = kt.ATTN_NAME
     one = kt.KvhalEngine(model, num_pages=96, page_size=4, max_batch=3, record_logits=True)
     ones = [one.add(p, n) for p, n in reqs]
     one.run()
-    eng = disagg.DecodeEngine(model, "kvhal-disagg-test", transports=transports, num_pages=96, page_size=4,
-                              max_batch=3, record_logits=True)
-    key = os.urandom(16)
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    with Listener(("127.0.0.1", 0), authkey=key) as lis:
-        child = subprocess.Popen([sys.executable, "-c", PREFILL, str(lis.address[1]), key.hex(), eng.address.hex(),
-                                  transports], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-        try:
-            eng.conn = lis.accept()
-            eng.wait_peer(60)
-            rs = [eng.add(p, n) for p, n in reqs]
-            eng.run()
-            eng.close()
-            out, err = child.communicate(timeout=60)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.communicate()
-    assert child.returncode == 0 and "prefill served 10 requests" in out, err
+    rs, eng, (rc, out, err) = _serve_pair(model, reqs, transports)
+    assert rc == 0 and "prefill served 10 requests" in out, err
     assert [r.out for r in rs] == refs
     for r, o in zip(rs, ones):
         assert len(r.logits) == len(r.out) == len(o.logits)
@@ -339,3 +351,12 @@ def test_disaggregated_prefill_and_decode(tiny, transports):
     for r in rs:
         t = r.t_first
         assert t["compute_s"] > 0 and t["exposed_s"] >= 0 and t["ttft_s"] >= t["compute_s"]
+
+
+def test_disaggregated_logits_need_both_sides(tiny):
+    """A decode side that records logits refuses a prefill process that sends none (its rows would pair with the
+    wrong tokens), naming the argument; the prefill process still stops cleanly."""
+    model, reqs, _ = tiny
+    model.config._attn_implementation = kt.ATTN_NAME
+    with pytest.raises(kvhal.InvalidArgument, match="record_logits"):
+        _serve_pair(model, reqs, "tcp", prefill_records=False)

@@ -315,7 +315,10 @@ class DecodeEngine(KvhalEngine):
                 raise kvhal.PeerFailed(f"request {r.rid}: the prefill process refused it ({msg[2]})")
             r.out.append(msg[2])
             logits = msg[3].pop("logits", None)
-            if self.record and logits is not None:
+            if self.record:
+                if logits is None:  # r.logits would fall a row behind r.out: every later row on the wrong token
+                    raise kvhal.InvalidArgument(f"request {r.rid}: record_logits=True needs the PrefillServer to "
+                                                "record logits too (PrefillServer(..., record_logits=True))")
                 r.logits.append(torch.from_numpy(logits))
             r.t_first["timings"] = msg[3]
         for rid, r in list(self.remote.items()):
