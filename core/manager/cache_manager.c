@@ -617,6 +617,23 @@ uint64_t kvhal_cache_manager_pages_evicted(const kvhal_cache_manager *cm)
     return (cm && kvhal__handle_live(cm, CM_MAGIC)) ? cm->evicted_pages : 0;
 }
 
+/* The calls behind the tiered entry points (manager_tiered.c), which hold cm themselves. */
+kvhal_status kvhal__cm_match(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens, kvhal_prefix_handle *handle,
+                             size_t *cached_len, int32_t *pages, size_t pages_cap)
+{
+    return kvhal_cache_manager_match__body(cm, tokens, num_tokens, handle, cached_len, pages, pages_cap, NULL);
+}
+
+kvhal_status kvhal__cm_allocate(kvhal_cache_manager *cm, int32_t n, int32_t *pages)
+{
+    return kvhal_cache_manager_allocate__body(cm, n, pages);
+}
+
+kvhal_status kvhal__cm_free(kvhal_cache_manager *cm, const int32_t *pages, int32_t n)
+{
+    return kvhal_cache_manager_free__body(cm, pages, n);
+}
+
 kvhal_status kvhal_cache_manager_match(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
                                        kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
                                        size_t pages_cap)

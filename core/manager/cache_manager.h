@@ -60,5 +60,11 @@ static inline bool page_is_tree(const kvhal_cache_manager *cm, uint32_t p)
  * write-backs are stored first (their copies enqueued), except by match (store false), which must see the host
  * tier as it was (storing may drop host entries to make room). */
 KVHAL_HIDDEN kvhal_status kvhal__cm_reap(kvhal_cache_manager *cm, bool wait, bool store);
+/* match, allocate and free without taking cm: for the tiered entry points (manager_tiered.c), which hold it. */
+KVHAL_HIDDEN kvhal_status kvhal__cm_match(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                          kvhal_prefix_handle *handle, size_t *cached_len, int32_t *pages,
+                                          size_t pages_cap);
+KVHAL_HIDDEN kvhal_status kvhal__cm_allocate(kvhal_cache_manager *cm, int32_t n, int32_t *pages);
+KVHAL_HIDDEN kvhal_status kvhal__cm_free(kvhal_cache_manager *cm, const int32_t *pages, int32_t n);
 
 #endif

@@ -7,6 +7,7 @@
 #include "cache_manager.h"
 #include "faults.h"
 #include "kv_events.h"
+#include "owner.h"
 #include "prefix_owned.h"
 #include "tier.h"
 
@@ -50,14 +51,16 @@ static kvhal_status check_tiered(const kvhal_cache_manager *cm, bool need_host)
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
-                                              kvhal_prefix_handle *handle, size_t *device_len, size_t *host_len,
-                                              int32_t *pages, size_t pages_cap)
+/* Every entry point below holds cm for its whole call (owner.h): a second thread's call, or one that would run while
+ * another thread's load_back holds host slots pinned, is refused with KVHAL_BUSY instead of racing. */
+static kvhal_status match_tiered_body(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                      kvhal_prefix_handle *handle, size_t *device_len, size_t *host_len,
+                                      int32_t *pages, size_t pages_cap)
 {
     size_t len = 0;
     /* host entries whose copies completed become hits: a query, no wait */
-    if (cm && kvhal__handle_live(cm, CM_MAGIC) && cm->magic == CM_MAGIC && host_len) KVHAL_TRY(kvhal__cm_reap(cm, false, false));
-    KVHAL_TRY(kvhal_cache_manager_match(cm, tokens, num_tokens, handle, &len, pages, pages_cap));
+    if (host_len) KVHAL_TRY(kvhal__cm_reap(cm, false, false));
+    KVHAL_TRY(kvhal__cm_match(cm, tokens, num_tokens, handle, &len, pages, pages_cap));
     if (device_len) *device_len = len;
     if (host_len) *host_len = 0;
     if (!host_len || !cm->tiering) return KVHAL_OK;
@@ -70,10 +73,17 @@ kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm, const int
     return kvhal__prefix_ticket_bound(cm->pc, *handle, &reported, &bound);
 }
 
-kvhal_status kvhal_cache_manager_load_back(kvhal_cache_manager *cm, kvhal_prefix_handle handle, const int32_t *tokens,
-                                           size_t num_tokens, int32_t *pages, size_t pages_cap, size_t *loaded_len)
+kvhal_status kvhal_cache_manager_match_tiered(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                              kvhal_prefix_handle *handle, size_t *device_len, size_t *host_len,
+                                              int32_t *pages, size_t pages_cap)
 {
-    KVHAL_TRY(check_tiered(cm, true));
+    KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm",
+                     match_tiered_body(cm, tokens, num_tokens, handle, device_len, host_len, pages, pages_cap));
+}
+
+static kvhal_status load_back_body(kvhal_cache_manager *cm, kvhal_prefix_handle handle, const int32_t *tokens,
+                                   size_t num_tokens, int32_t *pages, size_t pages_cap, size_t *loaded_len)
+{
     KVHAL_CHECK_ARG(loaded_len, "loaded_len: NULL");
     *loaded_len = 0;
     KVHAL_CHECK_ARG(tokens || num_tokens == 0, "tokens: NULL for %zu tokens", num_tokens);
@@ -108,10 +118,10 @@ kvhal_status kvhal_cache_manager_load_back(kvhal_cache_manager *cm, kvhal_prefix
         tier->ops->pin(tier, slots[i], 1);
         tier->ops->touch(tier, slots[i]);
     }
-    kvhal_status st = kvhal_cache_manager_allocate(cm, (int32_t)n, pages);
+    kvhal_status st = kvhal__cm_allocate(cm, (int32_t)n, pages);
     if (st == KVHAL_OK) {
         st = tier->ops->load(tier, n, slots, pages);
-        if (st != KVHAL_OK) (void)kvhal_cache_manager_free(cm, pages, (int32_t)n); /* keeps the copy's error */
+        if (st != KVHAL_OK) (void)kvhal__cm_free(cm, pages, (int32_t)n); /* keeps the copy's error */
     }
     for (size_t i = 0; i < n; i++) tier->ops->pin(tier, slots[i], -1);
     free(slots);
@@ -121,9 +131,15 @@ kvhal_status kvhal_cache_manager_load_back(kvhal_cache_manager *cm, kvhal_prefix
     return kvhal__prefix_ticket_bound(cm->pc, handle, &matched, &bound);
 }
 
-kvhal_status kvhal_cache_manager_transfer_wait(kvhal_cache_manager *cm)
+kvhal_status kvhal_cache_manager_load_back(kvhal_cache_manager *cm, kvhal_prefix_handle handle, const int32_t *tokens,
+                                           size_t num_tokens, int32_t *pages, size_t pages_cap, size_t *loaded_len)
 {
-    KVHAL_TRY(check_tiered(cm, false));
+    KVHAL_OWNED_CALL(check_tiered(cm, true), cm, "cm",
+                     load_back_body(cm, handle, tokens, num_tokens, pages, pages_cap, loaded_len));
+}
+
+static kvhal_status transfer_wait_body(kvhal_cache_manager *cm)
+{
     kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
     if (!tier) return KVHAL_OK;
     /* copies out pending: the wait also frees the drained pages and validates the host entries */
@@ -131,9 +147,13 @@ kvhal_status kvhal_cache_manager_transfer_wait(kvhal_cache_manager *cm)
     return tier->ops->wait(tier);
 }
 
-kvhal_status kvhal_cache_manager_transfer_query(kvhal_cache_manager *cm)
+kvhal_status kvhal_cache_manager_transfer_wait(kvhal_cache_manager *cm)
 {
-    KVHAL_TRY(check_tiered(cm, false));
+    KVHAL_OWNED_CALL(check_tiered(cm, false), cm, "cm", transfer_wait_body(cm));
+}
+
+static kvhal_status transfer_query_body(kvhal_cache_manager *cm)
+{
     kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
     if (!tier) return KVHAL_OK;
     if (kvhal__tiering_busy(cm->tiering)) {
@@ -143,9 +163,13 @@ kvhal_status kvhal_cache_manager_transfer_query(kvhal_cache_manager *cm)
     return tier->ops->query(tier);
 }
 
-kvhal_status kvhal_cache_manager_tier_stats(const kvhal_cache_manager *cm, kvhal_host_tier_stats *out)
+kvhal_status kvhal_cache_manager_transfer_query(kvhal_cache_manager *cm)
 {
-    KVHAL_TRY(check_tiered(cm, false));
+    KVHAL_OWNED_CALL(check_tiered(cm, false), cm, "cm", transfer_query_body(cm));
+}
+
+static kvhal_status tier_stats_body(const kvhal_cache_manager *cm, kvhal_host_tier_stats *out)
+{
     KVHAL_CHECK_ARG(out, "out: NULL");
     memset(out, 0, sizeof *out);
     kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
@@ -154,18 +178,26 @@ kvhal_status kvhal_cache_manager_tier_stats(const kvhal_cache_manager *cm, kvhal
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_cache_manager_tier_write_failures(const kvhal_cache_manager *cm, uint64_t *pages)
+kvhal_status kvhal_cache_manager_tier_stats(const kvhal_cache_manager *cm, kvhal_host_tier_stats *out)
 {
-    KVHAL_TRY(check_tiered(cm, false));
+    KVHAL_OWNED_CALL(check_tiered(cm, false), (kvhal_cache_manager *)cm, "cm", tier_stats_body(cm, out));
+}
+
+static kvhal_status write_failures_body(const kvhal_cache_manager *cm, uint64_t *pages)
+{
     KVHAL_CHECK_ARG(pages, "pages: NULL");
     *pages = kvhal__tiering_write_failures(cm->tiering);
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_cache_manager_events_read(kvhal_cache_manager *cm, kvhal_kv_event *out, int32_t *tokens,
-                                             size_t cap, size_t *n)
+kvhal_status kvhal_cache_manager_tier_write_failures(const kvhal_cache_manager *cm, uint64_t *pages)
 {
-    KVHAL_TRY(check_tiered(cm, false));
+    KVHAL_OWNED_CALL(check_tiered(cm, false), (kvhal_cache_manager *)cm, "cm", write_failures_body(cm, pages));
+}
+
+static kvhal_status events_read_body(kvhal_cache_manager *cm, kvhal_kv_event *out, int32_t *tokens, size_t cap,
+                                     size_t *n)
+{
     KVHAL_CHECK_ARG(n, "n: NULL");
     *n = 0;
     kvhal__kv_events *ev = kvhal__tiering_events(cm->tiering);
@@ -175,10 +207,20 @@ kvhal_status kvhal_cache_manager_events_read(kvhal_cache_manager *cm, kvhal_kv_e
     return KVHAL_OK;
 }
 
-kvhal_status kvhal_cache_manager_host_tier_clear(kvhal_cache_manager *cm)
+kvhal_status kvhal_cache_manager_events_read(kvhal_cache_manager *cm, kvhal_kv_event *out, int32_t *tokens,
+                                             size_t cap, size_t *n)
 {
-    KVHAL_TRY(check_tiered(cm, true));
+    KVHAL_OWNED_CALL(check_tiered(cm, false), cm, "cm", events_read_body(cm, out, tokens, cap, n));
+}
+
+static kvhal_status host_tier_clear_body(kvhal_cache_manager *cm)
+{
     kvhal__tier *tier = kvhal__tiering_tier(cm->tiering);
     KVHAL_TRY(kvhal__cm_reap(cm, true, true)); /* the drained pages go free; every entry valid, then dropped */
     return tier->ops->clear(tier);
+}
+
+kvhal_status kvhal_cache_manager_host_tier_clear(kvhal_cache_manager *cm)
+{
+    KVHAL_OWNED_CALL(check_tiered(cm, true), cm, "cm", host_tier_clear_body(cm));
 }
