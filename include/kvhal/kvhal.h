@@ -1762,8 +1762,9 @@ KVHAL_API kvhal_status kvhal_buffer_ipc_export(const kvhal_buffer *buf, void *bl
 KVHAL_API kvhal_status kvhal_buffer_ipc_import(kvhal_device dev, const void *blob, size_t len, kvhal_buffer **out);
 /** Batched copies between two buffers on one device, as one backend operation where the backend has one (on cuda
  *  and hip a kernel launch per 96 ranges, per 512 on cuda where the module and the driver allow; on cuda built
- *  with a 12.8+ runtime, ranges averaging 256 KiB or more on a stream other than the legacy default one, not
- *  capturing, go to the copy engines in one cudaMemcpyBatchAsync instead: KVHAL_GPU_COPY_BATCH in docs/guide.md),
+ *  with a 12.8+ runtime and running on a 12.8+ driver, ranges averaging 256 KiB or more on a stream other than the
+ *  legacy default one, not capturing, go to the copy engines in one cudaMemcpyBatchAsync instead:
+ *  KVHAL_GPU_COPY_BATCH in docs/guide.md),
  *  asynchronously on s: for i in 0..count, bytes[i] bytes from src at src_offsets[i] to dst at dst_offsets[i].
  *  Ranges are checked against both buffers; destination ranges must not
  *  overlap each other or the source ranges when dst is src (not checked: the result is then undefined).
