@@ -8,7 +8,9 @@
 #   on the same device, in the same run. "cold": L2 flushed before each call, slots a random permutation over a 4x
 #   cache; "warm": back to back. ROUNDS runs; the table shows the median ratio over the rounds. On CUDA and HIP each
 #   paged-caching and MLA row has a ceiling row before it (op "<op>_ceiling": the module's plain SM copy of the same
-#   scattered rows, kvhal_gpu_scatter_rows, measured the same way) and its ratio to that row ("of ceiling").
+#   scattered rows, the fastest of kvhal_gpu_scatter_rows_form's forms (4 or 8 loads in flight per thread, loads
+#   allocated in L1 or not), each measured the same way; the table names the form) and its ratio to that row ("of
+#   ceiling").
 # Machine: any with a GPU and its toolchain (figures in docs/performance.md: one NVIDIA H200, one H100);
 #   DEV=opencl:N measures an OpenCL device, DEV=cpu:0 the CPU backend (no cold column there).
 # Run (repository root): bash bench/kernels-gpu.sh
@@ -67,10 +69,12 @@ for p in platforms:
     print("platform: %s" % p) # the code path once the device was opened (CUDA: the functions loaded when opened)
 for key, rs in rows.items():
     ceil = [r["ratio_to_ceiling"] for r in rs if r.get("ratio_to_ceiling") is not None]
-    print("%-17s %-11s %6s %-4s %-5s %-13s %-5s | cold %s (%s us) | warm %s (%s us) | host %s gpu %s | of ceiling %s" % (
+    forms = sorted({int(r["ceiling_form"]) for r in rs if r.get("ceiling_form") is not None})
+    print("%-17s %-11s %6s %-4s %-5s %-13s %-5s | cold %s (%s us) | warm %s (%s us) | host %s gpu %s | of ceiling %s%s" % (
         key[0], key[1], key[2], key[3], key[4], key[5], key[6] if key[6] is not None else "-",
         med(rs, "cold", "ratio_to_memcpy"), med(rs, "cold", "us_p50"), med(rs, "warm", "ratio_to_memcpy"),
         med(rs, "warm", "us_p50"), medv(rs, "host_us"), medv(rs, "gpu_us"),
-        "%.3f" % statistics.median(ceil) if ceil else "-"))
+        "%.3f" % statistics.median(ceil) if ceil else "-",
+        " (form %s)" % ",".join(map(str, forms)) if forms else ""))
 PY
 exit $rc

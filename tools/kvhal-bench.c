@@ -124,13 +124,14 @@ typedef struct record {
     double host_us, gpu_us, ns; /* < 0: not measured (null) */
     double of_ceiling;          /* the row's cold (else warm) ratio to memcpy over its ceiling row's; < 0: null */
     int64_t descriptors_created; /* < 0: null */
+    int form;                    /* a ceiling row's copy form (kvhal_gpu_scatter_rows_form); < 0: null */
 } record;
 
 static record rec_init(const char *op, const char *preset_name, const char *layout, int64_t tokens, kvhal_dtype dt,
                        kvhal_dtype cdt)
 {
     record r = {.op = op, .preset = preset_name, .layout = layout, .tokens = tokens, .dtype = dt, .cache_dtype = cdt,
-                .host_us = -1, .gpu_us = -1, .ns = -1, .of_ceiling = -1, .descriptors_created = -1};
+                .host_us = -1, .gpu_us = -1, .ns = -1, .of_ceiling = -1, .descriptors_created = -1, .form = -1};
     return r;
 }
 
@@ -230,6 +231,7 @@ static void emit(record *r)
         tool_json_key_num(&jrec, "ns", r->ns, r->ns >= 0);
         tool_json_key_num(&jrec, "ratio_to_ceiling", r->of_ceiling, r->of_ceiling > 0);
         tool_json_key_num(&jrec, "descriptors_created", (double)r->descriptors_created, r->descriptors_created >= 0);
+        tool_json_key_num(&jrec, "ceiling_form", r->form, r->form >= 0);
         tool_json_close(&jrec);
     } else {
         if (nrecords == 0)
@@ -251,6 +253,7 @@ static void emit(record *r)
         if (r->ns >= 0) printf(" %.1f ns", r->ns);
         if (r->of_ceiling > 0) printf(" of ceiling %.3f", r->of_ceiling);
         if (r->descriptors_created >= 0) printf(" descriptors %lld", (long long)r->descriptors_created);
+        if (r->form >= 0) printf(" form %d", r->form);
         printf("\n");
         fflush(stdout);
     }
@@ -570,51 +573,78 @@ static int cache_cases(kvhal_dtype in, cache_case *out)
     return n;
 }
 
-/* ---- the copy ceiling: the same scattered rows copied by the GPU modules' plain SM copy ---- */
+/* ---- the copy ceiling: the same scattered rows copied by the GPU modules' plain SM copy, its fastest form ---- */
 
 typedef struct ceil_ctx {
-    kvhal_gpu_scatter_rows_fn fn;
+    kvhal_gpu_scatter_rows_fn fn;           /* NULL: no ceiling rows */
+    kvhal_gpu_scatter_rows_form_fn form_fn; /* NULL: only fn's form */
+    int form;                               /* the form run_ceiling runs (form_fn) */
     kvhal_gpu_scatter_args a;
 } ceil_ctx;
 
-static void run_ceiling(void *p)
+static int ceiling_copy(ceil_ctx *c)
 {
-    ceil_ctx *c = p;
-    if (c->fn(&c->a, NULL) != 0) fail_run(KVHAL_BACKEND_ERROR, "kvhal_gpu_scatter_rows", "the ceiling copy failed");
+    return c->form_fn ? c->form_fn(&c->a, c->form, NULL) : c->fn(&c->a, NULL);
 }
 
-/* The device's copy ceiling (CUDA and HIP modules), else NULL: no ceiling rows. */
-static kvhal_gpu_scatter_rows_fn ceiling_fn(void)
+static void run_ceiling(void *p)
+{
+    if (ceiling_copy(p) != 0) fail_run(KVHAL_BACKEND_ERROR, "kvhal_gpu_scatter_rows", "the ceiling copy failed");
+}
+
+/* A GPU module's extra (CUDA and HIP), else NULL. */
+static void *gpu_extra(const char *name)
 {
     void *f = NULL;
     if ((dev.type != KVHAL_DEVICE_CUDA && dev.type != KVHAL_DEVICE_HIP) ||
-        kvhal_backend_get_proc_address(dev.type, "kvhal_gpu_scatter_rows", &f) != KVHAL_OK) {
+        kvhal_backend_get_proc_address(dev.type, name, &f) != KVHAL_OK) {
         kvhal_clear_error();
         return NULL;
     }
-    kvhal_gpu_scatter_rows_fn fn; /* a function pointer from void * (ISO C has no cast for it) */
-    memcpy(&fn, &f, sizeof fn);
-    return fn;
+    return f;
 }
 
-/* A "ceiling" row (op: the row's op + "_ceiling") for the rows c->a describes, measured like the op beside memcpy,
- * and the op's row r told its ratio to it. Nothing when the device has no ceiling copy or refuses these rows. */
+/* The device's copy ceiling and its forms: c->fn NULL where the device has none. */
+static void ceiling_fns(ceil_ctx *c)
+{
+    void *f = gpu_extra("kvhal_gpu_scatter_rows"), *ff = gpu_extra("kvhal_gpu_scatter_rows_form");
+    /* function pointers from void * (ISO C has no cast for it) */
+    memcpy(&c->fn, &f, sizeof c->fn);
+    memcpy(&c->form_fn, &ff, sizeof c->form_fn);
+}
+
+/* A "ceiling" row (op: the row's op + "_ceiling") for the rows c->a describes: every form of the copy measured like
+ * the op beside memcpy, the fastest (cold ratio, else warm) kept as the row, and the op's row r told its ratio to
+ * it. Nothing when the device has no ceiling copy or refuses these rows. */
 static void ceiling_row(ceil_ctx *c, record *r)
 {
+    ceiling_fns(c);
     if (!c->fn || c->fn(&c->a, NULL) != 0) return;
     CHECK(kvhal_device_synchronize(dev));
-    char op[48];
+    static char op[48];
     snprintf(op, sizeof op, "%s_ceiling", r->op);
-    record cr = rec_init(op, r->preset, r->layout, r->tokens, r->dtype, r->cache_dtype);
-    cr.scale = r->scale;
-    cr.bytes = r->bytes;
-    measure_vs_memcpy(run_ceiling, c, &cr);
-    emit(&cr);
+    record best = {0};
+    bool have = false;
+    const int forms = c->form_fn ? KVHAL_GPU_SCATTER_FORMS : 1;
+    for (c->form = 0; c->form < forms; c->form++) {
+        if (c->form_fn && c->form_fn(&c->a, c->form, NULL) != 0) continue;
+        record cr = rec_init(op, r->preset, r->layout, r->tokens, r->dtype, r->cache_dtype);
+        cr.scale = r->scale;
+        cr.bytes = r->bytes;
+        cr.form = c->form_fn ? c->form : -1;
+        measure_vs_memcpy(run_ceiling, c, &cr);
+        const double q = cr.cold.ratio > 0 ? cr.cold.ratio : cr.warm.ratio,
+                     qb = best.cold.ratio > 0 ? best.cold.ratio : best.warm.ratio;
+        if (!have || q > qb) best = cr;
+        have = true;
+    }
+    if (!have) return;
+    emit(&best);
     fill_bw(&r->cold, r->bytes);
     fill_bw(&r->warm, r->bytes);
-    const bool cold = r->cold.ratio > 0 && cr.cold.ratio > 0;
-    if (cold) r->of_ceiling = r->cold.ratio / cr.cold.ratio;
-    else if (r->warm.ratio > 0 && cr.warm.ratio > 0) r->of_ceiling = r->warm.ratio / cr.warm.ratio;
+    const bool cold = r->cold.ratio > 0 && best.cold.ratio > 0;
+    if (cold) r->of_ceiling = r->cold.ratio / best.cold.ratio;
+    else if (r->warm.ratio > 0 && best.warm.ratio > 0) r->of_ceiling = r->warm.ratio / best.warm.ratio;
 }
 
 static void bench_paged(const preset *p, int64_t tokens)
@@ -657,7 +687,7 @@ static void bench_paged(const preset *p, int64_t tokens)
             r.bytes = read + written;
             measure_vs_memcpy(run_paged, &c, &r);
             const size_t hd = (size_t)(H * D);
-            ceil_ctx cl = {.fn = ceiling_fn(),
+            ceil_ctx cl = {
                            .a = {.src = {kvhal_buffer_native(in), (char *)kvhal_buffer_native(in) + elems * ies},
                                  .dst = {kvhal_buffer_native(cache),
                                          (char *)kvhal_buffer_native(cache) + cache_elems * ces},
@@ -700,7 +730,7 @@ static void bench_mla(int64_t tokens)
         r.bytes = (double)(tokens * row) * (2.0 + (double)kvhal_dtype_size(cc[ci].dt)) + (double)tokens * 8;
         measure_vs_memcpy(run_paged, &c, &r);
         const int64_t ces = (int64_t)kvhal_dtype_size(cc[ci].dt);
-        ceil_ctx cl = {.fn = ceiling_fn(), /* the rows' bytes read as one contiguous input */
+        ceil_ctx cl = { /* the rows' bytes read as one contiguous input */
                        .a = {.src = {kvhal_buffer_native(in)}, .dst = {kvhal_buffer_native(cache)},
                              .slots = kvhal_buffer_native(slots), .tokens = tokens, .sides = 1, .pieces = 1,
                              .in_elem = 2, .out_elem = (int32_t)ces, .piece_elems = row, .block_size = BLOCK,

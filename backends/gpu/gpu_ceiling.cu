@@ -31,25 +31,27 @@ struct ScatterParams {
     const int64_t *slots;
     uint32_t rows;         /* tokens * sides */
     uint32_t vecs, pieces, sides;
+    kvhal_fastdiv32 div_per, div_vecs, div_sides; /* by pieces * vecs (a row's vectors), by vecs, by sides */
     int64_t piece_in;      /* bytes */
     int64_t block_size, block_stride, piece_stride, token_stride;
 };
 
-constexpr int kCeilingUnroll = 4; /* 16-byte loads in flight per thread before the stores */
 constexpr uint32_t kCeilingTile = 32; /* (token, side) rows a block takes at a time */
 
 /* A block takes kCeilingTile (token, side) rows at a time: its first threads load the rows' slots and compute their
  * sources and destinations once (one load round trip per tile, kept in shared memory), then the block walks the
- * rows' 16-byte vectors as one flat range, kCeilingUnroll loads per thread issued before their stores. */
-template <int R, int IN> __global__ void __launch_bounds__(KVHAL_GPU_THREADS) scatter_rows_kernel(const ScatterParams p)
+ * rows' 16-byte vectors as one flat range, U loads per thread issued before their stores (divisions by
+ * multiplication, as the ops'), the loads plain or (NA) not allocated in L1, as the ops' one-wave form. */
+template <int R, int IN, int U, int NA>
+__global__ void __launch_bounds__(KVHAL_GPU_THREADS) scatter_rows_kernel(const ScatterParams p)
 {
     __shared__ const char *s_src[kCeilingTile];
     __shared__ char *s_dst[kCeilingTile];
-    const uint32_t per = p.pieces * p.vecs;
+    const uint32_t per = p.div_per.d;
     for (uint32_t row0 = blockIdx.x * kCeilingTile; row0 < p.rows; row0 += gridDim.x * kCeilingTile) {
         const uint32_t n = min(kCeilingTile, p.rows - row0);
         if (threadIdx.x < n) {
-            const uint32_t row = row0 + threadIdx.x, side = row % p.sides, t = row / p.sides;
+            const uint32_t row = row0 + threadIdx.x, t = kvhal_fastdiv32_div(row, p.div_sides), side = row - t * p.sides;
             const int64_t slot = p.slots[t];
             s_src[threadIdx.x] = p.src[side] + (int64_t)t * p.pieces * p.piece_in;
             s_dst[threadIdx.x] = slot < 0 ? nullptr
@@ -58,18 +60,19 @@ template <int R, int IN> __global__ void __launch_bounds__(KVHAL_GPU_THREADS) sc
         }
         __syncthreads();
         const uint32_t total = n * per;
-        for (uint32_t f0 = threadIdx.x; f0 < total; f0 += blockDim.x * kCeilingUnroll) {
-            uint4 x[kCeilingUnroll];
-            char *d[kCeilingUnroll];
+        for (uint32_t f0 = threadIdx.x; f0 < total; f0 += blockDim.x * U) {
+            uint4 x[U];
+            char *d[U];
 #pragma unroll
-            for (int k = 0; k < kCeilingUnroll; k++) {
-                const uint32_t f = f0 + blockDim.x * k, r = f / per, j = f - r * per, pc = j / p.vecs;
+            for (int k = 0; k < U; k++) {
+                const uint32_t f = f0 + blockDim.x * k, r = kvhal_fastdiv32_div(f, p.div_per), j = f - r * per,
+                               pc = kvhal_fastdiv32_div(j, p.div_vecs);
                 d[k] = f < total && s_dst[r] ? s_dst[r] + (int64_t)pc * p.piece_stride + (int64_t)(j - pc * p.vecs) * (16 / R)
                                              : nullptr;
-                if (d[k]) x[k] = *reinterpret_cast<const uint4 *>(s_src[r] + (int64_t)j * 16);
+                if (d[k]) x[k] = ld_in<NA ? KVHAL_GPU_HINT_NA : 0>(reinterpret_cast<const uint4 *>(s_src[r] + (int64_t)j * 16));
             }
 #pragma unroll
-            for (int k = 0; k < kCeilingUnroll; k++)
+            for (int k = 0; k < U; k++)
                 if (d[k]) narrow_store<R, IN>(d[k], x[k]);
         }
         __syncthreads();
@@ -83,23 +86,35 @@ __global__ void spin_kernel(long long cycles)
     }
 }
 
-template <int R, int IN> gpuError_t scatter_launch(const ScatterParams &p, gpuStream_t s)
+template <int R, int IN, int U, int NA> gpuError_t scatter_launch(const ScatterParams &p, gpuStream_t s)
 {
     const uint32_t threads = KVHAL_GPU_THREADS;
     uint32_t grid = (p.rows + kCeilingTile - 1) / kCeilingTile;
     if (grid > 65535u * 16u) grid = 65535u * 16u;
-    scatter_rows_kernel<R, IN><<<grid, threads, 0, s>>>(p);
+    scatter_rows_kernel<R, IN, U, NA><<<grid, threads, 0, s>>>(p);
     return gpuGetLastError();
 }
 
+/* The form's kernel for in / out bytes per element: forms 0-3 are 4 or 8 loads in flight, plain or NA loads. */
+template <int R, int IN> gpuError_t scatter_form(const ScatterParams &p, int form, gpuStream_t s)
+{
+    switch (form) {
+    case 0: return scatter_launch<R, IN, 4, 0>(p, s);
+    case 1: return scatter_launch<R, IN, 8, 0>(p, s);
+    case 2: return scatter_launch<R, IN, 4, 1>(p, s);
+    default: return scatter_launch<R, IN, 8, 1>(p, s);
+    }
+}
+
 } // namespace
-const void *ceiling_one_kernel(void) { return reinterpret_cast<const void *>(scatter_rows_kernel<1, 2>); }
+const void *ceiling_one_kernel(void) { return reinterpret_cast<const void *>(scatter_rows_kernel<1, 2, 4, 0>); }
 
 } // namespace kvhal_gpu
 
-extern "C" int kvhal_gpu_scatter_rows(const kvhal_gpu_scatter_args *a, void *native_stream)
+extern "C" int kvhal_gpu_scatter_rows_form(const kvhal_gpu_scatter_args *a, int form, void *native_stream)
 {
     using namespace kvhal_gpu;
+    if (form < 0 || form >= KVHAL_GPU_SCATTER_FORMS) return -1;
     if (!a || a->sides < 1 || a->sides > 2 || a->pieces < 1 || a->tokens < 1 || a->piece_elems < 1 ||
         a->block_size < 1 || !a->slots)
         return -1;
@@ -108,7 +123,7 @@ extern "C" int kvhal_gpu_scatter_rows(const kvhal_gpu_scatter_args *a, void *nat
     const int64_t piece_in = a->piece_elems * in;
     if (piece_in % 16) return -1;
     const uint64_t total = (uint64_t)a->tokens * (uint64_t)a->sides * (uint64_t)a->pieces * (uint64_t)(piece_in / 16);
-    if (total >= (1ull << 32)) return -1;
+    if (total >= (1ull << 32) || (uint64_t)a->pieces * (uint64_t)(piece_in / 16) >= (1ull << 26)) return -1;
     ScatterParams p;
     memset(&p, 0, sizeof p);
     for (int s = 0; s < a->sides; s++) {
@@ -121,6 +136,9 @@ extern "C" int kvhal_gpu_scatter_rows(const kvhal_gpu_scatter_args *a, void *nat
     p.vecs = (uint32_t)(piece_in / 16);
     p.pieces = (uint32_t)a->pieces;
     p.sides = (uint32_t)a->sides;
+    p.div_per = kvhal_fastdiv32_make(p.pieces * p.vecs);
+    p.div_vecs = kvhal_fastdiv32_make(p.vecs);
+    p.div_sides = kvhal_fastdiv32_make(p.sides);
     p.piece_in = piece_in;
     p.block_size = a->block_size;
     p.block_stride = a->block_stride;
@@ -139,12 +157,12 @@ extern "C" int kvhal_gpu_scatter_rows(const kvhal_gpu_scatter_args *a, void *nat
     const gpuStream_t s = static_cast<gpuStream_t>(native_stream);
     gpuError_t e;
     switch (in / out * 10 + in) {
-    case 11: e = scatter_launch<1, 1>(p, s); break;
-    case 12: e = scatter_launch<1, 2>(p, s); break;
-    case 14: e = scatter_launch<1, 4>(p, s); break;
-    case 22: e = scatter_launch<2, 2>(p, s); break;
-    case 24: e = scatter_launch<2, 4>(p, s); break;
-    default: e = scatter_launch<4, 4>(p, s); break;
+    case 11: e = scatter_form<1, 1>(p, form, s); break;
+    case 12: e = scatter_form<1, 2>(p, form, s); break;
+    case 14: e = scatter_form<1, 4>(p, form, s); break;
+    case 22: e = scatter_form<2, 2>(p, form, s); break;
+    case 24: e = scatter_form<2, 4>(p, form, s); break;
+    default: e = scatter_form<4, 4>(p, form, s); break;
     }
     return e == gpuSuccess ? 0 : -2;
 }
@@ -164,4 +182,9 @@ extern "C" int kvhal_gpu_spin(int device, uint64_t cycles, void *native_stream)
     }
     spin_kernel<<<1, 32, 0, static_cast<gpuStream_t>(native_stream)>>>((long long)cycles);
     return gpuGetLastError() == gpuSuccess ? 0 : -2;
+}
+
+extern "C" int kvhal_gpu_scatter_rows(const kvhal_gpu_scatter_args *a, void *native_stream)
+{
+    return kvhal_gpu_scatter_rows_form(a, 0, native_stream);
 }

@@ -11,7 +11,7 @@
  *   gpu_<op>.cu     one per entry of KVHAL_BK_OP_LIST: <op>_supports, <op>_desc_create, <op>_desc_destroy and
  *                   gpu_<op>, declared below from the list itself (gpu_copy_blocks.cu also holds copy_batch)
  *   gpu_codepath.cu which code a device runs (embedded code objects or, for HIP, hiprtc) and the kernel lookup
- *   gpu_ceiling.cu  the benchmarks' extras (not ops): the copy ceiling "kvhal_gpu_scatter_rows", "kvhal_gpu_spin"
+ *   gpu_ceiling.cu  the benchmarks' extras (not ops): the copy ceiling "kvhal_gpu_scatter_rows" (and _form), "kvhal_gpu_spin"
  *   gpu_table.cu    the plugin table, generated from the same list, get_proc_address (and the HIP module's
  *                   test hooks) and kvhal_backend_entry: the top, which names every file below it
  * So an op appended to KVHAL_BK_OP_LIST (and to kvhal_ops in the top-level meson.build) needs one new file,
@@ -211,6 +211,7 @@ void *gpu_get_proc_address(void *ctx, const char *name);
 const void *ceiling_one_kernel(void);
 /* "kvhal_gpu_scatter_rows", the benchmark's ceiling copy (gpu_ceiling.cu; kvhal_backend.h documents it). */
 extern "C" int kvhal_gpu_scatter_rows(const ::kvhal_gpu_scatter_args *a, void *native_stream);
+extern "C" int kvhal_gpu_scatter_rows_form(const ::kvhal_gpu_scatter_args *a, int form, void *native_stream);
 /* "kvhal_gpu_spin", a kernel of a chosen duration (gpu_ceiling.cu; kvhal_backend.h). */
 extern "C" int kvhal_gpu_spin(int device, uint64_t cycles, void *native_stream);
 kvhal_status gpu_device_info(void *ctx, int32_t id, kvhal_device_info *out);

@@ -159,7 +159,7 @@ extern "C" int kvhal_hip_rtc_code_object(const char *target, const char *expr, c
                                          size_t *size, int *origin, char *note, size_t note_size);
 #endif
 
-/* "kvhal_gpu_scatter_rows" and "kvhal_gpu_spin", the benchmarks' extras (gpu_ceiling.cu, kvhal_backend.h); HIP on
+/* "kvhal_gpu_scatter_rows", "kvhal_gpu_scatter_rows_form" and "kvhal_gpu_spin", the benchmarks' extras (gpu_ceiling.cu, kvhal_backend.h); HIP on
  * AMD, for tests:
  * "kvhal_hip_rtc_compile", the run-time compiler (gpu_codepath.cu), "kvhal_hip_rtc_kernel_exprs", every kernel name
  * expression the ops may compile with it (above), and "kvhal_hip_rtc_code_object", one kernel's code object through
@@ -168,6 +168,8 @@ void *gpu_get_proc_address(void *ctx, const char *name)
 {
     (void)ctx;
     if (name && !strcmp(name, "kvhal_gpu_scatter_rows")) return reinterpret_cast<void *>(kvhal_gpu_scatter_rows);
+    if (name && !strcmp(name, "kvhal_gpu_scatter_rows_form"))
+        return reinterpret_cast<void *>(kvhal_gpu_scatter_rows_form);
     if (name && !strcmp(name, "kvhal_gpu_spin")) return reinterpret_cast<void *>(kvhal_gpu_spin);
 #if defined(KVHAL_GPU_RTC)
     if (name && !strcmp(name, "kvhal_hip_rtc_compile")) return reinterpret_cast<void *>(kvhal_hip_rtc_compile);
