@@ -8,8 +8,8 @@
 #   on the same device, in the same run. "cold": L2 flushed before each call, slots a random permutation over a 4x
 #   cache; "warm": back to back. ROUNDS runs; the table shows the median ratio over the rounds. On CUDA and HIP each
 #   paged-caching and MLA row has a ceiling row before it (op "<op>_ceiling": the module's plain SM copy of the same
-#   scattered rows, the fastest of kvhal_gpu_scatter_rows_form's forms (4 or 8 loads in flight per thread, loads
-#   allocated in L1 or not), each measured the same way; the table names the form) and its ratio to that row ("of
+#   scattered rows, the fastest of kvhal_gpu_scatter_rows_form's 8 forms (4 or 8 loads in flight per thread, loads
+#   allocated in L1 or not, blocks of 32 or 8 rows), each measured the same way; the table names the form) and its ratio to that row ("of
 #   ceiling").
 # Machine: any with a GPU and its toolchain (figures in docs/performance.md: one NVIDIA H200, one H100);
 #   DEV=opencl:N measures an OpenCL device, DEV=cpu:0 the CPU backend (no cold column there).

@@ -633,6 +633,8 @@ static void ceiling_row(ceil_ctx *c, record *r)
         cr.bytes = r->bytes;
         cr.form = c->form_fn ? c->form : -1;
         measure_vs_memcpy(run_ceiling, c, &cr);
+        fill_bw(&cr.cold, cr.bytes);
+        fill_bw(&cr.warm, cr.bytes);
         const double q = cr.cold.ratio > 0 ? cr.cold.ratio : cr.warm.ratio,
                      qb = best.cold.ratio > 0 ? best.cold.ratio : best.warm.ratio;
         if (!have || q > qb) best = cr;

@@ -36,20 +36,18 @@ struct ScatterParams {
     int64_t block_size, block_stride, piece_stride, token_stride;
 };
 
-constexpr uint32_t kCeilingTile = 32; /* (token, side) rows a block takes at a time */
-
-/* A block takes kCeilingTile (token, side) rows at a time: its first threads load the rows' slots and compute their
+/* A block takes TILE (token, side) rows at a time (32, or 8 for more blocks in a call of few rows): its first threads load the rows' slots and compute their
  * sources and destinations once (one load round trip per tile, kept in shared memory), then the block walks the
  * rows' 16-byte vectors as one flat range, U loads per thread issued before their stores (divisions by
  * multiplication, as the ops'), the loads plain or (NA) not allocated in L1, as the ops' one-wave form. */
-template <int R, int IN, int U, int NA>
+template <int R, int IN, int U, int NA, uint32_t TILE>
 __global__ void __launch_bounds__(KVHAL_GPU_THREADS) scatter_rows_kernel(const ScatterParams p)
 {
-    __shared__ const char *s_src[kCeilingTile];
-    __shared__ char *s_dst[kCeilingTile];
+    __shared__ const char *s_src[TILE];
+    __shared__ char *s_dst[TILE];
     const uint32_t per = p.div_per.d;
-    for (uint32_t row0 = blockIdx.x * kCeilingTile; row0 < p.rows; row0 += gridDim.x * kCeilingTile) {
-        const uint32_t n = min(kCeilingTile, p.rows - row0);
+    for (uint32_t row0 = blockIdx.x * TILE; row0 < p.rows; row0 += gridDim.x * TILE) {
+        const uint32_t n = min(TILE, p.rows - row0);
         if (threadIdx.x < n) {
             const uint32_t row = row0 + threadIdx.x, t = kvhal_fastdiv32_div(row, p.div_sides), side = row - t * p.sides;
             const int64_t slot = p.slots[t];
@@ -86,28 +84,33 @@ __global__ void spin_kernel(long long cycles)
     }
 }
 
-template <int R, int IN, int U, int NA> gpuError_t scatter_launch(const ScatterParams &p, gpuStream_t s)
+template <int R, int IN, int U, int NA, uint32_t TILE> gpuError_t scatter_launch(const ScatterParams &p, gpuStream_t s)
 {
     const uint32_t threads = KVHAL_GPU_THREADS;
-    uint32_t grid = (p.rows + kCeilingTile - 1) / kCeilingTile;
+    uint32_t grid = (p.rows + TILE - 1) / TILE;
     if (grid > 65535u * 16u) grid = 65535u * 16u;
-    scatter_rows_kernel<R, IN, U, NA><<<grid, threads, 0, s>>>(p);
+    scatter_rows_kernel<R, IN, U, NA, TILE><<<grid, threads, 0, s>>>(p);
     return gpuGetLastError();
 }
 
-/* The form's kernel for in / out bytes per element: forms 0-3 are 4 or 8 loads in flight, plain or NA loads. */
+/* The form's kernel for in / out bytes per element: form bit 0, 8 loads in flight per thread (else 4); bit 1, NA
+ * loads; bit 2, tiles of 8 rows (else 32). */
 template <int R, int IN> gpuError_t scatter_form(const ScatterParams &p, int form, gpuStream_t s)
 {
     switch (form) {
-    case 0: return scatter_launch<R, IN, 4, 0>(p, s);
-    case 1: return scatter_launch<R, IN, 8, 0>(p, s);
-    case 2: return scatter_launch<R, IN, 4, 1>(p, s);
-    default: return scatter_launch<R, IN, 8, 1>(p, s);
+    case 0: return scatter_launch<R, IN, 4, 0, 32>(p, s);
+    case 1: return scatter_launch<R, IN, 8, 0, 32>(p, s);
+    case 2: return scatter_launch<R, IN, 4, 1, 32>(p, s);
+    case 3: return scatter_launch<R, IN, 8, 1, 32>(p, s);
+    case 4: return scatter_launch<R, IN, 4, 0, 8>(p, s);
+    case 5: return scatter_launch<R, IN, 8, 0, 8>(p, s);
+    case 6: return scatter_launch<R, IN, 4, 1, 8>(p, s);
+    default: return scatter_launch<R, IN, 8, 1, 8>(p, s);
     }
 }
 
 } // namespace
-const void *ceiling_one_kernel(void) { return reinterpret_cast<const void *>(scatter_rows_kernel<1, 2, 4, 0>); }
+const void *ceiling_one_kernel(void) { return reinterpret_cast<const void *>(scatter_rows_kernel<1, 2, 4, 0, 32>); }
 
 } // namespace kvhal_gpu
 
