@@ -374,28 +374,19 @@ static kvhal_status copy_batch_engines(const Ctx *c, int32_t id, const kvhal_bk_
         KVHAL_GPU_TRY(c, qe, id, "copy_batch capture query");
         return KVHAL_OK;
     }
-    void **dst = static_cast<void **>(malloc(n * sizeof(void *)));
-    const void **src = static_cast<const void **>(malloc(n * sizeof(void *)));
-    size_t *len = static_cast<size_t *>(malloc(n * sizeof(size_t)));
-    if (!dst || !src || !len) {
-        free(dst);
-        free(src);
-        free(len);
+    const BatchLists b(n);
+    if (!b.ok())
         return fail(c, KVHAL_OUT_OF_MEMORY, "%s:%d: copy_batch: no host memory for %zu copy chunks", KVHAL_GPU_NAME,
                     (int)id, n);
-    }
     size_t k = 0;
     for (int32_t i = 0; i < a->count; i++) {
         if (!a->bytes[i]) continue;
-        dst[k] = static_cast<char *>(a->dst[i]) + a->dst_offsets[i];
-        src[k] = static_cast<const char *>(a->src[i]) + a->src_offsets[i];
-        len[k] = a->bytes[i];
+        b.dst[k] = static_cast<char *>(a->dst[i]) + a->dst_offsets[i];
+        b.src[k] = static_cast<const char *>(a->src[i]) + a->src_offsets[i];
+        b.len[k] = a->bytes[i];
         k++;
     }
-    const cudaError_t e = memcpy_batch(dst, src, len, n, s);
-    free(dst);
-    free(src);
-    free(len);
+    const cudaError_t e = b.copy(n, s);
     KVHAL_GPU_TRY(c, e, id, "copy_batch batch copy");
     *done = true;
     return KVHAL_OK;

@@ -87,16 +87,10 @@ static kvhal_status transfer_batch(const Ctx *c, int32_t id, const kvhal_bk_page
                     static_cast<const char *>(a->natives[k - 1]) + a->offsets[k - 1] + bytes;
         if ((size_t)a->num_caches * bytes < runs * (size_t)KVHAL_GPU_PT_BATCH_MIN_CHUNK) return KVHAL_OK;
     }
-    void **dst = static_cast<void **>(malloc(max * sizeof(void *)));
-    const void **src = static_cast<const void **>(malloc(max * sizeof(void *)));
-    size_t *len = static_cast<size_t *>(malloc(max * sizeof(size_t)));
-    if (!dst || !src || !len) {
-        free(dst);
-        free(src);
-        free(len);
+    const BatchLists b(max);
+    if (!b.ok())
         return fail(c, KVHAL_OUT_OF_MEMORY, "%s:%d: page_transfer: no host memory for %zu copy chunks", KVHAL_GPU_NAME,
                     (int)id, max);
-    }
     char *host = static_cast<char *>(a->host) + a->host_offset;
     size_t n = 0;
     for (int32_t p = 0; p < a->num_pairs; p++) {
@@ -106,27 +100,20 @@ static kvhal_status transfer_batch(const Ctx *c, int32_t id, const kvhal_bk_page
             char *h = page + (size_t)k * bytes;
             char *d = a->to_host ? h : dev;
             const char *sc = a->to_host ? dev : h;
-            if (n && static_cast<char *>(dst[n - 1]) + len[n - 1] == d &&
-                static_cast<const char *>(src[n - 1]) + len[n - 1] == sc) {
-                len[n - 1] += bytes;
+            if (n && static_cast<char *>(b.dst[n - 1]) + b.len[n - 1] == d &&
+                static_cast<const char *>(b.src[n - 1]) + b.len[n - 1] == sc) {
+                b.len[n - 1] += bytes;
                 continue;
             }
-            dst[n] = d;
-            src[n] = sc;
-            len[n] = bytes;
+            b.dst[n] = d;
+            b.src[n] = sc;
+            b.len[n] = bytes;
             n++;
         }
     }
-    if ((size_t)a->num_pairs * (size_t)a->num_caches * bytes < n * (size_t)KVHAL_GPU_PT_BATCH_MIN_CHUNK) {
-        free(dst);
-        free(src);
-        free(len);
+    if ((size_t)a->num_pairs * (size_t)a->num_caches * bytes < n * (size_t)KVHAL_GPU_PT_BATCH_MIN_CHUNK)
         return KVHAL_OK;
-    }
-    const cudaError_t e = memcpy_batch(dst, src, len, n, s);
-    free(dst);
-    free(src);
-    free(len);
+    const cudaError_t e = b.copy(n, s);
     KVHAL_GPU_TRY(c, e, id, "page_transfer batch copy");
     *done = true;
     return KVHAL_OK;

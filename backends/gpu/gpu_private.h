@@ -331,6 +331,29 @@ inline cudaError_t memcpy_batch(void *const *dst, const void *const *src, const 
                                 &attr, &attr_idx, 1, &fail_idx, s);
 #endif
 }
+/* The chunk lists of one batched copy (dst, src, len: cap entries each), freed when it goes out of scope; ok()
+ * false: no host memory for them. */
+struct BatchLists {
+    void **dst;
+    const void **src;
+    size_t *len;
+    explicit BatchLists(size_t cap)
+        : dst(static_cast<void **>(malloc(cap * sizeof(void *)))),
+          src(static_cast<const void **>(malloc(cap * sizeof(void *)))),
+          len(static_cast<size_t *>(malloc(cap * sizeof(size_t))))
+    {
+    }
+    ~BatchLists()
+    {
+        free(dst);
+        free(src);
+        free(len);
+    }
+    BatchLists(const BatchLists &) = delete;
+    BatchLists &operator=(const BatchLists &) = delete;
+    bool ok() const { return dst && src && len; }
+    cudaError_t copy(size_t n, cudaStream_t s) const { return memcpy_batch(dst, src, len, n, s); }
+};
 /* Whether the driver runs batch copies: a module built with a 12.8+ runtime (linked statically) may meet an older
  * driver, which would answer cudaErrorCallRequiresNewerDriver; asked once per process. */
 inline bool batch_driver(void)
