@@ -16,6 +16,7 @@
  * A free page is never cached (free => !cached), so allocation only clears free bits, and a run of pages (what
  * lowest-first allocation hands out) is checked and moved between owners 64 pages to a word operation.
  * Not thread-safe: the scheduler that owns it serialises calls. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -234,6 +235,7 @@ static void free_manager(kvhal_cache_manager *cm)
     free(cm->drain_bits);
     free(cm->view_match);
     free(cm->view_alloc);
+    free(cm->view_admit);
     free(cm);
 }
 
@@ -710,6 +712,55 @@ static kvhal_status kvhal_cache_manager_allocate_view__body(kvhal_cache_manager 
     KVHAL_TRY(kvhal_cache_manager_allocate__body(cm, n, cm->view_alloc));
     *pages = cm->view_alloc;
     return KVHAL_OK;
+}
+
+/* admit: match + lock, then the pages past the match; the matched ids are copied into view_admit and the new ones
+ * taken straight after them, so the request's page-table row is one list. A failed allocation gives the lock back:
+ * the request leaves nothing behind (a split the match made stays: it changes no prefix the cache holds). */
+static kvhal_status kvhal_cache_manager_admit__body(kvhal_cache_manager *cm, const int32_t *tokens,
+                                                    size_t num_tokens, size_t extra_tokens,
+                                                    kvhal_prefix_handle *handle, size_t *cached_len,
+                                                    const int32_t **pages, size_t *num_pages)
+{
+    KVHAL_TRY(kvhal__cm_check_magic(cm));
+    KVHAL_CHECK_ARG(handle, "handle: NULL (the request's handle is needed to finish it)");
+    KVHAL_CHECK_ARG(pages, "pages: NULL (receives the view)");
+    KVHAL_CHECK_ARG(num_pages, "num_pages: NULL");
+    const size_t ps = (size_t)cm->page_size;
+    KVHAL_TRY(view_room(&cm->view_admit, cm->total));
+    kvhal_prefix_handle h;
+    size_t len = 0;
+    KVHAL_TRY(kvhal_cache_manager_match__body(cm, tokens, num_tokens, &h, &len, cm->view_admit, (size_t)cm->total,
+                                              NULL));
+    const size_t matched = len / ps;
+    const size_t all = extra_tokens > SIZE_MAX - num_tokens - ps ? SIZE_MAX : (num_tokens + extra_tokens + ps - 1) / ps;
+    const kvhal_status st = all - matched > (size_t)cm->total
+                                ? kvhal__err(KVHAL_OUT_OF_MEMORY, "n: %zu pages, more than the manager's %d",
+                                             all - matched, (int)cm->total)
+                                : kvhal_cache_manager_allocate__body(cm, (int32_t)(all - matched),
+                                                                     cm->view_admit + matched);
+    if (st != KVHAL_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", kvhal_last_error());
+        (void)kvhal_prefix_unlock(cm->pc, h); /* the request's own live lock: never refused */
+        return kvhal__err(st, "extra_tokens: the %zu tokens past the %zu cached (%zu tokens + %zu extra) need %zu "
+                          "pages, not allocated (the match's lock is given back): %s", num_tokens - len + extra_tokens,
+                          len, num_tokens, extra_tokens, all - matched, why);
+    }
+    *handle = h;
+    if (cached_len) *cached_len = len;
+    *pages = cm->view_admit;
+    *num_pages = all;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_admit(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                      size_t extra_tokens, kvhal_prefix_handle *handle, size_t *cached_len,
+                                      const int32_t **pages, size_t *num_pages)
+{
+    KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm",
+                     kvhal_cache_manager_admit__body(cm, tokens, num_tokens, extra_tokens, handle, cached_len, pages,
+                                                     num_pages));
 }
 
 kvhal_status kvhal_cache_manager_match_view(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,

@@ -21,8 +21,14 @@ The kvhal_view loop (ratio, ratio_minisgl) is what an engine runs: match_view ->
 cache_finished_suffix(handle, seq, pages, start=matched), the page lists views of the manager's own storage (an
 engine copies them into its page table from the buffer; nothing is sized or filled per call) going back in without
 copies or slices. The kvhal loop (ratio_pages, ratio_pages_minisgl) is the same with match and allocate, whose page
-lists are kvhal.Pages objects of their own. Every pass checks that all loops matched the same prefix length for
-every request (else it fails).
+lists are kvhal.Pages objects of their own. The kvhal_admit loop (ratio_admit, ratio_admit_minisgl) is what an
+engine that keeps a page-table row per request runs: admit_view(prompt, nout) matches and locks the prompt and
+allocates the pages past the match in one call, handing back one list (the matched page ids, then the new ones: the
+row an engine copies into its page table), which goes back whole into cache_finished_suffix(handle, seq, row,
+start=matched). It does one more thing than the kvhal_view loop: it copies the matched page ids into that list (the
+kvhal_view loop hands out the tree's own and never builds a row, so an engine would copy them itself), 2048 ids per
+hit here; ratio stays kvhal_view's, the loop with the least work per request. Every pass checks that all loops
+matched the same prefix length for every request (else it fails).
 
 Each of --passes passes (9) runs every loop, each on a fresh cache, rotating which goes first; the figures are the
 median pass of each (ratio: kvhal_view's median over PyRadix's) and the best pass (best_ratio, ...). The garbage of
@@ -33,7 +39,8 @@ running server does (a first pass pays a page fault per 4 KiB of new tree memory
 buffers and Python's objects alike). --cold times each cache's first pass instead.
 
 usage: bench_prefix.py [--groups N] [--prompts N] [--system-len N] [--question-len N] [--output-len N]
-                       [--pages N] [--passes N] [--only python|minisgl|kvhal|kvhal_view] [--cold] [--json]"""
+                       [--pages N] [--passes N] [--only python|minisgl|kvhal|kvhal_view|kvhal_admit] [--cold]
+                       [--json]"""
 import argparse
 import collections
 import dataclasses
@@ -249,6 +256,26 @@ def run_kvhal(reqs, pages, view=False):
 
 def run_kvhal_view(reqs, pages):
     return run_kvhal(reqs, pages, view=True)
+
+
+def run_kvhal_admit(reqs, pages):
+    """The kvhal loop with the fused call: admit_view (match, lock and the pages past the match, as one list of the
+    matched page ids then the new ones) -> cache_finished_suffix(handle, seq, that list, start=matched)."""
+    arrs = [(array("i", p), array("i", p + o), len(o)) for p, o in reqs]  # the tokenizer's output, in arrays
+
+    def once(cm):
+        admit, finish = cm.admit_view, cm.cache_finished_suffix
+        matched = []
+        t0 = time.perf_counter()
+        for prompt, seq, nout in arrs:
+            h, n, row = admit(prompt, nout)
+            matched.append(n)
+            finish(h, seq, row, start=n)
+        rps = len(reqs) / (time.perf_counter() - t0)
+        del row  # a view, valid until the next admit_view
+        cm.check_integrity()
+        return rps, matched
+    return warmed(kvhal.CacheManager(pages, 1, "radix"), once, empty_manager)
 
 
 # ---- the mini-sglang-style baseline -------------------------------------------------------------------------------
@@ -606,7 +633,8 @@ def run_minisgl(reqs, pages):
     return warmed(c, once, empty)
 
 
-LOOPS = {"python": "run_python", "minisgl": "run_minisgl", "kvhal": "run_kvhal", "kvhal_view": "run_kvhal_view"}
+LOOPS = {"python": "run_python", "minisgl": "run_minisgl", "kvhal": "run_kvhal", "kvhal_view": "run_kvhal_view",
+         "kvhal_admit": "run_kvhal_admit"}
 
 
 def main():
@@ -625,7 +653,7 @@ def main():
     global WARM
     WARM = not a.cold
     reqs = workload(a.groups, a.prompts, a.system_len, a.question_len, a.output_len)
-    names = [a.only] if a.only else ["python", "minisgl", "kvhal", "kvhal_view"]
+    names = [a.only] if a.only else ["python", "minisgl", "kvhal", "kvhal_view", "kvhal_admit"]
     if "minisgl" in names and torch is None:
         print("bench_prefix: torch is not installed: the mini-sglang-style baseline (torch tensors) is skipped",
               file=sys.stderr)
@@ -652,7 +680,8 @@ def main():
         hits = got[names[0]][1]
     med = {k: statistics.median(v) for k, v in rps.items()}
     best = {k: max(v) for k, v in rps.items()}
-    col = {"python": "python_radix", "minisgl": "minisgl_radix", "kvhal": "kvhal", "kvhal_view": "kvhal_view"}
+    col = {"python": "python_radix", "minisgl": "minisgl_radix", "kvhal": "kvhal", "kvhal_view": "kvhal_view",
+           "kvhal_admit": "kvhal_admit"}
     res = {"version": kvhal.__version__, "requests": len(reqs), "page_size": 1, "pages": a.pages,
            "cached_tokens": sum(hits), "hit_requests": sum(1 for h in hits if h),
            "hits_agree": "+".join(names), "passes": len(rps[names[0]]),
@@ -672,6 +701,8 @@ def main():
                 res[prefix + "ratio" + suffix] = fig["kvhal_view"] / fig[base]
             if "kvhal" in names and base in names:
                 res[prefix + "ratio_pages" + suffix] = fig["kvhal"] / fig[base]
+            if "kvhal_admit" in names and base in names:
+                res[prefix + "ratio_admit" + suffix] = fig["kvhal_admit"] / fig[base]
     if a.json:
         print(json.dumps(res, indent=1))
     else:
