@@ -1206,6 +1206,47 @@ static void admit_random(int32_t ps, int32_t total, int steps)
     assert_int_equal(kvhal_cache_manager_destroy(ref), KVHAL_OK);
 }
 
+/* Every allocation admit makes (its row's storage at the first call, the split of a partly matched edge, request
+ * handles' room) failing in turn: KVHAL_OUT_OF_MEMORY with nothing kept, and the same admit succeeding after. */
+static void test_admit_faults(void **state)
+{
+    (void)state;
+    for (int64_t k = 1;; k++) {
+        assert_true(k < 50);
+        kvhal_cache_manager *cm = make(64, 2, KVHAL_PREFIX_RADIX);
+        int32_t t[46]; /* a prompt of 40, then 6 generated */
+        seq(t, 46, 1);
+        run_request(cm, t, 40);
+        t[31] = -9; /* the match ends inside the cached edge: a split */
+        const int free_before = kvhal_cache_manager_num_free(cm);
+        const kvhal_prefix_size_info before = info(cm);
+        kvhal_prefix_handle h = 0;
+        size_t cached = 0, np = 0;
+        const int32_t *row = NULL;
+        kvhal_fault_inject_alloc(k);
+        const kvhal_status st = kvhal_cache_manager_admit(cm, t, 40, 6, &h, &cached, &row, &np);
+        kvhal_fault_inject_alloc(0);
+        ok(cm);
+        if (st == KVHAL_OK) {
+            assert_int_equal(cached, 30);
+            assert_int_equal(np, 23);
+            assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h, t + 30, 16, row + 15), KVHAL_OK);
+            assert_int_equal(info(cm).protected_tokens, 0);
+            ok(cm);
+            assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+            break;
+        }
+        assert_int_equal(st, KVHAL_OUT_OF_MEMORY);
+        assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
+        assert_int_equal(info(cm).total_tokens, before.total_tokens);
+        assert_int_equal(info(cm).protected_tokens, 0);
+        assert_int_equal(kvhal_cache_manager_admit(cm, t, 40, 6, &h, &cached, &row, &np), KVHAL_OK);
+        assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 46, row, h), KVHAL_OK);
+        ok(cm);
+        assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+    }
+}
+
 static void test_admit_random(void **state)
 {
     (void)state;
@@ -1290,6 +1331,7 @@ int main(void)
         cmocka_unit_test(test_views),
         cmocka_unit_test(test_views_random),
         cmocka_unit_test(test_admit),
+        cmocka_unit_test(test_admit_faults),
         cmocka_unit_test(test_admit_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
