@@ -198,8 +198,8 @@ class CacheManager:
     def cache_finished_suffix(self, handle: Optional[PrefixHandle], tokens: _IntArray, pages: _IntArray,
                               start: int = 0) -> None:
         """cache_finished given what follows the match: tokens[start:] (pass the whole request and start=the
-        matched length to avoid slicing it) and their pages; a list covering all of tokens (admit_view's, a
-        page-table row) is the whole request's, read from start // page_size on."""
+        matched length to avoid slicing it) and their pages (admit_view's row as it came: start is then its
+        cached_len, and the pages past the match are taken)."""
     def evict(self, num_tokens: int) -> int: ...
     def check_integrity(self) -> None: ...
 

@@ -248,16 +248,34 @@ def test_manager_admit_view(page_size):
             cm.cache_finished_suffix(h, seq, row, start=n)  # a request finishes once, as match's handles
         cm.check_integrity()
         assert cm.prefix.size_info() == ref.prefix.size_info() and cm.num_free == ref.num_free
-    # the row copied out (a page-table row) goes back the same way; so does a list of the suffix's pages only
+    # the row copied out (a page-table row, longer than needed) holds the pages of the whole request: its suffix
+    # goes in as any page list does, the pages of tokens[n:]; the row as it came wants start = its matched length
     prompt = array("i", system + [9] * ps)
     h, n, row = cm.admit_view(prompt, 2 * ps)
     assert n == 6 * ps and len(row) == 9
+    seq = array("i", list(prompt) + [3] * 2 * ps)
+    with pytest.raises(kvhal.InvalidArgument, match=f"start: 0, but pages is admit_view's row.*start={n}"):
+        cm.cache_finished_suffix(h, seq, row, start=0)
     table_row = np.zeros(16, dtype=np.int32)
     table_row[:len(row)] = row
-    cm.cache_finished_suffix(h, array("i", list(prompt) + [3] * 2 * ps), table_row, start=n)
+    cm.cache_finished_suffix(h, seq, table_row[n // ps:], start=n)
     h, n, row = cm.admit_view(prompt[:6 * ps], 0)
-    assert (n, len(row)) == (6 * ps, 6) and cm.num_free == ref.num_free - 3 + 0  # nothing new allocated
+    assert (n, len(row)) == (6 * ps, 6) and cm.num_free == ref.num_free - 3  # nothing new allocated
     cm.cache_finished_suffix(h, prompt[:6 * ps], row, start=n)
+    h, n, row = cm.admit_view(seq, ps)  # the row whole into cache_finished: the whole request's pages
+    cm.cache_finished(array("i", list(seq) + [4] * ps), row, h)
+    cm.check_integrity()
+    # a suffix list as long as the whole request (one surplus page per matched one) stays a suffix list
+    p2 = array("i", system + [11] * ps)
+    h, n, row = cm.admit_view(p2, 0)
+    assert (n, len(row)) == (6 * ps, 7)
+    own = cm.allocate(7)
+    cm.free(row.tolist()[6:])
+    cm.cache_finished_suffix(h, p2, own, start=n)  # own[0] holds tokens[n:]
+    h2, n2, got = cm.match(p2)
+    assert n2 == 7 * ps and got.tolist()[6:] == own.tolist()[:1]
+    cm.unlock(h2)
+    cm.free(own[1:])
     cm.check_integrity()
 
 

@@ -507,6 +507,7 @@ static PyObject *manager_admit_view(PyObject *op, PyObject *const *args, Py_ssiz
     kvpy_ints_release(&tk);
     if (rc != KVHAL_OK) return kvpy_raise(st, rc);
     PyObject *pages = kvpy_pages_view_new(st, op, &((manager_object *)op)->views, v, np);
+    if (pages) ((kvpy_pages_view_object *)pages)->matched = (Py_ssize_t)(cached / (size_t)((manager_object *)op)->page_size);
     PyObject *ho = pages ? kvpy_handle_new(st, h, op) : NULL;
     PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
     PyObject *ret = no ? PyTuple_New(3) : NULL;
@@ -582,15 +583,18 @@ static PyObject *finish_common(PyObject *op, PyObject *handle, PyObject *tokens,
         kvpy_ints_release(&tk);
         return NULL;
     }
-    /* with start > 0 (page-aligned), a list that covers all of tokens is the whole request's (admit_view's, a
-     * page-table row): its pages from start on are the suffix's */
-    const size_t all = (tk.n + (size_t)start + page_size - 1) / page_size;
-    if (start > 0 && (size_t)start % page_size == 0 && pg.n >= all) {
-        pg.data = (const int32_t *)pg.data + (size_t)start / page_size;
-        pg.n -= (size_t)start / page_size;
-    }
+    /* admit_view's row (the matched pages, then the request's own) to a suffix finish: the pages past the match */
+    const Py_ssize_t skip =
+        suffix && Py_IS_TYPE(pages, st->pages_view_type) ? ((kvpy_pages_view_object *)pages)->matched : 0;
     PyObject *ret = NULL;
     const size_t need = (tk.n + page_size - 1) / page_size;
+    if (skip && (size_t)start != (size_t)skip * page_size) {
+        kvpy_bad_arg(st, "start: %zd, but pages is admit_view's row, whose first %zd pages hold the %zu matched tokens "
+                     "(pass start=%zu)", start, skip, (size_t)skip * page_size, (size_t)skip * page_size);
+        goto out;
+    }
+    pg.data = (const int32_t *)pg.data + skip;
+    pg.n -= (size_t)skip;
     if (pg.n < need) {
         kvpy_bad_arg(st, "pages: %zu pages for %zu tokens needs %zu", pg.n, tk.n, need);
     } else {
@@ -599,6 +603,7 @@ static PyObject *finish_common(PyObject *op, PyObject *handle, PyObject *tokens,
         if (rc != KVHAL_OK) kvpy_raise(st, rc);
         else ret = Py_NewRef(Py_None);
     }
+out:
     kvpy_ints_release(&tk);
     kvpy_ints_release(&pg);
     return ret;
@@ -710,8 +715,8 @@ static PyMethodDef manager_methods[] = {
     {"cache_finished_suffix", (PyCFunction)(void (*)(void))manager_finished_suffix, METH_FASTCALL | METH_KEYWORDS,
      "cache_finished_suffix($self, handle, tokens, pages, start=0)\n--\n\nThe same given only the tokens and pages "
      "past the match: tokens[start:] (start: the matched length, to pass the whole request's tokens without "
-     "slicing them) and their pages: the pages of tokens[start:], or, when pages covers all of tokens (admit_view's "
-     "list, a page-table row), the whole request's, of which those from start // page_size on are taken."},
+     "slicing them) and their pages (admit_view's row as it came: start must then be its cached_len, and the pages "
+     "past the match are taken)."},
     {"evict", manager_evict, METH_O,
      "evict($self, num_tokens)\n--\n\nEvicts unlocked cached prefixes into the free pages; returns the tokens freed."},
     {"check_integrity", manager_check_integrity, METH_NOARGS,
