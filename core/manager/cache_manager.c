@@ -130,8 +130,8 @@ static inline size_t ap_at(const int32_t *pages, size_t i, size_t to, uint32_t t
     /* two 4-lane compares per step (SSE2 is part of x86-64's baseline; the compiler does not vectorize the loop
      * below by itself): a finished request's list is hundreds of pages at page size 1 */
     if (j + 8 < to) {
-        __m128i want_lo = _mm_add_epi32(_mm_set1_epi32((int32_t)e),
-                                        _mm_set_epi32((int32_t)(4 * d), (int32_t)(3 * d), (int32_t)(2 * d), (int32_t)d));
+        const int32_t sd = (int32_t)d;
+        __m128i want_lo = _mm_add_epi32(_mm_set1_epi32((int32_t)e), _mm_set_epi32(4 * sd, 3 * sd, 2 * sd, sd));
         __m128i want_hi = _mm_add_epi32(want_lo, _mm_set1_epi32((int32_t)(4 * d)));
         const __m128i stride = _mm_set1_epi32((int32_t)(8 * d));
         do {

@@ -17,21 +17,20 @@ The baselines:
 
 Per request every loop does what a scheduler does: match (and lock) the prompt, allocate the uncached part plus the
 output, and at the end insert the whole sequence and unlock (cache_finished). Only bookkeeping is timed; no K/V.
-The kvhal_view loop (ratio, ratio_minisgl) is what an engine runs: match_view -> allocate_view ->
-cache_finished_suffix(handle, seq, pages, start=matched), the page lists views of the manager's own storage (an
-engine copies them into its page table from the buffer; nothing is sized or filled per call) going back in without
-copies or slices. The kvhal loop (ratio_pages, ratio_pages_minisgl) is the same with match and allocate, whose page
-lists are kvhal.Pages objects of their own. The kvhal_admit loop (ratio_admit, ratio_admit_minisgl) is what an
-engine that keeps a page-table row per request runs: admit_view(prompt, nout) matches and locks the prompt and
-allocates the pages past the match in one call, handing back one list (the matched page ids, then the new ones: the
-row an engine copies into its page table), which goes back whole into cache_finished_suffix(handle, seq, row,
-start=matched). It does one more thing than the kvhal_view loop: it copies the matched page ids into that list (the
-kvhal_view loop hands out the tree's own and never builds a row, so an engine would copy them itself), 2048 ids per
-hit here; ratio stays kvhal_view's, the loop with the least work per request. Every pass checks that all loops
-matched the same prefix length for every request (else it fails).
+The kvhal_admit loop (ratio, ratio_minisgl) is what an engine runs: admit_view(prompt, nout) matches and locks the
+prompt and allocates the pages past the match in one call, handing back one list, the request's page-table row (the
+matched page ids, then the new ones; an engine copies it into its page table), which goes back as it came into
+cache_finished_suffix(handle, seq, row, start=matched) without copies or slices. Building that row is work both
+baselines do too (PyRadix's got + own, the mini-sglang-style loop's page-table writes). The kvhal_view loop
+(ratio_view, ratio_view_minisgl) does less: match_view -> allocate_view -> cache_finished_suffix(handle, seq, pages,
+start=matched), two page lists as views of the manager's own storage (a match within one edge is the tree's own list,
+not a copy) and no row built (an engine would copy both into its page table itself), one call more. The kvhal loop
+(ratio_pages, ratio_pages_minisgl) is the three-call one with match and allocate, whose page lists are kvhal.Pages
+objects of their own. Every pass checks that all loops matched the same prefix length for every request (else it
+fails).
 
 Each of --passes passes (9) runs every loop, each on a fresh cache, rotating which goes first; the figures are the
-median pass of each (ratio: kvhal_view's median over PyRadix's) and the best pass (best_ratio, ...). The garbage of
+median pass of each (ratio: kvhal_admit's median over PyRadix's) and the best pass (best_ratio, ...). The garbage of
 the previous loop is collected (gc.collect()) before each loop, outside its timing. --only NAME times one loop alone.
 The timed pass of each loop is its cache's second: the workload runs once untimed, the cache is emptied through its
 own eviction, then the timed pass runs, so that every loop finds memory it has touched before, as a cache in a
@@ -697,12 +696,9 @@ def main():
         for k in names:
             res[col[k] + "_" + prefix + "rps"] = fig[k]
         for base, suffix in (("python", ""), ("minisgl", "_minisgl")):
-            if "kvhal_view" in names and base in names:
-                res[prefix + "ratio" + suffix] = fig["kvhal_view"] / fig[base]
-            if "kvhal" in names and base in names:
-                res[prefix + "ratio_pages" + suffix] = fig["kvhal"] / fig[base]
-            if "kvhal_admit" in names and base in names:
-                res[prefix + "ratio_admit" + suffix] = fig["kvhal_admit"] / fig[base]
+            for loop, key in (("kvhal_admit", "ratio"), ("kvhal_view", "ratio_view"), ("kvhal", "ratio_pages")):
+                if loop in names and base in names:
+                    res[prefix + key + suffix] = fig[loop] / fig[base]
     if a.json:
         print(json.dumps(res, indent=1))
     else:

@@ -506,8 +506,9 @@ static PyObject *manager_admit_view(PyObject *op, PyObject *const *args, Py_ssiz
     kvhal_status rc = kvhal_cache_manager_admit(cm, tk.data, tk.n, extra, &h, &cached, &v, &np);
     kvpy_ints_release(&tk);
     if (rc != KVHAL_OK) return kvpy_raise(st, rc);
+    const size_t ps = (size_t)((manager_object *)op)->page_size;
     PyObject *pages = kvpy_pages_view_new(st, op, &((manager_object *)op)->views, v, np);
-    if (pages) ((kvpy_pages_view_object *)pages)->matched = (Py_ssize_t)(cached / (size_t)((manager_object *)op)->page_size);
+    if (pages) ((kvpy_pages_view_object *)pages)->matched = (Py_ssize_t)(cached / ps);
     PyObject *ho = pages ? kvpy_handle_new(st, h, op) : NULL;
     PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
     PyObject *ret = no ? PyTuple_New(3) : NULL;
@@ -515,8 +516,7 @@ static PyObject *manager_admit_view(PyObject *op, PyObject *const *args, Py_ssiz
         Py_XDECREF(pages);
         Py_XDECREF(no);
         if (ho) { /* the request is admitted in C: give its lock and pages back */
-            (void)kvhal_cache_manager_free(cm, v + cached / (size_t)((manager_object *)op)->page_size,
-                                           (int32_t)(np - cached / (size_t)((manager_object *)op)->page_size));
+            (void)kvhal_cache_manager_free(cm, v + cached / ps, (int32_t)(np - cached / ps));
             (void)kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h);
             Py_DECREF(ho);
         }
