@@ -16,9 +16,10 @@
 #   B=build dir (default build-bench-py, configured with -Dpython=enabled), DEV=cpu:0, PY=python3, OUT=/tmp/kvhal-py.
 # Output: $OUT/host-<dev>.json (c_call_ns, python_torch_ns, vllm_compat_torch_ns, torch_index_assign_ns,
 #   python_kvhal_tensor_ns, ..., python_minus_c_ns, vllm_compat_minus_c_ns, python_views_minus_c_ns, dlpack_path)
-#   and $OUT/prefix.json (requests/s per loop; ratio: the kvhal loop with match_view and allocate_view, page lists
-#   as views of the manager's own storage, over PyRadix; ratio_minisgl: the same over the mini-sglang-style loop;
-#   ratio_pages: the loop with match and allocate, page lists as kvhal.Pages, over PyRadix).
+#   and $OUT/prefix.json (requests/s per loop; ratio: the kvhal loop with admit_view, one call for match + allocate
+#   handing out the request's page-table row, over PyRadix; ratio_minisgl: the same over the mini-sglang-style loop;
+#   ratio_view: the loop with match_view and allocate_view, page lists as views of the manager's own storage and no
+#   row built; ratio_pages: the loop with match and allocate, page lists as kvhal.Pages).
 set -uo pipefail
 [ -f .devdeps/env.sh ] && . .devdeps/env.sh   # a GPU machine's toolchain outside the system paths, if carried
 DEV=${1:-${DEV:-cpu:0}}

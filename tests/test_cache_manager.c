@@ -1143,6 +1143,171 @@ static void test_views_random(void **state)
     views_random(1, 400, 300); /* room for most of it: long edges, many children */
 }
 
+/* admit against match + allocate (the three-call sequence) on a twin manager given the same random requests: the
+ * same status, cached length and page ids (the matched ones then the new ones, in one list), the same state after a
+ * refusal (the twin unlocks its match: admit has kept nothing), and both finish alike, admit's list going back whole
+ * (cache_finished) or from the match on (cache_finished_suffix). Small managers, so that admissions evict and fail. */
+static void admit_random(int32_t ps, int32_t total, int steps)
+{
+    enum { FAMILIES = 3, BASE = 40, MAXT = 64, EXTRA = 24 };
+    kvhal_cache_manager *cm = make(total, ps, KVHAL_PREFIX_RADIX), *ref = make(total, ps, KVHAL_PREFIX_RADIX);
+    int32_t base[FAMILIES][BASE];
+    for (int f = 0; f < FAMILIES; f++)
+        for (int i = 0; i < BASE; i++) base[f][i] = 1000 * (f + 1) + (int32_t)view_rand(4);
+    int32_t toks[MAXT + EXTRA], ref_pages[MAXT + EXTRA];
+    int refused = 0, finished = 0;
+    for (int step = 0; step < steps; step++) {
+        const int f = (int)view_rand(FAMILIES);
+        const size_t cut = view_rand(BASE + 1), tail = view_rand(MAXT - BASE + 1), extra = view_rand(EXTRA + 1);
+        const size_t n = cut + tail;
+        memcpy(toks, base[f], cut * sizeof(int32_t));
+        for (size_t i = cut; i < n + extra; i++) toks[i] = (int32_t)view_rand(3);
+        kvhal_prefix_handle h = 0, rh = 0;
+        size_t cached = 9999, rcached = 0, np = 0;
+        const int32_t *row = NULL;
+        const kvhal_status st = kvhal_cache_manager_admit(cm, toks, n, extra, &h, &cached, &row, &np);
+        if (st != KVHAL_OK) assert_non_null(strstr(kvhal_last_error(), "extra_tokens"));
+        assert_int_equal(kvhal_cache_manager_match(ref, toks, n, &rh, &rcached, ref_pages, MAXT + EXTRA), KVHAL_OK);
+        const size_t all = (n + extra + (size_t)ps - 1) / (size_t)ps, have = rcached / (size_t)ps;
+        const kvhal_status rst = kvhal_cache_manager_allocate(ref, (int32_t)(all - have), ref_pages + have);
+        assert_int_equal(st, rst);
+        if (st != KVHAL_OK) {
+            assert_int_equal(st, KVHAL_OUT_OF_MEMORY);
+            assert_int_equal(kvhal_prefix_unlock(kvhal_cache_manager_prefix(ref), rh), KVHAL_OK);
+            refused++;
+        } else {
+            assert_int_equal(cached, rcached);
+            assert_int_equal(np, all);
+            assert_memory_equal(row, ref_pages, all * sizeof(int32_t));
+            const size_t done = n + view_rand((uint32_t)extra + 1); /* the tokens the request ran to */
+            if (view_rand(2))
+                assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h, toks + cached, done - cached,
+                                                                           row + cached / (size_t)ps), KVHAL_OK);
+            else
+                assert_int_equal(kvhal_cache_manager_cache_finished(cm, toks, done, row, h), KVHAL_OK);
+            assert_int_equal(kvhal_cache_manager_cache_finished(ref, toks, done, ref_pages, rh), KVHAL_OK);
+            /* the pages allocated past the tokens it ran to are still the request's: freed alike */
+            const size_t used = (done + (size_t)ps - 1) / (size_t)ps;
+            assert_int_equal(kvhal_cache_manager_free(ref, ref_pages + used, (int32_t)(all - used)), KVHAL_OK);
+            assert_int_equal(kvhal_cache_manager_free(cm, ref_pages + used, (int32_t)(all - used)), KVHAL_OK);
+            finished++;
+        }
+        ok(cm);
+        ok(ref);
+        assert_int_equal(kvhal_cache_manager_num_free(cm), kvhal_cache_manager_num_free(ref));
+        assert_int_equal(kvhal_cache_manager_available(cm), kvhal_cache_manager_available(ref));
+        const kvhal_prefix_size_info a = info(cm), b = info(ref);
+        assert_int_equal(a.protected_tokens, 0);
+        assert_int_equal(a.evictable_tokens, b.evictable_tokens);
+        assert_int_equal(a.num_nodes, b.num_nodes);
+    }
+    assert_true(refused > 0 && finished > 0);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_destroy(ref), KVHAL_OK);
+}
+
+/* Every allocation admit makes (its row's storage at the first call, the split of a partly matched edge, request
+ * handles' room) failing in turn: KVHAL_OUT_OF_MEMORY with nothing kept, and the same admit succeeding after. */
+static void test_admit_faults(void **state)
+{
+    (void)state;
+    for (int64_t k = 1;; k++) {
+        assert_true(k < 50);
+        kvhal_cache_manager *cm = make(64, 2, KVHAL_PREFIX_RADIX);
+        int32_t t[46]; /* a prompt of 40, then 6 generated */
+        seq(t, 46, 1);
+        run_request(cm, t, 40);
+        t[31] = -9; /* the match ends inside the cached edge: a split */
+        const int free_before = kvhal_cache_manager_num_free(cm);
+        const kvhal_prefix_size_info before = info(cm);
+        kvhal_prefix_handle h = 0;
+        size_t cached = 0, np = 0;
+        const int32_t *row = NULL;
+        kvhal_fault_inject_alloc(k);
+        const kvhal_status st = kvhal_cache_manager_admit(cm, t, 40, 6, &h, &cached, &row, &np);
+        kvhal_fault_inject_alloc(0);
+        ok(cm);
+        if (st == KVHAL_OK) {
+            assert_int_equal(cached, 30);
+            assert_int_equal(np, 23);
+            assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h, t + 30, 16, row + 15), KVHAL_OK);
+            assert_int_equal(info(cm).protected_tokens, 0);
+            ok(cm);
+            assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+            break;
+        }
+        assert_int_equal(st, KVHAL_OUT_OF_MEMORY);
+        assert_int_equal(kvhal_cache_manager_num_free(cm), free_before);
+        assert_int_equal(info(cm).total_tokens, before.total_tokens);
+        assert_int_equal(info(cm).protected_tokens, 0);
+        assert_int_equal(kvhal_cache_manager_admit(cm, t, 40, 6, &h, &cached, &row, &np), KVHAL_OK);
+        assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 46, row, h), KVHAL_OK);
+        ok(cm);
+        assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+    }
+}
+
+static void test_admit_random(void **state)
+{
+    (void)state;
+    admit_random(1, 64, 600);
+    admit_random(4, 16, 400);
+}
+
+/* admit's bad arguments and its refusals: nothing kept; the list is the manager's own (the same storage each call). */
+static void test_admit(void **state)
+{
+    (void)state;
+    kvhal_cache_manager *cm = make(16, 4, KVHAL_PREFIX_RADIX);
+    int32_t t[40];
+    seq(t, 40, 1);
+    kvhal_prefix_handle h = 0;
+    size_t cached = 0, np = 0;
+    const int32_t *row = NULL, *first = NULL;
+    assert_int_equal(kvhal_cache_manager_admit(cm, t, 18, 5, &h, &cached, &row, &np), KVHAL_OK);
+    assert_int_equal(cached, 0);
+    assert_int_equal(np, 6); /* ceil(23 / 4) */
+    first = row;
+    assert_int_equal(kvhal_cache_manager_cache_finished(cm, t, 23, row, h), KVHAL_OK);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_admit(cm, t, 18, 0, &h, &cached, &row, &np), KVHAL_OK);
+    assert_int_equal(cached, 16);
+    assert_int_equal(np, 5);
+    assert_ptr_equal(row, first);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h, t + 16, 2, row + 4), KVHAL_OK);
+    ok(cm);
+    const int32_t nfree = kvhal_cache_manager_num_free(cm), avail = kvhal_cache_manager_available(cm);
+    /* 11 free + 5 cached pages, of which the match locks 4: 13 more pages are not there; 61 exceed the manager */
+    assert_int_equal(kvhal_cache_manager_admit(cm, t, 18, 50, &h, &cached, &row, &np), KVHAL_OUT_OF_MEMORY);
+    assert_non_null(strstr(kvhal_last_error(), "extra_tokens"));
+    assert_int_equal(kvhal_cache_manager_admit(cm, t, 18, 240, &h, &cached, &row, &np), KVHAL_OUT_OF_MEMORY);
+    assert_non_null(strstr(kvhal_last_error(), "extra_tokens"));
+    assert_int_equal(kvhal_cache_manager_admit(cm, t, 18, SIZE_MAX, &h, &cached, &row, &np), KVHAL_OUT_OF_MEMORY);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), nfree);
+    assert_int_equal(kvhal_cache_manager_available(cm), avail);
+    assert_int_equal(info(cm).protected_tokens, 0);
+    assert_int_equal(kvhal_cache_manager_admit(cm, t, 18, 0, NULL, &cached, &row, &np), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "handle"));
+    assert_int_equal(kvhal_cache_manager_admit(cm, t, 18, 0, &h, &cached, NULL, &np), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "pages"));
+    assert_int_equal(kvhal_cache_manager_admit(cm, t, 18, 0, &h, &cached, &row, NULL), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "num_pages"));
+    assert_int_equal(kvhal_cache_manager_admit(cm, NULL, 18, 0, &h, &cached, &row, &np), KVHAL_INVALID_ARGUMENT);
+    assert_non_null(strstr(kvhal_last_error(), "tokens"));
+    assert_int_equal(kvhal_cache_manager_admit(NULL, t, 18, 0, &h, &cached, &row, &np), KVHAL_INVALID_HANDLE);
+    assert_int_equal(info(cm).protected_tokens, 0);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), nfree);
+    /* exactly what is there: the 11 free and the one evictable page the match leaves unlocked */
+    assert_int_equal(kvhal_cache_manager_admit(cm, t, 18, 46, &h, &cached, &row, &np), KVHAL_OK);
+    assert_int_equal(np, 16);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 0);
+    assert_int_equal(kvhal_cache_manager_cache_finished_suffix(cm, h, t + 16, 2, row + 4), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_free(cm, row + 5, 11), KVHAL_OK);
+    assert_int_equal(kvhal_cache_manager_num_free(cm), 12);
+    ok(cm);
+    assert_int_equal(kvhal_cache_manager_destroy(cm), KVHAL_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1165,6 +1330,9 @@ int main(void)
         cmocka_unit_test(test_progressions_random),
         cmocka_unit_test(test_views),
         cmocka_unit_test(test_views_random),
+        cmocka_unit_test(test_admit),
+        cmocka_unit_test(test_admit_faults),
+        cmocka_unit_test(test_admit_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,8 +16,12 @@
  * A free page is never cached (free => !cached), so allocation only clears free bits, and a run of pages (what
  * lowest-first allocation hands out) is checked and moved between owners 64 pages to a word operation.
  * Not thread-safe: the scheduler that owns it serialises calls. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "cache_manager.h"
 #include "faults.h"
@@ -119,9 +123,29 @@ static inline size_t ap_at(const int32_t *pages, size_t i, size_t to, uint32_t t
     if (i + 1 == to) return 1;
     const uint32_t d = (uint32_t)pages[i + 1] - p0;
     if (d - 1u >= 64u) return 1;
-    /* pages[j] == e: eight at a time (one vectorized compare), then one at a time */
+    /* pages[j] == e: eight at a time, then one at a time */
     size_t j = i + 1;
     uint32_t e = p0 + d;
+#if defined(__SSE2__)
+    /* two 4-lane compares per step (SSE2 is part of x86-64's baseline; the compiler does not vectorize the loop
+     * below by itself): a finished request's list is hundreds of pages at page size 1 */
+    if (j + 8 < to) {
+        const int32_t sd = (int32_t)d;
+        __m128i want_lo = _mm_add_epi32(_mm_set1_epi32((int32_t)e), _mm_set_epi32(4 * sd, 3 * sd, 2 * sd, sd));
+        __m128i want_hi = _mm_add_epi32(want_lo, _mm_set1_epi32((int32_t)(4 * d)));
+        const __m128i stride = _mm_set1_epi32((int32_t)(8 * d));
+        do {
+            const __m128i lo = _mm_loadu_si128((const __m128i *)(const void *)(pages + j + 1));
+            const __m128i hi = _mm_loadu_si128((const __m128i *)(const void *)(pages + j + 5));
+            const __m128i diff = _mm_or_si128(_mm_xor_si128(lo, want_lo), _mm_xor_si128(hi, want_hi));
+            if (_mm_movemask_epi8(_mm_cmpeq_epi32(diff, _mm_setzero_si128())) != 0xffff) break;
+            want_lo = _mm_add_epi32(want_lo, stride);
+            want_hi = _mm_add_epi32(want_hi, stride);
+            j += 8;
+            e += 8 * d;
+        } while (j + 8 < to);
+    }
+#else
     while (j + 8 < to) {
         uint32_t diff = 0;
         for (uint32_t k = 1; k <= 8; k++) diff |= (uint32_t)pages[j + k] ^ (e + k * d);
@@ -129,6 +153,7 @@ static inline size_t ap_at(const int32_t *pages, size_t i, size_t to, uint32_t t
         j += 8;
         e += 8 * d;
     }
+#endif
     while (j + 1 < to && (uint32_t)pages[j + 1] == e + d) {
         j++;
         e += d;
@@ -234,6 +259,7 @@ static void free_manager(kvhal_cache_manager *cm)
     free(cm->drain_bits);
     free(cm->view_match);
     free(cm->view_alloc);
+    free(cm->view_admit);
     free(cm);
 }
 
@@ -710,6 +736,55 @@ static kvhal_status kvhal_cache_manager_allocate_view__body(kvhal_cache_manager 
     KVHAL_TRY(kvhal_cache_manager_allocate__body(cm, n, cm->view_alloc));
     *pages = cm->view_alloc;
     return KVHAL_OK;
+}
+
+/* admit: match + lock, then the pages past the match; the matched ids are copied into view_admit and the new ones
+ * taken straight after them, so the request's page-table row is one list. A failed allocation gives the lock back:
+ * the request leaves nothing behind (a split the match made stays: it changes no prefix the cache holds). */
+static kvhal_status kvhal_cache_manager_admit__body(kvhal_cache_manager *cm, const int32_t *tokens,
+                                                    size_t num_tokens, size_t extra_tokens,
+                                                    kvhal_prefix_handle *handle, size_t *cached_len,
+                                                    const int32_t **pages, size_t *num_pages)
+{
+    KVHAL_TRY(kvhal__cm_check_magic(cm));
+    KVHAL_CHECK_ARG(handle, "handle: NULL (the request's handle is needed to finish it)");
+    KVHAL_CHECK_ARG(pages, "pages: NULL (receives the view)");
+    KVHAL_CHECK_ARG(num_pages, "num_pages: NULL");
+    const size_t ps = (size_t)cm->page_size;
+    KVHAL_TRY(view_room(&cm->view_admit, cm->total));
+    kvhal_prefix_handle h;
+    size_t len = 0;
+    KVHAL_TRY(kvhal_cache_manager_match__body(cm, tokens, num_tokens, &h, &len, cm->view_admit, (size_t)cm->total,
+                                              NULL));
+    const size_t matched = len / ps;
+    const size_t all = extra_tokens > SIZE_MAX - num_tokens - ps ? SIZE_MAX : (num_tokens + extra_tokens + ps - 1) / ps;
+    const kvhal_status st = all - matched > (size_t)cm->total
+                                ? kvhal__err(KVHAL_OUT_OF_MEMORY, "n: %zu pages, more than the manager's %d",
+                                             all - matched, (int)cm->total)
+                                : kvhal_cache_manager_allocate__body(cm, (int32_t)(all - matched),
+                                                                     cm->view_admit + matched);
+    if (st != KVHAL_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", kvhal_last_error());
+        (void)kvhal_prefix_unlock(cm->pc, h); /* the request's own live lock: never refused */
+        return kvhal__err(st, "extra_tokens: the %zu tokens past the %zu cached (%zu tokens + %zu extra) need %zu "
+                          "pages, not allocated (the match's lock is given back): %s", num_tokens - len + extra_tokens,
+                          len, num_tokens, extra_tokens, all - matched, why);
+    }
+    *handle = h;
+    if (cached_len) *cached_len = len;
+    *pages = cm->view_admit;
+    *num_pages = all;
+    return KVHAL_OK;
+}
+
+kvhal_status kvhal_cache_manager_admit(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                      size_t extra_tokens, kvhal_prefix_handle *handle, size_t *cached_len,
+                                      const int32_t **pages, size_t *num_pages)
+{
+    KVHAL_OWNED_CALL(kvhal__cm_check(cm), cm, "cm",
+                     kvhal_cache_manager_admit__body(cm, tokens, num_tokens, extra_tokens, handle, cached_len, pages,
+                                                     num_pages));
 }
 
 kvhal_status kvhal_cache_manager_match_view(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,

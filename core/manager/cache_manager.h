@@ -31,6 +31,7 @@ struct kvhal_cache_manager {
     int32_t *view_match;     /* match_view's page ids when they span several nodes (total of room, made at its first
                               * call; within one node they are the tree's own), then allocate_view's */
     int32_t *view_alloc;
+    int32_t *view_admit;     /* admit's: the matched page ids, then the allocated ones (total of room) */
 };
 
 static inline kvhal_status kvhal__cm_check_magic(const kvhal_cache_manager *cm)

@@ -1370,6 +1370,27 @@ KVHAL_API kvhal_status kvhal_cache_manager_match_view(kvhal_cache_manager *cm, c
  *               destruction.
  *  @return as kvhal_cache_manager_allocate. Thread safety: single-owner. */
 KVHAL_API kvhal_status kvhal_cache_manager_allocate_view(kvhal_cache_manager *cm, int32_t n, const int32_t **pages);
+/** Admits a request in one call: kvhal_cache_manager_match (match + lock) of tokens, then the pages for the
+ *  uncached rest plus extra_tokens more (the tokens the request may generate), handed out as ONE list: the matched
+ *  page ids followed by the newly allocated ones, the request's page-table row. All or nothing: when the pages
+ *  cannot be had, the match's lock is given back and nothing stays allocated or locked (a node the match split
+ *  stays split: the cached prefixes are unchanged). Finish the request with kvhal_cache_manager_cache_finished
+ *  (the whole list) or kvhal_cache_manager_cache_finished_suffix (tokens + cached_len and pages +
+ *  cached_len / page_size), or unlock the handle and free the new pages.
+ *  @param cm the manager (single-owner: concurrent calls get KVHAL_BUSY).
+ *  @param tokens, num_tokens the prompt, as for kvhal_cache_manager_match (read during the call).
+ *  @param extra_tokens tokens past the prompt to allocate pages for too (0: the prompt's own pages only).
+ *  @param handle out: the request handle, as kvhal_cache_manager_match gives it.
+ *  @param cached_len out (may be NULL): the matched length in tokens (a multiple of the page size).
+ *  @param pages out: *num_pages page ids owned by cm: the cached_len / page_size matched ones, then the new ones;
+ *               valid until the next kvhal_cache_manager_admit on cm or cm's destruction.
+ *  @param num_pages out: ceil((num_tokens + extra_tokens) / page_size).
+ *  @return KVHAL_OK; KVHAL_OUT_OF_MEMORY (kvhal_last_error() names extra_tokens) when the pages past the match are
+ *          more than the free and evictable ones, nothing kept; otherwise as kvhal_cache_manager_match and
+ *          kvhal_cache_manager_allocate. Thread safety: single-owner. Graph capture: host only, enqueues nothing. */
+KVHAL_API kvhal_status kvhal_cache_manager_admit(kvhal_cache_manager *cm, const int32_t *tokens, size_t num_tokens,
+                                                 size_t extra_tokens, kvhal_prefix_handle *handle,
+                                                 size_t *cached_len, const int32_t **pages, size_t *num_pages);
 /** Frees pages a request holds (every page is checked as one the caller's requests hold; all or nothing).
  *  @param cm the manager.
  *  @param pages n page indices.

@@ -17,15 +17,20 @@ The baselines:
 
 Per request every loop does what a scheduler does: match (and lock) the prompt, allocate the uncached part plus the
 output, and at the end insert the whole sequence and unlock (cache_finished). Only bookkeeping is timed; no K/V.
-The kvhal_view loop (ratio, ratio_minisgl) is what an engine runs: match_view -> allocate_view ->
-cache_finished_suffix(handle, seq, pages, start=matched), the page lists views of the manager's own storage (an
-engine copies them into its page table from the buffer; nothing is sized or filled per call) going back in without
-copies or slices. The kvhal loop (ratio_pages, ratio_pages_minisgl) is the same with match and allocate, whose page
-lists are kvhal.Pages objects of their own. Every pass checks that all loops matched the same prefix length for
-every request (else it fails).
+The kvhal_admit loop (ratio, ratio_minisgl) is what an engine runs: admit_view(prompt, nout) matches and locks the
+prompt and allocates the pages past the match in one call, handing back one list, the request's page-table row (the
+matched page ids, then the new ones; an engine copies it into its page table), which goes back as it came into
+cache_finished_suffix(handle, seq, row, start=matched) without copies or slices. Building that row is work both
+baselines do too (PyRadix's got + own, the mini-sglang-style loop's page-table writes). The kvhal_view loop
+(ratio_view, ratio_view_minisgl) does less: match_view -> allocate_view -> cache_finished_suffix(handle, seq, pages,
+start=matched), two page lists as views of the manager's own storage (a match within one edge is the tree's own list,
+not a copy) and no row built (an engine would copy both into its page table itself), one call more. The kvhal loop
+(ratio_pages, ratio_pages_minisgl) is the three-call one with match and allocate, whose page lists are kvhal.Pages
+objects of their own. Every pass checks that all loops matched the same prefix length for every request (else it
+fails).
 
 Each of --passes passes (9) runs every loop, each on a fresh cache, rotating which goes first; the figures are the
-median pass of each (ratio: kvhal_view's median over PyRadix's) and the best pass (best_ratio, ...). The garbage of
+median pass of each (ratio: kvhal_admit's median over PyRadix's) and the best pass (best_ratio, ...). The garbage of
 the previous loop is collected (gc.collect()) before each loop, outside its timing. --only NAME times one loop alone.
 The timed pass of each loop is its cache's second: the workload runs once untimed, the cache is emptied through its
 own eviction, then the timed pass runs, so that every loop finds memory it has touched before, as a cache in a
@@ -33,7 +38,8 @@ running server does (a first pass pays a page fault per 4 KiB of new tree memory
 buffers and Python's objects alike). --cold times each cache's first pass instead.
 
 usage: bench_prefix.py [--groups N] [--prompts N] [--system-len N] [--question-len N] [--output-len N]
-                       [--pages N] [--passes N] [--only python|minisgl|kvhal|kvhal_view] [--cold] [--json]"""
+                       [--pages N] [--passes N] [--only python|minisgl|kvhal|kvhal_view|kvhal_admit] [--cold]
+                       [--json]"""
 import argparse
 import collections
 import dataclasses
@@ -249,6 +255,26 @@ def run_kvhal(reqs, pages, view=False):
 
 def run_kvhal_view(reqs, pages):
     return run_kvhal(reqs, pages, view=True)
+
+
+def run_kvhal_admit(reqs, pages):
+    """The kvhal loop with the fused call: admit_view (match, lock and the pages past the match, as one list of the
+    matched page ids then the new ones) -> cache_finished_suffix(handle, seq, that list, start=matched)."""
+    arrs = [(array("i", p), array("i", p + o), len(o)) for p, o in reqs]  # the tokenizer's output, in arrays
+
+    def once(cm):
+        admit, finish = cm.admit_view, cm.cache_finished_suffix
+        matched = []
+        t0 = time.perf_counter()
+        for prompt, seq, nout in arrs:
+            h, n, row = admit(prompt, nout)
+            matched.append(n)
+            finish(h, seq, row, start=n)
+        rps = len(reqs) / (time.perf_counter() - t0)
+        del row  # a view, valid until the next admit_view
+        cm.check_integrity()
+        return rps, matched
+    return warmed(kvhal.CacheManager(pages, 1, "radix"), once, empty_manager)
 
 
 # ---- the mini-sglang-style baseline -------------------------------------------------------------------------------
@@ -606,7 +632,8 @@ def run_minisgl(reqs, pages):
     return warmed(c, once, empty)
 
 
-LOOPS = {"python": "run_python", "minisgl": "run_minisgl", "kvhal": "run_kvhal", "kvhal_view": "run_kvhal_view"}
+LOOPS = {"python": "run_python", "minisgl": "run_minisgl", "kvhal": "run_kvhal", "kvhal_view": "run_kvhal_view",
+         "kvhal_admit": "run_kvhal_admit"}
 
 
 def main():
@@ -625,7 +652,7 @@ def main():
     global WARM
     WARM = not a.cold
     reqs = workload(a.groups, a.prompts, a.system_len, a.question_len, a.output_len)
-    names = [a.only] if a.only else ["python", "minisgl", "kvhal", "kvhal_view"]
+    names = [a.only] if a.only else ["python", "minisgl", "kvhal", "kvhal_view", "kvhal_admit"]
     if "minisgl" in names and torch is None:
         print("bench_prefix: torch is not installed: the mini-sglang-style baseline (torch tensors) is skipped",
               file=sys.stderr)
@@ -652,7 +679,8 @@ def main():
         hits = got[names[0]][1]
     med = {k: statistics.median(v) for k, v in rps.items()}
     best = {k: max(v) for k, v in rps.items()}
-    col = {"python": "python_radix", "minisgl": "minisgl_radix", "kvhal": "kvhal", "kvhal_view": "kvhal_view"}
+    col = {"python": "python_radix", "minisgl": "minisgl_radix", "kvhal": "kvhal", "kvhal_view": "kvhal_view",
+           "kvhal_admit": "kvhal_admit"}
     res = {"version": kvhal.__version__, "requests": len(reqs), "page_size": 1, "pages": a.pages,
            "cached_tokens": sum(hits), "hit_requests": sum(1 for h in hits if h),
            "hits_agree": "+".join(names), "passes": len(rps[names[0]]),
@@ -668,10 +696,9 @@ def main():
         for k in names:
             res[col[k] + "_" + prefix + "rps"] = fig[k]
         for base, suffix in (("python", ""), ("minisgl", "_minisgl")):
-            if "kvhal_view" in names and base in names:
-                res[prefix + "ratio" + suffix] = fig["kvhal_view"] / fig[base]
-            if "kvhal" in names and base in names:
-                res[prefix + "ratio_pages" + suffix] = fig["kvhal"] / fig[base]
+            for loop, key in (("kvhal_admit", "ratio"), ("kvhal_view", "ratio_view"), ("kvhal", "ratio_pages")):
+                if loop in names and base in names:
+                    res[prefix + key + suffix] = fig[loop] / fig[base]
     if a.json:
         print(json.dumps(res, indent=1))
     else:

@@ -189,12 +189,17 @@ class CacheManager:
         """match, the pages a view of the manager's own storage (valid until the next match_view)."""
     def allocate_view(self, n: int) -> PagesView:
         """allocate, the pages a view of the manager's own storage (valid until the next allocate_view)."""
+    def admit_view(self, tokens: _IntArray, extra_tokens: int = 0) -> Tuple[PrefixHandle, int, PagesView]:
+        """Admits a request in one call: match + lock, then the pages for the uncached rest of tokens plus
+        extra_tokens (all or nothing: kvhal.OutOfMemory, nothing kept). pages: one view of the manager's own
+        storage, the matched page ids then the new ones (valid until the next admit_view)."""
     def free(self, pages: _IntArray) -> None: ...
     def cache_finished(self, tokens: _IntArray, pages: _IntArray, handle: Optional[PrefixHandle]) -> None: ...
     def cache_finished_suffix(self, handle: Optional[PrefixHandle], tokens: _IntArray, pages: _IntArray,
                               start: int = 0) -> None:
         """cache_finished given what follows the match: tokens[start:] (pass the whole request and start=the
-        matched length to avoid slicing it) and their pages."""
+        matched length to avoid slicing it) and their pages (admit_view's row as it came: start is then its
+        cached_len, and the pages past the match are taken)."""
     def evict(self, num_tokens: int) -> int: ...
     def check_integrity(self) -> None: ...
 

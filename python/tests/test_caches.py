@@ -223,3 +223,102 @@ def test_manager_match_view_outlives_its_prefix():
     assert (n2, len(view2)) == (0, 0)
     cm.prefix.unlock(h2)
     cm.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_manager_admit_view(page_size):
+    """admit_view is match_view + allocate_view in one call: the same handles' behaviour, cached lengths and page
+    ids as the three-call sequence on a twin manager, the matched ids then the new ones in one list, which goes back
+    whole into cache_finished_suffix with start=matched; a failed admission keeps nothing."""
+    ps = page_size
+    cm, ref = kvhal.CacheManager(64, ps), kvhal.CacheManager(64, ps)
+    system = list(range(1000, 1000 + 6 * ps))
+    reqs = [(system + [i] * (2 * ps + 1), [50 + i] * (3 * ps)) for i in range(4)] + [([7] * (3 * ps), [8] * ps)]
+    for prompt, out in reqs + reqs:  # the second round hits what the first cached
+        prompt, seq = array("i", prompt), array("i", prompt + out)
+        h, n, row = cm.admit_view(prompt, len(out))
+        h2, n2, got = ref.match_view(prompt)
+        own = ref.allocate_view(-(-(len(seq)) // ps) - n2 // ps)
+        assert n == n2 and len(row) == -(-len(seq) // ps) == len(got) + len(own)
+        assert row.tolist() == got.tolist() + own.tolist()
+        assert cm.available == ref.available and cm.num_free == ref.num_free
+        cm.cache_finished_suffix(h, seq, row, start=n)  # the whole row: its pages from n // ps on are taken
+        ref.cache_finished_suffix(h2, seq, own, start=n2)
+        with pytest.raises(kvhal.InvalidHandle):
+            cm.cache_finished_suffix(h, seq, row, start=n)  # a request finishes once, as match's handles
+        cm.check_integrity()
+        assert cm.prefix.size_info() == ref.prefix.size_info() and cm.num_free == ref.num_free
+    # the row copied out (a page-table row, longer than needed) holds the pages of the whole request: its suffix
+    # goes in as any page list does, the pages of tokens[n:]; the row as it came wants start = its matched length
+    prompt = array("i", system + [9] * ps)
+    h, n, row = cm.admit_view(prompt, 2 * ps)
+    assert n == 6 * ps and len(row) == 9
+    seq = array("i", list(prompt) + [3] * 2 * ps)
+    with pytest.raises(kvhal.InvalidArgument, match=f"start: 0, but pages is admit_view's row.*start={n}"):
+        cm.cache_finished_suffix(h, seq, row, start=0)
+    table_row = np.zeros(16, dtype=np.int32)
+    table_row[:len(row)] = row
+    cm.cache_finished_suffix(h, seq, table_row[n // ps:], start=n)
+    h, n, row = cm.admit_view(prompt[:6 * ps], 0)
+    assert (n, len(row)) == (6 * ps, 6) and cm.num_free == ref.num_free - 3  # nothing new allocated
+    cm.cache_finished_suffix(h, prompt[:6 * ps], row, start=n)
+    h, n, row = cm.admit_view(seq, ps)  # the row whole into cache_finished: the whole request's pages
+    cm.cache_finished(array("i", list(seq) + [4] * ps), row, h)
+    cm.check_integrity()
+    # a suffix list as long as the whole request (one surplus page per matched one) stays a suffix list
+    p2 = array("i", system + [11] * ps)
+    h, n, row = cm.admit_view(p2, 0)
+    assert (n, len(row)) == (6 * ps, 7)
+    own = cm.allocate(7)
+    cm.free(row.tolist()[6:])
+    cm.cache_finished_suffix(h, p2, own, start=n)  # own[0] holds tokens[n:]
+    h2, n2, got = cm.match(p2)
+    assert n2 == 7 * ps and got.tolist()[6:] == own.tolist()[:1]
+    cm.unlock(h2)
+    cm.free(own[1:])
+    cm.check_integrity()
+
+
+def test_manager_admit_view_refusals():
+    """Bad arguments name the argument; when the pages cannot be had the match's lock is given back and nothing
+    stays allocated (the three-call sequence's state after match + failed allocate + unlock)."""
+    cm = kvhal.CacheManager(16, 1)
+    prompt = array("i", range(10))
+    h, n, row = cm.admit_view(prompt)
+    assert (n, len(row)) == (0, 10)
+    with pytest.raises(kvhal.InvalidArgument, match="extra_tokens: -1 is negative"):
+        cm.admit_view(prompt, -1)
+    with pytest.raises(TypeError):
+        cm.admit_view(prompt, "3")
+    with pytest.raises(TypeError):
+        cm.admit_view()
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        cm.admit_view(prompt, extra=3)
+    with pytest.raises(kvhal.InvalidArgument, match="tokens"):
+        cm.admit_view([1.5, 2])
+    cm.cache_finished_suffix(h, prompt, row, start=n)
+    held = cm.allocate(3)
+    before = (cm.num_free, cm.available, cm.prefix.size_info())
+    # 10 cached (locked by the match), 3 free: 4 more pages are not there
+    with pytest.raises(kvhal.OutOfMemory, match="extra_tokens: .*need 4 pages.*only 3 free"):
+        cm.admit_view(prompt, 4)
+    assert (cm.num_free, cm.available, cm.prefix.size_info()) == before  # nothing locked, nothing allocated
+    h2, n2, _ = cm.match_view(prompt)  # the three calls: match, a refused allocate, unlock: the same state
+    with pytest.raises(kvhal.OutOfMemory):
+        cm.allocate_view(4)
+    cm.unlock(h2)
+    assert (cm.num_free, cm.available, cm.prefix.size_info()) == before
+    with pytest.raises(kvhal.OutOfMemory, match="extra_tokens"):
+        cm.admit_view(prompt, 1 << 40)
+    with pytest.raises(kvhal.OutOfMemory, match="extra_tokens"):
+        cm.admit_view(prompt, 7)  # more than the manager has
+    cm.free(held)
+    cm.check_integrity()
+    h, n, row = cm.admit_view(prompt, 6)  # exactly what is free
+    assert (n, len(row), cm.num_free) == (10, 16, 0)
+    cm.cache_finished_suffix(h, array("i", list(prompt) + [1] * 6), row, start=n)
+    h, n, row = cm.admit_view(array("i", [77] * 4), 2)  # a miss: 6 pages, evicting the unlocked cached ones
+    assert (n, len(row)) == (0, 6)
+    cm.cache_finished_suffix(h, array("i", [77] * 6), row, start=n)
+    cm.check_integrity()
+    del row

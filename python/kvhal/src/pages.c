@@ -184,6 +184,7 @@ PyObject *kvpy_pages_view_new(kvpy_state *st, PyObject *owner, int *alive, const
     (*alive)++;
     p->v = v;
     p->n = (Py_ssize_t)n;
+    p->matched = 0;
     return (PyObject *)p;
 }
 

@@ -23,6 +23,7 @@ typedef struct {
     int *alive;
     const int32_t *v;
     Py_ssize_t n;
+    Py_ssize_t matched; /* admit_view's row: its first `matched` ids are the match's (0 for the other views) */
 } kvpy_pages_view_object;
 
 extern PyType_Spec kvpy_pages_view_spec;

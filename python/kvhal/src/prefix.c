@@ -481,6 +481,53 @@ static PyObject *manager_match_view(PyObject *op, PyObject *tokens)
     return ret;
 }
 
+/* admit_view(tokens, extra_tokens=0): match + lock + the pages past the match, as one kvhal.PagesView (the matched
+ * ids, then the new ones) of the manager's own storage. */
+static PyObject *manager_admit_view(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"tokens", "extra_tokens"};
+    PyObject *a[2];
+    if (kvpy_parse_fast("admit_view", args, nargs, kwnames, names, 2, 1, a) != 0) return NULL;
+    kvhal_cache_manager *cm = live_manager(op);
+    if (!cm) return NULL;
+    kvpy_state *st = kvpy_state_of(op);
+    size_t extra = 0;
+    if (a[1]) {
+        const Py_ssize_t e = PyNumber_AsSsize_t(a[1], PyExc_OverflowError);
+        if (e == -1 && PyErr_Occurred()) return NULL;
+        if (e < 0) return kvpy_bad_arg(st, "extra_tokens: %zd is negative", e);
+        extra = (size_t)e;
+    }
+    kvpy_ints tk;
+    if (kvpy_ints_get(st, a[0], "tokens", 4, &tk) != 0) return NULL;
+    kvpy_handle_t h;
+    size_t cached = 0, np = 0;
+    const int32_t *v = NULL;
+    kvhal_status rc = kvhal_cache_manager_admit(cm, tk.data, tk.n, extra, &h, &cached, &v, &np);
+    kvpy_ints_release(&tk);
+    if (rc != KVHAL_OK) return kvpy_raise(st, rc);
+    const size_t ps = (size_t)((manager_object *)op)->page_size;
+    PyObject *pages = kvpy_pages_view_new(st, op, &((manager_object *)op)->views, v, np);
+    if (pages) ((kvpy_pages_view_object *)pages)->matched = (Py_ssize_t)(cached / ps);
+    PyObject *ho = pages ? kvpy_handle_new(st, h, op) : NULL;
+    PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
+    PyObject *ret = no ? PyTuple_New(3) : NULL;
+    if (!ret) {
+        Py_XDECREF(pages);
+        Py_XDECREF(no);
+        if (ho) { /* the request is admitted in C: give its lock and pages back */
+            (void)kvhal_cache_manager_free(cm, v + cached / ps, (int32_t)(np - cached / ps));
+            (void)kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h);
+            Py_DECREF(ho);
+        }
+        return NULL;
+    }
+    PyTuple_SET_ITEM(ret, 0, ho);
+    PyTuple_SET_ITEM(ret, 1, no);
+    PyTuple_SET_ITEM(ret, 2, pages);
+    return ret;
+}
+
 static PyObject *manager_allocate_view(PyObject *op, PyObject *arg)
 {
     kvhal_cache_manager *cm = live_manager(op);
@@ -536,8 +583,18 @@ static PyObject *finish_common(PyObject *op, PyObject *handle, PyObject *tokens,
         kvpy_ints_release(&tk);
         return NULL;
     }
+    /* admit_view's row (the matched pages, then the request's own) to a suffix finish: the pages past the match */
+    const Py_ssize_t skip =
+        suffix && Py_IS_TYPE(pages, st->pages_view_type) ? ((kvpy_pages_view_object *)pages)->matched : 0;
     PyObject *ret = NULL;
     const size_t need = (tk.n + page_size - 1) / page_size;
+    if (skip && (size_t)start != (size_t)skip * page_size) {
+        kvpy_bad_arg(st, "start: %zd, but pages is admit_view's row, whose first %zd pages hold the %zu matched tokens "
+                     "(pass start=%zu)", start, skip, (size_t)skip * page_size, (size_t)skip * page_size);
+        goto out;
+    }
+    pg.data = (const int32_t *)pg.data + skip;
+    pg.n -= (size_t)skip;
     if (pg.n < need) {
         kvpy_bad_arg(st, "pages: %zu pages for %zu tokens needs %zu", pg.n, tk.n, need);
     } else {
@@ -546,6 +603,7 @@ static PyObject *finish_common(PyObject *op, PyObject *handle, PyObject *tokens,
         if (rc != KVHAL_OK) kvpy_raise(st, rc);
         else ret = Py_NewRef(Py_None);
     }
+out:
     kvpy_ints_release(&tk);
     kvpy_ints_release(&pg);
     return ret;
@@ -644,6 +702,12 @@ static PyMethodDef manager_methods[] = {
     {"allocate_view", manager_allocate_view, METH_O,
      "allocate_view($self, n)\n--\n\nallocate, the pages a kvhal.PagesView of the manager's own storage (no copy; "
      "valid until the next allocate_view)."},
+    {"admit_view", (PyCFunction)(void (*)(void))manager_admit_view, METH_FASTCALL | METH_KEYWORDS,
+     "admit_view($self, tokens, extra_tokens=0)\n--\n\nAdmits a request in one call: match + lock, then the pages "
+     "for the uncached rest of tokens plus extra_tokens, all or nothing (kvhal.OutOfMemory, nothing kept, when they "
+     "cannot be had): (handle, cached_len, pages), pages ONE kvhal.PagesView of the manager's own storage holding "
+     "the matched page ids then the new ones (the request's page-table row; valid until the next admit_view). "
+     "Finish with cache_finished_suffix(handle, tokens, pages, start=cached_len)."},
     {"free", manager_free, METH_O, "free($self, pages)\n--\n\nGives pages back."},
     {"cache_finished", (PyCFunction)(void (*)(void))manager_finished, METH_FASTCALL | METH_KEYWORDS,
      "cache_finished($self, tokens, pages, handle)\n--\n\nA request finished: inserts its page-aligned tokens, frees "
@@ -651,7 +715,8 @@ static PyMethodDef manager_methods[] = {
     {"cache_finished_suffix", (PyCFunction)(void (*)(void))manager_finished_suffix, METH_FASTCALL | METH_KEYWORDS,
      "cache_finished_suffix($self, handle, tokens, pages, start=0)\n--\n\nThe same given only the tokens and pages "
      "past the match: tokens[start:] (start: the matched length, to pass the whole request's tokens without "
-     "slicing them) and their pages."},
+     "slicing them) and their pages (admit_view's row as it came: start must then be its cached_len, and the pages "
+     "past the match are taken)."},
     {"evict", manager_evict, METH_O,
      "evict($self, num_tokens)\n--\n\nEvicts unlocked cached prefixes into the free pages; returns the tokens freed."},
     {"check_integrity", manager_check_integrity, METH_NOARGS,
