@@ -142,7 +142,7 @@ static void listen_watch(kvhal_xfer_agent *a, uint64_t now)
 
 /* The copy workers: KVHAL_XFER_THREADS (0 .. XFER_WORKERS_MAX; 0: pump copies each frame itself), else
  * min(4, online cores / 2), each with a stream of its own for a device cache's staging copies. CMA frames are split
- * across them in pieces of CMA_PIECE_BYTES at least; TCP frames carry GATHER_FRAME_BYTES at most (one page at
+ * across them in pieces of CMA_PIECE_BYTES at least; TCP frames carry GATHER_FRAME_BYTES (KVHAL_XFER_FRAME_KIB) at most (one page at
  * least), and those of half that and more (a frame is cut to whole pages, so a full one may fall short of the cut
  * itself) of a transfer of several frames are gathered by the workers while pump sends the frames before them (a
  * transfer of one frame, or a small frame, is gathered by pump: there is nothing to overlap, and the hand-over
@@ -154,8 +154,8 @@ static void agent_config(kvhal_xfer_agent *a)
     const long def = cores / 2 < WORKERS_DEFAULT ? cores / 2 : WORKERS_DEFAULT;
     xfer_pool_init(&a->workers, (int)env_long("KVHAL_XFER_THREADS", 0, XFER_WORKERS_MAX, def), stream_free);
     a->cma_piece = CMA_PIECE_BYTES;
-    a->gather_frame = GATHER_FRAME_BYTES;
-    a->gather_min = GATHER_FRAME_BYTES / 2;
+    a->gather_frame = (size_t)env_long("KVHAL_XFER_FRAME_KIB", 64, 64 << 10, GATHER_FRAME_BYTES >> 10) << 10;
+    a->gather_min = a->gather_frame / 2;
     a->ipc_chain = IPC_CHAIN_BYTES;
 }
 
