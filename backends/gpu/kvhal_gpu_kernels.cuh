@@ -384,24 +384,11 @@ template <int MODE> __device__ __forceinline__ float scaled2(float x, float s, f
     return MODE == SM_DIV ? 2.0f * (x / s) : scaled<MODE>(x, s, inv);
 }
 
-#ifdef KVHAL_GPU_HW_FP8
-/* The common case of fnuz_four (no byte at the largest OCP magnitude): true and the codes in *r, else false (the
- * caller converts the four again through fnuz_four, out of line, so that the inputs need not stay live for it). */
-template <int OUT> __device__ __forceinline__ bool fnuz_four_common(const float *q2, uint32_t *r)
-{
-    const int OCP = OUT == DT_E4M3FNUZ ? DT_E4M3 : DT_E5M2;
-    const uint32_t c = __byte_perm(fp8_hw_x2<OCP>(q2[0], q2[1]), fp8_hw_x2<OCP>(q2[2], q2[3]), 0x5410);
-    const uint32_t m = c & 0x7f7f7f7fu;
-    *r = c & (0x7f7f7f7fu | ((m + 0x7f7f7f7fu) & 0x80808080u)); /* a zero magnitude drops its sign */
-    return ((m + (OUT == DT_E4M3FNUZ ? 0x02020202u : 0x05050505u)) & 0x80808080u) == 0;
-}
-#endif
-
 template <int IN, int OUT, int MODE> struct XFp8VecFnuz;
 template <int OUT, int MODE> struct XFp8VecFnuz<DT_F32, OUT, MODE> {
     typedef uint4 In;
     typedef uint32_t Out;
-    static __device__ __forceinline__ Out full(const In &v, float s, float inv)
+    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
     {
         const float x[4] = {kvhal_num_bits_f32(v.x), kvhal_num_bits_f32(v.y), kvhal_num_bits_f32(v.z),
                             kvhal_num_bits_f32(v.w)};
@@ -409,46 +396,17 @@ template <int OUT, int MODE> struct XFp8VecFnuz<DT_F32, OUT, MODE> {
                              scaled2<MODE>(x[3], s, inv)};
         return fnuz_four<OUT>(x, q2);
     }
-    static __device__ __noinline__ Out rare(const In v, float s, float inv) { return full(v, s, inv); }
-    static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
-    {
-#ifdef KVHAL_GPU_HW_FP8 /* the common case inline, a byte at the largest OCP magnitude out of line */
-        const float q2[4] = {scaled2<MODE>(kvhal_num_bits_f32(v.x), s, inv), scaled2<MODE>(kvhal_num_bits_f32(v.y), s, inv),
-                             scaled2<MODE>(kvhal_num_bits_f32(v.z), s, inv), scaled2<MODE>(kvhal_num_bits_f32(v.w), s, inv)};
-        uint32_t r;
-        return fnuz_four_common<OUT>(q2, &r) ? r : rare(v, s, inv);
-#else
-        return full(v, s, inv); /* every element in software: nothing is rare */
-#endif
-    }
 };
 template <int IN, int OUT, int MODE> struct XFp8VecFnuz {
     typedef uint4 In;
     typedef uint2 Out;
-    static __device__ __forceinline__ uint32_t full(uint32_t w0, uint32_t w1, float s, float inv)
+    static __device__ __forceinline__ uint32_t quad(uint32_t w0, uint32_t w1, float s, float inv)
     {
         const float x[4] = {load_elem<IN>(w0 & 0xffffu), load_elem<IN>(w0 >> 16), load_elem<IN>(w1 & 0xffffu),
                             load_elem<IN>(w1 >> 16)};
         const float q2[4] = {scaled2<MODE>(x[0], s, inv), scaled2<MODE>(x[1], s, inv), scaled2<MODE>(x[2], s, inv),
                              scaled2<MODE>(x[3], s, inv)};
         return fnuz_four<OUT>(x, q2);
-    }
-    static __device__ __noinline__ uint32_t rare(uint32_t w0, uint32_t w1, float s, float inv)
-    {
-        return full(w0, w1, s, inv);
-    }
-    static __device__ __forceinline__ uint32_t quad(uint32_t w0, uint32_t w1, float s, float inv)
-    {
-#ifdef KVHAL_GPU_HW_FP8 /* the common case inline, a byte at the largest OCP magnitude out of line */
-        const float q2[4] = {scaled2<MODE>(load_elem<IN>(w0 & 0xffffu), s, inv),
-                             scaled2<MODE>(load_elem<IN>(w0 >> 16), s, inv),
-                             scaled2<MODE>(load_elem<IN>(w1 & 0xffffu), s, inv),
-                             scaled2<MODE>(load_elem<IN>(w1 >> 16), s, inv)};
-        uint32_t r;
-        return fnuz_four_common<OUT>(q2, &r) ? r : rare(w0, w1, s, inv);
-#else
-        return full(w0, w1, s, inv); /* every element in software: nothing is rare */
-#endif
     }
     static __device__ __forceinline__ Out apply(const In &v, float s, float inv)
     {
