@@ -454,7 +454,8 @@ typedef int (*kvhal_gpu_scatter_rows_fn)(const kvhal_gpu_scatter_args *a, void *
  *  kvhal_gpu_scatter_rows_form_fn: the same copy as kvhal_gpu_scatter_rows (form 0) in one of KVHAL_GPU_SCATTER_FORMS
  *  forms (form bit 0: 8 loads in flight per thread instead of 4; bit 1: loads not allocated in L1, on CUDA; bit 2: a
  *  block takes 8 rows at a time instead of 32), so that a benchmark can take the fastest copy of the rows as their
- *  ceiling. -1 also for a form out of range.
+ *  ceiling. -1 also for a form out of range. Owns nothing (the caller's pointers are only read or written by the
+ *  copy); callable from any thread; a kernel launch on the stream, so it may be captured in a graph like one.
  *  @param a the copy. @param form the form. @param native_stream a native stream of the device (NULL: its default). */
 typedef int (*kvhal_gpu_scatter_rows_form_fn)(const kvhal_gpu_scatter_args *a, int form, void *native_stream);
 /** kvhal_backend_get_proc_address(KVHAL_DEVICE_CUDA or KVHAL_DEVICE_HIP, "kvhal_gpu_spin") gives a kvhal_gpu_spin_fn:

@@ -93,6 +93,25 @@ static int parse_kind(kvpy_state *st, PyObject *o, kvhal_prefix_kind *out)
     return 0;
 }
 
+/* (handle, cached, pages) of a match, pages stolen (NULL: its making failed); NULL with an exception set when it
+ * cannot be made, pages then released: a manager's caller gives back what the C call took for the request. */
+static PyObject *match_result(kvpy_state *st, PyObject *cache, kvpy_handle_t h, size_t cached, PyObject *pages)
+{
+    PyObject *ho = pages ? kvpy_handle_new(st, h, cache) : NULL;
+    PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
+    PyObject *ret = no ? PyTuple_New(3) : NULL;
+    if (!ret) {
+        Py_XDECREF(ho);
+        Py_XDECREF(pages);
+        Py_XDECREF(no);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(ret, 0, ho);
+    PyTuple_SET_ITEM(ret, 1, no);
+    PyTuple_SET_ITEM(ret, 2, pages);
+    return ret;
+}
+
 /* match for a prefix cache or a manager: (handle, cached_len, pages) */
 static PyObject *match_common(PyObject *self, kvhal_prefix_cache *pc, kvhal_cache_manager *cm, int32_t page_size,
                               PyObject *tokens)
@@ -123,17 +142,8 @@ static PyObject *match_common(PyObject *self, kvhal_prefix_cache *pc, kvhal_cach
         Py_SET_SIZE(pa, (Py_ssize_t)np);
         pages = (PyObject *)pa;
     }
-    PyObject *ho = pages ? kvpy_handle_new(st, h, self) : NULL;
-    PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
-    if (no && (ret = PyTuple_New(3)) != NULL) {
-        PyTuple_SET_ITEM(ret, 0, ho);
-        PyTuple_SET_ITEM(ret, 1, no);
-        PyTuple_SET_ITEM(ret, 2, pages);
-    } else {
-        Py_XDECREF(ho);
-        Py_XDECREF(pages);
-        Py_XDECREF(no);
-    }
+    ret = match_result(st, self, h, cached, pages);
+    if (!ret && cm) (void)kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h); /* the request's own lock */
 out:
     kvpy_ints_release(&tk);
     return ret;
@@ -465,19 +475,8 @@ static PyObject *manager_match_view(PyObject *op, PyObject *tokens)
     kvhal_status rc = kvhal_cache_manager_match_view(cm, tk.data, tk.n, &h, &cached, &v, &np);
     kvpy_ints_release(&tk);
     if (rc != KVHAL_OK) return kvpy_raise(st, rc);
-    PyObject *pages = kvpy_pages_view_new(st, op, &((manager_object *)op)->views, v, np);
-    PyObject *ho = pages ? kvpy_handle_new(st, h, op) : NULL;
-    PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
-    PyObject *ret = no ? PyTuple_New(3) : NULL;
-    if (!ret) {
-        Py_XDECREF(pages);
-        Py_XDECREF(ho);
-        Py_XDECREF(no);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(ret, 0, ho);
-    PyTuple_SET_ITEM(ret, 1, no);
-    PyTuple_SET_ITEM(ret, 2, pages);
+    PyObject *ret = match_result(st, op, h, cached, kvpy_pages_view_new(st, op, &((manager_object *)op)->views, v, np));
+    if (!ret) (void)kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h); /* the request's own lock */
     return ret;
 }
 
@@ -509,22 +508,11 @@ static PyObject *manager_admit_view(PyObject *op, PyObject *const *args, Py_ssiz
     const size_t ps = (size_t)((manager_object *)op)->page_size;
     PyObject *pages = kvpy_pages_view_new(st, op, &((manager_object *)op)->views, v, np);
     if (pages) ((kvpy_pages_view_object *)pages)->matched = (Py_ssize_t)(cached / ps);
-    PyObject *ho = pages ? kvpy_handle_new(st, h, op) : NULL;
-    PyObject *no = ho ? PyLong_FromSize_t(cached) : NULL;
-    PyObject *ret = no ? PyTuple_New(3) : NULL;
-    if (!ret) {
-        Py_XDECREF(pages);
-        Py_XDECREF(no);
-        if (ho) { /* the request is admitted in C: give its lock and pages back */
-            (void)kvhal_cache_manager_free(cm, v + cached / ps, (int32_t)(np - cached / ps));
-            (void)kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h);
-            Py_DECREF(ho);
-        }
-        return NULL;
+    PyObject *ret = match_result(st, op, h, cached, pages);
+    if (!ret) { /* the request is admitted in C: its pages and lock go back */
+        (void)kvhal_cache_manager_free(cm, v + cached / ps, (int32_t)(np - cached / ps));
+        (void)kvhal_prefix_unlock(kvhal_cache_manager_prefix(cm), h);
     }
-    PyTuple_SET_ITEM(ret, 0, ho);
-    PyTuple_SET_ITEM(ret, 1, no);
-    PyTuple_SET_ITEM(ret, 2, pages);
     return ret;
 }
 
